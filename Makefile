@@ -1,0 +1,26 @@
+# Both targets work on a fresh machine with only Python 3.11 and Java 17:
+# they create .venv and install the pinned dependencies on first use.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m rayk.demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/storage_bench.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

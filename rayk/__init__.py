@@ -1,0 +1,1 @@
+"""rayk: a Kafka-style replicated log broker that runs as Ray actors."""

@@ -1,0 +1,131 @@
+"""rayk's error types, one class per Kafka error code.
+
+Every error a layer of rayk raises on purpose is a `KafkaError` subclass carrying the
+Kafka protocol code (`code`), Kafka's upper-case name (`name`) and whether a client may
+simply retry (`retriable`), so the Python API, the wire protocol listener and the actors
+speak the same vocabulary. Conditions with no wire code of their own (for example a
+follower append that does not continue the log) use code -1, UNKNOWN_SERVER_ERROR, which
+is what Kafka sends for an exception it has no mapping for.
+
+The classes take a single message argument so they pickle across Ray actor calls.
+"""
+
+from __future__ import annotations
+
+
+class KafkaError(Exception):
+    """Base of all rayk errors. `code` and `name` are Kafka's; see the protocol guide."""
+
+    code: int = -1
+    name: str = "UNKNOWN_SERVER_ERROR"
+    retriable: bool = False
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return f"{self.name}: {message}" if message else self.name
+
+
+class UnknownServerError(KafkaError):
+    code, name = -1, "UNKNOWN_SERVER_ERROR"
+
+
+class OffsetOutOfRangeError(KafkaError):
+    code, name = 1, "OFFSET_OUT_OF_RANGE"
+
+
+class CorruptRecordError(KafkaError):
+    code, name, retriable = 2, "CORRUPT_MESSAGE", True
+
+
+class UnknownTopicOrPartitionError(KafkaError):
+    code, name, retriable = 3, "UNKNOWN_TOPIC_OR_PARTITION", True
+
+
+class InvalidFetchSizeError(KafkaError):
+    code, name = 4, "INVALID_FETCH_SIZE"
+
+
+class LeaderNotAvailableError(KafkaError):
+    code, name, retriable = 5, "LEADER_NOT_AVAILABLE", True
+
+
+class NotLeaderOrFollowerError(KafkaError):
+    code, name, retriable = 6, "NOT_LEADER_OR_FOLLOWER", True
+
+
+class RequestTimedOutError(KafkaError):
+    code, name, retriable = 7, "REQUEST_TIMED_OUT", True
+
+
+class RecordTooLargeError(KafkaError):
+    """A batch is larger than `max.message.bytes` (Kafka: MESSAGE_TOO_LARGE)."""
+
+    code, name = 10, "MESSAGE_TOO_LARGE"
+
+
+class RecordBatchTooLargeError(KafkaError):
+    """A batch is larger than a whole segment can hold (Kafka: RECORD_LIST_TOO_LARGE)."""
+
+    code, name = 18, "RECORD_LIST_TOO_LARGE"
+
+
+class NotEnoughReplicasError(KafkaError):
+    code, name, retriable = 19, "NOT_ENOUGH_REPLICAS", True
+
+
+class NotEnoughReplicasAfterAppendError(KafkaError):
+    code, name, retriable = 20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", True
+
+
+class InvalidRequiredAcksError(KafkaError):
+    code, name = 21, "INVALID_REQUIRED_ACKS"
+
+
+class InvalidTimestampError(KafkaError):
+    code, name = 32, "INVALID_TIMESTAMP"
+
+
+class InvalidConfigurationError(KafkaError):
+    """A config value is malformed or out of range (Kafka: INVALID_CONFIG)."""
+
+    code, name = 40, "INVALID_CONFIG"
+
+
+class UnsupportedForMessageFormatError(KafkaError):
+    """A batch uses a record format other than v2 (magic 2), which is all rayk stores."""
+
+    code, name = 43, "UNSUPPORTED_FOR_MESSAGE_FORMAT"
+
+
+class KafkaStorageError(KafkaError):
+    """The disk under a log failed or its files are unusable."""
+
+    code, name, retriable = 56, "KAFKA_STORAGE_ERROR", True
+
+
+class FencedLeaderEpochError(KafkaError):
+    code, name, retriable = 74, "FENCED_LEADER_EPOCH", True
+
+
+class UnknownLeaderEpochError(KafkaError):
+    code, name, retriable = 75, "UNKNOWN_LEADER_EPOCH", True
+
+
+class UnsupportedCompressionTypeError(KafkaError):
+    code, name = 76, "UNSUPPORTED_COMPRESSION_TYPE"
+
+
+class InvalidRecordError(KafkaError):
+    """A batch's framing or records are malformed although its CRC may be valid."""
+
+    code, name = 87, "INVALID_RECORD"
+
+
+class UnexpectedAppendOffsetError(KafkaError):
+    """A follower batch does not start at the log end offset (no wire code in Kafka)."""
+
+    code, name = -1, "UNKNOWN_SERVER_ERROR"
+
+
+class LogClosedError(KafkaStorageError):
+    """An operation was attempted on a `Log` after `close()`."""
