@@ -1,0 +1,508 @@
+"""Log: one partition replica's log on disk, a directory of segments (Kafka's UnifiedLog).
+
+The directory holds segments named by base offset (see `segment.py`) and the
+`leader-epoch-checkpoint`. Offsets are contiguous from `log_start_offset` to
+`log_end_offset` (LEO, the offset the next record gets). Only the last segment takes
+appends; a new one is rolled when the next batch would not fit, when the segment's records
+span more than `segment.ms`, when an index is full or an offset would overflow the
+indexes' 32-bit relative encoding. A roll fsyncs the segment it closes, so every segment
+but the last is durable; the OS page cache holds the rest unless `flush.messages` /
+`flush.ms` ask for more.
+
+Opening recovers: segments from the one holding `recovery_point` (default: the last
+segment) are re-read, each batch's CRC checked, indexes rebuilt, and a torn or corrupt
+tail cut off together with every later segment. Earlier segments are loaded as they
+are unless an index is missing or fails its sanity check, in which case it is rebuilt.
+
+The high watermark (HW) is kept here for the replication layer, which owns its meaning;
+the log only guarantees `log_start_offset <= HW <= LEO`. Retention deletes whole segments
+and never one holding offsets at or above the HW.
+
+Thread-safe: every public method holds one lock, so appends, truncation, roll and
+retention are serialised and reads see a consistent set of segments.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rayk.errors import (
+    FencedLeaderEpochError,
+    InvalidFetchSizeError,
+    KafkaStorageError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+    UnexpectedAppendOffsetError,
+)
+from rayk.storage.checkpoint import LeaderEpochCheckpointFile
+from rayk.storage.leader_epoch_cache import LeaderEpochCache
+from rayk.storage.log_config import LogConfig
+from rayk.storage.records import (
+    BatchHeader,
+    TimestampType,
+    set_base_offset_and_epoch,
+    set_log_append_time,
+    validate_batches,
+)
+from rayk.storage.segment import LOG_SUFFIX, LogSegment
+
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+
+
+@dataclass(frozen=True, slots=True)
+class LogAppendInfo:
+    """What an append did: offsets assigned, timestamps, and the log start after it."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp_ms: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+    record_count: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches read from the log, with the log's bounds taken before the read."""
+
+    records: bytes
+    next_offset: int  # offset after the last batch returned; the start offset if none
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    timestamp_ms: int
+    offset: int
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Log:
+    def __init__(
+        self,
+        dir_path: str | Path,
+        config: LogConfig | None = None,
+        *,
+        recovery_point: int | None = None,
+        log_start_offset: int | None = None,
+        high_watermark: int | None = None,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.dir_path = Path(dir_path)
+        self.config = config or LogConfig()
+        self._clock_ms = clock_ms
+        self._lock = threading.RLock()
+        self._closed = False
+        self.dir_path.mkdir(parents=True, exist_ok=True)
+        self.leader_epoch_cache = LeaderEpochCache(
+            LeaderEpochCheckpointFile(self.dir_path / LeaderEpochCheckpointFile.FILE_NAME)
+        )
+        self._segments: list[LogSegment] = []
+        self._base_offsets: list[int] = []
+        self.truncated_on_recovery_bytes = 0
+        self._load(recovery_point)
+        self._log_end_offset = self._segments[-1].next_offset()
+        first_base = self._segments[0].base_offset
+        self._log_start_offset = min(max(log_start_offset or 0, first_base), self._log_end_offset)
+        hw = self._log_start_offset if high_watermark is None else high_watermark
+        self._high_watermark = min(max(hw, self._log_start_offset), self._log_end_offset)
+        self._recovery_point = self._log_end_offset
+        self._unflushed_records = 0
+        self._last_flush_ms = clock_ms()
+        self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
+        self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
+
+    # ------------------------------------------------------------------ loading
+
+    def _load(self, recovery_point: int | None) -> None:
+        bases: set[int] = set()
+        for path in self.dir_path.iterdir():
+            match = _SEGMENT_FILE.match(path.name)
+            if match is None:
+                continue
+            if match.group(2) == "log":
+                bases.add(int(match.group(1)))
+            elif not path.with_suffix(LOG_SUFFIX).exists():
+                path.unlink()  # an index whose .log is gone (a crash mid-delete) is garbage
+        for base in sorted(bases):
+            self._add_segment(LogSegment(self.dir_path, base, self.config, active=False))
+        if not self._segments:
+            self._add_segment(LogSegment(self.dir_path, 0, self.config, active=True))
+            return
+        first_to_recover = len(self._segments) - 1
+        if recovery_point is not None:
+            first_to_recover = min(first_to_recover, max(bisect.bisect_right(self._base_offsets, recovery_point) - 1, 0))
+        for segment in self._segments[:first_to_recover]:
+            if segment.load() is not None:
+                segment.recover()  # index missing or insane: rebuild it from the .log
+                segment.on_roll()
+        for i in range(first_to_recover, len(self._segments)):
+            segment = self._segments[i]
+            truncated = segment.recover()
+            self.truncated_on_recovery_bytes += truncated
+            following = self._segments[i + 1 :]
+            broken_chain = bool(following) and following[0].base_offset != segment.next_offset()
+            if truncated or broken_chain:
+                # Nothing after an invalid byte can be trusted: drop every later segment.
+                for later in following:
+                    self.truncated_on_recovery_bytes += later.size_bytes
+                    later.delete()
+                del self._segments[i + 1 :], self._base_offsets[i + 1 :]
+                break
+            if following:
+                segment.on_roll()
+        self._segments[-1].make_active()
+        self._segments[-1].flush()
+
+    def _add_segment(self, segment: LogSegment) -> None:
+        assert not self._base_offsets or segment.base_offset > self._base_offsets[-1]
+        self._segments.append(segment)
+        self._base_offsets.append(segment.base_offset)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Offsets below this are known to be on disk (fsynced)."""
+        return self._recovery_point
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        with self._lock:
+            if not self._log_start_offset <= offset <= self._log_end_offset:
+                raise ValueError(
+                    f"high watermark {offset} outside [log start {self._log_start_offset}, LEO {self._log_end_offset}]"
+                )
+            self._high_watermark = offset
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(segment.size_bytes for segment in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        with self._lock:
+            return list(self._base_offsets)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.leader_epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as answered to OffsetsForLeaderEpoch (see LeaderEpochCache)."""
+        with self._lock:
+            return self.leader_epoch_cache.end_offset_for(epoch, self._log_end_offset)
+
+    # ------------------------------------------------------------------ append
+
+    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
+        """Validates a producer's batches, assigns them offsets from the LEO and appends them.
+
+        Only baseOffset and partitionLeaderEpoch are rewritten in each header (outside the
+        CRC); with LogAppendTime also maxTimestamp and the timestamp-type bit, and the CRC.
+        Records are never re-encoded. A rejected input leaves the log untouched.
+        """
+        if leader_epoch < 0:
+            raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
+        headers = validate_batches(records, self.config.max_message_bytes, check_records=True)
+        with self._lock:
+            self._check_open()
+            if leader_epoch < self.leader_epoch_cache.latest_epoch:
+                raise FencedLeaderEpochError(
+                    f"append in leader epoch {leader_epoch} after epoch {self.leader_epoch_cache.latest_epoch}"
+                )
+            now_ms = self._clock_ms()
+            log_append_time = self.config.message_timestamp_type == TimestampType.LOG_APPEND_TIME
+            data = bytearray(records)
+            assigned: list[BatchHeader] = []
+            offset, position = self._log_end_offset, 0
+            for header in headers:
+                set_base_offset_and_epoch(data, position, offset, leader_epoch)
+                if log_append_time:
+                    set_log_append_time(data, position, header.size_bytes, now_ms)
+                assigned.append(BatchHeader.parse(data, position))
+                offset += header.record_count
+                position += header.size_bytes
+            self._append(data, assigned, now_ms)
+            self.leader_epoch_cache.assign(leader_epoch, assigned[0].base_offset)
+            return self._append_info(assigned, len(data), now_ms if log_append_time else -1)
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
+        """Appends batches copied from the leader; their offsets must continue at the LEO.
+
+        As in Kafka, a follower checks framing and CRCs but not the leader's size limit
+        or record contents, which the leader validated.
+        """
+        headers = validate_batches(records, None, check_records=False)
+        with self._lock:
+            self._check_open()
+            expected = self._log_end_offset
+            for header in headers:
+                if header.base_offset != expected:
+                    raise UnexpectedAppendOffsetError(
+                        f"follower batch starts at offset {header.base_offset} but the log expects {expected}"
+                    )
+                expected = header.next_offset
+            self._append(records, headers, self._clock_ms())
+            for header in headers:
+                self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+            return self._append_info(headers, len(records), -1)
+
+    def _append_info(self, headers: list[BatchHeader], size_bytes: int, log_append_time_ms: int) -> LogAppendInfo:
+        return LogAppendInfo(
+            first_offset=headers[0].base_offset,
+            last_offset=headers[-1].last_offset,
+            max_timestamp_ms=max(h.max_timestamp for h in headers),
+            log_append_time_ms=log_append_time_ms,
+            log_start_offset=self._log_start_offset,
+            record_count=sum(h.record_count for h in headers),
+            size_bytes=size_bytes,
+        )
+
+    def _append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader], now_ms: int) -> None:
+        segment_bytes = self.config.segment_bytes
+        for header in headers:
+            if header.size_bytes > segment_bytes:
+                raise RecordBatchTooLargeError(
+                    f"batch of {header.size_bytes} bytes can never fit in a segment of segment.bytes = {segment_bytes}"
+                )
+        view = memoryview(data)
+        start = 0  # index into headers of the next chunk
+        position = 0
+        while start < len(headers):
+            # As many batches as fit in one segment go in one write.
+            end, size = start, 0
+            while end < len(headers) and size + headers[end].size_bytes <= segment_bytes:
+                size += headers[end].size_bytes
+                end += 1
+            chunk = headers[start:end]
+            max_timestamp = max(h.max_timestamp for h in chunk)
+            if self._segments[-1].should_roll(size, max_timestamp, chunk[-1].last_offset, now_ms):
+                self._roll()
+            self._segments[-1].append(view[position : position + size], chunk)
+            assert chunk[-1].next_offset > self._log_end_offset, "offsets only grow"
+            self._log_end_offset = chunk[-1].next_offset
+            self._unflushed_records += sum(h.record_count for h in chunk)
+            start, position = end, position + size
+        self._maybe_flush(now_ms)
+
+    def _maybe_flush(self, now_ms: int) -> None:
+        flush_messages, flush_ms = self.config.flush_messages, self.config.flush_ms
+        if (flush_messages is not None and self._unflushed_records >= flush_messages) or (
+            flush_ms is not None and now_ms - self._last_flush_ms >= flush_ms
+        ):
+            self._flush()
+
+    # ------------------------------------------------------------------ read
+
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> ReadResult:
+        """Whole batches starting with the one that holds `start_offset`.
+
+        At most `max_bytes`, except that the first batch is returned whatever its size when
+        `min_one_batch` (so a consumer can always make progress). Batches reaching
+        `max_offset` or beyond are left out (consumers pass the HW). Offsets outside
+        [log start, LEO] raise OffsetOutOfRangeError; at the LEO the result is empty.
+        """
+        if max_bytes < 0:
+            raise InvalidFetchSizeError(f"max_bytes must be >= 0, got {max_bytes}")
+        with self._lock:
+            self._check_open()
+            hw, start, leo = self._high_watermark, self._log_start_offset, self._log_end_offset
+            if not start <= start_offset <= leo:
+                raise OffsetOutOfRangeError(f"offset {start_offset} is outside the log's range [{start}, {leo}]")
+            data, next_offset = b"", start_offset
+            if start_offset < leo and (max_offset is None or start_offset < max_offset):
+                i = bisect.bisect_right(self._base_offsets, start_offset) - 1
+                for segment in self._segments[i:]:
+                    found = segment.read(start_offset, max_bytes, max_offset, min_one_batch)
+                    if found is not None:
+                        data, next_offset = found
+                        break
+            return ReadResult(data, next_offset, hw, start, leo)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
+        """The earliest record whose timestamp is >= `timestamp_ms`, or None if none is."""
+        if timestamp_ms < 0:
+            raise ValueError(f"timestamp must be >= 0, got {timestamp_ms}")
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                found = segment.find_offset_by_timestamp(timestamp_ms)
+                if found is not None and found[1] >= self._log_start_offset:
+                    return TimestampOffset(*found)
+            return None
+
+    # ------------------------------------------------------------------ truncation, roll, flush
+
+    def truncate_to(self, offset: int) -> None:
+        """Removes every batch at or above `offset` (a follower diverged from its leader).
+
+        Cuts at a batch boundary: if `offset` falls inside a batch, that batch goes too and
+        the LEO becomes its base offset. A target at or above the LEO changes nothing.
+        """
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        with self._lock:
+            self._check_open()
+            if offset >= self._log_end_offset:
+                return
+            if offset < self._log_start_offset:
+                self._truncate_fully_and_start_at(offset)
+                return
+            keep = bisect.bisect_right(self._base_offsets, offset)
+            for segment in self._segments[keep:]:
+                segment.delete()
+            del self._segments[keep:], self._base_offsets[keep:]
+            last = self._segments[-1]
+            last.truncate_to(offset)
+            last.make_active()
+            self._log_end_offset = last.next_offset()
+            self._high_watermark = min(self._high_watermark, self._log_end_offset)
+            self._recovery_point = min(self._recovery_point, self._log_end_offset)
+            self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Deletes every segment and restarts the log empty at `offset` (a follower whose
+        LEO fell below the leader's log start)."""
+        with self._lock:
+            self._check_open()
+            self._truncate_fully_and_start_at(offset)
+
+    def _truncate_fully_and_start_at(self, offset: int) -> None:
+        for segment in self._segments:
+            segment.delete()
+        self._segments.clear()
+        self._base_offsets.clear()
+        self._add_segment(LogSegment(self.dir_path, offset, self.config, active=True))
+        self._log_end_offset = self._log_start_offset = self._high_watermark = self._recovery_point = offset
+        self.leader_epoch_cache.clear()
+
+    def roll(self) -> None:
+        """Starts a new segment at the LEO (nothing happens if the last one is empty)."""
+        with self._lock:
+            self._check_open()
+            self._roll()
+
+    def _roll(self) -> None:
+        active = self._segments[-1]
+        if active.is_empty:
+            return
+        active.on_roll()  # fsync: every segment but the last is durable
+        self._recovery_point = max(self._recovery_point, self._log_end_offset)
+        base = self._log_end_offset
+        if (self.dir_path / f"{base:020d}{LOG_SUFFIX}").exists():
+            raise KafkaStorageError(f"cannot roll: segment {base:020d}{LOG_SUFFIX} already exists in {self.dir_path}")
+        self._add_segment(LogSegment(self.dir_path, base, self.config, active=True))
+
+    def flush(self) -> None:
+        """Fsyncs everything up to the LEO; the recovery point moves there."""
+        with self._lock:
+            self._check_open()
+            self._flush()
+
+    def _flush(self) -> None:
+        first = max(bisect.bisect_right(self._base_offsets, self._recovery_point) - 1, 0)
+        for segment in self._segments[first:]:
+            segment.flush()
+        self._recovery_point = self._log_end_offset
+        self._unflushed_records = 0
+        self._last_flush_ms = self._clock_ms()
+
+    # ------------------------------------------------------------------ retention
+
+    def delete_expired_segments(self, now_ms: int | None = None) -> int:
+        """Deletes whole segments past `retention.ms` or beyond `retention.bytes`, oldest
+        first, never one that holds offsets at or above the HW. Returns how many went."""
+        with self._lock:
+            self._check_open()
+            now_ms = self._clock_ms() if now_ms is None else now_ms
+            retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+            excess_bytes = sum(s.size_bytes for s in self._segments) - retention_bytes
+            doomed = 0
+            for i, segment in enumerate(self._segments):
+                upper = self._segments[i + 1].base_offset if i + 1 < len(self._segments) else self._log_end_offset
+                if segment.is_empty or upper > self._high_watermark:
+                    break
+                newest_ms = segment.max_timestamp_ms if segment.max_timestamp_ms >= 0 else segment.last_modified_ms
+                expired = retention_ms >= 0 and now_ms - newest_ms > retention_ms
+                oversize = retention_bytes >= 0 and excess_bytes - segment.size_bytes >= 0
+                if not (expired or oversize):
+                    break
+                excess_bytes -= segment.size_bytes
+                doomed += 1
+            if doomed == 0:
+                return 0
+            if doomed == len(self._segments):
+                self._roll()  # the log always keeps an active segment
+            for segment in self._segments[:doomed]:
+                segment.delete()
+            del self._segments[:doomed], self._base_offsets[:doomed]
+            self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+            self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
+            assert self._log_start_offset <= self._high_watermark <= self._log_end_offset
+            return doomed
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.dir_path} is closed")
+
+    def close(self) -> None:
+        """Flushes, trims the indexes and closes every file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._flush()
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Closes the log and removes its directory (the topic was deleted)."""
+        with self._lock:
+            if not self._closed:
+                for segment in self._segments:
+                    segment.close()
+                self._closed = True
+            shutil.rmtree(self.dir_path, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"Log({str(self.dir_path)!r}, start={self._log_start_offset}, hw={self._high_watermark}, "
+            f"leo={self._log_end_offset}, segments={len(self._segments)})"
+        )
+

@@ -1,0 +1,91 @@
+"""LogConfig: the per-topic storage settings of a log, with Kafka's names and defaults.
+
+Fields use Python names with units (`segment_ms`); `from_properties` and `to_properties`
+speak Kafka's dotted topic-config names (`segment.ms`). Values are checked on
+construction, so a `Log` never runs with a nonsensical setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+
+from rayk.errors import InvalidConfigurationError
+from rayk.storage.records import HEADER_SIZE_BYTES, TimestampType
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+# Kafka topic-config name -> LogConfig field.
+PROPERTY_FIELDS = {
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "segment.index.bytes": "segment_index_bytes",
+    "index.interval.bytes": "index_interval_bytes",
+    "max.message.bytes": "max_message_bytes",
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "flush.messages": "flush_messages",
+    "flush.ms": "flush_ms",
+    "message.timestamp.type": "message_timestamp_type",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1 << 30  # roll when the next batch would not fit
+    segment_ms: int = 7 * DAY_MS  # roll when the segment's records span longer
+    segment_index_bytes: int = 10 * 1024 * 1024  # preallocated size of each index file
+    index_interval_bytes: int = 4096  # bytes between offset index entries
+    max_message_bytes: int = 1048588  # largest batch accepted
+    retention_ms: int = 7 * DAY_MS  # -1: keep forever
+    retention_bytes: int = -1  # -1: no size limit
+    flush_messages: int | None = None  # None: leave flushing to the OS (fsync on roll/close)
+    flush_ms: int | None = None
+    message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+
+    def __post_init__(self) -> None:
+        def require(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise InvalidConfigurationError(f"{name} = {getattr(self, PROPERTY_FIELDS[name])!r}: {rule}")
+
+        require(self.segment_bytes >= HEADER_SIZE_BYTES, "segment.bytes", f"must be >= {HEADER_SIZE_BYTES}")
+        require(self.segment_ms >= 1, "segment.ms", "must be >= 1")
+        require(self.segment_index_bytes >= 12, "segment.index.bytes", "must be >= 12 (one time index entry)")
+        require(self.index_interval_bytes >= 0, "index.interval.bytes", "must be >= 0")
+        require(self.max_message_bytes >= 0, "max.message.bytes", "must be >= 0")
+        require(self.retention_ms >= -1, "retention.ms", "must be >= -1")
+        require(self.retention_bytes >= -1, "retention.bytes", "must be >= -1")
+        require(self.flush_messages is None or self.flush_messages >= 1, "flush.messages", "must be >= 1")
+        require(self.flush_ms is None or self.flush_ms >= 0, "flush.ms", "must be >= 0")
+        object.__setattr__(self, "message_timestamp_type", TimestampType(self.message_timestamp_type))
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str | int], base: LogConfig | None = None) -> LogConfig:
+        """Builds a config from Kafka topic-config names, over `base` (defaults if None)."""
+        changes: dict[str, object] = {}
+        for name, raw in props.items():
+            if name not in PROPERTY_FIELDS:
+                raise InvalidConfigurationError(f"unknown log config {name!r}; known: {', '.join(PROPERTY_FIELDS)}")
+            field = PROPERTY_FIELDS[name]
+            try:
+                if field == "message_timestamp_type":
+                    changes[field] = TimestampType.from_name(raw)
+                else:
+                    value = int(raw)
+                    # Kafka spells "no limit" for flush.* as Long.MAX_VALUE.
+                    changes[field] = None if field.startswith("flush_") and value >= (1 << 63) - 1 else value
+            except (TypeError, ValueError) as e:
+                raise InvalidConfigurationError(f"{name} = {raw!r}: {e}") from None
+        return replace(base or cls(), **changes)
+
+    def to_properties(self) -> dict[str, str]:
+        values = asdict(self)
+        out = {}
+        for name, field in PROPERTY_FIELDS.items():
+            value = values[field]
+            if field == "message_timestamp_type":
+                value = "LogAppendTime" if value == TimestampType.LOG_APPEND_TIME else "CreateTime"
+            elif value is None:
+                value = (1 << 63) - 1
+            out[name] = str(value)
+        return out

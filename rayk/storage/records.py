@@ -1,0 +1,539 @@
+"""Kafka record batch format v2 (magic 2): build, iterate, validate and decode batches.
+
+A batch is a 61-byte header followed by its records, optionally compressed as one blob:
+
+    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 (=2)
+    crc uint32 | attributes int16 | lastOffsetDelta int32 | baseTimestamp int64
+    maxTimestamp int64 | producerId int64 | producerEpoch int16 | baseSequence int32
+    recordCount int32 | records...
+
+`batchLength` counts the bytes after the length field itself (so a batch occupies
+`batchLength + 12` bytes). The CRC-32C covers `attributes` through the end of the batch;
+`baseOffset` and `partitionLeaderEpoch` lie outside it so a leader can assign them without
+re-checksumming. attributes bits 0-2 are the compression codec, bit 3 the timestamp type
+(0 CreateTime, 1 LogAppendTime), bit 4 transactional, bit 5 control.
+
+Each record is `length varint` then: attributes int8, timestampDelta varlong, offsetDelta
+varint, keyLength varint + key, valueLength varint + value (-1 = null), header count varint,
+then per header keyLength varint + utf-8 key, valueLength varint + value. Varints are
+zig-zag encoded, as in protobuf.
+
+This module is pure: it never touches files. Functions take `bytes`, `bytearray` or
+`memoryview` and never copy record payloads they do not need to.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from rayk.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    RecordTooLargeError,
+    UnsupportedForMessageFormatError,
+)
+from rayk.storage.compression import CompressionType, compress, decompress
+
+MAGIC_V2 = 2
+HEADER_SIZE_BYTES = 61
+LOG_OVERHEAD_BYTES = 12  # baseOffset + batchLength: the part not counted in batchLength
+NO_TIMESTAMP = -1
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+# Byte positions of the header fields, as in Kafka's DefaultRecordBatch.
+BASE_OFFSET_POS = 0
+LENGTH_POS = 8
+PARTITION_LEADER_EPOCH_POS = 12
+MAGIC_POS = 16
+CRC_POS = 17
+ATTRIBUTES_POS = 21
+LAST_OFFSET_DELTA_POS = 23
+BASE_TIMESTAMP_POS = 27
+MAX_TIMESTAMP_POS = 35
+RECORDS_COUNT_POS = 57
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+assert _HEADER.size == HEADER_SIZE_BYTES
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+_UINT32 = struct.Struct(">I")
+
+_LEGACY_MIN_LENGTH = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: the smallest magic 0 message
+_COMPRESSION_MASK = 0x07
+_TIMESTAMP_TYPE_BIT = 0x08
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
+
+
+class TimestampType(enum.IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+    @classmethod
+    def from_name(cls, name: str | int | TimestampType) -> TimestampType:
+        """Accepts Kafka's config spellings `CreateTime` / `LogAppendTime`."""
+        if isinstance(name, int):
+            return cls(name)
+        spelled = {"createtime": cls.CREATE_TIME, "logappendtime": cls.LOG_APPEND_TIME}
+        key = name.replace("_", "").lower()
+        if key not in spelled:
+            raise ValueError(f"unknown timestamp type {name!r}; use CreateTime or LogAppendTime")
+        return spelled[key]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The 61-byte header of one v2 batch, decoded; offsets are absolute."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @classmethod
+    def parse(cls, buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+        """Decodes the header at `pos`; the caller checked that 61 bytes are there."""
+        return cls(*_HEADER.unpack_from(buf, pos))
+
+    @property
+    def size_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD_BYTES
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression(self) -> CompressionType:
+        return CompressionType(self.attributes & _COMPRESSION_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes >> 3) & 1)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_BIT)
+
+
+@dataclass(frozen=True, slots=True)
+class SimpleRecord:
+    """A record to be written: what a producer supplies. `timestamp_ms=None` means now."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record read back from a batch, with its absolute offset and effective timestamp."""
+
+    offset: int
+    timestamp_ms: int
+    timestamp_type: TimestampType
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """One whole batch inside a buffer: its header and a view of its bytes."""
+
+    header: BatchHeader
+    data: memoryview
+
+    def is_valid(self) -> bool:
+        return compute_crc(self.data) == self.header.crc
+
+    def records(self) -> list[Record]:
+        return decode_records(self.data)
+
+
+# ---------------------------------------------------------------------------- varints
+
+
+def _zigzag_varint(value: int) -> bytes:
+    z = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+# Lengths, deltas and small counts dominate encoding; precomputed they cost a list lookup.
+_VARINT_CACHE_MIN = -1
+_VARINT_CACHE = [_zigzag_varint(v) for v in range(_VARINT_CACHE_MIN, 1 << 14)]
+
+
+def encode_varint(value: int) -> bytes:
+    """Zig-zag varint (Kafka's ByteUtils.writeVarint/writeVarlong), for 64-bit values."""
+    if _VARINT_CACHE_MIN <= value < (1 << 14):
+        return _VARINT_CACHE[value - _VARINT_CACHE_MIN]
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"varint out of int64 range: {value}")
+    return _zigzag_varint(value)
+
+
+def decode_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Returns (value, position after it). Raises IndexError past the end of `buf`."""
+    b = buf[pos]
+    pos += 1
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos
+    z = b & 0x7F
+    shift = 7
+    while True:
+        b = buf[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise InvalidRecordError("varint is longer than 10 bytes")
+    return (z >> 1) ^ -(z & 1), pos
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    """CRC-32C of a batch from `attributes` to its end: the value its header must carry."""
+    return _crc32c.crc32c(memoryview(batch)[ATTRIBUTES_POS:])
+
+
+def _encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, record: SimpleRecord) -> None:
+    key, value = record.key, record.value
+    body = bytearray(b"\x00")  # record attributes: unused, always 0
+    body += encode_varint(timestamp_delta)
+    body += encode_varint(offset_delta)
+    if key is None:
+        body += encode_varint(-1)
+    else:
+        body += encode_varint(len(key))
+        body += key
+    if value is None:
+        body += encode_varint(-1)
+    else:
+        body += encode_varint(len(value))
+        body += value
+    body += encode_varint(len(record.headers))
+    for header_key, header_value in record.headers:
+        encoded_key = header_key.encode("utf-8")
+        body += encode_varint(len(encoded_key))
+        body += encoded_key
+        if header_value is None:
+            body += encode_varint(-1)
+        else:
+            body += encode_varint(len(header_value))
+            body += header_value
+    out += encode_varint(len(body))
+    out += body
+
+
+def build_batch(
+    records: Iterable[SimpleRecord],
+    *,
+    base_offset: int = 0,
+    compression: CompressionType | str | None = CompressionType.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    now_ms: int | None = None,
+) -> bytes:
+    """Encodes records into one v2 batch with offset deltas 0..n-1 and a valid CRC."""
+    records = list(records)
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    codec = CompressionType.from_name(compression)
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    timestamps = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    base_timestamp = timestamps[0]
+    body = bytearray()
+    for delta, (record, ts) in enumerate(zip(records, timestamps)):
+        _encode_record(body, delta, ts - base_timestamp, record)
+    payload = compress(codec, body) if codec != CompressionType.NONE else body
+    attributes = int(codec) | (int(timestamp_type) << 3)
+    if is_transactional:
+        attributes |= _TRANSACTIONAL_BIT
+    batch = bytearray(HEADER_SIZE_BYTES)
+    batch += payload
+    _HEADER.pack_into(
+        batch, 0, base_offset, len(batch) - LOG_OVERHEAD_BYTES, partition_leader_epoch, MAGIC_V2,
+        0, attributes, len(records) - 1, base_timestamp, max(timestamps), producer_id,
+        producer_epoch, base_sequence, len(records),
+    )
+    _UINT32.pack_into(batch, CRC_POS, compute_crc(batch))
+    return bytes(batch)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[RecordBatch]:
+    """Yields the whole batches at the start of `buf`; stops at an incomplete tail.
+
+    A fetch response may end in a partial batch (Kafka cuts at max_bytes), so an
+    incomplete last batch is not an error here. A length field that cannot be a v2
+    batch is: it means the buffer is not a sequence of batches.
+    """
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    while end - pos >= LOG_OVERHEAD_BYTES:
+        batch_length = _INT32.unpack_from(view, pos + LENGTH_POS)[0]
+        size = batch_length + LOG_OVERHEAD_BYTES
+        if size < HEADER_SIZE_BYTES:
+            # A magic 0/1 message can be shorter than a v2 header: name its format, not corruption.
+            if _is_short_legacy_message(view, pos):
+                raise UnsupportedForMessageFormatError(
+                    f"batch at byte {pos} has magic {view[pos + MAGIC_POS]}; rayk reads only magic 2 (Kafka >= 0.11) batches"
+                )
+            raise CorruptRecordError(f"batch at byte {pos} has length {batch_length}, below the v2 minimum")
+        if end - pos < size:
+            return
+        magic = view[pos + MAGIC_POS]
+        if magic != MAGIC_V2:
+            raise UnsupportedForMessageFormatError(
+                f"batch at byte {pos} has magic {magic}; rayk reads only magic 2 (Kafka >= 0.11) batches"
+            )
+        yield RecordBatch(BatchHeader.parse(view, pos), view[pos : pos + size])
+        pos += size
+
+
+def decode_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None) -> list[Record]:
+    """Decodes every record of one whole batch, decompressing it if needed.
+
+    Raises InvalidRecordError when the records do not match the header, and
+    CorruptRecordError when they cannot be decompressed.
+    """
+    view = memoryview(batch)
+    if len(view) < HEADER_SIZE_BYTES:
+        raise CorruptRecordError(f"batch of {len(view)} bytes is shorter than the 61-byte header")
+    header = BatchHeader.parse(view)
+    if header.magic != MAGIC_V2:
+        raise UnsupportedForMessageFormatError(f"magic {header.magic} is not supported; only magic 2")
+    body = view[HEADER_SIZE_BYTES : header.size_bytes]
+    if header.compression != CompressionType.NONE:
+        body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
+    log_append_time = header.timestamp_type == TimestampType.LOG_APPEND_TIME
+    out: list[Record] = []
+    pos, end = 0, len(body)
+    try:
+        for _ in range(header.record_count):
+            length, pos = decode_varint(body, pos)
+            record_end = pos + length
+            if length < 0 or record_end > end:
+                raise InvalidRecordError(f"record length {length} runs past the end of the batch")
+            pos += 1  # record attributes, unused
+            timestamp_delta, pos = decode_varint(body, pos)
+            offset_delta, pos = decode_varint(body, pos)
+            key, pos = _read_bytes(body, pos, record_end)
+            value, pos = _read_bytes(body, pos, record_end)
+            header_count, pos = decode_varint(body, pos)
+            if header_count < 0 or header_count > record_end - pos:
+                raise InvalidRecordError(f"invalid header count {header_count}")
+            headers = []
+            for _h in range(header_count):
+                raw_key, pos = _read_bytes(body, pos, record_end)
+                if raw_key is None:
+                    raise InvalidRecordError("record header key is null")
+                header_value, pos = _read_bytes(body, pos, record_end)
+                headers.append((raw_key.decode("utf-8"), header_value))
+            if pos != record_end:
+                raise InvalidRecordError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
+            timestamp = header.max_timestamp if log_append_time else header.base_timestamp + timestamp_delta
+            out.append(Record(header.base_offset + offset_delta, timestamp, header.timestamp_type, key, value, tuple(headers)))
+    except (IndexError, UnicodeDecodeError) as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} has malformed records: {e}") from None
+    if pos != end:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} has {end - pos} bytes after its last record")
+    return out
+
+
+def _read_bytes(body: memoryview, pos: int, limit: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(body, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > limit:
+        raise InvalidRecordError(f"field of {length} bytes runs past the end of its record")
+    return bytes(body[pos : pos + length]), pos + length
+
+
+def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None) -> None:
+    """Checks that a whole batch's records decode, without building them (the leader's
+    LogValidator pass): each record's fields fit inside its declared length, offset deltas
+    run 0..n-1, and the records fill the batch exactly. Raises InvalidRecordError (or
+    CorruptRecordError if a compressed body does not decompress).
+    """
+    view = memoryview(batch)
+    header = BatchHeader.parse(view)
+    body = view[HEADER_SIZE_BYTES : header.size_bytes]
+    if header.compression != CompressionType.NONE:
+        body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
+    # bytes indexing is the fastest single-byte read Python has; one copy buys it.
+    data = bytes(body)
+    pos, end = 0, len(data)
+    try:
+        for expected_delta in range(header.record_count):
+            length, pos = decode_varint(data, pos)
+            record_end = pos + length
+            if length <= 0 or record_end > end:
+                raise InvalidRecordError(f"record length {length} does not fit in the batch")
+            pos += 1  # attributes
+            _timestamp_delta, pos = decode_varint(data, pos)
+            offset_delta, pos = decode_varint(data, pos)
+            if offset_delta != expected_delta:
+                raise InvalidRecordError(f"record offset delta {offset_delta}, expected {expected_delta}")
+            key_length, pos = decode_varint(data, pos)
+            if key_length > 0:
+                pos += key_length
+            value_length, pos = decode_varint(data, pos)
+            if value_length > 0:
+                pos += value_length
+            header_count, pos = decode_varint(data, pos)
+            if header_count < 0:
+                raise InvalidRecordError(f"invalid header count {header_count}")
+            for _ in range(header_count):
+                key_length, pos = decode_varint(data, pos)
+                if key_length < 0:
+                    raise InvalidRecordError("record header key is null")
+                pos += key_length
+                value_length, pos = decode_varint(data, pos)
+                if value_length > 0:
+                    pos += value_length
+            if pos != record_end:
+                raise InvalidRecordError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
+    except IndexError:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} has records running past its end") from None
+    if pos != end:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} has {end - pos} bytes after its last record")
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _is_short_legacy_message(view: memoryview, pos: int) -> bool:
+    """Whether the fewer-than-61 bytes at `pos` start a magic 0/1 message (smaller than any
+    v2 batch), so that it is refused as an unsupported format rather than as corruption.
+    Like Kafka's ByteBufferLogInputStream, a length below the magic 0 minimum is corrupt."""
+    return (
+        len(view) - pos > MAGIC_POS
+        and _INT32.unpack_from(view, pos + LENGTH_POS)[0] >= _LEGACY_MIN_LENGTH
+        and view[pos + MAGIC_POS] in (0, 1)
+    )
+
+
+def check_batch_at(view: memoryview, pos: int, max_batch_bytes: int | None = None) -> BatchHeader:
+    """Checks the batch starting at `pos` of `view` and returns its header.
+
+    The batch must be whole, magic 2, carry a valid CRC, have a record count that matches
+    its offset range and, if `max_batch_bytes` is given, be no larger. Raises the Kafka
+    error for the first problem found.
+    """
+    end = len(view)
+    if end - pos < HEADER_SIZE_BYTES:
+        if _is_short_legacy_message(view, pos):
+            raise UnsupportedForMessageFormatError(
+                f"batch at byte {pos} has magic {view[pos + MAGIC_POS]}; rayk stores only magic 2 (Kafka >= 0.11) batches"
+            )
+        raise CorruptRecordError(f"{end - pos} trailing bytes at byte {pos} are not a whole batch header")
+    magic = view[pos + MAGIC_POS]
+    if magic != MAGIC_V2:
+        raise UnsupportedForMessageFormatError(
+            f"batch at byte {pos} has magic {magic}; rayk stores only magic 2 (Kafka >= 0.11) batches"
+        )
+    header = BatchHeader.parse(view, pos)
+    size = header.size_bytes
+    if size < HEADER_SIZE_BYTES or size > end - pos:
+        raise CorruptRecordError(f"batch at byte {pos} declares {size} bytes but {end - pos} remain")
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise RecordTooLargeError(f"batch of {size} bytes exceeds max.message.bytes = {max_batch_bytes}")
+    if compute_crc(view[pos : pos + size]) != header.crc:
+        raise CorruptRecordError(f"batch at offset {header.base_offset} fails its CRC-32C check")
+    if header.last_offset_delta < 0 or header.record_count != header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            f"batch has {header.record_count} records but lastOffsetDelta {header.last_offset_delta}"
+        )
+    return header
+
+
+def validate_batches(
+    buf: bytes | bytearray | memoryview,
+    max_batch_bytes: int | None,
+    check_records: bool,
+) -> list[BatchHeader]:
+    """Checks that `buf` is exactly a sequence of sound batches and returns their headers.
+
+    Each batch passes `check_batch_at`. With `check_records` (a producer's batch on the
+    leader, as in Kafka's LogValidator) the records are decoded too, so that a batch whose
+    CRC is right but whose records are malformed never reaches a log. Raises the Kafka
+    error for the first problem; nothing is partially accepted.
+    """
+    view = memoryview(buf)
+    if len(view) == 0:
+        raise InvalidRecordError("no record batch in the input")
+    headers: list[BatchHeader] = []
+    pos = 0
+    while pos < len(view):
+        header = check_batch_at(view, pos, max_batch_bytes)
+        if check_records:
+            if header.is_control:
+                raise InvalidRecordError("producers may not write control batches")
+            # A batch may legitimately compress well; the bound only stops decompression bombs.
+            check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64)
+        headers.append(header)
+        pos += header.size_bytes
+    return headers
+
+
+def set_base_offset_and_epoch(batch: bytearray, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Rewrites the two header fields outside the CRC: no checksum work needed."""
+    _INT64.pack_into(batch, pos + BASE_OFFSET_POS, base_offset)
+    _INT32.pack_into(batch, pos + PARTITION_LEADER_EPOCH_POS, leader_epoch)
+
+
+def set_log_append_time(batch: bytearray, pos: int, size: int, timestamp_ms: int) -> None:
+    """Marks a batch LogAppendTime with `timestamp_ms` as maxTimestamp and re-checksums it.
+
+    Both fields lie inside the CRC, so this is the one header rewrite that costs a CRC.
+    """
+    attributes = _INT16.unpack_from(batch, pos + ATTRIBUTES_POS)[0]
+    _INT16.pack_into(batch, pos + ATTRIBUTES_POS, attributes | _TIMESTAMP_TYPE_BIT)
+    _INT64.pack_into(batch, pos + MAX_TIMESTAMP_POS, timestamp_ms)
+    _UINT32.pack_into(batch, pos + CRC_POS, compute_crc(memoryview(batch)[pos : pos + size]))

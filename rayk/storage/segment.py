@@ -1,0 +1,336 @@
+"""LogSegment: one .log file of whole record batches plus its .index and .timeindex.
+
+Files `<base offset:020d>.log|.index|.timeindex` in the partition directory. The .log
+holds v2 batches back to back, offsets contiguous from the base offset; the indexes are
+sparse (an entry each time more than `index_interval_bytes` were appended since the last)
+and are rebuilt from the .log whenever they cannot be trusted.
+
+Lifecycle: the active (last) segment is appended to and its indexes are preallocated and
+writable; `on_roll()` fsyncs it and trims its indexes, after which it is read-only unless
+a truncation makes it active again. `recover()` re-reads every batch, checks each CRC,
+rebuilds both indexes and cuts the file after the last valid batch.
+
+The segment speaks absolute offsets; the relative encoding stays inside the indexes. It
+knows nothing of retention, replication or the other segments. Not thread-safe: the
+owning `Log` serialises calls.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rayk.errors import KafkaError
+from rayk.storage.log_config import LogConfig
+from rayk.storage.offset_index import OffsetIndex
+from rayk.storage.records import (
+    HEADER_SIZE_BYTES,
+    NO_TIMESTAMP,
+    BatchHeader,
+    check_batch_at,
+    decode_records,
+)
+from rayk.storage.time_index import TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """Kafka names segment files by their base offset padded to 20 digits."""
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLocation:
+    """Where a batch starts in the .log file, with its header."""
+
+    position: int
+    header: BatchHeader
+
+
+class LogSegment:
+    def __init__(self, dir_path: Path, base_offset: int, config: LogConfig, active: bool) -> None:
+        self.base_offset = base_offset
+        self._config = config
+        self.log_path = dir_path / segment_file_name(base_offset, LOG_SUFFIX)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        index_path = dir_path / segment_file_name(base_offset, INDEX_SUFFIX)
+        time_index_path = dir_path / segment_file_name(base_offset, TIME_INDEX_SUFFIX)
+        self.indexes_were_missing = not (index_path.exists() and time_index_path.exists())
+        self.offset_index = OffsetIndex(index_path, base_offset, config.segment_index_bytes, writable=active)
+        self.time_index = TimeIndex(time_index_path, base_offset, config.segment_index_bytes, writable=active)
+        self.created_ms = int(time.time() * 1000)
+        self._bytes_since_last_index_entry = 0
+        self.max_timestamp_ms = NO_TIMESTAMP
+        self._offset_of_max_timestamp = base_offset
+        self._first_batch_timestamp_ms: int | None = None
+        self._next_offset: int | None = None  # cached end of the segment; None: not read yet
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    @property
+    def is_empty(self) -> bool:
+        return self._size == 0
+
+    def next_offset(self) -> int:
+        """The offset after this segment's last batch (its base offset if empty)."""
+        if self._next_offset is None:
+            last = self._last_batch()
+            self._next_offset = self.base_offset if last is None else last.header.next_offset
+        return self._next_offset
+
+    @property
+    def last_modified_ms(self) -> int:
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    # ------------------------------------------------------------------ append
+
+    def should_roll(self, batch_bytes: int, max_timestamp_ms: int, last_offset: int, now_ms: int) -> bool:
+        """Kafka's roll rules: full, too old, an index full, or an offset not relative-able."""
+        if self._size == 0:
+            return False
+        if self._size > self._config.segment_bytes - batch_bytes:
+            return True
+        first_ts = self.first_batch_timestamp_ms()
+        waited_ms = max_timestamp_ms - first_ts if first_ts >= 0 else now_ms - self.created_ms
+        return (
+            waited_ms > self._config.segment_ms
+            or self.offset_index.is_full
+            or self.time_index.is_full
+            or not self.offset_index.can_append_offset(last_offset)
+        )
+
+    def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        """Appends whole, validated batches whose offsets continue this segment."""
+        view = memoryview(data)
+        assert headers and headers[0].base_offset == self.next_offset(), "batches must continue the segment"
+        position = self._size
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self._fd, view[written:], position + written)
+        for header in headers:
+            self._index_batch(header, position)
+            position += header.size_bytes
+        self._size = position
+        self._next_offset = headers[-1].next_offset
+
+    def _index_batch(self, header: BatchHeader, position: int) -> None:
+        if self._first_batch_timestamp_ms is None:
+            self._first_batch_timestamp_ms = header.max_timestamp
+        if header.max_timestamp > self.max_timestamp_ms:
+            self.max_timestamp_ms = header.max_timestamp
+            self._offset_of_max_timestamp = header.last_offset
+        if self._bytes_since_last_index_entry > self._config.index_interval_bytes:
+            self.offset_index.append(header.last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp_ms, self._offset_of_max_timestamp)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += header.size_bytes
+
+    # ------------------------------------------------------------------ read
+
+    def _read_header(self, position: int) -> BatchHeader | None:
+        raw = os.pread(self._fd, HEADER_SIZE_BYTES, position)
+        return BatchHeader.parse(raw) if len(raw) == HEADER_SIZE_BYTES else None
+
+    def translate_offset(self, offset: int) -> BatchLocation | None:
+        """The first batch whose last offset is >= `offset`, or None if there is none."""
+        position = self.offset_index.lookup(offset)[1]
+        while position < self._size:
+            header = self._read_header(position)
+            if header is None:
+                return None
+            if header.last_offset >= offset:
+                return BatchLocation(position, header)
+            position += header.size_bytes
+        return None
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool
+    ) -> tuple[bytes, int] | None:
+        """Whole batches from the one holding `start_offset`: at most `max_bytes` of them
+        (but the first batch whatever its size when `min_one_batch`), and only batches that
+        end below `max_offset`. Returns (bytes, offset after the last batch returned), or
+        None when this segment holds nothing at or after `start_offset`.
+        """
+        location = self.translate_offset(start_offset)
+        if location is None:
+            return None
+        first = location.header
+        if max_offset is not None and first.last_offset >= max_offset:
+            return b"", start_offset
+        if first.size_bytes > max_bytes:
+            if not min_one_batch:
+                return b"", start_offset
+            return os.pread(self._fd, first.size_bytes, location.position), first.next_offset
+        chunk = os.pread(self._fd, min(max_bytes, self._size - location.position), location.position)
+        # Keep only whole batches below max_offset: walk the headers inside the chunk.
+        end, next_offset = 0, start_offset
+        while len(chunk) - end >= HEADER_SIZE_BYTES:
+            header = BatchHeader.parse(chunk, end)
+            if end + header.size_bytes > len(chunk):
+                break
+            if max_offset is not None and header.last_offset >= max_offset:
+                break
+            end += header.size_bytes
+            next_offset = header.next_offset
+        return (chunk[:end] if end < len(chunk) else chunk), next_offset
+
+    def find_offset_by_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(timestamp, offset) of the earliest record with timestamp >= target, or None."""
+        if self.max_timestamp_ms < timestamp_ms:
+            return None
+        offset_hint = self.time_index.lookup(timestamp_ms)[1]
+        position = self.offset_index.lookup(offset_hint)[1]
+        while position < self._size:
+            header = self._read_header(position)
+            if header is None:
+                break
+            if header.max_timestamp >= timestamp_ms:
+                for record in decode_records(os.pread(self._fd, header.size_bytes, position)):
+                    if record.timestamp_ms >= timestamp_ms:
+                        return record.timestamp_ms, record.offset
+            position += header.size_bytes
+        return None
+
+    def first_batch_timestamp_ms(self) -> int:
+        if self._first_batch_timestamp_ms is None:
+            header = self._read_header(0) if self._size else None
+            if header is None:
+                return NO_TIMESTAMP
+            self._first_batch_timestamp_ms = header.max_timestamp
+        return self._first_batch_timestamp_ms
+
+    def _last_batch(self) -> BatchLocation | None:
+        last: BatchLocation | None = None
+        position = self.offset_index.lookup(1 << 62)[1] if self.offset_index.entries else 0
+        while position < self._size:
+            header = self._read_header(position)
+            if header is None:
+                break
+            last = BatchLocation(position, header)
+            position += header.size_bytes
+        return last
+
+    # ------------------------------------------------------------------ load, recovery, truncation
+
+    def load(self) -> str | None:
+        """Loads a segment written by a clean run; returns why its indexes cannot be
+        trusted (the caller then calls `recover`), or None."""
+        if self.indexes_were_missing:
+            return "index files are missing"
+        problem = self.offset_index.sanity_check() or self.time_index.sanity_check()
+        if problem:
+            return problem
+        if self.offset_index.entries and self.offset_index.lookup(1 << 62)[1] >= self._size:
+            return "offset index points past the end of the log"
+        self._reload_max_timestamp()
+        return None
+
+    def _reload_max_timestamp(self) -> None:
+        # The last time index entry bounds everything before its batch; batches after
+        # it are few (less than an index interval), so read their headers for the exact max.
+        timestamp, offset = self.time_index.last_entry
+        self.max_timestamp_ms, self._offset_of_max_timestamp = timestamp, offset
+        position = self.offset_index.lookup(offset)[1]
+        while position < self._size:
+            header = self._read_header(position)
+            if header is None:
+                break
+            if header.max_timestamp > self.max_timestamp_ms:
+                self.max_timestamp_ms, self._offset_of_max_timestamp = header.max_timestamp, header.last_offset
+            position += header.size_bytes
+        self._first_batch_timestamp_ms = None
+        self._next_offset = None
+
+    def recover(self) -> int:
+        """Re-reads every batch, rebuilds the indexes and cuts the file after the last
+        sound batch (whole, CRC valid, offsets contiguous). Returns the bytes cut.
+        Leaves the indexes writable; the log trims them if this is not the last segment."""
+        self.make_active()
+        self.offset_index.reset()
+        self.time_index.reset()
+        self._bytes_since_last_index_entry = 0
+        self.max_timestamp_ms, self._offset_of_max_timestamp = NO_TIMESTAMP, self.base_offset
+        self._first_batch_timestamp_ms = None
+        valid_bytes = 0
+        expected_offset = self.base_offset
+        if self._size:
+            with mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    while valid_bytes < self._size:
+                        try:
+                            header = check_batch_at(view, valid_bytes)
+                        except KafkaError:
+                            break
+                        if header.base_offset != expected_offset:
+                            break
+                        self._index_batch(header, valid_bytes)
+                        valid_bytes += header.size_bytes
+                        expected_offset = header.next_offset
+                finally:
+                    view.release()
+        truncated = self._size - valid_bytes
+        if truncated:
+            os.ftruncate(self._fd, valid_bytes)
+            self._size = valid_bytes
+        self._next_offset = expected_offset
+        return truncated
+
+    def truncate_to(self, offset: int) -> int:
+        """Removes the batch holding `offset` and every later one; returns bytes removed."""
+        location = self.translate_offset(offset)
+        if location is None:
+            return 0
+        self.offset_index.truncate_to(location.header.base_offset)
+        self.time_index.truncate_to(location.header.base_offset)
+        removed = self._size - location.position
+        os.ftruncate(self._fd, location.position)
+        self._size = location.position
+        self._bytes_since_last_index_entry = 0
+        self._reload_max_timestamp()
+        return removed
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def make_active(self) -> None:
+        """Reopens the indexes for appends (after a truncation made this the last segment)."""
+        self.offset_index.make_writable()
+        self.time_index.make_writable()
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def on_roll(self) -> None:
+        """The segment stops being active: make it durable and its indexes compact."""
+        self.flush()
+        self.offset_index.trim()
+        self.time_index.trim()
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.offset_index.close()
+        self.time_index.close()
+        os.close(self._fd)
+        self._fd = -1
+
+    def delete(self) -> None:
+        self.offset_index.delete()
+        self.time_index.delete()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.log_path.unlink(missing_ok=True)

@@ -1,0 +1,113 @@
+"""OffsetIndex and TimeIndex: file format, lookup, truncation, trim, sanity checks."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayk.storage.offset_index import OffsetIndex
+from rayk.storage.time_index import TimeIndex
+
+MIB = 1 << 20
+
+
+def test_offset_index_entries_are_relative_offset_and_position_big_endian(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=100, max_index_bytes=MIB, writable=True)
+    index.append(105, 4096)
+    index.append(110, 8200)
+    index.trim()
+    assert (tmp_path / "x.index").read_bytes() == struct.pack(">iiii", 5, 4096, 10, 8200)
+
+
+def test_offset_index_lookup_returns_last_entry_at_or_below_target(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=100, max_index_bytes=MIB, writable=True)
+    for n in range(1, 11):
+        index.append(100 + 10 * n, 1000 * n)
+    assert index.lookup(99) == (100, 0)
+    assert index.lookup(109) == (100, 0)
+    assert index.lookup(110) == (110, 1000)
+    assert index.lookup(155) == (150, 5000)
+    assert index.lookup(10**9) == (200, 10000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gaps=st.lists(st.integers(1, 1000), min_size=0, max_size=200), target=st.integers(0, 300_000))
+def test_offset_index_lookup_matches_a_linear_scan(tmp_path_factory, gaps, target):
+    index = OffsetIndex(tmp_path_factory.mktemp("i") / "x.index", base_offset=0, max_index_bytes=MIB, writable=True)
+    entries, offset = [], 0
+    for gap in gaps:
+        offset += gap
+        index.append(offset, offset * 2)
+        entries.append((offset, offset * 2))
+    expected = max((e for e in entries if e[0] <= target), default=(0, 0))
+    assert index.lookup(target) == expected
+
+
+def test_offset_index_rejects_entries_that_do_not_grow(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=MIB, writable=True)
+    index.append(10, 100)
+    with pytest.raises(AssertionError):
+        index.append(10, 200)
+
+
+def test_offset_index_is_full_at_its_preallocated_size(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=20, writable=True)
+    index.append(1, 1)
+    index.append(2, 2)
+    assert index.is_full
+    with pytest.raises(RuntimeError, match="full"):
+        index.append(3, 3)
+
+
+def test_offset_index_truncate_to_drops_entries_at_or_above(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=MIB, writable=True)
+    for n in (10, 20, 30):
+        index.append(n, n)
+    index.truncate_to(20)
+    assert (index.entries, index.last_offset) == (1, 10)
+
+
+def test_offset_index_is_preallocated_while_active_and_trimmed_after(tmp_path):
+    index = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=800, writable=True)
+    index.append(1, 1)
+    assert (tmp_path / "x.index").stat().st_size == 800
+    index.trim()
+    assert (tmp_path / "x.index").stat().st_size == 8
+    reopened = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=800, writable=False)
+    assert reopened.lookup(5) == (1, 1)
+
+
+def test_offset_index_sanity_check_flags_entries_that_do_not_grow(tmp_path):
+    (tmp_path / "x.index").write_bytes(struct.pack(">iiii", 5, 100, 5, 200))
+    index = OffsetIndex(tmp_path / "x.index", base_offset=0, max_index_bytes=MIB, writable=False)
+    assert index.sanity_check() is not None
+
+
+def test_time_index_appends_only_when_timestamp_grows(tmp_path):
+    index = TimeIndex(tmp_path / "x.timeindex", base_offset=50, max_index_bytes=MIB, writable=True)
+    index.maybe_append(1000, 55)
+    index.maybe_append(1000, 60)
+    index.maybe_append(900, 61)
+    index.maybe_append(1200, 70)
+    index.trim()
+    assert (tmp_path / "x.timeindex").read_bytes() == struct.pack(">qiqi", 1000, 5, 1200, 20)
+
+
+def test_time_index_lookup_returns_last_entry_at_or_below_target(tmp_path):
+    index = TimeIndex(tmp_path / "x.timeindex", base_offset=0, max_index_bytes=MIB, writable=True)
+    for n in range(1, 6):
+        index.maybe_append(100 * n, 10 * n)
+    assert index.lookup(50) == (-1, 0)
+    assert index.lookup(250) == (200, 20)
+    assert index.lookup(500) == (500, 50)
+
+
+def test_time_index_truncate_to_drops_entries_at_or_above_offset(tmp_path):
+    index = TimeIndex(tmp_path / "x.timeindex", base_offset=0, max_index_bytes=MIB, writable=True)
+    for n in range(1, 6):
+        index.maybe_append(100 * n, 10 * n)
+    index.truncate_to(30)
+    assert index.last_entry == (200, 20)

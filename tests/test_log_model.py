@@ -1,0 +1,174 @@
+"""The Log against a simple in-memory model, under random operation sequences.
+
+The model is the list of acknowledged batches (offsets and values). Operations: leader
+appends, rolls, flushes, truncation to a batch boundary, a clean close + reopen, and a
+crash: the Log object is abandoned without closing and the active segment is cut at a
+random byte at or after what was last fsynced. After each step the log must hold exactly
+the model's records at the model's offsets; after a crash, exactly the batches that lie
+wholly before the cut, and never less than what had been flushed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import pytest
+
+from rayk.errors import RecordBatchTooLargeError
+from rayk.storage import Log, LogConfig
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+
+
+@dataclass
+class ModelBatch:
+    base_offset: int
+    values: list[bytes]
+    size_bytes: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + len(self.values)
+
+
+class LogMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="rayk-model-"))
+        self.batches: list[ModelBatch] = []
+        self.flushed_offset = 0
+        self.epoch = 0
+        self.counter = 0
+
+    @initialize(
+        segment_bytes=st.integers(200, 3000),
+        index_interval_bytes=st.integers(0, 400),
+        segment_index_bytes=st.sampled_from([24, 96, 10 * 1024 * 1024]),
+    )
+    def open_log(self, segment_bytes: int, index_interval_bytes: int, segment_index_bytes: int) -> None:
+        self.config = LogConfig(
+            segment_bytes=segment_bytes,
+            index_interval_bytes=index_interval_bytes,
+            segment_index_bytes=segment_index_bytes,
+        )
+        self.log = Log(self.dir, self.config)
+
+    def teardown(self) -> None:
+        try:
+            self.log.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def leo(self) -> int:
+        return self.batches[-1].next_offset if self.batches else 0
+
+    # ------------------------------------------------------------------ operations
+
+    @rule(count=st.integers(1, 5), value_bytes=st.integers(0, 60), codec=st.sampled_from(["none", "gzip"]))
+    def append(self, count: int, value_bytes: int, codec: str) -> None:
+        values = []
+        for _ in range(count):
+            self.counter += 1
+            values.append(f"{self.counter}:".encode().ljust(value_bytes, b"#"))
+        data = build_batch([SimpleRecord(v) for v in values], compression=codec)
+        if len(data) > self.config.segment_bytes:
+            with pytest.raises(RecordBatchTooLargeError):
+                self.log.append_as_leader(data, leader_epoch=self.epoch)
+            return
+        info = self.log.append_as_leader(data, leader_epoch=self.epoch)
+        assert info.first_offset == self.leo
+        self.batches.append(ModelBatch(self.leo, values, len(data)))
+
+    @rule()
+    def new_leader_epoch(self) -> None:
+        self.epoch += 1
+
+    @rule()
+    def roll(self) -> None:
+        self.log.roll()
+
+    @rule()
+    def flush(self) -> None:
+        self.log.flush()
+        self.flushed_offset = self.leo
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def truncate_to_batch_boundary(self, data: st.DataObject) -> None:
+        keep = data.draw(st.integers(0, len(self.batches)))
+        self.batches = self.batches[:keep]
+        self.log.truncate_to(self.leo)
+        self.flushed_offset = min(self.flushed_offset, self.leo)
+
+    @rule()
+    def reopen_cleanly(self) -> None:
+        self.log.close()
+        self.log = Log(self.dir, self.config)
+        self.flushed_offset = self.leo
+
+    @rule(fraction=st.floats(0.0, 1.0))
+    def crash_and_tear_active_segment(self, fraction: float) -> None:
+        active_base = self.log.segment_base_offsets[-1]
+        # Abandon the Log without close(): nothing more is written, indexes stay preallocated.
+        self.log = None  # type: ignore[assignment]
+        active = [b for b in self.batches if b.base_offset >= active_base]
+        flushed_bytes = sum(b.size_bytes for b in active if b.next_offset <= self.flushed_offset)
+        total_bytes = sum(b.size_bytes for b in active)
+        cut = flushed_bytes + int((total_bytes - flushed_bytes) * fraction)
+        with open(self.dir / f"{active_base:020d}.log", "r+b") as f:
+            f.truncate(cut)
+        survivors, position = [], 0
+        for b in active:
+            position += b.size_bytes
+            if position <= cut:
+                survivors.append(b)
+        self.batches = [b for b in self.batches if b.base_offset < active_base] + survivors
+        self.log = Log(self.dir, self.config)
+        assert self.log.log_end_offset >= self.flushed_offset, "a flushed record was lost"
+        self.flushed_offset = self.leo
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def log_matches_model(self) -> None:
+        log = self.log
+        assert log.log_end_offset == self.leo
+        assert log.log_start_offset == 0
+        expected = [(b.base_offset + i, v) for b in self.batches for i, v in enumerate(b.values)]
+        seen, offset = [], 0
+        while offset < log.log_end_offset:
+            result = log.read(offset, 500)
+            assert result.next_offset > offset, "a read must make progress"
+            seen += [(r.offset, r.value) for batch in iter_batches(result.records) for r in batch.records()]
+            offset = result.next_offset
+        assert seen == expected
+
+    @invariant()
+    def every_batch_is_found_from_any_of_its_offsets(self) -> None:
+        for b in self.batches[-4:]:
+            for offset in {b.base_offset, b.next_offset - 1}:
+                first = next(iter_batches(self.log.read(offset, 1).records)).header
+                assert first.base_offset == b.base_offset
+
+    @invariant()
+    def segments_start_where_the_previous_ended(self) -> None:
+        bases = self.log.segment_base_offsets
+        assert bases == sorted(set(bases))
+        batch_starts = {b.base_offset for b in self.batches} | {self.leo}
+        assert set(bases) <= batch_starts
+
+
+LogMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_log_against_model = LogMachine.TestCase

@@ -1,0 +1,96 @@
+"""LogSegment on its own: naming, append and index cadence, read bounds, recovery, truncation."""
+
+from __future__ import annotations
+
+from rayk.storage import LogConfig
+from rayk.storage.records import BatchHeader, SimpleRecord, build_batch
+from rayk.storage.segment import LogSegment, segment_file_name
+
+
+def make_batch(base_offset: int, n: int = 2, ts: int = 1000) -> tuple[bytes, BatchHeader]:
+    data = build_batch([SimpleRecord(b"v" * 40, timestamp_ms=ts + i) for i in range(n)], base_offset=base_offset)
+    return data, BatchHeader.parse(data)
+
+
+def fill(segment: LogSegment, batches: int, ts: int = 1000) -> list[BatchHeader]:
+    headers = []
+    for _ in range(batches):
+        data, header = make_batch(segment.next_offset(), ts=ts)
+        segment.append(data, [header])
+        headers.append(header)
+        ts += 10
+    return headers
+
+
+def test_segment_files_are_named_by_twenty_digit_base_offset(tmp_path):
+    LogSegment(tmp_path, 42, LogConfig(), active=True)
+    assert segment_file_name(42, ".log") == "00000000000000000042.log"
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "00000000000000000042.log", "00000000000000000042.index", "00000000000000000042.timeindex"
+    }
+
+
+def test_index_entry_added_once_more_than_interval_bytes_were_written(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(index_interval_bytes=250), active=True)
+    headers = fill(segment, 10)
+    size = headers[0].size_bytes
+    assert 125 < size <= 250  # so more than 250 bytes have gone by every second batch
+    assert segment.offset_index.entries == 4  # before batches 2, 4, 6, 8
+    assert segment.offset_index.lookup(headers[2].last_offset) == (headers[2].last_offset, 2 * size)
+    assert segment.offset_index.lookup(100) == (headers[8].last_offset, 8 * size)
+
+
+def test_translate_offset_finds_the_batch_holding_an_offset(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(index_interval_bytes=100), active=True)
+    headers = fill(segment, 20)
+    for header in headers:
+        for offset in (header.base_offset, header.last_offset):
+            assert segment.translate_offset(offset).header.base_offset == header.base_offset
+    assert segment.translate_offset(headers[-1].next_offset) is None
+
+
+def test_read_stops_at_max_offset_and_reports_next_offset(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(), active=True)
+    headers = fill(segment, 5)
+    data, next_offset = segment.read(0, 1 << 20, max_offset=6, min_one_batch=True)
+    assert len(data) == 3 * headers[0].size_bytes and next_offset == 6
+
+
+def test_recover_rebuilds_the_same_indexes(tmp_path):
+    config = LogConfig(index_interval_bytes=100)
+    segment = LogSegment(tmp_path, 0, config, active=True)
+    fill(segment, 30)
+    segment.flush()
+    index_bytes = (tmp_path / "00000000000000000000.index").read_bytes()
+    time_index_bytes = (tmp_path / "00000000000000000000.timeindex").read_bytes()
+    assert segment.recover() == 0
+    segment.flush()
+    assert (tmp_path / "00000000000000000000.index").read_bytes() == index_bytes
+    assert (tmp_path / "00000000000000000000.timeindex").read_bytes() == time_index_bytes
+
+
+def test_recover_cuts_a_batch_whose_offsets_do_not_continue(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(), active=True)
+    fill(segment, 3)
+    stray, _ = make_batch(100)
+    with open(segment.log_path, "ab") as f:
+        f.write(stray)
+    segment._size += len(stray)
+    assert segment.recover() == len(stray)
+    assert segment.next_offset() == 6
+
+
+def test_truncate_recomputes_the_max_timestamp(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(index_interval_bytes=0), active=True)
+    fill(segment, 10, ts=1000)
+    assert segment.max_timestamp_ms == 1091
+    segment.truncate_to(7)  # drops the batch [6, 7] and everything after
+    assert segment.next_offset() == 6
+    assert segment.max_timestamp_ms == 1021
+
+
+def test_find_offset_by_timestamp_scans_into_the_batch(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(index_interval_bytes=0), active=True)
+    fill(segment, 10, ts=1000)
+    assert segment.find_offset_by_timestamp(1031) == (1031, 7)
+    assert segment.find_offset_by_timestamp(5000) is None
