@@ -231,7 +231,7 @@ class Log:
         """
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
-        headers = validate_batches(records, self.config.max_message_bytes, check_records=True)
+        headers = validate_batches(records, self.config.max_message_bytes, leader_checks=True)
         with self._lock:
             self._check_open()
             if leader_epoch < self.leader_epoch_cache.latest_epoch:
@@ -260,7 +260,7 @@ class Log:
         As in Kafka, a follower checks framing and CRCs but not the leader's size limit
         or record contents, which the leader validated.
         """
-        headers = validate_batches(records, None, check_records=False)
+        headers = validate_batches(records, None, leader_checks=False)
         with self._lock:
             self._check_open()
             expected = self._log_end_offset

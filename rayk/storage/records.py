@@ -496,11 +496,11 @@ def check_batch_at(view: memoryview, pos: int, max_batch_bytes: int | None = Non
 def validate_batches(
     buf: bytes | bytearray | memoryview,
     max_batch_bytes: int | None,
-    check_records: bool,
+    leader_checks: bool,
 ) -> list[BatchHeader]:
     """Checks that `buf` is exactly a sequence of sound batches and returns their headers.
 
-    Each batch passes `check_batch_at`. With `check_records` (a producer's batch on the
+    Each batch passes `check_batch_at`. With `leader_checks` (a producer's batch on the
     leader, as in Kafka's LogValidator) the records are decoded too, so that a batch whose
     CRC is right but whose records are malformed never reaches a log. Raises the Kafka
     error for the first problem; nothing is partially accepted.
@@ -512,7 +512,7 @@ def validate_batches(
     pos = 0
     while pos < len(view):
         header = check_batch_at(view, pos, max_batch_bytes)
-        if check_records:
+        if leader_checks:
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
             # A batch may legitimately compress well; the bound only stops decompression bombs.

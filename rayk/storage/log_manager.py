@@ -1,0 +1,134 @@
+"""LogManager: every partition log in one broker's data directory (Kafka's LogManager).
+
+The directory holds one `<topic>-<partition>` directory per log and three checkpoint
+files in Kafka's format (see `checkpoint.py`):
+`recovery-point-offset-checkpoint` (offsets below which each log is known to be on disk),
+`log-start-offset-checkpoint` and `replication-offset-checkpoint` (high watermarks).
+Opening a log passes it the checkpointed recovery point, log start and HW, so recovery
+re-reads only what might be torn and the HW survives restarts. `checkpoint()` rewrites
+all three files (atomically); `close()` flushes every log first, so after a clean
+shutdown the recovery points equal the log end offsets.
+
+Logs are opened lazily by `get_or_create`, because a log's config (segment size,
+retention, ...) comes from the cluster's metadata, which the caller has and this does not.
+Thread-safe (one lock around the table of logs); each Log has its own lock.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+from rayk.errors import UnknownTopicOrPartitionError
+from rayk.storage.checkpoint import OffsetCheckpointFile
+from rayk.storage.log import Log
+from rayk.storage.log_config import LogConfig
+
+TopicPartition = tuple[str, int]
+
+# Kafka's legal topic names; the partition directory is `<topic>-<partition>`.
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_PARTITION_DIR = re.compile(r"^(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)$")
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    if not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+        raise ValueError(f"illegal topic name {topic!r}: use 1-249 of [a-zA-Z0-9._-]")
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition}")
+    return f"{topic}-{partition}"
+
+
+class LogManager:
+    def __init__(self, data_dir: str | Path) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._recovery_points = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.RECOVERY_POINT)
+        self._log_start_offsets = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.LOG_START_OFFSET)
+        self._high_watermarks = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.HIGH_WATERMARK)
+        self._checkpointed = (
+            self._recovery_points.read(),
+            self._log_start_offsets.read(),
+            self._high_watermarks.read(),
+        )
+        self._logs: dict[TopicPartition, Log] = {}
+        self._lock = threading.Lock()
+
+    def partitions_on_disk(self) -> list[TopicPartition]:
+        """Every partition that has a directory here, opened or not."""
+        found = []
+        for path in self.data_dir.iterdir():
+            match = _PARTITION_DIR.match(path.name)
+            if match and path.is_dir():
+                found.append((match["topic"], int(match["partition"])))
+        return sorted(found)
+
+    def get_or_create(self, topic: str, partition: int, config: LogConfig | None = None) -> Log:
+        """The open log of a partition, opening (and recovering) or creating it if needed."""
+        key = (topic, partition)
+        with self._lock:
+            log = self._logs.get(key)
+            if log is None:
+                recovery_points, log_starts, high_watermarks = self._checkpointed
+                log = Log(
+                    self.data_dir / partition_dir_name(topic, partition),
+                    config,
+                    recovery_point=recovery_points.get(key),
+                    log_start_offset=log_starts.get(key),
+                    high_watermark=high_watermarks.get(key),
+                )
+                self._logs[key] = log
+            return log
+
+    def get(self, topic: str, partition: int) -> Log:
+        with self._lock:
+            log = self._logs.get((topic, partition))
+        if log is None:
+            raise UnknownTopicOrPartitionError(f"no log for {topic}-{partition} on {self.data_dir}")
+        return log
+
+    @property
+    def logs(self) -> dict[TopicPartition, Log]:
+        with self._lock:
+            return dict(self._logs)
+
+    def delete(self, topic: str, partition: int) -> None:
+        """Deletes a partition's log and directory (its topic was deleted or reassigned)."""
+        with self._lock:
+            log = self._logs.pop((topic, partition), None)
+            for table in self._checkpointed:
+                table.pop((topic, partition), None)
+        if log is None:
+            log = Log(self.data_dir / partition_dir_name(topic, partition))
+        log.delete()
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Writes the recovery points, log start offsets and high watermarks of every log."""
+        with self._lock:
+            recovery_points, log_starts, high_watermarks = (dict(t) for t in self._checkpointed)
+            for key, log in self._logs.items():
+                recovery_points[key] = log.recovery_point
+                log_starts[key] = log.log_start_offset
+                high_watermarks[key] = log.high_watermark
+            self._recovery_points.write(recovery_points)
+            self._log_start_offsets.write(log_starts)
+            self._high_watermarks.write(high_watermarks)
+            self._checkpointed = (recovery_points, log_starts, high_watermarks)
+
+    def flush_and_checkpoint(self) -> None:
+        """Flushes every log, then checkpoints: the recovery points reach the LEOs."""
+        for log in self.logs.values():
+            log.flush()
+        self.checkpoint()
+
+    def close(self) -> None:
+        """Clean shutdown: flush, close every log and write the checkpoints."""
+        for log in self.logs.values():
+            log.flush()
+        self.checkpoint()
+        with self._lock:
+            for log in self._logs.values():
+                log.close()
+            self._logs.clear()
