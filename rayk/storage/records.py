@@ -234,31 +234,24 @@ def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     return _crc32c.crc32c(memoryview(batch)[ATTRIBUTES_POS:])
 
 
+def _append_nullable_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        out += encode_varint(-1)
+    else:
+        out += encode_varint(len(data))
+        out += data
+
+
 def _encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, record: SimpleRecord) -> None:
-    key, value = record.key, record.value
     body = bytearray(b"\x00")  # record attributes: unused, always 0
     body += encode_varint(timestamp_delta)
     body += encode_varint(offset_delta)
-    if key is None:
-        body += encode_varint(-1)
-    else:
-        body += encode_varint(len(key))
-        body += key
-    if value is None:
-        body += encode_varint(-1)
-    else:
-        body += encode_varint(len(value))
-        body += value
+    _append_nullable_bytes(body, record.key)
+    _append_nullable_bytes(body, record.value)
     body += encode_varint(len(record.headers))
     for header_key, header_value in record.headers:
-        encoded_key = header_key.encode("utf-8")
-        body += encode_varint(len(encoded_key))
-        body += encoded_key
-        if header_value is None:
-            body += encode_varint(-1)
-        else:
-            body += encode_varint(len(header_value))
-            body += header_value
+        _append_nullable_bytes(body, header_key.encode("utf-8"))
+        _append_nullable_bytes(body, header_value)
     out += encode_varint(len(body))
     out += body
 
