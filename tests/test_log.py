@@ -11,6 +11,7 @@ from rayk.errors import (
     CorruptRecordError,
     FencedLeaderEpochError,
     InvalidFetchSizeError,
+    InvalidRecordError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
@@ -623,3 +624,17 @@ def test_log_never_imports_ray():
 
     code = "import sys, rayk.storage, rayk.storage.records; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
+
+
+def test_create_time_batch_whose_max_timestamp_lies_is_rejected(tmp_path):
+    import struct
+
+    from rayk.storage.records import CRC_POS, MAX_TIMESTAMP_POS, compute_crc
+
+    log = Log(tmp_path)
+    lying = bytearray(build_batch([SimpleRecord(b"a", timestamp_ms=1000), SimpleRecord(b"b", timestamp_ms=5000)]))
+    struct.pack_into(">q", lying, MAX_TIMESTAMP_POS, 1000)  # hides the record at 5000 from the time index
+    struct.pack_into(">I", lying, CRC_POS, compute_crc(lying))
+    with pytest.raises(InvalidRecordError, match="maxTimestamp"):
+        log.append_as_leader(bytes(lying), leader_epoch=0)
+    assert log.log_end_offset == 0

@@ -391,7 +391,8 @@ def _read_bytes(body: memoryview, pos: int, limit: int) -> tuple[bytes | None, i
 def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None) -> None:
     """Checks that a whole batch's records decode, without building them (the leader's
     LogValidator pass): each record's fields fit inside its declared length, offset deltas
-    run 0..n-1, and the records fill the batch exactly. Raises InvalidRecordError (or
+    run 0..n-1, the records fill the batch exactly, and a CreateTime batch's maxTimestamp
+    is its records' largest timestamp (the time index relies on it). Raises InvalidRecordError (or
     CorruptRecordError if a compressed body does not decompress).
     """
     view = memoryview(batch)
@@ -402,6 +403,7 @@ def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes:
     # bytes indexing is the fastest single-byte read Python has; one copy buys it.
     data = bytes(body)
     pos, end = 0, len(data)
+    max_timestamp_delta = None
     try:
         for expected_delta in range(header.record_count):
             length, pos = decode_varint(data, pos)
@@ -409,7 +411,9 @@ def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes:
             if length <= 0 or record_end > end:
                 raise InvalidRecordError(f"record length {length} does not fit in the batch")
             pos += 1  # attributes
-            _timestamp_delta, pos = decode_varint(data, pos)
+            timestamp_delta, pos = decode_varint(data, pos)
+            if max_timestamp_delta is None or timestamp_delta > max_timestamp_delta:
+                max_timestamp_delta = timestamp_delta
             offset_delta, pos = decode_varint(data, pos)
             if offset_delta != expected_delta:
                 raise InvalidRecordError(f"record offset delta {offset_delta}, expected {expected_delta}")
@@ -426,6 +430,7 @@ def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes:
                 key_length, pos = decode_varint(data, pos)
                 if key_length < 0:
                     raise InvalidRecordError("record header key is null")
+                data[pos : pos + key_length].decode("utf-8")  # as decode_records (and consumers) will
                 pos += key_length
                 value_length, pos = decode_varint(data, pos)
                 if value_length > 0:
@@ -434,8 +439,16 @@ def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes:
                 raise InvalidRecordError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
     except IndexError:
         raise InvalidRecordError(f"batch at offset {header.base_offset} has records running past its end") from None
+    except UnicodeDecodeError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset} has a header key that is not UTF-8: {e}") from None
     if pos != end:
         raise InvalidRecordError(f"batch at offset {header.base_offset} has {end - pos} bytes after its last record")
+    if header.timestamp_type == TimestampType.CREATE_TIME and max_timestamp_delta is not None:
+        records_max = header.base_timestamp + max_timestamp_delta
+        if header.max_timestamp != records_max:
+            raise InvalidRecordError(
+                f"batch maxTimestamp {header.max_timestamp} is not its records' largest timestamp {records_max}"
+            )
 
 
 # ---------------------------------------------------------------------------- validation
