@@ -1,0 +1,1 @@
+"""Ray actors: Controller, ReplicaManager (one per broker) and PartitionReplica."""

@@ -1,0 +1,106 @@
+"""LeaderReplicaState: what a partition leader knows of its followers (Kafka's Partition).
+
+For each follower it keeps the log end offset the follower last reported (the offset of
+its fetch), and Kafka's `lastCaughtUpTimeMs`: the last time the follower had fetched up
+to the leader's LEO as it stood at the follower's previous fetch. From these it decides
+the in-sync replica set (ISR) and the high watermark:
+
+- A follower joins the ISR once its LEO reaches the HW (and the start of the leader's
+  current epoch, so it cannot join with data from an older leader).
+- A follower leaves the ISR when `now - lastCaughtUpTimeMs > replica.lag.time.max.ms`:
+  it stopped fetching, or fetches but never catches up. The leader never leaves; the ISR
+  is never empty.
+- HW = min LEO over the ISR, leader included, and it only moves forward.
+
+Pure logic: no Ray, no I/O, not thread-safe. The PartitionReplica actor owns one and
+calls it from its event loop; it decides what to do with a changed ISR or HW.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class FollowerState:
+    log_end_offset: int = -1  # unknown until the follower's first fetch
+    last_caught_up_time_ms: int = 0
+    last_fetch_time_ms: int = 0
+    last_fetch_leader_log_end_offset: int = -1
+
+
+class LeaderReplicaState:
+    def __init__(
+        self,
+        leader_id: int,
+        replicas: Iterable[int],
+        isr: Iterable[int],
+        high_watermark: int,
+        leader_epoch_start_offset: int,
+        now_ms: int,
+    ) -> None:
+        self.leader_id = leader_id
+        self.replicas = list(replicas)
+        self.isr = set(isr) | {leader_id}
+        assert leader_id in self.replicas, f"leader {leader_id} is not a replica {self.replicas}"
+        self.high_watermark = high_watermark
+        self.leader_epoch_start_offset = leader_epoch_start_offset
+        # Followers start "caught up now": a new leader gives each a full lag window.
+        self.followers = {
+            r: FollowerState(last_caught_up_time_ms=now_ms, last_fetch_time_ms=now_ms)
+            for r in self.replicas
+            if r != leader_id
+        }
+
+    def record_follower_fetch(self, replica_id: int, fetch_offset: int, leader_log_end_offset: int, now_ms: int) -> None:
+        """A follower fetched from `fetch_offset` (its LEO); Kafka's updateFetchState."""
+        state = self.followers.get(replica_id)
+        if state is None:
+            raise KeyError(f"replica {replica_id} is not a follower of this partition ({self.replicas})")
+        if fetch_offset >= leader_log_end_offset:
+            state.last_caught_up_time_ms = max(state.last_caught_up_time_ms, now_ms)
+        elif fetch_offset >= state.last_fetch_leader_log_end_offset:
+            state.last_caught_up_time_ms = max(state.last_caught_up_time_ms, state.last_fetch_time_ms)
+        state.log_end_offset = fetch_offset
+        state.last_fetch_leader_log_end_offset = leader_log_end_offset
+        state.last_fetch_time_ms = now_ms
+
+    def maybe_expand_isr(self, replica_id: int) -> bool:
+        """Adds a caught-up follower to the ISR; True if the ISR changed."""
+        state = self.followers[replica_id]
+        if replica_id in self.isr:
+            return False
+        if state.log_end_offset >= self.high_watermark and state.log_end_offset >= self.leader_epoch_start_offset:
+            self.isr.add(replica_id)
+            return True
+        return False
+
+    def out_of_sync_replicas(self, lag_time_max_ms: int, now_ms: int) -> set[int]:
+        """ISR followers that have not caught up within `lag_time_max_ms`."""
+        return {
+            r
+            for r, state in self.followers.items()
+            if r in self.isr and now_ms - state.last_caught_up_time_ms > lag_time_max_ms
+        }
+
+    def shrink_isr(self, out_of_sync: set[int]) -> bool:
+        """Removes followers from the ISR (never the leader); True if it changed."""
+        out_of_sync = out_of_sync - {self.leader_id}
+        if not out_of_sync & self.isr:
+            return False
+        self.isr -= out_of_sync
+        assert self.leader_id in self.isr and self.isr, "the ISR always holds the leader"
+        return True
+
+    def maybe_increment_high_watermark(self, leader_log_end_offset: int) -> bool:
+        """HW = min LEO over the ISR, never backwards; True if it moved."""
+        candidates = [leader_log_end_offset] + [
+            self.followers[r].log_end_offset for r in self.isr if r != self.leader_id
+        ]
+        new_hw = min(candidates)
+        if new_hw > self.high_watermark:
+            assert new_hw <= leader_log_end_offset, "HW <= LEO"
+            self.high_watermark = new_hw
+            return True
+        return False
