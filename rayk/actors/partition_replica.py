@@ -1,0 +1,377 @@
+"""PartitionReplica: one replica of one partition, as an async Ray actor (num_cpus=0).
+
+It owns the partition's `Log` on its node's disk and is either the leader or a follower
+for a given leader epoch; whoever manages the broker tells it which (`become_leader`,
+`become_follower`).
+
+Leader:
+- `produce(records, acks, timeout_ms)` appends a producer's batches. acks must be 0, 1
+  or -1 (else INVALID_REQUIRED_ACKS); acks=-1 is refused with NOT_ENOUGH_REPLICAS
+  before appending when the ISR is smaller than `min.insync.replicas`, and otherwise
+  waits (Kafka's DelayedProduce) until the HW passes the last appended offset, or answers
+  REQUEST_TIMED_OUT after `timeout_ms`.
+- `fetch(...)` serves consumers up to the HW and followers up to the LEO. A fetch that
+  finds fewer than `min_bytes` waits up to `max_wait_ms` and is answered the moment an
+  append or an HW move satisfies it (an asyncio event per change; nothing polls).
+  A follower's fetch offset is its LEO: the leader records it, may add the follower to the
+  ISR and may advance the HW (`LeaderReplicaState`), then answers.
+
+Follower: a task fetches from the leader with min 1 byte / max wait 500 ms (Kafka's
+replica.fetch.* defaults), appends with `append_as_follower`, and sets its HW to
+min(leader HW, own LEO). On becoming follower it first asks the leader for the end offset
+of its own latest epoch (OffsetsForLeaderEpoch) and truncates anything past it.
+
+Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayk.actors.replica_state import LeaderReplicaState
+from rayk.errors import (
+    FencedLeaderEpochError,
+    InvalidRequiredAcksError,
+    KafkaError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    RequestTimedOutError,
+    UnknownLeaderEpochError,
+)
+from rayk.storage import Log, LogConfig
+from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH_OFFSET
+
+logger = logging.getLogger(__name__)
+
+CONSUMER_REPLICA_ID = -1
+FOLLOWER_ERROR_BACKOFF_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    """Replication settings, with Kafka's defaults (names: min.insync.replicas, ...)."""
+
+    min_insync_replicas: int = 1
+    replica_lag_time_max_ms: int = 10_000
+    replica_fetch_max_bytes: int = 1 << 20
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_wait_max_ms: int = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    base_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    error: KafkaError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    records: bytes
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+    error: KafkaError | None = None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PartitionReplica:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        broker_id: int,
+        log_dir: str | Path,
+        log_config: LogConfig | None = None,
+        replica_config: ReplicaConfig | None = None,
+    ) -> None:
+        self.topic, self.partition, self.broker_id = topic, partition, broker_id
+        self.config = replica_config or ReplicaConfig()
+        self._log = Log(log_dir, log_config)
+        self._role: str | None = None  # "leader" | "follower" | None before the first assignment
+        self._leader_epoch = -1
+        self._leader_id: int | None = None
+        self._leader_state: LeaderReplicaState | None = None
+        self._fetcher: asyncio.Task | None = None
+        self._changed: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ change notification
+
+    def _change_event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify_change(self) -> None:
+        """Wakes every waiting fetch and produce: the LEO, HW or role moved."""
+        event = self._change_event()
+        self._changed = asyncio.Event()
+        event.set()
+
+    # ------------------------------------------------------------------ role changes
+
+    async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int]) -> None:
+        if leader_epoch < self._leader_epoch:
+            raise FencedLeaderEpochError(f"become_leader for epoch {leader_epoch} after epoch {self._leader_epoch}")
+        await self._stop_fetcher()
+        self._role, self._leader_epoch, self._leader_id = "leader", leader_epoch, self.broker_id
+        self._leader_state = LeaderReplicaState(
+            self.broker_id, replicas, isr, self._log.high_watermark, self._log.log_end_offset, _now_ms()
+        )
+        self._maybe_increment_high_watermark()
+        self._notify_change()
+
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
+        """Follows `leader` (an actor handle of the leader's PartitionReplica)."""
+        if leader_epoch < self._leader_epoch:
+            raise FencedLeaderEpochError(f"become_follower for epoch {leader_epoch} after epoch {self._leader_epoch}")
+        await self._stop_fetcher()
+        self._role, self._leader_epoch, self._leader_id = "follower", leader_epoch, leader_id
+        self._leader_state = None
+        self._notify_change()  # parked produces learn they are no longer on the leader
+        self._fetcher = asyncio.get_running_loop().create_task(self._fetch_from_leader(leader, leader_epoch))
+
+    async def _stop_fetcher(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.cancel()
+            try:
+                await self._fetcher
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._fetcher = None
+
+    # ------------------------------------------------------------------ leader: produce
+
+    async def produce(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
+        log = self._log
+        if acks not in (0, 1, -1):
+            return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
+        if self._role != "leader":
+            return self._produce_error(self._not_leader())
+        isr_size = len(self._leader_state.isr)
+        if acks == -1 and isr_size < self.config.min_insync_replicas:
+            return self._produce_error(
+                NotEnoughReplicasError(
+                    f"{self.topic}-{self.partition} has {isr_size} in-sync replicas, "
+                    f"min.insync.replicas is {self.config.min_insync_replicas}"
+                )
+            )
+        try:
+            info = log.append_as_leader(records, self._leader_epoch)
+        except KafkaError as e:
+            return self._produce_error(e)
+        self._maybe_increment_high_watermark()
+        self._notify_change()
+        result = ProduceResult(info.first_offset, info.log_append_time_ms, info.log_start_offset)
+        if acks != -1:
+            return result
+        error = await self._wait_for_replication(info.last_offset + 1, self._leader_epoch, timeout_ms)
+        return result if error is None else ProduceResult(info.first_offset, -1, log.log_start_offset, error)
+
+    async def _wait_for_replication(self, required_offset: int, epoch: int, timeout_ms: int) -> KafkaError | None:
+        """Kafka's DelayedProduce: done when HW >= required_offset, or fails."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            changed = self._change_event()
+            if self._role != "leader" or self._leader_epoch != epoch:
+                return self._not_leader()
+            if self._log.high_watermark >= required_offset:
+                if len(self._leader_state.isr) < self.config.min_insync_replicas:
+                    return NotEnoughReplicasAfterAppendError(
+                        f"written, but the ISR shrank below min.insync.replicas = {self.config.min_insync_replicas}"
+                    )
+                return None
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return RequestTimedOutError(
+                    f"offset {required_offset - 1} was not replicated to all in-sync replicas within {timeout_ms} ms"
+                )
+            try:
+                await asyncio.wait_for(changed.wait(), remaining_s)
+            except TimeoutError:
+                pass
+
+    def _produce_error(self, error: KafkaError) -> ProduceResult:
+        return ProduceResult(-1, -1, self._log.log_start_offset, error)
+
+    def _not_leader(self) -> NotLeaderOrFollowerError:
+        return NotLeaderOrFollowerError(
+            f"broker {self.broker_id} is not the leader of {self.topic}-{self.partition} "
+            f"(leader: {self._leader_id}, epoch {self._leader_epoch})"
+        )
+
+    def _maybe_increment_high_watermark(self) -> bool:
+        state = self._leader_state
+        if state is None or not state.maybe_increment_high_watermark(self._log.log_end_offset):
+            return False
+        self._log.high_watermark = state.high_watermark
+        return True
+
+    # ------------------------------------------------------------------ leader: fetch
+
+    async def fetch(
+        self,
+        offset: int,
+        max_bytes: int,
+        min_bytes: int = 1,
+        max_wait_ms: int = 500,
+        replica_id: int = CONSUMER_REPLICA_ID,
+        leader_epoch: int = -1,
+    ) -> FetchResult:
+        if self._role != "leader":
+            return self._fetch_error(self._not_leader())
+        if leader_epoch >= 0 and leader_epoch != self._leader_epoch:
+            cls = FencedLeaderEpochError if leader_epoch < self._leader_epoch else UnknownLeaderEpochError
+            return self._fetch_error(cls(f"fetch in epoch {leader_epoch}, leader is in epoch {self._leader_epoch}"))
+        is_follower = replica_id != CONSUMER_REPLICA_ID
+        if is_follower:
+            if replica_id not in self._leader_state.followers:
+                return self._fetch_error(NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of this partition"))
+            self._record_follower_position(replica_id, offset)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            changed = self._change_event()
+            result = self._read(offset, max_bytes, is_follower)
+            remaining_s = deadline - time.monotonic()
+            if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
+                return result
+            try:
+                await asyncio.wait_for(changed.wait(), remaining_s)
+            except TimeoutError:
+                pass
+            if self._role != "leader":
+                return self._fetch_error(self._not_leader())
+
+    def _record_follower_position(self, replica_id: int, fetch_offset: int) -> None:
+        state = self._leader_state
+        leo = self._log.log_end_offset
+        state.record_follower_fetch(replica_id, min(fetch_offset, leo), leo, _now_ms())
+        if state.maybe_expand_isr(replica_id):
+            logger.info("%s-%d: ISR expanded to %s", self.topic, self.partition, sorted(state.isr))
+        if self._maybe_increment_high_watermark():
+            self._notify_change()
+
+    def _read(self, offset: int, max_bytes: int, is_follower: bool) -> FetchResult:
+        log = self._log
+        try:
+            result = log.read(offset, max_bytes, max_offset=None if is_follower else log.high_watermark)
+        except KafkaError as e:
+            return self._fetch_error(e)
+        return FetchResult(result.records, result.high_watermark, result.log_end_offset, result.log_start_offset)
+
+    def _fetch_error(self, error: KafkaError) -> FetchResult:
+        log = self._log
+        return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, error)
+
+    async def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""
+        if self._role != "leader":
+            raise self._not_leader()
+        return self._log.end_offset_for_epoch(epoch)
+
+    # ------------------------------------------------------------------ leader: ISR expiration
+
+    async def maybe_shrink_isr(self) -> list[int] | None:
+        """Kafka's isr-expiration for this partition: drops followers that have not caught
+        up within replica.lag.time.max.ms. Returns the new ISR if it changed."""
+        if self._role != "leader":
+            return None
+        state = self._leader_state
+        out = state.out_of_sync_replicas(self.config.replica_lag_time_max_ms, _now_ms())
+        if not state.shrink_isr(out):
+            return None
+        logger.info("%s-%d: ISR shrank to %s (out of sync: %s)", self.topic, self.partition, sorted(state.isr), sorted(out))
+        self._maybe_increment_high_watermark()  # a smaller ISR may let the HW move
+        self._notify_change()
+        return sorted(state.isr)
+
+    # ------------------------------------------------------------------ follower
+
+    async def _fetch_from_leader(self, leader: Any, epoch: int) -> None:
+        log = self._log
+        try:
+            await self._truncate_to_leader_epoch_end(leader)
+        except Exception as e:  # the leader may not be reachable yet; the loop retries
+            logger.warning("%s-%d: epoch truncation failed: %s", self.topic, self.partition, e)
+        while self._role == "follower" and self._leader_epoch == epoch:
+            try:
+                result: FetchResult = await leader.fetch.remote(
+                    log.log_end_offset,
+                    self.config.replica_fetch_max_bytes,
+                    self.config.replica_fetch_min_bytes,
+                    self.config.replica_fetch_wait_max_ms,
+                    replica_id=self.broker_id,
+                    leader_epoch=epoch,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # leader actor dead or unreachable: wait for a new assignment
+                logger.warning("%s-%d: fetch from leader failed: %s", self.topic, self.partition, e)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            if result.error is not None:
+                self._handle_fetch_error(result)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            if result.records:
+                log.append_as_follower(result.records)
+            new_hw = min(result.high_watermark, log.log_end_offset)
+            if new_hw > log.high_watermark:
+                log.high_watermark = new_hw
+            self._notify_change()
+
+    async def _truncate_to_leader_epoch_end(self, leader: Any) -> None:
+        latest_epoch = self._log.latest_epoch
+        if latest_epoch < 0:
+            return
+        _epoch, end_offset = await leader.offsets_for_leader_epoch.remote(latest_epoch)
+        if end_offset != UNDEFINED_EPOCH_OFFSET and end_offset < self._log.log_end_offset:
+            logger.info("%s-%d: truncating divergent log from %d to %d", self.topic, self.partition,
+                        self._log.log_end_offset, end_offset)
+            self._log.truncate_to(end_offset)
+
+    def _handle_fetch_error(self, result: FetchResult) -> None:
+        log = self._log
+        if isinstance(result.error, OffsetOutOfRangeError):
+            if log.log_end_offset < result.log_start_offset:
+                log.truncate_fully_and_start_at(result.log_start_offset)
+            elif log.log_end_offset > result.log_end_offset:
+                log.truncate_to(result.log_end_offset)
+        elif not result.error.retriable:
+            logger.error("%s-%d: fetch error %s", self.topic, self.partition, result.error)
+
+    # ------------------------------------------------------------------ inspection, lifecycle
+
+    async def describe(self) -> dict[str, Any]:
+        log = self._log
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "broker_id": self.broker_id,
+            "role": self._role,
+            "leader_id": self._leader_id,
+            "leader_epoch": self._leader_epoch,
+            "isr": sorted(self._leader_state.isr) if self._leader_state else None,
+            "high_watermark": log.high_watermark,
+            "log_end_offset": log.log_end_offset,
+            "log_start_offset": log.log_start_offset,
+        }
+
+    async def close(self) -> None:
+        """Stops following, flushes and closes the log (data stays on disk)."""
+        await self._stop_fetcher()
+        self._role = None
+        self._notify_change()
+        self._log.close()
+

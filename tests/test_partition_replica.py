@@ -1,0 +1,238 @@
+"""PartitionReplica actors on a local Ray instance: produce acks, long-poll fetch,
+follower replication, ISR shrink and expansion, epoch fencing and truncation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.errors import (
+    FencedLeaderEpochError,
+    InvalidRequiredAcksError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+)
+from rayk.storage import Log
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+
+Replica = ray.remote(num_cpus=0)(PartitionReplica)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def batch(n: int = 3, tag: str = "v") -> bytes:
+    return build_batch([SimpleRecord(f"{tag}{i}".encode()) for i in range(n)])
+
+
+def offsets(records: bytes) -> list[int]:
+    return [r.offset for b in iter_batches(records) for r in b.records()]
+
+
+def replicas(tmp_path, ids=(1, 2, 3), config: ReplicaConfig | None = None) -> dict[int, ray.actor.ActorHandle]:
+    return {i: Replica.remote("t", 0, i, str(tmp_path / f"broker-{i}" / "t-0"), None, config) for i in ids}
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def describe(handle) -> dict:
+    return ray.get(handle.describe.remote())
+
+
+def stored_bytes(handle, tmp_path, broker_id: int) -> bytes:
+    """Closes a replica and reads its whole log back from its directory on disk."""
+    ray.get(handle.close.remote())
+    log = Log(tmp_path / f"broker-{broker_id}" / "t-0")
+    log.high_watermark = log.log_end_offset
+    data = log.read(0, 1 << 30).records
+    log.close()
+    return data
+
+
+def start_replication(r: dict, leader: int, epoch: int = 0, isr=None) -> None:
+    ids = sorted(r)
+    ray.get(r[leader].become_leader.remote(epoch, ids, list(isr or ids)))
+    ray.get([r[i].become_follower.remote(epoch, leader, r[leader]) for i in ids if i != leader])
+
+
+# ---------------------------------------------------------------------- produce
+
+
+def test_acks_one_returns_the_assigned_offset_and_acks_zero_appends(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    assert ray.get(r[1].produce.remote(batch(3), 1, 1000)).base_offset == 0
+    assert ray.get(r[1].produce.remote(batch(2), 0, 1000)).base_offset == 3
+    assert describe(r[1])["log_end_offset"] == 5
+
+
+def test_acks_other_than_0_1_all_is_invalid_required_acks(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    result = ray.get(r[1].produce.remote(batch(), 2, 1000))
+    assert isinstance(result.error, InvalidRequiredAcksError)
+    assert describe(r[1])["log_end_offset"] == 0
+
+
+def test_produce_to_a_follower_is_not_leader(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    start_replication(r, leader=1)
+    result = ray.get(r[2].produce.remote(batch(), 1, 1000))
+    assert isinstance(result.error, NotLeaderOrFollowerError)
+    assert "leader: 1" in str(result.error)
+
+
+def test_acks_all_is_refused_before_append_when_isr_below_min_insync(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2, 3), config=ReplicaConfig(min_insync_replicas=2))
+    ray.get(r[1].become_leader.remote(0, [1, 2, 3], [1]))
+    result = ray.get(r[1].produce.remote(batch(), -1, 1000))
+    assert isinstance(result.error, NotEnoughReplicasError)
+    assert describe(r[1])["log_end_offset"] == 0
+    assert ray.get(r[1].produce.remote(batch(), 1, 1000)).error is None
+
+
+def test_acks_all_waits_for_followers_then_every_replica_holds_the_same_bytes(tmp_path):
+    r = replicas(tmp_path)
+    start_replication(r, leader=1)
+    for _ in range(5):
+        result = ray.get(r[1].produce.remote(batch(4), -1, 5000))
+        assert result.error is None
+    state = describe(r[1])
+    assert state["high_watermark"] == state["log_end_offset"] == 20
+    for i in (2, 3):
+        wait_until(lambda i=i: describe(r[i])["log_end_offset"] == 20)
+    leader_bytes = stored_bytes(r[1], tmp_path, 1)
+    assert offsets(leader_bytes) == list(range(20))
+    assert stored_bytes(r[2], tmp_path, 2) == leader_bytes
+    assert stored_bytes(r[3], tmp_path, 3) == leader_bytes
+
+
+def test_acks_all_times_out_when_a_follower_in_isr_is_stalled(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # replica 2 never fetches
+    started = time.monotonic()
+    result = ray.get(r[1].produce.remote(batch(), -1, 400))
+    elapsed = time.monotonic() - started
+    assert isinstance(result.error, RequestTimedOutError)
+    assert 0.35 < elapsed < 5
+    assert describe(r[1])["high_watermark"] == 0
+
+
+# ---------------------------------------------------------------------- fetch
+
+
+def test_consumer_fetch_waiting_for_min_bytes_is_answered_as_soon_as_data_arrives(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    started = time.monotonic()
+    pending = r[1].fetch.remote(0, 1 << 20, 1, 10_000)
+    time.sleep(0.3)
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))
+    result = ray.get(pending)
+    elapsed = time.monotonic() - started
+    assert offsets(result.records) == [0, 1]
+    assert elapsed < 3, f"fetch took {elapsed:.2f} s though data arrived after 0.3 s (max wait 10 s)"
+
+
+def test_consumer_fetch_answers_empty_after_max_wait(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    started = time.monotonic()
+    result = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 300))
+    elapsed = time.monotonic() - started
+    assert result.records == b"" and result.error is None
+    assert 0.29 < elapsed < 3
+
+
+def test_consumers_never_see_above_the_high_watermark(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # follower stalled: HW stays 0
+    ray.get(r[1].produce.remote(batch(3), 1, 1000))
+    consumer = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0))
+    assert consumer.records == b"" and consumer.high_watermark == 0
+    follower_view = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0, 2, 0))
+    assert offsets(follower_view.records) == [0, 1, 2]
+
+
+def test_fetch_with_an_old_leader_epoch_is_fenced(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(3, [1, 2], [1, 2]))
+    result = ray.get(r[1].fetch.remote(0, 100, 1, 0, 2, 2))
+    assert isinstance(result.error, FencedLeaderEpochError)
+
+
+# ---------------------------------------------------------------------- replication and ISR
+
+
+def test_follower_catches_up_from_empty_and_follows_the_high_watermark(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1]))
+    for _ in range(10):
+        ray.get(r[1].produce.remote(batch(5), 1, 1000))
+    ray.get(r[2].become_follower.remote(0, 1, r[1]))
+    wait_until(lambda: describe(r[2])["log_end_offset"] == 50)
+    wait_until(lambda: describe(r[1])["isr"] == [1, 2])
+    wait_until(lambda: describe(r[2])["high_watermark"] == 50)
+
+
+def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_path):
+    config = ReplicaConfig(replica_lag_time_max_ms=500)
+    r = replicas(tmp_path, ids=(1, 2), config=config)
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # replica 2 stalled from the start
+    pending = r[1].produce.remote(batch(3), -1, 10_000)
+    time.sleep(0.7)
+    assert ray.get(r[1].maybe_shrink_isr.remote()) == [1]
+    # With the stalled follower out, the HW moves and the parked acks=all produce completes.
+    assert ray.get(pending).error is None
+    assert describe(r[1])["high_watermark"] == 3
+    ray.get(r[2].become_follower.remote(0, 1, r[1]))
+    wait_until(lambda: describe(r[1])["isr"] == [1, 2])
+
+
+def test_high_watermark_never_moves_backwards_while_followers_come_and_go(tmp_path):
+    config = ReplicaConfig(replica_lag_time_max_ms=300)
+    r = replicas(tmp_path, config=config)
+    start_replication(r, leader=1)
+    seen = []
+    for round_ in range(6):
+        ray.get(r[1].produce.remote(batch(2), 1, 1000))
+        if round_ == 2:
+            ray.get(r[3].close.remote())  # replica 3 stops fetching
+            time.sleep(0.4)
+            ray.get(r[1].maybe_shrink_isr.remote())
+        seen.append(describe(r[1])["high_watermark"])
+        time.sleep(0.05)
+    assert seen == sorted(seen)
+    wait_until(lambda: describe(r[1])["high_watermark"] == 12)
+
+
+def test_new_follower_truncates_divergent_uncommitted_data_by_leader_epoch(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2))
+    start_replication(r, leader=1, epoch=0)
+    ray.get(r[1].produce.remote(batch(3), -1, 5000))  # committed: offsets 0-2 on both
+    wait_until(lambda: describe(r[2])["log_end_offset"] == 3)
+    ray.get(r[2].close.remote())
+    # Replica 1 takes writes nobody replicated, then loses leadership to replica 2.
+    ray.get(r[1].produce.remote(batch(4, tag="lost"), 1, 1000))
+    assert describe(r[1])["log_end_offset"] == 7
+    r2 = Replica.remote("t", 0, 2, str(tmp_path / "broker-2" / "t-0"), None, None)
+    ray.get(r2.become_leader.remote(1, [1, 2], [2]))
+    ray.get(r2.produce.remote(batch(2, tag="new"), 1, 1000))  # offsets 3-4 in epoch 1
+    ray.get(r[1].become_follower.remote(1, 2, r2))
+    wait_until(lambda: describe(r2)["isr"] == [1, 2])
+    wait_until(lambda: describe(r[1])["log_end_offset"] == 5)
+    values = [rec.value for b in iter_batches(stored_bytes(r[1], tmp_path, 1)) for rec in b.records()]
+    assert values == [b"v0", b"v1", b"v2", b"new0", b"new1"]
