@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -95,7 +96,7 @@ class IndexFile:
 
     # -------------------------------------------------------------- search
 
-    def _largest_lower_bound(self, target: int, key_of: "callable[[int], int]") -> int:
+    def _largest_lower_bound(self, target: int, key_of: Callable[[int], int]) -> int:
         """Index of the last entry whose key <= target, or -1 if none (keys ascend)."""
         lo, hi = 0, self._entries - 1
         if hi < 0 or key_of(0) > target:
