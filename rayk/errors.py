@@ -69,6 +69,12 @@ class RecordBatchTooLargeError(KafkaError):
     code, name = 18, "RECORD_LIST_TOO_LARGE"
 
 
+class NetworkError(KafkaError):
+    """The peer (an actor or a socket) went away mid-request; retry after a metadata refresh."""
+
+    code, name, retriable = 13, "NETWORK_EXCEPTION", True
+
+
 class NotEnoughReplicasError(KafkaError):
     code, name, retriable = 19, "NOT_ENOUGH_REPLICAS", True
 
@@ -81,8 +87,28 @@ class InvalidRequiredAcksError(KafkaError):
     code, name = 21, "INVALID_REQUIRED_ACKS"
 
 
+class InvalidTopicError(KafkaError):
+    """A topic name that is not 1-249 of [a-zA-Z0-9._-], or an internal topic used wrongly."""
+
+    code, name = 17, "INVALID_TOPIC_EXCEPTION"
+
+
 class InvalidTimestampError(KafkaError):
     code, name = 32, "INVALID_TIMESTAMP"
+
+
+class TopicAlreadyExistsError(KafkaError):
+    code, name = 36, "TOPIC_ALREADY_EXISTS"
+
+
+class InvalidPartitionsError(KafkaError):
+    code, name = 37, "INVALID_PARTITIONS"
+
+
+class InvalidReplicationFactorError(KafkaError):
+    """More replicas asked for than there are live brokers, or fewer than one."""
+
+    code, name = 38, "INVALID_REPLICATION_FACTOR"
 
 
 class InvalidConfigurationError(KafkaError):
@@ -103,6 +129,12 @@ class KafkaStorageError(KafkaError):
     code, name, retriable = 56, "KAFKA_STORAGE_ERROR", True
 
 
+class StaleBrokerEpochError(KafkaError):
+    """A broker spoke with the epoch of an older registration (an old incarnation)."""
+
+    code, name = 77, "STALE_BROKER_EPOCH"
+
+
 class FencedLeaderEpochError(KafkaError):
     code, name, retriable = 74, "FENCED_LEADER_EPOCH", True
 
@@ -119,6 +151,24 @@ class InvalidRecordError(KafkaError):
     """A batch's framing or records are malformed although its CRC may be valid."""
 
     code, name = 87, "INVALID_RECORD"
+
+
+class InvalidUpdateVersionError(KafkaError):
+    """An AlterPartition carried a partition epoch that is no longer current."""
+
+    code, name = 95, "INVALID_UPDATE_VERSION"
+
+
+class IneligibleReplicaError(KafkaError):
+    """An AlterPartition would add a fenced or unknown broker to the ISR."""
+
+    code, name = 107, "INELIGIBLE_REPLICA"
+
+
+class InconsistentClusterIdError(KafkaStorageError):
+    """A data directory's meta.properties names another cluster or another broker id."""
+
+    code, name, retriable = 104, "INCONSISTENT_CLUSTER_ID", False
 
 
 class UnexpectedAppendOffsetError(KafkaError):

@@ -39,16 +39,16 @@ def test_high_watermark_never_moves_backwards():
 def test_follower_joins_isr_when_it_reaches_the_high_watermark():
     state = leader(isr=(1,), hw=6)
     state.record_follower_fetch(2, 5, leader_log_end_offset=6, now_ms=1)
-    assert not state.maybe_expand_isr(2)
+    assert state.isr_expansion(2) is None
     state.record_follower_fetch(2, 6, leader_log_end_offset=6, now_ms=2)
-    assert state.maybe_expand_isr(2)
-    assert state.isr == {1, 2}
+    assert state.isr_expansion(2) == {1, 2}
+    assert state.isr == {1}, "a proposal is not the ISR until committed"
 
 
 def test_follower_does_not_join_isr_below_the_leader_epoch_start():
     state = leader(isr=(1,), hw=0, epoch_start=4)
     state.record_follower_fetch(2, 3, leader_log_end_offset=6, now_ms=1)
-    assert not state.maybe_expand_isr(2)
+    assert state.isr_expansion(2) is None
 
 
 def test_stuck_follower_leaves_isr_after_lag_time():
@@ -81,25 +81,55 @@ def test_follower_that_reaches_the_previous_leader_leo_counts_as_caught_up_then(
 
 def test_shrink_never_removes_the_leader():
     state = leader()
-    assert state.shrink_isr({1, 2, 3})
-    assert state.isr == {1}
+    assert state.isr_shrink({1, 2, 3}) == {1}
+
+
+def test_pending_shrink_keeps_the_high_watermark_behind_the_removed_follower():
+    state = leader(hw=0)
+    state.record_follower_fetch(2, 10, leader_log_end_offset=10, now_ms=1)
+    state.record_follower_fetch(3, 4, leader_log_end_offset=10, now_ms=1)
+    state.propose_isr(state.isr_shrink({3}))
+    state.maybe_increment_high_watermark(10)
+    assert state.high_watermark == 4, "replica 3 may still be elected until the shrink is committed"
+    state.commit_isr({1, 2})
+    state.maybe_increment_high_watermark(10)
+    assert state.high_watermark == 10
+
+
+def test_pending_expansion_counts_the_new_follower_at_once():
+    state = leader(isr=(1,), hw=6)
+    state.record_follower_fetch(2, 6, leader_log_end_offset=9, now_ms=1)
+    state.propose_isr(state.isr_expansion(2))
+    state.maybe_increment_high_watermark(9)
+    assert state.high_watermark == 6
+    assert state.isr_expansion(3) is None and state.isr_shrink({2}) is None, "one change at a time"
+    state.abort_isr_change()
+    assert state.isr == {1} and state.maximal_isr == {1}
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([2, 3]), st.integers(0, 50), st.integers(0, 3)), max_size=40))
-def test_invariants_hold_under_random_fetches_and_appends(steps):
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([2, 3]), st.integers(0, 50), st.integers(0, 3), st.sampled_from(["commit", "abort", "wait"])),
+        max_size=40,
+    )
+)
+def test_invariants_hold_under_random_fetches_appends_and_isr_changes(steps):
     state, leo, now = leader(isr=(1,)), 0, 0
     follower_leo = {2: 0, 3: 0}  # within one leader epoch a follower's LEO only grows
-    for replica, fetch_offset, appended in steps:
+    for replica, fetch_offset, appended, controller in steps:
         leo += appended
         now += 700
         follower_leo[replica] = max(follower_leo[replica], min(fetch_offset, leo))
         state.record_follower_fetch(replica, follower_leo[replica], leo, now)
-        state.maybe_expand_isr(replica)
-        state.shrink_isr(state.out_of_sync_replicas(LAG_MS, now))
+        for proposal in (state.isr_expansion(replica), state.isr_shrink(state.out_of_sync_replicas(LAG_MS, now))):
+            if proposal is not None:
+                state.propose_isr(proposal)
+        if state.pending_isr is not None and controller != "wait":
+            state.commit_isr(state.pending_isr) if controller == "commit" else state.abort_isr_change()
         hw_before = state.high_watermark
         state.maybe_increment_high_watermark(leo)
         assert hw_before <= state.high_watermark <= leo
         assert 1 in state.isr
-        for r in state.isr - {1}:
+        for r in state.maximal_isr - {1}:
             assert state.followers[r].log_end_offset >= state.high_watermark

@@ -21,6 +21,12 @@ replica.fetch.* defaults), appends with `append_as_follower`, and sets its HW to
 min(leader HW, own LEO). On becoming follower it first asks the leader for the end offset
 of its own latest epoch (OffsetsForLeaderEpoch) and truncates anything past it.
 
+ISR changes the leader decides (a follower caught up, or one fell behind) go to the
+Controller as AlterPartition through `isr_manager` (the broker's ReplicaManager) and take
+effect when it commits them; until then the HW respects the maximal ISR (see
+`LeaderReplicaState`). Without an `isr_manager` (a replica used on its own) changes
+commit at once.
+
 Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
 """
 
@@ -47,11 +53,14 @@ from rayk.errors import (
 )
 from rayk.storage import Log, LogConfig
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH_OFFSET
+from rayk.storage.log_dir_checkpoints import PartitionOffsets
 
 logger = logging.getLogger(__name__)
 
 CONSUMER_REPLICA_ID = -1
+NO_LEADER = -1
 FOLLOWER_ERROR_BACKOFF_MS = 100
+ISR_CHANGE_RETRY_BACKOFF_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +104,31 @@ class PartitionReplica:
         log_dir: str | Path,
         log_config: LogConfig | None = None,
         replica_config: ReplicaConfig | None = None,
+        offsets: PartitionOffsets | None = None,
+        isr_manager: Any = None,
     ) -> None:
+        """`offsets` are the broker's checkpointed recovery point, log start and HW for this
+        log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager)."""
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         self.config = replica_config or ReplicaConfig()
-        self._log = Log(log_dir, log_config)
+        offsets = offsets or PartitionOffsets()
+        self._log = Log(
+            log_dir,
+            log_config,
+            recovery_point=offsets.recovery_point,
+            log_start_offset=offsets.log_start_offset,
+            high_watermark=offsets.high_watermark,
+        )
+        self._isr_manager = isr_manager
         self._role: str | None = None  # "leader" | "follower" | None before the first assignment
         self._leader_epoch = -1
+        self._partition_epoch = -1
         self._leader_id: int | None = None
         self._leader_state: LeaderReplicaState | None = None
         self._fetcher: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
+        self._isr_change_retry_at = 0.0  # monotonic seconds
+        self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ change notification
 
@@ -121,11 +145,22 @@ class PartitionReplica:
 
     # ------------------------------------------------------------------ role changes
 
-    async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int]) -> None:
+    async def become_leader(
+        self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0
+    ) -> None:
+        """Leads for `leader_epoch`. The same epoch again with a newer `partition_epoch` only
+        updates the ISR (the Controller changed it, e.g. it fenced a follower's broker)."""
         if leader_epoch < self._leader_epoch:
             raise FencedLeaderEpochError(f"become_leader for epoch {leader_epoch} after epoch {self._leader_epoch}")
+        if self._role == "leader" and leader_epoch == self._leader_epoch:
+            if partition_epoch > self._partition_epoch:
+                self._partition_epoch = partition_epoch
+                self._leader_state.commit_isr(isr)
+                self._after_isr_change()
+            return
         await self._stop_fetcher()
         self._role, self._leader_epoch, self._leader_id = "leader", leader_epoch, self.broker_id
+        self._partition_epoch = partition_epoch
         self._leader_state = LeaderReplicaState(
             self.broker_id, replicas, isr, self._log.high_watermark, self._log.log_end_offset, _now_ms()
         )
@@ -133,14 +168,19 @@ class PartitionReplica:
         self._notify_change()
 
     async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
-        """Follows `leader` (an actor handle of the leader's PartitionReplica)."""
+        """Follows `leader` (an actor handle of the leader's PartitionReplica), or waits for
+        one when `leader_id` is NO_LEADER (-1) and `leader` None."""
         if leader_epoch < self._leader_epoch:
             raise FencedLeaderEpochError(f"become_follower for epoch {leader_epoch} after epoch {self._leader_epoch}")
+        following = self._fetcher is not None and not self._fetcher.done()
+        if (self._role, self._leader_epoch, self._leader_id) == ("follower", leader_epoch, leader_id) and following:
+            return  # already following this leader in this epoch
         await self._stop_fetcher()
         self._role, self._leader_epoch, self._leader_id = "follower", leader_epoch, leader_id
         self._leader_state = None
         self._notify_change()  # parked produces learn they are no longer on the leader
-        self._fetcher = asyncio.get_running_loop().create_task(self._fetch_from_leader(leader, leader_epoch))
+        if leader is not None and leader_id != NO_LEADER:
+            self._fetcher = asyncio.get_running_loop().create_task(self._fetch_from_leader(leader, leader_epoch))
 
     async def _stop_fetcher(self) -> None:
         if self._fetcher is not None:
@@ -257,8 +297,9 @@ class PartitionReplica:
         state = self._leader_state
         leo = self._log.log_end_offset
         state.record_follower_fetch(replica_id, min(fetch_offset, leo), leo, _now_ms())
-        if state.maybe_expand_isr(replica_id):
-            logger.info("%s-%d: ISR expanded to %s", self.topic, self.partition, sorted(state.isr))
+        proposal = state.isr_expansion(replica_id)
+        if proposal is not None and time.monotonic() >= self._isr_change_retry_at:
+            self._change_isr(proposal, f"broker {replica_id} caught up")
         if self._maybe_increment_high_watermark():
             self._notify_change()
 
@@ -283,18 +324,55 @@ class PartitionReplica:
     # ------------------------------------------------------------------ leader: ISR expiration
 
     async def maybe_shrink_isr(self) -> list[int] | None:
-        """Kafka's isr-expiration for this partition: drops followers that have not caught
-        up within replica.lag.time.max.ms. Returns the new ISR if it changed."""
+        """Kafka's isr-expiration for this partition: proposes dropping followers that have
+        not caught up within replica.lag.time.max.ms. Returns the proposed ISR, if any."""
         if self._role != "leader":
             return None
         state = self._leader_state
         out = state.out_of_sync_replicas(self.config.replica_lag_time_max_ms, _now_ms())
-        if not state.shrink_isr(out):
+        proposal = state.isr_shrink(out)
+        if proposal is None:
             return None
-        logger.info("%s-%d: ISR shrank to %s (out of sync: %s)", self.topic, self.partition, sorted(state.isr), sorted(out))
+        self._change_isr(proposal, f"brokers {sorted(out)} fell behind")
+        return sorted(proposal)
+
+    def _change_isr(self, proposal: set[int], reason: str) -> None:
+        state = self._leader_state
+        state.propose_isr(proposal)
+        logger.info("%s-%d: proposing ISR %s (%s)", self.topic, self.partition, sorted(proposal), reason)
+        if self._isr_manager is None:
+            state.commit_isr(proposal)
+            self._partition_epoch += 1
+            self._after_isr_change()
+            return
+        task = asyncio.get_running_loop().create_task(self._alter_partition(proposal, self._leader_epoch))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _alter_partition(self, proposal: set[int], epoch: int) -> None:
+        """Sends one ISR proposal to the Controller (through the ReplicaManager) and settles it."""
+        try:
+            isr, partition_epoch = await self._isr_manager.alter_partition.remote(
+                self.topic, self.partition, self.broker_id, epoch, self._partition_epoch, sorted(proposal)
+            )
+            error = None
+        except Exception as e:  # a typed KafkaError from the Controller, or the manager is gone
+            error = e
+        state = self._leader_state
+        if self._role != "leader" or self._leader_epoch != epoch or state.pending_isr != frozenset(proposal):
+            return  # superseded by a newer assignment from the Controller
+        if error is not None or partition_epoch <= self._partition_epoch:
+            logger.warning("%s-%d: ISR change %s not committed: %s", self.topic, self.partition, sorted(proposal), error)
+            state.abort_isr_change()
+            self._isr_change_retry_at = time.monotonic() + ISR_CHANGE_RETRY_BACKOFF_MS / 1000
+            return
+        self._partition_epoch = partition_epoch
+        state.commit_isr(isr)
+        self._after_isr_change()
+
+    def _after_isr_change(self) -> None:
         self._maybe_increment_high_watermark()  # a smaller ISR may let the HW move
-        self._notify_change()
-        return sorted(state.isr)
+        self._notify_change()  # and parked acks=-1 produces re-check min.insync.replicas
 
     # ------------------------------------------------------------------ follower
 
@@ -362,16 +440,40 @@ class PartitionReplica:
             "role": self._role,
             "leader_id": self._leader_id,
             "leader_epoch": self._leader_epoch,
+            "partition_epoch": self._partition_epoch,
             "isr": sorted(self._leader_state.isr) if self._leader_state else None,
+            "pending_isr": sorted(self._leader_state.pending_isr)
+            if self._leader_state and self._leader_state.pending_isr is not None
+            else None,
             "high_watermark": log.high_watermark,
             "log_end_offset": log.log_end_offset,
             "log_start_offset": log.log_start_offset,
+            "recovery_point": log.recovery_point,
         }
 
-    async def close(self) -> None:
-        """Stops following, flushes and closes the log (data stays on disk)."""
+    async def checkpoint_offsets(self) -> PartitionOffsets:
+        """What the broker's offset checkpoints should record for this log now."""
+        log = self._log
+        return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
+
+    async def enforce_retention(self) -> int:
+        """Deletes whole segments past retention.ms / retention.bytes; returns how many."""
+        return self._log.delete_expired_segments()
+
+    async def close(self) -> PartitionOffsets:
+        """Stops following, flushes and closes the log (data stays on disk); returns the
+        final offsets for the broker's checkpoints."""
         await self._stop_fetcher()
         self._role = None
         self._notify_change()
         self._log.close()
+        log = self._log
+        return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
+
+    async def delete(self) -> None:
+        """The partition was deleted or moved away: stop and remove its directory."""
+        await self._stop_fetcher()
+        self._role = None
+        self._notify_change()
+        self._log.delete()
 

@@ -12,6 +12,13 @@ the in-sync replica set (ISR) and the high watermark:
   is never empty.
 - HW = min LEO over the ISR, leader included, and it only moves forward.
 
+An ISR change is a proposal until the Controller commits it (Kafka's AlterPartition,
+KIP-497): `propose_isr` records it as pending, `commit_isr` makes it the ISR,
+`abort_isr_change` drops it. One change is in flight at a time. While it is pending the
+HW is computed over the *maximal* ISR, the union of the committed and the proposed sets,
+so neither a pending expansion nor a pending shrink can let the HW pass a replica the
+Controller might still elect.
+
 Pure logic: no Ray, no I/O, not thread-safe. The PartitionReplica actor owns one and
 calls it from its event loop; it decides what to do with a changed ISR or HW.
 """
@@ -43,6 +50,7 @@ class LeaderReplicaState:
         self.leader_id = leader_id
         self.replicas = list(replicas)
         self.isr = set(isr) | {leader_id}
+        self.pending_isr: frozenset[int] | None = None
         assert leader_id in self.replicas, f"leader {leader_id} is not a replica {self.replicas}"
         self.high_watermark = high_watermark
         self.leader_epoch_start_offset = leader_epoch_start_offset
@@ -66,15 +74,19 @@ class LeaderReplicaState:
         state.last_fetch_leader_log_end_offset = leader_log_end_offset
         state.last_fetch_time_ms = now_ms
 
-    def maybe_expand_isr(self, replica_id: int) -> bool:
-        """Adds a caught-up follower to the ISR; True if the ISR changed."""
+    @property
+    def maximal_isr(self) -> set[int]:
+        """The ISR the HW must respect: committed plus any pending change."""
+        return self.isr | self.pending_isr if self.pending_isr is not None else self.isr
+
+    def isr_expansion(self, replica_id: int) -> set[int] | None:
+        """The ISR with a caught-up follower added, or None (not caught up, or a change is pending)."""
         state = self.followers[replica_id]
-        if replica_id in self.isr:
-            return False
+        if self.pending_isr is not None or replica_id in self.isr:
+            return None
         if state.log_end_offset >= self.high_watermark and state.log_end_offset >= self.leader_epoch_start_offset:
-            self.isr.add(replica_id)
-            return True
-        return False
+            return self.isr | {replica_id}
+        return None
 
     def out_of_sync_replicas(self, lag_time_max_ms: int, now_ms: int) -> set[int]:
         """ISR followers that have not caught up within `lag_time_max_ms`."""
@@ -84,19 +96,31 @@ class LeaderReplicaState:
             if r in self.isr and now_ms - state.last_caught_up_time_ms > lag_time_max_ms
         }
 
-    def shrink_isr(self, out_of_sync: set[int]) -> bool:
-        """Removes followers from the ISR (never the leader); True if it changed."""
+    def isr_shrink(self, out_of_sync: set[int]) -> set[int] | None:
+        """The ISR without `out_of_sync` (never the leader), or None (no change, or one is pending)."""
         out_of_sync = out_of_sync - {self.leader_id}
-        if not out_of_sync & self.isr:
-            return False
-        self.isr -= out_of_sync
-        assert self.leader_id in self.isr and self.isr, "the ISR always holds the leader"
-        return True
+        if self.pending_isr is not None or not out_of_sync & self.isr:
+            return None
+        return self.isr - out_of_sync
+
+    def propose_isr(self, new_isr: set[int]) -> None:
+        assert self.pending_isr is None, "one ISR change at a time"
+        assert self.leader_id in new_isr, "the ISR always holds the leader"
+        self.pending_isr = frozenset(new_isr)
+
+    def commit_isr(self, isr: set[int] | list[int]) -> None:
+        """The Controller's ISR becomes the ISR; any pending change is settled."""
+        isr = set(isr)
+        assert self.leader_id in isr and isr <= set(self.replicas), f"ISR {isr} holds the leader, only replicas"
+        self.isr, self.pending_isr = isr, None
+
+    def abort_isr_change(self) -> None:
+        self.pending_isr = None
 
     def maybe_increment_high_watermark(self, leader_log_end_offset: int) -> bool:
         """HW = min LEO over the ISR, never backwards; True if it moved."""
         candidates = [leader_log_end_offset] + [
-            self.followers[r].log_end_offset for r in self.isr if r != self.leader_id
+            self.followers[r].log_end_offset for r in self.maximal_isr if r != self.leader_id
         ]
         new_hw = min(candidates)
         if new_hw > self.high_watermark:

@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 
 from rayk.errors import UnknownTopicOrPartitionError
-from rayk.storage.checkpoint import OffsetCheckpointFile
 from rayk.storage.log import Log
+from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.log_config import LogConfig
 
 TopicPartition = tuple[str, int]
@@ -32,8 +32,12 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _PARTITION_DIR = re.compile(r"^(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)$")
 
 
+def is_legal_topic_name(topic: str) -> bool:
+    return bool(_LEGAL_TOPIC.match(topic)) and topic not in (".", "..")
+
+
 def partition_dir_name(topic: str, partition: int) -> str:
-    if not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+    if not is_legal_topic_name(topic):
         raise ValueError(f"illegal topic name {topic!r}: use 1-249 of [a-zA-Z0-9._-]")
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")
@@ -44,14 +48,7 @@ class LogManager:
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._recovery_points = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.RECOVERY_POINT)
-        self._log_start_offsets = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.LOG_START_OFFSET)
-        self._high_watermarks = OffsetCheckpointFile(self.data_dir / OffsetCheckpointFile.HIGH_WATERMARK)
-        self._checkpointed = (
-            self._recovery_points.read(),
-            self._log_start_offsets.read(),
-            self._high_watermarks.read(),
-        )
+        self._checkpoints = LogDirCheckpoints(self.data_dir)
         self._logs: dict[TopicPartition, Log] = {}
         self._lock = threading.Lock()
 
@@ -70,13 +67,13 @@ class LogManager:
         with self._lock:
             log = self._logs.get(key)
             if log is None:
-                recovery_points, log_starts, high_watermarks = self._checkpointed
+                offsets = self._checkpoints.offsets(key)
                 log = Log(
                     self.data_dir / partition_dir_name(topic, partition),
                     config,
-                    recovery_point=recovery_points.get(key),
-                    log_start_offset=log_starts.get(key),
-                    high_watermark=high_watermarks.get(key),
+                    recovery_point=offsets.recovery_point,
+                    log_start_offset=offsets.log_start_offset,
+                    high_watermark=offsets.high_watermark,
                 )
                 self._logs[key] = log
             return log
@@ -97,8 +94,7 @@ class LogManager:
         """Deletes a partition's log and directory (its topic was deleted or reassigned)."""
         with self._lock:
             log = self._logs.pop((topic, partition), None)
-            for table in self._checkpointed:
-                table.pop((topic, partition), None)
+            self._checkpoints.remove((topic, partition))
         if log is None:
             log = Log(self.data_dir / partition_dir_name(topic, partition))
         log.delete()
@@ -107,15 +103,12 @@ class LogManager:
     def checkpoint(self) -> None:
         """Writes the recovery points, log start offsets and high watermarks of every log."""
         with self._lock:
-            recovery_points, log_starts, high_watermarks = (dict(t) for t in self._checkpointed)
-            for key, log in self._logs.items():
-                recovery_points[key] = log.recovery_point
-                log_starts[key] = log.log_start_offset
-                high_watermarks[key] = log.high_watermark
-            self._recovery_points.write(recovery_points)
-            self._log_start_offsets.write(log_starts)
-            self._high_watermarks.write(high_watermarks)
-            self._checkpointed = (recovery_points, log_starts, high_watermarks)
+            self._checkpoints.write(
+                {
+                    key: PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
+                    for key, log in self._logs.items()
+                }
+            )
 
     def flush_and_checkpoint(self) -> None:
         """Flushes every log, then checkpoints: the recovery points reach the LEOs."""

@@ -1,0 +1,217 @@
+"""Cluster: deploying rayk onto the current Ray cluster (`start`), attaching to it
+(`connect`), and the admin handle both return.
+
+A deployment is one Controller and one ReplicaManager per broker id, all detached named
+actors in one Ray namespace (default "rayk"), so they outlive the driver that started
+them and any driver can `connect` to them. The Controller runs on the node of the
+process that calls `start`, keeping its metadata log in `<data_dir>/controller`. Broker
+`b` keeps its logs in `<data_dir>/broker-<b>` on its own node: on a multi-node cluster
+one broker goes to each node (optionally only nodes offering the custom resource
+`node_resource`), several per node when there are more brokers than nodes. A restart
+on the same `data_dir` puts each broker back on the node whose disk holds its directory
+(found by asking every node which `broker-*` directories it sees).
+
+`Cluster` is a small picklable handle (the Controller's actor handle and the namespace),
+so it can be passed to Ray tasks and actors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayk.actors.controller import Controller
+from rayk.actors.replica_manager import ReplicaManager
+from rayk.config import BrokerConfig
+from rayk.errors import InvalidConfigurationError
+from rayk.storage import meta_properties
+
+DEFAULT_NAMESPACE = "rayk"
+CONTROLLER_NAME = "rayk-controller"
+
+ControllerActor = ray.remote(num_cpus=0)(Controller)
+ReplicaManagerActor = ray.remote(num_cpus=0)(ReplicaManager)
+
+
+def broker_actor_name(broker_id: int) -> str:
+    return f"rayk-broker-{broker_id}"
+
+
+def _find_actor(name: str, namespace: str) -> Any | None:
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+@ray.remote(num_cpus=0)
+def _broker_dirs_on_this_node(data_dir: str, cluster_id: str) -> list[int]:
+    found = []
+    root = Path(data_dir)
+    for path in root.glob("broker-*") if root.is_dir() else []:
+        try:
+            meta = meta_properties.read(path)
+        except Exception:
+            continue
+        if meta is not None and meta.cluster_id == cluster_id:
+            found.append(meta.node_id)
+    return found
+
+
+def _place_brokers(broker_ids: list[int], data_dir: Path, cluster_id: str, node_resource: str | None) -> dict[int, str]:
+    """broker id -> Ray node id: back where its directory is, else on the least loaded node."""
+    nodes = [
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and (node_resource is None or n["Resources"].get(node_resource, 0) > 0)
+    ]
+    if not nodes:
+        raise InvalidConfigurationError(
+            f"no alive Ray node offers resource {node_resource!r}" if node_resource else "no alive Ray node"
+        )
+    seen: dict[str, set[int]] = {n: set() for n in nodes}
+    if len(nodes) > 1:
+        probes = [
+            _broker_dirs_on_this_node.options(scheduling_strategy=_pinned(n)).remote(str(data_dir), cluster_id)
+            for n in nodes
+        ]
+        seen = {n: set(found) for n, found in zip(nodes, ray.get(probes))}
+    load: Counter[str] = Counter()
+    placement = {}
+    for b in broker_ids:
+        local = [n for n in nodes if b in seen[n]]
+        # A directory every node sees is on shared storage: any node will do.
+        candidates = local if local and len(local) < len(nodes) else nodes
+        node = min(candidates, key=lambda n: load[n])
+        placement[b] = node
+        load[node] += 1
+    return placement
+
+
+def start(
+    brokers: int = 3,
+    data_dir: str | Path = "./rayk-data",
+    *,
+    config: dict[str, Any] | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    node_resource: str | None = None,
+    address: str | None = None,
+) -> Cluster:
+    """Deploys a rayk cluster of `brokers` brokers on the current Ray cluster (starting
+    Ray locally, or joining `address`, if this process is not connected yet).
+
+    `config` holds broker settings by Kafka name (`broker.session.timeout.ms`, ...). On a
+    `data_dir` used before, the cluster comes back with its topics and data.
+    """
+    if brokers < 1:
+        raise InvalidConfigurationError(f"a cluster needs at least one broker, got {brokers}")
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=namespace)
+    broker_config = BrokerConfig.from_properties(config)
+    data_dir = Path(data_dir).resolve()
+    if _find_actor(CONTROLLER_NAME, namespace) is not None:
+        raise InvalidConfigurationError(
+            f"a rayk cluster is already running in Ray namespace {namespace!r}: "
+            "use rayk.connect(), or shut it down first"
+        )
+    controller = ControllerActor.options(
+        name=CONTROLLER_NAME,
+        namespace=namespace,
+        lifetime="detached",
+        max_restarts=-1,
+        scheduling_strategy=_pinned(ray.get_runtime_context().get_node_id()),
+    ).remote(str(data_dir / "controller"), broker_config)
+    cluster = Cluster(controller, namespace)
+    cluster_id = ray.get(controller.start.remote())
+    placement = _place_brokers(list(range(brokers)), data_dir, cluster_id, node_resource)
+    managers = [cluster._create_broker(b, node, data_dir, cluster_id, broker_config) for b, node in placement.items()]
+    ray.get([m.start.remote() for m in managers])
+    return cluster
+
+
+def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None) -> Cluster:
+    """Attaches to a running rayk cluster."""
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", namespace=namespace)
+    controller = _find_actor(CONTROLLER_NAME, namespace)
+    if controller is None:
+        raise InvalidConfigurationError(f"no rayk cluster runs in Ray namespace {namespace!r}; start one with rayk.start()")
+    return Cluster(controller, namespace)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A handle on a running rayk cluster: topics, leaders, brokers, shutdown."""
+
+    controller: Any
+    namespace: str = DEFAULT_NAMESPACE
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(
+        self, name: str, partitions: int = 1, replication_factor: int = 1, config: dict[str, Any] | None = None
+    ) -> list[dict]:
+        """Creates a topic and returns once every partition has its leader and followers."""
+        return ray.get(self.controller.create_topic.remote(name, partitions, replication_factor, config))
+
+    def delete_topic(self, name: str) -> None:
+        ray.get(self.controller.delete_topic.remote(name))
+
+    def list_topics(self) -> list[str]:
+        return ray.get(self.controller.list_topics.remote())
+
+    def describe_topic(self, name: str) -> list[dict]:
+        """Per partition: leader, replicas, isr, leader_epoch, high_watermark, log_end_offset."""
+        return ray.get(self.controller.describe_topic.remote(name))
+
+    def leader(self, topic: str, partition: int) -> Any:
+        """The actor handle of the partition's leader PartitionReplica."""
+        return ray.get(self.controller.leader.remote(topic, partition))
+
+    def metadata(self, topics: list[str] | None = None) -> dict[str, dict]:
+        return ray.get(self.controller.metadata.remote(topics))
+
+    # ------------------------------------------------------------------ brokers
+
+    def brokers(self) -> list[dict]:
+        return ray.get(self.controller.brokers.remote())
+
+    def broker(self, broker_id: int) -> Any:
+        """The ReplicaManager actor handle of a broker, or None if it is not running."""
+        return _find_actor(broker_actor_name(broker_id), self.namespace)
+
+    def restart_broker(self, broker_id: int, node_id: str | None = None) -> None:
+        """Starts a broker that stopped or died (e.g. its node was lost), on `node_id` or
+        wherever its data directory is; it recovers its logs and rejoins."""
+        if self.broker(broker_id) is not None:
+            raise InvalidConfigurationError(f"broker {broker_id} is running")
+        data_dir = Path(ray.get(self.controller.data_dir.remote())).parent
+        cluster_id = ray.get(self.controller.cluster_id.remote())
+        config = ray.get(self.controller.broker_config.remote())
+        node = node_id or _place_brokers([broker_id], data_dir, cluster_id, None)[broker_id]
+        ray.get(self._create_broker(broker_id, node, data_dir, cluster_id, config).start.remote())
+
+    def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
+        return ReplicaManagerActor.options(
+            name=broker_actor_name(broker_id),
+            namespace=self.namespace,
+            lifetime="detached",
+            scheduling_strategy=_pinned(node_id),
+        ).remote(broker_id, str(data_dir), cluster_id, self.controller, config)
+
+    def shutdown(self) -> None:
+        """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on disk."""
+        ray.get(self.controller.shutdown.remote())
+        for b in ray.get(self.controller.brokers.remote()):
+            if (manager := self.broker(b["broker_id"])) is not None:
+                ray.kill(manager)
+        ray.kill(self.controller)

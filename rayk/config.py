@@ -1,0 +1,128 @@
+"""Broker and topic settings shared by every layer, with Kafka's names and defaults.
+
+`BrokerConfig` holds the broker-level settings rayk honours (`broker.session.timeout.ms`,
+`replica.lag.time.max.ms`, ...) as Python fields with units; `from_properties` accepts
+Kafka's dotted names. Topic configs travel as Kafka's dotted name -> string maps (that is
+what the Controller stores and what clients send); `validate_topic_configs` checks one
+against the names rayk knows, and `log_config_of` / `replica_settings_of` split it into
+what the storage layer and the replication layer need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from rayk.errors import InvalidConfigurationError
+from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
+from rayk.storage.log_config import LogConfig
+
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
+REPLICATION_TOPIC_CONFIGS = (MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    broker_session_timeout_ms: int = 9_000  # silent this long -> fenced, leaders moved
+    broker_heartbeat_interval_ms: int = 2_000
+    replica_lag_time_max_ms: int = 10_000  # isr-expiration runs every half of this
+    replica_fetch_max_bytes: int = 1 << 20
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_wait_max_ms: int = 500
+    replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
+    log_retention_check_interval_ms: int = 300_000
+    # Topic defaults (Kafka's broker-level names: num.partitions, default.replication.factor, ...).
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_ms") and value < 1:
+                raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
+        if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
+            raise InvalidConfigurationError(
+                "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
+                f"({self.broker_heartbeat_interval_ms} >= {self.broker_session_timeout_ms})"
+            )
+        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas", "replica_fetch_max_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, object] | None = None) -> BrokerConfig:
+        """A config from Kafka's dotted names (`replica.lag.time.max.ms`); others raise."""
+        known = {_dotted(f.name): f for f in fields(cls)}
+        changes: dict[str, object] = {}
+        for name, raw in (props or {}).items():
+            f = known.get(name)
+            if f is None:
+                raise InvalidConfigurationError(f"unknown broker config {name!r}; known: {', '.join(sorted(known))}")
+            changes[f.name] = _parse_bool(name, raw) if f.type in (bool, "bool") else _parse_int(name, raw)
+        return replace(cls(), **changes)
+
+    def topic_defaults(self) -> dict[str, str]:
+        return {
+            MIN_INSYNC_REPLICAS: str(self.min_insync_replicas),
+            UNCLEAN_LEADER_ELECTION_ENABLE: str(self.unclean_leader_election_enable).lower(),
+        }
+
+
+def _dotted(field_name: str) -> str:
+    return field_name.replace("_", ".")
+
+
+def _parse_int(name: str, raw: object) -> int:
+    if isinstance(raw, bool):
+        raise InvalidConfigurationError(f"{name} = {raw!r}: expected an integer")
+    try:
+        return int(raw)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise InvalidConfigurationError(f"{name} = {raw!r}: expected an integer") from None
+
+
+def _parse_bool(name: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidConfigurationError(f"{name} = {raw!r}: expected true or false")
+    return text == "true"
+
+
+def validate_topic_configs(configs: Mapping[str, object] | None) -> dict[str, str]:
+    """Checks a topic's configs (Kafka names) and returns them normalised to strings."""
+    configs = dict(configs or {})
+    log_part = {k: v for k, v in configs.items() if k in LOG_PROPERTY_FIELDS}
+    LogConfig.from_properties(log_part)  # raises INVALID_CONFIG on a bad value
+    out = {k: str(v) for k, v in log_part.items()}
+    for name, raw in configs.items():
+        if name in log_part:
+            continue
+        if name == MIN_INSYNC_REPLICAS:
+            value = _parse_int(name, raw)
+            if value < 1:
+                raise InvalidConfigurationError(f"{name} must be >= 1, got {value}")
+            out[name] = str(value)
+        elif name == UNCLEAN_LEADER_ELECTION_ENABLE:
+            out[name] = str(_parse_bool(name, raw)).lower()
+        else:
+            known = sorted([*LOG_PROPERTY_FIELDS, *REPLICATION_TOPIC_CONFIGS])
+            raise InvalidConfigurationError(f"unknown topic config {name!r}; known: {', '.join(known)}")
+    return out
+
+
+def log_config_of(configs: Mapping[str, str]) -> LogConfig:
+    return LogConfig.from_properties({k: v for k, v in configs.items() if k in LOG_PROPERTY_FIELDS})
+
+
+def min_insync_replicas_of(configs: Mapping[str, str], broker: BrokerConfig) -> int:
+    return int(configs.get(MIN_INSYNC_REPLICAS, broker.min_insync_replicas))
+
+
+def unclean_election_enabled(configs: Mapping[str, str], broker: BrokerConfig) -> bool:
+    raw = configs.get(UNCLEAN_LEADER_ELECTION_ENABLE)
+    return broker.unclean_leader_election_enable if raw is None else raw == "true"

@@ -1,0 +1,45 @@
+"""partition.metadata: which topic (by id) a partition directory belongs to (Kafka's file).
+
+A topic deleted while a broker was down and then created again under the same name
+must not inherit the old directory's records. Kafka guards this with a topic id written
+next to the segments; rayk writes the same file:
+
+    version: 0
+    topic_id: <topic id>
+
+`read` returns the id or None (no file: a directory from before ids, or a fresh one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rayk.errors import KafkaStorageError
+
+FILE_NAME = "partition.metadata"
+
+
+def read(partition_dir: str | Path) -> str | None:
+    path = Path(partition_dir) / FILE_NAME
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise KafkaStorageError(f"cannot read {path}: {e}") from e
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    if fields.get("version") != "0" or "topic_id" not in fields:
+        raise KafkaStorageError(f"{path} is not a version 0 partition.metadata file: {text!r}")
+    return fields["topic_id"]
+
+
+def write(partition_dir: str | Path, topic_id: str) -> None:
+    partition_dir = Path(partition_dir)
+    partition_dir.mkdir(parents=True, exist_ok=True)
+    tmp = partition_dir / (FILE_NAME + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"version: 0\ntopic_id: {topic_id}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, partition_dir / FILE_NAME)
