@@ -285,9 +285,10 @@ class ClusterMetadata:
             raise FencedLeaderEpochError(f"leader epoch {leader_epoch} is not current ({state.leader_epoch})")
         if partition_epoch != state.partition_epoch:
             raise InvalidUpdateVersionError(f"partition epoch {partition_epoch} is not current ({state.partition_epoch})")
-        isr = tuple(r for r in state.replicas if r in set(new_isr))
-        if leader_id not in isr or len(isr) != len(set(new_isr)):
-            raise IneligibleReplicaError(f"ISR {sorted(new_isr)} must hold the leader and only replicas {state.replicas}")
+        wanted = set(new_isr)
+        isr = tuple(r for r in state.replicas if r in wanted)
+        if leader_id not in isr or len(isr) != len(wanted):
+            raise IneligibleReplicaError(f"ISR {sorted(wanted)} must hold the leader and only replicas {state.replicas}")
         live = self.live_brokers
         added = set(isr) - set(state.isr)
         if not added <= live:

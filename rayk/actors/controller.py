@@ -66,6 +66,7 @@ class Controller:
         self._managers: dict[int, Any] = {}  # broker id -> ReplicaManager handle, this session
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._registering: set[int] = set()
         self._session_checker: asyncio.Task | None = None
 
     def _commit(self, records: list[Record]) -> None:
@@ -83,8 +84,14 @@ class Controller:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        """Starts the session checker (idempotent); returns the cluster id."""
+        """Starts the session checker (idempotent); returns the cluster id.
+
+        Called once the brokers were (re)started: a broker of the replayed metadata that has
+        not registered by then gets one full session timeout from now to do so."""
         if self._session_checker is None:
+            now = time.monotonic()
+            for broker_id in self._meta.live_brokers - set(self._managers):
+                self._last_heartbeat[broker_id] = now
             self._session_checker = asyncio.get_running_loop().create_task(self._check_sessions())
         return self._meta.cluster_id
 
@@ -113,10 +120,16 @@ class Controller:
         changed |= _partitions_in(records)
         epoch = self._meta.brokers[broker_id].epoch
         self._managers[broker_id] = manager
-        self._last_heartbeat[broker_id] = time.monotonic()
         self._spawn(self._watch(broker_id, epoch, manager))
         mine = {(t, p) for t, p, _ in self._meta.partitions_of_broker(broker_id)}
-        await asyncio.gather(*(self._push_partition(t, p) for t, p in mine | changed))
+        # Creating replica actors takes a while; the broker cannot heartbeat before this
+        # returns, so its session starts when the pushes are done.
+        self._registering.add(broker_id)
+        try:
+            await asyncio.gather(*(self._push_partition(t, p) for t, p in mine | changed))
+        finally:
+            self._registering.discard(broker_id)
+            self._last_heartbeat[broker_id] = time.monotonic()
         logger.info("broker %d registered on node %s with epoch %d", broker_id, node_id, epoch)
         return epoch, {(t, p): self._meta.topics[t].topic_id for t, p in mine}
 
@@ -136,7 +149,7 @@ class Controller:
         while True:
             await asyncio.sleep(period_s)
             now = time.monotonic()
-            for broker_id in sorted(self._meta.live_brokers):
+            for broker_id in sorted(self._meta.live_brokers - self._registering):
                 silent_s = now - self._last_heartbeat.get(broker_id, now)
                 if silent_s > timeout_s:
                     logger.warning("broker %d silent for %.1f s: fencing it", broker_id, silent_s)
@@ -286,6 +299,11 @@ class Controller:
         if handle is None:
             raise LeaderNotAvailableError(f"{topic}-{partition} has no leader ready (leader {state.leader})")
         return handle
+
+    async def replica(self, topic: str, partition: int, broker_id: int) -> Any:
+        """The actor handle of one replica (leader or follower); None if its broker is away."""
+        self._meta.partition(topic, partition)
+        return self._replica_handles.get((topic, partition, broker_id))
 
     async def metadata(self, topics: list[str] | None = None) -> dict[str, dict]:
         """What a client routes by: per topic, per partition the leader, its epoch and handle."""

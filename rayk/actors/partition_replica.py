@@ -451,6 +451,11 @@ class PartitionReplica:
             "recovery_point": log.recovery_point,
         }
 
+    async def read_local(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """This replica's own batches from `offset`, whatever its role (for tools and tests,
+        like Kafka's debugging consumer): a follower's copy can be compared with the leader's."""
+        return self._log.read(offset, max_bytes, max_offset=max_offset).records
+
     async def checkpoint_offsets(self) -> PartitionOffsets:
         """What the broker's offset checkpoints should record for this log now."""
         log = self._log

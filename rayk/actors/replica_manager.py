@@ -91,6 +91,7 @@ class ReplicaManager:
         self.dir = broker_dir(data_dir, broker_id)
         meta_properties.ensure(self.dir, MetaProperties(cluster_id, broker_id))
         self._checkpoints = LogDirCheckpoints(self.dir)
+        self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
@@ -120,20 +121,21 @@ class ReplicaManager:
         me = ray.get_runtime_context().current_actor
         epoch, assigned = await self._controller.register_broker.remote(self.broker_id, self._node_id, me)
         self._broker_epoch = epoch
-        self._delete_strays(assigned)
+        await self._delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
 
-    def _delete_strays(self, assigned: dict[TopicPartition, str]) -> None:
+    async def _delete_strays(self, assigned: dict[TopicPartition, str]) -> None:
         """Removes partition directories of topics deleted (or re-created) while we were away."""
         for path in self.dir.iterdir():
             if not path.is_dir() or (topic_id := partition_metadata.read(path)) is None:
                 continue
             topic, _, partition = path.name.rpartition("-")
+            if not partition.isdigit():
+                continue
             tp = (topic, int(partition))
             if assigned.get(tp) != topic_id and tp not in self._replicas:
                 logger.info("broker %d: deleting stray partition directory %s", self.broker_id, path)
-                shutil.rmtree(path, ignore_errors=True)
-                self._checkpoints.remove(tp)
+                await self._delete_partition_dir(tp)
 
     def _every(self, period_ms: int, step: Any) -> asyncio.Task:
         async def loop() -> None:
@@ -162,7 +164,7 @@ class ReplicaManager:
         self._loops = []
         items = list(self._replicas.items())
         closed = await asyncio.gather(*(r.handle.close.remote() for _, r in items), return_exceptions=True)
-        self._checkpoints.write({tp: offsets for (tp, _), offsets in zip(items, closed) if isinstance(offsets, PartitionOffsets)})
+        await self._write_checkpoints({tp: o for (tp, _), o in zip(items, closed) if isinstance(o, PartitionOffsets)})
         for _, r in items:
             ray.kill(r.handle)
         self._replicas.clear()
@@ -188,7 +190,17 @@ class ReplicaManager:
     async def _checkpoint(self) -> None:
         items = list(self._replicas.items())
         offsets = await asyncio.gather(*(r.handle.checkpoint_offsets.remote() for _, r in items), return_exceptions=True)
-        self._checkpoints.write({tp: o for (tp, _), o in zip(items, offsets) if isinstance(o, PartitionOffsets)})
+        await self._write_checkpoints({tp: o for (tp, _), o in zip(items, offsets) if isinstance(o, PartitionOffsets)})
+
+    async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
+        async with self._checkpoints_lock:
+            # Three fsyncs: off the event loop, so heartbeats and pushes are not held up by the disk.
+            await asyncio.to_thread(self._checkpoints.write, offsets)
+
+    async def _delete_partition_dir(self, tp: TopicPartition) -> None:
+        async with self._checkpoints_lock:
+            shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
+            self._checkpoints.remove(tp)
 
     async def _enforce_retention(self) -> None:
         await asyncio.gather(*(r.handle.enforce_retention.remote() for r in self._replicas.values()), return_exceptions=True)
@@ -212,17 +224,16 @@ class ReplicaManager:
                 ):
                     return current.handle  # an older push that arrived late
             if current is None:
-                current = self._replicas[tp] = _Replica(self._create_replica(assignment), assignment)
+                current = self._replicas[tp] = _Replica(await self._create_replica(assignment), assignment)
             current.assignment = assignment
             await self._make_role(current)
             return current.handle
 
-    def _create_replica(self, a: PartitionAssignment) -> Any:
+    async def _create_replica(self, a: PartitionAssignment) -> Any:
         tp = (a.topic, a.partition)
         log_dir = self.dir / partition_dir_name(a.topic, a.partition)
         if partition_metadata.read(log_dir) not in (None, a.topic_id):
-            shutil.rmtree(log_dir)  # records of a deleted topic that had the same name
-            self._checkpoints.remove(tp)
+            await self._delete_partition_dir(tp)  # records of a deleted topic that had the same name
         partition_metadata.write(log_dir, a.topic_id)
         c = self.config
         replica_config = ReplicaConfig(
@@ -263,21 +274,18 @@ class ReplicaManager:
         replica = self._replicas.pop(tp, None)
         if replica is None:
             if delete:
-                shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
-                self._checkpoints.remove(tp)
+                await self._delete_partition_dir(tp)
             return
         try:
             if delete:
                 await replica.handle.delete.remote()
             else:
-                offsets = await replica.handle.close.remote()
-                self._checkpoints.write({tp: offsets})
+                await self._write_checkpoints({tp: await replica.handle.close.remote()})
         except RayActorError:
             pass  # already dead: the directory is what remains
         ray.kill(replica.handle)
         if delete:
-            shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
-            self._checkpoints.remove(tp)
+            await self._delete_partition_dir(tp)
 
     # ------------------------------------------------------------------ broker -> Controller
 

@@ -131,10 +131,11 @@ def start(
         scheduling_strategy=_pinned(ray.get_runtime_context().get_node_id()),
     ).remote(str(data_dir / "controller"), broker_config)
     cluster = Cluster(controller, namespace)
-    cluster_id = ray.get(controller.start.remote())
+    cluster_id = ray.get(controller.cluster_id.remote())
     placement = _place_brokers(list(range(brokers)), data_dir, cluster_id, node_resource)
     managers = [cluster._create_broker(b, node, data_dir, cluster_id, broker_config) for b, node in placement.items()]
     ray.get([m.start.remote() for m in managers])
+    ray.get(controller.start.remote())  # session timeouts count from here
     return cluster
 
 
@@ -176,6 +177,10 @@ class Cluster:
     def leader(self, topic: str, partition: int) -> Any:
         """The actor handle of the partition's leader PartitionReplica."""
         return ray.get(self.controller.leader.remote(topic, partition))
+
+    def replica(self, topic: str, partition: int, broker_id: int) -> Any:
+        """The actor handle of one replica, leader or follower (None if its broker is away)."""
+        return ray.get(self.controller.replica.remote(topic, partition, broker_id))
 
     def metadata(self, topics: list[str] | None = None) -> dict[str, dict]:
         return ray.get(self.controller.metadata.remote(topics))

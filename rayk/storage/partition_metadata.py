@@ -29,9 +29,9 @@ def read(partition_dir: str | Path) -> str | None:
     except OSError as e:
         raise KafkaStorageError(f"cannot read {path}: {e}") from e
     fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-    if fields.get("version") != "0" or "topic_id" not in fields:
+    if fields.get("version") != "0" or not fields.get("topic_id", "").strip():
         raise KafkaStorageError(f"{path} is not a version 0 partition.metadata file: {text!r}")
-    return fields["topic_id"]
+    return fields["topic_id"].strip()
 
 
 def write(partition_dir: str | Path, topic_id: str) -> None:

@@ -1,0 +1,128 @@
+"""Helpers shared by the cluster tests: waiting, producing, reading a partition back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from rayk.errors import KafkaError
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+
+# Fast failure detection so tests do not wait out Kafka's 9 s session timeout.
+FAST_CONFIG = {
+    "broker.session.timeout.ms": 4000,
+    "broker.heartbeat.interval.ms": 400,
+    "replica.lag.time.max.ms": 5000,
+    "replica.high.watermark.checkpoint.interval.ms": 500,
+}
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def batch_of(values: list[bytes]) -> bytes:
+    return build_batch([SimpleRecord(v) for v in values])
+
+
+def produce(handle: Any, values: list[bytes], acks: int = -1, timeout_ms: int = 5000):
+    return ray.get(handle.produce.remote(batch_of(values), acks, timeout_ms))
+
+
+def decode(records: bytes) -> list[tuple[int, bytes]]:
+    return [(r.offset, r.value) for b in iter_batches(records) for r in b.records()]
+
+
+def read_partition(handle: Any, end_offset: int, start_offset: int = 0) -> list[tuple[int, bytes]]:
+    """Every (offset, value) a consumer fetch returns from `start_offset` up to `end_offset`."""
+    out: list[tuple[int, bytes]] = []
+    offset = start_offset
+    while offset < end_offset:
+        result = ray.get(handle.fetch.remote(offset, 1 << 20, 1, 0))
+        assert result.error is None, result.error
+        records = decode(result.records)
+        assert records, f"no progress at offset {offset} (HW {result.high_watermark})"
+        out += records
+        offset = records[-1][0] + 1
+    return out
+
+
+def read_replica(handle: Any) -> list[tuple[int, bytes]]:
+    """A replica's whole local log, leader or follower."""
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while records := decode(ray.get(handle.read_local.remote(offset, 1 << 20))):
+        out += records
+        offset = records[-1][0] + 1
+    return out
+
+
+class Writer(threading.Thread):
+    """Produces batches with acks=-1 without pause, following the leader as it moves.
+
+    `acked` holds (base offset, values) of every acknowledged batch; `errors` counts the
+    failed attempts by error name. A failed batch is retried (it may then appear twice,
+    as with a non-idempotent Kafka producer; each acknowledged copy is where it was acked).
+    """
+
+    def __init__(self, cluster: Any, topic: str, partition: int = 0, batch_records: int = 5) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.topic, self.partition, self.batch_records = cluster, topic, partition, batch_records
+        self.acked: list[tuple[int, list[bytes]]] = []
+        self.errors: dict[str, int] = {}
+        self._halt = threading.Event()
+        self._seq = 0
+
+    def run(self) -> None:
+        handle = None
+        values = self._next_values()
+        while not self._halt.is_set():
+            try:
+                if handle is None:
+                    handle = self.cluster.leader(self.topic, self.partition)
+                result = ray.get(handle.produce.remote(batch_of(values), -1, 2000), timeout=10)
+                error = result.error
+            except KafkaError as e:
+                error = e
+            except Exception as e:  # the leader's actor died with its node
+                error = e
+            if error is None:
+                self.acked.append((result.base_offset, values))
+                values = self._next_values()
+                continue
+            name = getattr(error, "name", type(error).__name__)
+            self.errors[name] = self.errors.get(name, 0) + 1
+            handle = None
+            time.sleep(0.05)
+
+    def _next_values(self) -> list[bytes]:
+        values = [b"record-%d" % (self._seq + i) for i in range(self.batch_records)]
+        self._seq += self.batch_records
+        return values
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+        assert not self.is_alive(), "the writer did not stop"
+
+
+def assert_acked_records_present(cluster: Any, topic: str, acked: list[tuple[int, list[bytes]]]) -> None:
+    """Every acknowledged record is read back at exactly its acknowledged offset."""
+    assert acked, "nothing was acknowledged"
+    leader = cluster.leader(topic, 0)
+    end = max(base + len(values) for base, values in acked)
+    stored = dict(read_partition(leader, end))
+    for base, values in acked:
+        for i, value in enumerate(values):
+            assert stored.get(base + i) == value, f"acked record at offset {base + i} is {stored.get(base + i)!r}"

@@ -1,0 +1,194 @@
+"""The small files of a broker data directory: meta.properties, partition.metadata, checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayk.errors import InconsistentClusterIdError, KafkaStorageError
+from rayk.storage import meta_properties, partition_metadata
+from rayk.storage.checkpoint import OffsetCheckpointFile
+from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
+from rayk.storage.meta_properties import MetaProperties
+
+ME = MetaProperties("cluster-A", 3)
+
+
+# --- meta.properties ----------------------------------------------------------------
+
+
+def test_ensure_creates_meta_properties_in_kafkas_format(tmp_path: Path):
+    assert meta_properties.ensure(tmp_path, ME) == ME
+    text = (tmp_path / "meta.properties").read_text("utf-8")
+    assert text == "#rayk meta.properties\ncluster.id=cluster-A\nnode.id=3\nversion=1\n"
+    assert not (tmp_path / "meta.properties.tmp").exists()
+
+
+def test_ensure_creates_a_missing_directory(tmp_path: Path):
+    directory = tmp_path / "a" / "b"
+    meta_properties.ensure(directory, ME)
+    assert meta_properties.read(directory) == ME
+
+
+def test_read_of_an_unformatted_directory_is_none(tmp_path: Path):
+    assert meta_properties.read(tmp_path) is None
+
+
+def test_ensure_is_idempotent_and_leaves_the_file_as_it_was(tmp_path: Path):
+    meta_properties.ensure(tmp_path, ME)
+    path = tmp_path / "meta.properties"
+    before = (path.read_bytes(), path.stat().st_mtime_ns, path.stat().st_ino)
+    assert meta_properties.ensure(tmp_path, MetaProperties("cluster-A", 3)) == ME
+    assert (path.read_bytes(), path.stat().st_mtime_ns, path.stat().st_ino) == before
+
+
+@pytest.mark.parametrize("other", [MetaProperties("cluster-A", 4), MetaProperties("cluster-B", 3)])
+def test_ensure_for_another_broker_or_cluster_raises_and_leaves_the_file_unchanged(tmp_path: Path, other):
+    meta_properties.ensure(tmp_path, ME)
+    before = (tmp_path / "meta.properties").read_bytes()
+    with pytest.raises(InconsistentClusterIdError):
+        meta_properties.ensure(tmp_path, other)
+    assert (tmp_path / "meta.properties").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.properties"]
+
+
+def test_inconsistent_cluster_id_is_a_non_retriable_storage_error_with_kafkas_code():
+    assert issubclass(InconsistentClusterIdError, KafkaStorageError)
+    assert (InconsistentClusterIdError.code, InconsistentClusterIdError.retriable) == (104, False)
+
+
+def test_read_accepts_comments_blank_lines_and_spaces_around_keys(tmp_path: Path):
+    (tmp_path / "meta.properties").write_text("# a comment\n! another\n\n node.id = 7\ncluster.id=c\nversion=1\n")
+    assert meta_properties.read(tmp_path) == MetaProperties("c", 7)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cluster.id=c\nnode.id=3\nversion=1\ngarbage line\n",  # not key=value
+        "node.id=3\nversion=1\n",  # no cluster.id
+        "cluster.id=c\nversion=1\n",  # no node.id
+        "cluster.id=c\nnode.id=3\n",  # no version
+        "cluster.id=c\nnode.id=three\nversion=1\n",  # node.id not a number
+        "cluster.id=c\nnode.id=3\nversion=2\n",  # unknown version
+        "cluster.id=c\nnode.id=3\nversion=one\n",
+        "",
+    ],
+)
+def test_malformed_meta_properties_raises_storage_error(tmp_path: Path, text):
+    (tmp_path / "meta.properties").write_text(text)
+    with pytest.raises(KafkaStorageError) as info:
+        meta_properties.read(tmp_path)
+    assert type(info.value) is KafkaStorageError
+    with pytest.raises(KafkaStorageError):
+        meta_properties.ensure(tmp_path, ME)
+    assert (tmp_path / "meta.properties").read_text() == text
+
+
+# --- partition.metadata -------------------------------------------------------------
+
+
+def test_partition_metadata_round_trips_the_topic_id(tmp_path: Path):
+    partition_metadata.write(tmp_path / "orders-0", "AAAAAAAAAAAAAAAAAAAAAA")
+    assert partition_metadata.read(tmp_path / "orders-0") == "AAAAAAAAAAAAAAAAAAAAAA"
+    assert (tmp_path / "orders-0" / "partition.metadata").read_text() == "version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAA\n"
+
+
+def test_partition_metadata_write_replaces_the_old_id(tmp_path: Path):
+    partition_metadata.write(tmp_path, "old")
+    partition_metadata.write(tmp_path, "new")
+    assert partition_metadata.read(tmp_path) == "new"
+    assert not (tmp_path / "partition.metadata.tmp").exists()
+
+
+def test_missing_partition_metadata_reads_as_none(tmp_path: Path):
+    assert partition_metadata.read(tmp_path) is None
+    assert partition_metadata.read(tmp_path / "no-such-dir") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "version: 1\ntopic_id: x\n", "version: 0\n", "topic_id: x\n", "version=0\ntopic_id=x\n"],
+)
+def test_malformed_partition_metadata_raises_storage_error(tmp_path: Path, text):
+    (tmp_path / "partition.metadata").write_text(text)
+    with pytest.raises(KafkaStorageError):
+        partition_metadata.read(tmp_path)
+
+
+# --- LogDirCheckpoints --------------------------------------------------------------
+
+
+def test_checkpoints_written_are_read_back_by_a_new_instance(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write(
+        {("a", 0): PartitionOffsets(10, 2, 8), ("b", 3): PartitionOffsets(0, 0, 0)}
+    )
+    again = LogDirCheckpoints(tmp_path)
+    assert again.offsets(("a", 0)) == PartitionOffsets(10, 2, 8)
+    assert again.offsets(("b", 3)) == PartitionOffsets(0, 0, 0)
+
+
+def test_checkpoints_go_to_kafkas_three_files(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(10, 2, 8)})
+    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {("a", 0): 10}
+    assert OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read() == {("a", 0): 2}
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {("a", 0): 8}
+
+
+def test_unknown_partition_has_no_offsets(tmp_path: Path):
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(None, None, None)
+
+
+def test_partitions_not_passed_to_write_keep_their_previous_offsets(tmp_path: Path):
+    cps = LogDirCheckpoints(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8), ("b", 0): PartitionOffsets(5, 1, 4)})
+    cps.write({("a", 0): PartitionOffsets(20, 3, 18)})
+    again = LogDirCheckpoints(tmp_path)
+    assert again.offsets(("a", 0)) == PartitionOffsets(20, 3, 18)
+    assert again.offsets(("b", 0)) == PartitionOffsets(5, 1, 4)
+
+
+def test_partitions_written_by_an_earlier_instance_survive_a_write_that_omits_them(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write({("b", 0): PartitionOffsets(5, 1, 4)})
+    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(1, 0, 1)})
+    assert LogDirCheckpoints(tmp_path).offsets(("b", 0)) == PartitionOffsets(5, 1, 4)
+
+
+def test_remove_forgets_one_partition_at_the_next_write(tmp_path: Path):
+    cps = LogDirCheckpoints(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8), ("a", 1): PartitionOffsets(5, 1, 4)})
+    cps.remove(("a", 0))
+    assert cps.offsets(("a", 0)) == PartitionOffsets(None, None, None)
+    cps.write({})
+    again = LogDirCheckpoints(tmp_path)
+    assert again.offsets(("a", 0)) == PartitionOffsets(None, None, None)
+    assert again.offsets(("a", 1)) == PartitionOffsets(5, 1, 4)
+
+
+def test_remove_of_an_unknown_partition_is_harmless(tmp_path: Path):
+    cps = LogDirCheckpoints(tmp_path)
+    cps.remove(("nope", 0))
+    cps.write({})
+    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {}
+
+
+def test_none_offsets_are_not_written(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(recovery_point=7)})
+    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {("a", 0): 7}
+    assert OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read() == {}
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {}
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(7, None, None)
+
+
+def test_none_offsets_keep_the_previously_checkpointed_value(tmp_path: Path):
+    cps = LogDirCheckpoints(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8)})
+    cps.write({("a", 0): PartitionOffsets(recovery_point=None, log_start_offset=5, high_watermark=None)})
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(10, 5, 8)
+
+
+def test_partition_metadata_with_an_empty_topic_id_is_malformed(tmp_path):
+    (tmp_path / partition_metadata.FILE_NAME).write_text("version: 0\ntopic_id: \n")
+    with pytest.raises(KafkaStorageError):
+        partition_metadata.read(tmp_path)

@@ -1,0 +1,179 @@
+"""A rayk cluster of three brokers on one Ray node: Controller, ReplicaManagers, elections.
+
+The multi-node failover scenarios are in test_cluster_failover.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import ray
+
+import rayk
+from rayk.errors import (
+    InvalidConfigurationError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+    NotEnoughReplicasError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from rayk.storage import meta_properties
+from tests.cluster_helpers import FAST_CONFIG, produce, read_partition, read_replica, wait_until
+
+_namespaces = itertools.count()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace=f"local-{next(_namespaces)}")
+    yield c
+    try:
+        c.shutdown()
+    except Exception:
+        pass  # the test shut it down itself
+
+
+def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(cluster):
+    description = cluster.create_topic("t", partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
+    assert [p["partition"] for p in description] == [0, 1, 2]
+    for p in description:
+        assert sorted(p["replicas"]) == [0, 1, 2] and sorted(p["isr"]) == [0, 1, 2]
+        assert p["leader"] == p["replicas"][0] and p["leader_epoch"] == 0
+    assert sorted(p["leader"] for p in description) == [0, 1, 2], "leaders spread over brokers"
+    result = produce(cluster.leader("t", 1), [b"a", b"b"])
+    assert result.error is None and result.base_offset == 0
+    after = cluster.describe_topic("t")[1]
+    assert after["high_watermark"] == after["log_end_offset"] == 2
+
+
+def test_broker_directories_carry_meta_properties(cluster, tmp_path):
+    cluster_id = ray.get(cluster.controller.cluster_id.remote())
+    for b in range(3):
+        meta = meta_properties.read(tmp_path / f"broker-{b}")
+        assert meta is not None and (meta.node_id, meta.cluster_id) == (b, cluster_id)
+
+
+def test_bad_topic_requests_get_typed_errors(cluster):
+    cluster.create_topic("dup")
+    with pytest.raises(TopicAlreadyExistsError):
+        cluster.create_topic("dup")
+    with pytest.raises(InvalidTopicError):
+        cluster.create_topic("no/slash")
+    with pytest.raises(InvalidReplicationFactorError):
+        cluster.create_topic("big", replication_factor=4)
+    with pytest.raises(InvalidConfigurationError):
+        cluster.create_topic("cfg", config={"retention.ms": "forever"})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        cluster.describe_topic("missing")
+    with pytest.raises(InvalidConfigurationError):
+        rayk.start(brokers=1, data_dir="/tmp/unused", namespace=cluster.namespace)
+    assert cluster.list_topics() == ["dup"], "failed requests leave no trace"
+
+
+def test_min_insync_replicas_comes_from_the_topic_config(cluster):
+    cluster.create_topic("strict", replication_factor=1, config={"min.insync.replicas": "2"})
+    result = produce(cluster.leader("strict", 0), [b"x"])
+    assert isinstance(result.error, NotEnoughReplicasError)
+
+
+def test_killed_broker_is_fenced_and_its_leadership_moves_then_it_rejoins(cluster):
+    cluster.create_topic("t", replication_factor=3, config={"min.insync.replicas": "2"})
+    assert produce(cluster.leader("t", 0), [b"before"]).error is None
+    ray.kill(cluster.broker(0))  # broker 0 leads partition 0
+
+    def moved():
+        p = cluster.describe_topic("t")[0]
+        return p if p["leader"] != 0 and 0 not in p["isr"] else None
+
+    moved_to = wait_until(moved, 15, "a new leader without broker 0 in the ISR")
+    assert moved_to["leader_epoch"] == 1 and moved_to["leader"] == 1, "the next replica in assignment order"
+    assert produce(cluster.leader("t", 0), [b"after"]).error is None
+    cluster.restart_broker(0)
+    wait_until(lambda: 0 in cluster.describe_topic("t")[0]["isr"], 20, "broker 0 back in the ISR")
+    assert [v for _, v in read_replica(cluster.replica("t", 0, 0))] == [b"before", b"after"]
+
+
+def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(cluster):
+    cluster.create_topic("s", replication_factor=3, config={"min.insync.replicas": "2"})
+    before = cluster.describe_topic("s")[0]
+    stalled = before["replicas"][2]
+    follower = cluster.replica("s", 0, stalled)
+    ray.get(follower.become_follower.remote(before["leader_epoch"], -1, None))  # its fetcher stops
+    leader = cluster.leader("s", 0)
+    assert produce(leader, [b"x"], acks=1).error is None
+
+    def shrunk_partition():
+        p = cluster.describe_topic("s")[0]
+        return p if stalled not in p["isr"] else None
+
+    shrunk = wait_until(shrunk_partition, 15, "the ISR to shrink")
+    assert shrunk["partition_epoch"] > before["partition_epoch"] and shrunk["leader_epoch"] == before["leader_epoch"]
+    assert produce(leader, [b"y"]).error is None, "acks=all no longer waits for the stalled follower"
+
+    ray.get(follower.become_follower.remote(before["leader_epoch"], before["leader"], leader))
+    wait_until(lambda: stalled in cluster.describe_topic("s")[0]["isr"], 15, "the follower to rejoin the ISR")
+    assert [v for _, v in read_replica(follower)] == [b"x", b"y"]
+
+
+def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
+    cluster.create_topic("keep", partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
+    for p in range(2):
+        assert produce(cluster.leader("keep", p), [b"p%d-%d" % (p, i) for i in range(50)]).error is None
+    before = cluster.describe_topic("keep")
+    cluster.shutdown()
+
+    again = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace=cluster.namespace)
+    try:
+        after = again.describe_topic("keep")
+        assert [(p["leader"], p["leader_epoch"], p["topic_id"]) for p in after] == [
+            (p["leader"], p["leader_epoch"], p["topic_id"]) for p in before
+        ]
+        for p in range(2):
+            assert after[p]["high_watermark"] == 50, "the HW was checkpointed at shutdown"
+            values = [v for _, v in read_partition(again.leader("keep", p), 50)]
+            assert values == [b"p%d-%d" % (p, i) for i in range(50)]
+        assert produce(again.leader("keep", 0), [b"more"]).base_offset == 50
+    finally:
+        again.shutdown()
+
+
+def test_deleted_topic_recreated_under_the_same_name_starts_empty(cluster, tmp_path):
+    cluster.create_topic("again", replication_factor=3)
+    assert produce(cluster.leader("again", 0), [b"old"]).error is None
+    cluster.delete_topic("again")
+    assert "again" not in cluster.list_topics()
+    assert not any((tmp_path / f"broker-{b}" / "again-0").exists() for b in range(3))
+    cluster.create_topic("again", replication_factor=3)
+    assert cluster.describe_topic("again")[0]["log_end_offset"] == 0
+
+
+def test_a_broker_away_during_a_topic_delete_drops_the_stray_directory(cluster, tmp_path):
+    cluster.create_topic("gone", replication_factor=3)
+    assert produce(cluster.leader("gone", 0), [b"x"]).error is None
+    ray.kill(cluster.broker(2))
+    wait_until(lambda: cluster.brokers()[2]["fenced"], 15, "broker 2 to be fenced")
+    cluster.delete_topic("gone")
+    assert (tmp_path / "broker-2" / "gone-0").exists()
+    cluster.restart_broker(2)
+    wait_until(lambda: not (tmp_path / "broker-2" / "gone-0").exists(), 15, "the stray directory to go")
+
+
+def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(cluster):
+    cluster.create_topic("wait", replication_factor=3)
+    leader = cluster.leader("wait", 0)
+    pending = leader.fetch.remote(0, 1 << 20, 1, 5000)
+    time.sleep(0.3)
+    start = time.monotonic()
+    assert produce(leader, [b"now"]).error is None
+    result = ray.get(pending)
+    assert result.records and time.monotonic() - start < 2.0
