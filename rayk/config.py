@@ -32,6 +32,14 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = 500
     replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
     log_retention_check_interval_ms: int = 300_000
+    # Consumer groups (Kafka's group.* and offsets.* names).
+    group_initial_rebalance_delay_ms: int = 3_000
+    group_min_session_timeout_ms: int = 6_000
+    group_max_session_timeout_ms: int = 1_800_000
+    offset_metadata_max_bytes: int = 4096
+    # Kafka uses 50 partitions; each rayk partition replica is a process, so fewer by default.
+    offsets_topic_num_partitions: int = 3
+    offsets_topic_replication_factor: int = 3
     # Topic defaults (Kafka's broker-level names: num.partitions, default.replication.factor, ...).
     num_partitions: int = 1
     default_replication_factor: int = 1
@@ -41,14 +49,21 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_ms") and value < 1:
+            if f.name.endswith("_ms") and value < (0 if f.name == "group_initial_rebalance_delay_ms" else 1):
                 raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
             raise InvalidConfigurationError(
                 "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
                 f"({self.broker_heartbeat_interval_ms} >= {self.broker_session_timeout_ms})"
             )
-        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas", "replica_fetch_max_bytes"):
+        for name in (
+            "num_partitions",
+            "default_replication_factor",
+            "min_insync_replicas",
+            "replica_fetch_max_bytes",
+            "offsets_topic_num_partitions",
+            "offsets_topic_replication_factor",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
 

@@ -75,6 +75,24 @@ class NetworkError(KafkaError):
     code, name, retriable = 13, "NETWORK_EXCEPTION", True
 
 
+class OffsetMetadataTooLargeError(KafkaError):
+    code, name = 12, "OFFSET_METADATA_TOO_LARGE"
+
+
+class CoordinatorLoadInProgressError(KafkaError):
+    code, name, retriable = 14, "COORDINATOR_LOAD_IN_PROGRESS", True
+
+
+class CoordinatorNotAvailableError(KafkaError):
+    code, name, retriable = 15, "COORDINATOR_NOT_AVAILABLE", True
+
+
+class NotCoordinatorError(KafkaError):
+    """This replica does not (or no longer) coordinate the group: find the coordinator again."""
+
+    code, name, retriable = 16, "NOT_COORDINATOR", True
+
+
 class NotEnoughReplicasError(KafkaError):
     code, name, retriable = 19, "NOT_ENOUGH_REPLICAS", True
 
@@ -85,6 +103,36 @@ class NotEnoughReplicasAfterAppendError(KafkaError):
 
 class InvalidRequiredAcksError(KafkaError):
     code, name = 21, "INVALID_REQUIRED_ACKS"
+
+
+class IllegalGenerationError(KafkaError):
+    """The member's generation is not the group's current one: it must rejoin."""
+
+    code, name = 22, "ILLEGAL_GENERATION"
+
+
+class InconsistentGroupProtocolError(KafkaError):
+    code, name = 23, "INCONSISTENT_GROUP_PROTOCOL"
+
+
+class InvalidGroupIdError(KafkaError):
+    code, name = 24, "INVALID_GROUP_ID"
+
+
+class UnknownMemberIdError(KafkaError):
+    """The coordinator does not know this member (it timed out or the coordinator moved): rejoin."""
+
+    code, name = 25, "UNKNOWN_MEMBER_ID"
+
+
+class InvalidSessionTimeoutError(KafkaError):
+    code, name = 26, "INVALID_SESSION_TIMEOUT"
+
+
+class RebalanceInProgressError(KafkaError):
+    """The group is rebalancing: rejoin to get the new assignment."""
+
+    code, name = 27, "REBALANCE_IN_PROGRESS"
 
 
 class InvalidTopicError(KafkaError):
@@ -127,6 +175,14 @@ class KafkaStorageError(KafkaError):
     """The disk under a log failed or its files are unusable."""
 
     code, name, retriable = 56, "KAFKA_STORAGE_ERROR", True
+
+
+class NonEmptyGroupError(KafkaError):
+    code, name = 68, "NON_EMPTY_GROUP"
+
+
+class GroupIdNotFoundError(KafkaError):
+    code, name = 69, "GROUP_ID_NOT_FOUND"
 
 
 class StaleBrokerEpochError(KafkaError):

@@ -36,10 +36,16 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, Record
+from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.config import BrokerConfig, validate_topic_configs
-from rayk.errors import LeaderNotAvailableError, StaleBrokerEpochError, UnknownTopicOrPartitionError
+from rayk.errors import (
+    LeaderNotAvailableError,
+    StaleBrokerEpochError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -254,8 +260,39 @@ class Controller:
                     stops.append(manager.stop_replica.remote(name, p, True))
         await asyncio.gather(*stops, return_exceptions=True)
 
+    async def alter_topic_configs(self, name: str, configs: dict) -> dict[str, str]:
+        """Replaces the topic's configs (Kafka names); replicas pick them up as they are
+        recreated (min.insync.replicas, retention, segment settings)."""
+        checked = validate_topic_configs(configs)
+        self._commit(self._meta.plan_alter_topic_configs(name, checked))
+        meta = self._meta.topics[name]
+        await asyncio.gather(*(self._push_partition(name, p) for p in meta.partitions))
+        return dict(meta.configs)
+
     async def list_topics(self) -> list[str]:
         return sorted(self._meta.topics)
+
+    # ------------------------------------------------------------------ group coordinators
+
+    async def find_coordinator(self, group_id: str) -> tuple[int, Any]:
+        """(partition of __consumer_offsets, handle of its leader replica) for a group;
+        creates the internal topic on first use, as Kafka does."""
+        if OFFSETS_TOPIC not in self._meta.topics:
+            c = self.config
+            rf = min(c.offsets_topic_replication_factor, len(self._meta.live_brokers))
+            try:
+                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), {"retention.ms": "-1"})
+            except TopicAlreadyExistsError:
+                pass  # a concurrent request created it
+        partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))
+        return partition, await self.leader(OFFSETS_TOPIC, partition)
+
+    async def coordinators(self) -> list[Any]:
+        """Handles of every __consumer_offsets leader (to list all groups)."""
+        meta = self._meta.topics.get(OFFSETS_TOPIC)
+        if meta is None:
+            return []
+        return [self._replica_handles.get((OFFSETS_TOPIC, p, s.leader)) for p, s in sorted(meta.partitions.items())]
 
     async def describe_topic(self, name: str) -> list[dict]:
         """Per partition: leader, replicas, isr, epochs, and the leader's HW and LEO."""

@@ -43,6 +43,7 @@ from rayk.actors.replica_state import LeaderReplicaState
 from rayk.errors import (
     FencedLeaderEpochError,
     InvalidRequiredAcksError,
+    InvalidTimestampError,
     KafkaError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
@@ -58,6 +59,8 @@ from rayk.storage.log_dir_checkpoints import PartitionOffsets
 logger = logging.getLogger(__name__)
 
 CONSUMER_REPLICA_ID = -1
+LATEST_TIMESTAMP = -1  # ListOffsets sentinels
+EARLIEST_TIMESTAMP = -2
 NO_LEADER = -1
 FOLLOWER_ERROR_BACKOFF_MS = 100
 ISR_CHANGE_RETRY_BACKOFF_MS = 100
@@ -315,6 +318,24 @@ class PartitionReplica:
         log = self._log
         return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, error)
 
+    async def list_offset(self, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets for a consumer: (offset, timestamp) of the first record with a
+        timestamp >= `timestamp_ms` below the HW, or (-1, -1) if none; -2 (EARLIEST) gives
+        the log start offset and -1 (LATEST) the HW, with timestamp -1."""
+        if self._role != "leader":
+            raise self._not_leader()
+        log = self._log
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return log.high_watermark, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return log.log_start_offset, -1
+        if timestamp_ms < 0:
+            raise InvalidTimestampError(f"timestamp {timestamp_ms} is neither >= 0 nor -1 (latest) / -2 (earliest)")
+        found = log.offset_for_timestamp(timestamp_ms)
+        if found is None or found.offset >= log.high_watermark:
+            return -1, -1
+        return found.offset, found.timestamp_ms
+
     async def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""
         if self._role != "leader":
@@ -450,6 +471,12 @@ class PartitionReplica:
             "log_start_offset": log.log_start_offset,
             "recovery_point": log.recovery_point,
         }
+
+    async def update_config(self, log_config: LogConfig, replica_config: ReplicaConfig) -> None:
+        """The topic's configs changed (min.insync.replicas, retention, ...)."""
+        self._log.update_config(log_config)
+        self.config = replica_config
+        self._notify_change()  # parked acks=-1 produces re-check min.insync.replicas
 
     async def read_local(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
         """This replica's own batches from `offset`, whatever its role (for tools and tests,

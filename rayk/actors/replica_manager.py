@@ -40,6 +40,8 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.cluster_metadata import PartitionState
+from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import StaleBrokerEpochError
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
+OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
 
 
@@ -225,6 +228,10 @@ class ReplicaManager:
                     return current.handle  # an older push that arrived late
             if current is None:
                 current = self._replicas[tp] = _Replica(await self._create_replica(assignment), assignment)
+            elif current.assignment.configs != assignment.configs:
+                await current.handle.update_config.remote(
+                    log_config_of(assignment.configs), self._replica_config(assignment.configs)
+                )
             current.assignment = assignment
             await self._make_role(current)
             return current.handle
@@ -235,25 +242,29 @@ class ReplicaManager:
         if partition_metadata.read(log_dir) not in (None, a.topic_id):
             await self._delete_partition_dir(tp)  # records of a deleted topic that had the same name
         partition_metadata.write(log_dir, a.topic_id)
-        c = self.config
-        replica_config = ReplicaConfig(
-            min_insync_replicas=min_insync_replicas_of(a.configs, c),
-            replica_lag_time_max_ms=c.replica_lag_time_max_ms,
-            replica_fetch_max_bytes=c.replica_fetch_max_bytes,
-            replica_fetch_min_bytes=c.replica_fetch_min_bytes,
-            replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
-        )
-        return ReplicaActor.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
-        ).remote(
+        args = (
             a.topic,
             a.partition,
             self.broker_id,
             str(log_dir),
             log_config_of(a.configs),
-            replica_config,
+            self._replica_config(a.configs),
             self._checkpoints.offsets(tp),
             ray.get_runtime_context().current_actor,
+        )
+        pinned = NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+        if a.topic == OFFSETS_TOPIC:
+            return OffsetsReplicaActor.options(scheduling_strategy=pinned).remote(*args, broker_config=self.config)
+        return ReplicaActor.options(scheduling_strategy=pinned).remote(*args)
+
+    def _replica_config(self, topic_configs: dict[str, str]) -> ReplicaConfig:
+        c = self.config
+        return ReplicaConfig(
+            min_insync_replicas=min_insync_replicas_of(topic_configs, c),
+            replica_lag_time_max_ms=c.replica_lag_time_max_ms,
+            replica_fetch_max_bytes=c.replica_fetch_max_bytes,
+            replica_fetch_min_bytes=c.replica_fetch_min_bytes,
+            replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
         )
 
     async def _make_role(self, replica: _Replica) -> None:

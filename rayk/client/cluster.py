@@ -156,6 +156,25 @@ class Cluster:
     controller: Any
     namespace: str = DEFAULT_NAMESPACE
 
+    # ------------------------------------------------------------------ clients
+
+    def producer(self, **settings: Any) -> Any:
+        """A Producer (kafka-python's options: acks, linger_ms, batch_size, compression_type, ...)."""
+        from rayk.client.producer import Producer
+
+        return Producer(self, **settings)
+
+    def consumer(self, *topics: str, **settings: Any) -> Any:
+        """A Consumer of `topics` (group_id, auto_offset_reset, enable_auto_commit, ...)."""
+        from rayk.client.consumer import Consumer
+
+        return Consumer(self, *topics, **settings)
+
+    def admin(self) -> Any:
+        from rayk.client.admin import Admin
+
+        return Admin(self)
+
     # ------------------------------------------------------------------ topics
 
     def create_topic(

@@ -410,6 +410,14 @@ class Log:
         self._log_end_offset = self._log_start_offset = self._high_watermark = self._recovery_point = offset
         self.leader_epoch_cache.clear()
 
+    def update_config(self, config: LogConfig) -> None:
+        """Applies changed topic configs (Kafka's dynamic topic config): retention, roll,
+        flush and validation settings take effect for the next append or retention check."""
+        with self._lock:
+            self.config = config
+            for segment in self._segments:
+                segment.update_config(config)
+
     def roll(self) -> None:
         """Starts a new segment at the LEO (nothing happens if the last one is empty)."""
         with self._lock:

@@ -95,6 +95,10 @@ class LogSegment:
 
     # ------------------------------------------------------------------ append
 
+    def update_config(self, config: LogConfig) -> None:
+        """New roll and index-interval settings (index files keep their preallocated size)."""
+        self._config = config
+
     def should_roll(self, batch_bytes: int, max_timestamp_ms: int, last_offset: int, now_ms: int) -> bool:
         """Kafka's roll rules: full, too old, an index full, or an offset not relative-able."""
         if self._size == 0:

@@ -1,0 +1,270 @@
+"""GroupCoordinator: the consumer groups and committed offsets of one `__consumer_offsets`
+partition (Kafka's GroupCoordinator + GroupMetadataManager).
+
+As in Kafka, group `g` belongs to partition `coordinator_partition(g, n)` of the internal
+topic `__consumer_offsets`, and the broker leading that partition coordinates the group:
+here the coordinator lives inside that partition's leader replica actor, is created when it
+becomes leader (loading the partition's records) and closed when it stops leading (clients
+then get NOT_COORDINATOR and look the coordinator up again).
+
+Durable state is records in the partition, written with acks=all before a request is
+answered, so committed offsets survive broker restarts and failover:
+- key msgpack ["offset", group, topic, partition] -> value msgpack
+  {"offset", "metadata", "commit_timestamp_ms", "leader_epoch"}, or None (deleted);
+- key msgpack ["group", group] -> value msgpack {"generation", "protocol_type",
+  "protocol", "leader", "members"}: written when a generation settles, so a new
+  coordinator continues the generation numbering (members rejoin it).
+The partition is never compacted (rayk has no log compaction yet), so loading replays it
+whole; its retention is infinite.
+
+Not thread-safe; the owning actor's event loop calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult
+from rayk.config import BrokerConfig
+from rayk.errors import (
+    InvalidGroupIdError,
+    InvalidSessionTimeoutError,
+    OffsetMetadataTooLargeError,
+)
+
+logger = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+MEMBER_EXPIRY_CHECK_MS = 250
+TopicPartition = tuple[str, int]
+Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode: `31*h + c` over UTF-16 code units, as a signed 32-bit int.
+
+    A character outside the Basic Multilingual Plane counts as its two surrogates, as in
+    Java; a lone surrogate (possible in a Python str) is one code unit.
+    """
+    h = 0
+    for (unit,) in struct.iter_unpack(">H", text.encode("utf-16-be", "surrogatepass")):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def coordinator_partition(group_id: str, num_partitions: int) -> int:
+    """The `__consumer_offsets` partition whose leader coordinates `group_id`: Kafka's
+    `Utils.abs(groupId.hashCode()) % numPartitions`, where Utils.abs is Math.abs except
+    that Integer.MIN_VALUE (which has no absolute value) gives 0."""
+    if num_partitions < 1:
+        raise ValueError(f"a topic has at least one partition, not {num_partitions}")
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+    leader_epoch: int = -1
+
+
+def offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    return msgpack.packb(["offset", group_id, topic, partition])
+
+
+def group_key(group_id: str) -> bytes:
+    return msgpack.packb(["group", group_id])
+
+
+class GroupCoordinator:
+    def __init__(self, append: Append, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self._append = append
+        self._groups: dict[str, ConsumerGroup] = {}
+        self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._expiry: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
+        """Replays the partition's records, oldest first."""
+        for key, value in records:
+            if key is None:
+                continue
+            kind, group_id, *rest = msgpack.unpackb(key)
+            if kind == "offset":
+                table = self._offsets.setdefault(group_id, {})
+                if value is None:
+                    table.pop((rest[0], rest[1]), None)
+                else:
+                    table[(rest[0], rest[1])] = CommittedOffset(**msgpack.unpackb(value))
+            elif kind == "group" and value is not None:
+                meta = msgpack.unpackb(value)
+                group = self._group(group_id)
+                group.generation = meta["generation"]
+
+    def _group(self, group_id: str) -> ConsumerGroup:
+        group = self._groups.get(group_id)
+        if group is None:
+            group = self._groups[group_id] = ConsumerGroup(
+                group_id, self.config.group_initial_rebalance_delay_ms, on_stable=self._persist_group
+            )
+        return group
+
+    def start(self) -> None:
+        if self._expiry is None:
+            self._expiry = asyncio.get_running_loop().create_task(self._expire_members())
+
+    async def _expire_members(self) -> None:
+        while True:
+            await asyncio.sleep(MEMBER_EXPIRY_CHECK_MS / 1000)
+            for group in list(self._groups.values()):
+                for member_id in group.expire():
+                    logger.info("group %s: member %s timed out", group.group_id, member_id)
+
+    def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for group in self._groups.values():
+            group.close()
+
+    def _persist_group(self, group: ConsumerGroup) -> None:
+        value = msgpack.packb(
+            {
+                "generation": group.generation,
+                "protocol_type": group.protocol_type,
+                "protocol": group.protocol,
+                "leader": group.leader_id,
+                "members": sorted(group.members),
+            }
+        )
+        task = asyncio.get_running_loop().create_task(self._append([(group_key(group.group_id), value)]))
+        self._tasks.add(task)
+        task.add_done_callback(self._persisted)
+
+    def _persisted(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("could not persist group metadata: %s", task.exception())
+
+    # ------------------------------------------------------------------ membership
+
+    async def join_group(
+        self,
+        group_id: str,
+        member_id: str,
+        client_id: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+    ) -> JoinResult:
+        if not group_id:
+            raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        c = self.config
+        if not c.group_min_session_timeout_ms <= session_timeout_ms <= c.group_max_session_timeout_ms:
+            raise InvalidSessionTimeoutError(
+                f"session timeout {session_timeout_ms} ms is outside the broker's "
+                f"[{c.group_min_session_timeout_ms}, {c.group_max_session_timeout_ms}] ms"
+            )
+        return await self._group(group_id).join(
+            member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols
+        )
+
+    async def sync_group(
+        self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes] | None
+    ) -> bytes:
+        return await self._group(group_id).sync(generation, member_id, assignments)
+
+    async def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
+        self._group(group_id).heartbeat(generation, member_id)
+
+    async def leave_group(self, group_id: str, member_id: str) -> None:
+        self._group(group_id).leave(member_id)
+
+    # ------------------------------------------------------------------ offsets
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        offsets: dict[TopicPartition, tuple[int, str]],
+    ) -> None:
+        """Stores committed offsets durably (acks=all) if the member may commit."""
+        if not group_id:
+            raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        self._group(group_id).check_commit(generation, member_id)
+        now_ms = int(time.time() * 1000)
+        committed = {}
+        for (topic, partition), (offset, metadata) in offsets.items():
+            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                raise OffsetMetadataTooLargeError(
+                    f"offset metadata of {len(metadata)} bytes exceeds offset.metadata.max.bytes"
+                )
+            committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms)
+        records = [
+            (offset_key(group_id, t, p), msgpack.packb(_as_dict(c))) for (t, p), c in committed.items()
+        ]
+        if records:
+            await self._append(records)
+        self._offsets.setdefault(group_id, {}).update(committed)
+
+    async def fetch_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        table = self._offsets.get(group_id, {})
+        if partitions is None:
+            return dict(table)
+        return {tp: table[tp] for tp in partitions if tp in table}
+
+    # ------------------------------------------------------------------ inspection
+
+    async def list_groups(self) -> list[dict[str, Any]]:
+        names = set(self._groups) | set(self._offsets)
+        return [self._summary(g) for g in sorted(names)]
+
+    def _summary(self, group_id: str) -> dict[str, Any]:
+        group = self._groups.get(group_id)
+        if group is None:
+            return {"group_id": group_id, "state": GroupState.EMPTY.value, "protocol_type": "consumer"}
+        return {"group_id": group_id, "state": group.state.value, "protocol_type": group.protocol_type or "consumer"}
+
+    async def describe_group(self, group_id: str) -> dict[str, Any]:
+        group = self._groups.get(group_id)
+        members = []
+        if group is not None:
+            members = [
+                {"member_id": m.member_id, "client_id": m.client_id, "assignment": m.assignment}
+                for m in group.members.values()
+            ]
+        return {
+            **self._summary(group_id),
+            "generation": group.generation if group else 0,
+            "protocol": group.protocol if group else None,
+            "leader": group.leader_id if group else None,
+            "members": members,
+            "offsets": {tp: c.offset for tp, c in self._offsets.get(group_id, {}).items()},
+        }
+
+
+def _as_dict(c: CommittedOffset) -> dict[str, Any]:
+    return {
+        "offset": c.offset,
+        "metadata": c.metadata,
+        "commit_timestamp_ms": c.commit_timestamp_ms,
+        "leader_epoch": c.leader_epoch,
+    }

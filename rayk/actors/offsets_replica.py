@@ -1,0 +1,117 @@
+"""OffsetsPartitionReplica: a replica of a `__consumer_offsets` partition, whose leader is
+the group coordinator of the groups that map to it (see `group_coordinator.py`).
+
+It is a PartitionReplica (replication works unchanged) that, on becoming leader in a new
+epoch, replays its log into a fresh GroupCoordinator, and on losing leadership closes it,
+so waiting members get NOT_COORDINATOR and look the coordinator up again. Coordinator
+writes go through `produce` with acks=all, so a commit is acknowledged only once the ISR
+holds it. Group requests to a replica that is not the coordinator raise NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayk.actors.consumer_group import JoinResult
+from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
+from rayk.actors.partition_replica import PartitionReplica
+from rayk.config import BrokerConfig
+from rayk.errors import NotCoordinatorError
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+
+COORDINATOR_WRITE_TIMEOUT_MS = 5_000
+_LOAD_CHUNK_BYTES = 1 << 20
+
+
+class OffsetsPartitionReplica(PartitionReplica):
+    def __init__(self, *args: Any, broker_config: BrokerConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._broker_config = broker_config or BrokerConfig()
+        self._coordinator: GroupCoordinator | None = None
+
+    async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0) -> None:
+        was_leading_this_epoch = self._role == "leader" and self._leader_epoch == leader_epoch
+        await super().become_leader(leader_epoch, replicas, isr, partition_epoch)
+        if not was_leading_this_epoch:
+            self._close_coordinator()
+            coordinator = GroupCoordinator(self._append_records, self._broker_config)
+            coordinator.load(self._local_records())
+            coordinator.start()
+            self._coordinator = coordinator
+
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
+        await super().become_follower(leader_epoch, leader_id, leader)
+        self._close_coordinator()
+
+    async def close(self) -> Any:
+        self._close_coordinator()
+        return await super().close()
+
+    async def delete(self) -> None:
+        self._close_coordinator()
+        await super().delete()
+
+    def _close_coordinator(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
+
+    def _local_records(self) -> list[tuple[bytes | None, bytes | None]]:
+        out = []
+        offset = self._log.log_start_offset
+        while offset < self._log.log_end_offset:
+            result = self._log.read(offset, _LOAD_CHUNK_BYTES)
+            for batch in iter_batches(result.records):
+                out += [(r.key, r.value) for r in batch.records()]
+            offset = result.next_offset
+        return out
+
+    async def _append_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        batch = build_batch([SimpleRecord(value, key) for key, value in records])
+        result = await self.produce(batch, -1, COORDINATOR_WRITE_TIMEOUT_MS)
+        if result.error is not None:
+            raise result.error
+
+    def _require_coordinator(self) -> GroupCoordinator:
+        if self._coordinator is None:
+            raise NotCoordinatorError(
+                f"broker {self.broker_id} does not coordinate groups of {self.topic}-{self.partition}: find the coordinator again"
+            )
+        return self._coordinator
+
+    # ------------------------------------------------------------------ group requests
+
+    async def join_group(
+        self,
+        group_id: str,
+        member_id: str,
+        client_id: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+    ) -> JoinResult:
+        return await self._require_coordinator().join_group(
+            group_id, member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols
+        )
+
+    async def sync_group(self, group_id: str, generation: int, member_id: str, assignments: dict | None) -> bytes:
+        return await self._require_coordinator().sync_group(group_id, generation, member_id, assignments)
+
+    async def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
+        await self._require_coordinator().heartbeat(group_id, generation, member_id)
+
+    async def leave_group(self, group_id: str, member_id: str) -> None:
+        await self._require_coordinator().leave_group(group_id, member_id)
+
+    async def commit_offsets(self, group_id: str, generation: int, member_id: str, offsets: dict) -> None:
+        await self._require_coordinator().commit_offsets(group_id, generation, member_id, offsets)
+
+    async def fetch_offsets(self, group_id: str, partitions: list | None = None) -> dict[tuple[str, int], CommittedOffset]:
+        return await self._require_coordinator().fetch_offsets(group_id, partitions)
+
+    async def list_groups(self) -> list[dict]:
+        return await self._require_coordinator().list_groups()
+
+    async def describe_group(self, group_id: str) -> dict:
+        return await self._require_coordinator().describe_group(group_id)
