@@ -209,6 +209,18 @@ class InvalidRecordError(KafkaError):
     code, name = 87, "INVALID_RECORD"
 
 
+class OutOfOrderSequenceError(KafkaError):
+    """An idempotent producer's batch does not continue its sequence (records were lost)."""
+
+    code, name = 45, "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class InvalidProducerEpochError(KafkaError):
+    """A newer instance of this producer (higher epoch) has written: this one is fenced."""
+
+    code, name = 47, "INVALID_PRODUCER_EPOCH"
+
+
 class InvalidUpdateVersionError(KafkaError):
     """An AlterPartition carried a partition epoch that is no longer current."""
 

@@ -18,6 +18,8 @@ Records (field `type`):
 - `fence_broker`: a broker lost its session (`fenced` true) or came back (`fenced` false).
 - `topic`, `remove_topic`, `topic_configs`.
 - `partition`: the full state of one partition (created or changed).
+- `producer_ids`: a block of idempotent-producer ids was handed out; `next` is the first
+  id never handed out (KRaft's ProducerIdsRecord).
 
 Partition invariants, asserted by `apply`: the ISR is a non-empty subset of the replicas;
 the leader is in the ISR or is NO_LEADER; the leader epoch grows whenever the leader
@@ -145,6 +147,7 @@ class ClusterMetadata:
         self.cluster_id: str | None = None
         self.brokers: dict[int, BrokerRegistration] = {}
         self.topics: dict[str, TopicMetadata] = {}
+        self.next_producer_id = 0
         self.last_offset = -1
 
     # ------------------------------------------------------------------ applying records
@@ -167,6 +170,9 @@ class ClusterMetadata:
             del self.topics[record["name"]]
         elif kind == "partition":
             self._apply_partition(record)
+        elif kind == "producer_ids":
+            assert record["next"] > self.next_producer_id, "producer id blocks only move forward"
+            self.next_producer_id = record["next"]
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
@@ -257,6 +263,10 @@ class ClusterMetadata:
         for p, replicas in enumerate(assignment):
             records.append(PartitionState(replicas, replicas, replicas[0], 0, 0).to_record(name, p))
         return records
+
+    def plan_allocate_producer_ids(self, count: int) -> list[Record]:
+        """Hands out ids [next_producer_id, next_producer_id + count)."""
+        return [{"type": "producer_ids", "next": self.next_producer_id + count}]
 
     def plan_delete_topic(self, name: str) -> list[Record]:
         if name not in self.topics:

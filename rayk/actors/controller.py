@@ -50,6 +50,7 @@ from rayk.errors import (
 logger = logging.getLogger(__name__)
 
 SESSION_CHECK_MAX_INTERVAL_MS = 1_000
+PRODUCER_ID_BLOCK_SIZE = 1000  # ids reserved per metadata record
 
 
 def new_uuid() -> str:
@@ -73,6 +74,7 @@ class Controller:
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
         self._tasks: set[asyncio.Task] = set()
         self._registering: set[int] = set()
+        self._producer_ids = range(0)  # the reserved block not yet handed out
         self._session_checker: asyncio.Task | None = None
 
     def _commit(self, records: list[Record]) -> None:
@@ -271,6 +273,15 @@ class Controller:
 
     async def list_topics(self) -> list[str]:
         return sorted(self._meta.topics)
+
+    async def init_producer_id(self) -> int:
+        """A producer id never handed out before, even across Controller restarts."""
+        if not self._producer_ids:
+            first = self._meta.next_producer_id
+            self._commit(self._meta.plan_allocate_producer_ids(PRODUCER_ID_BLOCK_SIZE))
+            self._producer_ids = range(first, self._meta.next_producer_id)
+        producer_id, self._producer_ids = self._producer_ids[0], self._producer_ids[1:]
+        return producer_id
 
     # ------------------------------------------------------------------ group coordinators
 

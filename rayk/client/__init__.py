@@ -1,5 +1,15 @@
 """rayk's Python front door: deploy or attach to a cluster and use it through actor handles."""
 
 from rayk.client.cluster import Cluster, connect, start
+from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata, TopicPartition
 
-__all__ = ["Cluster", "connect", "start"]
+__all__ = [
+    "Cluster",
+    "ConsumerRecord",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
+    "RecordMetadata",
+    "TopicPartition",
+    "connect",
+    "start",
+]

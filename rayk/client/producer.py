@@ -11,12 +11,15 @@ partition at a time, and completes each record's Future with RecordMetadata(topi
 partition, offset, timestamp) when the leader answers; nothing polls (completion comes
 through the ObjectRef's future callback).
 
+The producer is idempotent, as Kafka's is by default: it takes a producer id from the
+Controller and stamps each batch with it and the per-partition sequence number of its
+first record. The leader appends a partition's batches in sequence order even when Ray
+delivers the calls out of order (it does, for async actors), and answers a retry of an
+already appended batch with its original offsets instead of writing it twice.
+
 Retriable failures (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a
 dead leader actor...) refresh the metadata and resend the batch ahead of that
-partition's queue after `retry_backoff_ms`, until `delivery_timeout_ms`. As in Kafka
-without idempotence, a retried batch can be written twice (its first attempt may have
-succeeded) and can overtake nothing but batches already in flight: use
-`max_in_flight_requests_per_connection=1` when a partition's order must survive retries.
+partition's queue after `retry_backoff_ms`, until `delivery_timeout_ms`.
 
 A Producer holds a thread, so it is not shipped between processes; pickling one (to use
 it in a Ray task or actor) carries its settings and builds a fresh Producer there.
@@ -32,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError, RayError
 
 from rayk.client.metadata import MetadataCache
@@ -66,6 +70,7 @@ class _Batch:
     attempts: int = 0
     encoded: bytes | None = None
     deadline_s: float = 0.0
+    base_sequence: int = -1
 
 
 class Producer:
@@ -113,6 +118,10 @@ class Producer:
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._max_request_size = max_request_size
         self._metadata = MetadataCache(cluster.controller)
+        # Idempotence, always on: Ray may deliver a partition's batches out of order, and the
+        # leader puts them back in sequence order (and drops retried duplicates).
+        self._producer_id = ray.get(cluster.controller.init_producer_id.remote())
+        self._next_sequence: collections.Counter[TopicPartition] = collections.Counter()
         self._partitioner = StickyPartitioner()
         self._lock = threading.Condition()
         self._open: dict[TopicPartition, _Batch] = {}
@@ -185,6 +194,8 @@ class Producer:
         """Moves an open batch to its partition's send queue (lock held)."""
         del self._open[batch.tp]
         batch.deadline_s = time.monotonic() + self._delivery_timeout_s
+        batch.base_sequence = self._next_sequence[batch.tp]
+        self._next_sequence[batch.tp] += len(batch.records)
         self._ready[batch.tp].append(batch)
         self._partitioner.on_new_batch(batch.tp.topic, batch.tp.partition, batch.num_partitions)
 
@@ -264,7 +275,13 @@ class Producer:
         batch.attempts += 1
         try:
             if batch.encoded is None:
-                batch.encoded = build_batch(batch.records, compression=self._compression)
+                batch.encoded = build_batch(
+                    batch.records,
+                    compression=self._compression,
+                    producer_id=self._producer_id,
+                    producer_epoch=0,
+                    base_sequence=batch.base_sequence,
+                )
             leader = self._metadata.leader(batch.tp.topic, batch.tp.partition)
             ref = leader.produce.remote(batch.encoded, self._acks, self._request_timeout_ms)
         except Exception as e:

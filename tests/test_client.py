@@ -1,0 +1,305 @@
+"""The Python client API against a 3-broker cluster on one Ray node: Producer, Consumer,
+consumer groups, Admin."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import ray
+
+import rayk
+from rayk.client import TopicPartition
+from rayk.client.consumer_protocol import decode_assignment
+from rayk.client.partitioner import partition_for_key
+from rayk.errors import RecordTooLargeError, UnknownTopicOrPartitionError
+from tests.cluster_helpers import FAST_CONFIG, wait_until
+
+CONFIG = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000}
+_namespaces = itertools.count()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("client"), config=CONFIG, namespace="client")
+    yield c
+    c.shutdown()
+
+
+_topics = itertools.count()
+
+
+def new_topic(cluster, partitions=3, replication_factor=3, **config) -> str:
+    name = f"t{next(_topics)}"
+    cluster.create_topic(name, partitions=partitions, replication_factor=replication_factor, config=config or None)
+    return name
+
+
+def read_all(cluster, topic, expected, **settings):
+    consumer = cluster.consumer(**settings)
+    partitions = [TopicPartition(topic, p) for p in range(cluster.admin().describe_topics([topic])[topic].__len__())]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning()
+    records = []
+    deadline = time.monotonic() + 30
+    while len(records) < expected and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            records += batch
+    consumer.close()
+    return records
+
+
+def test_every_acks_setting_and_codec_round_trips_keys_values_and_headers(cluster):
+    topic = new_topic(cluster, partitions=2, replication_factor=2)
+    sent = []
+    for compression in (None, "gzip", "snappy", "lz4", "zstd"):
+        for acks in (0, 1, "all"):
+            producer = cluster.producer(acks=acks, compression_type=compression, linger_ms=2)
+            for i in range(20):
+                key, value = b"k%d" % i, b"%s-%s-%d" % (str(acks).encode(), str(compression).encode(), i)
+                producer.send(topic, value=value, key=key, headers=[("h", b"x%d" % i)])
+                sent.append((key, value, [("h", b"x%d" % i)]))
+            producer.close()
+    records = read_all(cluster, topic, len(sent))
+    assert sorted((r.key, r.value, r.headers) for r in records) == sorted(sent)
+
+
+def test_acknowledged_metadata_matches_what_consumers_read(cluster):
+    topic = new_topic(cluster, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        futures = [producer.send(topic, value=b"v%d" % i, key=b"key-%d" % i) for i in range(300)]
+        metas = [f.result(timeout=30) for f in futures]
+    for i, meta in enumerate(metas):
+        assert meta.partition == partition_for_key(b"key-%d" % i, 3), "murmur2, as Kafka's Java client"
+    by_position = {(r.partition, r.offset): r.value for r in read_all(cluster, topic, 300)}
+    assert {(m.partition, m.offset): b"v%d" % i for i, m in enumerate(metas)} == by_position
+
+
+def test_records_of_a_partition_arrive_in_send_order(cluster):
+    topic = new_topic(cluster, partitions=1, replication_factor=2)
+    with cluster.producer(acks=1, linger_ms=1, batch_size=2048) as producer:
+        for i in range(3000):
+            producer.send(topic, value=b"%06d" % i)
+    records = read_all(cluster, topic, 3000)
+    assert [r.value for r in records] == [b"%06d" % i for i in range(3000)]
+    assert [r.offset for r in records] == list(range(3000))
+
+
+def test_serializers_msgpack_and_str(cluster):
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
+    with cluster.producer(value_serializer="msgpack", key_serializer="str") as producer:
+        producer.send(topic, value={"user": "ann", "clicks": [1, 2]}, key="ann")
+    records = read_all(cluster, topic, 1, value_deserializer="msgpack", key_deserializer="str")
+    assert (records[0].key, records[0].value) == ("ann", {"user": "ann", "clicks": [1, 2]})
+
+
+def test_producer_errors_are_typed(cluster):
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
+    with cluster.producer(max_request_size=1000) as producer:
+        with pytest.raises(RecordTooLargeError):
+            producer.send(topic, value=b"x" * 2000)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("no-such-topic", value=b"x")
+        with pytest.raises(TypeError):
+            producer.send(topic, value=12345)
+
+
+def test_producer_is_usable_from_a_ray_task(cluster):
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
+    producer = cluster.producer(acks="all")
+
+    @ray.remote
+    def produce_in_task(p, n):
+        futures = [p.send(topic, value=b"task-%d" % i) for i in range(n)]
+        p.flush()
+        return [f.result().offset for f in futures]
+
+    offsets = ray.get(produce_in_task.remote(producer, 50))
+    producer.close()
+    assert len(offsets) == 50 and min(offsets) >= 0
+    assert len(read_all(cluster, topic, 50)) == 50
+
+
+def test_offsets_for_times_end_offsets_and_seek(cluster):
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for i in range(10):
+            producer.send(topic, value=b"%d" % i, timestamp_ms=1_000_000 + i * 1000)
+    consumer = cluster.consumer()
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    assert consumer.end_offsets([tp]) == {tp: 10}
+    assert consumer.beginning_offsets([tp]) == {tp: 0}
+    assert consumer.offsets_for_times({tp: 1_004_500}) == {tp: (5, 1_005_000)}
+    assert consumer.offsets_for_times({tp: 2_000_000}) == {tp: None}
+    consumer.seek(tp, 7)
+    values = []
+    while len(values) < 3:
+        values += [r.value for r in consumer.poll(timeout_ms=1000).get(tp, [])]
+    assert values == [b"7", b"8", b"9"]
+    consumer.close()
+
+
+def test_producer_retries_across_a_leader_failover_lose_nothing(cluster):
+    topic = new_topic(cluster, partitions=1, **{"min.insync.replicas": "2"})
+    leader_id = cluster.describe_topic(topic)[0]["leader"]
+    producer = cluster.producer(acks="all", linger_ms=2, max_in_flight_requests_per_connection=1)
+    futures = []
+    for i in range(400):
+        futures.append(producer.send(topic, value=b"%05d" % i))
+        if i == 150:
+            ray.kill(cluster.broker(leader_id))
+        time.sleep(0.002)
+    producer.flush(timeout_s=60)
+    metas = [f.result() for f in futures]  # every record acknowledged despite the failover
+    producer.close()
+    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
+    stored = {r.offset: r.value for r in read_all(cluster, topic, metas[-1].offset + 1)}
+    assert all(stored[m.offset] == b"%05d" % i for i, m in enumerate(metas))
+    cluster.restart_broker(leader_id)
+    wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 30, "the ISR to heal")
+
+
+# ---------------------------------------------------------------------- consumer groups
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class GroupMemberActor:
+    """A consumer in its own process running its own poll loop, like one instance of a
+    consuming service; it commits what it consumed every 200 ms."""
+
+    def __init__(self, cluster, topic, group_id):
+        import threading
+
+        self.consumer = cluster.consumer(
+            topic,
+            group_id=group_id,
+            auto_offset_reset="earliest",
+            auto_commit_interval_ms=200,
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=300,
+        )
+        self.records, self.assigned = [], []
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self._run, daemon=True)
+        self._loop.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            for records in self.consumer.poll(timeout_ms=200).values():
+                self.records += [(r.partition, r.offset, r.value) for r in records]
+            self.assigned = sorted(tp.partition for tp in self.consumer.assignment())
+
+    def assignment(self):
+        return self.assigned
+
+    def seen(self):
+        return list(self.records)
+
+    def close(self):
+        self._stop.set()
+        self._loop.join()
+        self.consumer.close()
+
+
+def coordinator_view(cluster, group):
+    """member id -> partitions, as the group coordinator assigned them (None while rebalancing)."""
+    described = cluster.admin().describe_consumer_group(group)
+    if described["state"] != "Stable":
+        return None
+    return {
+        m["member_id"]: sorted(p for ps in decode_assignment(m["assignment"]).partitions.values() for p in ps)
+        for m in described["members"]
+    }
+
+
+def settle(cluster, group, members, timeout_s=60):
+    """Waits until the coordinator's stable assignment covers every member and each member
+    works on exactly the partitions it was given; returns the assignments."""
+    deadline = time.monotonic() + timeout_s
+    view = None
+    while time.monotonic() < deadline:
+        view = coordinator_view(cluster, group)
+        mine = sorted(ray.get([m.assignment.remote() for m in members]))
+        if view is not None and len(view) == len(members) and sorted(view.values()) == mine:
+            return mine
+        time.sleep(0.2)
+    raise AssertionError(f"group {group} did not settle: coordinator {view}")
+
+
+@pytest.mark.parametrize("members", [2, 3])
+def test_group_members_share_partitions_without_overlap(cluster, members):
+    topic = new_topic(cluster, partitions=6, replication_factor=1)
+    group = f"share-{members}"
+    actors = [GroupMemberActor.remote(cluster, topic, group) for _ in range(members)]
+    assignments = settle(cluster, group, actors)
+    flat = [p for a in assignments for p in a]
+    assert sorted(flat) == list(range(6)), f"{assignments} covers every partition once"
+    assert max(map(len, assignments)) - min(map(len, assignments)) <= 1
+    ray.get([a.close.remote() for a in actors])
+
+
+def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
+    topic = new_topic(cluster, partitions=4, replication_factor=1)
+    with cluster.producer(acks="all") as producer:
+        for i in range(400):
+            producer.send(topic, value=b"%d" % i, partition=i % 4)
+    a, b = GroupMemberActor.remote(cluster, topic, "crash"), GroupMemberActor.remote(cluster, topic, "crash")
+    settle(cluster, "crash", [a, b])
+
+    def fully_committed():
+        partitions = cluster.admin().describe_consumer_group("crash")["partitions"]
+        return len(partitions) == 4 and all(v["lag"] == 0 for v in partitions.values())
+
+    wait_until(fully_committed, 30, "both members to consume and commit everything")
+    before = {v for _, _, v in ray.get(a.seen.remote()) + ray.get(b.seen.remote())}
+    assert len(before) == 400
+
+    ray.kill(a)  # no LeaveGroup: the coordinator notices when its session times out
+    seen_by_b = len(ray.get(b.seen.remote()))
+    with cluster.producer(acks="all") as producer:
+        for i in range(400, 480):
+            producer.send(topic, value=b"%d" % i, partition=i % 4)
+    wait_until(lambda: ray.get(b.assignment.remote()) == [0, 1, 2, 3], 30, "b to take over every partition")
+    wait_until(lambda: len(ray.get(b.seen.remote())) >= seen_by_b + 80, 30, "b to read the new records")
+    after = [int(v) for _, _, v in ray.get(b.seen.remote())[seen_by_b:]]
+    assert sorted(after) == list(range(400, 480)), "exactly the records after the committed offsets"
+    ray.get(b.close.remote())
+
+
+def test_committed_offsets_survive_a_cluster_restart(tmp_path):
+    namespace = f"restart-{next(_namespaces)}"
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=namespace)
+    c.create_topic("orders", partitions=2, replication_factor=3)
+    with c.producer(acks="all") as producer:
+        for i in range(400):  # 200 per partition: neither is used up by the first 60 reads
+            producer.send("orders", value=b"%d" % i, partition=i % 2)
+    consumer = c.consumer("orders", group_id="billing", auto_offset_reset="earliest", enable_auto_commit=False)
+    got = 0
+    while got < 60:
+        got += sum(len(v) for v in consumer.poll(timeout_ms=500, max_records=60 - got).values())
+    consumer.commit()
+    positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+    consumer.close(autocommit=False)
+    c.shutdown()
+
+    again = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=namespace)
+    try:
+        consumer = again.consumer("orders", group_id="billing", auto_offset_reset="earliest")
+        first = {}
+        deadline = time.monotonic() + 30
+        while len(first) < 2 and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                first.setdefault(tp, records[0].offset)
+        assert first == positions, "each partition resumes at its committed offset"
+        consumer.close()
+    finally:
+        again.shutdown()
