@@ -165,7 +165,7 @@ def test_producer_retries_across_a_leader_failover_lose_nothing(cluster):
     stored = {r.offset: r.value for r in read_all(cluster, topic, metas[-1].offset + 1)}
     assert all(stored[m.offset] == b"%05d" % i for i, m in enumerate(metas))
     cluster.restart_broker(leader_id)
-    wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 30, "the ISR to heal")
+    wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 60, "the ISR to heal")
 
 
 # ---------------------------------------------------------------------- consumer groups
