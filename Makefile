@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m rayk.demo
+	$(VENV)/bin/rayk demo
 
 bench: $(STAMP)
 	$(PY) benchmarks/storage_bench.py

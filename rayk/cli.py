@@ -1,0 +1,678 @@
+"""`rayk`: the command line of rayk (installed as the `rayk` console script).
+
+    rayk start --brokers 3 --data-dir ./rayk-data      deploy onto the running Ray cluster
+    rayk status | rayk stop
+    rayk topics create|list|describe|alter|delete ...
+    rayk groups list | rayk groups describe GROUP
+    rayk produce TOPIC < lines                         each line a record
+    rayk consume TOPIC --from-beginning               one value per line
+    rayk perf produce ... | rayk perf consume ...      Kafka-style perf tests (rayk.perf)
+    rayk demo                                          a self-contained end-to-end run
+
+Every command but `demo` attaches to a Ray cluster (`--address`, default "auto": the one
+running on this machine) and to the rayk cluster in one Ray namespace (`--namespace`,
+default "rayk"). A user mistake (an unknown topic, no cluster, a broker-side error) is
+reported as one line, `rayk: error: ...`, with exit code 1; bad options exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rayk.errors import KafkaError
+
+PROG = "rayk"
+DEFAULT_NAMESPACE = "rayk"
+PRODUCE_MAX_UNACKED_RECORDS = 50_000  # `rayk produce` stops reading stdin while this many wait
+KAFKA_BUFFER_MEMORY = 32 * 1024 * 1024  # the perf producer's default bound on unacknowledged bytes
+NO_RAY_CLUSTER = "no Ray cluster is running; start one with `ray start --head` or pass --address"
+
+
+class CliError(Exception):
+    """A mistake the user can fix: reported as one line, exit code 1."""
+
+
+# ---------------------------------------------------------------------------- output helpers
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    cells = [list(map(str, headers))] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def say(args: argparse.Namespace, *blocks: str) -> None:
+    """Prints a command's result, blocks separated by blank lines, on its stdout (see `main`)."""
+    print("\n\n".join(blocks), file=args.out, flush=True)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _error_message(error: BaseException) -> str:
+    """One line: a KafkaError raised in an actor comes wrapped in a RayTaskError whose
+    str() is the remote traceback; its `cause` is the error itself."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key, value
+
+
+# ---------------------------------------------------------------------------- Ray and rayk
+
+
+def _init_ray(address: str, namespace: str) -> None:
+    """Connects this process to the Ray cluster at `address` ("auto": the local one), quietly."""
+    import ray
+
+    try:
+        ray.init(address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError:
+        if address == "auto" and not os.environ.get("RAY_ADDRESS"):
+            raise CliError(NO_RAY_CLUSTER) from None
+        hint = ""
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            hint = " (if it uses token authentication, set RAY_AUTH_MODE=token)"
+        address = os.environ.get("RAY_ADDRESS") or address
+        raise CliError(f"cannot connect to the Ray cluster at {address}{hint}") from None
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    """The rayk cluster of `--namespace` on the Ray cluster of `--address`."""
+    import rayk
+
+    _init_ray(args.address, args.namespace)
+    return rayk.connect(namespace=args.namespace)
+
+
+def _shutdown_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def _nodes() -> dict[str, dict]:
+    """Alive Ray nodes by node id."""
+    import ray
+
+    return {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+
+
+def _brokers_table(cluster: Any) -> str:
+    addresses = {node_id: n["NodeManagerAddress"] for node_id, n in _nodes().items()}
+    rows = [
+        (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), b["fenced"], b["connected"])
+        for b in cluster.brokers()
+    ]
+    return table(("broker", "node", "address", "fenced", "connected"), rows)
+
+
+def _nodes_table(cluster: Any) -> str:
+    per_node: dict[str, list[int]] = {}
+    for b in cluster.brokers():
+        per_node.setdefault(b["node_id"], []).append(b["broker_id"])
+    rows = [
+        (node_id[:12], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)), per_node.get(node_id, []))
+        for node_id, n in sorted(_nodes().items())
+    ]
+    return table(("node", "address", "cpus", "brokers"), rows)
+
+
+# ---------------------------------------------------------------------------- start, status, stop
+
+
+def cmd_start(args: argparse.Namespace) -> None:
+    import rayk
+
+    _init_ray(args.address, args.namespace)
+    cluster = rayk.start(
+        brokers=args.brokers, data_dir=args.data_dir, config=dict(args.config), namespace=args.namespace
+    )
+    data_dir = Path(args.data_dir).resolve()
+    started = f"rayk cluster of {args.brokers} brokers started in Ray namespace {args.namespace!r}"
+    say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster))
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    names = cluster.admin().list_topics(include_internal=True)
+    descriptions = {t: cluster.describe_topic(t) for t in names}
+    topics = [
+        (t, len(parts), len(parts[0]["replicas"]) if parts else 0, sum(_under_replicated(p) for p in parts))
+        for t, parts in descriptions.items()
+        if not t.startswith("__")
+    ]
+    lagging = [_partition_row(p)[:5] for parts in descriptions.values() for p in parts if _under_replicated(p)]
+    say(
+        args,
+        f"rayk cluster in Ray namespace {args.namespace!r}",
+        _brokers_table(cluster),
+        table(("topic", "partitions", "replication", "under-replicated"), topics) if topics else "no topics",
+        "under-replicated partitions: none"
+        if not lagging
+        else "under-replicated partitions:\n" + table(("topic", "partition", "leader", "replicas", "isr"), lagging),
+    )
+
+
+def _under_replicated(partition: dict) -> bool:
+    return len(partition["isr"]) < len(partition["replicas"])
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    import ray
+
+    cluster = _connect(args)
+    data_dir = Path(ray.get(cluster.controller.data_dir.remote())).parent
+    cluster.shutdown()
+    say(args, f"rayk cluster in Ray namespace {args.namespace!r} stopped; its data stays in {data_dir}")
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+def cmd_topics_create(args: argparse.Namespace) -> None:
+    import ray
+
+    cluster = _connect(args)
+    partitions, replication = args.partitions, args.replication_factor
+    if partitions is None or replication is None:  # the brokers' num.partitions / default.replication.factor
+        defaults = ray.get(cluster.controller.broker_config.remote())
+        partitions = partitions if partitions is not None else defaults.num_partitions
+        replication = replication if replication is not None else defaults.default_replication_factor
+    cluster.admin().create_topic(args.name, partitions, replication, dict(args.config) or None)
+    say(args, f"created topic {args.name!r}: {partitions} partitions, replication factor {replication}")
+
+
+def cmd_topics_list(args: argparse.Namespace) -> None:
+    names = _connect(args).admin().list_topics()
+    if names:
+        say(args, "\n".join(names))
+
+
+def cmd_topics_describe(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    partitions = cluster.describe_topic(args.name)
+    configs = cluster.admin().describe_topic_configs(args.name)
+    replication = len(partitions[0]["replicas"]) if partitions else 0
+    topic_id = partitions[0]["topic_id"] if partitions else "-"
+    summary = (
+        f"topic {args.name}  id {topic_id}  partitions {len(partitions)}  "
+        f"replication factor {replication}  configs {_configs_text(configs)}"
+    )
+    say(args, summary + "\n" + table(PARTITION_COLUMNS, [_partition_row(p) for p in partitions]))
+
+
+PARTITION_COLUMNS = ("topic", "partition", "leader", "replicas", "isr", "leader epoch", "log start", "high watermark",
+                     "log end")  # fmt: skip
+
+
+def _partition_row(p: dict) -> tuple:
+    return (
+        p["topic"], p["partition"], p["leader"], p["replicas"], p["isr"],
+        p["leader_epoch"], p["log_start_offset"], p["high_watermark"], p["log_end_offset"],
+    )  # fmt: skip
+
+
+def _configs_text(configs: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(configs.items())) or "(broker defaults)"
+
+
+def cmd_topics_alter(args: argparse.Namespace) -> None:
+    configs = _connect(args).admin().alter_topic_configs(args.name, dict(args.config))
+    say(args, f"topic {args.name!r} configs: {_configs_text(configs)}")
+
+
+def cmd_topics_delete(args: argparse.Namespace) -> None:
+    _connect(args).admin().delete_topics([args.name])
+    say(args, f"deleted topic {args.name!r}")
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+def cmd_groups_list(args: argparse.Namespace) -> None:
+    groups = _connect(args).admin().list_consumer_groups()
+    if groups:
+        say(args, table(("group", "state"), [(g["group_id"], g["state"]) for g in groups]))
+
+
+def cmd_groups_describe(args: argparse.Namespace) -> None:
+    from rayk.client.consumer_protocol import decode_assignment
+
+    info = _connect(args).admin().describe_consumer_group(args.group)
+    if not info["members"] and not info["partitions"]:
+        raise CliError(f"consumer group {args.group!r} does not exist (no members, no committed offsets)")
+    owners = {}
+    members = []
+    for m in info["members"]:
+        assigned = decode_assignment(m["assignment"]).partitions if m["assignment"] else {}
+        owners.update({(t, p): m["member_id"] for t, ps in assigned.items() for p in ps})
+        assignment = " ".join(f"{t}:{_cell(sorted(ps))}" for t, ps in assigned.items())
+        members.append((m["member_id"], m["client_id"], assignment))
+    offsets = [
+        (tp.topic, tp.partition, o["committed"], o["end_offset"], o["lag"], owners.get((tp.topic, tp.partition)))
+        for tp, o in info["partitions"].items()
+    ]
+    blocks = [f"group {args.group}  state {info['state']}  generation {info['generation']}  members {len(members)}"]
+    if members:
+        blocks.append(table(("member", "client", "assignment"), members))
+    blocks.append(table(("topic", "partition", "committed", "end offset", "lag", "member"), offsets))
+    say(args, *blocks)
+
+
+# ---------------------------------------------------------------------------- produce, consume
+
+
+def _split_key(line: bytes, separator: bytes, line_number: int) -> tuple[bytes, bytes]:
+    key, sep, value = line.partition(separator)
+    if not sep:
+        raise CliError(f"line {line_number} has no key separator {separator.decode()!r}")
+    return key, value
+
+
+def cmd_produce(args: argparse.Namespace) -> None:
+    from rayk.perf import Backpressure
+
+    cluster = _connect(args)
+    cluster.describe_topic(args.topic)  # an unknown topic fails before stdin is read
+    separator = args.key_separator.encode() if args.key_separator else None
+    completed: list[BaseException | None] = []  # list.append is atomic: any thread may complete
+    backpressure = Backpressure(PRODUCE_MAX_UNACKED_RECORDS, completed.__len__)
+
+    def on_done(future: Any) -> None:
+        completed.append(future.exception())
+        backpressure.notify()
+
+    sent = 0
+    with cluster.producer(acks=args.acks) as producer:
+        for sent, line in enumerate(sys.stdin.buffer, 1):
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            key, value = _split_key(line, separator, sent) if separator else (None, line)
+            backpressure.wait_for_room(sent - 1)
+            producer.send(args.topic, value, key=key).add_done_callback(on_done)
+    failures = [e for e in completed if e is not None]
+    if failures:
+        raise CliError(f"{len(failures)} of {sent} records failed: {_error_message(failures[0])}")
+    print(f"{sent} records produced", file=sys.stderr)
+
+
+def _console_consumer(cluster: Any, args: argparse.Namespace) -> Any:
+    from rayk.client.types import TopicPartition
+
+    partitions = len(cluster.describe_topic(args.topic))
+    reset = "earliest" if args.from_beginning else "latest"
+    if args.group is not None:
+        return cluster.consumer(args.topic, group_id=args.group, auto_offset_reset=reset)
+    consumer = cluster.consumer(auto_offset_reset=reset)
+    consumer.assign([TopicPartition(args.topic, p) for p in range(partitions)])
+    return consumer
+
+
+def _format_record(record: Any, print_key: bool) -> bytes:
+    value = b"null" if record.value is None else record.value
+    if not print_key:
+        return value + b"\n"
+    return (b"null" if record.key is None else record.key) + b"\t" + value + b"\n"
+
+
+def cmd_consume(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    consumer = _console_consumer(cluster, args)
+    out = args.out.buffer
+    limit = args.max_messages if args.max_messages is not None else float("inf")
+    idle_limit_s = args.timeout_ms / 1000 if args.timeout_ms is not None else float("inf")
+    count = 0
+    try:
+        last_record_at = time.monotonic()
+        while count < limit and time.monotonic() - last_record_at < idle_limit_s:
+            wait_s = min(1.0, idle_limit_s - (time.monotonic() - last_record_at))
+            max_records = None if limit == float("inf") else int(limit - count)
+            polled = consumer.poll(timeout_ms=max(1, int(wait_s * 1000)), max_records=max_records)
+            for records in polled.values():
+                out.write(b"".join(_format_record(r, args.print_key) for r in records))
+                count += len(records)
+            if polled:
+                out.flush()
+                last_record_at = time.monotonic()
+    except KeyboardInterrupt:
+        return  # Ctrl-C: close (and commit) quietly
+    except BrokenPipeError:  # `rayk consume ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), args.out.fileno())
+        return
+    finally:
+        consumer.close()
+    print(f"{count} messages consumed", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- perf
+
+
+def cmd_perf_produce(args: argparse.Namespace) -> None:
+    from rayk.perf import format_summary, run_produce_perf
+
+    figures = run_produce_perf(
+        _connect(args),
+        args.topic,
+        args.num_records,
+        args.record_size,
+        acks=args.acks,
+        throughput=args.throughput,
+        batch_size=args.batch_size,
+        linger_ms=args.linger_ms,
+        buffer_memory=args.buffer_memory,
+    )
+    say(args, format_summary(figures))
+    if figures["errors"]:
+        raise CliError(f"{figures['errors']} records failed: {figures['first_error']}")
+
+
+def cmd_perf_consume(args: argparse.Namespace) -> None:
+    from rayk.perf import format_summary, run_consume_perf
+
+    cluster = _connect(args)
+    figures = run_consume_perf(cluster, args.topic, args.messages, group=args.group, timeout_ms=args.timeout_ms)
+    say(args, format_summary(figures))
+    if figures["timed_out"]:
+        got = f"{figures['records']} of {args.messages} messages"
+        raise CliError(f"no record for {args.timeout_ms} ms after {got}")
+
+
+# ---------------------------------------------------------------------------- demo
+
+DEMO_NAMESPACE = "rayk-demo"
+DEMO_TOPIC, DEMO_GROUP = "demo", "demo-group"
+DEMO_PARTITIONS, DEMO_REPLICATION, DEMO_MIN_ISR = 6, 3, 2
+DEMO_RECORD_BYTES = 100
+DEMO_BUFFER_MEMORY = 4 * 1024 * 1024  # ~25,000 records unacknowledged at most: latency far below 32 MiB's
+DEMO_KEYS = [b"key-%03d" % k for k in range(1000)]
+_DEMO_PADDING = b"." * (DEMO_RECORD_BYTES - 12)
+
+
+def demo_record(seq: int) -> tuple[bytes, bytes]:
+    """Record `seq` of the demo: a key among 1000 (spread over partitions) and a
+    100-byte value starting with the sequence number in 12 digits."""
+    return DEMO_KEYS[seq % len(DEMO_KEYS)], b"%012d" % seq + _DEMO_PADDING
+
+
+class DeliveryCheck:
+    """Sees every consumed demo record: each sequence number exactly once, and increasing
+    within each partition (the order it was produced in)."""
+
+    def __init__(self, records: int) -> None:
+        self.seen = bytearray(records)
+        self.duplicates = self.foreign = self.out_of_order = 0
+        self.last_seq: dict[int, int] = {}
+        self.per_partition: dict[int, int] = {}
+
+    def __call__(self, record: Any) -> None:
+        try:
+            seq = int(record.value[:12])
+        except (TypeError, ValueError):
+            seq = -1
+        if not 0 <= seq < len(self.seen):
+            self.foreign += 1
+            return
+        if self.seen[seq]:
+            self.duplicates += 1
+        self.seen[seq] = 1
+        if seq <= self.last_seq.get(record.partition, -1):
+            self.out_of_order += 1
+        self.last_seq[record.partition] = seq
+        self.per_partition[record.partition] = self.per_partition.get(record.partition, 0) + 1
+
+    @property
+    def missing(self) -> int:
+        return len(self.seen) - sum(self.seen)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.missing == 0 and self.duplicates == 0 and self.foreign == 0
+
+    @property
+    def in_order(self) -> bool:
+        return self.out_of_order == 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import ray
+
+    import rayk
+
+    started = time.monotonic()
+    data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="rayk-demo-"))
+    say(args, f"rayk demo: {args.records:,} records of {DEMO_RECORD_BYTES} bytes, 3 brokers, data in {data_dir}")
+    ray.init(address="local", namespace=DEMO_NAMESPACE, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)  # fmt: skip
+    try:
+        cluster = rayk.start(3, data_dir, namespace=DEMO_NAMESPACE, config={"group.initial.rebalance.delay.ms": 0})
+        try:
+            return _run_demo(args, cluster, started)
+        finally:
+            cluster.shutdown()
+    finally:
+        ray.shutdown()
+        if not args.data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run_demo(args: argparse.Namespace, cluster: Any, started: float) -> int:
+    from rayk.perf import run_consume_perf, run_produce_perf
+
+    topic_config = {"min.insync.replicas": str(DEMO_MIN_ISR)}
+    partitions = cluster.create_topic(DEMO_TOPIC, DEMO_PARTITIONS, DEMO_REPLICATION, topic_config)
+    say(args, f"topic {DEMO_TOPIC!r}: {DEMO_PARTITIONS} partitions, replication factor {DEMO_REPLICATION}, "
+              f"min.insync.replicas {DEMO_MIN_ISR}; leaders {[p['leader'] for p in partitions]}")  # fmt: skip
+    records = args.records
+    produced = run_produce_perf(
+        cluster, DEMO_TOPIC, records, DEMO_RECORD_BYTES,
+        acks="all", buffer_memory=DEMO_BUFFER_MEMORY, record_fn=demo_record, label="produce",
+    )  # fmt: skip
+    check = DeliveryCheck(records)
+    consumed = run_consume_perf(cluster, DEMO_TOPIC, records, group=DEMO_GROUP, on_record=check, label="consume")
+    leaders = [p["leader"] for p in cluster.describe_topic(DEMO_TOPIC)]
+    say(args, "\n" + _demo_summary(records, produced, consumed, leaders, check, time.monotonic() - started))
+    passed = check.exactly_once and check.in_order and produced["errors"] == 0
+    return 0 if passed else 1
+
+
+def _demo_summary(
+    records: int, produced: dict, consumed: dict, leaders: list[int], check: DeliveryCheck, elapsed_s: float
+) -> str:
+    rows = [
+        ("records", f"{records:,} x {DEMO_RECORD_BYTES} bytes"),
+        ("produce (acks=all)", _produce_figures(produced)),
+        (f"consume ({DEMO_GROUP})", _consume_figures(consumed)),
+        ("partitions", f"{len(leaders)} (replication factor {DEMO_REPLICATION}, min.insync.replicas {DEMO_MIN_ISR})"),
+        ("leaders", " ".join(f"p{p}->broker {b}" for p, b in enumerate(leaders))),
+        ("records per partition", " ".join(f"p{p}:{n:,}" for p, n in sorted(check.per_partition.items())) or "-"),
+        ("exactly once", _verdict(check.exactly_once, f"{check.missing:,} missing, {check.duplicates:,} duplicates, "
+                                                      f"{check.foreign:,} unknown")),
+        ("order per partition", _verdict(check.in_order, f"{check.out_of_order:,} out of order")),
+        ("total time", f"{elapsed_s:.1f} s"),
+    ]  # fmt: skip
+    return table(("summary", ""), rows)
+
+
+def _produce_figures(f: dict) -> str:
+    failed = f"  {f['errors']:,} FAILED: {f['first_error']}" if f["errors"] else ""
+    return (
+        f"{f['records_per_s']:,.0f} rec/s  {f['mb_per_s']:.2f} MB/s  "
+        f"latency p50 {f['latency_p50_ms']:,.1f} ms  p99 {f['latency_p99_ms']:,.1f} ms{failed}"
+    )
+
+
+def _consume_figures(f: dict) -> str:
+    return (
+        f"{f['fetch_records_per_s']:,.0f} rec/s  {f['fetch_mb_per_s']:.2f} MB/s  "
+        f"(from the first record on; joining the group and the first fetch took {f['first_record_s']:.1f} s)"
+    )
+
+
+def _verdict(ok: bool, details: str) -> str:
+    return f"{'passed' if ok else 'FAILED'} ({details})"
+
+
+# ---------------------------------------------------------------------------- the parser
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("cluster")
+    group.add_argument("--address", default="auto", help='Ray cluster address (default "auto": the local one)')
+    group.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the rayk cluster's Ray namespace (default rayk)")
+    return parent
+
+
+def _config_option(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
+    parser.add_argument(
+        "--config", nargs="+", action="extend", type=_key_value, default=[], required=required,
+        metavar="KEY=VALUE", help=f"{what} (Kafka names), repeatable",
+    )  # fmt: skip
+
+
+def _add(subparsers: Any, name: str, run: Callable, summary: str, parents: Sequence[Any] = ()) -> Any:
+    """A subcommand that runs `run(args)`."""
+    parser = subparsers.add_parser(name, help=summary, description=summary, parents=list(parents))
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    start = _add(sub, "start", cmd_start, "deploy a rayk cluster onto the Ray cluster and exit", [conn])
+    start.add_argument("--brokers", type=_positive_int, default=3, help="number of brokers (default 3)")
+    start.add_argument("--data-dir", default="./rayk-data", help="the brokers' log directory (default ./rayk-data)")
+    _config_option(start, "broker setting")
+    _add(sub, "status", cmd_status, "brokers, topics and under-replicated partitions", [conn])
+    _add(sub, "stop", cmd_stop, "stop the rayk cluster cleanly (its data stays on disk)", [conn])
+
+
+def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics", description="topics")
+    tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = _add(tsub, "create", cmd_topics_create, "create a topic", [conn])
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive_int, help="default: the brokers' num.partitions")
+    create.add_argument("--replication-factor", type=_positive_int, help="default: default.replication.factor")
+    _config_option(create, "topic config")
+    _add(tsub, "list", cmd_topics_list, "list the topics", [conn])
+    describe = _add(tsub, "describe", cmd_topics_describe, "partitions, leaders, ISRs, offsets and configs", [conn])
+    describe.add_argument("name")
+    alter = _add(tsub, "alter", cmd_topics_alter, "set configs of a topic", [conn])
+    alter.add_argument("name")
+    _config_option(alter, "topic config", required=True)
+    _add(tsub, "delete", cmd_topics_delete, "delete a topic and its data", [conn]).add_argument("name")
+
+
+def _add_group_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    groups = sub.add_parser("groups", help="list and describe consumer groups", description="consumer groups")
+    gsub = groups.add_subparsers(dest="groups_command", required=True, metavar="COMMAND")
+    _add(gsub, "list", cmd_groups_list, "list the consumer groups", [conn])
+    describe = _add(gsub, "describe", cmd_groups_describe, "members, committed offsets and lag of a group", [conn])
+    describe.add_argument("group")
+
+
+def _add_client_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    produce = _add(sub, "produce", cmd_produce, "send each line of stdin as a record", [conn])
+    produce.add_argument("topic")
+    produce.add_argument("--key-separator", metavar="SEP", help="lines are KEY<SEP>VALUE")
+    produce.add_argument("--acks", choices=("all", "1", "0"), default="all", help="default all")
+    consume = _add(sub, "consume", cmd_consume, "print the records of a topic, one value per line", [conn])
+    consume.add_argument("topic")
+    consume.add_argument("--group", help="consume as a member of this consumer group (commits offsets)")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at the earliest offset (if none committed)")
+    consume.add_argument("--max-messages", type=_positive_int, metavar="N", help="stop after N records")
+    consume.add_argument("--timeout-ms", type=_positive_int, metavar="T", help="stop after T ms without a record")
+    consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
+
+
+def _add_perf_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    perf = sub.add_parser("perf", help="producer and consumer performance tests", description="performance tests")
+    psub = perf.add_subparsers(dest="perf_command", required=True, metavar="COMMAND")
+    produce = _add(psub, "produce", cmd_perf_produce, "produce as fast as possible (or at --throughput)", [conn])
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--num-records", type=_positive_int, required=True)
+    produce.add_argument("--record-size", type=_positive_int, required=True, help="bytes per record")
+    produce.add_argument("--acks", choices=("all", "1", "0"), default="all", help="default all")
+    produce.add_argument("--throughput", type=float, default=-1, metavar="RPS", help="records/s cap (default -1: none)")
+    produce.add_argument("--batch-size", type=_positive_int, default=16384, help="bytes per batch (default 16384)")
+    produce.add_argument("--linger-ms", type=int, default=5, help="default 5")
+    produce.add_argument("--buffer-memory", type=_positive_int, default=KAFKA_BUFFER_MEMORY,
+                         help="bytes of unacknowledged records before sends wait (default 32 MiB)")  # fmt: skip
+    consume = _add(psub, "consume", cmd_perf_consume, "consume records from the beginning of a topic", [conn])
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--messages", type=_positive_int, required=True)
+    consume.add_argument("--group", help="consume as a member of this group (default: no group)")
+    consume.add_argument("--timeout-ms", type=_positive_int, default=10_000,
+                         help="give up after this long without a record (default 10000)")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="rayk: a Kafka-style replicated log on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    conn = _connection_options()
+    _add_cluster_commands(sub, conn)
+    _add_topic_commands(sub, conn)
+    _add_group_commands(sub, conn)
+    _add_client_commands(sub, conn)
+    _add_perf_commands(sub, conn)
+    demo = _add(sub, "demo", cmd_demo, "start Ray and 3 brokers locally, produce, consume and check records")
+    demo.add_argument("--records", type=_positive_int, default=1_000_000, help="default 1,000,000")
+    demo.add_argument("--data-dir", help="keep the data here (default: a temporary directory, removed at the end)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Ray prints cluster-wide warnings ("N PYTHON worker processes have been started ...") on
+    # the driver's sys.stdout. Commands write their results to `args.out`, the real stdout, and
+    # anything else printed goes to stderr, so `rayk consume > file` holds records only.
+    args.out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        return args.run(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except (CliError, KafkaError) as e:
+        print(f"{PROG}: error: {_error_message(e)}", file=sys.stderr)
+        return 1
+    finally:
+        _shutdown_ray()
+        sys.stdout = args.out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Producer and consumer throughput/latency tests, in the style of Kafka's
+kafka-producer-perf-test and kafka-consumer-perf-test.
+
+`run_produce_perf` sends `num_records` records of `record_size` bytes as fast as the
+producer takes them (or at a target rate) and measures each record's latency from
+`send()` until its future completes. Like Kafka's producer, which blocks `send()` once
+`buffer.memory` bytes wait for acknowledgement, it keeps at most `buffer_memory` bytes of
+records unacknowledged (and resumes when half of them are acknowledged), so the latencies
+describe a steady pipeline rather than an ever-growing queue.
+
+`run_consume_perf` reads `messages` records of a topic from the beginning (alone, or as a
+member of a consumer group) and measures the end-to-end latency of each record: the time
+it is consumed minus its timestamp.
+
+Both draw a one-line progress bar on stderr while they run and return a dict of figures
+(`records`, `records_per_s`, `mb_per_s`, `latency_*_ms`, ...) that `format_summary` turns
+into a two-line table; `rayk perf` and `rayk demo` use them, and so can a benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from rayk.client.types import ConsumerRecord, TopicPartition
+
+MB = 1024 * 1024
+DEFAULT_BUFFER_MEMORY = 32 * MB  # Kafka's buffer.memory
+RECORD_OVERHEAD_BYTES = 70  # what one record costs the producer beyond its key and value, roughly
+PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999))
+
+RecordFn = Callable[[int], tuple[bytes | None, bytes]]  # record number -> (key, value)
+
+
+# ---------------------------------------------------------------------------- progress bar
+
+
+class Progress:
+    """A live one-line progress bar: `label [#####-----] done/total  pct%  rate rec/s`.
+
+    A daemon thread redraws it every `interval_s` from `count()`, with a carriage return,
+    so it keeps moving while the caller blocks (in a flush, a poll, ...).
+    """
+
+    WIDTH = 24
+
+    def __init__(
+        self, label: str, total: int, count: Callable[[], int], stream: TextIO | None = None, interval_s: float = 0.2
+    ) -> None:
+        self.label, self.total, self._count = label, total, count
+        self._stream = stream if stream is not None else sys.stderr
+        self._interval_s = interval_s
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rayk-progress", daemon=True)
+
+    def __enter__(self) -> Progress:
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._draw()
+        self._stream.write("\n")
+        self._stream.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._draw()
+
+    def _draw(self) -> None:
+        done = self._count()
+        fraction = min(1.0, done / self.total) if self.total else 1.0
+        filled = int(fraction * self.WIDTH)
+        rate = done / max(time.monotonic() - self._start, 1e-9)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        percent = int(1000 * fraction) / 10  # rounded down: 100.0% only when done
+        self._stream.write(f"\r{self.label} [{bar}] {done:,}/{self.total:,} {percent:5.1f}% {rate:,.0f} rec/s   ")
+        self._stream.flush()
+
+
+class _NoProgress:
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _progress(enabled: bool, label: str, total: int, count: Callable[[], int]) -> Progress | _NoProgress:
+    return Progress(label, total, count) if enabled else _NoProgress()
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def latency_figures(latencies_ms: list[float]) -> dict[str, float]:
+    """avg, p50, p95, p99, p99.9 and max of a list of latencies (it gets sorted in place)."""
+    if not latencies_ms:
+        return {f"latency_{name}_ms": 0.0 for name in ("avg", *(p for p, _ in PERCENTILES), "max")}
+    latencies_ms.sort()
+    n = len(latencies_ms)
+    out = {"latency_avg_ms": sum(latencies_ms) / n}
+    for name, q in PERCENTILES:
+        out[f"latency_{name}_ms"] = latencies_ms[min(n - 1, int(q * n))]
+    out["latency_max_ms"] = latencies_ms[-1]
+    return out
+
+
+def _figures(records: int, total_bytes: int, elapsed_s: float, latencies_ms: list[float]) -> dict[str, Any]:
+    elapsed_s = max(elapsed_s, 1e-9)
+    return {
+        "records": records,
+        "bytes": total_bytes,
+        "elapsed_s": elapsed_s,
+        "records_per_s": records / elapsed_s,
+        "mb_per_s": total_bytes / MB / elapsed_s,
+        **latency_figures(latencies_ms),
+    }
+
+
+SUMMARY_COLUMNS = (
+    ("records", "records", "{:d}"),
+    ("records/s", "records_per_s", "{:.1f}"),
+    ("MB/s", "mb_per_s", "{:.2f}"),
+    ("avg ms", "latency_avg_ms", "{:.2f}"),
+    ("p50 ms", "latency_p50_ms", "{:.2f}"),
+    ("p95 ms", "latency_p95_ms", "{:.2f}"),
+    ("p99 ms", "latency_p99_ms", "{:.2f}"),
+    ("p99.9 ms", "latency_p99.9_ms", "{:.2f}"),
+    ("max ms", "latency_max_ms", "{:.2f}"),
+)
+
+
+def format_summary(figures: dict[str, Any]) -> str:
+    """A two-line table: column names, then the figures."""
+    cells = [(title, fmt.format(figures[key])) for title, key, fmt in SUMMARY_COLUMNS]
+    widths = [max(len(title), len(value)) for title, value in cells]
+    header = "  ".join(title.rjust(w) for (title, _), w in zip(cells, widths))
+    values = "  ".join(value.rjust(w) for (_, value), w in zip(cells, widths))
+    return f"{header}\n{values}"
+
+
+# ---------------------------------------------------------------------------- produce
+
+
+class Backpressure:
+    """Holds the sending loop while `limit` records are unacknowledged (Kafka's buffer.memory).
+
+    Once the limit is reached it waits until half of them are acknowledged, so records are
+    sent in bursts that fill whole batches: refilling one record per acknowledgement would
+    leave rayk's producer sending many small batches (it closes a batch when `linger_ms`
+    passes even if the partition has no room in flight for it), which is far slower.
+    """
+
+    def __init__(self, limit: int, completed: Callable[[], int]) -> None:
+        self._limit = max(1, limit)
+        self._resume_at = self._limit // 2
+        self._completed = completed
+        self._room = threading.Event()
+
+    def wait_for_room(self, sent: int) -> None:
+        if sent - self._completed() < self._limit:
+            return
+        while sent - self._completed() > self._resume_at:
+            self._room.clear()
+            if sent - self._completed() > self._resume_at:
+                self._room.wait(0.05)
+
+    def notify(self) -> None:
+        if not self._room.is_set():
+            self._room.set()
+
+
+def _throttle(start: float, sent: int, throughput: float) -> None:
+    """Sleeps while `sent` records are ahead of `throughput` records/s (Kafka's ThroughputThrottler)."""
+    ahead_s = start + sent / throughput - time.perf_counter()
+    if ahead_s > 0.001:
+        time.sleep(ahead_s)
+
+
+def run_produce_perf(
+    cluster: Any,
+    topic: str,
+    num_records: int,
+    record_size: int = 100,
+    *,
+    acks: str | int = "all",
+    throughput: float = -1,
+    batch_size: int = 16384,
+    linger_ms: int = 5,
+    buffer_memory: int = DEFAULT_BUFFER_MEMORY,
+    record_fn: RecordFn | None = None,
+    progress: bool = True,
+    label: str = "produce",
+    **producer_settings: Any,
+) -> dict[str, Any]:
+    """Produces `num_records` records and returns the figures (see the module docstring).
+
+    Records are a fixed random payload of `record_size` bytes without a key, unless
+    `record_fn(i)` gives record i's (key, value). `throughput` > 0 caps the send rate in
+    records/s. The dict also holds `errors` (records that failed) and `first_error`.
+    """
+    cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+    payload = os.urandom(record_size)
+    latencies_ms: list[float] = []
+    errors: list[BaseException] = []
+
+    def completed() -> int:  # the sender thread appends; list.append is atomic
+        return len(latencies_ms) + len(errors)
+
+    per_record = record_size + RECORD_OVERHEAD_BYTES
+    backpressure = Backpressure(buffer_memory // per_record, completed)
+
+    def on_done(sent_at: float, future: Any) -> None:
+        error = future.exception()
+        if error is None:
+            latencies_ms.append((time.perf_counter() - sent_at) * 1000)
+        else:
+            errors.append(error)
+        backpressure.notify()
+
+    producer = cluster.producer(acks=acks, batch_size=batch_size, linger_ms=linger_ms, **producer_settings)
+    total_bytes = 0
+    try:
+        with _progress(progress, label, num_records, completed):
+            start = time.perf_counter()
+            for i in range(num_records):
+                backpressure.wait_for_room(i)
+                if throughput > 0:
+                    _throttle(start, i, throughput)
+                key, value = record_fn(i) if record_fn is not None else (None, payload)
+                total_bytes += len(value) + (len(key) if key else 0)
+                future = producer.send(topic, value, key=key)
+                future.add_done_callback(functools.partial(on_done, time.perf_counter()))
+            producer.flush()
+            elapsed_s = time.perf_counter() - start
+    finally:
+        producer.close()
+    figures = _figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    figures["errors"] = len(errors)
+    figures["first_error"] = str(errors[0]) if errors else None
+    return figures
+
+
+# ---------------------------------------------------------------------------- consume
+
+
+def _open_consumer(cluster: Any, topic: str, partitions: int, group: str | None) -> Any:
+    """A consumer of every partition of `topic` from the beginning: in `group`, or alone."""
+    if group is not None:
+        return cluster.consumer(topic, group_id=group, auto_offset_reset="earliest")
+    consumer = cluster.consumer(auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    return consumer
+
+
+def run_consume_perf(
+    cluster: Any,
+    topic: str,
+    messages: int,
+    *,
+    group: str | None = None,
+    timeout_ms: int = 10_000,
+    on_record: Callable[[ConsumerRecord], None] | None = None,
+    progress: bool = True,
+    label: str = "consume",
+) -> dict[str, Any]:
+    """Consumes `messages` records of `topic` from the beginning and returns the figures.
+
+    Stops early when no record arrives for `timeout_ms` (the dict then has `timed_out`
+    True). `on_record` sees every record consumed. Latency is end to end: when the record
+    was consumed minus its timestamp. The rates count from the start, which includes
+    joining the group; `first_record_s` is how long the first record took and the
+    `fetch_*` rates count from then on (Kafka's fetch.MB.sec and fetch.nMsg.sec).
+    """
+    partitions = len(cluster.describe_topic(topic))  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+    latencies_ms: list[float] = []
+    total_bytes = 0
+    consumer = _open_consumer(cluster, topic, partitions, group)
+    try:
+        with _progress(progress, label, messages, lambda: len(latencies_ms)):
+            start = last_record_at = time.perf_counter()
+            first_record_at = None
+            while len(latencies_ms) < messages:
+                idle_s = time.perf_counter() - last_record_at
+                if idle_s * 1000 >= timeout_ms:
+                    break
+                polled = consumer.poll(
+                    timeout_ms=int(min(1000, timeout_ms - idle_s * 1000)) + 1,
+                    max_records=messages - len(latencies_ms),
+                )
+                if not polled:
+                    continue
+                now_ms = time.time() * 1000
+                last_record_at = time.perf_counter()
+                first_record_at = first_record_at or last_record_at
+                for records in polled.values():
+                    for record in records:
+                        latencies_ms.append(now_ms - record.timestamp)
+                        total_bytes += max(record.serialized_value_size, 0) + max(record.serialized_key_size, 0)
+                        if on_record is not None:
+                            on_record(record)
+            elapsed_s = last_record_at - start
+    finally:
+        consumer.close()
+    figures = _figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    fetch_s = max(last_record_at - (first_record_at or last_record_at), 1e-9)
+    figures.update(
+        timed_out=figures["records"] < messages,
+        first_record_s=(first_record_at or last_record_at) - start,
+        fetch_records_per_s=figures["records"] / fetch_s,
+        fetch_mb_per_s=total_bytes / MB / fetch_s,
+    )
+    return figures

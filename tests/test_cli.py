@@ -1,0 +1,215 @@
+"""The `rayk` command line, run in subprocesses against this module's own Ray instance.
+
+The module starts one local Ray instance and one rayk cluster (namespace "cli-test");
+each test runs `python -m rayk.cli ... --address <that instance> --namespace cli-test`,
+as a user on the same machine would, with RAY_AUTH_MODE=token so the explicit address
+authenticates with the local token.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+import rayk
+from rayk import cli
+
+NAMESPACE = "cli-test"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def address():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(address, tmp_path_factory):
+    c = rayk.start(
+        brokers=3,
+        data_dir=tmp_path_factory.mktemp("cli-data"),
+        namespace=NAMESPACE,
+        config={"group.initial.rebalance.delay.ms": 0},
+    )
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def run(address, cluster):
+    """run(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk args...`."""
+
+    def run_cli(*args: str, stdin: str | None = None, namespace: str = NAMESPACE) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "rayk.cli", *args, "--address", address, "--namespace", namespace]
+        return subprocess.run(
+            command,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "RAY_AUTH_MODE": "token"},
+        )
+
+    return run_cli
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    return result.stdout
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 1, f"exit {result.returncode}\nstderr: {result.stderr}"
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rayk: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def rows(table_text: str) -> list[list[str]]:
+    """The data rows of a table printed by the CLI (whitespace-separated cells)."""
+    return [line.split() for line in table_text.strip().splitlines()[1:]]
+
+
+# ---------------------------------------------------------------------------- no cluster needed
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["start"], ["status"], ["stop"], ["topics"], ["topics", "create"], ["topics", "alter"], ["groups"],
+     ["groups", "describe"], ["produce"], ["consume"], ["perf"], ["perf", "produce"], ["perf", "consume"], ["demo"]],
+)  # fmt: skip
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: rayk" in capsys.readouterr().out
+
+
+def test_bad_options_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["topics", "create", "t", "--partitions", "many"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["topics", "alter", "t", "--config", "no-equals-sign"])
+    assert "expected key=value" in capsys.readouterr().err
+
+
+def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
+    def no_cluster(address=None, **kwargs):
+        assert address == "auto"
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.setattr(cli, "_shutdown_ray", lambda: None)  # never this module's Ray instance
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err == f"rayk: error: {cli.NO_RAY_CLUSTER}\n"
+
+
+# ---------------------------------------------------------------------------- against the cluster
+
+
+def test_topic_lifecycle(run, cluster):
+    ok(run("topics", "create", "orders", "--partitions", "3", "--replication-factor", "3",
+           "--config", "min.insync.replicas=2"))  # fmt: skip
+    assert "orders" in ok(run("topics", "list")).split()
+    described = ok(run("topics", "describe", "orders"))
+    assert "min.insync.replicas=2" in described
+    partitions = rows(described.split("\n", 1)[1])
+    assert [(r[0], r[1]) for r in partitions] == [("orders", "0"), ("orders", "1"), ("orders", "2")]
+    assert all(sorted(r[3].split(",")) == ["0", "1", "2"] == sorted(r[4].split(",")) for r in partitions)
+
+    assert "retention.ms=3600000" in ok(run("topics", "alter", "orders", "--config", "retention.ms=3600000"))
+    assert cluster.admin().describe_topic_configs("orders") == {"min.insync.replicas": "2", "retention.ms": "3600000"}
+
+    assert ok(run("topics", "delete", "orders")).strip() == "deleted topic 'orders'"
+    assert "orders" not in cluster.list_topics()
+
+
+def test_produce_lines_then_consume_them_from_the_beginning(run, cluster):
+    cluster.create_topic("lines", partitions=2)  # few replicas: each is a process on 2 cores
+    sent = [f"k{i % 3}:value {i}" for i in range(30)]
+    produced = run("produce", "lines", "--key-separator", ":", stdin="\n".join(sent) + "\n")
+    assert ok(produced) == "" and produced.stderr.strip() == "30 records produced"
+
+    consumed = run("consume", "lines", "--from-beginning", "--max-messages", "30", "--print-key")
+    lines = ok(consumed).splitlines()
+    assert sorted(lines) == sorted(line.replace(":", "\t", 1) for line in sent)
+    for key in ("k0", "k1", "k2"):  # one key, one partition: the order it was produced in
+        values = [int(line.split()[-1]) for line in lines if line.startswith(key + "\t")]
+        assert values == sorted(values) and len(values) == 10
+    assert consumed.stderr.strip() == "30 messages consumed"
+
+    missing_separator = run("produce", "lines", "--key-separator", ":", stdin="no separator here\n")
+    assert_one_line_error(missing_separator, "no key separator")
+
+
+def test_group_consumption_shows_in_groups_list_and_describe_with_no_lag(run, cluster):
+    cluster.create_topic("events", partitions=3)
+    assert ok(run("produce", "events", "--acks", "1", stdin="".join(f"event {i}\n" for i in range(12)))) == ""
+    consumed = run("consume", "events", "--group", "cli-group", "--from-beginning", "--max-messages", "12")
+    assert sorted(ok(consumed).splitlines()) == sorted(f"event {i}" for i in range(12))
+
+    groups = rows(ok(run("groups", "list")))
+    assert ["cli-group", "Empty"] in groups
+    described = ok(run("groups", "describe", "cli-group"))
+    assert described.startswith("group cli-group")
+    offsets = [r for r in rows(described.rsplit("\n\n", 1)[1]) if r[0] == "events"]
+    assert len(offsets) == 3
+    assert sum(int(r[3]) for r in offsets) == 12, "end offsets add up to the records produced"
+    assert all(r[2] == r[3] and r[4] == "0" for r in offsets), "committed = end offset, lag 0"
+
+
+def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluster):
+    cluster.create_topic("status-topic", partitions=1, replication_factor=3)
+    status = ok(run("status"))
+    brokers = rows(status.split("\n\n")[1])
+    assert [r[0] for r in brokers] == ["0", "1", "2"] and all(r[-2:] == ["no", "yes"] for r in brokers)
+    assert ["status-topic", "1", "3", "0"] in rows(status.split("\n\n")[2])
+    assert "under-replicated partitions: none" in status
+
+
+def test_perf_produce_and_consume_print_their_summaries(run, cluster):
+    cluster.create_topic("perf", partitions=2)
+    keys = ["records", "records/s", "MB/s", "avg ms", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "max ms"]
+    produced = run("perf", "produce", "--topic", "perf", "--num-records", "3000", "--record-size", "100",
+                   "--throughput", "10000", "--linger-ms", "2")  # fmt: skip
+    header, values = ok(produced).strip().splitlines()
+    assert all(key in header for key in keys) and values.split()[0] == "3000"
+    assert "produce [" in produced.stderr and "3,000/3,000 100.0%" in produced.stderr, "the progress bar"
+
+    consumed = run("perf", "consume", "--topic", "perf", "--messages", "3000", "--group", "perf-group")
+    header, values = ok(consumed).strip().splitlines()
+    assert all(key in header for key in keys) and values.split()[0] == "3000"
+
+
+def test_user_mistakes_are_one_line_errors(run):
+    assert_one_line_error(run("topics", "describe", "no-such-topic"), "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_one_line_error(run("topics", "list", namespace="cli-nobody-here"), "no rayk cluster")
+    assert_one_line_error(run("groups", "describe", "no-such-group"), "does not exist")
+
+
+def test_start_status_stop_in_a_namespace_of_its_own(run, tmp_path):
+    data_dir = tmp_path / "rayk-data"
+    started = ok(run("start", "--brokers", "1", "--data-dir", str(data_dir),
+                     "--config", "group.initial.rebalance.delay.ms=0", namespace="cli-start"))  # fmt: skip
+    assert "started in Ray namespace 'cli-start'" in started and (data_dir / "broker-0").is_dir()
+    assert rows(started.split("\n\n")[1])[0][0] == "0", "broker 0 listed"
+    assert "cpus" in started.split("\n\n")[2], "nodes listed"
+    try:
+        assert rows(ok(run("status", namespace="cli-start")).split("\n\n")[1])[0][0] == "0"
+        assert_one_line_error(run("start", "--data-dir", str(data_dir), namespace="cli-start"), "already running")
+    finally:
+        stopped = ok(run("stop", namespace="cli-start"))
+    assert "stopped" in stopped and str(data_dir) in stopped
+    assert_one_line_error(run("status", namespace="cli-start"), "no rayk cluster")
