@@ -241,7 +241,9 @@ class Producer:
                     return
                 now = time.monotonic()
                 for batch in list(self._open.values()):
-                    if self._flushing or self._closed or now - batch.created_s >= self._linger_s:
+                    if self._flushing or self._closed or (
+                        now - batch.created_s >= self._linger_s and self._can_send_now(batch.tp)
+                    ):
                         self._close_batch(batch)
                 completions = list(self._completions)
                 self._completions.clear()
@@ -254,6 +256,12 @@ class Producer:
             for batch in sendable:
                 self._submit(batch)
 
+    def _can_send_now(self, tp: TopicPartition) -> bool:
+        """Whether a batch closed now would go out at once. If not, a lingering batch stays
+        open and keeps filling (Kafka's accumulator does the same), instead of queueing
+        behind the in-flight ones as a small batch."""
+        return not self._ready.get(tp) and self._in_flight[tp] < self._max_in_flight
+
     def _take_sendable(self, now: float) -> list[_Batch]:
         out = []
         for tp, queue in self._ready.items():
@@ -265,7 +273,8 @@ class Producer:
         return out
 
     def _wait_s(self, now: float) -> float | None:
-        deadlines = [b.created_s + self._linger_s for b in self._open.values()]
+        # A lingering batch whose partition is busy waits for a completion, which notifies.
+        deadlines = [b.created_s + self._linger_s for b in self._open.values() if self._can_send_now(b.tp)]
         deadlines += [t for tp, t in self._blocked_until_s.items() if self._ready.get(tp)]
         if not deadlines:
             return None if not self._closed else 0.05
