@@ -59,6 +59,37 @@ _INT = re.compile(r"-?[0-9]+")
 _CURRENT_VERSION = 0
 
 
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replaces the file at `path` with `data`: a crash leaves the old file or the new one.
+
+    Writes `<path>.tmp`, fsyncs it, renames it over `path` and fsyncs the directory (the
+    rename is a change to the directory; without that fsync a power loss can bring back
+    the old file even though this returned). Raises `KafkaStorageError` on I/O failure,
+    leaving the old file in place. Also used for meta.properties and partition.metadata.
+    """
+    path = Path(path)
+    tmp_path = path.with_name(path.name + ".tmp")
+    try:
+        # "wb" truncates, which is what makes a stale tmp from an earlier crash harmless.
+        with open(tmp_path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        # Best effort: the tmp is harmless (readers ignore it), this only tidies up.
+        try:
+            tmp_path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise KafkaStorageError(f"error while writing {path}: {e}") from e
+
+
 def _parse_int(text: str, what: str) -> int:
     if _INT.fullmatch(text) is None:
         raise ValueError(f"{what} {text!r} is not an integer")
@@ -101,7 +132,6 @@ class CheckpointFile(Generic[T]):
         if version < 0:
             raise ValueError(f"checkpoint version must be non-negative, got {version}")
         self._path = Path(path)
-        self._tmp_path = self._path.with_name(self._path.name + ".tmp")
         self._version = version
         self._formatter = formatter
 
@@ -122,31 +152,7 @@ class CheckpointFile(Generic[T]):
             if "\n" in line or "\r" in line:
                 raise ValueError(f"checkpoint entry line {line!r} contains a line break")
         text = f"{self._version}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
-        data = text.encode("utf-8")
-        try:
-            # "wb" truncates, which is what makes a stale tmp from an earlier crash harmless.
-            with open(self._tmp_path, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(self._tmp_path, self._path)
-            self._fsync_directory()
-        except OSError as e:
-            # Best effort: the tmp is harmless (read ignores it), this only tidies up.
-            try:
-                self._tmp_path.unlink(missing_ok=True)
-            except OSError:
-                pass
-            raise KafkaStorageError(f"error while writing checkpoint file {self._path}: {e}") from e
-
-    def _fsync_directory(self) -> None:
-        # The rename is a change to the directory; without this fsync a power loss can
-        # bring back the old file (or no file) even though write() returned.
-        fd = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(self._path, text.encode("utf-8"))
 
     def read(self) -> list[T]:
         """The entries in file order; `[]` if the file does not exist."""

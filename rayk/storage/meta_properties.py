@@ -16,11 +16,11 @@ and otherwise checks it: another broker id or another cluster id raises
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rayk.errors import InconsistentClusterIdError, KafkaStorageError
+from rayk.storage.checkpoint import write_atomically
 
 FILE_NAME = "meta.properties"
 VERSION = 1
@@ -80,16 +80,5 @@ def ensure(directory: str | Path, expected: MetaProperties) -> MetaProperties:
             )
         return found
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / FILE_NAME
-    tmp = directory / (FILE_NAME + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(expected.to_text())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(directory / FILE_NAME, expected.to_text().encode("utf-8"))
     return expected

@@ -12,10 +12,10 @@ next to the segments; rayk writes the same file:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rayk.errors import KafkaStorageError
+from rayk.storage.checkpoint import write_atomically
 
 FILE_NAME = "partition.metadata"
 
@@ -37,9 +37,4 @@ def read(partition_dir: str | Path) -> str | None:
 def write(partition_dir: str | Path, topic_id: str) -> None:
     partition_dir = Path(partition_dir)
     partition_dir.mkdir(parents=True, exist_ok=True)
-    tmp = partition_dir / (FILE_NAME + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"version: 0\ntopic_id: {topic_id}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, partition_dir / FILE_NAME)
+    write_atomically(partition_dir / FILE_NAME, f"version: 0\ntopic_id: {topic_id}\n".encode())
