@@ -59,6 +59,17 @@ _INT = re.compile(r"-?[0-9]+")
 _CURRENT_VERSION = 0
 
 
+def read_text_if_exists(path: str | os.PathLike[str]) -> str | None:
+    """The UTF-8 text of a small metadata file, None if it does not exist; other I/O
+    failures raise `KafkaStorageError`."""
+    try:
+        return Path(path).read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise KafkaStorageError(f"cannot read {path}: {e}") from e
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Replaces the file at `path` with `data`: a crash leaves the old file or the new one.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayk.errors import InconsistentClusterIdError, KafkaStorageError
-from rayk.storage.checkpoint import write_atomically
+from rayk.storage.checkpoint import read_text_if_exists, write_atomically
 
 FILE_NAME = "meta.properties"
 VERSION = 1
@@ -58,12 +58,9 @@ class MetaProperties:
 def read(directory: str | Path) -> MetaProperties | None:
     """The directory's identity, or None if it has never been formatted."""
     path = Path(directory) / FILE_NAME
-    try:
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
+    text = read_text_if_exists(path)
+    if text is None:
         return None
-    except OSError as e:
-        raise KafkaStorageError(f"cannot read {path}: {e}") from e
     return MetaProperties.parse(text, str(path))
 
 

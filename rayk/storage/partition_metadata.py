@@ -15,19 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from rayk.errors import KafkaStorageError
-from rayk.storage.checkpoint import write_atomically
+from rayk.storage.checkpoint import read_text_if_exists, write_atomically
 
 FILE_NAME = "partition.metadata"
 
 
 def read(partition_dir: str | Path) -> str | None:
     path = Path(partition_dir) / FILE_NAME
-    try:
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
+    text = read_text_if_exists(path)
+    if text is None:
         return None
-    except OSError as e:
-        raise KafkaStorageError(f"cannot read {path}: {e}") from e
     fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
     if fields.get("version") != "0" or not fields.get("topic_id", "").strip():
         raise KafkaStorageError(f"{path} is not a version 0 partition.metadata file: {text!r}")
