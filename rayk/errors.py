@@ -63,6 +63,20 @@ class RecordTooLargeError(KafkaError):
     code, name = 10, "MESSAGE_TOO_LARGE"
 
 
+class KafkaTimeoutError(KafkaError, TimeoutError):
+    """A client-side wait ran out (a future's `result(timeout)`, `flush(timeout_s)`); the
+    operation may still complete. Also a TimeoutError, as concurrent.futures raises."""
+
+    code, name, retriable = -1, "KAFKA_TIMEOUT", True
+
+
+class BufferExhaustedError(KafkaTimeoutError):
+    """The producer's `buffer_memory` stayed full for `max_block_ms` (raised by `send`, on the
+    client; Kafka's BufferExhaustedException). Nothing was queued: retry later or slow down."""
+
+    code, name, retriable = -1, "BUFFER_EXHAUSTED", True
+
+
 class RecordBatchTooLargeError(KafkaError):
     """A batch is larger than a whole segment can hold (Kafka: RECORD_LIST_TOO_LARGE)."""
 

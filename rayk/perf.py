@@ -3,10 +3,9 @@ kafka-producer-perf-test and kafka-consumer-perf-test.
 
 `run_produce_perf` sends `num_records` records of `record_size` bytes as fast as the
 producer takes them (or at a target rate) and measures each record's latency from
-`send()` until its future completes. Like Kafka's producer, which blocks `send()` once
-`buffer.memory` bytes wait for acknowledgement, it keeps at most `buffer_memory` bytes of
-records unacknowledged (and resumes when half of them are acknowledged), so the latencies
-describe a steady pipeline rather than an ever-growing queue.
+`send()` until its future completes. The producer blocks `send()` while `buffer_memory`
+bytes wait for acknowledgement (Kafka's buffer.memory), so the latencies describe a steady
+pipeline rather than an ever-growing queue.
 
 `run_consume_perf` reads `messages` records of a topic from the beginning (alone, or as a
 member of a consumer group) and measures the end-to-end latency of each record: the time
@@ -31,7 +30,6 @@ from rayk.client.types import ConsumerRecord, TopicPartition
 
 MB = 1024 * 1024
 DEFAULT_BUFFER_MEMORY = 32 * MB  # Kafka's buffer.memory
-RECORD_OVERHEAD_BYTES = 70  # what one record costs the producer beyond its key and value, roughly
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999))
 
 RecordFn = Callable[[int], tuple[bytes | None, bytes]]  # record number -> (key, value)
@@ -114,7 +112,7 @@ def latency_figures(latencies_ms: list[float]) -> dict[str, float]:
     return out
 
 
-def _figures(records: int, total_bytes: int, elapsed_s: float, latencies_ms: list[float]) -> dict[str, Any]:
+def throughput_figures(records: int, total_bytes: int, elapsed_s: float, latencies_ms: list[float]) -> dict[str, Any]:
     elapsed_s = max(elapsed_s, 1e-9)
     return {
         "records": records,
@@ -149,34 +147,6 @@ def format_summary(figures: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- produce
-
-
-class Backpressure:
-    """Holds the sending loop while `limit` records are unacknowledged (Kafka's buffer.memory).
-
-    Once the limit is reached it waits until half of them are acknowledged, so records are
-    sent in bursts that fill whole batches: refilling one record per acknowledgement would
-    leave rayk's producer sending many small batches (it closes a batch when `linger_ms`
-    passes even if the partition has no room in flight for it), which is far slower.
-    """
-
-    def __init__(self, limit: int, completed: Callable[[], int]) -> None:
-        self._limit = max(1, limit)
-        self._resume_at = self._limit // 2
-        self._completed = completed
-        self._room = threading.Event()
-
-    def wait_for_room(self, sent: int) -> None:
-        if sent - self._completed() < self._limit:
-            return
-        while sent - self._completed() > self._resume_at:
-            self._room.clear()
-            if sent - self._completed() > self._resume_at:
-                self._room.wait(0.05)
-
-    def notify(self) -> None:
-        if not self._room.is_set():
-            self._room.set()
 
 
 def _throttle(start: float, sent: int, throughput: float) -> None:
@@ -216,24 +186,21 @@ def run_produce_perf(
     def completed() -> int:  # the sender thread appends; list.append is atomic
         return len(latencies_ms) + len(errors)
 
-    per_record = record_size + RECORD_OVERHEAD_BYTES
-    backpressure = Backpressure(buffer_memory // per_record, completed)
-
     def on_done(sent_at: float, future: Any) -> None:
         error = future.exception()
         if error is None:
             latencies_ms.append((time.perf_counter() - sent_at) * 1000)
         else:
             errors.append(error)
-        backpressure.notify()
 
-    producer = cluster.producer(acks=acks, batch_size=batch_size, linger_ms=linger_ms, **producer_settings)
+    producer = cluster.producer(
+        acks=acks, batch_size=batch_size, linger_ms=linger_ms, buffer_memory=buffer_memory, **producer_settings
+    )
     total_bytes = 0
     try:
         with _progress(progress, label, num_records, completed):
             start = time.perf_counter()
             for i in range(num_records):
-                backpressure.wait_for_room(i)
                 if throughput > 0:
                     _throttle(start, i, throughput)
                 key, value = record_fn(i) if record_fn is not None else (None, payload)
@@ -244,7 +211,7 @@ def run_produce_perf(
             elapsed_s = time.perf_counter() - start
     finally:
         producer.close()
-    figures = _figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    figures = throughput_figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
     figures["errors"] = len(errors)
     figures["first_error"] = str(errors[0]) if errors else None
     return figures
@@ -311,7 +278,7 @@ def run_consume_perf(
             elapsed_s = last_record_at - start
     finally:
         consumer.close()
-    figures = _figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    figures = throughput_figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
     fetch_s = max(last_record_at - (first_record_at or last_record_at), 1e-9)
     figures.update(
         timed_out=figures["records"] < messages,

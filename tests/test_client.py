@@ -4,6 +4,7 @@ consumer groups, Admin."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -13,10 +14,19 @@ import rayk
 from rayk.client import TopicPartition
 from rayk.client.consumer_protocol import decode_assignment
 from rayk.client.partitioner import partition_for_key
-from rayk.errors import RecordTooLargeError, UnknownTopicOrPartitionError
+from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
+from rayk.client.admin import NewTopic
+from rayk.client.producer import Producer
+from rayk.errors import BufferExhaustedError, GroupIdNotFoundError, RecordTooLargeError, UnknownTopicOrPartitionError
 from tests.cluster_helpers import FAST_CONFIG, wait_until
 
-CONFIG = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000}
+CONFIG = {
+    **FAST_CONFIG,
+    "group.initial.rebalance.delay.ms": 0,
+    "group.min.session.timeout.ms": 1000,
+    "num.partitions": 2,
+    "default.replication.factor": 3,
+}
 _namespaces = itertools.count()
 
 
@@ -101,6 +111,14 @@ def test_serializers_msgpack_and_str(cluster):
     assert (records[0].key, records[0].value) == ("ann", {"user": "ann", "clicks": [1, 2]})
 
 
+def test_topics_created_without_counts_take_the_broker_defaults(cluster):
+    cluster.create_topic("defaults-a")
+    cluster.admin().create_topics([NewTopic("defaults-b")])
+    for name in ("defaults-a", "defaults-b"):
+        partitions = cluster.describe_topic(name)
+        assert [len(p["replicas"]) for p in partitions] == [3, 3], "num.partitions 2, default.replication.factor 3"
+
+
 def test_producer_errors_are_typed(cluster):
     topic = new_topic(cluster, partitions=1, replication_factor=1)
     with cluster.producer(max_request_size=1000) as producer:
@@ -110,6 +128,75 @@ def test_producer_errors_are_typed(cluster):
             producer.send("no-such-topic", value=b"x")
         with pytest.raises(TypeError):
             producer.send(topic, value=12345)
+
+
+@ray.remote
+class HeldLeader:
+    """A leader replica that holds every produce call until `release()`, to fill the buffer."""
+
+    def __init__(self):
+        import asyncio
+
+        self._released = asyncio.Event()
+        self.calls = 0
+
+    async def produce(self, batch, acks, timeout_ms):
+        from rayk.actors.partition_replica import ProduceResult
+
+        self.calls += 1
+        await self._released.wait()
+        return ProduceResult(base_offset=0, log_append_time_ms=-1, log_start_offset=0)
+
+    async def release(self):
+        self._released.set()
+
+    async def produce_calls(self):
+        return self.calls
+
+
+@ray.remote
+class OnePartitionController:
+    def __init__(self, leader):
+        self._leader = leader
+
+    def init_producer_id(self):
+        return 7
+
+    def metadata(self, topics):
+        return {t: {"partitions": {0: {"leader_handle": self._leader}}} for t in topics}
+
+
+class FakeCluster:
+    def __init__(self, controller):
+        self.controller = controller
+
+
+def test_send_blocks_while_buffer_memory_is_full_then_raises_buffer_exhausted():
+    leader = HeldLeader.remote()
+    producer = Producer(
+        FakeCluster(OnePartitionController.remote(leader)),
+        buffer_memory=1000, max_block_ms=1500, batch_size=400, linger_ms=0, acks="all",
+    )
+    futures = [producer.send("t", value=b"x" * 100) for _ in range(8)]  # 8 x 121 bytes fit
+    wait_until(lambda: ray.get(leader.produce_calls.remote()) >= 1, 10, "the first batch to reach the leader")
+    started = time.monotonic()
+    with pytest.raises(BufferExhaustedError):
+        producer.send("t", value=b"x" * 100)
+    assert 1.5 <= time.monotonic() - started < 10
+    with pytest.raises(RecordTooLargeError):  # could never fit, so it fails at once
+        producer.send("t", value=b"x" * 2000)
+
+    def release_soon():
+        time.sleep(0.3)
+        ray.get(leader.release.remote())
+
+    releaser = threading.Thread(target=release_soon)
+    releaser.start()
+    late = producer.send("t", value=b"y" * 100)  # blocks until the release frees room
+    releaser.join()
+    producer.flush(timeout_s=30)
+    assert all(f.result().offset >= 0 for f in futures + [late])
+    producer.close()
 
 
 def test_producer_is_usable_from_a_ray_task(cluster):
@@ -212,7 +299,10 @@ class GroupMemberActor:
 
 def coordinator_view(cluster, group):
     """member id -> partitions, as the group coordinator assigned them (None while rebalancing)."""
-    described = cluster.admin().describe_consumer_group(group)
+    try:
+        described = cluster.admin().describe_consumer_group(group)
+    except GroupIdNotFoundError:  # no member has reached the coordinator yet
+        return None
     if described["state"] != "Stable":
         return None
     return {
@@ -273,6 +363,52 @@ def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
     after = [int(v) for _, _, v in ray.get(b.seen.remote())[seen_by_b:]]
     assert sorted(after) == list(range(400, 480)), "exactly the records after the committed offsets"
     ray.get(b.close.remote())
+
+
+def test_describing_an_unknown_group_is_group_id_not_found(cluster):
+    with pytest.raises(GroupIdNotFoundError):
+        cluster.admin().describe_consumer_group("never-used")
+
+
+def test_offsets_survive_a_coordinator_failover_while_members_commit(cluster):
+    """The broker leading the group's __consumer_offsets partition dies while two members
+    consume and commit: the partition's new leader takes over as coordinator with every
+    committed offset, the members find it, and nobody reads from the start again."""
+    topic = new_topic(cluster, partitions=4)
+    group = "failover"
+    with cluster.producer(acks="all") as producer:
+        for i in range(400):
+            producer.send(topic, value=b"%d" % i, partition=i % 4)
+    members = [GroupMemberActor.remote(cluster, topic, group) for _ in range(2)]
+    settle(cluster, group, members)
+
+    def committed():
+        return {tp.partition: v["committed"] for tp, v in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+
+    wait_until(lambda: committed() == {p: 100 for p in range(4)}, 30, "the members to commit everything")
+    offsets_partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
+    before = cluster.describe_topic(OFFSETS_TOPIC)[offsets_partition]
+    seen_before = [len(ray.get(m.seen.remote())) for m in members]
+
+    ray.kill(cluster.broker(before["leader"]))
+    with cluster.producer(acks="all") as producer:  # the members keep consuming and committing
+        for i in range(400, 480):
+            producer.send(topic, value=b"%d" % i, partition=i % 4)
+    wait_until(
+        lambda: cluster.describe_topic(OFFSETS_TOPIC)[offsets_partition]["leader"] not in (before["leader"], -1),
+        30, "a new coordinator",
+    )
+    wait_until(lambda: committed() == {p: 120 for p in range(4)}, 60, "commits to reach the new coordinator")
+    after = [int(v) for m, n in zip(members, seen_before) for _, _, v in ray.get(m.seen.remote())[n:]]
+    assert set(range(400, 480)) <= set(after)
+    reread = [v for v in after if v < 400]
+    assert not reread, f"records before the committed offsets were read again: {reread[:10]}"
+    ray.get([m.close.remote() for m in members])
+    cluster.restart_broker(before["leader"])
+    wait_until(
+        lambda: len(cluster.describe_topic(OFFSETS_TOPIC)[offsets_partition]["isr"]) == len(before["isr"]),
+        60, "the __consumer_offsets ISR to heal",
+    )
 
 
 def test_committed_offsets_survive_a_cluster_restart(tmp_path):

@@ -242,9 +242,16 @@ class Controller:
     # ------------------------------------------------------------------ topics
 
     async def create_topic(
-        self, name: str, num_partitions: int, replication_factor: int, configs: dict | None = None
+        self, name: str, num_partitions: int | None = None, replication_factor: int | None = None,
+        configs: dict | None = None,
     ) -> list[dict]:
-        """Creates a topic, waits until every live replica has its role; returns its description."""
+        """Creates a topic, waits until every live replica has its role; returns its description.
+        A count left out (None, or -1 as in Kafka's CreateTopics) takes the brokers' default:
+        `num.partitions`, `default.replication.factor`."""
+        if num_partitions in (None, -1):
+            num_partitions = self.config.num_partitions
+        if replication_factor in (None, -1):
+            replication_factor = self.config.default_replication_factor
         checked = validate_topic_configs(configs)
         records = self._meta.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
         self._commit(records)

@@ -239,8 +239,9 @@ class GroupCoordinator:
 
     def _summary(self, group_id: str) -> dict[str, Any]:
         group = self._groups.get(group_id)
-        if group is None:
-            return {"group_id": group_id, "state": GroupState.EMPTY.value, "protocol_type": "consumer"}
+        if group is None:  # only committed offsets left: Empty; nothing at all: Dead (Kafka's answers)
+            state = GroupState.EMPTY if self._offsets.get(group_id) else GroupState.DEAD
+            return {"group_id": group_id, "state": state.value, "protocol_type": "consumer"}
         return {"group_id": group_id, "state": group.state.value, "protocol_type": group.protocol_type or "consumer"}
 
     async def describe_group(self, group_id: str) -> dict[str, Any]:

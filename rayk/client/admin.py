@@ -7,14 +7,19 @@ from typing import Any, NamedTuple
 
 import ray
 
+from rayk.actors.consumer_group import GroupState
+from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import TopicPartition
-from rayk.errors import KafkaError
+from rayk.errors import GroupIdNotFoundError, KafkaError
 
 
 class NewTopic(NamedTuple):
+    """-1 (or None) takes the brokers' `num.partitions` / `default.replication.factor`."""
+
     name: str
-    num_partitions: int = 1
-    replication_factor: int = 1
+    num_partitions: int | None = -1
+    replication_factor: int | None = -1
     topic_configs: dict[str, Any] | None = None
 
 
@@ -26,8 +31,13 @@ class Admin:
     # ------------------------------------------------------------------ topics
 
     def create_topic(
-        self, name: str, num_partitions: int = 1, replication_factor: int = 1, config: dict[str, Any] | None = None
+        self,
+        name: str,
+        num_partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> list[dict]:
+        """Counts left out take the brokers' `num.partitions` / `default.replication.factor`."""
         return ray.get(self._controller.create_topic.remote(name, num_partitions, replication_factor, config))
 
     def create_topics(self, new_topics: list[NewTopic]) -> None:
@@ -67,9 +77,13 @@ class Admin:
 
     def describe_consumer_group(self, group_id: str) -> dict:
         """State, members with their assignments, and per partition the committed offset,
-        the end offset (high watermark) and the lag between them."""
-        _partition, coordinator = ray.get(self._controller.find_coordinator.remote(group_id))
-        info = ray.get(coordinator.describe_group.remote(group_id))
+        the end offset (high watermark) and the lag between them. GROUP_ID_NOT_FOUND for a
+        group with neither members nor committed offsets."""
+        if OFFSETS_TOPIC not in ray.get(self._controller.list_topics.remote()):
+            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
+        info = CoordinatorLink(self._controller, group_id).call("describe_group", group_id)
+        if info["state"] == GroupState.DEAD.value:
+            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist (no members, no committed offsets)")
         lag = {}
         for (topic, partition), committed in sorted(info["offsets"].items()):
             try:

@@ -178,9 +178,14 @@ class Cluster:
     # ------------------------------------------------------------------ topics
 
     def create_topic(
-        self, name: str, partitions: int = 1, replication_factor: int = 1, config: dict[str, Any] | None = None
+        self,
+        name: str,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> list[dict]:
-        """Creates a topic and returns once every partition has its leader and followers."""
+        """Creates a topic and returns once every partition has its leader and followers.
+        Counts left out take the brokers' `num.partitions` / `default.replication.factor`."""
         return ray.get(self.controller.create_topic.remote(name, partitions, replication_factor, config))
 
     def delete_topic(self, name: str) -> None:

@@ -41,6 +41,39 @@ logger = logging.getLogger(__name__)
 PROTOCOL_TYPE = "consumer"
 REJOIN_BACKOFF_MS = 100
 JOIN_ATTEMPTS_MAX = 100
+COORDINATOR_ATTEMPTS_MAX = 100  # 100 ms apart: ten seconds, several elections' worth
+
+
+class CoordinatorLink:
+    """Calls a group's coordinator (the leader replica of its `__consumer_offsets`
+    partition), looking it up again whenever it moved or is not ready yet. Thread-safe."""
+
+    def __init__(self, controller: Any, group_id: str) -> None:
+        self._controller, self.group_id = controller, group_id
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def _coordinator(self) -> Any:
+        with self._lock:
+            if self._handle is None:
+                try:
+                    _partition, self._handle = ray.get(self._controller.find_coordinator.remote(self.group_id))
+                except LeaderNotAvailableError as e:
+                    raise CoordinatorNotAvailableError(f"group {self.group_id!r}: {e}") from None
+            return self._handle
+
+    def call(self, method: str, *args: Any) -> Any:
+        for _attempt in range(COORDINATOR_ATTEMPTS_MAX):
+            try:
+                return ray.get(getattr(self._coordinator(), method).remote(*args))
+            except (NotCoordinatorError, CoordinatorNotAvailableError, RayActorError) as e:
+                logger.debug("group %s: coordinator unavailable (%s); looking it up again", self.group_id, e)
+                with self._lock:
+                    self._handle = None
+                time.sleep(REJOIN_BACKOFF_MS / 1000)
+        raise CoordinatorNotAvailableError(
+            f"group {self.group_id!r}: no coordinator after {COORDINATOR_ATTEMPTS_MAX} attempts"
+        )
 
 
 class GroupMember:
@@ -67,7 +100,7 @@ class GroupMember:
         self._partition_counts = partition_counts
         self.member_id = ""
         self.generation = -1
-        self._coordinator: Any = None
+        self._coordinator = CoordinatorLink(controller, group_id)
         self._needs_join = threading.Event()
         self._needs_join.set()
         self._lock = threading.RLock()
@@ -82,28 +115,8 @@ class GroupMember:
     def request_rejoin(self) -> None:
         self._needs_join.set()
 
-    # ------------------------------------------------------------------ the coordinator
-
-    def coordinator(self) -> Any:
-        with self._lock:
-            if self._coordinator is None:
-                try:
-                    _partition, self._coordinator = ray.get(self._controller.find_coordinator.remote(self.group_id))
-                except LeaderNotAvailableError as e:
-                    raise CoordinatorNotAvailableError(f"group {self.group_id!r}: {e}") from None
-            return self._coordinator
-
     def call(self, method: str, *args: Any) -> Any:
-        """One coordinator request, finding the coordinator again if it moved."""
-        for attempt in range(JOIN_ATTEMPTS_MAX):
-            try:
-                return ray.get(getattr(self.coordinator(), method).remote(*args))
-            except (NotCoordinatorError, CoordinatorNotAvailableError, RayActorError) as e:
-                logger.debug("group %s: coordinator unavailable (%s); looking it up again", self.group_id, e)
-                with self._lock:
-                    self._coordinator = None
-                time.sleep(REJOIN_BACKOFF_MS / 1000)
-        raise CoordinatorNotAvailableError(f"group {self.group_id!r}: no coordinator after {JOIN_ATTEMPTS_MAX} attempts")
+        return self._coordinator.call(method, *args)
 
     # ------------------------------------------------------------------ joining
 

@@ -7,15 +7,20 @@ batch and returns a Future. A batch closes when it reaches `batch_size` bytes or
 waited `linger_ms`; it is then encoded on this side as one Kafka v2 record batch
 (compressed if asked), so the broker only validates and appends it. A background sender
 thread submits closed batches, at most `max_in_flight_requests_per_connection` per
-partition at a time, and completes each record's Future with RecordMetadata(topic,
-partition, offset, timestamp) when the leader answers; nothing polls (completion comes
-through the ObjectRef's future callback).
+partition at a time, and completes the batch's records' futures (FutureRecordMetadata,
+resolving to RecordMetadata(topic, partition, offset, timestamp)) when the leader answers;
+nothing polls (completion comes through the ObjectRef's future callback).
 
 The producer is idempotent, as Kafka's is by default: it takes a producer id from the
 Controller and stamps each batch with it and the per-partition sequence number of its
 first record. The leader appends a partition's batches in sequence order even when Ray
 delivers the calls out of order (it does, for async actors), and answers a retry of an
 already appended batch with its original offsets instead of writing it twice.
+
+Records wait in batches until acknowledged; together they may take `buffer_memory` bytes.
+When they would take more, `send` blocks until acknowledgements free room, for at most
+`max_block_ms`, then raises BufferExhaustedError (Kafka's buffer.memory and max.block.ms),
+so a fast caller is paced by the cluster instead of growing an unbounded queue.
 
 Retriable failures (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a
 dead leader actor...) refresh the metadata and resend the batch ahead of that
@@ -41,8 +46,9 @@ from ray.exceptions import RayActorError, RayError
 from rayk.client.metadata import MetadataCache
 from rayk.client.partitioner import StickyPartitioner, partition_for_key
 from rayk.client.serializers import serializer
-from rayk.client.types import RecordMetadata, TopicPartition
-from rayk.errors import KafkaError, RecordTooLargeError, RequestTimedOutError
+from rayk.client.produce_future import BatchResult, FutureRecordMetadata
+from rayk.client.types import TopicPartition
+from rayk.errors import BufferExhaustedError, KafkaError, RecordTooLargeError, RequestTimedOutError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord, build_batch
 
@@ -64,8 +70,8 @@ class _Batch:
     tp: TopicPartition
     created_s: float
     num_partitions: int
+    result: BatchResult
     records: list[SimpleRecord] = field(default_factory=list)
-    futures: list[concurrent.futures.Future] = field(default_factory=list)
     size_bytes: int = HEADER_SIZE_BYTES
     attempts: int = 0
     encoded: bytes | None = None
@@ -89,6 +95,8 @@ class Producer:
         delivery_timeout_ms: int = 120_000,
         retry_backoff_ms: int = 100,
         max_request_size: int = 1_048_576,
+        buffer_memory: int = 33_554_432,
+        max_block_ms: int = 60_000,
     ) -> None:
         self._settings = dict(
             acks=acks,
@@ -102,9 +110,13 @@ class Producer:
             delivery_timeout_ms=delivery_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             max_request_size=max_request_size,
+            buffer_memory=buffer_memory,
+            max_block_ms=max_block_ms,
         )
-        if max_in_flight_requests_per_connection < 1 or batch_size < 1 or linger_ms < 0:
-            raise ValueError("max_in_flight_requests_per_connection and batch_size must be >= 1, linger_ms >= 0")
+        if min(max_in_flight_requests_per_connection, batch_size, buffer_memory) < 1:
+            raise ValueError("max_in_flight_requests_per_connection, batch_size and buffer_memory must be >= 1")
+        if linger_ms < 0 or max_block_ms < 0:
+            raise ValueError("linger_ms and max_block_ms must be >= 0")
         self._cluster = cluster
         self._acks = acks_value(acks)
         self._linger_s = linger_ms / 1000
@@ -117,19 +129,27 @@ class Producer:
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._max_request_size = max_request_size
+        self._buffer_memory = buffer_memory
+        self._max_block_s = max_block_ms / 1000
         self._metadata = MetadataCache(cluster.controller)
         # Idempotence, always on: Ray may deliver a partition's batches out of order, and the
         # leader puts them back in sequence order (and drops retried duplicates).
         self._producer_id = ray.get(cluster.controller.init_producer_id.remote())
         self._next_sequence: collections.Counter[TopicPartition] = collections.Counter()
         self._partitioner = StickyPartitioner()
+        # One lock, three conditions: the sender thread waits on `_lock` (work to do), `send`
+        # on `_space` (buffer room), `flush` on `_done` (nothing unacknowledged). Separate
+        # conditions make sure a notify meant for the sender never wakes a user thread instead.
         self._lock = threading.Condition()
+        self._space = threading.Condition(self._lock)
+        self._done = threading.Condition(self._lock)
         self._open: dict[TopicPartition, _Batch] = {}
         self._ready: dict[TopicPartition, collections.deque[_Batch]] = collections.defaultdict(collections.deque)
         self._in_flight: collections.Counter[TopicPartition] = collections.Counter()
         self._blocked_until_s: dict[TopicPartition, float] = {}
         self._completions: collections.deque[tuple[_Batch, concurrent.futures.Future]] = collections.deque()
         self._unfinished = 0  # records sent and not yet acknowledged or failed
+        self._buffered_bytes = 0  # their size, bounded by buffer_memory
         self._flushing = 0
         self._closed = False
         self._sender = threading.Thread(target=self._run, name="rayk-producer-sender", daemon=True)
@@ -148,30 +168,31 @@ class Producer:
         headers: list[tuple[str, bytes | None]] | None = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
-    ) -> concurrent.futures.Future:
-        """Queues one record; the Future resolves to its RecordMetadata."""
+    ) -> FutureRecordMetadata:
+        """Queues one record; the future resolves to its RecordMetadata.
+
+        Blocks while the buffer is full (up to `max_block_ms`, then BufferExhaustedError).
+        """
         if self._closed:
             raise RuntimeError("the producer is closed")
         key_bytes = self._key_serializer(key)
         value_bytes = self._value_serializer(value)
         record = SimpleRecord(value_bytes, key_bytes, tuple(headers or ()), timestamp_ms or int(time.time() * 1000))
-        size = (
-            RECORD_OVERHEAD_BYTES
-            + len(key_bytes or b"")
-            + len(value_bytes or b"")
-            + sum(len(k) + len(v or b"") + 10 for k, v in record.headers)
-        )
-        if size + HEADER_SIZE_BYTES > self._max_request_size:
+        size = RECORD_OVERHEAD_BYTES + len(key_bytes or b"") + len(value_bytes or b"")
+        if headers:
+            size += sum(len(k) + len(v or b"") + 10 for k, v in record.headers)
+        if size + HEADER_SIZE_BYTES > min(self._max_request_size, self._buffer_memory):
             raise RecordTooLargeError(
                 f"a {size}-byte record exceeds max_request_size = {self._max_request_size} bytes"
+                f" or buffer_memory = {self._buffer_memory} bytes"
             )
         num_partitions = self._metadata.partition_count(topic)
         if partition is None and key_bytes is not None:
             partition = partition_for_key(key_bytes, num_partitions)
         elif partition is not None and not 0 <= partition < num_partitions:
             raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {partition}")
-        future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
+            self._wait_for_room(size)
             if partition is None:
                 partition = self._partitioner.partition(topic, num_partitions)
             tp = TopicPartition(topic, partition)
@@ -180,15 +201,34 @@ class Producer:
                 self._close_batch(batch)
                 batch = None
             if batch is None:
-                batch = self._open[tp] = _Batch(tp, time.monotonic(), num_partitions)
+                batch = self._open[tp] = _Batch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
+                self._lock.notify()  # the sender learns the new batch's linger deadline
+            future = FutureRecordMetadata(batch.result, len(batch.records), record.timestamp_ms)
             batch.records.append(record)
-            batch.futures.append(future)
             batch.size_bytes += size
             self._unfinished += 1
+            self._buffered_bytes += size
             if batch.size_bytes >= self._batch_size:
                 self._close_batch(batch)
-            self._lock.notify()
+                self._lock.notify()
         return future
+
+    def _wait_for_room(self, size: int) -> None:
+        """Blocks until `size` more bytes fit in buffer_memory (lock held)."""
+        if self._buffered_bytes + size <= self._buffer_memory:
+            return
+        deadline = time.monotonic() + self._max_block_s
+        self._lock.notify()  # the sender may be lingering on open batches that would free room
+        while self._buffered_bytes + size > self._buffer_memory:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed:
+                raise BufferExhaustedError(
+                    f"{self._buffered_bytes} bytes of records still wait for acknowledgement after"
+                    f" max_block_ms = {int(self._max_block_s * 1000)}; buffer_memory = {self._buffer_memory}"
+                    if not self._closed
+                    else "the producer was closed while send() waited for buffer room"
+                )
+            self._space.wait(remaining)
 
     def _close_batch(self, batch: _Batch) -> None:
         """Moves an open batch to its partition's send queue (lock held)."""
@@ -210,7 +250,7 @@ class Producer:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise RequestTimedOutError(f"flush: {self._unfinished} records still unacknowledged")
-                    self._lock.wait(remaining)
+                    self._done.wait(remaining)
             finally:
                 self._flushing -= 1
 
@@ -224,6 +264,7 @@ class Producer:
             with self._lock:
                 self._closed = True
                 self._lock.notify_all()
+                self._space.notify_all()
             self._sender.join(timeout=5)
 
     def __enter__(self) -> Producer:
@@ -333,21 +374,22 @@ class Producer:
         self._fail(batch, error if isinstance(error, KafkaError) else KafkaError(f"produce to {batch.tp} failed: {error}"))
 
     def _resolve(self, batch: _Batch, base_offset: int, log_append_time_ms: int) -> None:
-        for i, (record, future) in enumerate(zip(batch.records, batch.futures)):
-            offset = base_offset + i if base_offset >= 0 else -1
-            timestamp = log_append_time_ms if log_append_time_ms >= 0 else record.timestamp_ms
-            future.set_result(RecordMetadata(batch.tp.topic, batch.tp.partition, offset, timestamp))
-        self._finished(len(batch.futures))
+        batch.result.complete(base_offset, log_append_time_ms)
+        self._finished(batch)
 
     def _fail(self, batch: _Batch, error: Exception) -> None:
-        for future in batch.futures:
-            future.set_exception(error)
-        self._finished(len(batch.futures))
+        batch.result.fail(error)
+        self._finished(batch)
 
-    def _finished(self, count: int) -> None:
+    def _finished(self, batch: _Batch) -> None:
         with self._lock:
-            self._unfinished -= count
-            self._lock.notify_all()
+            self._unfinished -= len(batch.records)
+            self._buffered_bytes -= batch.size_bytes - HEADER_SIZE_BYTES
+            assert self._unfinished >= 0 and self._buffered_bytes >= 0, (self._unfinished, self._buffered_bytes)
+            self._lock.notify()
+            self._space.notify_all()
+            if not self._unfinished:
+                self._done.notify_all()
 
 
 def _rebuild_producer(cluster: Any, settings: dict) -> Producer:

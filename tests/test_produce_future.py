@@ -1,0 +1,77 @@
+"""BatchResult / FutureRecordMetadata: what `Producer.send` returns, without Ray."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rayk.client.produce_future import BatchResult, FutureRecordMetadata
+from rayk.client.types import RecordMetadata
+from rayk.errors import KafkaTimeoutError, NotEnoughReplicasError
+
+
+def futures_of(batch: BatchResult, timestamps: list[int]) -> list[FutureRecordMetadata]:
+    return [FutureRecordMetadata(batch, i, ts) for i, ts in enumerate(timestamps)]
+
+
+def test_records_resolve_to_their_offsets_and_create_times():
+    batch = BatchResult("t", 2)
+    futures = futures_of(batch, [100, 200, 300])
+    assert not any(f.done() for f in futures)
+    batch.complete(base_offset=40, log_append_time_ms=-1)
+    assert [f.result() for f in futures] == [RecordMetadata("t", 2, 40 + i, ts) for i, ts in enumerate([100, 200, 300])]
+    assert all(f.succeeded() and not f.failed() and f.exception() is None for f in futures)
+    assert futures[0].get(timeout=0) == futures[0].result()
+
+
+def test_log_append_time_replaces_create_time_and_acks_0_has_no_offset():
+    batch = BatchResult("t", 0)
+    (future,) = futures_of(batch, [100])
+    batch.complete(base_offset=-1, log_append_time_ms=999)
+    assert future.result() == RecordMetadata("t", 0, -1, 999)
+
+
+def test_a_failed_batch_raises_its_error_from_every_record():
+    batch = BatchResult("t", 0)
+    futures = futures_of(batch, [1, 2])
+    error = NotEnoughReplicasError("only 1 in sync")
+    batch.fail(error)
+    for f in futures:
+        assert f.failed() and f.exception() is error
+        with pytest.raises(NotEnoughReplicasError):
+            f.result()
+
+
+def test_result_times_out_as_a_timeout_error():
+    (future,) = futures_of(BatchResult("t", 0), [1])
+    with pytest.raises(KafkaTimeoutError):
+        future.result(timeout=0.01)
+    with pytest.raises(TimeoutError):  # what concurrent.futures users catch
+        future.exception(timeout=0.01)
+
+
+def test_callbacks_run_once_in_send_order_and_late_ones_at_once():
+    batch = BatchResult("t", 0)
+    futures = futures_of(batch, [1, 2, 3])
+    calls = []
+    for f in reversed(futures):
+        f.add_done_callback(lambda f: calls.append(f.result().offset))
+    futures[0].add_done_callback(lambda f: 1 / 0)  # a raising callback is logged, not fatal
+    batch.complete(10, -1)
+    assert calls == [12, 11, 10], "in registration order"
+    futures[1].add_done_callback(lambda f: calls.append(("late", f.result().offset)))
+    assert calls[-1] == ("late", 11)
+    with pytest.raises(AssertionError):
+        batch.complete(20, -1)  # a batch completes once
+
+
+def test_waiters_in_other_threads_wake_on_completion():
+    batch = BatchResult("t", 0)
+    (future,) = futures_of(batch, [1])
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(future.result(timeout=10)))
+    waiter.start()
+    batch.complete(5, -1)
+    waiter.join(timeout=10)
+    assert results == [RecordMetadata("t", 0, 5, 1)]
