@@ -1,0 +1,116 @@
+"""Offset ranges of a batch read (what Spark's Kafka source calls offset ranges).
+
+A batch read of a topic (rayk.data.read_topic, rayk.spark.read_topic) reads, per
+partition, the records in [start, end). The bounds are given the way Spark's Kafka source
+takes them: "earliest" / "latest", or JSON per partition like `{"t":{"0":23,"1":-2}}`
+(-2 earliest, -1 latest; a dict works too), or a starting timestamp in ms. They are
+resolved once, when the read is planned, against each partition leader's log start
+offset and high watermark, so the read is a consistent snapshot: records appended later
+are not part of it, whole or half.
+
+As in Spark's batch queries, "latest" cannot start a range and "earliest" cannot end it,
+and JSON offsets must name every partition of the topic. An offset outside the log
+(below its start, above its high watermark) is OFFSET_OUT_OF_RANGE. A partition with no
+record at or after `starting_timestamp` gives an empty range (Spark's
+startingOffsetsByTimestampStrategy=latest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from rayk.errors import InvalidConfigurationError, OffsetOutOfRangeError
+
+EARLIEST = -2
+LATEST = -1
+OffsetSpec = str | dict[str, dict[Any, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    topic: str
+    partition: int
+    start: int  # first offset read
+    end: int  # first offset not read
+    leader: int  # broker id of the partition's leader when planned
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def split(self, max_records: int) -> list[OffsetRange]:
+        """Consecutive sub-ranges of at most `max_records` offsets (at least one range)."""
+        if max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records}")
+        starts = range(self.start, max(self.end, self.start + 1), max_records)
+        return [OffsetRange(self.topic, self.partition, s, min(s + max_records, self.end), self.leader) for s in starts]
+
+
+def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bool) -> dict[int, int]:
+    """Per partition: an offset, EARLIEST or LATEST."""
+    name = "starting_offsets" if starting else "ending_offsets"
+    if spec in ("earliest", "latest"):
+        if spec == ("latest" if starting else "earliest"):
+            raise InvalidConfigurationError(f"{name}={spec!r} is not allowed in a batch read (it would read nothing)")
+        return {p: EARLIEST if spec == "earliest" else LATEST for p in range(partitions)}
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise InvalidConfigurationError(f"{name} is neither 'earliest', 'latest' nor JSON: {e}") from None
+    if not isinstance(spec, dict) or set(spec) != {topic} or not isinstance(spec[topic], dict):
+        raise InvalidConfigurationError(f'{name} must be like {{"{topic}": {{"0": 23, "1": -2}}}}, got {spec!r}')
+    try:
+        offsets = {int(p): int(o) for p, o in spec[topic].items()}
+    except (TypeError, ValueError):
+        raise InvalidConfigurationError(f"{name}: partitions and offsets must be integers, got {spec[topic]!r}") from None
+    if set(offsets) != set(range(partitions)):
+        raise InvalidConfigurationError(
+            f"{name} must give an offset for each of the {partitions} partitions of {topic!r}, got {sorted(offsets)}"
+        )
+    forbidden = LATEST if starting else EARLIEST
+    bad = {p: o for p, o in offsets.items() if o < EARLIEST or o == forbidden}
+    if bad:
+        raise InvalidConfigurationError(f"{name}: offsets {bad} are not allowed (use >= 0, or -2 earliest / -1 latest)")
+    return offsets
+
+
+def plan_ranges(
+    cluster: Any,
+    topic: str,
+    starting_offsets: OffsetSpec = "earliest",
+    ending_offsets: OffsetSpec = "latest",
+    starting_timestamp: int | None = None,
+) -> list[OffsetRange]:
+    """Resolves the bounds against each partition leader, once (the snapshot)."""
+    description = cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION first
+    partitions = len(description)
+    starts = parse_offsets(starting_offsets, topic, partitions, starting=True)
+    ends = parse_offsets(ending_offsets, topic, partitions, starting=False)
+    leaders = {p: cluster.leader(topic, p) for p in range(partitions)}
+    bounds = ray.get([leaders[p].list_offset.remote(EARLIEST) for p in range(partitions)])
+    hws = ray.get([leaders[p].list_offset.remote(LATEST) for p in range(partitions)])
+    by_time = [(-1, -1)] * partitions
+    if starting_timestamp is not None:
+        if starting_timestamp < 0:
+            raise InvalidConfigurationError(f"starting_timestamp must be >= 0 ms, got {starting_timestamp}")
+        by_time = ray.get([leaders[p].list_offset.remote(starting_timestamp) for p in range(partitions)])
+    ranges = []
+    for p in range(partitions):
+        log_start, hw = bounds[p][0], hws[p][0]
+        if starting_timestamp is not None:
+            start = by_time[p][0] if by_time[p][0] >= 0 else hw
+        else:
+            start = log_start if starts[p] == EARLIEST else starts[p]
+        end = hw if ends[p] == LATEST else ends[p]
+        if not log_start <= start <= hw or not start <= end <= hw:
+            raise OffsetOutOfRangeError(
+                f"{topic}-{p}: cannot read [{start}, {end}); the partition holds [{log_start}, {hw})"
+            )
+        leader = next(d["leader"] for d in description if d["partition"] == p)
+        ranges.append(OffsetRange(topic, p, start, end, leader))
+    return ranges

@@ -1,0 +1,232 @@
+"""Topics as Ray Datasets: `read_topic` and `write_topic`.
+
+`read_topic(topic)` plans the offset ranges once (a consistent snapshot up to each
+partition's high watermark; see rayk.client.offset_ranges), then reads every range in a
+Ray task placed on the node of that partition's leader (soft node affinity: locality when
+it can, anywhere when that node is busy or gone), splitting a partition into tasks of at
+most `records_per_task` records. Each task fetches the range from the leader replica in
+`fetch_max_bytes` chunks (following a leader that moves) and returns one Arrow table with
+the columns of Spark's Kafka source:
+
+    key binary, value binary, topic string, partition int32, offset int64,
+    timestamp timestamp[ms], timestampType int32, headers list<struct<key string, value binary>>
+
+The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks start when
+`read_topic` is called, which is what makes the snapshot hold: offsets are fixed then.
+
+`write_topic(ds, topic)` is a Ray Data Datasink: each write task produces its blocks with
+one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
+`timestamp`), flushes, and fails if any record was not acknowledged, which fails the
+whole `write_topic` call. It returns the number of records written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayk.client.metadata import MetadataCache
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_ranges
+from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
+from rayk.storage.records import iter_batches
+
+HEADER_TYPE = pa.struct([("key", pa.string()), ("value", pa.binary())])
+SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("ms")),
+        ("timestampType", pa.int32()),
+        ("headers", pa.list_(HEADER_TYPE)),
+    ]
+)
+FETCH_MAX_BYTES = 8 * 1024 * 1024
+RECORDS_PER_TASK = 1_000_000
+READ_RETRY_BACKOFF_MS = 100
+READ_RETRY_TIMEOUT_MS = 60_000
+
+
+def _cluster_or_default(cluster: Any) -> Any:
+    if cluster is not None:
+        return cluster
+    import rayk
+
+    return rayk.connect()
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
+    """The records of one offset range as an Arrow table (in this process)."""
+    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    metadata = MetadataCache(cluster.controller)
+    offset = r.start
+    deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
+    while offset < r.end:
+        try:
+            leader = metadata.leader(r.topic, r.partition)
+            result = ray.get(leader.fetch.remote(offset, fetch_max_bytes, 1, 0))
+            error = result.error
+        except RayActorError as e:
+            error = e
+        if error is None:
+            offset = _append_records(columns, r, result.records, offset)
+            if result.records:
+                deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
+                continue
+        elif isinstance(error, KafkaError) and not error.retriable:
+            raise error
+        if time.monotonic() > deadline:  # a leader gone for good, or a log truncated below `end`
+            raise KafkaTimeoutError(f"{r.topic}-{r.partition}: stuck at offset {offset} of [{r.start}, {r.end}): {error}")
+        metadata.invalidate(r.topic)
+        time.sleep(READ_RETRY_BACKOFF_MS / 1000)
+    return pa.table(columns, schema=SCHEMA)
+
+
+def _append_records(columns: dict[str, list], r: OffsetRange, data: bytes, offset: int) -> int:
+    """Adds the records of `data` in [offset, r.end) to the columns; returns the next offset."""
+    for batch in iter_batches(data):
+        if batch.header.is_control:
+            offset = max(offset, batch.header.next_offset)
+            continue
+        timestamp_type = int(batch.header.timestamp_type)
+        for record in batch.records():
+            if record.offset < offset or record.offset >= r.end:
+                continue
+            columns["key"].append(record.key)
+            columns["value"].append(record.value)
+            columns["topic"].append(r.topic)
+            columns["partition"].append(r.partition)
+            columns["offset"].append(record.offset)
+            columns["timestamp"].append(record.timestamp_ms)
+            columns["timestampType"].append(timestamp_type)
+            columns["headers"].append([{"key": k, "value": v} for k, v in record.headers])
+        offset = max(offset, min(batch.header.next_offset, r.end))
+    return offset
+
+
+@ray.remote(max_retries=3)
+def _read_range_task(cluster: Any, r: OffsetRange, fetch_max_bytes: int) -> pa.Table:
+    return read_range(cluster, r, fetch_max_bytes)
+
+
+def read_topic(
+    topic: str,
+    starting_offsets: OffsetSpec = "earliest",
+    ending_offsets: OffsetSpec = "latest",
+    *,
+    starting_timestamp: int | None = None,
+    cluster: Any = None,
+    records_per_task: int = RECORDS_PER_TASK,
+    fetch_max_bytes: int = FETCH_MAX_BYTES,
+) -> ray.data.Dataset:
+    """A Dataset of the topic's records in the given offsets, as of now (see the module
+    docstring). `cluster` defaults to `rayk.connect()`."""
+    if records_per_task < 1 or fetch_max_bytes < 1:
+        raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
+    cluster = _cluster_or_default(cluster)
+    ranges = [s for r in plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
+              if r.size > 0 for s in r.split(records_per_task)]
+    if not ranges:
+        return ray.data.from_arrow(SCHEMA.empty_table())
+    nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
+    refs = []
+    for r in ranges:
+        options: dict[str, Any] = {}
+        if nodes.get(r.leader):
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[r.leader], soft=True)
+        refs.append(_read_range_task.options(**options).remote(cluster, r, fetch_max_bytes))
+    return ray.data.from_arrow_refs(refs)
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+class TopicDatasink(ray.data.Datasink):
+    """Produces a Dataset's rows to a topic (see the module docstring)."""
+
+    def __init__(self, cluster: Any, topic: str, **producer_settings: Any) -> None:
+        self._cluster, self._topic = cluster, topic
+        self._settings = producer_settings
+        self.written = 0
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        if schema is not None and "value" not in schema.names:
+            raise InvalidConfigurationError(f"write_topic needs a 'value' column; the dataset has {schema.names}")
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> int:
+        producer = self._cluster.producer(**self._settings)
+        futures = []
+        try:
+            for block in blocks:
+                table = block if isinstance(block, pa.Table) else pa.Table.from_pandas(block)
+                futures += _send_table(producer, self._topic, table)
+            producer.flush()
+        finally:
+            producer.close()
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            raise KafkaError(f"{len(failed)} of {len(futures)} records were not written to {self._topic}: {failed[0]}")
+        return len(futures)
+
+    def on_write_complete(self, write_result: Any) -> None:
+        self.written = sum(write_result.write_returns)
+
+
+def _send_table(producer: Any, topic: str, table: pa.Table) -> list[Any]:
+    if "value" not in table.column_names:
+        raise InvalidConfigurationError(f"write_topic needs a 'value' column; the block has {table.column_names}")
+    n = table.num_rows
+    values = _bytes_column(table, "value")
+    keys = _bytes_column(table, "key") if "key" in table.column_names else [None] * n
+    partitions = table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
+    headers = table.column("headers").to_pylist() if "headers" in table.column_names else [None] * n
+    timestamps = _timestamps_ms(table) if "timestamp" in table.column_names else [None] * n
+    return [
+        producer.send(
+            topic,
+            value=values[i],
+            key=keys[i],
+            partition=partitions[i],
+            headers=[(h["key"], h["value"]) for h in headers[i]] if headers[i] else None,
+            timestamp_ms=timestamps[i],
+        )
+        for i in range(n)
+    ]
+
+
+def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:
+    column = table.column(name)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return [None if v is None else v.encode() for v in column.to_pylist()]
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type) or pa.types.is_null(column.type):
+        return column.to_pylist()
+    raise InvalidConfigurationError(f"column {name!r} must be binary or string, not {column.type}")
+
+
+def _timestamps_ms(table: pa.Table) -> list[int | None]:
+    column = table.column("timestamp")
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())  # floors µs
+    return column.to_pylist()
+
+
+def write_topic(ds: ray.data.Dataset, topic: str, *, acks: str | int = "all", cluster: Any = None,
+                **producer_settings: Any) -> int:
+    """Produces every row of `ds` to `topic`; returns how many records were written.
+    Raises if any record is not acknowledged. `cluster` defaults to `rayk.connect()`."""
+    cluster = _cluster_or_default(cluster)
+    cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before any task runs
+    sink = TopicDatasink(cluster, topic, acks=acks, **producer_settings)
+    ds.write_datasink(sink)
+    return sink.written

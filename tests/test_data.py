@@ -1,0 +1,182 @@
+"""Topics as Ray Datasets (rayk.data) against a 3-broker cluster on one Ray node."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+import ray
+
+import rayk
+from rayk import data as rayk_data
+from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from tests.cluster_helpers import FAST_CONFIG, wait_until
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("data"), config=FAST_CONFIG, namespace="data")
+    yield c
+    c.shutdown()
+
+
+_topics = itertools.count()
+
+
+def new_topic(cluster, partitions=3, **config) -> str:
+    name = f"d{next(_topics)}"
+    cluster.create_topic(name, partitions=partitions, replication_factor=3, config=config or None)
+    return name
+
+
+def rows_of(ds) -> list[dict]:
+    return sorted(ds.take_all(), key=lambda r: (r["partition"], r["offset"]))
+
+
+def test_a_dataset_round_trips_through_a_topic_with_every_column(cluster):
+    topic = new_topic(cluster)
+    source = ray.data.from_arrow(
+        pa.table(
+            {
+                "key": [b"k0", None, b"k2", b"k3"],
+                "value": [b"v0", b"v1", None, b"v3"],
+                "partition": [0, 1, 2, 1],
+                "headers": [[{"key": "h", "value": b"x"}], [], [{"key": "a", "value": None}], []],
+                "timestamp": pa.array([1_700_000_000_000 + i for i in range(4)], pa.timestamp("ms")),
+            }
+        )
+    )
+    assert rayk_data.write_topic(source, topic, cluster=cluster) == 4
+    ds = rayk_data.read_topic(topic, cluster=cluster)
+    assert ds.schema().base_schema == rayk_data.SCHEMA
+    rows = rows_of(ds)
+    assert [(r["partition"], r["offset"], r["key"], r["value"]) for r in rows] == [
+        (0, 0, b"k0", b"v0"), (1, 0, None, b"v1"), (1, 1, b"k3", b"v3"), (2, 0, b"k2", None),
+    ]
+    assert {r["topic"] for r in rows} == {topic} and {r["timestampType"] for r in rows} == {0}
+    assert [r["timestamp"].timestamp() * 1000 for r in rows] == [1_700_000_000_000 + i for i in (0, 1, 3, 2)]
+    assert [r["headers"] for r in rows] == [[{"key": "h", "value": b"x"}], [], [], [{"key": "a", "value": None}]]
+
+
+def test_string_values_keys_and_keyed_partitioning(cluster):
+    topic = new_topic(cluster, partitions=4)
+    source = ray.data.from_items([{"key": f"user-{i % 5}", "value": f"click {i}"} for i in range(200)])
+    assert rayk_data.write_topic(source, topic, cluster=cluster) == 200
+    rows = rows_of(rayk_data.read_topic(topic, cluster=cluster))
+    assert len(rows) == 200
+    partitions_of_key = {}
+    for r in rows:
+        partitions_of_key.setdefault(r["key"], set()).add(r["partition"])
+    assert all(len(ps) == 1 for ps in partitions_of_key.values()), "a key always lands on one partition"
+    assert sorted(int(r["value"].split()[1]) for r in rows) == list(range(200))
+    assert all(r["key"] == b"user-%d" % (int(r["value"].split()[1]) % 5) for r in rows), "strings are utf-8"
+
+
+def test_offset_ranges_timestamps_and_splitting(cluster):
+    topic = new_topic(cluster, partitions=2)
+    source = ray.data.from_items(
+        [{"value": b"%d" % i, "partition": i % 2, "timestamp": 1_000_000 + i * 1000} for i in range(100)]
+    )
+    rayk_data.write_topic(source, topic, cluster=cluster)
+    ds = rayk_data.read_topic(topic, f'{{"{topic}":{{"0":10,"1":-2}}}}', {topic: {0: 20, 1: 5}}, cluster=cluster)
+    assert [(r["partition"], r["offset"]) for r in rows_of(ds)] == [(0, o) for o in range(10, 20)] + [
+        (1, o) for o in range(5)
+    ]
+    ds = rayk_data.read_topic(topic, starting_timestamp=1_000_000 + 90 * 1000, cluster=cluster)
+    assert sorted(int(r["value"]) for r in rows_of(ds)) == list(range(90, 100))
+    assert rayk_data.read_topic(topic, starting_timestamp=9_000_000, cluster=cluster).count() == 0
+    split = rayk_data.read_topic(topic, cluster=cluster, records_per_task=7)
+    assert split.num_blocks() == 2 * 8  # 50 records per partition in tasks of at most 7
+    assert [(r["partition"], r["offset"]) for r in rows_of(split)] == [(p, o) for p in (0, 1) for o in range(50)]
+    with pytest.raises(OffsetOutOfRangeError):
+        rayk_data.read_topic(topic, {topic: {0: 0, 1: 51}}, cluster=cluster)
+    with pytest.raises(InvalidConfigurationError):
+        rayk_data.read_topic(topic, "latest", cluster=cluster)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        rayk_data.read_topic("no-such-topic", cluster=cluster)
+
+
+def test_an_empty_topic_is_an_empty_dataset_with_the_schema(cluster):
+    ds = rayk_data.read_topic(new_topic(cluster), cluster=cluster)
+    assert ds.count() == 0
+    assert ds.schema().base_schema == rayk_data.SCHEMA
+
+
+def test_a_read_is_a_snapshot_while_writers_append(cluster):
+    topic = new_topic(cluster, partitions=2)
+    rayk_data.write_topic(ray.data.from_items([{"value": b"old"}] * 500), topic, cluster=cluster)
+    stop = threading.Event()
+
+    def keep_writing():
+        with cluster.producer(acks=1, linger_ms=1) as producer:
+            while not stop.is_set():
+                producer.send(topic, value=b"new")
+                time.sleep(0.0005)
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        time.sleep(0.5)
+        ds = rayk_data.read_topic(topic, cluster=cluster).materialize()
+        time.sleep(0.5)
+        again = ds.take_all()
+    finally:
+        stop.set()
+        writer.join()
+    rows = rows_of(ds)
+    for p in (0, 1):
+        offsets = [r["offset"] for r in rows if r["partition"] == p]
+        assert offsets == list(range(len(offsets))), "each partition is a gapless prefix"
+    assert len(rows) > 500 and len(again) == len(rows), "records appended after the call are not part of it"
+
+
+def test_a_dead_follower_does_not_stop_reads_or_writes(cluster):
+    topic = new_topic(cluster, partitions=1)
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    follower = next(b for b in cluster.describe_topic(topic)[0]["replicas"] if b != leader)
+    rayk_data.write_topic(ray.data.from_items([{"value": b"%d" % i} for i in range(100)]), topic, cluster=cluster)
+    ray.kill(cluster.broker(follower))
+    try:
+        wait_until(lambda: follower not in cluster.describe_topic(topic)[0]["isr"], 30, "the ISR to shrink")
+        written = rayk_data.write_topic(
+            ray.data.from_items([{"value": b"%d" % i} for i in range(100, 150)]), topic, cluster=cluster
+        )
+        assert written == 50
+        rows = rows_of(rayk_data.read_topic(topic, cluster=cluster))
+        assert [r["offset"] for r in rows] == list(range(150))
+        assert sorted(int(r["value"]) for r in rows) == list(range(150)), "write tasks run side by side: any order"
+    finally:
+        cluster.restart_broker(follower)
+    wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 60, "the ISR to heal")
+
+
+def test_write_fails_when_records_are_not_acknowledged_and_on_bad_columns(cluster):
+    topic = new_topic(cluster, partitions=1, **{"min.insync.replicas": "3"})
+    follower = next(b for b in cluster.describe_topic(topic)[0]["replicas"] if b != cluster.describe_topic(topic)[0]["leader"])
+    ray.kill(cluster.broker(follower))
+    try:
+        wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 2, 30, "the ISR to shrink")
+        with pytest.raises(Exception, match="NOT_ENOUGH_REPLICAS"):
+            rayk_data.write_topic(
+                ray.data.from_items([{"value": b"x"}] * 10), topic, cluster=cluster, delivery_timeout_ms=1500
+            )
+    finally:
+        cluster.restart_broker(follower)
+    with pytest.raises(Exception, match="'value' column"):
+        rayk_data.write_topic(ray.data.from_items([{"payload": b"x"}]), topic, cluster=cluster)
+    with pytest.raises(Exception, match="binary or string"):
+        rayk_data.write_topic(ray.data.from_items([{"value": 5}]), topic, cluster=cluster)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        rayk_data.write_topic(ray.data.from_items([{"value": b"x"}]), "no-such-topic", cluster=cluster)
+    assert issubclass(OffsetOutOfRangeError, KafkaError)
