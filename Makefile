@@ -18,9 +18,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rayk demo
+	$(PY) examples/spark_pipeline.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/storage_bench.py
+	$(PY) benchmarks/client_bench.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

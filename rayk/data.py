@@ -44,7 +44,7 @@ SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("ms")),
+        ("timestamp", pa.timestamp("ms", tz="UTC")),  # Kafka timestamps are epoch ms
         ("timestampType", pa.int32()),
         ("headers", pa.list_(HEADER_TYPE)),
     ]
