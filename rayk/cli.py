@@ -158,12 +158,34 @@ def cmd_start(args: argparse.Namespace) -> None:
     import rayk
 
     _init_ray(args.address, args.namespace)
+    if args.wait_for_nodes_s:
+        _wait_for_broker_nodes(args.brokers, args.node_resource, args.wait_for_nodes_s)
     cluster = rayk.start(
-        brokers=args.brokers, data_dir=args.data_dir, config=dict(args.config), namespace=args.namespace
+        brokers=args.brokers, data_dir=args.data_dir, config=dict(args.config), namespace=args.namespace,
+        node_resource=args.node_resource,
     )
     data_dir = Path(args.data_dir).resolve()
     started = f"rayk cluster of {args.brokers} brokers started in Ray namespace {args.namespace!r}"
     say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster))
+
+
+def _wait_for_broker_nodes(brokers: int, node_resource: str | None, timeout_s: float) -> None:
+    """Waits until `brokers` alive Ray nodes (offering `node_resource`, if given) have joined:
+    `ray up` starts the head's commands before any worker exists."""
+    import ray
+
+    def ready() -> int:
+        return sum(
+            1 for n in ray.nodes()
+            if n["Alive"] and (node_resource is None or n["Resources"].get(node_resource, 0) > 0)
+        )  # fmt: skip
+
+    deadline = time.monotonic() + timeout_s
+    while (count := ready()) < brokers:
+        if time.monotonic() > deadline:
+            what = f"offering {node_resource!r}" if node_resource else "alive"
+            raise CliError(f"only {count} Ray nodes {what} after {timeout_s:.0f} s; {brokers} brokers need {brokers}")
+        time.sleep(1)
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -562,6 +584,14 @@ def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     start = _add(sub, "start", cmd_start, "deploy a rayk cluster onto the Ray cluster and exit", [conn])
     start.add_argument("--brokers", type=_positive_int, default=3, help="number of brokers (default 3)")
     start.add_argument("--data-dir", default="./rayk-data", help="the brokers' log directory (default ./rayk-data)")
+    start.add_argument(
+        "--node-resource", metavar="NAME",
+        help="place brokers only on Ray nodes offering this custom resource (e.g. rayk_broker), one per node",
+    )  # fmt: skip
+    start.add_argument(
+        "--wait-for-nodes", dest="wait_for_nodes_s", type=float, default=0, metavar="SECONDS",
+        help="first wait up to SECONDS for one node per broker (with --node-resource: nodes offering it)",
+    )  # fmt: skip
     _config_option(start, "broker setting")
     _add(sub, "status", cmd_status, "brokers, topics and under-replicated partitions", [conn])
     _add(sub, "stop", cmd_stop, "stop the rayk cluster cleanly (its data stays on disk)", [conn])

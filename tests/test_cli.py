@@ -197,6 +197,10 @@ def test_user_mistakes_are_one_line_errors(run):
     assert_one_line_error(run("topics", "describe", "no-such-topic"), "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(run("topics", "list", namespace="cli-nobody-here"), "no rayk cluster")
     assert_one_line_error(run("groups", "describe", "no-such-group"), "does not exist")
+    waited = run("start", "--brokers", "2", "--node-resource", "rayk_nowhere", "--wait-for-nodes", "1",
+                 namespace="cli-nowhere")  # fmt: skip
+    assert_one_line_error(waited, "only 0 Ray nodes offering 'rayk_nowhere' after 1 s")
+    assert_one_line_error(run("start", "--node-resource", "rayk_nowhere", namespace="cli-nowhere"), "rayk_nowhere")
 
 
 def test_start_status_stop_in_a_namespace_of_its_own(run, tmp_path):
