@@ -55,7 +55,7 @@ READ_RETRY_BACKOFF_MS = 100
 READ_RETRY_TIMEOUT_MS = 60_000
 
 
-def _cluster_or_default(cluster: Any) -> Any:
+def cluster_or_connect(cluster: Any) -> Any:
     if cluster is not None:
         return cluster
     import rayk
@@ -68,6 +68,12 @@ def _cluster_or_default(cluster: Any) -> Any:
 
 def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
     """The records of one offset range as an Arrow table (in this process)."""
+    return pa.table(read_columns(cluster, r, fetch_max_bytes), schema=SCHEMA)
+
+
+def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> dict[str, list]:
+    """The records of one offset range, column by column (SCHEMA's names; timestamps in
+    ms, headers as {key, value} dicts), fetched from the partition's leader."""
     columns: dict[str, list] = {name: [] for name in SCHEMA.names}
     metadata = MetadataCache(cluster.controller)
     offset = r.start
@@ -90,7 +96,7 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
             raise KafkaTimeoutError(f"{r.topic}-{r.partition}: stuck at offset {offset} of [{r.start}, {r.end}): {error}")
         metadata.invalidate(r.topic)
         time.sleep(READ_RETRY_BACKOFF_MS / 1000)
-    return pa.table(columns, schema=SCHEMA)
+    return columns
 
 
 def _append_records(columns: dict[str, list], r: OffsetRange, data: bytes, offset: int) -> int:
@@ -134,7 +140,7 @@ def read_topic(
     docstring). `cluster` defaults to `rayk.connect()`."""
     if records_per_task < 1 or fetch_max_bytes < 1:
         raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
-    cluster = _cluster_or_default(cluster)
+    cluster = cluster_or_connect(cluster)
     ranges = [s for r in plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
               if r.size > 0 for s in r.split(records_per_task)]
     if not ranges:
@@ -225,7 +231,7 @@ def write_topic(ds: ray.data.Dataset, topic: str, *, acks: str | int = "all", cl
                 **producer_settings: Any) -> int:
     """Produces every row of `ds` to `topic`; returns how many records were written.
     Raises if any record is not acknowledged. `cluster` defaults to `rayk.connect()`."""
-    cluster = _cluster_or_default(cluster)
+    cluster = cluster_or_connect(cluster)
     cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before any task runs
     sink = TopicDatasink(cluster, topic, acks=acks, **producer_settings)
     ds.write_datasink(sink)

@@ -99,8 +99,10 @@ def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
         rayk_spark.write_topic(spark.createDataFrame([(1,)], "payload int"), topic, cluster=cluster)
 
 
-def test_reads_and_writes_with_a_dead_follower(cluster, spark):
+def test_reads_and_writes_with_a_dead_follower_and_unacknowledged_writes_fail(cluster, spark):
     topic = new_topic(cluster, partitions=1)
+    strict = new_topic(cluster, partitions=1)
+    cluster.admin().alter_topic_configs(strict, {"min.insync.replicas": "3"})
     state = cluster.describe_topic(topic)[0]
     follower = next(b for b in state["replicas"] if b != state["leader"])
     ray.kill(cluster.broker(follower))
@@ -111,5 +113,7 @@ def test_reads_and_writes_with_a_dead_follower(cluster, spark):
         assert sorted(int(r.value) for r in rayk_spark.read_topic(spark, topic, cluster=cluster).collect()) == list(
             range(30)
         )
+        with pytest.raises(Exception, match="NOT_ENOUGH_REPLICAS"):  # the Spark job fails
+            rayk_spark.write_topic(df, strict, cluster=cluster, delivery_timeout_ms=1500)
     finally:
         cluster.restart_broker(follower)
