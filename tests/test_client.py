@@ -17,7 +17,13 @@ from rayk.client.partitioner import partition_for_key
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
 from rayk.client.producer import Producer
-from rayk.errors import BufferExhaustedError, GroupIdNotFoundError, RecordTooLargeError, UnknownTopicOrPartitionError
+from rayk.errors import (
+    BufferExhaustedError,
+    GroupIdNotFoundError,
+    KafkaTimeoutError,
+    RecordTooLargeError,
+    UnknownTopicOrPartitionError,
+)
 from tests.cluster_helpers import FAST_CONFIG, wait_until
 
 CONFIG = {
@@ -185,6 +191,8 @@ def test_send_blocks_while_buffer_memory_is_full_then_raises_buffer_exhausted():
     assert 1.5 <= time.monotonic() - started < 10
     with pytest.raises(RecordTooLargeError):  # could never fit, so it fails at once
         producer.send("t", value=b"x" * 2000)
+    with pytest.raises(KafkaTimeoutError):
+        producer.flush(timeout_s=0.2)
 
     def release_soon():
         time.sleep(0.3)

@@ -48,7 +48,7 @@ from rayk.client.partitioner import StickyPartitioner, partition_for_key
 from rayk.client.serializers import serializer
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import TopicPartition
-from rayk.errors import BufferExhaustedError, KafkaError, RecordTooLargeError, RequestTimedOutError
+from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError, RecordTooLargeError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord, build_batch
 
@@ -249,7 +249,7 @@ class Producer:
                 while self._unfinished:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
-                        raise RequestTimedOutError(f"flush: {self._unfinished} records still unacknowledged")
+                        raise KafkaTimeoutError(f"flush: {self._unfinished} records still unacknowledged after {timeout_s} s")
                     self._done.wait(remaining)
             finally:
                 self._flushing -= 1
