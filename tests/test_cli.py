@@ -9,6 +9,7 @@ authenticates with the local token.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,10 +67,15 @@ def ok(result: subprocess.CompletedProcess) -> str:
     return result.stdout
 
 
+# Ray's driver thread prints cluster-wide raylet notices (e.g. "N worker processes have been
+# started") into any connected process, the CLI included; they are Ray's lines, not rayk's.
+RAY_NOTICE = re.compile(r"^(\x1b\[\d+m)?\((raylet|autoscaler)[^)]*\)")
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode == 1, f"exit {result.returncode}\nstderr: {result.stderr}"
     assert "Traceback" not in result.stderr + result.stdout
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines() if not RAY_NOTICE.match(line)]
     assert len(lines) == 1 and lines[0].startswith("rayk: error: "), result.stderr
     for fragment in fragments:
         assert fragment in lines[0]
