@@ -92,7 +92,6 @@ class GroupMember:
         if unknown or not assignors:
             raise ValueError(f"unknown partition_assignment_strategy {unknown}: use {sorted(ASSIGNORS)}")
         self.group_id, self.client_id = group_id, client_id
-        self._controller = controller
         self._session_timeout_ms = session_timeout_ms
         self._rebalance_timeout_ms = rebalance_timeout_ms
         self._heartbeat_interval_s = heartbeat_interval_ms / 1000
