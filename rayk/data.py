@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client.metadata import MetadataCache
-from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_ranges
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import iter_batches
 
@@ -141,8 +141,7 @@ def read_topic(
     if records_per_task < 1 or fetch_max_bytes < 1:
         raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
     cluster = cluster_or_connect(cluster)
-    ranges = [s for r in plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
-              if r.size > 0 for s in r.split(records_per_task)]
+    ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
     if not ranges:
         return ray.data.from_arrow(SCHEMA.empty_table())
     nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
@@ -171,25 +170,33 @@ class TopicDatasink(ray.data.Datasink):
             raise InvalidConfigurationError(f"write_topic needs a 'value' column; the dataset has {schema.names}")
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> int:
-        producer = self._cluster.producer(**self._settings)
-        futures = []
-        try:
-            for block in blocks:
-                table = block if isinstance(block, pa.Table) else pa.Table.from_pandas(block)
-                futures += _send_table(producer, self._topic, table)
-            producer.flush()
-        finally:
-            producer.close()
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            raise KafkaError(f"{len(failed)} of {len(futures)} records were not written to {self._topic}: {failed[0]}")
-        return len(futures)
+        tables = (block if isinstance(block, pa.Table) else pa.Table.from_pandas(block) for block in blocks)
+        records = (record for table in tables for record in _table_records(table))
+        return produce_all(self._cluster, self._topic, records, self._settings)
 
     def on_write_complete(self, write_result: Any) -> None:
         self.written = sum(write_result.write_returns)
 
 
-def _send_table(producer: Any, topic: str, table: pa.Table) -> list[Any]:
+def produce_all(cluster: Any, topic: str, records: Iterable[dict[str, Any]], producer_settings: dict[str, Any]) -> int:
+    """Sends every record (keyword arguments of Producer.send) with one Producer; returns
+    how many. Raises KafkaError if any was not acknowledged (a write task then fails)."""
+    producer = cluster.producer(**producer_settings)
+    futures = []
+    try:
+        for record in records:
+            futures.append(producer.send(topic, **record))
+        producer.flush()
+    finally:
+        producer.close()
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise KafkaError(f"{len(failed)} of {len(futures)} records were not written to {topic}: {failed[0]}")
+    return len(futures)
+
+
+def _table_records(table: pa.Table) -> Iterable[dict[str, Any]]:
+    """Producer.send arguments for each row of an Arrow table."""
     if "value" not in table.column_names:
         raise InvalidConfigurationError(f"write_topic needs a 'value' column; the block has {table.column_names}")
     n = table.num_rows
@@ -198,17 +205,14 @@ def _send_table(producer: Any, topic: str, table: pa.Table) -> list[Any]:
     partitions = table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
     headers = table.column("headers").to_pylist() if "headers" in table.column_names else [None] * n
     timestamps = _timestamps_ms(table) if "timestamp" in table.column_names else [None] * n
-    return [
-        producer.send(
-            topic,
+    for i in range(n):
+        yield dict(
             value=values[i],
             key=keys[i],
             partition=partitions[i],
             headers=[(h["key"], h["value"]) for h in headers[i]] if headers[i] else None,
             timestamp_ms=timestamps[i],
         )
-        for i in range(n)
-    ]
 
 
 def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:

@@ -34,7 +34,7 @@ from typing import Any
 import ray
 
 from rayk import data as rayk_data
-from rayk.client.offset_ranges import OffsetSpec, plan_ranges
+from rayk.client.offset_ranges import OffsetSpec, plan_read_ranges
 
 JAVA_17_OPENS = (
     "java.lang", "java.lang.invoke", "java.lang.reflect", "java.io", "java.net", "java.nio",
@@ -145,12 +145,7 @@ def read_topic(
     partition per topic partition (split every `records_per_task` records), each read by
     its Spark task straight from the partition's leader replica."""
     cluster = rayk_data.cluster_or_connect(cluster)
-    ranges = [
-        part
-        for r in plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
-        if r.size > 0
-        for part in r.split(records_per_task)
-    ]
+    ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
     if not ranges:
         return spark.createDataFrame([], spark_schema())
     address, namespace = _ray_address(), cluster.namespace
@@ -179,10 +174,23 @@ def _as_bytes(value: Any) -> bytes | None:
     raise TypeError(f"key and value columns must be binary or string, got {type(value).__name__}")
 
 
+def _row_record(fields: dict[str, Any]) -> dict[str, Any]:
+    """Producer.send arguments for a Spark row."""
+    timestamp = fields.get("timestamp")
+    headers = fields.get("headers")
+    return dict(
+        value=_as_bytes(fields["value"]),
+        key=_as_bytes(fields.get("key")),
+        partition=fields.get("partition"),
+        headers=[(h["key"], _as_bytes(h["value"])) for h in headers] if headers else None,
+        timestamp_ms=None if timestamp is None else int(timestamp.timestamp() * 1000),
+    )
+
+
 def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = None, **producer_settings: Any) -> int:
     """Produces every row of `df` to `topic` from the Spark tasks (one Producer per task);
     returns how many records were written. Fails the job if any record is not acknowledged."""
-    from rayk.errors import InvalidConfigurationError, KafkaError
+    from rayk.errors import InvalidConfigurationError
 
     columns = set(df.columns)
     if "value" not in columns:
@@ -191,30 +199,10 @@ def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = 
     cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before any task runs
     address, namespace = _ray_address(), cluster.namespace
     wanted = [c for c in ("key", "value", "partition", "headers", "timestamp") if c in columns]
+    settings = {"acks": acks, **producer_settings}
 
     def write(rows: Any) -> Any:
-        producer = _worker_cluster(address, namespace).producer(acks=acks, **producer_settings)
-        futures = []
-        try:
-            for row in rows:
-                fields = row.asDict()
-                timestamp = fields.get("timestamp")
-                futures.append(
-                    producer.send(
-                        topic,
-                        value=_as_bytes(fields["value"]),
-                        key=_as_bytes(fields.get("key")),
-                        partition=fields.get("partition"),
-                        headers=[(h["key"], _as_bytes(h["value"])) for h in fields["headers"]] if fields.get("headers") else None,
-                        timestamp_ms=None if timestamp is None else int(timestamp.timestamp() * 1000),
-                    )
-                )
-            producer.flush()
-        finally:
-            producer.close()
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            raise KafkaError(f"{len(failed)} of {len(futures)} records were not written to {topic}: {failed[0]}")
-        yield len(futures)
+        records = (_row_record(row.asDict()) for row in rows)
+        yield rayk_data.produce_all(_worker_cluster(address, namespace), topic, records, settings)
 
     return int(df.select(*wanted).rdd.mapPartitions(write).sum())

@@ -114,3 +114,16 @@ def plan_ranges(
         leader = next(d["leader"] for d in description if d["partition"] == p)
         ranges.append(OffsetRange(topic, p, start, end, leader))
     return ranges
+
+
+def plan_read_ranges(
+    cluster: Any,
+    topic: str,
+    starting_offsets: OffsetSpec,
+    ending_offsets: OffsetSpec,
+    starting_timestamp: int | None,
+    max_records: int,
+) -> list[OffsetRange]:
+    """The ranges a batch read's tasks read: the non-empty ones, split every `max_records`."""
+    ranges = plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
+    return [part for r in ranges if r.size > 0 for part in r.split(max_records)]
