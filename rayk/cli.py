@@ -134,10 +134,19 @@ def _nodes() -> dict[str, dict]:
 def _brokers_table(cluster: Any) -> str:
     addresses = {node_id: n["NodeManagerAddress"] for node_id, n in _nodes().items()}
     rows = [
-        (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), b["fenced"], b["connected"])
+        (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), _listener(b), b["fenced"], b["connected"])
         for b in cluster.brokers()
     ]
-    return table(("broker", "node", "address", "fenced", "connected"), rows)
+    return table(("broker", "node", "address", "kafka listener", "fenced", "connected"), rows)
+
+
+def _listener(broker: dict) -> str:
+    return f"{broker['endpoint'][0]}:{broker['endpoint'][1]}" if broker["endpoint"] else "-"
+
+
+def _bootstrap_line(cluster: Any) -> str:
+    servers = cluster.bootstrap_servers
+    return f"bootstrap.servers={servers}" if servers else "no Kafka listeners (listeners is empty)"
 
 
 def _nodes_table(cluster: Any) -> str:
@@ -166,7 +175,7 @@ def cmd_start(args: argparse.Namespace) -> None:
     )
     data_dir = Path(args.data_dir).resolve()
     started = f"rayk cluster of {args.brokers} brokers started in Ray namespace {args.namespace!r}"
-    say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster))
+    say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster), _bootstrap_line(cluster))
 
 
 def _wait_for_broker_nodes(brokers: int, node_resource: str | None, timeout_s: float) -> None:
@@ -202,6 +211,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         args,
         f"rayk cluster in Ray namespace {args.namespace!r}",
         _brokers_table(cluster),
+        _bootstrap_line(cluster),
         table(("topic", "partitions", "replication", "under-replicated"), topics) if topics else "no topics",
         "under-replicated partitions: none"
         if not lagging

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from rayk.errors import InvalidConfigurationError
+from rayk.net.listener_address import parse_listener
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 from rayk.storage.log_config import LogConfig
 
@@ -45,6 +46,13 @@ class BrokerConfig:
     default_replication_factor: int = 1
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
+    auto_create_topics_enable: bool = True  # a Metadata request for a missing topic creates it
+    # The Kafka listener (rayk/net). Each broker listens on the port plus its broker id (port
+    # 0: any free port); an empty host is the node's IP address. "" turns the listener off.
+    listeners: str = "PLAINTEXT://:9092"
+    advertised_listeners: str = ""  # "": what the broker is bound to
+    queued_max_requests: int = 500  # requests read but not answered, over all connections
+    socket_request_max_bytes: int = 100 * 1024 * 1024  # larger request frames close the connection
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -63,9 +71,13 @@ class BrokerConfig:
             "replica_fetch_max_bytes",
             "offsets_topic_num_partitions",
             "offsets_topic_replication_factor",
+            "queued_max_requests",
+            "socket_request_max_bytes",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
+        parse_listener(self.listeners)
+        parse_listener(self.advertised_listeners, "advertised.listeners")
 
     @classmethod
     def from_properties(cls, props: Mapping[str, object] | None = None) -> BrokerConfig:
@@ -76,7 +88,12 @@ class BrokerConfig:
             f = known.get(name)
             if f is None:
                 raise InvalidConfigurationError(f"unknown broker config {name!r}; known: {', '.join(sorted(known))}")
-            changes[f.name] = _parse_bool(name, raw) if f.type in (bool, "bool") else _parse_int(name, raw)
+            if f.type in (bool, "bool"):
+                changes[f.name] = _parse_bool(name, raw)
+            elif f.type in (str, "str"):
+                changes[f.name] = str(raw)
+            else:
+                changes[f.name] = _parse_int(name, raw)
         return replace(cls(), **changes)
 
     def topic_defaults(self) -> dict[str, str]:

@@ -159,6 +159,14 @@ class InvalidTimestampError(KafkaError):
     code, name = 32, "INVALID_TIMESTAMP"
 
 
+class UnsupportedVersionError(KafkaError):
+    code, name = 35, "UNSUPPORTED_VERSION"
+
+
+class InvalidRequestError(KafkaError):
+    code, name = 42, "INVALID_REQUEST"
+
+
 class TopicAlreadyExistsError(KafkaError):
     code, name = 36, "TOPIC_ALREADY_EXISTS"
 

@@ -18,6 +18,7 @@ FAST_CONFIG = {
     "broker.heartbeat.interval.ms": 400,
     "replica.lag.time.max.ms": 5000,
     "replica.high.watermark.checkpoint.interval.ms": 500,
+    "listeners": "PLAINTEXT://127.0.0.1:0",  # tests bind to loopback, on free ports
 }
 
 

@@ -21,6 +21,7 @@ import rayk
 from rayk import cli
 
 NAMESPACE = "cli-test"
+LOOPBACK_LISTENER = "PLAINTEXT://127.0.0.1:0"  # tests bind to loopback, on free ports
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -37,7 +38,7 @@ def cluster(address, tmp_path_factory):
         brokers=3,
         data_dir=tmp_path_factory.mktemp("cli-data"),
         namespace=NAMESPACE,
-        config={"group.initial.rebalance.delay.ms": 0},
+        config={"group.initial.rebalance.delay.ms": 0, "listeners": LOOPBACK_LISTENER},
     )
     yield c
     c.shutdown()
@@ -181,7 +182,10 @@ def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluste
     status = ok(run("status"))
     brokers = rows(status.split("\n\n")[1])
     assert [r[0] for r in brokers] == ["0", "1", "2"] and all(r[-2:] == ["no", "yes"] for r in brokers)
-    assert ["status-topic", "1", "3", "0"] in rows(status.split("\n\n")[2])
+    assert all(r[3].startswith("127.0.0.1:") for r in brokers), "each broker's Kafka listener"
+    assert status.split("\n\n")[2] == f"bootstrap.servers={cluster.bootstrap_servers}"
+    assert cluster.bootstrap_servers.count("127.0.0.1:") == 3
+    assert ["status-topic", "1", "3", "0"] in rows(status.split("\n\n")[3])
     assert "under-replicated partitions: none" in status
 
 
@@ -212,7 +216,8 @@ def test_user_mistakes_are_one_line_errors(run):
 def test_start_status_stop_in_a_namespace_of_its_own(run, tmp_path):
     data_dir = tmp_path / "rayk-data"
     started = ok(run("start", "--brokers", "1", "--data-dir", str(data_dir),
-                     "--config", "group.initial.rebalance.delay.ms=0", namespace="cli-start"))  # fmt: skip
+                     "--config", "group.initial.rebalance.delay.ms=0", f"listeners={LOOPBACK_LISTENER}",
+                     namespace="cli-start"))  # fmt: skip
     assert "started in Ray namespace 'cli-start'" in started and (data_dir / "broker-0").is_dir()
     assert rows(started.split("\n\n")[1])[0][0] == "0", "broker 0 listed"
     assert "cpus" in started.split("\n\n")[2], "nodes listed"

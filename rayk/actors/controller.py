@@ -71,6 +71,7 @@ class Controller:
         now = time.monotonic()
         self._last_heartbeat: dict[int, float] = {b: now for b in self._meta.live_brokers}
         self._managers: dict[int, Any] = {}  # broker id -> ReplicaManager handle, this session
+        self._endpoints: dict[int, tuple[str, int]] = {}  # broker id -> Kafka listener (host, port)
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
         self._tasks: set[asyncio.Task] = set()
         self._registering: set[int] = set()
@@ -116,9 +117,16 @@ class Controller:
 
     # ------------------------------------------------------------------ broker sessions
 
-    async def register_broker(self, broker_id: int, node_id: str, manager: Any) -> tuple[int, dict]:
+    async def register_broker(
+        self, broker_id: int, node_id: str, manager: Any, endpoint: tuple[str, int] | None = None
+    ) -> tuple[int, dict]:
         """A ReplicaManager (re)starts. Returns its broker epoch and the partitions assigned
-        to it (topic, partition) -> topic id, after pushing their states to it."""
+        to it (topic, partition) -> topic id, after pushing their states to it. `endpoint` is
+        its Kafka listener's advertised (host, port), if it runs one."""
+        if endpoint is None:
+            self._endpoints.pop(broker_id, None)
+        else:
+            self._endpoints[broker_id] = (str(endpoint[0]), int(endpoint[1]))
         changed: set[tuple[str, int]] = set()
         registration = self._meta.brokers.get(broker_id)
         if registration is not None and not registration.fenced and broker_id in self._managers:
@@ -383,6 +391,27 @@ class Controller:
             }
         return out
 
+    async def client_metadata(self, topics: list[str] | None = None) -> dict[str, Any]:
+        """What Kafka's Metadata answer holds: the live brokers' listeners, and per topic
+        (all, or those of `topics` that exist) its id and per partition leader, epoch,
+        replicas and ISR."""
+        live = self._meta.live_brokers
+        names = sorted(self._meta.topics) if topics is None else [t for t in topics if t in self._meta.topics]
+        return {
+            "cluster_id": self._meta.cluster_id,
+            "brokers": {b: self._endpoints[b] for b in sorted(live) if b in self._endpoints},
+            "topics": {
+                name: {
+                    "topic_id": self._meta.topics[name].topic_id,
+                    "partitions": {
+                        p: {"leader": s.leader, "leader_epoch": s.leader_epoch, "replicas": list(s.replicas), "isr": list(s.isr)}
+                        for p, s in sorted(self._meta.topics[name].partitions.items())
+                    },
+                }
+                for name in names
+            },
+        }
+
     # ------------------------------------------------------------------ brokers
 
     async def brokers(self) -> list[dict]:
@@ -393,6 +422,7 @@ class Controller:
                 "node_id": b.node_id,
                 "fenced": b.fenced,
                 "connected": b.broker_id in self._managers,
+                "endpoint": self._endpoints.get(b.broker_id),
             }
             for b in sorted(self._meta.brokers.values(), key=lambda r: r.broker_id)
         ]

@@ -249,7 +249,12 @@ class GroupCoordinator:
         members = []
         if group is not None:
             members = [
-                {"member_id": m.member_id, "client_id": m.client_id, "assignment": m.assignment}
+                {
+                    "member_id": m.member_id,
+                    "client_id": m.client_id,
+                    "assignment": m.assignment,
+                    "metadata": dict(m.protocols).get(group.protocol, b""),  # the chosen protocol's
+                }
                 for m in group.members.values()
             ]
         return {

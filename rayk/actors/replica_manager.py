@@ -1,7 +1,9 @@
 """ReplicaManager: one broker, as a Ray actor pinned to one node (Kafka's ReplicaManager
 plus its BrokerLifecycleManager).
 
-A broker is this actor, the PartitionReplica actors it creates, and (later) its listener.
+A broker is this actor, the PartitionReplica actors it creates, and its Kafka listener (a
+SocketServer actor on the same node, started before registering so that the Controller
+can tell clients where the broker listens).
 It owns `<data_dir>/broker-<id>` on its node's disk: `meta.properties` (broker and
 cluster id, checked at every start), the three offset checkpoints, and one
 `<topic>-<partition>` directory per replica, each with a `partition.metadata` naming the
@@ -45,6 +47,8 @@ from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import StaleBrokerEpochError
+from rayk.net.listener_address import parse_listener
+from rayk.net.socket_server import SocketServerActor
 from rayk.storage import meta_properties, partition_metadata
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.log_manager import partition_dir_name
@@ -102,6 +106,8 @@ class ReplicaManager:
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
         self._stopped: asyncio.Event | None = None
+        self._listener: Any = None  # this broker's SocketServer actor, if it runs one
+        self._endpoint: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -110,6 +116,7 @@ class ReplicaManager:
         if self._stopped is None:
             self._stopped = asyncio.Event()
         if self._broker_epoch < 0:
+            await self._start_listener()
             await self._register()
             c = self.config
             self._loops = [
@@ -120,9 +127,18 @@ class ReplicaManager:
             ]
         return self._broker_epoch
 
+    async def _start_listener(self) -> None:
+        """The broker's Kafka listener, on this node, when `listeners` names one."""
+        if self._listener is not None or parse_listener(self.config.listeners) is None:
+            return
+        self._listener = SocketServerActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+        ).remote(self.broker_id, self._controller, self.config)
+        self._endpoint = await self._listener.start.remote()
+
     async def _register(self) -> None:
         me = ray.get_runtime_context().current_actor
-        epoch, assigned = await self._controller.register_broker.remote(self.broker_id, self._node_id, me)
+        epoch, assigned = await self._controller.register_broker.remote(self.broker_id, self._node_id, me, self._endpoint)
         self._broker_epoch = epoch
         await self._delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
@@ -161,6 +177,10 @@ class ReplicaManager:
 
     async def shutdown(self) -> None:
         """Clean shutdown: stop the loops, close every replica (flushing its log), checkpoint."""
+        if self._listener is not None:
+            await asyncio.gather(self._listener.stop.remote(), return_exceptions=True)
+            ray.kill(self._listener)
+            self._listener = None
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)

@@ -214,6 +214,12 @@ class Cluster:
     def brokers(self) -> list[dict]:
         return ray.get(self.controller.brokers.remote())
 
+    @property
+    def bootstrap_servers(self) -> str:
+        """The live brokers' Kafka listeners as a `bootstrap.servers` string for Kafka clients
+        ("" when no broker runs a listener: `listeners` set to "")."""
+        return ",".join(f"{b['endpoint'][0]}:{b['endpoint'][1]}" for b in self.brokers() if b["endpoint"] and not b["fenced"])
+
     def broker(self, broker_id: int) -> Any:
         """The ReplicaManager actor handle of a broker, or None if it is not running."""
         return _find_actor(broker_actor_name(broker_id), self.namespace)

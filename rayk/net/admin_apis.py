@@ -1,0 +1,212 @@
+"""ApiVersions, Metadata, DescribeCluster, CreateTopics, DeleteTopics, DescribeConfigs and
+InitProducerId: the cluster-wide APIs, answered from (or passed to) the Controller.
+
+Every broker answers them, as in KRaft-mode Kafka, where clients' admin requests reach any
+broker and are forwarded to the controller. Metadata lists the live brokers that run a
+listener, and each partition's leader, epoch, replicas and ISR as the Controller has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from rayk.storage.log_manager import is_legal_topic_name
+from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.config import log_config_of, validate_topic_configs
+from rayk.errors import (
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTopicError,
+    LeaderNotAvailableError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from rayk.net.api_versions import SUPPORTED_VERSIONS
+from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
+from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
+
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+TOPIC_CONFIG_SOURCE, STATIC_BROKER_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 1, 4, 5
+INVALID_REPLICA_ASSIGNMENT = 39
+
+
+def api_versions_body(error_code: int = 0) -> dict:
+    keys = [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())]
+    return {"error_code": error_code, "api_keys": keys}
+
+
+async def api_versions(view: BrokerView, request: Any) -> dict:
+    return api_versions_body()
+
+
+def _brokers(described: dict) -> list[dict]:
+    return [{"node_id": b, "broker_id": b, "host": h, "port": p, "rack": None} for b, (h, p) in described["brokers"].items()]
+
+
+def _controller_id(described: dict) -> int:
+    """The broker that clients send controller requests to: any broker forwards them to
+    the Controller actor, so the lowest live one."""
+    return min(described["brokers"], default=-1)
+
+
+async def metadata(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    requested = body.topics
+    if requested is not None and request.head.api_version == 0 and not requested:
+        requested = None  # v0: an empty list means every topic
+    names = None if requested is None else [t.name for t in requested]
+    described = await view.controller.client_metadata.remote(names)
+    topics = [_topic_metadata(name, t) for name, t in described["topics"].items()]
+    for name in [n for n in names or [] if n not in described["topics"]]:
+        topics.append({"name": name, "error_code": await _missing_topic_code(view, name, body),
+                       "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
+    return {
+        "brokers": _brokers(described),
+        "cluster_id": described["cluster_id"],
+        "controller_id": _controller_id(described),
+        "topics": topics,
+    }
+
+
+def _topic_metadata(name: str, topic: dict) -> dict:
+    partitions = []
+    for p, s in topic["partitions"].items():
+        partitions.append({
+            "error_code": 0 if s["leader"] >= 0 else LeaderNotAvailableError.code,
+            "partition_index": p,
+            "leader_id": s["leader"],
+            "leader_epoch": s["leader_epoch"],
+            "replica_nodes": s["replicas"],
+            "isr_nodes": s["isr"],
+            "offline_replicas": [],
+        })
+    return {"name": name, "topic_id": topic["topic_id"], "is_internal": name == OFFSETS_TOPIC,
+            "partitions": partitions, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS}
+
+
+async def _missing_topic_code(view: BrokerView, name: str, body: Any) -> int:
+    """UNKNOWN_TOPIC_OR_PARTITION, or (auto.create.topics.enable and the client allows it)
+    create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does."""
+    if not is_legal_topic_name(name):
+        return InvalidTopicError.code
+    if not (view.config.auto_create_topics_enable and getattr(body, "allow_auto_topic_creation", True)):
+        return UnknownTopicOrPartitionError.code
+    try:
+        await view.controller.create_topic.remote(name)
+    except TopicAlreadyExistsError:
+        pass
+    except Exception as e:
+        return error_code_of(e)
+    return LeaderNotAvailableError.code
+
+
+async def describe_cluster(view: BrokerView, request: Any) -> dict:
+    described = await view.controller.client_metadata.remote([])
+    return {
+        "endpoint_type": 1,
+        "cluster_id": described["cluster_id"],
+        "controller_id": _controller_id(described),
+        "brokers": _brokers(described),
+        "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+    }
+
+
+async def create_topics(view: BrokerView, request: Any) -> dict:
+    body = request.body
+
+    async def one(t: Any) -> dict:
+        configs = {c.name: c.value for c in t.configs}
+        try:
+            if t.assignments:
+                return {"name": t.name, "error_code": INVALID_REPLICA_ASSIGNMENT,
+                        "error_message": "rayk places replicas itself: give num_partitions and replication_factor"}
+            if body.validate_only:
+                _validate(t.name, t.num_partitions, t.replication_factor, configs)
+                return {"name": t.name, "num_partitions": t.num_partitions, "replication_factor": t.replication_factor}
+            partitions = await view.controller.create_topic.remote(t.name, t.num_partitions, t.replication_factor, configs)
+        except Exception as e:
+            return {"name": t.name, "error_code": error_code_of(e), "error_message": error_message_of(e),
+                    "num_partitions": -1, "replication_factor": -1}
+        return {"name": t.name, "topic_id": partitions[0]["topic_id"], "num_partitions": len(partitions),
+                "replication_factor": len(partitions[0]["replicas"])}
+
+    return {"topics": list(await asyncio.gather(*(one(t) for t in body.topics)))}
+
+
+def _validate(name: str, num_partitions: int, replication_factor: int, configs: dict) -> None:
+    if not is_legal_topic_name(name):
+        raise InvalidTopicError(f"illegal topic name {name!r}")
+    if num_partitions == 0 or num_partitions < -1:
+        raise InvalidPartitionsError(f"num_partitions must be >= 1 (or -1 for the default), got {num_partitions}")
+    if replication_factor == 0 or replication_factor < -1:
+        raise InvalidReplicationFactorError(f"replication_factor must be >= 1 (or -1), got {replication_factor}")
+    validate_topic_configs(configs)
+
+
+async def delete_topics(view: BrokerView, request: Any) -> dict:
+    async def one(name: str) -> dict:
+        try:
+            if name not in await view.controller.list_topics.remote():
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            await view.controller.delete_topic.remote(name)
+        except Exception as e:
+            return {"name": name, "error_code": error_code_of(e), "error_message": error_message_of(e)}
+        return {"name": name}
+
+    return {"responses": list(await asyncio.gather(*(one(n) for n in request.body.topic_names)))}
+
+
+async def describe_configs(view: BrokerView, request: Any) -> dict:
+    async def one(r: Any) -> dict:
+        base = {"resource_type": r.resource_type, "resource_name": r.resource_name}
+        try:
+            if r.resource_type == TOPIC_RESOURCE:
+                configs = _topic_configs(view, await view.controller.topic_configs.remote(r.resource_name))
+            elif r.resource_type == BROKER_RESOURCE:
+                configs = _broker_configs(view)
+            else:
+                raise InvalidRequestError(f"resource type {r.resource_type} has no configs in rayk (2 topic, 4 broker)")
+        except Exception as e:
+            return {**base, "error_code": error_code_of(e), "error_message": error_message_of(e)}
+        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        return {**base, "configs": [c for c in configs if keys is None or c["name"] in keys]}
+
+    return {"results": list(await asyncio.gather(*(one(r) for r in request.body.resources)))}
+
+
+def _topic_configs(view: BrokerView, explicit: dict[str, str]) -> list[dict]:
+    defaults = log_config_of({})
+    values = {name: _config_text(getattr(defaults, field)) for name, field in LOG_PROPERTY_FIELDS.items()}
+    values.update(view.config.topic_defaults())
+    out = []
+    for name in sorted(set(values) | set(explicit)):
+        source = TOPIC_CONFIG_SOURCE if name in explicit else DEFAULT_CONFIG_SOURCE
+        out.append({"name": name, "value": explicit.get(name, values.get(name)), "read_only": False,
+                    "config_source": source, "is_sensitive": False, "synonyms": []})
+    return out
+
+
+def _broker_configs(view: BrokerView) -> list[dict]:
+    return [{"name": f.name.replace("_", "."), "value": _config_text(getattr(view.config, f.name)), "read_only": True,
+             "config_source": STATIC_BROKER_CONFIG_SOURCE, "is_sensitive": False, "synonyms": []}
+            for f in dataclasses.fields(view.config)]
+
+
+def _config_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(getattr(value, "value", value))
+
+
+async def init_producer_id(view: BrokerView, request: Any) -> dict:
+    if request.body.transactional_id is not None:
+        raise InvalidRequestError("transactions are not supported by rayk")
+    producer_id = await view.controller.init_producer_id.remote()
+    return {"producer_id": producer_id, "producer_epoch": 0}
+

@@ -1,0 +1,45 @@
+"""Which Kafka APIs the listener serves, and over which versions.
+
+The floor is Kafka 4.0's (KIP-896: Produce >= 3, Fetch >= 4, ...), which is also where the
+codec's schemas start. Ceilings stop below versions whose semantics rayk does not have:
+topic ids instead of names on the data path (Produce/Fetch v13, OffsetCommit/OffsetFetch
+v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered offsets (v7+), two-phase
+commit producer ids (InitProducerId v6), fenced brokers in DescribeCluster (v2).
+"""
+
+from __future__ import annotations
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS, API_VERSIONS = 15, 16, 18
+CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 19, 20, 22
+OFFSET_FOR_LEADER_EPOCH, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = 23, 32, 60
+
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 12),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 6),
+    METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    FIND_COORDINATOR: (0, 6),
+    JOIN_GROUP: (0, 9),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 6),
+    LIST_GROUPS: (0, 5),
+    API_VERSIONS: (0, 4),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 5),
+    INIT_PRODUCER_ID: (0, 5),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    DESCRIBE_CONFIGS: (1, 4),
+    DESCRIBE_CLUSTER: (0, 1),
+}
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    span = SUPPORTED_VERSIONS.get(api_key)
+    return span is not None and span[0] <= api_version <= span[1]

@@ -1,0 +1,77 @@
+"""What one listener knows about its broker and how it reaches the broker's replicas.
+
+Requests on the data and group paths go to this broker's own replica of a partition (the
+replica answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR when it does not lead, so clients
+refresh their metadata, as with Kafka). Replica handles are looked up at the Controller
+once and cached; a handle whose actor died is dropped and looked up again next time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
+from rayk.config import BrokerConfig
+from rayk.errors import KafkaError, NotLeaderOrFollowerError, UnknownServerError
+
+logger = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+class BrokerView:
+    def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
+        self.broker_id = broker_id
+        self.controller = controller
+        self.config = config
+        self._replicas: dict[TopicPartition, Any] = {}
+        self._offsets_partitions: int | None = None
+
+    async def replica(self, topic: str, partition: int) -> Any:
+        """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no
+        such partition, NOT_LEADER_OR_FOLLOWER if this broker holds no replica of it."""
+        tp = (topic, partition)
+        handle = self._replicas.get(tp)
+        if handle is None:
+            handle = await self.controller.replica.remote(topic, partition, self.broker_id)
+            if handle is None:
+                raise NotLeaderOrFollowerError(f"broker {self.broker_id} holds no replica of {topic}-{partition}")
+            self._replicas[tp] = handle
+        return handle
+
+    def forget(self, topic: str, partition: int) -> None:
+        self._replicas.pop((topic, partition), None)
+
+    async def call(self, topic: str, partition: int, method: str, *args: Any, lost: type[KafkaError] = NotLeaderOrFollowerError) -> Any:
+        """`method(*args)` on this broker's replica; raises `lost` if the replica's actor is gone."""
+        handle = await self.replica(topic, partition)
+        try:
+            return await getattr(handle, method).remote(*args)
+        except RayActorError:
+            self.forget(topic, partition)
+            raise lost(f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting") from None
+
+    async def group_partition(self, group_id: str) -> int:
+        """The __consumer_offsets partition coordinating `group_id` (creating the topic on first use)."""
+        if self._offsets_partitions is None:
+            await self.controller.find_coordinator.remote(group_id)
+            described = await self.controller.client_metadata.remote([OFFSETS_TOPIC])
+            self._offsets_partitions = len(described["topics"][OFFSETS_TOPIC]["partitions"])
+        return coordinator_partition(group_id, self._offsets_partitions)
+
+
+def error_code_of(error: BaseException) -> int:
+    """Kafka's code for an exception out of a handler (UNKNOWN_SERVER_ERROR for bugs)."""
+    if isinstance(error, KafkaError):
+        return error.code
+    logger.error("unexpected error serving a request", exc_info=error)
+    return UnknownServerError.code
+
+
+def error_message_of(error: BaseException) -> str:
+    if isinstance(error, KafkaError):
+        return str(getattr(error, "cause", None) or error)
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,163 @@
+"""Produce, Fetch, ListOffsets and OffsetForLeaderEpoch: the data path.
+
+Record batches travel as the bytes the client sent (Produce) and the bytes the log holds
+(Fetch): the listener never decodes or re-encodes records; the partition replica validates
+and stores them. Each partition of a request goes to this broker's replica of it, all
+partitions concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
+from rayk.errors import CorruptRecordError, InvalidRequestError, KafkaError
+from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
+from rayk.net.entities import ms
+
+FETCH_SESSION_ID_NOT_FOUND = 70
+CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the connection
+
+
+async def produce(view: BrokerView, request: Any) -> dict | object | None:
+    body = request.body
+    if body.transactional_id is not None:
+        raise InvalidRequestError("transactions are not supported by rayk")
+    acks, timeout_ms = body.acks, ms(body.timeout)
+
+    async def one(topic: str, index: int, records: bytes | None) -> dict:
+        try:
+            if records is None:
+                raise CorruptRecordError("a produce request without records")
+            result = await view.call(topic, index, "produce", bytes(records), acks, timeout_ms)
+            if result.error is not None:
+                raise result.error
+            return {
+                "index": index,
+                "base_offset": result.base_offset,
+                "log_append_time": result.log_append_time_ms,
+                "log_start_offset": result.log_start_offset,
+            }
+        except Exception as e:  # one partition's failure is that partition's error code
+            return {"index": index, "error_code": error_code_of(e), "error_message": error_message_of(e),
+                    "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
+
+    topics = [(t.name, [p.index for p in t.partition_data]) for t in body.topic_data]
+    results = await asyncio.gather(
+        *(one(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data)
+    )
+    if acks == 0:
+        return CLOSE_CONNECTION if any(r.get("error_code") for r in results) else None
+    it = iter(results)
+    return {"responses": [{"name": name, "partition_responses": [next(it) for _ in indexes]} for name, indexes in topics]}
+
+
+async def fetch(view: BrokerView, request: Any) -> dict:
+    """Answers when `min_bytes` are ready over all partitions or `max_wait` has passed:
+    first a read of every partition without waiting, then (if that fell short) a wait on
+    every partition at once, answered as soon as enough bytes arrived."""
+    body = request.body
+    if getattr(body, "session_id", 0) != 0:  # rayk creates no fetch sessions: every fetch is a full one
+        return {"error_code": FETCH_SESSION_ID_NOT_FOUND, "session_id": 0, "responses": []}
+    wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
+    deadline = time.monotonic() + max(ms(body.max_wait), 0) / 1000
+    min_bytes = max(body.min_bytes, 1)
+
+    async def one(topic: str, p: Any, wait_ms: int) -> dict:
+        try:
+            result = await view.call(
+                topic, p.partition, "fetch", p.fetch_offset, max(p.partition_max_bytes, 0), 1, wait_ms,
+                CONSUMER_REPLICA_ID, getattr(p, "current_leader_epoch", -1),
+            )
+            if result.error is not None:
+                raise result.error
+            error = 0
+        except KafkaError as e:
+            error, result = e.code, None
+        except Exception as e:
+            error, result = error_code_of(e), None
+        hw = result.high_watermark if result else -1
+        return {
+            "partition_index": p.partition,
+            "error_code": error,
+            "high_watermark": hw,
+            "last_stable_offset": hw,
+            "log_start_offset": result.log_start_offset if result else -1,
+            "aborted_transactions": [],
+            "preferred_read_replica": -1,
+            "records": result.records if result else b"",
+        }
+
+    answers = list(await asyncio.gather(*(one(t, p, 0) for t, p in wanted)))
+    remaining_ms = int((deadline - time.monotonic()) * 1000)
+    if _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
+        answers = await _wait_for_bytes(answers, [asyncio.ensure_future(one(t, p, remaining_ms)) for t, p in wanted],
+                                        min_bytes, remaining_ms)
+    _trim_to(answers, body.max_bytes)
+    out: list[dict] = []
+    for (topic, _), answer in zip(wanted, answers):
+        if not out or out[-1]["topic"] != topic:
+            out.append({"topic": topic, "partitions": []})
+        out[-1]["partitions"].append(answer)
+    return {"error_code": 0, "session_id": 0, "responses": out}
+
+
+def _ready_bytes(answers: list[dict]) -> int:
+    return sum(len(a["records"]) for a in answers)
+
+
+async def _wait_for_bytes(answers: list[dict], waits: list[asyncio.Future], min_bytes: int, remaining_ms: int) -> list[dict]:
+    pending = set(waits)
+    deadline = time.monotonic() + remaining_ms / 1000
+    while pending:
+        done, pending = await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0),
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for future in done:
+            answers[waits.index(future)] = future.result()
+        if not done or _ready_bytes(answers) >= min_bytes or any(a["error_code"] for a in answers):
+            break
+    for future in pending:  # still parked at their replicas; they return by max_wait anyway
+        future.cancel()
+    return answers
+
+
+def _trim_to(answers: list[dict], max_bytes: int) -> None:
+    """Kafka's response size limit: partitions in request order until `max_bytes`; the
+    first partition with data is always included, so a big batch can make progress."""
+    total = 0
+    for answer in answers:
+        size = len(answer["records"])
+        if size and total and total + size > max_bytes:
+            answer["records"] = b""
+        total += len(answer["records"])
+
+
+async def list_offsets(view: BrokerView, request: Any) -> dict:
+    async def one(topic: str, p: Any) -> dict:
+        try:
+            offset, timestamp = await view.call(topic, p.partition_index, "list_offset", p.timestamp)
+            return {"partition_index": p.partition_index, "offset": offset, "timestamp": timestamp, "leader_epoch": -1}
+        except Exception as e:
+            return {"partition_index": p.partition_index, "error_code": error_code_of(e), "offset": -1, "timestamp": -1,
+                    "leader_epoch": -1}
+
+    topics = request.body.topics
+    results = await asyncio.gather(*(one(t.name, p) for t in topics for p in t.partitions))
+    it = iter(results)
+    return {"topics": [{"name": t.name, "partitions": [next(it) for _ in t.partitions]} for t in topics]}
+
+
+async def offset_for_leader_epoch(view: BrokerView, request: Any) -> dict:
+    async def one(topic: str, p: Any) -> dict:
+        try:
+            epoch, end_offset = await view.call(topic, p.partition, "offsets_for_leader_epoch", p.leader_epoch)
+            return {"partition": p.partition, "leader_epoch": epoch, "end_offset": end_offset}
+        except Exception as e:
+            return {"partition": p.partition, "error_code": error_code_of(e), "leader_epoch": -1, "end_offset": -1}
+
+    topics = request.body.topics
+    results = await asyncio.gather(*(one(t.topic, p) for t in topics for p in t.partitions))
+    it = iter(results)
+    return {"topics": [{"topic": t.topic, "partitions": [next(it) for _ in t.partitions]} for t in topics]}

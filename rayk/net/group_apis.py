@@ -1,0 +1,197 @@
+"""FindCoordinator and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
+OffsetFetch, ListGroups, DescribeGroups).
+
+A group's coordinator is the leader of its `__consumer_offsets` partition. The listener
+passes group requests to this broker's replica of that partition, whose GroupCoordinator
+answers NOT_COORDINATOR when it does not lead it; so a Kafka client and a rayk client in
+the same group meet at the same coordinator and share committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.errors import CoordinatorNotAvailableError, InvalidRequestError, KafkaError, NotCoordinatorError
+from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
+from rayk.net.entities import ms
+
+GROUP_KEY_TYPE = 0
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+
+
+async def _coordinator_call(view: BrokerView, group_id: str, method: str, *args: Any) -> Any:
+    partition = await view.group_partition(group_id)
+    try:
+        return await view.call(OFFSETS_TOPIC, partition, method, group_id, *args, lost=CoordinatorNotAvailableError)
+    except KafkaError as e:
+        if e.code == 6:  # this broker holds no replica of the group's partition
+            raise NotCoordinatorError(f"broker {view.broker_id} does not coordinate group {group_id!r}") from None
+        raise
+
+
+async def find_coordinator(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    keys = list(getattr(body, "coordinator_keys", None) or [getattr(body, "key", "")])
+
+    async def one(key: str) -> dict:
+        try:
+            if body.key_type != GROUP_KEY_TYPE:
+                raise InvalidRequestError("only consumer group coordinators exist in rayk (no transactions)")
+            partition = await view.group_partition(key)
+            described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
+            leader = described["topics"][OFFSETS_TOPIC]["partitions"][partition]["leader"]
+            endpoint = described["brokers"].get(leader)
+            if endpoint is None:
+                raise CoordinatorNotAvailableError(f"the coordinator of group {key!r} (broker {leader}) is not available")
+            return {"key": key, "node_id": leader, "host": endpoint[0], "port": endpoint[1]}
+        except Exception as e:
+            return {"key": key, "error_code": error_code_of(e), "error_message": error_message_of(e),
+                    "node_id": -1, "host": "", "port": -1}
+
+    coordinators = await asyncio.gather(*(one(k) for k in keys))
+    return {**coordinators[0], "coordinators": coordinators}  # v0-3 answer at the top level, v4+ in the list
+
+
+async def join_group(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    session_ms = ms(body.session_timeout)
+    rebalance_ms = ms(getattr(body, "rebalance_timeout", None), session_ms)
+    protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
+    try:
+        result = await _coordinator_call(
+            view, body.group_id, "join_group", body.member_id, request.client_id or "", session_ms, rebalance_ms,
+            body.protocol_type, protocols,
+        )
+    except Exception as e:
+        return {"error_code": error_code_of(e), "generation_id": -1, "member_id": body.member_id, "leader": "",
+                "protocol_name": None}
+    return {
+        "generation_id": result.generation,
+        "protocol_type": body.protocol_type,
+        "protocol_name": result.protocol,
+        "leader": result.leader_id,
+        "member_id": result.member_id,
+        "members": [{"member_id": m, "metadata": metadata} for m, metadata in result.members],
+    }
+
+
+async def sync_group(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    assignments = {a.member_id: bytes(a.assignment) for a in body.assignments} or None
+    try:
+        assignment = await _coordinator_call(view, body.group_id, "sync_group", body.generation_id, body.member_id, assignments)
+    except Exception as e:
+        return {"error_code": error_code_of(e), "assignment": b""}
+    return {"protocol_type": getattr(body, "protocol_type", None), "protocol_name": getattr(body, "protocol_name", None),
+            "assignment": assignment}
+
+
+async def heartbeat(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    try:
+        await _coordinator_call(view, body.group_id, "heartbeat", body.generation_id, body.member_id)
+    except Exception as e:
+        return {"error_code": error_code_of(e)}
+    return {}
+
+
+async def leave_group(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    members = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
+    answers = []
+    for member_id in members:
+        try:
+            await _coordinator_call(view, body.group_id, "leave_group", member_id)
+            answers.append({"member_id": member_id})
+        except Exception as e:
+            answers.append({"member_id": member_id, "error_code": error_code_of(e)})
+    top = answers[0].get("error_code", 0) if len(answers) == 1 else 0
+    return {"error_code": top, "members": answers}
+
+
+async def offset_commit(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    offsets = {
+        (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
+        for t in body.topics for p in t.partitions
+    }
+    code = 0
+    try:
+        await _coordinator_call(view, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
+                                body.member_id, offsets)
+    except Exception as e:
+        code = error_code_of(e)
+    return {"topics": [{"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": code}
+                                                       for p in t.partitions]} for t in body.topics]}
+
+
+async def offset_fetch(view: BrokerView, request: Any) -> dict:
+    body = request.body
+    if hasattr(body, "groups"):  # v8+: several groups per request
+        groups = [await _fetch_group(view, g.group_id, g.topics) for g in body.groups]
+        return {"groups": groups}
+    answer = await _fetch_group(view, body.group_id, body.topics)
+    return {"topics": answer["topics"], "error_code": answer["error_code"]}
+
+
+async def _fetch_group(view: BrokerView, group_id: str, topics: Any) -> dict:
+    wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
+    try:
+        committed = await _coordinator_call(view, group_id, "fetch_offsets", wanted)
+    except Exception as e:
+        return {"group_id": group_id, "error_code": error_code_of(e), "topics": []}
+    if wanted is None:
+        wanted = sorted(committed)
+    by_topic: dict[str, list[dict]] = {}
+    for topic, partition in wanted:
+        c = committed.get((topic, partition))
+        by_topic.setdefault(topic, []).append({
+            "partition_index": partition,
+            "committed_offset": c.offset if c else -1,
+            "committed_leader_epoch": -1,
+            "metadata": c.metadata if c else "",
+        })
+    return {"group_id": group_id, "error_code": 0,
+            "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+
+
+async def list_groups(view: BrokerView, request: Any) -> dict:
+    """The groups this broker coordinates (as Kafka: an admin client asks every broker)."""
+    states = {s.lower() for s in (getattr(request.body, "states_filter", None) or ())}
+    described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
+    partitions = described["topics"].get(OFFSETS_TOPIC, {}).get("partitions", {})
+    mine = [p for p, s in partitions.items() if s["leader"] == view.broker_id]
+    found = await asyncio.gather(*(view.call(OFFSETS_TOPIC, p, "list_groups") for p in mine), return_exceptions=True)
+    groups = []
+    for answer in found:
+        if isinstance(answer, BaseException):
+            continue  # leadership moved since the metadata was read
+        for g in answer:
+            if not states or g["state"].lower() in states:
+                groups.append({"group_id": g["group_id"], "protocol_type": g["protocol_type"],
+                               "group_state": g["state"], "group_type": "classic"})
+    return {"groups": groups}
+
+
+async def describe_groups(view: BrokerView, request: Any) -> dict:
+    async def one(group_id: str) -> dict:
+        try:
+            g = await _coordinator_call(view, group_id, "describe_group")
+        except Exception as e:
+            return {"group_id": group_id, "error_code": error_code_of(e), "error_message": error_message_of(e),
+                    "group_state": "", "protocol_type": "", "protocol_data": "",
+                    "authorized_operations": NO_AUTHORIZED_OPERATIONS}
+        return {
+            "group_id": group_id,
+            "group_state": g["state"],
+            "protocol_type": g["protocol_type"] or "",
+            "protocol_data": g["protocol"] or "",
+            "members": [{"member_id": m["member_id"], "client_id": m["client_id"], "client_host": "",
+                         "member_metadata": m.get("metadata", b""), "member_assignment": m["assignment"] or b""}
+                        for m in g["members"]],
+            "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    return {"groups": list(await asyncio.gather(*(one(g) for g in request.body.groups)))}

@@ -1,0 +1,254 @@
+"""Real Kafka clients (kafka-python and confluent-kafka / librdkafka) against rayk's
+listeners: metadata, produce with every acks setting and codec, consume with assign + seek
+and with subscribe in a group, offsets shared with rayk's own groups, records crossing
+between the Python API and Kafka clients both ways."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import confluent_kafka
+import kafka
+import pytest
+import ray
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.structs import OffsetAndMetadata
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
+import rayk
+from rayk.client import TopicPartition
+from tests.cluster_helpers import FAST_CONFIG, wait_until
+
+CONFIG = {
+    **FAST_CONFIG,
+    "group.initial.rebalance.delay.ms": 0,
+    "group.min.session.timeout.ms": 1000,
+    "num.partitions": 3,
+    "default.replication.factor": 3,
+}
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("kafka-clients"), config=CONFIG, namespace="kafka-clients")
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cluster):
+    return cluster.bootstrap_servers
+
+
+def new_topic(cluster, partitions=3) -> str:
+    name = f"k{next(_names)}"
+    cluster.create_topic(name, partitions=partitions, replication_factor=3)
+    return name
+
+
+def kafka_python_read(bootstrap, topic, expected, partitions=3, **settings):
+    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **settings)
+    consumer.assign([KafkaTopicPartition(topic, p) for p in range(partitions)])
+    consumer.seek_to_beginning()
+    records = []
+    deadline = time.monotonic() + 30
+    while len(records) < expected and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            records += batch
+    consumer.close()
+    return records
+
+
+def test_metadata_and_admin_through_kafka_python(cluster, bootstrap):
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        described = admin.describe_cluster()
+        assert sorted(b["broker_id"] for b in described["brokers"]) == [0, 1, 2], described
+        admin.create_topics([NewTopic("from-kafka-admin", num_partitions=2, replication_factor=3,
+                                      topic_configs={"retention.ms": "3600000"})])
+        assert len(cluster.describe_topic("from-kafka-admin")) == 2
+        assert "from-kafka-admin" in admin.list_topics()
+        configs = admin.describe_configs([kafka.admin.ConfigResource("TOPIC", "from-kafka-admin")])
+        assert "retention.ms" in str(configs)
+        admin.delete_topics(["from-kafka-admin"])
+        wait_until(lambda: "from-kafka-admin" not in cluster.list_topics(), 10, "topic deletion")
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_kafka_python_produces_with_every_codec_and_reads_back(cluster, bootstrap, acks):
+    topic = new_topic(cluster)
+    sent = []
+    for codec in CODECS:
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=5,
+                                       compression_type=None if codec == "none" else codec,
+                                       enable_idempotence=acks == "all")
+        for i in range(40):
+            key = f"key-{i % 7}".encode() if i % 2 else None
+            value = f"{codec}-{acks}-{i}".encode()
+            producer.send(topic, key=key, value=value, headers=[("h", codec.encode())])
+            sent.append((key, value))
+        producer.flush()
+        producer.close()
+    got = kafka_python_read(bootstrap, topic, len(sent))
+    assert sorted(((r.key, r.value) for r in got), key=lambda kv: kv[1]) == sorted(sent, key=lambda kv: kv[1])
+    assert all(r.headers == [("h", r.value.split(b"-")[0])] for r in got)
+    by_key = {}
+    for r in got:
+        if r.key is not None:
+            by_key.setdefault(r.key, set()).add(r.partition)
+    assert all(len(parts) == 1 for parts in by_key.values()), "a key always lands in one partition"
+
+
+def test_records_cross_between_python_api_and_kafka_clients(cluster, bootstrap):
+    topic = new_topic(cluster)
+    producer = cluster.producer()
+    for i in range(30):
+        producer.send(topic, key=f"k{i % 5}".encode(), value=f"rayk-{i}".encode())
+    producer.flush()
+    producer.close()
+    kp = kafka.KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(30):
+        kp.send(topic, key=f"k{i % 5}".encode(), value=f"kafka-{i}".encode())
+    kp.flush()
+    kp.close()
+    from_kafka = sorted(r.value for r in kafka_python_read(bootstrap, topic, 60))
+    consumer = cluster.consumer(auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, p) for p in range(3)])
+    from_rayk = []
+    deadline = time.monotonic() + 30
+    while len(from_rayk) < 60 and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            from_rayk += [r.value for r in batch]
+    consumer.close()
+    expected = sorted([f"rayk-{i}".encode() for i in range(30)] + [f"kafka-{i}".encode() for i in range(30)])
+    assert from_kafka == expected and sorted(from_rayk) == expected
+    partitions_of = {}
+    for r in kafka_python_read(bootstrap, topic, 60):
+        partitions_of.setdefault(r.key, set()).add(r.partition)
+    assert all(len(p) == 1 for p in partitions_of.values()), "rayk and Kafka clients partition keys alike (murmur2)"
+
+
+def test_assign_and_seek(cluster, bootstrap):
+    topic = new_topic(cluster, partitions=1)
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(20):
+        producer.send(topic, value=str(i).encode(), partition=0)
+    producer.flush()
+    producer.close()
+    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tp = KafkaTopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 15)
+    values = []
+    deadline = time.monotonic() + 20
+    while len(values) < 5 and time.monotonic() < deadline:
+        values += [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+    assert values == [b"15", b"16", b"17", b"18", b"19"]
+    assert consumer.end_offsets([tp])[tp] == 20 and consumer.beginning_offsets([tp])[tp] == 0
+    consumer.close()
+
+
+def test_kafka_python_group_commits_are_rayk_group_offsets_and_back(cluster, bootstrap):
+    topic = new_topic(cluster)
+    producer = cluster.producer()
+    for i in range(60):
+        producer.send(topic, value=f"v{i}".encode(), partition=i % 3)
+    producer.flush()
+    producer.close()
+    consumer = kafka.KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="shared", auto_offset_reset="earliest",
+                                   enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    got = []
+    deadline = time.monotonic() + 40
+    while len(got) < 60 and time.monotonic() < deadline:
+        got += [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+    assert len(got) == 60
+    consumer.commit()
+    consumer.close()
+    described = cluster.admin().describe_consumer_group("shared")
+    assert {tp: p["committed"] for tp, p in described["partitions"].items()} == {
+        TopicPartition(topic, p): 20 for p in range(3)
+    }
+    # A rayk group member commits; a Kafka client sees it.
+    member = cluster.consumer(topic, group_id="shared", enable_auto_commit=False)
+    wait_until(lambda: member.poll(timeout_ms=200) is not None and member.assignment(), 30, "rayk member assignment")
+    member.commit({TopicPartition(topic, p): 5 for p in range(3)})
+    member.close()
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets("shared")
+        offsets = offsets.get("shared", offsets)
+        assert {tp.partition: om.offset for tp, om in offsets.items()} == {0: 5, 1: 5, 2: 5}, offsets
+        groups = admin.list_groups()
+        assert "shared" in str(groups), groups
+        described = admin.describe_groups(["shared"])
+        assert "shared" in str(described), described
+    finally:
+        admin.close()
+
+
+def test_two_kafka_python_members_split_partitions(cluster, bootstrap):
+    topic = new_topic(cluster, partitions=4)
+    members = [kafka.KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="pair", auto_offset_reset="earliest",
+                                   session_timeout_ms=6000, heartbeat_interval_ms=500) for _ in range(2)]
+    try:
+        def balanced():
+            for m in members:
+                m.poll(timeout_ms=100)
+            owned = [m.assignment() for m in members]
+            return all(len(a) == 2 for a in owned) and not (owned[0] & owned[1])
+        wait_until(balanced, 60, "the group to split 4 partitions 2 / 2")
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_confluent_kafka_round_trip_with_codecs_and_group(cluster, bootstrap):
+    topic = new_topic(cluster)
+    sent = []
+    for codec in CODECS:
+        for acks in ("0", "1", "all"):
+            producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": acks, "compression.type": codec,
+                                                "enable.idempotence": acks == "all", "linger.ms": 5})
+            failures = []
+            for i in range(10):
+                value = f"{codec}-{acks}-{i}".encode()
+                producer.produce(topic, value=value, key=str(i).encode(),
+                                 on_delivery=lambda err, msg: failures.append(err) if err else None)
+                sent.append(value)
+            assert producer.flush(30) == 0 and not failures
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "rdkafka", "auto.offset.reset": "earliest",
+                                         "enable.auto.commit": False, "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    assert sorted(got) == sorted(sent)
+    partitions = cluster.admin().describe_consumer_group("rdkafka")["partitions"]
+    assert sum(p["committed"] for p in partitions.values()) == len(sent)
+
+
+def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):
+    """auto.create.topics.enable, as in Kafka: created with num.partitions, answered
+    LEADER_NOT_AVAILABLE until it has leaders, which the clients retry."""
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send("made-on-first-use", b"first").get(timeout=30)
+    producer.close()
+    assert len(cluster.describe_topic("made-on-first-use")) == 3  # num.partitions
+    assert [r.value for r in kafka_python_read(bootstrap, "made-on-first-use", 1)] == [b"first"]

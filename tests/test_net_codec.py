@@ -1,0 +1,122 @@
+"""The listener's codec and message builder, without a broker: frames decode into kio's
+request classes at every served version, responses build from plain values at every
+version, and no byte string makes the decoder fail with anything but a typed Kafka error."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+from kio.serial import entity_writer
+
+from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
+from rayk.net import api_versions as keys
+from rayk.net.codec import decode_request, encode_response, request_class, response_class
+from rayk.net.entities import build, error_response
+from rayk.net.kafka_apis import HANDLERS
+from rayk.net.listener_address import broker_port, parse_listener
+
+SERVED = [(key, version) for key, (lo, hi) in keys.SUPPORTED_VERSIONS.items() for version in range(lo, hi + 1)]
+
+
+def request_frame(api_key: int, version: int, body_values: dict, correlation_id: int = 7) -> bytes:
+    cls = request_class(api_key, version)
+    header_cls = cls.__header_schema__
+    out = io.BytesIO()
+    entity_writer(header_cls)(out, header_cls(request_api_key=api_key, request_api_version=version,
+                                             correlation_id=correlation_id, client_id="test"))
+    entity_writer(cls)(out, build(cls, body_values))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("api_key,version", SERVED)
+def test_every_served_version_decodes_and_its_response_encodes(api_key, version):
+    request = decode_request(request_frame(api_key, version, {}, correlation_id=41))
+    assert (request.head.api_key, request.head.api_version, request.head.correlation_id) == (api_key, version, 41)
+    assert request.client_id == "test"
+    assert type(request.body) is request_class(api_key, version)
+    frame = encode_response(request.head, error_response(response_class(api_key, version), 6))
+    size, correlation_id = struct.unpack_from(">ii", frame)
+    assert size == len(frame) - 4 and correlation_id == 41
+
+
+def test_every_served_api_has_a_handler_and_the_floor_is_kafka_4():
+    assert set(HANDLERS) == set(keys.SUPPORTED_VERSIONS)
+    assert keys.SUPPORTED_VERSIONS[keys.PRODUCE][0] == 3 and keys.SUPPORTED_VERSIONS[keys.FETCH][0] == 4
+
+
+def test_header_versions_follow_flexible_versions():
+    assert request_class(keys.METADATA, 8).__header_schema__ is HeaderV1
+    assert request_class(keys.METADATA, 9).__header_schema__ is HeaderV2
+
+
+def test_unsupported_versions_and_unknown_keys_are_typed_errors():
+    frame = request_frame(keys.METADATA, 12, {})
+    too_new = frame[:2] + struct.pack(">h", 13) + frame[4:]
+    with pytest.raises(UnsupportedVersionError, match="versions 0..12"):
+        decode_request(too_new)
+    with pytest.raises(UnsupportedVersionError, match="API key 999"):
+        decode_request(struct.pack(">hhi", 999, 0, 1) + b"\0\0")
+    with pytest.raises(InvalidRequestError, match="no header"):
+        decode_request(b"\0\3\0")
+
+
+def test_trailing_bytes_and_truncation_are_invalid_requests():
+    frame = request_frame(keys.METADATA, 12, {"topics": [{"name": "t"}]})
+    with pytest.raises(InvalidRequestError, match="unread"):
+        decode_request(frame + b"\0")
+    for cut in range(9, len(frame)):
+        with pytest.raises(InvalidRequestError):
+            decode_request(frame[:cut])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(SERVED), st.binary(max_size=200))
+def test_random_bodies_never_escape_as_anything_but_kafka_errors(served, garbage):
+    api_key, version = served
+    try:
+        decode_request(struct.pack(">hhi", api_key, version, 1) + garbage)
+    except InvalidRequestError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(SERVED), st.data())
+def test_mutated_frames_decode_or_fail_typed(served, data):
+    api_key, version = served
+    frame = bytearray(request_frame(api_key, version, {}))
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(8, max(8, len(frame) - 1)))
+        if position < len(frame):
+            frame[position] = data.draw(st.integers(0, 255))
+    try:
+        decode_request(bytes(frame))
+    except InvalidRequestError:
+        pass
+
+
+def test_build_keeps_only_the_fields_of_the_version_and_zero_fills_the_rest():
+    values = {"responses": [{"name": "t", "partition_responses": [{"index": 0, "error_code": 6, "base_offset": -1,
+                                                                   "log_append_time": -1, "error_message": "moved"}]}]}
+    v3 = build(response_class(keys.PRODUCE, 3), values)
+    v8 = build(response_class(keys.PRODUCE, 8), values)
+    assert not hasattr(v3.responses[0].partition_responses[0], "error_message")
+    assert v8.responses[0].partition_responses[0].error_message == "moved"
+    assert v8.responses[0].partition_responses[0].error_code.value == 6
+    metadata = build(response_class(keys.METADATA, 12), {})
+    assert metadata.brokers == () and metadata.topics == ()
+
+
+def test_listener_values():
+    assert parse_listener("PLAINTEXT://:9092") == ("", 9092)
+    assert parse_listener("plaintext://10.0.0.1:0") == ("10.0.0.1", 0)
+    assert parse_listener("") is None
+    assert broker_port(9092, 2) == 9094 and broker_port(0, 2) == 0
+    for bad in ("SSL://h:1", "PLAINTEXT://h", "PLAINTEXT://h:70000", "PLAINTEXT://a:1,PLAINTEXT://b:2"):
+        with pytest.raises(InvalidConfigurationError):
+            parse_listener(bad)
