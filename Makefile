@@ -21,8 +21,10 @@ demo: $(STAMP)
 	$(PY) examples/spark_pipeline.py
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/storage_bench.py
 	$(PY) benchmarks/client_bench.py
+	$(PY) benchmarks/kafka_protocol_bench.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

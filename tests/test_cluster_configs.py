@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import kafka
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
@@ -156,6 +157,12 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
         "ssh_private_key": str(sshd["key"]),
         "ssh_proxy_command": f"nc 127.0.0.1 {sshd['port']}",
     }
+    # The brokers' Kafka listeners on loopback, on free ports (tests bind to 127.0.0.1 only).
+    config["head_start_ray_commands"] = [
+        c.replace("--data-dir ~/rayk-data", "--data-dir ~/rayk-data --config listeners=PLAINTEXT://127.0.0.1:0")
+        for c in config["head_start_ray_commands"]
+    ]
+    assert any("127.0.0.1:0" in c for c in config["head_start_ray_commands"])
     config_path = tmp_path / "cluster.yaml"
     config_path.write_text(yaml.safe_dump(config))
     up = ["up", "-y", "--no-config-cache", str(config_path)]
@@ -174,6 +181,13 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
         rayk("printf 'a\\nb\\nc\\n' | rayk produce clicks --address 127.0.0.1:6390")
         out = rayk("rayk consume clicks --from-beginning --max-messages 3 --timeout-ms 30000 --address 127.0.0.1:6390")
         assert {"a", "b", "c"} <= set(out.splitlines()), out
+        # A Kafka client on this machine reads them through the broker's listener.
+        status = _status_or_empty(config_path)
+        bootstrap = next(line.split("=", 1)[1] for line in status.splitlines() if line.startswith("bootstrap.servers="))
+        consumer = kafka.KafkaConsumer("clicks", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                       consumer_timeout_ms=20000)
+        assert sorted(r.value for _, r in zip(range(3), consumer)) == [b"a", b"b", b"c"]
+        consumer.close()
         assert list((home / "rayk-data").iterdir()), "the broker's log directory is not on the node's disk"
     finally:
         _ray_cli("down", "-y", str(config_path), cwd=REPO, timeout_s=300)

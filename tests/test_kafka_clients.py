@@ -6,6 +6,8 @@ between the Python API and Kafka clients both ways."""
 from __future__ import annotations
 
 import itertools
+import shutil
+import subprocess
 import time
 
 import confluent_kafka
@@ -13,7 +15,6 @@ import kafka
 import pytest
 import ray
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
@@ -252,3 +253,44 @@ def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):
     producer.close()
     assert len(cluster.describe_topic("made-on-first-use")) == 3  # num.partitions
     assert [r.value for r in kafka_python_read(bootstrap, "made-on-first-use", 1)] == [b"first"]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="needs kcat (`.ci/run` installs Debian's kcat)")
+def test_kcat_lists_metadata_produces_and_consumes(cluster, bootstrap):
+    topic = new_topic(cluster, partitions=2)
+    listed = subprocess.run(["kcat", "-b", bootstrap, "-L", "-t", topic], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "3 brokers" in listed.stdout and "2 partitions" in listed.stdout
+    produced = subprocess.run(["kcat", "-b", bootstrap, "-P", "-t", topic, "-K:"], input="a:1\nb:2\nc:3\n",
+                              capture_output=True, text=True, timeout=60)
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%k=%s\\n"],
+                              capture_output=True, text=True, timeout=60)
+    assert consumed.returncode == 0, consumed.stderr
+    assert sorted(consumed.stdout.split()) == ["a=1", "b=2", "c=3"]
+
+
+def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
+    """Runs last in this module: it kills a broker."""
+    topic = f"k{next(_names)}"
+    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    leader_id = cluster.describe_topic(topic)[0]["leader"]
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                        "linger.ms": 2, "message.timeout.ms": 60000})
+    acked, failed = [], []
+
+    def delivered(err, msg):
+        (failed if err else acked).append(err or msg.value())
+
+    for i in range(600):
+        producer.produce(topic, value=b"%05d" % i, on_delivery=delivered)
+        producer.poll(0)
+        if i == 200:
+            ray.kill(cluster.broker(leader_id))
+        time.sleep(0.003)
+    assert producer.flush(90) == 0
+    assert not failed, failed[:3]
+    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
+    stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
+    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
+    assert len(stored) == len(set(stored)), "idempotence: no record written twice"

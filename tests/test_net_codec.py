@@ -4,7 +4,6 @@ version, and no byte string makes the decoder fail with anything but a typed Kaf
 
 from __future__ import annotations
 
-import io
 import struct
 
 import pytest
@@ -12,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
-from kio.serial import entity_writer
 
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.net import api_versions as keys
@@ -20,18 +18,9 @@ from rayk.net.codec import decode_request, encode_response, request_class, respo
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import HANDLERS
 from rayk.net.listener_address import broker_port, parse_listener
+from tests.protocol_helpers import request_frame
 
 SERVED = [(key, version) for key, (lo, hi) in keys.SUPPORTED_VERSIONS.items() for version in range(lo, hi + 1)]
-
-
-def request_frame(api_key: int, version: int, body_values: dict, correlation_id: int = 7) -> bytes:
-    cls = request_class(api_key, version)
-    header_cls = cls.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_cls)(out, header_cls(request_api_key=api_key, request_api_version=version,
-                                             correlation_id=correlation_id, client_id="test"))
-    entity_writer(cls)(out, build(cls, body_values))
-    return out.getvalue()
 
 
 @pytest.mark.parametrize("api_key,version", SERVED)
@@ -66,10 +55,10 @@ def test_unsupported_versions_and_unknown_keys_are_typed_errors():
         decode_request(b"\0\3\0")
 
 
-def test_trailing_bytes_and_truncation_are_invalid_requests():
+def test_trailing_bytes_are_ignored_and_truncation_is_an_invalid_request():
     frame = request_frame(keys.METADATA, 12, {"topics": [{"name": "t"}]})
-    with pytest.raises(InvalidRequestError, match="unread"):
-        decode_request(frame + b"\0")
+    # As Kafka: librdkafka 2.x sends Metadata v12 with one byte more than the schema has.
+    assert decode_request(frame + b"\0").body.topics[0].name == "t"
     for cut in range(9, len(frame)):
         with pytest.raises(InvalidRequestError):
             decode_request(frame[:cut])

@@ -74,21 +74,19 @@ def _writer(cls: type) -> Any:
 
 def decode_request(frame: bytes) -> Request:
     """The whole request; UNSUPPORTED_VERSION for an API or version this broker does not
-    serve, INVALID_REQUEST for bytes that do not parse as that request (or leave a rest)."""
+    serve, INVALID_REQUEST for bytes that do not parse as that request."""
     head = read_head(frame)
     if not is_supported(head.api_key, head.api_version):
         raise UnsupportedVersionError(_unsupported_message(head))
     cls = request_class(head.api_key, head.api_version)
     try:
         header, header_size = _reader(cls.__header_schema__)(frame, 0)
-        body, body_size = _reader(cls)(frame, header_size)
+        body, _ = _reader(cls)(frame, header_size)
     except (SerialError, ValueError, TypeError, OverflowError, KeyError, IndexError, MemoryError) as e:
         # KeyError: kio rejects tagged fields it has no schema for (the protocol says to skip them).
         raise InvalidRequestError(f"malformed {cls.__name__} v{head.api_version}: {e!r}") from None
-    if header_size + body_size != len(frame):
-        raise InvalidRequestError(
-            f"{cls.__name__} v{head.api_version} leaves {len(frame) - header_size - body_size} bytes unread"
-        )
+    # Bytes after the body are ignored, as Kafka does: librdkafka 2.x sends one more byte
+    # than Metadata v12 has (its v10 include_cluster_authorized_operations flag).
     return Request(head, header.client_id, body)
 
 

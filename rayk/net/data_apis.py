@@ -23,12 +23,12 @@ CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the c
 
 async def produce(view: BrokerView, request: Any) -> dict | object | None:
     body = request.body
-    if body.transactional_id is not None:
-        raise InvalidRequestError("transactions are not supported by rayk")
     acks, timeout_ms = body.acks, ms(body.timeout)
 
     async def one(topic: str, index: int, records: bytes | None) -> dict:
         try:
+            if body.transactional_id is not None:
+                raise InvalidRequestError("transactions are not supported by rayk")
             if records is None:
                 raise CorruptRecordError("a produce request without records")
             result = await view.call(topic, index, "produce", bytes(records), acks, timeout_ms)

