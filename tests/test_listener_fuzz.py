@@ -17,6 +17,7 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
 from rayk.net import api_versions as keys
+from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG
 from tests.protocol_helpers import RawConnection, request_frame, sized
 
@@ -179,3 +180,21 @@ def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address):
     producer = kafka.KafkaProducer(bootstrap_servers=address)
     producer.send("fuzz", b"after the fuzz").get(timeout=20)
     producer.close()
+
+
+def test_acks_0_gets_no_answer_and_a_failed_one_closes_the_connection(address, cluster):
+    conn = RawConnection(address)
+    try:
+        batch = build_batch([SimpleRecord(b"quiet")])
+        ok = request_frame(keys.PRODUCE, 9, {"acks": 0, "timeout": 1000, "topic_data": [
+            {"name": "fuzz", "partition_data": [{"index": 0, "records": batch}]}]}, correlation_id=20)
+        conn.send(sized(ok))
+        # No answer to the acks=0 produce: the next answer on the connection is the Metadata one.
+        assert conn.call(keys.METADATA, 12, {"topics": []}, 21).cluster_id
+        failing = request_frame(keys.PRODUCE, 9, {"acks": 0, "timeout": 1000, "topic_data": [
+            {"name": "no-such-topic", "partition_data": [{"index": 0, "records": batch}]}]}, correlation_id=22)
+        conn.send(sized(failing))
+        assert conn.receive() is None, "Kafka closes the connection of a failed acks=0 produce"
+    finally:
+        conn.close()
+    assert metadata_ok(address)
