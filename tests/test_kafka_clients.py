@@ -19,7 +19,10 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
 from rayk.client import TopicPartition
+from rayk.net.api_versions import PRODUCE
+from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.protocol_helpers import RawConnection
 
 CONFIG = {
     **FAST_CONFIG,
@@ -243,6 +246,46 @@ def test_confluent_kafka_round_trip_with_codecs_and_group(cluster, bootstrap):
     assert sorted(got) == sorted(sent)
     partitions = cluster.admin().describe_consumer_group("rdkafka")["partitions"]
     assert sum(p["committed"] for p in partitions.values()) == len(sent)
+
+
+def test_confluent_assign_and_seek_read_records_of_the_python_api(cluster, bootstrap):
+    topic = new_topic(cluster, partitions=1)
+    producer = cluster.producer()
+    for i in range(20):
+        producer.send(topic, value=str(i).encode(), partition=0)
+    producer.flush()
+    producer.close()
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "assigner", "enable.auto.commit": False})
+
+    def read(n):
+        values, deadline = [], time.monotonic() + 20
+        while len(values) < n and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+        return values
+
+    consumer.assign([confluent_kafka.TopicPartition(topic, 0, 15)])
+    assert read(5) == [b"15", b"16", b"17", b"18", b"19"]
+    consumer.seek(confluent_kafka.TopicPartition(topic, 0, 3))
+    assert read(2) == [b"3", b"4"]
+    low, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=10)
+    assert (low, high) == (0, 20)
+    consumer.close()
+
+
+def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
+    topic = new_topic(cluster, partitions=1)
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    follower = next(b for b in cluster.brokers() if b["broker_id"] != leader)
+    conn = RawConnection("%s:%d" % tuple(follower["endpoint"]))
+    try:
+        answer = conn.call(PRODUCE, 9, {"acks": -1, "timeout": 1000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": build_batch([SimpleRecord(b"x")])}]}]})
+        assert answer.responses[0].partition_responses[0].error_code.value == 6  # NOT_LEADER_OR_FOLLOWER
+    finally:
+        conn.close()
+    assert cluster.describe_topic(topic)[0]["high_watermark"] == 0, "nothing was appended"
 
 
 def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):
