@@ -125,7 +125,8 @@ class SocketServer:
             self._connections.discard(task)
 
     async def _read_frames(self, reader: asyncio.StreamReader, queue: asyncio.Queue, peer: Any) -> None:
-        """Reads frames into `queue` until EOF or a bad size, then puts None."""
+        """Reads frames into `queue` until EOF or a bad size, then puts None. (Cancelled when
+        the connection closes: then it puts nothing and holds no `queued.max.requests` slot.)"""
         try:
             while True:
                 size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
@@ -135,11 +136,14 @@ class SocketServer:
                     break
                 frame = await reader.readexactly(size)
                 await self._queued.acquire()
-                await queue.put(frame)
+                try:
+                    await queue.put(frame)
+                except BaseException:
+                    self._queued.release()
+                    raise
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        finally:
-            await queue.put(None)
+        await queue.put(None)
 
     async def _respond(self, frame: bytes) -> bytes | object | None:
         """The response frame for one request frame, None for none, or CLOSE_CONNECTION."""
