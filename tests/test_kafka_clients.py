@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import subprocess
+import threading
 import time
 
 import confluent_kafka
@@ -203,17 +204,30 @@ def test_kafka_python_group_commits_are_rayk_group_offsets_and_back(cluster, boo
 
 
 def test_two_kafka_python_members_split_partitions(cluster, bootstrap):
+    """Each member polls in a thread of its own, as in an application: a member's poll
+    blocks in JoinGroup until the other one has joined too."""
     topic = new_topic(cluster, partitions=4)
     members = [kafka.KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="pair", auto_offset_reset="earliest",
                                    session_timeout_ms=6000, heartbeat_interval_ms=500) for _ in range(2)]
+    stop = threading.Event()
+
+    def run(member):
+        while not stop.is_set():
+            member.poll(timeout_ms=100)
+
+    threads = [threading.Thread(target=run, args=(m,), daemon=True) for m in members]
+    for t in threads:
+        t.start()
     try:
         def balanced():
-            for m in members:
-                m.poll(timeout_ms=100)
-            owned = [m.assignment() for m in members]
+            owned = [set(m.assignment()) for m in members]
             return all(len(a) == 2 for a in owned) and not (owned[0] & owned[1])
+
         wait_until(balanced, 60, "the group to split 4 partitions 2 / 2")
     finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
         for m in members:
             m.close()
 

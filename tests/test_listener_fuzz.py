@@ -23,7 +23,7 @@ from tests.protocol_helpers import RawConnection, request_frame, sized
 
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
 KEPT = [f"kept-{i}".encode() for i in range(50)]
-FUZZ_SECONDS = 20
+FUZZ_SECONDS = 10
 
 
 @pytest.fixture(scope="module", autouse=True)
