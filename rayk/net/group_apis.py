@@ -14,11 +14,11 @@ from typing import Any
 
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.errors import CoordinatorNotAvailableError, InvalidRequestError, KafkaError, NotCoordinatorError
+from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
 
 GROUP_KEY_TYPE = 0
-NO_AUTHORIZED_OPERATIONS = -(2**31)
 
 
 async def _coordinator_call(view: BrokerView, group_id: str, method: str, *args: Any) -> Any:
