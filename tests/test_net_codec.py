@@ -4,13 +4,18 @@ version, and no byte string makes the decoder fail with anything but a typed Kaf
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import struct
+import typing
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+from kio.serial import entity_writer
 
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.net import api_versions as keys
@@ -109,3 +114,59 @@ def test_listener_values():
     for bad in ("SSL://h:1", "PLAINTEXT://h", "PLAINTEXT://h:70000", "PLAINTEXT://a:1,PLAINTEXT://b:2"):
         with pytest.raises(InvalidConfigurationError):
             parse_listener(bad)
+
+
+def newer_schema(cls: type, tag: int, **element_classes: type) -> type:
+    """A copy of kio entity class `cls` with one more int32 tagged field, `future`, as a
+    newer Kafka schema would have; `element_classes` swaps the element class of array
+    fields, to put such a tag at a deeper level too."""
+    specs = []
+    for f in dataclasses.fields(cls):
+        field_type = tuple[element_classes[f.name], ...] if f.name in element_classes else f.type
+        specs.append((f.name, field_type, dataclasses.field(default=f.default, metadata=f.metadata)))
+    specs.append(("future", int, dataclasses.field(default=0, metadata={"kafka_type": "int32", "tag": tag})))
+    namespace = {name: getattr(cls, name) for name in
+                 ("__type__", "__version__", "__flexible__", "__api_key__", "__header_schema__") if hasattr(cls, name)}
+    return dataclasses.make_dataclass(cls.__name__, specs, namespace=namespace, frozen=True, slots=True,
+                                      kw_only=True)
+
+
+def frame_from_newer_client(cls: type, tag: int, header_tag: int, body: Any) -> bytes:
+    header_cls = newer_schema(cls.__header_schema__, header_tag)
+    out = io.BytesIO()
+    entity_writer(header_cls)(out, header_cls(request_api_key=cls.__api_key__, request_api_version=cls.__version__,
+                                             correlation_id=5, client_id="newer", future=1))
+    entity_writer(type(body))(out, body)
+    return out.getvalue()
+
+
+@settings(max_examples=100, deadline=None)
+@given(tags=st.lists(st.integers(1, 2**20), min_size=4, max_size=4), value=st.integers(1, 2**31 - 1),
+       names=st.lists(st.text(min_size=1, max_size=20), max_size=4))
+def test_tagged_fields_no_schema_names_are_skipped_at_every_level(tags, value, names):
+    cls = request_class(keys.METADATA, 12)
+    topic_cls = newer_schema(typing.get_args(typing.get_args(dataclasses.fields(cls)[0].type)[0])[0], tags[0])
+    body = newer_schema(cls, tags[1], topics=topic_cls)(
+        topics=tuple(topic_cls(topic_id=None, name=name, future=value) for name in names),
+        allow_auto_topic_creation=True, include_topic_authorized_operations=False, future=value)
+    request = decode_request(frame_from_newer_client(cls, tags[2], tags[3], body))
+    assert request.client_id == "newer" and request.head.correlation_id == 5
+    assert request.body == build(cls, {"topics": [{"name": name} for name in names], "allow_auto_topic_creation": True})
+
+
+def test_known_tags_survive_when_unknown_ones_are_skipped():
+    cls = request_class(keys.FETCH, 12)
+    values = {"replica_id": -1, "max_wait": 500, "max_bytes": 1 << 20, "cluster_id": "c-1", "rack_id": "r",
+              "topics": [{"topic": "t", "partitions": [{"partition": 2, "fetch_offset": 9, "partition_max_bytes": 100}]}]}
+    original = build(cls, values)
+    newer = newer_schema(cls, 7)
+    body = newer(**{f.name: getattr(original, f.name) for f in dataclasses.fields(cls)}, future=3)
+    request = decode_request(frame_from_newer_client(cls, 7, 9, body))
+    assert request.body == original and request.body.cluster_id == "c-1"
+
+
+def test_an_unknown_tag_longer_than_the_frame_is_an_invalid_request():
+    frame = request_frame(keys.API_VERSIONS, 3, {"client_software_name": "x", "client_software_version": "1"})
+    with pytest.raises(InvalidRequestError):
+        decode_request(frame[:-1] + bytes([1, 7, 100, 0xAB]))
+    assert decode_request(frame[:-1] + bytes([1, 7, 1, 0xAB])).body.client_software_name == "x"

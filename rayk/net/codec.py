@@ -5,8 +5,9 @@ A frame is what follows the 4-byte size prefix. Its first 8 bytes are read by ha
 request this broker cannot parse still gets an answer addressed to its correlation id;
 the rest goes through kio's readers and writers, generated from Kafka's message schemas,
 for the request header version the API version implies (v2, with tagged fields, for
-flexible versions). Responses carry header v0, or v1 for flexible versions, except
-ApiVersions, which always answers with header v0 so that any client can read it.
+flexible versions); tagged fields no schema names are skipped (tagged_fields.py).
+Responses carry header v0, or v1 for flexible versions, except ApiVersions, which always
+answers with header v0 so that any client can read it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kio.serial.errors import SerialError
 
 from rayk.errors import InvalidRequestError, UnsupportedVersionError
 from rayk.net.api_versions import API_VERSIONS, SUPPORTED_VERSIONS, is_supported
+from rayk.net.tagged_fields import without_unknown_tags
 
 _HEAD = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
@@ -80,14 +82,21 @@ def decode_request(frame: bytes) -> Request:
         raise UnsupportedVersionError(_unsupported_message(head))
     cls = request_class(head.api_key, head.api_version)
     try:
-        header, header_size = _reader(cls.__header_schema__)(frame, 0)
-        body, _ = _reader(cls)(frame, header_size)
+        try:
+            header, body = _parse(cls, frame)
+        except KeyError:  # kio refuses tagged fields it has no schema for; skip them, as Kafka does
+            header, body = _parse(cls, without_unknown_tags(cls, frame))
     except (SerialError, ValueError, TypeError, OverflowError, KeyError, IndexError, MemoryError) as e:
-        # KeyError: kio rejects tagged fields it has no schema for (the protocol says to skip them).
         raise InvalidRequestError(f"malformed {cls.__name__} v{head.api_version}: {e!r}") from None
     # Bytes after the body are ignored, as Kafka does: librdkafka 2.x sends one more byte
     # than Metadata v12 has (its v10 include_cluster_authorized_operations flag).
     return Request(head, header.client_id, body)
+
+
+def _parse(cls: type, frame: bytes) -> tuple[Any, Any]:
+    header, header_size = _reader(cls.__header_schema__)(frame, 0)
+    body, _ = _reader(cls)(frame, header_size)
+    return header, body
 
 
 def encode_response(head: RequestHead, body: Any) -> bytes:
