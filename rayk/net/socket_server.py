@@ -55,6 +55,7 @@ class SocketServer:
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
         self._server: asyncio.base_events.Server | None = None
         self._queued = asyncio.Semaphore(config.queued_max_requests)
+        self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
         self._connections: set[asyncio.Task] = set()
         self.endpoint: tuple[str, int] | None = None
 
@@ -91,6 +92,20 @@ class SocketServer:
     async def connections(self) -> int:
         return len(self._connections)
 
+    async def queued_requests(self) -> int:
+        """Requests read but not yet answered, over all connections (<= queued.max.requests)."""
+        return self._queued_count
+
+    async def _take_slot(self) -> None:
+        await self._queued.acquire()
+        self._queued_count += 1
+        assert self._queued_count <= self.config.queued_max_requests, self._queued_count
+
+    def _give_slot(self) -> None:
+        self._queued_count -= 1
+        assert self._queued_count >= 0, self._queued_count
+        self._queued.release()
+
     # ------------------------------------------------------------------ one connection
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -104,7 +119,7 @@ class SocketServer:
                 try:
                     response = await self._respond(frame)
                 finally:
-                    self._queued.release()
+                    self._give_slot()
                 if response is CLOSE_CONNECTION:
                     raise ConnectionClosed("an acks=0 produce failed")
                 if response is not None:
@@ -120,7 +135,7 @@ class SocketServer:
             reading.cancel()
             while not queue.empty():  # frames read but never processed
                 if queue.get_nowait() is not None:
-                    self._queued.release()
+                    self._give_slot()
             writer.close()
             self._connections.discard(task)
 
@@ -135,11 +150,11 @@ class SocketServer:
                                 "(socket.request.max.bytes)", self.broker_id, peer, size, self.config.socket_request_max_bytes)
                     break
                 frame = await reader.readexactly(size)
-                await self._queued.acquire()
+                await self._take_slot()
                 try:
                     await queue.put(frame)
                 except BaseException:
-                    self._queued.release()
+                    self._give_slot()
                     raise
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
