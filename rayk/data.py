@@ -17,7 +17,10 @@ The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks s
 `write_topic(ds, topic)` is a Ray Data Datasink: each write task produces its blocks with
 one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
 `timestamp`), flushes, and fails if any record was not acknowledged, which fails the
-whole `write_topic` call. It returns the number of records written.
+whole `write_topic` call. It returns the number of records written. Small blocks are
+bundled into write tasks of at least ROWS_PER_WRITE_TASK rows: each task pays for a
+Producer of its own, and `from_items` of 200 rows is 200 blocks: written one task per
+block, they took 7.8 s instead of 0.45 s.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import iter_batches
 
+ROWS_PER_WRITE_TASK = 10_000
 HEADER_TYPE = pa.struct([("key", pa.string()), ("value", pa.binary())])
 SCHEMA = pa.schema(
     [
@@ -164,6 +168,10 @@ class TopicDatasink(ray.data.Datasink):
         self._cluster, self._topic = cluster, topic
         self._settings = producer_settings
         self.written = 0
+
+    @property
+    def min_rows_per_write(self) -> int:
+        return ROWS_PER_WRITE_TASK
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
         if schema is not None and "value" not in schema.names:
