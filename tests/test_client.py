@@ -34,6 +34,7 @@ CONFIG = {
     "default.replication.factor": 3,
 }
 _namespaces = itertools.count()
+pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -420,9 +421,12 @@ def test_offsets_survive_a_coordinator_failover_while_members_commit(cluster):
 
 
 def test_committed_offsets_survive_a_cluster_restart(tmp_path):
+    """One broker: what is under test is the group's offsets coming back from the
+    __consumer_offsets log on disk (test_cluster_local restarts replicated clusters)."""
     namespace = f"restart-{next(_namespaces)}"
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=namespace)
-    c.create_topic("orders", partitions=2, replication_factor=3)
+    config = {**CONFIG, "default.replication.factor": 1, "offsets.topic.replication.factor": 1}
+    c = rayk.start(brokers=1, data_dir=tmp_path, config=config, namespace=namespace)
+    c.create_topic("orders", partitions=2, replication_factor=1)
     with c.producer(acks="all") as producer:
         for i in range(400):  # 200 per partition: neither is used up by the first 60 reads
             producer.send("orders", value=b"%d" % i, partition=i % 2)
@@ -435,7 +439,7 @@ def test_committed_offsets_survive_a_cluster_restart(tmp_path):
     consumer.close(autocommit=False)
     c.shutdown()
 
-    again = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=namespace)
+    again = rayk.start(brokers=1, data_dir=tmp_path, config=config, namespace=namespace)
     try:
         consumer = again.consumer("orders", group_id="billing", auto_offset_reset="earliest")
         first = {}

@@ -16,6 +16,9 @@ from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeE
 from tests.cluster_helpers import FAST_CONFIG, wait_until
 
 
+pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -108,7 +111,7 @@ def test_offset_ranges_timestamps_and_splitting(cluster):
 
 
 def test_an_empty_topic_is_an_empty_dataset_with_the_schema(cluster):
-    ds = rayk_data.read_topic(new_topic(cluster), cluster=cluster)
+    ds = rayk_data.read_topic(new_topic(cluster, partitions=1), cluster=cluster)
     assert ds.count() == 0
     assert ds.schema().base_schema == rayk_data.SCHEMA
 

@@ -34,6 +34,7 @@ CONFIG = {
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _names = itertools.count()
+pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,7 +13,7 @@ from rayk import spark as rayk_spark
 from rayk.errors import InvalidConfigurationError
 from tests.cluster_helpers import FAST_CONFIG, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_test")]
 
 
 @pytest.fixture(scope="module")

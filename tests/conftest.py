@@ -1,0 +1,17 @@
+"""Fixtures shared by the modules that run one cluster for all their tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def delete_topics_after_test(cluster):
+    """Deletes the topics a test created (internal ones stay), so that a broker restarted
+    by a later test of the module brings back only that test's replicas: each replica is
+    an actor, and restarting a broker after a dozen tests recreated dozens of them."""
+    before = set(cluster.list_topics())
+    yield
+    for name in set(cluster.list_topics()) - before:
+        if not name.startswith("__"):
+            cluster.delete_topic(name)
