@@ -26,7 +26,7 @@ block, they took 7.8 s instead of 0.45 s.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -148,14 +148,21 @@ def read_topic(
     ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
     if not ranges:
         return ray.data.from_arrow(SCHEMA.empty_table())
-    nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
-    refs = []
-    for r in ranges:
-        options: dict[str, Any] = {}
-        if nodes.get(r.leader):
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[r.leader], soft=True)
-        refs.append(_read_range_task.options(**options).remote(cluster, r, fetch_max_bytes))
+    on_leader = leader_node_affinity(cluster)
+    refs = [_read_range_task.options(**on_leader(r)).remote(cluster, r, fetch_max_bytes) for r in ranges]
     return ray.data.from_arrow_refs(refs)
+
+
+def leader_node_affinity(cluster: Any) -> Callable[[OffsetRange], dict[str, Any]]:
+    """Task options that run the read of a range on the node of its partition's leader
+    (soft: anywhere when that node is busy or gone)."""
+    nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
+
+    def options(r: OffsetRange) -> dict[str, Any]:
+        node_id = nodes.get(r.leader)
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=True)} if node_id else {}
+
+    return options
 
 
 # ---------------------------------------------------------------------------- writing

@@ -1,4 +1,5 @@
-"""Failover on a multi-node Ray cluster (ray.cluster_utils.Cluster): one broker per node.
+"""Failover (and read locality) on a multi-node Ray cluster (ray.cluster_utils.Cluster):
+one broker per node.
 
 The head node runs the driver and the Controller; three worker nodes offer the custom
 resource `rayk_broker` and run one broker each. Losing a node (`remove_node`) kills its
@@ -13,6 +14,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayk
+from rayk import data as rayk_data
+from rayk.client.offset_ranges import plan_read_ranges
 from rayk.storage import Log
 from rayk.storage.log_manager import partition_dir_name
 from tests.cluster_helpers import (
@@ -44,13 +47,29 @@ def node_of_broker(ray_cluster: Cluster, rayk_cluster, broker_id: int):
     return next(n for n in ray_cluster.list_all_nodes() if n.node_id == node_id)
 
 
-def test_brokers_spread_one_per_node(ray_cluster, tmp_path):
+@ray.remote(num_cpus=0)
+def node_id_here() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_cluster, tmp_path):
     c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace="spread", node_resource=BROKER_RESOURCE)
     try:
-        nodes = {b["node_id"] for b in c.brokers()}
-        assert len(nodes) == 3
+        node_of = {b["broker_id"]: b["node_id"] for b in c.brokers()}
+        assert len(set(node_of.values())) == 3
         head = ray_cluster.head_node.node_id
-        assert head not in nodes, "brokers only on nodes offering the broker resource"
+        assert head not in node_of.values(), "brokers only on nodes offering the broker resource"
+
+        c.create_topic("spread", partitions=3, replication_factor=1)
+        with c.producer(acks="all") as producer:
+            for i in range(30):
+                producer.send("spread", value=b"%d" % i, partition=i % 3)
+        ranges = plan_read_ranges(c, "spread", "earliest", "latest", None, 1_000)
+        assert {node_of[r.leader] for r in ranges} == set(node_of.values()), "one leader per node"
+        on_leader = rayk_data.leader_node_affinity(c)
+        for r in ranges:
+            assert ray.get(node_id_here.options(**on_leader(r)).remote()) == node_of[r.leader]
+        assert sorted(int(v) for v in rayk_data.read_topic("spread", cluster=c).to_pandas()["value"]) == list(range(30))
     finally:
         c.shutdown()
 
