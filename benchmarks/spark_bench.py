@@ -54,6 +54,10 @@ from rayk import spark as rayk_spark  # noqa: E402
 
 KEY_BYTES = 8
 PARTITIONS = 6
+# Spark partitions of the generated rows. With one (spark.range's default on one core),
+# RayDP's from_spark turned the whole GB into one Arrow table in the executor's heap
+# and ran out of it.
+SPARK_PARTITIONS = 16
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -63,7 +67,9 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 
 def row(name: str, rows: int, row_bytes: int, seconds: float) -> tuple[str, int, float, float, float]:
-    return (name, rows, seconds, rows / seconds, rows * row_bytes / 1e6 / seconds)
+    result = (name, rows, seconds, rows / seconds, rows * row_bytes / 1e6 / seconds)
+    print(f"  {name}: {seconds:.1f} s, {result[3]:,.0f} rows/s", flush=True)  # a failed run keeps what it measured
+    return result
 
 
 def force(df: Any) -> None:
@@ -94,8 +100,8 @@ def main() -> None:
         cluster = rayk.start(brokers=3, data_dir=work / "cluster", namespace=namespace)
         topic = "bench"
         cluster.create_topic(topic, PARTITIONS, 3, {"min.insync.replicas": "2"})
-        spark = rayk_spark.session("rayk-spark-bench", executors=1, executor_cores=1, executor_memory="2g")
-        df = spark.range(rows).selectExpr(
+        spark = rayk_spark.session("rayk-spark-bench", executors=1, executor_cores=1, executor_memory="4g")
+        df = spark.range(0, rows, 1, SPARK_PARTITIONS).selectExpr(
             f"lpad(CAST(id AS STRING), {KEY_BYTES}, '0') AS key",
             f"CAST(repeat(substr(sha2(CAST(id AS STRING), 256), 1, 10), {args.value_bytes // 10}) AS BINARY) AS value",
         ).cache()
