@@ -1,16 +1,18 @@
-"""Real Kafka clients (kafka-python and confluent-kafka / librdkafka) against rayk's
-listeners: metadata, produce with every acks setting and codec, consume with assign + seek
-and with subscribe in a group, offsets shared with rayk's own groups, records crossing
-between the Python API and Kafka clients both ways."""
+"""Real Kafka clients (kafka-python, confluent-kafka / librdkafka, aiokafka, kcat) against
+rayk's listeners: metadata, produce with every acks setting and codec, consume with
+assign + seek and with subscribe in a group, offsets shared with rayk's own groups,
+records crossing between the Python API and Kafka clients both ways."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 import subprocess
 import threading
 import time
 
+import aiokafka
 import confluent_kafka
 import kafka
 import pytest
@@ -20,6 +22,7 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
 from rayk.client import TopicPartition
+from rayk.client.partitioner import partition_for_key
 from rayk.net.api_versions import PRODUCE
 from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, wait_until
@@ -311,6 +314,39 @@ def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):
     producer.close()
     assert len(cluster.describe_topic("made-on-first-use")) == 3  # num.partitions
     assert [r.value for r in kafka_python_read(bootstrap, "made-on-first-use", 1)] == [b"first"]
+
+
+def test_aiokafka_produces_with_codecs_and_consumes_in_a_group(cluster, bootstrap):
+    topic = new_topic(cluster)
+
+    async def produce_then_consume() -> list:
+        for codec in ("gzip", "lz4", "zstd"):
+            producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                                 compression_type=codec)
+            await producer.start()
+            try:
+                for i in range(10):
+                    await producer.send_and_wait(topic, b"%s-%d" % (codec.encode(), i), key=b"user-%d" % (i % 4))
+            finally:
+                await producer.stop()
+        consumer = aiokafka.AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="aio",
+                                             auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        got = []
+        try:
+            while len(got) < 30:
+                for records in (await consumer.getmany(timeout_ms=1000)).values():
+                    got.extend(records)
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(produce_then_consume(), 120))
+    assert sorted(r.value for r in got) == sorted(b"%s-%d" % (c, i) for c in (b"gzip", b"lz4", b"zstd") for i in range(10))
+    assert all(r.partition == partition_for_key(r.key, 3) for r in got), "the same key -> partition as rayk's producer"
+    committed = cluster.admin().describe_consumer_group("aio")["partitions"]
+    assert sum(p["committed"] for p in committed.values()) == 30
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="needs kcat (`.ci/run` installs Debian's kcat)")
