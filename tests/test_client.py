@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -14,7 +14,7 @@ from tests.cluster_helpers import FAST_CONFIG
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

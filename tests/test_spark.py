@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_tes
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("spark"), config=FAST_CONFIG, namespace="spark")
     yield c
