@@ -255,6 +255,18 @@ class IneligibleReplicaError(KafkaError):
     code, name = 107, "INELIGIBLE_REPLICA"
 
 
+class InvalidReplicaAssignmentError(KafkaError):
+    """A reassignment names no replica, the same broker twice, or an unknown broker."""
+
+    code, name = 39, "INVALID_REPLICA_ASSIGNMENT"
+
+
+class NoReassignmentInProgressError(KafkaError):
+    """A reassignment was cancelled where none is under way."""
+
+    code, name = 85, "NO_REASSIGNMENT_IN_PROGRESS"
+
+
 class InconsistentClusterIdError(KafkaStorageError):
     """A data directory's meta.properties names another cluster or another broker id."""
 

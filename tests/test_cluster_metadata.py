@@ -10,21 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rayk.actors.cluster_metadata import (
-    NO_LEADER,
-    ClusterMetadata,
-    PartitionState,
-    assign_replicas,
-    elect,
-)
+from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, PartitionState, assign_replicas
+from rayk.actors.elections import LogEnd, reconcile
 from rayk.config import UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig
 from rayk.errors import (
     FencedLeaderEpochError,
     IneligibleReplicaError,
     InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidTopicError,
     InvalidUpdateVersionError,
+    NoReassignmentInProgressError,
     NotLeaderOrFollowerError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
@@ -46,7 +43,7 @@ class Cluster:
         self.log: list[tuple[int, dict]] = []
         self.commit([{"type": "cluster", "cluster_id": "test-cluster"}])
         for broker_id, node in (brokers or {}).items():
-            self.commit(self.meta.plan_register_broker(broker_id, node))
+            self.register(broker_id, node)
 
     def commit(self, records: list[dict]) -> list[dict]:
         for record in records:
@@ -59,10 +56,16 @@ class Cluster:
         return self.commit(self.meta.plan_create_topic(name, partitions, rf, configs or {}, f"id-{name}"))
 
     def fence(self, broker_id: int) -> list[dict]:
-        return self.commit(self.meta.plan_fence_broker(broker_id))
+        records = self.commit(self.meta.plan_fence_broker(broker_id))
+        self.meta.attached.discard(broker_id)  # as the Controller does
+        return records
 
-    def register(self, broker_id: int, node: str) -> list[dict]:
-        return self.commit(self.meta.plan_register_broker(broker_id, node))
+    def register(
+        self, broker_id: int, node: str, incarnation: str = "", directory: str = "", clean: bool = True
+    ) -> list[dict]:
+        records = self.commit(self.meta.plan_register_broker(broker_id, node, incarnation, directory, clean))
+        self.meta.attached.add(broker_id)
+        return records
 
     def alter(self, topic: str, partition: int, isr: list[int]) -> list[dict]:
         s = self.meta.partition(topic, partition)
@@ -425,20 +428,42 @@ def test_fencing_with_the_epoch_of_an_older_incarnation_raises():
 # --- elect (the election rule itself) ------------------------------------------------
 
 
-def test_elect_prefers_assignment_order_over_isr_order():
+def test_reconcile_prefers_assignment_order_over_isr_order():
     state = PartitionState((3, 1, 2), (1, 2, 3), 3, 4, 7)
-    assert elect(state, live={1, 2}, unclean=False) == PartitionState((3, 1, 2), (1, 2), 1, 5, 8)
+    assert reconcile(state, {1, 2}, {1, 2}, False) == PartitionState((3, 1, 2), (1, 2), 1, 5, 8)
 
 
-def test_elect_skips_in_sync_replicas_that_are_not_live():
+def test_reconcile_skips_in_sync_replicas_that_are_not_live():
     state = PartitionState((1, 2, 3), (1, 2, 3), 1, 0, 0)
-    assert elect(state, live={3}, unclean=False) == PartitionState((1, 2, 3), (3,), 3, 1, 1)
+    assert reconcile(state, {3}, {3}, False) == PartitionState((1, 2, 3), (3,), 3, 1, 1)
 
 
-def test_elect_returns_none_when_nothing_changes():
+def test_reconcile_returns_none_when_nothing_changes():
     state = PartitionState((1, 2, 3), (1, 2), 1, 0, 0)
-    assert elect(state, live={1, 2}, unclean=False) is None
-    assert elect(state, live={1, 2, 3}, unclean=True) is None
+    assert reconcile(state, {1, 2}, {1, 2}, False) is None
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, True) is None
+
+
+def test_reconcile_keeps_the_isr_whole_while_no_member_is_known_to_be_running():
+    # After a Controller restart nobody is attached: a fenced member is not dropped in
+    # favour of members whose state is unknown, and none of them is elected.
+    state = PartitionState((1, 2, 3), (1, 2, 3), 1, 0, 0)
+    assert reconcile(state, {2, 3}, set(), False) == PartitionState((1, 2, 3), (1, 2, 3), NO_LEADER, 1, 1)
+
+
+def test_reconcile_elects_a_restarted_leader_again_in_a_new_epoch():
+    state = PartitionState((1, 2, 3), (1, 2, 3), 1, 4, 4)
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, restarted=[1]) == PartitionState((1, 2, 3), (1, 2, 3), 1, 5, 5)
+
+
+def test_reconcile_moves_leadership_off_an_unavailable_replica_and_out_of_the_isr():
+    state = PartitionState((1, 2, 3), (1, 2, 3), 1, 4, 4)
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, unavailable=[1]) == PartitionState((1, 2, 3), (2, 3), 2, 5, 5)
+
+
+def test_reconcile_lets_the_only_copy_lead_again_when_its_replica_failed():
+    state = PartitionState((1, 2, 3), (1,), 1, 4, 4)
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, unavailable=[1]) == PartitionState((1, 2, 3), (1,), 1, 5, 5)
 
 
 # --- plan_register_broker ------------------------------------------------------------
@@ -482,10 +507,19 @@ def test_returning_follower_does_not_rejoin_the_isr_of_a_led_partition():
     assert 2 in c.meta.live_brokers
 
 
-def test_registration_record_names_the_broker_and_its_node():
+def test_registration_record_names_the_broker_its_node_incarnation_directory_and_shutdown():
     c = three_nodes()
-    records = c.meta.plan_register_broker(7, "node-x")
-    assert records == [{"type": "register_broker", "broker_id": 7, "node_id": "node-x"}]
+    records = c.meta.plan_register_broker(7, "node-x", "inc-1", "dir-1", False)
+    assert records == [
+        {
+            "type": "register_broker",
+            "broker_id": 7,
+            "node_id": "node-x",
+            "incarnation_id": "inc-1",
+            "directory_id": "dir-1",
+            "clean_shutdown": False,
+        }
+    ]
 
 
 def test_broker_epoch_is_the_offset_of_its_registration_record():
@@ -662,10 +696,10 @@ def test_apply_of_an_unknown_record_type_raises():
         meta.apply({"type": "nonsense"}, 0)
 
 
-def test_apply_refuses_a_partition_with_an_empty_isr():
+def test_apply_refuses_a_partition_with_a_leader_and_an_empty_isr():
     c = three_nodes()
     c.create(rf=3)
-    record = PartitionState((1, 2, 3), (), NO_LEADER, 1, 1).to_record("t", 0)
+    record = PartitionState((1, 2, 3), (), 1, 0, 1).to_record("t", 0)
     with pytest.raises(AssertionError):
         c.meta.apply(record, len(c.log))
 
@@ -691,11 +725,216 @@ def test_replaying_the_records_rebuilds_the_same_state():
     assert (again.brokers, again.topics, again.last_offset) == (c.meta.brokers, c.meta.topics, c.meta.last_offset)
 
 
+# --- restarts: new incarnations, clean and unclean shutdowns (KIP-966) ---------------
+
+
+def restarted(c: Cluster, broker: int, clean: bool, directory: str = "") -> list[dict]:
+    """Broker `broker` comes back as a new process (a new incarnation id)."""
+    incarnation = f"inc-{len(c.log)}"
+    return c.register(broker, f"node-{broker}", incarnation, directory, clean)
+
+
+def test_a_clean_restart_of_the_leader_elects_it_again_in_a_new_epoch_and_keeps_the_isr():
+    c = three_nodes()
+    c.create(rf=3)
+    restarted(c, 1, clean=True)
+    assert c.state() == PartitionState((1, 2, 3), (1, 2, 3), 1, 1, 1)
+
+
+def test_an_unclean_restart_of_the_leader_moves_leadership_and_leaves_it_recovering_outside_the_isr():
+    c = three_nodes()
+    c.create(rf=3)
+    restarted(c, 1, clean=False)
+    assert c.state() == PartitionState((1, 2, 3), (2, 3), 2, 1, 1, recovering=(1,))
+
+
+def test_a_recovering_replica_stops_recovering_once_its_leader_adds_it_back_to_the_isr():
+    c = three_nodes()
+    c.create(rf=3)
+    restarted(c, 3, clean=False)
+    assert (c.state().isr, c.state().recovering) == ((1, 2), (3,))
+    c.alter("t", 0, [1, 2, 3])
+    assert (c.state().isr, c.state().recovering) == ((1, 2, 3), ())
+
+
+def test_the_same_process_registering_again_changes_no_partition():
+    c = three_nodes()
+    c.create(rf=3)
+    before = c.state()
+    c.meta = replay(c.log)  # the Controller restarted; broker 1 reattaches with its state intact
+    assert partition_records(c.register(1, "a")) == []
+    assert c.state() == before
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3), (1, 3, 2), (2, 1, 3), (2, 3, 1), (3, 1, 2), (3, 2, 1)])
+def test_after_a_whole_cluster_crash_the_longest_log_leads_whatever_order_the_brokers_return_in(order):
+    # The leader (1) lost most of its unflushed tail; the followers kept everything.
+    c = three_nodes()
+    c.create(rf=3, configs={"min.insync.replicas": "2"})
+    before = c.state()
+    c.meta = replay(c.log)  # every process was killed: the Controller too
+    ends = {1: LogEnd(0, 5_984), 2: LogEnd(0, 20_000), 3: LogEnd(0, 20_000)}
+    for broker in order:
+        assert c.meta.plan_unclean_recovery("t", 0, ends) == [] or broker == order[-1]
+        restarted(c, broker, clean=False)
+        assert c.state().leader in (NO_LEADER, 2, 3) or broker != order[-1]
+    assert set(c.state().isr) == {1, 2, 3} and c.meta.needs_log_comparison("t", 0)
+    c.commit(c.meta.plan_unclean_recovery("t", 0, ends))
+    after = c.state()
+    assert after.leader == 2 and after.isr == (2,) and set(after.recovering) == {1, 3}
+    assert after.leader_epoch > before.leader_epoch
+
+
+def test_unclean_recovery_prefers_the_latest_leader_epoch_over_a_longer_log():
+    c = three_nodes()
+    c.create(rf=3)
+    c.meta = replay(c.log)
+    for broker in (1, 2, 3):
+        restarted(c, broker, clean=False)
+    c.commit(c.meta.plan_unclean_recovery("t", 0, {1: LogEnd(3, 10), 2: LogEnd(2, 50), 3: LogEnd(3, 9)}))
+    assert c.state().leader == 1
+
+
+def test_unclean_recovery_waits_for_every_isr_member():
+    c = three_nodes()
+    c.create(rf=3)
+    c.meta = replay(c.log)
+    restarted(c, 1, clean=False)
+    restarted(c, 2, clean=False)
+    assert c.state().leader == NO_LEADER and not c.meta.needs_log_comparison("t", 0)
+    assert c.meta.plan_unclean_recovery("t", 0, {1: LogEnd(0, 5), 2: LogEnd(0, 5)}) == []
+
+
+def test_a_broker_on_a_replaced_disk_leaves_every_isr_even_as_its_last_member():
+    c = three_nodes()
+    c.create(rf=2)  # replicas (1, 2)
+    c.register(1, "a", "inc-0", "dir-a")
+    c.fence(2)
+    assert c.state().isr == (1,)
+    c.fence(1)
+    restarted(c, 1, clean=True, directory="dir-new")  # the empty directory was formatted anew
+    state = c.state()
+    assert (state.leader, state.isr, state.recovering) == (NO_LEADER, (), ())
+    assert not c.meta.needs_log_comparison("t", 0), "an empty log is never the copy to keep"
+
+
+def test_a_broker_on_a_replaced_disk_follows_and_does_not_lead_while_another_copy_is_in_sync():
+    c = three_nodes()
+    c.create(rf=3)
+    c.register(1, "a", "inc-0", "dir-a")
+    restarted(c, 1, clean=True, directory="dir-new")
+    assert (c.state().leader, c.state().isr) == (2, (2, 3))
+
+
+# --- replica failures ----------------------------------------------------------------
+
+
+def test_a_failed_leader_replica_hands_leadership_to_an_in_sync_follower():
+    c = three_nodes()
+    c.create(rf=3)
+    c.commit(c.meta.plan_replica_failed("t", 0, 1))
+    assert c.state() == PartitionState((1, 2, 3), (2, 3), 2, 1, 1)
+    assert c.meta.live_brokers == {1, 2, 3}, "a replica failure is not a broker failure"
+
+
+def test_a_failed_follower_replica_leaves_the_isr_and_the_leader_stays():
+    c = three_nodes()
+    c.create(rf=3)
+    c.commit(c.meta.plan_replica_failed("t", 0, 3))
+    assert c.state() == PartitionState((1, 2, 3), (1, 2), 1, 0, 1)
+
+
+def test_a_failed_replica_that_is_the_only_copy_leads_again_in_a_new_epoch():
+    c = three_nodes()
+    c.create(rf=3)
+    c.alter("t", 0, [1])
+    c.commit(c.meta.plan_replica_failed("t", 0, 1))
+    assert c.state() == PartitionState((1, 2, 3), (1,), 1, 1, 2)
+
+
+def test_a_replica_failure_of_a_broker_without_that_replica_is_refused():
+    c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
+    c.create(rf=3)
+    with pytest.raises(NotLeaderOrFollowerError):
+        c.meta.plan_replica_failed("t", 0, 4)
+
+
+# --- AlterPartition retries ----------------------------------------------------------
+
+
+def test_alter_partition_retried_after_it_was_committed_succeeds_with_no_records():
+    c = three_nodes()
+    c.create(rf=3)
+    s = c.state()
+    c.alter("t", 0, [1, 2])
+    # The same request again, with the partition epoch it was first sent with.
+    assert c.meta.plan_alter_partition("t", 0, 1, s.leader_epoch, s.partition_epoch, [1, 2]) == []
+
+
+# --- reassignments (KIP-455) -----------------------------------------------------------
+
+
+def test_a_reassignment_adds_the_new_replica_first_and_drops_the_old_one_once_it_is_in_sync():
+    c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
+    c.create(rf=3)  # replicas (1, 2, 3)
+    c.commit(c.meta.plan_reassign("t", 0, [4, 2, 3]))
+    moving = c.state()
+    assert (moving.replicas, moving.adding, moving.removing) == ((4, 2, 3, 1), (4,), (1,))
+    assert (moving.leader, moving.isr) == (1, (1, 2, 3))
+    c.alter("t", 0, [1, 2, 3, 4])  # broker 4 caught up
+    done = c.state()
+    assert (done.replicas, done.adding, done.removing) == ((4, 2, 3), (), ())
+    assert done.isr == (4, 2, 3) and done.leader == 4 and done.leader_epoch == moving.leader_epoch + 1
+
+
+def test_cancelling_a_reassignment_reverts_to_the_original_replicas():
+    c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
+    c.create(rf=3)
+    c.commit(c.meta.plan_reassign("t", 0, [4, 2, 3]))
+    c.commit(c.meta.plan_reassign("t", 0, None))
+    state = c.state()
+    # As in Kafka, the reverted replica list keeps the reassignment's order (target first).
+    assert (set(state.replicas), state.isr, state.leader, state.adding, state.removing) == ({1, 2, 3}, (1, 2, 3), 1, (), ())
+
+
+def test_cancelling_where_no_reassignment_runs_raises():
+    c = three_nodes()
+    c.create(rf=3)
+    with pytest.raises(NoReassignmentInProgressError):
+        c.meta.plan_reassign("t", 0, None)
+
+
+@pytest.mark.parametrize("target", [[], [1, 1], [1, 99]])
+def test_an_invalid_reassignment_target_raises(target):
+    c = three_nodes()
+    c.create(rf=3)
+    with pytest.raises(InvalidReplicaAssignmentError):
+        c.meta.plan_reassign("t", 0, target)
+
+
+def test_reassigning_to_the_current_replicas_changes_nothing():
+    c = three_nodes()
+    c.create(rf=3)
+    assert c.meta.plan_reassign("t", 0, [1, 2, 3]) == []
+
+
 # --- random operations: invariants and replay ----------------------------------------
 
 
 class ClusterMachine(RuleBasedStateMachine):
-    """Random creates, fences, registrations, ISR changes, config changes and deletes."""
+    """Random creates, crashes, restarts (clean, unclean, on a new disk), fences, Controller
+    restarts, writes, catch-ups, ISR changes, reassignments, replica failures, config
+    changes and deletes, against a model of what each replica's log holds.
+
+    The model: per partition the high watermark `hw` (every record below it was
+    acknowledged) and per replica its log end offset `leo`. A write needs a running leader
+    and every ISR member running, and gives the ISR the new records. A crash without a
+    clean shutdown may cut a replica's log to any shorter length; a replaced disk empties
+    it. `holders` are the ISR members that hold every acknowledged record: Kafka's promise
+    covers those (a replica that left the ISR may have missed writes, as far as the
+    Controller knows). The safety property, checked after every step: while some holder
+    is left, a leader that serves is one of them (unless the topic allows unclean elections).
+    """
 
     @initialize(brokers=st.integers(3, 5), nodes=st.integers(2, 3), unclean_default=st.booleans())
     def start(self, brokers, nodes, unclean_default):
@@ -703,18 +942,55 @@ class ClusterMachine(RuleBasedStateMachine):
         self.nodes = nodes
         self.c = Cluster({b: f"node-{b % nodes}" for b in range(brokers)}, self.config)
         self.broker_ids = list(range(brokers))
+        self.running = set(self.broker_ids)  # processes alive, with their in-memory state
+        self.crashed: set[int] = set()  # stopped without a clean shutdown
+        self.incarnation = dict.fromkeys(self.broker_ids, 0)
+        self.directory = dict.fromkeys(self.broker_ids, 0)
         self.next_topic = 0
         self.seen: dict[tuple[str, str, int], PartitionState] = {}  # (topic id, topic, p) -> last state
+        self.hw: dict[tuple[str, int], int] = {}  # (topic id, p) -> acknowledged end
+        self.leo: dict[tuple[str, int], dict[int, int]] = {}  # (topic id, p) -> broker -> its log end
+        self.holders: dict[tuple[str, int], set[int]] = {}  # (topic id, p) -> ISR members with every acked record
 
     # -- helpers
 
     def partitions(self) -> list[tuple[str, int, PartitionState]]:
         return [(n, p, s) for n, t in sorted(self.c.meta.topics.items()) for p, s in sorted(t.partitions.items())]
 
+    def key(self, name: str, p: int) -> tuple[str, int]:
+        return (self.c.meta.topics[name].topic_id, p)
+
+    def unclean(self, name: str) -> bool:
+        raw = self.c.meta.topics[name].configs.get(UNCLEAN_LEADER_ELECTION_ENABLE)
+        return self.config.unclean_leader_election_enable if raw is None else raw == "true"
+
+    def settle(self) -> None:
+        """Holders are ISR members: the previous step's ISR changes take effect (after the
+        invariants checked the step against the holders before it)."""
+        for name, p, s in self.partitions():
+            key = self.key(name, p)
+            self.holders[key] = {r for r in self.holders[key] & set(s.isr) if self.leo[key].get(r, 0) >= self.hw[key]}
+
+    def register(self, broker: int, clean: bool) -> None:
+        self.c.register(
+            broker, f"node-{broker % self.nodes}", f"inc-{self.incarnation[broker]}", f"dir-{self.directory[broker]}", clean
+        )
+        self.running.add(broker)
+        self.recover_uncleanly()
+
+    def recover_uncleanly(self) -> None:
+        """What the Controller does for partitions whose every in-sync copy restarted uncleanly."""
+        for name, p, s in self.partitions():
+            if self.c.meta.needs_log_comparison(name, p):
+                leo = self.leo[self.key(name, p)]
+                ends = {r: LogEnd(0, leo.get(r, 0)) for r in s.isr}
+                self.c.commit(self.c.meta.plan_unclean_recovery(name, p, ends))
+
     # -- rules
 
     @rule(partitions=st.integers(1, 3), rf=st.integers(1, 3), unclean=st.sampled_from([None, "true", "false"]))
     def create_topic(self, partitions, rf, unclean):
+        self.settle()
         name = f"t{self.next_topic}"
         self.next_topic += 1
         configs = {} if unclean is None else {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}
@@ -724,46 +1000,171 @@ class ClusterMachine(RuleBasedStateMachine):
                 self.c.meta.plan_create_topic(name, partitions, rf, configs, f"id-{name}")
             return
         self.c.create(name, partitions, rf, configs)
-        for _, state in self.c.meta.topics[name].partitions.items():
+        for p, state in self.c.meta.topics[name].partitions.items():
             assert set(state.replicas) <= live
             assert state.isr == state.replicas and state.leader == state.replicas[0]
+            self.hw[self.key(name, p)] = 0
+            self.leo[self.key(name, p)] = dict.fromkeys(state.replicas, 0)
+            self.holders[self.key(name, p)] = set(state.replicas)
+
+    @rule(data=st.data(), records=st.integers(1, 5))
+    def write(self, data, records):
+        self.settle()
+        writable = [
+            (n, p, s)
+            for n, p, s in self.partitions()
+            if s.leader != NO_LEADER and set(s.isr) <= self.running
+        ]
+        if not writable:
+            return
+        name, p, s = data.draw(st.sampled_from(writable))
+        leo = self.leo[self.key(name, p)]
+        end = leo[s.leader] + records
+        for r in s.isr:
+            leo[r] = end
+        self.hw[self.key(name, p)] = end
+        self.holders[self.key(name, p)] = set(s.isr)
+
+    @rule(data=st.data())
+    def catch_up(self, data):
+        """A running follower copies the leader's log (after truncating where it diverged)
+        and the leader adds it to the ISR."""
+        self.settle()
+        candidates = [
+            (n, p, s, r)
+            for n, p, s in self.partitions()
+            if s.leader in self.running
+            for r in s.replicas
+            if r not in s.isr and r in self.running and r in self.c.meta.live_brokers
+        ]
+        if not candidates:
+            return
+        name, p, s, r = data.draw(st.sampled_from(candidates))
+        leo = self.leo[self.key(name, p)]
+        leo[r] = leo[s.leader]
+        if s.leader in self.holders[self.key(name, p)]:
+            self.holders[self.key(name, p)].add(r)
+        self.c.alter(name, p, [*s.isr, r])
+        after = self.c.state(name, p)
+        if r in after.replicas:  # else a reassignment that was removing it just completed
+            assert r in after.isr and r not in after.recovering
+
+    @rule(data=st.data())
+    def shrink_isr(self, data):
+        """A leader drops the ISR members that stopped fetching (their process is gone)."""
+        self.settle()
+        candidates = [
+            (n, p, s)
+            for n, p, s in self.partitions()
+            if s.leader in self.running and not set(s.isr) <= self.running
+        ]
+        if not candidates:
+            return
+        name, p, s = data.draw(st.sampled_from(candidates))
+        self.c.alter(name, p, [r for r in s.isr if r in self.running])
+
+    def lose_tails(self, broker: int, data, disk_lost: bool) -> None:
+        """A crash: each of the broker's logs may lose any part of its unflushed tail; a
+        replaced disk loses everything."""
+        for key, leo in self.leo.items():
+            if broker not in leo:
+                continue
+            if disk_lost:
+                leo[broker] = 0
+            elif leo[broker] and not data.draw(st.booleans(), label=f"{broker} keeps its tail in {key}"):
+                leo[broker] = data.draw(st.integers(0, leo[broker] - 1), label=f"log end of {broker} in {key}")
+            if leo[broker] < self.hw[key]:
+                self.holders[key].discard(broker)
+
+    @precondition(lambda self: bool(self.running))
+    @rule(detected=st.booleans(), disk_lost=st.booleans(), data=st.data())
+    def crash(self, detected, disk_lost, data):
+        """A broker process (or its node) dies; the Controller notices (fences it) or not yet."""
+        self.settle()
+        broker = data.draw(st.sampled_from(sorted(self.running)), label="crashing broker")
+        self.running.discard(broker)
+        self.crashed.add(broker)
+        self.lose_tails(broker, data, disk_lost)
+        if disk_lost:
+            self.directory[broker] += 1
+        if detected:
+            self.c.fence(broker)
+
+    @rule(data=st.data())
+    def whole_cluster_crashes(self, data):
+        """Every process dies at once (the Controller too) and every log may lose its tail."""
+        self.settle()
+        for broker in sorted(self.running):
+            self.running.discard(broker)
+            self.crashed.add(broker)
+            self.lose_tails(broker, data, disk_lost=False)
+        self.c.meta = replay(self.c.log, self.config)
+
+    @precondition(lambda self: bool(self.running))
+    @rule(data=st.data())
+    def stop_cleanly(self, data):
+        """A clean shutdown: logs flushed, the clean-shutdown marker written."""
+        self.settle()
+        self.running.discard(data.draw(st.sampled_from(sorted(self.running)), label="stopping broker"))
+
+    @precondition(lambda self: set(self.broker_ids) - self.running)
+    @rule(data=st.data())
+    def restart(self, data):
+        """A stopped broker process starts again, with or without its clean-shutdown marker."""
+        self.settle()
+        broker = data.draw(st.sampled_from(sorted(set(self.broker_ids) - self.running)), label="restarting broker")
+        self.incarnation[broker] += 1
+        self.register(broker, clean=broker not in self.crashed)
+        self.crashed.discard(broker)
+
+    @rule()
+    def controller_restarts(self):
+        """The Controller replays its log: no broker is attached until it registers again."""
+        self.settle()
+        self.c.meta = replay(self.c.log, self.config)
 
     @rule(i=st.integers(0, 4))
-    def fence(self, i):
+    def reattach(self, i):
+        """A running broker registers with a restarted Controller (or after being fenced)."""
+        self.settle()
         broker = self.broker_ids[i % len(self.broker_ids)]
-        was_fenced = self.c.meta.brokers[broker].fenced
-        records = self.c.fence(broker)
-        assert (records == []) == was_fenced
-        assert self.c.meta.brokers[broker].fenced
+        if broker in self.running:
+            self.register(broker, clean=True)
 
-    @rule(i=st.integers(0, 4), node=st.integers(0, 2))
-    def register(self, i, node):
-        broker = self.broker_ids[i % len(self.broker_ids)]
-        self.c.register(broker, f"node-{node % self.nodes}")
-        assert not self.c.meta.brokers[broker].fenced
-        assert self.c.meta.brokers[broker].epoch == max(o for o, r in self.c.log if r["type"] == "register_broker")
-
-    @precondition(lambda self: any(s.leader != NO_LEADER for _, _, s in self.partitions()))
     @rule(data=st.data())
-    def alter_partition(self, data):
-        led = [(n, p, s) for n, p, s in self.partitions() if s.leader != NO_LEADER]
-        name, p, s = data.draw(st.sampled_from(led))
-        others = data.draw(st.lists(st.sampled_from(s.replicas), unique=True))
-        new_isr = [s.leader, *others]
-        added = set(new_isr) - set(s.isr)
-        if not added <= self.c.meta.live_brokers:
-            with pytest.raises(IneligibleReplicaError):
-                self.c.meta.plan_alter_partition(name, p, s.leader, s.leader_epoch, s.partition_epoch, new_isr)
+    def replica_fails(self, data):
+        """A replica process dies while its broker runs: its log is intact, it is re-created."""
+        self.settle()
+        candidates = [(n, p, r) for n, p, s in self.partitions() for r in s.replicas if r in self.c.meta.attached]
+        if not candidates:
             return
-        records = self.c.alter(name, p, new_isr)
-        assert set(self.c.state(name, p).isr) == set(new_isr)
-        assert len(records) == (0 if set(new_isr) == set(s.isr) else 1)
+        name, p, r = data.draw(st.sampled_from(candidates))
+        self.c.commit(self.c.meta.plan_replica_failed(name, p, r))
+
+    @precondition(lambda self: bool(self.c.meta.topics))
+    @rule(data=st.data(), cancel=st.booleans())
+    def reassign(self, data, cancel):
+        self.settle()
+        name, p, s = data.draw(st.sampled_from(self.partitions()))
+        if cancel:
+            if s.adding or s.removing:
+                try:
+                    self.c.commit(self.c.meta.plan_reassign(name, p, None))
+                except InvalidReplicaAssignmentError:
+                    pass
+            return
+        target = data.draw(st.lists(st.sampled_from(self.broker_ids), min_size=1, max_size=3, unique=True))
+        leo = self.leo[self.key(name, p)]
+        for r in target:
+            leo.setdefault(r, 0)
+        self.c.commit(self.c.meta.plan_reassign(name, p, target))
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), stale=st.sampled_from(["leader", "leader_epoch", "partition_epoch"]))
     def stale_alter_partition_is_refused(self, data, stale):
         name, p, s = data.draw(st.sampled_from(self.partitions()))
         leader, leader_epoch, partition_epoch = s.leader, s.leader_epoch, s.partition_epoch
+        new_isr = [r for r in s.replicas if r != s.leader] if s.leader != NO_LEADER else list(s.replicas)
         if stale == "leader":
             leader = next(b for b in self.broker_ids if b != s.leader)
             error = NotLeaderOrFollowerError
@@ -771,20 +1172,25 @@ class ClusterMachine(RuleBasedStateMachine):
             leader_epoch -= 1
             error = FencedLeaderEpochError
         else:
+            if s.leader == NO_LEADER or set(s.replicas) == set(s.isr):
+                return  # the same ISR is answered as committed, whatever the partition epoch
+            new_isr = list(s.replicas)
             partition_epoch -= 1
             error = InvalidUpdateVersionError
         with pytest.raises(error):
-            self.c.meta.plan_alter_partition(name, p, leader, leader_epoch, partition_epoch, list(s.replicas))
+            self.c.meta.plan_alter_partition(name, p, leader, leader_epoch, partition_epoch, new_isr)
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), unclean=st.sampled_from(["true", "false"]))
     def alter_configs(self, data, unclean):
+        self.settle()
         name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
         self.c.commit(self.c.meta.plan_alter_topic_configs(name, {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}))
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data())
     def delete_topic(self, data):
+        self.settle()
         name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
         self.c.commit(self.c.meta.plan_delete_topic(name))
         assert name not in self.c.meta.topics
@@ -792,21 +1198,34 @@ class ClusterMachine(RuleBasedStateMachine):
     # -- invariants
 
     @invariant()
+    def leaders_hold_every_acknowledged_record(self):
+        if not hasattr(self, "c"):
+            return
+        for name, p, s in self.partitions():
+            key = self.key(name, p)
+            # A leader that crashed is not serving; it is elected again when it restarts.
+            if s.leader in self.running and not self.unclean(name) and self.holders[key]:
+                assert s.leader in self.holders[key], (
+                    f"{name}-{p}: leader {s.leader} while {sorted(self.holders[key])} hold every acknowledged"
+                    f" record: log ends {self.leo[key]}, {self.hw[key]} acknowledged ({s})"
+                )
+
+    @invariant()
     def partitions_are_consistent(self):
         if not hasattr(self, "c"):
             return
-        live = self.c.meta.live_brokers
+        live, attached = self.c.meta.live_brokers, self.c.meta.attached
         for name, p, s in self.partitions():
-            assert s.isr, f"{name}-{p}: empty ISR"
-            assert set(s.isr) <= set(s.replicas), f"{name}-{p}: ISR {s.isr} outside replicas {s.replicas}"
-            assert len(set(s.replicas)) == len(s.replicas)
-            if s.leader == NO_LEADER:
-                # Leaderless only when the kept last ISR member is down.
-                assert len(s.isr) == 1 and s.isr[0] not in live, f"{name}-{p}: {s} with live {live}"
-            else:
-                assert s.leader in s.isr, f"{name}-{p}: leader {s.leader} not in ISR {s.isr}"
+            s.check()
+            if s.leader != NO_LEADER:
                 assert s.leader in live, f"{name}-{p}: leader {s.leader} is fenced"
-                assert set(s.isr) <= live, f"{name}-{p}: fenced brokers in ISR {s.isr}"
+                assert s.leader not in s.recovering, f"{name}-{p}: leader {s.leader} is recovering"
+            elif set(s.replicas) <= attached and s.isr and not self.unclean(name):
+                # Everyone is back: leaderless only while a comparison of logs is pending,
+                # or because every in-sync copy is gone.
+                assert self.c.meta.needs_log_comparison(name, p) or not (set(s.isr) - set(s.recovering)), (
+                    f"{name}-{p}: leaderless with every replica back: {s}"
+                )
 
     @invariant()
     def epochs_only_grow(self):
@@ -820,7 +1239,6 @@ class ClusterMachine(RuleBasedStateMachine):
             if old is None:  # created by the last step
                 assert (s.leader_epoch, s.partition_epoch) == (0, 0)
                 continue
-            assert s.replicas == old.replicas
             assert s.leader_epoch >= old.leader_epoch
             if s.leader != old.leader:
                 assert s.leader_epoch > old.leader_epoch, f"{name}-{p}: leader {old.leader}->{s.leader} same epoch"
@@ -842,5 +1260,5 @@ class ClusterMachine(RuleBasedStateMachine):
         assert again.last_offset == self.c.meta.last_offset
 
 
-ClusterMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+ClusterMachine.TestCase.settings = settings(max_examples=1000, stateful_step_count=25, deadline=None)
 test_cluster_metadata_state_machine = ClusterMachine.TestCase

@@ -2,50 +2,55 @@
 
 This is KRaft's metadata image plus the parts of its ReplicationControlManager that
 decide: broker registration and fencing, topic creation with replica assignment, leader
-election, ISR changes (AlterPartition). Nothing here does I/O or knows Ray; the
-Controller actor persists records and pushes the results.
+election, ISR changes (AlterPartition), reassignments. Nothing here does I/O or knows
+Ray; the Controller actor persists records and pushes the results. The per-partition
+rules (who leads, who stays in sync, KIP-966's recovering replicas, KIP-455's
+reassignments) are in `elections.py`.
 
 Every change is a *record* (a plain dict, msgpack-friendly) and the state changes only by
 `apply(record, offset)`. A decision is made in two steps, as in KRaft: `plan_*` reads the
 state and returns the records that would make the change (raising a typed error if the
 request is invalid), the Controller writes them to its metadata log, then applies them.
 Replaying the log through `apply` rebuilds exactly the same state after a restart.
+`attached` is the one piece of session state: the brokers registered with this
+Controller session; the Controller maintains it and it is never replayed.
 
 Records (field `type`):
 - `cluster`: the cluster id, written once.
 - `register_broker`: a broker (re)started on a Ray node; its epoch is the record's offset,
-  so a newer incarnation always has a larger epoch. It is unfenced.
+  so a newer registration always has a larger epoch. It is unfenced. It carries the
+  broker process's incarnation id (new at every process start), its data directory's id
+  (`directory.id` of meta.properties) and whether its last shutdown was clean.
 - `fence_broker`: a broker lost its session (`fenced` true) or came back (`fenced` false).
 - `topic`, `remove_topic`, `topic_configs`.
 - `partition`: the full state of one partition (created or changed).
 - `producer_ids`: a block of idempotent-producer ids was handed out; `next` is the first
   id never handed out (KRaft's ProducerIdsRecord).
 
-Partition invariants, asserted by `apply`: the ISR is a non-empty subset of the replicas;
-the leader is in the ISR or is NO_LEADER; the leader epoch grows whenever the leader
-changes, and the partition epoch grows with every change.
-
-Elections follow Kafka: a new leader is the first replica, in assignment order, that is in
-the ISR and unfenced. If there is none, the partition stays leaderless (NO_LEADER) with its
-last ISR member kept in the ISR, so that replica (which has every committed record) leads
-again when it returns; only a topic with `unclean.leader.election.enable` elects an
-out-of-sync replica instead, losing the records it lacks.
+Partition invariants are asserted by `apply` (`PartitionState.check`): the ISR is a subset
+of the replicas, empty only while leaderless; the leader is in the ISR or is NO_LEADER;
+the leader epoch grows whenever the leader changes, and the partition epoch grows with
+every change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayk.actors import elections
+from rayk.actors.elections import NO_LEADER, LogEnd, PartitionState
 from rayk.config import BrokerConfig, unclean_election_enabled
 from rayk.errors import (
     FencedLeaderEpochError,
     IneligibleReplicaError,
     InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidTopicError,
     InvalidUpdateVersionError,
+    NoReassignmentInProgressError,
     NotLeaderOrFollowerError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
@@ -53,7 +58,8 @@ from rayk.errors import (
 )
 from rayk.storage.log_manager import is_legal_topic_name
 
-NO_LEADER = -1
+__all__ = ["NO_LEADER", "BrokerRegistration", "ClusterMetadata", "LogEnd", "PartitionState", "Record", "assign_replicas"]
+
 Record = dict[str, Any]
 
 
@@ -62,28 +68,9 @@ class BrokerRegistration:
     broker_id: int
     epoch: int  # offset of the registration record
     node_id: str  # Ray node id (hex) the broker last ran on
+    incarnation_id: str = ""  # the broker process that registered ("" in older records)
+    directory_id: str = ""  # its data directory's meta.properties directory.id
     fenced: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionState:
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    leader: int
-    leader_epoch: int
-    partition_epoch: int
-
-    def to_record(self, topic: str, partition: int) -> Record:
-        return {
-            "type": "partition",
-            "topic": topic,
-            "partition": partition,
-            "replicas": list(self.replicas),
-            "isr": list(self.isr),
-            "leader": self.leader,
-            "leader_epoch": self.leader_epoch,
-            "partition_epoch": self.partition_epoch,
-        }
 
 
 @dataclass(slots=True)
@@ -118,29 +105,6 @@ def assign_replicas(
     return [tuple(ordered[(start_index + p + j) % n] for j in range(replication_factor)) for p in range(num_partitions)]
 
 
-def elect(state: PartitionState, live: set[int], unclean: bool) -> PartitionState | None:
-    """The partition's state once only `live` brokers count; None if nothing changes."""
-    isr = tuple(r for r in state.isr if r in live) or state.isr  # never empty: keep the last member
-    leader = state.leader
-    if leader not in live or leader not in isr:
-        in_sync = [r for r in state.replicas if r in isr and r in live]
-        if in_sync:
-            leader = in_sync[0]
-        elif unclean and (alive := [r for r in state.replicas if r in live]):
-            leader, isr = alive[0], (alive[0],)
-        else:
-            leader = NO_LEADER
-    if leader == state.leader and isr == state.isr:
-        return None
-    return PartitionState(
-        state.replicas,
-        isr,
-        leader,
-        state.leader_epoch + (1 if leader != state.leader else 0),
-        state.partition_epoch + 1,
-    )
-
-
 class ClusterMetadata:
     def __init__(self, broker_config: BrokerConfig | None = None) -> None:
         self.broker_config = broker_config or BrokerConfig()
@@ -149,6 +113,7 @@ class ClusterMetadata:
         self.topics: dict[str, TopicMetadata] = {}
         self.next_producer_id = 0
         self.last_offset = -1
+        self.attached: set[int] = set()  # session state, kept by the Controller; never replayed
 
     # ------------------------------------------------------------------ applying records
 
@@ -159,7 +124,13 @@ class ClusterMetadata:
         if kind == "cluster":
             self.cluster_id = record["cluster_id"]
         elif kind == "register_broker":
-            self.brokers[record["broker_id"]] = BrokerRegistration(record["broker_id"], offset, record["node_id"])
+            self.brokers[record["broker_id"]] = BrokerRegistration(
+                record["broker_id"],
+                offset,
+                record["node_id"],
+                record.get("incarnation_id", ""),
+                record.get("directory_id", ""),
+            )
         elif kind == "fence_broker":
             self.brokers[record["broker_id"]].fenced = record["fenced"]
         elif kind == "topic":
@@ -177,15 +148,8 @@ class ClusterMetadata:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
     def _apply_partition(self, record: Record) -> None:
-        state = PartitionState(
-            tuple(record["replicas"]),
-            tuple(record["isr"]),
-            record["leader"],
-            record["leader_epoch"],
-            record["partition_epoch"],
-        )
-        assert state.isr and set(state.isr) <= set(state.replicas), f"ISR {state.isr} within replicas {state.replicas}"
-        assert state.leader == NO_LEADER or state.leader in state.isr, f"leader {state.leader} in ISR {state.isr}"
+        state = PartitionState.from_record(record)
+        state.check()
         partitions = self.topics[record["topic"]].partitions
         old = partitions.get(record["partition"])
         if old is not None:
@@ -214,31 +178,98 @@ class ClusterMetadata:
             if broker_id in state.replicas
         ]
 
+    def all_partitions(self) -> list[tuple[str, int, PartitionState]]:
+        return [(name, p, state) for name, meta in self.topics.items() for p, state in meta.partitions.items()]
+
+    def needs_log_comparison(self, topic: str, partition: int) -> bool:
+        """Leaderless with every in-sync copy back but recovering (see `elections`)."""
+        state = self.partition(topic, partition)
+        return elections.needs_log_comparison(state, self.live_brokers, self.attached)
+
+    def _unclean(self, topic: str) -> bool:
+        return unclean_election_enabled(self.topics[topic].configs, self.broker_config)
+
     # ------------------------------------------------------------------ planning changes
 
-    def plan_register_broker(self, broker_id: int, node_id: str) -> list[Record]:
-        """A broker (re)joins: register it, then elect it wherever a partition lacks a leader."""
-        records: list[Record] = [{"type": "register_broker", "broker_id": broker_id, "node_id": node_id}]
-        return records + self._elections(self.live_brokers | {broker_id}, only_broker=broker_id)
+    def plan_register_broker(
+        self,
+        broker_id: int,
+        node_id: str,
+        incarnation_id: str = "",
+        directory_id: str = "",
+        clean_shutdown: bool = True,
+    ) -> list[Record]:
+        """A broker (re)joins. If it is a new incarnation (a restarted process), its replicas
+        lost their in-memory state: where it led, leadership is decided again in a new epoch;
+        after an unclean shutdown its ISR memberships become recovering (KIP-966), and with
+        a data directory that is not the one registered before (formatted anew: its disk was
+        replaced) it also leaves every ISR at once. Then every partition of the broker is
+        reconciled: leaderless ones may get their leader back."""
+        previous = self.brokers.get(broker_id)
+        restarted = previous is not None and previous.incarnation_id != incarnation_id
+        data_lost = (
+            previous is not None and bool(previous.directory_id) and previous.directory_id != directory_id
+        )
+        records: list[Record] = [
+            {
+                "type": "register_broker",
+                "broker_id": broker_id,
+                "node_id": node_id,
+                "incarnation_id": incarnation_id,
+                "directory_id": directory_id,
+                "clean_shutdown": clean_shutdown,
+            }
+        ]
+        live = self.live_brokers | {broker_id}
+        attached = self.attached | {broker_id}
+        for name, p, state in self.partitions_of_broker(broker_id):
+            marked = state
+            if restarted and (data_lost or not clean_shutdown):
+                marked = elections.mark_recovering(state, broker_id, data_lost)
+            new = elections.reconcile(
+                marked, live, attached, self._unclean(name), restarted=[broker_id] if restarted else []
+            )
+            if new is None and marked != state:
+                new = elections.successor(state, marked, new_leader_epoch=False)
+            if new is not None:
+                records.append(new.to_record(name, p))
+        return records
 
     def plan_fence_broker(self, broker_id: int, broker_epoch: int | None = None) -> list[Record]:
-        """A broker lost its session: drop it from every ISR and move its leaderships."""
+        """A broker lost its session: out of every ISR it can leave, leaderships moved."""
         reg = self.brokers.get(broker_id)
         if reg is None or reg.fenced:
             return []
         if broker_epoch is not None and broker_epoch != reg.epoch:
             raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is not current ({reg.epoch})")
         records: list[Record] = [{"type": "fence_broker", "broker_id": broker_id, "fenced": True}]
-        return records + self._elections(self.live_brokers - {broker_id}, only_broker=broker_id)
-
-    def _elections(self, live: set[int], only_broker: int) -> list[Record]:
-        records = []
-        for name, p, state in self.partitions_of_broker(only_broker):
-            unclean = unclean_election_enabled(self.topics[name].configs, self.broker_config)
-            new_state = elect(state, live, unclean)
-            if new_state is not None:
-                records.append(new_state.to_record(name, p))
+        live, attached = self.live_brokers - {broker_id}, self.attached - {broker_id}
+        for name, p, state in self.partitions_of_broker(broker_id):
+            new = elections.reconcile(state, live, attached, self._unclean(name))
+            if new is not None:
+                records.append(new.to_record(name, p))
         return records
+
+    def plan_replica_failed(self, topic: str, partition: int, broker_id: int) -> list[Record]:
+        """The broker's replica process of this partition died; its log on disk is intact
+        and it is being re-created. It leaves the ISR while another member is ready, and
+        if it led, leadership moves (or, as the only copy, it leads again in a new epoch)."""
+        state = self.partition(topic, partition)
+        if broker_id not in state.replicas:
+            raise NotLeaderOrFollowerError(f"broker {broker_id} holds no replica of {topic}-{partition}")
+        new = elections.reconcile(
+            state, self.live_brokers, self.attached, self._unclean(topic), unavailable=[broker_id]
+        )
+        return [] if new is None else [new.to_record(topic, partition)]
+
+    def plan_unclean_recovery(self, topic: str, partition: int, ends: Mapping[int, LogEnd]) -> list[Record]:
+        """Rule 4 of `elections`: elects the ISR member with the most complete log, once every
+        one of them is back and reported its log end. [] if the partition no longer needs it."""
+        state = self.partition(topic, partition)
+        if not elections.needs_log_comparison(state, self.live_brokers, self.attached):
+            return []
+        chosen = elections.choose_by_log(state, dict(ends))
+        return [elections.recover_uncleanly(state, chosen).to_record(topic, partition)]
 
     def plan_create_topic(
         self,
@@ -287,23 +318,67 @@ class ClusterMetadata:
         partition_epoch: int,
         new_isr: Iterable[int],
     ) -> list[Record]:
-        """A leader's ISR change (Kafka's AlterPartition), checked against the current state."""
+        """A leader's ISR change (Kafka's AlterPartition), checked against the current state.
+
+        A request for the ISR the partition already has succeeds with no records, whatever
+        its partition epoch: the leader retrying a change whose answer it never got learns
+        that it was committed. A replica added to the ISR has caught up: it stops
+        recovering, and a reassignment whose new replicas are now all in sync completes."""
         state = self.partition(topic, partition)
         if leader_id != state.leader:
             raise NotLeaderOrFollowerError(f"broker {leader_id} is not the leader of {topic}-{partition}")
         if leader_epoch != state.leader_epoch:
             raise FencedLeaderEpochError(f"leader epoch {leader_epoch} is not current ({state.leader_epoch})")
-        if partition_epoch != state.partition_epoch:
-            raise InvalidUpdateVersionError(f"partition epoch {partition_epoch} is not current ({state.partition_epoch})")
         wanted = set(new_isr)
         isr = tuple(r for r in state.replicas if r in wanted)
         if leader_id not in isr or len(isr) != len(wanted):
             raise IneligibleReplicaError(f"ISR {sorted(wanted)} must hold the leader and only replicas {state.replicas}")
+        if set(isr) == set(state.isr):
+            return []
+        if partition_epoch != state.partition_epoch:
+            raise InvalidUpdateVersionError(f"partition epoch {partition_epoch} is not current ({state.partition_epoch})")
         live = self.live_brokers
         added = set(isr) - set(state.isr)
         if not added <= live:
             raise IneligibleReplicaError(f"brokers {sorted(added - live)} are fenced and cannot join the ISR")
-        if isr == state.isr:
+        recovering = tuple(r for r in state.recovering if r not in added)
+        changed = PartitionState(
+            state.replicas, isr, state.leader, state.leader_epoch, state.partition_epoch + 1,
+            recovering, state.adding, state.removing,
+        )
+        finished = elections.finish_reassignment(changed, live, self.attached)
+        if finished is not None:
+            changed = elections.successor(state, finished, new_leader_epoch=False)
+            assert changed is not None
+        return [changed.to_record(topic, partition)]
+
+    # ------------------------------------------------------------------ reassignments (KIP-455)
+
+    def plan_reassign(self, topic: str, partition: int, target: Sequence[int] | None) -> list[Record]:
+        """Starts moving a partition to `target` replicas, or cancels its reassignment (None).
+        A target equal to the current replicas with none under way changes nothing."""
+        state = self.partition(topic, partition)
+        if target is None:
+            if not (state.adding or state.removing):
+                raise NoReassignmentInProgressError(f"{topic}-{partition} has no reassignment to cancel")
+            new = elections.cancel_reassignment(state, self.live_brokers, self.attached, self._unclean(topic))
+            if new is None:
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{partition}: only the new replicas are in sync; let the reassignment finish"
+                )
+            return [new.to_record(topic, partition)]
+        target = list(target)
+        if not target or len(set(target)) != len(target):
+            raise InvalidReplicaAssignmentError(f"{topic}-{partition}: target {target} must name distinct brokers")
+        unknown = [b for b in target if b not in self.brokers]
+        if unknown:
+            raise InvalidReplicaAssignmentError(f"{topic}-{partition}: brokers {unknown} are not registered")
+        new = elections.start_reassignment(state, target)
+        if new is None:
             return []
-        new_state = PartitionState(state.replicas, isr, state.leader, state.leader_epoch, state.partition_epoch + 1)
-        return [new_state.to_record(topic, partition)]
+        finished = elections.finish_reassignment(new, self.live_brokers, self.attached)
+        if finished is not None:
+            new = elections.successor(state, finished, new_leader_epoch=False)
+            if new is None:
+                return []
+        return [new.to_record(topic, partition)]

@@ -110,6 +110,7 @@ class Controller:
             self._session_checker.cancel()
         managers = list(self._managers.values())
         self._managers.clear()
+        self._meta.attached.clear()
         await asyncio.gather(*(m.shutdown.remote() for m in managers), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
@@ -136,6 +137,7 @@ class Controller:
         changed |= _partitions_in(records)
         epoch = self._meta.brokers[broker_id].epoch
         self._managers[broker_id] = manager
+        self._meta.attached.add(broker_id)
         self._spawn(self._watch(broker_id, epoch, manager))
         mine = {(t, p) for t, p, _ in self._meta.partitions_of_broker(broker_id)}
         # Creating replica actors takes a while; the broker cannot heartbeat before this
@@ -185,6 +187,7 @@ class Controller:
         records = self._meta.plan_fence_broker(broker_id)
         self._commit(records)
         self._managers.pop(broker_id, None)
+        self._meta.attached.discard(broker_id)
         for key in [k for k in self._replica_handles if k[2] == broker_id]:
             del self._replica_handles[key]
         return _partitions_in(records)

@@ -1,0 +1,251 @@
+"""Who leads a partition and who is in sync: the Controller's rules for one partition
+(pure functions over `PartitionState`; no I/O, no Ray).
+
+Kafka's rules, plus KIP-966's for replicas whose log may have lost its unflushed tail.
+Words used below, each about one broker and one partition:
+
+- *live*: the broker is not fenced in the metadata.
+- *attached*: the broker registered with this Controller session. After a Controller
+  restart every broker of the replayed metadata is live but none is attached until it
+  registers again, and until then nothing is known of its replicas: it may be running
+  with its state intact, or about to come back from a crash.
+- *recovering*: the replica restarted without a clean shutdown (no clean-shutdown
+  marker: its unflushed tail may be gone) or on a freshly formatted, empty data
+  directory. It may not lead, and leaves the ISR, until it has caught up from a leader
+  and that leader has added it to the ISR again (AlterPartition clears the mark).
+- *sound*: an ISR member that is live and not recovering, so it holds every committed
+  record.
+- *ready*: sound, attached and available (its replica process is not being re-created).
+
+Rules, applied by `reconcile`:
+1. The ISR drops its fenced, recovering and unavailable members only while a ready
+   member remains. Never in favour of replicas whose state is unknown: as long as no
+   replica is known to hold every committed record, the ISR keeps naming every replica
+   that may hold the only copy.
+2. A sound leader stays, unless its replica restarted or failed: then leadership is
+   decided again, in a new leader epoch, even if the same broker is chosen.
+3. A new leader is the first replica, in assignment order, that is ready. A failed or
+   restarted leader that is the only replica with the data leads again (new epoch).
+4. Otherwise the partition is leaderless and its ISR is kept whole. When every ISR member
+   is attached and recovering (every copy restarted uncleanly: a whole-cluster crash),
+   `needs_log_comparison` says so; the Controller compares their logs and
+   `recover_uncleanly` elects the one with the latest leader epoch and the longest log
+   (KIP-966's unclean recovery, waiting for all of them as its Balanced strategy does).
+   `unclean.leader.election.enable` instead elects any live attached replica at once,
+   losing what it lacks, as in Kafka.
+5. The leader epoch grows whenever the leader changes or is elected again; the
+   partition epoch grows with every change.
+
+Reassignment (KIP-455) keeps the replicas being added and removed in the state:
+`start_reassignment` makes the replica set target + removing, `finish_reassignment`
+completes once every target replica is in the ISR, `cancel_reassignment` reverts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]  # empty only while leaderless, when every in-sync copy was lost
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    recovering: tuple[int, ...] = ()  # replicas that must catch up before they may lead
+    adding: tuple[int, ...] = ()  # a reassignment's new replicas (KIP-455)
+    removing: tuple[int, ...] = ()  # and the replicas it will drop
+
+    def to_record(self, topic: str, partition: int) -> dict[str, Any]:
+        return {
+            "type": "partition",
+            "topic": topic,
+            "partition": partition,
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "partition_epoch": self.partition_epoch,
+            "recovering": list(self.recovering),
+            "adding": list(self.adding),
+            "removing": list(self.removing),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> PartitionState:
+        return cls(
+            tuple(record["replicas"]),
+            tuple(record["isr"]),
+            record["leader"],
+            record["leader_epoch"],
+            record["partition_epoch"],
+            tuple(record.get("recovering", ())),  # absent in records of older rayk versions
+            tuple(record.get("adding", ())),
+            tuple(record.get("removing", ())),
+        )
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replicas the partition will have once its reassignment (if any) completes."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    def check(self) -> None:
+        """Asserts the invariants every stored state satisfies."""
+        replicas = set(self.replicas)
+        assert len(replicas) == len(self.replicas), f"replicas {self.replicas} repeat a broker"
+        assert set(self.isr) <= replicas, f"ISR {self.isr} within replicas {self.replicas}"
+        assert self.isr or self.leader == NO_LEADER, f"an empty ISR only while leaderless: {self}"
+        assert self.leader == NO_LEADER or self.leader in self.isr, f"leader {self.leader} in ISR {self.isr}"
+        assert set(self.recovering) <= replicas and set(self.adding) <= replicas and set(self.removing) <= replicas
+        assert not set(self.adding) & set(self.removing), f"adding {self.adding} and removing {self.removing} overlap"
+        assert self.target_replicas, f"a reassignment keeps at least one replica: {self}"
+
+
+def successor(old: PartitionState, new: PartitionState, new_leader_epoch: bool = False) -> PartitionState | None:
+    """`new` as the state that follows `old`: its epochs are old's, bumped (the partition
+    epoch always, the leader epoch if the leader changed or `new_leader_epoch`); None if
+    nothing changed."""
+    new = replace(new, leader_epoch=old.leader_epoch, partition_epoch=old.partition_epoch)
+    if new == old and not new_leader_epoch:
+        return None
+    bump = new_leader_epoch or new.leader != old.leader
+    return replace(new, leader_epoch=old.leader_epoch + (1 if bump else 0), partition_epoch=old.partition_epoch + 1)
+
+
+def reconcile(
+    state: PartitionState,
+    live: set[int],
+    attached: set[int],
+    unclean_allowed: bool,
+    restarted: Iterable[int] = (),
+    unavailable: Iterable[int] = (),
+) -> PartitionState | None:
+    """The state once rules 1-3 hold for who is live, attached, recovering; None if
+    nothing changes. `restarted`: brokers whose replica lost its in-memory state (a new
+    broker incarnation); `unavailable`: brokers whose replica process died and is being
+    re-created from its log on disk."""
+    restarted, unavailable = set(restarted), set(unavailable)
+    sound = [r for r in state.isr if r in live and r not in state.recovering]
+    ready = [r for r in sound if r in attached and r not in unavailable]
+    isr = tuple(r for r in sound if r not in unavailable) if ready else state.isr
+    leader = state.leader
+    decide = leader == NO_LEADER or leader not in sound or leader in unavailable or leader in restarted
+    recovering = state.recovering
+    if decide:
+        candidates = [r for r in state.replicas if r in ready]
+        if candidates:
+            leader = candidates[0]
+        elif leader in sound and leader in attached:
+            pass  # the failed or restarted leader is the only copy: it leads again, in a new epoch
+        elif unclean_allowed and (alive := [r for r in state.replicas if r in live and r in attached]):
+            leader, isr = alive[0], (alive[0],)
+            recovering = tuple(r for r in recovering if r != leader)
+        else:
+            leader = NO_LEADER
+    new = replace(state, isr=isr, leader=leader, recovering=recovering)
+    return successor(state, new, new_leader_epoch=decide and leader != NO_LEADER)
+
+
+def mark_recovering(state: PartitionState, broker_id: int, data_lost: bool) -> PartitionState:
+    """An ISR member that restarted without a clean shutdown becomes recovering. With
+    `data_lost` (its data directory was found empty and formatted anew) it leaves the ISR
+    at once instead, even if that empties it: an empty log can never be the copy to keep.
+    A replica outside the ISR needs no mark: it has to catch up to rejoin anyway."""
+    if broker_id not in state.isr:
+        return state
+    if data_lost:
+        isr = tuple(r for r in state.isr if r != broker_id)
+        return replace(state, isr=isr, leader=state.leader if state.leader in isr else NO_LEADER)
+    return replace(state, recovering=(*state.recovering, broker_id))
+
+
+def needs_log_comparison(state: PartitionState, live: set[int], attached: set[int]) -> bool:
+    """Leaderless, and every ISR member is back (attached) but recovering: only comparing
+    their logs can tell which copy to keep (rule 4)."""
+    return (
+        state.leader == NO_LEADER
+        and bool(state.isr)
+        and all(r in live and r in attached and r in state.recovering for r in state.isr)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnd:
+    """What a replica reports of its log for an unclean recovery."""
+
+    latest_epoch: int
+    log_end_offset: int
+
+
+def choose_by_log(state: PartitionState, ends: dict[int, LogEnd]) -> int:
+    """The ISR member whose log is the most complete: latest leader epoch, then longest
+    log, then assignment order. `ends` must cover the whole ISR."""
+    assert set(state.isr) <= set(ends), f"log ends {sorted(ends)} do not cover the ISR {state.isr}"
+    order = {r: i for i, r in enumerate(state.replicas)}
+    return max(state.isr, key=lambda r: (ends[r].latest_epoch, ends[r].log_end_offset, -order[r]))
+
+
+def recover_uncleanly(state: PartitionState, chosen: int) -> PartitionState:
+    """Rule 4's election: `chosen` leads alone, the other copies catch up from it."""
+    assert chosen in state.isr and state.leader == NO_LEADER, (chosen, state)
+    new = replace(state, leader=chosen, isr=(chosen,), recovering=tuple(r for r in state.recovering if r != chosen))
+    changed = successor(state, new, new_leader_epoch=True)
+    assert changed is not None
+    return changed
+
+
+# ---------------------------------------------------------------------------- reassignment
+
+
+def start_reassignment(state: PartitionState, target: Sequence[int]) -> PartitionState | None:
+    """Begins moving the partition to `target` (KIP-455): the replica set becomes target
+    plus the replicas to remove; the new ones follow and catch up. A reassignment already
+    under way is replaced (its original replicas are the ones before it began)."""
+    original = [r for r in state.replicas if r not in state.adding]
+    target = tuple(target)
+    adding = tuple(r for r in target if r not in original)
+    removing = tuple(r for r in original if r not in target)
+    replicas = target + removing
+    isr = tuple(r for r in state.isr if r in replicas)
+    leader = state.leader if state.leader in isr else NO_LEADER
+    recovering = tuple(r for r in state.recovering if r in replicas)
+    new = replace(state, replicas=replicas, isr=isr, leader=leader, recovering=recovering, adding=adding, removing=removing)
+    return successor(state, new, new_leader_epoch=False)
+
+
+def finish_reassignment(state: PartitionState, live: set[int], attached: set[int]) -> PartitionState | None:
+    """Completes a reassignment whose target replicas are all in the ISR: the removed
+    replicas go, and a leader among them is replaced (new epoch). None if not yet."""
+    if not (state.adding or state.removing):
+        return None
+    target = state.target_replicas
+    if not set(target) <= set(state.isr):
+        return None
+    isr = tuple(r for r in state.isr if r in target)
+    leader = state.leader
+    if leader not in target:
+        ready = [r for r in target if r in live and r in attached and r not in state.recovering]
+        leader = ready[0] if ready else NO_LEADER
+    recovering = tuple(r for r in state.recovering if r in target)
+    new = replace(state, replicas=target, isr=isr, leader=leader, recovering=recovering, adding=(), removing=())
+    return successor(state, new, new_leader_epoch=False)
+
+
+def cancel_reassignment(state: PartitionState, live: set[int], attached: set[int], unclean_allowed: bool) -> PartitionState | None:
+    """Reverts to the replicas before the reassignment; None if none is under way."""
+    if not (state.adding or state.removing):
+        return None
+    original = tuple(r for r in state.replicas if r not in state.adding)
+    isr = tuple(r for r in state.isr if r in original)
+    leader = state.leader if state.leader in isr else NO_LEADER
+    recovering = tuple(r for r in state.recovering if r in original)
+    reverted = replace(state, replicas=original, isr=isr, leader=leader, recovering=recovering, adding=(), removing=())
+    if not isr:  # only the new replicas were in sync: keep them until they catch the rest up
+        return None
+    elected = reconcile(reverted, live, attached, unclean_allowed) or reverted
+    return successor(state, elected, new_leader_epoch=False)
