@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayk.actors.producer_state import BatchMetadata, ProducerStateManager, Verdict
+from rayk.storage.producer_state import BatchMetadata, ProducerStateManager, Verdict
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.errors import (
     FencedLeaderEpochError,
