@@ -20,6 +20,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from rayk.storage.time_index import TimeIndex
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+HEADER_SCAN_CHUNK_BYTES = 64 * 1024  # read size when only batch headers are wanted
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -188,6 +190,27 @@ class LogSegment:
             end += header.size_bytes
             next_offset = header.next_offset
         return (chunk[:end] if end < len(chunk) else chunk), next_offset
+
+    def batch_headers(self, start_offset: int) -> Iterator[BatchHeader]:
+        """The headers of the batches whose last offset is >= `start_offset`, in order.
+
+        Reads `HEADER_SCAN_CHUNK_BYTES` at a time and decodes only the headers (to rebuild
+        state that lives in them, such as producer sequences)."""
+        location = self.translate_offset(start_offset)
+        if location is None:
+            return
+        position = location.position
+        while position < self._size:
+            chunk = os.pread(self._fd, min(HEADER_SCAN_CHUNK_BYTES, self._size - position), position)
+            consumed = 0
+            while len(chunk) - consumed >= HEADER_SIZE_BYTES:
+                header = BatchHeader.parse(chunk, consumed)
+                assert header.size_bytes >= HEADER_SIZE_BYTES, "the segment holds only validated batches"
+                yield header
+                consumed += header.size_bytes
+            if consumed == 0:
+                return  # fewer than a header's bytes left: the segment ends here
+            position += consumed
 
     def find_offset_by_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(timestamp, offset) of the earliest record with timestamp >= target, or None."""
