@@ -13,6 +13,10 @@ Opening recovers: segments from the one holding `recovery_point` (default: the l
 segment) are re-read, each batch's CRC checked, indexes rebuilt, and a torn or corrupt
 tail cut off together with every later segment. Earlier segments are loaded as they
 are unless an index is missing or fails its sanity check, in which case it is rebuilt.
+The leader epoch cache is brought forward from the re-read batches' partition leader
+epochs (see `LeaderEpochCache.recover`), so a `leader-epoch-checkpoint` lost or left
+stale by a crash is repaired; epochs of segments that were not re-read come only from
+the checkpoint, as in Kafka.
 
 The log owns its partition's producer state (`producer_state`, idempotent producers'
 sequences, see `producer_state.py`): every append records each batch that carries a
@@ -55,7 +59,7 @@ from rayk.errors import (
     UnexpectedAppendOffsetError,
 )
 from rayk.storage import producer_snapshot
-from rayk.storage.checkpoint import LeaderEpochCheckpointFile
+from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
 from rayk.storage.log_config import LogConfig
 from rayk.storage.producer_state import ProducerStateManager
@@ -164,13 +168,21 @@ class Log:
         first_to_recover = len(self._segments) - 1
         if recovery_point is not None:
             first_to_recover = min(first_to_recover, max(bisect.bisect_right(self._base_offsets, recovery_point) - 1, 0))
+        rescanned_from = self._segments[first_to_recover].base_offset
+        epochs_found: list[EpochEntry] = []  # (epoch, first offset) where the re-read batches' epoch changes
+
+        def note_epoch(header: BatchHeader) -> None:
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and (not epochs_found or epochs_found[-1].epoch != epoch):
+                epochs_found.append(EpochEntry(epoch, header.base_offset))
+
         for segment in self._segments[:first_to_recover]:
             if segment.load() is not None:
-                segment.recover()  # index missing or insane: rebuild it from the .log
+                segment.recover(note_epoch)  # index missing or insane: rebuild it from the .log
                 segment.on_roll()
         for i in range(first_to_recover, len(self._segments)):
             segment = self._segments[i]
-            truncated = segment.recover()
+            truncated = segment.recover(note_epoch)
             self.truncated_on_recovery_bytes += truncated
             following = self._segments[i + 1 :]
             broken_chain = bool(following) and following[0].base_offset != segment.next_offset()
@@ -185,6 +197,9 @@ class Log:
                 segment.on_roll()
         self._segments[-1].make_active()
         self._segments[-1].flush()
+        # A checkpoint lost or left stale by a crash is brought forward from the batches;
+        # the constructor then cuts it at the (possibly truncated) LEO.
+        self.leader_epoch_cache.recover(rescanned_from, epochs_found)
 
     def _rebuild_producer_state(self) -> None:
         """Producer state from the newest valid snapshot in [log start, LEO] plus the batches
