@@ -1,13 +1,17 @@
-"""The small files of a broker data directory: meta.properties, partition.metadata, checkpoints."""
+"""The small files of a broker data directory: meta.properties, partition.metadata,
+checkpoints, the clean-shutdown marker."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import os
+import stat
+
 import pytest
 
 from rayk.errors import InconsistentClusterIdError, KafkaStorageError
-from rayk.storage import meta_properties, partition_metadata
+from rayk.storage import clean_shutdown, meta_properties, partition_metadata
 from rayk.storage.checkpoint import OffsetCheckpointFile
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.meta_properties import MetaProperties
@@ -192,3 +196,82 @@ def test_partition_metadata_with_an_empty_topic_id_is_malformed(tmp_path):
     (tmp_path / partition_metadata.FILE_NAME).write_text("version: 0\ntopic_id: \n")
     with pytest.raises(KafkaStorageError):
         partition_metadata.read(tmp_path)
+
+
+# --- .kafka_cleanshutdown (KIP-966) --------------------------------------------------
+
+
+def test_clean_shutdown_marker_is_kip_966_json_written_atomically(tmp_path: Path):
+    clean_shutdown.write(tmp_path, 42)
+    assert (tmp_path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":42}'
+    assert not (tmp_path / ".kafka_cleanshutdown.tmp").exists()
+    clean_shutdown.write(tmp_path)
+    assert (tmp_path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":-1}'
+
+
+def test_clean_shutdown_marker_refuses_an_impossible_broker_epoch(tmp_path: Path):
+    with pytest.raises(ValueError):
+        clean_shutdown.write(tmp_path, -2)
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()
+
+
+def test_consume_returns_the_marker_once_and_deletes_it(tmp_path: Path):
+    clean_shutdown.write(tmp_path, 7)
+    assert clean_shutdown.consume(tmp_path) == clean_shutdown.CleanShutdown(7)
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()
+    assert clean_shutdown.consume(tmp_path) is None, "a crash after this start reads as unclean"
+
+
+def test_consume_without_a_marker_or_a_directory_is_an_unclean_shutdown(tmp_path: Path):
+    assert clean_shutdown.consume(tmp_path) is None
+    assert clean_shutdown.consume(tmp_path / "never-made") is None
+
+
+def test_consume_fsyncs_the_directory_after_deleting_the_marker(tmp_path: Path, monkeypatch):
+    clean_shutdown.write(tmp_path, 1)
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), (tmp_path / ".kafka_cleanshutdown").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    clean_shutdown.consume(tmp_path)
+    assert synced == [(True, False)], "one fsync, of the directory, after the unlink"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[0, 1]",
+        b'{"version":1,"brokerEpoch":3}',
+        b'{"version":"0","brokerEpoch":3}',
+        b'{"version":true,"brokerEpoch":3}',
+        b'{"brokerEpoch":3}',
+        b'{"version":0}',
+        b'{"version":0,"brokerEpoch":"3"}',
+        b'{"version":0,"brokerEpoch":3.5}',
+        b'{"version":0,"brokerEpoch":-2}',
+        b'{"version":0,"brokerEpoch":3',
+    ],
+)
+def test_a_marker_that_does_not_parse_is_an_unclean_shutdown_and_is_deleted(tmp_path: Path, content, caplog):
+    (tmp_path / ".kafka_cleanshutdown").write_bytes(content)
+    assert clean_shutdown.consume(tmp_path) is None
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()
+    assert "unclean" in caplog.text
+
+
+def test_a_marker_that_cannot_be_deleted_is_a_storage_error_not_a_clean_shutdown(tmp_path: Path, monkeypatch):
+    clean_shutdown.write(tmp_path, 5)
+
+    def failing_unlink(self, missing_ok=False):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", failing_unlink)
+    with pytest.raises(KafkaStorageError):
+        clean_shutdown.consume(tmp_path)
