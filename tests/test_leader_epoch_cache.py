@@ -119,6 +119,39 @@ def test_failed_persist_leaves_cache_unchanged(
     assert LeaderEpochCache(checkpoint).entries == [E(2, 6)]
 
 
+# --- recover (crash recovery re-read batches) -------------------------------------------
+
+
+def test_recover_rederives_every_entry_from_the_rescanned_offset_on() -> None:
+    cache = cache_with((0, 0), (1, 40), (2, 95), (5, 120))  # 2 and 5 are stale: the log says otherwise
+    cache.recover(90, [E(1, 90), E(3, 100)])
+    assert cache.entries == [E(0, 0), E(1, 40), E(3, 100)]
+
+
+def test_recover_adds_epochs_from_before_the_rescanned_offset_only_when_newer() -> None:
+    cache = cache_with((0, 0), (4, 50))
+    cache.recover(100, [E(0, 0), E(2, 30), E(4, 100)])  # 0 and 2 were re-read for an index only
+    assert cache.entries == [E(0, 0), E(4, 50)]
+    empty = LeaderEpochCache(None)
+    empty.recover(100, [E(0, 0), E(2, 30), E(4, 100)])  # a lost checkpoint
+    assert empty.entries == [E(0, 0), E(2, 30), E(4, 100)]
+
+
+def test_recover_ignores_batches_without_a_leader_epoch() -> None:
+    cache = cache_with((1, 0))
+    cache.recover(10, [E(-1, 10), E(2, 12)])
+    assert cache.entries == [E(1, 0), E(2, 12)]
+
+
+def test_recover_persists_only_a_change(checkpoint: LeaderEpochCheckpointFile) -> None:
+    cache = cache_with((0, 0), (1, 10), checkpoint=checkpoint)
+    before = checkpoint.path.stat().st_ino
+    cache.recover(5, [E(0, 5), E(1, 10)])
+    assert checkpoint.path.stat().st_ino == before, "nothing changed, nothing written"
+    cache.recover(5, [E(0, 5), E(1, 8)])
+    assert LeaderEpochCache(checkpoint).entries == [E(0, 0), E(1, 8)]
+
+
 def test_entries_is_a_copy() -> None:
     cache = cache_with((2, 6))
     cache.entries.append(E(9, 99))

@@ -1,11 +1,12 @@
-"""LogManager: partition directories and the three offset checkpoint files of a broker."""
+"""LogManager: partition directories, the three offset checkpoint files and the
+clean-shutdown marker of a broker."""
 
 from __future__ import annotations
 
 import pytest
 
-from rayk.errors import UnknownTopicOrPartitionError
-from rayk.storage import LogConfig
+from rayk.errors import KafkaStorageError, UnknownTopicOrPartitionError
+from rayk.storage import LogConfig, clean_shutdown
 from rayk.storage.log_manager import LogManager, partition_dir_name
 from rayk.storage.records import SimpleRecord, build_batch
 
@@ -67,3 +68,57 @@ def test_delete_removes_directory_and_checkpoint_entries(tmp_path):
     assert not (tmp_path / "t-0").exists()
     assert "t 0" not in (tmp_path / "recovery-point-offset-checkpoint").read_text()
     assert manager.partitions_on_disk() == [("u", 0)]
+
+
+# ---------------------------------------------------------------------- clean-shutdown marker (KIP-966)
+
+
+def test_a_fresh_directory_has_no_clean_shutdown(tmp_path):
+    assert LogManager(tmp_path).had_clean_shutdown is False
+
+
+def test_close_writes_the_marker_and_the_next_start_consumes_it(tmp_path):
+    manager = LogManager(tmp_path)
+    manager.get_or_create("t", 0).append_as_leader(batch(), leader_epoch=0)
+    manager.close(broker_epoch=12)
+    assert (tmp_path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":12}'
+    restarted = LogManager(tmp_path)
+    assert restarted.had_clean_shutdown and restarted.clean_shutdown.broker_epoch == 12
+    assert not (tmp_path / ".kafka_cleanshutdown").exists(), "consumed before anything else"
+
+
+def test_a_crash_after_a_clean_start_reads_as_unclean_on_the_next_start(tmp_path):
+    LogManager(tmp_path).close()
+    crashed = LogManager(tmp_path)  # clean start ...
+    crashed.get_or_create("t", 0).append_as_leader(batch(), leader_epoch=0)
+    del crashed  # ... then a crash: no close
+    assert LogManager(tmp_path).had_clean_shutdown is False
+
+
+def test_the_marker_is_written_last_after_every_log_is_closed_and_checkpointed(tmp_path, monkeypatch):
+    manager = LogManager(tmp_path)
+    log = manager.get_or_create("t", 0)
+    log.append_as_leader(batch(3), leader_epoch=0)
+    seen = {}
+
+    def write(data_dir, broker_epoch):
+        seen["closed"] = log._closed
+        seen["recovery_points"] = (tmp_path / "recovery-point-offset-checkpoint").read_text()
+        seen["snapshot"] = (tmp_path / "t-0" / "00000000000000000003.snapshot").exists()
+
+    monkeypatch.setattr(clean_shutdown, "write", write)
+    manager.close()
+    assert seen == {"closed": True, "recovery_points": "0\n1\nt 0 3\n", "snapshot": True}
+
+
+def test_a_failing_close_leaves_no_marker(tmp_path, monkeypatch):
+    manager = LogManager(tmp_path)
+    log = manager.get_or_create("t", 0)
+
+    def broken_close():
+        raise KafkaStorageError("disk gone")
+
+    monkeypatch.setattr(log, "close", broken_close)
+    with pytest.raises(KafkaStorageError):
+        manager.close()
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()

@@ -16,7 +16,7 @@ from rayk.errors import (
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
-from rayk.storage import Log
+from rayk.storage import Log, LogConfig
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 
 Replica = ray.remote(num_cpus=0)(PartitionReplica)
@@ -236,3 +236,20 @@ def test_new_follower_truncates_divergent_uncommitted_data_by_leader_epoch(tmp_p
     wait_until(lambda: describe(r[1])["log_end_offset"] == 5)
     values = [rec.value for b in iter_batches(stored_bytes(r[1], tmp_path, 1)) for rec in b.records()]
     assert values == [b"v0", b"v1", b"v2", b"new0", b"new1"]
+
+
+def test_a_producer_retry_after_a_replica_crash_is_answered_from_the_log_not_appended_twice(tmp_path):
+    log_dir, config = str(tmp_path / "broker-1" / "t-0"), LogConfig(segment_bytes=400)
+    idempotent = build_batch([SimpleRecord(b"once")] * 3, producer_id=42, producer_epoch=0, base_sequence=0)
+    leader = Replica.remote("t", 0, 1, log_dir, config, None)
+    ray.get(leader.become_leader.remote(0, [1], [1]))
+    assert ray.get(leader.produce.remote(idempotent, 1, 1000)).base_offset == 0
+    for _ in range(10):  # other producers fill later segments
+        ray.get(leader.produce.remote(batch(3), 1, 1000))
+    leo = describe(leader)["log_end_offset"]
+    ray.kill(leader, no_restart=True)  # a crash: the log is not closed
+    restarted = Replica.remote("t", 0, 1, log_dir, config, None)
+    ray.get(restarted.become_leader.remote(1, [1], [1]))
+    retry = ray.get(restarted.produce.remote(idempotent, 1, 1000))
+    assert (retry.error, retry.base_offset) == (None, 0)
+    assert describe(restarted)["log_end_offset"] == leo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayk.actors.producer_state import BatchMetadata, ProducerStateManager, Verdict
+from rayk.storage.producer_state import BatchMetadata, ProducerStateManager, Verdict
 from rayk.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 

@@ -94,3 +94,23 @@ def test_find_offset_by_timestamp_scans_into_the_batch(tmp_path):
     fill(segment, 10, ts=1000)
     assert segment.find_offset_by_timestamp(1031) == (1031, 7)
     assert segment.find_offset_by_timestamp(5000) is None
+
+
+def test_recover_reports_each_sound_batch_header_in_order_and_not_the_torn_tail(tmp_path):
+    segment = LogSegment(tmp_path, 0, LogConfig(), active=True)
+    headers = fill(segment, 4)
+    segment.close()
+    with open(tmp_path / segment_file_name(0, ".log"), "r+b") as f:
+        f.truncate(sum(h.size_bytes for h in headers) - 1)
+    reopened = LogSegment(tmp_path, 0, LogConfig(), active=True)
+    seen: list[BatchHeader] = []
+    reopened.recover(seen.append)
+    assert seen == headers[:3]
+
+
+def test_batch_headers_lists_the_batches_from_the_one_holding_an_offset(tmp_path):
+    segment = LogSegment(tmp_path, 10, LogConfig(index_interval_bytes=100), active=True)
+    headers = fill(segment, 6)
+    assert list(segment.batch_headers(10)) == headers
+    assert list(segment.batch_headers(headers[2].last_offset)) == headers[2:]
+    assert list(segment.batch_headers(headers[-1].last_offset + 1)) == []

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayk.actors.producer_state import BatchMetadata, ProducerStateManager, Verdict
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.errors import (
     FencedLeaderEpochError,
@@ -58,7 +57,8 @@ from rayk.errors import (
 from rayk.storage import Log, LogConfig
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH_OFFSET
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
-from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
+from rayk.storage.producer_state import BatchMetadata, Verdict
+from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ NO_LEADER = -1
 FOLLOWER_ERROR_BACKOFF_MS = 100
 ISR_CHANGE_RETRY_BACKOFF_MS = 100
 SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
-_SCAN_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,30 +137,8 @@ class PartitionReplica:
         self._changed: asyncio.Event | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
-        self._producers = ProducerStateManager()
-        self._rebuild_producer_state()
 
     # ------------------------------------------------------------------ idempotent producers
-
-    def _rebuild_producer_state(self) -> None:
-        """Producer sequences from the batches of the last segment (after open or truncation)."""
-        self._producers.clear()
-        log = self._log
-        offset = max(log.segment_base_offsets[-1], log.log_start_offset)
-        while offset < log.log_end_offset:
-            result = log.read(offset, _SCAN_CHUNK_BYTES)
-            self._record_producer_batches(result.records)
-            offset = result.next_offset
-
-    def _record_producer_batches(self, records: bytes) -> None:
-        for batch in iter_batches(records):
-            h = batch.header
-            if h.producer_id >= 0:
-                self._producers.record(
-                    h.producer_id,
-                    h.producer_epoch,
-                    BatchMetadata(h.base_sequence, h.base_sequence + h.last_offset_delta, h.base_offset, h.last_offset),
-                )
 
     async def _await_sequence(self, header: BatchHeader, timeout_ms: int) -> BatchMetadata | None:
         """Waits until the batch continues its producer's sequence (calls to an async actor
@@ -172,14 +149,14 @@ class PartitionReplica:
             changed = self._change_event()
             if self._role != "leader":
                 raise self._not_leader()
-            verdict, duplicate = self._producers.check(
+            verdict, duplicate = self._log.producer_state.check(
                 header.producer_id, header.producer_epoch, header.base_sequence, last_sequence
             )
             if verdict is not Verdict.GAP:
                 return duplicate
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
-                if header.producer_id not in self._producers.producers:
+                if header.producer_id not in self._log.producer_state.producers:
                     return None  # its earlier batches are beyond what this replica remembers
                 raise OutOfOrderSequenceError(
                     f"producer {header.producer_id}: batch at sequence {header.base_sequence} waited "
@@ -277,20 +254,10 @@ class PartitionReplica:
                 return self._produce_error(e)
             if duplicate is not None:  # a retry of an appended batch: answer as the first time
                 return await self._acknowledge(duplicate.first_offset, duplicate.last_offset, -1, acks, timeout_ms)
-        else:
-            header = None
         try:
-            info = log.append_as_leader(records, self._leader_epoch)
+            info = log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
         except KafkaError as e:
             return self._produce_error(e)
-        if header is not None:
-            self._producers.record(
-                header.producer_id,
-                header.producer_epoch,
-                BatchMetadata(
-                    header.base_sequence, header.base_sequence + header.last_offset_delta, info.first_offset, info.last_offset
-                ),
-            )
         self._maybe_increment_high_watermark()
         self._notify_change()
         return await self._acknowledge(info.first_offset, info.last_offset, info.log_append_time_ms, acks, timeout_ms)
@@ -508,7 +475,6 @@ class PartitionReplica:
                 continue
             if result.records:
                 log.append_as_follower(result.records)
-                self._record_producer_batches(result.records)
             new_hw = min(result.high_watermark, log.log_end_offset)
             if new_hw > log.high_watermark:
                 log.high_watermark = new_hw
@@ -523,7 +489,6 @@ class PartitionReplica:
             logger.info("%s-%d: truncating divergent log from %d to %d", self.topic, self.partition,
                         self._log.log_end_offset, end_offset)
             self._log.truncate_to(end_offset)
-            self._rebuild_producer_state()
 
     def _handle_fetch_error(self, result: FetchResult) -> None:
         log = self._log
@@ -532,7 +497,6 @@ class PartitionReplica:
                 log.truncate_fully_and_start_at(result.log_start_offset)
             elif log.log_end_offset > result.log_end_offset:
                 log.truncate_to(result.log_end_offset)
-            self._rebuild_producer_state()
         elif not result.error.retriable:
             logger.error("%s-%d: fetch error %s", self.topic, self.partition, result.error)
 

@@ -22,6 +22,8 @@ Thread-safety: not thread-safe; the owner serialises calls.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 
 __all__ = ["UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "EpochEntry", "LeaderEpochCache"]
@@ -78,6 +80,27 @@ class LeaderEpochCache:
         new_entries = _assigned(self._entries, EpochEntry(epoch, start_offset))
         if new_entries is not None:
             self._replace(new_entries)
+
+    def recover(self, rescanned_from_offset: int, found: Iterable[EpochEntry]) -> None:
+        """Brings the cache forward from the batches crash recovery re-read (Kafka's
+        LogSegment.recover assigns each rescanned batch's partitionLeaderEpoch).
+
+        `found` holds, in log order, the (epoch, base offset) of re-read batches; only those
+        where the epoch changes are needed. Every batch from `rescanned_from_offset` on was
+        re-read, so entries starting there or later are dropped and re-derived from `found`:
+        a lost or stale checkpoint cannot outvote the log. Batches before it (segments
+        re-read only to rebuild an index) add an epoch only when it is newer than any
+        known, as in Kafka, since the entries after them were not re-derived. Written
+        once, if anything changed.
+        """
+        entries = [e for e in self._entries if e.start_offset < rescanned_from_offset]
+        for entry in found:
+            if entry.epoch < 0:
+                continue
+            if entry.start_offset >= rescanned_from_offset or not entries or entry.epoch > entries[-1].epoch:
+                entries = _assigned(entries, entry) or entries
+        if entries != self._entries:
+            self._replace(entries)
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch answer: (epoch, end offset of that epoch).

@@ -13,6 +13,21 @@ Opening recovers: segments from the one holding `recovery_point` (default: the l
 segment) are re-read, each batch's CRC checked, indexes rebuilt, and a torn or corrupt
 tail cut off together with every later segment. Earlier segments are loaded as they
 are unless an index is missing or fails its sanity check, in which case it is rebuilt.
+The leader epoch cache is brought forward from the re-read batches' partition leader
+epochs (see `LeaderEpochCache.recover`), so a `leader-epoch-checkpoint` lost or left
+stale by a crash is repaired; epochs of segments that were not re-read come only from
+the checkpoint, as in Kafka.
+
+The log owns its partition's producer state (`producer_state`, idempotent producers'
+sequences, see `producer_state.py`): every append records each batch that carries a
+producer id. It is persisted in producer snapshot files `<offset:020d>.snapshot` (see
+`producer_snapshot.py`), written when a segment is rolled (named by the new segment's
+base offset) and on close (at the LEO), as Kafka does. On open and on truncation,
+snapshots above the LEO are deleted and the state is rebuilt from the newest valid
+snapshot at or below the LEO plus the batch headers after it (from the log start if
+there is none); a damaged snapshot is deleted and an older one tried. Retention drops
+the snapshots and the producer batches below the new log start, so the state always
+equals what the remaining log's batches say.
 
 The high watermark (HW) is kept here for the replication layer, which owns its meaning;
 the log only guarantees `log_start_offset <= HW <= LEO`. Retention deletes whole segments
@@ -25,6 +40,7 @@ retention are serialised and reads see a consistent set of segments.
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import shutil
 import threading
@@ -42,9 +58,11 @@ from rayk.errors import (
     RecordBatchTooLargeError,
     UnexpectedAppendOffsetError,
 )
-from rayk.storage.checkpoint import LeaderEpochCheckpointFile
+from rayk.storage import producer_snapshot
+from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
 from rayk.storage.log_config import LogConfig
+from rayk.storage.producer_state import ProducerStateManager
 from rayk.storage.records import (
     BatchHeader,
     TimestampType,
@@ -53,6 +71,8 @@ from rayk.storage.records import (
     validate_batches,
 )
 from rayk.storage.segment import LOG_SUFFIX, LogSegment
+
+logger = logging.getLogger(__name__)
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
@@ -111,6 +131,7 @@ class Log:
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpointFile(self.dir_path / LeaderEpochCheckpointFile.FILE_NAME)
         )
+        self.producer_state = ProducerStateManager()
         self._segments: list[LogSegment] = []
         self._base_offsets: list[int] = []
         self.truncated_on_recovery_bytes = 0
@@ -125,6 +146,7 @@ class Log:
         self._last_flush_ms = clock_ms()
         self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
         self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
+        self._rebuild_producer_state()
 
     # ------------------------------------------------------------------ loading
 
@@ -146,13 +168,21 @@ class Log:
         first_to_recover = len(self._segments) - 1
         if recovery_point is not None:
             first_to_recover = min(first_to_recover, max(bisect.bisect_right(self._base_offsets, recovery_point) - 1, 0))
+        rescanned_from = self._segments[first_to_recover].base_offset
+        epochs_found: list[EpochEntry] = []  # (epoch, first offset) where the re-read batches' epoch changes
+
+        def note_epoch(header: BatchHeader) -> None:
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and (not epochs_found or epochs_found[-1].epoch != epoch):
+                epochs_found.append(EpochEntry(epoch, header.base_offset))
+
         for segment in self._segments[:first_to_recover]:
             if segment.load() is not None:
-                segment.recover()  # index missing or insane: rebuild it from the .log
+                segment.recover(note_epoch)  # index missing or insane: rebuild it from the .log
                 segment.on_roll()
         for i in range(first_to_recover, len(self._segments)):
             segment = self._segments[i]
-            truncated = segment.recover()
+            truncated = segment.recover(note_epoch)
             self.truncated_on_recovery_bytes += truncated
             following = self._segments[i + 1 :]
             broken_chain = bool(following) and following[0].base_offset != segment.next_offset()
@@ -167,6 +197,40 @@ class Log:
                 segment.on_roll()
         self._segments[-1].make_active()
         self._segments[-1].flush()
+        # A checkpoint lost or left stale by a crash is brought forward from the batches;
+        # the constructor then cuts it at the (possibly truncated) LEO.
+        self.leader_epoch_cache.recover(rescanned_from, epochs_found)
+
+    def _rebuild_producer_state(self) -> None:
+        """Producer state from the newest valid snapshot in [log start, LEO] plus the batches
+        after it (Kafka's UnifiedLog.loadProducerState). Snapshots outside that range, damaged
+        ones, and strays that are neither a segment's base nor the one loaded are deleted."""
+        start, leo = self._log_start_offset, self._log_end_offset
+        offsets = producer_snapshot.snapshot_offsets(self.dir_path)
+        doomed = [o for o in offsets if not start <= o <= leo]
+        loaded, replay_from = ProducerStateManager(), start
+        for offset in reversed([o for o in offsets if start <= o <= leo]):
+            try:
+                state = producer_snapshot.read(self.dir_path, offset)
+                if any(b.last_offset >= offset for e in state.producers.values() for b in e.batches):
+                    raise KafkaStorageError(f"producer snapshot at {offset} holds batches at or above {offset}")
+            except KafkaStorageError as e:
+                logger.warning("%s: ignoring producer snapshot %d: %s", self.dir_path, offset, e)
+                producer_snapshot.delete(self.dir_path, [offset])
+                continue
+            loaded, replay_from = state, offset
+            break
+        segment_bases = set(self._base_offsets)
+        doomed += [o for o in offsets if o < replay_from and o >= start and o not in segment_bases]
+        producer_snapshot.delete(self.dir_path, doomed)
+        loaded.remove_batches_below(start)
+        if replay_from < leo:
+            first = max(bisect.bisect_right(self._base_offsets, replay_from) - 1, 0)
+            for segment in self._segments[first:]:
+                for header in segment.batch_headers(replay_from):
+                    if header.producer_id >= 0:
+                        loaded.record_batch(header)
+        self.producer_state.producers = loaded.producers
 
     def _add_segment(self, segment: LogSegment) -> None:
         assert not self._base_offsets or segment.base_offset > self._base_offsets[-1]
@@ -307,6 +371,10 @@ class Log:
             if self._segments[-1].should_roll(size, max_timestamp, chunk[-1].last_offset, now_ms):
                 self._roll()
             self._segments[-1].append(view[position : position + size], chunk)
+            producer_state = self.producer_state
+            for header in chunk:
+                if header.producer_id >= 0:
+                    producer_state.record_batch(header)
             assert chunk[-1].next_offset > self._log_end_offset, "offsets only grow"
             self._log_end_offset = chunk[-1].next_offset
             self._unflushed_records += sum(h.record_count for h in chunk)
@@ -393,6 +461,7 @@ class Log:
             self._high_watermark = min(self._high_watermark, self._log_end_offset)
             self._recovery_point = min(self._recovery_point, self._log_end_offset)
             self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
+            self._rebuild_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Deletes every segment and restarts the log empty at `offset` (a follower whose
@@ -409,6 +478,8 @@ class Log:
         self._add_segment(LogSegment(self.dir_path, offset, self.config, active=True))
         self._log_end_offset = self._log_start_offset = self._high_watermark = self._recovery_point = offset
         self.leader_epoch_cache.clear()
+        producer_snapshot.delete(self.dir_path, producer_snapshot.snapshot_offsets(self.dir_path))
+        self.producer_state.clear()
 
     def update_config(self, config: LogConfig) -> None:
         """Applies changed topic configs (Kafka's dynamic topic config): retention, roll,
@@ -434,6 +505,9 @@ class Log:
         if (self.dir_path / f"{base:020d}{LOG_SUFFIX}").exists():
             raise KafkaStorageError(f"cannot roll: segment {base:020d}{LOG_SUFFIX} already exists in {self.dir_path}")
         self._add_segment(LogSegment(self.dir_path, base, self.config, active=True))
+        # After the new segment exists: if this write fails the log is still consistent,
+        # and reopening falls back to an older snapshot.
+        producer_snapshot.write(self.dir_path, base, self.producer_state)
 
     def flush(self) -> None:
         """Fsyncs everything up to the LEO; the recovery point moves there."""
@@ -480,6 +554,10 @@ class Log:
             del self._segments[:doomed], self._base_offsets[:doomed]
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
             self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
+            self.producer_state.remove_batches_below(self._log_start_offset)
+            producer_snapshot.delete(
+                self.dir_path, [o for o in producer_snapshot.snapshot_offsets(self.dir_path) if o < self._log_start_offset]
+            )
             assert self._log_start_offset <= self._high_watermark <= self._log_end_offset
             return doomed
 
@@ -490,11 +568,13 @@ class Log:
             raise LogClosedError(f"log {self.dir_path} is closed")
 
     def close(self) -> None:
-        """Flushes, trims the indexes and closes every file. Idempotent."""
+        """Flushes, writes a producer snapshot at the LEO, trims the indexes and closes
+        every file. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._flush()
+            producer_snapshot.write(self.dir_path, self._log_end_offset, self.producer_state)
             for segment in self._segments:
                 segment.close()
             self._closed = True

@@ -9,6 +9,11 @@ re-reads only what might be torn and the HW survives restarts. `checkpoint()` re
 all three files (atomically); `close()` flushes every log first, so after a clean
 shutdown the recovery points equal the log end offsets.
 
+The directory also holds Kafka's clean-shutdown marker (`.kafka_cleanshutdown`, see
+`clean_shutdown.py`): the constructor consumes it before anything else happens
+(`had_clean_shutdown` says whether it was there), and `close()` writes it as its very
+last step, so a crash at any point in between reads as an unclean shutdown.
+
 Logs are opened lazily by `get_or_create`, because a log's config (segment size,
 retention, ...) comes from the cluster's metadata, which the caller has and this does not.
 Thread-safe (one lock around the table of logs); each Log has its own lock.
@@ -21,6 +26,8 @@ import threading
 from pathlib import Path
 
 from rayk.errors import UnknownTopicOrPartitionError
+from rayk.storage import clean_shutdown
+from rayk.storage.clean_shutdown import NO_BROKER_EPOCH, CleanShutdown
 from rayk.storage.log import Log
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.log_config import LogConfig
@@ -48,9 +55,16 @@ class LogManager:
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # First, before any log is touched: from here on a crash must read as unclean.
+        self.clean_shutdown: CleanShutdown | None = clean_shutdown.consume(self.data_dir)
         self._checkpoints = LogDirCheckpoints(self.data_dir)
         self._logs: dict[TopicPartition, Log] = {}
         self._lock = threading.Lock()
+
+    @property
+    def had_clean_shutdown(self) -> bool:
+        """Whether the previous run left the clean-shutdown marker (KIP-966)."""
+        return self.clean_shutdown is not None
 
     def partitions_on_disk(self) -> list[TopicPartition]:
         """Every partition that has a directory here, opened or not."""
@@ -116,8 +130,9 @@ class LogManager:
             log.flush()
         self.checkpoint()
 
-    def close(self) -> None:
-        """Clean shutdown: flush, close every log and write the checkpoints."""
+    def close(self, broker_epoch: int = NO_BROKER_EPOCH) -> None:
+        """Clean shutdown: flush, write the checkpoints, close every log, and last write
+        the clean-shutdown marker with `broker_epoch` (-1 if unknown)."""
         for log in self.logs.values():
             log.flush()
         self.checkpoint()
@@ -125,3 +140,4 @@ class LogManager:
             for log in self._logs.values():
                 log.close()
             self._logs.clear()
+        clean_shutdown.write(self.data_dir, broker_epoch)

@@ -8,7 +8,8 @@ and are rebuilt from the .log whenever they cannot be trusted.
 Lifecycle: the active (last) segment is appended to and its indexes are preallocated and
 writable; `on_roll()` fsyncs it and trims its indexes, after which it is read-only unless
 a truncation makes it active again. `recover()` re-reads every batch, checks each CRC,
-rebuilds both indexes and cuts the file after the last valid batch.
+rebuilds both indexes, cuts the file after the last valid batch and reports each valid
+batch's header to an optional callback.
 
 The segment speaks absolute offsets; the relative encoding stays inside the indexes. It
 knows nothing of retention, replication or the other segments. Not thread-safe: the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from rayk.storage.time_index import TimeIndex
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+HEADER_SCAN_CHUNK_BYTES = 64 * 1024  # read size when only batch headers are wanted
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -189,6 +192,27 @@ class LogSegment:
             next_offset = header.next_offset
         return (chunk[:end] if end < len(chunk) else chunk), next_offset
 
+    def batch_headers(self, start_offset: int) -> Iterator[BatchHeader]:
+        """The headers of the batches whose last offset is >= `start_offset`, in order.
+
+        Reads `HEADER_SCAN_CHUNK_BYTES` at a time and decodes only the headers (to rebuild
+        state that lives in them, such as producer sequences)."""
+        location = self.translate_offset(start_offset)
+        if location is None:
+            return
+        position = location.position
+        while position < self._size:
+            chunk = os.pread(self._fd, min(HEADER_SCAN_CHUNK_BYTES, self._size - position), position)
+            consumed = 0
+            while len(chunk) - consumed >= HEADER_SIZE_BYTES:
+                header = BatchHeader.parse(chunk, consumed)
+                assert header.size_bytes >= HEADER_SIZE_BYTES, "the segment holds only validated batches"
+                yield header
+                consumed += header.size_bytes
+            if consumed == 0:
+                return  # fewer than a header's bytes left: the segment ends here
+            position += consumed
+
     def find_offset_by_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(timestamp, offset) of the earliest record with timestamp >= target, or None."""
         if self.max_timestamp_ms < timestamp_ms:
@@ -256,10 +280,12 @@ class LogSegment:
         self._first_batch_timestamp_ms = None
         self._next_offset = None
 
-    def recover(self) -> int:
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
         """Re-reads every batch, rebuilds the indexes and cuts the file after the last
         sound batch (whole, CRC valid, offsets contiguous). Returns the bytes cut.
-        Leaves the indexes writable; the log trims them if this is not the last segment."""
+        `on_batch` is called with each sound batch's header, in order, so the log can
+        rebuild what lives in headers (the leader epoch cache, as Kafka's LogSegment.recover
+        does). Leaves the indexes writable; the log trims them if this is not the last segment."""
         self.make_active()
         self.offset_index.reset()
         self.time_index.reset()
@@ -280,6 +306,8 @@ class LogSegment:
                         if header.base_offset != expected_offset:
                             break
                         self._index_batch(header, valid_bytes)
+                        if on_batch is not None:
+                            on_batch(header)
                         valid_bytes += header.size_bytes
                         expected_offset = header.next_offset
                 finally:

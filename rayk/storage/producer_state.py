@@ -4,8 +4,8 @@
 An idempotent producer stamps each batch with its producer id, producer epoch and the
 sequence number of its first record (fields of the v2 batch header); sequences count
 records per partition from 0. For each producer the partition remembers its epoch, the
-next expected sequence and its last `BATCHES_REMEMBERED` batches (sequences and offsets).
-`check` classifies an incoming batch:
+next expected sequence and its last `BATCHES_REMEMBERED` batches (sequences, offsets and
+max timestamp). `check` classifies an incoming batch:
 
 - APPEND: it continues the producer's sequence (or the producer is unknown and starts at 0);
 - DUPLICATE: it is one of the remembered batches (a retry of a batch that was appended):
@@ -16,10 +16,16 @@ next expected sequence and its last `BATCHES_REMEMBERED` batches (sequences and 
 - or raises OUT_OF_ORDER_SEQUENCE_NUMBER (behind, and not a remembered batch) /
   INVALID_PRODUCER_EPOCH (an older epoch than the partition has seen).
 
-Every replica (leader and followers) `record`s each appended batch, so a new leader knows
-the producers already. After a restart or a truncation the state is rebuilt from the
-batches still in the log's last segment; a producer older than that is unknown and its
-next batch is accepted whatever its sequence. Pure logic, not thread-safe.
+Ownership: the partition's `Log` owns one and `record`s every batch with a producer id
+that it appends, as leader or follower, so a new leader knows the producers already.
+The Log persists it in `<offset>.snapshot` files (see `producer_snapshot.py`) and
+rebuilds it after open or truncation from the newest valid snapshot plus the batches
+after it, and drops the batches retention deleted (`remove_batches_below`). The state
+is therefore always what feeding every producer batch of the log, from its start, to a
+fresh manager gives. Entries compare equal by value.
+
+Pure logic, no I/O. Not thread-safe: the Log mutates it under its lock; the leader's
+`check` runs on the same thread as its appends (the replica actor's event loop).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from rayk.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from rayk.storage.records import BatchHeader
 
 BATCHES_REMEMBERED = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 in flight
 
@@ -45,6 +52,18 @@ class BatchMetadata:
     last_sequence: int
     first_offset: int
     last_offset: int
+    timestamp_ms: int = -1  # the batch's max timestamp; -1 if unknown
+
+    @classmethod
+    def of(cls, header: BatchHeader) -> BatchMetadata:
+        """The metadata of an appended batch (its offsets are the log's)."""
+        return cls(
+            header.base_sequence,
+            header.base_sequence + header.last_offset_delta,
+            header.base_offset,
+            header.base_offset + header.last_offset_delta,
+            header.max_timestamp,
+        )
 
 
 @dataclass(slots=True)
@@ -93,5 +112,30 @@ class ProducerStateManager:
             entry = self.producers[producer_id] = ProducerEntry(epoch)
         entry.batches.append(batch)
 
+    def record_batch(self, header: BatchHeader) -> None:
+        """`record` for an appended batch header that carries a producer id."""
+        assert header.producer_id >= 0, "only batches of idempotent producers have a producer state"
+        self.record(header.producer_id, header.producer_epoch, BatchMetadata.of(header))
+
+    def remove_batches_below(self, log_start_offset: int) -> None:
+        """Forgets batches that end below the new log start (retention deleted them), and
+        producers left with none, so the state stays what the remaining log says."""
+        for producer_id in list(self.producers):
+            entry = self.producers[producer_id]
+            while entry.batches and entry.batches[0].last_offset < log_start_offset:
+                entry.batches.popleft()
+            if not entry.batches:
+                del self.producers[producer_id]
+
     def clear(self) -> None:
         self.producers.clear()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProducerStateManager):
+            return NotImplemented
+        return self.producers == other.producers
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ProducerStateManager({self.producers!r})"
