@@ -253,3 +253,123 @@ def test_a_producer_retry_after_a_replica_crash_is_answered_from_the_log_not_app
     retry = ray.get(restarted.produce.remote(idempotent, 1, 1000))
     assert (retry.error, retry.base_offset) == (None, 0)
     assert describe(restarted)["log_end_offset"] == leo
+
+
+# ---------------------------------------------------------------------- divergence (KIP-101/279/320)
+
+
+def write_log(tmp_path, broker_id: int, epochs_and_counts: list[tuple[int, int, str]]) -> None:
+    """Writes a replica's log directly: (leader epoch, records, tag) batches in order."""
+    log = Log(tmp_path / f"broker-{broker_id}" / "t-0")
+    for epoch, count, tag in epochs_and_counts:
+        log.append_as_leader(batch(count, tag=tag), leader_epoch=epoch)
+    log.close()
+
+
+def test_follower_truncates_at_its_own_end_of_the_epoch_the_leader_answers_with(tmp_path):
+    # The leader has epoch 0 up to offset 10; the follower's epoch 0 ends at 5, after which it
+    # led in epoch 2 and wrote 3 records no one copied. Asked about epoch 2, the leader answers
+    # (0, 10): the follower must cut at min(10, its own end of epoch 0) = 5 (KIP-279), not keep
+    # its epoch-2 records because 10 is past its log end.
+    write_log(tmp_path, 1, [(0, 5, "v"), (0, 5, "w")])
+    write_log(tmp_path, 2, [(0, 5, "v"), (2, 3, "div")])
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(3, [1, 2], [1]))
+    ray.get(r[2].become_follower.remote(3, 1, r[1]))
+    wait_until(lambda: describe(r[1])["isr"] == [1, 2])
+    values = [rec.value for b in iter_batches(stored_bytes(r[2], tmp_path, 2)) for rec in b.records()]
+    assert values == [b"v0", b"v1", b"v2", b"v3", b"v4", b"w0", b"w1", b"w2", b"w3", b"w4"]
+
+
+def test_follower_keeps_asking_for_the_epoch_end_until_the_leader_answers(tmp_path):
+    write_log(tmp_path, 1, [(0, 4, "v")])
+    write_log(tmp_path, 2, [(0, 4, "v"), (1, 3, "div")])
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[2].become_follower.remote(2, 1, r[1]))  # replica 1 does not lead yet: NOT_LEADER
+    time.sleep(0.5)
+    ray.get(r[1].become_leader.remote(2, [1, 2], [1]))
+    ray.get(r[1].produce.remote(batch(2, tag="new"), 1, 1000))
+    wait_until(lambda: describe(r[1])["isr"] == [1, 2])
+    values = [rec.value for b in iter_batches(stored_bytes(r[2], tmp_path, 2)) for rec in b.records()]
+    assert values == [b"v0", b"v1", b"v2", b"v3", b"new0", b"new1"]
+
+
+def test_leader_answers_a_diverged_follower_with_the_epoch_end_and_does_not_count_its_offset(tmp_path):
+    write_log(tmp_path, 1, [(0, 4, "v"), (3, 4, "new")])
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(4, [1, 2], [1, 2]))
+    # Replica 2 says it fetched up to offset 7 with batches of epoch 1, which the leader never had.
+    result = ray.get(r[1].fetch.remote(7, 1 << 20, 1, 0, replica_id=2, leader_epoch=4, last_fetched_epoch=1))
+    assert (result.records, result.diverging_epoch) == (b"", (0, 4))
+    assert describe(r[1])["high_watermark"] == 0, "a diverged follower's offset is no log end of the leader's"
+    # A fetch whose epoch the leader knows, at an offset within it, is served.
+    result = ray.get(r[1].fetch.remote(4, 1 << 20, 1, 0, replica_id=2, leader_epoch=4, last_fetched_epoch=0))
+    assert result.diverging_epoch is None and offsets(result.records)[0] == 4
+
+
+def test_a_new_leader_records_its_epoch_start_so_an_older_epoch_ends_at_its_log_end(tmp_path):
+    write_log(tmp_path, 1, [(0, 4, "v")])
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(5, [1], [1]))
+    assert ray.get(r[1].offsets_for_leader_epoch.remote(2)) == (0, 4)
+    assert ray.get(r[1].offsets_for_leader_epoch.remote(5)) == (5, 4)
+
+
+# ---------------------------------------------------------------------- AlterPartition outcomes
+
+
+@ray.remote(num_cpus=0)
+class FakeIsrManager:
+    """Stands in for the ReplicaManager: answers AlterPartition as told."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.calls = mode, 0
+
+    async def alter_partition(self, topic, partition, leader_id, leader_epoch, partition_epoch, isr):
+        self.calls += 1
+        if self.mode == "lost":  # the call fails: the Controller may or may not have applied it
+            raise ConnectionError("the answer was lost")
+        if self.mode == "refused":
+            from rayk.errors import IneligibleReplicaError
+
+            raise IneligibleReplicaError("broker 2 is fenced")
+        return sorted(isr), partition_epoch + 1
+
+    async def set_mode(self, mode: str) -> None:
+        self.mode = mode
+
+    async def call_count(self) -> int:
+        return self.calls
+
+
+def leader_with_manager(tmp_path, mode: str):
+    manager = FakeIsrManager.remote(mode)
+    leader = Replica.remote("t", 0, 1, str(tmp_path / "broker-1" / "t-0"), None, None, None, manager)
+    follower = Replica.remote("t", 0, 2, str(tmp_path / "broker-2" / "t-0"), None, None)
+    ray.get(leader.become_leader.remote(0, [1, 2], [1]))
+    return manager, leader, follower
+
+
+def test_an_isr_expansion_with_no_answer_keeps_the_larger_isr_in_the_high_watermark(tmp_path):
+    manager, leader, follower = leader_with_manager(tmp_path, "lost")
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    ray.get(follower.become_follower.remote(0, 1, leader))
+    wait_until(lambda: describe(leader)["pending_isr"] == [1, 2])
+    wait_until(lambda: ray.get(manager.call_count.remote()) >= 3)  # sent again and again
+    ray.get(follower.close.remote())  # the follower stops at offset 3
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    time.sleep(0.3)
+    state = describe(leader)
+    assert state["pending_isr"] == [1, 2] and state["isr"] == [1], "the unknown outcome is never reverted"
+    assert state["high_watermark"] == 3, "the HW waits for the follower the Controller may have added"
+    ray.get(manager.set_mode.remote("ok"))
+    wait_until(lambda: describe(leader)["isr"] == [1, 2] and describe(leader)["pending_isr"] is None)
+
+
+def test_an_isr_expansion_the_controller_refused_is_dropped(tmp_path):
+    manager, leader, follower = leader_with_manager(tmp_path, "refused")
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    ray.get(follower.become_follower.remote(0, 1, leader))
+    wait_until(lambda: ray.get(manager.call_count.remote()) >= 1)
+    wait_until(lambda: describe(leader)["pending_isr"] is None)
+    assert describe(leader)["isr"] == [1]

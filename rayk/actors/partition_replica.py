@@ -16,16 +16,27 @@ Leader:
   A follower's fetch offset is its LEO: the leader records it, may add the follower to the
   ISR and may advance the HW (`LeaderReplicaState`), then answers.
 
-Follower: a task fetches from the leader with min 1 byte / max wait 500 ms (Kafka's
-replica.fetch.* defaults), appends with `append_as_follower`, and sets its HW to
-min(leader HW, own LEO). On becoming follower it first asks the leader for the end offset
-of its own latest epoch (OffsetsForLeaderEpoch) and truncates anything past it.
+  A follower's fetch names the epoch of its last batch; if the leader's log went another
+  way after that epoch, the answer is the diverging epoch instead of records, and the
+  follower's offset is not counted (it is not a position in the leader's log).
+- On becoming leader it records the new epoch as starting at its LEO, so followers
+  asking where an older epoch ends learn that it ends here.
+
+Follower: a `ReplicaFetcher` task per leader epoch truncates the log where it diverges
+from the leader's (KIP-101/279) and copies the leader's batches (see replica_fetcher.py).
 
 ISR changes the leader decides (a follower caught up, or one fell behind) go to the
 Controller as AlterPartition through `isr_manager` (the broker's ReplicaManager) and take
 effect when it commits them; until then the HW respects the maximal ISR (see
-`LeaderReplicaState`). Without an `isr_manager` (a replica used on its own) changes
-commit at once.
+`LeaderReplicaState`). A change the Controller refused is dropped and may be proposed
+again; one whose outcome is unknown (no answer: the call failed or timed out), or that
+the Controller refused because this replica's view is stale, stays pending, keeping the
+larger ISR in the HW, until an answer or the Controller's next assignment settles it,
+as Kafka's AlterPartitionManager does. Without an `isr_manager` (a replica used on its
+own) changes commit at once.
+
+Supervision: the owning ReplicaManager holds `run_until_stopped` open (it fails when this
+actor dies) and `ping`s it; a replica that does not answer is killed and re-created.
 
 Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
 """
@@ -39,9 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.errors import (
     FencedLeaderEpochError,
+    IneligibleReplicaError,
     InvalidRecordError,
     InvalidRequiredAcksError,
     InvalidTimestampError,
@@ -49,13 +62,13 @@ from rayk.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
-    OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
+    StaleBrokerEpochError,
     UnknownLeaderEpochError,
 )
 from rayk.storage import Log, LogConfig
-from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH_OFFSET
+from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.producer_state import BatchMetadata, Verdict
 from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
@@ -66,8 +79,10 @@ CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1  # ListOffsets sentinels
 EARLIEST_TIMESTAMP = -2
 NO_LEADER = -1
-FOLLOWER_ERROR_BACKOFF_MS = 100
 ISR_CHANGE_RETRY_BACKOFF_MS = 100
+ISR_CHANGE_TIMEOUT_MS = 10_000  # no answer from the Controller by then: the outcome is unknown
+# The Controller definitely did not apply a change it refused with these: drop it.
+_ISR_CHANGE_REFUSED = (IneligibleReplicaError, StaleBrokerEpochError)
 SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
 
 
@@ -80,6 +95,7 @@ class ReplicaConfig:
     replica_fetch_max_bytes: int = 1 << 20
     replica_fetch_min_bytes: int = 1
     replica_fetch_wait_max_ms: int = 500
+    replica_socket_timeout_ms: int = 30_000  # bound on one follower fetch call
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +113,7 @@ class FetchResult:
     log_end_offset: int
     log_start_offset: int
     error: KafkaError | None = None
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a diverged follower
 
 
 def _now_ms() -> int:
@@ -134,6 +151,7 @@ class PartitionReplica:
         self._leader_id: int | None = None
         self._leader_state: LeaderReplicaState | None = None
         self._fetcher: asyncio.Task | None = None
+        self._stopped: asyncio.Event | None = None
         self._changed: asyncio.Event | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
@@ -196,6 +214,7 @@ class PartitionReplica:
                 self._after_isr_change()
             return
         await self._stop_fetcher()
+        self._log.assign_leader_epoch(leader_epoch)
         self._role, self._leader_epoch, self._leader_id = "leader", leader_epoch, self.broker_id
         self._partition_epoch = partition_epoch
         self._leader_state = LeaderReplicaState(
@@ -217,7 +236,11 @@ class PartitionReplica:
         self._leader_state = None
         self._notify_change()  # parked produces learn they are no longer on the leader
         if leader is not None and leader_id != NO_LEADER:
-            self._fetcher = asyncio.get_running_loop().create_task(self._fetch_from_leader(leader, leader_epoch))
+            fetcher = ReplicaFetcher(
+                self._log, f"{self.topic}-{self.partition}", self.broker_id, leader, leader_epoch, self.config,
+                self._notify_change,
+            )
+            self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 
     async def _stop_fetcher(self) -> None:
         if self._fetcher is not None:
@@ -321,6 +344,7 @@ class PartitionReplica:
         max_wait_ms: int = 500,
         replica_id: int = CONSUMER_REPLICA_ID,
         leader_epoch: int = -1,
+        last_fetched_epoch: int = UNDEFINED_EPOCH,
     ) -> FetchResult:
         if self._role != "leader":
             return self._fetch_error(self._not_leader())
@@ -331,6 +355,10 @@ class PartitionReplica:
         if is_follower:
             if replica_id not in self._leader_state.followers:
                 return self._fetch_error(NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of this partition"))
+            diverging = self._diverging_epoch(offset, last_fetched_epoch)
+            if diverging is not None:
+                log = self._log
+                return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging)
             self._record_follower_position(replica_id, offset)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
@@ -345,6 +373,17 @@ class PartitionReplica:
                 pass
             if self._role != "leader":
                 return self._fetch_error(self._not_leader())
+
+    def _diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
+        """(epoch, end offset) where this log's history leaves the follower's, if it does:
+        this log has no `last_fetched_epoch`, or it ends before the follower's offset.
+        A log with no epochs at all has nothing to compare: the offset check decides."""
+        if last_fetched_epoch == UNDEFINED_EPOCH or self._log.latest_epoch == UNDEFINED_EPOCH:
+            return None
+        epoch, end_offset = self._log.end_offset_for_epoch(last_fetched_epoch)
+        if epoch < last_fetched_epoch or end_offset < fetch_offset:
+            return epoch, end_offset
+        return None
 
     def _record_follower_position(self, replica_id: int, fetch_offset: int) -> None:
         state = self._leader_state
@@ -421,86 +460,65 @@ class PartitionReplica:
         task.add_done_callback(self._background.discard)
 
     async def _alter_partition(self, proposal: set[int], epoch: int) -> None:
-        """Sends one ISR proposal to the Controller (through the ReplicaManager) and settles it."""
-        try:
-            isr, partition_epoch = await self._isr_manager.alter_partition.remote(
-                self.topic, self.partition, self.broker_id, epoch, self._partition_epoch, sorted(proposal)
-            )
-            error = None
-        except Exception as e:  # a typed KafkaError from the Controller, or the manager is gone
-            error = e
-        state = self._leader_state
-        if self._role != "leader" or self._leader_epoch != epoch or state.pending_isr != frozenset(proposal):
-            return  # superseded by a newer assignment from the Controller
-        if error is not None or partition_epoch <= self._partition_epoch:
-            logger.warning("%s-%d: ISR change %s not committed: %s", self.topic, self.partition, sorted(proposal), error)
-            state.abort_isr_change()
-            self._isr_change_retry_at = time.monotonic() + ISR_CHANGE_RETRY_BACKOFF_MS / 1000
-            return
-        self._partition_epoch = partition_epoch
-        state.commit_isr(isr)
-        self._after_isr_change()
+        """Sends one ISR proposal to the Controller (through the ReplicaManager) until its
+        outcome is known, and settles it (see the module docstring)."""
+        partition_epoch_sent = self._partition_epoch
+        while True:
+            try:
+                async with asyncio.timeout(ISR_CHANGE_TIMEOUT_MS / 1000):
+                    isr, partition_epoch = await self._isr_manager.alter_partition.remote(
+                        self.topic, self.partition, self.broker_id, epoch, partition_epoch_sent, sorted(proposal)
+                    )
+                error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a typed KafkaError from the Controller, or no answer
+                error = e
+            state = self._leader_state
+            if self._role != "leader" or self._leader_epoch != epoch or state.pending_isr != frozenset(proposal):
+                return  # settled by a newer assignment from the Controller
+            if error is None:
+                if partition_epoch >= self._partition_epoch:
+                    self._partition_epoch = partition_epoch
+                    state.commit_isr(isr)
+                    self._after_isr_change()
+                return
+            if isinstance(error, _ISR_CHANGE_REFUSED):
+                logger.warning("%s-%d: ISR change %s refused: %s", self.topic, self.partition, sorted(proposal), error)
+                state.abort_isr_change()
+                self._isr_change_retry_at = time.monotonic() + ISR_CHANGE_RETRY_BACKOFF_MS / 1000
+                self._after_isr_change()
+                return
+            if isinstance(error, KafkaError):
+                # This replica's epochs are stale: the Controller has moved on, and its next
+                # assignment (already on its way) settles the pending change either way.
+                logger.info("%s-%d: ISR change %s waits for the Controller's assignment: %s",
+                            self.topic, self.partition, sorted(proposal), error)
+                return
+            logger.warning("%s-%d: ISR change %s has no answer yet (%s); sending it again",
+                           self.topic, self.partition, sorted(proposal), error)
+            await asyncio.sleep(ISR_CHANGE_RETRY_BACKOFF_MS / 1000)
 
     def _after_isr_change(self) -> None:
         self._maybe_increment_high_watermark()  # a smaller ISR may let the HW move
         self._notify_change()  # and parked acks=-1 produces re-check min.insync.replicas
 
-    # ------------------------------------------------------------------ follower
-
-    async def _fetch_from_leader(self, leader: Any, epoch: int) -> None:
-        log = self._log
-        try:
-            await self._truncate_to_leader_epoch_end(leader)
-        except Exception as e:  # the leader may not be reachable yet; the loop retries
-            logger.warning("%s-%d: epoch truncation failed: %s", self.topic, self.partition, e)
-        while self._role == "follower" and self._leader_epoch == epoch:
-            try:
-                result: FetchResult = await leader.fetch.remote(
-                    log.log_end_offset,
-                    self.config.replica_fetch_max_bytes,
-                    self.config.replica_fetch_min_bytes,
-                    self.config.replica_fetch_wait_max_ms,
-                    replica_id=self.broker_id,
-                    leader_epoch=epoch,
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # leader actor dead or unreachable: wait for a new assignment
-                logger.warning("%s-%d: fetch from leader failed: %s", self.topic, self.partition, e)
-                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
-                continue
-            if result.error is not None:
-                self._handle_fetch_error(result)
-                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
-                continue
-            if result.records:
-                log.append_as_follower(result.records)
-            new_hw = min(result.high_watermark, log.log_end_offset)
-            if new_hw > log.high_watermark:
-                log.high_watermark = new_hw
-            self._notify_change()
-
-    async def _truncate_to_leader_epoch_end(self, leader: Any) -> None:
-        latest_epoch = self._log.latest_epoch
-        if latest_epoch < 0:
-            return
-        _epoch, end_offset = await leader.offsets_for_leader_epoch.remote(latest_epoch)
-        if end_offset != UNDEFINED_EPOCH_OFFSET and end_offset < self._log.log_end_offset:
-            logger.info("%s-%d: truncating divergent log from %d to %d", self.topic, self.partition,
-                        self._log.log_end_offset, end_offset)
-            self._log.truncate_to(end_offset)
-
-    def _handle_fetch_error(self, result: FetchResult) -> None:
-        log = self._log
-        if isinstance(result.error, OffsetOutOfRangeError):
-            if log.log_end_offset < result.log_start_offset:
-                log.truncate_fully_and_start_at(result.log_start_offset)
-            elif log.log_end_offset > result.log_end_offset:
-                log.truncate_to(result.log_end_offset)
-        elif not result.error.retriable:
-            logger.error("%s-%d: fetch error %s", self.topic, self.partition, result.error)
-
     # ------------------------------------------------------------------ inspection, lifecycle
+
+    async def run_until_stopped(self) -> None:
+        """Held open by the owning ReplicaManager: returns when this replica is closed or
+        deleted, and fails (with Ray's actor error) the moment this actor dies."""
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        await self._stopped.wait()
+
+    async def ping(self) -> None:
+        """Answers at once while the actor's event loop runs (the owner's liveness probe)."""
+
+    def _stop(self) -> None:
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        self._stopped.set()
 
     async def describe(self) -> dict[str, Any]:
         log = self._log
@@ -520,6 +538,7 @@ class PartitionReplica:
             "log_end_offset": log.log_end_offset,
             "log_start_offset": log.log_start_offset,
             "recovery_point": log.recovery_point,
+            "latest_epoch": log.latest_epoch,
         }
 
     async def update_config(self, log_config: LogConfig, replica_config: ReplicaConfig) -> None:
@@ -549,6 +568,7 @@ class PartitionReplica:
         self._role = None
         self._notify_change()
         self._log.close()
+        self._stop()
         log = self._log
         return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
 
@@ -558,4 +578,5 @@ class PartitionReplica:
         self._role = None
         self._notify_change()
         self._log.delete()
+        self._stop()
 

@@ -284,6 +284,16 @@ class Log:
         with self._lock:
             return self.leader_epoch_cache.end_offset_for(epoch, self._log_end_offset)
 
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """This replica starts leading in `epoch` at the LEO (Kafka's maybeAssignEpochStartOffset
+        in makeLeader), before any batch of the epoch is written: a follower asking where
+        an older epoch ends learns it ends here, not at the next batch the leader takes."""
+        with self._lock:
+            self._check_open()
+            if epoch < self.leader_epoch_cache.latest_epoch:
+                raise FencedLeaderEpochError(f"leading in epoch {epoch} after epoch {self.leader_epoch_cache.latest_epoch}")
+            self.leader_epoch_cache.assign(epoch, self._log_end_offset)
+
     # ------------------------------------------------------------------ append
 
     def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:

@@ -1,0 +1,162 @@
+"""ReplicaFetcher: a follower's copy loop for one partition in one leader epoch (Kafka's
+ReplicaFetcherThread and the truncation half of AbstractFetcherThread).
+
+Before copying, the follower finds where its log diverges from the leader's and cuts it
+there (KIP-101, refined by KIP-279): it asks the leader (OffsetsForLeaderEpoch) where the
+epoch of its own last batch ends in the leader's log, retrying until the leader answers,
+since copying onto a log that still holds an older leader's unreplicated tail would make
+the two logs differ at the same offsets. The leader answers with the largest epoch it
+has at or below the one asked for, and where that epoch ends; the follower truncates to
+the lesser of that end and its own end of the same epoch. An answer of "no such epoch"
+falls back to the follower's high watermark, as in Kafka.
+
+Then it fetches from its log end offset with min 1 byte / max wait 500 ms
+(`replica.fetch.min.bytes`, `replica.fetch.wait.max.ms`), each call bounded by
+`replica.socket.timeout.ms`, sending the epoch of its last batch. A leader whose log went
+another way after that epoch answers with the diverging epoch and its end instead of
+records (the fetch-path check of KIP-320/KIP-595), and the follower truncates the same
+way and fetches on. Records are appended with `append_as_follower` (a log that ends
+inside the leader's first batch first gives up its part of it, to take the batch whole);
+the follower's high watermark becomes min(leader HW, own LEO). An out-of-range fetch offset means the leader's
+log starts past ours (retention: start over at its log start) or ends before ours (cut
+ours back to its end).
+
+The loop ends only when cancelled: the replica starts a new fetcher for every new leader
+epoch and cancels the old one. A failed call (the leader's actor died, a timeout, the
+leader no longer leads) is retried after a backoff until a new assignment arrives.
+Not thread-safe: runs on the replica actor's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rayk.errors import KafkaError, OffsetOutOfRangeError
+from rayk.storage import Log
+from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from rayk.storage.records import BatchHeader
+
+logger = logging.getLogger(__name__)
+
+FOLLOWER_ERROR_BACKOFF_MS = 100
+
+
+def truncate_to_epoch_end(log: Log, epoch: int, end_offset: int, name: str = "") -> None:
+    """Cuts `log` where the leader said `epoch` ends (KIP-279): at the lesser of
+    `end_offset` and this log's own end of that epoch; with no epoch in the answer, at
+    this log's high watermark."""
+    if epoch == UNDEFINED_EPOCH or end_offset == UNDEFINED_EPOCH_OFFSET:
+        target = log.high_watermark
+    else:
+        own_epoch, own_end = log.end_offset_for_epoch(epoch)
+        target = end_offset if own_end == UNDEFINED_EPOCH_OFFSET else min(end_offset, own_end)
+    if target < log.log_end_offset:
+        logger.info("%s: truncating divergent log from %d to %d (leader epoch %d ends at %d)",
+                    name, log.log_end_offset, target, epoch, end_offset)
+        log.truncate_to(target)
+
+
+class ReplicaFetcher:
+    def __init__(
+        self,
+        log: Log,
+        name: str,
+        broker_id: int,
+        leader: Any,
+        leader_epoch: int,
+        config: Any,
+        on_progress: Callable[[], None],
+    ) -> None:
+        """`leader` is the leader replica's actor handle; `config` a ReplicaConfig;
+        `on_progress` is called after every append or high watermark move."""
+        self._log, self.name, self.broker_id = log, name, broker_id
+        self._leader, self._epoch, self._config = leader, leader_epoch, config
+        self._on_progress = on_progress
+        self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
+
+    async def run(self) -> None:
+        await self._truncate_to_leader()
+        while True:
+            try:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+                # cancellation that stops this loop when the call completes at that moment.
+                async with asyncio.timeout(self._timeout_s):
+                    result = await self._fetch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the leader's actor died, hung, or is being replaced
+                logger.warning("%s: fetch from the leader failed: %s", self.name, e)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            if result.diverging_epoch is not None:
+                end_before = self._log.log_end_offset
+                truncate_to_epoch_end(self._log, *result.diverging_epoch, name=self.name)
+                self._on_progress()
+                if self._log.log_end_offset == end_before:  # nothing left to cut: do not spin
+                    await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            if result.error is not None:
+                self._handle_error(result)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            try:
+                self._append(result)
+            except KafkaError as e:  # never let the loop die: the partition would stop copying
+                logger.error("%s: cannot append what the leader sent: %s", self.name, e)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+            self._on_progress()
+
+    def _append(self, result: Any) -> None:
+        log = self._log
+        if result.records:
+            first = BatchHeader.parse(result.records)
+            if first.base_offset < log.log_end_offset <= first.last_offset:
+                # Our log ends inside the leader's first batch (it was cut at a boundary of
+                # ours that is not one of the leader's): take the batch whole.
+                log.truncate_to(first.base_offset)
+            log.append_as_follower(result.records)
+        new_hw = min(result.high_watermark, log.log_end_offset)
+        if new_hw > log.high_watermark:
+            log.high_watermark = new_hw
+
+    def _fetch(self) -> Any:
+        c = self._config
+        return self._leader.fetch.remote(
+            self._log.log_end_offset,
+            c.replica_fetch_max_bytes,
+            c.replica_fetch_min_bytes,
+            c.replica_fetch_wait_max_ms,
+            replica_id=self.broker_id,
+            leader_epoch=self._epoch,
+            last_fetched_epoch=self._log.latest_epoch,
+        )
+
+    async def _truncate_to_leader(self) -> None:
+        """OffsetsForLeaderEpoch for this log's latest epoch, retried until answered."""
+        while (latest := self._log.latest_epoch) != UNDEFINED_EPOCH:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    epoch, end_offset = await self._leader.offsets_for_leader_epoch.remote(latest)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # not reachable yet, or not leading yet: ask again
+                logger.info("%s: OffsetsForLeaderEpoch(%d) not answered yet: %s", self.name, latest, e)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            truncate_to_epoch_end(self._log, epoch, end_offset, self.name)
+            self._on_progress()
+            return
+
+    def _handle_error(self, result: Any) -> None:
+        log = self._log
+        if isinstance(result.error, OffsetOutOfRangeError):
+            if log.log_end_offset < result.log_start_offset:
+                log.truncate_fully_and_start_at(result.log_start_offset)
+            elif log.log_end_offset > result.log_end_offset:
+                log.truncate_to(result.log_end_offset)
+            self._on_progress()
+        elif isinstance(result.error, KafkaError) and not result.error.retriable:
+            logger.error("%s: fetch error %s", self.name, result.error)
