@@ -31,6 +31,9 @@ class BrokerConfig:
     replica_fetch_max_bytes: int = 1 << 20
     replica_fetch_min_bytes: int = 1
     replica_fetch_wait_max_ms: int = 500
+    replica_socket_timeout_ms: int = 30_000  # bound on one follower fetch call
+    # A broker fenced this long has its replicas moved to live brokers; -1: never (rayk's own).
+    broker_replacement_delay_ms: int = 300_000
     replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
     log_retention_check_interval_ms: int = 300_000
     # Consumer groups (Kafka's group.* and offsets.* names).
@@ -57,6 +60,8 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "broker_replacement_delay_ms" and value == -1:
+                continue  # -1 turns broker replacement off
             if f.name.endswith("_ms") and value < (0 if f.name == "group_initial_rebalance_delay_ms" else 1):
                 raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:

@@ -2,25 +2,38 @@
 
 It keeps `ClusterMetadata` (brokers, topics with ids and configs, and per partition the
 replicas, leader, leader epoch, ISR and partition epoch) and is the only writer of it.
-Every change is decided by `ClusterMetadata.plan_*`, written durably to the
-`MetadataLog` (`<dir>/__cluster_metadata-0`), applied, and only then pushed to the
-brokers concerned: the leader's ReplicaManager first (its answer is the leader replica's
-handle), then the followers' with that handle. Planning and committing never await, so
-on the actor's event loop each change is atomic; pushes are asynchronous and may
-overlap, which the brokers tolerate because every push carries its epochs.
+Every change is decided by `ClusterMetadata.plan_*` (rules in `elections.py`), written
+durably to the `MetadataLog` (`<dir>/__cluster_metadata-0`), applied, and only then
+pushed to the brokers concerned: the leader's ReplicaManager first (its answer is the
+leader replica's handle), then the followers' with that handle. Planning and committing
+never await, so on the actor's event loop each change is atomic; pushes are asynchronous
+and may overlap, which the brokers tolerate because every push carries its epochs. A
+push has a timeout (twice `broker.session.timeout.ms`), so one hung broker stalls
+nothing else; a push that fails or times out marks its partition to be pushed again.
 
 Liveness: brokers heartbeat every `broker.heartbeat.interval.ms`. A broker silent for
 `broker.session.timeout.ms`, or whose actor Ray reports dead (a call held open on it,
-`run_until_stopped`, fails), is fenced: out of every ISR, and a new leader with a bumped
-epoch wherever it led (see `cluster_metadata.elect`). A fenced broker that speaks again
-is told to register anew, which unfences it and gives leaderless partitions their leader
-back. A broker that registers while its previous incarnation still had a session (it
-restarted faster than the timeout) is first fenced, because its replicas lost their
-in-memory state.
+`run_until_stopped`, fails), is fenced: out of the ISRs it can leave, and a new leader
+with a bumped epoch wherever it led. A fenced broker that speaks again is told to
+register anew. Each registration names the broker process (an incarnation id): a new
+process lost its replicas' in-memory state, and after an unclean shutdown (no
+clean-shutdown marker, KIP-966) or on a freshly formatted directory its copies must catch
+up before they may lead again (see `elections.py`). A replica process that dies is not
+a broker failure: its broker reports it (`replica_failed`), the partition's leadership
+moves if it led, and the next push re-creates it.
 
-After a restart (same directory), the Controller replays its log and gives every broker
-that was live one session timeout to register again before it is fenced, so a whole
-cluster restarts with its leaders and ISRs as they were.
+Maintenance, every second or so: fence silent brokers, push again what did not arrive,
+elect the longest log where every in-sync copy restarted uncleanly (all back, all
+recovering), and after `broker.replacement.delay.ms` move the replicas of a broker
+that stays fenced to live brokers on other nodes, by Kafka's reassignment (KIP-455):
+new replicas are added, catch up and join the ISR, and only then are the old ones
+removed (and deleted on their brokers).
+
+Restarts: Ray restarts this actor (max_restarts=-1); it replays its log, starts its
+maintenance on its own, and gives every broker that was live one session timeout to
+register again before it is fenced. A broker that re-registers as the same process keeps
+its roles; so a whole cluster, or only this Controller, restarts with its leaders and
+ISRs as they were, as far as that is safe.
 """
 
 from __future__ import annotations
@@ -33,14 +46,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError
 
-from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, Record
+from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.config import BrokerConfig, validate_topic_configs
 from rayk.errors import (
+    KafkaError,
     LeaderNotAvailableError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
@@ -49,8 +64,9 @@ from rayk.errors import (
 
 logger = logging.getLogger(__name__)
 
-SESSION_CHECK_MAX_INTERVAL_MS = 1_000
+MAINTENANCE_MAX_INTERVAL_MS = 1_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # ids reserved per metadata record
+TopicPartition = tuple[str, int]
 
 
 def new_uuid() -> str:
@@ -70,44 +86,73 @@ class Controller:
             self._commit([{"type": "cluster", "cluster_id": new_uuid()}])
         now = time.monotonic()
         self._last_heartbeat: dict[int, float] = {b: now for b in self._meta.live_brokers}
+        self._fenced_since: dict[int, float] = {b: now for b, r in self._meta.brokers.items() if r.fenced}
         self._managers: dict[int, Any] = {}  # broker id -> ReplicaManager handle, this session
         self._endpoints: dict[int, tuple[str, int]] = {}  # broker id -> Kafka listener (host, port)
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
+        self._dirty: set[TopicPartition] = set()  # partitions whose last push did not reach every replica
+        self._replacement_blocked: set[int] = set()  # fenced brokers with nowhere to move (logged once)
         self._tasks: set[asyncio.Task] = set()
         self._registering: set[int] = set()
         self._producer_ids = range(0)  # the reserved block not yet handed out
-        self._session_checker: asyncio.Task | None = None
+        self._maintenance: asyncio.Task | None = None
+        self._push_timeout_s = 2 * self.config.broker_session_timeout_ms / 1000
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray restarted this Controller after its process died: nobody else will start it.
+            logger.warning("Controller restarted by Ray; replayed %d metadata records", self._meta.last_offset + 1)
+            ray.get_runtime_context().current_actor.start.remote()
 
     def _commit(self, records: list[Record]) -> None:
         if not records:
             return
+        before = {
+            (r["topic"], r["partition"]): self._meta.topics[r["topic"]].partitions.get(r["partition"])
+            for r in records
+            if r["type"] == "partition" and r["topic"] in self._meta.topics
+        }
         first_offset = self._log.append(records)
         for i, record in enumerate(records):
             self._meta.apply(record, first_offset + i)
+        for (topic, partition), old in before.items():
+            new = self._meta.topics[topic].partitions[partition]
+            removed = set(old.replicas) - set(new.replicas) if old is not None else set()
+            if removed:  # a reassignment completed: the replicas it dropped go
+                self._spawn(self._remove_replicas(topic, partition, removed))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _attach(self, broker_id: int, manager: Any) -> None:
+        self._managers[broker_id] = manager
+        self._meta.attached.add(broker_id)
+
+    def _detach(self, broker_id: int) -> None:
+        self._managers.pop(broker_id, None)
+        self._meta.attached.discard(broker_id)
+        for key in [k for k in self._replica_handles if k[2] == broker_id]:
+            del self._replica_handles[key]
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        """Starts the session checker (idempotent); returns the cluster id.
+        """Starts the maintenance loop (idempotent); returns the cluster id.
 
-        Called once the brokers were (re)started: a broker of the replayed metadata that has
-        not registered by then gets one full session timeout from now to do so."""
-        if self._session_checker is None:
+        Called once the brokers were (re)started, or by this actor itself after Ray
+        restarted it: a broker of the replayed metadata that has not registered by then
+        gets one full session timeout from now to do so."""
+        if self._maintenance is None:
             now = time.monotonic()
             for broker_id in self._meta.live_brokers - set(self._managers):
                 self._last_heartbeat[broker_id] = now
-            self._session_checker = asyncio.get_running_loop().create_task(self._check_sessions())
+            self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
         return self._meta.cluster_id
 
     async def shutdown(self) -> None:
         """Cleanly stops every broker (data and metadata stay on disk), then itself."""
-        if self._session_checker is not None:
-            self._session_checker.cancel()
+        if self._maintenance is not None:
+            self._maintenance.cancel()
         managers = list(self._managers.values())
         self._managers.clear()
         self._meta.attached.clear()
@@ -119,25 +164,31 @@ class Controller:
     # ------------------------------------------------------------------ broker sessions
 
     async def register_broker(
-        self, broker_id: int, node_id: str, manager: Any, endpoint: tuple[str, int] | None = None
+        self,
+        broker_id: int,
+        node_id: str,
+        manager: Any,
+        endpoint: tuple[str, int] | None = None,
+        incarnation_id: str = "",
+        directory_id: str = "",
+        clean_shutdown: bool = True,
     ) -> tuple[int, dict]:
-        """A ReplicaManager (re)starts. Returns its broker epoch and the partitions assigned
-        to it (topic, partition) -> topic id, after pushing their states to it. `endpoint` is
-        its Kafka listener's advertised (host, port), if it runs one."""
-        if endpoint is None:
-            self._endpoints.pop(broker_id, None)
-        else:
-            self._endpoints[broker_id] = (str(endpoint[0]), int(endpoint[1]))
-        changed: set[tuple[str, int]] = set()
-        registration = self._meta.brokers.get(broker_id)
-        if registration is not None and not registration.fenced and broker_id in self._managers:
-            changed |= self._fence(broker_id)  # a new incarnation: the old replicas' state is gone
-        records = self._meta.plan_register_broker(broker_id, node_id)
+        """A ReplicaManager (re)starts, or registers again. Returns its broker epoch and the
+        partitions assigned to it (topic, partition) -> topic id, after pushing their states
+        to it. `endpoint` is its Kafka listener's advertised (host, port), if it runs one;
+        `incarnation_id` names its process, `directory_id` its data directory, and
+        `clean_shutdown` says whether its last run ended with the clean-shutdown marker."""
+        self._set_endpoint(broker_id, endpoint)
+        previous = self._meta.brokers.get(broker_id)
+        if previous is not None and previous.incarnation_id != incarnation_id:
+            self._detach(broker_id)  # a new process: the old one's replica handles are dead
+        records = self._meta.plan_register_broker(broker_id, node_id, incarnation_id, directory_id, clean_shutdown)
         self._commit(records)
-        changed |= _partitions_in(records)
+        changed = _partitions_in(records)
         epoch = self._meta.brokers[broker_id].epoch
-        self._managers[broker_id] = manager
-        self._meta.attached.add(broker_id)
+        self._attach(broker_id, manager)
+        self._fenced_since.pop(broker_id, None)
+        self._replacement_blocked.discard(broker_id)
         self._spawn(self._watch(broker_id, epoch, manager))
         mine = {(t, p) for t, p, _ in self._meta.partitions_of_broker(broker_id)}
         # Creating replica actors takes a while; the broker cannot heartbeat before this
@@ -148,8 +199,28 @@ class Controller:
         finally:
             self._registering.discard(broker_id)
             self._last_heartbeat[broker_id] = time.monotonic()
-        logger.info("broker %d registered on node %s with epoch %d", broker_id, node_id, epoch)
+        await self._recover_uncleanly(mine)
+        logger.info(
+            "broker %d registered on node %s with epoch %d (%s shutdown)",
+            broker_id, node_id, epoch, "clean" if clean_shutdown else "unclean",
+        )
         return epoch, {(t, p): self._meta.topics[t].topic_id for t, p in mine}
+
+    def _set_endpoint(self, broker_id: int, endpoint: tuple[str, int] | None) -> None:
+        if endpoint is None:
+            self._endpoints.pop(broker_id, None)
+        else:
+            self._endpoints[broker_id] = (str(endpoint[0]), int(endpoint[1]))
+
+    def _check_broker_epoch(self, broker_id: int, broker_epoch: int) -> None:
+        registration = self._meta.brokers.get(broker_id)
+        if registration is None or registration.fenced or registration.epoch != broker_epoch:
+            raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is fenced or not current")
+
+    async def update_endpoint(self, broker_id: int, broker_epoch: int, endpoint: tuple[str, int] | None) -> None:
+        """A broker restarted its Kafka listener (it died), maybe on another port."""
+        self._check_broker_epoch(broker_id, broker_epoch)
+        self._set_endpoint(broker_id, endpoint)
 
     async def heartbeat(self, broker_id: int, broker_epoch: int) -> str:
         """Answers "ok", "reregister" (fenced, or unknown to this Controller session) or "stale"."""
@@ -161,20 +232,9 @@ class Controller:
         self._last_heartbeat[broker_id] = time.monotonic()
         return "ok"
 
-    async def _check_sessions(self) -> None:
-        timeout_s = self.config.broker_session_timeout_ms / 1000
-        period_s = min(SESSION_CHECK_MAX_INTERVAL_MS, self.config.broker_session_timeout_ms // 4) / 1000
-        while True:
-            await asyncio.sleep(period_s)
-            now = time.monotonic()
-            for broker_id in sorted(self._meta.live_brokers - self._registering):
-                silent_s = now - self._last_heartbeat.get(broker_id, now)
-                if silent_s > timeout_s:
-                    logger.warning("broker %d silent for %.1f s: fencing it", broker_id, silent_s)
-                    await self._fence_and_push(broker_id)
-
     async def _watch(self, broker_id: int, epoch: int, manager: Any) -> None:
-        """Fences the broker as soon as Ray reports its actor dead."""
+        """Fences the broker as soon as Ray reports its actor dead (Ray may then restart it:
+        it registers again as a new incarnation)."""
         try:
             await manager.run_until_stopped.remote()
         except RayActorError:
@@ -186,51 +246,158 @@ class Controller:
     def _fence(self, broker_id: int) -> set[tuple[str, int]]:
         records = self._meta.plan_fence_broker(broker_id)
         self._commit(records)
-        self._managers.pop(broker_id, None)
-        self._meta.attached.discard(broker_id)
-        for key in [k for k in self._replica_handles if k[2] == broker_id]:
-            del self._replica_handles[key]
+        self._detach(broker_id)
+        if records:
+            self._fenced_since[broker_id] = time.monotonic()
         return _partitions_in(records)
 
     async def _fence_and_push(self, broker_id: int) -> None:
         changed = self._fence(broker_id)
         await asyncio.gather(*(self._push_partition(t, p) for t, p in changed))
 
+    # ------------------------------------------------------------------ maintenance
+
+    async def _maintain(self) -> None:
+        period_s = min(MAINTENANCE_MAX_INTERVAL_MS, self.config.broker_session_timeout_ms // 4) / 1000
+        while True:
+            await asyncio.sleep(period_s)
+            for step in (self._fence_silent_brokers, self._push_dirty, self._recover_leaderless, self._replace_lost_brokers):
+                try:
+                    await step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    logger.exception("Controller maintenance: %s failed", step.__name__)
+
+    async def _fence_silent_brokers(self) -> None:
+        timeout_s = self.config.broker_session_timeout_ms / 1000
+        now = time.monotonic()
+        for broker_id in sorted(self._meta.live_brokers - self._registering):
+            silent_s = now - self._last_heartbeat.get(broker_id, now)
+            if silent_s > timeout_s:
+                logger.warning("broker %d silent for %.1f s: fencing it", broker_id, silent_s)
+                await self._fence_and_push(broker_id)
+
+    async def _push_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        await asyncio.gather(*(self._push_partition(t, p) for t, p in dirty))
+
+    async def _recover_leaderless(self) -> None:
+        await self._recover_uncleanly({(t, p) for t, p, s in self._meta.all_partitions() if s.leader == NO_LEADER})
+
+    async def _recover_uncleanly(self, partitions: set[TopicPartition]) -> None:
+        """Rule 4 of `elections`: where every in-sync copy is back but restarted uncleanly,
+        ask each for its log's end and elect the most complete."""
+        for topic, partition in sorted(partitions):
+            if topic not in self._meta.topics or not self._meta.needs_log_comparison(topic, partition):
+                continue
+            isr = self._meta.partition(topic, partition).isr
+            handles = {b: self._replica_handles.get((topic, partition, b)) for b in isr}
+            if None in handles.values():
+                continue  # not every copy is open yet: the next round asks
+            try:
+                async with asyncio.timeout(self._push_timeout_s):
+                    infos = await asyncio.gather(*(h.describe.remote() for h in handles.values()))
+            except (TimeoutError, RayActorError) as e:
+                logger.warning("%s-%d: could not compare the logs of %s: %s", topic, partition, sorted(isr), e)
+                continue
+            ends = {b: LogEnd(i["latest_epoch"], i["log_end_offset"]) for b, i in zip(handles, infos)}
+            records = self._meta.plan_unclean_recovery(topic, partition, ends)
+            if records:
+                logger.warning(
+                    "%s-%d: every in-sync copy restarted uncleanly; electing broker %d, the most complete log of %s",
+                    topic, partition, records[0]["leader"], {b: (e.latest_epoch, e.log_end_offset) for b, e in ends.items()},
+                )
+                self._commit(records)
+                await self._push_partition(topic, partition)
+
+    async def _replace_lost_brokers(self) -> None:
+        """Moves the replicas of brokers fenced for `broker.replacement.delay.ms` to live
+        brokers (KIP-455 reassignments), where one can take them."""
+        delay_ms = self.config.broker_replacement_delay_ms
+        if delay_ms < 0:
+            return
+        now = time.monotonic()
+        for broker_id, since in sorted(self._fenced_since.items()):
+            if now - since < delay_ms / 1000:
+                continue
+            moved, stuck = [], []
+            for topic, partition, state in self._meta.partitions_of_broker(broker_id):
+                if state.adding or state.removing:
+                    continue  # already moving
+                target = self._replacement_for(state, broker_id)
+                if target is None:
+                    stuck.append(f"{topic}-{partition}")
+                    continue
+                self._commit(self._meta.plan_reassign(topic, partition, target))
+                moved.append((topic, partition))
+            if moved:
+                logger.warning("broker %d fenced for %.0f s: moving %s to live brokers", broker_id, now - since, moved)
+                await asyncio.gather(*(self._push_partition(t, p) for t, p in moved))
+            if stuck and broker_id not in self._replacement_blocked:
+                self._replacement_blocked.add(broker_id)
+                logger.warning("broker %d is lost but no live broker can take %s", broker_id, stuck)
+
+    def _replacement_for(self, state: PartitionState, lost: int) -> list[int] | None:
+        """The replicas with `lost` swapped for the live broker that suits best: on a node
+        holding no other replica of the partition, then holding the fewest replicas."""
+        staying = [r for r in state.replicas if r != lost]
+        nodes_used = {self._meta.brokers[r].node_id for r in staying if r in self._meta.brokers}
+        load: dict[int, int] = {}
+        for _, _, s in self._meta.all_partitions():
+            for r in s.replicas:
+                load[r] = load.get(r, 0) + 1
+        candidates = [b for b in sorted(self._meta.attached & self._meta.live_brokers) if b not in state.replicas]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda b: (self._meta.brokers[b].node_id in nodes_used, load.get(b, 0), b))
+        return [best if r == lost else r for r in state.replicas]
+
+    async def _remove_replicas(self, topic: str, partition: int, brokers: set[int]) -> None:
+        for b in brokers:
+            self._replica_handles.pop((topic, partition, b), None)
+        stops = [m.stop_replica.remote(topic, partition, True) for b in brokers if (m := self._managers.get(b))]
+        await asyncio.gather(*stops, return_exceptions=True)
+
     # ------------------------------------------------------------------ pushing states
 
     async def _push_partition(self, topic: str, partition: int) -> None:
-        """Sends the partition's current state to its live replicas, leader first."""
+        """Sends the partition's current state to its attached replicas, leader first."""
         meta = self._meta.topics.get(topic)
         if meta is None:
             return
         state = meta.partitions[partition]
-        live = self._meta.live_brokers
 
         def assignment(leader_handle: Any) -> PartitionAssignment:
             return PartitionAssignment(topic, partition, meta.topic_id, state, meta.configs, leader_handle)
 
         leader_handle = None
-        if state.leader != NO_LEADER and state.leader in live and state.leader in self._managers:
+        if state.leader != NO_LEADER and state.leader in self._managers:
             leader_handle = await self._push_to(state.leader, assignment(None))
-        followers = [b for b in state.replicas if b != state.leader and b in live and b in self._managers]
+        followers = [b for b in state.replicas if b != state.leader and b in self._managers]
         await asyncio.gather(*(self._push_to(b, assignment(leader_handle)) for b in followers))
 
     async def _push_to(self, broker_id: int, assignment: PartitionAssignment) -> Any:
         manager = self._managers.get(broker_id)
         if manager is None:
             return None
+        tp = (assignment.topic, assignment.partition)
         try:
-            handle = await manager.apply_partition.remote(assignment)
-        except RayActorError:
-            self._spawn(self._fence_and_push(broker_id))
+            async with asyncio.timeout(self._push_timeout_s):
+                handle = await manager.apply_partition.remote(assignment)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the broker died (its watch fences it), hung, or the apply failed
+            logger.warning("pushing %s-%d to broker %d failed: %s", *tp, broker_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            self._dirty.add(tp)
             return None
-        except Exception:
-            logger.exception("pushing %s-%d to broker %d failed", assignment.topic, assignment.partition, broker_id)
-            return None
-        self._replica_handles[(assignment.topic, assignment.partition, broker_id)] = handle
+        if handle is None:
+            self._replica_handles.pop((*tp, broker_id), None)  # its replica failed; it is being moved
+        else:
+            self._replica_handles[(*tp, broker_id)] = handle
         return handle
 
-    # ------------------------------------------------------------------ requests from leaders
+    # ------------------------------------------------------------------ requests from brokers
 
     async def alter_partition(
         self,
@@ -243,12 +410,56 @@ class Controller:
         isr: list[int],
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
-        registration = self._meta.brokers.get(broker_id)
-        if registration is None or registration.fenced or registration.epoch != broker_epoch:
-            raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is fenced or not current")
-        self._commit(self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr))
+        self._check_broker_epoch(broker_id, broker_epoch)
+        records = self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr)
+        self._commit(records)
         state = self._meta.partition(topic, partition)
+        if records and (state.leader != broker_id or state.leader_epoch != leader_epoch):
+            self._spawn(self._push_partition(topic, partition))  # a reassignment moved the leadership
         return list(state.isr), state.partition_epoch
+
+    async def replica_failed(self, broker_id: int, broker_epoch: int, topic: str, partition: int) -> None:
+        """A broker's replica process died (its broker lives): its leadership moves and it
+        leaves the ISR where another copy is ready; then every replica gets the new state,
+        which re-creates the failed one from its log."""
+        self._check_broker_epoch(broker_id, broker_epoch)
+        self._replica_handles.pop((topic, partition, broker_id), None)
+        records = self._meta.plan_replica_failed(topic, partition, broker_id)
+        self._commit(records)
+        logger.warning("broker %d's replica of %s-%d failed: %s", broker_id, topic, partition,
+                       f"now {self._meta.partition(topic, partition)}" if records else "no change")
+        await self._push_partition(topic, partition)
+
+    # ------------------------------------------------------------------ reassignments (KIP-455)
+
+    async def alter_partition_reassignments(
+        self, reassignments: dict[TopicPartition, list[int] | None]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Starts (target replica list) or cancels (None) each partition's reassignment;
+        per partition None, or the typed error that refused it."""
+        results: dict[TopicPartition, KafkaError | None] = {}
+        started = []
+        for (topic, partition), target in reassignments.items():
+            try:
+                self._commit(self._meta.plan_reassign(topic, partition, target))
+            except KafkaError as e:
+                results[(topic, partition)] = e
+                continue
+            results[(topic, partition)] = None
+            started.append((topic, partition))
+        await asyncio.gather(*(self._push_partition(t, p) for t, p in started))
+        return results
+
+    async def list_partition_reassignments(
+        self, partitions: list[TopicPartition] | None = None
+    ) -> dict[TopicPartition, dict[str, list[int]]]:
+        """The reassignments under way: replicas, adding and removing per partition."""
+        wanted = None if partitions is None else set(partitions)
+        return {
+            (t, p): {"replicas": list(s.replicas), "adding": list(s.adding), "removing": list(s.removing)}
+            for t, p, s in sorted(self._meta.all_partitions(), key=lambda x: (x[0], x[1]))
+            if (s.adding or s.removing) and (wanted is None or (t, p) in wanted)
+        }
 
     # ------------------------------------------------------------------ topics
 
@@ -274,6 +485,7 @@ class Controller:
         self._commit(self._meta.plan_delete_topic(name))
         stops = []
         for p, state in partitions.items():
+            self._dirty.discard((name, p))
             for b in state.replicas:
                 self._replica_handles.pop((name, p, b), None)
                 if (manager := self._managers.get(b)) is not None:
@@ -348,6 +560,9 @@ class Controller:
                     "isr": list(state.isr),
                     "leader_epoch": state.leader_epoch,
                     "partition_epoch": state.partition_epoch,
+                    "recovering": list(state.recovering),
+                    "adding_replicas": list(state.adding),
+                    "removing_replicas": list(state.removing),
                     **offsets,
                 }
             )

@@ -35,8 +35,8 @@ larger ISR in the HW, until an answer or the Controller's next assignment settle
 as Kafka's AlterPartitionManager does. Without an `isr_manager` (a replica used on its
 own) changes commit at once.
 
-Supervision: the owning ReplicaManager holds `run_until_stopped` open (it fails when this
-actor dies) and `ping`s it; a replica that does not answer is killed and re-created.
+Supervision (see supervision.py): the owning ReplicaManager holds `run_until_stopped`
+open and `ping`s the replica; `close` and `delete` end the held call normally.
 
 Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
 """
@@ -52,6 +52,7 @@ from typing import Any
 
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
+from rayk.actors.supervision import Supervised
 from rayk.errors import (
     FencedLeaderEpochError,
     IneligibleReplicaError,
@@ -83,6 +84,7 @@ ISR_CHANGE_RETRY_BACKOFF_MS = 100
 ISR_CHANGE_TIMEOUT_MS = 10_000  # no answer from the Controller by then: the outcome is unknown
 # The Controller definitely did not apply a change it refused with these: drop it.
 _ISR_CHANGE_REFUSED = (IneligibleReplicaError, StaleBrokerEpochError)
+LOG_LOCK_WAIT_MS = 30_000  # a replica re-created after a crash waits this long for the old process to go
 SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
 
 
@@ -120,7 +122,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class PartitionReplica:
+class PartitionReplica(Supervised):
     def __init__(
         self,
         topic: str,
@@ -143,6 +145,7 @@ class PartitionReplica:
             recovery_point=offsets.recovery_point,
             log_start_offset=offsets.log_start_offset,
             high_watermark=offsets.high_watermark,
+            lock_wait_ms=LOG_LOCK_WAIT_MS,
         )
         self._isr_manager = isr_manager
         self._role: str | None = None  # "leader" | "follower" | None before the first assignment
@@ -151,7 +154,6 @@ class PartitionReplica:
         self._leader_id: int | None = None
         self._leader_state: LeaderReplicaState | None = None
         self._fetcher: asyncio.Task | None = None
-        self._stopped: asyncio.Event | None = None
         self._changed: asyncio.Event | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
@@ -505,20 +507,6 @@ class PartitionReplica:
 
     # ------------------------------------------------------------------ inspection, lifecycle
 
-    async def run_until_stopped(self) -> None:
-        """Held open by the owning ReplicaManager: returns when this replica is closed or
-        deleted, and fails (with Ray's actor error) the moment this actor dies."""
-        if self._stopped is None:
-            self._stopped = asyncio.Event()
-        await self._stopped.wait()
-
-    async def ping(self) -> None:
-        """Answers at once while the actor's event loop runs (the owner's liveness probe)."""
-
-    def _stop(self) -> None:
-        if self._stopped is None:
-            self._stopped = asyncio.Event()
-        self._stopped.set()
 
     async def describe(self) -> dict[str, Any]:
         log = self._log
@@ -568,7 +556,7 @@ class PartitionReplica:
         self._role = None
         self._notify_change()
         self._log.close()
-        self._stop()
+        self._stop_supervision()
         log = self._log
         return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
 
@@ -578,5 +566,5 @@ class PartitionReplica:
         self._role = None
         self._notify_change()
         self._log.delete()
-        self._stop()
+        self._stop_supervision()
 

@@ -1,21 +1,27 @@
 """ReplicaManager: one broker, as a Ray actor pinned to one node (Kafka's ReplicaManager
-plus its BrokerLifecycleManager).
+plus its BrokerLifecycleManager and LogManager's startup and shutdown).
 
 A broker is this actor, the PartitionReplica actors it creates, and its Kafka listener (a
 SocketServer actor on the same node, started before registering so that the Controller
 can tell clients where the broker listens).
 It owns `<data_dir>/broker-<id>` on its node's disk: `meta.properties` (broker and
-cluster id, checked at every start), the three offset checkpoints, and one
-`<topic>-<partition>` directory per replica, each with a `partition.metadata` naming the
-topic id.
+cluster id, checked at every start, and the directory's id), the three offset
+checkpoints, the clean-shutdown marker, and one `<topic>-<partition>` directory per
+replica, each with a `partition.metadata` naming the topic id.
 
-Lifecycle: `start` registers with the Controller (a new broker epoch every time) and starts
-four loops, each with its period named after Kafka's setting:
+Lifecycle: at start it consumes the clean-shutdown marker (KIP-966: none means the last
+run crashed and its logs may have lost their unflushed tails), then registers with the
+Controller (a new broker epoch every time) with a new incarnation id, its directory id
+and whether its last shutdown was clean, and starts its loops, each with its period
+named after Kafka's setting:
 - heartbeat every `broker.heartbeat.interval.ms`; a Controller that no longer knows this
   registration (it fenced us, or it restarted) gets a new registration;
+- a probe of its replicas and listener every `broker.heartbeat.interval.ms`;
 - isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
 - offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`;
 - retention every `log.retention.check.interval.ms`.
+A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
+marker last.
 
 The Controller pushes partition states with `apply_partition` (leader, ISR, epochs, and the
 leader replica's handle for followers). Pushes may arrive out of order; each carries its
@@ -23,9 +29,19 @@ epochs, and an older one than the replica has seen is ignored. Replicas send ISR
 back through `alter_partition`, which adds this broker's epoch so a fenced or replaced
 incarnation cannot change an ISR.
 
-A replica actor is created on this node (hard node affinity) and is owned by this actor:
-if the broker dies, its replicas die with it. A restarted broker (same id, same disk)
-reopens every log from its checkpoints and rejoins as the Controller assigns.
+Supervision (see supervision.py). Replicas and the listener are created on this node
+(hard node affinity) and owned by this actor: if the broker dies, they die with it.
+- A replica that dies (or stops answering for `broker.session.timeout.ms`, and is then
+  killed) is a replica failure, not a broker failure: this broker reports it to the
+  Controller (`replica_failed`), which moves its leadership and takes it out of the ISR,
+  then pushes the partition again; that push re-creates the replica from its log on disk.
+  Until then, a push that would have it lead in the epoch it failed in is not applied.
+- A listener that dies is started again and its address sent to the Controller.
+- This actor itself is created with `max_restarts=-1`: if its process dies while its node
+  lives, Ray starts it again on the same node, where it starts itself (recovering its
+  logs, registering as a new incarnation). If the node is gone, it stays dead until the
+  broker is started elsewhere with its disk (`Cluster.restart_broker`) or the Controller
+  moves its replicas away.
 """
 
 from __future__ import annotations
@@ -33,6 +49,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import uuid
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,15 +59,16 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayk.actors.cluster_metadata import PartitionState
+from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.actors.supervision import ChildSupervisor, Supervised
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
-from rayk.errors import StaleBrokerEpochError
+from rayk.errors import KafkaError, StaleBrokerEpochError
 from rayk.net.listener_address import parse_listener
 from rayk.net.socket_server import SocketServerActor
-from rayk.storage import meta_properties, partition_metadata
+from rayk.storage import clean_shutdown, meta_properties, partition_metadata
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.log_manager import partition_dir_name
 from rayk.storage.meta_properties import MetaProperties
@@ -60,6 +79,7 @@ TopicPartition = tuple[str, int]
 ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
 OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
+LISTENER = "listener"  # the supervisor's key for the Kafka listener; replicas are keyed by TopicPartition
 
 
 def broker_dir(data_dir: str | Path, broker_id: int) -> Path:
@@ -80,11 +100,12 @@ class PartitionAssignment:
 
 @dataclass(slots=True)
 class _Replica:
-    handle: Any
+    handle: Any  # None after the replica died, until the Controller's next push re-creates it
     assignment: PartitionAssignment
+    failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
 
 
-class ReplicaManager:
+class ReplicaManager(Supervised):
     def __init__(
         self,
         broker_id: int,
@@ -96,7 +117,13 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.config = broker_config or BrokerConfig()
         self.dir = broker_dir(data_dir, broker_id)
-        meta_properties.ensure(self.dir, MetaProperties(cluster_id, broker_id))
+        ensured = meta_properties.ensure(self.dir, MetaProperties(cluster_id, broker_id))
+        if ensured.formatted:
+            logger.warning("broker %d: formatted %s as a new data directory", broker_id, self.dir)
+        self._directory_id = ensured.meta.directory_id
+        # KIP-966: consumed before anything is written, so a crash of this run is seen next time.
+        self._clean_shutdown = clean_shutdown.consume(self.dir) is not None
+        self._incarnation_id = uuid.uuid4().hex  # this process; the Controller tells restarts apart by it
         self._checkpoints = LogDirCheckpoints(self.dir)
         self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
         self._controller = controller
@@ -105,40 +132,66 @@ class ReplicaManager:
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
-        self._stopped: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._start_lock: asyncio.Lock | None = None
         self._listener: Any = None  # this broker's SocketServer actor, if it runs one
         self._endpoint: tuple[str, int] | None = None
+        self._children = ChildSupervisor(f"broker {broker_id}", self._on_child_death, self.config.broker_session_timeout_ms)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray restarted this broker after its process died: nobody else will start it.
+            logger.warning("broker %d restarted by Ray after its process died; starting again", broker_id)
+            ray.get_runtime_context().current_actor.start.remote()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> int:
-        """Registers with the Controller and starts the broker's loops; returns the broker epoch."""
-        if self._stopped is None:
-            self._stopped = asyncio.Event()
-        if self._broker_epoch < 0:
-            await self._start_listener()
-            await self._register()
-            c = self.config
-            self._loops = [
-                self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
-                self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
-                self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
-                self._every(c.log_retention_check_interval_ms, self._enforce_retention),
-            ]
+        """Registers with the Controller and starts the broker's loops; returns the broker
+        epoch. Idempotent: concurrent calls wait for the first."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._broker_epoch < 0:
+                await self._start_listener()
+                await self._register()
+                c = self.config
+                self._loops = [
+                    self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
+                    self._every(c.broker_heartbeat_interval_ms, self._probe_children),
+                    self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
+                    self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
+                    self._every(c.log_retention_check_interval_ms, self._enforce_retention),
+                ]
         return self._broker_epoch
 
     async def _start_listener(self) -> None:
         """The broker's Kafka listener, on this node, when `listeners` names one."""
         if self._listener is not None or parse_listener(self.config.listeners) is None:
             return
-        self._listener = SocketServerActor.options(
+        listener = SocketServerActor.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
         ).remote(self.broker_id, self._controller, self.config)
-        self._endpoint = await self._listener.start.remote()
+        self._endpoint = await listener.start.remote()
+        self._listener = listener
+        self._children.watch(LISTENER, listener)
 
     async def _register(self) -> None:
+        """Registers (again), retrying while the Controller is unreachable (restarting)."""
         me = ray.get_runtime_context().current_actor
-        epoch, assigned = await self._controller.register_broker.remote(self.broker_id, self._node_id, me, self._endpoint)
+        while True:
+            try:
+                epoch, assigned = await self._controller.register_broker.remote(
+                    self.broker_id,
+                    self._node_id,
+                    me,
+                    self._endpoint,
+                    self._incarnation_id,
+                    self._directory_id,
+                    self._clean_shutdown,
+                )
+                break
+            except RayActorError as e:
+                logger.warning("broker %d: the Controller is unreachable (%s); registering again", self.broker_id, e)
+                await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
         self._broker_epoch = epoch
         await self._delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
@@ -169,30 +222,40 @@ class ReplicaManager:
 
         return asyncio.get_running_loop().create_task(loop())
 
-    async def run_until_stopped(self) -> None:
-        """Returns when the broker shuts down cleanly; the Controller's call fails if it dies."""
-        if self._stopped is None:
-            self._stopped = asyncio.Event()
-        await self._stopped.wait()
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def shutdown(self) -> None:
-        """Clean shutdown: stop the loops, close every replica (flushing its log), checkpoint."""
-        if self._listener is not None:
-            await asyncio.gather(self._listener.stop.remote(), return_exceptions=True)
-            ray.kill(self._listener)
-            self._listener = None
+        """Clean shutdown: stop the loops and the listener, close every replica (flushing
+        its log), checkpoint, and write the clean-shutdown marker last."""
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
-        items = list(self._replicas.items())
+        if self._listener is not None:
+            self._children.forget(LISTENER)
+            await asyncio.gather(self._listener.stop.remote(), return_exceptions=True)
+            ray.kill(self._listener)
+            self._listener = None
+        items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
+        for tp, _ in items:
+            self._children.forget(tp)
         closed = await asyncio.gather(*(r.handle.close.remote() for _, r in items), return_exceptions=True)
         await self._write_checkpoints({tp: o for (tp, _), o in zip(items, closed) if isinstance(o, PartitionOffsets)})
         for _, r in items:
             ray.kill(r.handle)
+        unclosed = [tp for (tp, _), o in zip(items, closed) if not isinstance(o, PartitionOffsets)]
+        unclosed += [tp for tp, r in self._replicas.items() if r.handle is None]  # died, not flushed
         self._replicas.clear()
-        if self._stopped is not None:
-            self._stopped.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if unclosed:
+            logger.warning("broker %d: replicas %s did not close: no clean-shutdown marker", self.broker_id, unclosed)
+        else:
+            await asyncio.to_thread(clean_shutdown.write, self.dir, self._broker_epoch)
+        self._stop_supervision()
 
     # ------------------------------------------------------------------ the loops
 
@@ -206,12 +269,15 @@ class ReplicaManager:
         elif status == "stale":
             raise StaleBrokerEpochError(f"broker {self.broker_id} epoch {self._broker_epoch} was replaced")
 
+    async def _probe_children(self) -> None:
+        self._children.probe()
+
     async def _expire_isr(self) -> None:
-        leaders = [r for r in self._replicas.values() if r.assignment.state.leader == self.broker_id]
+        leaders = [r for r in self._replicas.values() if r.handle is not None and r.assignment.state.leader == self.broker_id]
         await asyncio.gather(*(r.handle.maybe_shrink_isr.remote() for r in leaders), return_exceptions=True)
 
     async def _checkpoint(self) -> None:
-        items = list(self._replicas.items())
+        items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
         offsets = await asyncio.gather(*(r.handle.checkpoint_offsets.remote() for _, r in items), return_exceptions=True)
         await self._write_checkpoints({tp: o for (tp, _), o in zip(items, offsets) if isinstance(o, PartitionOffsets)})
 
@@ -226,13 +292,61 @@ class ReplicaManager:
             self._checkpoints.remove(tp)
 
     async def _enforce_retention(self) -> None:
-        await asyncio.gather(*(r.handle.enforce_retention.remote() for r in self._replicas.values()), return_exceptions=True)
+        handles = [r.handle for r in self._replicas.values() if r.handle is not None]
+        await asyncio.gather(*(h.enforce_retention.remote() for h in handles), return_exceptions=True)
+
+    # ------------------------------------------------------------------ supervision
+
+    async def _on_child_death(self, key: Hashable, handle: Any) -> None:
+        if key == LISTENER:
+            await self._restart_listener()
+        else:
+            await self._on_replica_death(key, handle)
+
+    async def _restart_listener(self) -> None:
+        self._listener = None
+        while True:
+            try:
+                await self._start_listener()
+                await self._controller.update_endpoint.remote(self.broker_id, self._broker_epoch, self._endpoint)
+                return
+            except StaleBrokerEpochError:
+                return  # this broker registers again, with the new listener's address
+            except KafkaError as e:  # the port is not free yet
+                logger.warning("broker %d: cannot restart the Kafka listener yet: %s", self.broker_id, e)
+            except RayActorError as e:
+                logger.warning("broker %d: listener restart: %s", self.broker_id, e)
+            self._listener = None
+            await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
+
+    async def _on_replica_death(self, tp: TopicPartition, handle: Any) -> None:
+        async with self._locks.setdefault(tp, asyncio.Lock()):
+            replica = self._replicas.get(tp)
+            if replica is None or replica.handle is not handle:
+                return  # stopped or replaced on purpose meanwhile
+            replica.handle = None
+            replica.failed_in_epoch = replica.assignment.state.leader_epoch
+        await self._report_replica_failure(tp)
+
+    async def _report_replica_failure(self, tp: TopicPartition) -> None:
+        """Tells the Controller (retrying while it is unreachable) so that it moves the
+        partition's leadership before the replica is re-created by its next push."""
+        while tp in self._replicas and self._replicas[tp].handle is None:
+            try:
+                await self._controller.replica_failed.remote(self.broker_id, self._broker_epoch, *tp)
+                return
+            except StaleBrokerEpochError:
+                return  # this broker registers again, and that registration pushes everything
+            except (RayActorError, KafkaError) as e:
+                logger.warning("broker %d: reporting the failed replica of %s-%d: %s", self.broker_id, *tp, e)
+                await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
 
     # ------------------------------------------------------------------ Controller -> broker
 
     async def apply_partition(self, assignment: PartitionAssignment) -> Any:
         """Makes this broker's replica of a partition lead or follow as the Controller says;
-        returns the replica's actor handle."""
+        returns the replica's actor handle (None while a failed replica waits for the
+        Controller to move its leadership)."""
         tp = (assignment.topic, assignment.partition)
         async with self._locks.setdefault(tp, asyncio.Lock()):
             current = self._replicas.get(tp)
@@ -246,15 +360,31 @@ class ReplicaManager:
                     old.state.partition_epoch,
                 ):
                     return current.handle  # an older push that arrived late
-            if current is None:
+            if current is not None and current.handle is None:
+                state = assignment.state
+                if state.leader == self.broker_id and state.leader_epoch <= current.failed_in_epoch:
+                    current.assignment = assignment
+                    return None  # it would lead in the epoch it died in: wait for the Controller's move
+                current.handle = await self._create_replica(assignment)
+            elif current is None:
                 current = self._replicas[tp] = _Replica(await self._create_replica(assignment), assignment)
             elif current.assignment.configs != assignment.configs:
                 await current.handle.update_config.remote(
                     log_config_of(assignment.configs), self._replica_config(assignment.configs)
                 )
             current.assignment = assignment
-            await self._make_role(current)
-            return current.handle
+            handle = current.handle
+            try:
+                await self._make_role(current)
+            except RayActorError as e:
+                if self._children.watching(tp) is not handle:  # died before its first answer
+                    logger.warning("broker %d: new replica of %s-%d died: %s", self.broker_id, *tp, e)
+                    current.handle, current.failed_in_epoch = None, assignment.state.leader_epoch
+                    self._spawn(self._report_replica_failure(tp))
+                return None  # else its supervisor reports it
+            if self._children.watching(tp) is not handle:
+                self._children.watch(tp, handle)  # it answered: from now on it is probed
+            return handle
 
     async def _create_replica(self, a: PartitionAssignment) -> Any:
         tp = (a.topic, a.partition)
@@ -285,6 +415,7 @@ class ReplicaManager:
             replica_fetch_max_bytes=c.replica_fetch_max_bytes,
             replica_fetch_min_bytes=c.replica_fetch_min_bytes,
             replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
+            replica_socket_timeout_ms=c.replica_socket_timeout_ms,
         )
 
     async def _make_role(self, replica: _Replica) -> None:
@@ -294,7 +425,8 @@ class ReplicaManager:
                 state.leader_epoch, list(state.replicas), list(state.isr), state.partition_epoch
             )
         else:
-            await replica.handle.become_follower.remote(state.leader_epoch, state.leader, replica.assignment.leader_handle)
+            leader = replica.assignment.leader_handle if state.leader != NO_LEADER else None
+            await replica.handle.become_follower.remote(state.leader_epoch, state.leader, leader)
 
     async def stop_replica(self, topic: str, partition: int, delete: bool) -> None:
         tp = (topic, partition)
@@ -302,8 +434,9 @@ class ReplicaManager:
             await self._stop_replica(tp, delete)
 
     async def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
+        self._children.forget(tp)
         replica = self._replicas.pop(tp, None)
-        if replica is None:
+        if replica is None or replica.handle is None:
             if delete:
                 await self._delete_partition_dir(tp)
             return
@@ -337,5 +470,13 @@ class ReplicaManager:
             "broker_epoch": self._broker_epoch,
             "node_id": self._node_id,
             "data_dir": str(self.dir),
+            "incarnation_id": self._incarnation_id,
+            "directory_id": self._directory_id,
+            "clean_shutdown": self._clean_shutdown,
             "replicas": sorted(self._replicas),
+            "failed_replicas": sorted(tp for tp, r in self._replicas.items() if r.handle is None),
         }
+
+    async def replica_handles(self) -> dict[TopicPartition, Any]:
+        """The live replica actors of this broker (for tools and fault tests)."""
+        return {tp: r.handle for tp, r in self._replicas.items() if r.handle is not None}

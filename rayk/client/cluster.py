@@ -236,10 +236,13 @@ class Cluster:
         ray.get(self._create_broker(broker_id, node, data_dir, cluster_id, config).start.remote())
 
     def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
+        # Ray restarts a broker whose process dies on its node (the broker starts itself
+        # again); one whose node is gone cannot be placed anywhere else and stays dead.
         return ReplicaManagerActor.options(
             name=broker_actor_name(broker_id),
             namespace=self.namespace,
             lifetime="detached",
+            max_restarts=-1,
             scheduling_strategy=_pinned(node_id),
         ).remote(broker_id, str(data_dir), cluster_id, self.controller, config)
 

@@ -1,6 +1,7 @@
 """SocketServer: a broker's Kafka listener, the reactor of Kafka's SocketServer on asyncio.
 
-One actor per broker, on the broker's node (its ReplicaManager creates it). For each
+One actor per broker, on the broker's node (its ReplicaManager creates it, supervises it
+and starts a new one if it dies; see rayk/actors/supervision.py). For each
 connection a reader task reads size-prefixed frames into a bounded queue, and a processor
 task takes them one at a time: decode, hand to KafkaApis, write the response. So every
 connection is answered in request order (and a producer's batches are appended in the
@@ -27,6 +28,7 @@ from typing import Any
 
 import ray
 
+from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.net.admin_apis import api_versions_body
@@ -48,7 +50,7 @@ class ConnectionClosed(Exception):
     """Why the listener closes a connection (logged)."""
 
 
-class SocketServer:
+class SocketServer(Supervised):
     def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -88,6 +90,7 @@ class SocketServer:
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        self._stop_supervision()
 
     async def connections(self) -> int:
         return len(self._connections)

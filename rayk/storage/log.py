@@ -60,6 +60,7 @@ from rayk.errors import (
 )
 from rayk.storage import producer_snapshot
 from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
+from rayk.storage.dir_lock import DirLock
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
 from rayk.storage.log_config import LogConfig
 from rayk.storage.producer_state import ProducerStateManager
@@ -121,13 +122,25 @@ class Log:
         log_start_offset: int | None = None,
         high_watermark: int | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        lock_wait_ms: int | None = None,
     ) -> None:
+        """`lock_wait_ms`: take the directory's `.lock` (see dir_lock.py), waiting up to this
+        long for a dying previous owner; None (tools, tests) takes no lock."""
         self.dir_path = Path(dir_path)
         self.config = config or LogConfig()
         self._clock_ms = clock_ms
         self._lock = threading.RLock()
         self._closed = False
         self.dir_path.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = None if lock_wait_ms is None else DirLock(self.dir_path, lock_wait_ms)
+        try:
+            self._open(recovery_point, log_start_offset, high_watermark)
+        except BaseException:
+            self._release_dir_lock()
+            raise
+
+    def _open(self, recovery_point: int | None, log_start_offset: int | None, high_watermark: int | None) -> None:
+        clock_ms = self._clock_ms
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpointFile(self.dir_path / LeaderEpochCheckpointFile.FILE_NAME)
         )
@@ -588,6 +601,11 @@ class Log:
             for segment in self._segments:
                 segment.close()
             self._closed = True
+            self._release_dir_lock()
+
+    def _release_dir_lock(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
 
     def delete(self) -> None:
         """Closes the log and removes its directory (the topic was deleted)."""
@@ -597,6 +615,7 @@ class Log:
                     segment.close()
                 self._closed = True
             shutil.rmtree(self.dir_path, ignore_errors=True)
+            self._release_dir_lock()
 
     def __repr__(self) -> str:
         return (

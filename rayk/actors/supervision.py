@@ -1,0 +1,126 @@
+"""Supervision of child actors: how an owner learns that an actor it created is gone.
+
+Ray tells a caller that an actor died by failing the calls in flight to it. So the
+owner keeps one call to each child open, `run_until_stopped`, which returns only when
+the child is stopped on purpose and fails (RayActorError) the moment its process dies,
+whoever killed it: Ray's memory monitor, a node loss, SIGKILL. A process that is alive but
+does not run (SIGSTOP, a wedged event loop) fails nothing, so the owner also `ping`s each
+child every probe round; one that has answered nothing for `unresponsive_ms` is killed,
+which fails the held call too. Either way the owner's `on_death(key, handle)` runs once.
+
+- `Supervised`: the child's half, mixed into an actor class (`run_until_stopped`, `ping`,
+  and `_stop_supervision` to call when it stops on purpose).
+- `ChildSupervisor`: the owner's half. `watch(key, handle)` once the child has answered
+  its first call (creation, including log recovery, may take long and is not probed),
+  `forget(key)` before stopping it on purpose, `probe()` from the owner's periodic loop.
+
+Not thread-safe: both halves run on their actor's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+logger = logging.getLogger(__name__)
+
+
+class Supervised:
+    """The child's half: a call its owner holds open, and a liveness probe."""
+
+    _supervision_stopped: asyncio.Event | None = None
+
+    def _supervision_event(self) -> asyncio.Event:
+        if self._supervision_stopped is None:
+            self._supervision_stopped = asyncio.Event()
+        return self._supervision_stopped
+
+    async def run_until_stopped(self) -> None:
+        """Returns when this actor stops on purpose; fails the moment its process dies."""
+        await self._supervision_event().wait()
+
+    async def ping(self) -> None:
+        """Answers at once while the actor's event loop runs."""
+
+    def _stop_supervision(self) -> None:
+        """This actor stops on purpose: its owner's held call returns normally."""
+        self._supervision_event().set()
+
+
+@dataclass(slots=True)
+class _Child:
+    handle: Any
+    held: asyncio.Task
+    answered_at_s: float
+    probe: asyncio.Future | None = None
+
+
+class ChildSupervisor:
+    def __init__(self, name: str, on_death: Callable[[Hashable, Any], Awaitable[None]], unresponsive_ms: int) -> None:
+        self.name = name
+        self._on_death = on_death
+        self._unresponsive_s = unresponsive_ms / 1000
+        self._children: dict[Hashable, _Child] = {}
+
+    def watch(self, key: Hashable, handle: Any) -> None:
+        """Supervises `handle` under `key` (replacing whatever was watched there)."""
+        self.forget(key)
+        held = asyncio.get_running_loop().create_task(self._hold(key, handle))
+        self._children[key] = _Child(handle, held, time.monotonic())
+
+    def forget(self, key: Hashable) -> None:
+        """Stops supervising `key`: its owner stops it on purpose, or it was replaced."""
+        child = self._children.pop(key, None)
+        if child is not None:
+            child.held.cancel()
+            if child.probe is not None:
+                child.probe.cancel()
+
+    def watching(self, key: Hashable) -> Any:
+        child = self._children.get(key)
+        return None if child is None else child.handle
+
+    async def _hold(self, key: Hashable, handle: Any) -> None:
+        try:
+            await handle.run_until_stopped.remote()
+            died = None
+        except asyncio.CancelledError:
+            raise
+        except RayActorError as e:
+            died = e
+        except Exception as e:  # the call itself cannot fail but by the actor's death
+            died = e
+        child = self._children.get(key)
+        if child is None or child.handle is not handle:
+            return  # forgotten or replaced meanwhile
+        del self._children[key]
+        if died is None:
+            return  # stopped on purpose by someone else (e.g. deleted with its topic)
+        logger.warning("%s: %s died: %s", self.name, key, str(died).splitlines()[0] if str(died) else type(died).__name__)
+        await self._on_death(key, handle)
+
+    def probe(self) -> None:
+        """One probe round: records answers to the last pings, pings again, and kills a
+        child that has answered nothing for `unresponsive_ms`."""
+        now = time.monotonic()
+        for key, child in list(self._children.items()):
+            if child.probe is not None and child.probe.done():
+                if not child.probe.cancelled() and child.probe.exception() is None:
+                    child.answered_at_s = now
+                child.probe = None
+            if now - child.answered_at_s > self._unresponsive_s:
+                logger.warning(
+                    "%s: %s answered nothing for %.1f s: killing it", self.name, key, now - child.answered_at_s
+                )
+                ray.kill(child.handle, no_restart=True)  # its held call fails: on_death follows
+                child.answered_at_s = now  # one kill per silence
+                continue
+            if child.probe is None:
+                child.probe = asyncio.ensure_future(child.handle.ping.remote())
