@@ -28,11 +28,34 @@ from collections.abc import Callable
 from typing import Any
 
 from rayk.client import calls
-from rayk.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
+from rayk.errors import (
+    FencedLeaderEpochError,
+    KafkaError,
+    KafkaStorageError,
+    KafkaTimeoutError,
+    LeaderNotAvailableError,
+    NetworkError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    UnknownLeaderEpochError,
+    UnknownTopicOrPartitionError,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 30_000
+# Errors after which a partition's leader is looked up again (Kafka's InvalidMetadataException
+# family, plus a dead or silent leader actor).
+STALE_LEADER_ERRORS = (
+    NotLeaderOrFollowerError,
+    LeaderNotAvailableError,
+    UnknownTopicOrPartitionError,
+    FencedLeaderEpochError,
+    UnknownLeaderEpochError,
+    KafkaStorageError,
+    NetworkError,
+    RequestTimedOutError,
+)
 
 
 class MetadataCache:

@@ -38,37 +38,12 @@ from typing import Any
 from rayk.client import calls
 from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
 from rayk.client.idempotence import IdempotenceManager
-from rayk.client.metadata import MetadataCache
-from rayk.errors import (
-    FencedLeaderEpochError,
-    KafkaError,
-    KafkaStorageError,
-    KafkaTimeoutError,
-    LeaderNotAvailableError,
-    NetworkError,
-    NotLeaderOrFollowerError,
-    RequestTimedOutError,
-    UnknownLeaderEpochError,
-    UnknownServerError,
-    UnknownTopicOrPartitionError,
-)
+from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
+from rayk.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError, UnknownServerError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import build_batch
 
 logger = logging.getLogger(__name__)
-
-# Errors after which the partition's leader is looked up again (Kafka's InvalidMetadataException
-# family, plus a dead or silent leader actor).
-STALE_LEADER_ERRORS = (
-    NotLeaderOrFollowerError,
-    LeaderNotAvailableError,
-    UnknownTopicOrPartitionError,
-    FencedLeaderEpochError,
-    UnknownLeaderEpochError,
-    KafkaStorageError,
-    NetworkError,
-    RequestTimedOutError,
-)
 
 
 class Sender:
