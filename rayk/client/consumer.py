@@ -21,7 +21,9 @@ Positions start from the group's committed offset, else from `auto_offset_reset`
 of the log (retention deleted it) is reset the same way. With `enable_auto_commit` the
 consumed positions are committed every `auto_commit_interval_ms` (without waiting),
 before a rebalance revokes the partitions (waiting for it, without blocking `poll`)
-and on close.
+and on close. Iterating over the consumer hands out one record at a time and moves the
+position past each record as it is handed out, so a loop that stops early commits only
+what it received (kafka-python's iterator).
 """
 
 from __future__ import annotations
@@ -435,9 +437,11 @@ class Consumer:
     # ------------------------------------------------------------------ iteration, lifecycle
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Records one at a time; each moves the position (and what auto-commit commits)
+        past itself as it is handed out. Stops after `consumer_timeout_ms` without records."""
         idle_since = time.monotonic()
         while True:
-            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000))
+            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000), max_records=1)
             if not batch:
                 if time.monotonic() - idle_since >= self._consumer_timeout_s:
                     return
