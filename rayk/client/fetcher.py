@@ -51,7 +51,9 @@ class Fetcher:
         self._value_deserializer = value_deserializer
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
         self._in_flight: dict[Any, tuple[TopicPartition, float]] = {}  # fetch ObjectRef -> (partition, deadline)
+        self._fetching: set[TopicPartition] = set()  # the partitions of _in_flight
         self._buffer: deque[tuple[TopicPartition, deque[ConsumerRecord]]] = deque()
+        self._chunks: Counter[TopicPartition] = Counter()  # chunks in _buffer per partition
         self._retry_at_s: dict[TopicPartition, float] = {}
 
     def forget(self, tp: TopicPartition) -> None:
@@ -59,6 +61,8 @@ class Fetcher:
         self._fetch_offsets.pop(tp, None)
         self._retry_at_s.pop(tp, None)
         self._buffer = deque((p, recs) for p, recs in self._buffer if p != tp)
+        self._chunks.pop(tp, None)
+        self._fetching.discard(tp)
         for ref, (p, _deadline) in list(self._in_flight.items()):
             if p == tp:
                 del self._in_flight[ref]
@@ -67,12 +71,11 @@ class Fetcher:
         for ref in self._in_flight:
             calls.cancel(ref)
         self._in_flight.clear()
+        self._fetching.clear()
 
     def start_fetches(self, assignment: list[TopicPartition], positions: dict[TopicPartition, int], now: float) -> None:
-        buffered = Counter(tp for tp, _ in self._buffer)
-        busy = {tp for tp, _deadline in self._in_flight.values()} | {tp for tp, n in buffered.items() if n > 1}
         for tp in assignment:
-            if tp in busy or self._retry_at_s.get(tp, 0) > now or tp not in positions:
+            if tp in self._fetching or self._chunks[tp] > 1 or tp not in positions or self._retry_at_s.get(tp, 0) > now:
                 continue
             leader = self._metadata.leader_nowait(tp.topic, tp.partition)
             if leader is None:
@@ -80,6 +83,7 @@ class Fetcher:
             offset = self._fetch_offsets.setdefault(tp, positions[tp])
             ref = leader.fetch.remote(offset, self._max_bytes, self._min_bytes, self._max_wait_ms)
             self._in_flight[ref] = (tp, now + self._call_timeout_s)
+            self._fetching.add(tp)
 
     def collect(self, ready: set[Any], now: float) -> list[tuple[TopicPartition, Any]]:
         """Takes in the fetches that are ready or past their deadline; returns the
@@ -89,6 +93,7 @@ class Fetcher:
             if ref not in ready and now < deadline:
                 continue
             del self._in_flight[ref]
+            self._fetching.discard(tp)
             result = None
             try:
                 result = calls.get(ref, deadline, f"fetch {tp.topic}-{tp.partition}")
@@ -106,6 +111,7 @@ class Fetcher:
                 if records:
                     self._fetch_offsets[tp] = records[-1].offset + 1
                     self._buffer.append((tp, deque(records)))
+                    self._chunks[tp] += 1
         return out_of_range
 
     def pending(self) -> list[Any]:
@@ -147,7 +153,7 @@ class Fetcher:
         while self._buffer and taken < limit:
             tp, records = self._buffer[0]
             if positions.get(tp) is None:
-                self._buffer.popleft()
+                self._pop_chunk()
                 continue
             chunk = []
             while records and taken < limit:
@@ -159,5 +165,9 @@ class Fetcher:
                 out.setdefault(tp, []).extend(chunk)
                 positions[tp] = chunk[-1].offset + 1
             if not records:
-                self._buffer.popleft()
+                self._pop_chunk()
         return out
+
+    def _pop_chunk(self) -> None:
+        tp, _records = self._buffer.popleft()
+        self._chunks[tp] -= 1
