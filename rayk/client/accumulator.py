@@ -36,7 +36,7 @@ from typing import Any, Callable
 from rayk.client.partitioner import StickyPartitioner
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import TopicPartition
-from rayk.errors import BufferExhaustedError, KafkaTimeoutError
+from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord
 
 
@@ -99,6 +99,7 @@ class RecordAccumulator:
         self._buffered_bytes = 0  # their size, bounded by buffer_memory
         self._flushing = 0
         self.closed = False
+        self._failure: str | None = None  # set if the sender thread failed: no more sends
 
     # ------------------------------------------------------------------ the user's side
 
@@ -108,6 +109,8 @@ class RecordAccumulator:
         """Adds a record to its partition's open batch (the sticky partition's if
         `partition` is None); blocks while the buffer is full."""
         with self.lock:
+            if self._failure is not None:
+                raise KafkaError(self._failure)
             if self.closed:
                 raise RuntimeError("the producer is closed")
             self._wait_for_room(size)
@@ -169,6 +172,19 @@ class RecordAccumulator:
             self.closed = True
             self.lock.notify_all()
             self._space.notify_all()
+
+    def abort(self, reason: str) -> list[ProducerBatch]:
+        """The sender cannot go on: refuses further records and takes out every
+        unfinished batch for the caller to fail."""
+        with self.lock:
+            self._failure = reason
+            self.closed = True
+            self._space.notify_all()
+            batches = [b for b in self._by_age if b.state is not BatchState.DONE]
+            self._by_age.clear()
+            self._open.clear()
+            self._ready.clear()
+            return batches
 
     # ------------------------------------------------------------------ the sender's side
 

@@ -88,6 +88,18 @@ class Sender:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug: fail what waits rather than let flush() hang
+            logger.exception("the producer's sender thread failed")
+            reason = f"the producer's sender thread failed: {type(e).__name__}: {e}"
+            for batch in self._acc.abort(reason):
+                if not batch.result.done():
+                    batch.result.fail(UnknownServerError(reason))
+                self._acc.finished(batch)
+            raise
+
+    def _loop(self) -> None:
         acc = self._acc
         while True:
             with acc.lock:
