@@ -44,6 +44,7 @@ from rayk.errors import KafkaError, OffsetOutOfRangeError
 logger = logging.getLogger(__name__)
 
 EARLIEST, LATEST = -2, -1
+CLOSE_TIMEOUT_MS = 30_000  # Kafka's default for close()
 
 
 class Consumer:
@@ -355,12 +356,6 @@ class Consumer:
             if not offsets or self._group.commit_async(offsets, now):
                 self._next_auto_commit_s = now + self._auto_commit_interval_s
 
-    def _commit_quietly(self) -> None:
-        try:
-            self.commit()
-        except KafkaError as e:
-            logger.info("commit on close: %s", e)
-
     # ------------------------------------------------------------------ polling
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
@@ -450,15 +445,20 @@ class Consumer:
             for records in batch.values():
                 yield from records
 
-    def close(self, autocommit: bool = True) -> None:
+    def close(self, autocommit: bool = True, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:
         """Commits the consumed positions (if auto-commit is on and `autocommit`), leaves
-        the group and stops the heartbeats; raises nothing if the cluster is away."""
+        the group and stops the heartbeats, within `timeout_ms` in all; a commit or leave
+        that cannot complete in time (the cluster is away) is logged, not raised."""
         if self._closed:
             return
+        deadline = time.monotonic() + timeout_ms / 1000
         if autocommit and self._auto_commit and self._assignment:
-            self._commit_quietly()
+            try:
+                self._group.commit(self._consumed_offsets(), timeout_ms)
+            except KafkaError as e:
+                logger.info("commit on close: %s", e)
         if self._group is not None:
-            self._group.close()
+            self._group.close(max(1, int((deadline - time.monotonic()) * 1000)))
         self._fetcher.close()
         self._closed = True
 

@@ -395,15 +395,17 @@ class GroupMember:
             elif error is not None:  # keep beating; the session check in poll catches a lasting silence
                 logger.warning("group %s: heartbeat failed: %s", self.group_id, error)
 
-    def _leave_quietly(self, member_id: str) -> None:
+    def _leave_quietly(self, member_id: str, timeout_ms: int | None = None) -> None:
         try:
-            self._coordinator.call("leave_group", self.group_id, member_id, timeout_ms=self._request_timeout_ms)
+            self._coordinator.call(
+                "leave_group", self.group_id, member_id, timeout_ms=timeout_ms or self._request_timeout_ms
+            )
         except KafkaError as e:
             logger.info("group %s: leave: %s", self.group_id, e)
 
-    def leave(self) -> None:
+    def leave(self, timeout_ms: int | None = None) -> None:
         """Leaves the group (LeaveGroup), so the others rebalance without waiting for this
-        member's session to time out."""
+        member's session to time out (within `timeout_ms`, default request_timeout_ms)."""
         with self._lock:
             member_id = self.member_id
             self.member_id, self.generation, self._phase = "", -1, Phase.UNJOINED
@@ -413,9 +415,9 @@ class GroupMember:
         self._call = self._auto_commit = None
         self._joined = None
         if member_id:
-            self._leave_quietly(member_id)
+            self._leave_quietly(member_id, timeout_ms)
 
-    def close(self) -> None:
+    def close(self, timeout_ms: int | None = None) -> None:
         self._closed.set()
-        self.leave()
+        self.leave(timeout_ms)
         self._heartbeats.join(timeout=5)
