@@ -36,6 +36,9 @@ def ray_local():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("polling"), config=CONFIG, namespace="polling")
+    # Creating __consumer_offsets takes seconds here, and the Controller holds the first
+    # FindCoordinator until it is done: create it first, so the tests time the clients.
+    ray.get(c.controller.find_coordinator.remote("warm-up"))
     yield c
     c.shutdown()
 
@@ -80,7 +83,7 @@ def test_two_members_polled_in_turn_from_one_thread_split_the_partitions_and_eve
           f"consumed a {len(consumed['a'])}, b {len(consumed['b'])}")
     assert latencies_s[-1] < 0.2 + POLL_SLACK_S, "poll(timeout_ms=200) returns on time, even while joining"
     assert split_at is not None, "the members split the partitions 2/2"
-    assert split_at[0] <= 100, f"the split took {split_at[0]} polls"
+    assert split_at[0] <= 30, f"the split took {split_at[0]} polls"
     everything = {(p, o) for p in range(4) for o in range(5000)}
     assert set(consumed["a"]) | set(consumed["b"]) == everything, "no record missed"
     after_split = {name: set(c[split_at[1][name]:]) for name, c in consumed.items()}
