@@ -1,39 +1,50 @@
 """Consumer: reads partitions from their leader replicas, alone (`assign`) or as a member
 of a consumer group (`subscribe` / `group_id`), in kafka-python's shape.
 
-Fetching is a pipeline: every assigned partition has at most one fetch in flight to its
-leader (long-polled there: `fetch_min_bytes`, `fetch_max_wait_ms`), and the next fetch is
-issued as soon as one returns, so the following records arrive while the application is
-still processing the current ones. `poll` waits (with `ray.wait`, no sleeping) until some
-fetch returns or its timeout passes, decodes the batches (any codec the storage layer
-reads) and hands back at most `max_poll_records` records, advancing the positions.
+Fetching is a pipeline (Fetcher): every assigned partition has at most one fetch in
+flight to its leader, and the next one is issued as soon as one returns, so the following
+records arrive while the application is still processing the current ones. `poll` hands
+back at most `max_poll_records` records, advancing the positions.
+
+`poll(timeout_ms)` never blocks past its timeout (KIP-266): everything it starts (fetches,
+the group's JoinGroup / SyncGroup, offset lookups, auto-commits) is a call whose
+ObjectRef it keeps, and it waits with one `ray.wait` over them within its remaining
+time, picking up what finished at the next pass or the next poll. Every such call also
+has a deadline (`request_timeout_ms`, plus `fetch_max_wait_ms` for fetches) after which it
+is cancelled and retried. Blocking methods (`position`, `committed`, `commit`,
+`end_offsets`, `offsets_for_times`, `seek_to_beginning`, ...) retry within
+`default_api_timeout_ms`, then raise KafkaTimeoutError. No Ray exception reaches the
+caller: errors are rayk's typed KafkaError subclasses.
 
 Positions start from the group's committed offset, else from `auto_offset_reset`
 ("earliest" / "latest"; "none" raises OFFSET_OUT_OF_RANGE). A position that falls out
 of the log (retention deleted it) is reset the same way. With `enable_auto_commit` the
-consumed positions are committed every `auto_commit_interval_ms`, before a rebalance
-and on close.
+consumed positions are committed every `auto_commit_interval_ms` (without waiting),
+before a rebalance revokes the partitions (waiting for it, without blocking `poll`)
+and on close. Iterating over the consumer hands out one record at a time and moves the
+position past each record as it is handed out, so a loop that stops early commits only
+what it received (kafka-python's iterator).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayError
-
+from rayk.client import calls
+from rayk.client.fetcher import Fetcher
 from rayk.client.group_member import GroupMember
-from rayk.client.metadata import MetadataCache
+from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import deserializer
 from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from rayk.errors import KafkaError, OffsetOutOfRangeError
-from rayk.storage.records import iter_batches
+
+logger = logging.getLogger(__name__)
 
 EARLIEST, LATEST = -2, -1
-FETCH_RETRY_BACKOFF_MS = 100
+CLOSE_TIMEOUT_MS = 30_000  # Kafka's default for close()
 
 
 class Consumer:
@@ -53,6 +64,9 @@ class Consumer:
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
         max_poll_interval_ms: int = 300_000,
+        request_timeout_ms: int = 30_000,
+        default_api_timeout_ms: int = 60_000,
+        retry_backoff_ms: int = 100,
         partition_assignment_strategy: tuple[str, ...] = ("range", "roundrobin"),
         key_deserializer: Any = None,
         value_deserializer: Any = None,
@@ -60,19 +74,28 @@ class Consumer:
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
+        if min(request_timeout_ms, default_api_timeout_ms, max_poll_records) < 1 or retry_backoff_ms < 0:
+            raise ValueError("request_timeout_ms, default_api_timeout_ms and max_poll_records must be >= 1, retry_backoff_ms >= 0")
         self._cluster = cluster
-        self._metadata = MetadataCache(cluster.controller)
+        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms)
         self._reset = auto_offset_reset
         self._auto_commit = enable_auto_commit and group_id is not None
         self._auto_commit_interval_s = auto_commit_interval_ms / 1000
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-        self._fetch_min_bytes = fetch_min_bytes
-        self._fetch_max_wait_ms = fetch_max_wait_ms
-        self._max_partition_fetch_bytes = max_partition_fetch_bytes
+        self._next_auto_commit_s = time.monotonic() + self._auto_commit_interval_s
+        self._fetcher = Fetcher(
+            self._metadata,
+            fetch_min_bytes=fetch_min_bytes,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            max_partition_fetch_bytes=max_partition_fetch_bytes,
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            key_deserializer=deserializer(key_deserializer),
+            value_deserializer=deserializer(value_deserializer),
+        )
         self._max_poll_records = max_poll_records
-        self._max_poll_interval_s = max_poll_interval_ms / 1000
-        self._key_deserializer = deserializer(key_deserializer)
-        self._value_deserializer = deserializer(value_deserializer)
+        self._request_timeout_ms = request_timeout_ms
+        self._api_timeout_ms = default_api_timeout_ms
+        self._retry_backoff_s = retry_backoff_ms / 1000
         self._consumer_timeout_s = consumer_timeout_ms / 1000
         self._group: GroupMember | None = None
         if group_id is not None:
@@ -84,16 +107,19 @@ class Consumer:
                 max_poll_interval_ms,
                 heartbeat_interval_ms,
                 tuple(partition_assignment_strategy),
-                lambda ts: {t: self._metadata.partition_count(t) for t in ts},
+                self._partition_counts_nowait,
+                self._revoke,
+                request_timeout_ms,
+                retry_backoff_ms,
             )
         self._subscription: list[str] = []
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the application
-        self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
-        self._in_flight: dict[Any, TopicPartition] = {}  # fetch ObjectRef -> partition
-        self._buffer: deque[tuple[TopicPartition, deque[ConsumerRecord]]] = deque()
-        self._retry_at: dict[TopicPartition, float] = {}
-        self._last_poll = time.monotonic()
+        self._retry_at_s: dict[TopicPartition, float] = {}  # offset lookups back off
+        self._committed_lookup: tuple[calls.Pending, list[TopicPartition]] | None = None
+        self._committed_retry_at_s = 0.0
+        self._offset_lookups: dict[TopicPartition, calls.Pending] = {}  # ListOffsets for a reset
+        self._needs_reset: set[TopicPartition] = set()  # no committed offset: reset by auto_offset_reset
         self._closed = False
         if topics:
             self.subscribe(list(topics))
@@ -105,6 +131,7 @@ class Consumer:
         if self._group is None:
             raise ValueError("subscribe needs a group_id; use assign() to read partitions without a group")
         self._subscription = sorted(set(topics))
+        self._metadata.request_update(self._subscription)  # the leader's assignment needs the counts
         self._group.request_rejoin()
 
     def unsubscribe(self) -> None:
@@ -127,19 +154,39 @@ class Consumer:
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:
         keep = set(partitions)
-        for tp in list(self._positions):
+        for tp in set(self._assignment) | set(self._positions):
             if tp not in keep:
                 self._forget(tp)
                 self._positions.pop(tp, None)
+                self._needs_reset.discard(tp)
+                self._retry_at_s.pop(tp, None)
         self._assignment = sorted(keep)
 
     def _forget(self, tp: TopicPartition) -> None:
         """Drops what was fetched or is being fetched for `tp` (after a seek or revocation)."""
-        self._fetch_offsets.pop(tp, None)
-        self._buffer = deque((p, recs) for p, recs in self._buffer if p != tp)
-        for ref, p in list(self._in_flight.items()):
-            if p == tp:
-                del self._in_flight[ref]
+        self._fetcher.forget(tp)
+        lookup = self._offset_lookups.pop(tp, None)
+        if lookup is not None:
+            calls.cancel(lookup.ref)
+
+    def _revoke(self, lost: bool) -> dict[tuple[str, int], tuple[int, str]] | None:
+        """The group takes the partitions back (eager rebalance); returns what to commit
+        first. Lost partitions (evicted member) are dropped without a commit."""
+        offsets = None
+        if lost:
+            logger.warning("partitions lost (evicted from the group): %s", self._assignment)
+        elif self._auto_commit:
+            offsets = self._consumed_offsets()
+        self._set_assignment([])
+        return offsets
+
+    def _partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:
+        counts = {t: self._metadata.cached_partition_count(t) for t in topics}
+        missing = [t for t, n in counts.items() if n is None]
+        if missing:
+            self._metadata.request_update(missing)
+            return None
+        return counts
 
     # ------------------------------------------------------------------ positions
 
@@ -148,6 +195,7 @@ class Consumer:
         if tp not in self._assignment:
             raise ValueError(f"{tp} is not assigned to this consumer")
         self._forget(tp)
+        self._needs_reset.discard(tp)
         self._positions[tp] = offset
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
@@ -159,13 +207,31 @@ class Consumer:
             self.seek(tp, self._list_offset(TopicPartition(*tp), LATEST)[0])
 
     def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record to hand out (looked up if not known yet, within
+        default_api_timeout_ms)."""
         tp = TopicPartition(*partition)
         if tp not in self._positions:
             self._init_positions([tp])
         return self._positions[tp]
 
     def _list_offset(self, tp: TopicPartition, timestamp_ms: int) -> tuple[int, int]:
-        return ray.get(self._metadata.leader(tp.topic, tp.partition).list_offset.remote(timestamp_ms))
+        deadline = time.monotonic() + self._api_timeout_ms / 1000
+
+        def make_call() -> Any:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            return self._metadata.leader(tp.topic, tp.partition, left_ms).list_offset.remote(timestamp_ms)
+
+        return calls.call(
+            make_call,
+            deadline,
+            f"ListOffsets {tp.topic}-{tp.partition}",
+            retry_backoff_ms=int(self._retry_backoff_s * 1000),
+            on_retriable=lambda e: self._leader_failed(tp, e),
+        )
+
+    def _leader_failed(self, tp: TopicPartition, error: KafkaError) -> None:
+        if isinstance(error, STALE_LEADER_ERRORS):
+            self._metadata.invalidate(tp.topic, tp.partition)
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {TopicPartition(*tp): self._list_offset(TopicPartition(*tp), EARLIEST)[0] for tp in partitions}
@@ -183,192 +249,194 @@ class Consumer:
         return out
 
     def partitions_for_topic(self, topic: str) -> set[int]:
-        return set(range(self._metadata.partition_count(topic)))
+        return set(range(self._metadata.partition_count(topic, self._api_timeout_ms)))
 
     def _init_positions(self, partitions: list[TopicPartition]) -> None:
+        """Looks positions up, blocking (within default_api_timeout_ms per lookup)."""
         missing = [tp for tp in partitions if tp not in self._positions]
         if not missing:
             return
-        committed = self._group.committed(missing) if self._group is not None else {}
+        committed = self._committed_offsets(missing) if self._group is not None else {}
         for tp in missing:
-            found = committed.get(tp) or committed.get((tp.topic, tp.partition))
-            if found is not None and found.offset >= 0:
-                self._positions[tp] = found.offset
-            elif self._reset == "none":
-                raise OffsetOutOfRangeError(f"{tp} has no committed offset and auto_offset_reset is 'none'")
+            if tp in committed:
+                self._positions[tp] = committed[tp]
             else:
-                self._positions[tp] = self._list_offset(tp, EARLIEST if self._reset == "earliest" else LATEST)[0]
+                self._positions[tp] = self._reset_offset(tp)
+            self._needs_reset.discard(tp)
+
+    def _committed_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        found = self._group.committed([(tp.topic, tp.partition) for tp in partitions], self._api_timeout_ms)
+        return _committed_positions(partitions, found)
+
+    def _reset_offset(self, tp: TopicPartition) -> int:
+        if self._reset == "none":
+            raise OffsetOutOfRangeError(f"{tp} has no committed offset and auto_offset_reset is 'none'")
+        return self._list_offset(tp, EARLIEST if self._reset == "earliest" else LATEST)[0]
+
+    def _update_positions(self, ready: set[Any], now: float) -> None:
+        """Looks up missing positions without blocking: first the group's committed
+        offsets, then ListOffsets (auto_offset_reset) for partitions that have none."""
+        if self._committed_lookup is not None:
+            pending, partitions = self._committed_lookup
+            if pending.ref in ready or pending.expired(now):
+                self._committed_lookup = None
+                try:
+                    committed = _committed_positions(partitions, self._group.answer(pending))
+                except KafkaError as e:
+                    logger.info("committed offsets of %s: %s; retrying", partitions, e)
+                    self._committed_retry_at_s = now + self._retry_backoff_s
+                else:
+                    for tp in partitions:
+                        if tp not in self._assignment or tp in self._positions:
+                            continue
+                        if tp in committed:
+                            self._positions[tp] = committed[tp]
+                        else:
+                            self._needs_reset.add(tp)
+        for tp, pending in list(self._offset_lookups.items()):
+            if pending.ref not in ready and not pending.expired(now):
+                continue
+            del self._offset_lookups[tp]
+            try:
+                offset, _timestamp = pending.result()
+            except KafkaError as e:
+                self._leader_failed(tp, e)
+                self._retry_at_s[tp] = now + self._retry_backoff_s
+                continue
+            if tp in self._needs_reset:
+                self._positions[tp] = offset
+                self._needs_reset.discard(tp)
+        missing = [tp for tp in self._assignment if tp not in self._positions and tp not in self._needs_reset]
+        if missing and self._group is None:
+            self._needs_reset.update(missing)
+        elif missing and self._committed_lookup is None and now >= self._committed_retry_at_s:
+            pending = self._group.fetch_committed_async([(tp.topic, tp.partition) for tp in missing], now)
+            if pending is not None:
+                self._committed_lookup = (pending, missing)
+        for tp in self._needs_reset:
+            if tp in self._offset_lookups or self._retry_at_s.get(tp, 0) > now:
+                continue
+            if self._reset == "none":
+                raise OffsetOutOfRangeError(f"{tp} has no committed offset and auto_offset_reset is 'none'")
+            leader = self._metadata.leader_nowait(tp.topic, tp.partition)
+            if leader is not None:
+                ref = leader.list_offset.remote(EARLIEST if self._reset == "earliest" else LATEST)
+                self._offset_lookups[tp] = calls.Pending(ref, now + self._request_timeout_ms / 1000, f"ListOffsets {tp}")
 
     # ------------------------------------------------------------------ commits
 
     def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None) -> None:
-        """Commits the consumed positions (or `offsets`) to the group, durably."""
+        """Commits the consumed positions (or `offsets`) to the group, durably; raises the
+        coordinator's typed error (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, ... once this
+        member lost its partitions), or KafkaTimeoutError after default_api_timeout_ms."""
         if self._group is None:
             raise ValueError("commit needs a group_id")
         if offsets is None:
-            offsets = {tp: self._positions[tp] for tp in self._assignment if tp in self._positions}
-        payload = {}
-        for tp, value in offsets.items():
-            offset, metadata = (value, "") if isinstance(value, int) else (value.offset, value.metadata)
-            payload[(tp[0], tp[1])] = (offset, metadata)
+            payload = self._consumed_offsets()
+        else:
+            payload = {}
+            for tp, value in offsets.items():
+                offset, metadata = (value, "") if isinstance(value, int) else (value.offset, value.metadata)
+                payload[(tp[0], tp[1])] = (offset, metadata)
         if payload:
-            self._group.commit(payload)
+            self._group.commit(payload, self._api_timeout_ms)
+
+    def _consumed_offsets(self) -> dict[tuple[str, int], tuple[int, str]]:
+        return {(tp.topic, tp.partition): (self._positions[tp], "") for tp in self._assignment if tp in self._positions}
 
     def committed(self, partition: TopicPartition) -> int | None:
         if self._group is None:
             raise ValueError("committed needs a group_id")
-        found = self._group.committed([(partition[0], partition[1])])
-        value = next(iter(found.values()), None)
-        return None if value is None else value.offset
+        tp = TopicPartition(*partition)
+        return self._committed_offsets([tp]).get(tp)
 
-    def _maybe_auto_commit(self) -> None:
-        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
-            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-            self._commit_quietly()
-
-    def _commit_quietly(self) -> None:
-        try:
-            self.commit()
-        except KafkaError:
-            pass  # the group is rebalancing; the positions are committed after the rejoin
+    def _maybe_auto_commit(self, now: float) -> None:
+        if self._auto_commit and now >= self._next_auto_commit_s:
+            offsets = self._consumed_offsets()
+            if not offsets or self._group.commit_async(offsets, now):
+                self._next_auto_commit_s = now + self._auto_commit_interval_s
 
     # ------------------------------------------------------------------ polling
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Records from the assigned partitions, waiting up to `timeout_ms` for the first."""
+        """Records from the assigned partitions, waiting up to `timeout_ms` for the first;
+        returns within `timeout_ms` whatever happens (a rebalance, a leader change)."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        self._last_poll = time.monotonic()
-        self._ensure_assignment()
-        self._maybe_auto_commit()
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        now = time.monotonic()
+        deadline = now + timeout_ms / 1000
         limit = max_records or self._max_poll_records
-        deadline = time.monotonic() + timeout_ms / 1000
+        ready: set[Any] = set()
         while True:
-            self._start_fetches()
-            records = self._drain(limit)
+            self._advance(ready, now)
+            records = self._fetcher.drain(self._positions, limit)
             if records:
                 return records
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 return {}
-            if self._in_flight:
-                done, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=remaining_s)
-                self._collect(done)
-            else:
-                time.sleep(min(remaining_s, FETCH_RETRY_BACKOFF_MS / 1000))
-            if self._group is not None and self._group.needs_join:
-                return {}
+            wait_s = deadline - now
+            wake = self._wake_at_s(now)
+            if wake is not None:
+                wait_s = min(wait_s, wake - now)
+            ready = calls.ready_refs(self._pending(), wait_s)
+            now = time.monotonic()
 
-    def _ensure_assignment(self) -> None:
-        if self._group is None or not self._subscription:
-            self._init_positions(self._assignment)
-            return
-        if self._group.needs_join:
-            if self._auto_commit and self._assignment:
-                self._commit_quietly()  # before the partitions may move to another member
-            assigned = self._group.ensure_active(self._subscription)
+    def _advance(self, ready: set[Any], now: float) -> None:
+        """Everything poll does besides handing out records; never blocks."""
+        if ready:
+            self._metadata.collect(ready)
+        if self._group is not None:
+            assigned = self._group.poll(self._subscription, ready, now)
             if assigned is not None:
                 self._set_assignment([TopicPartition(t, p) for t, ps in assigned.items() for p in ps])
-        self._init_positions(self._assignment)
+        for tp, result in self._fetcher.collect(ready, now):
+            self._reset_out_of_range(tp, result)
+        self._update_positions(ready, now)
+        self._maybe_auto_commit(now)
+        self._fetcher.start_fetches(self._assignment, self._positions, now)
 
-    def _start_fetches(self) -> None:
-        # One fetch in flight per partition, and at most one more chunk waiting behind the
-        # one being consumed: the next records arrive while the application works.
-        buffered = Counter(tp for tp, _ in self._buffer)
-        busy = set(self._in_flight.values()) | {tp for tp, n in buffered.items() if n > 1}
-        now = time.monotonic()
-        for tp in self._assignment:
-            if tp in busy or self._retry_at.get(tp, 0) > now or tp not in self._positions:
-                continue
-            offset = self._fetch_offsets.setdefault(tp, self._positions[tp])
-            try:
-                leader = self._metadata.leader(tp.topic, tp.partition)
-            except KafkaError:
-                self._retry_at[tp] = now + FETCH_RETRY_BACKOFF_MS / 1000
-                continue
-            ref = leader.fetch.remote(offset, self._max_partition_fetch_bytes, self._fetch_min_bytes, self._fetch_max_wait_ms)
-            self._in_flight[ref] = tp
+    def _pending(self) -> list[Any]:
+        refs = self._fetcher.pending()
+        refs += [p.ref for p in self._offset_lookups.values()]
+        if self._committed_lookup is not None:
+            refs.append(self._committed_lookup[0].ref)
+        if self._group is not None:
+            refs += self._group.pending()
+        refs += self._metadata.pending()
+        return refs
 
-    def _collect(self, done: list[Any]) -> None:
-        for ref in done:
-            tp = self._in_flight.pop(ref, None)
-            if tp is None:
-                continue  # forgotten (seek, revocation) while in flight
-            try:
-                result = ray.get(ref)
-            except (RayActorError, RayError):
-                self._metadata.invalidate(tp.topic)
-                self._retry_at[tp] = time.monotonic() + FETCH_RETRY_BACKOFF_MS / 1000
-                continue
-            if result.error is not None:
-                self._handle_fetch_error(tp, result)
-                continue
-            records = self._decode(tp, result.records, self._fetch_offsets.get(tp, 0))
-            if records:
-                self._fetch_offsets[tp] = records[-1].offset + 1
-                self._buffer.append((tp, deque(records)))
+    def _wake_at_s(self, now: float) -> float | None:
+        """The next time something is due (a deadline, a backoff, an auto-commit) that no
+        ref would wake `poll` for. Times already past were acted on, or wait for a ref."""
+        times = [self._fetcher.wake_at_s(self._assignment)]
+        times += [p.deadline_s for p in self._offset_lookups.values()]
+        times += [t for tp, t in self._retry_at_s.items() if tp in self._assignment]
+        times += [self._metadata.wake_at_s(), self._committed_retry_at_s]
+        if self._group is not None:
+            times.append(self._group.wake_at_s())
+        if self._auto_commit and self._assignment:
+            times.append(self._next_auto_commit_s)
+        times = [t for t in times if t is not None and t > now]
+        return min(times) if times else None
 
-    def _handle_fetch_error(self, tp: TopicPartition, result: Any) -> None:
-        if isinstance(result.error, OffsetOutOfRangeError) and self._reset != "none":
-            offset = result.log_start_offset if self._reset == "earliest" else result.high_watermark
-            self._forget(tp)
-            self._positions[tp] = offset
-            return
-        if isinstance(result.error, OffsetOutOfRangeError):
+    def _reset_out_of_range(self, tp: TopicPartition, result: Any) -> None:
+        """The position fell out of the log (retention deleted it): auto_offset_reset."""
+        if self._reset == "none":
             raise result.error
-        self._metadata.invalidate(tp.topic)
-        self._retry_at[tp] = time.monotonic() + FETCH_RETRY_BACKOFF_MS / 1000
-
-    def _decode(self, tp: TopicPartition, data: bytes, from_offset: int) -> list[ConsumerRecord]:
-        out = []
-        for batch in iter_batches(data):
-            timestamp_type = int(batch.header.timestamp_type)
-            for r in batch.records():
-                if r.offset < from_offset:
-                    continue  # a batch that starts before the requested offset
-                out.append(
-                    ConsumerRecord(
-                        tp.topic,
-                        tp.partition,
-                        r.offset,
-                        r.timestamp_ms,
-                        timestamp_type,
-                        self._key_deserializer(r.key),
-                        self._value_deserializer(r.value),
-                        list(r.headers),
-                        -1 if r.key is None else len(r.key),
-                        -1 if r.value is None else len(r.value),
-                    )
-                )
-        return out
-
-    def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        out: dict[TopicPartition, list[ConsumerRecord]] = {}
-        taken = 0
-        while self._buffer and taken < limit:
-            tp, records = self._buffer[0]
-            if self._positions.get(tp) is None:
-                self._buffer.popleft()
-                continue
-            chunk = []
-            while records and taken < limit:
-                record = records.popleft()
-                if record.offset >= self._positions[tp]:
-                    chunk.append(record)
-                    taken += 1
-            if chunk:
-                out.setdefault(tp, []).extend(chunk)
-                self._positions[tp] = chunk[-1].offset + 1
-            if not records:
-                self._buffer.popleft()
-        return out
+        self._forget(tp)
+        self._positions[tp] = result.log_start_offset if self._reset == "earliest" else result.high_watermark
 
     # ------------------------------------------------------------------ iteration, lifecycle
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Records one at a time; each moves the position (and what auto-commit commits)
+        past itself as it is handed out. Stops after `consumer_timeout_ms` without records."""
         idle_since = time.monotonic()
         while True:
-            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000))
+            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000), max_records=1)
             if not batch:
                 if time.monotonic() - idle_since >= self._consumer_timeout_s:
                     return
@@ -377,13 +445,21 @@ class Consumer:
             for records in batch.values():
                 yield from records
 
-    def close(self, autocommit: bool = True) -> None:
+    def close(self, autocommit: bool = True, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:
+        """Commits the consumed positions (if auto-commit is on and `autocommit`), leaves
+        the group and stops the heartbeats, within `timeout_ms` in all; a commit or leave
+        that cannot complete in time (the cluster is away) is logged, not raised."""
         if self._closed:
             return
-        if autocommit and self._auto_commit:
-            self._commit_quietly()
+        deadline = time.monotonic() + timeout_ms / 1000
+        if autocommit and self._auto_commit and self._assignment:
+            try:
+                self._group.commit(self._consumed_offsets(), timeout_ms)
+            except KafkaError as e:
+                logger.info("commit on close: %s", e)
         if self._group is not None:
-            self._group.close()
+            self._group.close(max(1, int((deadline - time.monotonic()) * 1000)))
+        self._fetcher.close()
         self._closed = True
 
     def __enter__(self) -> Consumer:
@@ -391,3 +467,13 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _committed_positions(partitions: list[TopicPartition], found: dict) -> dict[TopicPartition, int]:
+    """The committed offsets (>= 0) among an OffsetFetch answer, by partition."""
+    out = {}
+    for tp in partitions:
+        value = found.get((tp.topic, tp.partition))
+        if value is not None and value.offset >= 0:
+            out[tp] = value.offset
+    return out

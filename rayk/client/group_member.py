@@ -1,79 +1,73 @@
-"""GroupMember: a consumer's side of Kafka's classic group protocol (ConsumerCoordinator).
+"""GroupMember: a consumer's side of Kafka's classic group protocol (ConsumerCoordinator),
+driven by the consumer's `poll` without ever blocking it (KIP-266).
 
 It finds the group's coordinator (the leader replica of the group's `__consumer_offsets`
 partition, via the Controller), joins with its subscription encoded in Kafka's consumer
 protocol, and, when elected group leader, computes every member's assignment with the
-chosen assignor (range or roundrobin) and sends it with SyncGroup. A heartbeat thread
-keeps the session alive every `heartbeat_interval_ms`; when the coordinator answers that a
-rebalance started (or the member was dropped), the next `ensure_active` rejoins. If the
-application does not poll for `max_poll_interval_ms`, the member leaves the group, as a
-Java consumer does, so its partitions go to members that make progress.
+chosen assignor (range or roundrobin) and sends it with SyncGroup. Joining is a state
+machine (`Phase`) that `poll` advances: each step starts one call and keeps its
+ObjectRef; the consumer's `poll` passes those refs to `ray.wait` within its own timeout
+and hands the ready ones back, so a JoinGroup the coordinator holds for a slow member
+never holds `poll` past its timeout. While the member has no assignment, `poll` returns
+nothing, on time.
 
-Coordinator moves (NOT_COORDINATOR, a dead coordinator actor) lead to looking it up again;
-UNKNOWN_MEMBER_ID and ILLEGAL_GENERATION to joining anew. Thread-safe.
+A heartbeat thread keeps the session alive every `heartbeat_interval_ms` while the member
+is stable. What it learns takes effect at the next `poll`:
+- REBALANCE_IN_PROGRESS: the eager protocol: the consumer commits what it consumed (if
+  auto-commit is on) and revokes every partition (`on_revoke(lost=False)`), the commit
+  completes, then the member rejoins;
+- UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION (from a heartbeat, a commit or a sync): the
+  member was evicted, so its partitions already belong to someone else: they are dropped
+  at once without a commit (`on_revoke(lost=True)`) before rejoining. The member also
+  counts itself evicted when no heartbeat has been answered for `session_timeout_ms`
+  (the coordinator has evicted it by then; a stopped process learns it this way).
+If the application does not poll for `max_poll_interval_ms` (the rebalance timeout), the
+member leaves the group, as a Java consumer does, so its partitions go to members that
+make progress.
+
+Coordinator moves (NOT_COORDINATOR, a dead or silent coordinator actor) lead to looking
+it up again (coordinator_link.CoordinatorLink). Thread-safe: `poll` runs in the consumer's thread, the
+heartbeats in their own; the state they share is under `_lock`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError
-
+from rayk.client import calls
 from rayk.client.assignors import ASSIGNORS
 from rayk.client.consumer_protocol import decode_assignment, decode_subscription, encode_assignment, encode_subscription
+from rayk.client.coordinator_link import DEFAULT_TIMEOUT_MS, CoordinatorLink
 from rayk.errors import (
-    CoordinatorNotAvailableError,
+    CoordinatorLoadInProgressError,
     IllegalGenerationError,
     KafkaError,
-    LeaderNotAvailableError,
     NotCoordinatorError,
     RebalanceInProgressError,
     UnknownMemberIdError,
 )
 
+__all__ = ["CoordinatorLink", "GroupMember", "Phase"]
+
 logger = logging.getLogger(__name__)
 
 PROTOCOL_TYPE = "consumer"
-REJOIN_BACKOFF_MS = 100
-JOIN_ATTEMPTS_MAX = 100
-COORDINATOR_ATTEMPTS_MAX = 100  # 100 ms apart: ten seconds, several elections' worth
+JOIN_TIMEOUT_GRACE_MS = 5_000  # a JoinGroup may be held for the rebalance timeout; Kafka adds 5 s
+EVICTED_ERRORS = (UnknownMemberIdError, IllegalGenerationError)
 
 
-class CoordinatorLink:
-    """Calls a group's coordinator (the leader replica of its `__consumer_offsets`
-    partition), looking it up again whenever it moved or is not ready yet. Thread-safe."""
-
-    def __init__(self, controller: Any, group_id: str) -> None:
-        self._controller, self.group_id = controller, group_id
-        self._handle: Any = None
-        self._lock = threading.Lock()
-
-    def _coordinator(self) -> Any:
-        with self._lock:
-            if self._handle is None:
-                try:
-                    _partition, self._handle = ray.get(self._controller.find_coordinator.remote(self.group_id))
-                except LeaderNotAvailableError as e:
-                    raise CoordinatorNotAvailableError(f"group {self.group_id!r}: {e}") from None
-            return self._handle
-
-    def call(self, method: str, *args: Any) -> Any:
-        for _attempt in range(COORDINATOR_ATTEMPTS_MAX):
-            try:
-                return ray.get(getattr(self._coordinator(), method).remote(*args))
-            except (NotCoordinatorError, CoordinatorNotAvailableError, RayActorError) as e:
-                logger.debug("group %s: coordinator unavailable (%s); looking it up again", self.group_id, e)
-                with self._lock:
-                    self._handle = None
-                time.sleep(REJOIN_BACKOFF_MS / 1000)
-        raise CoordinatorNotAvailableError(
-            f"group {self.group_id!r}: no coordinator after {COORDINATOR_ATTEMPTS_MAX} attempts"
-        )
+class Phase(enum.Enum):
+    UNJOINED = "unjoined"  # no assignment; JoinGroup goes out when the coordinator is known
+    COMMITTING = "committing"  # the revoked partitions' offsets are being committed before the rejoin
+    JOINING = "joining"  # JoinGroup in flight
+    ASSIGNING = "assigning"  # the leader waits for partition counts to compute the assignment
+    SYNCING = "syncing"  # SyncGroup in flight
+    STABLE = "stable"  # assigned; heartbeats go out
 
 
 class GroupMember:
@@ -86,62 +80,105 @@ class GroupMember:
         rebalance_timeout_ms: int,
         heartbeat_interval_ms: int,
         assignors: tuple[str, ...],
-        partition_counts: Callable[[list[str]], dict[str, int]],
+        partition_counts: Callable[[list[str]], dict[str, int] | None],
+        on_revoke: Callable[[bool], dict[tuple[str, int], tuple[int, str]] | None],
+        request_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
     ) -> None:
+        """`partition_counts(topics)` answers without blocking (None while unknown);
+        `on_revoke(lost)` drops the consumer's assignment and returns the offsets to
+        commit first (None: nothing to commit)."""
         unknown = [a for a in assignors if a not in ASSIGNORS]
         if unknown or not assignors:
             raise ValueError(f"unknown partition_assignment_strategy {unknown}: use {sorted(ASSIGNORS)}")
+        if not 0 < heartbeat_interval_ms < session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be > 0 and below session_timeout_ms ({session_timeout_ms})"
+            )
         self.group_id, self.client_id = group_id, client_id
         self._session_timeout_ms = session_timeout_ms
         self._rebalance_timeout_ms = rebalance_timeout_ms
         self._heartbeat_interval_s = heartbeat_interval_ms / 1000
+        self._request_timeout_ms = request_timeout_ms
+        self._retry_backoff_s = retry_backoff_ms / 1000
         self._assignors = assignors
         self._partition_counts = partition_counts
+        self._on_revoke = on_revoke
+        self._coordinator = CoordinatorLink(controller, group_id, request_timeout_ms, retry_backoff_ms)
+        self._lock = threading.RLock()
+        # Shared with the heartbeat thread (under _lock):
         self.member_id = ""
         self.generation = -1
-        self._coordinator = CoordinatorLink(controller, group_id)
-        self._needs_join = threading.Event()
-        self._needs_join.set()
-        self._lock = threading.RLock()
+        self._phase = Phase.UNJOINED
+        self._rejoin_requested = False
+        self._evicted = False
+        self._last_answer_s = time.monotonic()  # the coordinator's last answer to this member
+        self._last_poll_s = time.monotonic()
+        # The poll thread's own:
+        self._call: calls.Pending | None = None  # the phase's call in flight
+        self._joined: Any = None  # the JoinGroup answer, while ASSIGNING
+        self._joined_topics: list[str] = []
+        self._retry_at_s = 0.0
+        self._auto_commit: calls.Pending | None = None
+        self._auto_commit_by = (-1, "")  # (generation, member id) it was sent with
         self._closed = threading.Event()
         self._heartbeats = threading.Thread(target=self._heartbeat_loop, name="rayk-heartbeat", daemon=True)
         self._heartbeats.start()
 
     @property
-    def needs_join(self) -> bool:
-        return self._needs_join.is_set()
+    def phase(self) -> Phase:
+        return self._phase
 
     def request_rejoin(self) -> None:
-        self._needs_join.set()
+        with self._lock:
+            self._rejoin_requested = True
 
-    def call(self, method: str, *args: Any) -> Any:
-        return self._coordinator.call(method, *args)
+    # ------------------------------------------------------------------ the state machine
 
-    # ------------------------------------------------------------------ joining
+    def poll(self, topics: list[str], ready: set[Any], now: float) -> dict[str, list[int]] | None:
+        """Advances the group state machine with the calls `ray.wait` found `ready`; never
+        blocks. Returns the new assignment once a rebalance completes, else None.
+        Raises the typed error of a JoinGroup the coordinator refused for good."""
+        with self._lock:
+            self._last_poll_s = now
+        self._coordinator.collect(ready, now)
+        self._collect_auto_commit(ready, now)
+        assignment = self._collect_call(ready, now)
+        if self._phase is Phase.STABLE:
+            self._maybe_leave_stable(topics, now)
+        if self._phase is Phase.UNJOINED and topics and now >= self._retry_at_s:
+            self._send_join(topics, now)
+        if self._phase is Phase.ASSIGNING:
+            self._send_sync_as_leader(now)
+        return assignment
 
-    def ensure_active(self, topics: list[str]) -> dict[str, list[int]] | None:
-        """Joins (or rejoins) the group if needed; returns the new assignment, or None if
-        the current one still holds."""
-        if not self._needs_join.is_set():
-            return None
+    def _maybe_leave_stable(self, topics: list[str], now: float) -> None:
+        with self._lock:
+            silent_s = now - self._last_answer_s
+            lost = self._evicted or silent_s > self._session_timeout_ms / 1000
+            if not (lost or self._rejoin_requested or topics != self._joined_topics):
+                return
+            if lost and not self._evicted:
+                logger.warning("group %s: no heartbeat answered for %.1f s (session timeout %d ms): evicted",
+                               self.group_id, silent_s, self._session_timeout_ms)
+            self._phase, self._rejoin_requested, self._evicted = Phase.UNJOINED, False, False
+        offsets = self._on_revoke(lost)
+        if lost or not offsets:
+            return
+        handle = self._coordinator.handle_nowait(now)
+        if handle is None:
+            logger.warning("group %s: coordinator unknown; revoked partitions' offsets not committed", self.group_id)
+            return
+        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets)
+        self._call = calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetCommit before rejoining")
+        self._phase = Phase.COMMITTING
+
+    def _send_join(self, topics: list[str], now: float) -> None:
+        handle = self._coordinator.handle_nowait(now)
+        if handle is None:
+            return  # the lookup's ref is in pending(); poll comes back when it is ready
         subscription = encode_subscription(sorted(topics))
-        for _attempt in range(JOIN_ATTEMPTS_MAX):
-            self._needs_join.clear()
-            try:
-                return self._join_and_sync(subscription)
-            except (UnknownMemberIdError, IllegalGenerationError) as e:
-                logger.info("group %s: %s; joining anew", self.group_id, e)
-                with self._lock:
-                    self.member_id, self.generation = "", -1
-            except RebalanceInProgressError:
-                pass
-            self._needs_join.set()
-            time.sleep(REJOIN_BACKOFF_MS / 1000)
-        raise KafkaError(f"group {self.group_id!r}: could not complete a rebalance in {JOIN_ATTEMPTS_MAX} attempts")
-
-    def _join_and_sync(self, subscription: bytes) -> dict[str, list[int]]:
-        joined = self.call(
-            "join_group",
+        ref = handle.join_group.remote(
             self.group_id,
             self.member_id,
             self.client_id,
@@ -150,61 +187,237 @@ class GroupMember:
             PROTOCOL_TYPE,
             [(name, subscription) for name in self._assignors],
         )
+        self._call = calls.Pending(ref, now + (self._rebalance_timeout_ms + JOIN_TIMEOUT_GRACE_MS) / 1000, "JoinGroup")
+        self._joined_topics = list(topics)
         with self._lock:
-            self.member_id, self.generation = joined.member_id, joined.generation
-        assignments = None
-        if joined.leader_id == joined.member_id:
-            assignments = self._assign(joined.protocol, joined.members)
-        raw = self.call("sync_group", self.group_id, joined.generation, joined.member_id, assignments)
-        assignment = decode_assignment(raw).partitions if raw else {}
-        logger.info("group %s generation %d: assigned %s", self.group_id, joined.generation, assignment)
+            self._phase, self._rejoin_requested = Phase.JOINING, False
+
+    def _send_sync_as_leader(self, now: float) -> None:
+        joined = self._joined
+        subscriptions = {member_id: decode_subscription(meta).topics for member_id, meta in joined.members}
+        topics = sorted({t for ts in subscriptions.values() for t in ts})
+        counts = self._partition_counts(topics)
+        if counts is None:
+            return  # metadata on its way
+        plan = ASSIGNORS[joined.protocol](subscriptions, counts)
+        self._send_sync({m: encode_assignment(plan.get(m, {})) for m in subscriptions}, now)
+
+    def _send_sync(self, assignments: dict[str, bytes] | None, now: float) -> None:
+        handle = self._coordinator.handle_nowait(now)
+        if handle is None:
+            self._join_failed(NotCoordinatorError("the coordinator moved during the rebalance"), now)
+            return
+        ref = handle.sync_group.remote(self.group_id, self.generation, self.member_id, assignments)
+        self._call = calls.Pending(ref, now + (self._rebalance_timeout_ms + JOIN_TIMEOUT_GRACE_MS) / 1000, "SyncGroup")
+        with self._lock:
+            self._phase = Phase.SYNCING
+
+    def _collect_call(self, ready: set[Any], now: float) -> dict[str, list[int]] | None:
+        call = self._call
+        if call is None or (call.ref not in ready and not call.expired(now)):
+            return None
+        self._call = None
+        try:
+            result = call.result()
+        except KafkaError as e:
+            if self._phase is Phase.COMMITTING:
+                logger.info("group %s: commit before rejoining failed: %s", self.group_id, e)
+                self._coordinator.forget_if_moved(e)
+                with self._lock:
+                    self._phase = Phase.UNJOINED
+                return None
+            self._join_failed(e, now)
+            return None
+        if self._phase is Phase.COMMITTING:
+            with self._lock:
+                self._phase = Phase.UNJOINED
+            return None
+        if self._phase is Phase.JOINING:
+            with self._lock:
+                self.member_id, self.generation, self._last_answer_s = result.member_id, result.generation, now
+            if result.leader_id == result.member_id:
+                self._joined = result
+                with self._lock:
+                    self._phase = Phase.ASSIGNING
+                self._send_sync_as_leader(now)
+            else:
+                self._send_sync(None, now)
+            return None
+        assert self._phase is Phase.SYNCING, self._phase
+        assignment = decode_assignment(result).partitions if result else {}
+        logger.info("group %s generation %d: assigned %s", self.group_id, self.generation, assignment)
+        with self._lock:
+            self._phase, self._last_answer_s, self._evicted = Phase.STABLE, now, False
         return assignment
 
-    def _assign(self, protocol: str, members: list[tuple[str, bytes]]) -> dict[str, bytes]:
-        subscriptions = {member_id: decode_subscription(meta).topics for member_id, meta in members}
-        topics = sorted({t for ts in subscriptions.values() for t in ts})
-        plan = ASSIGNORS[protocol](subscriptions, self._partition_counts(topics))
-        return {member_id: encode_assignment(plan.get(member_id, {})) for member_id in subscriptions}
+    def _join_failed(self, error: KafkaError, now: float) -> None:
+        with self._lock:
+            self._phase = Phase.UNJOINED
+            if isinstance(error, UnknownMemberIdError):
+                self.member_id, self.generation = "", -1
+        self._joined = None
+        if isinstance(error, (UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError)):
+            logger.info("group %s: %s; joining again", self.group_id, error.name)
+            self._retry_at_s = now
+            return
+        self._coordinator.forget_if_moved(error)
+        self._retry_at_s = now + self._retry_backoff_s
+        if not error.retriable:
+            raise error
+        logger.info("group %s: rebalance failed (%s); retrying", self.group_id, error)
+
+    def pending(self) -> list[Any]:
+        refs = self._coordinator.pending()
+        refs += [c.ref for c in (self._call, self._auto_commit) if c is not None]
+        return refs
+
+    def wake_at_s(self) -> float | None:
+        """When `poll` should run again without a ready ref: a backoff or a deadline ends."""
+        times = [self._coordinator.wake_at_s()]
+        times += [c.deadline_s for c in (self._call, self._auto_commit) if c is not None]
+        if self._phase is Phase.UNJOINED:
+            times.append(self._retry_at_s)
+        elif self._phase is Phase.STABLE:
+            times.append(self._last_answer_s + self._session_timeout_ms / 1000)
+        times = [t for t in times if t is not None]
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ offsets
+
+    def commit(self, offsets: dict[tuple[str, int], tuple[int, str]], timeout_ms: int) -> None:
+        """Commits synchronously; raises the coordinator's typed error (an evicted member
+        is marked so and drops its partitions at the next poll)."""
+        with self._lock:
+            generation, member_id = self.generation, self.member_id
+        try:
+            self._coordinator.call("commit_offsets", self.group_id, generation, member_id, offsets, timeout_ms=timeout_ms)
+        except KafkaError as e:
+            self._commit_failed(e, generation, member_id)
+            raise
+
+    def commit_async(self, offsets: dict[tuple[str, int], tuple[int, str]], now: float) -> bool:
+        """Starts a commit without waiting (auto-commit); False if one is still in flight
+        or the coordinator is not known yet."""
+        if self._auto_commit is not None:
+            return False
+        handle = self._coordinator.handle_nowait(now)
+        if handle is None:
+            return False
+        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets)
+        self._auto_commit = calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetCommit")
+        self._auto_commit_by = (self.generation, self.member_id)
+        return True
+
+    def _collect_auto_commit(self, ready: set[Any], now: float) -> None:
+        pending = self._auto_commit
+        if pending is None or (pending.ref not in ready and not pending.expired(now)):
+            return
+        self._auto_commit = None
+        try:
+            pending.result()
+        except KafkaError as e:
+            logger.info("group %s: auto-commit failed: %s", self.group_id, e)
+            self._commit_failed(e, *self._auto_commit_by)
+
+    def _commit_failed(self, error: KafkaError, generation: int, member_id: str) -> None:
+        self._coordinator.forget_if_moved(error)
+        with self._lock:
+            if (generation, member_id) != (self.generation, self.member_id) or self._phase is not Phase.STABLE:
+                return  # about an older generation
+            if isinstance(error, EVICTED_ERRORS):
+                self._evicted = True
+                if isinstance(error, UnknownMemberIdError):
+                    self.member_id, self.generation = "", -1
+            elif isinstance(error, RebalanceInProgressError):
+                self._rejoin_requested = True
+
+    def committed(self, partitions: list[tuple[str, int]], timeout_ms: int) -> dict[tuple[str, int], Any]:
+        return self._coordinator.call("fetch_offsets", self.group_id, partitions, timeout_ms=timeout_ms)
+
+    def fetch_committed_async(self, partitions: list[tuple[str, int]], now: float) -> calls.Pending | None:
+        """Starts an OffsetFetch without waiting; None while the coordinator is unknown.
+        Read its answer with `answer(pending)`."""
+        handle = self._coordinator.handle_nowait(now)
+        if handle is None:
+            return None
+        ref = handle.fetch_offsets.remote(self.group_id, partitions)
+        return calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetFetch")
+
+    def answer(self, pending: calls.Pending) -> Any:
+        """The (ready or expired) call's result; a coordinator error makes the member look it up again."""
+        try:
+            return pending.result()
+        except KafkaError as e:
+            self._coordinator.forget_if_moved(e)
+            raise
 
     # ------------------------------------------------------------------ heartbeats, leaving
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_interval_s):
             with self._lock:
-                member_id, generation = self.member_id, self.generation
-            if not member_id or self._needs_join.is_set():
+                phase, member_id, generation = self._phase, self.member_id, self.generation
+                idle_s = time.monotonic() - self._last_poll_s
+            if phase is not Phase.STABLE or not member_id:
                 continue
-            try:
-                self.call("heartbeat", self.group_id, generation, member_id)
-            except (RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
-                logger.info("group %s: %s; rejoining at the next poll", self.group_id, e.name)
-                if isinstance(e, UnknownMemberIdError):
-                    with self._lock:
-                        self.member_id, self.generation = "", -1
-                self._needs_join.set()
-            except Exception as e:  # keep beating; the next poll surfaces persistent trouble
-                logger.warning("group %s: heartbeat failed: %s", self.group_id, e)
+            if idle_s > self._rebalance_timeout_ms / 1000:
+                logger.warning("group %s: no poll for %.1f s (max_poll_interval_ms %d): leaving the group",
+                               self.group_id, idle_s, self._rebalance_timeout_ms)
+                self._leave_quietly(member_id)
+                with self._lock:
+                    if (self.member_id, self.generation) == (member_id, generation):
+                        self._evicted, self.member_id, self.generation = True, "", -1
+                continue
+            self._heartbeat(member_id, generation)
 
-    def commit(self, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
+    def _heartbeat(self, member_id: str, generation: int) -> None:
+        timeout_ms = min(self._request_timeout_ms, self._session_timeout_ms)
+        try:
+            self._coordinator.call("heartbeat", self.group_id, generation, member_id, timeout_ms=timeout_ms)
+            error = None
+        except KafkaError as e:
+            error = e
         with self._lock:
-            generation, member_id = self.generation, self.member_id
-        self.call("commit_offsets", self.group_id, generation, member_id, offsets)
+            if (self.member_id, self.generation) != (member_id, generation) or self._phase is not Phase.STABLE:
+                return  # a rebalance started meanwhile; this answer is about the old generation
+            if error is None or isinstance(error, RebalanceInProgressError):
+                self._last_answer_s = time.monotonic()
+            if isinstance(error, RebalanceInProgressError):
+                logger.info("group %s: rebalance in progress; rejoining at the next poll", self.group_id)
+                self._rejoin_requested = True
+            elif isinstance(error, EVICTED_ERRORS):
+                logger.info("group %s: %s; dropping the assignment at the next poll", self.group_id, error.name)
+                self._evicted = True
+                if isinstance(error, UnknownMemberIdError):
+                    self.member_id, self.generation = "", -1
+            elif isinstance(error, CoordinatorLoadInProgressError):
+                self._last_answer_s = time.monotonic()
+            elif error is not None:  # keep beating; the session check in poll catches a lasting silence
+                logger.warning("group %s: heartbeat failed: %s", self.group_id, error)
 
-    def committed(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
-        return self.call("fetch_offsets", self.group_id, partitions)
+    def _leave_quietly(self, member_id: str, timeout_ms: int | None = None) -> None:
+        try:
+            self._coordinator.call(
+                "leave_group", self.group_id, member_id, timeout_ms=timeout_ms or self._request_timeout_ms
+            )
+        except KafkaError as e:
+            logger.info("group %s: leave: %s", self.group_id, e)
 
-    def leave(self) -> None:
+    def leave(self, timeout_ms: int | None = None) -> None:
+        """Leaves the group (LeaveGroup), so the others rebalance without waiting for this
+        member's session to time out (within `timeout_ms`, default request_timeout_ms)."""
         with self._lock:
             member_id = self.member_id
-            self.member_id, self.generation = "", -1
-        self._needs_join.set()
+            self.member_id, self.generation, self._phase = "", -1, Phase.UNJOINED
+        for call in (self._call, self._auto_commit):
+            if call is not None:
+                calls.cancel(call.ref)
+        self._call = self._auto_commit = None
+        self._joined = None
         if member_id:
-            try:
-                self.call("leave_group", self.group_id, member_id)
-            except KafkaError as e:
-                logger.info("group %s: leave: %s", self.group_id, e)
+            self._leave_quietly(member_id, timeout_ms)
 
-    def close(self) -> None:
+    def close(self, timeout_ms: int | None = None) -> None:
         self._closed.set()
-        self.leave()
+        self.leave(timeout_ms)
         self._heartbeats.join(timeout=5)

@@ -1,0 +1,276 @@
+"""RecordAccumulator: the producer's batches between `send` and the sender thread (Kafka's
+RecordAccumulator), and the buffer memory they take.
+
+Per partition there is at most one open batch, which `send` appends to, then a queue of
+closed batches ready to go. A batch closes when it reaches `batch_size` bytes, or has
+lingered `linger_ms` and its partition could send it at once (else it stays open and
+keeps filling, as Kafka's does, instead of queueing as a small batch), or when the
+producer flushes or closes. The sender takes ready batches (`drain`), at most
+`max_in_flight` per partition in flight; a batch to retry goes back to the head of its
+queue in sequence order (`reenqueue`) and its partition waits `retry_backoff_ms`.
+
+Every batch, open, queued or in flight, is due by `delivery_timeout_ms` after its
+creation: `expire` hands the sender the batches past it, oldest first. Batches are
+created in time order, so the oldest unfinished batch is the next to expire, and a deque
+of batches by age (finished ones dropped lazily from its head) finds it in O(1).
+
+Records take `buffer_memory` bytes from `append` until their batch is finished; `append`
+blocks while they would take more, up to `max_block_ms`, then raises
+BufferExhaustedError. `await_all` (flush) waits until every record is finished.
+
+Thread-safe: one lock, `lock`, a Condition the sender thread waits on for work; `send`
+waits on `_space`, flush on `_done`, separate conditions on the same lock, so a notify
+meant for the sender never wakes a user thread instead. Methods marked "(lock held)" are
+the sender's and expect it to hold `lock`.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rayk.client.partitioner import StickyPartitioner
+from rayk.client.produce_future import BatchResult, FutureRecordMetadata
+from rayk.client.types import TopicPartition
+from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError
+from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord
+
+
+class BatchState(enum.Enum):
+    OPEN = "open"  # send() appends to it
+    READY = "ready"  # closed, queued for the sender (or for a retry)
+    IN_FLIGHT = "in flight"
+    DONE = "done"  # acknowledged, failed or expired
+
+
+@dataclass(slots=True, eq=False)
+class ProducerBatch:
+    tp: TopicPartition
+    created_s: float  # time.monotonic(); the delivery timeout counts from here
+    num_partitions: int
+    result: BatchResult
+    records: list[SimpleRecord] = field(default_factory=list)
+    size_bytes: int = HEADER_SIZE_BYTES
+    state: BatchState = BatchState.OPEN
+    attempts: int = 0
+    encoded: bytes | None = None  # set at the first send, with the idempotence stamp below
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    ref: Any = None  # the produce call in flight
+    request_deadline_s: float = 0.0
+
+    @property
+    def stamped(self) -> bool:
+        return self.base_sequence >= 0
+
+
+class RecordAccumulator:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        linger_ms: int,
+        delivery_timeout_ms: int,
+        buffer_memory: int,
+        max_block_ms: int,
+        max_in_flight: int,
+    ) -> None:
+        self._batch_size = batch_size
+        self._linger_s = linger_ms / 1000
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self._buffer_memory = buffer_memory
+        self._max_block_s = max_block_ms / 1000
+        self.max_in_flight = max_in_flight
+        self._partitioner = StickyPartitioner()
+        self.lock = threading.Condition()
+        self._space = threading.Condition(self.lock)
+        self._done = threading.Condition(self.lock)
+        self._open: dict[TopicPartition, ProducerBatch] = {}
+        self._ready: dict[TopicPartition, collections.deque[ProducerBatch]] = collections.defaultdict(collections.deque)
+        self.in_flight: collections.Counter[TopicPartition] = collections.Counter()
+        self._blocked_until_s: dict[TopicPartition, float] = {}
+        self._by_age: collections.deque[ProducerBatch] = collections.deque()
+        self.unfinished = 0  # records appended and not yet acknowledged, failed or expired
+        self._buffered_bytes = 0  # their size, bounded by buffer_memory
+        self._flushing = 0
+        self.closed = False
+        self._failure: str | None = None  # set if the sender thread failed: no more sends
+
+    # ------------------------------------------------------------------ the user's side
+
+    def append(
+        self, topic: str, partition: int | None, num_partitions: int, record: SimpleRecord, size: int
+    ) -> FutureRecordMetadata:
+        """Adds a record to its partition's open batch (the sticky partition's if
+        `partition` is None); blocks while the buffer is full."""
+        with self.lock:
+            if self._failure is not None:
+                raise KafkaError(self._failure)
+            if self.closed:
+                raise RuntimeError("the producer is closed")
+            self._wait_for_room(size)
+            if partition is None:
+                partition = self._partitioner.partition(topic, num_partitions)
+            tp = TopicPartition(topic, partition)
+            batch = self._open.get(tp)
+            if batch is not None and batch.size_bytes + size > self._batch_size and batch.records:
+                self._close(batch)
+                batch = None
+            if batch is None:
+                batch = self._open[tp] = ProducerBatch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
+                self._by_age.append(batch)
+                self.lock.notify()  # the sender learns the new batch's linger deadline
+            future = FutureRecordMetadata(batch.result, len(batch.records), record.timestamp_ms)
+            batch.records.append(record)
+            batch.size_bytes += size
+            self.unfinished += 1
+            self._buffered_bytes += size
+            if batch.size_bytes >= self._batch_size:
+                self._close(batch)
+                self.lock.notify()
+        return future
+
+    def _wait_for_room(self, size: int) -> None:
+        """Blocks until `size` more bytes fit in buffer_memory (lock held)."""
+        if self._buffered_bytes + size <= self._buffer_memory:
+            return
+        deadline = time.monotonic() + self._max_block_s
+        self.lock.notify()  # the sender may be lingering on open batches that would free room
+        while self._buffered_bytes + size > self._buffer_memory:
+            remaining = deadline - time.monotonic()
+            if self.closed:
+                raise RuntimeError("the producer was closed while send() waited for buffer room")
+            if remaining <= 0:
+                raise BufferExhaustedError(
+                    f"{self._buffered_bytes} bytes of records still wait for acknowledgement after"
+                    f" max_block_ms = {int(self._max_block_s * 1000)}; buffer_memory = {self._buffer_memory}"
+                )
+            self._space.wait(remaining)
+
+    def await_all(self, timeout_s: float | None) -> None:
+        """Closes every open batch and waits until each record is finished (flush)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self.lock:
+            self._flushing += 1
+            self.lock.notify()
+            try:
+                while self.unfinished:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise KafkaTimeoutError(f"flush: {self.unfinished} records still unacknowledged after {timeout_s} s")
+                    self._done.wait(remaining)
+            finally:
+                self._flushing -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+            self._space.notify_all()
+
+    def abort(self, reason: str) -> list[ProducerBatch]:
+        """The sender cannot go on: refuses further records and takes out every
+        unfinished batch for the caller to fail."""
+        with self.lock:
+            self._failure = reason
+            self.closed = True
+            self._space.notify_all()
+            batches = [b for b in self._by_age if b.state is not BatchState.DONE]
+            self._by_age.clear()
+            self._open.clear()
+            self._ready.clear()
+            return batches
+
+    # ------------------------------------------------------------------ the sender's side
+
+    def _close(self, batch: ProducerBatch) -> None:
+        """Moves an open batch to its partition's queue (lock held)."""
+        del self._open[batch.tp]
+        batch.state = BatchState.READY
+        self._ready[batch.tp].append(batch)
+        self._partitioner.on_new_batch(batch.tp.topic, batch.tp.partition, batch.num_partitions)
+
+    def close_lingering(self, now: float) -> None:
+        """Closes the open batches that have lingered long enough, or all when flushing
+        or closing (lock held)."""
+        for batch in list(self._open.values()):
+            if self._flushing or self.closed or (now - batch.created_s >= self._linger_s and self._can_send_now(batch.tp)):
+                self._close(batch)
+
+    def _can_send_now(self, tp: TopicPartition) -> bool:
+        return not self._ready.get(tp) and self.in_flight[tp] < self.max_in_flight
+
+    def expire(self, now: float) -> list[ProducerBatch]:
+        """Takes out every batch past its delivery timeout, oldest first (lock held); those
+        in flight stay counted in `in_flight` until the sender settles them."""
+        expired = []
+        by_age = self._by_age
+        while by_age and (by_age[0].state is BatchState.DONE or by_age[0].created_s + self.delivery_timeout_s <= now):
+            batch = by_age.popleft()
+            if batch.state is BatchState.OPEN:
+                del self._open[batch.tp]
+            elif batch.state is BatchState.READY:
+                self._ready[batch.tp].remove(batch)
+            if batch.state is not BatchState.DONE:
+                expired.append(batch)
+        return expired
+
+    def drain(
+        self, now: float, route: Callable[[ProducerBatch], Any | None], may_pipeline: Callable[[TopicPartition], bool]
+    ) -> list[tuple[ProducerBatch, Any]]:
+        """Takes the batches to send now with their leaders' handles (lock held). `route`
+        gives a batch's leader, or None to hold it back (leader unknown, or the producer
+        may not stamp new batches yet); `may_pipeline(tp)` whether a batch may follow
+        another one in flight to `tp`."""
+        out = []
+        for tp, queue in self._ready.items():
+            if not queue or self._blocked_until_s.get(tp, 0) > now:
+                continue
+            while queue and self.in_flight[tp] < self.max_in_flight and (not self.in_flight[tp] or may_pipeline(tp)):
+                leader = route(queue[0])
+                if leader is None:
+                    break
+                batch = queue.popleft()
+                batch.state = BatchState.IN_FLIGHT
+                self.in_flight[tp] += 1
+                out.append((batch, leader))
+        return out
+
+    def reenqueue(self, batch: ProducerBatch, retry_at_s: float) -> None:
+        """Puts a batch to retry back at its queue's head, before any batch stamped
+        after it or not stamped yet (lock held)."""
+        queue = self._ready[batch.tp]
+        i = 0
+        while i < len(queue) and queue[i].stamped and queue[i].base_sequence < batch.base_sequence:
+            i += 1
+        queue.insert(i, batch)
+        batch.state = BatchState.READY
+        self._blocked_until_s[batch.tp] = retry_at_s
+
+    def finished(self, batch: ProducerBatch) -> None:
+        """A batch was acknowledged, failed or expired: its records leave the buffer."""
+        with self.lock:
+            batch.state = BatchState.DONE
+            self.unfinished -= len(batch.records)
+            self._buffered_bytes -= batch.size_bytes - HEADER_SIZE_BYTES
+            assert self.unfinished >= 0 and self._buffered_bytes >= 0, (self.unfinished, self._buffered_bytes)
+            self.lock.notify()
+            self._space.notify_all()
+            if not self.unfinished:
+                self._done.notify_all()
+
+    def wake_at_s(self, now: float) -> float | None:
+        """The next time the sender has something to do without being notified (lock held):
+        a linger that ends, a retry backoff that ends, a delivery timeout."""
+        times = [b.created_s + self._linger_s for b in self._open.values() if self._can_send_now(b.tp)]
+        times += [t for tp, t in self._blocked_until_s.items() if t > now and self._ready.get(tp)]
+        for batch in self._by_age:
+            if batch.state is not BatchState.DONE:
+                times.append(batch.created_s + self.delivery_timeout_s)
+                break
+        return min(times) if times else None

@@ -1,0 +1,270 @@
+"""Sender: the producer's background thread (Kafka's Sender). It sends ready batches to
+their leaders, settles the answers and enforces the producer's timeouts.
+
+Each pass of its loop:
+- closes the batches that lingered long enough, and expires those past
+  `delivery_timeout_ms` from their creation, wherever they are (open, queued, waiting to
+  retry, in flight: the call is cancelled). Their records fail with KafkaTimeoutError
+  and their bytes leave `buffer_memory`;
+- settles the answered calls, and cancels those unanswered `request_timeout_ms` after
+  they were made, which then count as a retriable REQUEST_TIMED_OUT;
+- bumps the producer epoch when the idempotence state asks for it (IdempotenceManager);
+- drains the batches that may go now and sends each in one actor call.
+Then it waits on the accumulator's condition (nothing polls) until the earliest of a
+linger, a retry backoff, a delivery or request deadline or a metadata refresh ends,
+unless a send, an answer, a flush or a refresh notifies it first. It never blocks on a
+call: a leader not known yet is looked up in the background (MetadataCache) while the
+partition's batches wait and the other partitions go on.
+
+Answers: success resolves the batch's futures. A retriable error (NOT_LEADER_OR_FOLLOWER,
+REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a dead or unreachable leader actor...) forgets
+the partition's leader and puts the batch back at its queue's head for another attempt
+after `retry_backoff_ms`; it keeps its idempotence stamp, so a leader that did append it
+answers with the original offsets. Anything else fails the batch with its typed error,
+OUT_OF_ORDER_SEQUENCE_NUMBER included (resending could write it twice). A batch that was
+sent and then fails or expires leaves a hole in its partition's sequence: the epoch is
+bumped once every stamped batch has finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any
+
+from rayk.client import calls
+from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
+from rayk.client.idempotence import IdempotenceManager
+from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
+from rayk.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError, UnknownServerError
+from rayk.storage.compression import CompressionType
+from rayk.storage.records import build_batch
+
+logger = logging.getLogger(__name__)
+
+
+class Sender:
+    def __init__(
+        self,
+        accumulator: RecordAccumulator,
+        metadata: MetadataCache,
+        idempotence: IdempotenceManager,
+        *,
+        acks: int,
+        compression: CompressionType,
+        request_timeout_ms: int,
+        retry_backoff_ms: int,
+    ) -> None:
+        self._acc = accumulator
+        self._metadata = metadata
+        self._idempotence = idempotence
+        self._acks = acks
+        self._compression = compression
+        self._request_timeout_ms = request_timeout_ms
+        self._retry_backoff_s = retry_backoff_ms / 1000
+        # Answers arrive in Ray's threads and wait here (under the accumulator's lock) for the loop.
+        self._completions: collections.deque[tuple[ProducerBatch, int, Any]] = collections.deque()
+        # (request deadline, batch, attempt) in send order, so deadlines ascend; entries of
+        # calls already settled are dropped when they reach the head. Sender thread only.
+        self._calls: collections.deque[tuple[float, ProducerBatch, int]] = collections.deque()
+        self._awaiting_leader = False
+        self._bump_retry_at_s = 0.0
+        metadata.on_update(self._wake)
+        self._thread = threading.Thread(target=self._run, name="rayk-producer-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _wake(self) -> None:
+        with self._acc.lock:
+            self._acc.lock.notify()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug: fail what waits rather than let flush() hang
+            logger.exception("the producer's sender thread failed")
+            reason = f"the producer's sender thread failed: {type(e).__name__}: {e}"
+            for batch in self._acc.abort(reason):
+                if not batch.result.done():
+                    batch.result.fail(UnknownServerError(reason))
+                self._acc.finished(batch)
+            raise
+
+    def _loop(self) -> None:
+        acc = self._acc
+        while True:
+            with acc.lock:
+                if acc.closed and not acc.unfinished:
+                    return
+                now = time.monotonic()
+                acc.close_lingering(now)
+                expired = acc.expire(now)
+                completions = list(self._completions)
+                self._completions.clear()
+            for batch in expired:
+                self._expire(batch)
+            for batch, attempt, outcome in completions:
+                self._complete(batch, attempt, outcome)
+            for batch, attempt in self._timed_out_calls(now):
+                error = RequestTimedOutError(f"no answer from the leader of {batch.tp} within {self._request_timeout_ms} ms")
+                self._complete(batch, attempt, error)
+            self._maybe_bump_epoch(now)
+            with acc.lock:
+                now = time.monotonic()
+                self._awaiting_leader = False
+                sendable = acc.drain(now, self._route, self._idempotence.may_pipeline)
+                if not sendable and not self._completions:
+                    acc.lock.wait(self._wait_s(now))
+            for batch, leader in sendable:
+                self._submit(batch, leader)
+
+    def _route(self, batch: ProducerBatch) -> Any | None:
+        """The batch's leader if it may go now, else None (accumulator lock held)."""
+        if not batch.stamped and not self._idempotence.may_stamp():
+            return None  # no new sequences until the epoch is bumped
+        leader = self._metadata.leader_nowait(batch.tp.topic, batch.tp.partition)
+        if leader is None:
+            self._awaiting_leader = True
+        return leader
+
+    def _wait_s(self, now: float) -> float | None:
+        times = [self._acc.wake_at_s(now)]
+        if self._calls:
+            times.append(self._calls[0][0])
+        if self._awaiting_leader:
+            times.append(self._metadata.wake_at_s())
+        if self._idempotence.bump_needed and self._bump_retry_at_s > now:
+            times.append(self._bump_retry_at_s)
+        times = [t for t in times if t is not None]
+        return max(0.0, min(times) - now) if times else None
+
+    def _timed_out_calls(self, now: float) -> list[tuple[ProducerBatch, int]]:
+        """Cancels the calls past their request deadline; returns their (batch, attempt)."""
+        out = []
+        while self._calls:
+            deadline, batch, attempt = self._calls[0]
+            if batch.state is BatchState.IN_FLIGHT and batch.attempts == attempt:
+                if deadline > now:
+                    break
+                calls.cancel(batch.ref)
+                out.append((batch, attempt))
+            self._calls.popleft()
+        return out
+
+    def _maybe_bump_epoch(self, now: float) -> None:
+        if not self._idempotence.bump_needed or now < self._bump_retry_at_s:
+            return
+        try:
+            self._idempotence.maybe_bump()
+        except KafkaError as e:  # a new producer id was needed and the Controller did not answer
+            logger.warning("could not bump the producer epoch: %s; retrying", e)
+            self._bump_retry_at_s = now + self._retry_backoff_s
+
+    # ------------------------------------------------------------------ one batch
+
+    def _submit(self, batch: ProducerBatch, leader: Any) -> None:
+        batch.attempts += 1
+        attempt = batch.attempts
+        try:
+            if batch.encoded is None:
+                batch.producer_id, batch.producer_epoch, batch.base_sequence = self._idempotence.stamp(
+                    batch.tp, len(batch.records)
+                )
+                batch.encoded = build_batch(
+                    batch.records,
+                    compression=self._compression,
+                    producer_id=batch.producer_id,
+                    producer_epoch=batch.producer_epoch,
+                    base_sequence=batch.base_sequence,
+                )
+            ref = leader.produce.remote(batch.encoded, self._acks, self._request_timeout_ms)
+        except Exception as e:
+            self._complete(batch, attempt, calls.translate(e, f"produce to {batch.tp}"))
+            return
+        if self._acks == 0:  # fire and forget: Kafka answers nothing, offsets are unknown
+            with self._acc.lock:
+                self._acc.in_flight[batch.tp] -= 1
+            self._resolve(batch, -1, -1)
+            return
+        batch.ref = ref
+        batch.request_deadline_s = time.monotonic() + self._request_timeout_ms / 1000
+        self._calls.append((batch.request_deadline_s, batch, attempt))
+        ref.future().add_done_callback(lambda f: self._on_done(batch, attempt, f))
+
+    def _on_done(self, batch: ProducerBatch, attempt: int, future: concurrent.futures.Future) -> None:
+        with self._acc.lock:
+            self._completions.append((batch, attempt, future))
+            self._acc.lock.notify()
+
+    def _complete(self, batch: ProducerBatch, attempt: int, outcome: Any) -> None:
+        """Settles one attempt: `outcome` is the call's future, or the error it ended with."""
+        if batch.state is not BatchState.IN_FLIGHT or batch.attempts != attempt:
+            return  # expired, or timed out and already retried: this answer is stale
+        error: BaseException | None
+        if isinstance(outcome, BaseException):
+            error = outcome
+        else:
+            try:
+                result = outcome.result()
+                error = result.error
+            except Exception as e:
+                error = calls.translate(e, f"produce to {batch.tp}")
+        tp = batch.tp
+        if error is None:
+            with self._acc.lock:
+                self._acc.in_flight[tp] -= 1
+            self._idempotence.acknowledged(tp)
+            self._resolve(batch, result.base_offset, result.log_append_time_ms)
+            return
+        if not isinstance(error, KafkaError):
+            error = UnknownServerError(f"produce to {tp} failed: {type(error).__name__}: {error}")
+        now = time.monotonic()
+        retriable = error.retriable and now < batch.created_s + self._acc.delivery_timeout_s
+        if retriable:
+            logger.debug("retrying %s after %s", tp, error)
+            if isinstance(error, STALE_LEADER_ERRORS):
+                self._metadata.invalidate(tp.topic, tp.partition)
+        with self._acc.lock:
+            self._acc.in_flight[tp] -= 1
+            if retriable:
+                self._acc.reenqueue(batch, now + self._retry_backoff_s)
+                return
+        if error.retriable:  # out of time
+            error = self._expiry_error(batch, f"; last error {error}")
+        self._fail(batch, error)
+
+    def _expire(self, batch: ProducerBatch) -> None:
+        if batch.state is BatchState.IN_FLIGHT:
+            calls.cancel(batch.ref)
+            with self._acc.lock:
+                self._acc.in_flight[batch.tp] -= 1
+        self._fail(batch, self._expiry_error(batch, ""))
+
+    def _expiry_error(self, batch: ProducerBatch, detail: str) -> KafkaTimeoutError:
+        return KafkaTimeoutError(
+            f"Expiring {len(batch.records)} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
+            f"{int(self._acc.delivery_timeout_s * 1000)} ms has passed since batch creation{detail}"
+        )
+
+    def _resolve(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
+        batch.result.complete(base_offset, log_append_time_ms)
+        self._finish(batch)
+
+    def _fail(self, batch: ProducerBatch, error: KafkaError) -> None:
+        if batch.stamped:  # its sequences may or may not be in the log: the partition's sequence is unknown
+            self._idempotence.fate_unknown(f"a batch sent to {batch.tp} failed ({error.name})")
+        batch.result.fail(error)
+        self._finish(batch)
+
+    def _finish(self, batch: ProducerBatch) -> None:
+        self._idempotence.finished(batch.stamped)
+        self._acc.finished(batch)
