@@ -87,11 +87,9 @@ class ProducerStateManager:
         if epoch < entry.epoch:
             raise InvalidProducerEpochError(f"producer {producer_id} epoch {epoch} is older than {entry.epoch}")
         if epoch > entry.epoch:
-            if first_sequence != 0:
-                raise OutOfOrderSequenceError(
-                    f"producer {producer_id} starts epoch {epoch} at sequence {first_sequence}, not 0"
-                )
-            return Verdict.APPEND, None
+            # A new epoch starts at sequence 0; a later batch of it that arrives first (Ray
+            # does not order calls to an async actor) waits for that one, as within an epoch.
+            return (Verdict.APPEND if first_sequence == 0 else Verdict.GAP), None
         for batch in entry.batches:
             if (batch.first_sequence, batch.last_sequence) == (first_sequence, last_sequence):
                 return Verdict.DUPLICATE, batch
