@@ -47,12 +47,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_manager import PartitionAssignment
+from rayk.actors.supervision import start_again_if_restarted
 from rayk.config import BrokerConfig, validate_topic_configs
 from rayk.errors import (
     KafkaError,
@@ -97,10 +98,8 @@ class Controller:
         self._producer_ids = range(0)  # the reserved block not yet handed out
         self._maintenance: asyncio.Task | None = None
         self._push_timeout_s = 2 * self.config.broker_session_timeout_ms / 1000
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            # Ray restarted this Controller after its process died: nobody else will start it.
+        if start_again_if_restarted():  # Ray restarted this Controller after its process died
             logger.warning("Controller restarted by Ray; replayed %d metadata records", self._meta.last_offset + 1)
-            ray.get_runtime_context().current_actor.start.remote()
 
     def _commit(self, records: list[Record]) -> None:
         if not records:
@@ -237,7 +236,7 @@ class Controller:
         it registers again as a new incarnation)."""
         try:
             await manager.run_until_stopped.remote()
-        except RayActorError:
+        except RayError:  # RayActorError, or ActorUnschedulableError once its node is gone
             registration = self._meta.brokers.get(broker_id)
             if registration is not None and registration.epoch == epoch and not registration.fenced:
                 logger.warning("broker %d died: fencing it", broker_id)

@@ -206,12 +206,14 @@ class PartitionReplica(Supervised):
         self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0
     ) -> None:
         """Leads for `leader_epoch`. The same epoch again with a newer `partition_epoch` only
-        updates the ISR (the Controller changed it, e.g. it fenced a follower's broker)."""
+        updates the replicas and the ISR (the Controller changed them: it fenced a
+        follower's broker, or a reassignment added or removed replicas)."""
         if leader_epoch < self._leader_epoch:
             raise FencedLeaderEpochError(f"become_leader for epoch {leader_epoch} after epoch {self._leader_epoch}")
         if self._role == "leader" and leader_epoch == self._leader_epoch:
             if partition_epoch > self._partition_epoch:
                 self._partition_epoch = partition_epoch
+                self._leader_state.update_replicas(replicas, _now_ms())
                 self._leader_state.commit_isr(isr)
                 self._after_isr_change()
             return

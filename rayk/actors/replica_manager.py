@@ -2,8 +2,8 @@
 plus its BrokerLifecycleManager and LogManager's startup and shutdown).
 
 A broker is this actor, the PartitionReplica actors it creates, and its Kafka listener (a
-SocketServer actor on the same node, started before registering so that the Controller
-can tell clients where the broker listens).
+SocketServer actor on the same node, started while the broker registers; its address
+then goes to the Controller, which tells clients where the broker listens).
 It owns `<data_dir>/broker-<id>` on its node's disk: `meta.properties` (broker and
 cluster id, checked at every start, and the directory's id), the three offset
 checkpoints, the clean-shutdown marker, and one `<topic>-<partition>` directory per
@@ -63,7 +63,7 @@ from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
-from rayk.actors.supervision import ChildSupervisor, Supervised
+from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import KafkaError, StaleBrokerEpochError
 from rayk.net.listener_address import parse_listener
@@ -134,13 +134,12 @@ class ReplicaManager(Supervised):
         self._loops: list[asyncio.Task] = []
         self._tasks: set[asyncio.Task] = set()
         self._start_lock: asyncio.Lock | None = None
+        self._registered_event: asyncio.Event | None = None
         self._listener: Any = None  # this broker's SocketServer actor, if it runs one
         self._endpoint: tuple[str, int] | None = None
         self._children = ChildSupervisor(f"broker {broker_id}", self._on_child_death, self.config.broker_session_timeout_ms)
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            # Ray restarted this broker after its process died: nobody else will start it.
+        if start_again_if_restarted():  # Ray restarted this broker after its process died
             logger.warning("broker %d restarted by Ray after its process died; starting again", broker_id)
-            ray.get_runtime_context().current_actor.start.remote()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -151,8 +150,13 @@ class ReplicaManager(Supervised):
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if self._broker_epoch < 0:
-                await self._start_listener()
+                # The listener's process starts while the broker registers: a restarted
+                # broker's partitions should not wait for it. Its address follows.
+                listener = asyncio.get_running_loop().create_task(self._start_listener())
                 await self._register()
+                await listener
+                if self._endpoint is not None:
+                    await self._controller.update_endpoint.remote(self.broker_id, self._broker_epoch, self._endpoint)
                 c = self.config
                 self._loops = [
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
@@ -193,6 +197,7 @@ class ReplicaManager(Supervised):
                 logger.warning("broker %d: the Controller is unreachable (%s); registering again", self.broker_id, e)
                 await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
         self._broker_epoch = epoch
+        self._registered().set()
         await self._delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
 
@@ -208,6 +213,11 @@ class ReplicaManager(Supervised):
             if assigned.get(tp) != topic_id and tp not in self._replicas:
                 logger.info("broker %d: deleting stray partition directory %s", self.broker_id, path)
                 await self._delete_partition_dir(tp)
+
+    def _registered(self) -> asyncio.Event:
+        if self._registered_event is None:
+            self._registered_event = asyncio.Event()
+        return self._registered_event
 
     def _every(self, period_ms: int, step: Any) -> asyncio.Task:
         async def loop() -> None:
@@ -456,8 +466,10 @@ class ReplicaManager(Supervised):
     async def alter_partition(
         self, topic: str, partition: int, leader_id: int, leader_epoch: int, partition_epoch: int, isr: list[int]
     ) -> tuple[list[int], int]:
-        """Forwards a leader replica's ISR change to the Controller with this broker's epoch."""
+        """Forwards a leader replica's ISR change to the Controller with this broker's epoch
+        (once it has one: a replica may lead before this broker's registration returns)."""
         assert leader_id == self.broker_id, "only this broker's replicas report here"
+        await self._registered().wait()
         return await self._controller.alter_partition.remote(
             self.broker_id, self._broker_epoch, topic, partition, leader_epoch, partition_epoch, isr
         )

@@ -61,6 +61,19 @@ class LeaderReplicaState:
             if r != leader_id
         }
 
+    def update_replicas(self, replicas: Iterable[int], now_ms: int) -> None:
+        """The partition's replicas changed (a reassignment added or removed some): a new
+        follower starts "caught up now", like every follower of a new leader; a removed
+        one is forgotten. The ISR is not changed here."""
+        replicas = list(replicas)
+        assert self.leader_id in replicas, f"leader {self.leader_id} is not a replica {replicas}"
+        self.replicas = replicas
+        self.followers = {
+            r: self.followers.get(r) or FollowerState(last_caught_up_time_ms=now_ms, last_fetch_time_ms=now_ms)
+            for r in replicas
+            if r != self.leader_id
+        }
+
     def record_follower_fetch(self, replica_id: int, fetch_offset: int, leader_log_end_offset: int, now_ms: int) -> None:
         """A follower fetched from `fetch_offset` (its LEO); Kafka's updateFetchState."""
         state = self.followers.get(replica_id)

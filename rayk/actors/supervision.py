@@ -13,6 +13,9 @@ which fails the held call too. Either way the owner's `on_death(key, handle)` ru
 - `ChildSupervisor`: the owner's half. `watch(key, handle)` once the child has answered
   its first call (creation, including log recovery, may take long and is not probed),
   `forget(key)` before stopping it on purpose, `probe()` from the owner's periodic loop.
+- `start_again_if_restarted`: for the actors Ray itself restarts (max_restarts=-1: the
+  Controller, the brokers), which have no owner to start them again: called from
+  `__init__`, it calls the actor's own `start` once the actor is back.
 
 Not thread-safe: both halves run on their actor's event loop.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -124,3 +128,27 @@ class ChildSupervisor:
                 continue
             if child.probe is None:
                 child.probe = asyncio.ensure_future(child.handle.ping.remote())
+
+
+def start_again_if_restarted(method: str = "start", retry_backoff_ms: int = 50) -> bool:
+    """From an actor's `__init__`: if Ray is restarting this actor after its process died,
+    calls its `method` (by a call to itself, from a thread, retried until answered: a call
+    sent while the actor is still being restarted can be refused). True if it will."""
+    context = ray.get_runtime_context()
+    if not context.was_current_actor_reconstructed:
+        return False
+    handle = context.current_actor
+
+    def call_until_answered() -> None:
+        while True:
+            try:
+                ray.get(getattr(handle, method).remote())
+                return
+            except RayActorError as e:  # not accepting calls yet
+                logger.info("restarted actor: %s not taken yet: %s", method, e)
+            except Exception:
+                logger.exception("restarted actor: %s failed; trying again", method)
+            time.sleep(retry_backoff_ms / 1000)
+
+    threading.Thread(target=call_until_answered, name=f"restart-{method}", daemon=True).start()
+    return True

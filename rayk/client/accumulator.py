@@ -99,6 +99,7 @@ class RecordAccumulator:
         self._buffered_bytes = 0  # their size, bounded by buffer_memory
         self._flushing = 0
         self.closed = False
+        self.abandoned = False  # closed with records unfinished: the sender fails them and stops
         self._failure: str | None = None  # set if the sender thread failed: no more sends
 
     # ------------------------------------------------------------------ the user's side
@@ -167,9 +168,12 @@ class RecordAccumulator:
             finally:
                 self._flushing -= 1
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """No more records; the sender stops once nothing is unfinished, or at once
+        (failing what is) with `abandon`."""
         with self.lock:
             self.closed = True
+            self.abandoned = self.abandoned or (abandon and self.unfinished > 0)
             self.lock.notify_all()
             self._space.notify_all()
 

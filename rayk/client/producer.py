@@ -196,14 +196,16 @@ class Producer:
         self._accumulator.await_all(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Flushes, then stops the sender thread."""
+        """Flushes for up to `timeout_s`, then stops the sender thread. Records still
+        unacknowledged then fail with KafkaTimeoutError, as with Kafka's close(timeout), so
+        that nothing of this producer calls the cluster after close returns."""
         if self._closed:
             return
         self._closed = True
         try:
             self.flush(timeout_s)
         finally:
-            self._accumulator.close()
+            self._accumulator.close(abandon=True)
             self._sender.join(timeout_s=5)
 
     def __enter__(self) -> Producer:

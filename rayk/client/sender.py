@@ -92,18 +92,22 @@ class Sender:
             self._loop()
         except BaseException as e:  # a bug: fail what waits rather than let flush() hang
             logger.exception("the producer's sender thread failed")
-            reason = f"the producer's sender thread failed: {type(e).__name__}: {e}"
-            for batch in self._acc.abort(reason):
-                if not batch.result.done():
-                    batch.result.fail(UnknownServerError(reason))
-                self._acc.finished(batch)
+            self._fail_unfinished(UnknownServerError(f"the producer's sender thread failed: {type(e).__name__}: {e}"))
             raise
+        if self._acc.abandoned:
+            self._fail_unfinished(KafkaTimeoutError("the producer was closed before these records were acknowledged"))
+
+    def _fail_unfinished(self, error: KafkaError) -> None:
+        for batch in self._acc.abort(str(error)):
+            if not batch.result.done():
+                batch.result.fail(error)
+            self._acc.finished(batch)
 
     def _loop(self) -> None:
         acc = self._acc
         while True:
             with acc.lock:
-                if acc.closed and not acc.unfinished:
+                if acc.closed and (not acc.unfinished or acc.abandoned):
                     return
                 now = time.monotonic()
                 acc.close_lingering(now)

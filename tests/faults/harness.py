@@ -1,0 +1,254 @@
+"""What every fault test shares: a Ray cluster of a head and broker nodes, a rayk cluster
+under continuous acks=all idempotent production, process kills by pid, and the checks.
+
+Each test deploys a fresh rayk cluster (its own Ray namespace and data directory) on
+the module's Ray cluster, writes without pause to a 3-partition RF=3 topic with
+min.insync.replicas=2 through rayk's own Producer, injects one fault, and then checks
+what the issue asks of every fault:
+- every acknowledged record is read back exactly once, at its acknowledged offset;
+- no record shows up twice (acknowledged or not);
+- writes resume on every partition within broker.session.timeout.ms + 10 s;
+- afterwards every partition has a leader and a full ISR (no reassignment left).
+Processes are killed by the pid in Ray's actor table, and only rayk's own actors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray._private.state import actors as actor_table
+
+import rayk
+from tests.cluster_helpers import FAST_CONFIG, decode, wait_until
+
+BROKER_RESOURCE = "rayk_broker"
+TOPIC = "faults"
+PARTITIONS = 3
+# Short, as in the other cluster tests, but above FAST_CONFIG's 4 s: on this 2-core machine
+# four Ray nodes restarting every process at once need a few seconds just to fork them.
+SESSION_TIMEOUT_MS = 6_000
+CONFIG = {**FAST_CONFIG, "broker.session.timeout.ms": SESSION_TIMEOUT_MS, "broker.replacement.delay.ms": -1}
+RESUME_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 10  # the issue's bound on writes resuming
+SEND_RATE_PER_S = 1_500  # enough to keep every partition busy, little enough for 2 cores
+RAYK_ACTOR_CLASSES = {"Controller", "ReplicaManager", "PartitionReplica", "OffsetsPartitionReplica", "SocketServer"}
+_namespaces = itertools.count()
+
+
+def pid_of(handle: Any) -> int:
+    """The pid Ray's actor table gives for an actor's process."""
+    return actor_table(handle._actor_id.hex())["Pid"]
+
+
+def signal_actor(handle: Any, sig: int) -> int:
+    pid = pid_of(handle)
+    os.kill(pid, sig)
+    return pid
+
+
+def live_rayk_actor_pids() -> list[int]:
+    """Pids of every live rayk actor process in this Ray cluster (only this module's tests
+    run rayk on it, and each shuts its cluster down before the next starts)."""
+    return sorted(
+        {
+            info["Pid"]
+            for info in actor_table().values()
+            if info["State"] == "ALIVE" and info["ActorClassName"] in RAYK_ACTOR_CLASSES and info["Pid"]
+        }
+    )
+
+
+def start_rayk(data_dir, brokers: int = 3, config: dict | None = None, namespace: str | None = None) -> Any:
+    c = rayk.start(
+        brokers=brokers,
+        data_dir=data_dir,
+        config={**CONFIG, **(config or {})},
+        namespace=namespace or f"faults-{next(_namespaces)}",
+        node_resource=BROKER_RESOURCE,
+    )
+    return c
+
+
+@dataclass
+class Traffic:
+    """One idempotent acks=all Producer sending unique values without pause, round-robin
+    over the partitions, recording what was acknowledged where and when."""
+
+    cluster: Any
+    topic: str = TOPIC
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # value -> (partition, offset)
+    failed: Counter = field(default_factory=Counter)  # error name -> records
+    sent_at: dict[bytes, float] = field(default_factory=dict)
+    acked_at: dict[bytes, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.producer = self.cluster.producer(acks="all", linger_ms=5, delivery_timeout_ms=120_000)
+        RUNNING.append(self)
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval_s = 1 / SEND_RATE_PER_S
+        for i in itertools.count():
+            if self._halt.is_set():
+                return
+            value = b"record-%09d" % i
+            partition = i % PARTITIONS
+            with self._lock:
+                self.sent_at[value] = time.monotonic()
+            future = self.producer.send(self.topic, value=value, partition=partition)
+            future.add_done_callback(lambda f, v=value: self._done(v, f))
+            time.sleep(interval_s)
+
+    def _done(self, value: bytes, future: Any) -> None:
+        error = future.exception()
+        with self._lock:
+            if error is None:
+                meta = future.result()
+                self.acked[value] = (meta.partition, meta.offset)
+                self.acked_at[value] = time.monotonic()
+            else:
+                self.failed[getattr(error, "name", type(error).__name__)] += 1
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def resumed_after(self, t0: float) -> dict[int, float]:
+        """Per partition, seconds from `t0` to the first acknowledgement of a record sent after it."""
+        out: dict[int, float] = {}
+        with self._lock:
+            for value, sent in self.sent_at.items():
+                if sent > t0 and value in self.acked:
+                    p = self.acked[value][0]
+                    out[p] = min(out.get(p, float("inf")), self.acked_at[value] - t0)
+        return out
+
+    def wait_resumed(self, t0: float) -> float:
+        """Waits until every partition took a write sent after `t0`; returns the slowest's delay (s)."""
+        wait_until(lambda: len(self.resumed_after(t0)) == PARTITIONS, RESUME_BOUND_S + 20, "writes on every partition")
+        slowest = max(self.resumed_after(t0).values())
+        assert slowest <= RESUME_BOUND_S, f"writes resumed after {slowest:.1f} s, bound {RESUME_BOUND_S} s"
+        return slowest
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=30)
+        self.producer.flush(180)
+        self.producer.close()
+
+    def abandon(self) -> None:
+        """Stops sending at once, acknowledged or not (a test that failed)."""
+        self._halt.set()
+        self._thread.join(timeout=30)
+        self.producer.close(timeout_s=0)
+
+
+RUNNING: list[Traffic] = []
+
+
+def abandon_running_traffic() -> None:
+    while RUNNING:
+        traffic = RUNNING.pop()
+        try:
+            traffic.abandon()
+        except Exception:
+            pass  # it was stopped already, or its cluster is gone
+
+
+def read_partition(cluster: Any, partition: int) -> dict[int, bytes]:
+    """offset -> value of everything below the partition's high watermark, from its leader."""
+    leader = wait_until(lambda: _leader_or_none(cluster, partition), 60, f"a leader for partition {partition}")
+    hw = ray.get(leader.describe.remote())["high_watermark"]
+    out: dict[int, bytes] = {}
+    offset = 0
+    while offset < hw:
+        result = ray.get(leader.fetch.remote(offset, 1 << 20, 1, 0))
+        assert result.error is None, result.error
+        records = decode(result.records)
+        assert records, f"no progress at offset {offset} of partition {partition} (HW {hw})"
+        out.update(records)
+        offset = records[-1][0] + 1
+    return out
+
+
+def _leader_or_none(cluster: Any, partition: int) -> Any:
+    try:
+        return cluster.leader(TOPIC, partition)
+    except Exception:
+        return None
+
+
+def healthy(cluster: Any) -> bool:
+    try:
+        parts = cluster.describe_topic(TOPIC)
+    except Exception:
+        return False
+    return all(
+        p["leader"] >= 0
+        and sorted(p["isr"]) == sorted(p["replicas"])
+        and not p["adding_replicas"]
+        and not p["removing_replicas"]
+        and p["high_watermark"] is not None
+        for p in parts
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    fault: str
+    resume_s: float
+    acknowledged: int
+    lost: int
+    duplicated: int
+    failed: dict
+
+    def line(self) -> str:
+        return (
+            f"FAULT {self.fault}: writes resumed on every partition after {self.resume_s:.1f} s; "
+            f"{self.acknowledged} acknowledged, {self.lost} lost, {self.duplicated} duplicated; "
+            f"unacknowledged: {dict(self.failed) or 'none'}"
+        )
+
+
+def check(cluster: Any, traffic: Traffic, fault: str, resume_s: float) -> Outcome:
+    """The checks every fault test ends with; returns (and prints) the figures."""
+    traffic.stop()
+    wait_until(lambda: healthy(cluster), 90, "every partition led, with its full ISR")
+    stored = {p: read_partition(cluster, p) for p in range(PARTITIONS)}
+    lost = [(v, where) for v, where in traffic.acked.items() if stored[where[0]].get(where[1]) != v]
+    counts = Counter(v for part in stored.values() for v in part.values())
+    duplicated = [v for v, n in counts.items() if n > 1]
+    outcome = Outcome(fault, resume_s, len(traffic.acked), len(lost), len(duplicated), dict(traffic.failed))
+    print(outcome.line())
+    assert traffic.acked, "nothing was acknowledged"
+    assert not lost, f"{len(lost)} acknowledged records are not at their offsets, e.g. {lost[:3]}"
+    assert not duplicated, f"{len(duplicated)} records are stored twice, e.g. {duplicated[:3]}"
+    return outcome
+
+
+def run_until_acked(traffic: Traffic, records: int, timeout_s: float = 60) -> None:
+    start = traffic.acked_count()
+    wait_until(lambda: traffic.acked_count() >= start + records, timeout_s, f"{records} more acknowledged records")
+
+
+def broker_node(ray_cluster: Any, cluster: Any, broker_id: int) -> Any:
+    node_id = next(b["node_id"] for b in cluster.brokers() if b["broker_id"] == broker_id)
+    return next(n for n in ray_cluster.list_all_nodes() if n.node_id == node_id)
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # gone already (a replica dies with its broker)

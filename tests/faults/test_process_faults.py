@@ -1,0 +1,155 @@
+"""Process faults on a Ray cluster of a head and 3 broker nodes, under continuous
+acks=all idempotent production: SIGKILL of a leader replica, a follower replica, a
+broker (ReplicaManager), the Controller; SIGSTOP of a leader replica past the session
+timeout (a zombie); and kill -9 of every rayk process at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from tests.cluster_helpers import wait_until
+from tests.faults.harness import (
+    BROKER_RESOURCE,
+    PARTITIONS,
+    SESSION_TIMEOUT_MS,
+    TOPIC,
+    Traffic,
+    check,
+    kill_all,
+    live_rayk_actor_pids,
+    pid_of,
+    run_until_acked,
+    signal_actor,
+    start_rayk,
+)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(3):
+        cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture
+def rayk_cluster(ray_cluster, tmp_path):
+    c = start_rayk(tmp_path)
+    c.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+    yield c
+    try:
+        c.shutdown()
+    except Exception:
+        pass  # the test's fault took it down
+
+
+def partition_state(c, partition: int = 0) -> dict:
+    return c.describe_topic(TOPIC)[partition]
+
+
+def test_sigkill_of_a_leader_replica_moves_leadership_and_the_replica_comes_back(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    before = partition_state(c)
+    t0 = time.monotonic()
+    signal_actor(c.leader(TOPIC, 0), signal.SIGKILL)
+    resume_s = traffic.wait_resumed(t0)
+    after = partition_state(c)
+    assert after["leader"] != before["leader"] and after["leader_epoch"] > before["leader_epoch"]
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "SIGKILL of a leader replica", resume_s)
+    assert not any(b["fenced"] for b in c.brokers()), "a replica failure is not a broker failure"
+
+
+def test_sigkill_of_a_follower_replica_leaves_the_leader_and_the_replica_comes_back(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    before = partition_state(c)
+    follower = next(b for b in before["replicas"] if b != before["leader"])
+    t0 = time.monotonic()
+    signal_actor(c.replica(TOPIC, 0, follower), signal.SIGKILL)
+    resume_s = traffic.wait_resumed(t0)
+    assert partition_state(c)["leader"] == before["leader"]
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "SIGKILL of a follower replica", resume_s)
+    assert not any(b["fenced"] for b in c.brokers())
+
+
+def test_sigkill_of_a_broker_process_is_restarted_by_ray_and_rejoins(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    broker = partition_state(c)["leader"]
+    before = ray.get(c.broker(broker).describe.remote())
+    t0 = time.monotonic()
+    signal_actor(c.broker(broker), signal.SIGKILL)
+    resume_s = traffic.wait_resumed(t0)
+
+    def restarted():
+        try:
+            return ray.get(c.broker(broker).describe.remote(), timeout=5)
+        except Exception:
+            return None
+
+    after = wait_until(lambda: (d := restarted()) and d["broker_epoch"] > before["broker_epoch"] and d, 60, "the broker to restart")
+    assert after["incarnation_id"] != before["incarnation_id"] and not after["clean_shutdown"]
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "SIGKILL of a ReplicaManager", resume_s)
+
+
+def test_sigkill_of_the_controller_is_restarted_by_ray_and_clients_ride_through(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    old_pid = pid_of(c.controller)
+    t0 = time.monotonic()
+    signal_actor(c.controller, signal.SIGKILL)
+    wait_until(lambda: pid_of(c.controller) not in (old_pid, None, 0), 60, "Ray to restart the Controller")
+    resume_s = traffic.wait_resumed(t0)
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "SIGKILL of the Controller", resume_s)
+    assert sorted(b["broker_id"] for b in c.brokers() if b["connected"] and not b["fenced"]) == [0, 1, 2]
+
+
+def test_sigstop_of_a_leader_replica_past_the_session_timeout_then_sigcont(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    before = partition_state(c)
+    t0 = time.monotonic()
+    pid = signal_actor(c.leader(TOPIC, 0), signal.SIGSTOP)
+    resume_s = traffic.wait_resumed(t0)
+    time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 + 2 - (time.monotonic() - t0)))
+    try:
+        os.kill(pid, signal.SIGCONT)  # the zombie wakes up, if its broker has not killed it
+    except ProcessLookupError:
+        pass
+    after = partition_state(c)
+    assert after["leader"] != before["leader"] and after["leader_epoch"] > before["leader_epoch"]
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "SIGSTOP of a leader replica, then SIGCONT", resume_s)
+
+
+def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
+    c = rayk_cluster
+    traffic = Traffic(c)
+    run_until_acked(traffic, 2_000)
+    pids = live_rayk_actor_pids()
+    assert len(pids) >= 1 + 3 + 3 * PARTITIONS, pids  # Controller, brokers, listeners, replicas
+    t0 = time.monotonic()
+    kill_all(pids)
+    resume_s = traffic.wait_resumed(t0)
+    run_until_acked(traffic, 1_000)
+    check(c, traffic, "kill -9 of every rayk process", resume_s)
