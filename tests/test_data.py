@@ -172,7 +172,8 @@ def test_write_fails_when_records_are_not_acknowledged_and_on_bad_columns(cluste
         wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 2, 30, "the ISR to shrink")
         with pytest.raises(Exception, match="NOT_ENOUGH_REPLICAS"):
             rayk_data.write_topic(
-                ray.data.from_items([{"value": b"x"}] * 10), topic, cluster=cluster, delivery_timeout_ms=1500
+                ray.data.from_items([{"value": b"x"}] * 10), topic, cluster=cluster, delivery_timeout_ms=1500,
+                request_timeout_ms=1000,
             )
     finally:
         cluster.restart_broker(follower)

@@ -40,7 +40,7 @@ class IdempotentLeader:
     after appending."""
 
     def __init__(self, oos_calls=(), hang_calls=(), hang_after_append_calls=(), hang_all=False, gap_wait_s=0.5):
-        from rayk.actors.producer_state import ProducerStateManager
+        from rayk.storage.producer_state import ProducerStateManager
 
         self.state = ProducerStateManager()
         self.oos_calls, self.hang_calls = set(oos_calls), set(hang_calls)
@@ -52,7 +52,7 @@ class IdempotentLeader:
 
     async def produce(self, batch, acks, timeout_ms):
         from rayk.actors.partition_replica import ProduceResult
-        from rayk.actors.producer_state import BatchMetadata, Verdict
+        from rayk.storage.producer_state import BatchMetadata, Verdict
         from rayk.errors import KafkaError, OutOfOrderSequenceError
         from rayk.storage.records import iter_batches
 

@@ -114,6 +114,6 @@ def test_reads_and_writes_with_a_dead_follower_and_unacknowledged_writes_fail(cl
             range(30)
         )
         with pytest.raises(Exception, match="NOT_ENOUGH_REPLICAS"):  # the Spark job fails
-            rayk_spark.write_topic(df, strict, cluster=cluster, delivery_timeout_ms=1500)
+            rayk_spark.write_topic(df, strict, cluster=cluster, delivery_timeout_ms=1500, request_timeout_ms=1000)
     finally:
         cluster.restart_broker(follower)

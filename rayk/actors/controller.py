@@ -410,11 +410,12 @@ class Controller:
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
         self._check_broker_epoch(broker_id, broker_epoch)
+        before = self._meta.partition(topic, partition)
         records = self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr)
         self._commit(records)
         state = self._meta.partition(topic, partition)
-        if records and (state.leader != broker_id or state.leader_epoch != leader_epoch):
-            self._spawn(self._push_partition(topic, partition))  # a reassignment moved the leadership
+        if state.replicas != before.replicas or state.leader != before.leader:
+            self._spawn(self._push_partition(topic, partition))  # a reassignment completed
         return list(state.isr), state.partition_epoch
 
     async def replica_failed(self, broker_id: int, broker_epoch: int, topic: str, partition: int) -> None:

@@ -63,6 +63,7 @@ class ProducerBatch:
     base_sequence: int = -1
     ref: Any = None  # the produce call in flight
     request_deadline_s: float = 0.0
+    last_error: BaseException | None = None  # why its last attempt failed, if it is being retried
 
     @property
     def stamped(self) -> bool:

@@ -235,6 +235,7 @@ class Sender:
         retriable = error.retriable and now < batch.created_s + self._acc.delivery_timeout_s
         if retriable:
             logger.debug("retrying %s after %s", tp, error)
+            batch.last_error = error
             if isinstance(error, STALE_LEADER_ERRORS):
                 self._metadata.invalidate(tp.topic, tp.partition)
         with self._acc.lock:
@@ -251,7 +252,7 @@ class Sender:
             calls.cancel(batch.ref)
             with self._acc.lock:
                 self._acc.in_flight[batch.tp] -= 1
-        self._fail(batch, self._expiry_error(batch, ""))
+        self._fail(batch, self._expiry_error(batch, f"; last error {batch.last_error}" if batch.last_error else ""))
 
     def _expiry_error(self, batch: ProducerBatch, detail: str) -> KafkaTimeoutError:
         return KafkaTimeoutError(

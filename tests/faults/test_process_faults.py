@@ -153,3 +153,25 @@ def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     resume_s = traffic.wait_resumed(t0)
     run_until_acked(traffic, 1_000)
     check(c, traffic, "kill -9 of every rayk process", resume_s)
+
+
+def test_sigkill_of_a_brokers_kafka_listener_starts_a_new_one_that_clients_reach(rayk_cluster):
+    import confluent_kafka
+
+    c = rayk_cluster
+    before = {b["broker_id"]: b["endpoint"] for b in c.brokers()}
+    listener = next(
+        info for info in ray._private.state.actors().values()
+        if info["ActorClassName"] == "SocketServer" and info["State"] == "ALIVE"
+    )
+    os.kill(listener["Pid"], signal.SIGKILL)
+    wait_until(
+        lambda: sorted(b["endpoint"] != before[b["broker_id"]] for b in c.brokers()) == [False, False, True],
+        30,
+        "a new listener's address",
+    )
+    producer = confluent_kafka.Producer({"bootstrap.servers": c.bootstrap_servers, "acks": "all"})
+    delivered = []
+    for p in range(PARTITIONS):  # every broker leads a partition: every listener is used
+        producer.produce(TOPIC, value=b"after", partition=p, on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush(30) == 0 and delivered == [None] * PARTITIONS
