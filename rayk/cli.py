@@ -3,6 +3,8 @@
     rayk start --brokers 3 --data-dir ./rayk-data      deploy onto the running Ray cluster
     rayk status | rayk stop
     rayk topics create|list|describe|alter|delete ...
+    rayk topics reassign TOPIC --partition 0 --replicas 3,1,2 | --cancel
+    rayk topics reassignments [TOPIC]                  partition moves under way
     rayk groups list | rayk groups describe GROUP
     rayk produce TOPIC < lines                         each line a record
     rayk consume TOPIC --from-beginning               one value per line
@@ -82,6 +84,24 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _broker_list(text: str) -> list[int]:
+    """"3,1,2" -> [3, 1, 2]: broker ids, the first the preferred leader."""
+    try:
+        return [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated broker ids such as 3,1,2, got {text!r}") from None
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -285,6 +305,50 @@ def cmd_topics_alter(args: argparse.Namespace) -> None:
 def cmd_topics_delete(args: argparse.Namespace) -> None:
     _connect(args).admin().delete_topics([args.name])
     say(args, f"deleted topic {args.name!r}")
+
+
+def cmd_topics_reassign(args: argparse.Namespace) -> None:
+    from rayk.client.types import TopicPartition
+
+    cluster = _connect(args)
+    admin = cluster.admin()
+    tp = TopicPartition(args.name, args.partition)
+    error = admin.alter_partition_reassignments({tp: None if args.cancel else args.replicas})[tp]
+    if error is not None:
+        raise error
+    name = f"{tp.topic}-{tp.partition}"
+    if args.cancel:
+        replicas = next(p["replicas"] for p in cluster.describe_topic(tp.topic) if p["partition"] == tp.partition)
+        say(args, f"cancelled the reassignment of {name}; its replicas are {_ids(replicas)}")
+        return
+    ongoing = admin.list_partition_reassignments([tp]).get(tp)
+    if ongoing is None:  # nothing to copy: the target was the current replicas, or fewer of them
+        say(args, f"{name} has replicas {_ids(args.replicas)}")
+    else:
+        say(args, f"reassigning {name} to replicas {_ids(args.replicas)}: adding {_ids(ongoing.adding_replicas)}, "
+                  f"removing {_ids(ongoing.removing_replicas)}; `rayk topics reassignments` shows the progress")  # fmt: skip
+
+
+def cmd_topics_reassignments(args: argparse.Namespace) -> None:
+    from rayk.client.types import TopicPartition
+
+    cluster = _connect(args)
+    partitions = None
+    if args.name is not None:  # an unknown topic is an error here, not an empty list
+        partitions = [TopicPartition(args.name, p["partition"]) for p in cluster.describe_topic(args.name)]
+    ongoing = cluster.admin().list_partition_reassignments(partitions)
+    if not ongoing:
+        say(args, "no partition reassignments in progress" + (f" for topic {args.name!r}" if args.name else ""))
+        return
+    rows = [
+        (tp.topic, tp.partition, _ids(r.replicas), _ids(r.adding_replicas), _ids(r.removing_replicas))
+        for tp, r in ongoing.items()
+    ]
+    say(args, table(("topic", "partition", "replicas", "adding", "removing"), rows))
+
+
+def _ids(broker_ids: Sequence[int]) -> str:
+    return ",".join(map(str, broker_ids)) or "-"
 
 
 # ---------------------------------------------------------------------------- groups
@@ -608,7 +672,8 @@ def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
 
 
 def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
-    topics = sub.add_parser("topics", help="create, list, describe, alter and delete topics", description="topics")
+    topics = sub.add_parser("topics", help="create, list, describe, alter, delete and reassign topics",
+                            description="topics")
     tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     create = _add(tsub, "create", cmd_topics_create, "create a topic", [conn])
     create.add_argument("name")
@@ -622,6 +687,17 @@ def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     alter.add_argument("name")
     _config_option(alter, "topic config", required=True)
     _add(tsub, "delete", cmd_topics_delete, "delete a topic and its data", [conn]).add_argument("name")
+    reassign = _add(tsub, "reassign", cmd_topics_reassign,
+                    "move a partition to other brokers (new replicas catch up before old ones go), or cancel", [conn])
+    reassign.add_argument("name")
+    reassign.add_argument("--partition", type=_non_negative_int, required=True, metavar="N", help="the partition to move")
+    target = reassign.add_mutually_exclusive_group(required=True)
+    target.add_argument("--replicas", type=_broker_list, metavar="IDS",
+                        help="the target brokers, comma-separated, the first the preferred leader (e.g. 3,1,2)")
+    target.add_argument("--cancel", action="store_true", help="cancel the reassignment under way")
+    reassignments = _add(tsub, "reassignments", cmd_topics_reassignments,
+                         "list the partition reassignments in progress", [conn])
+    reassignments.add_argument("name", nargs="?", help="only this topic's")
 
 
 def _add_group_commands(sub: Any, conn: argparse.ArgumentParser) -> None:

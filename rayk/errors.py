@@ -163,6 +163,12 @@ class UnsupportedVersionError(KafkaError):
     code, name = 35, "UNSUPPORTED_VERSION"
 
 
+class NotControllerError(KafkaError):
+    """The Controller could not be reached (Ray is restarting it): refresh metadata and retry."""
+
+    code, name, retriable = 41, "NOT_CONTROLLER", True
+
+
 class InvalidRequestError(KafkaError):
     code, name = 42, "INVALID_REQUEST"
 

@@ -19,6 +19,9 @@ import ray
 
 import rayk
 from rayk import cli
+from rayk.client import PartitionReassignment, TopicPartition
+from rayk.errors import UnknownTopicOrPartitionError
+from tests.cluster_helpers import wait_until
 
 NAMESPACE = "cli-test"
 LOOPBACK_LISTENER = "PLAINTEXT://127.0.0.1:0"  # tests bind to loopback, on free ports
@@ -93,7 +96,8 @@ def rows(table_text: str) -> list[list[str]]:
 @pytest.mark.parametrize(
     "command",
     [[], ["start"], ["status"], ["stop"], ["topics"], ["topics", "create"], ["topics", "alter"], ["groups"],
-     ["groups", "describe"], ["produce"], ["consume"], ["perf"], ["perf", "produce"], ["perf", "consume"], ["demo"]],
+     ["groups", "describe"], ["produce"], ["consume"], ["perf"], ["perf", "produce"], ["perf", "consume"], ["demo"],
+     ["topics", "reassign"], ["topics", "reassignments"]],
 )  # fmt: skip
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -109,6 +113,72 @@ def test_bad_options_exit_2(capsys):
     with pytest.raises(SystemExit):
         cli.main(["topics", "alter", "t", "--config", "no-equals-sign"])
     assert "expected key=value" in capsys.readouterr().err
+
+
+def test_reassign_options_are_checked_before_connecting(capsys):
+    for argv in (["topics", "reassign", "t", "--partition", "0"],
+                 ["topics", "reassign", "t", "--partition", "0", "--replicas", "1,2", "--cancel"],
+                 ["topics", "reassign", "t", "--partition", "-1", "--replicas", "1,2"],
+                 ["topics", "reassign", "t", "--partition", "0", "--replicas", "3,x"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        assert exit_info.value.code == 2, argv
+    assert "expected comma-separated broker ids such as 3,1,2, got '3,x'" in capsys.readouterr().err
+
+
+class StandInCluster:
+    """What the reassignment commands use of a Cluster, with two reassignments under way."""
+
+    ONGOING = {
+        TopicPartition("a", 0): PartitionReassignment([3, 1, 2, 0], [3], [0]),
+        TopicPartition("b", 1): PartitionReassignment([1, 2], [], [2]),
+    }
+
+    def __init__(self) -> None:
+        self.altered: list[dict] = []
+        self.listed: list = []
+
+    def admin(self) -> StandInCluster:
+        return self
+
+    def describe_topic(self, name: str) -> list[dict]:
+        if name not in ("a", "b"):
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return [{"partition": p, "replicas": [0, 1, 2]} for p in range(2)]
+
+    def alter_partition_reassignments(self, reassignments: dict) -> dict:
+        self.altered.append(reassignments)
+        return {tp: None for tp in reassignments}
+
+    def list_partition_reassignments(self, partitions=None) -> dict:
+        self.listed.append(partitions)
+        return {tp: r for tp, r in self.ONGOING.items() if partitions is None or tp in partitions}
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    c = StandInCluster()
+    monkeypatch.setattr(cli, "_connect", lambda args: c)
+    monkeypatch.setattr(cli, "_shutdown_ray", lambda: None)  # never this module's Ray instance
+    return c
+
+
+def test_reassignments_prints_one_row_per_partition_moving(stand_in, capsys):
+    assert cli.main(["topics", "reassignments"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["topic", "partition", "replicas", "adding", "removing"]
+    assert rows(out) == [["a", "0", "3,1,2,0", "3", "0"], ["b", "1", "1,2", "-", "2"]]
+    assert cli.main(["topics", "reassignments", "b"]) == 0
+    assert rows(capsys.readouterr().out) == [["b", "1", "1,2", "-", "2"]]
+    assert stand_in.listed == [None, [TopicPartition("b", 0), TopicPartition("b", 1)]]
+
+
+def test_reassign_starts_or_cancels_one_partition_and_says_what_moves(stand_in, capsys):
+    assert cli.main(["topics", "reassign", "a", "--partition", "0", "--replicas", "3,1,2"]) == 0
+    assert capsys.readouterr().out.startswith("reassigning a-0 to replicas 3,1,2: adding 3, removing 0;")
+    assert cli.main(["topics", "reassign", "a", "--partition", "1", "--cancel"]) == 0
+    assert capsys.readouterr().out.strip() == "cancelled the reassignment of a-1; its replicas are 0,1,2"
+    assert stand_in.altered == [{TopicPartition("a", 0): [3, 1, 2]}, {TopicPartition("a", 1): None}]
 
 
 def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
@@ -201,6 +271,34 @@ def test_perf_produce_and_consume_print_their_summaries(run, cluster):
     consumed = run("perf", "consume", "--topic", "perf", "--messages", "3000", "--group", "perf-group")
     header, values = ok(consumed).strip().splitlines()
     assert all(key in header for key in keys) and values.split()[0] == "3000"
+
+
+def test_reassign_moves_a_partition_to_another_broker_and_mistakes_are_one_line_errors(run, cluster):
+    cluster.create_topic("relocated", partitions=1, replication_factor=2)
+    replicas = cluster.describe_topic("relocated")[0]["replicas"]
+    spare = next(b for b in range(3) if b not in replicas)
+    target = [spare, replicas[1]]
+    ids = ",".join(map(str, target))
+    started = ok(run("topics", "reassign", "relocated", "--partition", "0", "--replicas", ids)).strip()
+    assert started.startswith(f"reassigning relocated-0 to replicas {ids}: adding {spare}, removing {replicas[0]};") \
+        or started == f"relocated-0 has replicas {ids}", "or it completed already"  # fmt: skip
+
+    def moved() -> bool:
+        p = cluster.describe_topic("relocated")[0]
+        return p["replicas"] == target and sorted(p["isr"]) == sorted(target) and not p["removing_replicas"]
+
+    wait_until(moved, 60, "the move to complete")
+    assert ok(run("topics", "reassignments")).strip() == "no partition reassignments in progress"
+    assert ok(run("topics", "reassignments", "relocated")).strip() == (
+        "no partition reassignments in progress for topic 'relocated'"
+    )
+    twice = run("topics", "reassign", "relocated", "--partition", "0", "--replicas", f"{spare},{spare}")
+    assert_one_line_error(twice, "INVALID_REPLICA_ASSIGNMENT")
+    nothing = run("topics", "reassign", "relocated", "--partition", "0", "--cancel")
+    assert_one_line_error(nothing, "NO_REASSIGNMENT_IN_PROGRESS")
+    unknown = run("topics", "reassign", "no-such-topic", "--partition", "0", "--replicas", "0")
+    assert_one_line_error(unknown, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_one_line_error(run("topics", "reassignments", "no-such-topic"), "UNKNOWN_TOPIC_OR_PARTITION")
 
 
 def test_user_mistakes_are_one_line_errors(run):

@@ -1,13 +1,21 @@
 """rayk's Python front door: deploy or attach to a cluster and use it through actor handles."""
 
 from rayk.client.cluster import Cluster, connect, start
-from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata, TopicPartition
+from rayk.client.types import (
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    PartitionReassignment,
+    RecordMetadata,
+    TopicPartition,
+)
 
 __all__ = [
     "Cluster",
     "ConsumerRecord",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
+    "PartitionReassignment",
     "RecordMetadata",
     "TopicPartition",
     "connect",

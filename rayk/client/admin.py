@@ -1,17 +1,32 @@
-"""Admin: topics, topic configs and consumer groups of a rayk cluster (kafka-python's
-KafkaAdminClient, over the Controller's and the group coordinators' actor handles)."""
+"""Admin: topics, topic configs, partition reassignments and consumer groups of a rayk
+cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
+coordinators' actor handles).
+
+Partition reassignments (KIP-455) go through `rayk.client.calls`, bounded by
+`timeout_ms` (Kafka's `default.api.timeout.ms`, 60 s): a Controller that Ray is
+restarting is waited for and the call retried within that time, then KafkaTimeoutError;
+no Ray exception reaches the caller. As with Kafka's Admin, a call retried after a lost
+answer may find its work done: a repeated target changes nothing, a repeated cancel
+answers NO_REASSIGNMENT_IN_PROGRESS.
+"""
 
 from __future__ import annotations
 
+import operator
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import ray
 
 from rayk.actors.consumer_group import GroupState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.client import calls
 from rayk.client.group_member import CoordinatorLink
-from rayk.client.types import TopicPartition
-from rayk.errors import GroupIdNotFoundError, KafkaError
+from rayk.client.types import PartitionReassignment, TopicPartition
+from rayk.errors import GroupIdNotFoundError, InvalidReplicaAssignmentError, InvalidTopicError, KafkaError
+
+DEFAULT_API_TIMEOUT_MS = 60_000  # Kafka's default.api.timeout.ms
 
 
 class NewTopic(NamedTuple):
@@ -65,6 +80,68 @@ class Admin:
         merged = {**self.describe_topic_configs(name), **configs}
         return ray.get(self._controller.alter_topic_configs.remote(name, merged))
 
+    # ------------------------------------------------------------------ partition reassignments (KIP-455)
+
+    def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartition | tuple[str, int], Sequence[int] | None],
+        timeout_ms: int = DEFAULT_API_TIMEOUT_MS,
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Moves each partition to its target replicas (broker ids, the first the preferred
+        leader), or cancels its reassignment under way (None), as Kafka's
+        Admin.alterPartitionReassignments. The new replicas are added, catch up and join
+        the ISR; only then are the others removed and their data deleted. Returns once the
+        Controller has committed each change; `list_partition_reassignments` shows progress.
+
+        Per partition, the answer (not raised, as each of Kafka's per-partition futures
+        fails on its own): None when its reassignment started, replaced the one under way,
+        completed at once or was cancelled, else the typed error that refused it:
+        InvalidReplicaAssignmentError (INVALID_REPLICA_ASSIGNMENT) for an empty target, a
+        broker named twice, not registered or not an integer, or a cancel that would keep
+        only replicas not yet caught up; NoReassignmentInProgressError
+        (NO_REASSIGNMENT_IN_PROGRESS) for a cancel with none; UnknownTopicOrPartitionError.
+        Raised: InvalidTopicError for a key that is not a (topic, partition) pair (nothing
+        is sent), KafkaTimeoutError when the Controller cannot be reached within `timeout_ms`.
+        """
+        refused: dict[TopicPartition, KafkaError | None] = {}
+        targets: dict[tuple[str, int], list[int] | None] = {}
+        for key, replicas in reassignments.items():
+            tp = _topic_partition(key)
+            try:
+                targets[tuple(tp)] = None if replicas is None else _broker_ids(tp, replicas)
+            except InvalidReplicaAssignmentError as e:
+                refused[tp] = e
+        answers: dict = {}
+        if targets:
+            answers = calls.call(
+                lambda: self._controller.alter_partition_reassignments.remote(targets),
+                time.monotonic() + timeout_ms / 1000,
+                f"AlterPartitionReassignments of {len(targets)} partitions",
+            )
+        results = {TopicPartition(*tp): error for tp, error in answers.items()}
+        results.update(refused)
+        return results
+
+    def list_partition_reassignments(
+        self,
+        partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
+        timeout_ms: int = DEFAULT_API_TIMEOUT_MS,
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments under way (Kafka's Admin.listPartitionReassignments): of every
+        partition (None), or of those among `partitions` that have one; partitions and
+        topics that do not exist are left out. KafkaTimeoutError when the Controller cannot
+        be reached within `timeout_ms`."""
+        wanted = None if partitions is None else [tuple(_topic_partition(key)) for key in partitions]
+        ongoing = calls.call(
+            lambda: self._controller.list_partition_reassignments.remote(wanted),
+            time.monotonic() + timeout_ms / 1000,
+            "ListPartitionReassignments",
+        )
+        return {
+            TopicPartition(*tp): PartitionReassignment(r["replicas"], r["adding"], r["removing"])
+            for tp, r in sorted(ongoing.items())
+        }
+
     # ------------------------------------------------------------------ consumer groups
 
     def list_consumer_groups(self) -> list[dict]:
@@ -99,3 +176,26 @@ class Admin:
         info["partitions"] = lag
         del info["offsets"]
         return info
+
+
+def _topic_partition(key: Any) -> TopicPartition:
+    """`key` as a TopicPartition; INVALID_TOPIC_EXCEPTION if it is not a (topic, partition) pair."""
+    try:
+        topic, partition = key
+        if isinstance(topic, str) and not isinstance(partition, bool):
+            return TopicPartition(topic, operator.index(partition))
+    except (TypeError, ValueError):
+        pass
+    raise InvalidTopicError(f"{key!r} is not a (topic, partition) pair")
+
+
+def _broker_ids(tp: TopicPartition, replicas: Sequence[int]) -> list[int]:
+    """The target replicas as a list of ints; INVALID_REPLICA_ASSIGNMENT if they are not integers."""
+    try:
+        if isinstance(replicas, (str, bytes)) or any(isinstance(b, bool) for b in replicas):
+            raise TypeError
+        return [operator.index(b) for b in replicas]
+    except TypeError:
+        raise InvalidReplicaAssignmentError(
+            f"{tp.topic}-{tp.partition}: replicas must be a list of integer broker ids, got {replicas!r}"
+        ) from None

@@ -40,3 +40,13 @@ class OffsetAndTimestamp(NamedTuple):
 class OffsetAndMetadata(NamedTuple):
     offset: int
     metadata: str = ""
+
+
+class PartitionReassignment(NamedTuple):
+    """A partition's reassignment under way (Kafka's PartitionReassignment): its replicas
+    now (the target ones, then those being removed), and which of them are being added
+    (catching up) and removed (dropped once every target replica is in sync)."""
+
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]

@@ -4,7 +4,9 @@ The floor is Kafka 4.0's (KIP-896: Produce >= 3, Fetch >= 4, ...), which is also
 codec's schemas start. Ceilings stop below versions whose semantics rayk does not have:
 topic ids instead of names on the data path (Produce/Fetch v13, OffsetCommit/OffsetFetch
 v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered offsets (v7+), two-phase
-commit producer ids (InitProducerId v6), fenced brokers in DescribeCluster (v2).
+commit producer ids (InitProducerId v6), fenced brokers in DescribeCluster (v2). Where
+kio has versions newer than Kafka 4.0 serves (AlterPartitionReassignments v1, KIP-860,
+from Kafka 4.1), the ceiling is 4.0's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, API_VERSIONS = 15, 16, 18
 CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 19, 20, 22
-OFFSET_FOR_LEADER_EPOCH, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = 23, 32, 60
+OFFSET_FOR_LEADER_EPOCH, DESCRIBE_CONFIGS = 23, 32
+ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
 
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
@@ -36,6 +39,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 5),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     DESCRIBE_CONFIGS: (1, 4),
+    ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_CLUSTER: (0, 1),
 }
 

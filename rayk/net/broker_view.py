@@ -1,13 +1,18 @@
-"""What one listener knows about its broker and how it reaches the broker's replicas.
+"""What one listener knows about its broker and how it reaches the broker's replicas and
+the Controller.
 
 Requests on the data and group paths go to this broker's own replica of a partition (the
 replica answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR when it does not lead, so clients
 refresh their metadata, as with Kafka). Replica handles are looked up at the Controller
 once and cached; a handle whose actor died is dropped and looked up again next time.
+Partition reassignment requests reach the Controller through `ask_controller`, which
+holds them no longer than their own timeout_ms, as Kafka's controller does with a
+forwarded request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -15,7 +20,13 @@ from ray.exceptions import RayActorError
 
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.config import BrokerConfig
-from rayk.errors import KafkaError, NotLeaderOrFollowerError, UnknownServerError
+from rayk.errors import (
+    KafkaError,
+    NotControllerError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    UnknownServerError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +64,21 @@ class BrokerView:
         except RayActorError:
             self.forget(topic, partition)
             raise lost(f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting") from None
+
+    async def ask_controller(self, method: str, *args: Any, timeout_ms: int) -> Any:
+        """`method(*args)` on the Controller, answered within `timeout_ms`: REQUEST_TIMED_OUT
+        after it (the call is not undone: the change may still be applied, as with Kafka),
+        NOT_CONTROLLER while Ray restarts the Controller (Kafka clients then look the
+        controller up again and retry). An error the Controller raises comes back as itself."""
+        try:
+            async with asyncio.timeout(max(timeout_ms, 0) / 1000):
+                return await getattr(self.controller, method).remote(*args)
+        except KafkaError:
+            raise
+        except TimeoutError:
+            raise RequestTimedOutError(f"the Controller did not answer {method} within {timeout_ms} ms") from None
+        except RayActorError as e:
+            raise NotControllerError(f"the Controller is unreachable ({type(e).__name__}); retry") from None
 
     async def group_partition(self, group_id: str) -> int:
         """The __consumer_offsets partition coordinating `group_id` (creating the topic on first use)."""

@@ -3,8 +3,8 @@
 `handle` looks up the handler of the request's API, builds the response message of the
 request's version from what the handler returns (see `entities.build`), and turns an
 exception into that response with the error code set, so a request is always answered
-with something its client can read. Handlers live by topic in `data_apis`, `group_apis`
-and `admin_apis`.
+with something its client can read. Handlers live by topic in `data_apis`, `group_apis`,
+`admin_apis` and `reassignment_apis`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from rayk.net import admin_apis, data_apis, group_apis
+from rayk.net import admin_apis, data_apis, group_apis, reassignment_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.codec import Request, response_class
@@ -35,6 +35,8 @@ HANDLERS: dict[int, Handler] = {
     keys.DELETE_TOPICS: admin_apis.delete_topics,
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
     keys.INIT_PRODUCER_ID: admin_apis.init_producer_id,
+    keys.ALTER_PARTITION_REASSIGNMENTS: reassignment_apis.alter_partition_reassignments,
+    keys.LIST_PARTITION_REASSIGNMENTS: reassignment_apis.list_partition_reassignments,
     keys.FIND_COORDINATOR: group_apis.find_coordinator,
     keys.JOIN_GROUP: group_apis.join_group,
     keys.SYNC_GROUP: group_apis.sync_group,

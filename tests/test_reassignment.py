@@ -1,0 +1,203 @@
+"""Partition reassignment (KIP-455) through rayk's Admin API and through Kafka's wire
+protocol (kafka-python's KafkaAdminClient: AlterPartitionReassignments and
+ListPartitionReassignments), on a 4-broker cluster on local Ray: a partition moves while
+it takes writes and keeps every record, its old copy is deleted; a reassignment held up
+by a stopped broker is listed and cancelled; bad targets and cancels with nothing to
+cancel are refused per partition with Kafka's error codes."""
+
+from __future__ import annotations
+
+import kafka.errors as kafka_errors
+import pytest
+import ray
+from kafka.admin import KafkaAdminClient
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
+import rayk
+from rayk.client import PartitionReassignment, TopicPartition
+from rayk.errors import (
+    InvalidReplicaAssignmentError,
+    InvalidTopicError,
+    KafkaTimeoutError,
+    NoReassignmentInProgressError,
+    UnknownTopicOrPartitionError,
+)
+from rayk.storage.log_manager import partition_dir_name
+from tests.cluster_helpers import FAST_CONFIG, Writer, read_replica, wait_until
+
+BROKERS = 4
+MOVE_S = 60  # generous: two cores shared with the rest of the suite
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("reassignment")
+
+
+@pytest.fixture(scope="module")
+def cluster(data_dir):
+    c = rayk.start(brokers=BROKERS, data_dir=data_dir, config=FAST_CONFIG, namespace="reassignment")
+    yield c
+    c.shutdown()
+
+
+def partition_state(cluster, topic: str, partition: int = 0) -> dict:
+    return cluster.describe_topic(topic)[partition]
+
+
+def settled_on(cluster, topic: str, target: list[int]) -> dict | None:
+    """The partition's state once it has exactly `target`, all in sync, nothing moving."""
+    p = partition_state(cluster, topic)
+    done = p["replicas"] == target and sorted(p["isr"]) == sorted(target) and p["leader"] in target
+    return p if done and not p["adding_replicas"] and not p["removing_replicas"] else None
+
+
+def broker_fenced(cluster, broker_id: int) -> bool:
+    return next(b["fenced"] for b in cluster.brokers() if b["broker_id"] == broker_id)
+
+
+def test_a_partition_moves_to_a_new_broker_under_writes_and_its_old_copy_is_deleted(cluster, data_dir):
+    cluster.create_topic("moving", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    assert partition_state(cluster, "moving")["replicas"] == [0, 1, 2], "the module's first topic starts at broker 0"
+    tp = TopicPartition("moving", 0)
+    admin = cluster.admin()
+    writer = Writer(cluster, "moving")
+    writer.start()
+    try:
+        wait_until(lambda: len(writer.acked) >= 50, 60, "acknowledged writes before the move")
+        assert admin.alter_partition_reassignments({tp: [3, 1, 2]}) == {tp: None}
+        under_way = admin.list_partition_reassignments()
+        assert under_way in ({}, {tp: PartitionReassignment([3, 1, 2, 0], [3], [0])}), "or already complete"
+        moved = wait_until(lambda: settled_on(cluster, "moving", [3, 1, 2]), MOVE_S, "the move to complete")
+        acked_at_move = len(writer.acked)
+        wait_until(lambda: len(writer.acked) >= acked_at_move + 20, 60, "writes to go on after the move")
+    finally:
+        writer.stop()
+    assert moved["leader"] != 0 and admin.list_partition_reassignments() == {}
+
+    new_replica = cluster.replica("moving", 0, 3)
+    end = max(base + len(values) for base, values in writer.acked)
+
+    def copied() -> dict[int, bytes] | None:
+        stored = dict(read_replica(new_replica))
+        return stored if len(stored) >= end else None
+
+    stored = wait_until(copied, 30, "broker 3's copy to hold every acknowledged record")
+    for base, values in writer.acked:
+        for i, value in enumerate(values):
+            assert stored[base + i] == value, f"acked record at offset {base + i} on broker 3 is {stored[base + i]!r}"
+    assert cluster.replica("moving", 0, 0) is None, "broker 0's replica is gone"
+    old_dir = data_dir / "broker-0" / partition_dir_name("moving", 0)
+    wait_until(lambda: not old_dir.exists(), 30, f"{old_dir} to be deleted")
+    assert (data_dir / "broker-3" / partition_dir_name("moving", 0)).is_dir()
+
+
+def test_bad_targets_and_cancels_with_nothing_to_cancel_are_refused_per_partition(cluster):
+    cluster.create_topic("refused", partitions=2, replication_factor=3)
+    before = cluster.describe_topic("refused")
+    admin = cluster.admin()
+    p0, p1 = TopicPartition("refused", 0), TopicPartition("refused", 1)
+    answers = admin.alter_partition_reassignments({
+        p0: [1, 1],
+        ("refused", 1): [],
+        ("refused", 7): [0, 1, 2],
+        ("no-such-topic", 0): [0, 1, 2],
+    })  # fmt: skip
+    assert set(answers) == {p0, p1, TopicPartition("refused", 7), TopicPartition("no-such-topic", 0)}
+    assert isinstance(answers[p0], InvalidReplicaAssignmentError) and answers[p0].code == 39
+    assert isinstance(answers[p1], InvalidReplicaAssignmentError)
+    assert isinstance(answers[TopicPartition("refused", 7)], UnknownTopicOrPartitionError)
+    assert isinstance(answers[TopicPartition("no-such-topic", 0)], UnknownTopicOrPartitionError)
+
+    unknown_broker = admin.alter_partition_reassignments({p0: [0, 1, 99]})[p0]
+    assert isinstance(unknown_broker, InvalidReplicaAssignmentError) and "99" in str(unknown_broker)
+    not_ids = admin.alter_partition_reassignments({p0: ["3"], p1: "3,1,2"})
+    assert all(isinstance(e, InvalidReplicaAssignmentError) and "integer broker ids" in str(e) for e in not_ids.values())
+    cancelled = admin.alter_partition_reassignments({p0: None})[p0]
+    assert isinstance(cancelled, NoReassignmentInProgressError) and cancelled.name == "NO_REASSIGNMENT_IN_PROGRESS"
+    with pytest.raises(InvalidTopicError, match="not a \\(topic, partition\\) pair"):
+        admin.alter_partition_reassignments({"refused": [0, 1, 2]})
+
+    assert cluster.describe_topic("refused") == before, "nothing changed"
+    assert admin.list_partition_reassignments([p0, p1, ("no-such-topic", 0)]) == {}
+    with pytest.raises(KafkaTimeoutError):
+        admin.list_partition_reassignments(timeout_ms=0)
+
+
+def test_a_reassignment_held_up_by_a_stopped_broker_is_listed_and_cancelled_on_both_doors(cluster):
+    cluster.create_topic("held", partitions=1, replication_factor=3)
+    original = partition_state(cluster, "held")
+    stopped = next(b for b in range(BROKERS) if b not in original["replicas"])
+    target = [stopped, *original["replicas"][1:]]
+    tp = TopicPartition("held", 0)
+    admin = cluster.admin()
+    ray.kill(cluster.broker(stopped))
+    try:
+        wait_until(lambda: broker_fenced(cluster, stopped), 30, f"broker {stopped} to be fenced")
+        assert admin.alter_partition_reassignments({tp: target}) == {tp: None}
+        held = PartitionReassignment([*target, original["replicas"][0]], [stopped], [original["replicas"][0]])
+        assert admin.list_partition_reassignments() == {tp: held}
+        assert admin.list_partition_reassignments([tp]) == {tp: held}
+        p = partition_state(cluster, "held")
+        assert (p["adding_replicas"], p["removing_replicas"]) == ([stopped], [original["replicas"][0]])
+
+        kafka_admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
+        try:
+            ktp = KafkaTopicPartition("held", 0)
+            listed = kafka_admin.list_partition_reassignments()
+            assert listed == {ktp: {"replicas": held.replicas, "adding_replicas": held.adding_replicas,
+                                    "removing_replicas": held.removing_replicas}}  # fmt: skip
+            assert kafka_admin.list_partition_reassignments({"held": [0]}) == listed
+            assert kafka_admin.alter_partition_reassignments({ktp: None}) == {ktp: None}, "cancelled over the wire"
+            assert kafka_admin.list_partition_reassignments() == {}
+            again = kafka_admin.alter_partition_reassignments({ktp: None})
+            assert again == {ktp: kafka_errors.NoReassignmentInProgressError}
+        finally:
+            kafka_admin.close()
+        reverted = partition_state(cluster, "held")
+        # Kafka's revert order: the replicas kept from the target, then the ones it was removing.
+        assert reverted["replicas"] == [*original["replicas"][1:], original["replicas"][0]]
+        assert sorted(reverted["isr"]) == sorted(original["replicas"]) and reverted["leader"] in original["isr"]
+        assert reverted["adding_replicas"] == [] == reverted["removing_replicas"]
+        assert isinstance(admin.alter_partition_reassignments({tp: None})[tp], NoReassignmentInProgressError)
+    finally:
+        wait_until(lambda: cluster.broker(stopped) is None, 30, f"broker {stopped}'s actor to be gone")
+        cluster.restart_broker(stopped)
+        wait_until(lambda: not broker_fenced(cluster, stopped), 60, f"broker {stopped} back")
+
+
+def test_kafka_python_moves_a_partition_and_gets_kafkas_per_partition_errors(cluster):
+    cluster.create_topic("wire", partitions=1, replication_factor=3)
+    original = partition_state(cluster, "wire")["replicas"]
+    spare = next(b for b in range(BROKERS) if b not in original)
+    target = [spare, *original[1:]]
+    with cluster.producer(acks="all") as producer:
+        for i in range(200):
+            producer.send("wire", b"value %d" % i)
+    kafka_admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        ktp = KafkaTopicPartition("wire", 0)
+        assert kafka_admin.alter_partition_reassignments({ktp: target}) == {ktp: None}
+        wait_until(lambda: settled_on(cluster, "wire", target), MOVE_S, "the move to complete")
+        assert kafka_admin.list_partition_reassignments() == {}
+        refused = kafka_admin.alter_partition_reassignments({
+            ktp: [spare, spare],
+            KafkaTopicPartition("wire", 3): target,
+            KafkaTopicPartition("no-such-topic", 0): target,
+        })  # fmt: skip
+        assert refused == {
+            ktp: kafka_errors.InvalidReplicationAssignmentError,
+            KafkaTopicPartition("wire", 3): kafka_errors.UnknownTopicOrPartitionError,
+            KafkaTopicPartition("no-such-topic", 0): kafka_errors.UnknownTopicOrPartitionError,
+        }
+    finally:
+        kafka_admin.close()
+    values = sorted(v for _, v in read_replica(cluster.replica("wire", 0, spare)))
+    assert values == sorted(b"value %d" % i for i in range(200)), "the new replica holds every record"
