@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray._private.state import actors as actor_table
 
 from rayk.errors import KafkaError
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
@@ -31,6 +32,11 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+def pid_of(handle: Any) -> int:
+    """The pid Ray's actor table gives for an actor's process."""
+    return actor_table(handle._actor_id.hex())["Pid"]
 
 
 def batch_of(values: list[bytes]) -> bytes:

@@ -6,6 +6,8 @@ The multi-node failover scenarios are in test_cluster_failover.py.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import time
 
 import pytest
@@ -21,7 +23,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.storage import meta_properties
-from tests.cluster_helpers import FAST_CONFIG, produce, read_partition, read_replica, wait_until
+from tests.cluster_helpers import FAST_CONFIG, pid_of, produce, read_partition, read_replica, wait_until
 
 _namespaces = itertools.count()
 
@@ -108,21 +110,23 @@ def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(clus
     before = cluster.describe_topic("s")[0]
     stalled = before["replicas"][2]
     follower = cluster.replica("s", 0, stalled)
-    ray.get(follower.become_follower.remote(before["leader_epoch"], -1, None))  # its fetcher stops
     leader = cluster.leader("s", 0)
-    assert produce(leader, [b"x"], acks=1).error is None
+    os.kill(pid_of(follower), signal.SIGSTOP)  # its process stops: no fetch, no answer
+    try:
+        assert produce(leader, [b"x"], acks=1).error is None
 
-    def shrunk_partition():
-        p = cluster.describe_topic("s")[0]
-        return p if stalled not in p["isr"] else None
+        def shrunk_partition():
+            p = cluster.describe_topic("s")[0]
+            return p if stalled not in p["isr"] else None
 
-    shrunk = wait_until(shrunk_partition, 15, "the ISR to shrink")
-    assert shrunk["partition_epoch"] > before["partition_epoch"] and shrunk["leader_epoch"] == before["leader_epoch"]
-    assert produce(leader, [b"y"]).error is None, "acks=all no longer waits for the stalled follower"
-
-    ray.get(follower.become_follower.remote(before["leader_epoch"], before["leader"], leader))
+        shrunk = wait_until(shrunk_partition, 15, "the ISR to shrink")
+        assert shrunk["partition_epoch"] > before["partition_epoch"] and shrunk["leader_epoch"] == before["leader_epoch"]
+        assert produce(leader, [b"y"]).error is None, "acks=all no longer waits for the stalled follower"
+    finally:
+        os.kill(pid_of(follower), signal.SIGCONT)
+    # Resumed (or, if its broker found it unresponsive meanwhile, replaced), it catches up.
     wait_until(lambda: stalled in cluster.describe_topic("s")[0]["isr"], 15, "the follower to rejoin the ISR")
-    assert [v for _, v in read_replica(follower)] == [b"x", b"y"]
+    assert [v for _, v in read_replica(cluster.replica("s", 0, stalled))] == [b"x", b"y"]
 
 
 def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):

@@ -897,6 +897,37 @@ def test_cancelling_a_reassignment_reverts_to_the_original_replicas():
     assert (set(state.replicas), state.isr, state.leader, state.adding, state.removing) == ({1, 2, 3}, (1, 2, 3), 1, (), ())
 
 
+def test_replacing_a_reassignment_keeps_the_replicas_it_was_adding_until_the_new_target_is_in_sync():
+    # [1, 2] -> [3, 4]; 3 catches up, then 1 and 2 die: 3 is the only in-sync copy. A new
+    # target [5, 6] must not drop 3 (nor delete its log) before 5 and 6 have everything.
+    c = Cluster({b: f"n{b}" for b in range(1, 7)})
+    c.create(rf=2)
+    assert c.state().replicas == (1, 2)
+    c.commit(c.meta.plan_reassign("t", 0, [3, 4]))
+    c.alter("t", 0, [1, 2, 3])
+    c.fence(1)
+    c.fence(2)
+    assert (c.state().leader, c.state().isr) == (3, (3,))
+    c.commit(c.meta.plan_reassign("t", 0, [5, 6]))
+    state = c.state()
+    assert (state.leader, state.isr) == (3, (3,))
+    assert set(state.replicas) == {1, 2, 3, 4, 5, 6} and set(state.adding) == {5, 6}
+    c.alter("t", 0, [3, 5, 6])
+    assert (c.state().replicas, c.state().isr, c.state().leader) == ((5, 6), (5, 6), 5)
+
+
+def test_unclean_election_waits_while_an_in_sync_replica_lives_though_not_yet_registered_again():
+    c = Cluster({1: "a", 2: "b", 3: "c"}, BrokerConfig(unclean_leader_election_enable=True))
+    c.create(rf=3)
+    c.alter("t", 0, [1, 2])
+    c.meta = replay(c.log, c.config)  # a Controller restart: 1 and 2 live but not attached yet
+    c.fence(1)
+    c.register(3, "c")
+    assert c.state().leader == NO_LEADER, "broker 2 may still hold every record"
+    c.fence(2)
+    assert (c.state().leader, c.state().isr) == (3, (3,))
+
+
 def test_cancelling_where_no_reassignment_runs_raises():
     c = three_nodes()
     c.create(rf=3)

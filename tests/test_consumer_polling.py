@@ -21,7 +21,9 @@ CONFIG = {
     "group.initial.rebalance.delay.ms": 0,
     "group.min.session.timeout.ms": 1000,
 }
-POLL_SLACK_S = 0.5  # what a poll may take beyond its timeout on this shared 2-core machine
+# What a poll may take beyond its timeout on a loaded 2-core machine (the whole suite runs
+# beside it). The client this replaced blocked for seconds in JoinGroup: 6.5 s per poll here.
+POLL_SLACK_S = 2.0
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 _names = itertools.count()
 

@@ -262,6 +262,14 @@ class ClusterMetadata:
         )
         return [] if new is None else [new.to_record(topic, partition)]
 
+    def plan_reconcile(self, topic: str, partition: int) -> list[Record]:
+        """The partition made consistent with who is live and attached now (elections'
+        rules 1-3); [] if it already is. The Controller's maintenance runs it on every
+        leaderless partition, so none waits for an event that may not come."""
+        state = self.partition(topic, partition)
+        new = elections.reconcile(state, self.live_brokers, self.attached, self._unclean(topic))
+        return [] if new is None else [new.to_record(topic, partition)]
+
     def plan_unclean_recovery(self, topic: str, partition: int, ends: Mapping[int, LogEnd]) -> list[Record]:
         """Rule 4 of `elections`: elects the ISR member with the most complete log, once every
         one of them is back and reported its log end. [] if the partition no longer needs it."""

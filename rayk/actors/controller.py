@@ -282,7 +282,17 @@ class Controller:
         await asyncio.gather(*(self._push_partition(t, p) for t, p in dirty))
 
     async def _recover_leaderless(self) -> None:
-        await self._recover_uncleanly({(t, p) for t, p, s in self._meta.all_partitions() if s.leader == NO_LEADER})
+        """Every leaderless partition is elected again by the current rules (a safety net:
+        events normally do it), and those that need it get their logs compared."""
+        leaderless = {(t, p) for t, p, s in self._meta.all_partitions() if s.leader == NO_LEADER}
+        elected = []
+        for topic, partition in sorted(leaderless):
+            records = self._meta.plan_reconcile(topic, partition)
+            if records:
+                self._commit(records)
+                elected.append((topic, partition))
+        await asyncio.gather(*(self._push_partition(t, p) for t, p in elected))
+        await self._recover_uncleanly(leaderless - set(elected))
 
     async def _recover_uncleanly(self, partitions: set[TopicPartition]) -> None:
         """Rule 4 of `elections`: where every in-sync copy is back but restarted uncleanly,
@@ -317,40 +327,46 @@ class Controller:
         if delay_ms < 0:
             return
         now = time.monotonic()
-        for broker_id, since in sorted(self._fenced_since.items()):
-            if now - since < delay_ms / 1000:
+        lost = {b for b, since in self._fenced_since.items() if now - since >= delay_ms / 1000}
+        if not lost:
+            return
+        moved, stuck = [], []
+        for topic, partition, state in self._meta.all_partitions():
+            if not lost & set(state.replicas) or state.adding or state.removing:
+                continue  # nothing lost here, or already moving
+            target = self._replacement_for(state, lost)
+            if target is None:
+                stuck.append((topic, partition))
                 continue
-            moved, stuck = [], []
-            for topic, partition, state in self._meta.partitions_of_broker(broker_id):
-                if state.adding or state.removing:
-                    continue  # already moving
-                target = self._replacement_for(state, broker_id)
-                if target is None:
-                    stuck.append(f"{topic}-{partition}")
-                    continue
-                self._commit(self._meta.plan_reassign(topic, partition, target))
-                moved.append((topic, partition))
-            if moved:
-                logger.warning("broker %d fenced for %.0f s: moving %s to live brokers", broker_id, now - since, moved)
-                await asyncio.gather(*(self._push_partition(t, p) for t, p in moved))
-            if stuck and broker_id not in self._replacement_blocked:
-                self._replacement_blocked.add(broker_id)
-                logger.warning("broker %d is lost but no live broker can take %s", broker_id, stuck)
+            self._commit(self._meta.plan_reassign(topic, partition, target))
+            moved.append((topic, partition))
+        if moved:
+            logger.warning("brokers %s lost for %.0f s or more: moving %s to live brokers", sorted(lost), delay_ms / 1000, moved)
+            await asyncio.gather(*(self._push_partition(t, p) for t, p in moved))
+        newly_stuck = {b for t, p in stuck for b in self._meta.partition(t, p).replicas if b in lost} - self._replacement_blocked
+        if newly_stuck:
+            self._replacement_blocked |= newly_stuck
+            logger.warning("brokers %s are lost but no live broker can take %s", sorted(newly_stuck), stuck)
 
-    def _replacement_for(self, state: PartitionState, lost: int) -> list[int] | None:
-        """The replicas with `lost` swapped for the live broker that suits best: on a node
-        holding no other replica of the partition, then holding the fewest replicas."""
-        staying = [r for r in state.replicas if r != lost]
-        nodes_used = {self._meta.brokers[r].node_id for r in staying if r in self._meta.brokers}
+    def _replacement_for(self, state: PartitionState, lost: set[int]) -> list[int] | None:
+        """The replicas with every lost one swapped for a live broker: on a node holding no
+        other replica of the partition if possible, then holding the fewest replicas."""
         load: dict[int, int] = {}
         for _, _, s in self._meta.all_partitions():
             for r in s.replicas:
                 load[r] = load.get(r, 0) + 1
-        candidates = [b for b in sorted(self._meta.attached & self._meta.live_brokers) if b not in state.replicas]
-        if not candidates:
-            return None
-        best = min(candidates, key=lambda b: (self._meta.brokers[b].node_id in nodes_used, load.get(b, 0), b))
-        return [best if r == lost else r for r in state.replicas]
+        target = [r for r in state.replicas]
+        for i, r in enumerate(target):
+            if r not in lost:
+                continue
+            nodes_used = {self._meta.brokers[b].node_id for b in target if b not in lost and b in self._meta.brokers}
+            candidates = [b for b in sorted(self._meta.attached & self._meta.live_brokers) if b not in target]
+            if not candidates:
+                return None
+            best = min(candidates, key=lambda b: (self._meta.brokers[b].node_id in nodes_used, load.get(b, 0), b))
+            target[i] = best
+            load[best] = load.get(best, 0) + 1
+        return target
 
     async def _remove_replicas(self, topic: str, partition: int, brokers: set[int]) -> None:
         for b in brokers:
@@ -410,12 +426,14 @@ class Controller:
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        before = self._meta.partition(topic, partition)
         records = self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr)
         self._commit(records)
         state = self._meta.partition(topic, partition)
-        if state.replicas != before.replicas or state.leader != before.leader:
-            self._spawn(self._push_partition(topic, partition))  # a reassignment completed
+        if records:
+            # Every replica learns the new state from a push too, not only the leader from
+            # this answer, which may be lost or arrive after the leader moved on; and a
+            # completed reassignment changes the replicas and maybe the leader.
+            self._spawn(self._push_partition(topic, partition))
         return list(state.isr), state.partition_epoch
 
     async def replica_failed(self, broker_id: int, broker_epoch: int, topic: str, partition: int) -> None:

@@ -142,7 +142,11 @@ def reconcile(
             leader = candidates[0]
         elif leader in sound and leader in attached:
             pass  # the failed or restarted leader is the only copy: it leads again, in a new epoch
-        elif unclean_allowed and (alive := [r for r in state.replicas if r in live and r in attached]):
+        elif (
+            unclean_allowed
+            and not any(r in live for r in state.isr)  # as in Kafka: only once no in-sync replica lives
+            and (alive := [r for r in state.replicas if r in live and r in attached])
+        ):
             leader, isr = alive[0], (alive[0],)
             recovering = tuple(r for r in recovering if r != leader)
         else:
@@ -161,6 +165,8 @@ def mark_recovering(state: PartitionState, broker_id: int, data_lost: bool) -> P
     if data_lost:
         isr = tuple(r for r in state.isr if r != broker_id)
         return replace(state, isr=isr, leader=state.leader if state.leader in isr else NO_LEADER)
+    if broker_id in state.recovering:
+        return state
     return replace(state, recovering=(*state.recovering, broker_id))
 
 
@@ -205,8 +211,10 @@ def recover_uncleanly(state: PartitionState, chosen: int) -> PartitionState:
 def start_reassignment(state: PartitionState, target: Sequence[int]) -> PartitionState | None:
     """Begins moving the partition to `target` (KIP-455): the replica set becomes target
     plus the replicas to remove; the new ones follow and catch up. A reassignment already
-    under way is replaced (its original replicas are the ones before it began)."""
-    original = [r for r in state.replicas if r not in state.adding]
+    under way is replaced, as in KRaft, from the whole current replica set: replicas the
+    earlier one was adding may already be the only in-sync copies, so they too stay
+    until the new target is in sync."""
+    original = list(state.replicas)
     target = tuple(target)
     adding = tuple(r for r in target if r not in original)
     removing = tuple(r for r in original if r not in target)

@@ -63,6 +63,7 @@ from rayk.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
     StaleBrokerEpochError,
@@ -216,6 +217,11 @@ class PartitionReplica(Supervised):
                 self._leader_state.update_replicas(replicas, _now_ms())
                 self._leader_state.commit_isr(isr)
                 self._after_isr_change()
+            elif partition_epoch == self._partition_epoch and list(replicas) != self._leader_state.replicas:
+                # This epoch was learnt from an AlterPartition answer, which carries no replica
+                # set (Kafka's makeLeader also takes an equal epoch); the ISR and any pending
+                # change stay as they are.
+                self._leader_state.update_replicas(replicas, _now_ms())
             return
         await self._stop_fetcher()
         self._log.assign_leader_epoch(leader_epoch)
@@ -363,6 +369,10 @@ class PartitionReplica(Supervised):
             if diverging is not None:
                 log = self._log
                 return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging)
+            if offset > self._log.log_end_offset:  # not a position in this log: it must truncate first
+                return self._fetch_error(
+                    OffsetOutOfRangeError(f"broker {replica_id} fetches at {offset}, past the log end {self._log.log_end_offset}")
+                )
             self._record_follower_position(replica_id, offset)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
@@ -392,7 +402,8 @@ class PartitionReplica(Supervised):
     def _record_follower_position(self, replica_id: int, fetch_offset: int) -> None:
         state = self._leader_state
         leo = self._log.log_end_offset
-        state.record_follower_fetch(replica_id, min(fetch_offset, leo), leo, _now_ms())
+        assert fetch_offset <= leo, f"a follower's position {fetch_offset} is within the leader's log (LEO {leo})"
+        state.record_follower_fetch(replica_id, fetch_offset, leo, _now_ms())
         proposal = state.isr_expansion(replica_id)
         if proposal is not None and time.monotonic() >= self._isr_change_retry_at:
             self._change_isr(proposal, f"broker {replica_id} caught up")
@@ -459,15 +470,20 @@ class PartitionReplica(Supervised):
             self._partition_epoch += 1
             self._after_isr_change()
             return
-        task = asyncio.get_running_loop().create_task(self._alter_partition(proposal, self._leader_epoch))
+        task = asyncio.get_running_loop().create_task(
+            self._alter_partition(proposal, self._leader_epoch, self._partition_epoch)
+        )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _alter_partition(self, proposal: set[int], epoch: int) -> None:
-        """Sends one ISR proposal to the Controller (through the ReplicaManager) until its
-        outcome is known, and settles it (see the module docstring)."""
-        partition_epoch_sent = self._partition_epoch
+    async def _alter_partition(self, proposal: set[int], epoch: int, partition_epoch_sent: int) -> None:
+        """Sends one ISR proposal, made in `partition_epoch_sent`, to the Controller (through
+        the ReplicaManager) until its outcome is known, and settles it (see the module
+        docstring). A proposal an assignment settled before it went out is not sent."""
         while True:
+            state = self._leader_state
+            if self._role != "leader" or self._leader_epoch != epoch or state.pending_isr != frozenset(proposal):
+                return  # settled by a newer assignment from the Controller
             try:
                 async with asyncio.timeout(ISR_CHANGE_TIMEOUT_MS / 1000):
                     isr, partition_epoch = await self._isr_manager.alter_partition.remote(
@@ -482,10 +498,12 @@ class PartitionReplica(Supervised):
             if self._role != "leader" or self._leader_epoch != epoch or state.pending_isr != frozenset(proposal):
                 return  # settled by a newer assignment from the Controller
             if error is None:
-                if partition_epoch >= self._partition_epoch:
+                if partition_epoch >= self._partition_epoch and self.broker_id in isr:
                     self._partition_epoch = partition_epoch
                     state.commit_isr(isr)
                     self._after_isr_change()
+                # else: a reassignment that moved the leadership away completed with it;
+                # the Controller's assignment, on its way, says what this replica is now.
                 return
             if isinstance(error, _ISR_CHANGE_REFUSED):
                 logger.warning("%s-%d: ISR change %s refused: %s", self.topic, self.partition, sorted(proposal), error)

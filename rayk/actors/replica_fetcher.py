@@ -78,6 +78,19 @@ class ReplicaFetcher:
         self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
 
     async def run(self) -> None:
+        """Copies until cancelled. Nothing but a cancellation ends it: an error a step
+        raises is logged and the step tried again after a backoff, since a fetcher that
+        stopped quietly would leave its partition under-replicated for good."""
+        while True:
+            try:
+                await self._run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("%s: the follower's copy loop failed; starting it again", self.name)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+
+    async def _run(self) -> None:
         await self._truncate_to_leader()
         while True:
             try:
@@ -104,7 +117,7 @@ class ReplicaFetcher:
                 continue
             try:
                 self._append(result)
-            except KafkaError as e:  # never let the loop die: the partition would stop copying
+            except KafkaError as e:
                 logger.error("%s: cannot append what the leader sent: %s", self.name, e)
                 await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
             self._on_progress()

@@ -346,7 +346,9 @@ class ReplicaManager(Supervised):
                 await self._controller.replica_failed.remote(self.broker_id, self._broker_epoch, *tp)
                 return
             except StaleBrokerEpochError:
-                return  # this broker registers again, and that registration pushes everything
+                # This broker is registering again: report once it has its new epoch (the
+                # registration of the same process does not re-decide the leadership).
+                await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
             except (RayActorError, KafkaError) as e:
                 logger.warning("broker %d: reporting the failed replica of %s-%d: %s", self.broker_id, *tp, e)
                 await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)

@@ -108,6 +108,10 @@ class ChildSupervisor:
         if died is None:
             return  # stopped on purpose by someone else (e.g. deleted with its topic)
         logger.warning("%s: %s died: %s", self.name, key, str(died).splitlines()[0] if str(died) else type(died).__name__)
+        # Ray also fails a held call when the actor is only unreachable for a while
+        # (ActorUnavailableError): make sure it is gone, with its locks and its leadership,
+        # before its owner replaces it.
+        ray.kill(handle, no_restart=True)
         await self._on_death(key, handle)
 
     def probe(self) -> None:

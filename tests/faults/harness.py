@@ -27,7 +27,7 @@ import ray
 from ray._private.state import actors as actor_table
 
 import rayk
-from tests.cluster_helpers import FAST_CONFIG, decode, wait_until
+from tests.cluster_helpers import FAST_CONFIG, decode, pid_of, wait_until
 
 BROKER_RESOURCE = "rayk_broker"
 TOPIC = "faults"
@@ -40,11 +40,6 @@ RESUME_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 10  # the issue's bound on writes r
 SEND_RATE_PER_S = 1_500  # enough to keep every partition busy, little enough for 2 cores
 RAYK_ACTOR_CLASSES = {"Controller", "ReplicaManager", "PartitionReplica", "OffsetsPartitionReplica", "SocketServer"}
 _namespaces = itertools.count()
-
-
-def pid_of(handle: Any) -> int:
-    """The pid Ray's actor table gives for an actor's process."""
-    return actor_table(handle._actor_id.hex())["Pid"]
 
 
 def signal_actor(handle: Any, sig: int) -> int:
