@@ -91,7 +91,7 @@ def test_an_idempotent_producer_rides_through_a_controller_restart(cluster):
     producer = cluster.producer()  # idempotent, acks=all: the defaults
     sender = Sender(producer, "events")
     sender.start()
-    time.sleep(2)
+    time.sleep(1)
     killed_at = time.monotonic()
     kill_controller(cluster)
 
@@ -110,7 +110,7 @@ def test_an_idempotent_producer_rides_through_a_controller_restart(cluster):
     entry_points_s = time.monotonic() - killed_at
     consumer.close()
 
-    time.sleep(max(0.0, 8 - (time.monotonic() - killed_at)))  # keep sending through the restart
+    time.sleep(max(0.0, 5 - (time.monotonic() - killed_at)))  # keep sending through the restart
     sender.stop()
     assert not sender.raised, f"send() raised {sender.raised[0]!r}"
     producer.flush()
