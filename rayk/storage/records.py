@@ -401,7 +401,9 @@ def _read_bytes(body: memoryview, pos: int, limit: int) -> tuple[bytes | None, i
     return bytes(body[pos : pos + length]), pos + length
 
 
-def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None) -> None:
+def check_records(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None, header: BatchHeader | None = None
+) -> None:
     """Checks that a whole batch's records decode, without building them (the leader's
     LogValidator pass): each record's fields fit inside its declared length, offset deltas
     run 0..n-1, the records fill the batch exactly, and a CreateTime batch's maxTimestamp
@@ -409,10 +411,11 @@ def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes:
     CorruptRecordError if a compressed body does not decompress).
 
     The record walk is compiled (`_records`); `scan_records_reference` is the same walk
-    in Python, which the tests hold it to.
+    in Python, which the tests hold it to. `header`, if given, is the batch's parsed header.
     """
     view = memoryview(batch)
-    header = BatchHeader.parse(view)
+    if header is None:
+        header = BatchHeader.parse(view)
     body = view[HEADER_SIZE_BYTES : header.size_bytes]
     if header.compression != CompressionType.NONE:
         body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
@@ -565,7 +568,7 @@ def validate_batches(
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
             # A batch may legitimately compress well; the bound only stops decompression bombs.
-            check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64)
+            check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64, header)
         headers.append(header)
         pos += header.size_bytes
     return headers
