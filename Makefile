@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py rayk/storage/_records.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -25,8 +25,10 @@ This module is pure: it never touches files. Functions take `bytes`, `bytearray`
 from __future__ import annotations
 
 import enum
+import logging
 import struct
 import time
+import types
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -269,18 +271,16 @@ def build_batch(
     is_transactional: bool = False,
     now_ms: int | None = None,
 ) -> bytes:
-    """Encodes records into one v2 batch with offset deltas 0..n-1 and a valid CRC."""
-    records = list(records)
+    """Encodes records into one v2 batch with offset deltas 0..n-1 and a valid CRC.
+    The records are encoded by the compiled `_records.encode_records`."""
+    if not isinstance(records, (list, tuple)):
+        records = list(records)
     if not records:
         raise ValueError("a record batch needs at least one record")
     codec = CompressionType.from_name(compression)
     if now_ms is None:
         now_ms = int(time.time() * 1000)
-    timestamps = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
-    base_timestamp = timestamps[0]
-    body = bytearray()
-    for delta, (record, ts) in enumerate(zip(records, timestamps)):
-        _encode_record(body, delta, ts - base_timestamp, record)
+    body, base_timestamp, max_timestamp = _records.encode_records(records, now_ms)
     payload = compress(codec, body) if codec != CompressionType.NONE else body
     attributes = int(codec) | (int(timestamp_type) << 3)
     if is_transactional:
@@ -289,11 +289,24 @@ def build_batch(
     batch += payload
     _HEADER.pack_into(
         batch, 0, base_offset, len(batch) - LOG_OVERHEAD_BYTES, partition_leader_epoch, MAGIC_V2,
-        0, attributes, len(records) - 1, base_timestamp, max(timestamps), producer_id,
+        0, attributes, len(records) - 1, base_timestamp, max_timestamp, producer_id,
         producer_epoch, base_sequence, len(records),
     )
     _UINT32.pack_into(batch, CRC_POS, compute_crc(batch))
     return bytes(batch)
+
+
+def encode_records_reference(records: Sequence[SimpleRecord], now_ms: int) -> tuple[bytes, int, int]:
+    """The records section of a batch, in plain Python: the reference for the compiled
+    `_records.encode_records`, byte for byte. Returns (body, base timestamp, max timestamp)."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    timestamps = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    base_timestamp = timestamps[0]
+    body = bytearray()
+    for delta, (record, ts) in enumerate(zip(records, timestamps)):
+        _encode_record(body, delta, ts - base_timestamp, record)
+    return bytes(body), base_timestamp, max(timestamps)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -388,67 +401,100 @@ def _read_bytes(body: memoryview, pos: int, limit: int) -> tuple[bytes | None, i
     return bytes(body[pos : pos + length]), pos + length
 
 
-def check_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None) -> None:
+def check_records(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None, header: BatchHeader | None = None
+) -> None:
     """Checks that a whole batch's records decode, without building them (the leader's
     LogValidator pass): each record's fields fit inside its declared length, offset deltas
     run 0..n-1, the records fill the batch exactly, and a CreateTime batch's maxTimestamp
     is its records' largest timestamp (the time index relies on it). Raises InvalidRecordError (or
     CorruptRecordError if a compressed body does not decompress).
+
+    The record walk is compiled (`_records`); `scan_records_reference` is the same walk
+    in Python, which the tests hold it to. `header`, if given, is the batch's parsed header.
     """
     view = memoryview(batch)
-    header = BatchHeader.parse(view)
+    if header is None:
+        header = BatchHeader.parse(view)
     body = view[HEADER_SIZE_BYTES : header.size_bytes]
     if header.compression != CompressionType.NONE:
         body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
-    # bytes indexing is the fastest single-byte read Python has; one copy buys it.
-    data = bytes(body)
-    pos, end = 0, len(data)
-    max_timestamp_delta = None
     try:
-        for expected_delta in range(header.record_count):
-            length, pos = decode_varint(data, pos)
-            record_end = pos + length
-            if length <= 0 or record_end > end:
-                raise InvalidRecordError(f"record length {length} does not fit in the batch")
-            pos += 1  # attributes
-            timestamp_delta, pos = decode_varint(data, pos)
-            if max_timestamp_delta is None or timestamp_delta > max_timestamp_delta:
-                max_timestamp_delta = timestamp_delta
-            offset_delta, pos = decode_varint(data, pos)
-            if offset_delta != expected_delta:
-                raise InvalidRecordError(f"record offset delta {offset_delta}, expected {expected_delta}")
-            key_length, pos = decode_varint(data, pos)
-            if key_length > 0:
-                pos += key_length
-            value_length, pos = decode_varint(data, pos)
-            if value_length > 0:
-                pos += value_length
-            header_count, pos = decode_varint(data, pos)
-            if header_count < 0:
-                raise InvalidRecordError(f"invalid header count {header_count}")
-            for _ in range(header_count):
-                key_length, pos = decode_varint(data, pos)
-                if key_length < 0:
-                    raise InvalidRecordError("record header key is null")
-                data[pos : pos + key_length].decode("utf-8")  # as decode_records (and consumers) will
-                pos += key_length
-                value_length, pos = decode_varint(data, pos)
-                if value_length > 0:
-                    pos += value_length
-            if pos != record_end:
-                raise InvalidRecordError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
-    except IndexError:
-        raise InvalidRecordError(f"batch at offset {header.base_offset} has records running past its end") from None
-    except UnicodeDecodeError as e:
-        raise InvalidRecordError(f"batch at offset {header.base_offset} has a header key that is not UTF-8: {e}") from None
-    if pos != end:
-        raise InvalidRecordError(f"batch at offset {header.base_offset} has {end - pos} bytes after its last record")
+        max_timestamp_delta = _records.scan_records(body, header.record_count)
+    except ValueError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
     if header.timestamp_type == TimestampType.CREATE_TIME and max_timestamp_delta is not None:
         records_max = header.base_timestamp + max_timestamp_delta
         if header.max_timestamp != records_max:
             raise InvalidRecordError(
                 f"batch maxTimestamp {header.max_timestamp} is not its records' largest timestamp {records_max}"
             )
+
+
+def scan_records_reference(body: bytes | bytearray | memoryview, record_count: int) -> int | None:
+    """The record walk of `check_records` in plain Python: the reference for the compiled
+    `_records.scan_records`, with the same result and the same ValueError messages.
+    Returns the largest timestamp delta (None for no records)."""
+    data = bytes(body)  # bytes indexing is the fastest single-byte read Python has
+    pos, end = 0, len(data)
+
+    def varint() -> int:
+        nonlocal pos
+        try:
+            value, pos = decode_varint(data, pos)
+        except IndexError:
+            raise ValueError(_PAST_END) from None
+        except InvalidRecordError as e:
+            raise ValueError(e.args[0]) from None
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError("varint out of int64 range")
+        return value
+
+    def skip(length: int) -> None:
+        nonlocal pos
+        if length > 0:
+            if length > end - pos:
+                raise ValueError(_PAST_END)
+            pos += length
+
+    max_timestamp_delta = None
+    for expected_delta in range(record_count):
+        length = varint()
+        if length <= 0 or length > end - pos:
+            raise ValueError(f"record length {length} does not fit in the batch")
+        record_end = pos + length
+        pos += 1  # attributes
+        timestamp_delta = varint()
+        if max_timestamp_delta is None or timestamp_delta > max_timestamp_delta:
+            max_timestamp_delta = timestamp_delta
+        offset_delta = varint()
+        if offset_delta != expected_delta:
+            raise ValueError(f"record offset delta {offset_delta}, expected {expected_delta}")
+        skip(varint())  # key
+        skip(varint())  # value
+        header_count = varint()
+        if header_count < 0:
+            raise ValueError(f"invalid header count {header_count}")
+        for _ in range(header_count):
+            key_length = varint()
+            if key_length < 0:
+                raise ValueError("record header key is null")
+            if key_length > end - pos:
+                raise ValueError(_PAST_END)
+            try:
+                data[pos : pos + key_length].decode("utf-8")  # as decode_records (and consumers) will
+            except UnicodeDecodeError:
+                raise ValueError("a header key that is not UTF-8") from None
+            pos += key_length
+            skip(varint())  # header value
+        if pos != record_end:
+            raise ValueError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
+    if pos != end:
+        raise ValueError(f"{end - pos} bytes after its last record")
+    return max_timestamp_delta
+
+
+_PAST_END = "records running past its end"
 
 
 # ---------------------------------------------------------------------------- validation
@@ -522,7 +568,7 @@ def validate_batches(
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
             # A batch may legitimately compress well; the bound only stops decompression bombs.
-            check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64)
+            check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64, header)
         headers.append(header)
         pos += header.size_bytes
     return headers
@@ -543,3 +589,14 @@ def set_log_append_time(batch: bytearray, pos: int, size: int, timestamp_ms: int
     _INT16.pack_into(batch, pos + ATTRIBUTES_POS, attributes | _TIMESTAMP_TYPE_BIT)
     _INT64.pack_into(batch, pos + MAX_TIMESTAMP_POS, timestamp_ms)
     _UINT32.pack_into(batch, pos + CRC_POS, compute_crc(memoryview(batch)[pos : pos + size]))
+
+
+# ---------------------------------------------------------------------------- the compiled codec
+
+try:
+    from rayk.storage import _records  # built from _records.c by pip install
+except ImportError:  # installed where no C compiler was found: the same codec, slower
+    logging.getLogger(__name__).warning(
+        "rayk.storage._records is not built (no C compiler at install time?); using the Python record codec"
+    )
+    _records = types.SimpleNamespace(scan_records=scan_records_reference, encode_records=encode_records_reference)

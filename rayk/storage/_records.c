@@ -1,0 +1,433 @@
+/* The per-record halves of rayk.storage.records, compiled: a walk that checks records and
+   an encoder that writes them. Both exist because per-record Python cost ~1 us a record on
+   the leader and in the producer; the Python versions stay as the reference that the
+   property tests compare these with.
+
+   scan_records(body, record_count) -> int | None
+
+   Walks `record_count` v2 records in `body` (a batch's records, decompressed) without
+   building them, and checks what rayk.storage.records.scan_records_reference checks, with
+   the same messages: each record's fields lie inside its declared length, offset deltas
+   run 0..n-1, header keys are present and UTF-8, and the records fill the body exactly.
+   Returns the largest timestamp delta (None for no records). Raises ValueError naming the
+   first problem; never reads outside `body`, whatever its bytes are.
+
+   encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
+
+   Encodes SimpleRecord-like objects (value, key, headers, timestamp_ms; a None timestamp
+   is `now_ms`) as the records of a v2 batch with offset deltas 0..n-1 and timestamp
+   deltas from the first record: byte for byte what records.encode_records_reference
+   writes.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const uint8_t *buf;
+    Py_ssize_t end;
+    Py_ssize_t pos;
+    char message[200]; /* set when a read fails */
+} Cursor;
+
+static const char PAST_END[] = "records running past its end";
+
+/* One zig-zag varint of up to 10 bytes (Kafka's readVarlong). Returns 0, or -1 with
+   cursor->message set. */
+static int read_varint(Cursor *c, int64_t *out)
+{
+    uint64_t z = 0;
+    int shift = 0;
+    for (;;) {
+        if (c->pos >= c->end) {
+            snprintf(c->message, sizeof c->message, "%s", PAST_END);
+            return -1;
+        }
+        uint8_t b = c->buf[c->pos++];
+        if (shift == 63) { /* the tenth byte: it may carry one more bit, and must end the varint */
+            if (b & 0x80) {
+                snprintf(c->message, sizeof c->message, "varint is longer than 10 bytes");
+                return -1;
+            }
+            if (b & 0x7E) {
+                snprintf(c->message, sizeof c->message, "varint out of int64 range");
+                return -1;
+            }
+        }
+        z |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80))
+            break;
+        shift += 7;
+    }
+    *out = (int64_t)((z >> 1) ^ (0 - (z & 1)));
+    return 0;
+}
+
+/* Skips a length-prefixed field whose length was just read (negative = null). */
+static int skip_field(Cursor *c, int64_t length)
+{
+    if (length <= 0)
+        return 0;
+    if (length > c->end - c->pos) {
+        snprintf(c->message, sizeof c->message, "%s", PAST_END);
+        return -1;
+    }
+    c->pos += (Py_ssize_t)length;
+    return 0;
+}
+
+static int scan_record(Cursor *c, Py_ssize_t expected_delta, int64_t *timestamp_delta)
+{
+    int64_t length, offset_delta, key_length, value_length, header_count;
+    if (read_varint(c, &length) < 0)
+        return -1;
+    if (length <= 0 || length > c->end - c->pos) {
+        snprintf(c->message, sizeof c->message, "record length %lld does not fit in the batch", (long long)length);
+        return -1;
+    }
+    Py_ssize_t record_end = c->pos + (Py_ssize_t)length;
+    c->pos += 1; /* attributes: unused */
+    if (read_varint(c, timestamp_delta) < 0 || read_varint(c, &offset_delta) < 0)
+        return -1;
+    if (offset_delta != expected_delta) {
+        snprintf(c->message, sizeof c->message, "record offset delta %lld, expected %lld",
+                 (long long)offset_delta, (long long)expected_delta);
+        return -1;
+    }
+    if (read_varint(c, &key_length) < 0 || skip_field(c, key_length) < 0)
+        return -1;
+    if (read_varint(c, &value_length) < 0 || skip_field(c, value_length) < 0)
+        return -1;
+    if (read_varint(c, &header_count) < 0)
+        return -1;
+    if (header_count < 0) {
+        snprintf(c->message, sizeof c->message, "invalid header count %lld", (long long)header_count);
+        return -1;
+    }
+    for (int64_t h = 0; h < header_count; h++) { /* each header takes >= 2 bytes: bounded */
+        int64_t header_key_length, header_value_length;
+        if (read_varint(c, &header_key_length) < 0)
+            return -1;
+        if (header_key_length < 0) {
+            snprintf(c->message, sizeof c->message, "record header key is null");
+            return -1;
+        }
+        if (header_key_length > c->end - c->pos) {
+            snprintf(c->message, sizeof c->message, "%s", PAST_END);
+            return -1;
+        }
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)c->buf + c->pos, (Py_ssize_t)header_key_length, "strict");
+        if (key == NULL) {
+            PyErr_Clear();
+            snprintf(c->message, sizeof c->message, "a header key that is not UTF-8");
+            return -1;
+        }
+        Py_DECREF(key);
+        c->pos += (Py_ssize_t)header_key_length;
+        if (read_varint(c, &header_value_length) < 0 || skip_field(c, header_value_length) < 0)
+            return -1;
+    }
+    if (c->pos != record_end) {
+        snprintf(c->message, sizeof c->message, "record declares %lld bytes but its fields take %lld",
+                 (long long)length, (long long)(length + c->pos - record_end));
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *scan_records(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer body;
+    Py_ssize_t record_count;
+    if (!PyArg_ParseTuple(args, "y*n:scan_records", &body, &record_count))
+        return NULL;
+    Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
+    int64_t max_timestamp_delta = 0;
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < record_count && !failed; i++) {
+        int64_t timestamp_delta;
+        if (scan_record(&c, i, &timestamp_delta) < 0)
+            failed = 1;
+        else if (i == 0 || timestamp_delta > max_timestamp_delta)
+            max_timestamp_delta = timestamp_delta;
+    }
+    if (!failed && c.pos != c.end) {
+        snprintf(c.message, sizeof c.message, "%lld bytes after its last record", (long long)(c.end - c.pos));
+        failed = 1;
+    }
+    PyBuffer_Release(&body);
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, c.message);
+        return NULL;
+    }
+    if (record_count <= 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(max_timestamp_delta);
+}
+
+
+/* ------------------------------------------------------------------ encode */
+
+static PyObject *attr_key, *attr_value, *attr_headers, *attr_timestamp_ms; /* interned at import */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Out;
+
+static int out_reserve(Out *o, Py_ssize_t more)
+{
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->len + more)
+        cap *= 2;
+    char *data = PyMem_Realloc(o->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->data = data;
+    o->cap = cap;
+    return 0;
+}
+
+static int varint_size(int64_t value)
+{
+    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    int n = 1;
+    while (z > 0x7F) {
+        z >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static void put_varint(Out *o, int64_t value) /* room reserved by the caller */
+{
+    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    while (z > 0x7F) {
+        o->data[o->len++] = (char)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    o->data[o->len++] = (char)z;
+}
+
+/* A nullable bytes field: a view of the bytes-like object, or len -1 for None. */
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t len;
+} Field;
+
+static int field_open(Field *f, PyObject *obj, const char *what)
+{
+    f->len = -1;
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, &f->view, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "a record %s must be bytes or None, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    f->len = f->view.len;
+    return 0;
+}
+
+static void field_close(Field *f)
+{
+    if (f->len >= 0)
+        PyBuffer_Release(&f->view);
+    f->len = -1;
+}
+
+static Py_ssize_t field_size(const Field *f)
+{
+    return f->len < 0 ? 1 : varint_size(f->len) + f->len;
+}
+
+static void put_field(Out *o, const Field *f)
+{
+    put_varint(o, f->len);
+    if (f->len > 0) {
+        memcpy(o->data + o->len, f->view.buf, (size_t)f->len);
+        o->len += f->len;
+    }
+}
+
+static int timestamp_of(PyObject *record, int64_t now_ms, int64_t *out)
+{
+    PyObject *ts = PyObject_GetAttr(record, attr_timestamp_ms);
+    if (ts == NULL)
+        return -1;
+    if (ts == Py_None) {
+        *out = now_ms;
+    } else {
+        long long v = PyLong_AsLongLong(ts);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(ts);
+            return -1;
+        }
+        *out = v;
+    }
+    Py_DECREF(ts);
+    return 0;
+}
+
+/* Appends one record: length varint, then attributes, deltas, key, value, headers. */
+static int encode_one(Out *o, PyObject *record, int64_t offset_delta, int64_t timestamp_delta)
+{
+    int result = -1;
+    Field key = {.len = -1}, value = {.len = -1};
+    PyObject *key_obj = NULL, *value_obj = NULL, *headers_obj = NULL, *headers = NULL;
+    Py_ssize_t header_count = 0;
+    Field *header_values = NULL;
+    const char **header_keys = NULL;
+    Py_ssize_t *header_key_lens = NULL;
+
+    if ((key_obj = PyObject_GetAttr(record, attr_key)) == NULL || field_open(&key, key_obj, "key") < 0)
+        goto done;
+    if ((value_obj = PyObject_GetAttr(record, attr_value)) == NULL || field_open(&value, value_obj, "value") < 0)
+        goto done;
+    if ((headers_obj = PyObject_GetAttr(record, attr_headers)) == NULL)
+        goto done;
+    if ((headers = PySequence_Fast(headers_obj, "record headers must be a sequence of (str, bytes | None)")) == NULL)
+        goto done;
+    header_count = PySequence_Fast_GET_SIZE(headers);
+    Py_ssize_t size = 1 + varint_size(timestamp_delta) + varint_size(offset_delta) + field_size(&key) +
+                      field_size(&value) + varint_size(header_count);
+    if (header_count > 0) {
+        header_values = PyMem_Calloc((size_t)header_count, sizeof(Field));
+        header_keys = PyMem_Calloc((size_t)header_count, sizeof(char *));
+        header_key_lens = PyMem_Calloc((size_t)header_count, sizeof(Py_ssize_t));
+        if (header_values == NULL || header_keys == NULL || header_key_lens == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t h = 0; h < header_count; h++)
+            header_values[h].len = -1;
+        for (Py_ssize_t h = 0; h < header_count; h++) {
+            PyObject *pair = PySequence_Fast(PySequence_Fast_GET_ITEM(headers, h), "a record header must be a (str, bytes | None) pair");
+            if (pair == NULL)
+                goto done;
+            if (PySequence_Fast_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a record header must be a (str, bytes | None) pair");
+                Py_DECREF(pair);
+                goto done;
+            }
+            PyObject *k = PySequence_Fast_GET_ITEM(pair, 0);
+            if (!PyUnicode_Check(k)) {
+                PyErr_Format(PyExc_TypeError, "a record header key must be str, not %.100s", Py_TYPE(k)->tp_name);
+                Py_DECREF(pair);
+                goto done;
+            }
+            /* The UTF-8 form is cached on the str, which the record keeps alive. */
+            header_keys[h] = PyUnicode_AsUTF8AndSize(k, &header_key_lens[h]);
+            int failed = header_keys[h] == NULL ||
+                         field_open(&header_values[h], PySequence_Fast_GET_ITEM(pair, 1), "header value") < 0;
+            Py_DECREF(pair);
+            if (failed)
+                goto done;
+            size += varint_size(header_key_lens[h]) + header_key_lens[h] + field_size(&header_values[h]);
+        }
+    }
+    if (out_reserve(o, varint_size(size) + size) < 0)
+        goto done;
+    Py_ssize_t start = o->len;
+    put_varint(o, size);
+    Py_ssize_t body_start = o->len;
+    o->data[o->len++] = 0; /* attributes: unused */
+    put_varint(o, timestamp_delta);
+    put_varint(o, offset_delta);
+    put_field(o, &key);
+    put_field(o, &value);
+    put_varint(o, header_count);
+    for (Py_ssize_t h = 0; h < header_count; h++) {
+        put_varint(o, header_key_lens[h]);
+        memcpy(o->data + o->len, header_keys[h], (size_t)header_key_lens[h]);
+        o->len += header_key_lens[h];
+        put_field(o, &header_values[h]);
+    }
+    assert(o->len - body_start == size);
+    (void)start;
+    result = 0;
+done:
+    field_close(&key);
+    field_close(&value);
+    if (header_values != NULL) {
+        for (Py_ssize_t h = 0; h < header_count; h++)
+            field_close(&header_values[h]);
+    }
+    PyMem_Free(header_values);
+    PyMem_Free(header_keys);
+    PyMem_Free(header_key_lens);
+    Py_XDECREF(key_obj);
+    Py_XDECREF(value_obj);
+    Py_XDECREF(headers_obj);
+    Py_XDECREF(headers);
+    return result;
+}
+
+static PyObject *encode_records(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *records_obj, *records = NULL, *result = NULL;
+    long long now_ms;
+    Out o = {NULL, 0, 0};
+    if (!PyArg_ParseTuple(args, "OL:encode_records", &records_obj, &now_ms))
+        return NULL;
+    if ((records = PySequence_Fast(records_obj, "records must be a sequence")) == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(records);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "a record batch needs at least one record");
+        goto done;
+    }
+    int64_t base = 0, max_timestamp = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t ts, delta;
+        if (timestamp_of(PySequence_Fast_GET_ITEM(records, i), now_ms, &ts) < 0)
+            goto done;
+        if (i == 0)
+            base = max_timestamp = ts;
+        else if (ts > max_timestamp)
+            max_timestamp = ts;
+        if (__builtin_sub_overflow(ts, base, &delta)) {
+            PyErr_Format(PyExc_ValueError, "varint out of int64 range: %lld - %lld", (long long)ts, (long long)base);
+            goto done;
+        }
+        if (encode_one(&o, PySequence_Fast_GET_ITEM(records, i), i, delta) < 0)
+            goto done;
+    }
+    PyObject *body = PyBytes_FromStringAndSize(o.data, o.len);
+    if (body != NULL)
+        result = Py_BuildValue("(NLL)", body, (long long)base, (long long)max_timestamp);
+done:
+    PyMem_Free(o.data);
+    Py_DECREF(records);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_records", scan_records, METH_VARARGS,
+     "scan_records(body, record_count) -> largest timestamp delta or None; ValueError if malformed."},
+    {"encode_records", encode_records, METH_VARARGS,
+     "encode_records(records, now_ms) -> (records section of a v2 batch, base timestamp, max timestamp)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_records", "The compiled halves of rayk.storage.records.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__records(void)
+{
+    attr_key = PyUnicode_InternFromString("key");
+    attr_value = PyUnicode_InternFromString("value");
+    attr_headers = PyUnicode_InternFromString("headers");
+    attr_timestamp_ms = PyUnicode_InternFromString("timestamp_ms");
+    if (attr_key == NULL || attr_value == NULL || attr_headers == NULL || attr_timestamp_ms == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,162 @@
+"""The compiled halves of the record codec (`rayk.storage._records`) against their Python
+references in `records`:
+- the walk (`scan_records_reference`): for any bytes and any record count, both return the
+  same largest timestamp delta or both refuse with the same message, and the compiled one
+  never reads outside its input;
+- the encoder (`encode_records_reference`): byte-identical output for any records."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from rayk.errors import InvalidRecordError
+from rayk.storage import _records
+from rayk.storage.records import (
+    HEADER_SIZE_BYTES,
+    SimpleRecord,
+    build_batch,
+    check_records,
+    decode_records,
+    encode_records_reference,
+    scan_records_reference,
+)
+from tests.test_records import MALFORMED, record_lists
+
+MANY = settings(max_examples=400, deadline=None)
+
+
+def outcome(scan, body, record_count):
+    try:
+        return "ok", scan(body, record_count)
+    except ValueError as e:
+        return "refused", str(e)
+
+
+def assert_same(body, record_count):
+    compiled = outcome(_records.scan_records, body, record_count)
+    assert compiled == outcome(scan_records_reference, body, record_count)
+    return compiled
+
+
+def body_of(records) -> bytes:
+    return build_batch(records)[HEADER_SIZE_BYTES:]
+
+
+@MANY
+@given(record_lists)
+def test_well_formed_records_give_the_same_largest_timestamp_delta(records):
+    result = assert_same(body_of(records), len(records))
+    stamps = [r.timestamp_ms for r in records]
+    assert result == ("ok", max(stamps) - stamps[0])
+
+
+@MANY
+@given(record_lists, st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=4), st.data())
+@example([SimpleRecord(b"v", headers=[("ü", b"x")])], [(9, 0xFF)], None)  # a header key byte: not UTF-8
+def test_mutated_records_get_the_same_verdict(records, mutations, data):
+    body = bytearray(body_of(records))
+    for pos, byte in mutations:
+        body[pos % len(body)] = byte
+    count = len(records) if data is None else data.draw(st.integers(0, len(records) + 2))
+    assert_same(bytes(body), count)
+
+
+@MANY
+@given(record_lists, st.integers(0, 1 << 16))
+def test_every_truncation_gets_the_same_verdict(records, cut):
+    body = body_of(records)
+    assert_same(body[: cut % (len(body) + 1)], len(records))
+
+
+@MANY
+@given(st.binary(max_size=200), st.integers(0, 50))
+def test_arbitrary_bytes_get_the_same_verdict(body, record_count):
+    assert_same(body, record_count)
+
+
+@pytest.mark.parametrize("make", MALFORMED.values(), ids=MALFORMED.keys())
+def test_each_known_defect_is_refused_alike(make):
+    batch = make()
+    body, count = batch[HEADER_SIZE_BYTES:], int.from_bytes(batch[57:61], "big", signed=True)
+    verdict, message = assert_same(bytes(body), count)
+    assert verdict == "refused" and message
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview, lambda b: memoryview(b"xx" + b + b"yy")[2:-2]])
+def test_takes_any_contiguous_buffer(wrap):
+    body = body_of([SimpleRecord(b"a", timestamp_ms=5), SimpleRecord(b"b", timestamp_ms=9)])
+    assert _records.scan_records(wrap(body), 2) == 4
+
+
+def test_a_huge_varint_is_refused_not_wrapped():
+    record = b"\x00" + b"\xff" * 9 + b"\x03"  # attributes, then a timestamp delta past 64 bits
+    assert assert_same(bytes([len(record) * 2]) + record, 1) == ("refused", "varint out of int64 range")
+
+
+def test_check_records_names_the_batch_and_the_defect():
+    with pytest.raises(InvalidRecordError, match=r"batch at offset 0: record header key is null"):
+        check_records(MALFORMED["null header key"]())
+
+
+@pytest.mark.parametrize("tenth", [0x01, 0x02, 0x81, 0x83])
+def test_the_tenth_varint_byte_is_judged_alike(tenth):
+    record = b"\x00" + b"\xff" * 9 + bytes([tenth]) + b"\x00" * 6
+    assert_same(bytes([len(record) * 2]) + record, 1)
+
+
+# ---------------------------------------------------------------------------- the encoder
+
+
+@MANY
+@given(record_lists, st.integers(0, 1 << 45), st.booleans())
+def test_encoded_records_are_byte_identical_to_the_reference(records, now_ms, drop_timestamps):
+    if drop_timestamps:
+        records = [SimpleRecord(r.value, r.key, r.headers) for r in records]  # each takes now_ms
+    assert _records.encode_records(records, now_ms) == encode_records_reference(records, now_ms)
+
+
+@MANY
+@given(record_lists)
+def test_a_built_batch_decodes_to_its_records(records):
+    decoded = decode_records(build_batch(records))
+    assert [(r.key, r.value, list(r.headers), r.timestamp_ms) for r in decoded] == [
+        (r.key, r.value, list(r.headers), r.timestamp_ms) for r in records
+    ]
+
+
+def test_headers_as_lists_and_values_as_any_bytes_like_encode_alike():
+    plain = [SimpleRecord(b"v", b"k", (("h", b"x"),), 7)]
+    loose = [SimpleRecord(bytearray(b"v"), memoryview(b"k"), [["h", bytearray(b"x")]], 7)]
+    assert _records.encode_records(loose, 0) == _records.encode_records(plain, 0)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        SimpleRecord("text"),
+        SimpleRecord(b"v", key=5),
+        SimpleRecord(b"v", headers=[(b"bytes key", b"x")]),
+        SimpleRecord(b"v", headers=[("k", "text")]),
+        SimpleRecord(b"v", headers=[("k",)]),
+        SimpleRecord(b"v", headers=5),
+        SimpleRecord(b"v", timestamp_ms="now"),
+        SimpleRecord(b"v", headers=[("\ud800", b"x")]),  # a lone surrogate has no UTF-8
+    ],
+)
+def test_records_of_the_wrong_types_are_refused(record):
+    with pytest.raises((TypeError, ValueError)):
+        _records.encode_records([record], 0)
+
+
+def test_timestamp_deltas_outside_int64_are_refused_alike():
+    records = [SimpleRecord(b"a", timestamp_ms=-(1 << 63)), SimpleRecord(b"b", timestamp_ms=(1 << 63) - 1)]
+    for encode in (_records.encode_records, encode_records_reference):
+        with pytest.raises(ValueError, match="int64"):
+            encode(records, 0)
+
+
+def test_no_records_is_refused():
+    with pytest.raises(ValueError, match="at least one record"):
+        _records.encode_records([], 0)
