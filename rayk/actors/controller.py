@@ -355,7 +355,7 @@ class Controller:
         for _, _, s in self._meta.all_partitions():
             for r in s.replicas:
                 load[r] = load.get(r, 0) + 1
-        target = [r for r in state.replicas]
+        target = list(state.replicas)
         for i, r in enumerate(target):
             if r not in lost:
                 continue
