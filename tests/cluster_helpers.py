@@ -23,6 +23,31 @@ FAST_CONFIG = {
 }
 
 
+LOCAL_RAY = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+_shared_local_ray = False
+
+
+def shared_local_ray() -> str:
+    """The one-node Ray (2 CPUs) that the modules running only rayk clusters share, since
+    starting and stopping a Ray costs ~7 s. Those modules shut every cluster they start.
+    A module that needs a Ray of its own (a ray.cluster_utils.Cluster, other resources, or
+    actors of its own that must not outlive it) calls `release_shared_local_ray` first.
+    Returns the GCS address."""
+    global _shared_local_ray
+    if not _shared_local_ray:
+        assert not ray.is_initialized(), "a module left its own Ray running"
+        ray.init(**LOCAL_RAY)
+        _shared_local_ray = True
+    return ray.get_runtime_context().gcs_address
+
+
+def release_shared_local_ray() -> None:
+    global _shared_local_ray
+    if _shared_local_ray:
+        ray.shutdown()
+        _shared_local_ray = False
+
+
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:

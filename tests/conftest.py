@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cluster_helpers import release_shared_local_ray
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_the_shared_local_ray():
+    yield
+    release_shared_local_ray()
+
 
 @pytest.fixture
 def delete_topics_after_test(cluster):

@@ -21,7 +21,7 @@ import rayk
 from rayk import cli
 from rayk.client import PartitionReassignment, TopicPartition
 from rayk.errors import UnknownTopicOrPartitionError
-from tests.cluster_helpers import wait_until
+from tests.cluster_helpers import shared_local_ray, wait_until
 
 NAMESPACE = "cli-test"
 LOOPBACK_LISTENER = "PLAINTEXT://127.0.0.1:0"  # tests bind to loopback, on free ports
@@ -30,9 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def address():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    return shared_local_ray()
 
 
 @pytest.fixture(scope="module")

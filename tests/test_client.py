@@ -24,7 +24,7 @@ from rayk.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray, wait_until
 
 CONFIG = {
     **FAST_CONFIG,
@@ -39,6 +39,7 @@ pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
+    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

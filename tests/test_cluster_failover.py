@@ -24,6 +24,7 @@ from tests.cluster_helpers import (
     assert_acked_records_present,
     batch_of,
     read_replica,
+    release_shared_local_ray,
     wait_until,
 )
 
@@ -32,6 +33,7 @@ BROKER_RESOURCE = "rayk_broker"
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    release_shared_local_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(3):
         cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})

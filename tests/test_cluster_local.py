@@ -23,16 +23,22 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.storage import meta_properties
-from tests.cluster_helpers import FAST_CONFIG, pid_of, produce, read_partition, read_replica, wait_until
+from tests.cluster_helpers import (
+    FAST_CONFIG,
+    pid_of,
+    produce,
+    read_partition,
+    read_replica,
+    shared_local_ray,
+    wait_until,
+)
 
 _namespaces = itertools.count()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture

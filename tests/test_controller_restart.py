@@ -16,16 +16,14 @@ import ray
 import rayk
 from rayk.client import TopicPartition
 from rayk.errors import KafkaError
-from tests.cluster_helpers import FAST_CONFIG
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 
 PARTITIONS = 3
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import ray
 import rayk
 from rayk import data as rayk_data
 from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
 
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
@@ -21,10 +21,8 @@ pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    shared_local_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.net.api_versions import PRODUCE
 from rayk.storage.records import SimpleRecord, build_batch
-from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection
 
 CONFIG = {
@@ -42,9 +42,7 @@ pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import time
 
 import kafka
 import pytest
-import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.structs import TopicPartition as KafkaTopicPartition
@@ -18,7 +17,7 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 import rayk
 from rayk.net import api_versions as keys
 from rayk.storage.records import SimpleRecord, build_batch
-from tests.cluster_helpers import FAST_CONFIG
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 from tests.protocol_helpers import RawConnection, request_frame, sized
 
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
@@ -28,9 +27,7 @@ FUZZ_SECONDS = 10
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,14 @@ from rayk.errors import (
 )
 from rayk.storage import Log, LogConfig
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+from tests.cluster_helpers import release_shared_local_ray
 
 Replica = ray.remote(num_cpus=0)(PartitionReplica)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
+    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -9,14 +9,12 @@ import pytest
 import ray
 
 import rayk
-from tests.cluster_helpers import FAST_CONFIG
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture(scope="module")

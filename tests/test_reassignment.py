@@ -23,7 +23,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.storage.log_manager import partition_dir_name
-from tests.cluster_helpers import FAST_CONFIG, Writer, read_replica, wait_until
+from tests.cluster_helpers import FAST_CONFIG, Writer, read_replica, shared_local_ray, wait_until
 
 BROKERS = 4
 MOVE_S = 60  # generous: two cores shared with the rest of the suite
@@ -31,9 +31,7 @@ MOVE_S = 60  # generous: two cores shared with the rest of the suite
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()
 
 
 @pytest.fixture(scope="module")

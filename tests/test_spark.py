@@ -11,13 +11,14 @@ import ray
 import rayk
 from rayk import spark as rayk_spark
 from rayk.errors import InvalidConfigurationError
-from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_test")]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("spark"), config=FAST_CONFIG, namespace="spark")

@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.cluster_helpers import wait_until
+from tests.cluster_helpers import release_shared_local_ray, wait_until
 from tests.faults.harness import (
     BROKER_RESOURCE,
     PARTITIONS,
@@ -26,6 +26,7 @@ from tests.faults.harness import (
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    release_shared_local_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(3):
         cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})

@@ -13,12 +13,13 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.cluster_helpers import wait_until
+from tests.cluster_helpers import release_shared_local_ray, wait_until
 from tests.faults.harness import (
     BROKER_RESOURCE,
     PARTITIONS,
     SESSION_TIMEOUT_MS,
     TOPIC,
+    WITH_LISTENERS,
     Traffic,
     check,
     kill_all,
@@ -32,6 +33,7 @@ from tests.faults.harness import (
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    release_shared_local_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(3):
         cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
@@ -43,8 +45,8 @@ def ray_cluster():
 
 
 @pytest.fixture
-def rayk_cluster(ray_cluster, tmp_path):
-    c = start_rayk(tmp_path)
+def rayk_cluster(ray_cluster, tmp_path, request):
+    c = start_rayk(tmp_path, config=getattr(request, "param", None))
     c.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
     yield c
     try:
@@ -155,6 +157,7 @@ def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     check(c, traffic, "kill -9 of every rayk process", resume_s)
 
 
+@pytest.mark.parametrize("rayk_cluster", [WITH_LISTENERS], indirect=True, ids=["listeners"])
 def test_sigkill_of_a_brokers_kafka_listener_starts_a_new_one_that_clients_reach(rayk_cluster):
     import confluent_kafka
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from rayk.storage.log_manager import partition_dir_name
-from tests.cluster_helpers import wait_until
+from tests.cluster_helpers import release_shared_local_ray, wait_until
 from tests.faults.harness import live_rayk_actor_pids, start_rayk
 
 TOPIC = "crash"
@@ -21,6 +21,7 @@ RECORDS = 20_000
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
+    release_shared_local_ray()
     ray.init(address="local", num_cpus=2, resources={"rayk_broker": 3}, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
