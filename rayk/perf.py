@@ -236,14 +236,16 @@ def run_consume_perf(
     *,
     group: str | None = None,
     timeout_ms: int = 10_000,
+    join_timeout_ms: int = 120_000,
     on_record: Callable[[ConsumerRecord], None] | None = None,
     progress: bool = True,
     label: str = "consume",
 ) -> dict[str, Any]:
     """Consumes `messages` records of `topic` from the beginning and returns the figures.
 
-    Stops early when no record arrives for `timeout_ms` (the dict then has `timed_out`
-    True). `on_record` sees every record consumed. Latency is end to end: when the record
+    Stops early when no record arrives for `timeout_ms` once the consumer has its
+    partitions (the dict then has `timed_out` True); joining the group may take longer
+    (up to `join_timeout_ms`), e.g. while the first group creates __consumer_offsets. `on_record` sees every record consumed. Latency is end to end: when the record
     was consumed minus its timestamp. The rates count from the start, which includes
     joining the group; `first_record_s` is how long the first record took and the
     `fetch_*` rates count from then on (Kafka's fetch.MB.sec and fetch.nMsg.sec).
@@ -257,6 +259,10 @@ def run_consume_perf(
             start = last_record_at = time.perf_counter()
             first_record_at = None
             while len(latencies_ms) < messages:
+                if first_record_at is None and not consumer.assignment():
+                    last_record_at = time.perf_counter()  # still joining: not idle yet
+                    if (last_record_at - start) * 1000 >= join_timeout_ms:
+                        break
                 idle_s = time.perf_counter() - last_record_at
                 if idle_s * 1000 >= timeout_ms:
                     break

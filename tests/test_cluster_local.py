@@ -191,3 +191,15 @@ def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(cluste
     assert produce(leader, [b"now"]).error is None
     result = ray.get(pending)
     assert result.records and time.monotonic() - start < 2.0
+
+
+def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(cluster):
+    """The cluster's first group creates __consumer_offsets, which takes seconds: the perf
+    consumer (and so `rayk demo`) must not take that for an idle topic."""
+    from rayk.perf import run_consume_perf
+
+    cluster.create_topic("perf-join", partitions=2, replication_factor=3)
+    assert produce(cluster.leader("perf-join", 0), [b"%d" % i for i in range(100)]).error is None
+    figures = run_consume_perf(cluster, "perf-join", 100, group="first-group", timeout_ms=500, progress=False)
+    assert figures["records"] == 100 and not figures["timed_out"]
+    assert figures["first_record_s"] > 0.5, "joining took longer than the idle timeout: the case under test"
