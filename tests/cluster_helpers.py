@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
 from ray._private.state import actors as actor_table
+from ray.cluster_utils import Cluster
 
 from rayk.errors import KafkaError
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
@@ -46,6 +48,26 @@ def release_shared_local_ray() -> None:
     if _shared_local_ray:
         ray.shutdown()
         _shared_local_ray = False
+
+
+BROKER_RESOURCE = "rayk_broker"  # what `rayk.start(node_resource=...)` places one broker per node by
+
+
+@contextlib.contextmanager
+def broker_node_cluster(broker_nodes: int = 3) -> Iterator[Cluster]:
+    """A Ray cluster of a head and `broker_nodes` nodes for one broker each (1 CPU and
+    BROKER_RESOURCE apiece), connected to for as long as the block lasts."""
+    release_shared_local_ray()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(broker_nodes):
+        cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import rayk
 from rayk import data as rayk_data
@@ -19,32 +18,24 @@ from rayk.client.offset_ranges import plan_read_ranges
 from rayk.storage import Log
 from rayk.storage.log_manager import partition_dir_name
 from tests.cluster_helpers import (
+    BROKER_RESOURCE,
     FAST_CONFIG,
     Writer,
     assert_acked_records_present,
     batch_of,
+    broker_node_cluster,
     read_replica,
-    release_shared_local_ray,
     wait_until,
 )
-
-BROKER_RESOURCE = "rayk_broker"
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    release_shared_local_ray()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    with broker_node_cluster() as cluster:
+        yield cluster
 
 
-def node_of_broker(ray_cluster: Cluster, rayk_cluster, broker_id: int):
+def node_of_broker(ray_cluster, rayk_cluster, broker_id: int):
     node_id = next(b["node_id"] for b in rayk_cluster.brokers() if b["broker_id"] == broker_id)
     return next(n for n in ray_cluster.list_all_nodes() if n.node_id == node_id)
 

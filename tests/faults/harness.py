@@ -27,9 +27,8 @@ import ray
 from ray._private.state import actors as actor_table
 
 import rayk
-from tests.cluster_helpers import FAST_CONFIG, decode, pid_of, wait_until
+from tests.cluster_helpers import BROKER_RESOURCE, FAST_CONFIG, decode, pid_of, wait_until
 
-BROKER_RESOURCE = "rayk_broker"
 TOPIC = "faults"
 PARTITIONS = 3
 # Short, as in the other cluster tests, but above FAST_CONFIG's 4 s: on this 2-core machine

@@ -11,11 +11,9 @@ import time
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
-from tests.cluster_helpers import release_shared_local_ray, wait_until
+from tests.cluster_helpers import broker_node_cluster, wait_until
 from tests.faults.harness import (
-    BROKER_RESOURCE,
     PARTITIONS,
     SESSION_TIMEOUT_MS,
     TOPIC,
@@ -33,15 +31,8 @@ from tests.faults.harness import (
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    release_shared_local_ray()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    with broker_node_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture
