@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
-$(STAMP): pyproject.toml setup.py rayk/storage/_records.c
+$(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -7,6 +7,8 @@ import itertools
 import threading
 import time
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import ray
 
@@ -16,6 +18,7 @@ from rayk.client.consumer_protocol import decode_assignment
 from rayk.client.partitioner import partition_for_key
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
+from rayk.client.columns import HEADERS_TYPE
 from rayk.client.producer import Producer
 from rayk.errors import (
     BufferExhaustedError,
@@ -452,3 +455,74 @@ def test_committed_offsets_survive_a_cluster_restart(tmp_path):
         consumer.close()
     finally:
         again.shutdown()
+
+
+# ---------------------------------------------------------------------------- send_batch
+
+
+def test_send_batch_puts_keys_where_send_does_and_answers_every_record_s_offset(cluster):
+    topic = new_topic(cluster, partitions=3)
+    producer = cluster.producer()
+    n = 500
+    keys = [b"k%d" % i for i in range(n)]
+    values = [b"v%d" % i for i in range(n)]
+    headers = pa.array([[{"key": "i", "value": b"%d" % i}] if i % 2 else None for i in range(n)], HEADERS_TYPE)
+    single = [producer.send(topic, value=b"one", key=k) for k in keys[:20]]
+    key_column = np.empty(n, dtype=object)
+    key_column[:] = keys
+    future = producer.send_batch(
+        topic, pa.array(values), keys=key_column, headers=headers, timestamps_ms=np.arange(n) + 10**12
+    )
+    result = future.result(30)
+    producer.close()
+    assert future.done() and result.topic == topic
+    assert [f.get(5).partition for f in single] == result.partitions[:20].tolist()
+    assert result.partitions.tolist() == [partition_for_key(k, 3) for k in keys]
+    assert sum(b.record_count for b in result.batches) == n
+    for batch in result.batches:  # one offset range per batch, the rows of its partition
+        mine = np.sort(result.offsets[result.partitions == batch.partition])
+        assert batch.base_offset in mine and batch.last_offset in mine
+    by_place = {(r.partition, r.offset): r for r in read_all(cluster, topic, n + 20)}
+    assert len(by_place) == n + 20
+    for i in range(n):
+        record = by_place[(int(result.partitions[i]), int(result.offsets[i]))]
+        assert (record.key, record.value, record.timestamp) == (keys[i], values[i], 10**12 + i)
+        assert record.headers == ([("i", b"%d" % i)] if i % 2 else [])
+
+
+def test_send_batch_follows_send_in_a_partition_and_moves_the_sticky_partition_per_batch(cluster):
+    topic = new_topic(cluster, partitions=3)
+    producer = cluster.producer(max_request_size=10_000)  # ~90 records of 100 B a batch
+    first = producer.send(topic, b"first", partition=1)
+    pinned = producer.send_batch(topic, [b"x" * 100] * 300, partition=1, headers=[("h", b"v")]).result(30)
+    assert first.get(5).offset == 0
+    assert pinned.offsets.tolist() == list(range(1, 301)) and len(pinned.batches) >= 3
+    spread = producer.send_batch(topic, np.zeros((1000, 100), dtype=np.uint8)).result(30)
+    assert len(spread.batches) >= 10 and len(set(spread.partitions.tolist())) == 3
+    for batch in spread.batches:  # a batch goes to one partition, whole
+        assert batch.last_offset - batch.base_offset + 1 == batch.record_count
+    mixed = producer.send_batch(topic, [b"a", b"b", b"c"], keys=[b"k", None, b"k"], partition=[-1, 0, 2]).result(30)
+    assert mixed.partitions.tolist() == [partition_for_key(b"k", 3), 0, 2]
+    empty = producer.send_batch(topic, []).result(5)
+    assert empty.batches == [] and len(empty.offsets) == 0
+    producer.close()
+
+
+def test_send_batch_refuses_bad_input_with_typed_errors_and_writes_nothing(cluster):
+    topic = new_topic(cluster, partitions=2)
+    producer = cluster.producer(max_request_size=2_000)
+    with pytest.raises(ValueError, match=r"partitions 0\.\.1, not 5"):
+        producer.send_batch(topic, [b"a"], partition=5)
+    with pytest.raises(ValueError, match="partition must be an int or 1 ints"):
+        producer.send_batch(topic, [b"a"], partition=[0, 1])
+    with pytest.raises(TypeError, match="values must be bytes"):
+        producer.send_batch(topic, [1, 2])
+    with pytest.raises(RecordTooLargeError):
+        producer.send_batch(topic, [b"x" * 5_000])
+    with pytest.raises(ValueError, match="keys has 1 rows"):
+        producer.send_batch(topic, [b"a", b"b"], keys=[b"k"])
+    producer.close()
+    consumer = cluster.consumer()
+    partitions = [TopicPartition(topic, p) for p in range(2)]
+    assert consumer.end_offsets(partitions) == {tp: 0 for tp in partitions}
+    consumer.close()

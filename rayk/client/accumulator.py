@@ -37,7 +37,7 @@ from rayk.client.partitioner import StickyPartitioner
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import TopicPartition
 from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError
-from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord
+from rayk.storage.records import HEADER_SIZE_BYTES, EncodedRecords, SimpleRecord
 
 
 class BatchState(enum.Enum):
@@ -53,7 +53,9 @@ class ProducerBatch:
     created_s: float  # time.monotonic(); the delivery timeout counts from here
     num_partitions: int
     result: BatchResult
-    records: list[SimpleRecord] = field(default_factory=list)
+    records: list[SimpleRecord] = field(default_factory=list)  # appended by send()
+    body: EncodedRecords | None = None  # or encoded already, by send_batch()
+    record_count: int = 0
     size_bytes: int = HEADER_SIZE_BYTES
     state: BatchState = BatchState.OPEN
     attempts: int = 0
@@ -120,15 +122,16 @@ class RecordAccumulator:
                 partition = self._partitioner.partition(topic, num_partitions)
             tp = TopicPartition(topic, partition)
             batch = self._open.get(tp)
-            if batch is not None and batch.size_bytes + size > self._batch_size and batch.records:
+            if batch is not None and batch.size_bytes + size > self._batch_size and batch.record_count:
                 self._close(batch)
                 batch = None
             if batch is None:
                 batch = self._open[tp] = ProducerBatch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
                 self._by_age.append(batch)
                 self.lock.notify()  # the sender learns the new batch's linger deadline
-            future = FutureRecordMetadata(batch.result, len(batch.records), record.timestamp_ms)
+            future = FutureRecordMetadata(batch.result, batch.record_count, record.timestamp_ms)
             batch.records.append(record)
+            batch.record_count += 1
             batch.size_bytes += size
             self.unfinished += 1
             self._buffered_bytes += size
@@ -136,6 +139,37 @@ class RecordAccumulator:
                 self._close(batch)
                 self.lock.notify()
         return future
+
+    def append_encoded(self, tp: TopicPartition, num_partitions: int, records: EncodedRecords) -> BatchResult:
+        """Queues a batch encoded by send_batch, ready to go, after whatever `send` put in
+        the partition's open batch (which it closes); blocks while the buffer is full."""
+        size = len(records.body)
+        with self.lock:
+            if self._failure is not None:
+                raise KafkaError(self._failure)
+            if self.closed:
+                raise RuntimeError("the producer is closed")
+            self._wait_for_room(size)
+            open_batch = self._open.get(tp)
+            if open_batch is not None:
+                self._close(open_batch)
+            batch = ProducerBatch(
+                tp, time.monotonic(), num_partitions, BatchResult(tp.topic, tp.partition),
+                body=records, record_count=records.count, size_bytes=HEADER_SIZE_BYTES + size, state=BatchState.READY,
+            )
+            self._ready[tp].append(batch)
+            self._by_age.append(batch)
+            self._partitioner.on_new_batch(tp.topic, tp.partition, num_partitions)
+            self.unfinished += records.count
+            self._buffered_bytes += size
+            self.lock.notify()
+        return batch.result
+
+    def sticky_partition(self, topic: str, num_partitions: int) -> int:
+        """The sticky partition for unkeyed records of `topic` (each queued batch of the
+        partition moves it on)."""
+        with self.lock:
+            return self._partitioner.partition(topic, num_partitions)
 
     def _wait_for_room(self, size: int) -> None:
         """Blocks until `size` more bytes fit in buffer_memory (lock held)."""
@@ -261,7 +295,7 @@ class RecordAccumulator:
         """A batch was acknowledged, failed or expired: its records leave the buffer."""
         with self.lock:
             batch.state = BatchState.DONE
-            self.unfinished -= len(batch.records)
+            self.unfinished -= batch.record_count
             self._buffered_bytes -= batch.size_bytes - HEADER_SIZE_BYTES
             assert self.unfinished >= 0 and self._buffered_bytes >= 0, (self.unfinished, self._buffered_bytes)
             self.lock.notify()

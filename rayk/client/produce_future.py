@@ -5,6 +5,7 @@ offset and append time, or an error) and the callbacks waiting for it. Each reco
 `FutureRecordMetadata` is a few slots pointing at its batch's result and its place in the
 batch, so `send()` does not pay for a lock and a condition per record, as a
 `concurrent.futures.Future` would (that was a third of the time `send()` took).
+`send_batch` returns one `FutureSendBatch` for all the batches of a call.
 
 FutureRecordMetadata answers like a concurrent.futures.Future (`result`, `exception`,
 `done`, `add_done_callback`), plus kafka-python's `get(timeout)`, `succeeded()`, `failed()`.
@@ -18,7 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from rayk.client.types import RecordMetadata
 from rayk.errors import KafkaTimeoutError
@@ -118,3 +121,93 @@ class FutureRecordMetadata:
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self.failed() else "done")
         return f"<FutureRecordMetadata {self._batch.topic}-{self._batch.partition} #{self._index} {state}>"
+
+
+class BatchOffsets(NamedTuple):
+    """Where one batch of a `send_batch` call landed: offsets base_offset..last_offset of
+    its partition (-1 with acks=0)."""
+
+    partition: int
+    base_offset: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1 if self.base_offset >= 0 else -1
+
+
+class SendBatchMetadata(NamedTuple):
+    """What `send_batch` wrote: an offset range per batch, in the order they were queued,
+    and per record of the call (in the caller's order) its partition and offset."""
+
+    topic: str
+    batches: list[BatchOffsets]
+    partitions: np.ndarray  # int32
+    offsets: np.ndarray  # int64; -1 with acks=0
+
+
+class FutureSendBatch:
+    """The outcome of one `send_batch` call: resolves once every batch of it is
+    acknowledged, to SendBatchMetadata, or raises the first error of its batches. Answers
+    like a concurrent.futures.Future (`result`, `exception`, `done`, `add_done_callback`)."""
+
+    def __init__(self, topic: str, partitions: np.ndarray, parts: list[tuple[BatchResult, int, np.ndarray]]) -> None:
+        self._topic = topic
+        self._partitions = partitions
+        self._parts = parts  # (batch result, partition, the call's rows in it)
+        self._lock = threading.Lock()
+        self._pending = len(parts)
+        self._all_done = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        if not parts:
+            self._all_done.set()
+        for result, _, _ in parts:
+            result.on_done(self._one_done)
+
+    def _one_done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._pending:
+                return
+            self._all_done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _run(callback)
+
+    def done(self) -> bool:
+        return self._all_done.is_set()
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._all_done.wait(timeout):
+            raise KafkaTimeoutError(f"send_batch to {self._topic}: batches still unacknowledged after {timeout} s")
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return next((r.error for r, _, _ in self._parts if r.error is not None), None)
+
+    def result(self, timeout: float | None = None) -> SendBatchMetadata:
+        """The offsets of every record; raises the first batch's error, or
+        KafkaTimeoutError after `timeout` s."""
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        offsets = np.full(len(self._partitions), -1, dtype=np.int64)
+        batches = []
+        for result, partition, rows in self._parts:
+            batches.append(BatchOffsets(partition, result.base_offset, len(rows)))
+            if result.base_offset >= 0:
+                offsets[rows] = np.arange(result.base_offset, result.base_offset + len(rows), dtype=np.int64)
+        return SendBatchMetadata(self._topic, batches, self._partitions, offsets)
+
+    get = result
+
+    def add_done_callback(self, fn: Callable[[FutureSendBatch], Any]) -> None:
+        """Calls fn(self) once every batch is acknowledged or failed."""
+        with self._lock:
+            if not self._all_done.is_set():
+                self._callbacks.append(lambda: fn(self))
+                return
+        _run(lambda: fn(self))
+
+    def __repr__(self) -> str:
+        return f"<FutureSendBatch {self._topic} {len(self._partitions)} records {'done' if self.done() else 'pending'}>"

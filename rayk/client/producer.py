@@ -10,6 +10,11 @@ Kafka v2 record batch (compressed if asked), so the broker only validates and ap
 it, and sends it, at most `max_in_flight_requests_per_connection` per partition at a
 time. Nothing polls: answers come through the ObjectRefs' future callbacks.
 
+`send_batch` is the columnar form for what Ray users hold (arrays, Arrow tables, Dataset
+blocks): one call queues many records, encoded from the columns' buffers by compiled code
+straight into batches of up to `max_request_size` (rayk.client.columns), with keys
+partitioned by the same murmur2, and one future (FutureSendBatch) for all of them.
+
 Defaults are Kafka's since 3.0: `acks="all"` (the leader answers once every in-sync
 replica has the batch) and idempotence, always on: the producer takes a producer id from
 the Controller and stamps each batch with it, its epoch and the partition sequence of its
@@ -43,14 +48,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from rayk.client import calls
 from rayk.client.accumulator import RecordAccumulator
+from rayk.client.columns import RecordColumns, key_partitions
 from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import MetadataCache
 from rayk.client.partitioner import partition_for_key
-from rayk.client.produce_future import FutureRecordMetadata
+from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer
+from rayk.client.types import TopicPartition
 from rayk.errors import RecordTooLargeError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord
@@ -181,14 +191,94 @@ class Producer:
                 f"a {size}-byte record exceeds max_request_size = {self._max_request_size} bytes"
                 f" or buffer_memory = {self._buffer_memory} bytes"
             )
-        num_partitions = self._metadata.cached_partition_count(topic)
-        if num_partitions is None:
-            num_partitions = self._metadata.partition_count(topic, self._max_block_ms)
+        num_partitions = self._partition_count(topic)
         if partition is None and key_bytes is not None:
             partition = partition_for_key(key_bytes, num_partitions)
         elif partition is not None and not 0 <= partition < num_partitions:
             raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {partition}")
         return self._accumulator.append(topic, partition, num_partitions, record, size)
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any = None,
+        partition: Any = None,
+        headers: Any = None,
+        timestamps_ms: Any = None,
+    ) -> FutureSendBatch:
+        """Queues many records at once from columns; the future resolves to
+        SendBatchMetadata (an offset range per batch; each record's partition and offset).
+
+        `values` and `keys` hold bytes, str or None per record: a sequence, a numpy array
+        (object, bytes or str dtype; or 2-D uint8, a row per value) or a pyarrow
+        binary/string array. The producer's serializers are not applied. A keyed record
+        goes where `send()` puts its key (murmur2); `partition` (one int, or one per record,
+        -1 or null for "by key") overrides that; unkeyed records fill a batch for the
+        sticky partition, then move on, as send() does. `headers` is a list of (str,
+        bytes | None) pairs every record carries, or a pyarrow
+        list<struct<key string, value binary>> column with a list per record.
+        `timestamps_ms` is one create time per record (ints in ms, or datetimes); the
+        default is now.
+
+        Records are encoded here, into batches of up to `max_request_size`, with no Python
+        object per record; batches of the same partition keep the call's order, after
+        what `send()` queued before. Blocks like `send` while the buffer is full; if that
+        times out (BufferExhaustedError) the batches queued before it are still sent.
+        """
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        columns = RecordColumns.of(values, keys, headers, timestamps_ms)
+        num_partitions = self._partition_count(topic)
+        partitions = self._partitions_of(columns, partition, num_partitions, topic)
+        max_body_bytes = min(self._max_request_size, self._buffer_memory) - HEADER_SIZE_BYTES
+        now_ms = int(time.time() * 1000)
+        parts: list[tuple[BatchResult, int, np.ndarray]] = []
+        order = np.argsort(partitions, kind="stable")  # unkeyed (-1) rows first; each partition in the call's order
+        groups = np.split(order, np.flatnonzero(np.diff(partitions[order])) + 1) if len(order) else []
+        for rows in groups:
+            fixed = int(partitions[rows[0]])
+            for records, batch_rows in columns.batches(rows, now_ms, max_body_bytes):
+                if len(records.body) > max_body_bytes:
+                    raise RecordTooLargeError(
+                        f"record {int(batch_rows[0])} takes {len(records.body)} bytes; max_request_size ="
+                        f" {self._max_request_size}, buffer_memory = {self._buffer_memory}"
+                    )
+                target = fixed if fixed >= 0 else self._accumulator.sticky_partition(topic, num_partitions)
+                partitions[batch_rows] = target
+                result = self._accumulator.append_encoded(TopicPartition(topic, target), num_partitions, records)
+                parts.append((result, target, batch_rows))
+        return FutureSendBatch(topic, partitions, parts)
+
+    def _partition_count(self, topic: str) -> int:
+        num_partitions = self._metadata.cached_partition_count(topic)
+        if num_partitions is None:
+            num_partitions = self._metadata.partition_count(topic, self._max_block_ms)
+        return num_partitions
+
+    @staticmethod
+    def _partitions_of(columns: RecordColumns, partition: Any, num_partitions: int, topic: str) -> np.ndarray:
+        """Each row's partition, -1 where the sticky partitioner will choose."""
+        if columns.keys is not None:
+            partitions = key_partitions(columns.keys, num_partitions)
+        else:
+            partitions = np.full(len(columns), -1, dtype=np.int32)
+        if partition is None:
+            return partitions
+        if isinstance(partition, (int, np.integer)):
+            chosen = np.full(len(columns), int(partition), dtype=np.int64)
+        else:
+            if isinstance(partition, (pa.Array, pa.ChunkedArray)):
+                partition = partition.fill_null(-1).to_numpy(zero_copy_only=False)
+            chosen = np.asarray(partition)
+            if chosen.shape != (len(columns),) or not np.issubdtype(chosen.dtype, np.integer):
+                raise ValueError(f"partition must be an int or {len(columns)} ints, got shape {chosen.shape} of {chosen.dtype}")
+        named = chosen >= 0
+        bad = chosen[(chosen < -1) | (chosen >= num_partitions)]
+        if len(bad):
+            raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {int(bad[0])}")
+        partitions[named] = chosen[named]
+        return partitions
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Sends everything queued now and waits until each record is acknowledged or

@@ -41,7 +41,7 @@ from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError, UnknownServerError
 from rayk.storage.compression import CompressionType
-from rayk.storage.records import build_batch
+from rayk.storage.records import assemble_batch, build_batch
 
 logger = logging.getLogger(__name__)
 
@@ -181,15 +181,9 @@ class Sender:
         try:
             if batch.encoded is None:
                 batch.producer_id, batch.producer_epoch, batch.base_sequence = self._idempotence.stamp(
-                    batch.tp, len(batch.records)
+                    batch.tp, batch.record_count
                 )
-                batch.encoded = build_batch(
-                    batch.records,
-                    compression=self._compression,
-                    producer_id=batch.producer_id,
-                    producer_epoch=batch.producer_epoch,
-                    base_sequence=batch.base_sequence,
-                )
+                batch.encoded = self._encode(batch)
             ref = leader.produce.remote(batch.encoded, self._acks, self._request_timeout_ms)
         except Exception as e:
             self._complete(batch, attempt, calls.translate(e, f"produce to {batch.tp}"))
@@ -203,6 +197,17 @@ class Sender:
         batch.request_deadline_s = time.monotonic() + self._request_timeout_ms / 1000
         self._calls.append((batch.request_deadline_s, batch, attempt))
         ref.future().add_done_callback(lambda f: self._on_done(batch, attempt, f))
+
+    def _encode(self, batch: ProducerBatch) -> bytes:
+        stamp = dict(
+            compression=self._compression,
+            producer_id=batch.producer_id,
+            producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence,
+        )
+        if batch.body is not None:  # encoded by send_batch
+            return assemble_batch(batch.body, **stamp)
+        return build_batch(batch.records, **stamp)
 
     def _on_done(self, batch: ProducerBatch, attempt: int, future: concurrent.futures.Future) -> None:
         with self._acc.lock:
@@ -256,7 +261,7 @@ class Sender:
 
     def _expiry_error(self, batch: ProducerBatch, detail: str) -> KafkaTimeoutError:
         return KafkaTimeoutError(
-            f"Expiring {len(batch.records)} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
+            f"Expiring {batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
             f"{int(self._acc.delivery_timeout_s * 1000)} ms has passed since batch creation{detail}"
         )
 

@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "_varint.h"
+
 typedef struct {
     const uint8_t *buf;
     Py_ssize_t end;
@@ -172,49 +174,6 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
 /* ------------------------------------------------------------------ encode */
 
 static PyObject *attr_key, *attr_value, *attr_headers, *attr_timestamp_ms; /* interned at import */
-
-typedef struct {
-    char *data;
-    Py_ssize_t len, cap;
-} Out;
-
-static int out_reserve(Out *o, Py_ssize_t more)
-{
-    if (o->len + more <= o->cap)
-        return 0;
-    Py_ssize_t cap = o->cap ? o->cap : 4096;
-    while (cap < o->len + more)
-        cap *= 2;
-    char *data = PyMem_Realloc(o->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    o->data = data;
-    o->cap = cap;
-    return 0;
-}
-
-static int varint_size(int64_t value)
-{
-    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
-    int n = 1;
-    while (z > 0x7F) {
-        z >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static void put_varint(Out *o, int64_t value) /* room reserved by the caller */
-{
-    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
-    while (z > 0x7F) {
-        o->data[o->len++] = (char)((z & 0x7F) | 0x80);
-        z >>= 7;
-    }
-    o->data[o->len++] = (char)z;
-}
 
 /* A nullable bytes field: a view of the bytes-like object, or len -1 for None. */
 typedef struct {

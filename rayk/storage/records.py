@@ -277,11 +277,50 @@ def build_batch(
         records = list(records)
     if not records:
         raise ValueError("a record batch needs at least one record")
-    codec = CompressionType.from_name(compression)
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     body, base_timestamp, max_timestamp = _records.encode_records(records, now_ms)
-    payload = compress(codec, body) if codec != CompressionType.NONE else body
+    return assemble_batch(
+        EncodedRecords(body, len(records), base_timestamp, max_timestamp),
+        base_offset=base_offset,
+        compression=compression,
+        timestamp_type=timestamp_type,
+        partition_leader_epoch=partition_leader_epoch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        is_transactional=is_transactional,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """The records section of a v2 batch (offset deltas 0..count-1), not yet framed."""
+
+    body: bytes
+    count: int
+    base_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+def assemble_batch(
+    records: EncodedRecords,
+    *,
+    base_offset: int = 0,
+    compression: CompressionType | str | None = CompressionType.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+) -> bytes:
+    """Frames an encoded records section as one v2 batch: compresses it if asked, writes
+    the 61-byte header and the CRC."""
+    if records.count < 1:
+        raise ValueError("a record batch needs at least one record")
+    codec = CompressionType.from_name(compression)
+    payload = compress(codec, records.body) if codec != CompressionType.NONE else records.body
     attributes = int(codec) | (int(timestamp_type) << 3)
     if is_transactional:
         attributes |= _TRANSACTIONAL_BIT
@@ -289,8 +328,8 @@ def build_batch(
     batch += payload
     _HEADER.pack_into(
         batch, 0, base_offset, len(batch) - LOG_OVERHEAD_BYTES, partition_leader_epoch, MAGIC_V2,
-        0, attributes, len(records) - 1, base_timestamp, max_timestamp, producer_id,
-        producer_epoch, base_sequence, len(records),
+        0, attributes, records.count - 1, records.base_timestamp_ms, records.max_timestamp_ms, producer_id,
+        producer_epoch, base_sequence, records.count,
     )
     _UINT32.pack_into(batch, CRC_POS, compute_crc(batch))
     return bytes(batch)
