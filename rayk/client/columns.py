@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
