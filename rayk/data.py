@@ -16,8 +16,9 @@ The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks s
 
 `write_topic(ds, topic)` is a Ray Data Datasink: each write task produces its blocks with
 one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
-`timestamp`), flushes, and fails if any record was not acknowledged, which fails the
-whole `write_topic` call. It returns the number of records written. Small blocks are
+`timestamp`), one `Producer.send_batch` per block (the Arrow columns are encoded as
+record batches with no Python object per row), flushes, and fails if any record was not
+acknowledged, which fails the whole `write_topic` call. It returns the number of records written. Small blocks are
 bundled into write tasks of at least ROWS_PER_WRITE_TASK rows: each task pays for a
 Producer of its own, and `from_items` of 200 rows is 200 blocks: written one task per
 block, they took 7.8 s instead of 0.45 s.
@@ -186,64 +187,60 @@ class TopicDatasink(ray.data.Datasink):
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> int:
         tables = (block if isinstance(block, pa.Table) else pa.Table.from_pandas(block) for block in blocks)
-        records = (record for table in tables for record in _table_records(table))
-        return produce_all(self._cluster, self._topic, records, self._settings)
+        return produce_tables(self._cluster, self._topic, tables, self._settings)
 
     def on_write_complete(self, write_result: Any) -> None:
         self.written = sum(write_result.write_returns)
 
 
-def produce_all(cluster: Any, topic: str, records: Iterable[dict[str, Any]], producer_settings: dict[str, Any]) -> int:
-    """Sends every record (keyword arguments of Producer.send) with one Producer; returns
+def produce_tables(cluster: Any, topic: str, tables: Iterable[pa.Table], producer_settings: dict[str, Any]) -> int:
+    """Sends the rows of every table with one Producer, a `send_batch` per table; returns
     how many. Raises KafkaError if any was not acknowledged (a write task then fails)."""
     producer = cluster.producer(**producer_settings)
     futures = []
     try:
-        for record in records:
-            futures.append(producer.send(topic, **record))
+        for table in tables:
+            futures.append(send_table(producer, topic, table))
         producer.flush()
     finally:
         producer.close()
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:
-        raise KafkaError(f"{len(failed)} of {len(futures)} records were not written to {topic}: {failed[0]}")
-    return len(futures)
+        raise KafkaError(f"{len(failed)} of {len(futures)} blocks were not all written to {topic}: {failed[0]}")
+    return sum(len(f.result().offsets) for f in futures)
 
 
-def _table_records(table: pa.Table) -> Iterable[dict[str, Any]]:
-    """Producer.send arguments for each row of an Arrow table."""
-    if "value" not in table.column_names:
-        raise InvalidConfigurationError(f"write_topic needs a 'value' column; the block has {table.column_names}")
-    n = table.num_rows
-    values = _bytes_column(table, "value")
-    keys = _bytes_column(table, "key") if "key" in table.column_names else [None] * n
-    partitions = table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
-    headers = table.column("headers").to_pylist() if "headers" in table.column_names else [None] * n
-    timestamps = _timestamps_ms(table) if "timestamp" in table.column_names else [None] * n
-    for i in range(n):
-        yield dict(
-            value=values[i],
-            key=keys[i],
-            partition=partitions[i],
-            headers=[(h["key"], h["value"]) for h in headers[i]] if headers[i] else None,
-            timestamp_ms=timestamps[i],
-        )
+def send_table(producer: Any, topic: str, table: pa.Table) -> Any:
+    """`Producer.send_batch` of an Arrow table with a `value` column and optionally `key`,
+    `partition` (null: by key), `headers` and `timestamp` (null: now) columns."""
+    names = table.column_names
+    if "value" not in names:
+        raise InvalidConfigurationError(f"write_topic needs a 'value' column; the block has {names}")
+    for name in ("key", "value"):
+        if name in names and not _is_bytes_like(table.column(name).type):
+            raise InvalidConfigurationError(f"column {name!r} must be binary or string, not {table.column(name).type}")
+    return producer.send_batch(
+        topic,
+        table.column("value"),
+        keys=table.column("key") if "key" in names else None,
+        partition=table.column("partition") if "partition" in names else None,
+        headers=table.column("headers") if "headers" in names else None,
+        timestamps_ms=_timestamps_ms(table.column("timestamp")) if "timestamp" in names else None,
+    )
 
 
-def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:
-    column = table.column(name)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return [None if v is None else v.encode() for v in column.to_pylist()]
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type) or pa.types.is_null(column.type):
-        return column.to_pylist()
-    raise InvalidConfigurationError(f"column {name!r} must be binary or string, not {column.type}")
+def _is_bytes_like(kind: pa.DataType) -> bool:
+    return any(
+        test(kind)
+        for test in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string, pa.types.is_large_string, pa.types.is_null)
+    )
 
 
-def _timestamps_ms(table: pa.Table) -> list[int | None]:
-    column = table.column("timestamp")
+def _timestamps_ms(column: pa.ChunkedArray) -> pa.Array:
+    """Epoch ms as int64 (a timestamp column floored to ms); nulls become now."""
     if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())  # floors µs
-    return column.to_pylist()
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
+    return column.fill_null(int(time.time() * 1000)).combine_chunks()
 
 
 def write_topic(ds: ray.data.Dataset, topic: str, *, acks: str | int = "all", cluster: Any = None,
