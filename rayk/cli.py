@@ -20,6 +20,7 @@ reported as one line, `rayk: error: ...`, with exit code 1; bad options exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -500,9 +501,30 @@ DEMO_NAMESPACE = "rayk-demo"
 DEMO_TOPIC, DEMO_GROUP = "demo", "demo-group"
 DEMO_PARTITIONS, DEMO_REPLICATION, DEMO_MIN_ISR = 6, 3, 2
 DEMO_RECORD_BYTES = 100
-DEMO_BUFFER_MEMORY = 4 * 1024 * 1024  # ~25,000 records unacknowledged at most: latency far below 32 MiB's
+DEMO_BATCH_RECORDS = 10_000  # records per Producer.send_batch call
 DEMO_KEYS = [b"key-%03d" % k for k in range(1000)]
 _DEMO_PADDING = b"." * (DEMO_RECORD_BYTES - 12)
+
+
+def demo_columns(first: int, count: int) -> tuple[Any, Any]:
+    """The keys and values of demo records first..first+count-1 as columns for
+    send_batch: the records `demo_record` makes, built with numpy."""
+    import numpy as np
+    import pyarrow as pa
+
+    seq = np.arange(first, first + count, dtype=np.int64)
+    digits = (seq[:, None] // 10 ** np.arange(11, -1, -1, dtype=np.int64)) % 10 + ord("0")
+    values = np.empty((count, DEMO_RECORD_BYTES), dtype=np.uint8)
+    values[:, :12] = digits
+    values[:, 12:] = ord(".")
+    return _demo_key_column().take(pa.array(seq % len(DEMO_KEYS))), values
+
+
+@functools.cache
+def _demo_key_column() -> Any:
+    import pyarrow as pa
+
+    return pa.array(DEMO_KEYS, pa.binary())
 
 
 def demo_record(seq: int) -> tuple[bytes, bytes]:
@@ -573,16 +595,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace, cluster: Any, started: float) -> int:
-    from rayk.perf import run_consume_perf, run_produce_perf
+    from rayk.perf import run_consume_perf, run_produce_batch_perf
 
     topic_config = {"min.insync.replicas": str(DEMO_MIN_ISR)}
     partitions = cluster.create_topic(DEMO_TOPIC, DEMO_PARTITIONS, DEMO_REPLICATION, topic_config)
     say(args, f"topic {DEMO_TOPIC!r}: {DEMO_PARTITIONS} partitions, replication factor {DEMO_REPLICATION}, "
               f"min.insync.replicas {DEMO_MIN_ISR}; leaders {[p['leader'] for p in partitions]}")  # fmt: skip
     records = args.records
-    produced = run_produce_perf(
+    produced = run_produce_batch_perf(
         cluster, DEMO_TOPIC, records, DEMO_RECORD_BYTES,
-        acks="all", buffer_memory=DEMO_BUFFER_MEMORY, record_fn=demo_record, label="produce",
+        acks="all", batch_records=DEMO_BATCH_RECORDS, columns_fn=demo_columns, label="produce",
     )  # fmt: skip
     check = DeliveryCheck(records)
     consumed = run_consume_perf(cluster, DEMO_TOPIC, records, group=DEMO_GROUP, on_record=check, label="consume")
@@ -597,7 +619,7 @@ def _demo_summary(
 ) -> str:
     rows = [
         ("records", f"{records:,} x {DEMO_RECORD_BYTES} bytes"),
-        ("produce (acks=all)", _produce_figures(produced)),
+        (f"produce (acks=all, send_batch of {DEMO_BATCH_RECORDS:,})", _produce_figures(produced)),
         (f"consume ({DEMO_GROUP})", _consume_figures(consumed)),
         ("partitions", f"{len(leaders)} (replication factor {DEMO_REPLICATION}, min.insync.replicas {DEMO_MIN_ISR})"),
         ("leaders", " ".join(f"p{p}->broker {b}" for p, b in enumerate(leaders))),

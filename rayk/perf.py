@@ -7,6 +7,10 @@ producer takes them (or at a target rate) and measures each record's latency fro
 bytes wait for acknowledgement (Kafka's buffer.memory), so the latencies describe a steady
 pipeline rather than an ever-growing queue.
 
+`run_produce_batch_perf` does the same through `Producer.send_batch`, `batch_records`
+records a call (the columnar path of Ray users: arrays and Arrow in); a record's latency
+is from its call until the call's future completes.
+
 `run_consume_perf` reads `messages` records of a topic from the beginning (alone, or as a
 member of a consumer group) and measures the end-to-end latency of each record: the time
 it is consumed minus its timestamp.
@@ -33,6 +37,7 @@ DEFAULT_BUFFER_MEMORY = 32 * MB  # Kafka's buffer.memory
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999))
 
 RecordFn = Callable[[int], tuple[bytes | None, bytes]]  # record number -> (key, value)
+ColumnsFn = Callable[[int, int], tuple[Any, Any]]  # (first record, count) -> (keys or None, values): columns
 
 
 # ---------------------------------------------------------------------------- progress bar
@@ -227,6 +232,83 @@ def _open_consumer(cluster: Any, topic: str, partitions: int, group: str | None)
     consumer = cluster.consumer(auto_offset_reset="earliest")
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
     return consumer
+
+
+def run_produce_batch_perf(
+    cluster: Any,
+    topic: str,
+    num_records: int,
+    record_size: int = 100,
+    *,
+    batch_records: int = 10_000,
+    acks: str | int = "all",
+    throughput: float = -1,
+    columns_fn: ColumnsFn | None = None,
+    progress: bool = True,
+    label: str = "produce",
+    **producer_settings: Any,
+) -> dict[str, Any]:
+    """Produces `num_records` records with `send_batch` calls of `batch_records` records;
+    returns the figures of `run_produce_perf`. Records are a fixed random payload of
+    `record_size` bytes without a key, unless `columns_fn(first, count)` gives the
+    (keys, values) columns of records first..first+count-1."""
+    import numpy as np
+
+    if batch_records < 1:
+        raise ValueError(f"batch_records must be >= 1, not {batch_records}")
+    cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+    payload = np.frombuffer(os.urandom(record_size), dtype=np.uint8)
+    acknowledged: list[tuple[float, int]] = []  # (latency ms, records) per call
+    errors: list[tuple[BaseException, int]] = []
+
+    def completed() -> int:
+        return sum(n for _, n in acknowledged) + sum(n for _, n in errors)
+
+    def on_done(sent_at: float, count: int, future: Any) -> None:
+        error = future.exception()
+        if error is None:
+            acknowledged.append(((time.perf_counter() - sent_at) * 1000, count))
+        else:
+            errors.append((error, count))
+
+    producer = cluster.producer(acks=acks, **producer_settings)
+    total_bytes = 0
+    try:
+        with _progress(progress, label, num_records, completed):
+            start = time.perf_counter()
+            for first in range(0, num_records, batch_records):
+                count = min(batch_records, num_records - first)
+                if throughput > 0:
+                    _throttle(start, first, throughput)
+                if columns_fn is not None:
+                    keys, values = columns_fn(first, count)
+                else:
+                    keys, values = None, np.broadcast_to(payload, (count, record_size))
+                total_bytes += _column_bytes(values) + (_column_bytes(keys) if keys is not None else 0)
+                future = producer.send_batch(topic, values, keys=keys)
+                future.add_done_callback(functools.partial(on_done, time.perf_counter(), count))
+            producer.flush()
+            elapsed_s = time.perf_counter() - start
+    finally:
+        producer.close()
+    latencies_ms = np.repeat([ms for ms, _ in acknowledged], [n for _, n in acknowledged]).tolist()
+    figures = throughput_figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    figures["errors"] = sum(n for _, n in errors)
+    figures["first_error"] = str(errors[0][0]) if errors else None
+    return figures
+
+
+def _column_bytes(column: Any) -> int:
+    """The payload bytes of a column given to send_batch."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, np.ndarray) and column.dtype == np.uint8:
+        return int(column.nbytes)
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+    return sum(len(v) for v in column if v is not None)
 
 
 def run_consume_perf(

@@ -328,3 +328,12 @@ def test_start_status_stop_in_a_namespace_of_its_own(run, tmp_path):
         stopped = ok(run("stop", namespace="cli-start"))
     assert "stopped" in stopped and str(data_dir) in stopped
     assert_one_line_error(run("status", namespace="cli-start"), "no rayk cluster")
+
+
+def test_the_demo_s_columns_are_the_demo_s_records():
+    from rayk.cli import demo_columns, demo_record
+
+    for first, count in [(0, 5), (999, 3), (123_456_789_000, 2)]:
+        keys, values = demo_columns(first, count)
+        expected = [demo_record(seq) for seq in range(first, first + count)]
+        assert list(zip(keys.to_pylist(), [bytes(v) for v in values])) == expected
