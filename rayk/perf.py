@@ -169,7 +169,7 @@ def run_produce_perf(
     *,
     acks: str | int = "all",
     throughput: float = -1,
-    batch_size: int = 16384,
+    batch_size: int = 1_048_576,
     linger_ms: int = 5,
     buffer_memory: int = DEFAULT_BUFFER_MEMORY,
     record_fn: RecordFn | None = None,
