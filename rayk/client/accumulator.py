@@ -110,45 +110,48 @@ class RecordAccumulator:
     def append(
         self, topic: str, partition: int | None, num_partitions: int, record: SimpleRecord, size: int
     ) -> FutureRecordMetadata:
-        """Adds a record to its partition's open batch (the sticky partition's if
-        `partition` is None); blocks while the buffer is full."""
+        """Adds a record, a (value, key, headers, timestamp_ms) tuple, to its partition's open
+        batch (the sticky partition's if `partition` is None); blocks while the buffer is
+        full. The hot path of send(): kept to dict lookups and counters."""
         with self.lock:
-            if self._failure is not None:
-                raise KafkaError(self._failure)
-            if self.closed:
-                raise RuntimeError("the producer is closed")
-            self._wait_for_room(size)
+            if self._failure is not None or self.closed:
+                self._refuse()
+            if self._buffered_bytes + size > self._buffer_memory:
+                self._wait_for_room(size)
             if partition is None:
                 partition = self._partitioner.partition(topic, num_partitions)
-            tp = TopicPartition(topic, partition)
-            batch = self._open.get(tp)
-            if batch is not None and batch.size_bytes + size > self._batch_size and batch.record_count:
+            batch = self._open.get((topic, partition))  # a TopicPartition is that tuple
+            if batch is not None and batch.size_bytes + size > self._batch_size:
                 self._close(batch)
                 batch = None
             if batch is None:
+                tp = TopicPartition(topic, partition)
                 batch = self._open[tp] = ProducerBatch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
                 self._by_age.append(batch)
                 self.lock.notify()  # the sender learns the new batch's linger deadline
-            future = FutureRecordMetadata(batch.result, batch.record_count, record.timestamp_ms)
+            index = batch.record_count
             batch.records.append(record)
-            batch.record_count += 1
+            batch.record_count = index + 1
             batch.size_bytes += size
             self.unfinished += 1
             self._buffered_bytes += size
             if batch.size_bytes >= self._batch_size:
                 self._close(batch)
                 self.lock.notify()
-        return future
+        return FutureRecordMetadata(batch.result, index, record[3])
+
+    def _refuse(self) -> None:
+        if self._failure is not None:
+            raise KafkaError(self._failure)
+        raise RuntimeError("the producer is closed")
 
     def append_encoded(self, tp: TopicPartition, num_partitions: int, records: EncodedRecords) -> BatchResult:
         """Queues a batch encoded by send_batch, ready to go, after whatever `send` put in
         the partition's open batch (which it closes); blocks while the buffer is full."""
         size = len(records.body)
         with self.lock:
-            if self._failure is not None:
-                raise KafkaError(self._failure)
-            if self.closed:
-                raise RuntimeError("the producer is closed")
+            if self._failure is not None or self.closed:
+                self._refuse()
             self._wait_for_room(size)
             open_batch = self._open.get(tp)
             if open_batch is not None:

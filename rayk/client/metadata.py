@@ -135,8 +135,9 @@ class MetadataCache:
     # ------------------------------------------------------------------ non-blocking lookups
 
     def cached_partition_count(self, topic: str) -> int | None:
-        with self._lock:
-            known = self._topics.get(topic)
+        """The partition count if known. No lock: send() calls it per record, and a dict
+        read is atomic under the GIL (refreshes replace a topic's dict whole)."""
+        known = self._topics.get(topic)
         return None if known is None else len(known)
 
     def leader_nowait(self, topic: str, partition: int) -> Any | None:

@@ -13,7 +13,7 @@ them:
 (A group's coordinator partition, which uses Utils.abs rather than toPositive, is the
 broker's business: `rayk.actors.group_coordinator.coordinator_partition`.)
 
-All results are Python ints in Java's signed 32-bit range. This module is pure.
+All results are Python ints in Java's signed 32-bit range.
 """
 
 from __future__ import annotations
@@ -76,9 +76,16 @@ def murmur2(data: bytes | bytearray | memoryview) -> int:
 
 
 def partition_for_key(key: bytes | bytearray | memoryview, num_partitions: int) -> int:
-    """The partition Kafka's producer picks for a serialized key: toPositive(murmur2) % n."""
+    """The partition Kafka's producer picks for a serialized key: toPositive(murmur2) % n
+    (with the compiled murmur2 where it is built; `murmur2` here is its reference)."""
     _check_num_partitions(num_partitions)
-    return _to_positive(murmur2(key)) % num_partitions
+    return _to_positive(_fast_murmur2(key)) % num_partitions
+
+
+try:
+    from rayk.storage._columns import murmur2 as _fast_murmur2  # ~20x the pure one; same result
+except ImportError:  # pragma: no cover - no C compiler at install time
+    _fast_murmur2 = murmur2
 
 
 class StickyPartitioner:
@@ -104,10 +111,10 @@ class StickyPartitioner:
 
     def partition(self, topic: str, num_partitions: int) -> int:
         """The partition for the next unkeyed record of `topic`."""
-        _check_num_partitions(num_partitions)
         current = self._sticky_by_topic.get(topic)
         if current is not None and current < num_partitions:
             return current
+        _check_num_partitions(num_partitions)
         chosen = self._rng.randrange(num_partitions)
         self._sticky_by_topic[topic] = chosen
         return chosen

@@ -59,11 +59,11 @@ from rayk.client.metadata import MetadataCache
 from rayk.client.partitioner import partition_for_key
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
 from rayk.client.sender import Sender
-from rayk.client.serializers import serializer
+from rayk.client.serializers import serializer, to_bytes
 from rayk.client.types import TopicPartition
 from rayk.errors import RecordTooLargeError
 from rayk.storage.compression import CompressionType
-from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord
+from rayk.storage.records import HEADER_SIZE_BYTES
 
 RECORD_OVERHEAD_BYTES = 21  # varint lengths, attributes and deltas of one record, at most
 # Kafka's 16 KiB batch.size is tuned for TCP. Here a batch is an actor call (~3 with its
@@ -130,7 +130,10 @@ class Producer:
         acks_number = acks_value(acks)
         self._key_serializer = serializer(key_serializer)
         self._value_serializer = serializer(value_serializer)
+        self._plain_keys = self._key_serializer is to_bytes  # bytes go as they are
+        self._plain_values = self._value_serializer is to_bytes
         self._max_request_size = max_request_size
+        self._max_record_bytes = min(max_request_size, buffer_memory) - HEADER_SIZE_BYTES
         self._buffer_memory = buffer_memory
         self._max_block_ms = max_block_ms
         self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms)
@@ -185,22 +188,29 @@ class Producer:
         """
         if self._closed:
             raise RuntimeError("the producer is closed")
-        key_bytes = self._key_serializer(key)
-        value_bytes = self._value_serializer(value)
-        record = SimpleRecord(value_bytes, key_bytes, tuple(headers or ()), timestamp_ms or int(time.time() * 1000))
-        size = RECORD_OVERHEAD_BYTES + len(key_bytes or b"") + len(value_bytes or b"")
+        # The hot path: a plain tuple for the record, no call for bytes with no serializer.
+        if key is not None and (key.__class__ is not bytes or not self._plain_keys):
+            key = self._key_serializer(key)
+        if value.__class__ is not bytes or not self._plain_values:
+            value = self._value_serializer(value)
+        size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
         if headers:
-            size += sum(len(k) + len(v or b"") + 10 for k, v in record.headers)
-        if size + HEADER_SIZE_BYTES > min(self._max_request_size, self._buffer_memory):
+            headers = tuple(headers)
+            size += sum(len(k) + len(v or b"") + 10 for k, v in headers)
+        else:
+            headers = ()
+        if size > self._max_record_bytes:
             raise RecordTooLargeError(
                 f"a {size}-byte record exceeds max_request_size = {self._max_request_size} bytes"
                 f" or buffer_memory = {self._buffer_memory} bytes"
             )
-        num_partitions = self._partition_count(topic)
-        if partition is None and key_bytes is not None:
-            partition = partition_for_key(key_bytes, num_partitions)
-        elif partition is not None and not 0 <= partition < num_partitions:
+        num_partitions = self._metadata.cached_partition_count(topic) or self._partition_count(topic)
+        if partition is None:
+            if key is not None:
+                partition = partition_for_key(key, num_partitions)
+        elif not 0 <= partition < num_partitions:
             raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {partition}")
+        record = (value, key, headers, timestamp_ms or time.time_ns() // 1_000_000)
         return self._accumulator.append(topic, partition, num_partitions, record, size)
 
     def send_batch(

@@ -16,7 +16,7 @@ Serializer = Callable[[Any], bytes | None]
 Deserializer = Callable[[bytes | None], Any]
 
 
-def _to_bytes(value: Any) -> bytes | None:
+def to_bytes(value: Any) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     if isinstance(value, (bytearray, memoryview)):
@@ -43,11 +43,11 @@ def _utf8(data: bytes | None) -> str | None:
 
 def serializer(option: str | Serializer | None) -> Serializer:
     if option is None or option == "bytes" or option == "str":
-        return _to_bytes
+        return to_bytes
     if option == "msgpack":
         return _msgpack_dumps
     if callable(option):
-        return lambda value: _to_bytes(option(value))
+        return lambda value: to_bytes(option(value))
     raise ValueError(f"unknown serializer {option!r}: use None, 'bytes', 'str', 'msgpack' or a callable")
 
 

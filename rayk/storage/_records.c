@@ -14,10 +14,10 @@
 
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
 
-   Encodes SimpleRecord-like objects (value, key, headers, timestamp_ms; a None timestamp
-   is `now_ms`) as the records of a v2 batch with offset deltas 0..n-1 and timestamp
-   deltas from the first record: byte for byte what records.encode_records_reference
-   writes.
+   Encodes records, (value, key, headers, timestamp_ms) tuples such as SimpleRecord or
+   objects with those attributes (a None timestamp is `now_ms`), as the records of a v2
+   batch with offset deltas 0..n-1 and timestamp deltas from the first record: byte for
+   byte what records.encode_records_reference writes.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -215,9 +215,25 @@ static void put_field(Out *o, const Field *f)
     }
 }
 
+/* A field of a record: item `index` of a (value, key, headers, timestamp_ms) tuple (a
+   SimpleRecord is one), else the attribute. A new reference, or NULL with an error set. */
+static PyObject *record_field(PyObject *record, Py_ssize_t index, PyObject *attr)
+{
+    if (PyTuple_Check(record)) {
+        if (PyTuple_GET_SIZE(record) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a record tuple is (value, key, headers, timestamp_ms)");
+            return NULL;
+        }
+        PyObject *item = PyTuple_GET_ITEM(record, index);
+        Py_INCREF(item);
+        return item;
+    }
+    return PyObject_GetAttr(record, attr);
+}
+
 static int timestamp_of(PyObject *record, int64_t now_ms, int64_t *out)
 {
-    PyObject *ts = PyObject_GetAttr(record, attr_timestamp_ms);
+    PyObject *ts = record_field(record, 3, attr_timestamp_ms);
     if (ts == NULL)
         return -1;
     if (ts == Py_None) {
@@ -245,11 +261,11 @@ static int encode_one(Out *o, PyObject *record, int64_t offset_delta, int64_t ti
     const char **header_keys = NULL;
     Py_ssize_t *header_key_lens = NULL;
 
-    if ((key_obj = PyObject_GetAttr(record, attr_key)) == NULL || field_open(&key, key_obj, "key") < 0)
+    if ((key_obj = record_field(record, 1, attr_key)) == NULL || field_open(&key, key_obj, "key") < 0)
         goto done;
-    if ((value_obj = PyObject_GetAttr(record, attr_value)) == NULL || field_open(&value, value_obj, "value") < 0)
+    if ((value_obj = record_field(record, 0, attr_value)) == NULL || field_open(&value, value_obj, "value") < 0)
         goto done;
-    if ((headers_obj = PyObject_GetAttr(record, attr_headers)) == NULL)
+    if ((headers_obj = record_field(record, 2, attr_headers)) == NULL)
         goto done;
     if ((headers = PySequence_Fast(headers_obj, "record headers must be a sequence of (str, bytes | None)")) == NULL)
         goto done;

@@ -31,6 +31,7 @@ import time
 import types
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c as _crc32c
 
@@ -145,9 +146,11 @@ class BatchHeader:
         return bool(self.attributes & _CONTROL_BIT)
 
 
-@dataclass(frozen=True, slots=True)
-class SimpleRecord:
-    """A record to be written: what a producer supplies. `timestamp_ms=None` means now."""
+class SimpleRecord(NamedTuple):
+    """A record to be written: what a producer supplies. `timestamp_ms=None` means now.
+    A tuple, so the encoders also take a plain (value, key, headers, timestamp_ms) tuple,
+    which is what the producer's send() makes: ~30 ns instead of ~500 for a frozen
+    dataclass."""
 
     value: bytes | None
     key: bytes | None = None
@@ -245,13 +248,14 @@ def _append_nullable_bytes(out: bytearray, data: bytes | None) -> None:
 
 
 def _encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, record: SimpleRecord) -> None:
+    value, key, headers, _ = record
     body = bytearray(b"\x00")  # record attributes: unused, always 0
     body += encode_varint(timestamp_delta)
     body += encode_varint(offset_delta)
-    _append_nullable_bytes(body, record.key)
-    _append_nullable_bytes(body, record.value)
-    body += encode_varint(len(record.headers))
-    for header_key, header_value in record.headers:
+    _append_nullable_bytes(body, key)
+    _append_nullable_bytes(body, value)
+    body += encode_varint(len(headers))
+    for header_key, header_value in headers:
         _append_nullable_bytes(body, header_key.encode("utf-8"))
         _append_nullable_bytes(body, header_value)
     out += encode_varint(len(body))
@@ -340,7 +344,7 @@ def encode_records_reference(records: Sequence[SimpleRecord], now_ms: int) -> tu
     `_records.encode_records`, byte for byte. Returns (body, base timestamp, max timestamp)."""
     if not records:
         raise ValueError("a record batch needs at least one record")
-    timestamps = [now_ms if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    timestamps = [now_ms if r[3] is None else r[3] for r in records]
     base_timestamp = timestamps[0]
     body = bytearray()
     for delta, (record, ts) in enumerate(zip(records, timestamps)):
