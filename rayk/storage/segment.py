@@ -6,7 +6,8 @@ sparse (an entry each time more than `index_interval_bytes` were appended since 
 and are rebuilt from the .log whenever they cannot be trusted.
 
 Lifecycle: the active (last) segment is appended to and its indexes are preallocated and
-writable; `on_roll()` fsyncs it and trims its indexes, after which it is read-only unless
+writable; `on_roll()` fsyncs it and trims its indexes (`seal()` trims them and leaves
+the fsync to a background flush), after which it is read-only unless
 a truncation makes it active again. `recover()` re-reads every batch, checks each CRC,
 rebuilds both indexes, cuts the file after the last valid batch and reports each valid
 batch's header to an optional callback.
@@ -350,6 +351,14 @@ class LogSegment:
         self.flush()
         self.offset_index.trim()
         self.time_index.trim()
+
+    def seal(self) -> list[int]:
+        """The segment stops being active: its indexes are cut to their entries, and the
+        fsync is left to the caller, who gets duplicates of the three files' descriptors
+        to fsync and close (a background flush; see segment_flusher.py)."""
+        self.offset_index.trim(sync=False)
+        self.time_index.trim(sync=False)
+        return [os.dup(self._fd), self.offset_index.dup_fd(), self.time_index.dup_fd()]
 
     def close(self) -> None:
         if self._fd < 0:
