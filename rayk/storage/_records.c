@@ -40,6 +40,11 @@ static const char PAST_END[] = "records running past its end";
    cursor->message set. */
 static int read_varint(Cursor *c, int64_t *out)
 {
+    if (c->pos < c->end && c->buf[c->pos] < 0x80) { /* one byte: most lengths and deltas */
+        uint64_t b = c->buf[c->pos++];
+        *out = (int64_t)((b >> 1) ^ (0 - (b & 1)));
+        return 0;
+    }
     uint64_t z = 0;
     int shift = 0;
     for (;;) {
