@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.supervision import Supervised
@@ -73,7 +74,7 @@ from rayk.storage import Log, LogConfig
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.producer_state import BatchMetadata, Verdict
-from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
+from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class PartitionReplica(Supervised):
         self._changed: asyncio.Event | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
+        self._trace: ProduceTrace | None = None  # see trace_produce
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -264,6 +266,7 @@ class PartitionReplica(Supervised):
     # ------------------------------------------------------------------ leader: produce
 
     async def produce(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
+        received_s = time.monotonic()
         log = self._log
         if acks not in (0, 1, -1):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
@@ -291,9 +294,21 @@ class PartitionReplica(Supervised):
             info = log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
         except KafkaError as e:
             return self._produce_error(e)
+        if self._trace is not None:
+            self._trace.appended(received_s, info.last_offset + 1)
         self._maybe_increment_high_watermark()
         self._notify_change()
-        return await self._acknowledge(info.first_offset, info.last_offset, info.log_append_time_ms, acks, timeout_ms)
+        result = await self._acknowledge(info.first_offset, info.last_offset, info.log_append_time_ms, acks, timeout_ms)
+        if self._trace is not None:
+            self._trace.answered(info.last_offset + 1)
+        return result
+
+    def trace_produce(self, enable: bool) -> list[dict]:
+        """Starts noting the stages of each appended batch's acks=all path (ProduceTrace),
+        or stops and returns what was noted. For benchmarks/ack_path_bench.py."""
+        batches = self._trace.batches() if self._trace is not None else []
+        self._trace = ProduceTrace() if enable else None
+        return batches
 
     async def _acknowledge(
         self, first_offset: int, last_offset: int, log_append_time_ms: int, acks: int, timeout_ms: int
@@ -342,6 +357,8 @@ class PartitionReplica(Supervised):
         if state is None or not state.maybe_increment_high_watermark(self._log.log_end_offset):
             return False
         self._log.high_watermark = state.high_watermark
+        if self._trace is not None:
+            self._trace.high_watermark(state.high_watermark)
         return True
 
     # ------------------------------------------------------------------ leader: fetch
@@ -373,6 +390,8 @@ class PartitionReplica(Supervised):
                 return self._fetch_error(
                     OffsetOutOfRangeError(f"broker {replica_id} fetches at {offset}, past the log end {self._log.log_end_offset}")
                 )
+            if self._trace is not None:
+                self._trace.fetch_arrived(replica_id, offset)
             self._record_follower_position(replica_id, offset)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
@@ -380,6 +399,9 @@ class PartitionReplica(Supervised):
             result = self._read(offset, max_bytes, is_follower)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
+                if self._trace is not None and is_follower:
+                    for batch in iter_batches(result.records):
+                        self._trace.fetch_answered(replica_id, batch.header.next_offset)
                 return result
             try:
                 await asyncio.wait_for(changed.wait(), remaining_s)
