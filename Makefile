@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/storage_bench.py
 	$(PY) benchmarks/client_bench.py
+	$(PY) benchmarks/ack_path_bench.py
 	$(PY) benchmarks/kafka_protocol_bench.py
 
 clean:

@@ -56,22 +56,26 @@ class BatchResult:
             assert not self._done.is_set(), "a batch completes once"
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            _run(callback)
+        for callback, arg in callbacks:  # no lambda or call per record: a batch may carry 10,000
+            try:
+                callback(arg)
+            except Exception:
+                logger.exception("a send() callback raised")
 
     def done(self) -> bool:
         return self._done.is_set()
 
     def wait(self, timeout_s: float | None) -> None:
-        if not self._done.wait(timeout_s):
+        if not self._done.is_set() and not self._done.wait(timeout_s):
             raise KafkaTimeoutError(f"no answer for {self.topic}-{self.partition} within {timeout_s} s")
 
-    def on_done(self, callback: Callable[[], None]) -> None:
+    def on_done(self, callback: Callable[[Any], None], arg: Any = None) -> None:
+        """Calls callback(arg) once the batch completes (at once if it has)."""
         with self._lock:
             if not self._done.is_set():
-                self._callbacks.append(callback)
+                self._callbacks.append((callback, arg))
                 return
-        _run(callback)
+        _run(lambda: callback(arg))
 
 
 def _run(callback: Callable[[], None]) -> None:
@@ -79,6 +83,7 @@ def _run(callback: Callable[[], None]) -> None:
         callback()
     except Exception:
         logger.exception("a send() callback raised")
+
 
 
 class FutureRecordMetadata:
@@ -116,7 +121,7 @@ class FutureRecordMetadata:
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(self) once the record is acknowledged or failed."""
-        self._batch.on_done(lambda: fn(self))
+        self._batch.on_done(fn, self)
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self.failed() else "done")
@@ -164,7 +169,7 @@ class FutureSendBatch:
         for result, _, _ in parts:
             result.on_done(self._one_done)
 
-    def _one_done(self) -> None:
+    def _one_done(self, _: Any = None) -> None:
         with self._lock:
             self._pending -= 1
             if self._pending:
