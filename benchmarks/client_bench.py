@@ -26,8 +26,9 @@ replication factor 3, min.insync.replicas 2; records of 100 random bytes, no key
 4. rayk consume: one `cluster.consumer()` assigned every partition reads run 2's records
    from the beginning (rayk.perf.run_consume_perf).
 5. Latency at 10% load: `send()` throttled to a tenth of run 2's rate for
-   `--latency-s` seconds (default 10) while a consumer reads along; end to end is the
-   moment `poll()` returns a record minus its timestamp (set at `send()`).
+   `--latency-s` seconds (default 10) while a consumer in a Ray worker process of its own
+   reads along; end to end is the moment `poll()` returns a record minus its timestamp
+   (set at `send()`; one host, one clock).
 6. Queue, batched: records in lists of 10,000, `queue.put_nowait_batch(list)`, read back
    with `queue.get_nowait_batch(500)`; and one record per `put`/`get` for
    `--queue-single` records (default 5,000), as it is slow.
@@ -47,7 +48,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -161,19 +161,21 @@ def rayk_send_batch(cluster: Any, records: int, partitions: int) -> dict[str, An
     return checked(figures, "send_batch()")
 
 
+@ray.remote(num_cpus=0)
+def consume_elsewhere(namespace: str, topic: str, records: int) -> dict[str, Any]:
+    """run_consume_perf in a Ray worker process of its own, as a consumer would run."""
+    return run_consume_perf(rayk.connect(namespace), topic, records, progress=False)
+
+
 def rayk_low_load(cluster: Any, rate: float, seconds: float, partitions: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """send() at `rate` records/s while a consumer reads along: (produce, end to end) figures."""
+    """send() at `rate` records/s while a consumer in another process reads along:
+    (produce, end to end) figures."""
     topic = new_topic(cluster, partitions)
     records = max(1, int(rate * seconds))
-    result: dict[str, Any] = {}
-    consumer = threading.Thread(
-        target=lambda: result.update(consumed=run_consume_perf(cluster, topic, records, progress=False))
-    )
-    consumer.start()
-    time.sleep(2)  # the consumer is assigned and polling before the first record
+    consumed = consume_elsewhere.remote(cluster.namespace, topic, records)
+    time.sleep(3)  # the consumer is assigned and polling before the first record
     produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False)
-    consumer.join()
-    return checked(produced, "send() at 10% load"), checked(result["consumed"], "consume at 10% load")
+    return checked(produced, "send() at 10% load"), checked(ray.get(consumed), "consume at 10% load")
 
 
 def tansu_produce(records: int, partitions: int) -> dict[str, Any] | None:

@@ -1,0 +1,81 @@
+"""Which producer defaults suit Ray: `batch_size` and `linger_ms` swept on one cluster, with
+the throughput of `send()` flat out and its acknowledgement latency at a steady rate.
+
+Run:  python benchmarks/producer_settings_bench.py [--records N] [--rate R] [--seconds S]
+
+A local Ray instance and `rayk.start(brokers=3)` in a temporary directory, shut down at
+the end; every configuration gets a fresh topic of 3 partitions, RF=3,
+min.insync.replicas=2, acks=all, records of 100 random bytes, no key. For each
+`batch_size` x `linger_ms`:
+- flat out: `--records` (default 200,000) records through `send()` as fast as it takes
+  them (rayk.perf.run_produce_perf), records/s;
+- steady: `send()` throttled to `--rate` records/s (default 5,000) for `--seconds`
+  (default 4), the acknowledgement latency p50/p99 (from `send()` to the future).
+Kafka's defaults are 16 KiB and 5 ms, tuned for a TCP connection; here a batch is an
+actor call (and a fetch per follower), which costs CPU on every process it crosses. The
+figures chose rayk's defaults (see DEFAULT_BATCH_SIZE in rayk/client/producer.py). It
+prints figures and asserts nothing about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+import ray  # noqa: E402
+
+import rayk  # noqa: E402
+from rayk.perf import run_produce_perf  # noqa: E402
+
+BATCH_SIZES = (16_384, 262_144, 1_048_576)
+LINGERS_MS = (0, 5, 10, 20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--rate", type=float, default=5_000)
+    parser.add_argument("--seconds", type=float, default=4)
+    args = parser.parse_args()
+    data_dir = tempfile.mkdtemp(prefix="rayk-settings-bench-")
+    namespace = f"rayk-settings-{uuid.uuid4().hex[:8]}"
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
+    cluster = rayk.start(brokers=3, data_dir=Path(data_dir) / "cluster", namespace=namespace)
+    print(f"send() of 100 B records, acks=all, 3 partitions, RF=3; flat out {args.records:,} records; "
+          f"steady {args.rate:,.0f} rec/s for {args.seconds:g} s; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print(f"{'batch_size':>10} {'linger_ms':>9} | {'flat out rec/s':>14} | {'steady p50 ms':>13} {'p99 ms':>8}")
+    try:
+        for batch_size in BATCH_SIZES:
+            for linger_ms in LINGERS_MS:
+                settings = dict(batch_size=batch_size, linger_ms=linger_ms, progress=False)
+                flat_topic, steady_topic = f"flat-{batch_size}-{linger_ms}", f"steady-{batch_size}-{linger_ms}"
+                for topic in (flat_topic, steady_topic):
+                    cluster.create_topic(topic, 3, 3, {"min.insync.replicas": "2"})
+                flat = run_produce_perf(cluster, flat_topic, args.records, 100, **settings)
+                steady = run_produce_perf(
+                    cluster, steady_topic, int(args.rate * args.seconds), 100, throughput=args.rate, **settings
+                )
+                failed = flat["errors"] + steady["errors"]
+                print(f"{batch_size:>10,} {linger_ms:>9} | {flat['records_per_s']:>14,.0f} | "
+                      f"{steady['latency_p50_ms']:>13.1f} {steady['latency_p99_ms']:>8.1f}"
+                      + (f"   {failed} FAILED" if failed else ""), flush=True)  # fmt: skip
+                for topic in (flat_topic, steady_topic):
+                    cluster.delete_topic(topic)
+    finally:
+        cluster.shutdown()
+        ray.shutdown()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
