@@ -3,6 +3,8 @@ references in `records`:
 - the walk (`scan_records_reference`): for any bytes and any record count, both return the
   same largest timestamp delta or both refuse with the same message, and the compiled one
   never reads outside its input;
+- the decoder (`decode_records_reference`): the walk's verdict and message, and the same
+  (offset, timestamp, key, value, headers) for every record;
 - the encoder (`encode_records_reference`): byte-identical output for any records."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rayk.storage.records import (
     build_batch,
     check_records,
     decode_records,
+    decode_records_reference,
     encode_records_reference,
     scan_records_reference,
 )
@@ -27,9 +30,9 @@ from tests.test_records import MALFORMED, record_lists
 MANY = settings(max_examples=400, deadline=None)
 
 
-def outcome(scan, body, record_count):
+def outcome(walk, body, record_count, *more):
     try:
-        return "ok", scan(body, record_count)
+        return "ok", walk(body, record_count, *more)
     except ValueError as e:
         return "refused", str(e)
 
@@ -37,6 +40,9 @@ def outcome(scan, body, record_count):
 def assert_same(body, record_count):
     compiled = outcome(_records.scan_records, body, record_count)
     assert compiled == outcome(scan_records_reference, body, record_count)
+    decoded = outcome(_records.decode_records, body, record_count, 100, 5_000, -1)
+    assert decoded == outcome(decode_records_reference, body, record_count, 100, 5_000, -1)
+    assert decoded[0] == compiled[0] and (decoded[0] == "ok" or decoded[1] == compiled[1]), "decode checks as scan"
     return compiled
 
 
@@ -160,3 +166,21 @@ def test_timestamp_deltas_outside_int64_are_refused_alike():
 def test_no_records_is_refused():
     with pytest.raises(ValueError, match="at least one record"):
         _records.encode_records([], 0)
+
+
+@MANY
+@given(record_lists, st.integers(-1, 1 << 45))
+def test_decoding_gives_back_the_records(records, append_time):
+    body = body_of(records)
+    decoded = _records.decode_records(body, len(records), 7, records[0].timestamp_ms, append_time)
+    assert decoded == decode_records_reference(body, len(records), 7, records[0].timestamp_ms, append_time)
+    assert decoded == [
+        (7 + i, append_time if append_time >= 0 else r.timestamp_ms, r.key, r.value, list(r.headers))
+        for i, r in enumerate(records)
+    ]
+
+
+def test_a_negative_record_count_is_refused():
+    for decode in (_records.decode_records, decode_records_reference):
+        with pytest.raises(ValueError, match="record count -1"):
+            decode(b"", -1, 0, 0, -1)

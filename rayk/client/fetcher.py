@@ -18,14 +18,16 @@ resets the position. Not thread-safe: the consumer's thread owns it.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter, deque
 from typing import Any
 
 from rayk.client import calls
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
+from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
 from rayk.errors import KafkaError, OffsetOutOfRangeError
-from rayk.storage.records import iter_batches
+from rayk.storage.records import decode_record_tuples, iter_batches
 
 
 class Fetcher:
@@ -124,24 +126,39 @@ class Fetcher:
         return min(times) if times else None
 
     def _decode(self, tp: TopicPartition, data: bytes, from_offset: int) -> list[ConsumerRecord]:
+        # A fetch makes ~3 objects per record; with many records alive, the cyclic GC that
+        # those allocations trigger took 3/4 of the consumer's time (0.22 vs 0.91 M rec/s
+        # decoded). None of them can form a cycle, so the collector waits until we are done.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode_records(tp, data, from_offset)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _decode_records(self, tp: TopicPartition, data: bytes, from_offset: int) -> list[ConsumerRecord]:
         out = []
+        topic, partition = tp
+        plain_keys, plain_values = self._key_deserializer is as_is, self._value_deserializer is as_is
         for batch in iter_batches(data):
-            timestamp_type = int(batch.header.timestamp_type)
-            for r in batch.records():
-                if r.offset < from_offset:
+            header, decoded = decode_record_tuples(batch.data)
+            timestamp_type = int(header.timestamp_type)
+            for offset, timestamp, key, value, headers in decoded:
+                if offset < from_offset:
                     continue  # a batch that starts before the requested offset
                 out.append(
                     ConsumerRecord(
-                        tp.topic,
-                        tp.partition,
-                        r.offset,
-                        r.timestamp_ms,
+                        topic,
+                        partition,
+                        offset,
+                        timestamp,
                         timestamp_type,
-                        self._key_deserializer(r.key),
-                        self._value_deserializer(r.value),
-                        list(r.headers),
-                        -1 if r.key is None else len(r.key),
-                        -1 if r.value is None else len(r.value),
+                        key if plain_keys else self._key_deserializer(key),
+                        value if plain_values else self._value_deserializer(value),
+                        headers,
+                        -1 if key is None else len(key),
+                        -1 if value is None else len(value),
                     )
                 )
         return out

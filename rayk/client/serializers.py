@@ -51,9 +51,14 @@ def serializer(option: str | Serializer | None) -> Serializer:
     raise ValueError(f"unknown serializer {option!r}: use None, 'bytes', 'str', 'msgpack' or a callable")
 
 
+def as_is(data: bytes | None) -> bytes | None:
+    """The bytes deserializer: the record's bytes as they are (consumers skip the call)."""
+    return data
+
+
 def deserializer(option: str | Deserializer | None) -> Deserializer:
     if option is None or option == "bytes":
-        return lambda data: data
+        return as_is
     if option == "str":
         return _utf8
     if option == "msgpack":

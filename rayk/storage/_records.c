@@ -12,6 +12,14 @@
    Returns the largest timestamp delta (None for no records). Raises ValueError naming the
    first problem; never reads outside `body`, whatever its bytes are.
 
+   decode_records(body, record_count, base_offset, base_timestamp, append_time) -> list
+
+   Checks the records as scan_records does (same ValueError), then returns each as a tuple
+   (offset, timestamp, key, value, headers): absolute offset, timestamp (`append_time`
+   for every record when it is >= 0, a LogAppendTime batch), key and value as bytes or
+   None, headers a list of (str, bytes | None). records.decode_records_reference is the
+   same in Python.
+
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
 
    Encodes records, (value, key, headers, timestamp_ms) tuples such as SimpleRecord or
@@ -144,6 +152,24 @@ static int scan_record(Cursor *c, Py_ssize_t expected_delta, int64_t *timestamp_
     return 0;
 }
 
+/* The walk over `record_count` records of body: 0, or -1 with c->message set. */
+static int scan_body(Cursor *c, Py_ssize_t record_count, int64_t *max_timestamp_delta)
+{
+    *max_timestamp_delta = 0;
+    for (Py_ssize_t i = 0; i < record_count; i++) {
+        int64_t timestamp_delta;
+        if (scan_record(c, i, &timestamp_delta) < 0)
+            return -1;
+        if (i == 0 || timestamp_delta > *max_timestamp_delta)
+            *max_timestamp_delta = timestamp_delta;
+    }
+    if (c->pos != c->end) {
+        snprintf(c->message, sizeof c->message, "%lld bytes after its last record", (long long)(c->end - c->pos));
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *scan_records(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -152,19 +178,8 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*n:scan_records", &body, &record_count))
         return NULL;
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
-    int64_t max_timestamp_delta = 0;
-    int failed = 0;
-    for (Py_ssize_t i = 0; i < record_count && !failed; i++) {
-        int64_t timestamp_delta;
-        if (scan_record(&c, i, &timestamp_delta) < 0)
-            failed = 1;
-        else if (i == 0 || timestamp_delta > max_timestamp_delta)
-            max_timestamp_delta = timestamp_delta;
-    }
-    if (!failed && c.pos != c.end) {
-        snprintf(c.message, sizeof c.message, "%lld bytes after its last record", (long long)(c.end - c.pos));
-        failed = 1;
-    }
+    int64_t max_timestamp_delta;
+    int failed = scan_body(&c, record_count, &max_timestamp_delta) < 0;
     PyBuffer_Release(&body);
     if (failed) {
         PyErr_SetString(PyExc_ValueError, c.message);
@@ -175,6 +190,84 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
     return PyLong_FromLongLong(max_timestamp_delta);
 }
 
+/* ------------------------------------------------------------------ decode */
+
+/* One length-prefixed field as bytes, or None for a negative length; the walk checked it. */
+static PyObject *take_field(Cursor *c)
+{
+    int64_t length;
+    read_varint(c, &length);
+    if (length < 0)
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize((const char *)c->buf + c->pos, (Py_ssize_t)length);
+    c->pos += (Py_ssize_t)length;
+    return out;
+}
+
+static PyObject *decode_records(PyObject *module, PyObject *args)
+{
+    PyObject *out = NULL;
+    Py_buffer body;
+    Py_ssize_t record_count;
+    long long base_offset, base_timestamp, append_time;
+    if (!PyArg_ParseTuple(args, "y*nLLL:decode_records", &body, &record_count, &base_offset, &base_timestamp,
+                          &append_time))
+        return NULL;
+    (void)module;
+    if (record_count < 0) {
+        PyErr_Format(PyExc_ValueError, "record count %zd", record_count);
+        goto done;
+    }
+    Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
+    int64_t max_timestamp_delta;
+    if (scan_body(&c, record_count, &max_timestamp_delta) < 0) { /* scan_records' checks and messages */
+        PyErr_SetString(PyExc_ValueError, c.message);
+        goto done;
+    }
+    if ((out = PyList_New(record_count)) == NULL)
+        goto done;
+    c.pos = 0;
+    for (Py_ssize_t i = 0; i < record_count; i++) {
+        int64_t length, timestamp_delta, offset_delta, header_count;
+        read_varint(&c, &length);
+        c.pos += 1; /* attributes: unused */
+        read_varint(&c, &timestamp_delta);
+        read_varint(&c, &offset_delta);
+        PyObject *key = take_field(&c), *value = take_field(&c), *headers = NULL, *record = NULL;
+        read_varint(&c, &header_count);
+        if (key != NULL && value != NULL)
+            headers = PyList_New((Py_ssize_t)header_count);
+        for (int64_t h = 0; headers != NULL && h < header_count; h++) {
+            int64_t key_length;
+            read_varint(&c, &key_length);
+            PyObject *header_key = PyUnicode_DecodeUTF8((const char *)c.buf + c.pos, (Py_ssize_t)key_length, "strict");
+            c.pos += (Py_ssize_t)key_length;
+            PyObject *header_value = take_field(&c);
+            PyObject *pair = header_key && header_value ? PyTuple_Pack(2, header_key, header_value) : NULL;
+            Py_XDECREF(header_key);
+            Py_XDECREF(header_value);
+            if (pair == NULL)
+                Py_CLEAR(headers);
+            else
+                PyList_SET_ITEM(headers, (Py_ssize_t)h, pair);
+        }
+        if (headers != NULL) {
+            long long timestamp = append_time >= 0 ? append_time : base_timestamp + timestamp_delta;
+            record = Py_BuildValue("(LLOOO)", base_offset + offset_delta, timestamp, key, value, headers);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        if (record == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, record);
+    }
+done:
+    PyBuffer_Release(&body);
+    return out;
+}
 
 /* ------------------------------------------------------------------ encode */
 
@@ -392,6 +485,9 @@ done:
 static PyMethodDef methods[] = {
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(body, record_count) -> largest timestamp delta or None; ValueError if malformed."},
+    {"decode_records", decode_records, METH_VARARGS,
+     "decode_records(body, record_count, base_offset, base_timestamp, append_time) -> [(offset, timestamp, key,"
+     " value, headers)]; the checks and ValueError of scan_records. append_time >= 0: every timestamp is it."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(records, now_ms) -> (records section of a v2 batch, base timestamp, max timestamp)."},
     {NULL, NULL, 0, NULL},

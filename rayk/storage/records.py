@@ -391,6 +391,20 @@ def decode_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes
     Raises InvalidRecordError when the records do not match the header, and
     CorruptRecordError when they cannot be decompressed.
     """
+    header, decoded = decode_record_tuples(batch, max_uncompressed_bytes)
+    kind = header.timestamp_type
+    return [Record(offset, timestamp, kind, key, value, tuple(headers)) for offset, timestamp, key, value, headers in decoded]
+
+
+RecordTuple = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def decode_record_tuples(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None
+) -> tuple[BatchHeader, list[RecordTuple]]:
+    """`decode_records` without a Record object per record: the batch's header and each
+    record as (offset, timestamp, key, value, headers), decoded by compiled code (the
+    consumer's path)."""
     view = memoryview(batch)
     if len(view) < HEADER_SIZE_BYTES:
         raise CorruptRecordError(f"batch of {len(view)} bytes is shorter than the 61-byte header")
@@ -400,38 +414,47 @@ def decode_records(batch: bytes | bytearray | memoryview, max_uncompressed_bytes
     body = view[HEADER_SIZE_BYTES : header.size_bytes]
     if header.compression != CompressionType.NONE:
         body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
-    log_append_time = header.timestamp_type == TimestampType.LOG_APPEND_TIME
-    out: list[Record] = []
-    pos, end = 0, len(body)
+    append_time = header.max_timestamp if header.timestamp_type == TimestampType.LOG_APPEND_TIME else -1
     try:
-        for _ in range(header.record_count):
-            length, pos = decode_varint(body, pos)
-            record_end = pos + length
-            if length < 0 or record_end > end:
-                raise InvalidRecordError(f"record length {length} runs past the end of the batch")
-            pos += 1  # record attributes, unused
-            timestamp_delta, pos = decode_varint(body, pos)
-            offset_delta, pos = decode_varint(body, pos)
-            key, pos = _read_bytes(body, pos, record_end)
-            value, pos = _read_bytes(body, pos, record_end)
-            header_count, pos = decode_varint(body, pos)
-            if header_count < 0 or header_count > record_end - pos:
-                raise InvalidRecordError(f"invalid header count {header_count}")
-            headers = []
-            for _h in range(header_count):
-                raw_key, pos = _read_bytes(body, pos, record_end)
-                if raw_key is None:
-                    raise InvalidRecordError("record header key is null")
-                header_value, pos = _read_bytes(body, pos, record_end)
-                headers.append((raw_key.decode("utf-8"), header_value))
-            if pos != record_end:
-                raise InvalidRecordError(f"record declares {length} bytes but its fields take {length + pos - record_end}")
-            timestamp = header.max_timestamp if log_append_time else header.base_timestamp + timestamp_delta
-            out.append(Record(header.base_offset + offset_delta, timestamp, header.timestamp_type, key, value, tuple(headers)))
-    except (IndexError, UnicodeDecodeError) as e:
-        raise InvalidRecordError(f"batch at offset {header.base_offset} has malformed records: {e}") from None
-    if pos != end:
-        raise InvalidRecordError(f"batch at offset {header.base_offset} has {end - pos} bytes after its last record")
+        decoded = _records.decode_records(body, header.record_count, header.base_offset, header.base_timestamp, append_time)
+    except ValueError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
+    return header, decoded
+
+
+def decode_records_reference(
+    body: bytes | bytearray | memoryview, record_count: int, base_offset: int, base_timestamp: int, append_time: int
+) -> list[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    """The compiled `_records.decode_records` in plain Python: the checks (and ValueError
+    messages) of `scan_records_reference`, then each record as (offset, timestamp, key,
+    value, headers); `append_time` >= 0 is every record's timestamp (LogAppendTime)."""
+    if record_count < 0:
+        raise ValueError(f"record count {record_count}")
+    scan_records_reference(body, record_count)
+    data = bytes(body)
+    pos = 0
+
+    def field() -> bytes | None:
+        nonlocal pos
+        length, pos = decode_varint(data, pos)
+        if length < 0:
+            return None
+        pos += length
+        return data[pos - length : pos]
+
+    out = []
+    for _ in range(record_count):
+        _length, pos = decode_varint(data, pos)
+        timestamp_delta, pos = decode_varint(data, pos + 1)  # after the attributes
+        offset_delta, pos = decode_varint(data, pos)
+        key, value = field(), field()
+        header_count, pos = decode_varint(data, pos)
+        headers = []
+        for _h in range(header_count):
+            header_key = field()
+            headers.append((header_key.decode("utf-8"), field()))
+        timestamp = append_time if append_time >= 0 else base_timestamp + timestamp_delta
+        out.append((base_offset + offset_delta, timestamp, key, value, headers))
     return out
 
 
@@ -642,4 +665,8 @@ except ImportError:  # installed where no C compiler was found: the same codec, 
     logging.getLogger(__name__).warning(
         "rayk.storage._records is not built (no C compiler at install time?); using the Python record codec"
     )
-    _records = types.SimpleNamespace(scan_records=scan_records_reference, encode_records=encode_records_reference)
+    _records = types.SimpleNamespace(
+        scan_records=scan_records_reference,
+        encode_records=encode_records_reference,
+        decode_records=decode_records_reference,
+    )
