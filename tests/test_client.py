@@ -518,7 +518,7 @@ def test_send_batch_refuses_bad_input_with_typed_errors_and_writes_nothing(clust
     with pytest.raises(TypeError, match="values must be bytes"):
         producer.send_batch(topic, [1, 2])
     with pytest.raises(RecordTooLargeError):
-        producer.send_batch(topic, [b"x" * 5_000])
+        producer.send_batch(topic, [b"a", b"b", b"x" * 5_000])  # refused whole: a and b are not sent either
     with pytest.raises(ValueError, match="keys has 1 rows"):
         producer.send_batch(topic, [b"a", b"b"], keys=[b"k"])
     producer.close()

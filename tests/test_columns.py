@@ -93,6 +93,10 @@ def test_columns_encode_to_the_bytes_send_writes(rows, form, max_body_bytes, per
         column_spec(columns.values), keys_spec, columns.headers, columns.timestamps_ms, rows_in_order, 0, len(rows), 0, max_body_bytes
     )
     assert reference == got[0]
+    largest_single = max(len(body) for body, count, _, _ in expected_batches(records, 0))  # a batch per record
+    assert columns.largest_record_bytes() <= largest_single, "a lower bound: it never refuses what fits"
+    if not per_record_headers:
+        assert columns.largest_record_bytes() >= largest_single - 8, "tight but for varint widths"
 
 
 @MANY

@@ -253,6 +253,18 @@ class RecordColumns:
             value_array, key_array, headers_argument(headers, length), timestamps_argument(timestamps_ms, length)
         )
 
+    def largest_record_bytes(self) -> int:
+        """A lower bound of the largest record's encoded size (0 for no records): its key,
+        value and shared headers, plus one byte per framing field; exact but for the
+        varint widths and any per-record headers, which the encoder itself bounds."""
+        if not len(self.values):
+            return 0
+        sizes = value_sizes(self.values)
+        if self.keys is not None:
+            sizes = sizes + value_sizes(self.keys)
+        headers_bytes = len(self.headers) if isinstance(self.headers, bytes) else 1
+        return int(sizes.max()) + headers_bytes + 6  # length, attributes, deltas, key and value lengths
+
     def batches(self, rows: np.ndarray, now_ms: int, max_body_bytes: int) -> Iterator[tuple[EncodedRecords, np.ndarray]]:
         """Encodes `rows` (int64 row numbers, in order) as records sections of at most
         `max_body_bytes` each (a single larger record gets a batch of its own); yields

@@ -240,8 +240,10 @@ class Producer:
 
         Records are encoded here, into batches of up to `max_request_size`, with no Python
         object per record; batches of the same partition keep the call's order, after
-        what `send()` queued before. Blocks like `send` while the buffer is full; if that
-        times out (BufferExhaustedError) the batches queued before it are still sent.
+        what `send()` queued before. A record too large for a batch is refused
+        (RecordTooLargeError) before anything is queued. Blocks like `send` while the
+        buffer is full; if that times out (BufferExhaustedError) the batches queued before
+        it are still sent.
         """
         if self._closed:
             raise RuntimeError("the producer is closed")
@@ -249,6 +251,12 @@ class Producer:
         num_partitions = self._partition_count(topic)
         partitions = self._partitions_of(columns, partition, num_partitions, topic)
         max_body_bytes = min(self._max_request_size, self._buffer_memory) - HEADER_SIZE_BYTES
+        largest = columns.largest_record_bytes()
+        if largest > max_body_bytes:  # refused before anything is queued
+            raise RecordTooLargeError(
+                f"a record of at least {largest} bytes exceeds max_request_size = {self._max_request_size} bytes"
+                f" or buffer_memory = {self._buffer_memory} bytes"
+            )
         now_ms = int(time.time() * 1000)
         parts: list[tuple[BatchResult, int, np.ndarray]] = []
         order = np.argsort(partitions, kind="stable")  # unkeyed (-1) rows first; each partition in the call's order
