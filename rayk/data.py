@@ -18,10 +18,10 @@ The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks s
 one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
 `timestamp`), one `Producer.send_batch` per block (the Arrow columns are encoded as
 record batches with no Python object per row), flushes, and fails if any record was not
-acknowledged, which fails the whole `write_topic` call. It returns the number of records written. Small blocks are
-bundled into write tasks of at least ROWS_PER_WRITE_TASK rows: each task pays for a
-Producer of its own, and `from_items` of 200 rows is 200 blocks: written one task per
-block, they took 7.8 s instead of 0.45 s.
+acknowledged, which fails the whole `write_topic` call. It returns the number of records
+written. Small blocks are bundled into write tasks of at least ROWS_PER_WRITE_TASK rows:
+each task pays for a Producer of its own, and `from_items` of 200 rows is 200 blocks:
+written one task per block, they took 7.8 s instead of 0.45 s.
 """
 
 from __future__ import annotations

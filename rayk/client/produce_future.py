@@ -85,7 +85,6 @@ def _run(callback: Callable[[], None]) -> None:
         logger.exception("a send() callback raised")
 
 
-
 class FutureRecordMetadata:
     """One record's place in a batch; resolves to its RecordMetadata."""
 
