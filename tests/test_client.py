@@ -20,6 +20,7 @@ from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
 from rayk.client.columns import HEADERS_TYPE
 from rayk.client.producer import Producer
+from rayk.storage.records import iter_batches
 from rayk.errors import (
     BufferExhaustedError,
     GroupIdNotFoundError,
@@ -112,6 +113,19 @@ def test_records_of_a_partition_arrive_in_send_order(cluster):
     records = read_all(cluster, topic, 3000)
     assert [r.value for r in records] == [b"%06d" % i for i in range(3000)]
     assert [r.offset for r in records] == list(range(3000))
+
+
+def test_small_batches_queued_behind_a_call_are_merged_up_to_max_request_size(cluster):
+    topic = new_topic(cluster, partitions=1, replication_factor=3)
+    settings = dict(batch_size=1024, max_request_size=65_536, max_in_flight_requests_per_connection=1)
+    with cluster.producer(acks="all", linger_ms=0, **settings) as producer:
+        futures = [producer.send(topic, value=b"%06d" % i + b"v" * 94) for i in range(5000)]
+    assert [f.get(5).offset for f in futures] == list(range(5000))
+    leader = ray.get(cluster.controller.metadata.remote([topic]))[topic]["partitions"][0]["leader_handle"]
+    sizes = [batch.header.size_bytes for batch in iter_batches(ray.get(leader.read_local.remote(0, 1 << 24)))]
+    assert sum(1 for size in sizes if size > 1024) > 0, "queued 1 KiB batches went as bigger ones"
+    assert max(sizes) <= 65_536
+    assert [r.value[:6] for r in read_all(cluster, topic, 5000)] == [b"%06d" % i for i in range(5000)]
 
 
 def test_serializers_msgpack_and_str(cluster):
@@ -209,6 +223,55 @@ def test_send_blocks_while_buffer_memory_is_full_then_raises_buffer_exhausted():
     releaser.join()
     producer.flush(timeout_s=30)
     assert all(f.result().offset >= 0 for f in futures + [late])
+    producer.close()
+
+
+@ray.remote
+class CountingLeader:
+    """A leader replica that holds produce calls until `release()`, then gives each batch
+    the next offsets; it notes how many records each call carried."""
+
+    def __init__(self):
+        import asyncio
+
+        self._released = asyncio.Event()
+        self._next_offset = 0
+        self.records_per_call = []
+
+    async def produce(self, batch, acks, timeout_ms):
+        from rayk.actors.partition_replica import ProduceResult
+        from rayk.storage.records import BatchHeader
+
+        count = BatchHeader.parse(batch).record_count
+        self.records_per_call.append(count)
+        await self._released.wait()
+        base_offset, self._next_offset = self._next_offset, self._next_offset + count
+        return ProduceResult(base_offset=base_offset, log_append_time_ms=-1, log_start_offset=0)
+
+    async def release(self):
+        self._released.set()
+
+    async def calls(self):
+        return self.records_per_call
+
+
+def test_queued_batches_of_a_partition_go_merged_in_one_call_and_each_record_learns_its_offset():
+    leader = CountingLeader.remote()
+    producer = Producer(
+        FakeCluster(OnePartitionController.remote(leader)),
+        batch_size=200, max_request_size=1300, max_in_flight_requests_per_connection=1, linger_ms=0, acks="all",
+    )
+    first = producer.send("t", value=b"x" * 100)  # 121 bytes: a batch of one record each
+    wait_until(lambda: ray.get(leader.calls.remote()) == [1], 10, "the first batch to reach the leader")
+    queued = [producer.send("t", value=b"%03d" % i + b"y" * 97) for i in range(20)]
+    ray.get(leader.release.remote())
+    producer.flush(timeout_s=30)
+    # 1300 bytes hold the 61-byte header and 10 records of 121 bytes: the 19 queued batches
+    # go as 10 + 9, and the last one (still open then) with them or after them, by flush.
+    records_per_call = ray.get(leader.calls.remote())
+    assert records_per_call in ([1, 10, 10], [1, 10, 9, 1])
+    assert first.get(5).offset == 0
+    assert [f.get(5).offset for f in queued] == list(range(1, 21))
     producer.close()
 
 

@@ -9,6 +9,18 @@ producer flushes or closes. The sender takes ready batches (`drain`), at most
 `max_in_flight` per partition in flight; a batch to retry goes back to the head of its
 queue in sequence order (`reenqueue`) and its partition waits `retry_backoff_ms`.
 
+Calls are sized for Ray, not TCP: when `drain` takes a batch of `send()` records that was
+never sent, the batches of the same kind queued behind it ride along in it, up to
+`max_request_size` bytes, as one record batch in one call (one CRC, one sequence range).
+Each keeps its own result, at its offset within the merged batch. So a partition whose
+calls are all in flight gathers its small batches (Kafka's 16 KiB `batch_size`, or
+batches closed by linger) into one call instead of one call each, while the leader still
+sees at most `max_in_flight` batches of the producer at once: it remembers only the last
+five for duplicates (Kafka's NUM_BATCHES_TO_RETAIN), which is why the window stays
+counted in calls. Its byte size is then up to `max_in_flight` x `max_request_size` per
+partition, and `buffer_memory` bounds it for the whole producer. Batches that `send_batch`
+encoded are already up to `max_request_size` and go as they are.
+
 Every batch, open, queued or in flight, is due by `delivery_timeout_ms` after its
 creation: `expire` hands the sender the batches past it, oldest first. Batches are
 created in time order, so the oldest unfinished batch is the next to expire, and a deque
@@ -66,6 +78,9 @@ class ProducerBatch:
     ref: Any = None  # the produce call in flight
     request_deadline_s: float = 0.0
     last_error: BaseException | None = None  # why its last attempt failed, if it is being retried
+    # The results of batches merged into this one by `drain`, with the offset delta of
+    # their first record here; they complete or fail with it.
+    riders: list[tuple[BatchResult, int]] = field(default_factory=list)
 
     @property
     def stamped(self) -> bool:
@@ -82,8 +97,11 @@ class RecordAccumulator:
         buffer_memory: int,
         max_block_ms: int,
         max_in_flight: int,
+        max_request_size: int,
     ) -> None:
+        assert batch_size <= max_request_size, (batch_size, max_request_size)
         self._batch_size = batch_size
+        self._max_request_size = max_request_size
         self._linger_s = linger_ms / 1000
         self.delivery_timeout_s = delivery_timeout_ms / 1000
         self._buffer_memory = buffer_memory
@@ -278,10 +296,31 @@ class RecordAccumulator:
                 if leader is None:
                     break
                 batch = queue.popleft()
+                if batch.encoded is None and batch.body is None:
+                    self._merge_queued(batch, queue)
                 batch.state = BatchState.IN_FLIGHT
                 self.in_flight[tp] += 1
                 out.append((batch, leader))
         return out
+
+    def _merge_queued(self, batch: ProducerBatch, queue: collections.deque[ProducerBatch]) -> None:
+        """Moves the records of the never-sent `send()` batches at the head of `queue` into
+        `batch`, while it stays within `max_request_size` (lock held). A merged batch's
+        result becomes one of `batch`'s riders; its records and bytes count as `batch`'s
+        from now on, so it leaves the accumulator's books as DONE without `finished`."""
+        while queue:
+            rider = queue[0]
+            if rider.encoded is not None or rider.body is not None:
+                break
+            if batch.size_bytes + rider.size_bytes - HEADER_SIZE_BYTES > self._max_request_size:
+                break
+            queue.popleft()
+            assert not rider.riders and not rider.stamped, "a queued batch that was never sent carries no riders"
+            batch.riders.append((rider.result, batch.record_count))
+            batch.records.extend(rider.records)
+            batch.record_count += rider.record_count
+            batch.size_bytes += rider.size_bytes - HEADER_SIZE_BYTES
+            rider.state = BatchState.DONE
 
     def reenqueue(self, batch: ProducerBatch, retry_at_s: float) -> None:
         """Puts a batch to retry back at its queue's head, before any batch stamped

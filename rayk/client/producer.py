@@ -158,6 +158,7 @@ class Producer:
             buffer_memory=buffer_memory,
             max_block_ms=max_block_ms,
             max_in_flight=max_in_flight_requests_per_connection,
+            max_request_size=max_request_size,
         )
         self._sender = Sender(
             self._accumulator,

@@ -9,7 +9,8 @@ Each pass of its loop:
 - settles the answered calls, and cancels those unanswered `request_timeout_ms` after
   they were made, which then count as a retriable REQUEST_TIMED_OUT;
 - bumps the producer epoch when the idempotence state asks for it (IdempotenceManager);
-- drains the batches that may go now and sends each in one actor call.
+- drains the batches that may go now (a partition's small queued batches merged into
+  one, see accumulator.py) and sends each in one actor call.
 Then it waits on the accumulator's condition (nothing polls) until the earliest of a
 linger, a retry backoff, a delivery or request deadline or a metadata refresh ends,
 unless a send, an answer, a flush or a refresh notifies it first. It never blocks on a
@@ -99,8 +100,9 @@ class Sender:
 
     def _fail_unfinished(self, error: KafkaError) -> None:
         for batch in self._acc.abort(str(error)):
-            if not batch.result.done():
-                batch.result.fail(error)
+            for result in [batch.result] + [rider for rider, _ in batch.riders]:
+                if not result.done():
+                    result.fail(error)
             self._acc.finished(batch)
 
     def _loop(self) -> None:
@@ -267,12 +269,16 @@ class Sender:
 
     def _resolve(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
         batch.result.complete(base_offset, log_append_time_ms)
+        for rider, offset_delta in batch.riders:  # offsets are unknown (-1) with acks=0
+            rider.complete(base_offset + offset_delta if base_offset >= 0 else -1, log_append_time_ms)
         self._finish(batch)
 
     def _fail(self, batch: ProducerBatch, error: KafkaError) -> None:
         if batch.stamped:  # its sequences may or may not be in the log: the partition's sequence is unknown
             self._idempotence.fate_unknown(f"a batch sent to {batch.tp} failed ({error.name})")
         batch.result.fail(error)
+        for rider, _ in batch.riders:
+            rider.fail(error)
         self._finish(batch)
 
     def _finish(self, batch: ProducerBatch) -> None:
