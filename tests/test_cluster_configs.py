@@ -177,9 +177,12 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
 
         # `rayk start` runs in the background on the head; wait until the broker serves.
         _wait_for(lambda: "broker" in _status_or_empty(config_path), 180, "rayk start on the head")
-        rayk("rayk topics create clicks --partitions 2 --replication-factor 1 --address 127.0.0.1:6390")
-        rayk("printf 'a\\nb\\nc\\n' | rayk produce clicks --address 127.0.0.1:6390")
-        out = rayk("rayk consume clicks --from-beginning --max-messages 3 --timeout-ms 30000 --address 127.0.0.1:6390")
+        # One `ray exec` for the three commands: each exec is an ssh session and a Python start.
+        out = rayk(
+            "rayk topics create clicks --partitions 2 --replication-factor 1 --address 127.0.0.1:6390"
+            " && printf 'a\\nb\\nc\\n' | rayk produce clicks --address 127.0.0.1:6390"
+            " && rayk consume clicks --from-beginning --max-messages 3 --timeout-ms 30000 --address 127.0.0.1:6390"
+        )
         assert {"a", "b", "c"} <= set(out.splitlines()), out
         # A Kafka client on this machine reads them through the broker's listener.
         status = _status_or_empty(config_path)

@@ -14,7 +14,7 @@ import ray
 
 import rayk
 from rayk.client import TopicPartition
-from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
 CONFIG = {
     **FAST_CONFIG,
@@ -30,10 +30,7 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()  # the actors a test starts go when their handles do
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,14 @@ from rayk.errors import (
 )
 from rayk.storage import Log, LogConfig
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
-from tests.cluster_helpers import release_shared_local_ray
+from tests.cluster_helpers import shared_local_ray
 
 Replica = ray.remote(num_cpus=0)(PartitionReplica)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()  # the actors a test starts go when their handles do
 
 
 def batch(n: int = 3, tag: str = "v") -> bytes:

@@ -21,15 +21,12 @@ from rayk.errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
-from tests.cluster_helpers import release_shared_local_ray, wait_until
+from tests.cluster_helpers import shared_local_ray, wait_until
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
-    release_shared_local_ray()  # a Ray of its own: what it starts dies with it
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    shared_local_ray()  # the actors a test starts go when their handles do
 
 
 @ray.remote(num_cpus=0)
