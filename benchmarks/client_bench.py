@@ -174,7 +174,7 @@ def rayk_low_load(cluster: Any, rate: float, seconds: float, partitions: int) ->
     records = max(1, int(rate * seconds))
     consumed = consume_elsewhere.remote(cluster.namespace, topic, records)
     time.sleep(3)  # the consumer is assigned and polling before the first record
-    produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False)
+    produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False, warm_up=True)
     return checked(produced, "send() at 10% load"), checked(ray.get(consumed), "consume at 10% load")
 
 

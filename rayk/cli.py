@@ -36,6 +36,10 @@ from rayk.errors import KafkaError
 PROG = "rayk"
 DEFAULT_NAMESPACE = "rayk"
 KAFKA_BUFFER_MEMORY = 32 * 1024 * 1024  # the perf producer's default bound on unacknowledged bytes
+# The Producer's DEFAULT_BATCH_SIZE and DEFAULT_LINGER_MS (importing them would load Ray
+# into every CLI start; tests/test_cli.py holds them equal).
+PERF_BATCH_SIZE = 1_048_576
+PERF_LINGER_MS = 10
 NO_RAY_CLUSTER = "no Ray cluster is running; start one with `ray start --head` or pass --address"
 
 
@@ -759,8 +763,8 @@ def _add_perf_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     produce.add_argument("--record-size", type=_positive_int, required=True, help="bytes per record")
     produce.add_argument("--acks", choices=("all", "1", "0"), default="all", help="default all")
     produce.add_argument("--throughput", type=float, default=-1, metavar="RPS", help="records/s cap (default -1: none)")
-    produce.add_argument("--batch-size", type=_positive_int, default=1_048_576, help="bytes per batch (default 1 MiB)")
-    produce.add_argument("--linger-ms", type=int, default=5, help="default 5")
+    produce.add_argument("--batch-size", type=_positive_int, default=PERF_BATCH_SIZE, help="bytes per batch (default 1 MiB)")
+    produce.add_argument("--linger-ms", type=int, default=PERF_LINGER_MS, help=f"default {PERF_LINGER_MS}")
     produce.add_argument("--buffer-memory", type=_positive_int, default=KAFKA_BUFFER_MEMORY,
                          help="bytes of unacknowledged records before sends wait (default 32 MiB)")  # fmt: skip
     consume = _add(psub, "consume", cmd_perf_consume, "consume records from the beginning of a topic", [conn])

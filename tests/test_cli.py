@@ -104,6 +104,12 @@ def test_every_command_has_help(command, capsys):
     assert "usage: rayk" in capsys.readouterr().out
 
 
+def test_perf_produce_defaults_are_the_producer_s():
+    from rayk.client.producer import DEFAULT_BATCH_SIZE, DEFAULT_LINGER_MS
+
+    assert (cli.PERF_BATCH_SIZE, cli.PERF_LINGER_MS) == (DEFAULT_BATCH_SIZE, DEFAULT_LINGER_MS)
+
+
 def test_bad_options_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["topics", "create", "t", "--partitions", "many"])

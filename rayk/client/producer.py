@@ -69,10 +69,15 @@ RECORD_OVERHEAD_BYTES = 21  # varint lengths, attributes and deltas of one recor
 # Kafka's 16 KiB batch.size is tuned for TCP. Here a batch is an actor call (~3 with its
 # followers' fetches), and on the 2-core benchmark machine send() of 100 B records with
 # acks=all, RF=3 ran at 28k rec/s with 16 KiB batches, 65k with 64 KiB, 118k with 256 KiB
-# and 160k with 1 MiB; linger_ms still closes a batch of a slow producer after 5 ms.
-# (benchmarks/producer_settings_bench.py sweeps both; linger_ms stays Kafka's 5: 20 cut
-# the p99 at 5,000 rec/s from ~200 to ~155 ms there, but a lone send().get() waits it out.)
+# and 160k with 1 MiB (before small queued batches were merged into one call).
 DEFAULT_BATCH_SIZE = 1_048_576
+# Kafka's 5 ms linger is tuned for TCP too. A Ray actor call costs ~2 ms of CPU here
+# (benchmarks/producer_settings_bench.py prints it), so a producer whose records keep
+# coming closes a batch every linger and makes ~3 calls each: at 5 ms that alone kept the
+# 2-core machine 85-95% busy from 600 to 6,000 rec/s, and queueing on it gave p99s of
+# 60-320 ms. At 10 ms it was 54-65% busy, with p50 14-16 ms and p99 30-32 ms at both rates
+# (20 ms: p50 20, p99 45).
+DEFAULT_LINGER_MS = 10
 
 
 def acks_value(acks: str | int) -> int:
@@ -89,7 +94,7 @@ class Producer:
         cluster: Any,
         *,
         acks: str | int = "all",
-        linger_ms: int = 5,
+        linger_ms: int = DEFAULT_LINGER_MS,
         batch_size: int = DEFAULT_BATCH_SIZE,
         compression_type: str | None = None,
         key_serializer: Any = None,
