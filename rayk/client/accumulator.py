@@ -12,14 +12,15 @@ queue in sequence order (`reenqueue`) and its partition waits `retry_backoff_ms`
 Calls are sized for Ray, not TCP: when `drain` takes a batch of `send()` records that was
 never sent, the batches of the same kind queued behind it ride along in it, up to
 `max_request_size` bytes, as one record batch in one call (one CRC, one sequence range).
-Each keeps its own result, at its offset within the merged batch. So a partition whose
-calls are all in flight gathers its small batches (Kafka's 16 KiB `batch_size`, or
-batches closed by linger) into one call instead of one call each, while the leader still
-sees at most `max_in_flight` batches of the producer at once: it remembers only the last
-five for duplicates (Kafka's NUM_BATCHES_TO_RETAIN), which is why the window stays
-counted in calls. Its byte size is then up to `max_in_flight` x `max_request_size` per
-partition, and `buffer_memory` bounds it for the whole producer. Batches that `send_batch`
-encoded are already up to `max_request_size` and go as they are.
+Each keeps its own result, at its offset within the merged batch, and is due when the
+batch it rides in is (an older one: it may expire a little early, never late). So a
+partition whose calls are all in flight gathers its small batches (Kafka's 16 KiB
+`batch_size`, or batches closed by linger) into one call instead of one call each, while
+the leader still sees at most `max_in_flight` batches of the producer at once: it
+remembers only the last five for duplicates (Kafka's NUM_BATCHES_TO_RETAIN), which is why
+the window stays counted in calls. Its byte size is then up to `max_in_flight` x
+`max_request_size` per partition, and `buffer_memory` bounds it for the whole producer.
+Batches that `send_batch` encoded are already up to `max_request_size` and go as they are.
 
 Every batch, open, queued or in flight, is due by `delivery_timeout_ms` after its
 creation: `expire` hands the sender the batches past it, oldest first. Batches are

@@ -75,8 +75,8 @@ DEFAULT_BATCH_SIZE = 1_048_576
 # (benchmarks/producer_settings_bench.py prints it), so a producer whose records keep
 # coming closes a batch every linger and makes ~3 calls each: at 5 ms that alone kept the
 # 2-core machine 85-95% busy from 600 to 6,000 rec/s, and queueing on it gave p99s of
-# 60-320 ms. At 10 ms it was 54-65% busy, with p50 14-16 ms and p99 30-32 ms at both rates
-# (20 ms: p50 20, p99 45).
+# 60-320 ms. At 10 ms it was 54-70% busy, with p50 14-16 ms and p99 30-32 ms in a fresh
+# cluster (50-57 ms in producer_settings_bench); 20 ms gave p99 38-45 ms but p50 20-22 ms.
 DEFAULT_LINGER_MS = 10
 
 
