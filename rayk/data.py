@@ -5,8 +5,9 @@ partition's high watermark; see rayk.client.offset_ranges), then reads every ran
 Ray task placed on the node of that partition's leader (soft node affinity: locality when
 it can, anywhere when that node is busy or gone), splitting a partition into tasks of at
 most `records_per_task` records. Each task fetches the range from the leader replica in
-`fetch_max_bytes` chunks (following a leader that moves) and returns one Arrow table with
-the columns of Spark's Kafka source:
+`fetch_max_bytes` chunks (following a leader that moves), decodes them with compiled code
+straight into Arrow buffers, no Python object per record (rayk.client.arrow_batches), and
+returns one Arrow table with the columns of Spark's Kafka source:
 
     key binary, value binary, topic string, partition int32, offset int64,
     timestamp timestamp[ms], timestampType int32, headers list<struct<key string, value binary>>
@@ -35,25 +36,13 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
+from rayk.storage.records import iter_batches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
-from rayk.storage.records import iter_batches
 
 ROWS_PER_WRITE_TASK = 10_000
-HEADER_TYPE = pa.struct([("key", pa.string()), ("value", pa.binary())])
-SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("ms", tz="UTC")),  # Kafka timestamps are epoch ms
-        ("timestampType", pa.int32()),
-        ("headers", pa.list_(HEADER_TYPE)),
-    ]
-)
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 RECORDS_PER_TASK = 1_000_000
 READ_RETRY_BACKOFF_MS = 100
@@ -72,14 +61,9 @@ def cluster_or_connect(cluster: Any) -> Any:
 
 
 def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
-    """The records of one offset range as an Arrow table (in this process)."""
-    return pa.table(read_columns(cluster, r, fetch_max_bytes), schema=SCHEMA)
-
-
-def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> dict[str, list]:
-    """The records of one offset range, column by column (SCHEMA's names; timestamps in
-    ms, headers as {key, value} dicts), fetched from the partition's leader."""
-    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    """The records of one offset range as an Arrow table of SCHEMA (in this process),
+    fetched from the partition's leader and decoded by compiled code (arrow_batches)."""
+    tables = []
     metadata = MetadataCache(cluster.controller)
     offset = r.start
     deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
@@ -91,8 +75,11 @@ def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_
         except RayActorError as e:
             error = e
         if error is None:
-            offset = _append_records(columns, r, result.records, offset)
             if result.records:
+                table = records_table(result.records, r.topic, r.partition, offset, r.end)
+                if table.num_rows:
+                    tables.append(table)
+                offset = max(offset, min(_next_offset(result.records), r.end))
                 deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
                 continue
         elif isinstance(error, KafkaError) and not error.retriable:
@@ -101,29 +88,24 @@ def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_
             raise KafkaTimeoutError(f"{r.topic}-{r.partition}: stuck at offset {offset} of [{r.start}, {r.end}): {error}")
         metadata.invalidate(r.topic)
         time.sleep(READ_RETRY_BACKOFF_MS / 1000)
-    return columns
+    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def _append_records(columns: dict[str, list], r: OffsetRange, data: bytes, offset: int) -> int:
-    """Adds the records of `data` in [offset, r.end) to the columns; returns the next offset."""
+def _next_offset(data: bytes) -> int:
+    """The offset after the last whole batch of a fetch answer (control batches included)."""
+    offset = -1
     for batch in iter_batches(data):
-        if batch.header.is_control:
-            offset = max(offset, batch.header.next_offset)
-            continue
-        timestamp_type = int(batch.header.timestamp_type)
-        for record in batch.records():
-            if record.offset < offset or record.offset >= r.end:
-                continue
-            columns["key"].append(record.key)
-            columns["value"].append(record.value)
-            columns["topic"].append(r.topic)
-            columns["partition"].append(r.partition)
-            columns["offset"].append(record.offset)
-            columns["timestamp"].append(record.timestamp_ms)
-            columns["timestampType"].append(timestamp_type)
-            columns["headers"].append([{"key": k, "value": v} for k, v in record.headers])
-        offset = max(offset, min(batch.header.next_offset, r.end))
+        offset = batch.header.next_offset
     return offset
+
+
+def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> dict[str, list]:
+    """`read_range` as Python lists per column (timestamps as epoch ms, headers as
+    {key, value} dicts): what Spark's row-based read takes."""
+    table = read_range(cluster, r, fetch_max_bytes)
+    columns = table.to_pydict()
+    columns["timestamp"] = table.column("timestamp").cast(pa.int64()).to_pylist()
+    return columns
 
 
 @ray.remote(max_retries=3)

@@ -43,6 +43,8 @@ def assert_same(body, record_count):
     decoded = outcome(_records.decode_records, body, record_count, 100, 5_000, -1)
     assert decoded == outcome(decode_records_reference, body, record_count, 100, 5_000, -1)
     assert decoded[0] == compiled[0] and (decoded[0] == "ok" or decoded[1] == compiled[1]), "decode checks as scan"
+    columns = outcome(_records.decode_columns, body, record_count, 100, 5_000, -1)
+    assert columns[0] == compiled[0] and (columns[0] == "ok" or columns[1] == compiled[1]), "columns check as scan"
     return compiled
 
 
@@ -181,6 +183,6 @@ def test_decoding_gives_back_the_records(records, append_time):
 
 
 def test_a_negative_record_count_is_refused():
-    for decode in (_records.decode_records, decode_records_reference):
+    for decode in (_records.decode_records, decode_records_reference, _records.decode_columns):
         with pytest.raises(ValueError, match="record count -1"):
             decode(b"", -1, 0, 0, -1)

@@ -20,6 +20,18 @@
    None, headers a list of (str, bytes | None). records.decode_records_reference is the
    same in Python.
 
+   decode_columns(body, record_count, base_offset, base_timestamp, append_time) -> tuple
+
+   The same records as column buffers in Arrow's layouts, with no Python object per
+   record (the columnar consumer's path; rayk.client.arrow_batches wraps them):
+   (offsets int64[n], timestamps int64[n],
+    key validity bitmap, key offsets int32[n+1], key bytes,
+    value validity bitmap, value offsets int32[n+1], value bytes,
+    header list offsets int32[n+1],
+    header key offsets int32[h+1], header key bytes (UTF-8, checked by the walk),
+    header value validity bitmap, header value offsets int32[h+1], header value bytes),
+   every one a bytes object, native byte order. Same checks and ValueError as scan_records.
+
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
 
    Encodes records, (value, key, headers, timestamp_ms) tuples such as SimpleRecord or
@@ -269,6 +281,140 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ decode to columns */
+
+/* A length-prefixed field's length and start; the walk checked it. */
+static int64_t next_field(Cursor *c, const uint8_t **start)
+{
+    int64_t length;
+    read_varint(c, &length);
+    *start = c->buf + c->pos;
+    if (length > 0)
+        c->pos += (Py_ssize_t)length;
+    return length;
+}
+
+typedef struct { /* one Arrow binary column being filled: validity, int32 offsets, bytes */
+    uint8_t *valid; /* NULL for a column that has no nulls (header keys) */
+    int32_t *offsets;
+    char *data;
+    int32_t used;
+} BinaryColumn;
+
+static void put_binary(BinaryColumn *col, Py_ssize_t i, const uint8_t *start, int64_t length)
+{
+    if (length >= 0) {
+        if (col->valid != NULL)
+            col->valid[i >> 3] |= (uint8_t)(1u << (i & 7));
+        memcpy(col->data + col->used, start, (size_t)length);
+        col->used += (int32_t)length;
+    }
+    col->offsets[i + 1] = col->used;
+}
+
+static PyObject *decode_columns(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *out = NULL;
+    Py_buffer body;
+    Py_ssize_t n;
+    long long base_offset, base_timestamp, append_time;
+    if (!PyArg_ParseTuple(args, "y*nLLL:decode_columns", &body, &n, &base_offset, &base_timestamp, &append_time))
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "record count %zd", n);
+        goto done;
+    }
+    Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
+    int64_t max_timestamp_delta;
+    if (scan_body(&c, n, &max_timestamp_delta) < 0) { /* scan_records' checks and messages */
+        PyErr_SetString(PyExc_ValueError, c.message);
+        goto done;
+    }
+    /* First pass: the sizes of the variable-length columns. */
+    int64_t key_bytes = 0, value_bytes = 0, header_count = 0, hkey_bytes = 0, hvalue_bytes = 0;
+    const uint8_t *start;
+    int64_t skip, length, count;
+    c.pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        read_varint(&c, &skip);
+        c.pos += 1; /* attributes */
+        read_varint(&c, &skip);
+        read_varint(&c, &skip);
+        if ((length = next_field(&c, &start)) > 0)
+            key_bytes += length;
+        if ((length = next_field(&c, &start)) > 0)
+            value_bytes += length;
+        read_varint(&c, &count);
+        header_count += count;
+        for (int64_t h = 0; h < count; h++) {
+            hkey_bytes += next_field(&c, &start);
+            if ((length = next_field(&c, &start)) > 0)
+                hvalue_bytes += length;
+        }
+    }
+    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX || header_count > INT32_MAX - 1 || hkey_bytes > INT32_MAX ||
+        hvalue_bytes > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a column of the batch passes Arrow's 2 GiB binary limit");
+        goto done;
+    }
+    Py_ssize_t h_total = (Py_ssize_t)header_count;
+    Py_ssize_t sizes[14] = {
+        8 * n, 8 * n,
+        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)key_bytes,
+        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)value_bytes,
+        4 * (n + 1),
+        4 * (h_total + 1), (Py_ssize_t)hkey_bytes,
+        (h_total + 7) / 8, 4 * (h_total + 1), (Py_ssize_t)hvalue_bytes,
+    };
+    if ((out = PyTuple_New(14)) == NULL)
+        goto done;
+    char *buf[14];
+    for (int k = 0; k < 14; k++) {
+        PyObject *b = PyBytes_FromStringAndSize(NULL, sizes[k]);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        buf[k] = PyBytes_AS_STRING(b);
+        memset(buf[k], 0, (size_t)sizes[k]);
+        PyTuple_SET_ITEM(out, k, b);
+    }
+    int64_t *offsets = (int64_t *)buf[0], *timestamps = (int64_t *)buf[1];
+    BinaryColumn keys = {(uint8_t *)buf[2], (int32_t *)buf[3], buf[4], 0};
+    BinaryColumn values = {(uint8_t *)buf[5], (int32_t *)buf[6], buf[7], 0};
+    int32_t *header_offsets = (int32_t *)buf[8];
+    BinaryColumn hkeys = {NULL, (int32_t *)buf[9], buf[10], 0};
+    BinaryColumn hvalues = {(uint8_t *)buf[11], (int32_t *)buf[12], buf[13], 0};
+    /* Second pass: fill them. */
+    Py_ssize_t h_index = 0;
+    int64_t timestamp_delta, offset_delta;
+    c.pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        read_varint(&c, &skip);
+        c.pos += 1;
+        read_varint(&c, &timestamp_delta);
+        read_varint(&c, &offset_delta);
+        offsets[i] = base_offset + offset_delta;
+        timestamps[i] = append_time >= 0 ? append_time : base_timestamp + timestamp_delta;
+        length = next_field(&c, &start);
+        put_binary(&keys, i, start, length);
+        length = next_field(&c, &start);
+        put_binary(&values, i, start, length);
+        read_varint(&c, &count);
+        for (int64_t h = 0; h < count; h++, h_index++) {
+            length = next_field(&c, &start);
+            put_binary(&hkeys, h_index, start, length);
+            length = next_field(&c, &start);
+            put_binary(&hvalues, h_index, start, length);
+        }
+        header_offsets[i + 1] = (int32_t)h_index;
+    }
+done:
+    PyBuffer_Release(&body);
+    return out;
+}
+
 /* ------------------------------------------------------------------ encode */
 
 static PyObject *attr_key, *attr_value, *attr_headers, *attr_timestamp_ms; /* interned at import */
@@ -488,6 +634,9 @@ static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(body, record_count, base_offset, base_timestamp, append_time) -> [(offset, timestamp, key,"
      " value, headers)]; the checks and ValueError of scan_records. append_time >= 0: every timestamp is it."},
+    {"decode_columns", decode_columns, METH_VARARGS,
+     "decode_columns(body, record_count, base_offset, base_timestamp, append_time) -> 14 bytes buffers in Arrow's"
+     " layouts (see the module's comment); the checks and ValueError of scan_records."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(records, now_ms) -> (records section of a v2 batch, base timestamp, max timestamp)."},
     {NULL, NULL, 0, NULL},

@@ -29,7 +29,7 @@ import logging
 import struct
 import time
 import types
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -405,6 +405,19 @@ def decode_record_tuples(
     """`decode_records` without a Record object per record: the batch's header and each
     record as (offset, timestamp, key, value, headers), decoded by compiled code (the
     consumer's path)."""
+    return _decode_compiled(_records.decode_records, batch, max_uncompressed_bytes)
+
+
+def decode_record_columns(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None
+) -> tuple[BatchHeader, tuple[bytes, ...]]:
+    """The batch's header and its records as column buffers in Arrow's layouts (see
+    `_records.decode_columns`), decoded by compiled code with no object per record; the
+    same checks and errors as `decode_record_tuples`."""
+    return _decode_compiled(_records.decode_columns, batch, max_uncompressed_bytes)
+
+
+def _decode_compiled(decode: Callable, batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None) -> tuple:
     view = memoryview(batch)
     if len(view) < HEADER_SIZE_BYTES:
         raise CorruptRecordError(f"batch of {len(view)} bytes is shorter than the 61-byte header")
@@ -416,7 +429,7 @@ def decode_record_tuples(
         body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
     append_time = header.max_timestamp if header.timestamp_type == TimestampType.LOG_APPEND_TIME else -1
     try:
-        decoded = _records.decode_records(body, header.record_count, header.base_offset, header.base_timestamp, append_time)
+        decoded = decode(body, header.record_count, header.base_offset, header.base_timestamp, append_time)
     except ValueError as e:
         raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
     return header, decoded
