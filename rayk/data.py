@@ -38,9 +38,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
-from rayk.storage.records import iter_batches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
+from rayk.storage.records import iter_batches
 
 ROWS_PER_WRITE_TASK = 10_000
 FETCH_MAX_BYTES = 8 * 1024 * 1024
