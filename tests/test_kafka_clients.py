@@ -93,21 +93,21 @@ def test_metadata_and_admin_through_kafka_python(cluster, bootstrap):
         admin.close()
 
 
-@pytest.mark.parametrize("acks", [0, 1, "all"])
-def test_kafka_python_produces_with_every_codec_and_reads_back(cluster, bootstrap, acks):
-    topic = new_topic(cluster)
+def test_kafka_python_produces_with_every_codec_and_acks_setting_and_reads_back(cluster, bootstrap):
+    topic = new_topic(cluster)  # one topic for every setting: a topic is 9 replica processes to start
     sent = []
-    for codec in CODECS:
-        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=5,
-                                       compression_type=None if codec == "none" else codec,
-                                       enable_idempotence=acks == "all")
-        for i in range(40):
-            key = f"key-{i % 7}".encode() if i % 2 else None
-            value = f"{codec}-{acks}-{i}".encode()
-            producer.send(topic, key=key, value=value, headers=[("h", codec.encode())])
-            sent.append((key, value))
-        producer.flush()
-        producer.close()
+    for acks in (0, 1, "all"):
+        for codec in CODECS:
+            producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=5,
+                                           compression_type=None if codec == "none" else codec,
+                                           enable_idempotence=acks == "all")
+            for i in range(40):
+                key = f"key-{i % 7}".encode() if i % 2 else None
+                value = f"{codec}-{acks}-{i}".encode()
+                producer.send(topic, key=key, value=value, headers=[("h", codec.encode())])
+                sent.append((key, value))
+            producer.flush()
+            producer.close()
     got = kafka_python_read(bootstrap, topic, len(sent))
     assert sorted(((r.key, r.value) for r in got), key=lambda kv: kv[1]) == sorted(sent, key=lambda kv: kv[1])
     assert all(r.headers == [("h", r.value.split(b"-")[0])] for r in got)
