@@ -135,6 +135,12 @@ def test_inputs_of_every_shape_become_binary_columns():
     chunked = pa.chunked_array([pa.array([b"a"]), pa.array([None, b"b"])])
     assert binary_column(chunked, "v").to_pylist() == [b"a", None, b"b"]
     assert binary_column(pa.array(["s"], pa.large_string()), "v").cast(pa.binary()).to_pylist() == [b"s"]
+    large = np.frombuffer(bytes(range(100)) * 300_000, dtype="S100")  # pa.array gives 2 chunks for it
+    column = binary_column(large, "v")
+    assert isinstance(column, pa.BinaryArray) and len(column) == 300_000 and column[-1].as_py() == bytes(range(100))
+    nuls = np.array([b"\x00ab", b"ab\x00", b"", b"\x00\x00c"], dtype="S3")  # pa.array cuts values at a NUL
+    assert binary_column(nuls, "v").to_pylist() == nuls.tolist() == [b"\x00ab", b"ab", b"", b"\x00\x00c"]
+    assert binary_column(np.array([b"", b""], dtype="S0"), "v").to_pylist() == [b"", b""]
 
 
 @pytest.mark.parametrize(

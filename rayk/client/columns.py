@@ -50,9 +50,12 @@ def binary_column(data: Any, what: str) -> pa.Array:
             elif data.ndim != 1:
                 raise TypeError(f"{what}: a {data.ndim}-D array; pass one value per row")
             else:
-                data = pa.array(data) if data.dtype.kind in "SU" else pa.array(data, type=pa.binary())
+                kind = data.dtype.kind
+                data = _numpy_bytes(data) if kind == "S" else pa.array(data) if kind == "U" else pa.array(data, type=pa.binary())
         elif not isinstance(data, pa.Array):
             data = pa.array(data if isinstance(data, (list, tuple)) else list(data), type=pa.binary())
+        if isinstance(data, pa.ChunkedArray):  # pa.array splits large inputs (numpy `S` of 30 MB: 2 chunks)
+            data = data.combine_chunks()
         kind = data.type
         if pa.types.is_binary(kind) or pa.types.is_string(kind):
             return data
@@ -63,6 +66,25 @@ def binary_column(data: Any, what: str) -> pa.Array:
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
         raise TypeError(f"{what} must be bytes, str or None for each record: {e}") from None
     raise TypeError(f"{what} must be a binary or string column, not {data.type}")
+
+
+def _numpy_bytes(data: np.ndarray) -> pa.Array:
+    """A numpy `S` array as binary, each value what numpy gives for it (`data[i]`: the
+    fixed-width bytes without trailing NULs). pa.array would cut each value at its first
+    NUL, losing the rest of binary values."""
+    width = data.dtype.itemsize
+    rows = np.ascontiguousarray(data).view(np.uint8).reshape(len(data), width)
+    if width == 0:
+        lengths = np.zeros(len(data), dtype=np.int64)
+    else:
+        nonzero = rows != 0
+        lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise TypeError("values: more than 2 GiB of bytes in one call")
+    packed = rows[np.arange(width) < lengths[:, None]]  # row by row, the kept bytes
+    return pa.Array.from_buffers(pa.binary(), len(data), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(packed)])
 
 
 def column_spec(array: pa.Array) -> ColumnSpec:
