@@ -5,6 +5,8 @@ references in `records`:
   never reads outside its input;
 - the decoder (`decode_records_reference`): the walk's verdict and message, and the same
   (offset, timestamp, key, value, headers) for every record;
+- the column decoder (`decode_columns_reference`): the walk's verdict and message (naming
+  the batch), and the same Arrow buffers byte for byte, for one batch or several;
 - the encoder (`encode_records_reference`): byte-identical output for any records."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rayk.storage.records import (
     SimpleRecord,
     build_batch,
     check_records,
+    decode_columns_reference,
     decode_records,
     decode_records_reference,
     encode_records_reference,
@@ -43,8 +46,10 @@ def assert_same(body, record_count):
     decoded = outcome(_records.decode_records, body, record_count, 100, 5_000, -1)
     assert decoded == outcome(decode_records_reference, body, record_count, 100, 5_000, -1)
     assert decoded[0] == compiled[0] and (decoded[0] == "ok" or decoded[1] == compiled[1]), "decode checks as scan"
-    columns = outcome(_records.decode_columns, body, record_count, 100, 5_000, -1)
-    assert columns[0] == compiled[0] and (columns[0] == "ok" or columns[1] == compiled[1]), "columns check as scan"
+    columns = outcome(lambda *section: _records.decode_columns([section]), body, record_count, 100, 5_000, -1)
+    assert columns == outcome(lambda *section: decode_columns_reference([section]), body, record_count, 100, 5_000, -1)
+    assert columns[0] == compiled[0], "columns check as scan"
+    assert columns[0] == "ok" or columns[1] == f"batch at offset 100: {compiled[1]}"
     return compiled
 
 
@@ -183,6 +188,25 @@ def test_decoding_gives_back_the_records(records, append_time):
 
 
 def test_a_negative_record_count_is_refused():
-    for decode in (_records.decode_records, decode_records_reference, _records.decode_columns):
+    for decode in (_records.decode_records, decode_records_reference):
         with pytest.raises(ValueError, match="record count -1"):
             decode(b"", -1, 0, 0, -1)
+    for decode in (_records.decode_columns, decode_columns_reference):
+        with pytest.raises(ValueError, match="batch at offset 0: record count -1"):
+            decode([(b"", -1, 0, 0, -1)])
+
+
+@MANY
+@given(st.lists(record_lists, max_size=4), st.integers(-1, 1 << 40))
+def test_columns_of_several_batches_are_the_reference_buffers(batches, append_time):
+    sections, base = [], 0
+    for records in batches:
+        sections.append((body_of(records), len(records), base, records[0].timestamp_ms, append_time))
+        base += len(records)
+    assert _records.decode_columns(sections) == decode_columns_reference(sections)
+
+
+@pytest.mark.parametrize("bad", [None, [b"x"], [(b"", 0, 0, 0)], [(1, 0, 0, 0, -1)]])
+def test_the_column_decoder_refuses_what_is_not_a_batch_list_with_a_type_error(bad):
+    with pytest.raises(TypeError):
+        _records.decode_columns(bad)

@@ -1,14 +1,15 @@
 """Fetched record batches as Arrow: the columns of Spark's Kafka source, decoded without a
 Python object per record.
 
-`records_table(data, topic, partition, start, end)` turns the v2 record batches of a
-fetch answer into a pyarrow Table of the records with offsets in [start, end):
+`records_batch(data, topic, partition, start, end)` turns the v2 record batches of a
+fetch answer into one pyarrow RecordBatch of the records with offsets in [start, end)
+(`records_table` is the same as a Table):
     key binary, value binary, topic string, partition int32, offset int64,
     timestamp timestamp[ms, UTC], timestampType int32, headers list<struct<key string, value binary>>
-Each batch is decoded by the compiled `_records.decode_columns` (after decompression, if
-any), which checks the records as the leader's walk does and writes keys, values and
-headers straight into Arrow's buffers: the bytes are copied once, from the fetched batch
-into the columns. Control batches (transaction markers) carry no records and are skipped.
+All the batches are decoded by one call of the compiled `_records.decode_columns` (after
+decompression, if any), which checks the records as the leader's walk does and writes
+keys, values and headers straight into one set of Arrow buffers: the bytes are copied
+once, from the fetched batches into the columns. Control batches (transaction markers) carry no records and are skipped.
 The constant columns (topic, partition, timestampType) are built from numpy, not per record.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayk.client.columns import HEADER_TYPE, HEADERS_TYPE
-from rayk.storage.records import BatchHeader, decode_record_columns, iter_batches
+from rayk.storage.records import BatchHeader, decode_batches_columns, iter_batches
 
 SCHEMA = pa.schema(
     [
@@ -36,18 +37,24 @@ SCHEMA = pa.schema(
 
 def records_table(data: bytes | bytearray | memoryview, topic: str, partition: int, start: int, end: int) -> pa.Table:
     """The records of the batches in `data` with offsets in [start, end), as a Table of SCHEMA."""
-    batches = []
+    return pa.Table.from_batches([records_batch(data, topic, partition, start, end)], schema=SCHEMA)
+
+
+def records_batch(
+    data: bytes | bytearray | memoryview, topic: str, partition: int, start: int, end: int
+) -> pa.RecordBatch:
+    """The records of the batches in `data` with offsets in [start, end), as one
+    RecordBatch of SCHEMA."""
+    wanted = []
     for batch in iter_batches(data):
         header = batch.header
-        if header.is_control or header.next_offset <= start or header.base_offset >= end:
-            continue
-        header, buffers = decode_record_columns(batch.data)
-        record_batch = _record_batch(header, buffers, topic, partition)
-        offsets = np.frombuffer(buffers[0], dtype=np.int64)
-        first, last = np.searchsorted(offsets, start), np.searchsorted(offsets, end)
-        if last > first:
-            batches.append(record_batch.slice(first, last - first))
-    return pa.Table.from_batches(batches, schema=SCHEMA)
+        if not header.is_control and header.next_offset > start and header.base_offset < end:
+            wanted.append(batch.data)
+    headers, buffers = decode_batches_columns(wanted)
+    record_batch = _record_batch(headers, buffers, topic, partition)
+    offsets = np.frombuffer(buffers[0], dtype=np.int64)
+    first, last = np.searchsorted(offsets, start), np.searchsorted(offsets, end)
+    return record_batch.slice(first, last - first)
 
 
 def _binary(kind: pa.DataType, count: int, valid: bytes | None, offsets: bytes, data: bytes) -> pa.Array:
@@ -61,10 +68,11 @@ def _constant_string(value: str, count: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(encoded * count)])
 
 
-def _record_batch(header: BatchHeader, buffers: tuple[bytes, ...], topic: str, partition: int) -> pa.RecordBatch:
+def _record_batch(headers: list[BatchHeader], buffers: tuple[bytes, ...], topic: str, partition: int) -> pa.RecordBatch:
     (offsets, timestamps, key_valid, key_offsets, key_data, value_valid, value_offsets, value_data,
      header_offsets, hkey_offsets, hkey_data, hvalue_valid, hvalue_offsets, hvalue_data) = buffers  # fmt: skip
-    n = header.record_count
+    counts = [header.record_count for header in headers]
+    n = sum(counts)
     headers_total = len(hkey_offsets) // 4 - 1
     header_structs = pa.StructArray.from_arrays(
         [
@@ -83,7 +91,7 @@ def _record_batch(header: BatchHeader, buffers: tuple[bytes, ...], topic: str, p
         pa.array(np.full(n, partition, dtype=np.int32)),
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
         pa.Array.from_buffers(SCHEMA.field("timestamp").type, n, [None, pa.py_buffer(timestamps)]),
-        pa.array(np.full(n, int(header.timestamp_type), dtype=np.int32)),
+        pa.array(np.repeat(np.array([int(h.timestamp_type) for h in headers], dtype=np.int32), counts)),
         header_lists,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

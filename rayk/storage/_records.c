@@ -20,17 +20,21 @@
    None, headers a list of (str, bytes | None). records.decode_records_reference is the
    same in Python.
 
-   decode_columns(body, record_count, base_offset, base_timestamp, append_time) -> tuple
+   decode_columns(batches) -> tuple
 
-   The same records as column buffers in Arrow's layouts, with no Python object per
-   record (the columnar consumer's path; rayk.client.arrow_batches wraps them):
+   The records of a sequence of batches, each given as (body, record_count, base_offset,
+   base_timestamp, append_time), as one set of column buffers in Arrow's layouts, with no
+   Python object per record (the columnar consumer's path; rayk.client.arrow_batches wraps
+   them):
    (offsets int64[n], timestamps int64[n],
     key validity bitmap, key offsets int32[n+1], key bytes,
     value validity bitmap, value offsets int32[n+1], value bytes,
     header list offsets int32[n+1],
     header key offsets int32[h+1], header key bytes (UTF-8, checked by the walk),
     header value validity bitmap, header value offsets int32[h+1], header value bytes),
-   every one a bytes object, native byte order. Same checks and ValueError as scan_records.
+   every one a bytes object, native byte order; n counts the records of all batches. Each
+   batch gets the checks of scan_records; the ValueError names the first malformed batch,
+   "batch at offset <base_offset>: <scan_records' message>".
 
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
 
@@ -312,60 +316,139 @@ static void put_binary(BinaryColumn *col, Py_ssize_t i, const uint8_t *start, in
     col->offsets[i + 1] = col->used;
 }
 
-static PyObject *decode_columns(PyObject *module, PyObject *args)
-{
-    (void)module;
-    PyObject *out = NULL;
+typedef struct { /* one batch's records section and what its records are relative to */
     Py_buffer body;
-    Py_ssize_t n;
+    Py_ssize_t record_count;
     long long base_offset, base_timestamp, append_time;
-    if (!PyArg_ParseTuple(args, "y*nLLL:decode_columns", &body, &n, &base_offset, &base_timestamp, &append_time))
-        return NULL;
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "record count %zd", n);
-        goto done;
+} BatchBody;
+
+/* Parses the (body, record_count, base_offset, base_timestamp, append_time) tuples and
+   walks each body with scan_records' checks. Returns the number parsed (whose buffers the
+   caller releases) and sets *failed on an error (a Python exception is set). */
+static Py_ssize_t take_batches(PyObject *seq, BatchBody *batches, Py_ssize_t count, int *failed)
+{
+    *failed = 1;
+    for (Py_ssize_t b = 0; b < count; b++) {
+        BatchBody *batch = &batches[b];
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, b);
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "decode_columns: batch %zd is a %.100s, not a tuple", b, Py_TYPE(item)->tp_name);
+            return b;
+        }
+        if (!PyArg_ParseTuple(item, "y*nLLL:decode_columns batch", &batch->body,
+                              &batch->record_count, &batch->base_offset, &batch->base_timestamp, &batch->append_time))
+            return b;
+        Cursor c = {.buf = (const uint8_t *)batch->body.buf, .end = batch->body.len, .pos = 0};
+        int64_t max_timestamp_delta;
+        if (batch->record_count < 0)
+            snprintf(c.message, sizeof c.message, "record count %zd", batch->record_count);
+        if (batch->record_count < 0 || scan_body(&c, batch->record_count, &max_timestamp_delta) < 0) {
+            PyErr_Format(PyExc_ValueError, "batch at offset %lld: %s", batch->base_offset, c.message);
+            return b + 1;
+        }
     }
-    Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
-    int64_t max_timestamp_delta;
-    if (scan_body(&c, n, &max_timestamp_delta) < 0) { /* scan_records' checks and messages */
-        PyErr_SetString(PyExc_ValueError, c.message);
-        goto done;
-    }
-    /* First pass: the sizes of the variable-length columns. */
-    int64_t key_bytes = 0, value_bytes = 0, header_count = 0, hkey_bytes = 0, hvalue_bytes = 0;
+    *failed = 0;
+    return count;
+}
+
+typedef struct { /* the byte sizes of the variable-length columns */
+    int64_t records, keys, values, headers, header_keys, header_values;
+} ColumnSizes;
+
+static void measure_body(const BatchBody *batch, ColumnSizes *sizes)
+{
+    Cursor c = {.buf = (const uint8_t *)batch->body.buf, .end = batch->body.len, .pos = 0};
     const uint8_t *start;
     int64_t skip, length, count;
-    c.pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    sizes->records += batch->record_count;
+    for (Py_ssize_t i = 0; i < batch->record_count; i++) {
         read_varint(&c, &skip);
         c.pos += 1; /* attributes */
         read_varint(&c, &skip);
         read_varint(&c, &skip);
         if ((length = next_field(&c, &start)) > 0)
-            key_bytes += length;
+            sizes->keys += length;
         if ((length = next_field(&c, &start)) > 0)
-            value_bytes += length;
+            sizes->values += length;
         read_varint(&c, &count);
-        header_count += count;
+        sizes->headers += count;
         for (int64_t h = 0; h < count; h++) {
-            hkey_bytes += next_field(&c, &start);
+            sizes->header_keys += next_field(&c, &start);
             if ((length = next_field(&c, &start)) > 0)
-                hvalue_bytes += length;
+                sizes->header_values += length;
         }
     }
-    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX || header_count > INT32_MAX - 1 || hkey_bytes > INT32_MAX ||
-        hvalue_bytes > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "a column of the batch passes Arrow's 2 GiB binary limit");
+}
+
+typedef struct { /* the columns being filled, and the next record and header to write */
+    int64_t *offsets, *timestamps;
+    BinaryColumn keys, values;
+    int32_t *header_offsets;
+    BinaryColumn header_keys, header_values;
+    Py_ssize_t record, header;
+} Columns;
+
+static void fill_body(const BatchBody *batch, Columns *out)
+{
+    Cursor c = {.buf = (const uint8_t *)batch->body.buf, .end = batch->body.len, .pos = 0};
+    const uint8_t *start;
+    int64_t skip, length, count, timestamp_delta, offset_delta;
+    for (Py_ssize_t i = 0; i < batch->record_count; i++, out->record++) {
+        Py_ssize_t r = out->record;
+        read_varint(&c, &skip);
+        c.pos += 1;
+        read_varint(&c, &timestamp_delta);
+        read_varint(&c, &offset_delta);
+        out->offsets[r] = batch->base_offset + offset_delta;
+        out->timestamps[r] = batch->append_time >= 0 ? batch->append_time : batch->base_timestamp + timestamp_delta;
+        length = next_field(&c, &start);
+        put_binary(&out->keys, r, start, length);
+        length = next_field(&c, &start);
+        put_binary(&out->values, r, start, length);
+        read_varint(&c, &count);
+        for (int64_t h = 0; h < count; h++, out->header++) {
+            length = next_field(&c, &start);
+            put_binary(&out->header_keys, out->header, start, length);
+            length = next_field(&c, &start);
+            put_binary(&out->header_values, out->header, start, length);
+        }
+        out->header_offsets[r + 1] = (int32_t)out->header;
+    }
+}
+
+static PyObject *decode_columns(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    PyObject *out = NULL, *seq = PySequence_Fast(arg, "decode_columns takes a sequence of batches");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    BatchBody *batches = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof(BatchBody));
+    if (batches == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    int failed;
+    Py_ssize_t taken = take_batches(seq, batches, count, &failed);
+    if (failed)
+        goto done;
+    /* First pass: the sizes of the variable-length columns. */
+    ColumnSizes total = {0};
+    for (Py_ssize_t b = 0; b < count; b++)
+        measure_body(&batches[b], &total);
+    if (total.keys > INT32_MAX || total.values > INT32_MAX || total.headers > INT32_MAX - 1 ||
+        total.header_keys > INT32_MAX || total.header_values > INT32_MAX || total.records > INT32_MAX - 1) {
+        PyErr_SetString(PyExc_ValueError, "a column of the batches passes Arrow's 2 GiB binary limit");
         goto done;
     }
-    Py_ssize_t h_total = (Py_ssize_t)header_count;
+    Py_ssize_t n = (Py_ssize_t)total.records, h_total = (Py_ssize_t)total.headers;
     Py_ssize_t sizes[14] = {
         8 * n, 8 * n,
-        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)key_bytes,
-        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)value_bytes,
+        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)total.keys,
+        (n + 7) / 8, 4 * (n + 1), (Py_ssize_t)total.values,
         4 * (n + 1),
-        4 * (h_total + 1), (Py_ssize_t)hkey_bytes,
-        (h_total + 7) / 8, 4 * (h_total + 1), (Py_ssize_t)hvalue_bytes,
+        4 * (h_total + 1), (Py_ssize_t)total.header_keys,
+        (h_total + 7) / 8, 4 * (h_total + 1), (Py_ssize_t)total.header_values,
     };
     if ((out = PyTuple_New(14)) == NULL)
         goto done;
@@ -380,38 +463,23 @@ static PyObject *decode_columns(PyObject *module, PyObject *args)
         memset(buf[k], 0, (size_t)sizes[k]);
         PyTuple_SET_ITEM(out, k, b);
     }
-    int64_t *offsets = (int64_t *)buf[0], *timestamps = (int64_t *)buf[1];
-    BinaryColumn keys = {(uint8_t *)buf[2], (int32_t *)buf[3], buf[4], 0};
-    BinaryColumn values = {(uint8_t *)buf[5], (int32_t *)buf[6], buf[7], 0};
-    int32_t *header_offsets = (int32_t *)buf[8];
-    BinaryColumn hkeys = {NULL, (int32_t *)buf[9], buf[10], 0};
-    BinaryColumn hvalues = {(uint8_t *)buf[11], (int32_t *)buf[12], buf[13], 0};
+    Columns columns = {
+        .offsets = (int64_t *)buf[0],
+        .timestamps = (int64_t *)buf[1],
+        .keys = {(uint8_t *)buf[2], (int32_t *)buf[3], buf[4], 0},
+        .values = {(uint8_t *)buf[5], (int32_t *)buf[6], buf[7], 0},
+        .header_offsets = (int32_t *)buf[8],
+        .header_keys = {NULL, (int32_t *)buf[9], buf[10], 0},
+        .header_values = {(uint8_t *)buf[11], (int32_t *)buf[12], buf[13], 0},
+    };
     /* Second pass: fill them. */
-    Py_ssize_t h_index = 0;
-    int64_t timestamp_delta, offset_delta;
-    c.pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        read_varint(&c, &skip);
-        c.pos += 1;
-        read_varint(&c, &timestamp_delta);
-        read_varint(&c, &offset_delta);
-        offsets[i] = base_offset + offset_delta;
-        timestamps[i] = append_time >= 0 ? append_time : base_timestamp + timestamp_delta;
-        length = next_field(&c, &start);
-        put_binary(&keys, i, start, length);
-        length = next_field(&c, &start);
-        put_binary(&values, i, start, length);
-        read_varint(&c, &count);
-        for (int64_t h = 0; h < count; h++, h_index++) {
-            length = next_field(&c, &start);
-            put_binary(&hkeys, h_index, start, length);
-            length = next_field(&c, &start);
-            put_binary(&hvalues, h_index, start, length);
-        }
-        header_offsets[i + 1] = (int32_t)h_index;
-    }
+    for (Py_ssize_t b = 0; b < count; b++)
+        fill_body(&batches[b], &columns);
 done:
-    PyBuffer_Release(&body);
+    for (Py_ssize_t b = 0; b < taken; b++)
+        PyBuffer_Release(&batches[b].body);
+    PyMem_Free(batches);
+    Py_DECREF(seq);
     return out;
 }
 
@@ -634,9 +702,9 @@ static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(body, record_count, base_offset, base_timestamp, append_time) -> [(offset, timestamp, key,"
      " value, headers)]; the checks and ValueError of scan_records. append_time >= 0: every timestamp is it."},
-    {"decode_columns", decode_columns, METH_VARARGS,
-     "decode_columns(body, record_count, base_offset, base_timestamp, append_time) -> 14 bytes buffers in Arrow's"
-     " layouts (see the module's comment); the checks and ValueError of scan_records."},
+    {"decode_columns", decode_columns, METH_O,
+     "decode_columns(batches) -> 14 bytes buffers in Arrow's layouts for the records of all the (body, record_count,"
+     " base_offset, base_timestamp, append_time) batches (see the module's comment); scan_records' checks per batch."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(records, now_ms) -> (records section of a v2 batch, base timestamp, max timestamp)."},
     {NULL, NULL, 0, NULL},

@@ -24,6 +24,7 @@ This module is pure: it never touches files. Functions take `bytes`, `bytearray`
 
 from __future__ import annotations
 
+import array
 import enum
 import logging
 import struct
@@ -408,16 +409,37 @@ def decode_record_tuples(
     return _decode_compiled(_records.decode_records, batch, max_uncompressed_bytes)
 
 
-def decode_record_columns(
-    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None = None
-) -> tuple[BatchHeader, tuple[bytes, ...]]:
-    """The batch's header and its records as column buffers in Arrow's layouts (see
-    `_records.decode_columns`), decoded by compiled code with no object per record; the
-    same checks and errors as `decode_record_tuples`."""
-    return _decode_compiled(_records.decode_columns, batch, max_uncompressed_bytes)
+def decode_batches_columns(
+    batches: Sequence[bytes | bytearray | memoryview], max_uncompressed_bytes: int | None = None
+) -> tuple[list[BatchHeader], tuple[bytes, ...]]:
+    """The batches' headers and the records of all of them as one set of column buffers in
+    Arrow's layouts (see `_records.decode_columns`), decoded by compiled code with no
+    object per record; the same checks and errors as `decode_record_tuples`."""
+    headers, sections = [], []
+    for batch in batches:
+        header, body, append_time = _records_section(batch, max_uncompressed_bytes)
+        headers.append(header)
+        sections.append((body, header.record_count, header.base_offset, header.base_timestamp, append_time))
+    try:
+        return headers, _records.decode_columns(sections)
+    except ValueError as e:  # "batch at offset N: ..."
+        raise InvalidRecordError(str(e)) from None
 
 
 def _decode_compiled(decode: Callable, batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None) -> tuple:
+    header, body, append_time = _records_section(batch, max_uncompressed_bytes)
+    try:
+        decoded = decode(body, header.record_count, header.base_offset, header.base_timestamp, append_time)
+    except ValueError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
+    return header, decoded
+
+
+def _records_section(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int | None
+) -> tuple[BatchHeader, memoryview, int]:
+    """A v2 batch's header, its records section (decompressed) and the LogAppendTime
+    that stands for every record's timestamp (-1 for CreateTime)."""
     view = memoryview(batch)
     if len(view) < HEADER_SIZE_BYTES:
         raise CorruptRecordError(f"batch of {len(view)} bytes is shorter than the 61-byte header")
@@ -428,11 +450,7 @@ def _decode_compiled(decode: Callable, batch: bytes | bytearray | memoryview, ma
     if header.compression != CompressionType.NONE:
         body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
     append_time = header.max_timestamp if header.timestamp_type == TimestampType.LOG_APPEND_TIME else -1
-    try:
-        decoded = decode(body, header.record_count, header.base_offset, header.base_timestamp, append_time)
-    except ValueError as e:
-        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
-    return header, decoded
+    return header, body, append_time
 
 
 def decode_records_reference(
@@ -469,6 +487,45 @@ def decode_records_reference(
         timestamp = append_time if append_time >= 0 else base_timestamp + timestamp_delta
         out.append((base_offset + offset_delta, timestamp, key, value, headers))
     return out
+
+
+def decode_columns_reference(sections: Sequence[tuple]) -> tuple[bytes, ...]:
+    """The compiled `_records.decode_columns` in plain Python: the records of the (body,
+    record_count, base_offset, base_timestamp, append_time) sections as the same 14 Arrow
+    buffers, byte for byte, with the same ValueError."""
+    records = []
+    for body, record_count, base_offset, base_timestamp, append_time in sections:
+        try:
+            records += decode_records_reference(body, record_count, base_offset, base_timestamp, append_time)
+        except ValueError as e:
+            raise ValueError(f"batch at offset {base_offset}: {e}") from None
+    headers = [header for record in records for header in record[4]]
+    keys, values = _binary_buffers([r[2] for r in records]), _binary_buffers([r[3] for r in records])
+    header_keys = _binary_buffers([key.encode() for key, _value in headers])
+    header_values = _binary_buffers([value for _key, value in headers])
+    header_offsets = [0]
+    for record in records:
+        header_offsets.append(header_offsets[-1] + len(record[4]))
+    return (
+        array.array("q", [r[0] for r in records]).tobytes(),
+        array.array("q", [r[1] for r in records]).tobytes(),
+        *keys,
+        *values,
+        array.array("i", header_offsets).tobytes(),
+        *header_keys[1:],
+        *header_values,
+    )
+
+
+def _binary_buffers(fields: list[bytes | None]) -> tuple[bytes, bytes, bytes]:
+    """An Arrow binary column's validity bitmap, int32 offsets and data."""
+    valid = bytearray((len(fields) + 7) // 8)
+    offsets = array.array("i", [0])
+    for i, field in enumerate(fields):
+        if field is not None:
+            valid[i >> 3] |= 1 << (i & 7)
+        offsets.append(offsets[-1] + (0 if field is None else len(field)))
+    return bytes(valid), offsets.tobytes(), b"".join(f for f in fields if f is not None)
 
 
 def _read_bytes(body: memoryview, pos: int, limit: int) -> tuple[bytes | None, int]:
@@ -682,4 +739,5 @@ except ImportError:  # installed where no C compiler was found: the same codec, 
         scan_records=scan_records_reference,
         encode_records=encode_records_reference,
         decode_records=decode_records_reference,
+        decode_columns=decode_columns_reference,
     )
