@@ -9,11 +9,13 @@ import os
 import signal
 import time
 
+import pyarrow as pa
 import pytest
 import ray
 
 import rayk
 from rayk.client import TopicPartition
+from rayk.client.arrow_batches import SCHEMA
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
 CONFIG = {
@@ -159,4 +161,39 @@ def test_iteration_commits_only_the_records_it_handed_out(cluster):
     assert again.committed(tp) == 7
     resumed = next(iter(again))
     assert (received, resumed.offset) == (list(range(7)), 7), "a new member resumes right after the last record received"
+    again.close()
+
+
+def test_poll_batch_hands_out_every_record_as_arrow_and_a_new_member_resumes_from_its_commit(cluster):
+    topic = new_topic(cluster, partitions=2, records=5_000)
+    with cluster.producer() as producer:  # keys and headers too, as Spark's Kafka source has them
+        producer.send(topic, value=None, key=b"tombstone", partition=0, headers=[("h", b"x"), ("n", None)])
+    settings = dict(group_id="columns", auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = cluster.consumer(topic, **settings)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    deadline = time.monotonic() + 60
+    while sum(map(len, seen.values())) < 5_001:
+        assert time.monotonic() < deadline, f"only {sum(map(len, seen.values()))} of 5,001 records"
+        for tp, columns in consumer.poll_batch(timeout_ms=500, max_records=3_000).items():
+            assert isinstance(columns, pa.RecordBatch) and columns.schema == SCHEMA
+            assert set(columns.column("partition").to_pylist()) == {tp.partition}
+            seen[tp.partition] += columns.column("offset").to_pylist()
+            assert consumer.position(tp) == seen[tp.partition][-1] + 1
+            if tp.partition == 0 and seen[0][-1] == 2_500:
+                last = columns.slice(columns.num_rows - 1).to_pylist()[0]
+                assert (last["key"], last["value"], last["headers"]) == (
+                    b"tombstone", None, [{"key": "h", "value": b"x"}, {"key": "n", "value": None}])
+    assert seen == {0: list(range(2_501)), 1: list(range(2_500))}, "every record once, in offset order"
+    consumer.commit()
+    consumer.close()
+    with cluster.producer() as producer:
+        producer.send(topic, value=b"after", partition=1)
+    again = cluster.consumer(topic, **settings)
+    assert again.committed(TopicPartition(topic, 0)) == 2_501
+    got = {}
+    while not got:
+        assert time.monotonic() < deadline + 60, "the new member got nothing"
+        got = again.poll_batch(timeout_ms=500)
+    assert {tp.partition: c.column("offset").to_pylist() for tp, c in got.items()} == {1: [2_500]}, (
+        "a new member resumes at the commit: only the record produced after it")
     again.close()

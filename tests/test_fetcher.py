@@ -1,0 +1,159 @@
+"""The consumer's Fetcher against a scripted leader: fetch answers are kept as they came
+and handed out as ConsumerRecords (`drain`) or one Arrow RecordBatch per partition
+(`drain_columns`), from the consumer's positions, each record once whichever form takes
+it, and a handed-out answer moves the position past control batches at its tail."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+import ray
+
+from rayk.actors.partition_replica import FetchResult
+from rayk.client.arrow_batches import SCHEMA
+from rayk.client.fetcher import Fetcher
+from rayk.client.serializers import as_is
+from rayk.client.types import TopicPartition
+from rayk.storage.records import SimpleRecord, build_batch
+from tests.cluster_helpers import shared_local_ray
+
+A, B = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    shared_local_ray()
+
+
+def batch(base_offset: int, count: int, control: bool = False) -> bytes:
+    records = [SimpleRecord(b"v%d" % (base_offset + i), key=b"k", timestamp_ms=1_000 + i) for i in range(count)]
+    data = bytearray(build_batch(records, base_offset=base_offset))
+    if control:
+        data[21:23] = (0x30).to_bytes(2, "big")  # attributes: transactional + control (CRC not checked on read)
+    return bytes(data)
+
+
+class ScriptedLeader:
+    """A leader whose fetch answers are given per offset; each `fetch.remote` is a ready ref."""
+
+    def __init__(self, answers: dict[int, bytes]) -> None:
+        self.answers = answers
+        self.fetched_from: list[int] = []
+        self.fetch = self  # leader.fetch.remote(...)
+
+    def remote(self, offset: int, *_limits: int):
+        self.fetched_from.append(offset)
+        data = self.answers.get(offset, b"")
+        return ray.put(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0))
+
+
+class ScriptedMetadata:
+    def __init__(self, leaders: dict[TopicPartition, ScriptedLeader]) -> None:
+        self.leaders = leaders
+
+    def leader_nowait(self, topic: str, partition: int) -> ScriptedLeader:
+        return self.leaders[TopicPartition(topic, partition)]
+
+
+def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader]) -> Fetcher:
+    return Fetcher(
+        ScriptedMetadata(leaders),
+        fetch_min_bytes=1,
+        fetch_max_wait_ms=0,
+        max_partition_fetch_bytes=1 << 20,
+        request_timeout_ms=30_000,
+        retry_backoff_ms=100,
+        key_deserializer=as_is,
+        value_deserializer=as_is,
+    )
+
+
+def fetch_round(fetcher: Fetcher, positions: dict[TopicPartition, int]) -> None:
+    fetcher.start_fetches(sorted(positions), positions, time.monotonic())
+    ready, _ = ray.wait(fetcher.pending(), num_returns=len(fetcher.pending()))
+    assert fetcher.collect(set(ready), time.monotonic()) == []
+
+
+def offsets_of(columns: pa.RecordBatch) -> list[int]:
+    return columns.column("offset").to_pylist()
+
+
+def test_records_and_columns_hand_out_each_record_once_in_order():
+    leader = ScriptedLeader({0: batch(0, 4) + batch(4, 6)})
+    fetcher, positions = fetcher_for({A: leader}), {A: 0}
+    fetch_round(fetcher, positions)
+    assert [r.offset for r in fetcher.drain(positions, 3)[A]] == [0, 1, 2]
+    assert positions[A] == 3
+    columns = fetcher.drain_columns(positions, None)[A]
+    assert isinstance(columns, pa.RecordBatch) and columns.schema == SCHEMA
+    assert offsets_of(columns) == list(range(3, 10))  # one RecordBatch across both stored batches
+    assert columns.column("value").to_pylist() == [b"v%d" % i for i in range(3, 10)]
+    assert positions[A] == 10
+    assert fetcher.drain(positions, 100) == {} and fetcher.drain_columns(positions, None) == {}
+
+
+def test_a_handed_out_answer_moves_the_position_past_its_control_batches():
+    leader = ScriptedLeader({0: batch(0, 3) + batch(3, 1, control=True), 4: batch(4, 2) + batch(6, 1, control=True)})
+    fetcher, positions = fetcher_for({A: leader}), {A: 0}
+    fetch_round(fetcher, positions)
+    assert [r.offset for r in fetcher.drain(positions, 100)[A]] == [0, 1, 2]
+    assert positions[A] == 4  # what a commit now stores: past the marker
+    fetch_round(fetcher, positions)
+    assert leader.fetched_from == [0, 4]
+    assert offsets_of(fetcher.drain_columns(positions, None)[A]) == [4, 5]
+    assert positions[A] == 7
+
+
+def test_an_answer_of_control_batches_only_still_moves_fetching_and_the_position_on():
+    leader = ScriptedLeader({0: batch(0, 2, control=True), 2: batch(2, 1)})
+    fetcher, positions = fetcher_for({A: leader}), {A: 0}
+    fetch_round(fetcher, positions)
+    assert fetcher.drain_columns(positions, None) == {}
+    assert positions[A] == 2
+    fetch_round(fetcher, positions)
+    assert leader.fetched_from == [0, 2]
+    assert [r.offset for r in fetcher.drain(positions, 100)[A]] == [2]
+
+
+def test_records_before_the_position_in_a_returned_batch_are_skipped_in_both_forms():
+    answer = batch(0, 5)  # the leader answers with the whole batch holding offset 3
+    for drain in ("records", "columns"):
+        fetcher, positions = fetcher_for({A: ScriptedLeader({3: answer})}), {A: 3}
+        fetch_round(fetcher, positions)
+        if drain == "records":
+            assert [r.offset for r in fetcher.drain(positions, 100)[A]] == [3, 4]
+        else:
+            assert offsets_of(fetcher.drain_columns(positions, None)[A]) == [3, 4]
+        assert positions[A] == 5
+
+
+def test_max_records_caps_the_columns_of_all_partitions_together():
+    leaders = {A: ScriptedLeader({0: batch(0, 5)}), B: ScriptedLeader({0: batch(0, 5)})}
+    fetcher, positions = fetcher_for(leaders), {A: 0, B: 0}
+    fetch_round(fetcher, positions)
+    first = fetcher.drain_columns(positions, 7)
+    assert sum(c.num_rows for c in first.values()) == 7
+    second = fetcher.drain_columns(positions, 7)
+    assert sum(c.num_rows for c in second.values()) == 3
+    handed = sorted((tp.partition, o) for part in (first, second) for tp, c in part.items() for o in offsets_of(c))
+    assert handed == [(p, o) for p in (0, 1) for o in range(5)]
+    assert positions == {A: 5, B: 5}
+
+
+def test_a_second_answer_of_a_partition_comes_in_the_next_columnar_poll():
+    leader = ScriptedLeader({0: batch(0, 3), 3: batch(3, 3)})
+    fetcher, positions = fetcher_for({A: leader}), {A: 0}
+    fetch_round(fetcher, positions)
+    fetch_round(fetcher, positions)  # the pipeline fetched ahead: two answers are buffered
+    assert offsets_of(fetcher.drain_columns(positions, None)[A]) == [0, 1, 2]
+    assert offsets_of(fetcher.drain_columns(positions, None)[A]) == [3, 4, 5]
+    assert positions[A] == 6
+
+
+def test_a_forgotten_partition_hands_out_nothing_more():
+    fetcher, positions = fetcher_for({A: ScriptedLeader({0: batch(0, 3)})}), {A: 0}
+    fetch_round(fetcher, positions)
+    fetcher.forget(A)
+    assert fetcher.drain_columns(positions, None) == {} and fetcher.drain(positions, 10) == {}
