@@ -23,8 +23,10 @@ replication factor 3, min.insync.replicas 2; records of 100 random bytes, no key
    completes, i.e. the leader answered after every in-sync replica had the batch.
 3. rayk `send_batch()`: the same records in calls of 10,000, as numpy rows
    (rayk.perf.run_produce_batch_perf). Latency: from the call until its future completes.
-4. rayk consume: one `cluster.consumer()` assigned every partition reads run 2's records
-   from the beginning (rayk.perf.run_consume_perf).
+4. rayk consume: a `cluster.consumer()` assigned every partition reads run 2's records
+   from the beginning, three ways: `poll()` (rayk.perf.run_consume_perf), iteration one
+   record at a time (`for record in consumer`), and `poll_batch()` (Arrow RecordBatches).
+   Next to them, a confluent-kafka consumer reads run 1's records back from Tansu.
 5. Latency at 10% load: `send()` throttled to a tenth of run 2's rate for
    `--latency-s` seconds (default 10) while a consumer in a Ray worker process of its own
    reads along; end to end is the moment `poll()` returns a record minus its timestamp
@@ -61,6 +63,7 @@ import ray  # noqa: E402
 from ray.util.queue import Queue  # noqa: E402
 
 import rayk  # noqa: E402
+from rayk.client import TopicPartition  # noqa: E402
 from rayk.perf import (  # noqa: E402
     MB,
     format_summary,
@@ -145,12 +148,52 @@ def checked(figures: dict[str, Any], what: str) -> dict[str, Any]:
     return figures
 
 
-def rayk_send(cluster: Any, records: int, partitions: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """send() of every record, then a consumer reading them all."""
+def rayk_send(cluster: Any, records: int, partitions: int) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """send() of every record, then consumers reading them all three ways."""
     topic = new_topic(cluster, partitions)
     produced = checked(run_produce_perf(cluster, topic, records, RECORD_BYTES, progress=False), "send()")
-    consumed = checked(run_consume_perf(cluster, topic, records, progress=False), "consume")
+    consumed = {
+        "poll()": checked(run_consume_perf(cluster, topic, records, progress=False), "consume"),
+        "iteration": consume_iterating(cluster, topic, partitions, records),
+        "poll_batch()": consume_columns(cluster, topic, partitions, records),
+    }
     return produced, consumed
+
+
+def assigned_consumer(cluster: Any, topic: str, partitions: int) -> Any:
+    consumer = cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=10_000)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    return consumer
+
+
+def consume_iterating(cluster: Any, topic: str, partitions: int, records: int) -> dict[str, Any]:
+    """`for record in consumer`, one record at a time, each value's size read."""
+    consumer = assigned_consumer(cluster, topic, partitions)
+    got = total_bytes = 0
+    start = time.perf_counter()
+    for record in consumer:
+        got += 1
+        total_bytes += len(record.value)
+        if got == records:
+            break
+    elapsed_s = time.perf_counter() - start
+    consumer.close()
+    return checked({**throughput_figures(got, total_bytes, elapsed_s, []), "timed_out": got < records}, "iteration")
+
+
+def consume_columns(cluster: Any, topic: str, partitions: int, records: int) -> dict[str, Any]:
+    """`poll_batch()` until every record came, as Arrow RecordBatches."""
+    consumer = assigned_consumer(cluster, topic, partitions)
+    got = total_bytes = 0
+    start = last = time.perf_counter()
+    while got < records and time.perf_counter() - last < 10:
+        for columns in consumer.poll_batch(timeout_ms=1_000).values():
+            got += columns.num_rows
+            total_bytes += columns.column("value").nbytes
+            last = time.perf_counter()
+    elapsed_s = time.perf_counter() - start
+    consumer.close()
+    return checked({**throughput_figures(got, total_bytes, elapsed_s, []), "timed_out": got < records}, "poll_batch()")
 
 
 def rayk_send_batch(cluster: Any, records: int, partitions: int) -> dict[str, Any]:
@@ -178,8 +221,9 @@ def rayk_low_load(cluster: Any, rate: float, seconds: float, partitions: int) ->
     return checked(produced, "send() at 10% load"), checked(ray.get(consumed), "consume at 10% load")
 
 
-def tansu_produce(records: int, partitions: int) -> dict[str, Any] | None:
-    """A confluent-kafka producer against Tansu, as benchmarks/kafka_protocol_bench.py runs it."""
+def tansu_produce(records: int, partitions: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A confluent-kafka producer against Tansu, as benchmarks/kafka_protocol_bench.py runs
+    it, then a confluent-kafka consumer reading the records back."""
     try:
         import kafka_protocol_bench as kpb  # beside this script
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -201,8 +245,12 @@ def tansu_produce(records: int, partitions: int) -> dict[str, Any] | None:
             admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
         value = os.urandom(RECORD_BYTES)
         kpb.produce(bootstrap, "warm", min(records, 5_000), value, partitions)
-        elapsed_s = kpb.produce(bootstrap, "run", records, value, partitions)
-        return throughput_figures(records, records * RECORD_BYTES, elapsed_s, [])
+        produce_s = kpb.produce(bootstrap, "run", records, value, partitions)
+        consume_s = kpb.consume(bootstrap, "run", records, partitions)
+        return (
+            throughput_figures(records, records * RECORD_BYTES, produce_s, []),
+            throughput_figures(records, records * RECORD_BYTES, consume_s, []),
+        )
     finally:
         tansu.terminate()
         tansu.wait(10)
@@ -234,9 +282,11 @@ def main() -> None:
           f"Ray {ray.__version__}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{records:,} records of {RECORD_BYTES} B; topic of {args.partitions} partitions, RF={REPLICATION_FACTOR}, "
           f"acks=all, min.insync.replicas={MIN_INSYNC}; send_batch and Queue batches of {SEND_BATCH_RECORDS:,}")
-    tansu = None if args.no_tansu else tansu_produce(records, args.partitions)
-    if tansu is not None:
+    tansu = tansu_consume = None
+    if not args.no_tansu and (yardstick := tansu_produce(records, args.partitions)) is not None:
+        tansu, tansu_consume = yardstick
         show("Tansu (memory, 1 node) <- confluent-kafka producer, acks=all", tansu)
+        show("Tansu -> confluent-kafka consumer (assign, from the beginning)", tansu_consume)
     data_dir = tempfile.mkdtemp(prefix="rayk-client-bench-")
     namespace = f"rayk-bench-{uuid.uuid4().hex[:8]}"
     cluster = None
@@ -247,7 +297,8 @@ def main() -> None:
         show("rayk send() (Producer defaults, acks=all, RF=3)", sent)
         batched = rayk_send_batch(cluster, records, args.partitions)
         show(f"rayk send_batch() ({SEND_BATCH_RECORDS:,} records a call)", batched)
-        show("rayk consume (Consumer, every partition, from the beginning)", consumed)
+        for how, figures in consumed.items():
+            show(f"rayk consume, {how} (Consumer assigned every partition, from the beginning)", figures)
         low_rate = LOW_LOAD_SHARE * sent["records_per_s"]
         low_p, low_e2e = rayk_low_load(cluster, low_rate, latency_s, args.partitions)
         show(f"rayk send() at {low_rate:,.0f} rec/s (10% of its peak): acknowledgement latency", low_p)
@@ -265,11 +316,12 @@ def main() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print("\nin this run (1 MB = {:,} B):".format(MB))
-    for what, figures in (("send()", sent), ("send_batch()", batched), ("consume", consumed)):
-        line = f"  rayk {what:<13} {figures['records_per_s']:>11,.0f} rec/s {figures['mb_per_s']:>7.2f} MB/s"
-        if tansu is not None and what != "consume":
-            line += f"   {figures['records_per_s'] / tansu['records_per_s']:.2f}x confluent-kafka -> Tansu"
-        queue = queue_c if what == "consume" else queue_p
+    rows = [("send()", sent, tansu, queue_p), ("send_batch()", batched, tansu, queue_p)]
+    rows += [(f"consume {how}", figures, tansu_consume, queue_c) for how, figures in consumed.items()]
+    for what, figures, yardstick, queue in rows:
+        line = f"  rayk {what:<22} {figures['records_per_s']:>11,.0f} rec/s {figures['mb_per_s']:>7.2f} MB/s"
+        if yardstick is not None:
+            line += f"   {figures['records_per_s'] / yardstick['records_per_s']:.2f}x confluent-kafka + Tansu"
         line += f"   {figures['records_per_s'] / queue['records_per_s']:.2f}x the batched Queue"
         print(line)
     print(f"  at 10% load: acknowledgement p50 {low_p['latency_p50_ms']:.1f} ms p99 {low_p['latency_p99_ms']:.1f} ms; "

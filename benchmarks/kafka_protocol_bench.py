@@ -70,12 +70,12 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
     return time.perf_counter() - start
 
 
-def consume(bootstrap: str, topic: str, records: int) -> float:
+def consume(bootstrap: str, topic: str, records: int, partitions: int = PARTITIONS) -> float:
     consumer = confluent_kafka.Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"bench-{time.time()}", "enable.auto.commit": False,
         "fetch.min.bytes": 1, "fetch.max.bytes": 50 * 1024 * 1024,
     })
-    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)])
     got = 0
     start = time.perf_counter()
     deadline = time.monotonic() + 300
