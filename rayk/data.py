@@ -99,15 +99,6 @@ def _next_offset(data: bytes) -> int:
     return offset
 
 
-def read_columns(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> dict[str, list]:
-    """`read_range` as Python lists per column (timestamps as epoch ms, headers as
-    {key, value} dicts): what Spark's row-based read takes."""
-    table = read_range(cluster, r, fetch_max_bytes)
-    columns = table.to_pydict()
-    columns["timestamp"] = table.column("timestamp").cast(pa.int64()).to_pylist()
-    return columns
-
-
 @ray.remote(max_retries=3)
 def _read_range_task(cluster: Any, r: OffsetRange, fetch_max_bytes: int) -> pa.Table:
     return read_range(cluster, r, fetch_max_bytes)
