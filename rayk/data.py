@@ -1,4 +1,4 @@
-"""Topics as Ray Datasets: `read_topic` and `write_topic`.
+"""Topics as Ray Datasets: `read_topic`, `stream_topic` and `write_topic`.
 
 `read_topic(topic)` plans the offset ranges once (a consistent snapshot up to each
 partition's high watermark; see rayk.client.offset_ranges), then reads every range in a
@@ -14,6 +14,11 @@ returns one Arrow table with the columns of Spark's Kafka source:
 
 The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks start when
 `read_topic` is called, which is what makes the snapshot hold: offsets are fixed then.
+
+`stream_topic(topic, group_id)` reads the topic as a stream of Datasets, one per
+micro-batch of the records that arrived since the last one, read the same way; the
+stream's progress is the group's committed offsets (rayk.client.micro_batches), committed
+when the loop asks for the next batch.
 
 `write_topic(ds, topic)` is a Ray Data Datasink: each write task produces its blocks with
 one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
@@ -38,6 +43,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
+from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import iter_batches
@@ -120,11 +126,94 @@ def read_topic(
         raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
     cluster = cluster_or_connect(cluster)
     ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
+    return read_ranges(cluster, ranges, fetch_max_bytes)
+
+
+def read_ranges(cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int = FETCH_MAX_BYTES) -> ray.data.Dataset:
+    """A Dataset of these ranges' records, each range read by a task started now on the
+    node of its partition's leader."""
     if not ranges:
         return ray.data.from_arrow(SCHEMA.empty_table())
     on_leader = leader_node_affinity(cluster)
     refs = [_read_range_task.options(**on_leader(r)).remote(cluster, r, fetch_max_bytes) for r in ranges]
     return ray.data.from_arrow_refs(refs)
+
+
+class TopicStream:
+    """A topic's micro-batches as Datasets (`stream_topic`); iterate over it. Handing out a
+    batch's successor commits the batch (the loop body that processed it has returned);
+    `stop()` ends the iteration at its next step, after committing the last batch.
+    Leaving the loop otherwise (`break`, an exception) commits nothing: the stream next
+    started for the group hands that batch out again, with the same `batch_id`."""
+
+    def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, fetch_max_bytes: int,
+                 **batch_settings: Any) -> None:  # fmt: skip
+        if records_per_task < 1 or fetch_max_bytes < 1:
+            raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
+        self._cluster = cluster
+        self._records_per_task, self._fetch_max_bytes = records_per_task, fetch_max_bytes
+        self._batches = MicroBatches(cluster, topic, group_id, **batch_settings)
+        self._handed_out: list[OffsetRange] | None = None
+        self.batch_id = -1  # the id of the batch last handed out
+
+    def __iter__(self) -> TopicStream:
+        return self
+
+    def __next__(self) -> ray.data.Dataset:
+        if self._handed_out is not None:
+            self._batches.commit(self._handed_out)
+            self._handed_out = None
+        batch_id = self._batches.batch_id
+        ranges = self._batches.next_batch()
+        if ranges is None:
+            self.close()
+            raise StopIteration
+        self._handed_out, self.batch_id = ranges, batch_id
+        parts = [part for r in ranges for part in r.split(self._records_per_task)]
+        return read_ranges(self._cluster, parts, self._fetch_max_bytes)
+
+    def stop(self) -> None:
+        """Ends the iteration at its next step (from any thread; a wait for the next
+        trigger ends at once)."""
+        self._batches.stop()
+
+    def close(self) -> None:
+        """Ends the stream without committing a batch handed out."""
+        self._handed_out = None
+        self._batches.close()
+
+    def __enter__(self) -> TopicStream:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def stream_topic(
+    topic: str,
+    group_id: str,
+    *,
+    trigger_ms: int = 1000,
+    max_records_per_batch: int | None = None,
+    starting_offsets: OffsetSpec = "latest",
+    fail_on_data_loss: bool = True,
+    cluster: Any = None,
+    records_per_task: int = RECORDS_PER_TASK,
+    fetch_max_bytes: int = FETCH_MAX_BYTES,
+) -> TopicStream:
+    """The topic as a stream of Datasets, one per micro-batch: the records that arrived
+    since the last one, planned every `trigger_ms`, with the group's committed offsets as
+    the stream's progress (see TopicStream and rayk.client.micro_batches)::
+
+        with rayk.data.stream_topic("events", "etl") as stream:
+            for ds in stream:
+                ds.write_parquet(f"/out/{stream.batch_id}")
+    """
+    return TopicStream(
+        cluster_or_connect(cluster), topic, group_id, records_per_task, fetch_max_bytes,
+        trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
+        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
+    )  # fmt: skip
 
 
 def leader_node_affinity(cluster: Any) -> Callable[[OffsetRange], dict[str, Any]]:

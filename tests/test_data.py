@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -182,3 +185,130 @@ def test_write_fails_when_records_are_not_acknowledged_and_on_bad_columns(cluste
     with pytest.raises(UnknownTopicOrPartitionError):
         rayk_data.write_topic(ray.data.from_items([{"value": b"x"}]), "no-such-topic", cluster=cluster)
     assert issubclass(OffsetOutOfRangeError, KafkaError)
+
+
+# ---------------------------------------------------------------------------- streams
+
+
+def produce_values(cluster, topic, values, partitions) -> None:
+    with cluster.producer(linger_ms=1) as producer:
+        for i, value in enumerate(values):
+            producer.send(topic, value, partition=i % partitions)
+
+
+def offsets_of(ds) -> list[tuple[int, int]]:
+    return [(r["partition"], r["offset"]) for r in rows_of(ds)]
+
+
+def test_a_stream_hands_out_what_arrived_since_the_last_batch_and_commits_after_the_loop_body(cluster):
+    topic = new_topic(cluster, partitions=2)
+    produce_values(cluster, topic, [b"before"] * 4, 2)
+    stream = rayk_data.stream_topic(topic, "s-new", trigger_ms=50, cluster=cluster)  # "latest": not the 4 before
+    produce_values(cluster, topic, [b"first"] * 6, 2)
+    consumer = cluster.consumer(group_id="s-new", enable_auto_commit=False)
+    batches = iter(stream)
+    first = next(batches)
+    assert stream.batch_id == 0
+    assert offsets_of(first) == [(p, o) for p in (0, 1) for o in (2, 3, 4)]
+    assert {r["value"] for r in rows_of(first)} == {b"first"}
+    assert consumer.committed((topic, 0)) == 2, "a batch handed out is not committed yet"
+    produce_values(cluster, topic, [b"second"] * 2, 2)
+    second = next(batches)
+    assert (stream.batch_id, offsets_of(second)) == (1, [(0, 5), (1, 5)])
+    assert [consumer.committed((topic, p)) for p in (0, 1)] == [5, 5], "asking for the next batch committed the first"
+    stream.stop()
+    with pytest.raises(StopIteration):
+        next(batches)
+    assert [consumer.committed((topic, p)) for p in (0, 1)] == [6, 6], "stop() committed the batch processed last"
+    again = rayk_data.stream_topic(topic, "s-new", trigger_ms=50, cluster=cluster)
+    threading.Timer(0.5, again.stop).start()  # nothing new arrives: no batch, and stop ends the wait
+    assert list(again) == []
+    consumer.close()
+
+
+def test_a_batch_left_by_an_exception_comes_again_with_its_id_and_the_budget_caps_every_batch(cluster):
+    topic = new_topic(cluster, partitions=3)
+    produce_values(cluster, topic, [b"v"] * 30, 3)
+    settings = dict(trigger_ms=0, max_records_per_batch=12, starting_offsets="earliest", cluster=cluster)
+    with pytest.raises(RuntimeError), rayk_data.stream_topic(topic, "s-retry", **settings) as stream:
+        for ds in stream:
+            failed = offsets_of(ds)
+            raise RuntimeError("the sink failed")
+    assert len(failed) == 12
+    seen, ids = [], []
+    with rayk_data.stream_topic(topic, "s-retry", **settings) as stream:
+        for ds in stream:
+            batch = offsets_of(ds)
+            if not ids:
+                assert (stream.batch_id, batch) == (0, failed), "the uncommitted batch, whole, under its id"
+            assert 0 < len(batch) <= 12
+            seen += batch
+            ids.append(stream.batch_id)
+            if len(seen) == 30:
+                stream.stop()
+    assert ids == [0, 1, 2]
+    assert sorted(seen) == [(p, o) for p in range(3) for o in range(10)], "every record once, none skipped"
+
+
+STREAM_DRIVER = r"""
+import sys, time, ray, rayk
+from rayk import data as rayk_data
+ray.init(address=sys.argv[1], namespace="data", log_to_driver=False)
+cluster = rayk.connect(namespace="data")
+with open(sys.argv[3], "a") as out:
+    stream = rayk_data.stream_topic(sys.argv[2], "s-killed", trigger_ms=0, max_records_per_batch=10,
+                                    starting_offsets="earliest", cluster=cluster)
+    for ds in stream:
+        for row in ds.iter_rows():
+            out.write(f"{stream.batch_id} {row['partition']} {row['offset']}\n")
+        out.flush()
+        time.sleep(0.5)  # the batch is processed, not committed yet: the kill lands here
+"""
+
+
+def test_a_stream_whose_driver_was_killed_resumes_with_nothing_skipped(cluster, tmp_path):
+    topic = new_topic(cluster, partitions=2)
+    produce_values(cluster, topic, [b"v"] * 60, 2)
+    processed = tmp_path / "processed.txt"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", STREAM_DRIVER, ray.get_runtime_context().gcs_address, topic, str(processed)],
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    try:
+        def three_batches_processed():
+            assert driver.poll() is None, "the stream driver exited"
+            return processed.exists() and len({line.split()[0] for line in processed.read_text().splitlines()}) >= 3
+
+        wait_until(three_batches_processed, timeout_s=60, what="the stream driver to process three batches")
+    finally:
+        driver.kill()  # the driver this test started, by its pid
+        driver.wait()
+    before = [tuple(map(int, line.split())) for line in processed.read_text().splitlines()]
+    last_id = max(b for b, _, _ in before)
+    seen, ids = [(p, o) for _, p, o in before], []
+    with rayk_data.stream_topic(topic, "s-killed", trigger_ms=0, cluster=cluster) as stream:
+        for ds in stream:
+            ids.append(stream.batch_id)
+            seen += offsets_of(ds)
+            if {(p, o) for p, o in seen} >= {(p, o) for p in (0, 1) for o in range(30)}:
+                stream.stop()
+    assert ids[0] in (last_id, last_id + 1), "the next stream picks up at the batch the killed one was processing, or after it"
+    assert sorted(set(seen)) == [(p, o) for p in (0, 1) for o in range(30)], "at least once, none skipped"
+
+
+def test_a_stream_behind_the_log_start_fails_or_with_fail_on_data_loss_off_skips_to_it(cluster):
+    topic = new_topic(cluster, partitions=1, **{"segment.bytes": "1024", "retention.bytes": "1"})
+    with cluster.producer() as producer:
+        for _ in range(20):
+            producer.send(topic, b"x" * 200).get(30)  # a batch each, three to a segment
+    with cluster.consumer(group_id="s-loss", enable_auto_commit=False) as consumer:
+        consumer.commit({(topic, 0): 0})
+    ray.get(cluster.leader(topic, 0).enforce_retention.remote())  # what the retention check does every 5 min
+    log_start = ray.get(cluster.leader(topic, 0).list_offset.remote(-2))[0]
+    assert log_start > 0
+    with pytest.raises(OffsetOutOfRangeError, match="deleted before this stream read them"):
+        with rayk_data.stream_topic(topic, "s-loss", trigger_ms=0, cluster=cluster) as stream:
+            next(iter(stream))
+    with rayk_data.stream_topic(topic, "s-loss", trigger_ms=0, fail_on_data_loss=False, cluster=cluster) as stream:
+        first = offsets_of(next(iter(stream)))
+    assert first == [(0, o) for o in range(log_start, 20)]

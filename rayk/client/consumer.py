@@ -346,11 +346,16 @@ class Consumer:
     def _consumed_offsets(self) -> dict[tuple[str, int], tuple[int, str]]:
         return {(tp.topic, tp.partition): (self._positions[tp], "") for tp in self._assignment if tp in self._positions}
 
-    def committed(self, partition: TopicPartition) -> int | None:
+    def committed(self, partition: TopicPartition, metadata: bool = False) -> int | OffsetAndMetadata | None:
+        """The group's committed offset of `partition` (None if it has none); with
+        `metadata`, as OffsetAndMetadata with the string committed along (kafka-python's)."""
         if self._group is None:
             raise ValueError("committed needs a group_id")
         tp = TopicPartition(*partition)
-        return self._committed_offsets([tp]).get(tp)
+        if not metadata:
+            return self._committed_offsets([tp]).get(tp)
+        found = self._group.committed([(tp.topic, tp.partition)], self._api_timeout_ms).get((tp.topic, tp.partition))
+        return OffsetAndMetadata(found.offset, found.metadata) if found is not None and found.offset >= 0 else None
 
     def _maybe_auto_commit(self, now: float) -> None:
         if self._auto_commit and now >= self._next_auto_commit_s:
