@@ -1,6 +1,6 @@
 """A Spark-on-Ray pipeline over rayk topics: click events in, clicks per user and minute out.
 
-    python examples/spark_pipeline.py [--events 20000] [--users 25] [--address auto]
+    python examples/spark_pipeline.py [--events 20000] [--users 25] [--stream-events 10000] [--address auto]
 
 1. A producer writes `--events` JSON click events {"user", "page"} into the topic
    `clicks` (6 partitions, replication factor 3, keyed by user), with timestamps spread
@@ -10,6 +10,10 @@
    writes each result as JSON, keyed by user, to `clicks-per-user` (rayk.spark.write_topic).
 3. A consumer in a consumer group reads `clicks-per-user` and prints the busiest users.
    The script checks that the counts add up to the events produced.
+4. The same topic as a stream (rayk.spark.stream_topic, Spark's foreachBatch shape):
+   while a producer sends `--stream-events` more clicks, each micro-batch of at most
+   10,000 records counts its clicks per page; the group `click-stream` commits after
+   each batch. The script checks that the batches counted every click once.
 
 Without `--address` it starts a local Ray and a 3-broker rayk cluster in a temporary
 directory and removes both at the end; with `--address` it uses that Ray cluster and the
@@ -35,15 +39,15 @@ WINDOW = "1 minute"
 SPAN_MS = 5 * 60 * 1000
 
 
-def produce_clicks(cluster, topic: str, events: int, users: int) -> None:
-    rng = random.Random(7)
+def produce_clicks(cluster, topic: str, events: int, users: int, label: str = "1.") -> None:
+    rng = random.Random(events)
     start_ms = (int(time.time() * 1000) // 60_000 - 5) * 60_000  # five whole minutes ago
     with cluster.producer(acks="all", linger_ms=10, key_serializer="str") as producer:
         for i in range(events):
             user = f"user-{rng.randrange(users):03d}"
             event = {"user": user, "page": rng.choice(PAGES)}
             producer.send(topic, json.dumps(event).encode(), key=user, timestamp_ms=start_ms + i * SPAN_MS // events)
-    print(f"1. produced {events:,} click events for {users} users into {topic!r}")
+    print(f"{label} produced {events:,} click events for {users} users into {topic!r}")
 
 
 def aggregate(spark, cluster, source: str, target: str) -> int:
@@ -95,14 +99,43 @@ def print_results(cluster, topic: str, expected: int, events: int) -> None:
     print(f"pipeline check passed: every one of the {events:,} clicks is counted once")
 
 
+def stream_clicks(spark, cluster, source: str, total: int, more_events: int, users: int) -> None:
+    from pyspark.sql import functions as F
+
+    counted: list[int] = []
+
+    def count_pages(df, batch_id: int) -> None:
+        pages = df.groupBy(F.get_json_object(F.col("value").cast("string"), "$.page").alias("page")).count().collect()
+        counted.append(sum(r["count"] for r in pages))
+        top = max(pages, key=lambda r: r["count"])
+        print(f"   batch {batch_id}: {counted[-1]:,} clicks, the most on {top['page']!r} ({top['count']:,})")
+
+    query = rayk_spark.stream_topic(
+        spark, source, "click-stream", count_pages, trigger_ms=1000, max_records_per_batch=10_000,
+        starting_offsets="earliest", cluster=cluster,
+    )  # fmt: skip
+    print(f"4. streaming {source!r} in micro-batches while more clicks arrive:")
+    produce_clicks(cluster, source, more_events, users, "   meanwhile:")  # the stream runs on a thread of its own
+    deadline = time.monotonic() + 120
+    while sum(counted) < total + more_events and query.is_active and time.monotonic() < deadline:
+        time.sleep(0.2)
+    query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+    if sum(counted) != total + more_events:
+        raise SystemExit(f"stream check FAILED: the batches counted {sum(counted):,} of {total + more_events:,} clicks")
+    print(f"stream check passed: {len(counted)} micro-batches counted each of the {sum(counted):,} clicks once")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=25)
+    parser.add_argument("--stream-events", type=int, default=10_000)
     parser.add_argument("--address", help="an existing Ray cluster with rayk running (default: start both here)")
     args = parser.parse_args()
-    if args.events < 1 or args.users < 1:
-        parser.error("--events and --users must be >= 1")
+    if args.events < 1 or args.users < 1 or args.stream_events < 0:
+        parser.error("--events and --users must be >= 1, --stream-events >= 0")
 
     data_dir = None
     if args.address:
@@ -123,6 +156,7 @@ def main() -> None:
         spark = rayk_spark.session("click-aggregation", executors=1, executor_cores=1, executor_memory="1g")
         written = aggregate(spark, cluster, source, target)
         print_results(cluster, target, written, args.events)
+        stream_clicks(spark, cluster, source, args.events, args.stream_events, args.users)
     finally:
         if spark is not None:
             rayk_spark.stop()

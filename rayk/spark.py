@@ -16,6 +16,12 @@ offsets are fixed when it is called (see rayk.client.offset_ranges). `write_topi
 a DataFrame with a `value` column (binary or string) and optional `key`, `partition`,
 `headers`, `timestamp` columns, and raises if any record was not acknowledged.
 
+`stream_topic` runs a function on each micro-batch of a topic, Structured Streaming's
+foreachBatch shape (its Python source API needs Spark 4; RayDP pins 3.5): each batch is
+a DataFrame of the records that arrived since the last one, and the stream's progress is
+a consumer group's committed offsets, committed after the function returns (see
+rayk.client.micro_batches).
+
 Data moves between the Spark tasks and the partition actors directly: each Spark
 task's Python worker connects to Ray once (Spark reuses its Python workers) and fetches
 its offset range from the leader replica, decoded straight into Arrow batches that go to
@@ -28,14 +34,22 @@ as `ray.data.from_spark` + a Ray Data sink.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from rayk import data as rayk_data
-from rayk.client.offset_ranges import OffsetSpec, plan_read_ranges
+from rayk.client.micro_batches import MicroBatches
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
+from rayk.errors import InvalidConfigurationError
+
+logger = logging.getLogger(__name__)
 
 JAVA_17_OPENS = (
     "java.lang", "java.lang.invoke", "java.lang.reflect", "java.io", "java.net", "java.nio",
@@ -148,6 +162,11 @@ def read_topic(
     Arrow batches (mapInArrow): no Python object per row."""
     cluster = rayk_data.cluster_or_connect(cluster)
     ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
+    return _read_ranges(spark, cluster, ranges)
+
+
+def _read_ranges(spark: Any, cluster: Any, ranges: list[OffsetRange]) -> Any:
+    """A DataFrame of these ranges' records, a Spark partition per range."""
     schema = spark_schema()
     if not ranges:
         return spark.createDataFrame([], schema)
@@ -171,8 +190,6 @@ def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = 
     """Produces every row of `df` to `topic` from the Spark tasks (one Producer per task,
     Spark's Arrow batches handed to `Producer.send_batch` as they are, via mapInArrow);
     returns how many records were written. Fails the job if any record is not acknowledged."""
-    from rayk.errors import InvalidConfigurationError
-
     columns = set(df.columns)
     if "value" not in columns:
         raise InvalidConfigurationError(f"write_topic needs a 'value' column; the DataFrame has {df.columns}")
@@ -191,3 +208,88 @@ def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = 
 
     total = df.select(*wanted).mapInArrow(write, "written long").groupBy().sum("written").collect()[0][0]
     return int(total or 0)
+
+
+class TopicStreamQuery:
+    """A running `stream_topic` (the part of Spark's StreamingQuery that applies): its
+    micro-batches run one after the other on a thread of their own."""
+
+    def __init__(self, spark: Any, cluster: Any, batches: MicroBatches, process_batch: Callable[[Any, int], Any],
+                 records_per_task: int) -> None:  # fmt: skip
+        self._spark, self._cluster, self._batches = spark, cluster, batches
+        self._process_batch, self._records_per_task = process_batch, records_per_task
+        self._error: BaseException | None = None
+        self.last_progress: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"rayk-stream-{batches.group_id}-{batches.topic}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while (ranges := self._batches.next_batch()) is not None:
+                batch_id, started_s = self._batches.batch_id, time.monotonic()
+                parts = [part for r in ranges for part in r.split(self._records_per_task)]
+                self._process_batch(_read_ranges(self._spark, self._cluster, parts), batch_id)
+                self._batches.commit(ranges)
+                self.last_progress = {
+                    "batch_id": batch_id,
+                    "num_input_rows": sum(r.size for r in ranges),
+                    "duration_ms": int((time.monotonic() - started_s) * 1000),
+                    "end_offsets": {r.partition: r.end for r in ranges},
+                }
+        except BaseException as e:  # process_batch's or the stream's own: the stream stops, uncommitted
+            logger.error("stream %s/%s stopped: %r", self._batches.group_id, self._batches.topic, e)
+            self._error = e
+        finally:
+            self._batches.close()
+
+    @property
+    def is_active(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stops the stream: a batch being processed finishes and is committed, no new one
+        starts. Waits up to `timeout_s` (None: as long as it takes) for it to end."""
+        self._batches.stop()
+        self._thread.join(timeout_s)
+
+    def exception(self) -> BaseException | None:
+        """What stopped the stream, if anything raised (process_batch's exception)."""
+        return self._error
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Waits for the stream to end; True if it has. Raises what stopped it, if
+        anything raised (Spark's awaitTermination)."""
+        self._thread.join(timeout_s)
+        if self._error is not None:
+            raise self._error
+        return not self._thread.is_alive()
+
+
+def stream_topic(
+    spark: Any,
+    topic: str,
+    group_id: str,
+    process_batch: Callable[[Any, int], Any],
+    trigger_ms: int = 1000,
+    max_records_per_batch: int | None = None,
+    *,
+    starting_offsets: OffsetSpec = "latest",
+    fail_on_data_loss: bool = True,
+    cluster: Any = None,
+    records_per_task: int = rayk_data.RECORDS_PER_TASK,
+) -> TopicStreamQuery:
+    """Runs `process_batch(df, batch_id)` on each micro-batch of `topic` (Structured
+    Streaming's foreachBatch shape): `df` holds the records that arrived since the last
+    batch, with Spark's Kafka schema, planned every `trigger_ms`. The group's offsets are
+    committed after `process_batch` returns; if it raises, the stream stops without
+    committing, and the next stream of the group hands the same batch out again, with the
+    same `batch_id` (see rayk.client.micro_batches). Returns at once; the query's `stop()`
+    ends the stream."""
+    cluster = rayk_data.cluster_or_connect(cluster)
+    if records_per_task < 1:
+        raise InvalidConfigurationError("records_per_task must be >= 1")
+    batches = MicroBatches(
+        cluster, topic, group_id, trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
+        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
+    )  # fmt: skip
+    return TopicStreamQuery(spark, cluster, batches, process_batch, records_per_task)

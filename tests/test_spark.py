@@ -118,3 +118,60 @@ def test_reads_and_writes_with_a_dead_follower_and_unacknowledged_writes_fail(cl
             rayk_spark.write_topic(df, strict, cluster=cluster, delivery_timeout_ms=1500, request_timeout_ms=1000)
     finally:
         cluster.restart_broker(follower)
+
+
+def test_a_stream_runs_micro_batches_through_spark_commits_after_each_and_stops_uncommitted_on_an_error(cluster, spark):
+    source, sink = new_topic(cluster), new_topic(cluster, partitions=1)
+
+    def produce(values):
+        with cluster.producer(linger_ms=1) as producer:
+            for i, value in enumerate(values):
+                producer.send(source, value, partition=i % 2)
+
+    def committed():
+        with cluster.consumer(group_id="stream", enable_auto_commit=False) as consumer:
+            return [consumer.committed((source, p)) for p in (0, 1)]
+
+    batches = []
+
+    def copy_to_sink(df, batch_id):
+        assert df.schema == rayk_spark.spark_schema()
+        batches.append((batch_id, sorted((r.partition, r.offset) for r in df.collect())))
+        rayk_spark.write_topic(df.select("value"), sink, cluster=cluster)
+
+    def processed():
+        return sorted(o for _, offsets in batches for o in offsets)
+
+    produce([b"a%d" % i for i in range(10)])
+    query = rayk_spark.stream_topic(spark, source, "stream", copy_to_sink, trigger_ms=100, starting_offsets="earliest",
+                                    cluster=cluster)  # fmt: skip
+    wait_until(lambda: batches, 60, "the first micro-batch")
+    produce([b"b%d" % i for i in range(4)])
+    wait_until(lambda: len(processed()) == 14, 60, "the records sent after the first batch")
+    query.stop()
+    assert not query.is_active and query.exception() is None
+    assert [batch_id for batch_id, _ in batches] == list(range(len(batches)))
+    assert processed() == [(p, o) for p in (0, 1) for o in range(7)], "each record once, in the batch after it came"
+    assert committed() == [7, 7]
+    assert sorted(r.value for r in rayk_spark.read_topic(spark, sink, cluster=cluster).collect()) == sorted(
+        [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(4)]
+    )
+
+    failed_ids = []
+
+    def fail(df, batch_id):
+        failed_ids.append(batch_id)
+        raise ValueError("the sink is down")
+
+    produce([b"c%d" % i for i in range(3)])
+    failing = rayk_spark.stream_topic(spark, source, "stream", fail, trigger_ms=100, cluster=cluster)
+    with pytest.raises(ValueError, match="the sink is down"):
+        failing.await_termination(60)
+    assert not failing.is_active and isinstance(failing.exception(), ValueError)
+    assert failed_ids == [len(batches)] and committed() == [7, 7], "a failed batch is not committed"
+
+    restarted = rayk_spark.stream_topic(spark, source, "stream", copy_to_sink, trigger_ms=100, cluster=cluster)
+    wait_until(lambda: len(processed()) == 17, 60, "the failed batch, processed again")
+    restarted.stop()
+    assert batches[-1] == (failed_ids[0], [(0, 7), (0, 8), (1, 7)]), "the failed batch again, under its id"
+    assert committed() == [9, 8]
