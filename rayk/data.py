@@ -140,11 +140,13 @@ def read_ranges(cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int = 
 
 
 class TopicStream:
-    """A topic's micro-batches as Datasets (`stream_topic`); iterate over it. Handing out a
-    batch's successor commits the batch (the loop body that processed it has returned);
-    `stop()` ends the iteration at its next step, after committing the last batch.
-    Leaving the loop otherwise (`break`, an exception) commits nothing: the stream next
-    started for the group hands that batch out again, with the same `batch_id`."""
+    """A topic's micro-batches as Datasets (`stream_topic`); iterate over it in a `with`
+    block (or call `close()`: it holds a consumer). Asking for a batch's successor commits
+    the batch (the loop body that processed it has returned); `stop()` ends the iteration
+    at its next step, after committing the last batch, so call it and let the loop come
+    round rather than `break`. Leaving the loop otherwise (`break`, an exception) commits
+    nothing: the stream next started for the group hands that batch out again, with the
+    same `batch_id`."""
 
     def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, fetch_max_bytes: int,
                  **batch_settings: Any) -> None:  # fmt: skip
@@ -207,7 +209,7 @@ def stream_topic(
 
         with rayk.data.stream_topic("events", "etl") as stream:
             for ds in stream:
-                ds.write_parquet(f"/out/{stream.batch_id}")
+                ds.write_parquet(f"/out/{stream.batch_id}", mode="overwrite")  # a replay replaces
     """
     return TopicStream(
         cluster_or_connect(cluster), topic, group_id, records_per_task, fetch_max_bytes,

@@ -249,6 +249,13 @@ class InvalidProducerEpochError(KafkaError):
     code, name = 47, "INVALID_PRODUCER_EPOCH"
 
 
+class FencedInstanceIdError(KafkaError):
+    """Another instance with this one's identity took over (Kafka: a static member's
+    group.instance.id; rayk also: a stream whose group another stream committed to)."""
+
+    code, name = 82, "FENCED_INSTANCE_ID"
+
+
 class InvalidUpdateVersionError(KafkaError):
     """An AlterPartition carried a partition epoch that is no longer current."""
 

@@ -237,7 +237,7 @@ class TopicStreamQuery:
                     "end_offsets": {r.partition: r.end for r in ranges},
                 }
         except BaseException as e:  # process_batch's or the stream's own: the stream stops, uncommitted
-            logger.error("stream %s/%s stopped: %r", self._batches.group_id, self._batches.topic, e)
+            logger.exception("stream %s/%s stopped", self._batches.group_id, self._batches.topic)
             self._error = e
         finally:
             self._batches.close()
@@ -250,7 +250,8 @@ class TopicStreamQuery:
         """Stops the stream: a batch being processed finishes and is committed, no new one
         starts. Waits up to `timeout_s` (None: as long as it takes) for it to end."""
         self._batches.stop()
-        self._thread.join(timeout_s)
+        if threading.current_thread() is not self._thread:  # else called by process_batch: it ends after it
+            self._thread.join(timeout_s)
 
     def exception(self) -> BaseException | None:
         """What stopped the stream, if anything raised (process_batch's exception)."""

@@ -287,11 +287,14 @@ def test_a_stream_whose_driver_was_killed_resumes_with_nothing_skipped(cluster, 
     last_id = max(b for b, _, _ in before)
     seen, ids = [(p, o) for _, p, o in before], []
     with rayk_data.stream_topic(topic, "s-killed", trigger_ms=0, cluster=cluster) as stream:
+        deadline = threading.Timer(60, stream.stop)  # a skip would otherwise wait here for ever
+        deadline.start()
         for ds in stream:
             ids.append(stream.batch_id)
             seen += offsets_of(ds)
             if {(p, o) for p, o in seen} >= {(p, o) for p in (0, 1) for o in range(30)}:
                 stream.stop()
+        deadline.cancel()
     assert ids[0] in (last_id, last_id + 1), "the next stream picks up at the batch the killed one was processing, or after it"
     assert sorted(set(seen)) == [(p, o) for p in (0, 1) for o in range(30)], "at least once, none skipped"
 

@@ -145,9 +145,13 @@ def test_a_stream_runs_micro_batches_through_spark_commits_after_each_and_stops_
     produce([b"a%d" % i for i in range(10)])
     query = rayk_spark.stream_topic(spark, source, "stream", copy_to_sink, trigger_ms=100, starting_offsets="earliest",
                                     cluster=cluster)  # fmt: skip
-    wait_until(lambda: batches, 60, "the first micro-batch")
+    def processed_now(count):
+        assert query.exception() is None, query.exception()
+        return len(processed()) == count
+
+    wait_until(lambda: processed_now(10), 60, "the first micro-batch")
     produce([b"b%d" % i for i in range(4)])
-    wait_until(lambda: len(processed()) == 14, 60, "the records sent after the first batch")
+    wait_until(lambda: processed_now(14), 60, "the records sent after the first batch")
     query.stop()
     assert not query.is_active and query.exception() is None
     assert [batch_id for batch_id, _ in batches] == list(range(len(batches)))

@@ -354,8 +354,21 @@ class Consumer:
         tp = TopicPartition(*partition)
         if not metadata:
             return self._committed_offsets([tp]).get(tp)
-        found = self._group.committed([(tp.topic, tp.partition)], self._api_timeout_ms).get((tp.topic, tp.partition))
-        return OffsetAndMetadata(found.offset, found.metadata) if found is not None and found.offset >= 0 else None
+        return self.committed_offsets([tp]).get(tp)
+
+    def committed_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets and metadata of `partitions`, in one lookup (the
+        Java consumer's committed(Set)); partitions with no commit are left out."""
+        if self._group is None:
+            raise ValueError("committed_offsets needs a group_id")
+        tps = [TopicPartition(*tp) for tp in partitions]
+        found = self._group.committed([(tp.topic, tp.partition) for tp in tps], self._api_timeout_ms)
+        out = {}
+        for tp in tps:
+            value = found.get((tp.topic, tp.partition))
+            if value is not None and value.offset >= 0:
+                out[tp] = OffsetAndMetadata(value.offset, value.metadata)
+        return out
 
     def _maybe_auto_commit(self, now: float) -> None:
         if self._auto_commit and now >= self._next_auto_commit_s:

@@ -50,11 +50,12 @@ class OffsetRange:
         return [OffsetRange(self.topic, self.partition, s, min(s + max_records, self.end), self.leader) for s in starts]
 
 
-def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bool) -> dict[int, int]:
-    """Per partition: an offset, EARLIEST or LATEST."""
+def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bool, streaming: bool = False) -> dict[int, int]:
+    """Per partition: an offset, EARLIEST or LATEST. A batch read may not start at
+    "latest" nor end at "earliest"; a stream (`streaming`) may start at either."""
     name = "starting_offsets" if starting else "ending_offsets"
     if spec in ("earliest", "latest"):
-        if spec == ("latest" if starting else "earliest"):
+        if spec == ("latest" if starting else "earliest") and not streaming:
             raise InvalidConfigurationError(f"{name}={spec!r} is not allowed in a batch read (it would read nothing)")
         return {p: EARLIEST if spec == "earliest" else LATEST for p in range(partitions)}
     if isinstance(spec, str):
@@ -72,7 +73,7 @@ def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bo
         raise InvalidConfigurationError(
             f"{name} must give an offset for each of the {partitions} partitions of {topic!r}, got {sorted(offsets)}"
         )
-    forbidden = LATEST if starting else EARLIEST
+    forbidden = None if streaming else LATEST if starting else EARLIEST
     bad = {p: o for p, o in offsets.items() if o < EARLIEST or o == forbidden}
     if bad:
         raise InvalidConfigurationError(f"{name}: offsets {bad} are not allowed (use >= 0, or -2 earliest / -1 latest)")
