@@ -248,8 +248,10 @@ class Flaky:
     def fail(self):
         raise ValueError("a bug")
 
-    def slow(self):
-        time.sleep(30)
+    async def slow(self):
+        # async, as rayk's actors are: Ray 2.60 cancels a running call of an async actor,
+        # but never interrupts one of a sync actor (only a call still queued)
+        await asyncio.sleep(30)
 
 
 def test_calls_retry_within_the_deadline_and_unwrap_the_actors_errors():
@@ -268,6 +270,7 @@ def test_calls_retry_within_the_deadline_and_unwrap_the_actors_errors():
 
 def test_a_call_past_its_deadline_is_cancelled_and_times_out():
     flaky = Flaky.options(max_concurrency=2).remote()
+    ray.get(flaky.__ray_ready__.remote())  # the call runs, rather than waits for the actor to start
     ref = flaky.slow.remote()
     started = time.monotonic()
     with pytest.raises(RequestTimedOutError):
