@@ -3,8 +3,10 @@
 `read_topic(topic)` plans the offset ranges once (a consistent snapshot up to each
 partition's high watermark; see rayk.client.offset_ranges), then reads every range in a
 Ray task placed on the node of that partition's leader (soft node affinity: locality when
-it can, anywhere when that node is busy or gone), splitting a partition into tasks of at
-most `records_per_task` records. Each task fetches the range from the leader replica in
+it can, anywhere when that node is busy or gone), splitting a partition evenly into tasks
+of at most `records_per_task` records and about `bytes_per_task` bytes (64 MiB, by the
+partition's average record size on disk), so that each block is 16-128 MiB as Ray Data
+wants its blocks. Each task fetches the range from the leader replica in
 `fetch_max_bytes` chunks (following a leader that moves), decodes them with compiled code
 straight into Arrow buffers, no Python object per record (rayk.client.arrow_batches), and
 returns one Arrow table with the columns of Spark's Kafka source:
@@ -44,13 +46,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
-from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import iter_batches
 
 ROWS_PER_WRITE_TASK = 10_000
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 RECORDS_PER_TASK = 1_000_000
+BYTES_PER_TASK = 64 << 20  # a read task's block: Ray Data's blocks go up to 128 MiB, Spark's splits 128 MiB
 READ_RETRY_BACKOFF_MS = 100
 READ_RETRY_TIMEOUT_MS = 60_000
 
@@ -118,14 +121,17 @@ def read_topic(
     starting_timestamp: int | None = None,
     cluster: Any = None,
     records_per_task: int = RECORDS_PER_TASK,
+    bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
 ) -> ray.data.Dataset:
     """A Dataset of the topic's records in the given offsets, as of now (see the module
     docstring). `cluster` defaults to `rayk.connect()`."""
-    if records_per_task < 1 or fetch_max_bytes < 1:
-        raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
+    if fetch_max_bytes < 1:
+        raise InvalidConfigurationError("fetch_max_bytes must be >= 1")
     cluster = cluster_or_connect(cluster)
-    ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
+    ranges = plan_read_ranges(
+        cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
+    )
     return read_ranges(cluster, ranges, fetch_max_bytes)
 
 
@@ -148,12 +154,13 @@ class TopicStream:
     nothing: the stream next started for the group hands that batch out again, with the
     same `batch_id`."""
 
-    def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, fetch_max_bytes: int,
-                 **batch_settings: Any) -> None:  # fmt: skip
-        if records_per_task < 1 or fetch_max_bytes < 1:
-            raise InvalidConfigurationError("records_per_task and fetch_max_bytes must be >= 1")
+    def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, bytes_per_task: int,
+                 fetch_max_bytes: int, **batch_settings: Any) -> None:  # fmt: skip
+        if records_per_task < 1 or bytes_per_task < 1 or fetch_max_bytes < 1:
+            raise InvalidConfigurationError("records_per_task, bytes_per_task and fetch_max_bytes must be >= 1")
         self._cluster = cluster
-        self._records_per_task, self._fetch_max_bytes = records_per_task, fetch_max_bytes
+        self._task_size = (records_per_task, bytes_per_task)
+        self._fetch_max_bytes = fetch_max_bytes
         self._batches = MicroBatches(cluster, topic, group_id, **batch_settings)
         self._handed_out: list[OffsetRange] | None = None
         self.batch_id = -1  # the id of the batch last handed out
@@ -171,8 +178,7 @@ class TopicStream:
             self.close()
             raise StopIteration
         self._handed_out, self.batch_id = ranges, batch_id
-        parts = [part for r in ranges for part in r.split(self._records_per_task)]
-        return read_ranges(self._cluster, parts, self._fetch_max_bytes)
+        return read_ranges(self._cluster, split_for_tasks(self._cluster, ranges, *self._task_size), self._fetch_max_bytes)
 
     def stop(self) -> None:
         """Ends the iteration at its next step (from any thread; a wait for the next
@@ -201,6 +207,7 @@ def stream_topic(
     fail_on_data_loss: bool = True,
     cluster: Any = None,
     records_per_task: int = RECORDS_PER_TASK,
+    bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
 ) -> TopicStream:
     """The topic as a stream of Datasets, one per micro-batch: the records that arrived
@@ -212,7 +219,7 @@ def stream_topic(
                 ds.write_parquet(f"/out/{stream.batch_id}", mode="overwrite")  # a replay replaces
     """
     return TopicStream(
-        cluster_or_connect(cluster), topic, group_id, records_per_task, fetch_max_bytes,
+        cluster_or_connect(cluster), topic, group_id, records_per_task, bytes_per_task, fetch_max_bytes,
         trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
         starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
     )  # fmt: skip

@@ -46,7 +46,7 @@ import ray
 
 from rayk import data as rayk_data
 from rayk.client.micro_batches import MicroBatches
-from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.errors import InvalidConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -155,13 +155,17 @@ def read_topic(
     starting_timestamp: int | None = None,
     cluster: Any = None,
     records_per_task: int = rayk_data.RECORDS_PER_TASK,
+    bytes_per_task: int = rayk_data.BYTES_PER_TASK,
 ) -> Any:
     """The topic's records in the given bounds, as of now, as a DataFrame: one Spark
-    partition per topic partition (split every `records_per_task` records), each read by
+    partition per topic partition (split evenly into at most `records_per_task` records and
+    about `bytes_per_task` bytes each, 64 MiB: a Spark split's size), each read by
     its Spark task straight from the partition's leader replica and handed to Spark as
     Arrow batches (mapInArrow): no Python object per row."""
     cluster = rayk_data.cluster_or_connect(cluster)
-    ranges = plan_read_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task)
+    ranges = plan_read_ranges(
+        cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
+    )
     return _read_ranges(spark, cluster, ranges)
 
 
@@ -215,9 +219,9 @@ class TopicStreamQuery:
     micro-batches run one after the other on a thread of their own."""
 
     def __init__(self, spark: Any, cluster: Any, batches: MicroBatches, process_batch: Callable[[Any, int], Any],
-                 records_per_task: int) -> None:  # fmt: skip
+                 task_size: tuple[int, int]) -> None:  # fmt: skip
         self._spark, self._cluster, self._batches = spark, cluster, batches
-        self._process_batch, self._records_per_task = process_batch, records_per_task
+        self._process_batch, self._task_size = process_batch, task_size
         self._error: BaseException | None = None
         self.last_progress: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name=f"rayk-stream-{batches.group_id}-{batches.topic}", daemon=True)
@@ -227,7 +231,7 @@ class TopicStreamQuery:
         try:
             while (ranges := self._batches.next_batch()) is not None:
                 batch_id, started_s = self._batches.batch_id, time.monotonic()
-                parts = [part for r in ranges for part in r.split(self._records_per_task)]
+                parts = split_for_tasks(self._cluster, ranges, *self._task_size)
                 self._process_batch(_read_ranges(self._spark, self._cluster, parts), batch_id)
                 self._batches.commit(ranges)
                 self.last_progress = {
@@ -278,6 +282,7 @@ def stream_topic(
     fail_on_data_loss: bool = True,
     cluster: Any = None,
     records_per_task: int = rayk_data.RECORDS_PER_TASK,
+    bytes_per_task: int = rayk_data.BYTES_PER_TASK,
 ) -> TopicStreamQuery:
     """Runs `process_batch(df, batch_id)` on each micro-batch of `topic` (Structured
     Streaming's foreachBatch shape): `df` holds the records that arrived since the last
@@ -287,10 +292,10 @@ def stream_topic(
     same `batch_id` (see rayk.client.micro_batches). Returns at once; the query's `stop()`
     ends the stream."""
     cluster = rayk_data.cluster_or_connect(cluster)
-    if records_per_task < 1:
-        raise InvalidConfigurationError("records_per_task must be >= 1")
+    if records_per_task < 1 or bytes_per_task < 1:
+        raise InvalidConfigurationError("records_per_task and bytes_per_task must be >= 1")
     batches = MicroBatches(
         cluster, topic, group_id, trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
         starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
     )  # fmt: skip
-    return TopicStreamQuery(spark, cluster, batches, process_batch, records_per_task)
+    return TopicStreamQuery(spark, cluster, batches, process_batch, (records_per_task, bytes_per_task))

@@ -315,3 +315,16 @@ def test_a_stream_behind_the_log_start_fails_or_with_fail_on_data_loss_off_skips
     with rayk_data.stream_topic(topic, "s-loss", trigger_ms=0, fail_on_data_loss=False, cluster=cluster) as stream:
         first = offsets_of(next(iter(stream)))
     assert first == [(0, o) for o in range(log_start, 20)]
+
+
+def test_read_tasks_are_sized_by_bytes_as_well_as_records(cluster):
+    topic = new_topic(cluster, partitions=2)
+    rayk_data.write_topic(ray.data.from_items([{"value": b"v" * 1000, "partition": i % 2} for i in range(400)]), topic,
+                          cluster=cluster)  # fmt: skip
+    # ~1,070 bytes a record on disk, 200 a partition: ~214 KB a partition, so 50 KB tasks make 5 a partition
+    ds = rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=50_000)
+    assert 2 * 4 <= ds.num_blocks() <= 2 * 6
+    assert [(r["partition"], r["offset"]) for r in rows_of(ds)] == [(p, o) for p in (0, 1) for o in range(200)]
+    assert rayk_data.read_topic(topic, cluster=cluster).num_blocks() == 2, "64 MiB by default: a task a partition"
+    with pytest.raises(InvalidConfigurationError):
+        rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=0)

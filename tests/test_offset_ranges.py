@@ -49,3 +49,16 @@ def test_split_covers_the_range_in_order_without_overlap(start, size, max_record
     assert all(a.end == b.start for a, b in zip(parts, parts[1:]))
     assert all(0 <= p.size <= max_records for p in parts)
     assert sum(p.size for p in parts) == size
+
+
+@given(st.integers(0, 10**6), st.integers(0, 5_000), st.integers(1, 50))
+def test_an_even_split_has_that_many_parts_of_nearly_one_size(start, size, parts):
+    r = OffsetRange("t", 0, start, start + size, 1)
+    pieces = r.split_evenly(parts)
+    assert pieces[0].start == start and pieces[-1].end == start + size
+    assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+    assert len(pieces) <= max(1, parts)
+    if size >= parts:
+        assert len(pieces) >= parts / 2, "no few large parts where many were asked for"
+        sizes = [p.size for p in pieces]
+        assert max(sizes) <= -(-size // parts)

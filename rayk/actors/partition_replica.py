@@ -582,6 +582,12 @@ class PartitionReplica(Supervised):
         like Kafka's debugging consumer): a follower's copy can be compared with the leader's."""
         return self._log.read(offset, max_bytes, max_offset=max_offset).records
 
+    async def log_size(self) -> tuple[int, int, int]:
+        """(log start offset, log end offset, bytes on disk) of this replica's log: what a
+        read planner needs to size its tasks (Kafka's DescribeLogDirs gives the size)."""
+        log = self._log
+        return log.log_start_offset, log.log_end_offset, log.size_bytes
+
     async def checkpoint_offsets(self) -> PartitionOffsets:
         """What the broker's offset checkpoints should record for this log now."""
         log = self._log

@@ -18,12 +18,17 @@ startingOffsetsByTimestampStrategy=latest).
 from __future__ import annotations
 
 import json
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
-from rayk.errors import InvalidConfigurationError, OffsetOutOfRangeError
+from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
+
+logger = logging.getLogger(__name__)
 
 EARLIEST = -2
 LATEST = -1
@@ -48,6 +53,10 @@ class OffsetRange:
             raise ValueError(f"max_records must be >= 1, got {max_records}")
         starts = range(self.start, max(self.end, self.start + 1), max_records)
         return [OffsetRange(self.topic, self.partition, s, min(s + max_records, self.end), self.leader) for s in starts]
+
+    def split_evenly(self, parts: int) -> list[OffsetRange]:
+        """`parts` consecutive sub-ranges of (nearly) equal size, fewer if the range is smaller."""
+        return self.split(max(1, -(-self.size // max(1, parts))))
 
 
 def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bool, streaming: bool = False) -> dict[int, int]:
@@ -124,7 +133,38 @@ def plan_read_ranges(
     ending_offsets: OffsetSpec,
     starting_timestamp: int | None,
     max_records: int,
+    max_bytes: int | None = None,
 ) -> list[OffsetRange]:
-    """The ranges a batch read's tasks read: the non-empty ones, split every `max_records`."""
+    """The ranges a batch read's tasks read: the non-empty ones, split into tasks (see
+    `split_for_tasks`)."""
     ranges = plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
-    return [part for r in ranges if r.size > 0 for part in r.split(max_records)]
+    return split_for_tasks(cluster, ranges, max_records, max_bytes)
+
+
+def split_for_tasks(cluster: Any, ranges: list[OffsetRange], max_records: int, max_bytes: int | None) -> list[OffsetRange]:
+    """The non-empty `ranges`, each split evenly into as few tasks as hold at most
+    `max_records` records and, by the partition's average record size on disk (its
+    leader's log bytes over its offsets), about `max_bytes` bytes (None: no byte limit)."""
+    if max_records < 1 or (max_bytes is not None and max_bytes < 1):
+        raise InvalidConfigurationError("records and bytes per task must be >= 1")
+    ranges = [r for r in ranges if r.size > 0]
+    sizes = _log_sizes(cluster, ranges) if max_bytes else None
+    out = []
+    for i, r in enumerate(ranges):
+        parts = -(-r.size // max_records)
+        if max_bytes and sizes:
+            log_start, log_end, size_bytes = sizes[i]
+            bytes_per_record = size_bytes / max(1, log_end - log_start)
+            parts = max(parts, math.ceil(r.size * bytes_per_record / max_bytes))
+        out += r.split_evenly(parts)
+    return out
+
+
+def _log_sizes(cluster: Any, ranges: list[OffsetRange]) -> list[tuple[int, int, int]] | None:
+    """Each range's partition (log start, log end, bytes) from its leader; None if a
+    leader cannot say (it moved or died: the tasks are then sized by records only)."""
+    try:
+        return ray.get([cluster.leader(r.topic, r.partition).log_size.remote() for r in ranges], timeout=30)
+    except (RayError, KafkaError) as e:
+        logger.warning("sizing read tasks by records only: %s", e)
+        return None
