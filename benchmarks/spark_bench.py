@@ -23,8 +23,9 @@ and counted before any timing so every case starts from the same in-memory DataF
    from the leader replica), against `spark.read.parquet(dir)`; and the other way:
    `rayk.data.read_topic(topic)` (Ray tasks on the leaders' nodes, into Arrow) then
    RayDP's `Dataset.to_spark(spark)`; and that Ray read alone (`materialize()`), the cost
-   of fetching and decoding without Spark. The Spark reads are forced with Spark's `noop`
-   sink, which computes every row and writes nothing.
+   of fetching and decoding without Spark, against `ray.data.read_parquet` of the Parquet
+   files the write case left (`materialize()` too). The Spark reads are forced with
+   Spark's `noop` sink, which computes every row and writes nothing.
 
 MB/s are 10^6 bytes of key + value per second; rows/s count rows.
 """
@@ -129,6 +130,10 @@ def main() -> None:
         results.append(row("read   Ray Data alone, no Spark", rows, row_bytes, seconds))
         seconds, _ = timed(lambda: force(spark.read.parquet(str(work / "parquet"))))
         results.append(row("read   Parquet, local disk", rows, row_bytes, seconds))
+        seconds, ds = timed(lambda: ray.data.read_parquet(str(work / "parquet")).materialize())
+        assert ds.count() == rows
+        del ds
+        results.append(row("read   Ray Data read_parquet, no Spark", rows, row_bytes, seconds))
     finally:
         if spark is not None:
             rayk_spark.stop()
@@ -147,6 +152,8 @@ def main() -> None:
           f"{rate['write  rayk.spark.write_topic'] / rate['write  via Ray Data (from_spark + write_topic)']:.2f}x the Ray Data path")
     print(f"  read:  rayk {rate['read   rayk.spark.read_topic'] / rate['read   Parquet, local disk']:.3f}x Parquet; "
           f"{rate['read   rayk.spark.read_topic'] / rate['read   via Ray Data (read_topic + to_spark)']:.2f}x the Ray Data path")
+    print(f"  Ray Data: rayk.data.read_topic {rate['read   Ray Data alone, no Spark'] / rate['read   Ray Data read_parquet, no Spark']:.3f}x "
+          "ray.data.read_parquet of the same rows")
 
 if __name__ == "__main__":
     main()
