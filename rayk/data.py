@@ -48,7 +48,7 @@ from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
-from rayk.storage.records import iter_batches
+from rayk.storage.records import end_offset_of
 
 ROWS_PER_WRITE_TASK = 10_000
 FETCH_MAX_BYTES = 8 * 1024 * 1024
@@ -88,7 +88,7 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
                 table = records_table(result.records, r.topic, r.partition, offset, r.end)
                 if table.num_rows:
                     tables.append(table)
-                offset = max(offset, min(_next_offset(result.records), r.end))
+                offset = max(offset, min(end_offset_of(result.records), r.end))
                 deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
                 continue
         elif isinstance(error, KafkaError) and not error.retriable:
@@ -98,14 +98,6 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
         metadata.invalidate(r.topic)
         time.sleep(READ_RETRY_BACKOFF_MS / 1000)
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
-
-
-def _next_offset(data: bytes) -> int:
-    """The offset after the last whole batch of a fetch answer (control batches included)."""
-    offset = -1
-    for batch in iter_batches(data):
-        offset = batch.header.next_offset
-    return offset
 
 
 @ray.remote(max_retries=3)

@@ -33,7 +33,7 @@ from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
 from rayk.errors import KafkaError, OffsetOutOfRangeError
-from rayk.storage.records import decode_record_tuples, iter_batches
+from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
 
 
 class FetchedChunk:
@@ -56,15 +56,6 @@ class FetchedChunk:
 
             self._columns = records_batch(self.data, self.tp.topic, self.tp.partition, self.start, self.end)
         return self._columns
-
-
-def _end_offset(data: bytes) -> int:
-    """The offset after the last whole batch of a fetch answer (0 for none): where the
-    next fetch starts, past control batches and records a compaction removed."""
-    end = 0
-    for batch in iter_batches(data):
-        end = batch.header.next_offset
-    return end
 
 
 class Fetcher:
@@ -147,7 +138,7 @@ class Fetcher:
                 self._retry_at_s[tp] = now + self._retry_backoff_s
             else:
                 start = self._fetch_offsets.get(tp, 0)
-                end = _end_offset(result.records)
+                end = end_offset_of(result.records)
                 if end > start:
                     self._fetch_offsets[tp] = end
                     self._buffer.append(FetchedChunk(tp, result.records, start, end))

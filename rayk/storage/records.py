@@ -356,6 +356,15 @@ def encode_records_reference(records: Sequence[SimpleRecord], now_ms: int) -> tu
 # ---------------------------------------------------------------------------- reading
 
 
+def end_offset_of(buf: bytes | bytearray | memoryview) -> int:
+    """The offset after the last whole batch at the start of `buf` (0 if none): where a
+    fetch that returned `buf` goes on, past control batches and compacted-away records."""
+    end = 0
+    for batch in iter_batches(buf):
+        end = batch.header.next_offset
+    return end
+
+
 def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[RecordBatch]:
     """Yields the whole batches at the start of `buf`; stops at an incomplete tail.
 
