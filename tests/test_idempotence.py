@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayk.client.idempotence import PRODUCER_EPOCH_MAX, IdempotenceManager
+from rayk.client.idempotence import PRODUCER_EPOCH_MAX, IdempotenceManager, ProducerIdentity
 from rayk.client.types import TopicPartition
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -76,3 +76,33 @@ def test_a_failed_producer_id_request_keeps_the_bump_pending():
 def test_epoch_out_of_int16_range_is_refused():
     with pytest.raises(ValueError):
         IdempotenceManager(7, no_new_id, epoch=PRODUCER_EPOCH_MAX + 1)
+
+
+def test_a_pinned_manager_continues_the_given_sequences_and_sends_each_first_batch_alone():
+    m = IdempotenceManager.pinned(ProducerIdentity(9, 0, {A: 120, B: 0}))
+    assert (m.producer_id, m.epoch, m.is_pinned) == (9, 0, True)
+    assert not m.may_pipeline(A) and not m.may_pipeline(B), "the leader must know the producer before a 2nd batch"
+    assert m.stamp(A, 5) == (9, 0, 120)
+    assert m.stamp(B, 5) == (9, 0, 0)
+    m.acknowledged(A)
+    assert m.may_pipeline(A) and not m.may_pipeline(B)
+    assert m.stamp(A, 1) == (9, 0, 125)
+
+
+def test_a_pinned_manager_never_bumps_and_refuses_partitions_it_was_not_resumed_on():
+    m = IdempotenceManager.pinned(ProducerIdentity(9, 3, {A: 7}))
+    with pytest.raises(AssertionError, match="not resumed on"):
+        m.stamp(B, 1)
+    m.stamp(A, 1)
+    m.fate_unknown("OUT_OF_ORDER_SEQUENCE_NUMBER")
+    m.finished(stamped=True)
+    assert m.bump_needed and not m.may_stamp()
+    with pytest.raises(AssertionError, match="never bumps"):
+        m.maybe_bump()
+    assert m.epoch == 3, "still the epoch it was resumed at"
+
+
+@pytest.mark.parametrize("sequence", [-1, 1 << 31])
+def test_a_pinned_sequence_is_an_int32(sequence):
+    with pytest.raises(ValueError, match="sequence"):
+        IdempotenceManager.pinned(ProducerIdentity(9, 0, {A: sequence}))

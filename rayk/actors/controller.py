@@ -56,6 +56,7 @@ from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.config import BrokerConfig, validate_topic_configs
 from rayk.errors import (
+    InvalidRequestError,
     KafkaError,
     LeaderNotAvailableError,
     StaleBrokerEpochError,
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 MAINTENANCE_MAX_INTERVAL_MS = 1_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # ids reserved per metadata record
+MAX_PRODUCER_IDS_PER_ALLOCATION = 1 << 20
 TopicPartition = tuple[str, int]
 
 
@@ -530,6 +532,15 @@ class Controller:
             self._producer_ids = range(first, self._meta.next_producer_id)
         producer_id, self._producer_ids = self._producer_ids[0], self._producer_ids[1:]
         return producer_id
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        """The first of `count` consecutive producer ids never handed out before (a write
+        job gives one to each of its tasks, the same to every attempt of a task)."""
+        if not 1 <= count <= MAX_PRODUCER_IDS_PER_ALLOCATION:
+            raise InvalidRequestError(f"producer ids are allocated 1..{MAX_PRODUCER_IDS_PER_ALLOCATION} at a time, not {count}")
+        first = self._meta.next_producer_id
+        self._commit(self._meta.plan_allocate_producer_ids(count))
+        return first
 
     # ------------------------------------------------------------------ group coordinators
 

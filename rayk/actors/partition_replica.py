@@ -190,6 +190,24 @@ class PartitionReplica(Supervised):
             except TimeoutError:
                 pass
 
+    async def producer_sequence(self, producer_id: int, timeout_ms: int) -> tuple[int, int]:
+        """(epoch, next sequence) of an idempotent producer here, once its last batch is
+        committed (below the HW), so that the answer cannot be undone by truncation;
+        (-1, 0) if the partition knows no batch of it. Kafka's DescribeProducers, which a
+        writer resuming that producer's sequences needs (rayk.client.resumable_write).
+        Raises NOT_LEADER_OR_FOLLOWER, or REQUEST_TIMED_OUT if the batch is not committed
+        within `timeout_ms`."""
+        if self._role != "leader":
+            raise self._not_leader()
+        entry = self._log.producer_state.producers.get(producer_id)
+        if entry is None or not entry.batches:
+            return -1, 0
+        epoch, last = entry.epoch, entry.batches[-1]
+        error = await self._wait_for_replication(last.last_offset + 1, self._leader_epoch, timeout_ms)
+        if error is not None and not isinstance(error, NotEnoughReplicasAfterAppendError):
+            raise error  # (below the HW with a shrunk ISR is still committed)
+        return epoch, (last.last_sequence + 1) % (1 << 31)  # int32, wraps as the producer's
+
     # ------------------------------------------------------------------ change notification
 
     def _change_event(self) -> asyncio.Event:

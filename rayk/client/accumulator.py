@@ -323,6 +323,18 @@ class RecordAccumulator:
             batch.size_bytes += rider.size_bytes - HEADER_SIZE_BYTES
             rider.state = BatchState.DONE
 
+    def take_unstamped(self) -> list[ProducerBatch]:
+        """Takes out every open or queued batch that was never sent, for the sender to fail
+        (lock held); they leave `_by_age` lazily, as DONE."""
+        taken = [b for b in self._open.values() if not b.stamped]
+        self._open.clear()
+        for queue in self._ready.values():
+            taken += [b for b in queue if not b.stamped]
+            kept = [b for b in queue if b.stamped]
+            queue.clear()
+            queue.extend(kept)
+        return taken
+
     def reenqueue(self, batch: ProducerBatch, retry_at_s: float) -> None:
         """Puts a batch to retry back at its queue's head, before any batch stamped
         after it or not stamped yet (lock held)."""

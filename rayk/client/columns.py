@@ -302,3 +302,28 @@ class RecordColumns:
             yield EncodedRecords(body, count, base_ms, max_ms), rows[start : start + count]
             start += count
 
+
+def row_partitions(columns: RecordColumns, partition: Any, num_partitions: int, topic: str) -> np.ndarray:
+    """Each row's partition for `Producer.send_batch`: `partition` (an int, or one per row,
+    -1 or null for "by key"), else the key's (murmur2), else -1 (the sticky partitioner
+    chooses). ValueError for a partition the topic does not have."""
+    if columns.keys is not None:
+        partitions = key_partitions(columns.keys, num_partitions)
+    else:
+        partitions = np.full(len(columns), -1, dtype=np.int32)
+    if partition is None:
+        return partitions
+    if isinstance(partition, (int, np.integer)):
+        chosen = np.full(len(columns), int(partition), dtype=np.int64)
+    else:
+        if isinstance(partition, (pa.Array, pa.ChunkedArray)):
+            partition = partition.fill_null(-1).to_numpy(zero_copy_only=False)
+        chosen = np.asarray(partition)
+        if chosen.shape != (len(columns),) or not np.issubdtype(chosen.dtype, np.integer):
+            raise ValueError(f"partition must be an int or {len(columns)} ints, got shape {chosen.shape} of {chosen.dtype}")
+    named = chosen >= 0
+    bad = chosen[(chosen < -1) | (chosen >= num_partitions)]
+    if len(bad):
+        raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {int(bad[0])}")
+    partitions[named] = chosen[named]
+    return partitions

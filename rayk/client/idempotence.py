@@ -19,6 +19,16 @@ epoch that does not start at sequence 0 with OUT_OF_ORDER_SEQUENCE_NUMBER instea
 waiting for the batch before it; so after a bump a partition sends its first batch alone
 and pipelines again once that batch is acknowledged (`may_pipeline`).
 
+A pinned manager (`IdempotenceManager.pinned`) continues the sequences of a producer id
+that an earlier process used, from where that producer's committed batches end (a
+retried write task resumes its first attempt's writes this way, see
+rayk.client.resumable_write). It never bumps: a batch whose fate is unknown leaves it
+`bump_needed` for good, and the sender fails every batch not stamped yet instead of
+waiting (the task fails, and its next attempt resumes from what the leaders hold). Each
+partition's first batch goes alone, so that the leader knows the producer before a
+later batch could arrive first and be appended after a hole (a replica that does not
+know a producer accepts its batch at any sequence, see PartitionReplica._await_sequence).
+
 Not thread-safe: the producer's sender thread owns it.
 """
 
@@ -27,6 +37,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rayk.client.types import TopicPartition
 
@@ -35,16 +46,41 @@ logger = logging.getLogger(__name__)
 PRODUCER_EPOCH_MAX = 32767  # the batch header's int16 producerEpoch
 
 
+@dataclass(frozen=True)
+class ProducerIdentity:
+    """A producer id to continue: its epoch and each partition's next sequence (the
+    partitions it will write to; 0 where it wrote nothing yet)."""
+
+    producer_id: int
+    epoch: int
+    next_sequences: dict[TopicPartition, int]
+
+
 class IdempotenceManager:
-    def __init__(self, producer_id: int, new_producer_id: Callable[[], int], epoch: int = 0) -> None:
+    def __init__(self, producer_id: int, new_producer_id: Callable[[], int] | None, epoch: int = 0) -> None:
         if not 0 <= epoch <= PRODUCER_EPOCH_MAX:
             raise ValueError(f"a producer epoch is 0..{PRODUCER_EPOCH_MAX}, not {epoch}")
+        if producer_id < 0:
+            raise ValueError(f"a producer id is >= 0, not {producer_id}")
         self.producer_id, self.epoch = producer_id, epoch
         self._new_producer_id = new_producer_id
         self._next_sequence: collections.Counter[TopicPartition] = collections.Counter()
         self._stamped_unfinished = 0  # batches stamped (sent at least once) and not finished
         self._first_batch_unacked: set[TopicPartition] = set()  # after a bump: send one batch, then pipeline
         self.bump_needed = False
+        self.is_pinned = False
+
+    @classmethod
+    def pinned(cls, identity: ProducerIdentity) -> IdempotenceManager:
+        """A manager that continues `identity`'s sequences and never bumps (see above)."""
+        manager = cls(identity.producer_id, None, identity.epoch)
+        for tp, sequence in identity.next_sequences.items():
+            if not 0 <= sequence < 1 << 31:
+                raise ValueError(f"a sequence is 0..2**31-1, not {sequence} (for {tp})")
+            manager._next_sequence[tp] = sequence
+        manager._first_batch_unacked = set(identity.next_sequences)
+        manager.is_pinned = True
+        return manager
 
     def may_stamp(self) -> bool:
         """Whether a batch not sent yet may be stamped (and sent) now."""
@@ -57,6 +93,7 @@ class IdempotenceManager:
     def stamp(self, tp: TopicPartition, record_count: int) -> tuple[int, int, int]:
         """(producer id, epoch, base sequence) for a batch sent for the first time."""
         assert not self.bump_needed, "no batch is stamped while the epoch waits to be bumped"
+        assert not self.is_pinned or tp in self._next_sequence, f"a pinned producer was not resumed on {tp}"
         base_sequence = self._next_sequence[tp]
         self._next_sequence[tp] = (base_sequence + record_count) % (1 << 31)  # int32, wraps as Kafka's
         self._stamped_unfinished += 1
@@ -81,11 +118,13 @@ class IdempotenceManager:
     def maybe_bump(self) -> bool:
         """Bumps the epoch if one is needed and no stamped batch is unfinished. Raises the
         KafkaError of `new_producer_id` (the bump stays needed) at the epoch limit."""
+        assert not self.is_pinned, "a pinned producer never bumps its epoch"
         if not self.bump_needed or self._stamped_unfinished:
             return False
         if self.epoch < PRODUCER_EPOCH_MAX:
             self.epoch += 1
         else:
+            assert self._new_producer_id is not None
             self.producer_id, self.epoch = self._new_producer_id(), 0
         self._first_batch_unacked = set(self._next_sequence)
         self._next_sequence.clear()

@@ -22,7 +22,9 @@ first record. The leader appends a partition's batches in sequence order even wh
 delivers the calls out of order (it does, for async actors), and answers a retry of an
 already appended batch with its original offsets instead of writing it twice. After
 OUT_OF_ORDER_SEQUENCE_NUMBER (that batch fails) the producer bumps its epoch (KIP-360;
-see IdempotenceManager).
+see IdempotenceManager). `identity` (rayk.client.idempotence.ProducerIdentity) makes the
+producer continue a producer id that an earlier process used instead of taking a new
+one; rayk.client.resumable_write, for retried write tasks, is what uses it.
 
 Records wait in batches until acknowledged; together they may take `buffer_memory` bytes.
 When they would take more, `send` blocks until acknowledgements free room, for at most
@@ -53,8 +55,8 @@ import pyarrow as pa
 
 from rayk.client import calls
 from rayk.client.accumulator import RecordAccumulator
-from rayk.client.columns import RecordColumns, key_partitions
-from rayk.client.idempotence import IdempotenceManager
+from rayk.client.columns import RecordColumns, row_partitions
+from rayk.client.idempotence import IdempotenceManager, ProducerIdentity
 from rayk.client.metadata import MetadataCache
 from rayk.client.partitioner import partition_for_key
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
@@ -106,6 +108,7 @@ class Producer:
         max_request_size: int = 1_048_576,
         buffer_memory: int = 33_554_432,
         max_block_ms: int = 60_000,
+        identity: ProducerIdentity | None = None,
     ) -> None:
         self._settings = dict(
             acks=acks,
@@ -121,6 +124,7 @@ class Producer:
             max_request_size=max_request_size,
             buffer_memory=buffer_memory,
             max_block_ms=max_block_ms,
+            identity=identity,
         )
         if min(max_in_flight_requests_per_connection, batch_size, buffer_memory, request_timeout_ms) < 1:
             raise ValueError(
@@ -155,7 +159,10 @@ class Producer:
 
         # Idempotence, always on: Ray may deliver a partition's batches out of order, and the
         # leader puts them back in sequence order (and drops retried duplicates).
-        self._idempotence = IdempotenceManager(new_producer_id(max_block_ms), new_producer_id)
+        if identity is None:
+            self._idempotence = IdempotenceManager(new_producer_id(max_block_ms), new_producer_id)
+        else:  # continuing a producer id's sequences (a retried write task, see resumable_write)
+            self._idempotence = IdempotenceManager.pinned(identity)
         self._accumulator = RecordAccumulator(
             batch_size=min(batch_size, max_request_size),  # a batch is one produce call
             linger_ms=linger_ms,
@@ -255,7 +262,7 @@ class Producer:
             raise RuntimeError("the producer is closed")
         columns = RecordColumns.of(values, keys, headers, timestamps_ms)
         num_partitions = self._partition_count(topic)
-        partitions = self._partitions_of(columns, partition, num_partitions, topic)
+        partitions = row_partitions(columns, partition, num_partitions, topic)
         max_body_bytes = min(self._max_request_size, self._buffer_memory) - HEADER_SIZE_BYTES
         largest = columns.largest_record_bytes()
         if largest > max_body_bytes:  # refused before anything is queued
@@ -286,30 +293,6 @@ class Producer:
         if num_partitions is None:
             num_partitions = self._metadata.partition_count(topic, self._max_block_ms)
         return num_partitions
-
-    @staticmethod
-    def _partitions_of(columns: RecordColumns, partition: Any, num_partitions: int, topic: str) -> np.ndarray:
-        """Each row's partition, -1 where the sticky partitioner will choose."""
-        if columns.keys is not None:
-            partitions = key_partitions(columns.keys, num_partitions)
-        else:
-            partitions = np.full(len(columns), -1, dtype=np.int32)
-        if partition is None:
-            return partitions
-        if isinstance(partition, (int, np.integer)):
-            chosen = np.full(len(columns), int(partition), dtype=np.int64)
-        else:
-            if isinstance(partition, (pa.Array, pa.ChunkedArray)):
-                partition = partition.fill_null(-1).to_numpy(zero_copy_only=False)
-            chosen = np.asarray(partition)
-            if chosen.shape != (len(columns),) or not np.issubdtype(chosen.dtype, np.integer):
-                raise ValueError(f"partition must be an int or {len(columns)} ints, got shape {chosen.shape} of {chosen.dtype}")
-        named = chosen >= 0
-        bad = chosen[(chosen < -1) | (chosen >= num_partitions)]
-        if len(bad):
-            raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {int(bad[0])}")
-        partitions[named] = chosen[named]
-        return partitions
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Sends everything queued now and waits until each record is acknowledged or

@@ -8,7 +8,8 @@ Each pass of its loop:
   and their bytes leave `buffer_memory`;
 - settles the answered calls, and cancels those unanswered `request_timeout_ms` after
   they were made, which then count as a retriable REQUEST_TIMED_OUT;
-- bumps the producer epoch when the idempotence state asks for it (IdempotenceManager);
+- bumps the producer epoch when the idempotence state asks for it (IdempotenceManager),
+  or, for a pinned producer id, which cannot bump, fails the batches not sent yet;
 - drains the batches that may go now (a partition's small queued batches merged into
   one, see accumulator.py) and sends each in one actor call.
 Then it waits on the accumulator's condition (nothing polls) until the earliest of a
@@ -40,7 +41,7 @@ from rayk.client import calls
 from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
 from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
-from rayk.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError, UnknownServerError
+from rayk.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceError, RequestTimedOutError, UnknownServerError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import assemble_batch, build_batch
 
@@ -168,6 +169,15 @@ class Sender:
 
     def _maybe_bump_epoch(self, now: float) -> None:
         if not self._idempotence.bump_needed or now < self._bump_retry_at_s:
+            return
+        if self._idempotence.is_pinned:  # it cannot bump: what was not sent yet fails now
+            with self._acc.lock:
+                unsent = self._acc.take_unstamped()
+            for batch in unsent:
+                self._fail(batch, OutOfOrderSequenceError(
+                    f"producer {self._idempotence.producer_id} (pinned) lost track of a partition's sequence"
+                    f" after a batch failed; the batch for {batch.tp} was not sent"
+                ))  # fmt: skip
             return
         try:
             self._idempotence.maybe_bump()
