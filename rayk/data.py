@@ -26,7 +26,9 @@ when the loop asks for the next batch.
 one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
 `timestamp`), one `Producer.send_batch` per block (the Arrow columns are encoded as
 record batches with no Python object per row), flushes, and fails if any record was not
-acknowledged, which fails the whole `write_topic` call. It returns the number of records
+acknowledged, which fails the whole `write_topic` call. A task that Ray retries (its
+worker died) writes nothing twice: it resumes after what the attempt before wrote
+(rayk.client.resumable_write). It returns the number of records
 written. Small blocks are bundled into write tasks of at least ROWS_PER_WRITE_TASK rows:
 each task pays for a Producer of its own, and `from_items` of 200 rows is 200 blocks:
 written one task per block, they took 7.8 s instead of 0.45 s.
@@ -47,6 +49,7 @@ from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
+from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import end_offset_of
 
@@ -247,63 +250,16 @@ class TopicDatasink(ray.data.Datasink):
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
         if schema is not None and "value" not in schema.names:
             raise InvalidConfigurationError(f"write_topic needs a 'value' column; the dataset has {schema.names}")
+        self._first_producer_id = reserve_task_producer_ids(self._cluster)
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> int:
+        """One write task: a retry of it (Ray re-runs a task whose worker died) resumes
+        after what the attempt before wrote (rayk.client.resumable_write)."""
         tables = (block if isinstance(block, pa.Table) else pa.Table.from_pandas(block) for block in blocks)
-        return produce_tables(self._cluster, self._topic, tables, self._settings)
+        return write_task(self._cluster, self._topic, tables, self._settings, self._first_producer_id, ctx.task_idx)
 
     def on_write_complete(self, write_result: Any) -> None:
         self.written = sum(write_result.write_returns)
-
-
-def produce_tables(cluster: Any, topic: str, tables: Iterable[pa.Table], producer_settings: dict[str, Any]) -> int:
-    """Sends the rows of every table with one Producer, a `send_batch` per table; returns
-    how many. Raises KafkaError if any was not acknowledged (a write task then fails)."""
-    producer = cluster.producer(**producer_settings)
-    futures = []
-    try:
-        for table in tables:
-            futures.append(send_table(producer, topic, table))
-        producer.flush()
-    finally:
-        producer.close()
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    if failed:
-        raise KafkaError(f"{len(failed)} of {len(futures)} blocks were not all written to {topic}: {failed[0]}")
-    return sum(len(f.result().offsets) for f in futures)
-
-
-def send_table(producer: Any, topic: str, table: pa.Table) -> Any:
-    """`Producer.send_batch` of an Arrow table with a `value` column and optionally `key`,
-    `partition` (null: by key), `headers` and `timestamp` (null: now) columns."""
-    names = table.column_names
-    if "value" not in names:
-        raise InvalidConfigurationError(f"write_topic needs a 'value' column; the block has {names}")
-    for name in ("key", "value"):
-        if name in names and not _is_bytes_like(table.column(name).type):
-            raise InvalidConfigurationError(f"column {name!r} must be binary or string, not {table.column(name).type}")
-    return producer.send_batch(
-        topic,
-        table.column("value"),
-        keys=table.column("key") if "key" in names else None,
-        partition=table.column("partition") if "partition" in names else None,
-        headers=table.column("headers") if "headers" in names else None,
-        timestamps_ms=_timestamps_ms(table.column("timestamp")) if "timestamp" in names else None,
-    )
-
-
-def _is_bytes_like(kind: pa.DataType) -> bool:
-    return any(
-        test(kind)
-        for test in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string, pa.types.is_large_string, pa.types.is_null)
-    )
-
-
-def _timestamps_ms(column: pa.ChunkedArray) -> pa.Array:
-    """Epoch ms as int64 (a timestamp column floored to ms); nulls become now."""
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
-    return column.fill_null(int(time.time() * 1000)).combine_chunks()
 
 
 def write_topic(ds: ray.data.Dataset, topic: str, *, acks: str | int = "all", cluster: Any = None,

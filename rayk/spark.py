@@ -47,6 +47,7 @@ import ray
 from rayk import data as rayk_data
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
+from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.errors import InvalidConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,12 @@ def _read_ranges(spark: Any, cluster: Any, ranges: list[OffsetRange]) -> Any:
 def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = None, **producer_settings: Any) -> int:
     """Produces every row of `df` to `topic` from the Spark tasks (one Producer per task,
     Spark's Arrow batches handed to `Producer.send_batch` as they are, via mapInArrow);
-    returns how many records were written. Fails the job if any record is not acknowledged."""
+    returns how many records were written. Fails the job if any record is not acknowledged.
+
+    A task that Spark retries writes nothing twice: every attempt of a task writes as the
+    same producer id and resumes after the records the attempts before it wrote
+    (rayk.client.resumable_write). That needs `df` to be deterministic, as Spark's own
+    retries do: each attempt of a task gets the same rows in the same order."""
     columns = set(df.columns)
     if "value" not in columns:
         raise InvalidConfigurationError(f"write_topic needs a 'value' column; the DataFrame has {df.columns}")
@@ -202,12 +208,15 @@ def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = 
     address, namespace = _ray_address(), cluster.namespace
     wanted = [c for c in ("key", "value", "partition", "headers", "timestamp") if c in columns]
     settings = {"acks": acks, **producer_settings}
+    first_producer_id = reserve_task_producer_ids(cluster)
 
     def write(batches: Any) -> Any:
         import pyarrow as pa
+        from pyspark import TaskContext
 
         tables = (pa.Table.from_batches([batch]) for batch in batches)
-        written = rayk_data.produce_tables(_worker_cluster(address, namespace), topic, tables, settings)
+        task_index = TaskContext.get().partitionId()  # the same in every attempt of the task
+        written = write_task(_worker_cluster(address, namespace), topic, tables, settings, first_producer_id, task_index)
         yield pa.RecordBatch.from_pydict({"written": pa.array([written], pa.int64())})
 
     total = df.select(*wanted).mapInArrow(write, "written long").groupBy().sum("written").collect()[0][0]

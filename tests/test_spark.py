@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import time
 
 import pytest
 import ray
@@ -179,3 +180,53 @@ def test_a_stream_runs_micro_batches_through_spark_commits_after_each_and_stops_
     restarted.stop()
     assert batches[-1] == (failed_ids[0], [(0, 7), (0, 8), (1, 7)]), "the failed batch again, under its id"
     assert committed() == [9, 8]
+
+
+def test_a_stream_with_write_topic_as_sink_writes_no_record_twice_when_spark_retries_a_write_task(
+    cluster, spark, tmp_path
+):
+    """Attempt 0 of one write task dies after its producer wrote part of the micro-batch;
+    Spark runs the task again, and the retry resumes after what attempt 0 wrote."""
+    source, sink = new_topic(cluster), new_topic(cluster)
+    # 1 KB rows: between two Python workers Spark buffers 64 KiB on each side
+    # (spark.buffer.size), so the write task sees its first rows ~4 batches of 50 later
+    rows = [b"r%04d" % i + b"." * 1000 for i in range(2000)]
+    with cluster.producer() as producer:
+        producer.send_batch(source, rows, partition=[i % 2 for i in range(2000)])
+    address, namespace = rayk_spark._ray_address(), cluster.namespace
+    marker = tmp_path / "attempt-0-saw"
+
+    def die_once_after_the_sink_has_records(batches):
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        for i, batch in enumerate(batches):
+            yield batch
+            if i == 12 and task.attemptNumber() == 0 and task.partitionId() == 0:
+                worker_cluster = rayk_spark._worker_cluster(address, namespace)
+                deadline = time.monotonic() + 30
+                while (written := sum(d["high_watermark"] for d in worker_cluster.describe_topic(sink))) == 0:
+                    assert time.monotonic() < deadline, "the write task wrote nothing"
+                    time.sleep(0.05)
+                marker.write_text(str(written))
+                raise RuntimeError("the executor was lost")
+
+    batch_ids = []
+
+    def copy_to_sink(df, batch_id):
+        batch_ids.append(batch_id)
+        flaky = df.select("value").mapInArrow(die_once_after_the_sink_has_records, "value binary")
+        assert rayk_spark.write_topic(flaky, sink, cluster=cluster) == 2000
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")  # the write sees batches before the failure
+    try:
+        query = rayk_spark.stream_topic(spark, source, "retried", copy_to_sink, trigger_ms=100,
+                                        starting_offsets="earliest", cluster=cluster)  # fmt: skip
+        wait_until(lambda: query.exception() is not None or query.last_progress is not None, 120, "the micro-batch")
+        query.stop()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert query.exception() is None, query.exception()
+    assert batch_ids == [0] and int(marker.read_text()) > 0, "attempt 0 had written records before it died"
+    values = [r.value for r in rayk_spark.read_topic(spark, sink, cluster=cluster).collect()]
+    assert sorted(values) == rows, "each record once"
