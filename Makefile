@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/client_bench.py
 	$(PY) benchmarks/ack_path_bench.py
 	$(PY) benchmarks/decode_bench.py
+	$(PY) benchmarks/read_path_bench.py
 	$(PY) benchmarks/kafka_protocol_bench.py
 
 clean:
