@@ -51,7 +51,6 @@ import time
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from rayk.client import calls
 from rayk.client.accumulator import RecordAccumulator
