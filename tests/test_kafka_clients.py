@@ -290,6 +290,25 @@ def test_confluent_assign_and_seek_read_records_of_the_python_api(cluster, boots
     consumer.close()
 
 
+def test_a_producer_with_many_requests_in_flight_has_them_appended_in_the_order_sent(cluster, bootstrap):
+    # linger.ms 0 and no idempotence: librdkafka sends a request per record without
+    # waiting for answers; the listener pipelines and coalesces them, and keeps their order.
+    topic = new_topic(cluster, partitions=2)
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                                         "enable.idempotence": False, "max.in.flight.requests.per.connection": 1000})
+    failed = []
+    for i in range(3000):
+        producer.produce(topic, value=str(i).encode(), partition=i % 2,
+                         on_delivery=lambda err, _: failed.append(err) if err else None)
+        if i % 50 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0 and not failed
+    by_partition = {0: [], 1: []}
+    for record in kafka_python_read(bootstrap, topic, 3000, partitions=2):
+        by_partition[record.partition].append(int(record.value))
+    assert by_partition == {p: list(range(p, 3000, 2)) for p in (0, 1)}
+
+
 def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     topic = new_topic(cluster, partitions=1)
     leader = cluster.describe_topic(topic)[0]["leader"]

@@ -70,6 +70,17 @@ def start_replication(r: dict, leader: int, epoch: int = 0, isr=None) -> None:
 # ---------------------------------------------------------------------- produce
 
 
+def test_produce_requests_appends_a_calls_requests_in_order_and_answers_each(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    requests = [(batch(2, "a"), 1, 1000), (b"not a batch", 1, 1000), (batch(1, "b"), -1, 1000), (batch(3, "c"), 0, 1000)]
+    results = ray.get(r[1].produce_requests.remote(requests))
+    assert [res.base_offset for res in results] == [0, -1, 2, 3]
+    assert [type(res.error).__name__ for res in results] == ["NoneType", "CorruptRecordError", "NoneType", "NoneType"]
+    values = [rec.value for b in iter_batches(stored_bytes(r[1], tmp_path, 1)) for rec in b.records()]
+    assert values == [b"a0", b"a1", b"b0", b"c0", b"c1", b"c2"]
+
+
 def test_acks_one_returns_the_assigned_offset_and_acks_zero_appends(tmp_path):
     r = replicas(tmp_path, ids=(1,))
     ray.get(r[1].become_leader.remote(0, [1], [1]))

@@ -1,8 +1,12 @@
 """The listener's back-pressure, on a SocketServer run in this process (no Ray): a client
 that pipelines more requests than the bounds allow gets them all answered, in order, but
-the broker reads at most QUEUED_PER_CONNECTION (+2: one being answered, one waiting for
-queue room) ahead on that connection and at most `queued.max.requests` over all of them,
-while other connections keep being served."""
+the broker reads at most QUEUED_PER_CONNECTION (+3: one being answered, one decoded and
+waiting for it, one read and waiting for queue room) ahead on that connection and at most
+`queued.max.requests` over all of them, while other connections keep being served.
+
+Produce requests are pipelined: one starts while those before it are unanswered, but
+they are answered in request order, and any other request waits until all before it are
+answered."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from rayk.config import BrokerConfig
 from rayk.net import api_versions as keys
+from rayk.net.codec import response_class
+from rayk.net.entities import build
 from rayk.net.socket_server import QUEUED_PER_CONNECTION, SocketServer
 from tests.protocol_helpers import request_frame, sized
 
@@ -43,7 +49,16 @@ async def settled(server: SocketServer, expected: int) -> int:
     return await server.queued_requests()
 
 
-def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitable[None]]) -> None:
+def produce(correlation_id: int, partitions: tuple[int, ...] = (0,)) -> bytes:
+    return sized(request_frame(keys.PRODUCE, 9, {"acks": -1, "timeout": 1000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": p, "records": b"\0" * 61} for p in partitions]}]}, correlation_id))
+
+
+def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitable[None]],
+                          answer: Callable[..., Awaitable[object]] | None = None) -> None:
+    """Runs `body(server, gate, connect)` against a listener whose requests with a
+    correlation id >= GATED_FROM wait for `gate`; `answer(request, handle)`, if given,
+    answers instead of KafkaApis' `handle`."""
     async def main() -> None:
         config = BrokerConfig(listeners="PLAINTEXT://127.0.0.1:0", queued_max_requests=queued_max_requests)
         server = SocketServer(0, controller=None, config=config)
@@ -53,7 +68,7 @@ def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitabl
         async def gated_handle(request):
             if request.head.correlation_id >= GATED_FROM:
                 await gate.wait()
-            return await handle(request)
+            return await (answer(request, handle) if answer else handle(request))
 
         server.apis.handle = gated_handle
         host, port = await server.start()
@@ -72,7 +87,7 @@ def test_one_connection_is_read_only_a_bounded_way_ahead_and_answered_in_order()
         slow_reader, slow = await connect()
         slow.write(b"".join(api_versions(GATED_FROM + i) for i in range(sent)))
         await slow.drain()
-        assert await settled(server, QUEUED_PER_CONNECTION + 2) == QUEUED_PER_CONNECTION + 2
+        assert await settled(server, QUEUED_PER_CONNECTION + 3) == QUEUED_PER_CONNECTION + 3
 
         # Another connection is served meanwhile.
         fast_reader, fast = await connect()
@@ -125,3 +140,38 @@ def test_a_client_that_leaves_with_requests_queued_gives_their_slots_back():
         writer.close()
 
     run_with_gated_server(3, body)
+
+
+def test_produce_requests_are_pipelined_answered_in_order_and_other_requests_wait_for_them():
+    started: list[int] = []
+    release: dict[int, asyncio.Event] = {}
+
+    async def answer(request, handle):
+        cid = request.head.correlation_id
+        started.append(cid)
+        if request.head.api_key == keys.PRODUCE:
+            await release.setdefault(cid, asyncio.Event()).wait()
+            return build(response_class(keys.PRODUCE, 9), {"responses": []})
+        return await handle(request)
+
+    async def body(server, gate, connect):
+        reader, writer = await connect()
+        writer.write(produce(1) + produce(2, (0, 1)) + produce(3) + api_versions(4) + produce(5))
+        await asyncio.sleep(0.3)
+        assert started == [1, 2, 3]  # all three produce requests started; ApiVersions waits for them
+
+        release.setdefault(3, asyncio.Event()).set()  # the last one finishes first ...
+        release.setdefault(2, asyncio.Event()).set()
+        await asyncio.sleep(0.2)
+        assert started == [1, 2, 3]
+        release.setdefault(1, asyncio.Event()).set()
+        assert await answers(reader, 3) == [1, 2, 3]  # ... but answers go in request order
+        assert await answers(reader, 1) == [4]
+        await asyncio.sleep(0.1)
+        assert started == [1, 2, 3, 4, 5]  # the produce after ApiVersions waited for it
+        release.setdefault(5, asyncio.Event()).set()
+        assert await answers(reader, 1) == [5]
+        assert await server.queued_requests() == 0
+        writer.close()
+
+    run_with_gated_server(500, body, answer)

@@ -5,7 +5,8 @@ for a given leader epoch; whoever manages the broker tells it which (`become_lea
 `become_follower`).
 
 Leader:
-- `produce(records, acks, timeout_ms)` appends a producer's batches. acks must be 0, 1
+- `produce(records, acks, timeout_ms)` appends a producer's batches;
+  `produce_requests` does so for several requests in one call (a listener's). acks must be 0, 1
   or -1 (else INVALID_REQUIRED_ACKS); acks=-1 is refused with NOT_ENOUGH_REPLICAS
   before appending when the ISR is smaller than `min.insync.replicas`, and otherwise
   waits (Kafka's DelayedProduce) until the HW passes the last appended offset, or answers
@@ -284,8 +285,35 @@ class PartitionReplica(Supervised):
     # ------------------------------------------------------------------ leader: produce
 
     async def produce(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
+        return (await self.produce_requests([(records, acks, timeout_ms)]))[0]
+
+    async def produce_requests(self, requests: list[tuple[bytes, int, int]]) -> list[ProduceResult]:
+        """Several produce requests (records, acks, timeout_ms) in one call, as a listener
+        sends the requests for this partition that arrived while its call before was in
+        flight (rayk/net/produce_coalescer.py): appended in list order, each answered as
+        `produce` answers it; the acknowledgements wait together."""
         received_s = time.monotonic()
-        log = self._log
+        appended = [await self._append(records, acks, timeout_ms) for records, acks, timeout_ms in requests]
+        return list(await asyncio.gather(*(
+            self._answer(done, acks, timeout_ms, received_s) for done, (_, acks, timeout_ms) in zip(appended, requests)
+        )))
+
+    async def _answer(
+        self, appended: ProduceResult | tuple[int, int, int], acks: int, timeout_ms: int, received_s: float
+    ) -> ProduceResult:
+        if isinstance(appended, ProduceResult):
+            return appended
+        first_offset, last_offset, log_append_time_ms = appended
+        if self._trace is not None:
+            self._trace.appended(received_s, last_offset + 1)
+        result = await self._acknowledge(first_offset, last_offset, log_append_time_ms, acks, timeout_ms)
+        if self._trace is not None:
+            self._trace.answered(last_offset + 1)
+        return result
+
+    async def _append(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult | tuple[int, int, int]:
+        """The checks and the append of one produce: (first offset, last offset, log append
+        time) to acknowledge, or the final answer (an error, or a duplicate's first answer)."""
         if acks not in (0, 1, -1):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
         if self._role != "leader":
@@ -307,19 +335,14 @@ class PartitionReplica(Supervised):
             except KafkaError as e:
                 return self._produce_error(e)
             if duplicate is not None:  # a retry of an appended batch: answer as the first time
-                return await self._acknowledge(duplicate.first_offset, duplicate.last_offset, -1, acks, timeout_ms)
+                return duplicate.first_offset, duplicate.last_offset, -1
         try:
-            info = log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
+            info = self._log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
         except KafkaError as e:
             return self._produce_error(e)
-        if self._trace is not None:
-            self._trace.appended(received_s, info.last_offset + 1)
         self._maybe_increment_high_watermark()
         self._notify_change()
-        result = await self._acknowledge(info.first_offset, info.last_offset, info.log_append_time_ms, acks, timeout_ms)
-        if self._trace is not None:
-            self._trace.answered(info.last_offset + 1)
-        return result
+        return info.first_offset, info.last_offset, info.log_append_time_ms
 
     def trace_produce(self, enable: bool) -> list[dict]:
         """Starts noting the stages of each appended batch's acks=all path (ProduceTrace),

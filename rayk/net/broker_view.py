@@ -27,6 +27,7 @@ from rayk.errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
+from rayk.net.produce_coalescer import ProduceCoalescer
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class BrokerView:
         self.config = config
         self._replicas: dict[TopicPartition, Any] = {}
         self._offsets_partitions: int | None = None
+        self._produce = ProduceCoalescer(self._produce_requests)
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no
@@ -64,6 +66,14 @@ class BrokerView:
         except RayActorError:
             self.forget(topic, partition)
             raise lost(f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting") from None
+
+    def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int) -> asyncio.Future:
+        """Queues one produce request for this broker's replica of the partition (see
+        produce_coalescer.py); the future resolves to its ProduceResult."""
+        return self._produce.submit(topic, partition, records, acks, timeout_ms)
+
+    async def _produce_requests(self, topic: str, partition: int, requests: list) -> list:
+        return await self.call(topic, partition, "produce_requests", requests)
 
     async def ask_controller(self, method: str, *args: Any, timeout_ms: int) -> Any:
         """`method(*args)` on the Controller, answered within `timeout_ms`: REQUEST_TIMED_OUT

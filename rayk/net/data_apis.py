@@ -22,16 +22,22 @@ CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the c
 
 
 async def produce(view: BrokerView, request: Any) -> dict | object | None:
+    """Queues every partition's records at the listener's ProduceCoalescer before anything
+    awaits (so a connection's requests are queued in the order they arrived), then
+    answers each partition with its result or its error code."""
     body = request.body
     acks, timeout_ms = body.acks, ms(body.timeout)
 
-    async def one(topic: str, index: int, records: bytes | None) -> dict:
+    def submit(topic: str, index: int, records: bytes | None) -> asyncio.Future:
+        if body.transactional_id is not None:
+            return _failed(InvalidRequestError("transactions are not supported by rayk"))
+        if records is None:
+            return _failed(CorruptRecordError("a produce request without records"))
+        return view.produce(topic, index, bytes(records), acks, timeout_ms)
+
+    async def answer(index: int, produced: asyncio.Future) -> dict:
         try:
-            if body.transactional_id is not None:
-                raise InvalidRequestError("transactions are not supported by rayk")
-            if records is None:
-                raise CorruptRecordError("a produce request without records")
-            result = await view.call(topic, index, "produce", bytes(records), acks, timeout_ms)
+            result = await produced
             if result.error is not None:
                 raise result.error
             return {
@@ -44,20 +50,26 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
             return {"index": index, "error_code": error_code_of(e), "error_message": error_message_of(e),
                     "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
 
-    topics = [(t.name, [p.index for p in t.partition_data]) for t in body.topic_data]
-    results = await asyncio.gather(
-        *(one(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data)
-    )
+    submitted = [[(p.index, submit(t.name, p.index, p.records)) for p in t.partition_data] for t in body.topic_data]
+    results = await asyncio.gather(*(answer(index, produced) for partitions in submitted for index, produced in partitions))
     if acks == 0:
         return CLOSE_CONNECTION if any(r.get("error_code") for r in results) else None
     it = iter(results)
-    return {"responses": [{"name": name, "partition_responses": [next(it) for _ in indexes]} for name, indexes in topics]}
+    return {"responses": [{"name": t.name, "partition_responses": [next(it) for _ in t.partition_data]} for t in body.topic_data]}
+
+
+def _failed(error: Exception) -> asyncio.Future:
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
 
 
 async def fetch(view: BrokerView, request: Any) -> dict:
     """Answers when `min_bytes` are ready over all partitions or `max_wait` has passed:
     first a read of every partition without waiting, then (if that fell short) a wait on
-    every partition at once, answered as soon as enough bytes arrived."""
+    every partition at once, answered as soon as enough bytes arrived. A fetch of one
+    partition (a consumer's fetch from a broker that leads one of its partitions) waits at
+    the replica in one call."""
     body = request.body
     if getattr(body, "session_id", 0) != 0:  # rayk creates no fetch sessions: every fetch is a full one
         return {"error_code": FETCH_SESSION_ID_NOT_FOUND, "session_id": 0, "responses": []}
@@ -65,10 +77,10 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     deadline = time.monotonic() + max(ms(body.max_wait), 0) / 1000
     min_bytes = max(body.min_bytes, 1)
 
-    async def one(topic: str, p: Any, wait_ms: int) -> dict:
+    async def one(topic: str, p: Any, wait_ms: int, partition_min_bytes: int = 1) -> dict:
         try:
             result = await view.call(
-                topic, p.partition, "fetch", p.fetch_offset, max(p.partition_max_bytes, 0), 1, wait_ms,
+                topic, p.partition, "fetch", p.fetch_offset, max(p.partition_max_bytes, 0), partition_min_bytes, wait_ms,
                 CONSUMER_REPLICA_ID, getattr(p, "current_leader_epoch", -1),
             )
             if result.error is not None:
@@ -90,6 +102,10 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             "records": result.records if result else b"",
         }
 
+    if len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
+        topic, p = wanted[0]
+        answers = [await one(topic, p, max(ms(body.max_wait), 0), min_bytes)]
+        return {"error_code": 0, "session_id": 0, "responses": [{"topic": topic, "partitions": answers}]}
     answers = list(await asyncio.gather(*(one(t, p, 0) for t, p in wanted)))
     remaining_ms = int((deadline - time.monotonic()) * 1000)
     if _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):

@@ -2,17 +2,22 @@
 
 One actor per broker, on the broker's node (its ReplicaManager creates it, supervises it
 and starts a new one if it dies; see rayk/actors/supervision.py). For each
-connection a reader task reads size-prefixed frames into a bounded queue, and a processor
-task takes them one at a time: decode, hand to KafkaApis, write the response. So every
-connection is answered in request order (and a producer's batches are appended in the
-order it sent them), while many connections are served at once.
+connection a reader task reads size-prefixed frames into a bounded queue, a processor
+task decodes them in order and starts answering each (KafkaApis), and a writer task
+writes the answers in request order. Consecutive produce requests are pipelined: request
+N+1 is appended while request N waits for its high watermark; their appends keep their
+arrival order (the ProduceCoalescer queues them in that order and has one call in flight
+per partition: rayk/net/produce_coalescer.py). Every other request
+starts once all before it are answered, as in Kafka. Many connections are served at once.
 
 Back-pressure and bad input, as in Kafka:
 - a frame larger than `socket.request.max.bytes` (or with a negative size) closes the
   connection before its body is read;
-- at most `queued.max.requests` requests are read but not yet answered over all
-  connections, and at most QUEUED_PER_CONNECTION per connection; past that, reading
-  stops and TCP pushes back on the clients;
+- at most `queued.max.requests` requests are read but not yet answered (written) over
+  all connections, and per connection at most QUEUED_PER_CONNECTION waiting to start
+  and STARTED_PER_CONNECTION started (only produce requests start while others are
+  unanswered: a producer with `linger.ms` 0 and acks=all has many in flight); past that,
+  reading stops and TCP pushes back on the clients;
 - a request that does not parse gets INVALID_REQUEST, an API or version this broker does
   not serve gets UNSUPPORTED_VERSION (ApiVersions always answers in v0 so any client can
   read the list), and a frame too short to hold a header closes the connection; every
@@ -32,22 +37,30 @@ from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.net.admin_apis import api_versions_body
-from rayk.net.api_versions import API_VERSIONS
+from rayk.net.api_versions import API_VERSIONS, PRODUCE
 from rayk.net.broker_view import BrokerView
-from rayk.net.codec import RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
+from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
 from rayk.net.listener_address import broker_port, parse_listener
 
 logger = logging.getLogger(__name__)
 
-QUEUED_PER_CONNECTION = 16
+QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
+STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
 
 class ConnectionClosed(Exception):
     """Why the listener closes a connection (logged)."""
+
+
+class _Connection:
+    """What the listener keeps per connection."""
+
+    def __init__(self) -> None:
+        self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
 
 
 class SocketServer(Supervised):
@@ -115,36 +128,80 @@ class SocketServer(Supervised):
         task = asyncio.current_task()
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
-        reading = asyncio.ensure_future(self._read_frames(reader, queue, peer))
+        connection = _Connection()
+        frames: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
+        answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(STARTED_PER_CONNECTION)
+        reading = asyncio.ensure_future(self._read_frames(reader, frames, peer, connection))
+        writing = asyncio.ensure_future(self._write_answers(answers, writer, connection))
+        processing = asyncio.ensure_future(self._process(frames, answers, connection))
         try:
-            while (frame := await queue.get()) is not None:
-                try:
-                    response = await self._respond(frame)
-                finally:
-                    self._give_slot()
-                if response is CLOSE_CONNECTION:
-                    raise ConnectionClosed("an acks=0 produce failed")
-                if response is not None:
-                    writer.write(response)
-                    await writer.drain()
+            done, _ = await asyncio.wait((processing, writing), return_when=asyncio.FIRST_EXCEPTION)
+            for finished in done:
+                finished.result()  # raises why the connection ends, if it failed
+            await writing  # processing ended at EOF: write what is left
         except ConnectionClosed as e:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, e)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client left, or the listener stops
         except Exception:
             logger.exception("broker %d: closing connection from %s after an unexpected error", self.broker_id, peer)
         finally:
-            reading.cancel()
-            while not queue.empty():  # frames read but never processed
-                if queue.get_nowait() is not None:
-                    self._give_slot()
+            for part in (reading, processing, writing):
+                part.cancel()
+            await asyncio.gather(reading, processing, writing, return_exceptions=True)  # their slots settled
+            while not answers.empty():
+                if (answer := answers.get_nowait()) is not None:
+                    answer.cancel()
+            for _ in range(connection.slots_held):  # frames read but never answered
+                self._give_slot()
             writer.close()
             self._connections.discard(task)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, queue: asyncio.Queue, peer: Any) -> None:
-        """Reads frames into `queue` until EOF or a bad size, then puts None. (Cancelled when
-        the connection closes: then it puts nothing and holds no `queued.max.requests` slot.)"""
+    async def _process(self, frames: asyncio.Queue, answers: asyncio.Queue, connection: _Connection) -> None:
+        """Starts answering each frame in arrival order, and queues the answers in that order
+        for `_write_answers`. A produce request starts while produce requests before it still
+        wait for their high watermark (their appends keep their order: produce_coalescer.py);
+        any other request starts once everything before it is answered, as in Kafka."""
+        pending: set[asyncio.Future] = set()  # started, not answered
+        pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
+        while (frame := await frames.get()) is not None:
+            request = self._decode(frame)
+            is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
+            if pending_other or (pending and not is_produce):
+                await asyncio.wait(pending)
+            if isinstance(request, Request):
+                # Tasks start in the order they are created, so produce requests reach the
+                # ProduceCoalescer in arrival order.
+                answer = asyncio.ensure_future(self._answer(request))
+                if not is_produce:
+                    pending_other.add(answer)
+                    answer.add_done_callback(pending_other.discard)
+                pending.add(answer)
+                answer.add_done_callback(pending.discard)
+            else:  # the request did not decode: its error answer is ready
+                answer = asyncio.get_running_loop().create_future()
+                answer.set_result(request)
+            await answers.put(answer)
+        await answers.put(None)
+
+    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection) -> None:
+        """Writes each answer when it is ready, in request order; gives back its slot."""
+        while (answer := await answers.get()) is not None:
+            try:
+                response = await answer
+            finally:
+                connection.slots_held -= 1
+                self._give_slot()
+            if response is CLOSE_CONNECTION:
+                raise ConnectionClosed("an acks=0 produce failed")
+            if response is not None:
+                writer.write(response)
+                await writer.drain()
+
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
+                           connection: _Connection) -> None:
+        """Reads frames into `frames` until EOF or a bad size, then puts None. (Cancelled when
+        the connection closes: then it puts nothing.)"""
         try:
             while True:
                 size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
@@ -154,19 +211,16 @@ class SocketServer(Supervised):
                     break
                 frame = await reader.readexactly(size)
                 await self._take_slot()
-                try:
-                    await queue.put(frame)
-                except BaseException:
-                    self._give_slot()
-                    raise
+                connection.slots_held += 1
+                await frames.put(frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        await queue.put(None)
+        await frames.put(None)
 
-    async def _respond(self, frame: bytes) -> bytes | object | None:
-        """The response frame for one request frame, None for none, or CLOSE_CONNECTION."""
+    def _decode(self, frame: bytes) -> Request | bytes:
+        """The request, or the error response for a frame that does not decode."""
         try:
-            request = decode_request(frame)
+            return decode_request(frame)
         except UnsupportedVersionError as e:
             return self._unsupported(read_head(frame), str(e))
         except InvalidRequestError as e:
@@ -175,6 +229,9 @@ class SocketServer(Supervised):
             head = read_head(frame)
             logger.info("broker %d: %s", self.broker_id, e)
             return encode_response(head, error_response(response_class(head.api_key, head.api_version), InvalidRequestError.code))
+
+    async def _answer(self, request: Request) -> bytes | object | None:
+        """The response frame for one request, None for none, or CLOSE_CONNECTION."""
         response = await self.apis.handle(request)
         if response is None or response is CLOSE_CONNECTION:
             return response
