@@ -56,6 +56,9 @@ class BrokerConfig:
     advertised_listeners: str = ""  # "": what the broker is bound to
     queued_max_requests: int = 500  # requests read but not answered, over all connections
     socket_request_max_bytes: int = 100 * 1024 * 1024  # larger request frames close the connection
+    # Fetch sessions (KIP-227) per listener; 0 slots: every fetch is a full one.
+    max_incremental_fetch_session_cache_slots: int = 1000
+    min_incremental_fetch_session_eviction_ms: int = 120_000  # a session idle this long may be evicted
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -81,6 +84,10 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
+        if self.max_incremental_fetch_session_cache_slots < 0:
+            raise InvalidConfigurationError(
+                f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"
+            )
         parse_listener(self.listeners)
         parse_listener(self.advertised_listeners, "advertised.listeners")
 

@@ -280,6 +280,36 @@ class NoReassignmentInProgressError(KafkaError):
     code, name = 85, "NO_REASSIGNMENT_IN_PROGRESS"
 
 
+class FetchSessionIdNotFoundError(KafkaError):
+    """An incremental fetch names a session this broker does not hold (KIP-227)."""
+
+    code, name, retriable = 70, "FETCH_SESSION_ID_NOT_FOUND", True
+
+
+class InvalidFetchSessionEpochError(KafkaError):
+    """An incremental fetch carries another epoch than its session's next one."""
+
+    code, name, retriable = 71, "INVALID_FETCH_SESSION_EPOCH", True
+
+
+class UnknownTopicIdError(KafkaError):
+    """A request names a topic id no topic of this cluster has."""
+
+    code, name, retriable = 100, "UNKNOWN_TOPIC_ID", True
+
+
+class InconsistentTopicIdError(KafkaError):
+    """A request's topic id is not the id of the partition's log (a topic recreated)."""
+
+    code, name, retriable = 103, "INCONSISTENT_TOPIC_ID", True
+
+
+class FetchSessionTopicIdError(KafkaError):
+    """An incremental fetch uses topic ids where its session used names, or the reverse."""
+
+    code, name, retriable = 106, "FETCH_SESSION_TOPIC_ID_ERROR", True
+
+
 class InconsistentClusterIdError(KafkaStorageError):
     """A data directory's meta.properties names another cluster or another broker id."""
 

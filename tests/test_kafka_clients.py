@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+import uuid
 
 import aiokafka
 import confluent_kafka
@@ -23,7 +24,8 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 import rayk
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
-from rayk.net.api_versions import PRODUCE
+from rayk.net.api_versions import FETCH, PRODUCE
+from rayk.net.entities import kafka_uuid
 from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection
@@ -321,6 +323,61 @@ def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     finally:
         conn.close()
     assert cluster.describe_topic(topic)[0]["high_watermark"] == 0, "nothing was appended"
+
+
+def _fetch_values(topic_key: str, topic, offset: int, session_id: int, epoch: int, max_wait_ms: int = 200) -> dict:
+    partitions = [] if topic is None else [{"partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+                                            "current_leader_epoch": -1, "last_fetched_epoch": -1, "log_start_offset": -1}]
+    return {"max_wait": max_wait_ms, "min_bytes": 1, "max_bytes": 1 << 20, "session_id": session_id,
+            "session_epoch": epoch, "topics": [] if topic is None else [{topic_key: topic, "partitions": partitions}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_id(cluster):
+    """KIP-227 on the wire (kafka-python uses sessions; librdkafka Fetch v16 with topic ids):
+    a full fetch opens a session, an incremental one with nothing new is empty, a new
+    record brings its partition back; stale epochs and unknown sessions get Kafka's errors."""
+    topic = new_topic(cluster, partitions=1)
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    address = "%s:%d" % tuple(next(b["endpoint"] for b in cluster.brokers() if b["broker_id"] == leader))
+    conn, producer = RawConnection(address), cluster.producer()
+    try:
+        full = conn.call(FETCH, 12, _fetch_values("topic", topic, 0, session_id=0, epoch=0))
+        session_id = full.session_id
+        assert full.error_code.value == 0 and session_id != 0 and len(full.responses[0].partitions) == 1
+        quiet = conn.call(FETCH, 12, _fetch_values("topic", None, 0, session_id, epoch=1))
+        assert (quiet.error_code.value, quiet.session_id, quiet.responses) == (0, session_id, ())
+        producer.send(topic, b"new", partition=0).result(timeout=30)
+        changed = conn.call(FETCH, 12, _fetch_values("topic", None, 0, session_id, epoch=2))
+        [partition] = changed.responses[0].partitions
+        assert partition.high_watermark == 1 and partition.records
+        stale = conn.call(FETCH, 12, _fetch_values("topic", None, 0, session_id, epoch=2))
+        assert stale.error_code.value == 71  # INVALID_FETCH_SESSION_EPOCH
+        unknown = conn.call(FETCH, 12, _fetch_values("topic", None, 0, session_id + 1, epoch=1))
+        assert unknown.error_code.value == 70  # FETCH_SESSION_ID_NOT_FOUND
+
+        topic_id = kafka_uuid(cluster.describe_topic(topic)[0]["topic_id"])
+        by_id = conn.call(FETCH, 16, _fetch_values("topic_id", topic_id, 0, session_id=0, epoch=-1))
+        assert by_id.responses[0].topic_id == topic_id and by_id.responses[0].partitions[0].records
+        missing = conn.call(FETCH, 16, _fetch_values("topic_id", uuid.uuid4(), 0, session_id=0, epoch=-1))
+        assert missing.responses[0].partitions[0].error_code.value == 100  # UNKNOWN_TOPIC_ID
+
+        cluster.delete_topic(topic)  # a topic created again under the name is not the old id's
+        wait_until(lambda: topic not in cluster.list_topics(), 30, "the topic is deleted")
+        cluster.create_topic(topic, partitions=1, replication_factor=1)
+        producer.send(topic, b"other", partition=0).result(timeout=30)
+        new_leader = cluster.describe_topic(topic)[0]["leader"]
+        conn.close()
+        conn = RawConnection("%s:%d" % tuple(next(b["endpoint"] for b in cluster.brokers() if b["broker_id"] == new_leader)))
+        codes = []
+        for _ in range(3):  # the first may be NOT_LEADER_OR_FOLLOWER (the old replica is gone), as a client retries
+            [partition] = conn.call(FETCH, 16, _fetch_values("topic_id", topic_id, 0, 0, -1)).responses[0].partitions
+            assert not partition.records
+            codes.append(partition.error_code.value)
+        assert codes[-1] == 100, codes  # UNKNOWN_TOPIC_ID
+    finally:
+        conn.close()
+        producer.close()
 
 
 def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):

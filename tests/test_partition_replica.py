@@ -10,13 +10,14 @@ import ray
 
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.errors import (
+    InconsistentTopicIdError,
     FencedLeaderEpochError,
     InvalidRequiredAcksError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
-from rayk.storage import Log, LogConfig
+from rayk.storage import Log, LogConfig, partition_metadata
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import shared_local_ray
 
@@ -79,6 +80,17 @@ def test_produce_requests_appends_a_calls_requests_in_order_and_answers_each(tmp
     assert [type(res.error).__name__ for res in results] == ["NoneType", "CorruptRecordError", "NoneType", "NoneType"]
     values = [rec.value for b in iter_batches(stored_bytes(r[1], tmp_path, 1)) for rec in b.records()]
     assert values == [b"a0", b"a1", b"b0", b"c0", b"c1", b"c2"]
+
+
+def test_a_fetch_by_another_topic_id_than_the_logs_is_inconsistent_topic_id(tmp_path):
+    partition_metadata.write(tmp_path / "broker-1" / "t-0", "H8cSMgxTQ9CaBUjTfZy6bg")
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))
+    mine = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0, topic_id="H8cSMgxTQ9CaBUjTfZy6bg"))
+    other = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0, topic_id="AAAAAAAAAAAAAAAAAAAAAA"))
+    assert offsets(mine.records) == [0, 1]
+    assert isinstance(other.error, InconsistentTopicIdError) and other.records == b""
 
 
 def test_acks_one_returns_the_assigned_offset_and_acks_zero_appends(tmp_path):

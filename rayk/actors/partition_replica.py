@@ -57,6 +57,7 @@ from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.supervision import Supervised
 from rayk.errors import (
     FencedLeaderEpochError,
+    InconsistentTopicIdError,
     IneligibleReplicaError,
     InvalidRecordError,
     InvalidRequiredAcksError,
@@ -71,7 +72,7 @@ from rayk.errors import (
     StaleBrokerEpochError,
     UnknownLeaderEpochError,
 )
-from rayk.storage import Log, LogConfig
+from rayk.storage import Log, LogConfig, partition_metadata
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.producer_state import BatchMetadata, Verdict
@@ -141,6 +142,7 @@ class PartitionReplica(Supervised):
         log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager)."""
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         self.config = replica_config or ReplicaConfig()
+        self.topic_id = partition_metadata.read(log_dir)  # None for a log without partition.metadata
         offsets = offsets or PartitionOffsets()
         self._log = Log(
             log_dir,
@@ -413,9 +415,14 @@ class PartitionReplica(Supervised):
         replica_id: int = CONSUMER_REPLICA_ID,
         leader_epoch: int = -1,
         last_fetched_epoch: int = UNDEFINED_EPOCH,
+        topic_id: str | None = None,
     ) -> FetchResult:
+        """`topic_id` (a Fetch v13+ names topics by id): INCONSISTENT_TOPIC_ID unless it is
+        this log's, so a fetch for a deleted topic never reads one created again under its name."""
         if self._role != "leader":
             return self._fetch_error(self._not_leader())
+        if topic_id is not None and topic_id != self.topic_id:
+            return self._fetch_error(InconsistentTopicIdError(f"{self.topic}-{self.partition} has topic id {self.topic_id}, not {topic_id}"))
         if leader_epoch >= 0 and leader_epoch != self._leader_epoch:
             cls = FencedLeaderEpochError if leader_epoch < self._leader_epoch else UnknownLeaderEpochError
             return self._fetch_error(cls(f"fetch in epoch {leader_epoch}, leader is in epoch {self._leader_epoch}"))

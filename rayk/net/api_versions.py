@@ -1,9 +1,10 @@
 """Which Kafka APIs the listener serves, and over which versions.
 
 The floor is Kafka 4.0's (KIP-896: Produce >= 3, Fetch >= 4, ...), which is also where the
-codec's schemas start. Ceilings stop below versions whose semantics rayk does not have:
-topic ids instead of names on the data path (Produce/Fetch v13, OffsetCommit/OffsetFetch
-v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered offsets (v7+), two-phase
+codec's schemas start. Fetch goes to Kafka 4.0's v17: v13+ names topics by id, v7+ has
+fetch sessions (fetch_session.py). Other ceilings stop below versions whose semantics
+rayk does not have: topic ids instead of names (Produce v13, from Kafka 4.1; OffsetCommit
+/ OffsetFetch v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered offsets (v7+), two-phase
 commit producer ids (InitProducerId v6), fenced brokers in DescribeCluster (v2). Where
 kio has versions newer than Kafka 4.0 serves (AlterPartitionReassignments v1, KIP-860,
 from Kafka 4.1), the ceiling is 4.0's.
@@ -21,7 +22,7 @@ ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 
 
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
-    FETCH: (4, 12),
+    FETCH: (4, 17),
     LIST_OFFSETS: (1, 6),
     METADATA: (0, 12),
     OFFSET_COMMIT: (2, 9),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -27,6 +28,8 @@ from rayk.errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
+from rayk.net.entities import kafka_uuid
+from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.produce_coalescer import ProduceCoalescer
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,10 @@ class BrokerView:
         self._replicas: dict[TopicPartition, Any] = {}
         self._offsets_partitions: int | None = None
         self._produce = ProduceCoalescer(self._produce_requests)
+        self._topic_names: dict[uuid.UUID, str] = {}
+        self.fetch_sessions = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
+        )
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no
@@ -56,7 +63,25 @@ class BrokerView:
         return handle
 
     def forget(self, topic: str, partition: int) -> None:
+        """Drops a replica handle whose actor is gone, and the topic ids with it: a replica
+        goes away when its topic is deleted, so the ids are looked up again next time."""
         self._replicas.pop((topic, partition), None)
+        self._topic_names.clear()
+
+    async def topic_name(self, topic_id: uuid.UUID) -> str | None:
+        """The name of the topic with this id (Fetch v13+ names topics by id), None if no
+        topic has it. A miss looks every id up again at the Controller; an id that a
+        replica refused (its topic was deleted and created again) is dropped with
+        `forget_topic_id`."""
+        name = self._topic_names.get(topic_id)
+        if name is None:
+            described = await self.controller.client_metadata.remote(None)
+            self._topic_names = {kafka_uuid(t["topic_id"]): n for n, t in described["topics"].items()}
+            name = self._topic_names.get(topic_id)
+        return name
+
+    def forget_topic_id(self, topic_id: uuid.UUID) -> None:
+        self._topic_names.pop(topic_id, None)
 
     async def call(self, topic: str, partition: int, method: str, *args: Any, lost: type[KafkaError] = NotLeaderOrFollowerError) -> Any:
         """`method(*args)` on this broker's replica; raises `lost` if the replica's actor is gone."""

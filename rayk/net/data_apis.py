@@ -13,11 +13,18 @@ import time
 from typing import Any
 
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
-from rayk.errors import CorruptRecordError, InvalidRequestError, KafkaError
+from rayk.errors import (
+    CorruptRecordError,
+    InconsistentTopicIdError,
+    InvalidRequestError,
+    KafkaError,
+    UnknownTopicIdError,
+)
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
-from rayk.net.entities import ms
+from rayk.net.entities import ms, topic_id_text
+from rayk.net.fetch_session import FetchPartition, PartitionAnswer
+from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 
-FETCH_SESSION_ID_NOT_FOUND = 70
 CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the connection
 
 
@@ -69,25 +76,44 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     first a read of every partition without waiting, then (if that fell short) a wait on
     every partition at once, answered as soon as enough bytes arrived. A fetch of one
     partition (a consumer's fetch from a broker that leads one of its partitions) waits at
-    the replica in one call."""
+    the replica in one call. Which partitions are read and answered is the fetch session's
+    (fetch_session.py); Fetch v13+ names topics by id."""
     body = request.body
-    if getattr(body, "session_id", 0) != 0:  # rayk creates no fetch sessions: every fetch is a full one
-        return {"error_code": FETCH_SESSION_ID_NOT_FOUND, "session_id": 0, "responses": []}
-    wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
+    uses_topic_ids = request.head.api_version >= 13
+    wanted = [
+        FetchPartition(t.topic_id if uses_topic_ids else t.topic, p.partition, p.fetch_offset,
+                       max(p.partition_max_bytes, 0), getattr(p, "current_leader_epoch", -1))
+        for t in body.topics for p in t.partitions
+    ]
+    forgotten = [(t.topic_id if uses_topic_ids else t.topic, p)
+                 for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
+    try:  # Fetch v4-v6 have no session fields: (0, -1), a sessionless fetch
+        context = view.fetch_sessions.new_context(getattr(body, "session_id", 0), getattr(body, "session_epoch", -1),
+                                                  wanted, forgotten, uses_topic_ids)
+    except KafkaError as e:
+        return {"error_code": e.code, "session_id": 0, "responses": []}
+    wanted = context.partitions
+    names = {p.topic: await view.topic_name(p.topic) if uses_topic_ids else p.topic for p in wanted}
     deadline = time.monotonic() + max(ms(body.max_wait), 0) / 1000
     min_bytes = max(body.min_bytes, 1)
 
-    async def one(topic: str, p: Any, wait_ms: int, partition_min_bytes: int = 1) -> dict:
+    async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1) -> dict:
         try:
+            name = names[p.topic]
+            if name is None:
+                raise UnknownTopicIdError(f"no topic has id {p.topic}")
             result = await view.call(
-                topic, p.partition, "fetch", p.fetch_offset, max(p.partition_max_bytes, 0), partition_min_bytes, wait_ms,
-                CONSUMER_REPLICA_ID, getattr(p, "current_leader_epoch", -1),
+                name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, wait_ms,
+                CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
+                topic_id_text(p.topic) if uses_topic_ids else None,
             )
             if result.error is not None:
                 raise result.error
             error = 0
         except KafkaError as e:
             error, result = e.code, None
+            if isinstance(e, InconsistentTopicIdError):
+                view.forget_topic_id(p.topic)
         except Exception as e:
             error, result = error_code_of(e), None
         hw = result.high_watermark if result else -1
@@ -103,21 +129,28 @@ async def fetch(view: BrokerView, request: Any) -> dict:
         }
 
     if len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
-        topic, p = wanted[0]
-        answers = [await one(topic, p, max(ms(body.max_wait), 0), min_bytes)]
-        return {"error_code": 0, "session_id": 0, "responses": [{"topic": topic, "partitions": answers}]}
-    answers = list(await asyncio.gather(*(one(t, p, 0) for t, p in wanted)))
-    remaining_ms = int((deadline - time.monotonic()) * 1000)
-    if _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
-        answers = await _wait_for_bytes(answers, [asyncio.ensure_future(one(t, p, remaining_ms)) for t, p in wanted],
-                                        min_bytes, remaining_ms)
-    _trim_to(answers, body.max_bytes)
+        answers = [await one(wanted[0], max(ms(body.max_wait), 0), min_bytes)]
+    else:
+        answers = list(await asyncio.gather(*(one(p, 0) for p in wanted)))
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if wanted and _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
+            answers = await _wait_for_bytes(answers, [asyncio.ensure_future(one(p, remaining_ms)) for p in wanted],
+                                            min_bytes, remaining_ms)
+        _trim_to(answers, body.max_bytes)
+    try:
+        session_id, chosen = context.answer([
+            PartitionAnswer(a["error_code"], a["high_watermark"], a["log_start_offset"], len(a["records"])) for a in answers
+        ])
+    except KafkaError as e:
+        return {"error_code": e.code, "session_id": 0, "responses": []}
+    topic_field = "topic_id" if uses_topic_ids else "topic"
     out: list[dict] = []
-    for (topic, _), answer in zip(wanted, answers):
-        if not out or out[-1]["topic"] != topic:
-            out.append({"topic": topic, "partitions": []})
-        out[-1]["partitions"].append(answer)
-    return {"error_code": 0, "session_id": 0, "responses": out}
+    for i in chosen:  # a topic whose partitions the session's order split appears once per run, as in Kafka
+        topic = wanted[i].topic
+        if not out or out[-1][topic_field] != topic:
+            out.append({topic_field: topic, "partitions": []})
+        out[-1]["partitions"].append(answers[i])
+    return {"error_code": 0, "session_id": session_id, "responses": out}
 
 
 def _ready_bytes(answers: list[dict]) -> int:

@@ -36,6 +36,11 @@ def kafka_uuid(text: str) -> uuid.UUID:
     return uuid.UUID(bytes=base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
 
 
+def topic_id_text(value: uuid.UUID) -> str:
+    """The inverse of `kafka_uuid`: a protocol topic id in the form rayk stores."""
+    return base64.urlsafe_b64encode(value.bytes).decode().rstrip("=")
+
+
 def ms(value: datetime.timedelta | None, default: int = 0) -> int:
     """A request's duration field in ms."""
     return default if value is None else round(value.total_seconds() * 1000)
