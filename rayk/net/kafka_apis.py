@@ -3,7 +3,8 @@
 `handle` looks up the handler of the request's API, builds the response message of the
 request's version from what the handler returns (see `entities.build`), and turns an
 exception into that response with the error code set, so a request is always answered
-with something its client can read. Handlers live by topic in `data_apis`, `group_apis`,
+with something its client can read. Produce and Fetch answers skip the message: their
+frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
 `admin_apis` and `reassignment_apis`.
 """
 
@@ -16,6 +17,7 @@ from rayk.net import admin_apis, data_apis, group_apis, reassignment_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.codec import Request, response_class
+from rayk.net.data_responses import FRAME_WRITERS
 from rayk.net.entities import build, error_response
 
 logger = logging.getLogger(__name__)
@@ -55,13 +57,15 @@ class KafkaApis:
         self.view = view
 
     async def handle(self, request: Request) -> Any:
-        """The response message, None (acks=0 produce) or CLOSE_CONNECTION."""
+        """The response message, its finished frame (bytes: Produce and Fetch), None
+        (acks=0 produce) or CLOSE_CONNECTION."""
         head = request.head
         cls = response_class(head.api_key, head.api_version)
         try:
             values = await HANDLERS[head.api_key](self.view, request)
             if values is None or values is CLOSE_CONNECTION:
                 return values
-            return build(cls, values)
+            write_frame = FRAME_WRITERS.get(head.api_key)
+            return build(cls, values) if write_frame is None else write_frame(head, values)
         except Exception as e:  # error_code_of logs anything that is not a KafkaError
             return error_response(cls, error_code_of(e))

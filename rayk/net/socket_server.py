@@ -233,7 +233,7 @@ class SocketServer(Supervised):
     async def _answer(self, request: Request) -> bytes | object | None:
         """The response frame for one request, None for none, or CLOSE_CONNECTION."""
         response = await self.apis.handle(request)
-        if response is None or response is CLOSE_CONNECTION:
+        if response is None or response is CLOSE_CONNECTION or isinstance(response, bytes):
             return response
         return encode_response(request.head, response)
 
