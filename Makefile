@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/read_path_bench.py
 	$(PY) benchmarks/ray_call_bench.py
 	$(PY) benchmarks/response_encoding_bench.py
+	$(PY) benchmarks/latency_cpu_bench.py
 	$(PY) benchmarks/kafka_protocol_bench.py
 
 clean:
