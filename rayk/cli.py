@@ -303,8 +303,15 @@ def _configs_text(configs: dict[str, str]) -> str:
 
 
 def cmd_topics_alter(args: argparse.Namespace) -> None:
-    configs = _connect(args).admin().alter_topic_configs(args.name, dict(args.config))
-    say(args, f"topic {args.name!r} configs: {_configs_text(configs)}")
+    if not args.config and args.partitions is None:
+        raise CliError("topics alter needs --partitions N, --config KEY=VALUE, or both")
+    admin = _connect(args).admin()
+    if args.partitions is not None:
+        partitions = admin.create_partitions({args.name: args.partitions})[args.name]
+        say(args, f"topic {args.name!r} has {len(partitions)} partitions")
+    if args.config:
+        configs = admin.alter_topic_configs(args.name, dict(args.config))
+        say(args, f"topic {args.name!r} configs: {_configs_text(configs)}")
 
 
 def cmd_topics_delete(args: argparse.Namespace) -> None:
@@ -714,9 +721,11 @@ def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     _add(tsub, "list", cmd_topics_list, "list the topics", [conn])
     describe = _add(tsub, "describe", cmd_topics_describe, "partitions, leaders, ISRs, offsets and configs", [conn])
     describe.add_argument("name")
-    alter = _add(tsub, "alter", cmd_topics_alter, "set configs of a topic", [conn])
+    alter = _add(tsub, "alter", cmd_topics_alter, "add partitions to a topic, or set its configs", [conn])
     alter.add_argument("name")
-    _config_option(alter, "topic config", required=True)
+    alter.add_argument("--partitions", type=_positive_int, metavar="N",
+                       help="the new, larger partition count (partitions are only added)")
+    _config_option(alter, "topic config")
     _add(tsub, "delete", cmd_topics_delete, "delete a topic and its data", [conn]).add_argument("name")
     reassign = _add(tsub, "reassign", cmd_topics_reassign,
                     "move a partition to other brokers (new replicas catch up before old ones go), or cancel", [conn])

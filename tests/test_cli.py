@@ -211,6 +211,9 @@ def test_topic_lifecycle(run, cluster):
     assert all(sorted(r[3].split(",")) == ["0", "1", "2"] == sorted(r[4].split(",")) for r in partitions)
 
     assert "retention.ms=3600000" in ok(run("topics", "alter", "orders", "--config", "retention.ms=3600000"))
+    assert ok(run("topics", "alter", "orders", "--partitions", "4")).strip() == "topic 'orders' has 4 partitions"
+    assert len(cluster.describe_topic("orders")) == 4
+    assert "INVALID_PARTITIONS" in run("topics", "alter", "orders", "--partitions", "2").stderr
     assert cluster.admin().describe_topic_configs("orders") == {"min.insync.replicas": "2", "retention.ms": "3600000"}
 
     assert ok(run("topics", "delete", "orders")).strip() == "deleted topic 'orders'"

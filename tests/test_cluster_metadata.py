@@ -206,6 +206,33 @@ def test_planning_a_topic_does_not_change_the_state():
     assert c.meta.last_offset == len(c.log) - 1
 
 
+def test_create_partitions_adds_partitions_with_the_topics_replication_factor_and_keeps_the_old_ones():
+    c = three_nodes()
+    c.create("orders", partitions=2, rf=2)
+    before = dict(c.meta.topics["orders"].partitions)
+    records = c.commit(c.meta.plan_create_partitions("orders", 5))
+    assert [(r["topic"], r["partition"]) for r in records] == [("orders", 2), ("orders", 3), ("orders", 4)]
+    partitions = c.meta.topics["orders"].partitions
+    assert {p: partitions[p] for p in before} == before
+    for p in (2, 3, 4):
+        state = partitions[p]
+        assert len(set(state.replicas)) == 2 and state.isr == state.replicas and state.leader == state.replicas[0]
+        assert (state.leader_epoch, state.partition_epoch) == (0, 0)
+
+
+@pytest.mark.parametrize("total", [0, 1, 2])
+def test_create_partitions_never_shrinks_or_keeps_the_count(total):
+    c = three_nodes()
+    c.create("orders", partitions=2, rf=1)
+    with pytest.raises(InvalidPartitionsError, match="must be larger"):
+        c.meta.plan_create_partitions("orders", total)
+
+
+def test_create_partitions_of_a_missing_topic_is_unknown_topic():
+    with pytest.raises(UnknownTopicOrPartitionError):
+        three_nodes().meta.plan_create_partitions("nope", 3)
+
+
 def test_created_topic_keeps_its_id_and_configs():
     c = three_nodes()
     c.create("orders", rf=1, configs={"retention.ms": "1000"})

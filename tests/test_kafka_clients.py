@@ -15,10 +15,11 @@ import uuid
 
 import aiokafka
 import confluent_kafka
+import confluent_kafka.admin
 import kafka
 import pytest
 import ray
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
@@ -378,6 +379,43 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
     finally:
         conn.close()
         producer.close()
+
+
+def test_create_partitions_grows_a_topic_and_keyed_records_follow_the_new_count(cluster, bootstrap):
+    topic = new_topic(cluster, partitions=2)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    rayk_producer = cluster.producer(metadata_max_age_ms=300)
+    try:
+        assert rayk_producer.partitions_for(topic) == {0, 1}
+        admin.create_partitions({topic: NewPartitions(4)}, validate_only=True)
+        assert len(cluster.describe_topic(topic)) == 2, "validate_only changes nothing"
+        admin.create_partitions({topic: NewPartitions(4)})
+        with pytest.raises(kafka.errors.InvalidPartitionsError):
+            admin.create_partitions({topic: NewPartitions(3)})
+        confluent_admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+        confluent_admin.create_partitions([confluent_kafka.admin.NewPartitions(topic, 5)])[topic].result(timeout=60)
+        assert [p["partition"] for p in cluster.describe_topic(topic)] == [0, 1, 2, 3, 4]
+
+        keys = [f"key-{i}".encode() for i in range(30)]
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)  # murmur2 over the 5 partitions it is told of
+        placed = [producer.send(topic, key=k, value=k).get(timeout=30).partition for k in keys]
+        producer.close()
+        assert placed == [partition_for_key(k, 5) for k in keys]
+        fillers = []
+
+        def learned() -> bool:
+            if rayk_producer.partitions_for(topic) == set(range(5)):
+                return True
+            fillers.append(rayk_producer.send(topic, b"-").result(timeout=30))  # its sender looks again when stale
+            return False
+
+        wait_until(learned, 10, "the rayk producer learns the new count within metadata.max.age.ms")
+        assert [rayk_producer.send(topic, k, key=k).result(timeout=30).partition for k in keys] == placed
+        records = kafka_python_read(bootstrap, topic, 2 * len(keys) + len(fillers), partitions=5)
+        assert sorted(r.value for r in records if r.value != b"-") == sorted(keys * 2)
+    finally:
+        rayk_producer.close()
+        admin.close()
 
 
 def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):

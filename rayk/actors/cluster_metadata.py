@@ -303,6 +303,26 @@ class ClusterMetadata:
             records.append(PartitionState(replicas, replicas, replicas[0], 0, 0).to_record(name, p))
         return records
 
+    def plan_create_partitions(self, name: str, total: int) -> list[Record]:
+        """Kafka's CreatePartitions: partitions len(current)..total-1, with the topic's
+        replication factor, placed as a new topic's are (replicas on distinct nodes first,
+        each partition's first replica its preferred leader). Partitions are only added."""
+        meta = self.topics.get(name)
+        if meta is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        current = len(meta.partitions)
+        if total <= current:
+            raise InvalidPartitionsError(
+                f"topic {name!r} has {current} partitions; the new count must be larger, got {total}"
+            )
+        replication_factor = len(meta.partitions[0].replicas)
+        start = sum(len(t.partitions) for t in self.topics.values())
+        live = self.live_brokers
+        assignment = assign_replicas(
+            total - current, replication_factor, {b: self.brokers[b].node_id for b in live}, start
+        )
+        return [PartitionState(r, r, r[0], 0, 0).to_record(name, current + i) for i, r in enumerate(assignment)]
+
     def plan_allocate_producer_ids(self, count: int) -> list[Record]:
         """Hands out ids [next_producer_id, next_producer_id + count)."""
         return [{"type": "producer_ids", "next": self.next_producer_id + count}]

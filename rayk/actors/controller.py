@@ -500,6 +500,20 @@ class Controller:
         await asyncio.gather(*(self._push_partition(name, p) for p in range(num_partitions)))
         return await self.describe_topic(name)
 
+    async def create_partitions(self, name: str, total: int, validate_only: bool = False) -> list[dict]:
+        """Grows the topic to `total` partitions (see ClusterMetadata.plan_create_partitions),
+        waits until every live new replica has its role; returns the topic's description.
+        `validate_only` checks and changes nothing, as Kafka's CreatePartitions does."""
+        if name == OFFSETS_TOPIC:  # its partition count is what maps a group to its coordinator
+            raise InvalidRequestError(f"the partition count of {OFFSETS_TOPIC} cannot change")
+        current = len(self._meta.topics[name].partitions) if name in self._meta.topics else 0
+        records = self._meta.plan_create_partitions(name, total)
+        if validate_only:
+            return []
+        self._commit(records)
+        await asyncio.gather(*(self._push_partition(name, p) for p in range(current, total)))
+        return await self.describe_topic(name)
+
     async def delete_topic(self, name: str) -> None:
         partitions = dict(self._meta.topics[name].partitions) if name in self._meta.topics else {}
         self._commit(self._meta.plan_delete_topic(name))

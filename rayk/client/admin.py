@@ -59,6 +59,13 @@ class Admin:
         for topic in new_topics:
             self.create_topic(topic.name, topic.num_partitions, topic.replication_factor, topic.topic_configs)
 
+    def create_partitions(self, new_counts: dict[str, int], validate_only: bool = False) -> dict[str, list[dict]]:
+        """Grows each topic to its new partition count (Kafka's CreatePartitions; partitions
+        are only ever added); returns each topic's description. Keyed records of producers
+        that learn the new count (metadata.max.age.ms) go to murmur2(key) % new count."""
+        return {name: ray.get(self._controller.create_partitions.remote(name, count, validate_only))
+                for name, count in new_counts.items()}
+
     def delete_topics(self, names: list[str]) -> None:
         for name in names:
             ray.get(self._controller.delete_topic.remote(name))

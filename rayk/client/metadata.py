@@ -1,8 +1,10 @@
 """MetadataCache: the client's view of where partitions lead (Kafka's client Metadata).
 
 It asks the Controller for a topic's partitions and their leader replicas' handles once,
-and again only when told a leader moved (`invalidate(topic, partition)`, after
-NOT_LEADER_OR_FOLLOWER, a dead actor, ...). Invalidating forgets that partition's leader
+and again when told a leader moved (`invalidate(topic, partition)`, after
+NOT_LEADER_OR_FOLLOWER, a dead actor, ...), or in the background once what it holds is
+older than `metadata_max_age_ms` (Kafka's metadata.max.age.ms: how a producer learns that
+a topic grew partitions). Invalidating forgets that partition's leader
 only: the topic's partition count and the other partitions' leaders stay usable.
 
 Two ways to ask, for two kinds of caller:
@@ -44,6 +46,7 @@ from rayk.errors import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_METADATA_MAX_AGE_MS = 300_000  # Kafka's metadata.max.age.ms
 # Errors after which a partition's leader is looked up again (Kafka's InvalidMetadataException
 # family, plus a dead or silent leader actor).
 STALE_LEADER_ERRORS = (
@@ -64,8 +67,11 @@ class MetadataCache:
         controller: Any,
         request_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
+        metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
     ) -> None:
         self._controller = controller
+        self._max_age_s = metadata_max_age_ms / 1000
+        self._stored_at_s: dict[str, float] = {}  # topic -> when its partitions were last stored
         self._request_timeout_s = request_timeout_ms / 1000
         self._retry_backoff_ms = retry_backoff_ms
         self._topics: dict[str, dict[int, Any]] = {}  # topic -> partition -> leader handle or None
@@ -92,12 +98,15 @@ class MetadataCache:
         self._store(topics, fresh)
 
     def _store(self, topics: list[str] | set[str], fresh: dict) -> None:
+        now = time.monotonic()
         with self._lock:
             for topic in topics:
                 if topic in fresh:
                     self._topics[topic] = {p: info["leader_handle"] for p, info in fresh[topic]["partitions"].items()}
+                    self._stored_at_s[topic] = now
                 else:
                     self._topics.pop(topic, None)
+                    self._stored_at_s.pop(topic, None)
 
     def _partitions(self, topic: str, timeout_ms: int) -> dict[int, Any]:
         with self._lock:
@@ -141,15 +150,17 @@ class MetadataCache:
         return None if known is None else len(known)
 
     def leader_nowait(self, topic: str, partition: int) -> Any | None:
-        """The leader's handle if known; else None, and a background refresh is started."""
+        """The leader's handle if known, else None; a background refresh is started if it
+        is unknown or the topic's metadata is older than `metadata_max_age_ms`."""
+        now = time.monotonic()
         with self._lock:
             handle = self._topics.get(topic, {}).get(partition)
-            if handle is not None:
+            if handle is not None and now - self._stored_at_s.get(topic, now) <= self._max_age_s:
                 return handle
-            self._wanted.add(topic)
-            started = self._maybe_start_refresh(time.monotonic())
+            self._wanted.add(topic)  # unknown, or known too long: look again in the background
+            started = self._maybe_start_refresh(now)
         self._watch(started)
-        return None
+        return handle
 
     def request_update(self, topics: list[str]) -> None:
         """Starts a background refresh of `topics` (non-blocking)."""

@@ -56,7 +56,7 @@ from rayk.client import calls
 from rayk.client.accumulator import RecordAccumulator
 from rayk.client.columns import RecordColumns, row_partitions
 from rayk.client.idempotence import IdempotenceManager, ProducerIdentity
-from rayk.client.metadata import MetadataCache
+from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, MetadataCache
 from rayk.client.partitioner import partition_for_key
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
 from rayk.client.sender import Sender
@@ -107,6 +107,7 @@ class Producer:
         max_request_size: int = 1_048_576,
         buffer_memory: int = 33_554_432,
         max_block_ms: int = 60_000,
+        metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
         identity: ProducerIdentity | None = None,
     ) -> None:
         self._settings = dict(
@@ -123,6 +124,7 @@ class Producer:
             max_request_size=max_request_size,
             buffer_memory=buffer_memory,
             max_block_ms=max_block_ms,
+            metadata_max_age_ms=metadata_max_age_ms,
             identity=identity,
         )
         if min(max_in_flight_requests_per_connection, batch_size, buffer_memory, request_timeout_ms) < 1:
@@ -146,7 +148,7 @@ class Producer:
         self._max_record_bytes = min(max_request_size, buffer_memory) - HEADER_SIZE_BYTES
         self._buffer_memory = buffer_memory
         self._max_block_ms = max_block_ms
-        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms)
+        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms, metadata_max_age_ms)
 
         def new_producer_id(timeout_ms: int = request_timeout_ms) -> int:
             return calls.call(
@@ -292,6 +294,12 @@ class Producer:
         if num_partitions is None:
             num_partitions = self._metadata.partition_count(topic, self._max_block_ms)
         return num_partitions
+
+    def partitions_for(self, topic: str) -> set[int]:
+        """The topic's partition ids as this producer knows them (kafka-python's
+        partitions_for): a grown topic shows its new partitions once the metadata is
+        refreshed, at the latest `metadata_max_age_ms` after the producer last looked."""
+        return set(range(self._metadata.cached_partition_count(topic) or self._partition_count(topic)))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Sends everything queued now and waits until each record is acknowledged or

@@ -26,6 +26,7 @@ from rayk.errors import (
 )
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
+from rayk.net.entities import ms
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
@@ -135,6 +136,27 @@ async def create_topics(view: BrokerView, request: Any) -> dict:
                 "replication_factor": len(partitions[0]["replicas"])}
 
     return {"topics": list(await asyncio.gather(*(one(t) for t in body.topics)))}
+
+
+async def create_partitions(view: BrokerView, request: Any) -> dict:
+    """Grows topics at the Controller; each topic answers within the request's timeout."""
+    body = request.body
+    timeout_ms = ms(body.timeout)
+    names = [t.name for t in body.topics]
+
+    async def one(t: Any) -> dict:
+        try:
+            if names.count(t.name) > 1:
+                raise InvalidRequestError(f"topic {t.name!r} appears more than once in the request")
+            if t.assignments:
+                return {"name": t.name, "error_code": INVALID_REPLICA_ASSIGNMENT,
+                        "error_message": "rayk places replicas itself: give the new partition count"}
+            await view.ask_controller("create_partitions", t.name, t.count, body.validate_only, timeout_ms=timeout_ms)
+        except Exception as e:
+            return {"name": t.name, "error_code": error_code_of(e), "error_message": error_message_of(e)}
+        return {"name": t.name}
+
+    return {"results": list(await asyncio.gather(*(one(t) for t in body.topics)))}
 
 
 def _validate(name: str, num_partitions: int, replication_factor: int, configs: dict) -> None:

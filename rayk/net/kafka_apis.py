@@ -34,6 +34,7 @@ HANDLERS: dict[int, Handler] = {
     keys.API_VERSIONS: admin_apis.api_versions,
     keys.DESCRIBE_CLUSTER: admin_apis.describe_cluster,
     keys.CREATE_TOPICS: admin_apis.create_topics,
+    keys.CREATE_PARTITIONS: admin_apis.create_partitions,
     keys.DELETE_TOPICS: admin_apis.delete_topics,
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
     keys.INIT_PRODUCER_ID: admin_apis.init_producer_id,
