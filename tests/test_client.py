@@ -339,7 +339,7 @@ class GroupMemberActor:
     """A consumer in its own process running its own poll loop, like one instance of a
     consuming service; it commits what it consumed every 200 ms."""
 
-    def __init__(self, cluster, topic, group_id):
+    def __init__(self, cluster, topic, group_id, **settings):
         import threading
 
         self.consumer = cluster.consumer(
@@ -349,6 +349,7 @@ class GroupMemberActor:
             auto_commit_interval_ms=200,
             session_timeout_ms=2000,
             heartbeat_interval_ms=300,
+            **settings,
         )
         self.records, self.assigned = [], []
         self._stop = threading.Event()
@@ -410,6 +411,24 @@ def test_group_members_share_partitions_without_overlap(cluster, members):
     flat = [p for a in assignments for p in a]
     assert sorted(flat) == list(range(6)), f"{assignments} covers every partition once"
     assert max(map(len, assignments)) - min(map(len, assignments)) <= 1
+    ray.get([a.close.remote() for a in actors])
+
+
+def test_a_group_rebalances_onto_partitions_added_to_its_topic(cluster):
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
+    actors = [GroupMemberActor.remote(cluster, topic, "grow", metadata_max_age_ms=300) for _ in range(2)]
+    assert sorted(p for a in settle(cluster, "grow", actors) for p in a) == [0, 1]
+    cluster.admin().create_partitions({topic: 4})
+    with cluster.producer(acks="all") as producer:
+        for i in range(40):
+            producer.send(topic, value=b"%d" % i, partition=i % 4)
+
+    def assigned():
+        return sorted(p for a in ray.get([m.assignment.remote() for m in actors]) for p in a)
+
+    wait_until(lambda: assigned() == [0, 1, 2, 3], 30, "the leader to see 4 partitions and the group to rebalance")
+    wait_until(lambda: len({v for a in actors for _, _, v in ray.get(a.seen.remote())}) == 40, 30,
+               "every record, new partitions' included, to be consumed")
     ray.get([a.close.remote() for a in actors])
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from rayk.client import calls
 from rayk.client.fetcher import Fetcher
 from rayk.client.group_member import GroupMember
-from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
+from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import deserializer
 from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from rayk.errors import KafkaError, OffsetOutOfRangeError
@@ -69,6 +69,7 @@ class Consumer:
         request_timeout_ms: int = 30_000,
         default_api_timeout_ms: int = 60_000,
         retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
         partition_assignment_strategy: tuple[str, ...] = ("range", "roundrobin"),
         key_deserializer: Any = None,
         value_deserializer: Any = None,
@@ -79,7 +80,7 @@ class Consumer:
         if min(request_timeout_ms, default_api_timeout_ms, max_poll_records) < 1 or retry_backoff_ms < 0:
             raise ValueError("request_timeout_ms, default_api_timeout_ms and max_poll_records must be >= 1, retry_backoff_ms >= 0")
         self._cluster = cluster
-        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms)
+        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms, metadata_max_age_ms)
         self._reset = auto_offset_reset
         self._auto_commit = enable_auto_commit and group_id is not None
         self._auto_commit_interval_s = auto_commit_interval_ms / 1000
@@ -183,6 +184,7 @@ class Consumer:
         return offsets
 
     def _partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:
+        self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow
         counts = {t: self._metadata.cached_partition_count(t) for t in topics}
         missing = [t for t, n in counts.items() if n is None]
         if missing:

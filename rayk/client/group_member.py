@@ -118,6 +118,7 @@ class GroupMember:
         self._call: calls.Pending | None = None  # the phase's call in flight
         self._joined: Any = None  # the JoinGroup answer, while ASSIGNING
         self._joined_topics: list[str] = []
+        self._assigned_counts: dict[str, int] | None = None  # as leader: the partition counts assigned over
         self._retry_at_s = 0.0
         self._auto_commit: calls.Pending | None = None
         self._auto_commit_by = (-1, "")  # (generation, member id) it was sent with
@@ -153,10 +154,11 @@ class GroupMember:
         return assignment
 
     def _maybe_leave_stable(self, topics: list[str], now: float) -> None:
+        grown = self._counts_changed()  # outside the lock: it may start a metadata refresh
         with self._lock:
             silent_s = now - self._last_answer_s
             lost = self._evicted or silent_s > self._session_timeout_ms / 1000
-            if not (lost or self._rejoin_requested or topics != self._joined_topics):
+            if not (lost or self._rejoin_requested or topics != self._joined_topics or grown):
                 return
             if lost and not self._evicted:
                 logger.warning("group %s: no heartbeat answered for %.1f s (session timeout %d ms): evicted",
@@ -173,6 +175,15 @@ class GroupMember:
         self._call = calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetCommit before rejoining")
         self._phase = Phase.COMMITTING
 
+    def _counts_changed(self) -> bool:
+        """As the group's leader: a subscribed topic now has another partition count than
+        the one the assignment was made for (partitions were added), so the group rejoins
+        and the new partitions get consumers, as Kafka's ConsumerCoordinator does."""
+        if self._assigned_counts is None:
+            return False
+        now_counts = self._partition_counts(list(self._assigned_counts))
+        return now_counts is not None and now_counts != self._assigned_counts
+
     def _send_join(self, topics: list[str], now: float) -> None:
         handle = self._coordinator.handle_nowait(now)
         if handle is None:
@@ -188,7 +199,7 @@ class GroupMember:
             [(name, subscription) for name in self._assignors],
         )
         self._call = calls.Pending(ref, now + (self._rebalance_timeout_ms + JOIN_TIMEOUT_GRACE_MS) / 1000, "JoinGroup")
-        self._joined_topics = list(topics)
+        self._joined_topics, self._assigned_counts = list(topics), None
         with self._lock:
             self._phase, self._rejoin_requested = Phase.JOINING, False
 
@@ -200,6 +211,7 @@ class GroupMember:
         if counts is None:
             return  # metadata on its way
         plan = ASSIGNORS[joined.protocol](subscriptions, counts)
+        self._assigned_counts = dict(counts)
         self._send_sync({m: encode_assignment(plan.get(m, {})) for m in subscriptions}, now)
 
     def _send_sync(self, assignments: dict[str, bytes] | None, now: float) -> None:

@@ -162,6 +162,14 @@ class MetadataCache:
         self._watch(started)
         return handle
 
+    def request_update_if_stale(self, topics: list[str]) -> None:
+        """Starts a background refresh of those `topics` last stored over `metadata_max_age_ms` ago."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [t for t in topics if now - self._stored_at_s.get(t, now) > self._max_age_s]
+        if stale:
+            self.request_update(stale)
+
     def request_update(self, topics: list[str]) -> None:
         """Starts a background refresh of `topics` (non-blocking)."""
         with self._lock:
