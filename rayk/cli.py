@@ -359,6 +359,27 @@ def cmd_topics_reassignments(args: argparse.Namespace) -> None:
     say(args, table(("topic", "partition", "replicas", "adding", "removing"), rows))
 
 
+def cmd_topics_elect_leaders(args: argparse.Namespace) -> None:
+    from rayk.client.types import TopicPartition
+
+    if args.partition is not None and args.name is None:
+        raise CliError("--partition needs a topic name")
+    cluster = _connect(args)
+    partitions = None
+    if args.name is not None:
+        numbers = [args.partition] if args.partition is not None else [p["partition"] for p in cluster.describe_topic(args.name)]
+        partitions = [TopicPartition(args.name, n) for n in numbers]
+    results = cluster.admin().elect_leaders(partitions, args.type)
+    if not results:
+        say(args, "every partition is led by its preferred replica")
+        return
+    leaders = {}
+    for topic in sorted({tp.topic for tp in results}):
+        leaders.update({(topic, p["partition"]): p["leader"] for p in cluster.describe_topic(topic)})
+    rows = [(tp.topic, tp.partition, leaders.get(tp, "-"), "elected" if e is None else e.name) for tp, e in results.items()]
+    say(args, table(("topic", "partition", "leader", "result"), rows))
+
+
 def _ids(broker_ids: Sequence[int]) -> str:
     return ",".join(map(str, broker_ids)) or "-"
 
@@ -735,6 +756,12 @@ def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     target.add_argument("--replicas", type=_broker_list, metavar="IDS",
                         help="the target brokers, comma-separated, the first the preferred leader (e.g. 3,1,2)")
     target.add_argument("--cancel", action="store_true", help="cancel the reassignment under way")
+    elect = _add(tsub, "elect-leaders", cmd_topics_elect_leaders,
+                 "give partitions their preferred leader back (or elect a leaderless one uncleanly)", [conn])
+    elect.add_argument("name", nargs="?", help="only this topic's partitions (default: every partition)")
+    elect.add_argument("--partition", type=_non_negative_int, metavar="N", help="only this partition of the topic")
+    elect.add_argument("--type", choices=("preferred", "unclean"), default="preferred",
+                       help="preferred: the first replica leads again; unclean: any live replica of a leaderless partition")
     reassignments = _add(tsub, "reassignments", cmd_topics_reassignments,
                          "list the partition reassignments in progress", [conn])
     reassignments.add_argument("name", nargs="?", help="only this topic's")

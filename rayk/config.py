@@ -50,6 +50,11 @@ class BrokerConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     auto_create_topics_enable: bool = True  # a Metadata request for a missing topic creates it
+    # Preferred leaders (Kafka's names and defaults): a broker whose share of the partitions
+    # it should lead but does not is over the percentage gets them back, checked this often.
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
+    leader_imbalance_per_broker_percentage: int = 10
     # The Kafka listener (rayk/net). Each broker listens on the port plus its broker id (port
     # 0: any free port); an empty host is the node's IP address. "" turns the listener off.
     listeners: str = "PLAINTEXT://:9092"
@@ -84,6 +89,11 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
+        if self.leader_imbalance_check_interval_seconds < 1 or not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
+            raise InvalidConfigurationError(
+                "leader.imbalance.check.interval.seconds must be >= 1 and leader.imbalance.per.broker.percentage "
+                f"0..100, got {self.leader_imbalance_check_interval_seconds} and {self.leader_imbalance_per_broker_percentage}"
+            )
         if self.max_incremental_fetch_session_cache_slots < 0:
             raise InvalidConfigurationError(
                 f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"

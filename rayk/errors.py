@@ -280,6 +280,24 @@ class NoReassignmentInProgressError(KafkaError):
     code, name = 85, "NO_REASSIGNMENT_IN_PROGRESS"
 
 
+class PreferredLeaderNotAvailableError(KafkaError):
+    """The preferred replica may not lead now (not live, not in sync, or recovering)."""
+
+    code, name, retriable = 80, "PREFERRED_LEADER_NOT_AVAILABLE", True
+
+
+class EligibleLeadersNotAvailableError(KafkaError):
+    """An unclean election found no live replica to elect."""
+
+    code, name, retriable = 83, "ELIGIBLE_LEADERS_NOT_AVAILABLE", True
+
+
+class ElectionNotNeededError(KafkaError):
+    """The preferred replica already leads (or, for an unclean election, a leader exists)."""
+
+    code, name = 84, "ELECTION_NOT_NEEDED"
+
+
 class FetchSessionIdNotFoundError(KafkaError):
     """An incremental fetch names a session this broker does not hold (KIP-227)."""
 

@@ -14,7 +14,9 @@ import pytest
 import ray
 
 import rayk
+from rayk.client import TopicPartition
 from rayk.errors import (
+    PreferredLeaderNotAvailableError,
     InvalidConfigurationError,
     InvalidReplicationFactorError,
     InvalidTopicError,
@@ -109,6 +111,26 @@ def test_killed_broker_is_fenced_and_its_leadership_moves_then_it_rejoins(cluste
     cluster.restart_broker(0)
     wait_until(lambda: 0 in cluster.describe_topic("t")[0]["isr"], 20, "broker 0 back in the ISR")
     assert [v for _, v in read_replica(cluster.replica("t", 0, 0))] == [b"before", b"after"]
+
+
+def test_leadership_returns_to_the_preferred_replica_by_itself_after_a_failover(tmp_path):
+    """auto.leader.rebalance.enable: broker 0 prefers partition 0; while it is away another
+    broker leads (an explicit election is refused), and once it is back in sync the
+    Controller's imbalance check gives partition 0 back to it."""
+    config = {**FAST_CONFIG, "leader.imbalance.check.interval.seconds": 1}
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace=f"local-{next(_namespaces)}")
+    try:
+        c.create_topic("t", partitions=3, replication_factor=3)
+        ray.kill(c.broker(0))
+        wait_until(lambda: c.describe_topic("t")[0]["leader"] not in (0, -1), 15, "partition 0 to move off broker 0")
+        refused = c.admin().elect_leaders()
+        assert list(refused) == [TopicPartition("t", 0)] and isinstance(refused[TopicPartition("t", 0)], PreferredLeaderNotAvailableError)
+        c.restart_broker(0)
+        wait_until(lambda: c.describe_topic("t")[0]["leader"] == 0, 30, "broker 0 to lead partition 0 again")
+        assert c.admin().elect_leaders() == {}, "every partition is led by its preferred replica"
+        assert [p["leader"] for p in c.describe_topic("t")] == [p["replicas"][0] for p in c.describe_topic("t")]
+    finally:
+        c.shutdown()
 
 
 def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(cluster):

@@ -11,9 +11,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, PartitionState, assign_replicas
+from rayk.actors import elections
 from rayk.actors.elections import LogEnd, reconcile
 from rayk.config import UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig
 from rayk.errors import (
+    ElectionNotNeededError,
+    EligibleLeadersNotAvailableError,
+    PreferredLeaderNotAvailableError,
     FencedLeaderEpochError,
     IneligibleReplicaError,
     InvalidPartitionsError,
@@ -231,6 +235,53 @@ def test_create_partitions_never_shrinks_or_keeps_the_count(total):
 def test_create_partitions_of_a_missing_topic_is_unknown_topic():
     with pytest.raises(UnknownTopicOrPartitionError):
         three_nodes().meta.plan_create_partitions("nope", 3)
+
+
+def test_preferred_election_gives_leadership_back_to_the_first_replica_once_it_is_in_sync():
+    c = three_nodes()
+    c.create("t", partitions=1, rf=3)  # replicas (1, 2, 3): broker 1 preferred
+    c.fence(1)
+    assert c.state().leader == 2 and 1 not in c.state().isr
+    with pytest.raises(PreferredLeaderNotAvailableError):
+        c.meta.plan_elect_leader("t", 0)  # fenced and out of the ISR: it may not lead
+    c.register(1, "a")
+    with pytest.raises(PreferredLeaderNotAvailableError):
+        c.meta.plan_elect_leader("t", 0)  # back, but not caught up yet
+    c.alter("t", 0, [2, 3, 1])
+    before = c.state()
+    c.commit(c.meta.plan_elect_leader("t", 0))
+    after = c.state()
+    assert after.leader == 1 and after.isr == before.isr
+    assert (after.leader_epoch, after.partition_epoch) == (before.leader_epoch + 1, before.partition_epoch + 1)
+    with pytest.raises(ElectionNotNeededError):
+        c.meta.plan_elect_leader("t", 0)
+
+
+def test_unclean_election_elects_a_live_replica_only_for_a_leaderless_partition():
+    c = three_nodes()
+    c.create("t", partitions=1, rf=2)  # replicas (1, 2)
+    with pytest.raises(ElectionNotNeededError):
+        c.meta.plan_elect_leader("t", 0, unclean=True)
+    c.fence(2)
+    c.fence(1)  # the last ISR member: leaderless, ISR kept
+    assert c.state().leader == NO_LEADER
+    with pytest.raises(EligibleLeadersNotAvailableError):
+        c.meta.plan_elect_leader("t", 0, unclean=True)
+    c.register(2, "b")  # out of sync, but live
+    c.commit(c.meta.plan_elect_leader("t", 0, unclean=True))
+    assert (c.state().leader, c.state().isr) == (2, (2,))
+
+
+def test_imbalance_names_the_partitions_of_brokers_over_the_ratio():
+    def state(replicas, leader):
+        return PartitionState(replicas, replicas, leader, 0, 0)
+
+    partitions = [("a", state((1, 2), 2)), ("b", state((1, 2), 1)), ("c", state((2, 1), 2)),
+                  ("d", state((3, 1), 1)), ("e", state((3, 1), 3)), ("f", state((3, 1), 3))]
+    # broker 1: 1 of 2 moved (50%); broker 2: 0 of 1; broker 3: 1 of 3 (33%)
+    assert elections.imbalanced(partitions, 0.4) == ["a"]
+    assert sorted(elections.imbalanced(partitions, 0.1)) == ["a", "d"]
+    assert elections.imbalanced(partitions, 0.5) == []
 
 
 def test_created_topic_keeps_its_id_and_configs():
@@ -1237,6 +1288,45 @@ class ClusterMachine(RuleBasedStateMachine):
             error = InvalidUpdateVersionError
         with pytest.raises(error):
             self.c.meta.plan_alter_partition(name, p, leader, leader_epoch, partition_epoch, new_isr)
+
+    @precondition(lambda self: bool(self.c.meta.topics))
+    @rule(data=st.data(), unclean=st.booleans())
+    def elect_leader(self, data, unclean):
+        """ElectLeaders (preferred or unclean) on any partition; the invariants must hold
+        whatever it elects, and a preferred election never loses acknowledged records."""
+        self.settle()
+        name, p, s = data.draw(st.sampled_from(self.partitions()))
+        try:
+            records = self.c.commit(self.c.meta.plan_elect_leader(name, p, unclean))
+        except (ElectionNotNeededError, PreferredLeaderNotAvailableError, EligibleLeadersNotAvailableError):
+            return
+        new = self.c.meta.partition(name, p)
+        assert len(records) == 1 and new.leader_epoch == s.leader_epoch + 1
+        if unclean:
+            self.holders[self.key(name, p)] &= {new.leader}  # what the new leader lacks is gone
+            if not self.holders[self.key(name, p)]:
+                self.holders[self.key(name, p)] = {new.leader}
+                self.hw[self.key(name, p)] = min(self.hw[self.key(name, p)], self.leo[self.key(name, p)].get(new.leader, 0))
+        else:
+            assert new.leader == s.target_replicas[0] and new.leader in s.isr
+
+    @precondition(lambda self: bool(self.c.meta.topics))
+    @rule(data=st.data(), more=st.integers(1, 2))
+    def add_partitions(self, data, more):
+        self.settle()
+        name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
+        before = len(self.c.meta.topics[name].partitions)
+        rf = len(self.c.meta.topics[name].partitions[0].replicas)
+        if rf > len(self.c.meta.live_brokers):
+            with pytest.raises(InvalidReplicationFactorError):
+                self.c.meta.plan_create_partitions(name, before + more)
+            return
+        self.c.commit(self.c.meta.plan_create_partitions(name, before + more))
+        for p in range(before, before + more):
+            state = self.c.meta.partition(name, p)
+            self.hw[self.key(name, p)] = 0
+            self.leo[self.key(name, p)] = dict.fromkeys(state.replicas, 0)
+            self.holders[self.key(name, p)] = set(state.replicas)
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), unclean=st.sampled_from(["true", "false"]))

@@ -37,6 +37,7 @@ CONFIG = {
     "group.min.session.timeout.ms": 1000,
     "num.partitions": 3,
     "default.replication.factor": 3,
+    "auto.leader.rebalance.enable": False,  # leaders move back only when a test asks
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _names = itertools.count()
@@ -416,6 +417,30 @@ def test_create_partitions_grows_a_topic_and_keyed_records_follow_the_new_count(
     finally:
         rayk_producer.close()
         admin.close()
+
+
+def test_elect_leaders_gives_a_partition_back_to_its_preferred_replica(cluster, bootstrap):
+    """KIP-460 through confluent-kafka's AdminClient: after a leader's replica process dies,
+    leadership moves on; once the preferred replica is back in sync, ElectLeaders
+    (PREFERRED) gives it back, and a second election is not needed."""
+    topic = new_topic(cluster, partitions=1)
+    preferred = cluster.describe_topic(topic)[0]["replicas"][0]
+    ray.kill(cluster.replica(topic, 0, preferred))  # its ReplicaManager re-creates it
+    wait_until(lambda: cluster.describe_topic(topic)[0]["leader"] not in (preferred, -1), 30, "leadership to move")
+    wait_until(lambda: preferred in cluster.describe_topic(topic)[0]["isr"], 30, "the preferred replica back in sync")
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    tp = confluent_kafka.TopicPartition(topic, 0)
+    elected = admin.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [tp]).result(timeout=60)
+    assert [(k.topic, k.partition, v) for k, v in elected.items()] == [(topic, 0, None)]
+    assert cluster.describe_topic(topic)[0]["leader"] == preferred
+    again = admin.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [tp]).result(timeout=60)
+    assert again[tp].code() == confluent_kafka.KafkaError.ELECTION_NOT_NEEDED
+    missing = confluent_kafka.TopicPartition(topic, 7)
+    unknown = admin.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [missing]).result(timeout=60)
+    assert unknown[missing].code() == confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+    producer = cluster.producer()
+    producer.send(topic, b"after").result(timeout=30)  # the new leader serves
+    producer.close()
 
 
 def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):

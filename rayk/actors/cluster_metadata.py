@@ -279,6 +279,13 @@ class ClusterMetadata:
         chosen = elections.choose_by_log(state, dict(ends))
         return [elections.recover_uncleanly(state, chosen).to_record(topic, partition)]
 
+    def plan_elect_leader(self, topic: str, partition: int, unclean: bool = False) -> list[Record]:
+        """ElectLeaders for one partition: preferred (or, with `unclean`, an unclean
+        election of a leaderless one); raises the election's KafkaError if none happens."""
+        state = self.partition(topic, partition)
+        elect = elections.elect_unclean if unclean else elections.elect_preferred
+        return [elect(state, self.live_brokers, self.attached).to_record(topic, partition)]
+
     def plan_create_topic(
         self,
         name: str,

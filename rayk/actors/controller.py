@@ -49,6 +49,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from rayk.actors import elections
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
@@ -56,6 +57,7 @@ from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.config import BrokerConfig, validate_topic_configs
 from rayk.errors import (
+    ElectionNotNeededError,
     InvalidRequestError,
     KafkaError,
     LeaderNotAvailableError,
@@ -95,6 +97,7 @@ class Controller:
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
         self._dirty: set[TopicPartition] = set()  # partitions whose last push did not reach every replica
         self._replacement_blocked: set[int] = set()  # fenced brokers with nowhere to move (logged once)
+        self._next_rebalance_s = time.monotonic() + self.config.leader_imbalance_check_interval_seconds
         self._tasks: set[asyncio.Task] = set()
         self._registering: set[int] = set()
         self._producer_ids = range(0)  # the reserved block not yet handed out
@@ -262,7 +265,9 @@ class Controller:
         period_s = min(MAINTENANCE_MAX_INTERVAL_MS, self.config.broker_session_timeout_ms // 4) / 1000
         while True:
             await asyncio.sleep(period_s)
-            for step in (self._fence_silent_brokers, self._push_dirty, self._recover_leaderless, self._replace_lost_brokers):
+            steps = (self._fence_silent_brokers, self._push_dirty, self._recover_leaderless, self._replace_lost_brokers,
+                     self._rebalance_leaders)
+            for step in steps:
                 try:
                     await step()
                 except asyncio.CancelledError:
@@ -321,6 +326,36 @@ class Controller:
                 )
                 self._commit(records)
                 await self._push_partition(topic, partition)
+
+    async def _rebalance_leaders(self) -> None:
+        """Kafka's auto.leader.rebalance.enable: every leader.imbalance.check.interval.seconds,
+        the partitions of each broker that leads fewer than (100 - percentage)% of those it
+        is the preferred leader of get their preferred leader back, where it may lead.
+        Partitions under reassignment are left to it."""
+        c = self.config
+        now = time.monotonic()
+        if not c.auto_leader_rebalance_enable or now < self._next_rebalance_s:
+            return
+        self._next_rebalance_s = now + c.leader_imbalance_check_interval_seconds
+        steady = (((t, p), s) for t, p, s in self._meta.all_partitions() if not s.adding and not s.removing)
+        wanted = elections.imbalanced(steady, c.leader_imbalance_per_broker_percentage / 100)
+        elected = await self._elect(sorted(wanted), unclean=False)
+        moved = [tp for tp, error in elected.items() if error is None]
+        if moved:
+            logger.info("leader rebalance: preferred leaders back for %s", ", ".join(f"{t}-{p}" for t, p in moved))
+
+    async def _elect(self, partitions: list[TopicPartition], unclean: bool) -> dict[TopicPartition, KafkaError | None]:
+        """Elects each partition (see ClusterMetadata.plan_elect_leader) and pushes the new
+        leaders; per partition None or the error that stopped its election."""
+        results: dict[TopicPartition, KafkaError | None] = {}
+        for topic, partition in partitions:
+            try:
+                self._commit(self._meta.plan_elect_leader(topic, partition, unclean))
+                results[(topic, partition)] = None
+            except KafkaError as e:
+                results[(topic, partition)] = e
+        await asyncio.gather(*(self._push_partition(t, p) for (t, p), e in results.items() if e is None))
+        return results
 
     async def _replace_lost_brokers(self) -> None:
         """Moves the replicas of brokers fenced for `broker.replacement.delay.ms` to live
@@ -513,6 +548,19 @@ class Controller:
         self._commit(records)
         await asyncio.gather(*(self._push_partition(name, p) for p in range(current, total)))
         return await self.describe_topic(name)
+
+    async def elect_leaders(
+        self, partitions: list[TopicPartition] | None = None, unclean: bool = False
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """ElectLeaders (KIP-460): preferred leaders (or, with `unclean`, unclean elections of
+        leaderless partitions) for `partitions`, or for every partition when None; then
+        those whose election was not needed are left out of the answer, as in Kafka.
+        Per partition None (elected) or its typed error."""
+        if partitions is None:
+            everything = sorted((t, p) for t, p, _ in self._meta.all_partitions())
+            results = await self._elect(everything, unclean)
+            return {tp: e for tp, e in results.items() if not isinstance(e, ElectionNotNeededError)}
+        return await self._elect([(t, p) for t, p in partitions], unclean)
 
     async def delete_topic(self, name: str) -> None:
         partitions = dict(self._meta.topics[name].partitions) if name in self._meta.topics else {}

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rayk.errors import ElectionNotNeededError, EligibleLeadersNotAvailableError, PreferredLeaderNotAvailableError
+
 NO_LEADER = -1
 
 
@@ -153,6 +155,51 @@ def reconcile(
             leader = NO_LEADER
     new = replace(state, isr=isr, leader=leader, recovering=recovering)
     return successor(state, new, new_leader_epoch=decide and leader != NO_LEADER)
+
+
+def elect_preferred(state: PartitionState, live: set[int], attached: set[int]) -> PartitionState:
+    """Preferred leader election (KIP-460 PREFERRED): the first target replica, the one a
+    topic's placement spread leadership by, leads again in a new epoch. Only a sound
+    (live, in sync, not recovering) attached replica may: else
+    PREFERRED_LEADER_NOT_AVAILABLE; if it already leads, ELECTION_NOT_NEEDED."""
+    preferred = state.target_replicas[0]
+    if state.leader == preferred:
+        raise ElectionNotNeededError(f"broker {preferred}, the preferred replica, already leads")
+    if preferred not in state.isr or preferred not in live or preferred not in attached or preferred in state.recovering:
+        raise PreferredLeaderNotAvailableError(
+            f"broker {preferred}, the preferred replica, is not a live in-sync replica (ISR {list(state.isr)})"
+        )
+    new = successor(state, replace(state, leader=preferred), new_leader_epoch=True)
+    assert new is not None and new.leader in new.isr
+    return new
+
+
+def elect_unclean(state: PartitionState, live: set[int], attached: set[int]) -> PartitionState:
+    """Unclean leader election (KIP-460 UNCLEAN) of a leaderless partition: as rule 3 with
+    `unclean.leader.election.enable`, asked for once. ELECTION_NOT_NEEDED if the partition
+    has a leader; ELIGIBLE_LEADERS_NOT_AVAILABLE if no replica may lead."""
+    if state.leader != NO_LEADER:
+        raise ElectionNotNeededError(f"broker {state.leader} leads")
+    new = reconcile(state, live, attached, unclean_allowed=True)
+    if new is None or new.leader == NO_LEADER:
+        raise EligibleLeadersNotAvailableError(f"no live replica of {list(state.replicas)} can lead")
+    return new
+
+
+def imbalanced(partitions: Iterable[tuple[Any, PartitionState]], max_ratio: float) -> list[Any]:
+    """Kafka's auto leader rebalance: for each broker, the share of the partitions it is
+    the preferred leader of that another broker leads; the keys of those partitions,
+    for every broker whose share is over `max_ratio`."""
+    preferred_of: dict[int, list[tuple[Any, bool]]] = {}
+    for key, state in partitions:
+        preferred = state.target_replicas[0]
+        preferred_of.setdefault(preferred, []).append((key, state.leader != preferred))
+    out = []
+    for entries in preferred_of.values():
+        moved = [key for key, is_moved in entries if is_moved]
+        if len(moved) / len(entries) > max_ratio:
+            out.extend(moved)
+    return out
 
 
 def mark_recovering(state: PartitionState, broker_id: int, data_lost: bool) -> PartitionState:

@@ -87,6 +87,24 @@ class Admin:
         merged = {**self.describe_topic_configs(name), **configs}
         return ray.get(self._controller.alter_topic_configs.remote(name, merged))
 
+    # ------------------------------------------------------------------ leader elections (KIP-460)
+
+    def elect_leaders(
+        self, partitions: Sequence[Any] | None = None, election_type: str = "preferred"
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Elects the preferred leader ("preferred": the first replica, which placement
+        spreads over the brokers) or, for a leaderless partition, any live replica
+        ("unclean", losing what it lacks) of each partition, or of every partition when
+        None (then partitions already led by their preferred replica are left out).
+        Per partition None (elected) or its typed error: ElectionNotNeededError,
+        PreferredLeaderNotAvailableError, EligibleLeadersNotAvailableError,
+        UnknownTopicOrPartitionError."""
+        if election_type not in ("preferred", "unclean"):
+            raise ValueError(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
+        wanted = None if partitions is None else [tuple(_topic_partition(p)) for p in partitions]
+        results = ray.get(self._controller.elect_leaders.remote(wanted, election_type == "unclean"))
+        return {TopicPartition(t, p): e for (t, p), e in results.items()}
+
     # ------------------------------------------------------------------ partition reassignments (KIP-455)
 
     def alter_partition_reassignments(

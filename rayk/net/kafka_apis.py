@@ -5,7 +5,7 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis` and `reassignment_apis`.
+`admin_apis`, `reassignment_apis` and `election_apis`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from rayk.net import admin_apis, data_apis, group_apis, reassignment_apis
+from rayk.net import admin_apis, data_apis, election_apis, group_apis, reassignment_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.codec import Request, response_class
@@ -35,6 +35,7 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_CLUSTER: admin_apis.describe_cluster,
     keys.CREATE_TOPICS: admin_apis.create_topics,
     keys.CREATE_PARTITIONS: admin_apis.create_partitions,
+    keys.ELECT_LEADERS: election_apis.elect_leaders,
     keys.DELETE_TOPICS: admin_apis.delete_topics,
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
     keys.INIT_PRODUCER_ID: admin_apis.init_producer_id,
