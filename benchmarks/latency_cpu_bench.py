@@ -1,6 +1,7 @@
-"""Where the CPU goes under kafka_protocol_bench's latency load: 3 brokers, a 3-partition
-RF=3 topic (min.insync.replicas 2), a confluent-kafka producer at `--rate` records/s with
-`linger.ms` 0 and acks=all, and a consumer polling.
+"""Where the CPU goes under kafka_protocol_bench's loads: 3 brokers, a 3-partition RF=3
+topic (min.insync.replicas 2), a confluent-kafka producer with acks=all and a consumer
+polling. The latency load (default) sends `--rate` records/s with `linger.ms` 0;
+`--throughput` sends as fast as it can with `batch.size` 1 MiB and `linger.ms` 5.
 
 After `--warmup-s`, it reads each process's CPU time from /proc for `--window-s` and
 prints cores used per process class (partition replicas, listeners, the driver with its
@@ -9,7 +10,7 @@ the ceiling of each stage is one core divided by its CPU per record. With `--py-
 also samples the listeners and replicas with py-spy (which costs CPU itself) and prints
 the frames where their samples end.
 
-    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R] [--window-s S] [--py-spy]
+    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R | --throughput] [--window-s S] [--py-spy]
 
 A local Ray instance, shut down at the end. It prints figures and asserts nothing.
 """
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1_000, help="records/s")
     parser.add_argument("--warmup-s", type=float, default=6)
     parser.add_argument("--window-s", type=float, default=10)
+    parser.add_argument("--throughput", action="store_true", help="unthrottled, batch.size 1 MiB, linger.ms 5")
     parser.add_argument("--py-spy", action="store_true")
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -73,11 +75,17 @@ def main() -> None:
     bootstrap, stop, sent = cluster.bootstrap_servers, threading.Event(), [0]
 
     def produce() -> None:
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
+        settings = {"batch.size": 1 << 20, "linger.ms": 5} if args.throughput else {"linger.ms": 0}
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", **settings})
         start, i = time.perf_counter(), 0
         while not stop.is_set():
-            time.sleep(max(start + i / args.rate - time.perf_counter(), 0))
-            producer.produce("latency", b"x" * 100, partition=i % 3)
+            if not args.throughput:
+                time.sleep(max(start + i / args.rate - time.perf_counter(), 0))
+            try:
+                producer.produce("latency", b"x" * 100, partition=i % 3)
+            except BufferError:
+                producer.poll(0.01)
+                continue
             producer.poll(0)
             i += 1
             sent[0] = i

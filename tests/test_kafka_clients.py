@@ -383,7 +383,8 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
 
 
 def test_create_partitions_grows_a_topic_and_keyed_records_follow_the_new_count(cluster, bootstrap):
-    topic = new_topic(cluster, partitions=2)
+    topic = f"k{next(_names)}"
+    cluster.create_topic(topic, partitions=2, replication_factor=1)  # one process per new partition
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     rayk_producer = cluster.producer(metadata_max_age_ms=300)
     try:
