@@ -56,6 +56,9 @@ def processes() -> dict[int, str]:
                 continue
             if comm in ("raylet", "gcs_server"):
                 out[int(entry)] = comm
+            elif "ray" in (cmdline := open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")):
+                script = next((a for a in cmdline.split("\0") if a.endswith(".py")), comm)
+                out[int(entry)] = f"Ray's {os.path.basename(script)}"
     out[os.getpid()] = "driver (librdkafka clients)"
     return out
 
@@ -129,9 +132,10 @@ def main() -> None:
     for t in threads:
         t.join()
     print(f"{records / wall_s:,.0f} records/s over {wall_s:.1f} s; machine busy {busy / wall_s:.2f} of {os.cpu_count()} cores")
-    print(f"{'process class':30} {'cores':>6} {'CPU ms / record':>16}")
+    used["kernel and other processes"] = busy - sum(used.values())
+    print(f"{'process class':44} {'cores':>6} {'CPU µs / record':>16}")
     for cls, cpu_s in used.most_common():
-        print(f"{cls:30} {cpu_s / wall_s:6.2f} {cpu_s / max(records, 1) * 1000:16.2f}")
+        print(f"{cls:44} {cpu_s / wall_s:6.2f} {cpu_s / max(records, 1) * 1e6:16.1f}")
     if spies:
         leaves, total = collections.Counter(), 0
         for pid, _ in spies:
