@@ -224,6 +224,15 @@ def test_create_partitions_adds_partitions_with_the_topics_replication_factor_an
         assert (state.leader_epoch, state.partition_epoch) == (0, 0)
 
 
+def test_create_partitions_during_a_reassignment_takes_the_target_replication_factor():
+    c = three_nodes()
+    c.create("orders", partitions=1, rf=2)  # replicas (1, 2)
+    c.commit(c.meta.plan_reassign("orders", 0, [3, 1]))
+    assert len(c.state("orders", 0).replicas) == 3, "the target plus the replica being removed"
+    records = c.commit(c.meta.plan_create_partitions("orders", 2))
+    assert len(records[0]["replicas"]) == 2
+
+
 @pytest.mark.parametrize("total", [0, 1, 2])
 def test_create_partitions_never_shrinks_or_keeps_the_count(total):
     c = three_nodes()

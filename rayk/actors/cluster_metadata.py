@@ -322,7 +322,7 @@ class ClusterMetadata:
             raise InvalidPartitionsError(
                 f"topic {name!r} has {current} partitions; the new count must be larger, got {total}"
             )
-        replication_factor = len(meta.partitions[0].replicas)
+        replication_factor = len(meta.partitions[0].target_replicas)  # not the replicas a reassignment drops
         start = sum(len(t.partitions) for t in self.topics.values())
         live = self.live_brokers
         assignment = assign_replicas(

@@ -348,12 +348,15 @@ class Controller:
         """Elects each partition (see ClusterMetadata.plan_elect_leader) and pushes the new
         leaders; per partition None or the error that stopped its election."""
         results: dict[TopicPartition, KafkaError | None] = {}
-        for topic, partition in partitions:
+        records: list[Record] = []
+        for topic, partition in dict.fromkeys(partitions):  # a partition named twice is elected once
             try:
-                self._commit(self._meta.plan_elect_leader(topic, partition, unclean))
+                records += self._meta.plan_elect_leader(topic, partition, unclean)
                 results[(topic, partition)] = None
             except KafkaError as e:
                 results[(topic, partition)] = e
+        if records:
+            self._commit(records)  # one metadata log append for every election
         await asyncio.gather(*(self._push_partition(t, p) for (t, p), e in results.items() if e is None))
         return results
 

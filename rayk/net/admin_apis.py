@@ -26,13 +26,14 @@ from rayk.errors import (
 )
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
-from rayk.net.entities import ms
+from rayk.net.entities import controller_timeout_ms
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 TOPIC_CONFIG_SOURCE, STATIC_BROKER_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 1, 4, 5
 INVALID_REPLICA_ASSIGNMENT = 39
+DEFAULT_CONTROLLER_TIMEOUT_MS = 60_000  # CreatePartitions' own default timeout_ms
 
 
 def api_versions_body(error_code: int = 0) -> dict:
@@ -141,7 +142,7 @@ async def create_topics(view: BrokerView, request: Any) -> dict:
 async def create_partitions(view: BrokerView, request: Any) -> dict:
     """Grows topics at the Controller; each topic answers within the request's timeout."""
     body = request.body
-    timeout_ms = ms(body.timeout)
+    timeout_ms = controller_timeout_ms(body.timeout, DEFAULT_CONTROLLER_TIMEOUT_MS)
     names = [t.name for t in body.topics]
 
     async def one(t: Any) -> dict:

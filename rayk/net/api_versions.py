@@ -1,13 +1,13 @@
 """Which Kafka APIs the listener serves, and over which versions.
 
 The floor is Kafka 4.0's (KIP-896: Produce >= 3, Fetch >= 4, ...), which is also where the
-codec's schemas start. Fetch goes to Kafka 4.0's v17: v13+ names topics by id, v7+ has
-fetch sessions (fetch_session.py). Other ceilings stop below versions whose semantics
-rayk does not have: topic ids instead of names (Produce v13, from Kafka 4.1; OffsetCommit
-/ OffsetFetch v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered offsets (v7+), two-phase
-commit producer ids (InitProducerId v6), fenced brokers in DescribeCluster (v2). Where
-kio has versions newer than Kafka 4.0 serves (AlterPartitionReassignments v1, KIP-860,
-from Kafka 4.1), the ceiling is 4.0's.
+codec's schemas start. Fetch goes to Kafka 4.0's v17: v7+ has fetch sessions and v13+
+names topics by id (fetch_session.py). Other ceilings stop below versions whose
+semantics rayk does not have: topic ids instead of names (Produce v13, from Kafka 4.1;
+OffsetCommit / OffsetFetch v10, DeleteTopics v6), ListOffsets' MAX_TIMESTAMP and tiered
+offsets (v7+), two-phase commit producer ids (InitProducerId v6), fenced brokers in
+DescribeCluster (v2). Where kio has versions newer than Kafka 4.0 serves
+(AlterPartitionReassignments v1, KIP-860, from Kafka 4.1), the ceiling is 4.0's.
 """
 
 from __future__ import annotations

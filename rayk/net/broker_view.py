@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -27,6 +28,7 @@ from rayk.errors import (
     NotLeaderOrFollowerError,
     RequestTimedOutError,
     UnknownServerError,
+    UnknownTopicIdError,
 )
 from rayk.net.entities import kafka_uuid
 from rayk.net.fetch_session import FetchSessionCache
@@ -35,6 +37,8 @@ from rayk.net.produce_coalescer import ProduceCoalescer
 logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+TOPIC_ID_LOOKUP_TIMEOUT_MS = 5_000  # a Fetch waits no longer for the Controller to name its topic ids
+UNKNOWN_TOPIC_ID_RETRY_MS = 1_000  # an id no topic has is looked up again no sooner
 
 
 class BrokerView:
@@ -46,6 +50,7 @@ class BrokerView:
         self._offsets_partitions: int | None = None
         self._produce = ProduceCoalescer(self._produce_requests)
         self._topic_names: dict[uuid.UUID, str] = {}
+        self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
         )
@@ -68,17 +73,29 @@ class BrokerView:
         self._replicas.pop((topic, partition), None)
         self._topic_names.clear()
 
-    async def topic_name(self, topic_id: uuid.UUID) -> str | None:
-        """The name of the topic with this id (Fetch v13+ names topics by id), None if no
-        topic has it. A miss looks every id up again at the Controller; an id that a
-        replica refused (its topic was deleted and created again) is dropped with
-        `forget_topic_id`."""
-        name = self._topic_names.get(topic_id)
-        if name is None:
-            described = await self.controller.client_metadata.remote(None)
-            self._topic_names = {kafka_uuid(t["topic_id"]): n for n, t in described["topics"].items()}
-            name = self._topic_names.get(topic_id)
-        return name
+    async def topic_names(self, topic_ids: set[uuid.UUID]) -> dict[uuid.UUID, str | KafkaError]:
+        """The names of topics by id (Fetch v13+ names topics by id): per id its name, or
+        UNKNOWN_TOPIC_ID if no topic has it, or the error of a Controller that did not
+        answer within TOPIC_ID_LOOKUP_TIMEOUT_MS. Ids missing from the cache are looked up
+        in one Controller call; an id found unknown is not looked up again for
+        UNKNOWN_TOPIC_ID_RETRY_MS. An id a replica refused (its topic was deleted and
+        created again) is dropped with `forget_topic_id`."""
+        now = time.monotonic()
+        missing = {i for i in topic_ids if i not in self._topic_names and self._unknown_ids.get(i, 0) <= now}
+        failure: KafkaError | None = None
+        if missing:
+            try:
+                described = await self.ask_controller("client_metadata", None, timeout_ms=TOPIC_ID_LOOKUP_TIMEOUT_MS)
+                self._topic_names = {kafka_uuid(t["topic_id"]): n for n, t in described["topics"].items()}
+                for i in missing - set(self._topic_names):
+                    self._unknown_ids[i] = now + UNKNOWN_TOPIC_ID_RETRY_MS / 1000
+            except KafkaError as e:
+                failure = e
+        out: dict[uuid.UUID, str | KafkaError] = {}
+        for i in topic_ids:
+            name = self._topic_names.get(i)
+            out[i] = name if name is not None else (failure or UnknownTopicIdError(f"no topic has id {i}"))
+        return out
 
     def forget_topic_id(self, topic_id: uuid.UUID) -> None:
         self._topic_names.pop(topic_id, None)

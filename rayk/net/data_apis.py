@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
@@ -18,13 +19,13 @@ from rayk.errors import (
     InconsistentTopicIdError,
     InvalidRequestError,
     KafkaError,
-    UnknownTopicIdError,
 )
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms, topic_id_text
 from rayk.net.fetch_session import FetchPartition, PartitionAnswer
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 
+ZERO_TOPIC_ID = uuid.UUID(int=0)
 CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the connection
 
 
@@ -81,11 +82,11 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     body = request.body
     uses_topic_ids = request.head.api_version >= 13
     wanted = [
-        FetchPartition(t.topic_id if uses_topic_ids else t.topic, p.partition, p.fetch_offset,
+        FetchPartition(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p.partition, p.fetch_offset,
                        max(p.partition_max_bytes, 0), getattr(p, "current_leader_epoch", -1))
         for t in body.topics for p in t.partitions
     ]
-    forgotten = [(t.topic_id if uses_topic_ids else t.topic, p)
+    forgotten = [(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p)
                  for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
     try:  # Fetch v4-v6 have no session fields: (0, -1), a sessionless fetch
         context = view.fetch_sessions.new_context(getattr(body, "session_id", 0), getattr(body, "session_epoch", -1),
@@ -93,15 +94,15 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     except KafkaError as e:
         return {"error_code": e.code, "session_id": 0, "responses": []}
     wanted = context.partitions
-    names = {p.topic: await view.topic_name(p.topic) if uses_topic_ids else p.topic for p in wanted}
+    names = await view.topic_names({p.topic for p in wanted}) if uses_topic_ids else {p.topic: p.topic for p in wanted}
     deadline = time.monotonic() + max(ms(body.max_wait), 0) / 1000
     min_bytes = max(body.min_bytes, 1)
 
     async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1) -> dict:
         try:
             name = names[p.topic]
-            if name is None:
-                raise UnknownTopicIdError(f"no topic has id {p.topic}")
+            if isinstance(name, KafkaError):
+                raise name
             result = await view.call(
                 name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, wait_ms,
                 CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
@@ -151,6 +152,11 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             out.append({topic_field: topic, "partitions": []})
         out[-1]["partitions"].append(answers[i])
     return {"error_code": 0, "session_id": session_id, "responses": out}
+
+
+def _topic_id(value: uuid.UUID | None) -> uuid.UUID:
+    """kio reads the all-zero topic id as None; it is the id no topic has."""
+    return value if value is not None else ZERO_TOPIC_ID
 
 
 def _ready_bytes(answers: list[dict]) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayk.errors import InvalidRequestError
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
-from rayk.net.entities import ms
+from rayk.net.entities import controller_timeout_ms
 
 PREFERRED, UNCLEAN = 0, 1  # election_type
 DEFAULT_TIMEOUT_MS = 60_000
@@ -34,7 +34,7 @@ async def elect_leaders(view: BrokerView, request: Any) -> dict:
         if election_type not in (PREFERRED, UNCLEAN):
             raise InvalidRequestError(f"election type {election_type} is neither 0 (preferred) nor 1 (unclean)")
         results = await view.ask_controller("elect_leaders", named, election_type == UNCLEAN,
-                                            timeout_ms=ms(body.timeout, DEFAULT_TIMEOUT_MS))
+                                            timeout_ms=controller_timeout_ms(body.timeout, DEFAULT_TIMEOUT_MS))
         answers = {tp: (0, None) if e is None else (e.code, str(e)) for tp, e in results.items()}
         top = 0
     except Exception as e:

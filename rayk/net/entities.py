@@ -46,6 +46,14 @@ def ms(value: datetime.timedelta | None, default: int = 0) -> int:
     return default if value is None else round(value.total_seconds() * 1000)
 
 
+def controller_timeout_ms(value: datetime.timedelta | None, default: int) -> int:
+    """A request's timeout for a change the Controller makes. One <= 0 asks not to wait,
+    but the change is made anyway: rayk answers once it is committed, within `default`,
+    rather than REQUEST_TIMED_OUT for a change that happened."""
+    timeout_ms = ms(value, default)
+    return timeout_ms if timeout_ms > 0 else default
+
+
 @cache
 def _fields(cls: type) -> tuple[tuple[str, str, bool, Any], ...]:
     out = []
