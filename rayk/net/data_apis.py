@@ -26,6 +26,9 @@ from rayk.net.fetch_session import FetchPartition, PartitionAnswer
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 
 ZERO_TOPIC_ID = uuid.UUID(int=0)
+# A longer wait would be answered after the client gave up (librdkafka's and the Java
+# client's request timeout is 30 s), holding a replica's call slot all the while.
+MAX_FETCH_WAIT_MS = 30_000
 CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the connection
 
 
@@ -78,7 +81,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     every partition at once, answered as soon as enough bytes arrived. A fetch of one
     partition (a consumer's fetch from a broker that leads one of its partitions) waits at
     the replica in one call. Which partitions are read and answered is the fetch session's
-    (fetch_session.py); Fetch v13+ names topics by id."""
+    (fetch_session.py); Fetch v13+ names topics by id. A partition named twice is
+    INVALID_REQUEST; max_wait is capped at MAX_FETCH_WAIT_MS."""
     body = request.body
     uses_topic_ids = request.head.api_version >= 13
     wanted = [
@@ -88,6 +92,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     ]
     forgotten = [(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p)
                  for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
+    if len({p.key for p in wanted}) != len(wanted):  # one partition, one position: else which is the session's?
+        return {"error_code": InvalidRequestError.code, "session_id": 0, "responses": []}
     try:  # Fetch v4-v6 have no session fields: (0, -1), a sessionless fetch
         context = view.fetch_sessions.new_context(getattr(body, "session_id", 0), getattr(body, "session_epoch", -1),
                                                   wanted, forgotten, uses_topic_ids)
@@ -95,7 +101,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
         return {"error_code": e.code, "session_id": 0, "responses": []}
     wanted = context.partitions
     names = await view.topic_names({p.topic for p in wanted}) if uses_topic_ids else {p.topic: p.topic for p in wanted}
-    deadline = time.monotonic() + max(ms(body.max_wait), 0) / 1000
+    max_wait_ms = min(max(ms(body.max_wait), 0), MAX_FETCH_WAIT_MS)
+    deadline = time.monotonic() + max_wait_ms / 1000
     min_bytes = max(body.min_bytes, 1)
 
     async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1) -> dict:
@@ -130,7 +137,7 @@ async def fetch(view: BrokerView, request: Any) -> dict:
         }
 
     if len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
-        answers = [await one(wanted[0], max(ms(body.max_wait), 0), min_bytes)]
+        answers = [await one(wanted[0], max_wait_ms, min_bytes)]
     else:
         answers = list(await asyncio.gather(*(one(p, 0) for p in wanted)))
         remaining_ms = int((deadline - time.monotonic()) * 1000)
