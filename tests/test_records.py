@@ -473,14 +473,27 @@ def test_batch_exactly_max_bytes_is_accepted():
     assert len(validate_batches(batch, len(batch), True)) == 1
 
 
-@pytest.mark.parametrize("record_count", [0, 2, 4, -1])
-def test_record_count_inconsistent_with_last_offset_delta_is_invalid(record_count):
+@pytest.mark.parametrize("record_count", [4, -1])
+def test_record_count_beyond_the_offset_range_is_invalid(record_count):
     batch = bytearray(build_batch(_records(3)))  # lastOffsetDelta 2
     struct.pack_into(">i", batch, RECORDS_COUNT_POS, record_count)
     _recrc(batch)
     for check in _both_checks(batch):
         with pytest.raises(InvalidRecordError):
             check()
+
+
+@pytest.mark.parametrize("record_count", [0, 2])
+def test_fewer_records_than_the_offset_range_only_from_a_log(record_count):
+    """A batch thinned by log compaction keeps its offset range with fewer records (none,
+    for the empty batch kept for a producer's sequence): a follower copies and a log
+    recovers such batches, but a producer's batch must hold every offset of its range."""
+    batch = bytearray(build_batch(_records(3)))  # lastOffsetDelta 2
+    struct.pack_into(">i", batch, RECORDS_COUNT_POS, record_count)
+    _recrc(batch)
+    assert validate_batches(batch, None, leader_checks=False)[0].record_count == record_count
+    with pytest.raises(InvalidRecordError, match="lastOffsetDelta"):
+        validate_batches(batch, None, leader_checks=True)
 
 
 def test_negative_last_offset_delta_is_invalid():

@@ -69,15 +69,27 @@ def test_recover_rebuilds_the_same_indexes(tmp_path):
     assert (tmp_path / "00000000000000000000.timeindex").read_bytes() == time_index_bytes
 
 
-def test_recover_cuts_a_batch_whose_offsets_do_not_continue(tmp_path):
+def test_recover_cuts_a_batch_whose_offsets_go_back(tmp_path):
     segment = LogSegment(tmp_path, 0, LogConfig(), active=True)
     fill(segment, 3)
-    stray, _ = make_batch(100)
+    stray, _ = make_batch(5)  # the last batch holds offsets 4 and 5
     with open(segment.log_path, "ab") as f:
         f.write(stray)
     segment._size += len(stray)
     assert segment.recover() == len(stray)
     assert segment.next_offset() == 6
+
+
+def test_recover_keeps_batches_after_a_gap(tmp_path):
+    """Compaction removes whole batches: the offsets skip, and recovery keeps what follows."""
+    segment = LogSegment(tmp_path, 0, LogConfig(), active=True)
+    fill(segment, 3)
+    later, _ = make_batch(100)
+    with open(segment.log_path, "ab") as f:
+        f.write(later)
+    segment._size += len(later)
+    assert segment.recover() == 0
+    assert segment.next_offset() == 102
 
 
 def test_truncate_recomputes_the_max_timestamp(tmp_path):

@@ -14,7 +14,9 @@
 
    decode_records(body, record_count, base_offset, base_timestamp, append_time) -> list
 
-   Checks the records as scan_records does (same ValueError), then returns each as a tuple
+   Checks the records as scan_records does (same ValueError), except that offset deltas
+   need only grow (a batch thinned by log compaction keeps its records' offsets), then
+   returns each as a tuple
    (offset, timestamp, key, value, headers): absolute offset, timestamp (`append_time`
    for every record when it is >= 0, a LogAppendTime batch), key and value as bytes or
    None, headers a list of (str, bytes | None). records.decode_records_reference is the
@@ -33,7 +35,7 @@
     header key offsets int32[h+1], header key bytes (UTF-8, checked by the walk),
     header value validity bitmap, header value offsets int32[h+1], header value bytes),
    every one a bytes object, native byte order; n counts the records of all batches. Each
-   batch gets the checks of scan_records; the ValueError names the first malformed batch,
+   batch gets the checks of decode_records; the ValueError names the first malformed batch,
    "batch at offset <base_offset>: <scan_records' message>".
 
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
@@ -109,7 +111,10 @@ static int skip_field(Cursor *c, int64_t length)
     return 0;
 }
 
-static int scan_record(Cursor *c, Py_ssize_t expected_delta, int64_t *timestamp_delta)
+/* One record. Its offset delta must be `expected_delta` when `strict` (a producer's batch:
+   deltas 0..n-1), else at least `expected_delta` (a batch read from a log, which compaction
+   may have thinned: deltas only grow). */
+static int scan_record(Cursor *c, int64_t expected_delta, int strict, int64_t *timestamp_delta, int64_t *offset_delta_out)
 {
     int64_t length, offset_delta, key_length, value_length, header_count;
     if (read_varint(c, &length) < 0)
@@ -122,11 +127,16 @@ static int scan_record(Cursor *c, Py_ssize_t expected_delta, int64_t *timestamp_
     c->pos += 1; /* attributes: unused */
     if (read_varint(c, timestamp_delta) < 0 || read_varint(c, &offset_delta) < 0)
         return -1;
-    if (offset_delta != expected_delta) {
-        snprintf(c->message, sizeof c->message, "record offset delta %lld, expected %lld",
-                 (long long)offset_delta, (long long)expected_delta);
+    if (strict ? offset_delta != expected_delta : offset_delta < expected_delta) {
+        snprintf(c->message, sizeof c->message, "record offset delta %lld, expected %s%lld", (long long)offset_delta,
+                 strict ? "" : "at least ", (long long)expected_delta);
         return -1;
     }
+    if (offset_delta > INT32_MAX) { /* an int32 in Kafka's batches */
+        snprintf(c->message, sizeof c->message, "record offset delta %lld is beyond int32", (long long)offset_delta);
+        return -1;
+    }
+    *offset_delta_out = offset_delta;
     if (read_varint(c, &key_length) < 0 || skip_field(c, key_length) < 0)
         return -1;
     if (read_varint(c, &value_length) < 0 || skip_field(c, value_length) < 0)
@@ -168,14 +178,17 @@ static int scan_record(Cursor *c, Py_ssize_t expected_delta, int64_t *timestamp_
     return 0;
 }
 
-/* The walk over `record_count` records of body: 0, or -1 with c->message set. */
-static int scan_body(Cursor *c, Py_ssize_t record_count, int64_t *max_timestamp_delta)
+/* The walk over `record_count` records of body: 0, or -1 with c->message set. `strict`:
+   offset deltas run 0..n-1 (a producer's batch); else they only grow (a compacted one). */
+static int scan_body(Cursor *c, Py_ssize_t record_count, int strict, int64_t *max_timestamp_delta)
 {
     *max_timestamp_delta = 0;
+    int64_t expected_delta = 0;
     for (Py_ssize_t i = 0; i < record_count; i++) {
-        int64_t timestamp_delta;
-        if (scan_record(c, i, &timestamp_delta) < 0)
+        int64_t timestamp_delta, offset_delta;
+        if (scan_record(c, expected_delta, strict, &timestamp_delta, &offset_delta) < 0)
             return -1;
+        expected_delta = offset_delta + 1;
         if (i == 0 || timestamp_delta > *max_timestamp_delta)
             *max_timestamp_delta = timestamp_delta;
     }
@@ -195,7 +208,7 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
         return NULL;
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
     int64_t max_timestamp_delta;
-    int failed = scan_body(&c, record_count, &max_timestamp_delta) < 0;
+    int failed = scan_body(&c, record_count, 1, &max_timestamp_delta) < 0;
     PyBuffer_Release(&body);
     if (failed) {
         PyErr_SetString(PyExc_ValueError, c.message);
@@ -236,7 +249,7 @@ static PyObject *decode_records(PyObject *module, PyObject *args)
     }
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
     int64_t max_timestamp_delta;
-    if (scan_body(&c, record_count, &max_timestamp_delta) < 0) { /* scan_records' checks and messages */
+    if (scan_body(&c, record_count, 0, &max_timestamp_delta) < 0) { /* scan_records' checks, deltas may skip */
         PyErr_SetString(PyExc_ValueError, c.message);
         goto done;
     }
@@ -342,7 +355,7 @@ static Py_ssize_t take_batches(PyObject *seq, BatchBody *batches, Py_ssize_t cou
         int64_t max_timestamp_delta;
         if (batch->record_count < 0)
             snprintf(c.message, sizeof c.message, "record count %zd", batch->record_count);
-        if (batch->record_count < 0 || scan_body(&c, batch->record_count, &max_timestamp_delta) < 0) {
+        if (batch->record_count < 0 || scan_body(&c, batch->record_count, 0, &max_timestamp_delta) < 0) {
             PyErr_Format(PyExc_ValueError, "batch at offset %lld: %s", batch->base_offset, c.message);
             return b + 1;
         }

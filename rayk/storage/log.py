@@ -30,6 +30,16 @@ there is none); a damaged snapshot is deleted and an older one tried. Retention 
 the snapshots and the producer batches below the new log start, so the state always
 equals what the remaining log's batches say.
 
+Compaction (cleanup.policy compact; the cleaning itself is `log_cleaner.py`): the log
+keeps the cleaner's checkpoint, `cleaner_offset` (Kafka's first dirty offset: below it
+the log is cleaned), and swaps cleaned segments in with Kafka's file protocol (see
+`replace_segments`): the cleaned copy is written as `.cleaned` files, renamed to `.swap`
+(the commit point), the segments it replaces are deleted, and the `.swap` files take the
+segment names. Opening finishes an interrupted swap and deletes `.cleaned` leftovers, so
+a crash at any step leaves either the old segments or the cleaned one. A compacted log
+may skip offsets (between batches, and inside a batch whose records were removed); it
+never repeats one. A compacted topic takes only records with a key (INVALID_RECORD).
+
 The high watermark (HW) is kept here for the replication layer, which owns its meaning;
 the log only guarantees `log_start_offset <= HW <= LEO`. Retention deletes whole segments
 and never one holding offsets at or above the HW.
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import re
 import shutil
 import threading
@@ -53,6 +64,7 @@ from pathlib import Path
 from rayk.errors import (
     FencedLeaderEpochError,
     InvalidFetchSizeError,
+    InvalidRecordError,
     KafkaStorageError,
     LogClosedError,
     OffsetOutOfRangeError,
@@ -68,16 +80,21 @@ from rayk.storage.producer_state import ProducerStateManager
 from rayk.storage.records import (
     BatchHeader,
     TimestampType,
+    decode_record_tuples,
+    iter_batches,
     set_base_offset_and_epoch,
     set_log_append_time,
     validate_batches,
 )
-from rayk.storage.segment import LOG_SUFFIX, LogSegment
+from rayk.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
 from rayk.storage.segment_flusher import SegmentFlusher
 
 logger = logging.getLogger(__name__)
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+CLEANED_SUFFIX = ".cleaned"  # a segment the cleaner is writing
+SWAP_SUFFIX = ".swap"  # a cleaned segment committed to replace the segments it covers
+_TEMPORARY_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)\.(cleaned|swap)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +140,13 @@ class Log:
         recovery_point: int | None = None,
         log_start_offset: int | None = None,
         high_watermark: int | None = None,
+        cleaner_offset: int | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         lock_wait_ms: int | None = None,
     ) -> None:
         """`lock_wait_ms`: take the directory's `.lock` (see dir_lock.py), waiting up to this
-        long for a dying previous owner; None (tools, tests) takes no lock."""
+        long for a dying previous owner; None (tools, tests) takes no lock.
+        `cleaner_offset`: the cleaner's checkpoint (None: nothing cleaned yet)."""
         self.dir_path = Path(dir_path)
         self.config = config or LogConfig()
         self._clock_ms = clock_ms
@@ -138,12 +157,14 @@ class Log:
         self.dir_path.mkdir(parents=True, exist_ok=True)
         self._dir_lock = None if lock_wait_ms is None else DirLock(self.dir_path, lock_wait_ms)
         try:
-            self._open(recovery_point, log_start_offset, high_watermark)
+            self._open(recovery_point, log_start_offset, high_watermark, cleaner_offset)
         except BaseException:
             self._release_dir_lock()
             raise
 
-    def _open(self, recovery_point: int | None, log_start_offset: int | None, high_watermark: int | None) -> None:
+    def _open(
+        self, recovery_point: int | None, log_start_offset: int | None, high_watermark: int | None, cleaner_offset: int | None
+    ) -> None:
         clock_ms = self._clock_ms
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpointFile(self.dir_path / LeaderEpochCheckpointFile.FILE_NAME)
@@ -158,6 +179,7 @@ class Log:
         self._log_start_offset = min(max(log_start_offset or 0, first_base), self._log_end_offset)
         hw = self._log_start_offset if high_watermark is None else high_watermark
         self._high_watermark = min(max(hw, self._log_start_offset), self._log_end_offset)
+        self._cleaner_offset = min(max(cleaner_offset or 0, self._log_start_offset), self._log_end_offset)
         self._recovery_point = self._log_end_offset
         self._unflushed_records = 0
         self._last_flush_ms = clock_ms()
@@ -167,7 +189,36 @@ class Log:
 
     # ------------------------------------------------------------------ loading
 
+    def _finish_interrupted_cleaning(self) -> None:
+        """Kafka's swap recovery: a `.swap` segment was committed, so the segments it covers
+        (base offsets in [its base, its next offset)) go and it takes the segment names;
+        `.cleaned` files, and `.swap` indexes without their `.log.swap`, are an unfinished
+        clean and go. Nothing before a `.swap` rename is visible: the old segments stand."""
+        swaps = []
+        for path in self.dir_path.iterdir():
+            match = _TEMPORARY_FILE.match(path.name)
+            if match is None:
+                continue
+            if match.group(3) == "swap" and match.group(2) == "log":
+                swaps.append(int(match.group(1)))
+            elif match.group(3) == "cleaned" or not (self.dir_path / f"{match.group(1)}{LOG_SUFFIX}{SWAP_SUFFIX}").exists():
+                path.unlink()
+        for base in sorted(swaps):
+            swap = LogSegment(self.dir_path, base, self.config, active=False, file_suffix=SWAP_SUFFIX)
+            if swap.load() is not None:
+                swap.recover()
+                swap.on_roll()
+            end = swap.next_offset()
+            for path in self.dir_path.iterdir():
+                match = _SEGMENT_FILE.match(path.name)
+                if match is not None and base <= int(match.group(1)) < max(end, base + 1):
+                    path.unlink()
+            swap.rename_files("")
+            swap.close()
+            logger.warning("%s: finished an interrupted clean: segment %d swapped in", self.dir_path, base)
+
     def _load(self, recovery_point: int | None) -> None:
+        self._finish_interrupted_cleaning()
         bases: set[int] = set()
         for path in self.dir_path.iterdir():
             match = _SEGMENT_FILE.match(path.name)
@@ -202,7 +253,8 @@ class Log:
             truncated = segment.recover(note_epoch)
             self.truncated_on_recovery_bytes += truncated
             following = self._segments[i + 1 :]
-            broken_chain = bool(following) and following[0].base_offset != segment.next_offset()
+            # A gap is compaction's doing; an overlap means the next segment cannot be trusted.
+            broken_chain = bool(following) and following[0].base_offset < segment.next_offset()
             if truncated or broken_chain:
                 # Nothing after an invalid byte can be trusted: drop every later segment.
                 for later in following:
@@ -283,6 +335,12 @@ class Log:
             self._high_watermark = offset
 
     @property
+    def cleaner_offset(self) -> int:
+        """The log cleaner's checkpoint (Kafka's first dirty offset): below it the log is
+        cleaned, from it on records may be superseded by later ones of the same key."""
+        return self._cleaner_offset
+
+    @property
     def size_bytes(self) -> int:
         with self._lock:
             return sum(segment.size_bytes for segment in self._segments)
@@ -323,6 +381,8 @@ class Log:
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
         headers = validate_batches(records, self.config.max_message_bytes, leader_checks=True)
+        if self.config.compacts:
+            _require_keys(records)
         with self._lock:
             self._check_open()
             if leader_epoch < self.leader_epoch_cache.latest_epoch:
@@ -487,6 +547,7 @@ class Log:
             last.make_active()
             self._log_end_offset = last.next_offset()
             self._high_watermark = min(self._high_watermark, self._log_end_offset)
+            self._cleaner_offset = min(self._cleaner_offset, self._log_end_offset)
             self._recovery_point = min(self._recovery_point, self._log_end_offset)
             self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
             self._rebuild_producer_state()
@@ -506,6 +567,7 @@ class Log:
         self._base_offsets.clear()
         self._add_segment(LogSegment(self.dir_path, offset, self.config, active=True))
         self._log_end_offset = self._log_start_offset = self._high_watermark = self._recovery_point = offset
+        self._cleaner_offset = offset
         self.leader_epoch_cache.clear()
         producer_snapshot.delete(self.dir_path, producer_snapshot.snapshot_offsets(self.dir_path))
         self.producer_state.clear()
@@ -561,16 +623,19 @@ class Log:
 
     def delete_expired_segments(self, now_ms: int | None = None) -> int:
         """Deletes whole segments past `retention.ms` or beyond `retention.bytes`, oldest
-        first, never one that holds offsets at or above the HW. Returns how many went."""
+        first, never one that holds offsets at or above the HW. Returns how many went.
+        Only with cleanup.policy delete: a compact-only log keeps every key's latest record."""
         with self._lock:
             self._check_open()
+            if not self.config.deletes:
+                return 0
             now_ms = self._clock_ms() if now_ms is None else now_ms
             retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
             excess_bytes = sum(s.size_bytes for s in self._segments) - retention_bytes
             doomed = 0
             for i, segment in enumerate(self._segments):
                 upper = self._segments[i + 1].base_offset if i + 1 < len(self._segments) else self._log_end_offset
-                if segment.is_empty or upper > self._high_watermark:
+                if (segment.is_empty and i == len(self._segments) - 1) or upper > self._high_watermark:
                     break
                 newest_ms = segment.max_timestamp_ms if segment.max_timestamp_ms >= 0 else segment.last_modified_ms
                 expired = retention_ms >= 0 and now_ms - newest_ms > retention_ms
@@ -587,6 +652,7 @@ class Log:
                 segment.delete()
             del self._segments[:doomed], self._base_offsets[:doomed]
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+            self._cleaner_offset = max(self._cleaner_offset, self._log_start_offset)
             self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
             self.producer_state.remove_batches_below(self._log_start_offset)
             producer_snapshot.delete(
@@ -594,6 +660,85 @@ class Log:
             )
             assert self._log_start_offset <= self._high_watermark <= self._log_end_offset
             return doomed
+
+    # ------------------------------------------------------------------ compaction
+
+    def cleanable_segments(self, first_uncleanable_offset: int) -> tuple[list[tuple[LogSegment, int]], int]:
+        """The segments that lie wholly below `first_uncleanable_offset` (the active one
+        never does), oldest first, each with its end (the next segment's base offset), and
+        the truncation count to hand `replace_segments`. The cleaner reads them through
+        `read_segment_bytes`; a truncation or retention that takes one meanwhile makes
+        `replace_segments` refuse the clean."""
+        with self._lock:
+            self._check_open()
+            limit = min(first_uncleanable_offset, self._segments[-1].base_offset)
+            out = []
+            for segment, end in zip(self._segments, self._base_offsets[1:]):
+                if end > limit:
+                    break
+                out.append((segment, end))
+            return out, self._truncations
+
+    def read_segment_bytes(self, segment: LogSegment, position: int, max_bytes: int) -> bytes:
+        """Up to `max_bytes` of `segment`'s .log from `position`; raises LogClosedError if
+        the segment is no longer part of the log (retention or truncation took it)."""
+        with self._lock:
+            self._check_open()
+            if not any(s is segment for s in self._segments):
+                raise LogClosedError(f"segment {segment.base_offset} of {self.dir_path} was removed")
+            return segment.read_bytes(position, max_bytes)
+
+    def producer_batch_offsets(self) -> set[tuple[int, int]]:
+        """(producer id, first offset) of each batch the producer state remembers: batches
+        the cleaner keeps, if only as an empty header, so the state survives a rebuild."""
+        with self._lock:
+            return {
+                (producer_id, batch.first_offset)
+                for producer_id, entry in self.producer_state.producers.items()
+                for batch in entry.batches
+            }
+
+    def new_cleaned_segment(self, base_offset: int) -> LogSegment:
+        """An empty `.cleaned` segment for the cleaner to write (a leftover one is replaced)."""
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (self.dir_path / f"{base_offset:020d}{suffix}{CLEANED_SUFFIX}").unlink(missing_ok=True)
+        return LogSegment(self.dir_path, base_offset, self.config, active=True, file_suffix=CLEANED_SUFFIX)
+
+    def replace_segments(self, cleaned: LogSegment, old: list[LogSegment], truncations: int) -> bool:
+        """Swaps `cleaned` (a `.cleaned` segment, written and sealed) in for the consecutive
+        segments `old`, with Kafka's crash-safe steps: rename to `.swap` (the commit point),
+        delete `old`, rename the `.swap` files to segment names. Returns False, and deletes
+        `cleaned`, if the log changed under the cleaner (truncated, retention took `old`,
+        or closed): the clean is simply lost, never applied to other segments."""
+        with self._lock:
+            first = bisect.bisect_left(self._base_offsets, old[0].base_offset)
+            current = self._segments[first : first + len(old)]
+            if (
+                self._closed
+                or truncations != self._truncations
+                or len(current) != len(old)
+                or any(a is not b for a, b in zip(current, old))
+                or first + len(old) >= len(self._segments)  # never the active segment
+            ):
+                cleaned.delete()
+                return False
+            assert cleaned.base_offset == old[0].base_offset, "a cleaned segment takes its first source's name"
+            assert cleaned.next_offset() <= self._segments[first + len(old)].base_offset, "cleaning keeps offsets"
+            cleaned.flush()
+            cleaned.rename_files(SWAP_SUFFIX)
+            _fsync_dir(self.dir_path)
+            for segment in old:
+                segment.delete()
+            cleaned.rename_files("")
+            _fsync_dir(self.dir_path)
+            self._segments[first : first + len(old)] = [cleaned]
+            self._base_offsets[first : first + len(old)] = [cleaned.base_offset]
+            return True
+
+    def advance_cleaner_offset(self, offset: int) -> None:
+        """The cleaner finished everything below `offset` (kept within [log start, LEO])."""
+        with self._lock:
+            self._cleaner_offset = min(max(self._cleaner_offset, offset, self._log_start_offset), self._log_end_offset)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -639,3 +784,18 @@ class Log:
             f"leo={self._log_end_offset}, segments={len(self._segments)})"
         )
 
+
+def _require_keys(records: bytes | bytearray | memoryview) -> None:
+    """Kafka's LogValidator for compacted topics: every record needs a key."""
+    for batch in iter_batches(records):
+        _header, decoded = decode_record_tuples(batch.data)
+        if any(key is None for _offset, _timestamp, key, _value, _headers in decoded):
+            raise InvalidRecordError("compacted topic cannot accept a record without a key")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

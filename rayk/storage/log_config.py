@@ -27,7 +27,24 @@ PROPERTY_FIELDS = {
     "flush.messages": "flush_messages",
     "flush.ms": "flush_ms",
     "message.timestamp.type": "message_timestamp_type",
+    "cleanup.policy": "cleanup_policy",
+    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
+    "delete.retention.ms": "delete_retention_ms",
 }
+CLEANUP_POLICIES = ("compact", "delete")
+NO_LIMIT_MS = (1 << 63) - 1  # Kafka's Long.MAX_VALUE: "never"
+
+
+def normalize_cleanup_policy(raw: str | int) -> str:
+    """Kafka's list config: "compact", "delete" or both, in any order and spacing; the
+    normal form lists them sorted, comma-separated ("compact,delete")."""
+    names = {part.strip().lower() for part in str(raw).split(",") if part.strip()}
+    if not names or not names <= set(CLEANUP_POLICIES):
+        raise InvalidConfigurationError(f"cleanup.policy = {raw!r}: must be compact, delete or compact,delete")
+    return ",".join(sorted(names))
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +59,12 @@ class LogConfig:
     flush_messages: int | None = None  # None: leave flushing to the OS (fsync on roll/close)
     flush_ms: int | None = None
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    # Log compaction (see log_cleaner.py): "delete" (retention only), "compact" or both.
+    cleanup_policy: str = "delete"
+    min_cleanable_dirty_ratio: float = 0.5  # clean when dirty bytes are this share of the cleanable
+    min_compaction_lag_ms: int = 0  # a record stays uncompacted at least this long
+    max_compaction_lag_ms: int = NO_LIMIT_MS  # ... and at most this long, whatever the dirty ratio
+    delete_retention_ms: int = DAY_MS  # tombstones outlive their first clean by this long
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
@@ -57,7 +80,28 @@ class LogConfig:
         require(self.retention_bytes >= -1, "retention.bytes", "must be >= -1")
         require(self.flush_messages is None or self.flush_messages >= 1, "flush.messages", "must be >= 1")
         require(self.flush_ms is None or self.flush_ms >= 0, "flush.ms", "must be >= 0")
+        require(0 <= self.min_cleanable_dirty_ratio <= 1, "min.cleanable.dirty.ratio", "must be in [0, 1]")
+        require(self.min_compaction_lag_ms >= 0, "min.compaction.lag.ms", "must be >= 0")
+        require(self.max_compaction_lag_ms >= 1, "max.compaction.lag.ms", "must be >= 1")
+        require(self.delete_retention_ms >= 0, "delete.retention.ms", "must be >= 0")
         object.__setattr__(self, "message_timestamp_type", TimestampType(self.message_timestamp_type))
+        object.__setattr__(self, "cleanup_policy", normalize_cleanup_policy(self.cleanup_policy))
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the log cleaner keeps only each key's latest record (cleanup.policy compact)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention deletes old segments (cleanup.policy delete)."""
+        return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def roll_ms(self) -> int:
+        """How long a segment may take records: segment.ms, and for a compacted log at most
+        max.compaction.lag.ms too, since the active segment is never cleaned (KIP-354)."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compacts else self.segment_ms
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str | int], base: LogConfig | None = None) -> LogConfig:
@@ -70,10 +114,14 @@ class LogConfig:
             try:
                 if field == "message_timestamp_type":
                     changes[field] = TimestampType.from_name(raw)
+                elif field == "cleanup_policy":
+                    changes[field] = normalize_cleanup_policy(raw)
+                elif field == "min_cleanable_dirty_ratio":
+                    changes[field] = float(raw)
                 else:
                     value = int(raw)
                     # Kafka spells "no limit" for flush.* as Long.MAX_VALUE.
-                    changes[field] = None if field.startswith("flush_") and value >= (1 << 63) - 1 else value
+                    changes[field] = None if field.startswith("flush_") and value >= NO_LIMIT_MS else value
             except (TypeError, ValueError) as e:
                 raise InvalidConfigurationError(f"{name} = {raw!r}: {e}") from None
         return replace(base or cls(), **changes)
@@ -86,6 +134,6 @@ class LogConfig:
             if field == "message_timestamp_type":
                 value = "LogAppendTime" if value == TimestampType.LOG_APPEND_TIME else "CreateTime"
             elif value is None:
-                value = (1 << 63) - 1
+                value = NO_LIMIT_MS
             out[name] = str(value)
         return out

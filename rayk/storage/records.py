@@ -466,11 +466,13 @@ def decode_records_reference(
     body: bytes | bytearray | memoryview, record_count: int, base_offset: int, base_timestamp: int, append_time: int
 ) -> list[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
     """The compiled `_records.decode_records` in plain Python: the checks (and ValueError
-    messages) of `scan_records_reference`, then each record as (offset, timestamp, key,
-    value, headers); `append_time` >= 0 is every record's timestamp (LogAppendTime)."""
+    messages) of `scan_records_reference` with offset deltas that need only grow (a batch
+    thinned by log compaction keeps its records' offsets), then each record as (offset,
+    timestamp, key, value, headers); `append_time` >= 0 is every record's timestamp
+    (LogAppendTime)."""
     if record_count < 0:
         raise ValueError(f"record count {record_count}")
-    scan_records_reference(body, record_count)
+    scan_records_reference(body, record_count, strict_offsets=False)
     data = bytes(body)
     pos = 0
 
@@ -576,10 +578,14 @@ def check_records(
             )
 
 
-def scan_records_reference(body: bytes | bytearray | memoryview, record_count: int) -> int | None:
+def scan_records_reference(
+    body: bytes | bytearray | memoryview, record_count: int, strict_offsets: bool = True
+) -> int | None:
     """The record walk of `check_records` in plain Python: the reference for the compiled
     `_records.scan_records`, with the same result and the same ValueError messages.
-    Returns the largest timestamp delta (None for no records)."""
+    Returns the largest timestamp delta (None for no records). `strict_offsets`: offset
+    deltas run 0..n-1 (a producer's batch); else they need only grow (the decoders' walk,
+    over batches that compaction may have thinned)."""
     data = bytes(body)  # bytes indexing is the fastest single-byte read Python has
     pos, end = 0, len(data)
 
@@ -603,7 +609,8 @@ def scan_records_reference(body: bytes | bytearray | memoryview, record_count: i
             pos += length
 
     max_timestamp_delta = None
-    for expected_delta in range(record_count):
+    expected_delta = 0
+    for _ in range(record_count):
         length = varint()
         if length <= 0 or length > end - pos:
             raise ValueError(f"record length {length} does not fit in the batch")
@@ -613,8 +620,12 @@ def scan_records_reference(body: bytes | bytearray | memoryview, record_count: i
         if max_timestamp_delta is None or timestamp_delta > max_timestamp_delta:
             max_timestamp_delta = timestamp_delta
         offset_delta = varint()
-        if offset_delta != expected_delta:
-            raise ValueError(f"record offset delta {offset_delta}, expected {expected_delta}")
+        if offset_delta != expected_delta if strict_offsets else offset_delta < expected_delta:
+            at_least = "" if strict_offsets else "at least "
+            raise ValueError(f"record offset delta {offset_delta}, expected {at_least}{expected_delta}")
+        if offset_delta > 0x7FFFFFFF:  # an int32 in Kafka's batches
+            raise ValueError(f"record offset delta {offset_delta} is beyond int32")
+        expected_delta = offset_delta + 1
         skip(varint())  # key
         skip(varint())  # value
         header_count = varint()
@@ -642,6 +653,63 @@ def scan_records_reference(body: bytes | bytearray | memoryview, record_count: i
 _PAST_END = "records running past its end"
 
 
+# ---------------------------------------------------------------------------- compaction
+
+
+def filter_batch(
+    batch: bytes | bytearray | memoryview, retain: Callable[[int, int, bytes | None, bool], bool], keep_empty: bool
+) -> bytes | None:
+    """The batch with only the records for which `retain(offset, timestamp_ms, key,
+    is_tombstone)` is true, as Kafka's cleaner rewrites one (MemoryRecords.filterTo): the same base offset,
+    lastOffsetDelta, base timestamp, producer fields and codec, so every kept record keeps
+    its offset and timestamp and a producer's sequence range is unchanged; the records are
+    copied byte for byte and recompressed, and maxTimestamp (CreateTime) and the CRC are
+    recomputed. Returns the input's bytes when every record stays; when none does, an
+    empty batch (no records, no compression) if `keep_empty` (a producer's batch whose
+    sequence numbers must survive), else None.
+    """
+    header, body, append_time = _records_section(batch, None)
+    data = bytes(body)
+    spans: list[tuple[int, int, int]] = []  # (start, end, timestamp delta) of each kept record
+    pos = 0
+    for _ in range(header.record_count):
+        begin = pos
+        length, start = decode_varint(data, pos)
+        end = start + length
+        timestamp_delta, pos = decode_varint(data, start + 1)  # after the attributes
+        offset_delta, pos = decode_varint(data, pos)
+        key_length, pos = decode_varint(data, pos)
+        key = data[pos : pos + key_length] if key_length >= 0 else None
+        pos += max(key_length, 0)
+        value_length, pos = decode_varint(data, pos)
+        timestamp_ms = append_time if append_time >= 0 else header.base_timestamp + timestamp_delta
+        if retain(header.base_offset + offset_delta, timestamp_ms, key, value_length < 0):
+            spans.append((begin, end, timestamp_delta))
+        pos = end
+    if len(spans) == header.record_count:
+        return bytes(memoryview(batch)[: header.size_bytes])
+    if not spans:
+        if not keep_empty:
+            return None
+        codec, payload, max_timestamp = CompressionType.NONE, b"", header.max_timestamp
+    else:
+        codec = header.compression
+        kept = b"".join(data[start:end] for start, end, _delta in spans)
+        payload = compress(codec, kept) if codec != CompressionType.NONE else kept
+        max_timestamp = header.max_timestamp
+        if header.timestamp_type == TimestampType.CREATE_TIME:
+            max_timestamp = header.base_timestamp + max(delta for _start, _end, delta in spans)
+    out = bytearray(HEADER_SIZE_BYTES)
+    out += payload
+    _HEADER.pack_into(
+        out, 0, header.base_offset, len(out) - LOG_OVERHEAD_BYTES, header.partition_leader_epoch, MAGIC_V2, 0,
+        (header.attributes & ~_COMPRESSION_MASK) | int(codec), header.last_offset_delta, header.base_timestamp,
+        max_timestamp, header.producer_id, header.producer_epoch, header.base_sequence, len(spans),
+    )
+    _UINT32.pack_into(out, CRC_POS, compute_crc(out))
+    return bytes(out)
+
+
 # ---------------------------------------------------------------------------- validation
 
 
@@ -659,9 +727,10 @@ def _is_short_legacy_message(view: memoryview, pos: int) -> bool:
 def check_batch_at(view: memoryview, pos: int, max_batch_bytes: int | None = None) -> BatchHeader:
     """Checks the batch starting at `pos` of `view` and returns its header.
 
-    The batch must be whole, magic 2, carry a valid CRC, have a record count that matches
-    its offset range and, if `max_batch_bytes` is given, be no larger. Raises the Kafka
-    error for the first problem found.
+    The batch must be whole, magic 2, carry a valid CRC, have no more records than its
+    offset range holds (fewer, even none, once log compaction thinned it: the batch keeps
+    its offset range, as Kafka's cleaner writes it) and, if `max_batch_bytes` is given, be
+    no larger. Raises the Kafka error for the first problem found.
     """
     end = len(view)
     if end - pos < HEADER_SIZE_BYTES:
@@ -683,7 +752,7 @@ def check_batch_at(view: memoryview, pos: int, max_batch_bytes: int | None = Non
         raise RecordTooLargeError(f"batch of {size} bytes exceeds max.message.bytes = {max_batch_bytes}")
     if compute_crc(view[pos : pos + size]) != header.crc:
         raise CorruptRecordError(f"batch at offset {header.base_offset} fails its CRC-32C check")
-    if header.last_offset_delta < 0 or header.record_count != header.last_offset_delta + 1:
+    if header.last_offset_delta < 0 or not 0 <= header.record_count <= header.last_offset_delta + 1:
         raise InvalidRecordError(
             f"batch has {header.record_count} records but lastOffsetDelta {header.last_offset_delta}"
         )
@@ -712,6 +781,10 @@ def validate_batches(
         if leader_checks:
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
+            if header.record_count != header.last_offset_delta + 1:  # a producer's offsets are 0..n-1
+                raise InvalidRecordError(
+                    f"batch has {header.record_count} records but lastOffsetDelta {header.last_offset_delta}"
+                )
             # A batch may legitimately compress well; the bound only stops decompression bombs.
             check_records(view[pos : pos + header.size_bytes], max(max_batch_bytes or 0, 1 << 20) * 64, header)
         headers.append(header)

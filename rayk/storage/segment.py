@@ -58,14 +58,17 @@ class BatchLocation:
 
 
 class LogSegment:
-    def __init__(self, dir_path: Path, base_offset: int, config: LogConfig, active: bool) -> None:
+    def __init__(self, dir_path: Path, base_offset: int, config: LogConfig, active: bool, file_suffix: str = "") -> None:
+        """`file_suffix` is appended to the three file names: the log cleaner writes a
+        segment as `.cleaned` files and swaps it in through `.swap` (see `rename_files`)."""
         self.base_offset = base_offset
         self._config = config
-        self.log_path = dir_path / segment_file_name(base_offset, LOG_SUFFIX)
+        self.file_suffix = file_suffix
+        self.log_path = dir_path / segment_file_name(base_offset, LOG_SUFFIX + file_suffix)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
-        index_path = dir_path / segment_file_name(base_offset, INDEX_SUFFIX)
-        time_index_path = dir_path / segment_file_name(base_offset, TIME_INDEX_SUFFIX)
+        index_path = dir_path / segment_file_name(base_offset, INDEX_SUFFIX + file_suffix)
+        time_index_path = dir_path / segment_file_name(base_offset, TIME_INDEX_SUFFIX + file_suffix)
         self.indexes_were_missing = not (index_path.exists() and time_index_path.exists())
         self.offset_index = OffsetIndex(index_path, base_offset, config.segment_index_bytes, writable=active)
         self.time_index = TimeIndex(time_index_path, base_offset, config.segment_index_bytes, writable=active)
@@ -112,7 +115,7 @@ class LogSegment:
         first_ts = self.first_batch_timestamp_ms()
         waited_ms = max_timestamp_ms - first_ts if first_ts >= 0 else now_ms - self.created_ms
         return (
-            waited_ms > self._config.segment_ms
+            waited_ms > self._config.roll_ms
             or self.offset_index.is_full
             or self.time_index.is_full
             or not self.offset_index.can_append_offset(last_offset)
@@ -121,7 +124,8 @@ class LogSegment:
     def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
         """Appends whole, validated batches whose offsets continue this segment."""
         view = memoryview(data)
-        assert headers and headers[0].base_offset == self.next_offset(), "batches must continue the segment"
+        # >=: a segment written by the log cleaner skips the offsets of removed batches.
+        assert headers and headers[0].base_offset >= self.next_offset(), "batches must continue the segment"
         position = self._size
         written = 0
         while written < len(view):
@@ -192,6 +196,10 @@ class LogSegment:
             end += header.size_bytes
             next_offset = header.next_offset
         return (chunk[:end] if end < len(chunk) else chunk), next_offset
+
+    def read_bytes(self, position: int, max_bytes: int) -> bytes:
+        """Up to `max_bytes` of the .log from `position` (the log cleaner's sequential read)."""
+        return os.pread(self._fd, max(0, min(max_bytes, self._size - position)), position)
 
     def batch_headers(self, start_offset: int) -> Iterator[BatchHeader]:
         """The headers of the batches whose last offset is >= `start_offset`, in order.
@@ -283,7 +291,8 @@ class LogSegment:
 
     def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
         """Re-reads every batch, rebuilds the indexes and cuts the file after the last
-        sound batch (whole, CRC valid, offsets contiguous). Returns the bytes cut.
+        sound batch (whole, CRC valid, offsets above the previous batch's: compaction
+        leaves gaps, never overlaps). Returns the bytes cut.
         `on_batch` is called with each sound batch's header, in order, so the log can
         rebuild what lives in headers (the leader epoch cache, as Kafka's LogSegment.recover
         does). Leaves the indexes writable; the log trims them if this is not the last segment."""
@@ -304,7 +313,7 @@ class LogSegment:
                             header = check_batch_at(view, valid_bytes)
                         except KafkaError:
                             break
-                        if header.base_offset != expected_offset:
+                        if header.base_offset < expected_offset:  # gaps: compaction removed batches
                             break
                         self._index_batch(header, valid_bytes)
                         if on_batch is not None:
@@ -368,6 +377,20 @@ class LogSegment:
         os.close(self._fd)
         self._fd = -1
 
+    def rename_files(self, file_suffix: str) -> None:
+        """Renames the three files to carry `file_suffix` instead of the current one (the
+        cleaner's `.cleaned` -> `.swap` -> "" steps); open descriptors stay valid."""
+        for index in (self.offset_index, self.time_index):
+            index.rename_to(_with_suffix(index.path, self.file_suffix, file_suffix))
+        target = _with_suffix(self.log_path, self.file_suffix, file_suffix)
+        os.replace(self.log_path, target)
+        self.log_path, self.file_suffix = target, file_suffix
+
+    def set_last_modified_ms(self, ms: int) -> None:
+        """Sets the .log's modification time: a cleaned segment keeps its source's, which
+        retention and the tombstone horizon go by, as in Kafka."""
+        os.utime(self._fd, ns=(ms * 1_000_000, ms * 1_000_000))
+
     def delete(self) -> None:
         self.offset_index.delete()
         self.time_index.delete()
@@ -375,3 +398,8 @@ class LogSegment:
             os.close(self._fd)
             self._fd = -1
         self.log_path.unlink(missing_ok=True)
+
+
+def _with_suffix(path: Path, old_suffix: str, new_suffix: str) -> Path:
+    name = path.name[: len(path.name) - len(old_suffix)] if old_suffix else path.name
+    return path.with_name(name + new_suffix)

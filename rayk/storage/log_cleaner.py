@@ -1,0 +1,292 @@
+"""Log compaction of one `Log` (Kafka's LogCleaner / Cleaner, for cleanup.policy compact).
+
+A compacted log keeps, for every key, at least its latest record. The cleaner works on
+the log's cleanable part, which ends at the first uncleanable offset (Kafka's
+LogCleanerManager.cleanableOffsets): the active segment's base, the high watermark (only
+committed records, so every replica compacts the same history), and the first segment
+holding a record younger than `min.compaction.lag.ms`. Within it, below the log's
+`cleaner_offset` (the cleaner's checkpoint) the log is clean; from it on it is dirty.
+
+`cleanable_state` measures a log: it is worth cleaning when its dirty bytes are at least
+`min.cleanable.dirty.ratio` of the cleanable bytes, or when its oldest dirty record is
+older than `max.compaction.lag.ms`. `clean` then does what Kafka's Cleaner.doClean does:
+1. Builds the offset map, key -> latest offset, over whole dirty segments, oldest first,
+   until `dedupe_buffer_bytes` (Kafka's log.cleaner.dedupe.buffer.size) would overflow:
+   the map's end is where this clean stops (at least one segment is always mapped).
+2. Copies every segment from the log start to the map's end, in groups that fit in one
+   segment, into `.cleaned` segments, keeping a record unless the map holds a later
+   offset for its key, or it is a tombstone (null value) that was already below the
+   cleaner offset (it survived a clean) and whose timestamp is older than
+   `delete.retention.ms`. Kafka's own rule went from segment modification times (which a
+   merge of segments refreshes, so a tombstone could live for ever) to a horizon written
+   into the batch (KIP-534); rayk uses the record's timestamp, exact with LogAppendTime
+   and as good as the producer's clock with CreateTime. Batches keep their offset ranges
+   (records keep their offsets);
+   control batches stay whole; a batch the producer state remembers stays, emptied if
+   need be, so idempotent producers' sequences survive (records.filter_batch).
+3. Swaps each group in (Log.replace_segments: `.cleaned` -> `.swap` -> segment names,
+   crash-safe) and moves the log's cleaner offset to the map's end.
+Bytes read and written pass a `Throttler` (log.cleaner.io.max.bytes.per.second).
+
+The cleaner runs beside appends and reads: it reads closed segments through the log, and
+a truncation or retention that changes them first makes the swap refuse the clean, which
+is then lost and done again later. Not thread-safe for one log: one clean at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from rayk.storage.log import Log
+from rayk.storage.log_config import NO_LIMIT_MS
+from rayk.storage.records import (
+    HEADER_SIZE_BYTES,
+    LOG_OVERHEAD_BYTES,
+    NO_TIMESTAMP,
+    RecordBatch,
+    decode_record_tuples,
+    filter_batch,
+    iter_batches,
+)
+from rayk.storage.segment import LogSegment
+
+logger = logging.getLogger(__name__)
+
+DEDUPE_BUFFER_BYTES = 128 * 1024 * 1024  # Kafka's log.cleaner.dedupe.buffer.size
+MAP_ENTRY_OVERHEAD_BYTES = 100  # a dict slot, a bytes object and an int, beside the key's bytes
+READ_CHUNK_BYTES = 1 << 20
+MAX_RELATIVE_OFFSET = (1 << 31) - 1  # the indexes store offsets relative to the base as int32
+
+
+class Throttler:
+    """Holds a byte rate (Kafka's Throttler): `acquire(n)` sleeps once the bytes counted
+    since the start run ahead of `max_bytes_per_second`."""
+
+    def __init__(
+        self,
+        max_bytes_per_second: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if max_bytes_per_second <= 0:
+            raise ValueError(f"max_bytes_per_second must be > 0, got {max_bytes_per_second}")
+        self.max_bytes_per_second = max_bytes_per_second
+        self._clock, self._sleep = clock, sleep
+        self._start = clock()
+        self._bytes = 0
+
+    def acquire(self, n_bytes: int) -> None:
+        self._bytes += n_bytes
+        ahead_s = self._bytes / self.max_bytes_per_second - (self._clock() - self._start)
+        if ahead_s > 0:
+            self._sleep(ahead_s)
+
+
+UNTHROTTLED = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableState:
+    """How dirty a log is (Kafka's LogToClean)."""
+
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    clean_bytes: int
+    dirty_bytes: int
+    max_lag_passed: bool  # the oldest dirty record is older than max.compaction.lag.ms
+
+    @property
+    def dirty_ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+    def needs_cleaning(self, min_cleanable_dirty_ratio: float) -> bool:
+        return self.dirty_bytes > 0 and (self.max_lag_passed or self.dirty_ratio >= min_cleanable_dirty_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanResult:
+    first_offset: int  # the log start when the clean began
+    end_offset: int  # the new cleaner offset: everything below it was cleaned
+    bytes_read: int
+    bytes_written: int
+    records_removed: int
+    completed: bool  # False: the log changed under the cleaner, nothing was swapped in after that
+
+
+def first_uncleanable_offset(log: Log, now_ms: int) -> int:
+    """min(active segment base, HW, base of the first segment with a record younger than
+    min.compaction.lag.ms)."""
+    limit = log.high_watermark
+    segments, _ = log.cleanable_segments(limit)
+    lag_ms = log.config.min_compaction_lag_ms
+    if lag_ms > 0:
+        for segment, _end in segments:
+            if segment.max_timestamp_ms > now_ms - lag_ms:
+                return min(limit, segment.base_offset)
+    return limit
+
+
+def cleanable_state(log: Log, now_ms: int) -> CleanableState:
+    uncleanable = first_uncleanable_offset(log, now_ms)
+    segments, _ = log.cleanable_segments(uncleanable)
+    first_dirty = log.cleaner_offset
+    clean = [s for s, end in segments if end <= first_dirty]
+    dirty = [s for s, end in segments if end > first_dirty]
+    max_lag_ms = log.config.max_compaction_lag_ms
+    max_lag_passed = False
+    if dirty and max_lag_ms < NO_LIMIT_MS:
+        first_timestamp_ms = dirty[0].first_batch_timestamp_ms()
+        max_lag_passed = first_timestamp_ms != NO_TIMESTAMP and first_timestamp_ms < now_ms - max_lag_ms
+    return CleanableState(
+        first_dirty, uncleanable, sum(s.size_bytes for s in clean), sum(s.size_bytes for s in dirty), max_lag_passed
+    )
+
+
+def clean(
+    log: Log,
+    now_ms: int,
+    *,
+    dedupe_buffer_bytes: int = DEDUPE_BUFFER_BYTES,
+    throttler: Throttler | None = None,
+) -> CleanResult | None:
+    """Cleans `log` from its start to as far as one offset map reaches (see the module
+    docstring). Returns None when there is nothing dirty to clean."""
+    throttler = throttler or Throttler(UNTHROTTLED)
+    segments, truncations = log.cleanable_segments(first_uncleanable_offset(log, now_ms))
+    first_dirty = log.cleaner_offset
+    dirty = [(s, end) for s, end in segments if end > first_dirty]
+    if not dirty:
+        return None
+    first_offset = segments[0][0].base_offset
+    stats = _Stats()
+    latest_offsets, map_end = _build_offset_map(log, dirty, dedupe_buffer_bytes, throttler, stats)
+    delete_horizon_ms = now_ms - log.config.delete_retention_ms
+
+    def retain(offset: int, timestamp_ms: int, key: bytes | None, is_tombstone: bool) -> bool:
+        if key is not None and latest_offsets.get(key, offset) > offset:
+            return False  # a later record of the key supersedes it
+        return not is_tombstone or offset >= first_dirty or timestamp_ms >= delete_horizon_ms
+
+    protected_batches = log.producer_batch_offsets()
+    for group in _groups([(s, end) for s, end in segments if end <= map_end], log):
+        cleaned = log.new_cleaned_segment(group[0][0].base_offset)
+        try:
+            for segment, _end in group:
+                _copy_retained(log, segment, cleaned, retain, protected_batches, throttler, stats)
+            cleaned.set_last_modified_ms(max(s.last_modified_ms for s, _end in group))
+            cleaned.on_roll()
+        except BaseException:
+            cleaned.delete()
+            raise
+        if not log.replace_segments(cleaned, [s for s, _end in group], truncations):
+            logger.info("%s: the log changed during cleaning; the clean is dropped", log.dir_path)
+            return CleanResult(first_offset, log.cleaner_offset, stats.read, stats.written, stats.removed, False)
+    log.advance_cleaner_offset(map_end)
+    return CleanResult(first_offset, map_end, stats.read, stats.written, stats.removed, True)
+
+
+@dataclass(slots=True)
+class _Stats:
+    read: int = 0
+    written: int = 0
+    removed: int = 0
+
+
+def _segment_batches(log: Log, segment: LogSegment, throttler: Throttler, stats: _Stats) -> Iterator[RecordBatch]:
+    """The segment's batches in order, read through the log a chunk at a time."""
+    position = 0
+    while position < segment.size_bytes:
+        chunk = log.read_segment_bytes(segment, position, READ_CHUNK_BYTES)
+        if len(chunk) < HEADER_SIZE_BYTES:
+            return
+        consumed = 0
+        for batch in iter_batches(chunk):
+            yield batch
+            consumed += batch.header.size_bytes
+        if consumed == 0:  # a batch larger than the chunk: read exactly it
+            size = int.from_bytes(chunk[8:12], "big", signed=True) + LOG_OVERHEAD_BYTES
+            chunk = log.read_segment_bytes(segment, position, size)
+            yield from iter_batches(chunk)
+            consumed = size
+        throttler.acquire(consumed)
+        stats.read += consumed
+        position += consumed
+
+
+def _build_offset_map(
+    log: Log, dirty: list[tuple[LogSegment, int]], budget_bytes: int, throttler: Throttler, stats: _Stats
+) -> tuple[dict[bytes, int], int]:
+    """key -> latest offset over whole dirty segments until the budget would overflow;
+    returns the map and the end of the last segment mapped."""
+    latest: dict[bytes, int] = {}
+    used_bytes = 0
+    map_end = dirty[0][1]
+    for i, (segment, end) in enumerate(dirty):
+        segment_map: dict[bytes, int] = {}
+        for batch in _segment_batches(log, segment, throttler, stats):
+            if batch.header.is_control:
+                continue
+            for offset, _timestamp, key, _value, _headers in decode_record_tuples(batch.data)[1]:
+                if key is not None:
+                    segment_map[key] = offset
+        added = sum(len(k) + MAP_ENTRY_OVERHEAD_BYTES for k in segment_map if k not in latest)
+        if i > 0 and used_bytes + added > budget_bytes:
+            break  # this segment waits for the next clean
+        latest.update(segment_map)
+        used_bytes += added
+        map_end = end
+    return latest, map_end
+
+
+def _groups(segments: list[tuple[LogSegment, int]], log: Log) -> Iterator[list[tuple[LogSegment, int]]]:
+    """Consecutive segments whose cleaned copy fits one segment (Kafka's groupSegmentsBySize):
+    their bytes within segment.bytes, their index files within segment.index.bytes, and
+    their offsets relative to the first within int32."""
+    config = log.config
+    group: list[tuple[LogSegment, int]] = []
+    size = offset_index_bytes = time_index_bytes = 0
+    for segment, end in segments:
+        if group and (
+            size + segment.size_bytes > config.segment_bytes
+            or offset_index_bytes + segment.offset_index.size_bytes > config.segment_index_bytes
+            or time_index_bytes + segment.time_index.size_bytes > config.segment_index_bytes
+            or end - 1 - group[0][0].base_offset > MAX_RELATIVE_OFFSET
+        ):
+            yield group
+            group, size, offset_index_bytes, time_index_bytes = [], 0, 0, 0
+        group.append((segment, end))
+        size += segment.size_bytes
+        offset_index_bytes += segment.offset_index.size_bytes
+        time_index_bytes += segment.time_index.size_bytes
+    if group:
+        yield group
+
+
+def _copy_retained(
+    log: Log,
+    source: LogSegment,
+    cleaned: LogSegment,
+    retain: Callable[[int, int, bytes | None, bool], bool],
+    protected_batches: set[tuple[int, int]],
+    throttler: Throttler,
+    stats: _Stats,
+) -> None:
+    for batch in _segment_batches(log, source, throttler, stats):
+        header = batch.header
+        if header.is_control or header.is_transactional:
+            kept: bytes | None = bytes(batch.data)
+        else:
+            protected = header.producer_id >= 0 and (header.producer_id, header.base_offset) in protected_batches
+            kept = filter_batch(batch.data, retain, keep_empty=protected)
+        if kept is None:
+            stats.removed += header.record_count
+            continue
+        kept_header = next(iter_batches(kept)).header
+        stats.removed += header.record_count - kept_header.record_count
+        cleaned.append(kept, [kept_header])
+        throttler.acquire(len(kept))
+        stats.written += len(kept)

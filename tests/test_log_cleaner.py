@@ -1,0 +1,312 @@
+"""Log compaction (log_cleaner.py and the Log's swap): a hypothesis model, crash cuts during
+a clean, tombstones, the offset map's budget, producer state, and the compacted topic's
+rules (keys required, no time retention)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from rayk.errors import InvalidRecordError
+from rayk.storage import Log, LogConfig
+from rayk.storage.log_cleaner import Throttler, clean, cleanable_state
+from rayk.storage.records import (
+    SimpleRecord,
+    build_batch,
+    decode_batches_columns,
+    decode_records,
+    filter_batch,
+    iter_batches,
+)
+from rayk.storage.segment import LogSegment
+
+NOW_MS = 1_700_000_000_000
+KEYS = [b"k%d" % i for i in range(6)]
+LATER_MS = NOW_MS + 10**9  # far past any tombstone's delete horizon
+
+
+def read_all(log: Log) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record, read as a consumer would, checking that the
+    offsets only grow."""
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        result = log.read(offset, 1 << 20)
+        if not result.records:
+            break
+        for batch in iter_batches(result.records):
+            out += [(r.offset, r.key, r.value) for r in decode_records(batch.data)]
+        offset = result.next_offset
+    offsets = [o for o, _k, _v in out]
+    assert offsets == sorted(set(offsets)), "offsets strictly increase"
+    return out
+
+
+def append(log: Log, records: list[tuple[bytes, bytes | None]], compression: str | None = None, **kwargs) -> None:
+    batch = build_batch([SimpleRecord(v, k, (), NOW_MS) for k, v in records], compression=compression, **kwargs)
+    log.append_as_leader(batch, 0)
+
+
+class CompactionMachine(RuleBasedStateMachine):
+    """Appends keyed records and tombstones, rolls, moves the HW, cleans (sometimes with a
+    tiny offset map) and reopens; the model is every record ever appended. After a clean:
+    each key's latest record is unchanged (or, a tombstone, gone with every older record
+    of its key), records at or above the cleaned end are untouched, keys are unique below
+    it, and every record left is one appended at its offset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="rayk-compaction-"))
+        self.appended: dict[int, tuple[bytes, bytes | None]] = {}
+
+    @initialize(segment_bytes=st.integers(150, 1500), retain_tombstones=st.booleans())
+    def open_log(self, segment_bytes: int, retain_tombstones: bool) -> None:
+        self.config = LogConfig(
+            segment_bytes=segment_bytes,
+            index_interval_bytes=64,
+            cleanup_policy="compact",
+            delete_retention_ms=10**12 if retain_tombstones else 0,
+        )
+        self.log = Log(self.dir, self.config)
+
+    @rule(
+        records=st.lists(st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.binary(max_size=20))), min_size=1, max_size=5),
+        compression=st.sampled_from([None, "gzip"]),
+    )
+    def append(self, records, compression) -> None:
+        base = self.log.log_end_offset
+        append(self.log, records, compression)
+        for i, record in enumerate(records):
+            self.appended[base + i] = record
+
+    @rule()
+    def roll(self) -> None:
+        self.log.roll()
+
+    @rule(fraction=st.floats(0, 1))
+    def move_high_watermark(self, fraction: float) -> None:
+        hw = self.log.high_watermark
+        self.log.high_watermark = hw + int((self.log.log_end_offset - hw) * fraction)
+
+    @rule(small_map=st.booleans(), later=st.booleans())
+    def clean(self, small_map: bool, later: bool) -> None:
+        before = read_all(self.log)
+        result = clean(self.log, LATER_MS if later else NOW_MS, dedupe_buffer_bytes=1 if small_map else 1 << 20)
+        after = read_all(self.log)
+        if result is None:
+            assert after == before
+            return
+        assert result.completed
+        end = result.end_offset
+        assert self.log.cleaner_offset == end
+        assert [r for r in after if r[0] >= end] == [r for r in before if r[0] >= end], "the dirty rest is untouched"
+        keys_below = [k for o, k, _v in after if o < end]
+        assert len(keys_below) == len(set(keys_below)), "one record per key below the cleaned end"
+
+    @rule()
+    def reopen_after_crash(self) -> None:
+        """Abandon the Log without closing it, and re-read every segment from scratch."""
+        self.log = Log(self.dir, self.config, recovery_point=0, high_watermark=self.log.high_watermark,
+                       cleaner_offset=self.log.cleaner_offset)
+
+    @invariant()
+    def holds_the_latest_of_every_key(self) -> None:
+        if not hasattr(self, "log"):
+            return
+        present = read_all(self.log)
+        for offset, key, value in present:
+            assert self.appended[offset] == (key, value), "a record left is the one appended at its offset"
+        for key in KEYS:
+            offsets = [o for o, (k, _v) in self.appended.items() if k == key]
+            if not offsets:
+                continue
+            latest = max(offsets)
+            kept = [o for o, k, _v in present if k == key]
+            if self.appended[latest][1] is not None or latest >= self.log.cleaner_offset:
+                assert latest in kept, f"the latest record of {key!r} is kept"
+            else:
+                assert kept in ([], [latest]), "a deleted key never shows an older value"
+
+    def teardown(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+CompactionMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestCompaction = CompactionMachine.TestCase
+
+
+def filled_log(path: Path, **config) -> Log:
+    log = Log(path, LogConfig(segment_bytes=400, cleanup_policy="compact", **config))
+    for i in range(40):
+        append(log, [(KEYS[i % 3], b"v%d" % i)], compression="gzip" if i % 2 else None)
+    append(log, [(KEYS[1], None)])  # a tombstone
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    return log
+
+
+# The steps of Log.replace_segments that touch files: .cleaned -> .swap renames, the old
+# segments' deletions, .swap -> segment-name renames. A crash before any of them leaves
+# the old segments; after the first, the cleaned segment.
+@pytest.mark.parametrize("crash_at", range(12))
+def test_a_crash_at_any_step_of_a_swap_loses_nothing(tmp_path, monkeypatch, crash_at):
+    log = filled_log(tmp_path)
+    before = read_all(log)
+    latest = {k: (o, v) for o, k, v in before}
+    calls = {"n": 0}
+
+    class Crash(BaseException):
+        pass
+
+    def counting(original):
+        def step(self, *args):
+            calls["n"] += 1
+            if calls["n"] > crash_at:
+                raise Crash
+            return original(self, *args)
+
+        return step
+
+    monkeypatch.setattr(LogSegment, "rename_files", counting(LogSegment.rename_files))
+    monkeypatch.setattr(LogSegment, "delete", counting(LogSegment.delete))
+    crashed = False
+    try:
+        clean(log, NOW_MS)
+    except Crash:
+        crashed = True
+    monkeypatch.undo()
+    reopened = Log(tmp_path, log.config, recovery_point=0, high_watermark=log.log_end_offset)
+    after = read_all(reopened)
+    assert {k: (o, v) for o, k, v in after} == latest, "every key's latest record survives"
+    assert set(after) <= set(before), "nothing appears that was not appended"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith((".cleaned", ".swap"))]
+    if crashed and crash_at >= 1:  # past the commit point: the first group is cleaned
+        first_key_records = [r for r in after if r[0] < reopened.segment_base_offsets[1]]
+        assert len({k for _o, k, _v in first_key_records}) == len(first_key_records)
+    reopened.close()
+
+
+def test_tombstones_outlive_one_clean_then_go_after_delete_retention(tmp_path):
+    log = filled_log(tmp_path, delete_retention_ms=60_000)
+    clean(log, LATER_MS)
+    assert (40, KEYS[1], None) in read_all(log), "the first clean keeps the tombstone, however old"
+    append(log, [(KEYS[0], b"newer")])
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    clean(log, NOW_MS + 59_000)
+    assert (40, KEYS[1], None) in read_all(log), "kept for delete.retention.ms"
+    append(log, [(KEYS[2], b"newest")])
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    clean(log, NOW_MS + 61_000)
+    keys = [k for _o, k, _v in read_all(log)]
+    assert KEYS[1] not in keys, "the tombstone and every older record of its key are gone"
+
+
+def test_a_small_offset_map_cleans_in_several_passes(tmp_path):
+    log = filled_log(tmp_path)
+    ends = []
+    while (result := clean(log, NOW_MS, dedupe_buffer_bytes=1)) is not None:
+        ends.append(result.end_offset)
+    assert len(ends) > 2 and ends == sorted(ends)
+    assert cleanable_state(log, NOW_MS).dirty_bytes == 0
+    assert len(read_all(log)) <= 4  # three keys and the tombstone
+
+
+def test_cleanable_state_measures_the_dirty_ratio_and_the_lags(tmp_path):
+    log = filled_log(tmp_path)
+    state = cleanable_state(log, NOW_MS)
+    assert state.clean_bytes == 0 and state.dirty_bytes == log.size_bytes and state.needs_cleaning(0.5)
+    clean(log, NOW_MS)
+    state = cleanable_state(log, NOW_MS)
+    assert state.dirty_bytes == 0 and not state.needs_cleaning(0.0)
+    lagging = Log(tmp_path / "lag", LogConfig(cleanup_policy="compact", min_compaction_lag_ms=1000, max_compaction_lag_ms=5000))
+    append(lagging, [(KEYS[0], b"a")])
+    lagging.roll()
+    lagging.high_watermark = lagging.log_end_offset
+    assert cleanable_state(lagging, NOW_MS + 500).dirty_bytes == 0, "younger than min.compaction.lag.ms"
+    young = cleanable_state(lagging, NOW_MS + 2000)
+    assert young.dirty_bytes > 0 and not young.max_lag_passed and young.needs_cleaning(0.5)
+    assert cleanable_state(lagging, NOW_MS + 6000).max_lag_passed
+    assert not cleanable_state(lagging, NOW_MS + 2000).needs_cleaning(1.1)
+    assert cleanable_state(lagging, NOW_MS + 6000).needs_cleaning(1.1), "max.compaction.lag.ms forces a clean"
+
+
+def test_the_high_watermark_bounds_the_clean(tmp_path):
+    log = filled_log(tmp_path)
+    log.high_watermark = 10
+    result = clean(log, NOW_MS)
+    assert result.end_offset <= 10
+    assert [r for r in read_all(log) if r[0] >= 10] == [(o, KEYS[o % 3], b"v%d" % o) for o in range(10, 40)] + [
+        (40, KEYS[1], None)
+    ]
+
+
+def test_idempotent_producer_state_survives_cleaning(tmp_path):
+    log = Log(tmp_path, LogConfig(segment_bytes=300, cleanup_policy="compact"))
+    for seq in range(8):
+        append(log, [(KEYS[0], b"x%d" % seq)], producer_id=7, producer_epoch=0, base_sequence=seq)
+    append(log, [(KEYS[0], b"last")])
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    state_before = {pid: list(e.batches) for pid, e in log.producer_state.producers.items()}
+    clean(log, NOW_MS)
+    assert read_all(log) == [(8, KEYS[0], b"last")]
+    for snapshot in tmp_path.glob("*.snapshot"):
+        snapshot.unlink()  # rebuild the state from the batches alone
+    log.close()
+    for snapshot in tmp_path.glob("*.snapshot"):
+        snapshot.unlink()
+    reopened = Log(tmp_path, log.config, high_watermark=log.log_end_offset)
+    assert {pid: list(e.batches) for pid, e in reopened.producer_state.producers.items()} == state_before
+
+
+def test_a_thinned_batch_decodes_with_its_offsets(tmp_path):
+    batch = build_batch([SimpleRecord(b"v%d" % i, KEYS[i], (), NOW_MS + i) for i in range(5)], compression="gzip",
+                        base_offset=100)
+    thinned = filter_batch(batch, lambda offset, _ts, _key, _tomb: offset in (101, 103), keep_empty=False)
+    header = next(iter_batches(thinned)).header
+    assert (header.base_offset, header.last_offset_delta, header.record_count) == (100, 4, 2)
+    assert header.max_timestamp == NOW_MS + 3
+    assert [(r.offset, r.value, r.timestamp_ms) for r in decode_records(thinned)] == [
+        (101, b"v1", NOW_MS + 1), (103, b"v3", NOW_MS + 3)
+    ]
+    _headers, columns = decode_batches_columns([thinned])
+    assert columns[0] == (101).to_bytes(8, "little") + (103).to_bytes(8, "little")
+    assert filter_batch(batch, lambda *_: True, keep_empty=False) == batch
+    assert filter_batch(batch, lambda *_: False, keep_empty=False) is None
+    empty = next(iter_batches(filter_batch(batch, lambda *_: False, keep_empty=True))).header
+    assert (empty.base_offset, empty.last_offset_delta, empty.record_count) == (100, 4, 0)
+
+
+def test_a_compacted_topic_refuses_records_without_a_key_and_keeps_old_segments(tmp_path):
+    log = Log(tmp_path, LogConfig(cleanup_policy="compact", retention_ms=1, segment_bytes=200))
+    with pytest.raises(InvalidRecordError, match="key"):
+        append(log, [(None, b"v")])
+    assert log.log_end_offset == 0
+    for i in range(10):
+        append(log, [(KEYS[i % 2], b"v")])
+    log.high_watermark = log.log_end_offset
+    assert log.delete_expired_segments(NOW_MS + 10**9) == 0, "compact only: no time retention"
+    log.update_config(LogConfig(cleanup_policy="compact,delete", retention_ms=1, segment_bytes=200))
+    assert log.delete_expired_segments(NOW_MS + 10**9) > 0, "compact,delete: retention too"
+
+
+def test_throttler_holds_the_rate():
+    now = [0.0]
+    slept = []
+    throttler = Throttler(1000, clock=lambda: now[0], sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    for _ in range(10):
+        throttler.acquire(500)
+    assert now[0] == pytest.approx(5.0)
+    assert sum(slept) == pytest.approx(5.0)
