@@ -36,6 +36,12 @@ class BrokerConfig:
     broker_replacement_delay_ms: int = 300_000
     replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
     log_retention_check_interval_ms: int = 300_000
+    # The log cleaner (compaction), one per broker: it cleans the filthiest compacted log,
+    # then the next, and waits this long when none needs it.
+    log_cleaner_enable: bool = True
+    log_cleaner_backoff_ms: int = 15_000
+    log_cleaner_io_max_bytes_per_second: int = (1 << 63) - 1  # Kafka's default: no limit
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024  # bytes for one clean's key -> offset map
     # Consumer groups (Kafka's group.* and offsets.* names).
     group_initial_rebalance_delay_ms: int = 3_000
     group_min_session_timeout_ms: int = 6_000
@@ -44,6 +50,8 @@ class BrokerConfig:
     # Kafka uses 50 partitions; each rayk partition replica is a process, so fewer by default.
     offsets_topic_num_partitions: int = 3
     offsets_topic_replication_factor: int = 3
+    # Kafka's offsets.topic.segment.bytes: small segments, since the active one is never compacted.
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024
     # Topic defaults (Kafka's broker-level names: num.partitions, default.replication.factor, ...).
     num_partitions: int = 1
     default_replication_factor: int = 1
@@ -84,8 +92,11 @@ class BrokerConfig:
             "replica_fetch_max_bytes",
             "offsets_topic_num_partitions",
             "offsets_topic_replication_factor",
+            "offsets_topic_segment_bytes",
             "queued_max_requests",
             "socket_request_max_bytes",
+            "log_cleaner_io_max_bytes_per_second",
+            "log_cleaner_dedupe_buffer_size",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")

@@ -191,11 +191,13 @@ def test_checkpoints_written_are_read_back_by_a_new_instance(tmp_path: Path):
     assert again.offsets(("b", 3)) == PartitionOffsets(0, 0, 0)
 
 
-def test_checkpoints_go_to_kafkas_three_files(tmp_path: Path):
-    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(10, 2, 8)})
-    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {("a", 0): 10}
-    assert OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read() == {("a", 0): 2}
-    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {("a", 0): 8}
+def test_checkpoints_go_to_kafkas_four_files(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(10, 2, 8, 6), ("b", 0): PartitionOffsets(1, 0, 1)})
+    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {("a", 0): 10, ("b", 0): 1}
+    assert OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read() == {("a", 0): 2, ("b", 0): 0}
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {("a", 0): 8, ("b", 0): 1}
+    assert OffsetCheckpointFile(tmp_path / "cleaner-offset-checkpoint").read() == {("a", 0): 6}, "compacted logs only"
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)).cleaner_offset == 6
 
 
 def test_unknown_partition_has_no_offsets(tmp_path: Path):

@@ -150,6 +150,12 @@ def test_validate_topic_configs_normalises_booleans_to_lower_case(raw, expected)
         ("flush.messages", "1"),
         ("flush.ms", "1000"),
         ("message.timestamp.type", "LogAppendTime"),
+        ("cleanup.policy", "compact"),
+        ("cleanup.policy", "compact,delete"),
+        ("min.cleanable.dirty.ratio", "0.1"),
+        ("min.compaction.lag.ms", "0"),
+        ("max.compaction.lag.ms", "60000"),
+        ("delete.retention.ms", "0"),
     ],
 )
 def test_validate_topic_configs_accepts_storage_configs(name, value):
@@ -160,7 +166,12 @@ def test_validate_topic_configs_accepts_storage_configs(name, value):
     "configs",
     [
         {"no.such.config": "1"},
-        {"cleanup.policy": "compact"},  # a Kafka topic config rayk does not support
+        {"cleanup.policy": "shred"},
+        {"cleanup.policy": ""},
+        {"min.cleanable.dirty.ratio": "1.5"},
+        {"min.cleanable.dirty.ratio": "half"},
+        {"delete.retention.ms": "-1"},
+        {"max.compaction.lag.ms": "0"},
         {MIN_INSYNC_REPLICAS: "0"},
         {MIN_INSYNC_REPLICAS: 0},
         {MIN_INSYNC_REPLICAS: "two"},

@@ -31,6 +31,22 @@ def test_to_properties_round_trips():
     assert LogConfig.from_properties(config.to_properties()) == config
 
 
+def test_compaction_configs_round_trip_and_normalise():
+    config = LogConfig.from_properties(
+        {"cleanup.policy": " Delete , compact", "min.cleanable.dirty.ratio": "0.25", "delete.retention.ms": "5"}
+    )
+    assert (config.cleanup_policy, config.compacts, config.deletes) == ("compact,delete", True, True)
+    assert (config.min_cleanable_dirty_ratio, config.delete_retention_ms) == (0.25, 5)
+    assert LogConfig.from_properties(config.to_properties()) == config
+    assert not LogConfig().compacts and LogConfig().deletes
+
+
+def test_a_compacted_log_rolls_by_max_compaction_lag():
+    """The active segment is never cleaned, so max.compaction.lag.ms bounds how long it stays active."""
+    assert LogConfig(segment_ms=10_000, max_compaction_lag_ms=500).roll_ms == 10_000
+    assert LogConfig(segment_ms=10_000, max_compaction_lag_ms=500, cleanup_policy="compact").roll_ms == 500
+
+
 def test_kafkas_long_max_means_no_flush_limit():
     assert LogConfig.from_properties({"flush.messages": str((1 << 63) - 1)}).flush_messages is None
 

@@ -616,7 +616,8 @@ class Controller:
             c = self.config
             rf = min(c.offsets_topic_replication_factor, len(self._meta.live_brokers))
             try:
-                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), {"retention.ms": "-1"})
+                configs = {"cleanup.policy": "compact", "segment.bytes": str(c.offsets_topic_segment_bytes)}
+                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), configs)
             except TopicAlreadyExistsError:
                 pass  # a concurrent request created it
         partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))

@@ -14,8 +14,9 @@ answered, so committed offsets survive broker restarts and failover:
 - key msgpack ["group", group] -> value msgpack {"generation", "protocol_type",
   "protocol", "leader", "members"}: written when a generation settles, so a new
   coordinator continues the generation numbering (members rejoin it).
-The partition is never compacted (rayk has no log compaction yet), so loading replays it
-whole; its retention is infinite.
+The topic is compacted (cleanup.policy compact, as Kafka's), so a new coordinator replays
+only each key's latest record, plus what was written since the last clean; a deleted
+offset or group is a tombstone, which the cleaner drops after delete.retention.ms.
 
 Not thread-safe; the owning actor's event loop calls it.
 """

@@ -10,6 +10,7 @@ holds it. Group requests to a replica that is not the coordinator raise NOT_COOR
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rayk.actors.consumer_group import JoinResult
@@ -28,6 +29,7 @@ class OffsetsPartitionReplica(PartitionReplica):
         super().__init__(*args, **kwargs)
         self._broker_config = broker_config or BrokerConfig()
         self._coordinator: GroupCoordinator | None = None
+        self._last_load: dict[str, float] = {}  # what the latest coordinator load replayed, and how long it took
 
     async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0) -> None:
         was_leading_this_epoch = self._role == "leader" and self._leader_epoch == leader_epoch
@@ -35,9 +37,17 @@ class OffsetsPartitionReplica(PartitionReplica):
         if not was_leading_this_epoch:
             self._close_coordinator()
             coordinator = GroupCoordinator(self._append_records, self._broker_config)
-            coordinator.load(self._local_records())
+            started = time.monotonic()
+            records = self._local_records()
+            coordinator.load(records)
+            self._last_load = {"records": len(records), "ms": (time.monotonic() - started) * 1000}
             coordinator.start()
             self._coordinator = coordinator
+
+    async def describe(self) -> dict[str, Any]:
+        """PartitionReplica.describe, plus what the last coordinator load replayed: the
+        records (bounded by compaction) and the milliseconds it took."""
+        return {**await super().describe(), "coordinator_load": dict(self._last_load)}
 
     async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
         await super().become_follower(leader_epoch, leader_id, leader)

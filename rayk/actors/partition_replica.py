@@ -72,8 +72,9 @@ from rayk.errors import (
     StaleBrokerEpochError,
     UnknownLeaderEpochError,
 )
-from rayk.storage import Log, LogConfig, partition_metadata
+from rayk.storage import Log, LogConfig, log_cleaner, partition_metadata
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
+from rayk.storage.log_cleaner import CleanableState, CleanResult
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.producer_state import BatchMetadata, Verdict
 from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
@@ -150,6 +151,7 @@ class PartitionReplica(Supervised):
             recovery_point=offsets.recovery_point,
             log_start_offset=offsets.log_start_offset,
             high_watermark=offsets.high_watermark,
+            cleaner_offset=offsets.cleaner_offset,
             lock_wait_ms=LOG_LOCK_WAIT_MS,
         )
         self._isr_manager = isr_manager
@@ -638,12 +640,29 @@ class PartitionReplica(Supervised):
 
     async def checkpoint_offsets(self) -> PartitionOffsets:
         """What the broker's offset checkpoints should record for this log now."""
-        log = self._log
-        return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
+        return _offsets_of(self._log)
 
     async def enforce_retention(self) -> int:
         """Deletes whole segments past retention.ms / retention.bytes; returns how many."""
         return self._log.delete_expired_segments()
+
+    async def cleanable_state(self) -> CleanableState | None:
+        """How dirty this log is, for the broker's cleaner to choose the filthiest (None:
+        the topic is not compacted)."""
+        if not self._log.config.compacts:
+            return None
+        return await asyncio.to_thread(log_cleaner.cleanable_state, self._log, _now_ms())
+
+    async def clean_log(self, max_bytes_per_second: float, dedupe_buffer_bytes: int) -> CleanResult | None:
+        """Compacts this log (see log_cleaner.py) in a thread, while appends and fetches go
+        on; the broker's cleaner calls one replica at a time, which makes the byte rate a
+        broker's (log.cleaner.io.max.bytes.per.second)."""
+        if not self._log.config.compacts:
+            return None
+        throttler = log_cleaner.Throttler(max_bytes_per_second)
+        return await asyncio.to_thread(
+            log_cleaner.clean, self._log, _now_ms(), dedupe_buffer_bytes=dedupe_buffer_bytes, throttler=throttler
+        )
 
     async def close(self) -> PartitionOffsets:
         """Stops following, flushes and closes the log (data stays on disk); returns the
@@ -653,8 +672,7 @@ class PartitionReplica(Supervised):
         self._notify_change()
         self._log.close()
         self._stop_supervision()
-        log = self._log
-        return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark)
+        return _offsets_of(self._log)
 
     async def delete(self) -> None:
         """The partition was deleted or moved away: stop and remove its directory."""
@@ -664,3 +682,8 @@ class PartitionReplica(Supervised):
         self._log.delete()
         self._stop_supervision()
 
+
+def _offsets_of(log: Log) -> PartitionOffsets:
+    """What the broker's checkpoints record for `log`; a cleaner offset only if it compacts, as Kafka."""
+    cleaner_offset = log.cleaner_offset if log.config.compacts else None
+    return PartitionOffsets(log.recovery_point, log.log_start_offset, log.high_watermark, cleaner_offset)

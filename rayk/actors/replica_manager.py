@@ -19,7 +19,10 @@ named after Kafka's setting:
 - a probe of its replicas and listener every `broker.heartbeat.interval.ms`;
 - isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
 - offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`;
-- retention every `log.retention.check.interval.ms`.
+- retention every `log.retention.check.interval.ms`;
+- the log cleaner (if `log.cleaner.enable`): the filthiest compacted log is cleaned, then
+  the next, one at a time (so `log.cleaner.io.max.bytes.per.second` is the broker's), and
+  when none needs it the cleaner waits `log.cleaner.backoff.ms` (see log_cleaner.py).
 A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
 marker last.
 
@@ -69,6 +72,7 @@ from rayk.errors import KafkaError, StaleBrokerEpochError
 from rayk.net.listener_address import parse_listener
 from rayk.net.socket_server import SocketServerActor
 from rayk.storage import clean_shutdown, meta_properties, partition_metadata
+from rayk.storage.log_cleaner import CleanableState
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
 from rayk.storage.log_manager import partition_dir_name
 from rayk.storage.meta_properties import MetaProperties
@@ -165,6 +169,8 @@ class ReplicaManager(Supervised):
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
                 ]
+                if c.log_cleaner_enable:
+                    self._loops.append(self._every(c.log_cleaner_backoff_ms, self._clean_logs))
         return self._broker_epoch
 
     async def _start_listener(self) -> None:
@@ -304,6 +310,38 @@ class ReplicaManager(Supervised):
     async def _enforce_retention(self) -> None:
         handles = [r.handle for r in self._replicas.values() if r.handle is not None]
         await asyncio.gather(*(h.enforce_retention.remote() for h in handles), return_exceptions=True)
+
+    async def _clean_logs(self) -> None:
+        """Cleans compacted logs, filthiest first, until none needs it (Kafka's
+        CleanerThread with grabFilthiestCompactedLog); a log cleaned already this round
+        waits for the next, so a log written faster than it is cleaned cannot starve the rest."""
+        c = self.config
+        cleaned: set[TopicPartition] = set()
+        while True:
+            items = [(tp, r.handle) for tp, r in self._replicas.items() if r.handle is not None and tp not in cleaned]
+            states = await asyncio.gather(*(h.cleanable_state.remote() for _, h in items), return_exceptions=True)
+            candidates = [
+                (state.max_lag_passed, state.dirty_ratio, tp, handle)
+                for (tp, handle), state in zip(items, states)
+                if isinstance(state, CleanableState)
+                and state.needs_cleaning(log_config_of(self._replicas[tp].assignment.configs).min_cleanable_dirty_ratio)
+            ]
+            if not candidates:
+                return
+            _lagging, _ratio, tp, handle = max(candidates, key=lambda c: c[:2])
+            cleaned.add(tp)
+            try:
+                result = await handle.clean_log.remote(
+                    float(c.log_cleaner_io_max_bytes_per_second), c.log_cleaner_dedupe_buffer_size
+                )
+            except Exception as e:  # a dead replica is the supervisor's; the others still get cleaned
+                logger.warning("broker %d: cleaning %s-%d failed: %s", self.broker_id, *tp, e)
+                continue
+            if result is not None:
+                logger.info(
+                    "broker %d: cleaned %s-%d up to offset %d: %d records removed, %d bytes read, %d written",
+                    self.broker_id, *tp, result.end_offset, result.records_removed, result.bytes_read, result.bytes_written,
+                )
 
     # ------------------------------------------------------------------ supervision
 

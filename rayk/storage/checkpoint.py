@@ -246,6 +246,7 @@ class OffsetCheckpointFile:
     RECOVERY_POINT = "recovery-point-offset-checkpoint"
     HIGH_WATERMARK = "replication-offset-checkpoint"
     LOG_START_OFFSET = "log-start-offset-checkpoint"
+    CLEANER_OFFSET = "cleaner-offset-checkpoint"  # the log cleaner's first dirty offset per log
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._file: CheckpointFile[tuple[tuple[str, int], int]] = CheckpointFile(

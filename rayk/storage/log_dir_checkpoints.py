@@ -1,9 +1,10 @@
-"""LogDirCheckpoints: the three offset checkpoints of one broker data directory.
+"""LogDirCheckpoints: the offset checkpoints of one broker data directory.
 
 Kafka keeps, per log directory, `recovery-point-offset-checkpoint` (offsets below which
-each log is known to be on disk), `log-start-offset-checkpoint` and
-`replication-offset-checkpoint` (high watermarks). This class reads them once at
-startup, hands each partition its `PartitionOffsets`, and rewrites all three together
+each log is known to be on disk), `log-start-offset-checkpoint`,
+`replication-offset-checkpoint` (high watermarks) and `cleaner-offset-checkpoint` (where
+each compacted log's dirty part starts). This class reads them once at
+startup, hands each partition its `PartitionOffsets`, and rewrites all four together
 (each atomically, see `checkpoint.py`). Partitions not passed to `write` keep their last
 checkpointed offsets, because a log that is not open (yet) must not lose its recovery
 point; `remove` forgets a deleted partition.
@@ -29,6 +30,7 @@ class PartitionOffsets:
     recovery_point: int | None = None
     log_start_offset: int | None = None
     high_watermark: int | None = None
+    cleaner_offset: int | None = None
 
 
 class LogDirCheckpoints:
@@ -38,18 +40,18 @@ class LogDirCheckpoints:
             OffsetCheckpointFile(data_dir / OffsetCheckpointFile.RECOVERY_POINT),
             OffsetCheckpointFile(data_dir / OffsetCheckpointFile.LOG_START_OFFSET),
             OffsetCheckpointFile(data_dir / OffsetCheckpointFile.HIGH_WATERMARK),
+            OffsetCheckpointFile(data_dir / OffsetCheckpointFile.CLEANER_OFFSET),
         )
         self._tables: tuple[dict[TopicPartition, int], ...] = tuple(f.read() for f in self._files)
 
     def offsets(self, tp: TopicPartition) -> PartitionOffsets:
-        recovery_points, log_starts, high_watermarks = self._tables
-        return PartitionOffsets(recovery_points.get(tp), log_starts.get(tp), high_watermarks.get(tp))
+        return PartitionOffsets(*(table.get(tp) for table in self._tables))
 
     def write(self, offsets: Mapping[TopicPartition, PartitionOffsets]) -> None:
-        """Records `offsets` over the last checkpoint and rewrites the three files."""
+        """Records `offsets` over the last checkpoint and rewrites the files."""
         tables = tuple(dict(t) for t in self._tables)
         for tp, po in offsets.items():
-            for table, value in zip(tables, (po.recovery_point, po.log_start_offset, po.high_watermark)):
+            for table, value in zip(tables, (po.recovery_point, po.log_start_offset, po.high_watermark, po.cleaner_offset)):
                 if value is not None:
                     table[tp] = value
         for file, table in zip(self._files, tables):
