@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import shutil
 import tempfile
@@ -33,6 +34,7 @@ import ray
 
 import rayk
 from rayk import spark as rayk_spark
+from rayk.config import RAY_SYSTEM_CONFIG
 
 PAGES = ("/", "/search", "/cart", "/checkout", "/help", "/product")
 WINDOW = "1 minute"
@@ -142,7 +144,9 @@ def main() -> None:
         ray.init(address=args.address, log_to_driver=False)
         cluster = rayk.connect()
     else:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(
+            include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _system_config=RAY_SYSTEM_CONFIG
+        )
         data_dir = tempfile.mkdtemp(prefix="rayk-pipeline-")
         cluster = rayk.start(brokers=3, data_dir=data_dir)
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -612,12 +612,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import ray
 
     import rayk
+    from rayk.config import RAY_SYSTEM_CONFIG
 
     started = time.monotonic()
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="rayk-demo-"))
     say(args, f"rayk demo: {args.records:,} records of {DEMO_RECORD_BYTES} bytes, 3 brokers, data in {data_dir}")
     ray.init(address="local", namespace=DEMO_NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)  # fmt: skip
+             logging_level=logging.ERROR, _system_config=RAY_SYSTEM_CONFIG)  # fmt: skip
     try:
         cluster = rayk.start(3, data_dir, namespace=DEMO_NAMESPACE, config={"group.initial.rebalance.delay.ms": 0})
         try:

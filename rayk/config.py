@@ -18,6 +18,13 @@ from rayk.net.listener_address import parse_listener
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 from rayk.storage.log_config import LogConfig
 
+# For a Ray that rayk starts on its own (`rayk demo`, the examples): every replica is an
+# actor process, and Ray starts at most as many worker processes at once as the node has
+# CPUs and warns ("N PYTHON worker processes have been started ... 4x the maximum expected
+# startup concurrency") once four times that many run. A 3-broker demo on two cores runs
+# ~26 and was warned three times, as if something were wrong.
+RAY_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 16}
+
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 REPLICATION_TOPIC_CONFIGS = (MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE)

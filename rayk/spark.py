@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -57,10 +58,12 @@ JAVA_17_OPENS = (
     "java.math", "java.text", "java.util", "java.util.concurrent", "java.util.concurrent.atomic",
     "jdk.internal.ref", "sun.nio.ch", "sun.nio.cs", "sun.security.action", "sun.util.calendar",
 )  # fmt: skip
+LOG4J2_CONFIG = Path(__file__).with_name("spark_log4j2.properties")  # errors only, on stderr
 JAVA_17_OPTIONS = " ".join(
     [f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in JAVA_17_OPENS]
     + ["-Djdk.reflect.useDirectMethodHandle=false", "-Dio.netty.tryReflectionSetAccessible=true"]
 )
+LOG_OPTIONS = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}"
 JAVA_OPTION_KEYS = (
     "spark.driver.extraJavaOptions",
     "spark.executor.extraJavaOptions",
@@ -72,6 +75,9 @@ def session_configs(configs: dict[str, str] | None = None) -> dict[str, str]:
     """RayDP's Spark configs with the Java 17 flags and this interpreter as executor Python;
     Java options the caller gives are kept, after rayk's."""
     out = {
+        # RayDP passes these to its JVMs as -Dlog4j2.configurationFile, after our options.
+        "spark.ray.log4j.config.file.name": str(LOG4J2_CONFIG),
+        "spark.log4j.config.file.name": str(LOG4J2_CONFIG),
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.sql.session.timeZone": "UTC",
@@ -79,7 +85,7 @@ def session_configs(configs: dict[str, str] | None = None) -> dict[str, str]:
     }
     out.update(configs or {})
     for key in JAVA_OPTION_KEYS:
-        out[key] = f"{JAVA_17_OPTIONS} {out.get(key, '')}".strip()
+        out[key] = f"{JAVA_17_OPTIONS} {LOG_OPTIONS} {out.get(key, '')}".strip()
     return out
 
 
@@ -97,6 +103,9 @@ def session(
     if not ray.is_initialized():
         ray.init()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python workers
+    # The JVMs' Ray core libraries log INFO lines ("GcsClient has no Cluster ID set") to the
+    # terminal unless told otherwise; warnings and errors still show.
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     return raydp.init_spark(
         app_name, executors, executor_cores, executor_memory, configs=session_configs(configs)
     )
