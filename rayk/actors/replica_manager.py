@@ -18,7 +18,8 @@ named after Kafka's setting:
   registration (it fenced us, or it restarted) gets a new registration;
 - a probe of its replicas and listener every `broker.heartbeat.interval.ms`;
 - isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
-- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`;
+- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms` (collecting
+  each replica's `report`: its offsets, its log's size, and its counters for Ray);
 - retention every `log.retention.check.interval.ms`.
 A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
 marker last.
@@ -62,7 +63,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
-from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import KafkaError, StaleBrokerEpochError
@@ -288,8 +289,9 @@ class ReplicaManager(Supervised):
 
     async def _checkpoint(self) -> None:
         items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
-        offsets = await asyncio.gather(*(r.handle.checkpoint_offsets.remote() for _, r in items), return_exceptions=True)
-        await self._write_checkpoints({tp: o for (tp, _), o in zip(items, offsets) if isinstance(o, PartitionOffsets)})
+        reports = await asyncio.gather(*(r.handle.report.remote() for _, r in items), return_exceptions=True)
+        reported = {tp: report for (tp, _), report in zip(items, reports) if isinstance(report, ReplicaReport)}
+        await self._write_checkpoints({tp: report.offsets for tp, report in reported.items()})
 
     async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
         async with self._checkpoints_lock:
