@@ -20,7 +20,10 @@ named after Kafka's setting:
 - isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
 - offset checkpoints every `replica.high.watermark.checkpoint.interval.ms` (collecting
   each replica's `report`: its offsets, its log's size, and its counters for Ray);
-- retention every `log.retention.check.interval.ms`.
+- retention every `log.retention.check.interval.ms`;
+- its metrics every GAUGE_REFRESH_INTERVAL_MS (rayk/metrics.py): Kafka's ReplicaManager
+  gauges from the partition states the Controller pushed (broker_health.py, also served
+  by `health` for `rayk status`) and each replica's log size as of the last checkpoint.
 A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
 marker last.
 
@@ -28,7 +31,8 @@ The Controller pushes partition states with `apply_partition` (leader, ISR, epoc
 leader replica's handle for followers). Pushes may arrive out of order; each carries its
 epochs, and an older one than the replica has seen is ignored. Replicas send ISR changes
 back through `alter_partition`, which adds this broker's epoch so a fenced or replaced
-incarnation cannot change an ISR.
+incarnation cannot change an ISR, and counts the changes the Controller commits (Kafka's
+IsrShrinksPerSec and IsrExpandsPerSec).
 
 Supervision (see supervision.py). Replicas and the listener are created on this node
 (hard node affinity) and owned by this actor: if the broker dies, they die with it.
@@ -60,6 +64,8 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk import metrics
+from rayk.actors.broker_health import broker_health
 from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
@@ -130,6 +136,7 @@ class ReplicaManager(Supervised):
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
+        self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
@@ -165,6 +172,7 @@ class ReplicaManager(Supervised):
                     self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
+                    self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
                 ]
         return self._broker_epoch
 
@@ -291,6 +299,7 @@ class ReplicaManager(Supervised):
         items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
         reports = await asyncio.gather(*(r.handle.report.remote() for _, r in items), return_exceptions=True)
         reported = {tp: report for (tp, _), report in zip(items, reports) if isinstance(report, ReplicaReport)}
+        self._log_sizes = {tp: report.size_bytes for tp, report in reported.items()}
         await self._write_checkpoints({tp: report.offsets for tp, report in reported.items()})
 
     async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
@@ -302,6 +311,16 @@ class ReplicaManager(Supervised):
         async with self._checkpoints_lock:
             shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
             self._checkpoints.remove(tp)
+
+    async def _record_metrics(self) -> None:
+        metrics.record_broker_health(self._health())
+        for (topic, partition), size_bytes in self._log_sizes.items():
+            if (topic, partition) in self._replicas:
+                metrics.record_log_size(self.broker_id, topic, partition, size_bytes)
+
+    def _health(self) -> metrics.BrokerHealth:
+        held = [r.assignment for r in self._replicas.values()]
+        return broker_health(self.broker_id, ((a.state, min_insync_replicas_of(a.configs, self.config)) for a in held))
 
     async def _enforce_retention(self) -> None:
         handles = [r.handle for r in self._replicas.values() if r.handle is not None]
@@ -474,9 +493,14 @@ class ReplicaManager(Supervised):
         (once it has one: a replica may lead before this broker's registration returns)."""
         assert leader_id == self.broker_id, "only this broker's replicas report here"
         await self._registered().wait()
-        return await self._controller.alter_partition.remote(
+        replica = self._replicas.get((topic, partition))
+        before = set(replica.assignment.state.isr) if replica is not None else set(isr)
+        committed, new_partition_epoch = await self._controller.alter_partition.remote(
             self.broker_id, self._broker_epoch, topic, partition, leader_epoch, partition_epoch, isr
         )
+        if set(committed) == set(isr) != before:  # Kafka's IsrShrinksPerSec / IsrExpandsPerSec
+            metrics.record_isr_change(self.broker_id, shrink=len(isr) < len(before))
+        return committed, new_partition_epoch
 
     # ------------------------------------------------------------------ inspection
 
@@ -492,6 +516,11 @@ class ReplicaManager(Supervised):
             "replicas": sorted(self._replicas),
             "failed_replicas": sorted(tp for tp, r in self._replicas.items() if r.handle is None),
         }
+
+    async def health(self) -> metrics.BrokerHealth:
+        """Leader and partition counts, under-replicated and under-min-ISR partitions (what
+        the gauges say; for `rayk status`, which needs no Prometheus)."""
+        return self._health()
 
     async def replica_handles(self) -> dict[TopicPartition, Any]:
         """The live replica actors of this broker (for tools and fault tests)."""
