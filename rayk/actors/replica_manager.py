@@ -23,7 +23,9 @@ named after Kafka's setting:
 - retention every `log.retention.check.interval.ms`;
 - its metrics every GAUGE_REFRESH_INTERVAL_MS (rayk/metrics.py): Kafka's ReplicaManager
   gauges from the partition states the Controller pushed (broker_health.py, also served
-  by `health` for `rayk status`) and each replica's log size as of the last checkpoint.
+  by `health` for `rayk status`) and each replica's log size as of the last checkpoint;
+  and, as often, in a loop of its own since it waits for other actors, the consumer lag
+  of the groups its coordinators hold (group_lag.py).
 A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
 marker last.
 
@@ -68,6 +70,7 @@ from rayk import metrics
 from rayk.actors.broker_health import broker_health
 from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
@@ -173,6 +176,7 @@ class ReplicaManager(Supervised):
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
+                    self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_group_lag),
                 ]
         return self._broker_epoch
 
@@ -317,6 +321,15 @@ class ReplicaManager(Supervised):
         for (topic, partition), size_bytes in self._log_sizes.items():
             if (topic, partition) in self._replicas:
                 metrics.record_log_size(self.broker_id, topic, partition, size_bytes)
+
+    async def _record_group_lag(self) -> None:
+        coordinators = [
+            r.handle for (topic, _), r in self._replicas.items()
+            if topic == OFFSETS_TOPIC and r.handle is not None and r.assignment.state.leader == self.broker_id
+        ]
+        if coordinators:
+            for (group, topic, partition), lag in (await group_lags(coordinators, self._controller)).items():
+                metrics.record_group_lag(group, topic, partition, lag)
 
     def _health(self) -> metrics.BrokerHealth:
         held = [r.assignment for r in self._replicas.values()]
