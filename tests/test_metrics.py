@@ -7,15 +7,19 @@ consumes in a group, produces again, and then scrapes until what it did shows: r
 and bytes in, produce and fetch requests, the listener's request times, the brokers'
 leader and partition counts with nothing under-replicated, the Controller's gauges, log
 sizes, and the group's lag. Gauges are refreshed every 5 s (rayk/metrics.py), so the
-scrape waits a bounded while.
+scrape waits a bounded while. Without Ray: how a leader's counts reach Ray's counters,
+and that the Grafana dashboard charts every metric rayk/metrics.py names.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -185,3 +189,15 @@ def test_a_leader_s_counts_reach_ray_at_most_once_a_second_and_whenever_flushed(
     assert [v for v, _ in recorded[metrics.MESSAGES_IN].incs] == [5, 7]
     assert [v for v, _ in recorded[metrics.BYTES_IN].incs] == [700]
     assert set(recorded) == {metrics.MESSAGES_IN, metrics.BYTES_IN}, "zero counts are not recorded"
+
+
+def test_the_grafana_dashboard_charts_every_metric_and_no_other():
+    dashboard = (Path(__file__).resolve().parent.parent / "clusters" / "grafana-rayk.json").read_text()
+    charted = {
+        re.sub(r"_(total|bucket|count|sum)$", "", name)
+        for name in re.findall(r"\bray_(rayk_[a-z_]+)", dashboard)
+    }
+    assert charted == set(metrics.SPECS)
+    # Panels reach Ray's Prometheus datasource through the variable Ray's own dashboards use.
+    variable = json.loads(dashboard)["templating"]["list"][0]
+    assert (variable["name"], variable["type"], variable["query"]) == ("datasource", "datasource", "prometheus")
