@@ -756,7 +756,7 @@ class Controller:
         return {"active_controller_count": 1, "offline_partitions_count": self._offline_partitions_count()}
 
     def _offline_partitions_count(self) -> int:
-        return sum(1 for _, _, state in self._meta.all_partitions() if state.leader == NO_LEADER)
+        return sum(1 for meta in self._meta.topics.values() for s in meta.partitions.values() if s.leader == NO_LEADER)
 
     async def data_dir(self) -> str:
         return str(self.dir)
