@@ -241,6 +241,21 @@ def cmd_status(args: argparse.Namespace) -> None:
         "under-replicated partitions: none"
         if not lagging
         else "under-replicated partitions:\n" + table(("topic", "partition", "leader", "replicas", "isr"), lagging),
+        _health_block(cluster.health()),
+    )
+
+
+def _health_block(health: dict[str, Any]) -> str:
+    """Kafka's health metrics as the actors report them (what Prometheus scrapes, too)."""
+    rows = [
+        (b, None, None, None, None) if h is None
+        else (b, h.leader_count, h.partition_count, h.under_replicated_partitions, h.under_min_isr_partition_count)
+        for b, h in health["brokers"].items()
+    ]
+    return (
+        f"active controllers: {health['active_controller_count']}; "
+        f"offline partitions: {health['offline_partitions_count']}\n"
+        + table(("broker", "leaders", "partitions", "under-replicated", "under-min-isr"), rows)
     )
 
 
@@ -727,7 +742,7 @@ def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
         help="first wait up to SECONDS for one node per broker (with --node-resource: nodes offering it)",
     )  # fmt: skip
     _config_option(start, "broker setting")
-    _add(sub, "status", cmd_status, "brokers, topics and under-replicated partitions", [conn])
+    _add(sub, "status", cmd_status, "brokers, topics, under-replicated partitions and health metrics", [conn])
     _add(sub, "stop", cmd_stop, "stop the rayk cluster cleanly (its data stays on disk)", [conn])
 
 

@@ -185,6 +185,17 @@ def test_reassign_starts_or_cancels_one_partition_and_says_what_moves(stand_in, 
     assert stand_in.altered == [{TopicPartition("a", 0): [3, 1, 2]}, {TopicPartition("a", 1): None}]
 
 
+def test_status_health_shows_each_broker_s_gauges_and_dashes_for_one_that_did_not_answer():
+    from rayk.metrics import BrokerHealth
+
+    brokers = {0: BrokerHealth(0, 3, 9, 1, 0), 1: None}
+    health = {"active_controller_count": 1, "offline_partitions_count": 2, "brokers": brokers}
+    controller, brokers = cli._health_block(health).split("\n", 1)
+    assert controller == "active controllers: 1; offline partitions: 2"
+    assert brokers.splitlines()[0].split() == ["broker", "leaders", "partitions", "under-replicated", "under-min-isr"]
+    assert rows(brokers) == [["0", "3", "9", "1", "0"], ["1", "-", "-", "-", "-"]]
+
+
 def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
     def no_cluster(address=None, **kwargs):
         assert address == "auto"
@@ -270,6 +281,14 @@ def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluste
     assert cluster.bootstrap_servers.count("127.0.0.1:") == 3
     assert ["status-topic", "1", "3", "0"] in rows(status.split("\n\n")[3])
     assert "under-replicated partitions: none" in status
+    controller, health = status.split("\n\n")[5].split("\n", 1)
+    assert controller == "active controllers: 1; offline partitions: 0"
+    partitions = [p for t in cluster.admin().list_topics(include_internal=True) for p in cluster.describe_topic(t)]
+    per_broker = rows(health)  # broker, leaders, partitions, under-replicated, under-min-isr
+    assert [r[0] for r in per_broker] == ["0", "1", "2"]
+    assert sum(int(r[1]) for r in per_broker) == len(partitions), "each partition led once"
+    assert sum(int(r[2]) for r in per_broker) == sum(len(p["replicas"]) for p in partitions)
+    assert all(r[3:] == ["0", "0"] for r in per_broker)
 
 
 def test_perf_produce_and_consume_print_their_summaries(run, cluster):

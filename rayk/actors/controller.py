@@ -29,6 +29,11 @@ that stays fenced to live brokers on other nodes, by Kafka's reassignment (KIP-4
 new replicas are added, catch up and join the ISR, and only then are the old ones
 removed (and deleted on their brokers).
 
+Metrics (rayk/metrics.py), every maintenance tick: ActiveControllerCount (1),
+OfflinePartitionsCount (partitions without a leader), and as Kafka's EventQueueTimeMs how
+late the tick's timer ran: how long a ready event waited for this actor's event loop,
+where every call and push answer queues.
+
 Restarts: Ray restarts this actor (max_restarts=-1); it replays its log, starts its
 maintenance on its own, and gives every broker that was live one session timeout to
 register again before it is fenced. A broker that re-registers as the same process keeps
@@ -49,6 +54,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from rayk import metrics
 from rayk.actors import elections
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
@@ -264,7 +270,10 @@ class Controller:
     async def _maintain(self) -> None:
         period_s = min(MAINTENANCE_MAX_INTERVAL_MS, self.config.broker_session_timeout_ms // 4) / 1000
         while True:
+            slept_from_s = time.monotonic()
             await asyncio.sleep(period_s)
+            metrics.record_event_queue_time((time.monotonic() - slept_from_s - period_s) * 1000)
+            metrics.record_controller(self._offline_partitions_count())
             steps = (self._fence_silent_brokers, self._push_dirty, self._recover_leaderless, self._replace_lost_brokers,
                      self._rebalance_leaders)
             for step in steps:
@@ -742,6 +751,13 @@ class Controller:
 
     async def cluster_id(self) -> str:
         return self._meta.cluster_id
+
+    async def health(self) -> dict[str, int]:
+        """The Controller's gauges, for `rayk status` (which needs no Prometheus)."""
+        return {"active_controller_count": 1, "offline_partitions_count": self._offline_partitions_count()}
+
+    def _offline_partitions_count(self) -> int:
+        return sum(1 for meta in self._meta.topics.values() for s in meta.partitions.values() if s.leader == NO_LEADER)
 
     async def data_dir(self) -> str:
         return str(self.dir)

@@ -232,6 +232,10 @@ class GroupCoordinator:
             return dict(table)
         return {tp: table[tp] for tp in partitions if tp in table}
 
+    def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """Every group's committed offsets (for the broker's consumer-lag gauge)."""
+        return {group: {tp: c.offset for tp, c in table.items()} for group, table in self._offsets.items() if table}
+
     # ------------------------------------------------------------------ inspection
 
     async def list_groups(self) -> list[dict[str, Any]]:

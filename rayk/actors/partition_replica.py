@@ -39,6 +39,10 @@ own) changes commit at once.
 Supervision (see supervision.py): the owning ReplicaManager holds `run_until_stopped`
 open and `ping`s the replica; `close` and `delete` end the held call normally.
 
+Metrics: as leader it counts Kafka's BrokerTopicMetrics of its produce and fetch calls in
+plain ints (rayk/metrics.py), added to Ray's counters at most once a second and whenever
+the broker's checkpoint loop collects its `report`.
+
 Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
 """
 
@@ -72,6 +76,7 @@ from rayk.errors import (
     StaleBrokerEpochError,
     UnknownLeaderEpochError,
 )
+from rayk.metrics import BrokerTopicCounters
 from rayk.storage import Log, LogConfig, log_cleaner, partition_metadata
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_cleaner import CleanableState, CleanResult
@@ -111,6 +116,14 @@ class ProduceResult:
     log_append_time_ms: int
     log_start_offset: int
     error: KafkaError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """What the broker's checkpoint loop collects from each replica."""
+
+    offsets: PartitionOffsets  # for the broker's offset checkpoints
+    size_bytes: int  # the log on disk, for the Log Size gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +178,7 @@ class PartitionReplica(Supervised):
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
         self._trace: ProduceTrace | None = None  # see trace_produce
+        self._counters = BrokerTopicCounters(broker_id, topic)
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -298,9 +312,14 @@ class PartitionReplica(Supervised):
         `produce` answers it; the acknowledgements wait together."""
         received_s = time.monotonic()
         appended = [await self._append(records, acks, timeout_ms) for records, acks, timeout_ms in requests]
-        return list(await asyncio.gather(*(
+        results = list(await asyncio.gather(*(
             self._answer(done, acks, timeout_ms, received_s) for done, (_, acks, timeout_ms) in zip(appended, requests)
         )))
+        counters = self._counters
+        counters.produce_requests += len(results)
+        counters.failed_produce_requests += sum(1 for r in results if r.error is not None)
+        counters.maybe_flush()
+        return results
 
     async def _answer(
         self, appended: ProduceResult | tuple[int, int, int], acks: int, timeout_ms: int, received_s: float
@@ -333,6 +352,7 @@ class PartitionReplica(Supervised):
         header = BatchHeader.parse(records) if len(records) >= HEADER_SIZE_BYTES else None
         if header is not None and header.producer_id >= 0:
             if header.size_bytes != len(records):
+                self._counters.bytes_rejected += len(records)
                 return self._produce_error(InvalidRecordError("an idempotent produce carries exactly one batch"))
             try:
                 duplicate = await self._await_sequence(header, timeout_ms)
@@ -343,7 +363,10 @@ class PartitionReplica(Supervised):
         try:
             info = self._log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
         except KafkaError as e:
+            self._counters.bytes_rejected += len(records)  # too large, corrupt, invalid
             return self._produce_error(e)
+        self._counters.messages_in += info.record_count
+        self._counters.bytes_in += info.size_bytes
         self._maybe_increment_high_watermark()
         self._notify_change()
         return info.first_offset, info.last_offset, info.log_append_time_ms
@@ -421,6 +444,21 @@ class PartitionReplica(Supervised):
     ) -> FetchResult:
         """`topic_id` (a Fetch v13+ names topics by id): INCONSISTENT_TOPIC_ID unless it is
         this log's, so a fetch for a deleted topic never reads one created again under its name."""
+        result = await self._fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
+                                   last_fetched_epoch, topic_id)
+        counters = self._counters
+        counters.fetch_requests += 1
+        if result.error is not None:
+            counters.failed_fetch_requests += 1
+        elif replica_id == CONSUMER_REPLICA_ID:  # Kafka's BytesOut leaves replication out
+            counters.bytes_out += len(result.records)
+        counters.maybe_flush()
+        return result
+
+    async def _fetch(
+        self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
+        last_fetched_epoch: int, topic_id: str | None,
+    ) -> FetchResult:
         if self._role != "leader":
             return self._fetch_error(self._not_leader())
         if topic_id is not None and topic_id != self.topic_id:
@@ -638,9 +676,11 @@ class PartitionReplica(Supervised):
         log = self._log
         return log.log_start_offset, log.log_end_offset, log.size_bytes
 
-    async def checkpoint_offsets(self) -> PartitionOffsets:
-        """What the broker's offset checkpoints should record for this log now."""
-        return _offsets_of(self._log)
+    async def report(self) -> ReplicaReport:
+        """The broker's periodic collection: offsets for its checkpoints, the log's size for
+        its metrics; and the counts not yet added to Ray's counters go now."""
+        self._counters.flush()
+        return ReplicaReport(_offsets_of(self._log), self._log.size_bytes)
 
     async def enforce_retention(self) -> int:
         """Deletes whole segments past retention.ms / retention.bytes; returns how many."""
@@ -670,6 +710,7 @@ class PartitionReplica(Supervised):
         await self._stop_fetcher()
         self._role = None
         self._notify_change()
+        self._counters.flush()
         self._log.close()
         self._stop_supervision()
         return _offsets_of(self._log)
@@ -679,6 +720,7 @@ class PartitionReplica(Supervised):
         await self._stop_fetcher()
         self._role = None
         self._notify_change()
+        self._counters.flush()
         self._log.delete()
         self._stop_supervision()
 

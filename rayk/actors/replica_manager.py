@@ -18,11 +18,17 @@ named after Kafka's setting:
   registration (it fenced us, or it restarted) gets a new registration;
 - a probe of its replicas and listener every `broker.heartbeat.interval.ms`;
 - isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
-- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`;
+- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms` (collecting
+  each replica's `report`: its offsets, its log's size, and its counters for Ray);
 - retention every `log.retention.check.interval.ms`;
 - the log cleaner (if `log.cleaner.enable`): the filthiest compacted log is cleaned, then
   the next, one at a time (so `log.cleaner.io.max.bytes.per.second` is the broker's), and
-  when none needs it the cleaner waits `log.cleaner.backoff.ms` (see log_cleaner.py).
+  when none needs it the cleaner waits `log.cleaner.backoff.ms` (see log_cleaner.py);
+- its metrics every GAUGE_REFRESH_INTERVAL_MS (rayk/metrics.py): Kafka's ReplicaManager
+  gauges from the partition states the Controller pushed (broker_health.py, also served
+  by `health` for `rayk status`) and each replica's log size as of the last checkpoint;
+  and, as often, in a loop of its own since it waits for other actors, the consumer lag
+  of the groups its coordinators hold (group_lag.py).
 A clean `shutdown` closes every replica (flushing its log), checkpoints and writes the
 marker last.
 
@@ -30,7 +36,8 @@ The Controller pushes partition states with `apply_partition` (leader, ISR, epoc
 leader replica's handle for followers). Pushes may arrive out of order; each carries its
 epochs, and an older one than the replica has seen is ignored. Replicas send ISR changes
 back through `alter_partition`, which adds this broker's epoch so a fenced or replaced
-incarnation cannot change an ISR.
+incarnation cannot change an ISR, and counts the changes the Controller commits (Kafka's
+IsrShrinksPerSec and IsrExpandsPerSec).
 
 Supervision (see supervision.py). Replicas and the listener are created on this node
 (hard node affinity) and owned by this actor: if the broker dies, they die with it.
@@ -62,10 +69,13 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk import metrics
+from rayk.actors.broker_health import broker_health
 from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
-from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import KafkaError, StaleBrokerEpochError
@@ -133,6 +143,7 @@ class ReplicaManager(Supervised):
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
+        self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
@@ -168,6 +179,8 @@ class ReplicaManager(Supervised):
                     self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
+                    self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
+                    self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_group_lag),
                 ]
                 if c.log_cleaner_enable:
                     self._loops.append(self._every(c.log_cleaner_backoff_ms, self._clean_logs))
@@ -294,8 +307,10 @@ class ReplicaManager(Supervised):
 
     async def _checkpoint(self) -> None:
         items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
-        offsets = await asyncio.gather(*(r.handle.checkpoint_offsets.remote() for _, r in items), return_exceptions=True)
-        await self._write_checkpoints({tp: o for (tp, _), o in zip(items, offsets) if isinstance(o, PartitionOffsets)})
+        reports = await asyncio.gather(*(r.handle.report.remote() for _, r in items), return_exceptions=True)
+        reported = {tp: report for (tp, _), report in zip(items, reports) if isinstance(report, ReplicaReport)}
+        self._log_sizes = {tp: report.size_bytes for tp, report in reported.items()}
+        await self._write_checkpoints({tp: report.offsets for tp, report in reported.items()})
 
     async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
         async with self._checkpoints_lock:
@@ -306,6 +321,25 @@ class ReplicaManager(Supervised):
         async with self._checkpoints_lock:
             shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
             self._checkpoints.remove(tp)
+
+    async def _record_metrics(self) -> None:
+        metrics.record_broker_health(self._health())
+        for (topic, partition), size_bytes in self._log_sizes.items():
+            if (topic, partition) in self._replicas:
+                metrics.record_log_size(self.broker_id, topic, partition, size_bytes)
+
+    async def _record_group_lag(self) -> None:
+        coordinators = [
+            r.handle for (topic, _), r in self._replicas.items()
+            if topic == OFFSETS_TOPIC and r.handle is not None and r.assignment.state.leader == self.broker_id
+        ]
+        if coordinators:
+            for (group, topic, partition), lag in (await group_lags(coordinators, self._controller)).items():
+                metrics.record_group_lag(group, topic, partition, lag)
+
+    def _health(self) -> metrics.BrokerHealth:
+        held = [r.assignment for r in self._replicas.values()]
+        return broker_health(self.broker_id, ((a.state, min_insync_replicas_of(a.configs, self.config)) for a in held))
 
     async def _enforce_retention(self) -> None:
         handles = [r.handle for r in self._replicas.values() if r.handle is not None]
@@ -510,9 +544,14 @@ class ReplicaManager(Supervised):
         (once it has one: a replica may lead before this broker's registration returns)."""
         assert leader_id == self.broker_id, "only this broker's replicas report here"
         await self._registered().wait()
-        return await self._controller.alter_partition.remote(
+        replica = self._replicas.get((topic, partition))
+        before = set(replica.assignment.state.isr) if replica is not None else set(isr)
+        committed, new_partition_epoch = await self._controller.alter_partition.remote(
             self.broker_id, self._broker_epoch, topic, partition, leader_epoch, partition_epoch, isr
         )
+        if set(committed) == set(isr) != before:  # Kafka's IsrShrinksPerSec / IsrExpandsPerSec
+            metrics.record_isr_change(self.broker_id, shrink=len(isr) < len(before))
+        return committed, new_partition_epoch
 
     # ------------------------------------------------------------------ inspection
 
@@ -528,6 +567,11 @@ class ReplicaManager(Supervised):
             "replicas": sorted(self._replicas),
             "failed_replicas": sorted(tp for tp, r in self._replicas.items() if r.handle is None),
         }
+
+    async def health(self) -> metrics.BrokerHealth:
+        """Leader and partition counts, under-replicated and under-min-ISR partitions (what
+        the gauges say; for `rayk status`, which needs no Prometheus)."""
+        return self._health()
 
     async def replica_handles(self) -> dict[TopicPartition, Any]:
         """The live replica actors of this broker (for tools and fault tests)."""

@@ -17,12 +17,14 @@ so it can be passed to Ray tasks and actors.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
@@ -33,6 +35,7 @@ from rayk.storage import meta_properties
 
 DEFAULT_NAMESPACE = "rayk"
 CONTROLLER_NAME = "rayk-controller"
+HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown without figures
 
 ControllerActor = ray.remote(num_cpus=0)(Controller)
 ReplicaManagerActor = ray.remote(num_cpus=0)(ReplicaManager)
@@ -219,6 +222,24 @@ class Cluster:
         """The live brokers' Kafka listeners as a `bootstrap.servers` string for Kafka clients
         ("" when no broker runs a listener: `listeners` set to "")."""
         return ",".join(f"{b['endpoint'][0]}:{b['endpoint'][1]}" for b in self.brokers() if b["endpoint"] and not b["fenced"])
+
+    def health(self) -> dict[str, Any]:
+        """Kafka's health gauges, asked of the actors themselves (no Prometheus needed): the
+        Controller's `active_controller_count` and `offline_partitions_count`, and in
+        `brokers` each registered broker's BrokerHealth (leader and partition counts,
+        under-replicated and under-min-ISR partitions; None if it did not answer)."""
+        deadline_s = time.monotonic() + HEALTH_TIMEOUT_S
+        controller = ray.get(self.controller.health.remote(), timeout=HEALTH_TIMEOUT_S)
+        registered = sorted(b["broker_id"] for b in self.brokers())
+        asked = {b: manager.health.remote() for b in registered if (manager := self.broker(b)) is not None}
+        brokers = {}
+        for broker_id in registered:
+            try:
+                remaining_s = max(deadline_s - time.monotonic(), 0)
+                brokers[broker_id] = ray.get(asked[broker_id], timeout=remaining_s) if broker_id in asked else None
+            except RayError:  # dead, restarting, or slower than HEALTH_TIMEOUT_S
+                brokers[broker_id] = None
+        return {**controller, "brokers": brokers}
 
     def broker(self, broker_id: int) -> Any:
         """The ReplicaManager actor handle of a broker, or None if it is not running."""

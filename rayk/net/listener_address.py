@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from rayk.errors import InvalidConfigurationError
 
-SCHEME = "PLAINTEXT://"
+NAME = "PLAINTEXT"  # the listener's name, as Kafka tags its listener metrics
+SCHEME = f"{NAME}://"
 
 
 def parse_listener(text: str, name: str = "listeners") -> tuple[str, int] | None:

@@ -22,6 +22,9 @@ Back-pressure and bad input, as in Kafka:
   not serve gets UNSUPPORTED_VERSION (ApiVersions always answers in v0 so any client can
   read the list), and a frame too short to hold a header closes the connection; every
   close is logged with its reason. Nothing of this reaches the partition replicas.
+
+Each request's time from read off the socket to its answer written is Kafka's TotalTimeMs,
+per API, recorded in rayk/metrics.py (a request that did not decode is not timed).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from typing import Any
 
 import ray
 
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
+from rayk.metrics import RequestTimer
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.net.admin_apis import api_versions_body
 from rayk.net.api_versions import API_VERSIONS, PRODUCE
@@ -42,7 +47,7 @@ from rayk.net.broker_view import BrokerView
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
-from rayk.net.listener_address import broker_port, parse_listener
+from rayk.net.listener_address import NAME as LISTENER_NAME, broker_port, parse_listener
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,7 @@ class SocketServer(Supervised):
         self._queued = asyncio.Semaphore(config.queued_max_requests)
         self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
         self._connections: set[asyncio.Task] = set()
+        self._request_timer = RequestTimer(broker_id, LISTENER_NAME)
         self.endpoint: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -129,8 +135,10 @@ class SocketServer(Supervised):
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         connection = _Connection()
-        frames: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
-        answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(STARTED_PER_CONNECTION)
+        # Frames carry when they were read; answers, that and the request's API name (None
+        # for a frame that did not decode), for TotalTimeMs.
+        frames: asyncio.Queue[tuple[bytes, float] | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
+        answers: asyncio.Queue[tuple[asyncio.Future, float, str | None] | None] = asyncio.Queue(STARTED_PER_CONNECTION)
         reading = asyncio.ensure_future(self._read_frames(reader, frames, peer, connection))
         writing = asyncio.ensure_future(self._write_answers(answers, writer, connection))
         processing = asyncio.ensure_future(self._process(frames, answers, connection))
@@ -150,8 +158,8 @@ class SocketServer(Supervised):
                 part.cancel()
             await asyncio.gather(reading, processing, writing, return_exceptions=True)  # their slots settled
             while not answers.empty():
-                if (answer := answers.get_nowait()) is not None:
-                    answer.cancel()
+                if (started := answers.get_nowait()) is not None:
+                    started[0].cancel()
             for _ in range(connection.slots_held):  # frames read but never answered
                 self._give_slot()
             writer.close()
@@ -164,7 +172,8 @@ class SocketServer(Supervised):
         any other request starts once everything before it is answered, as in Kafka."""
         pending: set[asyncio.Future] = set()  # started, not answered
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
-        while (frame := await frames.get()) is not None:
+        while (read := await frames.get()) is not None:
+            frame, received_s = read
             request = self._decode(frame)
             is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
             if pending_other or (pending and not is_produce):
@@ -181,12 +190,14 @@ class SocketServer(Supervised):
             else:  # the request did not decode: its error answer is ready
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(request)
-            await answers.put(answer)
+            name = type(request.body).__name__.removesuffix("Request") if isinstance(request, Request) else None
+            await answers.put((answer, received_s, name))
         await answers.put(None)
 
     async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot."""
-        while (answer := await answers.get()) is not None:
+        while (started := await answers.get()) is not None:
+            answer, received_s, name = started
             try:
                 response = await answer
             finally:
@@ -197,6 +208,8 @@ class SocketServer(Supervised):
             if response is not None:
                 writer.write(response)
                 await writer.drain()
+            if name is not None:
+                self._request_timer.record(name, received_s)
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
                            connection: _Connection) -> None:
@@ -210,9 +223,10 @@ class SocketServer(Supervised):
                                 "(socket.request.max.bytes)", self.broker_id, peer, size, self.config.socket_request_max_bytes)
                     break
                 frame = await reader.readexactly(size)
+                received_s = time.monotonic()
                 await self._take_slot()
                 connection.slots_held += 1
-                await frames.put(frame)
+                await frames.put((frame, received_s))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         await frames.put(None)
