@@ -541,6 +541,10 @@ def test_a_new_coordinator_replays_a_compacted_offsets_topic(cluster):
     assert loaded["records"] < commits // 2, f"the new coordinator replayed {loaded} for {2 * commits} offset records"
     offsets = cluster.admin().describe_consumer_group(group)["partitions"]
     assert {tp.partition: v["committed"] for tp, v in offsets.items()} == {0: commits, 1: 2 * commits}
+    wait_until(  # the restarted replica copies the new leader's compacted log, gaps and all
+        lambda: len(cluster.describe_topic(OFFSETS_TOPIC)[partition]["isr"]) == len(before["isr"]),
+        60, "the killed replica to catch up with the compacted log and rejoin the ISR",
+    )
 
 
 def test_committed_offsets_survive_a_cluster_restart(tmp_path):

@@ -98,19 +98,23 @@ def test_leader_epoch_cache_records_first_offset_of_each_epoch(tmp_path):
     assert log.end_offset_for_epoch(2) == (2, 9)
 
 
-def test_append_as_follower_requires_offsets_to_continue_at_leo(tmp_path):
+def test_append_as_follower_requires_offsets_at_or_past_the_leo(tmp_path):
+    """Below the LEO is refused; past it is a gap the leader's compaction left (Kafka's rule)."""
     leader, follower = Log(tmp_path / "l"), Log(tmp_path / "f")
     leader.append_as_leader(batch(3), leader_epoch=1)
     leader.append_as_leader(batch(3), leader_epoch=1)
     leader.high_watermark = leader.log_end_offset
     data = leader.read(0, 1 << 20).records
-    second_batch = bytes(list(iter_batches(data))[1].data)
-    with pytest.raises(UnexpectedAppendOffsetError):
-        follower.append_as_follower(second_batch)
-    assert follower.log_end_offset == 0
+    first_batch, second_batch = (bytes(b.data) for b in iter_batches(data))
     follower.append_as_follower(data)
     assert follower.log_end_offset == 6
     assert follower.latest_epoch == 1
+    with pytest.raises(UnexpectedAppendOffsetError):
+        follower.append_as_follower(second_batch)
+    assert follower.log_end_offset == 6
+    gapped = Log(tmp_path / "g")
+    gapped.append_as_follower(second_batch)
+    assert (gapped.log_end_offset, gapped.read(0, 1 << 20).records) == (6, second_batch)
 
 
 def test_follower_copy_is_byte_identical_to_leader(tmp_path):

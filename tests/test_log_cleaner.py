@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from rayk.errors import InvalidRecordError
+from rayk.errors import InvalidRecordError, LogClosedError
 from rayk.storage import Log, LogConfig
 from rayk.storage.log_cleaner import Throttler, clean, cleanable_state
 from rayk.storage.records import (
@@ -145,10 +145,15 @@ CompactionMachine.TestCase.settings = settings(
 TestCompaction = CompactionMachine.TestCase
 
 
-def filled_log(path: Path, **config) -> Log:
-    log = Log(path, LogConfig(segment_bytes=400, cleanup_policy="compact", **config))
+def filled_log(path: Path, roll_every: int = 0, **config) -> Log:
+    """40 records over three keys and a tombstone; with `roll_every`, segments of that many
+    batches and room for several in one (so a clean merges them into groups)."""
+    segment_bytes = 4000 if roll_every else 400
+    log = Log(path, LogConfig(segment_bytes=segment_bytes, cleanup_policy="compact", **config))
     for i in range(40):
         append(log, [(KEYS[i % 3], b"v%d" % i)], compression="gzip" if i % 2 else None)
+        if roll_every and i % roll_every == roll_every - 1:
+            log.roll()
     append(log, [(KEYS[1], None)])  # a tombstone
     log.roll()
     log.high_watermark = log.log_end_offset
@@ -158,9 +163,10 @@ def filled_log(path: Path, **config) -> Log:
 # The steps of Log.replace_segments that touch files: .cleaned -> .swap renames, the old
 # segments' deletions, .swap -> segment-name renames. A crash before any of them leaves
 # the old segments; after the first, the cleaned segment.
+@pytest.mark.parametrize("roll_every", [0, 4])  # one segment per group; groups of several
 @pytest.mark.parametrize("crash_at", range(12))
-def test_a_crash_at_any_step_of_a_swap_loses_nothing(tmp_path, monkeypatch, crash_at):
-    log = filled_log(tmp_path)
+def test_a_crash_at_any_step_of_a_swap_loses_nothing(tmp_path, monkeypatch, crash_at, roll_every):
+    log = filled_log(tmp_path, roll_every)
     before = read_all(log)
     latest = {k: (o, v) for o, k, v in before}
     calls = {"n": 0}
@@ -193,7 +199,72 @@ def test_a_crash_at_any_step_of_a_swap_loses_nothing(tmp_path, monkeypatch, cras
     if crashed and crash_at >= 1:  # past the commit point: the first group is cleaned
         first_key_records = [r for r in after if r[0] < reopened.segment_base_offsets[1]]
         assert len({k for _o, k, _v in first_key_records}) == len(first_key_records)
+    assert clean(reopened, NOW_MS).completed, "the next clean finishes the job"
+    assert {k: (o, v) for o, k, v in read_all(reopened)} == latest
     reopened.close()
+
+
+def test_a_follower_copies_a_compacted_log_across_its_gaps(tmp_path):
+    leader = filled_log(tmp_path / "leader", roll_every=4)
+    clean(leader, NOW_MS)
+    follower = Log(tmp_path / "follower", leader.config)
+    while follower.log_end_offset < leader.log_end_offset:
+        result = leader.read(follower.log_end_offset, 300)
+        follower.append_as_follower(result.records)
+    assert read_all(follower) == read_all(leader)
+    assert follower.log_end_offset == leader.log_end_offset
+
+
+def test_truncating_into_a_gap_puts_the_leo_there_and_reads_past_it_progress(tmp_path):
+    log = filled_log(tmp_path)
+    clean(log, NOW_MS)
+    kept = [o for o, _k, _v in read_all(log)]  # [38, 39, 40]
+    gap = kept[0] - 1
+    log.truncate_to(gap)
+    assert log.log_end_offset == gap, "the LEO is the target, not the last batch before the gap"
+    assert log.cleaner_offset <= gap
+    result = log.read(0, 1 << 20)
+    assert (result.records, result.next_offset) == (b"", gap), "nothing left below the LEO: the reader moves on"
+    append(log, [(KEYS[0], b"after")])
+    assert read_all(log) == [(gap, KEYS[0], b"after")]
+
+
+def test_a_clean_that_a_truncation_overtook_does_not_move_the_cleaner_offset(tmp_path):
+    log = filled_log(tmp_path)
+    _segments, truncations = log.cleanable_segments(log.high_watermark)
+    log.truncate_to(30)
+    assert not log.advance_cleaner_offset(30, truncations)
+    assert log.cleaner_offset == 0
+
+
+def test_an_epoch_whose_first_batches_were_compacted_keeps_its_start_after_recovery(tmp_path):
+    log = Log(tmp_path, LogConfig(cleanup_policy="compact", segment_bytes=400))
+
+    def put(key, value, epoch):
+        log.append_as_leader(build_batch([SimpleRecord(value, key, (), NOW_MS)]), epoch)
+
+    put(KEYS[0], b"a", 0)
+    put(KEYS[1], b"b", 1)  # epoch 1 starts at offset 1
+    put(KEYS[2], b"c", 1)
+    log.roll()
+    put(KEYS[1], b"d", 1)  # supersedes offset 1, the first of epoch 1
+    put(KEYS[0], b"e", 1)  # supersedes offset 0
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    clean(log, NOW_MS)
+    assert [o for o, _k, _v in read_all(log)] == [2, 3, 4]
+    before = log.end_offset_for_epoch(0)
+    reopened = Log(tmp_path, log.config, recovery_point=0, cleaner_offset=log.cleaner_offset)
+    assert reopened.end_offset_for_epoch(0) == before == (0, 1), "epoch 0 still ends where epoch 1 began"
+
+
+def test_closing_aborts_a_clean_at_its_next_read(tmp_path):
+    log = filled_log(tmp_path)
+    log.abort_cleaning()
+    with pytest.raises(LogClosedError):
+        clean(log, NOW_MS)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".cleaned")]
+    assert log.cleaner_offset == 0
 
 
 def test_tombstones_outlive_one_clean_then_go_after_delete_retention(tmp_path):

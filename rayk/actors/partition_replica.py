@@ -178,6 +178,7 @@ class PartitionReplica(Supervised):
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
         self._trace: ProduceTrace | None = None  # see trace_produce
+        self._cleaning: asyncio.Future | None = None  # the log cleaner's thread, while it runs
         self._counters = BrokerTopicCounters(broker_id, topic)
 
     # ------------------------------------------------------------------ idempotent producers
@@ -697,12 +698,27 @@ class PartitionReplica(Supervised):
         """Compacts this log (see log_cleaner.py) in a thread, while appends and fetches go
         on; the broker's cleaner calls one replica at a time, which makes the byte rate a
         broker's (log.cleaner.io.max.bytes.per.second)."""
-        if not self._log.config.compacts:
+        if not self._log.config.compacts or self._cleaning is not None:
             return None
         throttler = log_cleaner.Throttler(max_bytes_per_second)
-        return await asyncio.to_thread(
-            log_cleaner.clean, self._log, _now_ms(), dedupe_buffer_bytes=dedupe_buffer_bytes, throttler=throttler
+        self._cleaning = asyncio.ensure_future(
+            asyncio.to_thread(
+                log_cleaner.clean, self._log, _now_ms(), dedupe_buffer_bytes=dedupe_buffer_bytes, throttler=throttler
+            )
         )
+        try:
+            return await asyncio.shield(self._cleaning)
+        finally:
+            if self._cleaning is not None and self._cleaning.done():
+                self._cleaning = None
+
+    async def _stop_cleaning(self) -> None:
+        """Before the log closes: a clean in its thread stops at its next read, and the
+        log's files are not touched by it once this returns."""
+        cleaning, self._cleaning = self._cleaning, None
+        if cleaning is not None:
+            self._log.abort_cleaning()
+            await asyncio.gather(cleaning, return_exceptions=True)
 
     async def close(self) -> PartitionOffsets:
         """Stops following, flushes and closes the log (data stays on disk); returns the
@@ -711,6 +727,7 @@ class PartitionReplica(Supervised):
         self._role = None
         self._notify_change()
         self._counters.flush()
+        await self._stop_cleaning()
         self._log.close()
         self._stop_supervision()
         return _offsets_of(self._log)
@@ -721,6 +738,7 @@ class PartitionReplica(Supervised):
         self._role = None
         self._notify_change()
         self._counters.flush()
+        await self._stop_cleaning()
         self._log.delete()
         self._stop_supervision()
 

@@ -358,6 +358,7 @@ class ReplicaManager(Supervised):
                 (state.max_lag_passed, state.dirty_ratio, tp, handle)
                 for (tp, handle), state in zip(items, states)
                 if isinstance(state, CleanableState)
+                and tp in self._replicas  # not stopped meanwhile
                 and state.needs_cleaning(log_config_of(self._replicas[tp].assignment.configs).min_cleanable_dirty_ratio)
             ]
             if not candidates:

@@ -81,7 +81,7 @@ class LeaderEpochCache:
         if new_entries is not None:
             self._replace(new_entries)
 
-    def recover(self, rescanned_from_offset: int, found: Iterable[EpochEntry]) -> None:
+    def recover(self, rescanned_from_offset: int, found: Iterable[EpochEntry], compacted_below_offset: int = 0) -> None:
         """Brings the cache forward from the batches crash recovery re-read (Kafka's
         LogSegment.recover assigns each rescanned batch's partitionLeaderEpoch).
 
@@ -90,13 +90,19 @@ class LeaderEpochCache:
         re-read, so entries starting there or later are dropped and re-derived from `found`:
         a lost or stale checkpoint cannot outvote the log. Batches before it (segments
         re-read only to rebuild an index) add an epoch only when it is newer than any
-        known, as in Kafka, since the entries after them were not re-derived. Written
-        once, if anything changed.
+        known, as in Kafka, since the entries after them were not re-derived. Below
+        `compacted_below_offset` (the log cleaner's offset) compaction may have removed an
+        epoch's first batches, so there the checkpoint's earlier start for an epoch stands.
+        Written once, if anything changed.
         """
+        known_starts = {e.epoch: e.start_offset for e in self._entries}
         entries = [e for e in self._entries if e.start_offset < rescanned_from_offset]
         for entry in found:
             if entry.epoch < 0:
                 continue
+            known_start = known_starts.get(entry.epoch, entry.start_offset)
+            if entry.start_offset < compacted_below_offset and known_start < entry.start_offset:
+                entry = EpochEntry(entry.epoch, known_start)
             if entry.start_offset >= rescanned_from_offset or not entries or entry.epoch > entries[-1].epoch:
                 entries = _assigned(entries, entry) or entries
         if entries != self._entries:

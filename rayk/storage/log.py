@@ -122,6 +122,21 @@ class ReadResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ClosedSegment:
+    """A closed segment as the log cleaner sees it, its figures read under the log's lock
+    (the cleaner's thread never touches a segment's descriptors but through the log)."""
+
+    segment: LogSegment
+    end_offset: int  # the next segment's base offset
+    size_bytes: int
+    max_timestamp_ms: int
+    first_batch_timestamp_ms: int
+    last_modified_ms: int
+    offset_index_bytes: int
+    time_index_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class TimestampOffset:
     timestamp_ms: int
     offset: int
@@ -152,6 +167,7 @@ class Log:
         self._clock_ms = clock_ms
         self._lock = threading.RLock()
         self._closed = False
+        self._cleaning_aborted = False
         self._truncations = 0  # bumped when offsets below the LEO are rewritten
         self._flusher = SegmentFlusher(self.dir_path.name, self._rolled_segment_flushed)
         self.dir_path.mkdir(parents=True, exist_ok=True)
@@ -173,7 +189,7 @@ class Log:
         self._segments: list[LogSegment] = []
         self._base_offsets: list[int] = []
         self.truncated_on_recovery_bytes = 0
-        self._load(recovery_point)
+        self._load(recovery_point, cleaner_offset or 0)
         self._log_end_offset = self._segments[-1].next_offset()
         first_base = self._segments[0].base_offset
         self._log_start_offset = min(max(log_start_offset or 0, first_base), self._log_end_offset)
@@ -217,7 +233,7 @@ class Log:
             swap.close()
             logger.warning("%s: finished an interrupted clean: segment %d swapped in", self.dir_path, base)
 
-    def _load(self, recovery_point: int | None) -> None:
+    def _load(self, recovery_point: int | None, cleaner_offset: int) -> None:
         self._finish_interrupted_cleaning()
         bases: set[int] = set()
         for path in self.dir_path.iterdir():
@@ -268,7 +284,7 @@ class Log:
         self._segments[-1].flush()
         # A checkpoint lost or left stale by a crash is brought forward from the batches;
         # the constructor then cuts it at the (possibly truncated) LEO.
-        self.leader_epoch_cache.recover(rescanned_from, epochs_found)
+        self.leader_epoch_cache.recover(rescanned_from, epochs_found, compacted_below_offset=cleaner_offset)
 
     def _rebuild_producer_state(self) -> None:
         """Producer state from the newest valid snapshot in [log start, LEO] plus the batches
@@ -406,7 +422,8 @@ class Log:
             return self._append_info(assigned, len(data), now_ms if log_append_time else -1)
 
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
-        """Appends batches copied from the leader; their offsets must continue at the LEO.
+        """Appends batches copied from the leader; their offsets continue at the LEO, or
+        after it when the leader's log was compacted (offsets only grow, as in Kafka).
 
         As in Kafka, a follower checks framing and CRCs but not the leader's size limit
         or record contents, which the leader validated.
@@ -416,9 +433,9 @@ class Log:
             self._check_open()
             expected = self._log_end_offset
             for header in headers:
-                if header.base_offset != expected:
+                if header.base_offset < expected:
                     raise UnexpectedAppendOffsetError(
-                        f"follower batch starts at offset {header.base_offset} but the log expects {expected}"
+                        f"follower batch starts at offset {header.base_offset} but the log expects {expected} or later"
                     )
                 expected = header.next_offset
             self._append(records, headers, self._clock_ms())
@@ -456,7 +473,7 @@ class Log:
             chunk = headers[start:end]
             max_timestamp = max(h.max_timestamp for h in chunk)
             if self._segments[-1].should_roll(size, max_timestamp, chunk[-1].last_offset, now_ms):
-                self._roll()
+                self._roll(chunk[0].base_offset)  # past a compaction gap: the segment starts at the batch
             self._segments[-1].append(view[position : position + size], chunk)
             producer_state = self.producer_state
             for header in chunk:
@@ -506,6 +523,8 @@ class Log:
                     if found is not None:
                         data, next_offset = found
                         break
+                else:  # no batch at or after start_offset: the rest up to the LEO was compacted away
+                    next_offset = leo
             return ReadResult(data, next_offset, hw, start, leo)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
@@ -526,7 +545,8 @@ class Log:
         """Removes every batch at or above `offset` (a follower diverged from its leader).
 
         Cuts at a batch boundary: if `offset` falls inside a batch, that batch goes too and
-        the LEO becomes its base offset. A target at or above the LEO changes nothing.
+        the LEO becomes its base offset; if it falls in a gap compaction left, the LEO
+        becomes `offset`. A target at or above the LEO changes nothing.
         """
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
@@ -543,9 +563,11 @@ class Log:
                 segment.delete()
             del self._segments[keep:], self._base_offsets[keep:]
             last = self._segments[-1]
+            cut = last.translate_offset(offset)  # the first batch that goes, if one does
             last.truncate_to(offset)
             last.make_active()
-            self._log_end_offset = last.next_offset()
+            self._log_end_offset = min(offset, cut.header.base_offset) if cut is not None else offset
+            assert self._log_end_offset >= last.next_offset(), "the LEO is at or past the last batch"
             self._high_watermark = min(self._high_watermark, self._log_end_offset)
             self._cleaner_offset = min(self._cleaner_offset, self._log_end_offset)
             self._recovery_point = min(self._recovery_point, self._log_end_offset)
@@ -586,12 +608,15 @@ class Log:
             self._check_open()
             self._roll()
 
-    def _roll(self) -> None:
+    def _roll(self, base: int | None = None) -> None:
+        """Starts a new segment at `base` (default: the LEO; a follower copying past a
+        compaction gap starts it at its first batch, so relative offsets stay int32)."""
         active = self._segments[-1]
         if active.is_empty:
             return
         self._flusher.submit(active.seal(), self._log_end_offset, self._truncations)
-        base = self._log_end_offset
+        base = self._log_end_offset if base is None else base
+        assert base >= self._log_end_offset, "offsets only grow"
         if (self.dir_path / f"{base:020d}{LOG_SUFFIX}").exists():
             raise KafkaStorageError(f"cannot roll: segment {base:020d}{LOG_SUFFIX} already exists in {self.dir_path}")
         self._add_segment(LogSegment(self.dir_path, base, self.config, active=True))
@@ -663,12 +688,11 @@ class Log:
 
     # ------------------------------------------------------------------ compaction
 
-    def cleanable_segments(self, first_uncleanable_offset: int) -> tuple[list[tuple[LogSegment, int]], int]:
+    def cleanable_segments(self, first_uncleanable_offset: int) -> tuple[list[ClosedSegment], int]:
         """The segments that lie wholly below `first_uncleanable_offset` (the active one
-        never does), oldest first, each with its end (the next segment's base offset), and
-        the truncation count to hand `replace_segments`. The cleaner reads them through
-        `read_segment_bytes`; a truncation or retention that takes one meanwhile makes
-        `replace_segments` refuse the clean."""
+        never does), oldest first, and the truncation count to hand `replace_segments`.
+        The cleaner reads them through `read_segment_bytes`; a truncation or retention
+        that takes one meanwhile makes `replace_segments` refuse the clean."""
         with self._lock:
             self._check_open()
             limit = min(first_uncleanable_offset, self._segments[-1].base_offset)
@@ -676,7 +700,12 @@ class Log:
             for segment, end in zip(self._segments, self._base_offsets[1:]):
                 if end > limit:
                     break
-                out.append((segment, end))
+                out.append(
+                    ClosedSegment(
+                        segment, end, segment.size_bytes, segment.max_timestamp_ms, segment.first_batch_timestamp_ms(),
+                        segment.last_modified_ms, segment.offset_index.size_bytes, segment.time_index.size_bytes,
+                    )
+                )  # fmt: skip
             return out, self._truncations
 
     def read_segment_bytes(self, segment: LogSegment, position: int, max_bytes: int) -> bytes:
@@ -684,6 +713,8 @@ class Log:
         the segment is no longer part of the log (retention or truncation took it)."""
         with self._lock:
             self._check_open()
+            if self._cleaning_aborted:
+                raise LogClosedError(f"cleaning {self.dir_path} was aborted: the log is closing")
             if not any(s is segment for s in self._segments):
                 raise LogClosedError(f"segment {segment.base_offset} of {self.dir_path} was removed")
             return segment.read_bytes(position, max_bytes)
@@ -700,6 +731,8 @@ class Log:
 
     def new_cleaned_segment(self, base_offset: int) -> LogSegment:
         """An empty `.cleaned` segment for the cleaner to write (a leftover one is replaced)."""
+        with self._lock:
+            self._check_open()
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             (self.dir_path / f"{base_offset:020d}{suffix}{CLEANED_SUFFIX}").unlink(missing_ok=True)
         return LogSegment(self.dir_path, base_offset, self.config, active=True, file_suffix=CLEANED_SUFFIX)
@@ -735,10 +768,19 @@ class Log:
             self._base_offsets[first : first + len(old)] = [cleaned.base_offset]
             return True
 
-    def advance_cleaner_offset(self, offset: int) -> None:
-        """The cleaner finished everything below `offset` (kept within [log start, LEO])."""
+    def advance_cleaner_offset(self, offset: int, truncations: int) -> bool:
+        """The cleaner finished everything below `offset` (kept within [log start, LEO]),
+        unless the log was truncated since it started (what it cleaned may be gone, and
+        later records there are dirty): then nothing moves and False is returned."""
         with self._lock:
+            if self._closed or truncations != self._truncations:
+                return False
             self._cleaner_offset = min(max(self._cleaner_offset, offset, self._log_start_offset), self._log_end_offset)
+            return True
+
+    def abort_cleaning(self) -> None:
+        """A clean in progress stops at its next read (the replica is closing)."""
+        self._cleaning_aborted = True
 
     # ------------------------------------------------------------------ lifecycle
 

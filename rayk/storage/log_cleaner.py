@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rayk.storage.log import Log
+from rayk.storage.log import ClosedSegment, Log
 from rayk.storage.log_config import NO_LIMIT_MS
 from rayk.storage.records import (
     HEADER_SIZE_BYTES,
@@ -124,9 +124,9 @@ def first_uncleanable_offset(log: Log, now_ms: int) -> int:
     segments, _ = log.cleanable_segments(limit)
     lag_ms = log.config.min_compaction_lag_ms
     if lag_ms > 0:
-        for segment, _end in segments:
-            if segment.max_timestamp_ms > now_ms - lag_ms:
-                return min(limit, segment.base_offset)
+        for closed in segments:
+            if closed.max_timestamp_ms > now_ms - lag_ms:
+                return min(limit, closed.segment.base_offset)
     return limit
 
 
@@ -134,15 +134,15 @@ def cleanable_state(log: Log, now_ms: int) -> CleanableState:
     uncleanable = first_uncleanable_offset(log, now_ms)
     segments, _ = log.cleanable_segments(uncleanable)
     first_dirty = log.cleaner_offset
-    clean = [s for s, end in segments if end <= first_dirty]
-    dirty = [s for s, end in segments if end > first_dirty]
+    clean = [c for c in segments if c.end_offset <= first_dirty]
+    dirty = [c for c in segments if c.end_offset > first_dirty]
     max_lag_ms = log.config.max_compaction_lag_ms
     max_lag_passed = False
     if dirty and max_lag_ms < NO_LIMIT_MS:
-        first_timestamp_ms = dirty[0].first_batch_timestamp_ms()
+        first_timestamp_ms = dirty[0].first_batch_timestamp_ms
         max_lag_passed = first_timestamp_ms != NO_TIMESTAMP and first_timestamp_ms < now_ms - max_lag_ms
     return CleanableState(
-        first_dirty, uncleanable, sum(s.size_bytes for s in clean), sum(s.size_bytes for s in dirty), max_lag_passed
+        first_dirty, uncleanable, sum(c.size_bytes for c in clean), sum(c.size_bytes for c in dirty), max_lag_passed
     )
 
 
@@ -158,10 +158,10 @@ def clean(
     throttler = throttler or Throttler(UNTHROTTLED)
     segments, truncations = log.cleanable_segments(first_uncleanable_offset(log, now_ms))
     first_dirty = log.cleaner_offset
-    dirty = [(s, end) for s, end in segments if end > first_dirty]
+    dirty = [c for c in segments if c.end_offset > first_dirty]
     if not dirty:
         return None
-    first_offset = segments[0][0].base_offset
+    first_offset = segments[0].segment.base_offset
     stats = _Stats()
     latest_offsets, map_end = _build_offset_map(log, dirty, dedupe_buffer_bytes, throttler, stats)
     delete_horizon_ms = now_ms - log.config.delete_retention_ms
@@ -172,21 +172,21 @@ def clean(
         return not is_tombstone or offset >= first_dirty or timestamp_ms >= delete_horizon_ms
 
     protected_batches = log.producer_batch_offsets()
-    for group in _groups([(s, end) for s, end in segments if end <= map_end], log):
-        cleaned = log.new_cleaned_segment(group[0][0].base_offset)
+    for group in _groups([c for c in segments if c.end_offset <= map_end], log):
+        cleaned = log.new_cleaned_segment(group[0].segment.base_offset)
         try:
-            for segment, _end in group:
-                _copy_retained(log, segment, cleaned, retain, protected_batches, throttler, stats)
-            cleaned.set_last_modified_ms(max(s.last_modified_ms for s, _end in group))
+            for closed in group:
+                _copy_retained(log, closed.segment, cleaned, retain, protected_batches, throttler, stats)
+            cleaned.set_last_modified_ms(max(c.last_modified_ms for c in group))
             cleaned.on_roll()
         except BaseException:
             cleaned.delete()
             raise
-        if not log.replace_segments(cleaned, [s for s, _end in group], truncations):
+        if not log.replace_segments(cleaned, [c.segment for c in group], truncations):
             logger.info("%s: the log changed during cleaning; the clean is dropped", log.dir_path)
             return CleanResult(first_offset, log.cleaner_offset, stats.read, stats.written, stats.removed, False)
-    log.advance_cleaner_offset(map_end)
-    return CleanResult(first_offset, map_end, stats.read, stats.written, stats.removed, True)
+    completed = log.advance_cleaner_offset(map_end, truncations)
+    return CleanResult(first_offset, log.cleaner_offset, stats.read, stats.written, stats.removed, completed)
 
 
 @dataclass(slots=True)
@@ -218,16 +218,16 @@ def _segment_batches(log: Log, segment: LogSegment, throttler: Throttler, stats:
 
 
 def _build_offset_map(
-    log: Log, dirty: list[tuple[LogSegment, int]], budget_bytes: int, throttler: Throttler, stats: _Stats
+    log: Log, dirty: list[ClosedSegment], budget_bytes: int, throttler: Throttler, stats: _Stats
 ) -> tuple[dict[bytes, int], int]:
     """key -> latest offset over whole dirty segments until the budget would overflow;
     returns the map and the end of the last segment mapped."""
     latest: dict[bytes, int] = {}
     used_bytes = 0
-    map_end = dirty[0][1]
-    for i, (segment, end) in enumerate(dirty):
+    map_end = dirty[0].end_offset
+    for i, closed in enumerate(dirty):
         segment_map: dict[bytes, int] = {}
-        for batch in _segment_batches(log, segment, throttler, stats):
+        for batch in _segment_batches(log, closed.segment, throttler, stats):
             if batch.header.is_control:
                 continue
             for offset, _timestamp, key, _value, _headers in decode_record_tuples(batch.data)[1]:
@@ -238,30 +238,30 @@ def _build_offset_map(
             break  # this segment waits for the next clean
         latest.update(segment_map)
         used_bytes += added
-        map_end = end
+        map_end = closed.end_offset
     return latest, map_end
 
 
-def _groups(segments: list[tuple[LogSegment, int]], log: Log) -> Iterator[list[tuple[LogSegment, int]]]:
+def _groups(segments: list[ClosedSegment], log: Log) -> Iterator[list[ClosedSegment]]:
     """Consecutive segments whose cleaned copy fits one segment (Kafka's groupSegmentsBySize):
     their bytes within segment.bytes, their index files within segment.index.bytes, and
     their offsets relative to the first within int32."""
     config = log.config
-    group: list[tuple[LogSegment, int]] = []
+    group: list[ClosedSegment] = []
     size = offset_index_bytes = time_index_bytes = 0
-    for segment, end in segments:
+    for closed in segments:
         if group and (
-            size + segment.size_bytes > config.segment_bytes
-            or offset_index_bytes + segment.offset_index.size_bytes > config.segment_index_bytes
-            or time_index_bytes + segment.time_index.size_bytes > config.segment_index_bytes
-            or end - 1 - group[0][0].base_offset > MAX_RELATIVE_OFFSET
+            size + closed.size_bytes > config.segment_bytes
+            or offset_index_bytes + closed.offset_index_bytes > config.segment_index_bytes
+            or time_index_bytes + closed.time_index_bytes > config.segment_index_bytes
+            or closed.end_offset - 1 - group[0].segment.base_offset > MAX_RELATIVE_OFFSET
         ):
             yield group
             group, size, offset_index_bytes, time_index_bytes = [], 0, 0, 0
-        group.append((segment, end))
-        size += segment.size_bytes
-        offset_index_bytes += segment.offset_index.size_bytes
-        time_index_bytes += segment.time_index.size_bytes
+        group.append(closed)
+        size += closed.size_bytes
+        offset_index_bytes += closed.offset_index_bytes
+        time_index_bytes += closed.time_index_bytes
     if group:
         yield group
 

@@ -781,6 +781,8 @@ def validate_batches(
         if leader_checks:
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
+            if header.is_transactional:  # rayk has no transactions (the APIs refuse a transactional.id)
+                raise InvalidRecordError("a transactional batch needs a transactional producer, which rayk does not have")
             if header.record_count != header.last_offset_delta + 1:  # a producer's offsets are 0..n-1
                 raise InvalidRecordError(
                     f"batch has {header.record_count} records but lastOffsetDelta {header.last_offset_delta}"
