@@ -40,7 +40,7 @@ CONFIG = {
     "default.replication.factor": 3,
     # Small offsets segments and an eager cleaner, so that __consumer_offsets gets compacted.
     "offsets.topic.segment.bytes": 4096,
-    "log.cleaner.backoff.ms": 300,
+    "log.cleaner.backoff.ms": 1000,
 }
 _namespaces = itertools.count()
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")

@@ -352,7 +352,11 @@ class ReplicaManager(Supervised):
         c = self.config
         cleaned: set[TopicPartition] = set()
         while True:
-            items = [(tp, r.handle) for tp, r in self._replicas.items() if r.handle is not None and tp not in cleaned]
+            items = [
+                (tp, r.handle)
+                for tp, r in self._replicas.items()
+                if r.handle is not None and tp not in cleaned and log_config_of(r.assignment.configs).compacts
+            ]
             states = await asyncio.gather(*(h.cleanable_state.remote() for _, h in items), return_exceptions=True)
             candidates = [
                 (state.max_lag_passed, state.dirty_ratio, tp, handle)
