@@ -40,7 +40,7 @@ CONFIG = {
     "default.replication.factor": 3,
     # Small offsets segments and an eager cleaner, so that __consumer_offsets gets compacted.
     "offsets.topic.segment.bytes": 4096,
-    "log.cleaner.backoff.ms": 1000,
+    "log.cleaner.backoff.ms": 300,
 }
 _namespaces = itertools.count()
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
@@ -528,8 +528,10 @@ def test_a_new_coordinator_replays_a_compacted_offsets_topic(cluster):
     def records_in(broker_id):
         return sum(1 for _ in read_replica(cluster.replica(OFFSETS_TOPIC, partition, broker_id)))
 
-    for broker_id in before["isr"]:  # every replica compacts its own copy
-        wait_until(lambda b=broker_id: records_in(b) < commits, 30, f"broker {broker_id}'s cleaner to compact the offsets")
+    for broker_id in before["isr"]:  # every replica compacts its own copy, down to ~60 records (measured)
+        wait_until(
+            lambda b=broker_id: records_in(b) < commits // 4, 60, f"broker {broker_id}'s cleaner to compact the offsets"
+        )
     os.kill(pid_of(cluster.replica(OFFSETS_TOPIC, partition, before["leader"])), signal.SIGKILL)
     wait_until(
         lambda: cluster.describe_topic(OFFSETS_TOPIC)[partition]["leader"] not in (before["leader"], -1),
