@@ -3,7 +3,11 @@ plus its BrokerLifecycleManager and LogManager's startup and shutdown).
 
 A broker is this actor, the PartitionReplica actors it creates, and its Kafka listener (a
 SocketServer actor on the same node, started while the broker registers; its address
-then goes to the Controller, which tells clients where the broker listens).
+then goes to the Controller, which tells clients where the broker listens). The listener
+comes from a `listener_factory` that whoever deploys the broker hands in (rayk/broker.py):
+this module never imports rayk/net, so the wire protocol stays out of the processes that
+only hold a broker's handle. Every replica holds one, and Ray loads a handle's class
+module in the process that receives it.
 It owns `<data_dir>/broker-<id>` on its node's disk: `meta.properties` (broker and
 cluster id, checked at every start, and the directory's id), the three offset
 checkpoints, the clean-shutdown marker, and one `<topic>-<partition>` directory per
@@ -60,7 +64,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,8 +83,6 @@ from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, Repli
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.errors import KafkaError, StaleBrokerEpochError
-from rayk.net.listener_address import parse_listener
-from rayk.net.socket_server import SocketServerActor
 from rayk.storage import clean_shutdown, meta_properties, partition_metadata
 from rayk.storage.log_cleaner import CleanableState
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
@@ -94,6 +96,9 @@ ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
 OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
 LISTENER = "listener"  # the supervisor's key for the Kafka listener; replicas are keyed by TopicPartition
+# (broker id, Controller handle, config, node id) -> the broker's listener actor, created on
+# that node, or None when the config's `listeners` names none.
+ListenerFactory = Callable[[int, Any, BrokerConfig, str], Any]
 
 
 def broker_dir(data_dir: str | Path, broker_id: int) -> Path:
@@ -127,7 +132,10 @@ class ReplicaManager(Supervised):
         cluster_id: str,
         controller: Any,
         broker_config: BrokerConfig | None = None,
+        listener_factory: ListenerFactory | None = None,
     ) -> None:
+        """`listener_factory` starts the broker's Kafka listener; without one the broker
+        serves only actor handles."""
         self.broker_id = broker_id
         self.config = broker_config or BrokerConfig()
         self.dir = broker_dir(data_dir, broker_id)
@@ -150,6 +158,7 @@ class ReplicaManager(Supervised):
         self._tasks: set[asyncio.Task] = set()
         self._start_lock: asyncio.Lock | None = None
         self._registered_event: asyncio.Event | None = None
+        self._listener_factory = listener_factory
         self._listener: Any = None  # this broker's SocketServer actor, if it runs one
         self._endpoint: tuple[str, int] | None = None
         self._children = ChildSupervisor(f"broker {broker_id}", self._on_child_death, self.config.broker_session_timeout_ms)
@@ -188,11 +197,11 @@ class ReplicaManager(Supervised):
 
     async def _start_listener(self) -> None:
         """The broker's Kafka listener, on this node, when `listeners` names one."""
-        if self._listener is not None or parse_listener(self.config.listeners) is None:
+        if self._listener is not None or self._listener_factory is None:
             return
-        listener = SocketServerActor.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
-        ).remote(self.broker_id, self._controller, self.config)
+        listener = self._listener_factory(self.broker_id, self._controller, self.config, self._node_id)
+        if listener is None:
+            return
         self._endpoint = await listener.start.remote()
         self._listener = listener
         self._children.watch(LISTENER, listener)

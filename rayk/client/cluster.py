@@ -28,7 +28,7 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
-from rayk.actors.replica_manager import ReplicaManager
+from rayk.broker import create_broker
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
 from rayk.storage import meta_properties
@@ -38,7 +38,6 @@ CONTROLLER_NAME = "rayk-controller"
 HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown without figures
 
 ControllerActor = ray.remote(num_cpus=0)(Controller)
-ReplicaManagerActor = ray.remote(num_cpus=0)(ReplicaManager)
 
 
 def broker_actor_name(broker_id: int) -> str:
@@ -259,13 +258,14 @@ class Cluster:
     def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
         # Ray restarts a broker whose process dies on its node (the broker starts itself
         # again); one whose node is gone cannot be placed anywhere else and stays dead.
-        return ReplicaManagerActor.options(
+        return create_broker(
+            broker_id, str(data_dir), cluster_id, self.controller, config,
             name=broker_actor_name(broker_id),
             namespace=self.namespace,
             lifetime="detached",
             max_restarts=-1,
             scheduling_strategy=_pinned(node_id),
-        ).remote(broker_id, str(data_dir), cluster_id, self.controller, config)
+        )  # fmt: skip
 
     def shutdown(self) -> None:
         """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on disk."""

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
@@ -265,3 +266,13 @@ class SocketServer(Supervised):
 
 
 SocketServerActor = ray.remote(num_cpus=0, max_restarts=0)(SocketServer)
+
+
+def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:
+    """A broker's listener factory (see ReplicaManager): its SocketServer actor, created on
+    the broker's node, or None when `listeners` names no listener."""
+    if parse_listener(config.listeners) is None:
+        return None
+    return SocketServerActor.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    ).remote(broker_id, controller, config)

@@ -1,0 +1,32 @@
+"""A broker as `rayk.start` deploys it: a ReplicaManager (rayk/actors) that runs a Kafka
+listener (rayk/net).
+
+The one module that knows both layers. The ReplicaManager is handed the listener's
+factory instead of importing it, so imports point one way (DESIGN's layers) and the wire
+protocol stays out of every process that merely holds a broker's handle: Ray loads an
+actor handle's class module in each process the handle reaches, and every partition
+replica holds its broker's (a replica is a process per partition; the protocol's schemas
+would cost each of them ~10 MiB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from rayk.actors.replica_manager import ReplicaManager
+from rayk.config import BrokerConfig
+from rayk.net.socket_server import create_listener
+
+BrokerActor = ray.remote(num_cpus=0)(ReplicaManager)
+
+
+def create_broker(
+    broker_id: int, data_dir: str, cluster_id: str, controller: Any, config: BrokerConfig, **actor_options: Any
+) -> Any:
+    """A broker's actor (not started yet: call its `start`), with Ray `actor_options`
+    (name, lifetime, scheduling strategy, ...)."""
+    return BrokerActor.options(**actor_options).remote(
+        broker_id, data_dir, cluster_id, controller, config, listener_factory=create_listener
+    )
