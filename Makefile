@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench bytecode clean
 
 $(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,14 +13,20 @@ $(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# Every partition replica is a Ray worker process that imports rayk: with bytecode compiled
+# ahead, none of them compiles rayk's sources again (under PYTHONDONTWRITEBYTECODE each one
+# did, ~0.1 CPU-s per replica start; see benchmarks/replication_bench.py, part 3).
+bytecode: $(STAMP)
+	$(PY) -m compileall -q rayk
+
+test: bytecode
 	$(PY) -m pytest -q --durations=30
 
-demo: $(STAMP)
+demo: bytecode
 	$(VENV)/bin/rayk demo
 	$(PY) examples/spark_pipeline.py
 
-bench: $(STAMP)
+bench: bytecode
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/storage_bench.py
 	$(PY) benchmarks/client_bench.py

@@ -66,6 +66,21 @@ def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(cluster):
     assert after["high_watermark"] == after["log_end_offset"] == 2
 
 
+# A replica is a process per partition: a data library in it would cost its memory hundreds
+# of times over on a node (pyarrow alone adds tens of MiB to a process).
+LIBRARIES_NO_REPLICA_LOADS = {"pyarrow", "pandas", "pyspark", "kio", "raydp"}
+
+
+def test_replica_processes_load_no_data_libraries(cluster):
+    cluster.create_topic("lean", partitions=2, replication_factor=3)
+    produce(cluster.leader("lean", 0), [b"a"])
+    handles = [cluster.replica("lean", p, b) for p in range(2) for b in range(3)]
+    for handle, modules in zip(handles, ray.get([h.loaded_modules.remote() for h in handles])):
+        assert "rayk.actors.partition_replica" in modules, "the answer comes from a replica's own process"
+        libraries = {name.partition(".")[0] for name in modules}
+        assert LIBRARIES_NO_REPLICA_LOADS.isdisjoint(libraries), (handle, LIBRARIES_NO_REPLICA_LOADS & libraries)
+
+
 def test_broker_directories_carry_meta_properties(cluster, tmp_path):
     cluster_id = ray.get(cluster.controller.cluster_id.remote())
     for b in range(3):

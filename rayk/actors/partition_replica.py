@@ -50,11 +50,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayk.actors import replica_process
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
@@ -83,6 +85,9 @@ from rayk.storage.log_cleaner import CleanableState, CleanResult
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.producer_state import BatchMetadata, Verdict
 from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
+
+
+replica_process.keep_libraries_out()  # first thing in a replica's own process (see replica_process.py)
 
 logger = logging.getLogger(__name__)
 
@@ -676,6 +681,12 @@ class PartitionReplica(Supervised):
         read planner needs to size its tasks (Kafka's DescribeLogDirs gives the size)."""
         log = self._log
         return log.log_start_offset, log.log_end_offset, log.size_bytes
+
+    async def loaded_modules(self) -> list[str]:
+        """The modules this replica's process has imported: every replica is a process of
+        its own, so whatever it imports beyond Ray's worker and its log costs memory once
+        per partition (for tests and diagnosis)."""
+        return sorted(name for name, module in sys.modules.items() if module is not None)
 
     async def report(self) -> ReplicaReport:
         """The broker's periodic collection: offsets for its checkpoints, the log's size for
