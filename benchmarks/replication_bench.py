@@ -2,6 +2,7 @@
 machine, against the bare cost of a Ray actor call, and the footprint of replica actors.
 
 Run:  python benchmarks/replication_bench.py [--quick] [--duration S] [--window N] [--partitions N]
+                                           [--parts produce,replicas,capacity] [--capacity-replicas N]
 
 Everything runs on this machine: a local Ray instance (ray.init(num_cpus=os.cpu_count(),
 include_dashboard=False) in a Ray namespace of its own) and `rayk.start(brokers=3)` with its
@@ -39,6 +40,17 @@ What it measures
    server, which include_dashboard=False does not start; it is only the fallback.
    Baseline: as many trivial actors, created at once (seconds until each answered once),
    and their RSS/USS.
+
+3. Partitions per node. A rayk cluster of one broker, so that every replica is a process
+   on this node. (a) A topic of `--create-partitions` partitions (default 100), RF=1:
+   seconds from create_topic until every partition answered a produce (acks=1) through its
+   leader's handle; against as many bare actors created at once, and each process's RSS,
+   USS and idle CPU next to a bare actor's, in the same run. (b) Topics of
+   `--capacity-step` partitions (50) added until `--capacity-replicas` replicas run (320;
+   150 with --quick), or under `--reserve-percent` of the node's memory is available;
+   after each step every partition of every topic must answer a produce within 300 s, and
+   the node's used memory, the replicas' summed USS and their idle CPU (% of one core,
+   over `--idle-seconds`) are printed. `--parts capacity` runs this part alone.
 
 How to read it
 --------------
@@ -457,7 +469,179 @@ def bench_replicas(cluster: Any, args: argparse.Namespace) -> None:
         print(f"    note: delete_topic({topic!r}) failed: {type(e).__name__}: {e}")
 
 
+# ---------------------------------------------------------------------------- 3. partitions per node
+
+
+def answering(cluster: Any, partitions: list[tuple[str, int]], timeout_s: float) -> tuple[list[tuple[str, int]], list[str]]:
+    """Produces one record (acks=1) to each of `partitions` through its leader's handle,
+    all at once; (the partitions that did not answer, the first errors)."""
+    batch = build_batch([SimpleRecord(b"ping")])
+    refs, failed, errors = {}, [], []
+
+    def note(tp: tuple[str, int], text: str) -> None:
+        failed.append(tp)
+        if len(errors) < MAX_ERRORS_SHOWN:
+            errors.append(f"{tp[0]}-{tp[1]}: {text}")
+
+    leaders = [cluster.controller.leader.remote(t, p) for t, p in partitions]
+    for tp, leader in zip(partitions, leaders):
+        try:
+            refs[ray.get(leader).produce.remote(batch, 1, PRODUCE_TIMEOUT_MS)] = tp
+        except Exception as e:  # no leader yet
+            note(tp, f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in late:
+        note(refs[ref], f"no answer within {timeout_s:.0f} s")
+    for ref in ready:
+        try:
+            result = ray.get(ref)
+            if result.error is None:
+                continue
+            note(refs[ref], f"{type(result.error).__name__}: {result.error}")
+        except Exception as e:
+            note(refs[ref], f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+    return failed, errors
+
+
+def wait_answering(cluster: Any, topics: dict[str, int], timeout_s: float) -> tuple[int, int, list[str]]:
+    """Asks every partition of `topics` (name -> partitions) until each has answered a
+    produce once, or `timeout_s` passed; (answered, partitions, last errors)."""
+    waiting = [(t, p) for t, n in topics.items() for p in range(n)]
+    deadline = time.monotonic() + timeout_s
+    errors: list[str] = []
+    while waiting and time.monotonic() < deadline:
+        waiting, errors = answering(cluster, waiting, timeout_s=max(1.0, deadline - time.monotonic()))
+        if waiting:
+            time.sleep(0.2)
+    total = sum(topics.values())
+    return total - len(waiting), total, errors
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def idle_cpu_percent(pids: list[int], seconds: float) -> float:
+    """CPU the processes used while nothing was asked of them, in % of one core."""
+    before = cpu_seconds(pids)
+    time.sleep(seconds)
+    return 100 * (cpu_seconds(pids) - before) / seconds
+
+
+def memory_of(pids: list[int]) -> list[tuple[float, float]]:
+    mems = []
+    for pid in pids:
+        try:
+            mems.append(process_memory(pid))
+        except psutil.Error:
+            pass
+    return mems
+
+
+def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
+    """One broker, so that every replica is on this node: (a) how long a topic of
+    `--create-partitions` takes until every partition answers, against as many bare actors
+    created at once; (b) topics of `--capacity-step` partitions added until
+    `--capacity-replicas` replicas run, each step checked (every partition answers a
+    produce) and measured (node memory, the replicas' own memory and idle CPU)."""
+    n = args.create_partitions
+    print("\n3. PARTITIONS PER NODE  one broker: every replica is a process on this node")
+    cluster = rayk.start(brokers=1, data_dir=Path(args.data_dir) / "capacity", namespace=namespace + "-capacity")
+    try:
+        vm0 = psutil.virtual_memory()
+        t0 = ns()
+        cluster.create_topic("capacity-0", partitions=n, replication_factor=1)
+        created_s = (ns() - t0) / 1e9
+        ok, asked, errors = wait_answering(cluster, {"capacity-0": n}, timeout_s=300)
+        answered_s = (ns() - t0) / 1e9
+        print(f"  a topic of {n} partitions on one broker: create_topic returned after {created_s:.1f} s, "
+              f"all {ok}/{asked} partitions answered a produce after {answered_s:.1f} s ({n / answered_s:.1f} replicas/s)")
+        for e in errors:
+            print(f"    error: {e}")
+
+        t0 = ns()
+        bare = [EchoActor.remote() for _ in range(n)]
+        bare_pids = ray.get([a.pid.remote() for a in bare])
+        bare_s = (ns() - t0) / 1e9
+        bare_mem = memory_of(bare_pids)
+        bare_cpu = idle_cpu_percent(bare_pids, args.idle_seconds)
+        print(f"  baseline: {n} bare actors (Actor.remote() at once) answered after {bare_s:.1f} s ({n / bare_s:.1f} actors/s)")
+
+        topics = {"capacity-0": n}
+        ids = {cluster.leader("capacity-0", p)._actor_id.hex() for p in range(n)}
+        pids, _ = replica_pids(ids)
+        replica_mem = memory_of(list(pids.values()))
+        replica_cpu = idle_cpu_percent(list(pids.values()), args.idle_seconds)
+        for a in bare:
+            ray.kill(a)
+        uss_r = statistics.fmean(m[1] for m in replica_mem)
+        uss_b = statistics.fmean(m[1] for m in bare_mem)
+        print(f"  {'':22} {'processes':>9} {'avg RSS MiB':>11} {'avg USS MiB':>11} {'idle CPU %/process':>18}")
+        print(f"  {'PartitionReplica':22} {len(replica_mem):>9} {statistics.fmean(m[0] for m in replica_mem):>11.1f} "
+              f"{uss_r:>11.1f} {replica_cpu / max(1, len(pids)):>18.2f}")
+        print(f"  {'bare Ray actor':22} {len(bare_mem):>9} {statistics.fmean(m[0] for m in bare_mem):>11.1f} "
+              f"{uss_b:>11.1f} {bare_cpu / max(1, len(bare_pids)):>18.2f}")
+        print(f"  a replica process holds {uss_r - uss_b:+.1f} MiB of its own memory over a bare Ray actor's")
+
+        print(f"\n  adding topics of {args.capacity_step} partitions until {args.capacity_replicas} replicas run "
+              f"(or the node's available memory falls under {args.reserve_percent}%):")
+        print(f"  {'replicas':>8} {'step s':>7} {'answered':>9} {'node used GiB':>13} {'available %':>11} "
+              f"{'replicas USS GiB':>16} {'idle CPU % of a core':>20}")
+        held = n
+        while held < args.capacity_replicas:
+            vm = psutil.virtual_memory()
+            if 100 * vm.available / vm.total < args.reserve_percent:
+                print(f"  stopped: {100 * vm.available / vm.total:.0f}% of the node's memory available")
+                break
+            step = min(args.capacity_step, args.capacity_replicas - held)
+            topic = f"capacity-{len(topics)}"
+            t0 = ns()
+            try:
+                cluster.create_topic(topic, partitions=step, replication_factor=1)
+            except Exception as e:
+                print(f"  stopped: create_topic({topic!r}, {step}) failed: {type(e).__name__}: {e}")
+                break
+            topics[topic] = step
+            ok, asked, errors = wait_answering(cluster, topics, timeout_s=300)
+            step_s = (ns() - t0) / 1e9
+            ids = {cluster.leader(t, p)._actor_id.hex() for t, k in topics.items() for p in range(k)}
+            pids, _ = replica_pids(ids)
+            mem = memory_of(list(pids.values()))
+            cpu = idle_cpu_percent(list(pids.values()), args.idle_seconds)
+            vm = psutil.virtual_memory()
+            print(f"  {asked:>8} {step_s:>7.1f} {ok:>9} {(vm.total - vm.available) / (1 << 30):>13.1f} "
+                  f"{100 * vm.available / vm.total:>11.0f} {sum(m[1] for m in mem) / 1024:>16.1f} {cpu:>20.0f}")
+            for e in errors:
+                print(f"    error: {e}")
+            if ok < asked:
+                print(f"  stopped: {asked - ok} of {asked} partitions did not answer")
+                break
+            held = asked
+        vm = psutil.virtual_memory()
+        per_replica_mib = ((vm.total - vm.available) - (vm0.total - vm0.available)) / max(1, held) / MiB
+        print(f"  held: {held} replicas on this node, every partition answering; node memory per replica "
+              f"~{per_replica_mib:.0f} MiB (used memory since the start of part 3 / replicas), so "
+              f"~{int(0.95 * vm.total / MiB / per_replica_mib)} would fit under Ray's memory monitor (95% of "
+              f"{human_bytes(vm.total)})")
+    finally:
+        shut_down(cluster)
+
+
 # ---------------------------------------------------------------------------- main
+
+
+def shut_down(cluster: Any) -> None:
+    try:
+        cluster.shutdown()
+    except Exception as e:
+        print(f"note: cluster.shutdown() failed: {type(e).__name__}: {e}")
 
 
 def main() -> None:
@@ -469,13 +653,27 @@ def main() -> None:
     parser.add_argument("--max-mib", type=int, default=None, help="batch bytes per case at most; default 4096 (--quick 1024)")
     parser.add_argument("--partitions", type=int, default=None, help="partitions (replica actors) in part 2; default 30 (--quick 10)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use; default os.cpu_count()")
+    parser.add_argument("--parts", default="produce,replicas,capacity",
+                        help="which parts to run, comma-separated; default all: produce,replicas,capacity")
+    parser.add_argument("--create-partitions", type=int, default=100,
+                        help="part 3: partitions of the topic timed on one broker; default 100")
+    parser.add_argument("--capacity-replicas", type=int, default=None,
+                        help="part 3: replicas to reach on this node; default 320 (--quick 150)")
+    parser.add_argument("--capacity-step", type=int, default=50, help="part 3: partitions added per step; default 50")
+    parser.add_argument("--reserve-percent", type=float, default=10,
+                        help="part 3: stop adding when less of the node's memory is available; default 10")
+    parser.add_argument("--idle-seconds", type=float, default=3, help="part 3: seconds idle CPU is measured over; default 3")
     args = parser.parse_args()
     args.duration = args.duration if args.duration is not None else (1.5 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5)
     args.max_mib = args.max_mib if args.max_mib is not None else (1024 if args.quick else 4096)
     args.partitions = args.partitions if args.partitions is not None else (10 if args.quick else 30)
-    if args.window < 1 or args.duration <= 0 or args.partitions < 1:
-        parser.error("--window, --duration and --partitions must be positive")
+    args.capacity_replicas = args.capacity_replicas if args.capacity_replicas is not None else (150 if args.quick else 320)
+    args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if args.window < 1 or args.duration <= 0 or args.partitions < 1 or args.create_partitions < 1 or args.capacity_step < 1:
+        parser.error("--window, --duration, --partitions, --create-partitions and --capacity-step must be positive")
+    if not args.parts or args.parts - {"produce", "replicas", "capacity"}:
+        parser.error("--parts takes produce, replicas and capacity")
 
     started = ns()
     rng = random.Random(42)
@@ -497,18 +695,21 @@ def main() -> None:
     cluster = None
     try:
         ray.init(num_cpus=num_cpus, include_dashboard=False, namespace=namespace)
-        t0 = ns()
-        cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
-        print(f"rayk.start(brokers={BROKERS}) took {(ns() - t0) / 1e9:.1f} s")
-        rows = bench_produce(cluster, args, batches)
-        print_produce_table(rows)
-        bench_replicas(cluster, args)
+        if args.parts & {"produce", "replicas"}:
+            t0 = ns()
+            cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
+            print(f"rayk.start(brokers={BROKERS}) took {(ns() - t0) / 1e9:.1f} s")
+            if "produce" in args.parts:
+                print_produce_table(bench_produce(cluster, args, batches))
+            if "replicas" in args.parts:
+                bench_replicas(cluster, args)
+            shut_down(cluster)
+            cluster = None
+        if "capacity" in args.parts:
+            bench_capacity(args, namespace)
     finally:
         if cluster is not None:
-            try:
-                cluster.shutdown()
-            except Exception as e:
-                print(f"note: cluster.shutdown() failed: {type(e).__name__}: {e}")
+            shut_down(cluster)
         if ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
