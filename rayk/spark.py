@@ -46,6 +46,7 @@ from typing import Any
 import ray
 
 from rayk import data as rayk_data
+from rayk.child_stderr import filtered_stderr
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
@@ -106,9 +107,10 @@ def session(
     # The JVMs' Ray core libraries log INFO lines ("GcsClient has no Cluster ID set") to the
     # terminal unless told otherwise; warnings and errors still show.
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
-    return raydp.init_spark(
-        app_name, executors, executor_cores, executor_memory, configs=session_configs(configs)
-    )
+    with filtered_stderr():  # the driver JVM starts here, and inherits the filter (child_stderr.py)
+        return raydp.init_spark(
+            app_name, executors, executor_cores, executor_memory, configs=session_configs(configs)
+        )
 
 
 def stop() -> None:
