@@ -581,6 +581,9 @@ def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
         replica_cpu = idle_cpu_percent(list(pids.values()), args.idle_seconds)
         for a in bare:
             ray.kill(a)
+        if not replica_mem or not bare_mem:
+            print(f"  stopped: memory read for {len(replica_mem)} replicas and {len(bare_mem)} bare actors")
+            return
         uss_r = statistics.fmean(m[1] for m in replica_mem)
         uss_b = statistics.fmean(m[1] for m in bare_mem)
         print(f"  {'':22} {'processes':>9} {'avg RSS MiB':>11} {'avg USS MiB':>11} {'idle CPU %/process':>18}")
@@ -626,10 +629,11 @@ def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
             held = asked
         vm = psutil.virtual_memory()
         per_replica_mib = ((vm.total - vm.available) - (vm0.total - vm0.available)) / max(1, held) / MiB
-        print(f"  held: {held} replicas on this node, every partition answering; node memory per replica "
-              f"~{per_replica_mib:.0f} MiB (used memory since the start of part 3 / replicas), so "
-              f"~{int(0.95 * vm.total / MiB / per_replica_mib)} would fit under Ray's memory monitor (95% of "
-              f"{human_bytes(vm.total)})")
+        print(f"  held: {held} replicas on this node, every partition answering")
+        if per_replica_mib > 0:  # other work on the machine may have freed more than the replicas took
+            print(f"  node memory per replica ~{per_replica_mib:.0f} MiB (used memory since the start of part 3 / "
+                  f"replicas), so ~{int(0.95 * vm.total / MiB / per_replica_mib)} would fit under Ray's memory "
+                  f"monitor (95% of {human_bytes(vm.total)})")
     finally:
         shut_down(cluster)
 

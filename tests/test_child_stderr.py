@@ -55,3 +55,10 @@ def test_a_child_started_in_the_block_keeps_its_real_output(tmp_path):
             "no newline at the end",
         ]
     )
+
+
+def test_without_a_python_stderr_the_block_still_runs(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", None)  # pythonw, some service launchers
+    with filtered_stderr():
+        ran = True
+    assert ran and os.fstat(2)  # fd 2 is back and open
