@@ -28,7 +28,6 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
-from rayk.broker import create_broker
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
 from rayk.storage import meta_properties
@@ -258,6 +257,10 @@ class Cluster:
     def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
         # Ray restarts a broker whose process dies on its node (the broker starts itself
         # again); one whose node is gone cannot be placed anywhere else and stays dead.
+        # Imported here: the processes that only use a Cluster (Ray Data and Spark tasks
+        # unpickle one) need not load the wire protocol that a broker's listener brings.
+        from rayk.broker import create_broker
+
         return create_broker(
             broker_id, str(data_dir), cluster_id, self.controller, config,
             name=broker_actor_name(broker_id),
