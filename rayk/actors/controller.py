@@ -451,7 +451,17 @@ class Controller:
                 handle = await manager.apply_partition.remote(assignment)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the broker died (its watch fences it), hung, or the apply failed
+        except TimeoutError:
+            # A broker that still heartbeats is slow, not failed: each new replica is a
+            # process, and a node creating a hundred of them takes longer than the timeout.
+            # The push goes again with the next maintenance round either way.
+            silent_s = time.monotonic() - self._last_heartbeat.get(broker_id, 0.0)
+            slow = broker_id in self._meta.live_brokers and silent_s < self.config.broker_heartbeat_interval_ms * 2 / 1000
+            logger.log(logging.INFO if slow else logging.WARNING, "pushing %s-%d to broker %d timed out after %.0f s%s",
+                       *tp, broker_id, self._push_timeout_s, "; it heartbeats, so it is only slow" if slow else "")
+            self._dirty.add(tp)
+            return None
+        except Exception as e:  # the broker died (its watch fences it), or the apply failed
             logger.warning("pushing %s-%d to broker %d failed: %s", *tp, broker_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
             self._dirty.add(tp)
             return None
