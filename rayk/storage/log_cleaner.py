@@ -44,6 +44,7 @@ from rayk.storage.log import ClosedSegment, Log
 from rayk.storage.log_config import NO_LIMIT_MS
 from rayk.storage.records import (
     HEADER_SIZE_BYTES,
+    LENGTH_POS,
     LOG_OVERHEAD_BYTES,
     NO_TIMESTAMP,
     RecordBatch,
@@ -120,19 +121,24 @@ class CleanResult:
 def first_uncleanable_offset(log: Log, now_ms: int) -> int:
     """min(active segment base, HW, base of the first segment with a record younger than
     min.compaction.lag.ms)."""
+    return _cleanable(log, now_ms)[1]
+
+
+def _cleanable(log: Log, now_ms: int) -> tuple[list[ClosedSegment], int, int]:
+    """The segments wholly below the first uncleanable offset, that offset, and the log's
+    truncation count, from one look at the log."""
     limit = log.high_watermark
-    segments, _ = log.cleanable_segments(limit)
+    segments, truncations = log.cleanable_segments(limit)
     lag_ms = log.config.min_compaction_lag_ms
     if lag_ms > 0:
-        for closed in segments:
+        for i, closed in enumerate(segments):
             if closed.max_timestamp_ms > now_ms - lag_ms:
-                return min(limit, closed.segment.base_offset)
-    return limit
+                return segments[:i], min(limit, closed.segment.base_offset), truncations
+    return segments, limit, truncations
 
 
 def cleanable_state(log: Log, now_ms: int) -> CleanableState:
-    uncleanable = first_uncleanable_offset(log, now_ms)
-    segments, _ = log.cleanable_segments(uncleanable)
+    segments, uncleanable, _ = _cleanable(log, now_ms)
     first_dirty = log.cleaner_offset
     clean = [c for c in segments if c.end_offset <= first_dirty]
     dirty = [c for c in segments if c.end_offset > first_dirty]
@@ -156,7 +162,7 @@ def clean(
     """Cleans `log` from its start to as far as one offset map reaches (see the module
     docstring). Returns None when there is nothing dirty to clean."""
     throttler = throttler or Throttler(UNTHROTTLED)
-    segments, truncations = log.cleanable_segments(first_uncleanable_offset(log, now_ms))
+    segments, _, truncations = _cleanable(log, now_ms)
     first_dirty = log.cleaner_offset
     dirty = [c for c in segments if c.end_offset > first_dirty]
     if not dirty:
@@ -208,7 +214,7 @@ def _segment_batches(log: Log, segment: LogSegment, throttler: Throttler, stats:
             yield batch
             consumed += batch.header.size_bytes
         if consumed == 0:  # a batch larger than the chunk: read exactly it
-            size = int.from_bytes(chunk[8:12], "big", signed=True) + LOG_OVERHEAD_BYTES
+            size = int.from_bytes(chunk[LENGTH_POS : LENGTH_POS + 4], "big", signed=True) + LOG_OVERHEAD_BYTES
             chunk = log.read_segment_bytes(segment, position, size)
             yield from iter_batches(chunk)
             consumed = size
