@@ -108,6 +108,7 @@ class Controller:
         self._registering: set[int] = set()
         self._producer_ids = range(0)  # the reserved block not yet handed out
         self._maintenance: asyncio.Task | None = None
+        self._dirty_pushes: asyncio.Task | None = None  # the maintenance's pushes of dirty partitions
         self._push_timeout_s = 2 * self.config.broker_session_timeout_ms / 1000
         if start_again_if_restarted():  # Ray restarted this Controller after its process died
             logger.warning("Controller restarted by Ray; replayed %d metadata records", self._meta.last_offset + 1)
@@ -294,8 +295,24 @@ class Controller:
                 await self._fence_and_push(broker_id)
 
     async def _push_dirty(self) -> None:
+        """Pushes again, in a task of their own, the partitions whose last push did not reach
+        every replica: a slow broker's pushes wait out their timeout there, not in the
+        maintenance round, whose fencing of silent brokers must keep its pace. One such
+        task at a time; what turns dirty meanwhile goes with the next."""
+        if self._dirty_pushes is not None and not self._dirty_pushes.done():
+            return
         dirty, self._dirty = self._dirty, set()
-        await asyncio.gather(*(self._push_partition(t, p) for t, p in dirty))
+        if dirty:
+            self._dirty_pushes = asyncio.get_running_loop().create_task(self._push_partitions(sorted(dirty)))
+            self._tasks.add(self._dirty_pushes)
+            self._dirty_pushes.add_done_callback(self._tasks.discard)
+
+    async def _push_partitions(self, partitions: list[TopicPartition]) -> None:
+        results = await asyncio.gather(*(self._push_partition(t, p) for t, p in partitions), return_exceptions=True)
+        for (topic, partition), result in zip(partitions, results):
+            if isinstance(result, Exception):
+                logger.error("pushing %s-%d again failed", topic, partition, exc_info=result)
+                self._dirty.add((topic, partition))
 
     async def _recover_leaderless(self) -> None:
         """Every leaderless partition is elected again by the current rules (a safety net:
