@@ -4,6 +4,8 @@ rules (keys required, no time retention)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import tempfile
 from pathlib import Path
@@ -64,6 +66,7 @@ class CompactionMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="rayk-compaction-"))
         self.appended: dict[int, tuple[bytes, bytes | None]] = {}
+        self.abandoned: list[Log] = []  # "crashed" Logs: their files stay open until teardown
 
     @initialize(segment_bytes=st.integers(150, 1500), retain_tombstones=st.booleans())
     def open_log(self, segment_bytes: int, retain_tombstones: bool) -> None:
@@ -112,6 +115,7 @@ class CompactionMachine(RuleBasedStateMachine):
     @rule()
     def reopen_after_crash(self) -> None:
         """Abandon the Log without closing it, and re-read every segment from scratch."""
+        self.abandoned.append(self.log)
         self.log = Log(self.dir, self.config, recovery_point=0, high_watermark=self.log.high_watermark,
                        cleaner_offset=self.log.cleaner_offset)
 
@@ -136,6 +140,11 @@ class CompactionMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         import shutil
 
+        # Every Log of the example, crashed ones included, gives back its files and mmaps
+        # (each holds a few per segment: over a suite, leaked ones ran out of descriptors).
+        for log in [*self.abandoned, *([self.log] if hasattr(self, "log") else [])]:
+            with contextlib.suppress(Exception):  # a crashed one's segments may be gone
+                log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
