@@ -381,6 +381,17 @@ def process_memory(pid: int) -> tuple[float, float]:
         return proc.memory_info().rss / MiB, float("nan")
 
 
+def memory_of(pids: list[int]) -> list[tuple[float, float]]:
+    """(RSS, USS) in MiB of each of `pids` still readable."""
+    mems = []
+    for pid in pids:
+        try:
+            mems.append(process_memory(pid))
+        except psutil.Error:
+            pass
+    return mems
+
+
 def replica_pids(actor_ids: set[str]) -> tuple[dict[str, int], str]:
     """actor id -> pid of the ALIVE PartitionReplica actors among `actor_ids`.
 
@@ -437,12 +448,7 @@ def bench_replicas(cluster: Any, args: argparse.Namespace) -> None:
     idle = [EchoActor.remote() for _ in range(n)]
     idle_pids = ray.get([a.pid.remote() for a in idle])
     idle_s = (ns() - t0) / 1e9
-    idle_mems = []
-    for pid in idle_pids:
-        try:
-            idle_mems.append(process_memory(pid))
-        except psutil.Error:
-            pass
+    idle_mems = memory_of(idle_pids)
     for a in idle:
         ray.kill(a)
 
@@ -533,16 +539,6 @@ def idle_cpu_percent(pids: list[int], seconds: float) -> float:
     before = cpu_seconds(pids)
     time.sleep(seconds)
     return 100 * (cpu_seconds(pids) - before) / seconds
-
-
-def memory_of(pids: list[int]) -> list[tuple[float, float]]:
-    mems = []
-    for pid in pids:
-        try:
-            mems.append(process_memory(pid))
-        except psutil.Error:
-            pass
-    return mems
 
 
 def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
