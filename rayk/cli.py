@@ -162,16 +162,22 @@ def _brokers_table(cluster: Any) -> str:
         (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), _listener(b), b["fenced"], b["connected"])
         for b in cluster.brokers()
     ]
-    return table(("broker", "node", "address", "kafka listener", "fenced", "connected"), rows)
+    return table(("broker", "node", "address", "kafka listeners", "fenced", "connected"), rows)
 
 
 def _listener(broker: dict) -> str:
-    return f"{broker['endpoint'][0]}:{broker['endpoint'][1]}" if broker["endpoint"] else "-"
+    return ",".join(f"{name}://{host}:{port}" for name, (host, port) in broker["endpoints"].items()) or "-"
 
 
 def _bootstrap_line(cluster: Any) -> str:
-    servers = cluster.bootstrap_servers
-    return f"bootstrap.servers={servers}" if servers else "no Kafka listeners (listeners is empty)"
+    """bootstrap.servers of the first listener, then one line per other listener."""
+    brokers = cluster.brokers()
+    names = list(dict.fromkeys(name for b in brokers for name in b["endpoints"]))
+    if not names:
+        return "no Kafka listeners (listeners is empty)"
+    lines = [f"bootstrap.servers={cluster.bootstrap_servers_for(names[0])}"]
+    lines += [f"  on {name}: bootstrap.servers={cluster.bootstrap_servers_for(name)}" for name in names[1:]]
+    return "\n".join(lines)
 
 
 def _nodes_table(cluster: Any) -> str:

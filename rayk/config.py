@@ -11,10 +11,10 @@ what the storage layer and the replication layer need.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from rayk.errors import InvalidConfigurationError
-from rayk.net.listener_address import parse_listener
+from rayk.listeners import DEFAULT_SECURITY_PROTOCOL_MAP, Listener, parse_listeners
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 from rayk.storage.log_config import LogConfig
 
@@ -24,6 +24,14 @@ from rayk.storage.log_config import LogConfig
 # startup concurrency") once four times that many run. A 3-broker demo on two cores runs
 # ~26 and was warned three times, as if something were wrong.
 RAY_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 16}
+
+LISTENER_PREFIX = "listener.name."
+# What listener.name.<name>.<setting> may set for one listener.
+LISTENER_SETTINGS = (
+    "ssl.keystore.type", "ssl.keystore.location", "ssl.key.password",
+    "ssl.truststore.type", "ssl.truststore.location", "ssl.client.auth",
+)
+SSL_CLIENT_AUTH = ("none", "requested", "required")
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
@@ -65,17 +73,43 @@ class BrokerConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     auto_create_topics_enable: bool = True  # a Metadata request for a missing topic creates it
+    # Partition replicas a broker may hold (each is a process: rayk/actors/replica_capacity.py);
+    # -1: derived from its node's memory. rayk's own setting.
+    max_replicas_per_broker: int = -1
     # Preferred leaders (Kafka's names and defaults): a broker whose share of the partitions
     # it should lead but does not is over the percentage gets them back, checked this often.
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 300
     leader_imbalance_per_broker_percentage: int = 10
-    # The Kafka listener (rayk/net). Each broker listens on the port plus its broker id (port
-    # 0: any free port); an empty host is the node's IP address. "" turns the listener off.
+    # The Kafka listeners (rayk/listeners.py, rayk/net). Each broker listens on the port plus
+    # its broker id (port 0: any free port); an empty host is the node's IP address. ""
+    # turns the listeners off.
     listeners: str = "PLAINTEXT://:9092"
-    advertised_listeners: str = ""  # "": what the broker is bound to
+    advertised_listeners: str = ""  # "": what each listener is bound to
+    listener_security_protocol_map: str = DEFAULT_SECURITY_PROTOCOL_MAP
+    # TLS on SSL and SASL_SSL listeners (rayk/net/tls.py). rayk reads PEM files only: the
+    # keystore holds the private key and its certificate chain, the truststore the CAs that
+    # client certificates must chain to. Each can be set per listener as
+    # listener.name.<name>.ssl.<setting>, as in Kafka.
+    ssl_keystore_type: str = "PEM"
+    ssl_keystore_location: str = ""
+    ssl_key_password: str = field(default="", repr=False)  # of an encrypted private key
+    ssl_truststore_type: str = "PEM"
+    ssl_truststore_location: str = ""
+    ssl_client_auth: str = "none"  # none, requested or required (mTLS)
+    # listener.name.<name>.<setting> -> value: per-listener settings over the broker's own.
+    listener_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     queued_max_requests: int = 500  # requests read but not answered, over all connections
     socket_request_max_bytes: int = 100 * 1024 * 1024  # larger request frames close the connection
+    # Request bytes a listener holds read (reserved at the size prefix) and not yet answered;
+    # -1: no limit, Kafka's default. rayk bounds it so a listener's memory is bounded.
+    queued_max_request_bytes: int = 200 * 1024 * 1024
+    # Connections over all listeners, and from one client host (Kafka's defaults: no
+    # limit); a connection past either is closed at once. Overrides: host:count,...
+    max_connections: int = 2**31 - 1
+    max_connections_per_ip: int = 2**31 - 1
+    max_connections_per_ip_overrides: str = ""
+    connections_max_idle_ms: int = 600_000  # a connection that sends nothing this long is closed
     # Fetch sessions (KIP-227) per listener; 0 slots: every fetch is a full one.
     max_incremental_fetch_session_cache_slots: int = 1000
     min_incremental_fetch_session_eviction_ms: int = 120_000  # a session idle this long may be evicted
@@ -102,6 +136,7 @@ class BrokerConfig:
             "offsets_topic_segment_bytes",
             "queued_max_requests",
             "socket_request_max_bytes",
+            "max_connections",
             "log_cleaner_io_max_bytes_per_second",
             "log_cleaner_dedupe_buffer_size",
         ):
@@ -116,15 +151,76 @@ class BrokerConfig:
             raise InvalidConfigurationError(
                 f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"
             )
-        parse_listener(self.listeners)
-        parse_listener(self.advertised_listeners, "advertised.listeners")
+        for listener in self.kafka_listeners():
+            if listener.uses_sasl:
+                raise InvalidConfigurationError(
+                    f"listener {listener.name} is {listener.security_protocol}: rayk does not serve SASL yet; use SSL "
+                    f"with ssl.client.auth=required to authenticate clients"
+                )
+            self._check_tls(listener)
+        if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise InvalidConfigurationError(
+                f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be -1 or at least socket.request.max.bytes "
+                f"({self.socket_request_max_bytes}): a request of that size could never be read"
+            )
+        if self.max_connections_per_ip < 0:
+            raise InvalidConfigurationError(f"max.connections.per.ip must be >= 0, got {self.max_connections_per_ip}")
+        self.connection_limits_per_ip()
+
+    def connection_limits_per_ip(self) -> dict[str, int]:
+        """max.connections.per.ip.overrides as host -> limit."""
+        out: dict[str, int] = {}
+        for entry in filter(None, (e.strip() for e in self.max_connections_per_ip_overrides.split(","))):
+            host, sep, count = entry.rpartition(":")
+            if not sep or not host or not count.isdigit():
+                raise InvalidConfigurationError(
+                    f"max.connections.per.ip.overrides entry {entry!r}: expected host:count"
+                )
+            out[host.strip("[]")] = int(count)
+        return out
+
+    def kafka_listeners(self) -> tuple[Listener, ...]:
+        """The named listeners every broker serves, in `listeners` order."""
+        return parse_listeners(self.listeners, self.advertised_listeners, self.listener_security_protocol_map)
+
+    def listener_setting(self, listener_name: str, name: str) -> str:
+        """Setting `name` (a dotted name of LISTENER_SETTINGS) as `listener_name` sees it: its
+        listener.name.<name>.<setting> override, or the broker's own."""
+        overrides = dict(self.listener_overrides)
+        own = overrides.get(f"{LISTENER_PREFIX}{listener_name.lower()}.{name}")
+        return own if own is not None else str(getattr(self, name.replace(".", "_")))
+
+    def _check_tls(self, listener: Listener) -> None:
+        if not listener.uses_tls:
+            return
+        setting = lambda name: self.listener_setting(listener.name, name)  # noqa: E731
+        for store in ("ssl.keystore.type", "ssl.truststore.type"):
+            if setting(store).upper() != "PEM":
+                raise InvalidConfigurationError(f"{store} = {setting(store)!r} (listener {listener.name}): rayk reads PEM files only")
+        if not setting("ssl.keystore.location"):
+            raise InvalidConfigurationError(
+                f"listener {listener.name} is {listener.security_protocol}: set ssl.keystore.location to a PEM file "
+                "holding the broker's private key and certificate chain"
+            )
+        client_auth = setting("ssl.client.auth")
+        if client_auth not in SSL_CLIENT_AUTH:
+            raise InvalidConfigurationError(f"ssl.client.auth = {client_auth!r}: expected one of {', '.join(SSL_CLIENT_AUTH)}")
+        if client_auth != "none" and not setting("ssl.truststore.location"):
+            raise InvalidConfigurationError(
+                f"ssl.client.auth = {client_auth} (listener {listener.name}) needs ssl.truststore.location: the CAs "
+                "that client certificates must chain to"
+            )
 
     @classmethod
     def from_properties(cls, props: Mapping[str, object] | None = None) -> BrokerConfig:
         """A config from Kafka's dotted names (`replica.lag.time.max.ms`); others raise."""
-        known = {_dotted(f.name): f for f in fields(cls)}
+        known = {_dotted(f.name): f for f in fields(cls) if f.name != "listener_overrides"}
         changes: dict[str, object] = {}
+        overrides: dict[str, str] = {}
         for name, raw in (props or {}).items():
+            if name.startswith(LISTENER_PREFIX):
+                overrides[_listener_override(name)] = str(raw)
+                continue
             f = known.get(name)
             if f is None:
                 raise InvalidConfigurationError(f"unknown broker config {name!r}; known: {', '.join(sorted(known))}")
@@ -134,6 +230,8 @@ class BrokerConfig:
                 changes[f.name] = str(raw)
             else:
                 changes[f.name] = _parse_int(name, raw)
+        if overrides:
+            changes["listener_overrides"] = tuple(sorted(overrides.items()))
         return replace(cls(), **changes)
 
     def topic_defaults(self) -> dict[str, str]:
@@ -141,6 +239,18 @@ class BrokerConfig:
             MIN_INSYNC_REPLICAS: str(self.min_insync_replicas),
             UNCLEAN_LEADER_ELECTION_ENABLE: str(self.unclean_leader_election_enable).lower(),
         }
+
+
+def _listener_override(name: str) -> str:
+    """listener.name.<name>.<setting>, with the listener's name in lower case as Kafka
+    writes it; the setting must be one a listener can override."""
+    listener, _, setting = name[len(LISTENER_PREFIX):].partition(".")
+    if not listener or setting not in LISTENER_SETTINGS:
+        raise InvalidConfigurationError(
+            f"unknown broker config {name!r}: per-listener settings are listener.name.<listener>.<setting> with a "
+            f"setting in {', '.join(LISTENER_SETTINGS)}"
+        )
+    return f"{LISTENER_PREFIX}{listener.lower()}.{setting}"
 
 
 def _dotted(field_name: str) -> str:

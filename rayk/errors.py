@@ -193,6 +193,13 @@ class InvalidConfigurationError(KafkaError):
     code, name = 40, "INVALID_CONFIG"
 
 
+class PolicyViolationError(KafkaError):
+    """A request breaks a limit the cluster sets, e.g. more partition replicas than the
+    brokers may hold (Kafka: POLICY_VIOLATION)."""
+
+    code, name = 44, "POLICY_VIOLATION"
+
+
 class UnsupportedForMessageFormatError(KafkaError):
     """A batch uses a record format other than v2 (magic 2), which is all rayk stores."""
 

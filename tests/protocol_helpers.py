@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -31,9 +32,11 @@ def sized(frame: bytes) -> bytes:
 class RawConnection:
     """One TCP connection to a listener; `None` from `receive` means the broker closed it."""
 
-    def __init__(self, address: str, timeout_s: float = 10) -> None:
+    def __init__(self, address: str, timeout_s: float = 10, tls: ssl.SSLContext | None = None) -> None:
         host, port = address.split(",")[0].rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if tls is not None:  # the handshake happens here: ssl.SSLError if the broker refuses it
+            self.sock = tls.wrap_socket(self.sock, server_hostname=host)
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -45,7 +48,7 @@ class RawConnection:
             if head is None:
                 return None
             return self._exactly(struct.unpack(">i", head)[0])
-        except (ConnectionError, TimeoutError):
+        except (ConnectionError, TimeoutError, ssl.SSLEOFError):
             return None
 
     def _exactly(self, n: int) -> bytes | None:

@@ -317,7 +317,7 @@ def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     topic = new_topic(cluster, partitions=1)
     leader = cluster.describe_topic(topic)[0]["leader"]
     follower = next(b for b in cluster.brokers() if b["broker_id"] != leader)
-    conn = RawConnection("%s:%d" % tuple(follower["endpoint"]))
+    conn = RawConnection("%s:%d" % tuple(follower["endpoints"]["PLAINTEXT"]))
     try:
         answer = conn.call(PRODUCE, 9, {"acks": -1, "timeout": 1000, "topic_data": [
             {"name": topic, "partition_data": [{"index": 0, "records": build_batch([SimpleRecord(b"x")])}]}]})
@@ -341,7 +341,7 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
     record brings its partition back; stale epochs and unknown sessions get Kafka's errors."""
     topic = new_topic(cluster, partitions=1)
     leader = cluster.describe_topic(topic)[0]["leader"]
-    address = "%s:%d" % tuple(next(b["endpoint"] for b in cluster.brokers() if b["broker_id"] == leader))
+    address = "%s:%d" % tuple(next(b["endpoints"]["PLAINTEXT"] for b in cluster.brokers() if b["broker_id"] == leader))
     conn, producer = RawConnection(address), cluster.producer()
     try:
         full = conn.call(FETCH, 12, _fetch_values("topic", topic, 0, session_id=0, epoch=0))
@@ -372,7 +372,7 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
         producer.send(topic, b"other", partition=0).result(timeout=30)
         new_leader = cluster.describe_topic(topic)[0]["leader"]
         conn.close()
-        conn = RawConnection("%s:%d" % tuple(next(b["endpoint"] for b in cluster.brokers() if b["broker_id"] == new_leader)))
+        conn = RawConnection("%s:%d" % tuple(next(b["endpoints"]["PLAINTEXT"] for b in cluster.brokers() if b["broker_id"] == new_leader)))
         codes = []
         for _ in range(3):  # the first may be NOT_LEADER_OR_FOLLOWER (the old replica is gone), as a client retries
             [partition] = conn.call(FETCH, 16, _fetch_values("topic_id", topic_id, 0, 0, -1)).responses[0].partitions

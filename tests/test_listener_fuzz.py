@@ -1,10 +1,12 @@
 """Bad input on the wire: garbage, truncated frames, absurd sizes, unknown API keys, wrong
 versions and huge arrays get an error answer or a closed connection; the broker keeps
 serving every other connection and nothing stored changes. A hypothesis fuzz run sends
-random and mutated frames for a bounded time, then a real client must still work."""
+random and mutated frames for a bounded time, in clear text and inside TLS, then a real
+client must still work; another fuzzes the TLS handshake itself (mutated ClientHellos)."""
 
 from __future__ import annotations
 
+import ssl
 import struct
 import time
 
@@ -19,6 +21,7 @@ from rayk.net import api_versions as keys
 from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 from tests.protocol_helpers import RawConnection, request_frame, sized
+from tests.tls_helpers import write_tls_files
 
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
 KEPT = [f"kept-{i}".encode() for i in range(50)]
@@ -31,8 +34,14 @@ def ray_local():
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    config = {**FAST_CONFIG, "socket.request.max.bytes": 1 << 20, "auto.create.topics.enable": "false"}
+def tls(tmp_path_factory):
+    return write_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tls):
+    config = {**FAST_CONFIG, "socket.request.max.bytes": 1 << 20, "auto.create.topics.enable": "false",
+              "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0", "ssl.keystore.location": tls.keystore}
     c = rayk.start(brokers=1, data_dir=tmp_path_factory.mktemp("fuzz"), config=config, namespace="fuzz")
     c.create_topic("kept", partitions=1, replication_factor=1)
     c.create_topic("fuzz", partitions=1, replication_factor=1)
@@ -142,7 +151,10 @@ def _valid_frames() -> list[bytes]:
     ]
 
 
-def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address):
+@pytest.mark.parametrize("listener", ["PLAINTEXT", "SSL"])
+def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address, cluster, tls, listener):
+    fuzzed_address = cluster.bootstrap_servers_for(listener)
+    context = ssl.create_default_context(cafile=tls.truststore) if listener == "SSL" else None
     valid = _valid_frames()
     deadline = time.monotonic() + FUZZ_SECONDS
     sent = {"n": 0}
@@ -159,7 +171,10 @@ def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address):
             payload = data.draw(st.binary(max_size=300))
         if time.monotonic() > deadline:
             return  # time is up: the remaining examples only draw
-        conn = RawConnection(address, timeout_s=5)
+        try:
+            conn = RawConnection(fuzzed_address, timeout_s=5, tls=context)
+        except OSError:
+            return  # a TLS handshake that did not finish in time (the machine is busy): not the broker's answer
         try:
             conn.send(payload)
             conn.sock.shutdown(1)  # no more requests: the broker answers what it read, then sees EOF
@@ -177,6 +192,53 @@ def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address):
     producer = kafka.KafkaProducer(bootstrap_servers=address)
     producer.send("fuzz", b"after the fuzz").get(timeout=20)
     producer.close()
+
+
+def _client_hello(tls) -> bytes:
+    """The first bytes a TLS client sends: its ClientHello record."""
+    outgoing = ssl.MemoryBIO()
+    client = ssl.create_default_context(cafile=tls.truststore).wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+def test_fuzzed_tls_handshakes_close_only_their_connection(address, cluster, tls):
+    ssl_address = cluster.bootstrap_servers_for("SSL")
+    hello = _client_hello(tls)
+    deadline = time.monotonic() + FUZZ_SECONDS
+    sent = {"n": 0}
+
+    @settings(max_examples=2_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.data())
+    def fuzz(data):
+        if data.draw(st.booleans()):
+            frame = bytearray(hello)
+            for _ in range(data.draw(st.integers(1, 8))):
+                frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+            payload = bytes(frame[:data.draw(st.integers(1, len(frame)))])
+        else:
+            payload = data.draw(st.binary(min_size=1, max_size=300))
+        if time.monotonic() > deadline:
+            return
+        conn = RawConnection(ssl_address, timeout_s=5)
+        try:
+            conn.send(payload)
+            conn.sock.shutdown(1)
+            while conn.sock.recv(1 << 16):  # an alert, a ServerHello, or nothing; then the broker closes
+                pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        sent["n"] += 1
+
+    fuzz()
+    assert sent["n"] > 50, "the fuzz run sent handshakes"
+    tls_client = RawConnection(ssl_address, tls=ssl.create_default_context(cafile=tls.truststore))
+    assert tls_client.call(keys.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}).api_keys
+    tls_client.close()
+    assert_serves_and_kept_is_intact(address)
 
 
 def test_acks_0_gets_no_answer_and_a_failed_one_closes_the_connection(address, cluster):

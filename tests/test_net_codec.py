@@ -17,12 +17,11 @@ from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_writer
 
-from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
+from rayk.errors import InvalidRequestError, UnsupportedVersionError
 from rayk.net import api_versions as keys
 from rayk.net.codec import decode_request, encode_response, request_class, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import HANDLERS
-from rayk.net.listener_address import broker_port, parse_listener
 from tests.protocol_helpers import request_frame
 
 SERVED = [(key, version) for key, (lo, hi) in keys.SUPPORTED_VERSIONS.items() for version in range(lo, hi + 1)]
@@ -104,16 +103,6 @@ def test_build_keeps_only_the_fields_of_the_version_and_zero_fills_the_rest():
     assert v8.responses[0].partition_responses[0].error_code.value == 6
     metadata = build(response_class(keys.METADATA, 12), {})
     assert metadata.brokers == () and metadata.topics == ()
-
-
-def test_listener_values():
-    assert parse_listener("PLAINTEXT://:9092") == ("", 9092)
-    assert parse_listener("plaintext://10.0.0.1:0") == ("10.0.0.1", 0)
-    assert parse_listener("") is None
-    assert broker_port(9092, 2) == 9094 and broker_port(0, 2) == 0
-    for bad in ("SSL://h:1", "PLAINTEXT://h", "PLAINTEXT://h:70000", "PLAINTEXT://a:1,PLAINTEXT://b:2"):
-        with pytest.raises(InvalidConfigurationError):
-            parse_listener(bad)
 
 
 def newer_schema(cls: type, tag: int, **element_classes: type) -> type:

@@ -55,12 +55,12 @@ def produce(correlation_id: int, partitions: tuple[int, ...] = (0,)) -> bytes:
 
 
 def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitable[None]],
-                          answer: Callable[..., Awaitable[object]] | None = None) -> None:
+                          answer: Callable[..., Awaitable[object]] | None = None, **settings: object) -> None:
     """Runs `body(server, gate, connect)` against a listener whose requests with a
     correlation id >= GATED_FROM wait for `gate`; `answer(request, handle)`, if given,
-    answers instead of KafkaApis' `handle`."""
+    answers instead of KafkaApis' `handle`; `settings` are more BrokerConfig fields."""
     async def main() -> None:
-        config = BrokerConfig(listeners="PLAINTEXT://127.0.0.1:0", queued_max_requests=queued_max_requests)
+        config = BrokerConfig(listeners="PLAINTEXT://127.0.0.1:0", queued_max_requests=queued_max_requests, **settings)
         server = SocketServer(0, controller=None, config=config)
         gate = asyncio.Event()
         handle = server.apis.handle
@@ -71,7 +71,7 @@ def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitabl
             return await (answer(request, handle) if answer else handle(request))
 
         server.apis.handle = gated_handle
-        host, port = await server.start()
+        (host, port), = (await server.start()).values()
         try:
             await asyncio.wait_for(body(server, gate, lambda: asyncio.open_connection(host, port)), 60)
         finally:

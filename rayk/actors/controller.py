@@ -48,6 +48,7 @@ import base64
 import logging
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from rayk.actors import elections
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
+from rayk.actors.replica_capacity import check_replica_caps, replica_caps
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.config import BrokerConfig, validate_topic_configs
@@ -99,7 +101,9 @@ class Controller:
         self._last_heartbeat: dict[int, float] = {b: now for b in self._meta.live_brokers}
         self._fenced_since: dict[int, float] = {b: now for b, r in self._meta.brokers.items() if r.fenced}
         self._managers: dict[int, Any] = {}  # broker id -> ReplicaManager handle, this session
-        self._endpoints: dict[int, tuple[str, int]] = {}  # broker id -> Kafka listener (host, port)
+        # broker id -> its Kafka listeners' advertised (host, port) by listener name
+        self._endpoints: dict[int, dict[str, tuple[str, int]]] = {}
+        self._node_memory_bytes: dict[int, int] = {}  # broker id -> its node's memory, as it registered
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
         self._dirty: set[TopicPartition] = set()  # partitions whose last push did not reach every replica
         self._replacement_blocked: set[int] = set()  # fenced brokers with nowhere to move (logged once)
@@ -179,17 +183,20 @@ class Controller:
         broker_id: int,
         node_id: str,
         manager: Any,
-        endpoint: tuple[str, int] | None = None,
+        endpoints: dict[str, tuple[str, int]] | None = None,
         incarnation_id: str = "",
         directory_id: str = "",
         clean_shutdown: bool = True,
+        node_memory_bytes: int = 0,
     ) -> tuple[int, dict]:
         """A ReplicaManager (re)starts, or registers again. Returns its broker epoch and the
         partitions assigned to it (topic, partition) -> topic id, after pushing their states
-        to it. `endpoint` is its Kafka listener's advertised (host, port), if it runs one;
+        to it. `endpoints` are its Kafka listeners' advertised (host, port) by listener name;
         `incarnation_id` names its process, `directory_id` its data directory, and
-        `clean_shutdown` says whether its last run ended with the clean-shutdown marker."""
-        self._set_endpoint(broker_id, endpoint)
+        `clean_shutdown` says whether its last run ended with the clean-shutdown marker, and
+        `node_memory_bytes` is its node's memory (what caps its replicas: replica_capacity.py)."""
+        self._set_endpoints(broker_id, endpoints)
+        self._node_memory_bytes[broker_id] = node_memory_bytes
         previous = self._meta.brokers.get(broker_id)
         if previous is not None and previous.incarnation_id != incarnation_id:
             self._detach(broker_id)  # a new process: the old one's replica handles are dead
@@ -217,21 +224,21 @@ class Controller:
         )
         return epoch, {(t, p): self._meta.topics[t].topic_id for t, p in mine}
 
-    def _set_endpoint(self, broker_id: int, endpoint: tuple[str, int] | None) -> None:
-        if endpoint is None:
+    def _set_endpoints(self, broker_id: int, endpoints: dict[str, tuple[str, int]] | None) -> None:
+        if not endpoints:
             self._endpoints.pop(broker_id, None)
         else:
-            self._endpoints[broker_id] = (str(endpoint[0]), int(endpoint[1]))
+            self._endpoints[broker_id] = {str(name): (str(host), int(port)) for name, (host, port) in endpoints.items()}
 
     def _check_broker_epoch(self, broker_id: int, broker_epoch: int) -> None:
         registration = self._meta.brokers.get(broker_id)
         if registration is None or registration.fenced or registration.epoch != broker_epoch:
             raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is fenced or not current")
 
-    async def update_endpoint(self, broker_id: int, broker_epoch: int, endpoint: tuple[str, int] | None) -> None:
-        """A broker restarted its Kafka listener (it died), maybe on another port."""
+    async def update_endpoints(self, broker_id: int, broker_epoch: int, endpoints: dict[str, tuple[str, int]] | None) -> None:
+        """A broker restarted its Kafka listeners (they died), maybe on other ports."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        self._set_endpoint(broker_id, endpoint)
+        self._set_endpoints(broker_id, endpoints)
 
     async def heartbeat(self, broker_id: int, broker_epoch: int) -> str:
         """Answers "ok", "reregister" (fenced, or unknown to this Controller session) or "stale"."""
@@ -559,17 +566,22 @@ class Controller:
 
     async def create_topic(
         self, name: str, num_partitions: int | None = None, replication_factor: int | None = None,
-        configs: dict | None = None,
+        configs: dict | None = None, validate_only: bool = False,
     ) -> list[dict]:
         """Creates a topic, waits until every live replica has its role; returns its description.
         A count left out (None, or -1 as in Kafka's CreateTopics) takes the brokers' default:
-        `num.partitions`, `default.replication.factor`."""
+        `num.partitions`, `default.replication.factor`. POLICY_VIOLATION if a broker would
+        hold more replicas than it may (replica_capacity.py). `validate_only` checks all
+        of that, creates nothing and returns []."""
         if num_partitions in (None, -1):
             num_partitions = self.config.num_partitions
         if replication_factor in (None, -1):
             replication_factor = self.config.default_replication_factor
         checked = validate_topic_configs(configs)
         records = self._meta.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
+        self._check_replica_caps(records)
+        if validate_only:
+            return []
         self._commit(records)
         await asyncio.gather(*(self._push_partition(name, p) for p in range(num_partitions)))
         return await self.describe_topic(name)
@@ -582,11 +594,20 @@ class Controller:
             raise InvalidRequestError(f"the partition count of {OFFSETS_TOPIC} cannot change")
         current = len(self._meta.topics[name].partitions) if name in self._meta.topics else 0
         records = self._meta.plan_create_partitions(name, total)
+        self._check_replica_caps(records)
         if validate_only:
             return []
         self._commit(records)
         await asyncio.gather(*(self._push_partition(name, p) for p in range(current, total)))
         return await self.describe_topic(name)
+
+    def _check_replica_caps(self, records: list[dict]) -> None:
+        """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
+        held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
+        adding = [b for r in records if r["type"] == "partition" for b in r["replicas"]]
+        node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
+        caps = replica_caps(self.config.max_replicas_per_broker, self._node_memory_bytes, node_of)
+        check_replica_caps(held, adding, caps, configured=self.config.max_replicas_per_broker > 0)
 
     async def elect_leaders(
         self, partitions: list[TopicPartition] | None = None, unclean: bool = False
@@ -741,7 +762,8 @@ class Controller:
         return out
 
     async def client_metadata(self, topics: list[str] | None = None) -> dict[str, Any]:
-        """What Kafka's Metadata answer holds: the live brokers' listeners, and per topic
+        """What Kafka's Metadata answer holds: the live brokers' listeners (by listener name:
+        a Metadata request is answered with the addresses of the listener it came on), and per topic
         (all, or those of `topics` that exist) its id and per partition leader, epoch,
         replicas and ISR."""
         live = self._meta.live_brokers
@@ -771,7 +793,7 @@ class Controller:
                 "node_id": b.node_id,
                 "fenced": b.fenced,
                 "connected": b.broker_id in self._managers,
-                "endpoint": self._endpoints.get(b.broker_id),
+                "endpoints": self._endpoints.get(b.broker_id, {}),
             }
             for b in sorted(self._meta.brokers.values(), key=lambda r: r.broker_id)
         ]

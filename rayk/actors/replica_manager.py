@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -160,7 +161,7 @@ class ReplicaManager(Supervised):
         self._registered_event: asyncio.Event | None = None
         self._listener_factory = listener_factory
         self._listener: Any = None  # this broker's SocketServer actor, if it runs one
-        self._endpoint: tuple[str, int] | None = None
+        self._endpoints: dict[str, tuple[str, int]] | None = None  # advertised, by listener name
         self._children = ChildSupervisor(f"broker {broker_id}", self._on_child_death, self.config.broker_session_timeout_ms)
         if start_again_if_restarted():  # Ray restarted this broker after its process died
             logger.warning("broker %d restarted by Ray after its process died; starting again", broker_id)
@@ -179,8 +180,8 @@ class ReplicaManager(Supervised):
                 listener = asyncio.get_running_loop().create_task(self._start_listener())
                 await self._register()
                 await listener
-                if self._endpoint is not None:
-                    await self._controller.update_endpoint.remote(self.broker_id, self._broker_epoch, self._endpoint)
+                if self._endpoints is not None:
+                    await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
                 c = self.config
                 self._loops = [
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
@@ -202,7 +203,11 @@ class ReplicaManager(Supervised):
         listener = self._listener_factory(self.broker_id, self._controller, self.config, self._node_id)
         if listener is None:
             return
-        self._endpoint = await listener.start.remote()
+        try:
+            self._endpoints = await listener.start.remote()
+        except BaseException:
+            ray.kill(listener)  # it could not bind (a port in use, a keystore that does not load)
+            raise
         self._listener = listener
         self._children.watch(LISTENER, listener)
 
@@ -215,10 +220,11 @@ class ReplicaManager(Supervised):
                     self.broker_id,
                     self._node_id,
                     me,
-                    self._endpoint,
+                    self._endpoints,
                     self._incarnation_id,
                     self._directory_id,
                     self._clean_shutdown,
+                    psutil.virtual_memory().total,
                 )
                 break
             except RayActorError as e:
@@ -404,7 +410,7 @@ class ReplicaManager(Supervised):
         while True:
             try:
                 await self._start_listener()
-                await self._controller.update_endpoint.remote(self.broker_id, self._broker_epoch, self._endpoint)
+                await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
                 return
             except StaleBrokerEpochError:
                 return  # this broker registers again, with the new listener's address
@@ -586,6 +592,10 @@ class ReplicaManager(Supervised):
         """Leader and partition counts, under-replicated and under-min-ISR partitions (what
         the gauges say; for `rayk status`, which needs no Prometheus)."""
         return self._health()
+
+    async def listener(self) -> Any:
+        """This broker's Kafka listener actor (a SocketServer), or None (for tools and tests)."""
+        return self._listener
 
     async def replica_handles(self) -> dict[TopicPartition, Any]:
         """The live replica actors of this broker (for tools and fault tests)."""

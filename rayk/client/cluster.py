@@ -68,6 +68,16 @@ def _broker_dirs_on_this_node(data_dir: str, cluster_id: str) -> list[int]:
     return found
 
 
+def _bootstrap_servers(brokers: list[dict], listener_name: str | None) -> str:
+    addresses = []
+    for b in brokers:
+        endpoints = b["endpoints"]
+        name = next(iter(endpoints), None) if listener_name is None else listener_name.upper()
+        if not b["fenced"] and name in endpoints:
+            addresses.append("{}:{}".format(*endpoints[name]))
+    return ",".join(addresses)
+
+
 def _place_brokers(broker_ids: list[int], data_dir: Path, cluster_id: str, node_resource: str | None) -> dict[int, str]:
     """broker id -> Ray node id: back where its directory is, else on the least loaded node."""
     nodes = [
@@ -217,9 +227,14 @@ class Cluster:
 
     @property
     def bootstrap_servers(self) -> str:
-        """The live brokers' Kafka listeners as a `bootstrap.servers` string for Kafka clients
-        ("" when no broker runs a listener: `listeners` set to "")."""
-        return ",".join(f"{b['endpoint'][0]}:{b['endpoint'][1]}" for b in self.brokers() if b["endpoint"] and not b["fenced"])
+        """The live brokers' first Kafka listener (the first of `listeners`) as a
+        `bootstrap.servers` string for Kafka clients ("" when `listeners` is empty)."""
+        return self.bootstrap_servers_for(None)
+
+    def bootstrap_servers_for(self, listener_name: str | None) -> str:
+        """The live brokers' addresses on one listener (by name; None: the first) as a
+        `bootstrap.servers` string."""
+        return _bootstrap_servers(self.brokers(), listener_name)
 
     def health(self) -> dict[str, Any]:
         """Kafka's health gauges, asked of the actors themselves (no Prometheus needed): the

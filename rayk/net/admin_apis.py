@@ -45,14 +45,18 @@ async def api_versions(view: BrokerView, request: Any) -> dict:
     return api_versions_body()
 
 
-def _brokers(described: dict) -> list[dict]:
-    return [{"node_id": b, "broker_id": b, "host": h, "port": p, "rack": None} for b, (h, p) in described["brokers"].items()]
+def _brokers(described: dict, request: Any) -> list[dict]:
+    """The live brokers at their address on the listener the request came on (as Kafka
+    answers: a client on an SSL listener is sent to the others' SSL listeners)."""
+    listener = request.context.listener_name
+    return [{"node_id": b, "broker_id": b, "host": endpoints[listener][0], "port": endpoints[listener][1], "rack": None}
+            for b, endpoints in described["brokers"].items() if listener in endpoints]
 
 
-def _controller_id(described: dict) -> int:
+def _controller_id(brokers: list[dict]) -> int:
     """The broker that clients send controller requests to: any broker forwards them to
     the Controller actor, so the lowest live one."""
-    return min(described["brokers"], default=-1)
+    return min((b["node_id"] for b in brokers), default=-1)
 
 
 async def metadata(view: BrokerView, request: Any) -> dict:
@@ -64,12 +68,13 @@ async def metadata(view: BrokerView, request: Any) -> dict:
     described = await view.controller.client_metadata.remote(names)
     topics = [_topic_metadata(name, t) for name, t in described["topics"].items()]
     for name in [n for n in names or [] if n not in described["topics"]]:
-        topics.append({"name": name, "error_code": await _missing_topic_code(view, name, body),
+        topics.append({"name": name, "error_code": await _missing_topic_code(view, name, request),
                        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
+    brokers = _brokers(described, request)
     return {
-        "brokers": _brokers(described),
+        "brokers": brokers,
         "cluster_id": described["cluster_id"],
-        "controller_id": _controller_id(described),
+        "controller_id": _controller_id(brokers),
         "topics": topics,
     }
 
@@ -90,12 +95,15 @@ def _topic_metadata(name: str, topic: dict) -> dict:
             "partitions": partitions, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS}
 
 
-async def _missing_topic_code(view: BrokerView, name: str, body: Any) -> int:
+async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     """UNKNOWN_TOPIC_OR_PARTITION, or (auto.create.topics.enable and the client allows it)
-    create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does."""
+    create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does.
+    A listener whose clients authenticate never creates topics this way: they are created
+    on purpose, with CreateTopics."""
     if not is_legal_topic_name(name):
         return InvalidTopicError.code
-    if not (view.config.auto_create_topics_enable and getattr(body, "allow_auto_topic_creation", True)):
+    allowed = getattr(request.body, "allow_auto_topic_creation", True) and not request.context.listener_authenticates
+    if not (view.config.auto_create_topics_enable and allowed):
         return UnknownTopicOrPartitionError.code
     try:
         await view.controller.create_topic.remote(name)
@@ -108,11 +116,12 @@ async def _missing_topic_code(view: BrokerView, name: str, body: Any) -> int:
 
 async def describe_cluster(view: BrokerView, request: Any) -> dict:
     described = await view.controller.client_metadata.remote([])
+    brokers = _brokers(described, request)
     return {
         "endpoint_type": 1,
         "cluster_id": described["cluster_id"],
-        "controller_id": _controller_id(described),
-        "brokers": _brokers(described),
+        "controller_id": _controller_id(brokers),
+        "brokers": brokers,
         "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
     }
 
@@ -128,6 +137,7 @@ async def create_topics(view: BrokerView, request: Any) -> dict:
                         "error_message": "rayk places replicas itself: give num_partitions and replication_factor"}
             if body.validate_only:
                 _validate(t.name, t.num_partitions, t.replication_factor, configs)
+                await view.controller.create_topic.remote(t.name, t.num_partitions, t.replication_factor, configs, True)
                 return {"name": t.name, "num_partitions": t.num_partitions, "replication_factor": t.replication_factor}
             partitions = await view.controller.create_topic.remote(t.name, t.num_partitions, t.replication_factor, configs)
         except Exception as e:
@@ -214,9 +224,17 @@ def _topic_configs(view: BrokerView, explicit: dict[str, str]) -> list[dict]:
 
 
 def _broker_configs(view: BrokerView) -> list[dict]:
-    return [{"name": f.name.replace("_", "."), "value": _config_text(getattr(view.config, f.name)), "read_only": True,
-             "config_source": STATIC_BROKER_CONFIG_SOURCE, "is_sensitive": False, "synonyms": []}
-            for f in dataclasses.fields(view.config)]
+    """The broker's settings; passwords are sensitive: named, never shown (as in Kafka)."""
+    values = [(f.name.replace("_", "."), _config_text(getattr(view.config, f.name)))
+              for f in dataclasses.fields(view.config) if f.name != "listener_overrides"]
+    values += list(view.config.listener_overrides)
+    return [{"name": name, "value": None if _is_sensitive(name) else value, "read_only": True,
+             "config_source": STATIC_BROKER_CONFIG_SOURCE, "is_sensitive": _is_sensitive(name), "synonyms": []}
+            for name, value in values]
+
+
+def _is_sensitive(name: str) -> bool:
+    return name.endswith(".password")
 
 
 def _config_text(value: Any) -> str | None:

@@ -25,6 +25,7 @@ from kio.serial.errors import SerialError
 
 from rayk.errors import InvalidRequestError, UnsupportedVersionError
 from rayk.net.api_versions import API_VERSIONS, SUPPORTED_VERSIONS, is_supported
+from rayk.net.request_context import PLAINTEXT_CONTEXT, RequestContext
 from rayk.net.tagged_fields import without_unknown_tags
 
 _HEAD = struct.Struct(">hhi")
@@ -45,6 +46,7 @@ class Request:
     head: RequestHead
     client_id: str | None
     body: Any  # the kio request dataclass of (api_key, api_version)
+    context: RequestContext = PLAINTEXT_CONTEXT  # the connection it came on
 
 
 def read_head(frame: bytes) -> RequestHead:
@@ -74,7 +76,7 @@ def _writer(cls: type) -> Any:
     return entity_writer(cls)
 
 
-def decode_request(frame: bytes) -> Request:
+def decode_request(frame: bytes, context: RequestContext = PLAINTEXT_CONTEXT) -> Request:
     """The whole request; UNSUPPORTED_VERSION for an API or version this broker does not
     serve, INVALID_REQUEST for bytes that do not parse as that request."""
     head = read_head(frame)
@@ -90,7 +92,7 @@ def decode_request(frame: bytes) -> Request:
         raise InvalidRequestError(f"malformed {cls.__name__} v{head.api_version}: {e!r}") from None
     # Bytes after the body are ignored, as Kafka does: librdkafka 2.x sends one more byte
     # than Metadata v12 has (its v10 include_cluster_authorized_operations flag).
-    return Request(head, header.client_id, body)
+    return Request(head, header.client_id, body, context)
 
 
 def _parse(cls: type, frame: bytes) -> tuple[Any, Any]:

@@ -42,7 +42,7 @@ async def find_coordinator(view: BrokerView, request: Any) -> dict:
             partition = await view.group_partition(key)
             described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
             leader = described["topics"][OFFSETS_TOPIC]["partitions"][partition]["leader"]
-            endpoint = described["brokers"].get(leader)
+            endpoint = described["brokers"].get(leader, {}).get(request.context.listener_name)
             if endpoint is None:
                 raise CoordinatorNotAvailableError(f"the coordinator of group {key!r} (broker {leader}) is not available")
             return {"key": key, "node_id": leader, "host": endpoint[0], "port": endpoint[1]}

@@ -1,16 +1,24 @@
-"""SocketServer: a broker's Kafka listener, the reactor of Kafka's SocketServer on asyncio.
+"""SocketServer: a broker's Kafka listeners, the reactor of Kafka's SocketServer on asyncio.
 
 One actor per broker, on the broker's node (its ReplicaManager creates it, supervises it
-and starts a new one if it dies; see rayk/actors/supervision.py). For each
-connection a reader task reads size-prefixed frames into a bounded queue, a processor
-task decodes them in order and starts answering each (KafkaApis), and a writer task
+and starts a new one if it dies; see rayk/actors/supervision.py). It serves every
+listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
+gives each connection its RequestContext: the listener, and the principal of a client
+certificate. For each connection a reader task reads size-prefixed frames into a
+bounded queue, a processor task decodes them in order and starts answering each
+(KafkaApis), and a writer task
 writes the answers in request order. Consecutive produce requests are pipelined: request
 N+1 is appended while request N waits for its high watermark; their appends keep their
 arrival order (the ProduceCoalescer queues them in that order and has one call in flight
 per partition: rayk/net/produce_coalescer.py). Every other request
 starts once all before it are answered, as in Kafka. Many connections are served at once.
 
-Back-pressure and bad input, as in Kafka:
+Back-pressure, limits and bad input, as in Kafka:
+- a connection past `max.connections` or `max.connections.per.ip` is closed at once, and
+  one that sends nothing for `connections.max.idle.ms` while no request of it is being
+  answered (or takes that long to send one request) is closed;
+- a frame's declared size is reserved from `queued.max.request.bytes` (memory_pool.py)
+  before its body is read, and given back when it is answered;
 - a frame larger than `socket.request.max.bytes` (or with a negative size) closes the
   connection before its body is read;
 - at most `queued.max.requests` requests are read but not yet answered (written) over
@@ -30,9 +38,11 @@ per API, recorded in rayk/metrics.py (a request that did not decode is not timed
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 import time
+from collections import Counter
 from typing import Any
 
 import ray
@@ -48,12 +58,16 @@ from rayk.net.broker_view import BrokerView
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
-from rayk.net.listener_address import NAME as LISTENER_NAME, broker_port, parse_listener
+from rayk.net.memory_pool import MemoryPool
+from rayk.net.request_context import ANONYMOUS, RequestContext
+from rayk.net.tls import certificate_principal, server_context
+from rayk.listeners import Listener, broker_port
 
 logger = logging.getLogger(__name__)
 
 QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
@@ -65,8 +79,10 @@ class ConnectionClosed(Exception):
 class _Connection:
     """What the listener keeps per connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: RequestContext) -> None:
+        self.context = context
         self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
+        self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
 
 
 class SocketServer(Supervised):
@@ -74,39 +90,63 @@ class SocketServer(Supervised):
         self.broker_id = broker_id
         self.config = config
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._queued = asyncio.Semaphore(config.queued_max_requests)
         self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
-        self._connections: set[asyncio.Task] = set()
-        self._request_timer = RequestTimer(broker_id, LISTENER_NAME)
-        self.endpoint: tuple[str, int] | None = None
+        self._memory = MemoryPool(config.queued_max_request_bytes)
+        self._per_host: Counter[str] = Counter()  # open connections by client host
+        self._host_limits = config.connection_limits_per_ip()
+        self._connections: dict[asyncio.Task, _Connection] = {}
+        self._request_timers: dict[str, RequestTimer] = {}  # by listener name
+        self.endpoints: dict[str, tuple[str, int]] | None = None
 
-    async def start(self) -> tuple[str, int]:
-        """Binds the listener; returns the advertised (host, port). Idempotent."""
-        if self.endpoint is not None:
-            return self.endpoint
-        listener = parse_listener(self.config.listeners)
-        assert listener is not None, "the ReplicaManager starts a listener only when one is configured"
+    async def start(self) -> dict[str, tuple[str, int]]:
+        """Binds every listener; returns their advertised (host, port) by listener name, in
+        `listeners` order. Idempotent."""
+        if self.endpoints is not None:
+            return self.endpoints
         node_ip = ray.util.get_node_ip_address()
-        host = listener[0] or node_ip
-        port = broker_port(listener[1], self.broker_id)
+        endpoints: dict[str, tuple[str, int]] = {}
         try:
-            self._server = await asyncio.start_server(self._on_connection, host, port, limit=1 << 16)
+            for listener in self.config.kafka_listeners():
+                endpoints[listener.name] = await self._bind(listener, node_ip)
+        except BaseException:
+            await self._close_servers()
+            raise
+        self.endpoints = endpoints
+        return endpoints
+
+    async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
+        """Starts serving one listener; its advertised (host, port)."""
+        host = listener.host or node_ip
+        port = broker_port(listener.base_port, self.broker_id)
+        tls = server_context(self.config, listener.name) if listener.uses_tls else None
+        on_connection = functools.partial(self._on_connection, listener)
+        try:
+            server = await asyncio.start_server(on_connection, host, port, limit=1 << 16, ssl=tls,
+                                                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None)
         except OSError as e:
-            raise InvalidConfigurationError(f"broker {self.broker_id} cannot listen on {host}:{port} (listeners): {e}") from None
-        bound_port = self._server.sockets[0].getsockname()[1]
-        advertised = parse_listener(self.config.advertised_listeners, "advertised.listeners")
-        if advertised is None:
-            self.endpoint = (node_ip if host in ("0.0.0.0", "::") else host, bound_port)
+            raise InvalidConfigurationError(
+                f"broker {self.broker_id} cannot listen on {host}:{port} (listener {listener.name}): {e}"
+            ) from None
+        self._servers.append(server)
+        self._request_timers[listener.name] = RequestTimer(self.broker_id, listener.name)
+        bound_port = server.sockets[0].getsockname()[1]
+        if listener.advertised_host is None:
+            endpoint = (node_ip if host in ("0.0.0.0", "::") else host, bound_port)
         else:
-            port = broker_port(advertised[1], self.broker_id) or bound_port
-            self.endpoint = (advertised[0] or node_ip, port)
-        logger.info("broker %d: Kafka listener on %s:%d, advertised as %s:%d", self.broker_id, host, bound_port, *self.endpoint)
-        return self.endpoint
+            endpoint = (listener.advertised_host or node_ip, broker_port(listener.advertised_base_port or 0, self.broker_id) or bound_port)
+        logger.info("broker %d: Kafka listener %s (%s) on %s:%d, advertised as %s:%d", self.broker_id, listener.name,
+                    listener.security_protocol, host, bound_port, *endpoint)
+        return endpoint
+
+    async def _close_servers(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        await self._close_servers()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -115,9 +155,19 @@ class SocketServer(Supervised):
     async def connections(self) -> int:
         return len(self._connections)
 
+    async def describe_connections(self) -> list[RequestContext]:
+        """Who is connected, one RequestContext per open connection: listener, security
+        protocol, principal and client host."""
+        return [connection.context for connection in self._connections.values()]
+
     async def queued_requests(self) -> int:
         """Requests read but not yet answered, over all connections (<= queued.max.requests)."""
         return self._queued_count
+
+    async def queued_request_bytes(self) -> int:
+        """Bytes reserved for requests read (or being read) and not yet answered
+        (<= queued.max.request.bytes)."""
+        return self._memory.used_bytes
 
     async def _take_slot(self) -> None:
         await self._queued.acquire()
@@ -131,17 +181,29 @@ class SocketServer(Supervised):
 
     # ------------------------------------------------------------------ one connection
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
-        connection = _Connection()
+        try:
+            context = _context_of(listener, self.config, writer)
+        except Exception:
+            logger.exception("broker %d: closing connection from %s: no principal for it", self.broker_id, peer)
+            writer.close()
+            return
+        refusal = self._refusal(context.client_host)
+        if refusal is not None:
+            logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
+            writer.close()
+            return
+        connection = self._connections[task] = _Connection(context)
+        self._per_host[context.client_host] += 1
+        timer = self._request_timers[listener.name]
         # Frames carry when they were read; answers, that and the request's API name (None
         # for a frame that did not decode), for TotalTimeMs.
         frames: asyncio.Queue[tuple[bytes, float] | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
         answers: asyncio.Queue[tuple[asyncio.Future, float, str | None] | None] = asyncio.Queue(STARTED_PER_CONNECTION)
         reading = asyncio.ensure_future(self._read_frames(reader, frames, peer, connection))
-        writing = asyncio.ensure_future(self._write_answers(answers, writer, connection))
+        writing = asyncio.ensure_future(self._write_answers(answers, writer, connection, timer))
         processing = asyncio.ensure_future(self._process(frames, answers, connection))
         try:
             done, _ = await asyncio.wait((processing, writing), return_when=asyncio.FIRST_EXCEPTION)
@@ -163,8 +225,22 @@ class SocketServer(Supervised):
                     started[0].cancel()
             for _ in range(connection.slots_held):  # frames read but never answered
                 self._give_slot()
+            self._memory.release(connection.bytes_held)
             writer.close()
-            self._connections.discard(task)
+            self._connections.pop(task, None)
+            self._per_host[context.client_host] -= 1
+            if not self._per_host[context.client_host]:
+                del self._per_host[context.client_host]
+
+    def _refusal(self, host: str) -> str | None:
+        """Why a new connection from `host` is refused, or None (max.connections and
+        max.connections.per.ip, as Kafka counts them: over all listeners)."""
+        if len(self._connections) >= self.config.max_connections:
+            return f"max.connections ({self.config.max_connections}) reached"
+        limit = self._host_limits.get(host, self.config.max_connections_per_ip)
+        if self._per_host[host] >= limit:
+            return f"max.connections.per.ip ({limit}) reached for {host}"
+        return None
 
     async def _process(self, frames: asyncio.Queue, answers: asyncio.Queue, connection: _Connection) -> None:
         """Starts answering each frame in arrival order, and queues the answers in that order
@@ -175,7 +251,7 @@ class SocketServer(Supervised):
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
         while (read := await frames.get()) is not None:
             frame, received_s = read
-            request = self._decode(frame)
+            request = self._decode(frame, connection.context)
             is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
             if pending_other or (pending and not is_produce):
                 await asyncio.wait(pending)
@@ -192,38 +268,51 @@ class SocketServer(Supervised):
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(request)
             name = type(request.body).__name__.removesuffix("Request") if isinstance(request, Request) else None
-            await answers.put((answer, received_s, name))
+            await answers.put((answer, received_s, name, len(frame)))
         await answers.put(None)
 
-    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection) -> None:
-        """Writes each answer when it is ready, in request order; gives back its slot."""
+    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection,
+                             timer: RequestTimer) -> None:
+        """Writes each answer when it is ready, in request order; gives back its slot and
+        its bytes."""
         while (started := await answers.get()) is not None:
-            answer, received_s, name = started
+            answer, received_s, name, size = started
             try:
                 response = await answer
             finally:
                 connection.slots_held -= 1
                 self._give_slot()
+                connection.bytes_held -= size
+                self._memory.release(size)
             if response is CLOSE_CONNECTION:
                 raise ConnectionClosed("an acks=0 produce failed")
             if response is not None:
                 writer.write(response)
                 await writer.drain()
             if name is not None:
-                self._request_timer.record(name, received_s)
+                timer.record(name, received_s)
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
                            connection: _Connection) -> None:
-        """Reads frames into `frames` until EOF or a bad size, then puts None. (Cancelled when
-        the connection closes: then it puts nothing.)"""
+        """Reads frames into `frames` until EOF, a bad size or an idle connection, then puts
+        None. A frame's bytes are reserved at the pool before its body is read. (Cancelled
+        when the connection closes: then it puts nothing.)"""
+        idle_s = self.config.connections_max_idle_ms / 1000
         try:
-            while True:
-                size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
+            while (size := await self._next_size(reader, idle_s, connection)) is not None:
                 if not 0 <= size <= self.config.socket_request_max_bytes:
                     logger.info("broker %d: closing connection from %s: request size %d is outside 0..%d "
                                 "(socket.request.max.bytes)", self.broker_id, peer, size, self.config.socket_request_max_bytes)
                     break
-                frame = await reader.readexactly(size)
+                await self._memory.reserve(size)
+                connection.bytes_held += size
+                try:
+                    async with asyncio.timeout(idle_s):
+                        frame = await reader.readexactly(size)
+                except TimeoutError:
+                    logger.info("broker %d: closing connection from %s: a request of %d bytes did not arrive within "
+                                "connections.max.idle.ms", self.broker_id, peer, size)
+                    break
                 received_s = time.monotonic()
                 await self._take_slot()
                 connection.slots_held += 1
@@ -232,10 +321,23 @@ class SocketServer(Supervised):
             pass
         await frames.put(None)
 
-    def _decode(self, frame: bytes) -> Request | bytes:
+    async def _next_size(self, reader: asyncio.StreamReader, idle_s: float, connection: _Connection) -> int | None:
+        """The next frame's size, or None once the connection has sent nothing for
+        connections.max.idle.ms while none of its requests was being answered."""
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    return _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
+            except TimeoutError:
+                if connection.slots_held == 0:
+                    logger.info("broker %d: closing connection from %s (%s): idle for connections.max.idle.ms",
+                                self.broker_id, connection.context.client_host, connection.context.listener_name)
+                    return None
+
+    def _decode(self, frame: bytes, context: RequestContext) -> Request | bytes:
         """The request, or the error response for a frame that does not decode."""
         try:
-            return decode_request(frame)
+            return decode_request(frame, context)
         except UnsupportedVersionError as e:
             return self._unsupported(read_head(frame), str(e))
         except InvalidRequestError as e:
@@ -265,13 +367,25 @@ class SocketServer(Supervised):
         return _BARE_ERROR.pack(_BARE_ERROR.size - 4, head.correlation_id, UnsupportedVersionError.code)
 
 
+def _context_of(listener: Listener, config: BrokerConfig, writer: asyncio.StreamWriter) -> RequestContext:
+    """A new connection's RequestContext: on TLS, the principal of its client certificate."""
+    peer = writer.get_extra_info("peername")
+    principal = ANONYMOUS
+    if listener.uses_tls:
+        principal = certificate_principal(writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
+    authenticates = listener.uses_sasl or (
+        listener.uses_tls and config.listener_setting(listener.name, "ssl.client.auth") == "required"
+    )
+    return RequestContext(listener.name, listener.security_protocol, principal, peer[0] if peer else "", authenticates)
+
+
 SocketServerActor = ray.remote(num_cpus=0, max_restarts=0)(SocketServer)
 
 
 def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:
     """A broker's listener factory (see ReplicaManager): its SocketServer actor, created on
     the broker's node, or None when `listeners` names no listener."""
-    if parse_listener(config.listeners) is None:
+    if not config.kafka_listeners():
         return None
     return SocketServerActor.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)

@@ -153,14 +153,14 @@ def test_sigkill_of_a_brokers_kafka_listener_starts_a_new_one_that_clients_reach
     import confluent_kafka
 
     c = rayk_cluster
-    before = {b["broker_id"]: b["endpoint"] for b in c.brokers()}
+    before = {b["broker_id"]: b["endpoints"] for b in c.brokers()}
     listener = next(
         info for info in ray._private.state.actors().values()
         if info["ActorClassName"] == "SocketServer" and info["State"] == "ALIVE"
     )
     os.kill(listener["Pid"], signal.SIGKILL)
     wait_until(
-        lambda: sorted(b["endpoint"] != before[b["broker_id"]] for b in c.brokers()) == [False, False, True],
+        lambda: sorted(b["endpoints"] != before[b["broker_id"]] for b in c.brokers()) == [False, False, True],
         30,
         "a new listener's address",
     )

@@ -1,0 +1,118 @@
+"""The listener's limits on what clients may hold, on a SocketServer run in this process
+(no Ray): max.connections and max.connections.per.ip (with overrides) close a connection
+past them at once; connections.max.idle.ms closes a connection that sends nothing, but
+not one whose request is being answered; queued.max.request.bytes is reserved at a
+frame's size prefix, so a client that declares a large frame and sends little holds
+the other connections' reads back only until it is cut, and no more."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rayk.config import BrokerConfig
+from rayk.errors import InvalidConfigurationError
+from tests.test_socket_server_backpressure import GATED_FROM, answers, api_versions, run_with_gated_server
+
+MiB = 1 << 20
+
+
+async def closed_by_broker(reader: asyncio.StreamReader, within_s: float = 5) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), within_s) == b""
+    except ConnectionError:
+        return True
+
+
+async def reaches(read, expected: int, timeout_s: float = 5) -> None:
+    """Waits until `await read()` (a SocketServer gauge) is `expected`."""
+    for _ in range(int(timeout_s * 100)):
+        if await read() == expected:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{read.__name__} is {await read()}, not {expected}")
+
+
+def test_connections_past_the_per_ip_limit_are_closed_and_the_first_ones_served():
+    async def body(server, gate, connect):
+        opened = [await connect() for _ in range(12)]
+        await reaches(server.connections, 5)
+        refused = [await closed_by_broker(reader) for reader, _ in opened[5:]]
+        assert refused == [True] * 7
+        for n, (reader, writer) in enumerate(opened[:5]):
+            writer.write(api_versions(n))
+            assert await answers(reader, 1) == [n]
+        opened[0][1].close()  # a slot frees: the next connection is served
+        await reaches(server.connections, 4)
+        reader, writer = await connect()
+        writer.write(api_versions(99))
+        assert await answers(reader, 1) == [99]
+        for _, writer in opened + [(reader, writer)]:
+            writer.close()
+
+    run_with_gated_server(500, body, max_connections_per_ip=5)
+
+
+def test_a_per_host_override_and_the_brokerwide_limit():
+    async def body(server, gate, connect):
+        opened = [await connect() for _ in range(5)]
+        await reaches(server.connections, 3)  # the override for 127.0.0.1 (3), not 100
+        for _, writer in opened:
+            writer.close()
+
+    run_with_gated_server(500, body, max_connections_per_ip=100, max_connections_per_ip_overrides="127.0.0.1:3")
+
+    async def brokerwide(server, gate, connect):
+        opened = [await connect() for _ in range(4)]
+        await reaches(server.connections, 2)
+        assert [await closed_by_broker(reader) for reader, _ in opened[2:]] == [True, True]
+        for _, writer in opened:
+            writer.close()
+
+    run_with_gated_server(500, brokerwide, max_connections=2)
+
+
+def test_an_idle_connection_is_closed_but_not_one_waiting_for_its_answer():
+    async def body(server, gate, connect):
+        idle_reader, idle = await connect()
+        waiting_reader, waiting = await connect()
+        waiting.write(api_versions(GATED_FROM))  # answered only when the gate opens, after 3 idle periods
+        assert await closed_by_broker(idle_reader, 3)
+        await asyncio.sleep(1)
+        assert await server.connections() == 1
+        gate.set()
+        assert await answers(waiting_reader, 1) == [GATED_FROM]
+        assert await closed_by_broker(waiting_reader, 3), "idle again after its answer"
+        waiting.close()
+        idle.close()
+
+    run_with_gated_server(500, body, connections_max_idle_ms=300)
+
+
+def test_request_bytes_are_reserved_at_the_size_prefix_and_given_back_when_the_sender_is_cut():
+    async def body(server, gate, connect):
+        _, greedy = await connect()
+        greedy.write((2 * MiB).to_bytes(4, "big") + b"\0" * 1000)  # declares 2 MiB, sends 1000 bytes
+        await reaches(server.queued_request_bytes, 2 * MiB)
+        reader, writer = await connect()
+        writer.write(api_versions(1))
+        with pytest.raises(TimeoutError):  # the pool is spent: the next frame is not read ...
+            await asyncio.wait_for(answers(reader, 1), 0.3)
+        assert await server.queued_requests() == 0
+        # ... until the greedy client is cut for sending too slowly (connections.max.idle.ms)
+        assert await asyncio.wait_for(answers(reader, 1), 5) == [1]
+        assert await server.queued_request_bytes() == 0
+        writer.close()
+        greedy.close()
+
+    run_with_gated_server(500, body, socket_request_max_bytes=2 * MiB, queued_max_request_bytes=2 * MiB,
+                          connections_max_idle_ms=1000)
+
+
+def test_the_request_pool_must_hold_the_largest_request():
+    with pytest.raises(InvalidConfigurationError, match="queued.max.request.bytes"):
+        BrokerConfig.from_properties({"socket.request.max.bytes": 2 * MiB, "queued.max.request.bytes": MiB})
+    BrokerConfig.from_properties({"socket.request.max.bytes": 2 * MiB, "queued.max.request.bytes": -1})
+    with pytest.raises(InvalidConfigurationError, match="host:count"):
+        BrokerConfig.from_properties({"max.connections.per.ip.overrides": "127.0.0.1"})
