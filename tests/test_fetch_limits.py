@@ -1,5 +1,6 @@
 """data_apis.fetch's limits on what one Fetch may ask of the replicas: a partition named
-twice is INVALID_REQUEST before any replica is called, and max_wait is capped."""
+twice is INVALID_REQUEST before any replica is called, max_wait is capped, and at most
+MAX_PARKED_PER_PARTITION fetches wait at one replica (the rest are answered at once)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rayk.net.api_versions import FETCH
 from rayk.net.codec import Request, RequestHead, request_class
 from rayk.net.entities import build
 from rayk.net.fetch_session import FetchSessionCache
+from rayk.net.parked_fetches import ParkedFetches
 
 HOUR_MS = 3_600_000
 
@@ -18,12 +20,16 @@ HOUR_MS = 3_600_000
 class FakeView:
     """A BrokerView whose replicas answer at once with nothing, recording each call."""
 
-    def __init__(self) -> None:
+    def __init__(self, park: asyncio.Event | None = None) -> None:
         self.fetch_sessions = FetchSessionCache()
+        self.parked_fetches = ParkedFetches(max_per_partition=3)
         self.calls: list[tuple] = []
+        self._park = park  # a fetch with a wait parks until it is set
 
     async def call(self, topic, partition, method, offset, max_bytes, min_bytes, wait_ms, *rest):
         self.calls.append((topic, partition, wait_ms))
+        if wait_ms and self._park is not None:
+            await self._park.wait()
         return FetchResult(b"", 0, 0, 0)
 
 
@@ -48,3 +54,25 @@ def test_max_wait_is_capped(monkeypatch):
     view = FakeView()
     answer = asyncio.run(data_apis.fetch(view, fetch_request([0], HOUR_MS)))
     assert answer["error_code"] == 0 and view.calls == [("t", 0, 50)]
+
+
+def test_past_the_parked_limit_a_fetch_is_answered_at_once_and_a_freed_place_is_used_again():
+    async def main() -> None:
+        park = asyncio.Event()
+        view = FakeView(park)
+        parked = [asyncio.ensure_future(data_apis.fetch(view, fetch_request([0], 10_000))) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert view.parked_fetches.parked("t", 0) == 3
+        answer = await asyncio.wait_for(data_apis.fetch(view, fetch_request([0], 10_000)), 1)
+        assert answer["error_code"] == 0 and view.calls[-1] == ("t", 0, 0), "answered without waiting"
+        park.set()
+        await asyncio.gather(*parked)
+        assert view.parked_fetches.parked("t", 0) == 0
+        park.clear()
+        again = asyncio.ensure_future(data_apis.fetch(view, fetch_request([0], 10_000)))
+        await asyncio.sleep(0.01)
+        assert view.calls[-1] == ("t", 0, 10_000)
+        park.set()
+        await again
+
+    asyncio.run(main())

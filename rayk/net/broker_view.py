@@ -32,6 +32,7 @@ from rayk.errors import (
 )
 from rayk.net.entities import kafka_uuid
 from rayk.net.fetch_session import FetchSessionCache
+from rayk.net.parked_fetches import ParkedFetches
 from rayk.net.produce_coalescer import ProduceCoalescer
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class BrokerView:
         self._produce = ProduceCoalescer(self._produce_requests)
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
+        self.parked_fetches = ParkedFetches()
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
         )

@@ -82,7 +82,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     partition (a consumer's fetch from a broker that leads one of its partitions) waits at
     the replica in one call. Which partitions are read and answered is the fetch session's
     (fetch_session.py); Fetch v13+ names topics by id. A partition named twice is
-    INVALID_REQUEST; max_wait is capped at MAX_FETCH_WAIT_MS."""
+    INVALID_REQUEST; max_wait is capped at MAX_FETCH_WAIT_MS, and a partition with too many
+    fetches waiting at it already is read without waiting (parked_fetches.py)."""
     body = request.body
     uses_topic_ids = request.head.api_version >= 13
     wanted = [
@@ -110,11 +111,12 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             name = names[p.topic]
             if isinstance(name, KafkaError):
                 raise name
-            result = await view.call(
-                name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, wait_ms,
-                CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
-                topic_id_text(p.topic) if uses_topic_ids else None,
-            )
+            async with view.parked_fetches.wait_ms(name, p.partition, wait_ms) as granted_wait_ms:
+                result = await view.call(
+                    name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, granted_wait_ms,
+                    CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
+                    topic_id_text(p.topic) if uses_topic_ids else None,
+                )
             if result.error is not None:
                 raise result.error
             error = 0
