@@ -436,6 +436,51 @@ def cmd_groups_describe(args: argparse.Namespace) -> None:
     say(args, *blocks)
 
 
+# ---------------------------------------------------------------------------- users (SCRAM credentials)
+
+
+def _password(args: argparse.Namespace) -> str:
+    """The password, asked for on a terminal, else the first line of stdin: never an
+    argument, which the shell's history and `ps` would keep."""
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass(f"password for {args.user}: ")
+    password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise CliError("no password on stdin")
+    return password
+
+
+def _raise_refusals(results: dict[str, KafkaError | None]) -> None:
+    for error in results.values():
+        if error is not None:
+            raise error
+
+
+def cmd_users_set(args: argparse.Namespace) -> None:
+    from rayk.client.admin import ScramUpsertion
+
+    password = _password(args)
+    admin = _connect(args).admin()
+    _raise_refusals(admin.alter_user_scram_credentials([ScramUpsertion(args.user, args.mechanism, password, args.iterations)]))
+    say(args, f"set {args.mechanism} credential of user {args.user} ({args.iterations} iterations)")
+
+
+def cmd_users_delete(args: argparse.Namespace) -> None:
+    from rayk.client.admin import ScramDeletion
+
+    _raise_refusals(_connect(args).admin().alter_user_scram_credentials([ScramDeletion(args.user, args.mechanism)]))
+    say(args, f"deleted {args.mechanism} credential of user {args.user}")
+
+
+def cmd_users_list(args: argparse.Namespace) -> None:
+    described = _connect(args).admin().describe_user_scram_credentials(args.users or None)
+    rows = [(user, mechanism, iterations) for user, infos in described.items() for mechanism, iterations in infos]
+    if rows:
+        say(args, table(("user", "mechanism", "iterations"), rows))
+
+
 # ---------------------------------------------------------------------------- produce, consume
 
 
@@ -797,6 +842,24 @@ def _add_group_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     describe.add_argument("group")
 
 
+def _add_user_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    from rayk.scram import DEFAULT_ITERATIONS, MECHANISMS
+
+    users = sub.add_parser("users", help="SCRAM credentials of SASL users", description="SCRAM credentials")
+    usub = users.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
+    set_ = _add(usub, "set", cmd_users_set,
+                "set a user's SCRAM credential (the password is read from the terminal or stdin)", [conn])
+    set_.add_argument("user")
+    set_.add_argument("--mechanism", choices=sorted(MECHANISMS), default="SCRAM-SHA-512", help="default SCRAM-SHA-512")
+    set_.add_argument("--iterations", type=_positive_int, default=DEFAULT_ITERATIONS,
+                      help=f"PBKDF2 iterations, 4096..16384 (default {DEFAULT_ITERATIONS})")
+    delete = _add(usub, "delete", cmd_users_delete, "delete a user's SCRAM credential", [conn])
+    delete.add_argument("user")
+    delete.add_argument("--mechanism", choices=sorted(MECHANISMS), required=True)
+    list_ = _add(usub, "list", cmd_users_list, "users with SCRAM credentials: mechanisms and iterations", [conn])
+    list_.add_argument("users", nargs="*", help="only these users (default: all)")
+
+
 def _add_client_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     produce = _add(sub, "produce", cmd_produce, "send each line of stdin as a record", [conn])
     produce.add_argument("topic")
@@ -840,6 +903,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_commands(sub, conn)
     _add_topic_commands(sub, conn)
     _add_group_commands(sub, conn)
+    _add_user_commands(sub, conn)
     _add_client_commands(sub, conn)
     _add_perf_commands(sub, conn)
     demo = _add(sub, "demo", cmd_demo, "start Ray and 3 brokers locally, produce, consume and check records")

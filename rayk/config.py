@@ -30,8 +30,12 @@ LISTENER_PREFIX = "listener.name."
 LISTENER_SETTINGS = (
     "ssl.keystore.type", "ssl.keystore.location", "ssl.key.password",
     "ssl.truststore.type", "ssl.truststore.location", "ssl.client.auth",
+    "sasl.enabled.mechanisms",
 )
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
+
+ZERO_ALLOWED_MS = ("group_initial_rebalance_delay_ms", "connections_max_reauth_ms")  # 0 means none
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
@@ -97,6 +101,11 @@ class BrokerConfig:
     ssl_truststore_type: str = "PEM"
     ssl_truststore_location: str = ""
     ssl_client_auth: str = "none"  # none, requested or required (mTLS)
+    # SASL on SASL_PLAINTEXT and SASL_SSL listeners (rayk/net/sasl.py); per listener as
+    # listener.name.<name>.sasl.enabled.mechanisms. Kafka's default is GSSAPI, which rayk lacks.
+    sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
+    connections_max_reauth_ms: int = 0  # a SASL session's lifetime (KIP-368); 0: for the connection's life
+    super_users: str = ""  # "User:a;User:b": may manage SCRAM credentials over the wire
     # listener.name.<name>.<setting> -> value: per-listener settings over the broker's own.
     listener_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     queued_max_requests: int = 500  # requests read but not answered, over all connections
@@ -119,7 +128,7 @@ class BrokerConfig:
             value = getattr(self, f.name)
             if f.name == "broker_replacement_delay_ms" and value == -1:
                 continue  # -1 turns broker replacement off
-            if f.name.endswith("_ms") and value < (0 if f.name == "group_initial_rebalance_delay_ms" else 1):
+            if f.name.endswith("_ms") and value < (0 if f.name in ZERO_ALLOWED_MS else 1):
                 raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
             raise InvalidConfigurationError(
@@ -152,12 +161,9 @@ class BrokerConfig:
                 f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"
             )
         for listener in self.kafka_listeners():
-            if listener.uses_sasl:
-                raise InvalidConfigurationError(
-                    f"listener {listener.name} is {listener.security_protocol}: rayk does not serve SASL yet; use SSL "
-                    f"with ssl.client.auth=required to authenticate clients"
-                )
             self._check_tls(listener)
+            if listener.uses_sasl:
+                self.sasl_mechanisms(listener.name)
         if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise InvalidConfigurationError(
                 f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be -1 or at least socket.request.max.bytes "
@@ -189,6 +195,21 @@ class BrokerConfig:
         overrides = dict(self.listener_overrides)
         own = overrides.get(f"{LISTENER_PREFIX}{listener_name.lower()}.{name}")
         return own if own is not None else str(getattr(self, name.replace(".", "_")))
+
+    def sasl_mechanisms(self, listener_name: str) -> tuple[str, ...]:
+        """sasl.enabled.mechanisms as one listener sees it; INVALID_CONFIG if empty or unknown."""
+        text = self.listener_setting(listener_name, "sasl.enabled.mechanisms")
+        mechanisms = tuple(m.strip().upper() for m in text.split(",") if m.strip())
+        unknown = [m for m in mechanisms if m not in SASL_MECHANISMS]
+        if unknown or not mechanisms:
+            raise InvalidConfigurationError(
+                f"sasl.enabled.mechanisms = {text!r} (listener {listener_name}): rayk serves {', '.join(SASL_MECHANISMS)}"
+            )
+        return mechanisms
+
+    def super_user_set(self) -> frozenset[str]:
+        """super.users as principals ("User:admin")."""
+        return frozenset(u.strip() for u in self.super_users.split(";") if u.strip())
 
     def _check_tls(self, listener: Listener) -> None:
         if not listener.uses_tls:

@@ -200,6 +200,51 @@ class PolicyViolationError(KafkaError):
     code, name = 44, "POLICY_VIOLATION"
 
 
+class ClusterAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the cluster (Kafka: CLUSTER_AUTHORIZATION_FAILED)."""
+
+    code, name = 31, "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class UnsupportedSaslMechanismError(KafkaError):
+    """The client asked for a SASL mechanism the listener does not enable
+    (Kafka: UNSUPPORTED_SASL_MECHANISM)."""
+
+    code, name = 33, "UNSUPPORTED_SASL_MECHANISM"
+
+
+class IllegalSaslStateError(KafkaError):
+    """A SASL request out of order, e.g. SaslAuthenticate before SaslHandshake
+    (Kafka: ILLEGAL_SASL_STATE)."""
+
+    code, name = 34, "ILLEGAL_SASL_STATE"
+
+
+class SaslAuthenticationFailedError(KafkaError):
+    """Wrong credentials, or an unknown user (Kafka: SASL_AUTHENTICATION_FAILED)."""
+
+    code, name = 58, "SASL_AUTHENTICATION_FAILED"
+
+
+class ResourceNotFoundError(KafkaError):
+    """E.g. deleting a SCRAM credential the user does not have (Kafka: RESOURCE_NOT_FOUND)."""
+
+    code, name = 91, "RESOURCE_NOT_FOUND"
+
+
+class DuplicateResourceError(KafkaError):
+    """A request names one resource twice (Kafka: DUPLICATE_RESOURCE)."""
+
+    code, name = 92, "DUPLICATE_RESOURCE"
+
+
+class UnacceptableCredentialError(KafkaError):
+    """A SCRAM credential with an empty user name or iterations out of range
+    (Kafka: UNACCEPTABLE_CREDENTIAL)."""
+
+    code, name = 93, "UNACCEPTABLE_CREDENTIAL"
+
+
 class UnsupportedForMessageFormatError(KafkaError):
     """A batch uses a record format other than v2 (magic 2), which is all rayk stores."""
 

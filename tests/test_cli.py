@@ -95,7 +95,7 @@ def rows(table_text: str) -> list[list[str]]:
     "command",
     [[], ["start"], ["status"], ["stop"], ["topics"], ["topics", "create"], ["topics", "alter"], ["groups"],
      ["groups", "describe"], ["produce"], ["consume"], ["perf"], ["perf", "produce"], ["perf", "consume"], ["demo"],
-     ["topics", "reassign"], ["topics", "reassignments"]],
+     ["topics", "reassign"], ["topics", "reassignments"], ["users"], ["users", "set"], ["users", "list"]],
 )  # fmt: skip
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -367,3 +367,20 @@ def test_the_demo_s_columns_are_the_demo_s_records():
         keys, values = demo_columns(first, count)
         expected = [demo_record(seq) for seq in range(first, first + count)]
         assert list(zip(keys.to_pylist(), [bytes(v) for v in values])) == expected
+
+
+def test_users_set_list_and_delete_scram_credentials(run, cluster):
+    ok(run("users", "set", "carol", "--mechanism", "SCRAM-SHA-256", "--iterations", "4096", stdin="carol-pw\n"))
+    ok(run("users", "set", "carol", stdin="carol-pw\n"))  # SCRAM-SHA-512 by default
+    listed = ok(run("users", "list"))
+    assert [line.split() for line in listed.strip().splitlines()[1:]] == [
+        ["carol", "SCRAM-SHA-256", "4096"], ["carol", "SCRAM-SHA-512", "8192"]]
+    from rayk.scram import password_matches
+
+    credentials = ray.get(cluster.controller.scram_credentials.remote("carol"))
+    assert password_matches(credentials["SCRAM-SHA-512"], "carol-pw"), "the password reached nothing but its keys"
+    ok(run("users", "delete", "carol", "--mechanism", "SCRAM-SHA-256"))
+    assert "SCRAM-SHA-256" not in ok(run("users", "list", "carol"))
+    assert_one_line_error(run("users", "delete", "carol", "--mechanism", "SCRAM-SHA-256"), "RESOURCE_NOT_FOUND")
+    assert_one_line_error(run("users", "set", "dave", "--iterations", "10", stdin="pw\n"), "UNACCEPTABLE_CREDENTIAL")
+    assert_one_line_error(run("users", "set", "dave", stdin=""), "no password on stdin")

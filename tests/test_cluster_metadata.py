@@ -1419,3 +1419,32 @@ class ClusterMachine(RuleBasedStateMachine):
 
 ClusterMachine.TestCase.settings = settings(max_examples=1000, stateful_step_count=25, deadline=None)
 test_cluster_metadata_state_machine = ClusterMachine.TestCase
+
+
+# --- SCRAM credentials ----------------------------------------------------------------
+
+
+def test_scram_credentials_are_set_removed_and_replayed_and_a_bad_user_changes_nothing_of_its_own():
+    from rayk.errors import DuplicateResourceError, ResourceNotFoundError, UnacceptableCredentialError
+    from rayk.scram import credential_from_password
+
+    c = Cluster()
+    alice_512 = credential_from_password("SCRAM-SHA-512", "a", 4096)
+    alice_256 = credential_from_password("SCRAM-SHA-256", "a", 4096)
+    records, results = c.meta.plan_alter_scram_credentials([], [("alice", alice_512), ("alice", alice_256)])
+    assert results == {"alice": None}
+    c.commit(records)
+    records, results = c.meta.plan_alter_scram_credentials(
+        [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512"), ("carol", "SCRAM-SHA-512")],
+        [("carol", credential_from_password("SCRAM-SHA-512", "c", 4096)), ("", alice_512),
+         ("dave", UnacceptableCredentialError("iterations"))],
+    )
+    assert results["alice"] is None
+    assert isinstance(results["bob"], ResourceNotFoundError)
+    assert isinstance(results["carol"], DuplicateResourceError)  # deleted and set in one request
+    assert isinstance(results[""], UnacceptableCredentialError) and isinstance(results["dave"], UnacceptableCredentialError)
+    c.commit(records)
+    assert c.meta.scram_credentials == {"alice": {"SCRAM-SHA-512": alice_512}}
+    assert replay(c.log).scram_credentials == c.meta.scram_credentials, "salts and keys survive msgpack"
+    c.commit(c.meta.plan_alter_scram_credentials([("alice", "SCRAM-SHA-512")], [])[0])
+    assert c.meta.scram_credentials == {}

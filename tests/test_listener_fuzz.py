@@ -2,7 +2,8 @@
 versions and huge arrays get an error answer or a closed connection; the broker keeps
 serving every other connection and nothing stored changes. A hypothesis fuzz run sends
 random and mutated frames for a bounded time, in clear text and inside TLS, then a real
-client must still work; another fuzzes the TLS handshake itself (mutated ClientHellos)."""
+client must still work; others fuzz the TLS handshake itself (mutated ClientHellos) and
+SASL exchanges (mutated SaslHandshake / SaslAuthenticate frames and bare tokens)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import ssl
 import struct
 import time
 
+import confluent_kafka
 import kafka
 import pytest
+import scramp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
+from rayk.client.admin import ScramUpsertion
 from rayk.net import api_versions as keys
 from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
@@ -26,6 +30,7 @@ from tests.tls_helpers import write_tls_files
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
 KEPT = [f"kept-{i}".encode() for i in range(50)]
 FUZZ_SECONDS = 10
+FUZZER_PASSWORD = "fuzzer-pw"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,8 +46,10 @@ def tls(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tls):
     config = {**FAST_CONFIG, "socket.request.max.bytes": 1 << 20, "auto.create.topics.enable": "false",
-              "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0", "ssl.keystore.location": tls.keystore}
+              "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:0",
+              "ssl.keystore.location": tls.keystore, "sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN"}
     c = rayk.start(brokers=1, data_dir=tmp_path_factory.mktemp("fuzz"), config=config, namespace="fuzz")
+    c.admin().alter_user_scram_credentials([ScramUpsertion("fuzzer", "SCRAM-SHA-512", FUZZER_PASSWORD)])
     c.create_topic("kept", partitions=1, replication_factor=1)
     c.create_topic("fuzz", partitions=1, replication_factor=1)
     producer = c.producer()
@@ -238,6 +245,59 @@ def test_fuzzed_tls_handshakes_close_only_their_connection(address, cluster, tls
     tls_client = RawConnection(ssl_address, tls=ssl.create_default_context(cafile=tls.truststore))
     assert tls_client.call(keys.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}).api_keys
     tls_client.close()
+    assert_serves_and_kept_is_intact(address)
+
+
+def _sasl_frames() -> list[bytes]:
+    client_first = scramp.ScramClient(["SCRAM-SHA-512"], "fuzzer", FUZZER_PASSWORD).get_client_first().encode()
+    frames = [request_frame(keys.SASL_HANDSHAKE, v, {"mechanism": m}) for v in (0, 1) for m in ("SCRAM-SHA-512", "PLAIN")]
+    frames += [request_frame(keys.SASL_AUTHENTICATE, v, {"auth_bytes": token})
+               for v in (0, 1, 2) for token in (client_first, b"\0fuzzer\0" + FUZZER_PASSWORD.encode())]
+    return frames + [client_first, b"c=biws,r=abc,p=" + b"A" * 88]  # bare tokens, as after a v0 handshake
+
+
+def test_fuzzed_sasl_exchanges_close_only_their_connection(address, cluster, tls):
+    """Sequences of valid and mutated SaslHandshake / SaslAuthenticate frames and bare
+    tokens on the SASL_SSL listener; then a real client authenticates and produces."""
+    sasl_address = cluster.bootstrap_servers_for("SASL_SSL")
+    context = ssl.create_default_context(cafile=tls.truststore)
+    frames = _sasl_frames()
+    deadline = time.monotonic() + FUZZ_SECONDS
+    sent = {"n": 0}
+
+    @settings(max_examples=2_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.data())
+    def fuzz(data):
+        payload = b""
+        for _ in range(data.draw(st.integers(1, 3))):
+            frame = bytearray(data.draw(st.sampled_from(frames)))
+            for _ in range(data.draw(st.integers(0, 4))):
+                frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+            payload += sized(bytes(frame))
+        if time.monotonic() > deadline:
+            return
+        try:
+            conn = RawConnection(sasl_address, timeout_s=5, tls=context)
+        except OSError:
+            return
+        try:
+            conn.send(payload)
+            conn.sock.shutdown(1)
+            while conn.receive() is not None:
+                pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        sent["n"] += 1
+
+    fuzz()
+    assert sent["n"] > 50, "the fuzz run sent exchanges"
+    producer = confluent_kafka.Producer({
+        "bootstrap.servers": sasl_address, "security.protocol": "SASL_SSL", "ssl.ca.location": tls.truststore,
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "fuzzer", "sasl.password": FUZZER_PASSWORD})
+    producer.produce("fuzz", b"after the SASL fuzz")
+    assert producer.flush(30) == 0
     assert_serves_and_kept_is_intact(address)
 
 

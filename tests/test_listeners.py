@@ -108,8 +108,13 @@ def test_a_tls_listener_needs_a_pem_keystore_and_client_auth_needs_a_truststore(
     with pytest.raises(InvalidConfigurationError, match="ssl.client.auth"):
         BrokerConfig.from_properties({"listeners": "SSL://:0", "ssl.keystore.location": keystore, "ssl.client.auth": "maybe"})
     BrokerConfig.from_properties({"listeners": "PLAINTEXT://:0", "ssl.client.auth": "required"})  # no TLS listener: unused
-    with pytest.raises(InvalidConfigurationError, match="does not serve SASL yet"):
-        BrokerConfig.from_properties({"listeners": "SASL_SSL://:0", "ssl.keystore.location": keystore})
+    sasl = {"listeners": "SASL_SSL://:0", "ssl.keystore.location": keystore}
+    assert BrokerConfig.from_properties(sasl).sasl_mechanisms("SASL_SSL") == ("SCRAM-SHA-256", "SCRAM-SHA-512")
+    for mechanisms in ("GSSAPI", "", "PLAIN,OAUTHBEARER"):
+        with pytest.raises(InvalidConfigurationError, match="sasl.enabled.mechanisms"):
+            BrokerConfig.from_properties({**sasl, "sasl.enabled.mechanisms": mechanisms})
+    with pytest.raises(InvalidConfigurationError, match="ssl.keystore.location"):
+        BrokerConfig.from_properties({"listeners": "SASL_SSL://:0"})  # SASL_SSL is TLS too
 
 
 def test_per_listener_settings_override_the_brokers_own(keystore, truststore):

@@ -60,7 +60,8 @@ def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitabl
     correlation id >= GATED_FROM wait for `gate`; `answer(request, handle)`, if given,
     answers instead of KafkaApis' `handle`; `settings` are more BrokerConfig fields."""
     async def main() -> None:
-        config = BrokerConfig(listeners="PLAINTEXT://127.0.0.1:0", queued_max_requests=queued_max_requests, **settings)
+        config = BrokerConfig(**{"listeners": "PLAINTEXT://127.0.0.1:0", "queued_max_requests": queued_max_requests,
+                                 **settings})
         server = SocketServer(0, controller=None, config=config)
         gate = asyncio.Event()
         handle = server.apis.handle

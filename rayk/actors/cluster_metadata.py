@@ -26,6 +26,9 @@ Records (field `type`):
 - `partition`: the full state of one partition (created or changed).
 - `producer_ids`: a block of idempotent-producer ids was handed out; `next` is the first
   id never handed out (KRaft's ProducerIdsRecord).
+- `scram_credential`, `remove_scram_credential`: a user's SCRAM credential for one
+  mechanism (salt, StoredKey, ServerKey, iterations; never a password), set or removed
+  (KRaft's UserScramCredentialRecord).
 
 Partition invariants are asserted by `apply` (`PartitionState.check`): the ISR is a subset
 of the replicas, empty only while leaderless; the leader is in the ISR or is NO_LEADER;
@@ -43,6 +46,7 @@ from rayk.actors import elections
 from rayk.actors.elections import NO_LEADER, LogEnd, PartitionState
 from rayk.config import BrokerConfig, unclean_election_enabled
 from rayk.errors import (
+    DuplicateResourceError,
     FencedLeaderEpochError,
     IneligibleReplicaError,
     InvalidPartitionsError,
@@ -50,12 +54,16 @@ from rayk.errors import (
     InvalidReplicationFactorError,
     InvalidTopicError,
     InvalidUpdateVersionError,
+    KafkaError,
     NoReassignmentInProgressError,
     NotLeaderOrFollowerError,
+    ResourceNotFoundError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
+    UnacceptableCredentialError,
     UnknownTopicOrPartitionError,
 )
+from rayk.scram import ScramCredential
 from rayk.storage.log_manager import is_legal_topic_name
 
 __all__ = ["NO_LEADER", "BrokerRegistration", "ClusterMetadata", "LogEnd", "PartitionState", "Record", "assign_replicas"]
@@ -112,6 +120,7 @@ class ClusterMetadata:
         self.brokers: dict[int, BrokerRegistration] = {}
         self.topics: dict[str, TopicMetadata] = {}
         self.next_producer_id = 0
+        self.scram_credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
         self.last_offset = -1
         self.attached: set[int] = set()  # session state, kept by the Controller; never replayed
 
@@ -144,6 +153,15 @@ class ClusterMetadata:
         elif kind == "producer_ids":
             assert record["next"] > self.next_producer_id, "producer id blocks only move forward"
             self.next_producer_id = record["next"]
+        elif kind == "scram_credential":
+            credential = ScramCredential(record["mechanism"], record["salt"], record["stored_key"], record["server_key"],
+                                         record["iterations"])
+            self.scram_credentials.setdefault(record["user"], {})[credential.mechanism] = credential
+        elif kind == "remove_scram_credential":
+            held = self.scram_credentials[record["user"]]
+            del held[record["mechanism"]]
+            if not held:
+                del self.scram_credentials[record["user"]]
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
@@ -333,6 +351,39 @@ class ClusterMetadata:
     def plan_allocate_producer_ids(self, count: int) -> list[Record]:
         """Hands out ids [next_producer_id, next_producer_id + count)."""
         return [{"type": "producer_ids", "next": self.next_producer_id + count}]
+
+    def plan_alter_scram_credentials(
+        self, deletions: Sequence[tuple[str, str]], upsertions: Sequence[tuple[str, ScramCredential | KafkaError]]
+    ) -> tuple[list[Record], dict[str, KafkaError | None]]:
+        """Kafka's AlterUserScramCredentials: the records, and per user None or the error
+        that refused every change asked for that user (an empty name, a credential that
+        could not be made, a mechanism named twice, deleting one the user lacks)."""
+        results: dict[str, KafkaError | None] = {}
+        seen: set[tuple[str, str]] = set()
+        for user, mechanism in [*deletions, *((u, c.mechanism) for u, c in upsertions if isinstance(c, ScramCredential))]:
+            if (user, mechanism) in seen:
+                results[user] = DuplicateResourceError(f"{mechanism} for user {user!r} appears twice in the request")
+            seen.add((user, mechanism))
+        for user, credential in upsertions:
+            if isinstance(credential, KafkaError):
+                results.setdefault(user, credential)
+        for user, mechanism in deletions:
+            if mechanism not in self.scram_credentials.get(user, {}):
+                results.setdefault(user, ResourceNotFoundError(f"user {user!r} has no {mechanism} credential"))
+        for user in {u for u, _ in [*deletions, *upsertions]}:
+            if not user:
+                results[user] = UnacceptableCredentialError("a SCRAM credential needs a user name")
+            results.setdefault(user, None)
+        records: list[Record] = [
+            {"type": "remove_scram_credential", "user": user, "mechanism": mechanism}
+            for user, mechanism in deletions if results[user] is None
+        ]
+        records += [
+            {"type": "scram_credential", "user": user, "mechanism": c.mechanism, "salt": c.salt,
+             "stored_key": c.stored_key, "server_key": c.server_key, "iterations": c.iterations}
+            for user, c in upsertions if results[user] is None
+        ]
+        return records, results
 
     def plan_delete_topic(self, name: str) -> list[Record]:
         if name not in self.topics:

@@ -61,6 +61,7 @@ from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, Par
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
+from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.config import BrokerConfig, validate_topic_configs
@@ -69,6 +70,7 @@ from rayk.errors import (
     InvalidRequestError,
     KafkaError,
     LeaderNotAvailableError,
+    ResourceNotFoundError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -600,6 +602,33 @@ class Controller:
         self._commit(records)
         await asyncio.gather(*(self._push_partition(name, p) for p in range(current, total)))
         return await self.describe_topic(name)
+
+    # ------------------------------------------------------------------ SCRAM credentials
+
+    async def alter_user_scram_credentials(
+        self, deletions: list[tuple[str, str]], upsertions: list[tuple[str, ScramCredential | KafkaError]]
+    ) -> dict[str, KafkaError | None]:
+        """Deletes (user, mechanism) credentials and sets (user, credential) ones, in the
+        metadata log; per user None or the error that refused all its changes."""
+        records, results = self._meta.plan_alter_scram_credentials(deletions, upsertions)
+        if records:
+            self._commit(records)
+        return results
+
+    async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, list[tuple[str, int]] | KafkaError]:
+        """Per user (all with one, or those named) its (mechanism, iterations), or
+        RESOURCE_NOT_FOUND; never a key or a salt."""
+        held = self._meta.scram_credentials
+        names = sorted(held) if users is None else users
+        return {
+            user: [(c.mechanism, c.iterations) for c in held[user].values()] if user in held
+            else ResourceNotFoundError(f"user {user!r} has no SCRAM credential")
+            for user in names
+        }
+
+    async def scram_credentials(self, user: str) -> dict[str, ScramCredential]:
+        """A user's credentials by mechanism, for a listener authenticating it ({} if none)."""
+        return dict(self._meta.scram_credentials.get(user, {}))
 
     def _check_replica_caps(self, records: list[dict]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""

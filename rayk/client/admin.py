@@ -1,5 +1,5 @@
-"""Admin: topics, topic configs, partition reassignments and consumer groups of a rayk
-cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
+"""Admin: topics, topic configs, partition reassignments, consumer groups and SCRAM
+credentials of a rayk cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
 coordinators' actor handles).
 
 Partition reassignments (KIP-455) go through `rayk.client.calls`, bounded by
@@ -25,6 +25,7 @@ from rayk.client import calls
 from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import PartitionReassignment, TopicPartition
 from rayk.errors import GroupIdNotFoundError, InvalidReplicaAssignmentError, InvalidTopicError, KafkaError
+from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
 DEFAULT_API_TIMEOUT_MS = 60_000  # Kafka's default.api.timeout.ms
 
@@ -38,10 +39,54 @@ class NewTopic(NamedTuple):
     topic_configs: dict[str, Any] | None = None
 
 
+class ScramUpsertion(NamedTuple):
+    """Set `user`'s credential for `mechanism` (SCRAM-SHA-256 or SCRAM-SHA-512) to one made
+    from `password`; the password itself goes nowhere (only the salted keys do)."""
+
+    user: str
+    mechanism: str
+    password: str
+    iterations: int = DEFAULT_ITERATIONS
+
+
+class ScramDeletion(NamedTuple):
+    user: str
+    mechanism: str
+
+
 class Admin:
     def __init__(self, cluster: Any) -> None:
         self._cluster = cluster
         self._controller = cluster.controller
+
+    # ------------------------------------------------------------------ SCRAM credentials
+
+    def alter_user_scram_credentials(self, alterations: Iterable[ScramUpsertion | ScramDeletion]) -> dict[str, KafkaError | None]:
+        """Kafka's AlterUserScramCredentials: per user None, or the error that refused all of
+        its changes (UNSUPPORTED_SASL_MECHANISM, UNACCEPTABLE_CREDENTIAL, RESOURCE_NOT_FOUND
+        for deleting a credential the user lacks, DUPLICATE_RESOURCE). Credentials are kept
+        in the Controller's metadata log, so they survive restarts."""
+        deletions, upsertions = [], []
+        for alteration in alterations:
+            if isinstance(alteration, ScramDeletion):
+                deletions.append((alteration.user, alteration.mechanism))
+                continue
+            try:
+                made: ScramCredential | KafkaError = credential_from_password(
+                    alteration.mechanism, alteration.password, alteration.iterations)
+            except KafkaError as e:
+                made = e
+            upsertions.append((alteration.user, made))
+        return ray.get(self._controller.alter_user_scram_credentials.remote(deletions, upsertions))
+
+    def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
+        """Per user (every user with a credential, or those named) its (mechanism,
+        iterations); RESOURCE_NOT_FOUND if a named user has none."""
+        described = ray.get(self._controller.describe_user_scram_credentials.remote(users))
+        for result in described.values():
+            if isinstance(result, KafkaError):
+                raise result
+        return described
 
     # ------------------------------------------------------------------ topics
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
@@ -286,9 +286,14 @@ class Cluster:
         )  # fmt: skip
 
     def shutdown(self) -> None:
-        """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on disk."""
-        ray.get(self.controller.shutdown.remote())
-        for b in ray.get(self.controller.brokers.remote()):
+        """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on
+        disk. Once it is done, calling it again does nothing."""
+        try:
+            ray.get(self.controller.shutdown.remote())
+            brokers = ray.get(self.controller.brokers.remote())
+        except RayActorError:
+            return  # the Controller is gone: shut down already
+        for b in brokers:
             if (manager := self.broker(b["broker_id"])) is not None:
                 ray.kill(manager)
         ray.kill(self.controller)

@@ -5,7 +5,7 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `reassignment_apis` and `election_apis`.
+`admin_apis`, `reassignment_apis`, `election_apis` and `scram_apis`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from rayk.net import admin_apis, data_apis, election_apis, group_apis, reassignment_apis
+from rayk.net import admin_apis, data_apis, election_apis, group_apis, reassignment_apis, scram_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.codec import Request, response_class
@@ -50,6 +50,10 @@ HANDLERS: dict[int, Handler] = {
     keys.OFFSET_FETCH: group_apis.offset_fetch,
     keys.LIST_GROUPS: group_apis.list_groups,
     keys.DESCRIBE_GROUPS: group_apis.describe_groups,
+    keys.SASL_HANDSHAKE: scram_apis.sasl_without_sasl,  # a SASL listener's connections answer these themselves
+    keys.SASL_AUTHENTICATE: scram_apis.sasl_without_sasl,
+    keys.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,
+    keys.ALTER_USER_SCRAM_CREDENTIALS: scram_apis.alter_user_scram_credentials,
 }
 assert set(HANDLERS) == set(keys.SUPPORTED_VERSIONS), "every served API has a handler"
 

@@ -43,6 +43,7 @@ import logging
 import struct
 import time
 from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -51,15 +52,22 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.metrics import RequestTimer
-from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
+from rayk.errors import (
+    InvalidConfigurationError,
+    InvalidRequestError,
+    KafkaError,
+    SaslAuthenticationFailedError,
+    UnsupportedVersionError,
+)
 from rayk.net.admin_apis import api_versions_body
-from rayk.net.api_versions import API_VERSIONS, PRODUCE
+from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from rayk.net.broker_view import BrokerView
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
 from rayk.net.memory_pool import MemoryPool
 from rayk.net.request_context import ANONYMOUS, RequestContext
+from rayk.net.sasl import SaslAuthenticator
 from rayk.net.tls import certificate_principal, server_context
 from rayk.listeners import Listener, broker_port
 
@@ -68,6 +76,8 @@ logger = logging.getLogger(__name__)
 QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
+FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
+CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
@@ -76,11 +86,20 @@ class ConnectionClosed(Exception):
     """Why the listener closes a connection (logged)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _CloseAfter:
+    """An answer after which the connection closes (a failed SASL exchange)."""
+
+    frame: bytes
+    reason: str
+
+
 class _Connection:
     """What the listener keeps per connection."""
 
-    def __init__(self, context: RequestContext) -> None:
-        self.context = context
+    def __init__(self, context: RequestContext, sasl: SaslAuthenticator | None) -> None:
+        self.context = context  # its principal changes when SASL authenticates the client
+        self.sasl = sasl  # on SASL listeners
         self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
         self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
 
@@ -195,7 +214,11 @@ class SocketServer(Supervised):
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
             writer.close()
             return
-        connection = self._connections[task] = _Connection(context)
+        sasl = None
+        if listener.uses_sasl:
+            sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
+                                     self.config.connections_max_reauth_ms)
+        connection = self._connections[task] = _Connection(context, sasl)
         self._per_host[context.client_host] += 1
         timer = self._request_timers[listener.name]
         # Frames carry when they were read; answers, that and the request's API name (None
@@ -251,6 +274,12 @@ class SocketServer(Supervised):
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
         while (read := await frames.get()) is not None:
             frame, received_s = read
+            exchanged = None if connection.sasl is None else await self._sasl_exchange(connection, frame, pending)
+            if exchanged is not None:
+                answer = asyncio.get_running_loop().create_future()
+                answer.set_result(exchanged)
+                await answers.put((answer, received_s, None, len(frame)))
+                continue
             request = self._decode(frame, connection.context)
             is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
             if pending_other or (pending and not is_produce):
@@ -271,6 +300,71 @@ class SocketServer(Supervised):
             await answers.put((answer, received_s, name, len(frame)))
         await answers.put(None)
 
+    async def _sasl_exchange(self, connection: _Connection, frame: bytes, pending: set[asyncio.Future]
+                             ) -> bytes | _CloseAfter | None:
+        """On a SASL listener: the answer to a SASL step (a SaslHandshake or SaslAuthenticate
+        request, or a bare token after a v0 handshake), or None for any other request, which
+        is served as usual; ConnectionClosed for a request the connection may not send yet."""
+        sasl = connection.sasl
+        assert sasl is not None
+        if sasl.raw_tokens:
+            return await self._raw_sasl_answer(connection, frame)
+        if len(frame) < 8:
+            return None  # no header: _decode closes the connection
+        refusal = sasl.refusal(read_head(frame).api_key)
+        if refusal is not None:
+            raise ConnectionClosed(refusal)
+        if read_head(frame).api_key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            return None
+        request = self._decode(frame, connection.context)
+        if not isinstance(request, Request):
+            return request  # its error answer
+        if pending:  # authentication changes the principal of every request after it
+            await asyncio.wait(pending)
+        return await self._sasl_answer(connection, request)
+
+    async def _sasl_answer(self, connection: _Connection, request: Request) -> bytes | _CloseAfter:
+        """SaslHandshake or SaslAuthenticate on a SASL listener, answered by the connection's
+        authenticator; a failure is answered, then the connection closed (after
+        FAILED_AUTHENTICATION_DELAY_S, as Kafka slows down guessing)."""
+        head, sasl = request.head, connection.sasl
+        assert sasl is not None
+        cls = response_class(head.api_key, head.api_version)
+        try:
+            if head.api_key == SASL_HANDSHAKE:
+                sasl.handshake(request.body.mechanism, raw_tokens=head.api_version == 0)
+                values: dict[str, Any] = {"mechanisms": list(sasl.mechanisms)}
+            else:
+                token, lifetime_ms = await sasl.authenticate(request.body.auth_bytes)
+                values = {"auth_bytes": token, "session_lifetime": lifetime_ms}
+                if sasl.principal is not None:
+                    connection.context = replace(connection.context, principal=sasl.principal)
+            return encode_response(head, build(cls, values))
+        except KafkaError as e:
+            await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
+            values = {"error_code": e.code, "error_message": str(e), "mechanisms": list(sasl.mechanisms)}
+            return _CloseAfter(encode_response(head, build(cls, values)), str(e))
+
+    async def _raw_sasl_answer(self, connection: _Connection, token: bytes) -> bytes | _CloseAfter:
+        """A bare SASL token (after a v0 SaslHandshake): the server's token, bare; a failure
+        cannot be told in this framing, so the connection closes."""
+        sasl = connection.sasl
+        assert sasl is not None
+        try:
+            reply, _ = await sasl.authenticate(token)
+        except KafkaError as e:
+            await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
+            return _CloseAfter(b"", str(e))
+        if sasl.principal is not None:
+            connection.context = replace(connection.context, principal=sasl.principal)
+        return _SIZE.pack(len(reply)) + reply
+
+    async def _scram_credentials(self, user: str) -> dict:
+        try:
+            return await self.apis.view.ask_controller("scram_credentials", user, timeout_ms=CREDENTIALS_TIMEOUT_MS)
+        except KafkaError as e:
+            raise SaslAuthenticationFailedError(f"the credentials of {user!r} could not be read: {e}") from None
+
     async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection,
                              timer: RequestTimer) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot and
@@ -286,6 +380,10 @@ class SocketServer(Supervised):
                 self._memory.release(size)
             if response is CLOSE_CONNECTION:
                 raise ConnectionClosed("an acks=0 produce failed")
+            if isinstance(response, _CloseAfter):
+                writer.write(response.frame)
+                await writer.drain()
+                raise ConnectionClosed(response.reason)
             if response is not None:
                 writer.write(response)
                 await writer.drain()

@@ -1,0 +1,147 @@
+"""SaslAuthenticator: one connection's SASL exchange on a SASL_PLAINTEXT or SASL_SSL
+listener (Kafka's SaslServerAuthenticator).
+
+A client sends SaslHandshake naming a mechanism, then SaslAuthenticate requests
+carrying the mechanism's tokens; after a v0 SaslHandshake (clients older than Kafka 1.0's,
+and librdkafka up to 2.0 checks that v0 is served) the tokens travel as bare
+size-prefixed frames instead (`raw_tokens`). Until it has authenticated, a connection may send only
+ApiVersions and those two; anything else closes it, as in Kafka. Mechanisms:
+- PLAIN (RFC 4616): the password is checked against the user's SCRAM credential (no
+  password is stored anywhere, see rayk/scram.py);
+- SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, 7677; rayk/scram.py).
+A user is `User:<name>`. An unknown mechanism gets UNSUPPORTED_SASL_MECHANISM, failed
+credentials SASL_AUTHENTICATION_FAILED (an unknown user is not told apart from a wrong
+password), a request out of order ILLEGAL_SASL_STATE; each then closes the connection.
+
+Re-authentication (KIP-368): with `connections.max.reauth.ms` > 0 a session lasts that
+long (SaslAuthenticate v1+ tells the client); the client authenticates again on the same
+connection, as the same principal, before it ends, or its next request closes the
+connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from rayk.errors import (
+    IllegalSaslStateError,
+    KafkaError,
+    SaslAuthenticationFailedError,
+    UnsupportedSaslMechanismError,
+)
+from rayk.net.api_versions import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from rayk.scram import MECHANISMS as SCRAM_MECHANISMS
+from rayk.scram import ScramCredential, ScramServerExchange, password_matches
+
+PLAIN = "PLAIN"
+SASL_MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
+BEFORE_AUTHENTICATION = (API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE)  # what an unauthenticated client may send
+
+Credentials = Callable[[str], Awaitable[dict[str, ScramCredential]]]  # user -> its credentials by mechanism
+
+
+class SaslAuthenticator:
+    def __init__(self, mechanisms: tuple[str, ...], credentials: Credentials, reauth_ms: int = 0) -> None:
+        self.mechanisms = mechanisms
+        self._credentials = credentials
+        self._reauth_ms = reauth_ms
+        self.principal: str | None = None  # once authenticated
+        self._expires_s: float | None = None  # when the session ends (re-authentication)
+        self._mechanism: str | None = None  # chosen by a handshake, its exchange not finished
+        self._scram: ScramServerExchange | None = None  # between the two SCRAM rounds
+        self._scram_user = ""
+        self.raw_tokens = False  # a v0 handshake: the next frames are bare tokens until done
+
+    def refusal(self, api_key: int) -> str | None:
+        """Why a request of `api_key` closes the connection now, or None."""
+        if api_key in BEFORE_AUTHENTICATION:
+            return None
+        if self.principal is None:
+            return f"API key {api_key} before SASL authentication"
+        if self._expires_s is not None and time.monotonic() > self._expires_s:
+            return "its SASL session expired (connections.max.reauth.ms) without re-authentication"
+        return None
+
+    def handshake(self, mechanism: str, raw_tokens: bool = False) -> None:
+        """SaslHandshake (v0: `raw_tokens`); UNSUPPORTED_SASL_MECHANISM or ILLEGAL_SASL_STATE."""
+        if self._mechanism is not None:
+            raise IllegalSaslStateError("SaslHandshake in the middle of an authentication")
+        if mechanism not in self.mechanisms:
+            raise UnsupportedSaslMechanismError(
+                f"{mechanism!r} is not enabled on this listener (sasl.enabled.mechanisms: {', '.join(self.mechanisms)})"
+            )
+        self._mechanism = mechanism
+        self.raw_tokens = raw_tokens
+
+    async def authenticate(self, token: bytes) -> tuple[bytes, int]:
+        """One SaslAuthenticate: the server's token, and the session's lifetime in ms once
+        authenticated (0: no limit, or not done yet). Raises the KafkaError that ends it."""
+        if self._mechanism is None:
+            raise IllegalSaslStateError("SaslAuthenticate without a SaslHandshake before it")
+        try:
+            if self._mechanism == PLAIN:
+                user = await self._plain(token)
+                return b"", self._done(user)
+            if self._scram is None:
+                return await self._scram_first(token), 0
+            return self._scram_final(token), self._done(self._scram_user)
+        except KafkaError:
+            self._mechanism = None
+            self.raw_tokens = False
+            raise
+
+    async def _plain(self, token: bytes) -> str:
+        authzid, user, password = _split_plain(token)
+        if authzid and authzid != user:
+            raise SaslAuthenticationFailedError("PLAIN: authorization id must be empty or the user name")
+        if not any(password_matches(c, password) for c in (await self._credentials(user)).values()):
+            raise _failed(PLAIN)
+        return user
+
+    async def _scram_first(self, token: bytes) -> bytes:
+        message = _text(token, self._mechanism)
+        user = ScramServerExchange.user_of(message)
+        credential = (await self._credentials(user)).get(self._mechanism) if user else None
+        if credential is None:
+            raise _failed(self._mechanism)
+        self._scram, self._scram_user = ScramServerExchange(self._mechanism), user
+        return self._scram.first(message, credential).encode()
+
+    def _scram_final(self, token: bytes) -> bytes:
+        exchange, self._scram = self._scram, None
+        try:
+            return exchange.final(_text(token, self._mechanism)).encode()
+        except SaslAuthenticationFailedError:
+            raise _failed(self._mechanism) from None
+
+    def _done(self, user: str) -> int:
+        principal = f"User:{user}"
+        self._mechanism = None
+        self.raw_tokens = False
+        if self.principal is not None and principal != self.principal:
+            raise SaslAuthenticationFailedError(f"re-authentication as {principal} on a connection of {self.principal}")
+        self.principal = principal
+        if self._reauth_ms > 0:
+            self._expires_s = time.monotonic() + self._reauth_ms / 1000
+        return self._reauth_ms
+
+
+def _failed(mechanism: str | None) -> SaslAuthenticationFailedError:
+    return SaslAuthenticationFailedError(
+        f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+    )
+
+
+def _text(token: bytes, mechanism: str | None) -> str:
+    try:
+        return bytes(token).decode()
+    except UnicodeDecodeError:
+        raise _failed(mechanism) from None
+
+
+def _split_plain(token: bytes) -> tuple[str, str, str]:
+    parts = _text(token, PLAIN).split("\0")
+    if len(parts) != 3 or not parts[1]:
+        raise SaslAuthenticationFailedError("PLAIN: expected authzid NUL user NUL password")
+    return parts[0], parts[1], parts[2]
