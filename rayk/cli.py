@@ -436,6 +436,74 @@ def cmd_groups_describe(args: argparse.Namespace) -> None:
     say(args, *blocks)
 
 
+# ---------------------------------------------------------------------------- ACLs
+
+
+def _acl_resource(args: argparse.Namespace) -> tuple[int, str | None]:
+    from rayk import acls
+
+    if args.cluster:
+        return acls.CLUSTER, acls.CLUSTER_NAME
+    for option, resource_type in (("topic", acls.TOPIC), ("group", acls.GROUP), ("transactional_id", acls.TRANSACTIONAL_ID)):
+        if getattr(args, option) is not None:
+            return resource_type, getattr(args, option)
+    return acls.ANY, None
+
+
+def _acl_bindings(args: argparse.Namespace) -> list:
+    from rayk import acls
+
+    resource_type, name = _acl_resource(args)
+    if name is None:
+        raise CliError("name a resource: --topic, --group, --transactional-id or --cluster")
+    pattern = acls.PATTERN_TYPES[args.resource_pattern_type or "literal"]
+    who = [(p, acls.ALLOW) for p in args.allow_principal] + [(p, acls.DENY) for p in args.deny_principal]
+    if not who or not args.operation:
+        raise CliError("give --allow-principal or --deny-principal, and --operation")
+    return [acls.AclBinding(resource_type, name, pattern, principal, args.host, acls.OPERATIONS[op], permission)
+            for principal, permission in who for op in args.operation]
+
+
+def _acl_filter(args: argparse.Namespace) -> Any:
+    from rayk import acls
+
+    resource_type, name = _acl_resource(args)
+    pattern = acls.PATTERN_TYPES[args.resource_pattern_type] if args.resource_pattern_type else acls.ANY
+    return acls.AclFilter(resource_type, name, pattern, args.principal)
+
+
+def _acl_rows(bindings: Iterable[Any]) -> list[tuple]:
+    from rayk import acls
+
+    names = {kind: {v: k for k, v in table_.items()} for kind, table_ in (
+        ("resource", acls.RESOURCE_TYPES), ("pattern", acls.PATTERN_TYPES), ("operation", acls.OPERATIONS),
+        ("permission", acls.PERMISSIONS))}
+    return [(b.principal, names["permission"][b.permission_type], names["operation"][b.operation], b.host,
+             names["resource"][b.resource_type], b.resource_name, names["pattern"][b.pattern_type]) for b in bindings]
+
+
+ACL_COLUMNS = ("principal", "permission", "operation", "host", "resource", "name", "pattern")
+
+
+def cmd_acls_add(args: argparse.Namespace) -> None:
+    bindings = _acl_bindings(args)
+    for error in _connect(args).admin().create_acls(bindings):
+        if error is not None:
+            raise error
+    say(args, table(ACL_COLUMNS, _acl_rows(bindings)))
+
+
+def cmd_acls_list(args: argparse.Namespace) -> None:
+    found = _connect(args).admin().describe_acls(_acl_filter(args))
+    if found:
+        say(args, table(ACL_COLUMNS, _acl_rows(found)))
+
+
+def cmd_acls_remove(args: argparse.Namespace) -> None:
+    (removed,) = _connect(args).admin().delete_acls([_acl_filter(args)])
+    say(args, f"removed {len(removed)} ACL(s)", *([table(ACL_COLUMNS, _acl_rows(removed))] if removed else []))
+
+
 # ---------------------------------------------------------------------------- users (SCRAM credentials)
 
 
@@ -860,6 +928,34 @@ def _add_user_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     list_.add_argument("users", nargs="*", help="only these users (default: all)")
 
 
+def _acl_resource_options(parser: argparse.ArgumentParser) -> None:
+    resource = parser.add_mutually_exclusive_group()
+    resource.add_argument("--topic", metavar="NAME", help="a topic (* for every topic)")
+    resource.add_argument("--group", metavar="NAME", help="a consumer group (* for every group)")
+    resource.add_argument("--transactional-id", metavar="ID")
+    resource.add_argument("--cluster", action="store_true", help="the cluster")
+    parser.add_argument("--resource-pattern-type", choices=("literal", "prefixed"),
+                        help="the name is the resource's (literal, the default when adding) or a prefix of it")
+
+
+def _add_acl_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    from rayk.acls import OPERATIONS
+
+    acls = sub.add_parser("acls", help="add, list and remove ACLs (kafka-acls)", description="ACLs")
+    asub = acls.add_subparsers(dest="acls_command", required=True, metavar="COMMAND")
+    add = _add(asub, "add", cmd_acls_add, "allow or deny principals operations on a resource", [conn])
+    add.add_argument("--allow-principal", action="append", default=[], metavar="PRINCIPAL", help="e.g. User:alice, User:*")
+    add.add_argument("--deny-principal", action="append", default=[], metavar="PRINCIPAL")
+    add.add_argument("--operation", action="append", choices=sorted(OPERATIONS), help="repeatable")
+    add.add_argument("--host", default="*", help="the client address it applies to (default *: any)")
+    _acl_resource_options(add)
+    for name, run, summary in (("list", cmd_acls_list, "the ACLs, or those of a resource or principal"),
+                               ("remove", cmd_acls_remove, "remove the ACLs of a resource or principal")):
+        parser = _add(asub, name, run, summary, [conn])
+        parser.add_argument("--principal", metavar="PRINCIPAL", help="only this principal's")
+        _acl_resource_options(parser)
+
+
 def _add_client_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     produce = _add(sub, "produce", cmd_produce, "send each line of stdin as a record", [conn])
     produce.add_argument("topic")
@@ -904,6 +1000,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topic_commands(sub, conn)
     _add_group_commands(sub, conn)
     _add_user_commands(sub, conn)
+    _add_acl_commands(sub, conn)
     _add_client_commands(sub, conn)
     _add_perf_commands(sub, conn)
     demo = _add(sub, "demo", cmd_demo, "start Ray and 3 brokers locally, produce, consume and check records")

@@ -33,6 +33,8 @@ LISTENER_SETTINGS = (
     "sasl.enabled.mechanisms",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# rayk's ACL authorizer (rayk/acls.py) answers to the names of Kafka's.
+AUTHORIZERS = ("", "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
 
 ZERO_ALLOWED_MS = ("group_initial_rebalance_delay_ms", "connections_max_reauth_ms")  # 0 means none
@@ -105,7 +107,10 @@ class BrokerConfig:
     # listener.name.<name>.sasl.enabled.mechanisms. Kafka's default is GSSAPI, which rayk lacks.
     sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
     connections_max_reauth_ms: int = 0  # a SASL session's lifetime (KIP-368); 0: for the connection's life
-    super_users: str = ""  # "User:a;User:b": may manage SCRAM credentials over the wire
+    super_users: str = ""  # "User:a;User:b": may do anything (without an authorizer: manage SCRAM credentials)
+    # ACLs (rayk/acls.py): Kafka's StandardAuthorizer by its class name; "" checks nothing.
+    authorizer_class_name: str = ""
+    allow_everyone_if_no_acl_found: bool = False
     # listener.name.<name>.<setting> -> value: per-listener settings over the broker's own.
     listener_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     queued_max_requests: int = 500  # requests read but not answered, over all connections
@@ -164,6 +169,11 @@ class BrokerConfig:
             self._check_tls(listener)
             if listener.uses_sasl:
                 self.sasl_mechanisms(listener.name)
+        if self.authorizer_class_name not in AUTHORIZERS:
+            raise InvalidConfigurationError(
+                f"authorizer.class.name = {self.authorizer_class_name!r}: rayk has Kafka's StandardAuthorizer "
+                f"({AUTHORIZERS[1]}), or \"\" for none"
+            )
         if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise InvalidConfigurationError(
                 f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be -1 or at least socket.request.max.bytes "
@@ -206,6 +216,11 @@ class BrokerConfig:
                 f"sasl.enabled.mechanisms = {text!r} (listener {listener_name}): rayk serves {', '.join(SASL_MECHANISMS)}"
             )
         return mechanisms
+
+    @property
+    def authorizes(self) -> bool:
+        """Whether an authorizer checks ACLs (authorizer.class.name is set)."""
+        return bool(self.authorizer_class_name)
 
     def super_user_set(self) -> frozenset[str]:
         """super.users as principals ("User:admin")."""

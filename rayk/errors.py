@@ -200,6 +200,24 @@ class PolicyViolationError(KafkaError):
     code, name = 44, "POLICY_VIOLATION"
 
 
+class TopicAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the topic (Kafka: TOPIC_AUTHORIZATION_FAILED)."""
+
+    code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(KafkaError):
+    """The principal may not do this to the consumer group (Kafka: GROUP_AUTHORIZATION_FAILED)."""
+
+    code, name = 30, "GROUP_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(KafkaError):
+    """An ACL request to a cluster without an authorizer (Kafka: SECURITY_DISABLED)."""
+
+    code, name = 54, "SECURITY_DISABLED"
+
+
 class ClusterAuthorizationFailedError(KafkaError):
     """The principal may not do this to the cluster (Kafka: CLUSTER_AUTHORIZATION_FAILED)."""
 

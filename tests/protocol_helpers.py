@@ -76,3 +76,16 @@ class RawConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def scram_login(connection: RawConnection, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> None:
+    """Authenticates a connection to a SASL listener (SaslHandshake v1, SaslAuthenticate v2)."""
+    import scramp
+
+    client = scramp.ScramClient([mechanism], user, password)
+    assert connection.call(17, 1, {"mechanism": mechanism}).error_code.value == 0
+    first = connection.call(36, 2, {"auth_bytes": client.get_client_first().encode()})
+    client.set_server_first(first.auth_bytes.decode())
+    final = connection.call(36, 2, {"auth_bytes": client.get_client_final().encode()})
+    assert final.error_code.value == 0, final.error_message
+    client.set_server_final(final.auth_bytes.decode())

@@ -95,7 +95,7 @@ def rows(table_text: str) -> list[list[str]]:
     "command",
     [[], ["start"], ["status"], ["stop"], ["topics"], ["topics", "create"], ["topics", "alter"], ["groups"],
      ["groups", "describe"], ["produce"], ["consume"], ["perf"], ["perf", "produce"], ["perf", "consume"], ["demo"],
-     ["topics", "reassign"], ["topics", "reassignments"], ["users"], ["users", "set"], ["users", "list"]],
+     ["topics", "reassign"], ["topics", "reassignments"], ["users"], ["users", "set"], ["users", "list"], ["acls"], ["acls", "add"], ["acls", "remove"]],
 )  # fmt: skip
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -384,3 +384,20 @@ def test_users_set_list_and_delete_scram_credentials(run, cluster):
     assert_one_line_error(run("users", "delete", "carol", "--mechanism", "SCRAM-SHA-256"), "RESOURCE_NOT_FOUND")
     assert_one_line_error(run("users", "set", "dave", "--iterations", "10", stdin="pw\n"), "UNACCEPTABLE_CREDENTIAL")
     assert_one_line_error(run("users", "set", "dave", stdin=""), "no password on stdin")
+
+
+def test_acls_add_list_and_remove(run, cluster):
+    added = ok(run("acls", "add", "--allow-principal", "User:alice", "--operation", "read", "--operation", "describe",
+                   "--topic", "orders"))
+    assert len(added.strip().splitlines()) == 3  # a header and the two ACLs
+    ok(run("acls", "add", "--deny-principal", "User:*", "--operation", "write", "--topic", "logs-",
+           "--resource-pattern-type", "prefixed"))
+    listed = [line.split() for line in ok(run("acls", "list", "--principal", "User:alice")).strip().splitlines()[1:]]
+    assert listed == [["User:alice", "allow", "read", "*", "topic", "orders", "literal"],
+                      ["User:alice", "allow", "describe", "*", "topic", "orders", "literal"]]
+    assert "logs-" in ok(run("acls", "list", "--topic", "logs-", "--resource-pattern-type", "prefixed"))
+    assert ok(run("acls", "remove", "--topic", "orders")).startswith("removed 2 ACL(s)")
+    assert "orders" not in ok(run("acls", "list"))
+    assert_one_line_error(run("acls", "add", "--allow-principal", "alice", "--operation", "read", "--topic", "t"),
+                          "INVALID_REQUEST")
+    assert_one_line_error(run("acls", "add", "--operation", "read", "--topic", "t"), "--allow-principal")

@@ -26,6 +26,9 @@ class FakeView:
         self.calls: list[tuple] = []
         self._park = park  # a fetch with a wait parks until it is set
 
+    def authorized(self, *_: object) -> bool:
+        return True
+
     async def call(self, topic, partition, method, offset, max_bytes, min_bytes, wait_ms, *rest):
         self.calls.append((topic, partition, wait_ms))
         if wait_ms and self._park is not None:

@@ -26,6 +26,7 @@ Records (field `type`):
 - `partition`: the full state of one partition (created or changed).
 - `producer_ids`: a block of idempotent-producer ids was handed out; `next` is the first
   id never handed out (KRaft's ProducerIdsRecord).
+- `acl`, `remove_acl`: an ACL binding (rayk/acls.py) added or removed (KRaft's AccessControlEntryRecord).
 - `scram_credential`, `remove_scram_credential`: a user's SCRAM credential for one
   mechanism (salt, StoredKey, ServerKey, iterations; never a password), set or removed
   (KRaft's UserScramCredentialRecord).
@@ -63,6 +64,7 @@ from rayk.errors import (
     UnacceptableCredentialError,
     UnknownTopicOrPartitionError,
 )
+from rayk.acls import AclBinding, AclFilter
 from rayk.scram import ScramCredential
 from rayk.storage.log_manager import is_legal_topic_name
 
@@ -121,6 +123,8 @@ class ClusterMetadata:
         self.topics: dict[str, TopicMetadata] = {}
         self.next_producer_id = 0
         self.scram_credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
+        self.acls: dict[AclBinding, None] = {}  # in the order they were created
+        self.acl_version = -1  # offset of the last ACL change
         self.last_offset = -1
         self.attached: set[int] = set()  # session state, kept by the Controller; never replayed
 
@@ -153,6 +157,12 @@ class ClusterMetadata:
         elif kind == "producer_ids":
             assert record["next"] > self.next_producer_id, "producer id blocks only move forward"
             self.next_producer_id = record["next"]
+        elif kind == "acl":
+            self.acls[AclBinding.from_record(record)] = None
+            self.acl_version = offset
+        elif kind == "remove_acl":
+            del self.acls[AclBinding.from_record(record)]
+            self.acl_version = offset
         elif kind == "scram_credential":
             credential = ScramCredential(record["mechanism"], record["salt"], record["stored_key"], record["server_key"],
                                          record["iterations"])
@@ -351,6 +361,31 @@ class ClusterMetadata:
     def plan_allocate_producer_ids(self, count: int) -> list[Record]:
         """Hands out ids [next_producer_id, next_producer_id + count)."""
         return [{"type": "producer_ids", "next": self.next_producer_id + count}]
+
+    def plan_create_acls(self, bindings: Sequence[AclBinding]) -> tuple[list[Record], list[KafkaError | None]]:
+        """CreateAcls: per binding None or why it is refused; one that exists already is
+        created again as a no-op, as in Kafka."""
+        results: list[KafkaError | None] = []
+        records: list[Record] = []
+        new: set[AclBinding] = set()
+        for binding in bindings:
+            try:
+                binding.check()
+            except KafkaError as e:
+                results.append(e)
+                continue
+            results.append(None)
+            if binding not in self.acls and binding not in new:
+                new.add(binding)
+                records.append({"type": "acl", **binding.to_record()})
+        return records, results
+
+    def plan_delete_acls(self, filters: Sequence[AclFilter]) -> tuple[list[Record], list[list[AclBinding]]]:
+        """DeleteAcls: per filter the bindings it matches (a binding matched by two filters
+        is deleted once)."""
+        matched = [[b for b in self.acls if f.matches(b)] for f in filters]
+        gone = dict.fromkeys(b for found in matched for b in found)
+        return [{"type": "remove_acl", **b.to_record()} for b in gone], matched
 
     def plan_alter_scram_credentials(
         self, deletions: Sequence[tuple[str, str]], upsertions: Sequence[tuple[str, ScramCredential | KafkaError]]

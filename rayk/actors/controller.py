@@ -61,6 +61,7 @@ from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, Par
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
+from rayk.acls import AclBinding, AclFilter
 from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
@@ -602,6 +603,32 @@ class Controller:
         self._commit(records)
         await asyncio.gather(*(self._push_partition(name, p) for p in range(current, total)))
         return await self.describe_topic(name)
+
+    # ------------------------------------------------------------------ ACLs
+
+    async def create_acls(self, bindings: list[AclBinding]) -> list[KafkaError | None]:
+        """CreateAcls: per binding None, or why it was refused (INVALID_REQUEST)."""
+        records, results = self._meta.plan_create_acls(bindings)
+        if records:
+            self._commit(records)
+        return results
+
+    async def describe_acls(self, acl_filter: AclFilter) -> list[AclBinding]:
+        return [b for b in self._meta.acls if acl_filter.matches(b)]
+
+    async def delete_acls(self, filters: list[AclFilter]) -> list[list[AclBinding]]:
+        """DeleteAcls: per filter the bindings it matched, all of them deleted."""
+        records, matched = self._meta.plan_delete_acls(filters)
+        if records:
+            self._commit(records)
+        return matched
+
+    async def acls(self, known_version: int = -2) -> tuple[int, list[AclBinding]] | None:
+        """Every ACL binding and the version they are at, for a listener's authorizer; None
+        when the listener's `known_version` is current."""
+        if known_version == self._meta.acl_version:
+            return None
+        return self._meta.acl_version, list(self._meta.acls)
 
     # ------------------------------------------------------------------ SCRAM credentials
 

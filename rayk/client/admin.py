@@ -1,4 +1,4 @@
-"""Admin: topics, topic configs, partition reassignments, consumer groups and SCRAM
+"""Admin: topics, topic configs, partition reassignments, consumer groups, ACLs and SCRAM
 credentials of a rayk cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
 coordinators' actor handles).
 
@@ -24,6 +24,7 @@ from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.client import calls
 from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import PartitionReassignment, TopicPartition
+from rayk.acls import AclBinding, AclFilter
 from rayk.errors import GroupIdNotFoundError, InvalidReplicaAssignmentError, InvalidTopicError, KafkaError
 from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
@@ -58,6 +59,22 @@ class Admin:
     def __init__(self, cluster: Any) -> None:
         self._cluster = cluster
         self._controller = cluster.controller
+
+    # ------------------------------------------------------------------ ACLs
+
+    def create_acls(self, bindings: Iterable[AclBinding]) -> list[KafkaError | None]:
+        """Kafka's CreateAcls (rayk.acls.AclBinding): per binding None, or why it was refused.
+        They take effect at every listener within half a second (authorizer.class.name
+        must be set for listeners to check them)."""
+        return ray.get(self._controller.create_acls.remote(list(bindings)))
+
+    def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
+        """The bindings `acl_filter` matches (default: all)."""
+        return ray.get(self._controller.describe_acls.remote(acl_filter or AclFilter()))
+
+    def delete_acls(self, filters: Iterable[AclFilter]) -> list[list[AclBinding]]:
+        """Deletes every binding a filter matches; per filter the bindings it matched."""
+        return ray.get(self._controller.delete_acls.remote(list(filters)))
 
     # ------------------------------------------------------------------ SCRAM credentials
 

@@ -4,6 +4,10 @@ InitProducerId: the cluster-wide APIs, answered from (or passed to) the Controll
 Every broker answers them, as in KRaft-mode Kafka, where clients' admin requests reach any
 broker and are forwarded to the controller. Metadata lists the live brokers that run a
 listener, and each partition's leader, epoch, replicas and ISR as the Controller has them.
+
+With an authorizer, as in Kafka: Metadata shows only topics the principal may DESCRIBE;
+creating a topic needs CREATE on the cluster or the topic, adding partitions ALTER on the
+topic, deleting it DELETE, reading configs DESCRIBE_CONFIGS on the topic or the cluster.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from typing import Any
 from rayk.storage.log_manager import is_legal_topic_name
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.config import log_config_of, validate_topic_configs
+from rayk.acls import ALTER, CLUSTER, CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE, TOPIC, WRITE
 from rayk.errors import (
+    ClusterAuthorizationFailedError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
     LeaderNotAvailableError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 from rayk.net.api_versions import SUPPORTED_VERSIONS
@@ -60,16 +67,19 @@ def _controller_id(brokers: list[dict]) -> int:
 
 
 async def metadata(view: BrokerView, request: Any) -> dict:
+    """Topics the principal may not DESCRIBE are left out of an all-topics answer and
+    answered TOPIC_AUTHORIZATION_FAILED when named, as in Kafka."""
     body = request.body
     requested = body.topics
     if requested is not None and request.head.api_version == 0 and not requested:
         requested = None  # v0: an empty list means every topic
     names = None if requested is None else [t.name for t in requested]
     described = await view.controller.client_metadata.remote(names)
-    topics = [_topic_metadata(name, t) for name, t in described["topics"].items()]
-    for name in [n for n in names or [] if n not in described["topics"]]:
-        topics.append({"name": name, "error_code": await _missing_topic_code(view, name, request),
-                       "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
+    visible = {name: t for name, t in described["topics"].items() if view.authorized(request, DESCRIBE, TOPIC, name)}
+    topics = [_topic_metadata(name, t) for name, t in visible.items()]
+    for name in [n for n in names or [] if n not in visible]:
+        code = TopicAuthorizationFailedError.code if name in described["topics"] else await _missing_topic_code(view, name, request)
+        topics.append({"name": name, "error_code": code, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
     brokers = _brokers(described, request)
     return {
         "brokers": brokers,
@@ -100,9 +110,12 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does.
     A listener whose clients authenticate never creates topics this way: they are created
     on purpose, with CreateTopics."""
+    if not view.authorized(request, DESCRIBE, TOPIC, name):
+        return TopicAuthorizationFailedError.code
     if not is_legal_topic_name(name):
         return InvalidTopicError.code
     allowed = getattr(request.body, "allow_auto_topic_creation", True) and not request.context.listener_authenticates
+    allowed = allowed and _may_create(view, request, name)
     if not (view.config.auto_create_topics_enable and allowed):
         return UnknownTopicOrPartitionError.code
     try:
@@ -132,6 +145,8 @@ async def create_topics(view: BrokerView, request: Any) -> dict:
     async def one(t: Any) -> dict:
         configs = {c.name: c.value for c in t.configs}
         try:
+            if not _may_create(view, request, t.name):
+                raise TopicAuthorizationFailedError(f"{request.context.principal} may not create topic {t.name!r}")
             if t.assignments:
                 return {"name": t.name, "error_code": INVALID_REPLICA_ASSIGNMENT,
                         "error_message": "rayk places replicas itself: give num_partitions and replication_factor"}
@@ -159,6 +174,8 @@ async def create_partitions(view: BrokerView, request: Any) -> dict:
         try:
             if names.count(t.name) > 1:
                 raise InvalidRequestError(f"topic {t.name!r} appears more than once in the request")
+            if not view.authorized(request, ALTER, TOPIC, t.name):
+                raise TopicAuthorizationFailedError(f"{request.context.principal} may not alter topic {t.name!r}")
             if t.assignments:
                 return {"name": t.name, "error_code": INVALID_REPLICA_ASSIGNMENT,
                         "error_message": "rayk places replicas itself: give the new partition count"}
@@ -168,6 +185,11 @@ async def create_partitions(view: BrokerView, request: Any) -> dict:
         return {"name": t.name}
 
     return {"results": list(await asyncio.gather(*(one(t) for t in body.topics)))}
+
+
+def _may_create(view: BrokerView, request: Any, topic: str) -> bool:
+    """CREATE on the cluster or on the topic, as Kafka asks for CreateTopics and auto-creation."""
+    return view.authorized(request, CREATE, CLUSTER) or view.authorized(request, CREATE, TOPIC, topic)
 
 
 def _validate(name: str, num_partitions: int, replication_factor: int, configs: dict) -> None:
@@ -183,6 +205,8 @@ def _validate(name: str, num_partitions: int, replication_factor: int, configs: 
 async def delete_topics(view: BrokerView, request: Any) -> dict:
     async def one(name: str) -> dict:
         try:
+            if not view.authorized(request, DELETE, TOPIC, name):
+                raise TopicAuthorizationFailedError(f"{request.context.principal} may not delete topic {name!r}")
             if name not in await view.controller.list_topics.remote():
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             await view.controller.delete_topic.remote(name)
@@ -198,8 +222,12 @@ async def describe_configs(view: BrokerView, request: Any) -> dict:
         base = {"resource_type": r.resource_type, "resource_name": r.resource_name}
         try:
             if r.resource_type == TOPIC_RESOURCE:
+                if not view.authorized(request, DESCRIBE_CONFIGS, TOPIC, r.resource_name):
+                    raise TopicAuthorizationFailedError(f"{request.context.principal} may not describe its configs")
                 configs = _topic_configs(view, await view.controller.topic_configs.remote(r.resource_name))
             elif r.resource_type == BROKER_RESOURCE:
+                if not view.authorized(request, DESCRIBE_CONFIGS, CLUSTER):
+                    raise ClusterAuthorizationFailedError(f"{request.context.principal} may not describe broker configs")
                 configs = _broker_configs(view)
             else:
                 raise InvalidRequestError(f"resource type {r.resource_type} has no configs in rayk (2 topic, 4 broker)")
@@ -246,8 +274,14 @@ def _config_text(value: Any) -> str | None:
 
 
 async def init_producer_id(view: BrokerView, request: Any) -> dict:
+    """An idempotent producer id: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic
+    (KIP-679), as in Kafka."""
     if request.body.transactional_id is not None:
         raise InvalidRequestError("transactions are not supported by rayk")
+    if view.config.authorizes and not view.authorized(request, IDEMPOTENT_WRITE, CLUSTER):
+        topics = await view.controller.list_topics.remote()
+        if not any(view.authorized(request, WRITE, TOPIC, t) for t in topics):
+            raise ClusterAuthorizationFailedError(f"{request.context.principal} may write to no topic")
     producer_id = await view.controller.init_producer_id.remote()
     return {"producer_id": producer_id, "producer_epoch": 0}
 

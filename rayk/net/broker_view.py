@@ -30,6 +30,7 @@ from rayk.errors import (
     UnknownServerError,
     UnknownTopicIdError,
 )
+from rayk.acls import CLUSTER_NAME, Authorizer
 from rayk.net.entities import kafka_uuid
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.parked_fetches import ParkedFetches
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 TOPIC_ID_LOOKUP_TIMEOUT_MS = 5_000  # a Fetch waits no longer for the Controller to name its topic ids
 UNKNOWN_TOPIC_ID_RETRY_MS = 1_000  # an id no topic has is looked up again no sooner
+ACL_LOOKUP_TIMEOUT_MS = 5_000
 
 
 class BrokerView:
@@ -53,9 +55,29 @@ class BrokerView:
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
         self.parked_fetches = ParkedFetches()
+        # Until the Controller's ACLs arrive, only super users are authorized (fail closed).
+        self._authorizer = Authorizer((), config.super_user_set(), config.allow_everyone_if_no_acl_found)
+        self._acl_version = -2
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
         )
+
+    # ------------------------------------------------------------------ authorization
+
+    def authorized(self, request: Any, operation: int, resource_type: int, name: str = CLUSTER_NAME) -> bool:
+        """Whether the request's principal, from its host, may do `operation` on the
+        resource (always, without an authorizer)."""
+        if not self.config.authorizes:
+            return True
+        context = request.context
+        return self._authorizer.authorize(context.principal, context.client_host, operation, resource_type, name)
+
+    async def refresh_acls(self) -> None:
+        """Takes the Controller's ACLs if they changed since the last look."""
+        found = await self.ask_controller("acls", self._acl_version, timeout_ms=ACL_LOOKUP_TIMEOUT_MS)
+        if found is not None:
+            self._acl_version, bindings = found
+            self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no

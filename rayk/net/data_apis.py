@@ -1,5 +1,9 @@
 """Produce, Fetch, ListOffsets and OffsetForLeaderEpoch: the data path.
 
+With an authorizer, producing needs WRITE on the topic, fetching READ, the two offset
+lookups DESCRIBE; a partition of a topic the principal may not use gets
+TOPIC_AUTHORIZATION_FAILED and reaches no replica.
+
 Record batches travel as the bytes the client sent (Produce) and the bytes the log holds
 (Fetch): the listener never decodes or re-encodes records; the partition replica validates
 and stores them. Each partition of a request goes to this broker's replica of it, all
@@ -13,12 +17,14 @@ import time
 import uuid
 from typing import Any
 
+from rayk.acls import DESCRIBE, READ, TOPIC, WRITE
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
 from rayk.errors import (
     CorruptRecordError,
     InconsistentTopicIdError,
     InvalidRequestError,
     KafkaError,
+    TopicAuthorizationFailedError,
 )
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms, topic_id_text
@@ -40,6 +46,8 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
     acks, timeout_ms = body.acks, ms(body.timeout)
 
     def submit(topic: str, index: int, records: bytes | None) -> asyncio.Future:
+        if not view.authorized(request, WRITE, TOPIC, topic):
+            return _failed(TopicAuthorizationFailedError(f"{request.context.principal} may not write to {topic!r}"))
         if body.transactional_id is not None:
             return _failed(InvalidRequestError("transactions are not supported by rayk"))
         if records is None:
@@ -111,6 +119,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             name = names[p.topic]
             if isinstance(name, KafkaError):
                 raise name
+            if not view.authorized(request, READ, TOPIC, name):
+                raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {name!r}")
             async with view.parked_fetches.wait_ms(name, p.partition, wait_ms) as granted_wait_ms:
                 result = await view.call(
                     name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, granted_wait_ms,
@@ -163,6 +173,11 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     return {"error_code": 0, "session_id": session_id, "responses": out}
 
 
+def _check_describe(view: BrokerView, request: Any, topic: str) -> None:
+    if not view.authorized(request, DESCRIBE, TOPIC, topic):
+        raise TopicAuthorizationFailedError(f"{request.context.principal} may not describe {topic!r}")
+
+
 def _topic_id(value: uuid.UUID | None) -> uuid.UUID:
     """kio reads the all-zero topic id as None; it is the id no topic has."""
     return value if value is not None else ZERO_TOPIC_ID
@@ -201,6 +216,7 @@ def _trim_to(answers: list[dict], max_bytes: int) -> None:
 async def list_offsets(view: BrokerView, request: Any) -> dict:
     async def one(topic: str, p: Any) -> dict:
         try:
+            _check_describe(view, request, topic)
             offset, timestamp = await view.call(topic, p.partition_index, "list_offset", p.timestamp)
             return {"partition_index": p.partition_index, "offset": offset, "timestamp": timestamp, "leader_epoch": -1}
         except Exception as e:
@@ -216,6 +232,7 @@ async def list_offsets(view: BrokerView, request: Any) -> dict:
 async def offset_for_leader_epoch(view: BrokerView, request: Any) -> dict:
     async def one(topic: str, p: Any) -> dict:
         try:
+            _check_describe(view, request, topic)
             epoch, end_offset = await view.call(topic, p.partition, "offsets_for_leader_epoch", p.leader_epoch)
             return {"partition": p.partition, "leader_epoch": epoch, "end_offset": end_offset}
         except Exception as e:

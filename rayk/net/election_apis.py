@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayk.errors import InvalidRequestError
+from rayk.acls import ALTER, CLUSTER
+from rayk.errors import ClusterAuthorizationFailedError, InvalidRequestError
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms
 
@@ -31,6 +32,8 @@ async def elect_leaders(view: BrokerView, request: Any) -> dict:
     election_type = getattr(body, "election_type", PREFERRED)
     named = None if body.topic_partitions is None else [(t.topic, int(p)) for t in body.topic_partitions for p in t.partitions]
     try:
+        if not view.authorized(request, ALTER, CLUSTER):  # as in Kafka
+            raise ClusterAuthorizationFailedError(f"{request.context.principal} may not elect leaders")
         if election_type not in (PREFERRED, UNCLEAN):
             raise InvalidRequestError(f"election type {election_type} is neither 0 (preferred) nor 1 (unclean)")
         results = await view.ask_controller("elect_leaders", named, election_type == UNCLEAN,

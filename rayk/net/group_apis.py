@@ -5,6 +5,12 @@ A group's coordinator is the leader of its `__consumer_offsets` partition. The l
 passes group requests to this broker's replica of that partition, whose GroupCoordinator
 answers NOT_COORDINATOR when it does not lead it; so a Kafka client and a rayk client in
 the same group meet at the same coordinator and share committed offsets.
+
+With an authorizer, as in Kafka: joining, syncing, heartbeats, leaving and committing
+need READ on the group, FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE
+(else GROUP_AUTHORIZATION_FAILED); committing a topic's offsets needs READ on the topic
+and fetching them DESCRIBE (else TOPIC_AUTHORIZATION_FAILED for its partitions);
+ListGroups shows the groups the principal may DESCRIBE (all, with DESCRIBE on the cluster).
 """
 
 from __future__ import annotations
@@ -13,7 +19,15 @@ import asyncio
 from typing import Any
 
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
-from rayk.errors import CoordinatorNotAvailableError, InvalidRequestError, KafkaError, NotCoordinatorError
+from rayk.acls import CLUSTER, DESCRIBE, GROUP, READ, TOPIC
+from rayk.errors import (
+    CoordinatorNotAvailableError,
+    GroupAuthorizationFailedError,
+    InvalidRequestError,
+    KafkaError,
+    NotCoordinatorError,
+    TopicAuthorizationFailedError,
+)
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
@@ -21,7 +35,14 @@ from rayk.net.entities import ms
 GROUP_KEY_TYPE = 0
 
 
-async def _coordinator_call(view: BrokerView, group_id: str, method: str, *args: Any) -> Any:
+# What each coordinator call needs on the group, as in Kafka.
+_GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
+                    "commit_offsets": READ, "fetch_offsets": DESCRIBE, "describe_group": DESCRIBE}
+
+
+async def _coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
+    if not view.authorized(request, _GROUP_OPERATION[method], GROUP, group_id):
+        raise GroupAuthorizationFailedError(f"{request.context.principal} may not use group {group_id!r}")
     partition = await view.group_partition(group_id)
     try:
         return await view.call(OFFSETS_TOPIC, partition, method, group_id, *args, lost=CoordinatorNotAvailableError)
@@ -39,6 +60,8 @@ async def find_coordinator(view: BrokerView, request: Any) -> dict:
         try:
             if body.key_type != GROUP_KEY_TYPE:
                 raise InvalidRequestError("only consumer group coordinators exist in rayk (no transactions)")
+            if not view.authorized(request, DESCRIBE, GROUP, key):
+                raise GroupAuthorizationFailedError(f"{request.context.principal} may not describe group {key!r}")
             partition = await view.group_partition(key)
             described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
             leader = described["topics"][OFFSETS_TOPIC]["partitions"][partition]["leader"]
@@ -61,7 +84,7 @@ async def join_group(view: BrokerView, request: Any) -> dict:
     protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
     try:
         result = await _coordinator_call(
-            view, body.group_id, "join_group", body.member_id, request.client_id or "", session_ms, rebalance_ms,
+            view, request, body.group_id, "join_group", body.member_id, request.client_id or "", session_ms, rebalance_ms,
             body.protocol_type, protocols,
         )
     except Exception as e:
@@ -81,7 +104,8 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
     body = request.body
     assignments = {a.member_id: bytes(a.assignment) for a in body.assignments} or None
     try:
-        assignment = await _coordinator_call(view, body.group_id, "sync_group", body.generation_id, body.member_id, assignments)
+        assignment = await _coordinator_call(view, request, body.group_id, "sync_group", body.generation_id,
+                                             body.member_id, assignments)
     except Exception as e:
         return {"error_code": error_code_of(e), "assignment": b""}
     return {"protocol_type": getattr(body, "protocol_type", None), "protocol_name": getattr(body, "protocol_name", None),
@@ -91,7 +115,7 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
 async def heartbeat(view: BrokerView, request: Any) -> dict:
     body = request.body
     try:
-        await _coordinator_call(view, body.group_id, "heartbeat", body.generation_id, body.member_id)
+        await _coordinator_call(view, request, body.group_id, "heartbeat", body.generation_id, body.member_id)
     except Exception as e:
         return {"error_code": error_code_of(e)}
     return {}
@@ -103,7 +127,7 @@ async def leave_group(view: BrokerView, request: Any) -> dict:
     answers = []
     for member_id in members:
         try:
-            await _coordinator_call(view, body.group_id, "leave_group", member_id)
+            await _coordinator_call(view, request, body.group_id, "leave_group", member_id)
             answers.append({"member_id": member_id})
         except Exception as e:
             answers.append({"member_id": member_id, "error_code": error_code_of(e)})
@@ -112,46 +136,55 @@ async def leave_group(view: BrokerView, request: Any) -> dict:
 
 
 async def offset_commit(view: BrokerView, request: Any) -> dict:
+    """Commits the offsets of the topics the principal may READ; the others' partitions
+    get TOPIC_AUTHORIZATION_FAILED."""
     body = request.body
+    readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
     offsets = {
         (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
-        for t in body.topics for p in t.partitions
+        for t in body.topics if t.name in readable for p in t.partitions
     }
     code = 0
     try:
-        await _coordinator_call(view, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
+        await _coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
                                 body.member_id, offsets)
     except Exception as e:
         code = error_code_of(e)
-    return {"topics": [{"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": code}
-                                                       for p in t.partitions]} for t in body.topics]}
+    return {"topics": [{"name": t.name, "partitions": [
+        {"partition_index": p.partition_index,
+         "error_code": code if t.name in readable else TopicAuthorizationFailedError.code}
+        for p in t.partitions]} for t in body.topics]}
 
 
 async def offset_fetch(view: BrokerView, request: Any) -> dict:
     body = request.body
     if hasattr(body, "groups"):  # v8+: several groups per request
-        groups = [await _fetch_group(view, g.group_id, g.topics) for g in body.groups]
+        groups = [await _fetch_group(view, request, g.group_id, g.topics) for g in body.groups]
         return {"groups": groups}
-    answer = await _fetch_group(view, body.group_id, body.topics)
+    answer = await _fetch_group(view, request, body.group_id, body.topics)
     return {"topics": answer["topics"], "error_code": answer["error_code"]}
 
 
-async def _fetch_group(view: BrokerView, group_id: str, topics: Any) -> dict:
+async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: Any) -> dict:
+    """A group's committed offsets: of the topics the principal may DESCRIBE (the others
+    are TOPIC_AUTHORIZATION_FAILED when named, left out when all are asked for)."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     try:
-        committed = await _coordinator_call(view, group_id, "fetch_offsets", wanted)
+        committed = await _coordinator_call(view, request, group_id, "fetch_offsets", wanted)
     except Exception as e:
         return {"group_id": group_id, "error_code": error_code_of(e), "topics": []}
     if wanted is None:
-        wanted = sorted(committed)
+        wanted = [tp for tp in sorted(committed) if view.authorized(request, DESCRIBE, TOPIC, tp[0])]
     by_topic: dict[str, list[dict]] = {}
     for topic, partition in wanted:
         c = committed.get((topic, partition))
+        denied = not view.authorized(request, DESCRIBE, TOPIC, topic)
         by_topic.setdefault(topic, []).append({
             "partition_index": partition,
-            "committed_offset": c.offset if c else -1,
+            "committed_offset": c.offset if c and not denied else -1,
             "committed_leader_epoch": -1,
-            "metadata": c.metadata if c else "",
+            "metadata": c.metadata if c and not denied else "",
+            "error_code": TopicAuthorizationFailedError.code if denied else 0,
         })
     return {"group_id": group_id, "error_code": 0,
             "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
@@ -169,7 +202,8 @@ async def list_groups(view: BrokerView, request: Any) -> dict:
         if isinstance(answer, BaseException):
             continue  # leadership moved since the metadata was read
         for g in answer:
-            if not states or g["state"].lower() in states:
+            visible = view.authorized(request, DESCRIBE, CLUSTER) or view.authorized(request, DESCRIBE, GROUP, g["group_id"])
+            if visible and (not states or g["state"].lower() in states):
                 groups.append({"group_id": g["group_id"], "protocol_type": g["protocol_type"],
                                "group_state": g["state"], "group_type": "classic"})
     return {"groups": groups}
@@ -178,7 +212,7 @@ async def list_groups(view: BrokerView, request: Any) -> dict:
 async def describe_groups(view: BrokerView, request: Any) -> dict:
     async def one(group_id: str) -> dict:
         try:
-            g = await _coordinator_call(view, group_id, "describe_group")
+            g = await _coordinator_call(view, request, group_id, "describe_group")
         except Exception as e:
             return {"group_id": group_id, "error_code": error_code_of(e), "error_message": error_message_of(e),
                     "group_state": "", "protocol_type": "", "protocol_data": "",

@@ -5,7 +5,8 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `reassignment_apis`, `election_apis` and `scram_apis`.
+`admin_apis`, `reassignment_apis`, `election_apis`, `scram_apis` and `acl_apis`; each
+checks the request's principal against the ACLs (broker_view.authorized) where Kafka does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from rayk.net import admin_apis, data_apis, election_apis, group_apis, reassignment_apis, scram_apis
+from rayk.net import acl_apis, admin_apis, data_apis, election_apis, group_apis, reassignment_apis, scram_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.codec import Request, response_class
@@ -54,6 +55,9 @@ HANDLERS: dict[int, Handler] = {
     keys.SASL_AUTHENTICATE: scram_apis.sasl_without_sasl,
     keys.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,
     keys.ALTER_USER_SCRAM_CREDENTIALS: scram_apis.alter_user_scram_credentials,
+    keys.DESCRIBE_ACLS: acl_apis.describe_acls,
+    keys.CREATE_ACLS: acl_apis.create_acls,
+    keys.DELETE_ACLS: acl_apis.delete_acls,
 }
 assert set(HANDLERS) == set(keys.SUPPORTED_VERSIONS), "every served API has a handler"
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayk.acls import ALTER, CLUSTER, DESCRIBE
+from rayk.errors import ClusterAuthorizationFailedError
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
 
@@ -42,6 +44,7 @@ async def alter_partition_reassignments(view: BrokerView, request: Any) -> dict:
         for p in topic.partitions:
             targets[(topic.name, p.partition_index)] = None if p.replicas is None else [int(b) for b in p.replicas]
     try:
+        _check_cluster(view, request, ALTER)
         results = await view.ask_controller(
             "alter_partition_reassignments", targets, timeout_ms=ms(body.timeout, DEFAULT_TIMEOUT_MS)
         )
@@ -51,6 +54,12 @@ async def alter_partition_reassignments(view: BrokerView, request: Any) -> dict:
                 "responses": _answers(body, {tp: (code, message) for tp in targets})}  # fmt: skip
     answers = {tp: (0, None) if error is None else (error.code, str(error)) for tp, error in results.items()}
     return {"error_code": 0, "error_message": None, "responses": _answers(body, answers)}
+
+
+def _check_cluster(view: BrokerView, request: Any, operation: int) -> None:
+    """Reassignments need ALTER on the cluster, listing them DESCRIBE, as in Kafka."""
+    if not view.authorized(request, operation, CLUSTER):
+        raise ClusterAuthorizationFailedError(f"{request.context.principal} may not manage reassignments")
 
 
 def _answers(body: Any, answers: dict[TopicPartition, tuple[int, str | None]]) -> list[dict]:
@@ -71,6 +80,7 @@ async def list_partition_reassignments(view: BrokerView, request: Any) -> dict:
     if body.topics is not None:
         wanted = [(t.name, int(p)) for t in body.topics for p in t.partition_indexes]
     try:
+        _check_cluster(view, request, DESCRIBE)
         ongoing = await view.ask_controller(
             "list_partition_reassignments", wanted, timeout_ms=ms(body.timeout, DEFAULT_TIMEOUT_MS)
         )

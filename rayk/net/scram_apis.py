@@ -1,9 +1,10 @@
 """DescribeUserScramCredentials and AlterUserScramCredentials (KIP-554), and the SASL
 requests on a listener that does not authenticate.
 
-Over the wire only a super user (`super.users`, e.g. `User:ANONYMOUS;User:admin`) may
-read or change credentials: anyone else gets CLUSTER_AUTHORIZATION_FAILED (Kafka's
-answer without ALTER/DESCRIBE on the cluster). The Python Admin and `rayk users` change
+Over the wire, with an authorizer, changing credentials needs ALTER on the cluster and
+reading them DESCRIBE, as in Kafka; without one, only a super user (`super.users`, e.g.
+`User:ANONYMOUS;User:admin`) may (Kafka would let anyone). Others get
+CLUSTER_AUTHORIZATION_FAILED. The Python Admin and `rayk users` change
 them through the Controller's actor handle, guarded by Ray's own authentication. Clients
 send the salted password, never the password (rayk/scram.py derives the keys kept).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayk.acls import ALTER, CLUSTER, DESCRIBE
 from rayk.errors import (
     ClusterAuthorizationFailedError,
     DuplicateResourceError,
@@ -35,14 +37,16 @@ async def sasl_without_sasl(view: BrokerView, request: Any) -> dict:
             "error_message": f"listener {request.context.listener_name} does not authenticate with SASL"}
 
 
-def _authorized(view: BrokerView, request: Any) -> bool:
+def _authorized(view: BrokerView, request: Any, operation: int) -> bool:
+    if view.config.authorizes:
+        return view.authorized(request, operation, CLUSTER)
     return request.context.principal in view.config.super_user_set()
 
 
 async def describe_user_scram_credentials(view: BrokerView, request: Any) -> dict:
-    if not _authorized(view, request):
+    if not _authorized(view, request, DESCRIBE):
         return {"error_code": ClusterAuthorizationFailedError.code, "results": [],
-                "error_message": f"{request.context.principal} is not a super user (super.users)"}
+                "error_message": f"{request.context.principal} may not describe credentials"}
     names = None if request.body.users is None else [u.name for u in request.body.users]
     unique = None if names is None else sorted({n for n in names if names.count(n) == 1})
     described = await view.ask_controller("describe_user_scram_credentials", unique, timeout_ms=CONTROLLER_TIMEOUT_MS)
@@ -62,8 +66,8 @@ async def describe_user_scram_credentials(view: BrokerView, request: Any) -> dic
 async def alter_user_scram_credentials(view: BrokerView, request: Any) -> dict:
     body = request.body
     users = sorted({d.name for d in body.deletions} | {u.name for u in body.upsertions})
-    if not _authorized(view, request):
-        message = f"{request.context.principal} is not a super user (super.users)"
+    if not _authorized(view, request, ALTER):
+        message = f"{request.context.principal} may not alter credentials"
         return {"results": [{"user": u, "error_code": ClusterAuthorizationFailedError.code, "error_message": message}
                             for u in users]}
     deletions: list[tuple[str, str]] = []

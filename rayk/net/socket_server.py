@@ -4,14 +4,16 @@ One actor per broker, on the broker's node (its ReplicaManager creates it, super
 and starts a new one if it dies; see rayk/actors/supervision.py). It serves every
 listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
 gives each connection its RequestContext: the listener, and the principal of a client
-certificate. For each connection a reader task reads size-prefixed frames into a
-bounded queue, a processor task decodes them in order and starts answering each
-(KafkaApis), and a writer task
-writes the answers in request order. Consecutive produce requests are pipelined: request
-N+1 is appended while request N waits for its high watermark; their appends keep their
-arrival order (the ProduceCoalescer queues them in that order and has one call in flight
-per partition: rayk/net/produce_coalescer.py). Every other request
-starts once all before it are answered, as in Kafka. Many connections are served at once.
+certificate, or of SASL authentication (rayk/net/sasl.py). With an authorizer, the
+listener keeps the Controller's ACLs, looked up every ACL_REFRESH_INTERVAL_S, and
+handlers check each request against them. For each connection a reader task reads
+size-prefixed frames into a bounded queue, a processor task decodes them in order and
+starts answering each (KafkaApis), and a writer task writes the answers in request order.
+Consecutive produce requests are pipelined: request N+1 is appended while request N waits
+for its high watermark; their appends keep their arrival order (the ProduceCoalescer
+queues them in that order and has one call in flight per partition:
+rayk/net/produce_coalescer.py). Every other request starts once all before it are
+answered, as in Kafka. Many connections are served at once.
 
 Back-pressure, limits and bad input, as in Kafka:
 - a connection past `max.connections` or `max.connections.per.ip` is closed at once, and
@@ -78,6 +80,7 @@ STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined pr
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
+ACL_REFRESH_INTERVAL_S = 0.5
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
@@ -118,12 +121,16 @@ class SocketServer(Supervised):
         self._connections: dict[asyncio.Task, _Connection] = {}
         self._request_timers: dict[str, RequestTimer] = {}  # by listener name
         self.endpoints: dict[str, tuple[str, int]] | None = None
+        self._acl_refresher: asyncio.Future | None = None
 
     async def start(self) -> dict[str, tuple[str, int]]:
         """Binds every listener; returns their advertised (host, port) by listener name, in
         `listeners` order. Idempotent."""
         if self.endpoints is not None:
             return self.endpoints
+        if self.config.authorizes:  # the ACLs first: until then only super users are authorized
+            await self._refresh_acls()
+            self._acl_refresher = asyncio.ensure_future(self._refresh_acls_forever())
         node_ip = ray.util.get_node_ip_address()
         endpoints: dict[str, tuple[str, int]] = {}
         try:
@@ -134,6 +141,20 @@ class SocketServer(Supervised):
             raise
         self.endpoints = endpoints
         return endpoints
+
+    async def _refresh_acls(self) -> None:
+        try:
+            await self.apis.view.refresh_acls()
+        except KafkaError as e:
+            logger.warning("broker %d: the ACLs could not be read from the Controller (%s); keeping the last ones",
+                           self.broker_id, e)
+
+    async def _refresh_acls_forever(self) -> None:
+        """ACL changes reach this listener within ACL_REFRESH_INTERVAL_S (at once for those
+        made through it)."""
+        while True:
+            await asyncio.sleep(ACL_REFRESH_INTERVAL_S)
+            await self._refresh_acls()
 
     async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
         """Starts serving one listener; its advertised (host, port)."""
@@ -165,6 +186,8 @@ class SocketServer(Supervised):
         self._servers.clear()
 
     async def stop(self) -> None:
+        if self._acl_refresher is not None:
+            self._acl_refresher.cancel()
         await self._close_servers()
         for task in list(self._connections):
             task.cancel()

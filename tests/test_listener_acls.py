@@ -1,0 +1,197 @@
+"""ACLs on a running cluster, as a Kafka user configures them (StandardAuthorizer,
+super.users, an INTERNAL PLAINTEXT listener whose ANONYMOUS clients are super users, an
+EXTERNAL SASL_SSL one): a principal without ACLs is refused with Kafka's
+*_AUTHORIZATION_FAILED on produce, fetch, group join, topic creation and deletion, and
+does not see topics in Metadata; ACLs granted with confluent-kafka's AdminClient then
+let it do exactly that much; deleting them takes it back; ACLs and credentials survive
+a restart of the whole cluster."""
+
+from __future__ import annotations
+
+import ssl
+import time
+import uuid
+
+import confluent_kafka
+import confluent_kafka.admin as confluent_admin
+import pytest
+from confluent_kafka import KafkaError as ConfluentError
+
+import rayk
+from rayk.acls import ALLOW, LITERAL, READ, TOPIC, AclBinding, AclFilter
+from rayk.client.admin import ScramUpsertion
+from rayk.net.api_versions import CREATE_ACLS, DESCRIBE_ACLS
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.protocol_helpers import RawConnection, scram_login
+from tests.tls_helpers import TlsFiles, write_tls_files
+
+PASSWORD = "alice-secret"
+ACL_PROPAGATION_S = 3  # listeners look the ACLs up every 0.5 s
+CLUSTER_AUTHORIZATION_FAILED = 31
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> TlsFiles:
+    return write_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+def config_for(tls: TlsFiles) -> dict:
+    return {
+        **FAST_CONFIG,
+        "listeners": "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0",
+        "listener.security.protocol.map": "INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512", "ssl.keystore.location": tls.keystore,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS;User:admin",
+        "num.partitions": 1, "default.replication.factor": 1,
+        "group.initial.rebalance.delay.ms": 0, "offsets.topic.replication.factor": 1,
+    }
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("acl-cluster")
+
+
+@pytest.fixture(scope="module")
+def cluster(data_dir, tls):
+    shared_local_ray()
+    c = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-acls")
+    c.admin().alter_user_scram_credentials([ScramUpsertion("alice", "SCRAM-SHA-512", PASSWORD)])
+    yield c
+    c.shutdown()
+
+
+def as_alice(cluster, tls) -> dict:
+    return {"bootstrap.servers": cluster.bootstrap_servers_for("EXTERNAL"), "security.protocol": "SASL_SSL",
+            "ssl.ca.location": tls.truststore, "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice",
+            "sasl.password": PASSWORD}
+
+
+def internal_admin(cluster) -> confluent_admin.AdminClient:
+    return confluent_admin.AdminClient({"bootstrap.servers": cluster.bootstrap_servers_for("INTERNAL")})
+
+
+def produce_error(settings: dict, topic: str) -> int | None:
+    """The code a produce of one record ends with (None: delivered)."""
+    outcome: list = []
+    producer = confluent_kafka.Producer({**settings, "acks": "all", "message.timeout.ms": 10_000})
+    producer.produce(topic, b"x", on_delivery=lambda err, msg: outcome.append(err))
+    producer.flush(20)
+    return outcome[0].code() if outcome and outcome[0] is not None else None
+
+
+def consume_errors(settings: dict, topic: str, group: str) -> tuple[list[int], list[bytes]]:
+    """Subscribes as `group`; the error codes and the values seen within a few seconds."""
+    consumer = confluent_kafka.Consumer({**settings, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    errors, values = [], []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not errors and not values:
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        (errors.append(message.error().code()) if message.error() else values.append(message.value()))
+    consumer.close()
+    return errors, values
+
+
+def admin_error(future) -> int | None:
+    try:
+        future.result(20)
+    except confluent_kafka.KafkaException as e:
+        return e.args[0].code()
+    return None
+
+
+def grant(cluster, *bindings: confluent_admin.AclBinding) -> None:
+    admin = internal_admin(cluster)  # held until the futures are done: a collected client cancels them
+    for future in admin.create_acls(list(bindings)).values():
+        future.result(20)
+
+
+def topic_acl(operation, name: str, pattern=confluent_admin.ResourcePatternType.LITERAL) -> confluent_admin.AclBinding:
+    return confluent_admin.AclBinding(confluent_admin.ResourceType.TOPIC, name, pattern, "User:alice", "*", operation,
+                                      confluent_admin.AclPermissionType.ALLOW)
+
+
+def test_without_acls_everything_is_refused_with_kafkas_codes(cluster, tls):
+    cluster.create_topic("orders", partitions=1, replication_factor=1)
+    alice = as_alice(cluster, tls)
+    assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    errors, _ = consume_errors(alice, "orders", "alice-group")
+    assert errors and errors[0] in (ConfluentError.GROUP_AUTHORIZATION_FAILED, ConfluentError.TOPIC_AUTHORIZATION_FAILED)
+    admin = confluent_admin.AdminClient(alice)
+    assert "orders" not in admin.list_topics(timeout=20).topics, "Metadata hides what alice may not describe"
+    created = admin.create_topics([confluent_admin.NewTopic("alice-topic", 1, 1)])["alice-topic"]
+    assert admin_error(created) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    assert admin_error(admin.delete_topics(["orders"])["orders"]) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    assert "orders" in cluster.list_topics() and "alice-topic" not in cluster.list_topics()
+    connection = RawConnection(cluster.bootstrap_servers_for("EXTERNAL"),
+                               tls=ssl.create_default_context(cafile=tls.truststore))
+    scram_login(connection, "alice", PASSWORD)
+    any_acl = {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+               "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1}
+    assert connection.call(DESCRIBE_ACLS, 3, any_acl).error_code.value == CLUSTER_AUTHORIZATION_FAILED
+    creation = {"resource_type": TOPIC, "resource_name": "orders", "resource_pattern_type": LITERAL,
+                "principal": "User:alice", "host": "*", "operation": READ, "permission_type": ALLOW}
+    created = connection.call(CREATE_ACLS, 3, {"creations": [creation]})
+    assert [r.error_code.value for r in created.results] == [CLUSTER_AUTHORIZATION_FAILED], "no granting oneself"
+    connection.close()
+
+
+def test_granted_acls_allow_exactly_that_much(cluster, tls):
+    ops = confluent_admin.AclOperation
+    grant(cluster, topic_acl(ops.WRITE, "orders"), topic_acl(ops.READ, "orders"),
+          topic_acl(ops.CREATE, "scratch-", confluent_admin.ResourcePatternType.PREFIXED),
+          topic_acl(ops.DELETE, "scratch-", confluent_admin.ResourcePatternType.PREFIXED),
+          confluent_admin.AclBinding(confluent_admin.ResourceType.GROUP, "alice-group",
+                                     confluent_admin.ResourcePatternType.LITERAL, "User:alice", "*", ops.READ,
+                                     confluent_admin.AclPermissionType.ALLOW))
+    alice = as_alice(cluster, tls)
+    wait_until(lambda: produce_error(alice, "orders") is None, ACL_PROPAGATION_S * 5, "alice may write")
+    errors, values = consume_errors(alice, "orders", "alice-group")
+    assert errors == [] and values == [b"x"]
+    admin = confluent_admin.AdminClient(alice)
+    assert "orders" in admin.list_topics(timeout=20).topics
+    assert admin_error(admin.create_topics([confluent_admin.NewTopic("scratch-1", 1, 1)])["scratch-1"]) is None
+    assert admin_error(admin.delete_topics(["scratch-1"])["scratch-1"]) is None
+    refused = admin.create_topics([confluent_admin.NewTopic("elsewhere", 1, 1)])["elsewhere"]
+    assert admin_error(refused) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    assert produce_error(alice, "other-topic") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    described = cluster.admin().describe_acls(AclFilter(principal="User:alice", resource_type=TOPIC))
+    assert AclBinding(TOPIC, "orders", LITERAL, "User:alice", "*", READ, ALLOW) in described and len(described) == 4
+
+
+def test_deleted_acls_take_the_rights_back(cluster, tls):
+    ops = confluent_admin.AclOperation
+    delete = confluent_admin.AclBindingFilter(confluent_admin.ResourceType.TOPIC, "orders",
+                                              confluent_admin.ResourcePatternType.LITERAL, "User:alice", None, ops.WRITE,
+                                              confluent_admin.AclPermissionType.ANY)
+    admin = internal_admin(cluster)
+    (deleted,) = admin.delete_acls([delete]).values()
+    assert len(deleted.result(20)) == 1
+    alice = as_alice(cluster, tls)
+    wait_until(lambda: produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED,
+               ACL_PROPAGATION_S * 5, "alice's write taken back")
+    producer = cluster.producer()  # a record alice's group has not read yet
+    producer.send("orders", b"y")
+    producer.flush()
+    producer.close()
+    errors, values = consume_errors(alice, "orders", "alice-group")
+    assert errors == [] and values == [b"y"], "READ stays"
+
+
+def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls):
+    """Runs last in this module: it restarts the cluster."""
+    topic = f"after-{uuid.uuid4().hex[:6]}"
+    grant(cluster, topic_acl(confluent_admin.AclOperation.WRITE, topic))
+    cluster.shutdown()
+    again = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-acls")
+    try:
+        again.create_topic(topic, partitions=1, replication_factor=1)
+        alice = as_alice(again, tls)
+        assert produce_error(alice, topic) is None
+        assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        again.shutdown()
