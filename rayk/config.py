@@ -107,6 +107,7 @@ class BrokerConfig:
     # listener.name.<name>.sasl.enabled.mechanisms. Kafka's default is GSSAPI, which rayk lacks.
     sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
     connections_max_reauth_ms: int = 0  # a SASL session's lifetime (KIP-368); 0: for the connection's life
+    sasl_server_max_receive_size: int = 524_288  # largest frame before SASL authentication, as Kafka's
     super_users: str = ""  # "User:a;User:b": may do anything (without an authorizer: manage SCRAM credentials)
     # ACLs (rayk/acls.py): Kafka's StandardAuthorizer by its class name; "" checks nothing.
     authorizer_class_name: str = ""
@@ -151,6 +152,7 @@ class BrokerConfig:
             "queued_max_requests",
             "socket_request_max_bytes",
             "max_connections",
+            "sasl_server_max_receive_size",
             "log_cleaner_io_max_bytes_per_second",
             "log_cleaner_dedupe_buffer_size",
         ):

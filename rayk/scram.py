@@ -3,9 +3,11 @@ exchange.
 
 A credential is, per user and mechanism, a salt, an iteration count, and the StoredKey
 and ServerKey derived from the salted password; the password itself is never kept. It is
-made from a password (the Python Admin, `rayk users`: through `scramp`, the SCRAM
-library) or from a salted password (the AlterUserScramCredentials API, whose clients
-salt it themselves), and checked against a password for SASL/PLAIN.
+made from a password (the Python Admin, `rayk users`) or from a salted password (the
+AlterUserScramCredentials API, whose clients salt it themselves), and checked against a
+password for SASL/PLAIN. A password is salted as its UTF-8 bytes, without SASLprep, as
+Kafka's ScramFormatter does, so credentials made by Java or librdkafka admin clients and
+by rayk agree for every password.
 
 `ScramServerExchange` is the server's two rounds. It is written here rather than taken
 from scramp because Kafka's server accepts a client-final nonce that *ends with* the
@@ -51,13 +53,10 @@ def check_mechanism_and_iterations(mechanism: str, iterations: int) -> None:
 
 def credential_from_password(mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS,
                              salt: bytes | None = None) -> ScramCredential:
-    import scramp  # not at import: the metadata, which every replica process loads, names ScramCredential
-
     check_mechanism_and_iterations(mechanism, iterations)
-    salt, stored_key, server_key, _ = scramp.ScramMechanism(mechanism).make_auth_info(
-        password, iteration_count=iterations, salt=salt or os.urandom(32)
-    )
-    return ScramCredential(mechanism, salt, stored_key, server_key, iterations)
+    salt = os.urandom(32) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac(MECHANISMS[mechanism], password.encode(), salt, iterations)  # RFC 5802's Hi()
+    return credential_from_salted_password(mechanism, salt, salted, iterations)
 
 
 def credential_from_salted_password(mechanism: str, salt: bytes, salted_password: bytes, iterations: int) -> ScramCredential:
@@ -72,13 +71,9 @@ def credential_from_salted_password(mechanism: str, salt: bytes, salted_password
 
 
 def password_matches(credential: ScramCredential, password: str) -> bool:
-    """SASL/PLAIN: whether `password` is the one `credential` was made from."""
-    import scramp
-
-    try:
-        again = credential_from_password(credential.mechanism, password, credential.iterations, credential.salt)
-    except scramp.ScramException:  # a password SASLprep refuses (control characters, ...)
-        return False
+    """SASL/PLAIN: whether `password` is the one `credential` was made from (a PBKDF2 of
+    its iterations: run it off the event loop)."""
+    again = credential_from_password(credential.mechanism, password, credential.iterations, credential.salt)
     return hmac.compare_digest(again.stored_key, credential.stored_key)
 
 

@@ -1,6 +1,7 @@
 """data_apis.fetch's limits on what one Fetch may ask of the replicas: a partition named
-twice is INVALID_REQUEST before any replica is called, max_wait is capped, and at most
-MAX_PARKED_PER_PARTITION fetches wait at one replica (the rest are answered at once)."""
+twice is INVALID_REQUEST before any replica is called, max_wait is capped, at most
+MAX_PARKED_PER_PARTITION fetches wait at one replica (the rest are answered at once), and
+fetch.max.bytes bounds what is read, not only what is answered."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rayk.net.codec import Request, RequestHead, request_class
 from rayk.net.entities import build
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.parked_fetches import ParkedFetches
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 
 HOUR_MS = 3_600_000
 
@@ -36,11 +38,37 @@ class FakeView:
         return FetchResult(b"", 0, 0, 0)
 
 
-def fetch_request(partitions: list[int], max_wait_ms: int) -> Request:
+class LogView(FakeView):
+    """Replicas holding `batches` batches of BATCH_RECORDS records each, answering as a log
+    does: whole batches up to max_bytes, at least one."""
+
+    def __init__(self, batches: dict[int, int]) -> None:
+        super().__init__()
+        self.logs = {p: [build_batch([SimpleRecord(b"v" * 100)] * BATCH_RECORDS, base_offset=i * BATCH_RECORDS)
+                         for i in range(n)] for p, n in batches.items()}
+        self.read_bytes = 0
+
+    async def call(self, topic, partition, method, offset, max_bytes, min_bytes, wait_ms, *rest):
+        self.calls.append((partition, offset, max_bytes))
+        out = b""
+        for batch in self.logs[partition][offset // BATCH_RECORDS:]:
+            if out and len(out) + len(batch) > max_bytes:
+                break
+            out += batch
+        self.read_bytes += len(out)
+        end = len(self.logs[partition]) * BATCH_RECORDS
+        return FetchResult(out, end, end, 0)
+
+
+BATCH_RECORDS = 10
+
+
+def fetch_request(partitions: list[int], max_wait_ms: int, max_bytes: int = 1 << 20,
+                  partition_max_bytes: int = 1 << 20) -> Request:
     body = build(request_class(FETCH, 12), {
-        "max_wait": max_wait_ms, "min_bytes": 1, "max_bytes": 1 << 20, "session_id": 0, "session_epoch": -1,
+        "max_wait": max_wait_ms, "min_bytes": 1, "max_bytes": max_bytes, "session_id": 0, "session_epoch": -1,
         "topics": [{"topic": "t", "partitions": [
-            {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20} for p in partitions]}],
+            {"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes} for p in partitions]}],
     })
     return Request(RequestHead(FETCH, 12, 1), "test", body)
 
@@ -79,3 +107,38 @@ def test_past_the_parked_limit_a_fetch_is_answered_at_once_and_a_freed_place_is_
         await again
 
     asyncio.run(main())
+
+
+def answered_bytes(answer: dict) -> dict[int, int]:
+    return {p["partition_index"]: len(p["records"]) for t in answer["responses"] for p in t["partitions"]}
+
+
+def test_many_partitions_read_no_more_than_fetch_max_bytes_and_a_batch_each():
+    batch_bytes = len(build_batch([SimpleRecord(b"v" * 100)] * BATCH_RECORDS))
+    view = LogView({p: 20 for p in range(100)})
+    max_bytes = 20 * batch_bytes
+    answer = asyncio.run(data_apis.fetch(view, fetch_request(list(range(100)), 0, max_bytes=max_bytes)))
+    assert sum(answered_bytes(answer).values()) <= max_bytes
+    assert all(requested <= max(max_bytes // 100, 1) for _, _, requested in view.calls)
+    assert view.read_bytes <= max_bytes + 100 * batch_bytes, "at most one batch over each share"
+    assert view.read_bytes < 100 * 20 * batch_bytes / 10, "not every partition's partition_max_bytes"
+
+
+def test_what_quiet_partitions_leave_tops_up_a_busy_one_in_order():
+    batch_bytes = len(build_batch([SimpleRecord(b"v" * 100)] * BATCH_RECORDS))
+    view = LogView({0: 50, 1: 1, 2: 1})  # partition 0 has far more than a third of max_bytes
+    max_bytes = 30 * batch_bytes
+    answer = asyncio.run(data_apis.fetch(view, fetch_request([0, 1, 2], 0, max_bytes=max_bytes)))
+    got = answered_bytes(answer)
+    assert got[1] == got[2] == batch_bytes
+    assert max_bytes - 3 * batch_bytes <= got[0] <= max_bytes - 2 * batch_bytes, got
+    records = b"".join(view.logs[0])[:got[0]]
+    offsets = [b.header.base_offset for b in iter_batches(records)]
+    assert offsets == list(range(0, len(offsets) * BATCH_RECORDS, BATCH_RECORDS)), "the top-up continues the read"
+    assert view.read_bytes <= max_bytes + batch_bytes
+
+
+def test_partitions_whose_limits_fit_are_read_in_one_round():
+    view = LogView({p: 3 for p in range(3)})
+    asyncio.run(data_apis.fetch(view, fetch_request([0, 1, 2], 0, max_bytes=50 << 20, partition_max_bytes=1 << 20)))
+    assert len(view.calls) == 3 and all(requested == 1 << 20 for _, _, requested in view.calls)

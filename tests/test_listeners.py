@@ -167,6 +167,29 @@ def test_a_client_certificate_names_its_subject_as_kafka_writes_it(ca):
     assert certificate_principal(None) == certificate_principal(b"") == "User:ANONYMOUS"
 
 
+def test_attributes_without_an_rfc2253_keyword_are_written_as_java_writes_them(ca):
+    """X500Principal.getName(): `<OID>=#<hex of the DER value>` for emailAddress and the like."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Example"),
+                      x509.NameAttribute(NameOID.EMAIL_ADDRESS, "w@example.com"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, "writer")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    email = b"w@example.com"
+    expected = f"User:CN=writer,1.2.840.113549.1.9.1=#16{len(email):02x}{email.hex()},O=Example"  # IA5String
+    assert certificate_principal(cert.public_bytes(Encoding.DER)) == expected
+
+
 def test_describe_configs_names_passwords_but_never_shows_them():
     from types import SimpleNamespace
 

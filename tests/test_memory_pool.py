@@ -40,6 +40,24 @@ def test_a_cancelled_wait_takes_nothing_and_lets_the_next_one_through():
     asyncio.run(main())
 
 
+def test_a_wait_cancelled_just_before_a_release_takes_nothing():
+    """Cancelling the waiting task cancels its future at once; a release in the same turn
+    must skip it, not grant it (found by review: it raised and lost the bytes)."""
+    async def main() -> None:
+        pool = MemoryPool(100)
+        await pool.reserve(100)
+        waiter = asyncio.ensure_future(pool.reserve(50))
+        behind = asyncio.ensure_future(pool.reserve(30))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        pool.release(100)  # before the cancelled task runs again
+        results = await asyncio.gather(waiter, behind, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError) and results[1] is None
+        assert pool.used_bytes == 30 and not pool._waiters
+
+    asyncio.run(main())
+
+
 def test_unbounded_never_waits():
     async def main() -> None:
         pool = MemoryPool(UNBOUNDED)

@@ -1,6 +1,7 @@
 """The listener's limits on what clients may hold, on a SocketServer run in this process
 (no Ray): max.connections and max.connections.per.ip (with overrides) close a connection
-past them at once; connections.max.idle.ms closes a connection that sends nothing, but
+past them at once, counted before any TLS handshake; a broken TLS stream or a socket
+timeout ends its connection and frees its place; connections.max.idle.ms closes a connection that sends nothing, but
 not one whose request is being answered; queued.max.request.bytes is reserved at a
 frame's size prefix, so a client that declares a large frame and sends little holds
 the other connections' reads back only until it is cut, and no more."""
@@ -8,11 +9,16 @@ the other connections' reads back only until it is cut, and no more."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import ssl
 
 import pytest
 
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
+from rayk.net.request_context import PLAINTEXT_CONTEXT
+from rayk.net.socket_server import SocketServer, _Connection
 from tests.test_socket_server_backpressure import GATED_FROM, answers, api_versions, run_with_gated_server
 
 MiB = 1 << 20
@@ -116,3 +122,72 @@ def test_the_request_pool_must_hold_the_largest_request():
     BrokerConfig.from_properties({"socket.request.max.bytes": 2 * MiB, "queued.max.request.bytes": -1})
     with pytest.raises(InvalidConfigurationError, match="host:count"):
         BrokerConfig.from_properties({"max.connections.per.ip.overrides": "127.0.0.1"})
+
+
+# ---------------------------------------------------------------------------- found by review: connections that must not linger
+
+
+def run_tls_server(tmp_path, body, **settings) -> None:
+    """`body(server, host, port, client_context)` against a TLS listener run in this process."""
+    from tests.tls_helpers import write_tls_files
+
+    files = write_tls_files(tmp_path)
+    client = ssl.create_default_context(cafile=files.truststore)
+    client.maximum_version = ssl.TLSVersion.TLSv1_2  # so a forged record after the handshake is read as one
+
+    async def main() -> None:
+        config = BrokerConfig.from_properties({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": files.keystore,
+                                               **settings})
+        server = SocketServer(0, controller=None, config=config)
+        (host, port), = (await server.start()).values()
+        try:
+            await asyncio.wait_for(body(server, host, port, client), 60)
+        finally:
+            await asyncio.wait_for(server.stop(), 10)
+
+    asyncio.run(main())
+
+
+def test_a_broken_tls_record_after_the_handshake_ends_the_connection_and_frees_its_place(tmp_path):
+    def broken_client(host: str, port: int, context: ssl.SSLContext) -> socket.socket:
+        tls = context.wrap_socket(socket.create_connection((host, port)), server_hostname="127.0.0.1")
+        raw = socket.socket(fileno=tls.detach())
+        raw.sendall(b"\x17\x03\x03\x00\x40" + os.urandom(64))  # application data no key decrypts
+        return raw
+
+    async def body(server, host, port, context):
+        broken = await asyncio.to_thread(broken_client, host, port, context)
+        await reaches(server.connections, 0)
+        reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname="127.0.0.1")
+        writer.write(api_versions(1))
+        assert await answers(reader, 1) == [1], "max.connections (1) has room again"
+        writer.close()
+        broken.close()
+
+    run_tls_server(tmp_path, body, **{"max.connections": 1})
+
+
+def test_connections_in_their_tls_handshake_count_against_the_limits(tmp_path):
+    async def body(server, host, port, context):
+        silent = [await asyncio.open_connection(host, port) for _ in range(3)]  # TCP only: no ClientHello yet
+        await reaches(server.connections, 2)
+        assert await closed_by_broker(silent[2][0]), "past max.connections.per.ip, before any handshake"
+        for _, writer in silent:
+            writer.close()
+
+    run_tls_server(tmp_path, body, **{"max.connections.per.ip": 2})
+
+
+def test_a_socket_timeout_is_not_taken_for_idleness():
+    """ETIMEDOUT leaves TimeoutError on the reader: with a request of the connection being
+    answered, the idle check used to retry it forever without yielding."""
+    async def main() -> None:
+        server = SocketServer(0, controller=None, config=BrokerConfig(listeners="PLAINTEXT://127.0.0.1:0"))
+        reader = asyncio.StreamReader()
+        reader.set_exception(TimeoutError(110, "Connection timed out"))
+        connection = _Connection(PLAINTEXT_CONTEXT, None)
+        connection.slots_held = 1
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(server._next_size(reader, 600, connection), 2)
+
+    asyncio.run(main())

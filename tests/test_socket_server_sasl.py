@@ -95,3 +95,39 @@ def test_a_session_is_kept_by_reauthenticating_and_ends_without():
         writer.close()
 
     run_sasl_server(body)
+
+
+def test_before_authentication_a_large_frame_closes_the_connection_and_reserves_nothing():
+    async def body(server, connect):
+        reader, writer = await connect()
+        writer.write((600 * 1024).to_bytes(4, "big") + b"\0" * 1000)  # over sasl.server.max.receive.size
+        assert await closed(reader)
+        assert await server.queued_request_bytes() == 0
+        writer.close()
+        reader, writer = await connect()
+        await login(reader, writer)  # after authentication, socket.request.max.bytes applies
+        writer.write((600 * 1024).to_bytes(4, "big") + b"\0" * 1000)
+        for _ in range(100):
+            if await server.queued_request_bytes() == 600 * 1024:
+                break
+            await asyncio.sleep(0.01)
+        assert await server.queued_request_bytes() == 600 * 1024
+        writer.close()
+
+    run_sasl_server(body)
+
+
+def test_nothing_pipelined_after_a_failed_authentication_is_served():
+    async def body(server, connect):
+        reader, writer = await connect()
+        # PLAIN is not enabled: the handshake fails; the ApiVersions right behind it is not answered
+        writer.write(sized(request_frame(keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}, 1))
+                     + sized(request_frame(keys.API_VERSIONS, 3, {"client_software_name": "t",
+                                                                  "client_software_version": "1"}, 2)))
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        frame = await reader.readexactly(size)
+        assert struct.unpack_from(">ih", frame) == (1, 33)  # correlation id 1: UNSUPPORTED_SASL_MECHANISM
+        assert await closed(reader)
+        writer.close()
+
+    run_sasl_server(body)

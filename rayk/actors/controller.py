@@ -582,7 +582,8 @@ class Controller:
             replication_factor = self.config.default_replication_factor
         checked = validate_topic_configs(configs)
         records = self._meta.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
-        self._check_replica_caps(records)
+        if name != OFFSETS_TOPIC:  # consumer groups must work whatever users have filled
+            self._check_replica_caps(records)
         if validate_only:
             return []
         self._commit(records)

@@ -69,7 +69,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -123,6 +122,14 @@ class _Replica:
     handle: Any  # None after the replica died, until the Controller's next push re-creates it
     assignment: PartitionAssignment
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
+
+
+def _node_memory_bytes() -> int:
+    """This node's memory as Ray's memory monitor sees it: a cgroup's limit where one is set
+    (a container), else the host's."""
+    from ray._private.utils import get_system_memory  # what Ray's own memory monitor reads
+
+    return int(get_system_memory())
 
 
 class ReplicaManager(Supervised):
@@ -224,7 +231,7 @@ class ReplicaManager(Supervised):
                     self._incarnation_id,
                     self._directory_id,
                     self._clean_shutdown,
-                    psutil.virtual_memory().total,
+                    _node_memory_bytes(),
                 )
                 break
             except RayActorError as e:

@@ -49,6 +49,9 @@ class ScramUpsertion(NamedTuple):
     password: str
     iterations: int = DEFAULT_ITERATIONS
 
+    def __repr__(self) -> str:  # never the password: tracebacks and logs show reprs
+        return f"ScramUpsertion(user={self.user!r}, mechanism={self.mechanism!r}, password=***, iterations={self.iterations})"
+
 
 class ScramDeletion(NamedTuple):
     user: str

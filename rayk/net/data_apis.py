@@ -30,6 +30,7 @@ from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms, topic_id_text
 from rayk.net.fetch_session import FetchPartition, PartitionAnswer
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
+from rayk.storage.records import iter_batches
 
 ZERO_TOPIC_ID = uuid.UUID(int=0)
 # A longer wait would be answered after the client gave up (librdkafka's and the Java
@@ -86,7 +87,11 @@ def _failed(error: Exception) -> asyncio.Future:
 async def fetch(view: BrokerView, request: Any) -> dict:
     """Answers when `min_bytes` are ready over all partitions or `max_wait` has passed:
     first a read of every partition without waiting, then (if that fell short) a wait on
-    every partition at once, answered as soon as enough bytes arrived. A fetch of one
+    every partition at once, answered as soon as enough bytes arrived. `max_bytes`
+    (fetch.max.bytes) bounds what is read, not only what is answered: each partition may
+    read its fair share of it (at most its own partition_max_bytes), and what the others
+    left over tops up, in request order, the partitions whose share was cut; a replica
+    returns at least one batch, as Kafka does for the first partition. A fetch of one
     partition (a consumer's fetch from a broker that leads one of its partitions) waits at
     the replica in one call. Which partitions are read and answered is the fetch session's
     (fetch_session.py); Fetch v13+ names topics by id. A partition named twice is
@@ -114,7 +119,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     deadline = time.monotonic() + max_wait_ms / 1000
     min_bytes = max(body.min_bytes, 1)
 
-    async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1) -> dict:
+    async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1, max_bytes: int | None = None,
+                  offset: int | None = None) -> dict:
         try:
             name = names[p.topic]
             if isinstance(name, KafkaError):
@@ -123,7 +129,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {name!r}")
             async with view.parked_fetches.wait_ms(name, p.partition, wait_ms) as granted_wait_ms:
                 result = await view.call(
-                    name, p.partition, "fetch", p.fetch_offset, p.max_bytes, partition_min_bytes, granted_wait_ms,
+                    name, p.partition, "fetch", p.fetch_offset if offset is None else offset,
+                    p.max_bytes if max_bytes is None else max_bytes, partition_min_bytes, granted_wait_ms,
                     CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
                     topic_id_text(p.topic) if uses_topic_ids else None,
                 )
@@ -151,11 +158,13 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     if len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
         answers = [await one(wanted[0], max_wait_ms, min_bytes)]
     else:
-        answers = list(await asyncio.gather(*(one(p, 0) for p in wanted)))
+        grants = _fair_shares([p.max_bytes for p in wanted], max(body.max_bytes, 1))
+        answers = list(await asyncio.gather(*(one(p, 0, max_bytes=g) for p, g in zip(wanted, grants))))
+        answers = await _top_up(answers, wanted, grants, body.max_bytes, one)
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if wanted and _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
-            answers = await _wait_for_bytes(answers, [asyncio.ensure_future(one(p, remaining_ms)) for p in wanted],
-                                            min_bytes, remaining_ms)
+            waits = [asyncio.ensure_future(one(p, remaining_ms, max_bytes=g)) for p, g in zip(wanted, grants)]
+            answers = await _wait_for_bytes(answers, waits, min_bytes, remaining_ms)
         _trim_to(answers, body.max_bytes)
     try:
         session_id, chosen = context.answer([
@@ -181,6 +190,44 @@ def _check_describe(view: BrokerView, request: Any, topic: str) -> None:
 def _topic_id(value: uuid.UUID | None) -> uuid.UUID:
     """kio reads the all-zero topic id as None; it is the id no topic has."""
     return value if value is not None else ZERO_TOPIC_ID
+
+
+def _fair_shares(partition_max_bytes: list[int], max_bytes: int) -> list[int]:
+    """Per partition what it may read at first: an equal share of `max_bytes`, at most its
+    own limit; the shares sum to at most `max_bytes`."""
+    share = max(max_bytes // len(partition_max_bytes), 1)
+    return [min(limit, share) for limit in partition_max_bytes]
+
+
+async def _top_up(answers: list[dict], wanted: list[FetchPartition], grants: list[int], max_bytes: int, read: Any) -> list[dict]:
+    """Reads more of the partitions whose fair share was cut below their own limit and
+    that had data, in request order, from the bytes the others left unused."""
+    leftover = max_bytes - _ready_bytes(answers)
+    more: list[tuple[int, int, int]] = []  # (answer index, bytes, offset)
+    for i, (answer, p, grant) in enumerate(zip(answers, wanted, grants)):
+        got = len(answer["records"])
+        if leftover <= 0:
+            break
+        if answer["error_code"] or not got or grant >= p.max_bytes or got >= p.max_bytes:
+            continue
+        extra = min(p.max_bytes - got, leftover)
+        leftover -= extra
+        more.append((i, extra, _next_offset(answer["records"])))
+    if not more:
+        return answers
+    read_again = await asyncio.gather(*(read(wanted[i], 0, max_bytes=extra, offset=offset) for i, extra, offset in more))
+    for (i, _, _), again in zip(more, read_again):
+        if not again["error_code"] and again["records"]:
+            answers[i] = {**answers[i], "records": bytes(answers[i]["records"]) + bytes(again["records"])}
+    return answers
+
+
+def _next_offset(records: bytes) -> int:
+    last = None
+    for last in iter_batches(records):
+        pass
+    assert last is not None, "records hold whole batches"
+    return last.header.next_offset
 
 
 def _ready_bytes(answers: list[dict]) -> int:

@@ -38,9 +38,9 @@ class MemoryPool:
         try:
             await granted
         except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
+            if not granted.cancelled():
                 self.release(size_bytes)  # granted as the wait was cancelled: give it back
-            else:
+            elif waiter in self._waiters:
                 self._waiters.remove(waiter)
                 self._grant()  # a large frame ahead may have held smaller ones back
             raise
@@ -57,7 +57,9 @@ class MemoryPool:
         return 0 if self.capacity_bytes == UNBOUNDED else self.capacity_bytes - self.available_bytes
 
     def _grant(self) -> None:
-        while self._waiters and self._waiters[0][0] <= self.available_bytes:
+        while self._waiters and (self._waiters[0][1].done() or self._waiters[0][0] <= self.available_bytes):
             size_bytes, granted = self._waiters.popleft()
+            if granted.done():
+                continue  # its task was cancelled (which cancels the future) and has not run since
             self.available_bytes -= size_bytes
             granted.set_result(None)

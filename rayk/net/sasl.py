@@ -15,12 +15,13 @@ password), a request out of order ILLEGAL_SASL_STATE; each then closes the conne
 
 Re-authentication (KIP-368): with `connections.max.reauth.ms` > 0 a session lasts that
 long (SaslAuthenticate v1+ tells the client); the client authenticates again on the same
-connection, as the same principal, before it ends, or its next request closes the
-connection.
+connection, as the same principal with the same mechanism, before it ends, or its next
+request closes the connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -32,13 +33,15 @@ from rayk.errors import (
 )
 from rayk.net.api_versions import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from rayk.scram import MECHANISMS as SCRAM_MECHANISMS
-from rayk.scram import ScramCredential, ScramServerExchange, password_matches
+from rayk.scram import SCRAM_SHA_512, ScramCredential, ScramServerExchange, credential_from_password, password_matches
 
 PLAIN = "PLAIN"
 SASL_MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
 BEFORE_AUTHENTICATION = (API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE)  # what an unauthenticated client may send
 
 Credentials = Callable[[str], Awaitable[dict[str, ScramCredential]]]  # user -> its credentials by mechanism
+# What PLAIN checks an unknown user's password against: as costly as a real credential.
+_UNKNOWN_USER = credential_from_password(SCRAM_SHA_512, "", 8192, b"\0" * 32)
 
 
 class SaslAuthenticator:
@@ -52,6 +55,7 @@ class SaslAuthenticator:
         self._scram: ScramServerExchange | None = None  # between the two SCRAM rounds
         self._scram_user = ""
         self.raw_tokens = False  # a v0 handshake: the next frames are bare tokens until done
+        self._session_mechanism: str | None = None  # what authenticated the principal; re-authentication keeps it
 
     def refusal(self, api_key: int) -> str | None:
         """Why a request of `api_key` closes the connection now, or None."""
@@ -67,6 +71,9 @@ class SaslAuthenticator:
         """SaslHandshake (v0: `raw_tokens`); UNSUPPORTED_SASL_MECHANISM or ILLEGAL_SASL_STATE."""
         if self._mechanism is not None:
             raise IllegalSaslStateError("SaslHandshake in the middle of an authentication")
+        if self.principal is not None and mechanism != self._session_mechanism:
+            raise SaslAuthenticationFailedError(
+                f"re-authentication with {mechanism} on a connection authenticated with {self._session_mechanism}")
         if mechanism not in self.mechanisms:
             raise UnsupportedSaslMechanismError(
                 f"{mechanism!r} is not enabled on this listener (sasl.enabled.mechanisms: {', '.join(self.mechanisms)})"
@@ -92,10 +99,15 @@ class SaslAuthenticator:
             raise
 
     async def _plain(self, token: bytes) -> str:
+        """The user, once its password matches its SCRAM credential. The PBKDF2 runs in a
+        thread (it releases the GIL), not on the listener's event loop; an unknown user is
+        checked against a stand-in credential, so it costs what a wrong password costs."""
         authzid, user, password = _split_plain(token)
         if authzid and authzid != user:
             raise SaslAuthenticationFailedError("PLAIN: authorization id must be empty or the user name")
-        if not any(password_matches(c, password) for c in (await self._credentials(user)).values()):
+        credentials = await self._credentials(user)
+        credential = credentials.get(SCRAM_SHA_512) or next(iter(credentials.values()), _UNKNOWN_USER)
+        if not await asyncio.to_thread(password_matches, credential, password) or credential is _UNKNOWN_USER:
             raise _failed(PLAIN)
         return user
 
@@ -117,6 +129,7 @@ class SaslAuthenticator:
 
     def _done(self, user: str) -> int:
         principal = f"User:{user}"
+        self._session_mechanism = self._mechanism
         self._mechanism = None
         self.raw_tokens = False
         if self.principal is not None and principal != self.principal:

@@ -47,7 +47,7 @@ async def describe_user_scram_credentials(view: BrokerView, request: Any) -> dic
     if not _authorized(view, request, DESCRIBE):
         return {"error_code": ClusterAuthorizationFailedError.code, "results": [],
                 "error_message": f"{request.context.principal} may not describe credentials"}
-    names = None if request.body.users is None else [u.name for u in request.body.users]
+    names = [u.name for u in request.body.users] if request.body.users else None  # none named: all, as in Kafka
     unique = None if names is None else sorted({n for n in names if names.count(n) == 1})
     described = await view.ask_controller("describe_user_scram_credentials", unique, timeout_ms=CONTROLLER_TIMEOUT_MS)
     results = []

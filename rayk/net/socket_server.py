@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import struct
 import time
 from collections import Counter
@@ -161,10 +162,9 @@ class SocketServer(Supervised):
         host = listener.host or node_ip
         port = broker_port(listener.base_port, self.broker_id)
         tls = server_context(self.config, listener.name) if listener.uses_tls else None
-        on_connection = functools.partial(self._on_connection, listener)
+        on_connection = functools.partial(self._on_connection, listener, tls)
         try:
-            server = await asyncio.start_server(on_connection, host, port, limit=1 << 16, ssl=tls,
-                                                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None)
+            server = await asyncio.start_server(on_connection, host, port, limit=1 << 16)
         except OSError as e:
             raise InvalidConfigurationError(
                 f"broker {self.broker_id} cannot listen on {host}:{port} (listener {listener.name}): {e}"
@@ -223,26 +223,47 @@ class SocketServer(Supervised):
 
     # ------------------------------------------------------------------ one connection
 
-    async def _on_connection(self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, listener: Listener, tls: ssl.SSLContext | None, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        """One connection: counted against the limits as it is accepted (before any TLS
+        handshake, as Kafka counts at accept), then its TLS handshake, then served."""
         task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
-        try:
-            context = _context_of(listener, self.config, writer)
-        except Exception:
-            logger.exception("broker %d: closing connection from %s: no principal for it", self.broker_id, peer)
-            writer.close()
-            return
-        refusal = self._refusal(context.client_host)
+        host = peer[0] if peer else ""
+        refusal = self._refusal(host)
         if refusal is not None:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
             writer.close()
             return
-        sasl = None
-        if listener.uses_sasl:
-            sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
-                                     self.config.connections_max_reauth_ms)
-        connection = self._connections[task] = _Connection(context, sasl)
-        self._per_host[context.client_host] += 1
+        connection = self._connections[task] = _Connection(
+            RequestContext(listener.name, listener.security_protocol, ANONYMOUS, host), None)
+        self._per_host[host] += 1
+        try:
+            if tls is not None:
+                await writer.start_tls(tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
+            connection.context = _context_of(listener, self.config, writer)
+            if listener.uses_sasl:
+                connection.sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
+                                                    self.config.connections_max_reauth_ms)
+            await self._serve(connection, listener, reader, writer)
+        except (OSError, TimeoutError) as e:  # a failed TLS handshake, or the client left during it
+            logger.info("broker %d: closing connection from %s (%s): %r", self.broker_id, peer, listener.name, e)
+        except asyncio.CancelledError:
+            pass  # the listener stops
+        except Exception:
+            logger.exception("broker %d: closing connection from %s after an unexpected error", self.broker_id, peer)
+        finally:
+            writer.close()
+            self._connections.pop(task, None)
+            self._per_host[host] -= 1
+            if not self._per_host[host]:
+                del self._per_host[host]
+
+    async def _serve(self, connection: _Connection, listener: Listener, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        """Reads, answers and writes until the connection ends; gives back every slot and
+        byte its unanswered requests held."""
+        peer = writer.get_extra_info("peername")
         timer = self._request_timers[listener.name]
         # Frames carry when they were read; answers, that and the request's API name (None
         # for a frame that did not decode), for TotalTimeMs.
@@ -252,16 +273,16 @@ class SocketServer(Supervised):
         writing = asyncio.ensure_future(self._write_answers(answers, writer, connection, timer))
         processing = asyncio.ensure_future(self._process(frames, answers, connection))
         try:
-            done, _ = await asyncio.wait((processing, writing), return_when=asyncio.FIRST_EXCEPTION)
+            # `reading` is watched too: a read that failed unexpectedly ends the connection
+            # instead of leaving the other two waiting for frames that never come.
+            done, _ = await asyncio.wait((reading, processing, writing), return_when=asyncio.FIRST_EXCEPTION)
             for finished in done:
                 finished.result()  # raises why the connection ends, if it failed
             await writing  # processing ended at EOF: write what is left
         except ConnectionClosed as e:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, e)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass  # the client left, or the listener stops
-        except Exception:
-            logger.exception("broker %d: closing connection from %s after an unexpected error", self.broker_id, peer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client left (or broke its TLS stream)
         finally:
             for part in (reading, processing, writing):
                 part.cancel()
@@ -272,11 +293,7 @@ class SocketServer(Supervised):
             for _ in range(connection.slots_held):  # frames read but never answered
                 self._give_slot()
             self._memory.release(connection.bytes_held)
-            writer.close()
-            self._connections.pop(task, None)
-            self._per_host[context.client_host] -= 1
-            if not self._per_host[context.client_host]:
-                del self._per_host[context.client_host]
+            connection.slots_held = connection.bytes_held = 0
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None (max.connections and
@@ -302,6 +319,8 @@ class SocketServer(Supervised):
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(exchanged)
                 await answers.put((answer, received_s, None, len(frame)))
+                if isinstance(exchanged, _CloseAfter):
+                    break  # nothing after a failed authentication is served
                 continue
             request = self._decode(frame, connection.context)
             is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
@@ -421,9 +440,12 @@ class SocketServer(Supervised):
         idle_s = self.config.connections_max_idle_ms / 1000
         try:
             while (size := await self._next_size(reader, idle_s, connection)) is not None:
-                if not 0 <= size <= self.config.socket_request_max_bytes:
-                    logger.info("broker %d: closing connection from %s: request size %d is outside 0..%d "
-                                "(socket.request.max.bytes)", self.broker_id, peer, size, self.config.socket_request_max_bytes)
+                limit, setting = self.config.socket_request_max_bytes, "socket.request.max.bytes"
+                if connection.sasl is not None and connection.sasl.principal is None:
+                    limit, setting = self.config.sasl_server_max_receive_size, "sasl.server.max.receive.size"
+                if not 0 <= size <= limit:
+                    logger.info("broker %d: closing connection from %s: request size %d is outside 0..%d (%s)",
+                                self.broker_id, peer, size, limit, setting)
                     break
                 await self._memory.reserve(size)
                 connection.bytes_held += size
@@ -438,7 +460,7 @@ class SocketServer(Supervised):
                 await self._take_slot()
                 connection.slots_held += 1
                 await frames.put((frame, received_s))
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, OSError):  # OSError: a connection error, or a broken TLS record
             pass
         await frames.put(None)
 
@@ -447,9 +469,11 @@ class SocketServer(Supervised):
         connections.max.idle.ms while none of its requests was being answered."""
         while True:
             try:
-                async with asyncio.timeout(idle_s):
+                async with asyncio.timeout(idle_s) as idle:
                     return _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
             except TimeoutError:
+                if not idle.expired():
+                    raise  # the socket's own timeout (ETIMEDOUT), not idleness: the connection is gone
                 if connection.slots_held == 0:
                     logger.info("broker %d: closing connection from %s (%s): idle for connections.max.idle.ms",
                                 self.broker_id, connection.context.client_host, connection.context.listener_name)

@@ -9,8 +9,10 @@ refuses a client without a valid one (mTLS). TLS 1.2 is the oldest version serve
 Kafka's `ssl.enabled.protocols` default (TLSv1.2,TLSv1.3) has it.
 
 A client that presented a certificate is `User:<subject>`, its subject distinguished name
-as RFC 4514 writes it (`CN=writer,O=Example`), which is what Kafka's default
-`ssl.principal.mapping.rules` gives; any other TLS client is `User:ANONYMOUS`.
+as Java's X500Principal.getName() writes it (RFC 2253: `CN=writer,O=Example`, the most
+specific name first), which is what Kafka's default `ssl.principal.mapping.rules` gives:
+attributes without an RFC 2253 keyword (emailAddress, serialNumber, ...) are written as
+`<OID>=#<hex of the DER value>`. Any other TLS client is `User:ANONYMOUS`.
 """
 
 from __future__ import annotations
@@ -56,4 +58,27 @@ def certificate_principal(der_certificate: bytes | None) -> str:
         return ANONYMOUS
     from cryptography import x509  # only listeners that see client certificates load it
 
-    return "User:" + x509.load_der_x509_certificate(der_certificate).subject.rfc4514_string()
+    subject = x509.load_der_x509_certificate(der_certificate).subject
+    rdns = ["+".join(_rfc2253(attribute) for attribute in rdn) for rdn in reversed(subject.rdns)]
+    return "User:" + ",".join(rdns)
+
+
+_RFC2253_KEYWORDS = {"2.5.4.3", "2.5.4.7", "2.5.4.8", "2.5.4.10", "2.5.4.11", "2.5.4.6", "2.5.4.9",
+                     "0.9.2342.19200300.100.1.25", "0.9.2342.19200300.100.1.1"}  # CN L ST O OU C STREET DC UID
+_UTF8_STRING = 0x0C
+
+
+def _rfc2253(attribute) -> str:
+    if attribute.oid.dotted_string in _RFC2253_KEYWORDS:
+        return attribute.rfc4514_string()
+    value = attribute.value.encode() if isinstance(attribute.value, str) else bytes(attribute.value)
+    kind = getattr(attribute, "_type", None)  # the value's ASN.1 string type, as the certificate has it
+    tag = int(getattr(kind, "value", kind) or _UTF8_STRING)
+    return f"{attribute.oid.dotted_string}=#{(bytes([tag]) + _der_length(len(value)) + value).hex()}"
+
+
+def _der_length(length: int) -> bytes:
+    if length < 0x80:
+        return bytes([length])
+    encoded = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([0x80 | len(encoded)]) + encoded
