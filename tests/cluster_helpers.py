@@ -180,3 +180,25 @@ def assert_acked_records_present(cluster: Any, topic: str, acked: list[tuple[int
     for base, values in acked:
         for i, value in enumerate(values):
             assert stored.get(base + i) == value, f"acked record at offset {base + i} is {stored.get(base + i)!r}"
+
+
+def confluent_round_trip(settings: dict, topic: str, values: list[bytes], timeout_s: float = 60) -> list[bytes]:
+    """Produces `values` with a confluent-kafka producer (acks=all) and reads them back with a
+    consumer in a group of its own, both with the client `settings` (security included);
+    the values read, in the order read."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer({**settings, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value=value)
+    assert producer.flush(30) == 0, "every record delivered"
+    consumer = confluent_kafka.Consumer({**settings, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(values) and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+    consumer.close()
+    return got

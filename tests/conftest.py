@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster_helpers import release_shared_local_ray
+from tests.tls_helpers import TlsFiles, write_tls_files
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,3 +24,10 @@ def delete_topics_after_test(cluster):
     for name in set(cluster.list_topics()) - before:
         if not name.startswith("__"):
             cluster.delete_topic(name)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> TlsFiles:
+    """A CA, the broker's PEM keystore and truststore, and a client certificate, made for
+    the module (tls_helpers.py)."""
+    return write_tls_files(tmp_path_factory.mktemp("tls"))

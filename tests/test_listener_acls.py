@@ -23,16 +23,11 @@ from rayk.client.admin import ScramUpsertion
 from rayk.net.api_versions import CREATE_ACLS, DESCRIBE_ACLS
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
-from tests.tls_helpers import TlsFiles, write_tls_files
+from tests.tls_helpers import TlsFiles
 
 PASSWORD = "alice-secret"
 ACL_PROPAGATION_S = 3  # listeners look the ACLs up every 0.5 s
 CLUSTER_AUTHORIZATION_FAILED = 31
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory) -> TlsFiles:
-    return write_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 def config_for(tls: TlsFiles) -> dict:

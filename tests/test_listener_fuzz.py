@@ -25,7 +25,6 @@ from rayk.net import api_versions as keys
 from rayk.storage.records import SimpleRecord, build_batch
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 from tests.protocol_helpers import RawConnection, request_frame, sized
-from tests.tls_helpers import write_tls_files
 
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
 KEPT = [f"kept-{i}".encode() for i in range(50)]
@@ -36,11 +35,6 @@ FUZZER_PASSWORD = "fuzzer-pw"
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
     shared_local_ray()
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    return write_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +72,27 @@ def assert_serves_and_kept_is_intact(address):
     assert values == KEPT
     assert consumer.end_offsets([tp])[tp] == len(KEPT)
     consumer.close()
+
+
+def send_and_drain(address: str, payload: bytes, tls: ssl.SSLContext | None = None) -> bool:
+    """Sends `payload` on a new connection, says it will send no more, and reads until the
+    broker closes it (the broker answers what it read, then sees EOF). False if the
+    connection did not open: a TLS handshake that did not finish in time on a busy
+    machine, which is not the broker's answer to the payload."""
+    try:
+        conn = RawConnection(address, timeout_s=5, tls=tls)
+    except OSError:
+        return False
+    try:
+        conn.send(payload)
+        conn.sock.shutdown(1)
+        while conn.sock.recv(1 << 16):
+            pass
+    except OSError:
+        pass  # the broker closed first
+    finally:
+        conn.close()
+    return True
 
 
 def metadata_ok(address) -> bool:
@@ -178,20 +193,7 @@ def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address, clus
             payload = data.draw(st.binary(max_size=300))
         if time.monotonic() > deadline:
             return  # time is up: the remaining examples only draw
-        try:
-            conn = RawConnection(fuzzed_address, timeout_s=5, tls=context)
-        except OSError:
-            return  # a TLS handshake that did not finish in time (the machine is busy): not the broker's answer
-        try:
-            conn.send(payload)
-            conn.sock.shutdown(1)  # no more requests: the broker answers what it read, then sees EOF
-            while conn.receive() is not None:
-                pass
-        except OSError:
-            pass  # the broker closed first
-        finally:
-            conn.close()
-        sent["n"] += 1
+        sent["n"] += send_and_drain(fuzzed_address, payload, context)
 
     fuzz()
     assert sent["n"] > 50, "the fuzz run sent frames"
@@ -228,17 +230,7 @@ def test_fuzzed_tls_handshakes_close_only_their_connection(address, cluster, tls
             payload = data.draw(st.binary(min_size=1, max_size=300))
         if time.monotonic() > deadline:
             return
-        conn = RawConnection(ssl_address, timeout_s=5)
-        try:
-            conn.send(payload)
-            conn.sock.shutdown(1)
-            while conn.sock.recv(1 << 16):  # an alert, a ServerHello, or nothing; then the broker closes
-                pass
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        sent["n"] += 1
+        sent["n"] += send_and_drain(ssl_address, payload)  # answered by an alert, a ServerHello, or nothing
 
     fuzz()
     assert sent["n"] > 50, "the fuzz run sent handshakes"
@@ -276,20 +268,7 @@ def test_fuzzed_sasl_exchanges_close_only_their_connection(address, cluster, tls
             payload += sized(bytes(frame))
         if time.monotonic() > deadline:
             return
-        try:
-            conn = RawConnection(sasl_address, timeout_s=5, tls=context)
-        except OSError:
-            return
-        try:
-            conn.send(payload)
-            conn.sock.shutdown(1)
-            while conn.receive() is not None:
-                pass
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        sent["n"] += 1
+        sent["n"] += send_and_drain(sasl_address, payload, context)
 
     fuzz()
     assert sent["n"] > 50, "the fuzz run sent exchanges"

@@ -13,7 +13,6 @@ import asyncio
 import shutil
 import ssl
 import subprocess
-import time
 import uuid
 
 import aiokafka
@@ -28,19 +27,14 @@ import rayk
 from rayk.client.admin import ScramDeletion, ScramUpsertion
 from rayk.errors import ResourceNotFoundError
 from rayk.net import api_versions as keys
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
+from tests.cluster_helpers import FAST_CONFIG, confluent_round_trip, shared_local_ray
 from tests.protocol_helpers import RawConnection, request_frame, sized
-from tests.tls_helpers import TlsFiles, write_tls_files
+from tests.tls_helpers import TlsFiles
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
 RECORDS = 10
 SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 58, 33, 34
 CLUSTER_AUTHORIZATION_FAILED = 31
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory) -> TlsFiles:
-    return write_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 def config_for(tls: TlsFiles) -> dict:
@@ -95,26 +89,13 @@ def confluent_settings(cluster, tls, mechanism: str, user: str, password: str) -
             "sasl.password": password}
 
 
-def confluent_round_trip(settings: dict, topic: str) -> list[bytes]:
-    producer = confluent_kafka.Producer({**settings, "acks": "all"})
-    for i in range(RECORDS):
-        producer.produce(topic, value=b"%d" % i)
-    assert producer.flush(30) == 0
-    consumer = confluent_kafka.Consumer({**settings, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 60
-    while len(got) < RECORDS and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            got.append(message.value())
-    consumer.close()
-    return got
+def round_trip(settings: dict, topic: str) -> list[bytes]:
+    return confluent_round_trip(settings, topic, [b"%d" % i for i in range(RECORDS)])
 
 
 def test_confluent_kafka_on_sasl_ssl_with_scram_sha_512(cluster, tls, alice):
     topic = new_topic(cluster)
-    got = confluent_round_trip(confluent_settings(cluster, tls, "SCRAM-SHA-512", alice, PASSWORDS[alice]), topic)
+    got = round_trip(confluent_settings(cluster, tls, "SCRAM-SHA-512", alice, PASSWORDS[alice]), topic)
     assert sorted(got) == sorted(b"%d" % i for i in range(RECORDS))
 
 
@@ -122,9 +103,9 @@ def test_a_credential_made_from_python_and_plain_against_it(cluster, tls, alice)
     results = cluster.admin().alter_user_scram_credentials([ScramUpsertion("bob", "SCRAM-SHA-256", PASSWORDS["bob"])])
     assert results == {"bob": None}
     topic = new_topic(cluster)
-    got = confluent_round_trip(confluent_settings(cluster, tls, "SCRAM-SHA-256", "bob", PASSWORDS["bob"]), topic)
+    got = round_trip(confluent_settings(cluster, tls, "SCRAM-SHA-256", "bob", PASSWORDS["bob"]), topic)
     assert len(got) == RECORDS
-    plain = confluent_round_trip(confluent_settings(cluster, tls, "PLAIN", "bob", PASSWORDS["bob"]), new_topic(cluster))
+    plain = round_trip(confluent_settings(cluster, tls, "PLAIN", "bob", PASSWORDS["bob"]), new_topic(cluster))
     assert len(plain) == RECORDS
     assert cluster.admin().describe_user_scram_credentials(["bob"]) == {"bob": [("SCRAM-SHA-256", 8192)]}
 
@@ -256,7 +237,7 @@ def test_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, t
     again = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-sasl")
     try:
         topic = new_topic(again)
-        got = confluent_round_trip(confluent_settings(again, tls, "SCRAM-SHA-512", alice, PASSWORDS[alice]), topic)
+        got = round_trip(confluent_settings(again, tls, "SCRAM-SHA-512", alice, PASSWORDS[alice]), topic)
         assert len(got) == RECORDS
     finally:
         again.shutdown()

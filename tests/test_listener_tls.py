@@ -11,7 +11,6 @@ import asyncio
 import shutil
 import ssl
 import subprocess
-import time
 import uuid
 
 import aiokafka
@@ -24,9 +23,9 @@ import ray
 
 import rayk
 from rayk.net import api_versions as keys
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, confluent_round_trip, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, request_frame, sized
-from tests.tls_helpers import CLIENT_SUBJECT, TlsFiles, write_tls_files
+from tests.tls_helpers import CLIENT_SUBJECT, TlsFiles
 
 RECORDS = 20
 API_VERSIONS_BODY = {"client_software_name": "t", "client_software_version": "1"}
@@ -35,11 +34,6 @@ API_VERSIONS_BODY = {"client_software_name": "t", "client_software_version": "1"
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
     shared_local_ray()
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory) -> TlsFiles:
-    return write_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +99,7 @@ def test_confluent_kafka_produces_and_consumes_over_ssl(cluster, tls):
     topic = new_topic(cluster)
     settings = {"bootstrap.servers": cluster.bootstrap_servers_for("SSL"), "security.protocol": "SSL",
                 "ssl.ca.location": tls.truststore}
-    producer = confluent_kafka.Producer({**settings, "acks": "all"})
-    for value in values("confluent"):
-        producer.produce(topic, value=value)
-    assert producer.flush(30) == 0
-    consumer = confluent_kafka.Consumer({**settings, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got = []
-    deadline = time.monotonic() + 60
-    while len(got) < RECORDS and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            got.append(message.value())
-    consumer.close()
-    assert sorted(got) == sorted(values("confluent"))
+    assert sorted(confluent_round_trip(settings, topic, values("confluent"))) == sorted(values("confluent"))
 
 
 def test_kafka_python_produces_and_consumes_over_ssl(cluster, tls):

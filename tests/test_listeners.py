@@ -14,7 +14,7 @@ from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
 from rayk.listeners import Listener, broker_port, parse_listeners
 from rayk.net.tls import certificate_principal, server_context
-from tests.tls_helpers import TlsFiles, write_tls_files
+from tests.tls_helpers import TlsFiles
 
 
 def test_one_listener_per_entry_in_order_with_kafkas_default_protocol_map():
@@ -76,11 +76,6 @@ def test_listeners_written_out_parse_back(addresses, protocol):
 
 
 # ---------------------------------------------------------------------------- TLS settings
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory) -> TlsFiles:
-    return write_tls_files(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")
