@@ -129,18 +129,55 @@ class AclFilter:
 
 
 class Authorizer:
+    """One immutable set of bindings; decisions are remembered (a listener asks the same
+    ones for every request), up to MAX_REMEMBERED."""
+
+    MAX_REMEMBERED = 100_000
+
     def __init__(self, bindings: Iterable[AclBinding], super_users: frozenset[str],
                  allow_everyone_if_no_acl_found: bool = False) -> None:
         self.bindings = tuple(bindings)
         self.super_users = super_users
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
+        self._decided: dict[tuple, bool] = {}
 
     def authorize(self, principal: str, host: str, operation: int, resource_type: int, name: str) -> bool:
         if principal in self.super_users:
             return True
+        key = (principal, host, operation, resource_type, name)
+        decided = self._decided.get(key)
+        if decided is None:
+            if len(self._decided) >= self.MAX_REMEMBERED:
+                self._decided.clear()
+            decided = self._decided[key] = self._decide(principal, host, operation, resource_type, name)
+        return decided
+
+    def _decide(self, principal: str, host: str, operation: int, resource_type: int, name: str) -> bool:
         on_resource = [b for b in self.bindings if b.covers(resource_type, name)]
         if not on_resource:
             return self.allow_everyone_if_no_acl_found
         mine = [b for b in on_resource if b.principal in (principal, WILDCARD_PRINCIPAL) and b.host in (host, WILDCARD)
                 and b.grants(operation)]
         return not any(b.permission_type == DENY for b in mine) and any(b.permission_type == ALLOW for b in mine)
+
+    def authorize_by_resource_type(self, principal: str, host: str, operation: int, resource_type: int) -> bool:
+        """Whether the principal may do `operation` on *some* resource of the type (Kafka's
+        Authorizer.authorizeByResourceType, KIP-679: an idempotent producer needs WRITE on
+        some topic): an ALLOW pattern of its own, literal or prefixed, that no DENY pattern
+        covers. Existing resources do not matter, only the patterns."""
+        if self.authorize(principal, host, operation, resource_type, "hardcode"):
+            return True  # super users, and allow.everyone.if.no.acl.found with nothing said
+        mine = [b for b in self.bindings if b.resource_type == resource_type and b.operation in (operation, ALL)
+                and b.principal in (principal, WILDCARD_PRINCIPAL) and b.host in (host, WILDCARD)]
+        deny_literal = {b.resource_name for b in mine if b.permission_type == DENY and b.pattern_type == LITERAL}
+        deny_prefixed = [b.resource_name for b in mine if b.permission_type == DENY and b.pattern_type == PREFIXED]
+        if WILDCARD in deny_literal:
+            return False
+        for b in (b for b in mine if b.permission_type == ALLOW):
+            if b.pattern_type == LITERAL and b.resource_name == WILDCARD:
+                return True
+            if b.pattern_type == LITERAL and b.resource_name in deny_literal:
+                continue
+            if not any(b.resource_name.startswith(prefix) for prefix in deny_prefixed):
+                return True
+        return False

@@ -464,11 +464,17 @@ def _acl_bindings(args: argparse.Namespace) -> list:
             for principal, permission in who for op in args.operation]
 
 
-def _acl_filter(args: argparse.Namespace) -> Any:
+def _acl_filter(args: argparse.Namespace, removing: bool = False) -> Any:
+    """The filter of `list` or `remove`. Removing, as kafka-acls does, needs a resource or
+    a principal (never every ACL by default), and a named resource means its literal
+    pattern unless --resource-pattern-type says otherwise."""
     from rayk import acls
 
     resource_type, name = _acl_resource(args)
-    pattern = acls.PATTERN_TYPES[args.resource_pattern_type] if args.resource_pattern_type else acls.ANY
+    if removing and name is None and args.principal is None:
+        raise CliError("name what to remove: --topic, --group, --transactional-id, --cluster or --principal")
+    default = acls.LITERAL if removing and name is not None else acls.ANY
+    pattern = acls.PATTERN_TYPES[args.resource_pattern_type] if args.resource_pattern_type else default
     return acls.AclFilter(resource_type, name, pattern, args.principal)
 
 
@@ -500,7 +506,7 @@ def cmd_acls_list(args: argparse.Namespace) -> None:
 
 
 def cmd_acls_remove(args: argparse.Namespace) -> None:
-    (removed,) = _connect(args).admin().delete_acls([_acl_filter(args)])
+    (removed,) = _connect(args).admin().delete_acls([_acl_filter(args, removing=True)])
     say(args, f"removed {len(removed)} ACL(s)", *([table(ACL_COLUMNS, _acl_rows(removed))] if removed else []))
 
 

@@ -98,3 +98,45 @@ def test_an_allow_of_all_grants_every_operation_and_a_deny_of_all_denies_every_o
     assert Authorizer([allow(ALICE, ALL)], frozenset()).authorize(ALICE, "h", asked, TOPIC, "orders")
     assert not Authorizer([allow(ALICE, granted), deny(ALICE, ALL)], frozenset()).authorize(ALICE, "h", asked, TOPIC, "orders")
     assert AclBinding.from_record(allow(ALICE, granted).to_record()) == allow(ALICE, granted)
+
+
+def test_some_resource_of_a_type_as_kafka_decides_it_for_idempotent_producers():
+    """Kafka's authorizeByResourceType: an ALLOW pattern that no DENY pattern covers."""
+    def some(*bindings: AclBinding, everyone: bool = False) -> bool:
+        return Authorizer(bindings, frozenset(), everyone).authorize_by_resource_type(ALICE, "h", WRITE, TOPIC)
+
+    assert some(allow(ALICE, WRITE, "orders-", PREFIXED)), "a prefix counts though no such topic exists"
+    assert not some(allow(ALICE, WRITE, "orders-", PREFIXED), deny(ALICE, WRITE, "ord", PREFIXED))
+    assert some(allow(ALICE, WRITE, "orders"), deny(ALICE, WRITE, "payments"))
+    assert not some(allow(ALICE, WRITE, "orders"), deny(ALICE, WRITE, "orders"))
+    assert not some(allow(ALICE, WRITE, "*"), deny(ALICE, WRITE, "*"))
+    assert not some(allow(ALICE, READ, "orders")), "another operation"
+    assert some(everyone=True), "nothing said, and allow.everyone.if.no.acl.found"
+    assert Authorizer([], frozenset({ALICE})).authorize_by_resource_type(ALICE, "h", WRITE, TOPIC)
+
+
+def test_before_the_acls_are_loaded_only_super_users_pass_whatever_allow_everyone_says():
+    from types import SimpleNamespace
+
+    from rayk.config import BrokerConfig
+    from rayk.net.broker_view import BrokerView
+
+    config = BrokerConfig.from_properties({
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": True, "super.users": "User:admin"})
+    view = BrokerView(0, None, config)
+
+    def request(principal: str) -> SimpleNamespace:
+        return SimpleNamespace(context=SimpleNamespace(principal=principal, client_host="10.0.0.1"))
+
+    assert not view.authorized(request(ALICE), WRITE, TOPIC, "payments")
+    assert view.authorized(request("User:admin"), WRITE, TOPIC, "payments")
+
+
+def test_client_hosts_are_written_as_java_writes_them():
+    from rayk.net.request_context import kafka_host
+
+    assert kafka_host("::1") == "0:0:0:0:0:0:0:1"
+    assert kafka_host("::ffff:10.0.0.1") == "10.0.0.1"
+    assert kafka_host("fe80::1%eth0") == "fe80:0:0:0:0:0:0:1"
+    assert kafka_host("10.1.2.3") == "10.1.2.3"

@@ -396,8 +396,11 @@ def test_acls_add_list_and_remove(run, cluster):
     assert listed == [["User:alice", "allow", "read", "*", "topic", "orders", "literal"],
                       ["User:alice", "allow", "describe", "*", "topic", "orders", "literal"]]
     assert "logs-" in ok(run("acls", "list", "--topic", "logs-", "--resource-pattern-type", "prefixed"))
+    assert_one_line_error(run("acls", "remove"), "name what to remove")
     assert ok(run("acls", "remove", "--topic", "orders")).startswith("removed 2 ACL(s)")
     assert "orders" not in ok(run("acls", "list"))
+    assert ok(run("acls", "remove", "--topic", "logs")).startswith("removed 0 ACL(s)"), "literal: not the logs- prefix"
+    assert "logs-" in ok(run("acls", "list"))
     assert_one_line_error(run("acls", "add", "--allow-principal", "alice", "--operation", "read", "--topic", "t"),
                           "INVALID_REQUEST")
     assert_one_line_error(run("acls", "add", "--operation", "read", "--topic", "t"), "--allow-principal")

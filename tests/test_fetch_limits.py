@@ -142,3 +142,23 @@ def test_partitions_whose_limits_fit_are_read_in_one_round():
     view = LogView({p: 3 for p in range(3)})
     asyncio.run(data_apis.fetch(view, fetch_request([0, 1, 2], 0, max_bytes=50 << 20, partition_max_bytes=1 << 20)))
     assert len(view.calls) == 3 and all(requested == 1 << 20 for _, _, requested in view.calls)
+
+
+def test_a_fetch_of_no_partitions_is_answered():
+    answer = asyncio.run(data_apis.fetch(LogView({}), fetch_request([], 0)))
+    assert answer == {"error_code": 0, "session_id": 0, "responses": []}
+
+
+def test_a_top_up_takes_only_whole_batches_that_fit_and_never_starves_the_partitions_after():
+    """Two busy partitions and max_bytes of 2.5 batches: each gets its batch, and the top-up
+    (which a replica answers with at least one whole batch) adds none that would not fit."""
+    batch_bytes = len(build_batch([SimpleRecord(b"v" * 100)] * BATCH_RECORDS))
+    view = LogView({0: 10, 1: 10})
+    answer = asyncio.run(data_apis.fetch(view, fetch_request([0, 1], 0, max_bytes=batch_bytes * 5 // 2)))
+    assert answered_bytes(answer) == {0: batch_bytes, 1: batch_bytes}
+
+
+def test_caught_up_partitions_are_not_read_again():
+    view = LogView({p: 1 for p in range(60)})  # one batch each, all read in the first round
+    asyncio.run(data_apis.fetch(view, fetch_request(list(range(60)), 0, max_bytes=50 << 20, partition_max_bytes=1 << 20)))
+    assert len(view.calls) == 60

@@ -48,7 +48,7 @@ async def closed(reader) -> bool:
     return await asyncio.wait_for(reader.read(1), 5) == b""
 
 
-def run_sasl_server(body) -> None:
+def run_sasl_server(body, answer=None) -> None:
     async def with_credentials(server, gate, connect):
         async def credentials(user: str) -> dict:
             return CREDENTIALS.get(user, {})
@@ -56,7 +56,7 @@ def run_sasl_server(body) -> None:
         server._scram_credentials = credentials
         await body(server, connect)
 
-    run_with_gated_server(500, with_credentials, listeners="SASL_PLAINTEXT://127.0.0.1:0",
+    run_with_gated_server(500, with_credentials, answer, listeners="SASL_PLAINTEXT://127.0.0.1:0",
                           sasl_enabled_mechanisms="SCRAM-SHA-512", connections_max_reauth_ms=REAUTH_MS)
 
 
@@ -117,17 +117,28 @@ def test_before_authentication_a_large_frame_closes_the_connection_and_reserves_
     run_sasl_server(body)
 
 
-def test_nothing_pipelined_after_a_failed_authentication_is_served():
+def test_nothing_pipelined_after_a_failed_reauthentication_is_served():
+    """A failed re-authentication leaves the old principal on the connection until it
+    closes: a request pipelined behind it must not be served under that principal."""
+    served: list[int] = []
+
+    async def answer(request, handle):
+        served.append(request.head.api_key)
+        return await handle(request)
+
     async def body(server, connect):
         reader, writer = await connect()
-        # PLAIN is not enabled: the handshake fails; the ApiVersions right behind it is not answered
-        writer.write(sized(request_frame(keys.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}, 1))
-                     + sized(request_frame(keys.API_VERSIONS, 3, {"client_software_name": "t",
-                                                                  "client_software_version": "1"}, 2)))
-        size = struct.unpack(">i", await reader.readexactly(4))[0]
-        frame = await reader.readexactly(size)
-        assert struct.unpack_from(">ih", frame) == (1, 33)  # correlation id 1: UNSUPPORTED_SASL_MECHANISM
-        assert await closed(reader)
+        await login(reader, writer)
+        mallory = scramp.ScramClient(["SCRAM-SHA-512"], "mallory", "guess").get_client_first().encode()
+        writer.write(sized(request_frame(keys.SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"}, 1))
+                     + sized(request_frame(keys.SASL_AUTHENTICATE, 2, {"auth_bytes": mallory}, 2))
+                     + sized(request_frame(*DESCRIBE, 3)))
+        answered = []
+        while (head := await reader.read(4)) and len(head) == 4:
+            frame = await reader.readexactly(struct.unpack(">i", head)[0])
+            answered.append(struct.unpack_from(">i", frame)[0])
+        assert answered == [1, 2], "the handshake and the failed authentication; then the connection closes"
+        assert keys.DESCRIBE_USER_SCRAM_CREDENTIALS not in served
         writer.close()
 
-    run_sasl_server(body)
+    run_sasl_server(body, answer)

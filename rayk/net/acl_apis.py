@@ -44,9 +44,9 @@ async def create_acls(view: BrokerView, request: Any) -> dict:
                            c.permission_type) for c in creations]
     try:
         results = await view.ask_controller("create_acls", bindings, timeout_ms=CONTROLLER_TIMEOUT_MS)
-        await view.refresh_acls()
     except KafkaError as e:
         return {"results": [{"error_code": e.code, "error_message": str(e)} for _ in creations]}
+    await _take_effect_here(view)
     return {"results": [{} if e is None else {"error_code": e.code, "error_message": str(e)} for e in results]}
 
 
@@ -73,7 +73,16 @@ async def delete_acls(view: BrokerView, request: Any) -> dict:
         return {"filter_results": [{"error_code": refusal.code, "error_message": str(refusal)} for _ in filters]}
     try:
         matched = await view.ask_controller("delete_acls", [_filter(f) for f in filters], timeout_ms=CONTROLLER_TIMEOUT_MS)
-        await view.refresh_acls()
     except KafkaError as e:
         return {"filter_results": [{"error_code": e.code, "error_message": str(e)} for _ in filters]}
+    await _take_effect_here(view)
     return {"filter_results": [{"matching_acls": [_binding_values(b) for b in found]} for found in matched]}
+
+
+async def _take_effect_here(view: BrokerView) -> None:
+    """The change is committed: this listener takes it now; the others within their next
+    lookup (so does this one, if this lookup fails)."""
+    try:
+        await view.refresh_acls()
+    except KafkaError:
+        pass

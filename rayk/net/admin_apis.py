@@ -115,9 +115,10 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     if not is_legal_topic_name(name):
         return InvalidTopicError.code
     allowed = getattr(request.body, "allow_auto_topic_creation", True) and not request.context.listener_authenticates
-    allowed = allowed and _may_create(view, request, name)
     if not (view.config.auto_create_topics_enable and allowed):
         return UnknownTopicOrPartitionError.code
+    if not _may_create(view, request, name):
+        return TopicAuthorizationFailedError.code  # Kafka's answer to an auto-creation it may not do
     try:
         await view.controller.create_topic.remote(name)
     except TopicAlreadyExistsError:
@@ -278,10 +279,8 @@ async def init_producer_id(view: BrokerView, request: Any) -> dict:
     (KIP-679), as in Kafka."""
     if request.body.transactional_id is not None:
         raise InvalidRequestError("transactions are not supported by rayk")
-    if view.config.authorizes and not view.authorized(request, IDEMPOTENT_WRITE, CLUSTER):
-        topics = await view.controller.list_topics.remote()
-        if not any(view.authorized(request, WRITE, TOPIC, t) for t in topics):
-            raise ClusterAuthorizationFailedError(f"{request.context.principal} may write to no topic")
+    if not (view.authorized(request, IDEMPOTENT_WRITE, CLUSTER) or view.authorized_on_some(request, WRITE, TOPIC)):
+        raise ClusterAuthorizationFailedError(f"{request.context.principal} may write to no topic")
     producer_id = await view.controller.init_producer_id.remote()
     return {"producer_id": producer_id, "producer_epoch": 0}
 

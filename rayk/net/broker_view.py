@@ -55,8 +55,9 @@ class BrokerView:
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
         self.parked_fetches = ParkedFetches()
-        # Until the Controller's ACLs arrive, only super users are authorized (fail closed).
-        self._authorizer = Authorizer((), config.super_user_set(), config.allow_everyone_if_no_acl_found)
+        # Until the Controller's ACLs arrive, only super users are authorized (fail closed,
+        # whatever allow.everyone.if.no.acl.found says).
+        self._authorizer = Authorizer((), config.super_user_set(), allow_everyone_if_no_acl_found=False)
         self._acl_version = -2
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
@@ -72,10 +73,18 @@ class BrokerView:
         context = request.context
         return self._authorizer.authorize(context.principal, context.client_host, operation, resource_type, name)
 
+    def authorized_on_some(self, request: Any, operation: int, resource_type: int) -> bool:
+        """Whether the principal may do `operation` on some resource of the type (KIP-679)."""
+        if not self.config.authorizes:
+            return True
+        context = request.context
+        return self._authorizer.authorize_by_resource_type(context.principal, context.client_host, operation, resource_type)
+
     async def refresh_acls(self) -> None:
-        """Takes the Controller's ACLs if they changed since the last look."""
+        """Takes the Controller's ACLs if they are newer than the ones held (a slower,
+        older lookup never overwrites a newer one)."""
         found = await self.ask_controller("acls", self._acl_version, timeout_ms=ACL_LOOKUP_TIMEOUT_MS)
-        if found is not None:
+        if found is not None and found[0] > self._acl_version:
             self._acl_version, bindings = found
             self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
 

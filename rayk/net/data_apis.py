@@ -90,8 +90,9 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     every partition at once, answered as soon as enough bytes arrived. `max_bytes`
     (fetch.max.bytes) bounds what is read, not only what is answered: each partition may
     read its fair share of it (at most its own partition_max_bytes), and what the others
-    left over tops up, in request order, the partitions whose share was cut; a replica
-    returns at least one batch, as Kafka does for the first partition. A fetch of one
+    left over tops up, in request order, the partitions whose share was cut and that have
+    more; a replica returns at least one batch, so what is read exceeds `max_bytes` by at
+    most one batch per partition (Kafka: one batch for the first partition). A fetch of one
     partition (a consumer's fetch from a broker that leads one of its partitions) waits at
     the replica in one call. Which partitions are read and answered is the fetch session's
     (fetch_session.py); Fetch v13+ names topics by id. A partition named twice is
@@ -155,8 +156,10 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             "records": result.records if result else b"",
         }
 
-    if len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
-        answers = [await one(wanted[0], max_wait_ms, min_bytes)]
+    if not wanted:
+        answers = []
+    elif len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
+        answers = [await one(wanted[0], max_wait_ms, min_bytes, max_bytes=min(wanted[0].max_bytes, max(body.max_bytes, 1)))]
     else:
         grants = _fair_shares([p.max_bytes for p in wanted], max(body.max_bytes, 1))
         answers = list(await asyncio.gather(*(one(p, 0, max_bytes=g) for p, g in zip(wanted, grants))))
@@ -193,8 +196,8 @@ def _topic_id(value: uuid.UUID | None) -> uuid.UUID:
 
 
 def _fair_shares(partition_max_bytes: list[int], max_bytes: int) -> list[int]:
-    """Per partition what it may read at first: an equal share of `max_bytes`, at most its
-    own limit; the shares sum to at most `max_bytes`."""
+    """Per partition (at least one) what it may read at first: an equal share of
+    `max_bytes`, at most its own limit; the shares sum to at most `max_bytes`."""
     share = max(max_bytes // len(partition_max_bytes), 1)
     return [min(limit, share) for limit in partition_max_bytes]
 
@@ -210,16 +213,31 @@ async def _top_up(answers: list[dict], wanted: list[FetchPartition], grants: lis
             break
         if answer["error_code"] or not got or grant >= p.max_bytes or got >= p.max_bytes:
             continue
+        offset = _next_offset(answer["records"])
+        if offset >= answer["high_watermark"]:
+            continue  # caught up: nothing more to read
         extra = min(p.max_bytes - got, leftover)
         leftover -= extra
-        more.append((i, extra, _next_offset(answer["records"])))
+        more.append((i, extra, offset))
     if not more:
         return answers
     read_again = await asyncio.gather(*(read(wanted[i], 0, max_bytes=extra, offset=offset) for i, extra, offset in more))
-    for (i, _, _), again in zip(more, read_again):
-        if not again["error_code"] and again["records"]:
-            answers[i] = {**answers[i], "records": bytes(answers[i]["records"]) + bytes(again["records"])}
+    for (i, extra, _), again in zip(more, read_again):
+        fitting = _whole_batches_within(again["records"], extra)  # a replica returns at least one batch
+        if not again["error_code"] and fitting:
+            answers[i] = {**answers[i], "records": bytes(answers[i]["records"]) + fitting,
+                          "high_watermark": again["high_watermark"], "last_stable_offset": again["last_stable_offset"],
+                          "log_start_offset": again["log_start_offset"]}
     return answers
+
+
+def _whole_batches_within(records: bytes, max_bytes: int) -> bytes:
+    end = 0
+    for batch in iter_batches(records):
+        if end + len(batch.data) > max_bytes:
+            break
+        end += len(batch.data)
+    return bytes(records[:end])
 
 
 def _next_offset(records: bytes) -> int:

@@ -124,6 +124,8 @@ async def heartbeat(view: BrokerView, request: Any) -> dict:
 async def leave_group(view: BrokerView, request: Any) -> dict:
     body = request.body
     members = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
+    if not view.authorized(request, READ, GROUP, body.group_id):
+        return {"error_code": GroupAuthorizationFailedError.code, "members": []}
     answers = []
     for member_id in members:
         try:
@@ -139,6 +141,10 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     """Commits the offsets of the topics the principal may READ; the others' partitions
     get TOPIC_AUTHORIZATION_FAILED."""
     body = request.body
+    if not view.authorized(request, READ, GROUP, body.group_id):  # the group first, as Kafka: every partition
+        return {"topics": [{"name": t.name, "partitions": [
+            {"partition_index": p.partition_index, "error_code": GroupAuthorizationFailedError.code}
+            for p in t.partitions]} for t in body.topics]}
     readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
     offsets = {
         (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")

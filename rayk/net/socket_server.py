@@ -69,7 +69,7 @@ from rayk.net.codec import Request, RequestHead, decode_request, encode_response
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
 from rayk.net.memory_pool import MemoryPool
-from rayk.net.request_context import ANONYMOUS, RequestContext
+from rayk.net.request_context import ANONYMOUS, RequestContext, kafka_host
 from rayk.net.sasl import SaslAuthenticator
 from rayk.net.tls import certificate_principal, server_context
 from rayk.listeners import Listener, broker_port
@@ -129,8 +129,8 @@ class SocketServer(Supervised):
         `listeners` order. Idempotent."""
         if self.endpoints is not None:
             return self.endpoints
-        if self.config.authorizes:  # the ACLs first: until then only super users are authorized
-            await self._refresh_acls()
+        if self.config.authorizes:  # the ACLs first: no listener opens before they are loaded
+            await self._load_acls()
             self._acl_refresher = asyncio.ensure_future(self._refresh_acls_forever())
         node_ip = ray.util.get_node_ip_address()
         endpoints: dict[str, tuple[str, int]] = {}
@@ -139,23 +139,33 @@ class SocketServer(Supervised):
                 endpoints[listener.name] = await self._bind(listener, node_ip)
         except BaseException:
             await self._close_servers()
+            if self._acl_refresher is not None:
+                self._acl_refresher.cancel()
+                self._acl_refresher = None
             raise
         self.endpoints = endpoints
         return endpoints
 
-    async def _refresh_acls(self) -> None:
-        try:
-            await self.apis.view.refresh_acls()
-        except KafkaError as e:
-            logger.warning("broker %d: the ACLs could not be read from the Controller (%s); keeping the last ones",
-                           self.broker_id, e)
+    async def _load_acls(self) -> None:
+        """The first ACL lookup, retried until the Controller answers (it restarts)."""
+        while True:
+            try:
+                await self.apis.view.refresh_acls()
+                return
+            except Exception as e:
+                logger.warning("broker %d: waiting for the Controller's ACLs before listening: %r", self.broker_id, e)
+                await asyncio.sleep(ACL_REFRESH_INTERVAL_S)
 
     async def _refresh_acls_forever(self) -> None:
         """ACL changes reach this listener within ACL_REFRESH_INTERVAL_S (at once for those
-        made through it)."""
+        made through it). A failed lookup keeps the last ACLs and is tried again."""
         while True:
             await asyncio.sleep(ACL_REFRESH_INTERVAL_S)
-            await self._refresh_acls()
+            try:
+                await self.apis.view.refresh_acls()
+            except Exception as e:
+                logger.warning("broker %d: the ACLs could not be read from the Controller (%r); keeping the last ones",
+                               self.broker_id, e)
 
     async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
         """Starts serving one listener; its advertised (host, port)."""
@@ -229,7 +239,7 @@ class SocketServer(Supervised):
         handshake, as Kafka counts at accept), then its TLS handshake, then served."""
         task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
-        host = peer[0] if peer else ""
+        host = kafka_host(peer[0]) if peer else ""
         refusal = self._refusal(host)
         if refusal is not None:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
@@ -521,7 +531,8 @@ def _context_of(listener: Listener, config: BrokerConfig, writer: asyncio.Stream
     authenticates = listener.uses_sasl or (
         listener.uses_tls and config.listener_setting(listener.name, "ssl.client.auth") == "required"
     )
-    return RequestContext(listener.name, listener.security_protocol, principal, peer[0] if peer else "", authenticates)
+    return RequestContext(listener.name, listener.security_protocol, principal, kafka_host(peer[0]) if peer else "",
+                          authenticates)
 
 
 SocketServerActor = ray.remote(num_cpus=0, max_restarts=0)(SocketServer)
