@@ -196,6 +196,24 @@ def test_status_health_shows_each_broker_s_gauges_and_dashes_for_one_that_did_no
     assert rows(brokers) == [["0", "3", "9", "1", "0"], ["1", "-", "-", "-", "-"]]
 
 
+def test_status_prints_bootstrap_servers_for_each_listener():
+    from rayk.client.cluster import Cluster
+
+    class TwoListeners:
+        def brokers(self):
+            return [{"broker_id": b, "fenced": b == 2,
+                     "endpoints": {"INTERNAL": ("10.0.0.1", 9092 + b), "EXTERNAL": ("kafka.example.com", 9192 + b)}}
+                    for b in range(3)]
+
+        bootstrap_servers_for = Cluster.bootstrap_servers_for
+
+    assert cli._bootstrap_line(TwoListeners()).splitlines() == [
+        "bootstrap.servers=10.0.0.1:9092,10.0.0.1:9093",
+        "  on EXTERNAL: bootstrap.servers=kafka.example.com:9192,kafka.example.com:9193",
+    ]
+    assert cli._listener(TwoListeners().brokers()[0]) == "INTERNAL://10.0.0.1:9092,EXTERNAL://kafka.example.com:9192"
+
+
 def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
     def no_cluster(address=None, **kwargs):
         assert address == "auto"
