@@ -387,10 +387,8 @@ class SocketServer(Supervised):
                 sasl.handshake(request.body.mechanism, raw_tokens=head.api_version == 0)
                 values: dict[str, Any] = {"mechanisms": list(sasl.mechanisms)}
             else:
-                token, lifetime_ms = await sasl.authenticate(request.body.auth_bytes)
+                token, lifetime_ms = await self._authenticate(connection, request.body.auth_bytes)
                 values = {"auth_bytes": token, "session_lifetime": lifetime_ms}
-                if sasl.principal is not None:
-                    connection.context = replace(connection.context, principal=sasl.principal)
             return encode_response(head, build(cls, values))
         except KafkaError as e:
             await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
@@ -400,16 +398,21 @@ class SocketServer(Supervised):
     async def _raw_sasl_answer(self, connection: _Connection, token: bytes) -> bytes | _CloseAfter:
         """A bare SASL token (after a v0 SaslHandshake): the server's token, bare; a failure
         cannot be told in this framing, so the connection closes."""
-        sasl = connection.sasl
-        assert sasl is not None
         try:
-            reply, _ = await sasl.authenticate(token)
+            reply, _ = await self._authenticate(connection, token)
         except KafkaError as e:
             await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
             return _CloseAfter(b"", str(e))
+        return _SIZE.pack(len(reply)) + reply
+
+    async def _authenticate(self, connection: _Connection, token: bytes) -> tuple[bytes, int]:
+        """One SASL step; once it authenticates, every request after it carries the principal."""
+        sasl = connection.sasl
+        assert sasl is not None
+        reply = await sasl.authenticate(token)
         if sasl.principal is not None:
             connection.context = replace(connection.context, principal=sasl.principal)
-        return _SIZE.pack(len(reply)) + reply
+        return reply
 
     async def _scram_credentials(self, user: str) -> dict:
         try:
