@@ -67,7 +67,10 @@ def workload(metrics_port, tmp_path_factory):
     try:
         cluster.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
         with cluster.producer() as producer:
-            producer.send_batch(TOPIC, [b"v%05d" % i for i in range(PYTHON_RECORDS)]).result(timeout=60)
+            # Round robin: sticky partitioning may leave a partition empty, and every replica's
+            # log should have something to measure.
+            values = [b"v%05d" % i for i in range(PYTHON_RECORDS)]
+            producer.send_batch(TOPIC, values, partition=[i % PARTITIONS for i in range(PYTHON_RECORDS)]).result(timeout=60)
         kafka_producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
         for i in range(KAFKA_RECORDS):
             kafka_producer.produce(TOPIC, b"k%05d" % i)
