@@ -555,6 +555,72 @@ def cmd_users_list(args: argparse.Namespace) -> None:
         say(args, table(("user", "mechanism", "iterations"), rows))
 
 
+# ---------------------------------------------------------------------------- client quotas
+
+
+def _quota_entity(args: argparse.Namespace, required: bool = True) -> Any:
+    """The entity the --user / --client-id options name (kafka-configs' --entity-default
+    is --user-default / --client-id-default); None for none when not `required`."""
+    from rayk.quotas import DEFAULT, QuotaEntity
+
+    user = DEFAULT if args.user_default else args.user
+    client_id = DEFAULT if args.client_id_default else args.client_id
+    if user is None and client_id is None:
+        if required:
+            raise CliError("name a user (--user / --user-default), a client id (--client-id / --client-id-default) or both")
+        return None
+    return QuotaEntity(user, client_id)
+
+
+def _quota_cell(name: Any) -> str:
+    from rayk.quotas import DEFAULT
+
+    return "" if name is None else "<default>" if name is DEFAULT else name
+
+
+def _quota_number(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def _alter_quotas(args: argparse.Namespace, ops: dict[str, float | None]) -> None:
+    entity = _quota_entity(args)
+    (error,) = _connect(args).admin().alter_client_quotas({entity: ops}).values()
+    if error is not None:
+        raise error
+
+
+def cmd_quotas_set(args: argparse.Namespace) -> None:
+    ops: dict[str, float | None] = {}
+    for key, value in args.quotas:
+        try:
+            ops[key] = float(value)
+        except ValueError:
+            raise CliError(f"{key}={value}: the value is a number") from None
+    _alter_quotas(args, ops)
+    say(args, f"set {', '.join(f'{k}={_quota_number(v)}' for k, v in ops.items() if v is not None)} for {_quota_entity(args)}")
+
+
+def cmd_quotas_delete(args: argparse.Namespace) -> None:
+    _alter_quotas(args, dict.fromkeys(args.keys))
+    say(args, f"deleted {', '.join(args.keys)} of {_quota_entity(args)}")
+
+
+def cmd_quotas_list(args: argparse.Namespace) -> None:
+    from rayk.quotas import CLIENT_ID, MATCH_DEFAULT, MATCH_EXACT, USER, QuotaFilterComponent
+
+    components = []
+    for entity_type, name, default in ((USER, args.user, args.user_default), (CLIENT_ID, args.client_id, args.client_id_default)):
+        if default:
+            components.append(QuotaFilterComponent(entity_type, MATCH_DEFAULT))
+        elif name is not None:
+            components.append(QuotaFilterComponent(entity_type, MATCH_EXACT, name))
+    found = _connect(args).admin().describe_client_quotas(components)
+    rows = [(_quota_cell(e.user), _quota_cell(e.client_id), key, _quota_number(value))
+            for e, values in found.items() for key, value in sorted(values.items())]
+    if rows:
+        say(args, table(("user", "client-id", "quota", "value"), rows))
+
+
 # ---------------------------------------------------------------------------- produce, consume
 
 
@@ -962,6 +1028,33 @@ def _add_acl_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
         _acl_resource_options(parser)
 
 
+def _quota_entity_options(parser: argparse.ArgumentParser) -> None:
+    user = parser.add_mutually_exclusive_group()
+    user.add_argument("--user", metavar="NAME", help="a user (a principal's name: alice for User:alice)")
+    user.add_argument("--user-default", action="store_true", help="the default user: every user without its own quota")
+    client = parser.add_mutually_exclusive_group()
+    client.add_argument("--client-id", metavar="ID", help="a client id (client.id)")
+    client.add_argument("--client-id-default", action="store_true",
+                        help="the default client id: every client id without its own quota")
+
+
+def _add_quota_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    from rayk.quotas import QUOTA_KEYS
+
+    quotas = sub.add_parser("quotas", help="client quotas of users and client ids (kafka-configs)",
+                            description="client quotas: " + ", ".join(QUOTA_KEYS))
+    qsub = quotas.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
+    set_ = _add(qsub, "set", cmd_quotas_set, "set quotas of a user, a client id or both", [conn])
+    _quota_entity_options(set_)
+    set_.add_argument("quotas", nargs="+", type=_key_value, metavar="KEY=VALUE",
+                      help="producer_byte_rate / consumer_byte_rate (bytes/s), request_percentage (%% of a thread)")
+    delete = _add(qsub, "delete", cmd_quotas_delete, "remove quotas of a user, a client id or both", [conn])
+    _quota_entity_options(delete)
+    delete.add_argument("keys", nargs="+", choices=QUOTA_KEYS, metavar="KEY", help=", ".join(QUOTA_KEYS))
+    list_ = _add(qsub, "list", cmd_quotas_list, "the quotas, or those of a user or client id", [conn])
+    _quota_entity_options(list_)
+
+
 def _add_client_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     produce = _add(sub, "produce", cmd_produce, "send each line of stdin as a record", [conn])
     produce.add_argument("topic")
@@ -1007,6 +1100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_group_commands(sub, conn)
     _add_user_commands(sub, conn)
     _add_acl_commands(sub, conn)
+    _add_quota_commands(sub, conn)
     _add_client_commands(sub, conn)
     _add_perf_commands(sub, conn)
     demo = _add(sub, "demo", cmd_demo, "start Ray and 3 brokers locally, produce, consume and check records")

@@ -125,6 +125,10 @@ class BrokerConfig:
     max_connections_per_ip: int = 2**31 - 1
     max_connections_per_ip_overrides: str = ""
     connections_max_idle_ms: int = 600_000  # a connection that sends nothing this long is closed
+    # Client quotas (rayk/net/client_quotas.py) measure each client over this many samples
+    # of this many seconds, as Kafka's.
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
     # Fetch sessions (KIP-227) per listener; 0 slots: every fetch is a full one.
     max_incremental_fetch_session_cache_slots: int = 1000
     min_incremental_fetch_session_eviction_ms: int = 120_000  # a session idle this long may be evicted
@@ -155,6 +159,8 @@ class BrokerConfig:
             "sasl_server_max_receive_size",
             "log_cleaner_io_max_bytes_per_second",
             "log_cleaner_dedupe_buffer_size",
+            "quota_window_num",
+            "quota_window_size_seconds",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")

@@ -14,13 +14,13 @@ from rayk.net.codec import request_class, response_class
 from rayk.net.entities import build
 
 
-def request_frame(api_key: int, version: int, body_values: dict, correlation_id: int = 7) -> bytes:
+def request_frame(api_key: int, version: int, body_values: dict, correlation_id: int = 7, client_id: str = "test") -> bytes:
     """Header and body, without the size prefix."""
     cls = request_class(api_key, version)
     header_cls = cls.__header_schema__
     out = io.BytesIO()
     entity_writer(header_cls)(out, header_cls(request_api_key=api_key, request_api_version=version,
-                                             correlation_id=correlation_id, client_id="test"))
+                                             correlation_id=correlation_id, client_id=client_id))
     entity_writer(cls)(out, build(cls, body_values))
     return out.getvalue()
 
@@ -60,22 +60,27 @@ class RawConnection:
             out += chunk
         return out
 
-    def call(self, api_key: int, version: int, body_values: dict, correlation_id: int = 7) -> Any:
+    def call(self, api_key: int, version: int, body_values: dict, correlation_id: int = 7, client_id: str = "test") -> Any:
         """Sends a request and decodes its response (header v0/v1 skipped by the reader)."""
-        self.send(sized(request_frame(api_key, version, body_values, correlation_id)))
+        self.send(sized(request_frame(api_key, version, body_values, correlation_id, client_id)))
         frame = self.receive()
         assert frame is not None, "the broker closed the connection"
-        assert struct.unpack_from(">i", frame)[0] == correlation_id
-        cls = response_class(api_key, version)
-        from kio.serial import entity_reader
-
-        header_cls = cls.__header_schema__
-        _, header_size = entity_reader(header_cls)(frame, 0) if api_key != 18 else (None, 4)
-        body, _ = entity_reader(cls)(frame, header_size)
-        return body
+        return decode_response(api_key, version, frame, correlation_id)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def decode_response(api_key: int, version: int, frame: bytes, correlation_id: int = 7) -> Any:
+    """A response frame's body (the header checked for `correlation_id`, then skipped)."""
+    from kio.serial import entity_reader
+
+    assert struct.unpack_from(">i", frame)[0] == correlation_id
+    cls = response_class(api_key, version)
+    header_cls = cls.__header_schema__
+    _, header_size = entity_reader(header_cls)(frame, 0) if api_key != 18 else (None, 4)
+    body, _ = entity_reader(cls)(frame, header_size)
+    return body
 
 
 def scram_login(connection: RawConnection, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> None:

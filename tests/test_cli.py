@@ -422,3 +422,23 @@ def test_acls_add_list_and_remove(run, cluster):
     assert_one_line_error(run("acls", "add", "--allow-principal", "alice", "--operation", "read", "--topic", "t"),
                           "INVALID_REQUEST")
     assert_one_line_error(run("acls", "add", "--operation", "read", "--topic", "t"), "--allow-principal")
+
+
+def test_quotas_set_list_and_delete(run, cluster):
+    assert ok(run("quotas", "set", "--user", "alice", "--client-id-default", "producer_byte_rate=1048576",
+                  "request_percentage=50")).startswith("set producer_byte_rate=1048576, request_percentage=50")
+    ok(run("quotas", "set", "--client-id", "etl", "consumer_byte_rate=2048"))
+    listed = [line.split() for line in ok(run("quotas", "list")).strip().splitlines()[1:]]
+    assert ["alice", "<default>", "producer_byte_rate", "1048576"] in listed
+    assert ["alice", "<default>", "request_percentage", "50"] in listed
+    assert ["etl", "consumer_byte_rate", "2048"] in listed, "no user: an empty cell"
+    only_etl = ok(run("quotas", "list", "--client-id", "etl"))
+    assert "etl" in only_etl and "alice" not in only_etl
+    ok(run("quotas", "delete", "--user", "alice", "--client-id-default", "request_percentage"))
+    assert "request_percentage" not in ok(run("quotas", "list", "--user", "alice"))
+    assert_one_line_error(run("quotas", "set", "producer_byte_rate=1"), "name a user")
+    assert_one_line_error(run("quotas", "set", "--user", "bob", "producer_byte_rate=1.5"), "INVALID_REQUEST")
+    assert_one_line_error(run("quotas", "set", "--user", "bob", "producer_byte_rate=fast"), "is a number")
+    ok(run("quotas", "delete", "--user", "alice", "--client-id-default", "producer_byte_rate"))
+    ok(run("quotas", "delete", "--client-id", "etl", "consumer_byte_rate"))
+    assert not ok(run("quotas", "list")).strip()

@@ -66,10 +66,10 @@ def run_with_gated_server(queued_max_requests: int, body: Callable[..., Awaitabl
         gate = asyncio.Event()
         handle = server.apis.handle
 
-        async def gated_handle(request):
+        async def gated_handle(request, throttle=None):
             if request.head.correlation_id >= GATED_FROM:
                 await gate.wait()
-            return await (answer(request, handle) if answer else handle(request))
+            return await (answer(request, handle) if answer else handle(request, throttle))
 
         server.apis.handle = gated_handle
         (host, port), = (await server.start()).values()

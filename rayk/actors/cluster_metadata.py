@@ -30,6 +30,8 @@ Records (field `type`):
 - `scram_credential`, `remove_scram_credential`: a user's SCRAM credential for one
   mechanism (salt, StoredKey, ServerKey, iterations; never a password), set or removed
   (KRaft's UserScramCredentialRecord).
+- `client_quota`: one quota key of a user / client-id entity (rayk/quotas.py) set to a
+  value, or removed (value null) (KRaft's ClientQuotaRecord).
 
 Partition invariants are asserted by `apply` (`PartitionState.check`): the ISR is a subset
 of the replicas, empty only while leaderless; the leader is in the ISR or is NO_LEADER;
@@ -53,6 +55,7 @@ from rayk.errors import (
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     InvalidTopicError,
     InvalidUpdateVersionError,
     KafkaError,
@@ -65,6 +68,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.acls import AclBinding, AclFilter
+from rayk.quotas import QuotaEntity, check_quota_key, check_quota_value
 from rayk.scram import ScramCredential
 from rayk.storage.log_manager import is_legal_topic_name
 
@@ -125,6 +129,8 @@ class ClusterMetadata:
         self.scram_credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
         self.acls: dict[AclBinding, None] = {}  # in the order they were created
         self.acl_version = -1  # offset of the last ACL change
+        self.client_quotas: dict[QuotaEntity, dict[str, float]] = {}  # entity -> key -> value
+        self.quota_version = -1  # offset of the last client quota change
         self.last_offset = -1
         self.attached: set[int] = set()  # session state, kept by the Controller; never replayed
 
@@ -172,6 +178,16 @@ class ClusterMetadata:
             del held[record["mechanism"]]
             if not held:
                 del self.scram_credentials[record["user"]]
+        elif kind == "client_quota":
+            entity = QuotaEntity.from_record(record["entity"])
+            values = self.client_quotas.setdefault(entity, {})
+            if record["value"] is None:
+                values.pop(record["key"], None)
+            else:
+                values[record["key"]] = record["value"]
+            if not values:
+                del self.client_quotas[entity]
+            self.quota_version = offset
         else:
             raise ValueError(f"unknown metadata record type {kind!r}")
 
@@ -418,6 +434,34 @@ class ClusterMetadata:
              "stored_key": c.stored_key, "server_key": c.server_key, "iterations": c.iterations}
             for user, c in upsertions if results[user] is None
         ]
+        return records, results
+
+    def plan_alter_client_quotas(
+        self, alterations: Sequence[tuple[QuotaEntity | KafkaError, Sequence[tuple[str, float | None]]]]
+    ) -> tuple[list[Record], list[KafkaError | None]]:
+        """Kafka's AlterClientQuotas: the records, and per entry None or why all of its
+        changes were refused (an entity that did not parse, an unknown key, a value that
+        is not a positive number, a key named twice). Removing a key that is not set is
+        no error."""
+        records: list[Record] = []
+        results: list[KafkaError | None] = []
+        for entity, ops in alterations:
+            try:
+                if isinstance(entity, KafkaError):
+                    raise entity
+                keys = [key for key, _ in ops]
+                if len(set(keys)) != len(keys):
+                    raise InvalidRequestError(f"a quota key is named twice for {entity}")
+                for key, value in ops:
+                    check_quota_key(key)
+                    if value is not None:
+                        check_quota_value(key, value)
+            except KafkaError as e:
+                results.append(e)
+                continue
+            results.append(None)
+            records += [{"type": "client_quota", "entity": entity.to_record(), "key": key,
+                         "value": None if value is None else float(value)} for key, value in ops]
         return records, results
 
     def plan_delete_topic(self, name: str) -> list[Record]:

@@ -62,6 +62,7 @@ from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.actors.metadata_log import MetadataLog
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
 from rayk.acls import AclBinding, AclFilter
+from rayk.quotas import QuotaEntity, QuotaFilterComponent, filter_entities
 from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
@@ -657,6 +658,32 @@ class Controller:
     async def scram_credentials(self, user: str) -> dict[str, ScramCredential]:
         """A user's credentials by mechanism, for a listener authenticating it ({} if none)."""
         return dict(self._meta.scram_credentials.get(user, {}))
+
+    # ------------------------------------------------------------------ client quotas
+
+    async def alter_client_quotas(
+        self, alterations: list[tuple[QuotaEntity | KafkaError, list[tuple[str, float | None]]]], validate_only: bool = False
+    ) -> list[KafkaError | None]:
+        """AlterClientQuotas: sets (value) or removes (None) quota keys of entities; per
+        entry None or why all its changes were refused. `validate_only` changes nothing."""
+        records, results = self._meta.plan_alter_client_quotas(alterations)
+        if records and not validate_only:
+            self._commit(records)
+        return results
+
+    async def describe_client_quotas(
+        self, components: list[QuotaFilterComponent], strict: bool = False
+    ) -> list[tuple[QuotaEntity, dict[str, float]]]:
+        """DescribeClientQuotas: the entities the filter matches, with their quotas."""
+        held = self._meta.client_quotas
+        return [(e, dict(held[e])) for e in filter_entities(held, components, strict)]
+
+    async def client_quotas(self, known_version: int = -2) -> tuple[int, dict[QuotaEntity, dict[str, float]]] | None:
+        """Every client quota and the version they are at, for a listener; None when the
+        listener's `known_version` is current."""
+        if known_version == self._meta.quota_version:
+            return None
+        return self._meta.quota_version, {e: dict(v) for e, v in self._meta.client_quotas.items()}
 
     def _check_replica_caps(self, records: list[dict]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""

@@ -26,6 +26,7 @@ from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import PartitionReassignment, TopicPartition
 from rayk.acls import AclBinding, AclFilter
 from rayk.errors import GroupIdNotFoundError, InvalidReplicaAssignmentError, InvalidTopicError, KafkaError
+from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
 DEFAULT_API_TIMEOUT_MS = 60_000  # Kafka's default.api.timeout.ms
@@ -107,6 +108,28 @@ class Admin:
             if isinstance(result, KafkaError):
                 raise result
         return described
+
+    # ------------------------------------------------------------------ client quotas
+
+    def alter_client_quotas(
+        self, alterations: Mapping[QuotaEntity, Mapping[str, float | None]], validate_only: bool = False
+    ) -> dict[QuotaEntity, KafkaError | None]:
+        """Kafka's AlterClientQuotas: per entity (rayk.quotas.QuotaEntity: a user, a client
+        id or both, either of them DEFAULT) the quota keys to set (`producer_byte_rate`,
+        `consumer_byte_rate` in bytes/s, `request_percentage`) or, with None, remove. Per
+        entity None, or the INVALID_REQUEST that refused all of its changes. Listeners
+        enforce them within half a second; they are kept in the Controller's metadata log."""
+        entities = list(alterations)
+        results = ray.get(self._controller.alter_client_quotas.remote(
+            [(e, list(alterations[e].items())) for e in entities], validate_only))
+        return dict(zip(entities, results))
+
+    def describe_client_quotas(
+        self, components: Sequence[QuotaFilterComponent] = (), strict: bool = False
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas of every entity the filter matches (no components: all of them); with
+        `strict`, only entities with no entity type besides those the components name."""
+        return dict(ray.get(self._controller.describe_client_quotas.remote(list(components), strict)))
 
     # ------------------------------------------------------------------ topics
 

@@ -22,6 +22,7 @@ ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 DESCRIBE_USER_SCRAM_CREDENTIALS, ALTER_USER_SCRAM_CREDENTIALS = 50, 51
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
 
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
@@ -55,7 +56,29 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     DESCRIBE_ACLS: (2, 3),  # Kafka 4.0's floor
     CREATE_ACLS: (2, 3),
     DELETE_ACLS: (2, 3),
+    DESCRIBE_CLIENT_QUOTAS: (0, 1),
+    ALTER_CLIENT_QUOTAS: (0, 1),
 }
+
+# KIP-219: from these versions on, a client that reads a throttle time in an answer waits
+# that long itself, so the broker answers at once (and mutes the connection); to older
+# versions, and APIs not named here, it answers only once the throttle time has passed.
+# Kafka's AbstractResponse.shouldClientThrottle; APIs newer than KIP-219 start at 0.
+CLIENT_THROTTLES_FROM: dict[int, int] = {
+    PRODUCE: 6, FETCH: 8, LIST_OFFSETS: 3, METADATA: 6, OFFSET_COMMIT: 4, OFFSET_FETCH: 4,
+    FIND_COORDINATOR: 2, JOIN_GROUP: 3, HEARTBEAT: 2, LEAVE_GROUP: 2, SYNC_GROUP: 2,
+    DESCRIBE_GROUPS: 2, LIST_GROUPS: 2, API_VERSIONS: 2, CREATE_TOPICS: 3, DELETE_TOPICS: 2,
+    INIT_PRODUCER_ID: 1, DESCRIBE_CONFIGS: 2, CREATE_PARTITIONS: 1, ELECT_LEADERS: 0,
+    ALTER_PARTITION_REASSIGNMENTS: 0, LIST_PARTITION_REASSIGNMENTS: 0, DESCRIBE_CLUSTER: 0,
+    DESCRIBE_USER_SCRAM_CREDENTIALS: 0, ALTER_USER_SCRAM_CREDENTIALS: 0,
+    DESCRIBE_ACLS: 1, CREATE_ACLS: 1, DELETE_ACLS: 1, DESCRIBE_CLIENT_QUOTAS: 0, ALTER_CLIENT_QUOTAS: 0,
+}
+
+
+def client_throttles(api_key: int, api_version: int) -> bool:
+    """Whether the client of this answer waits out its throttle time itself (KIP-219)."""
+    first = CLIENT_THROTTLES_FROM.get(api_key)
+    return first is not None and api_version >= first
 
 
 def is_supported(api_key: int, api_version: int) -> bool:

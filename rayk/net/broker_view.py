@@ -31,6 +31,7 @@ from rayk.errors import (
     UnknownTopicIdError,
 )
 from rayk.acls import CLUSTER_NAME, Authorizer
+from rayk.net.client_quotas import ClientQuotas
 from rayk.net.entities import kafka_uuid
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.parked_fetches import ParkedFetches
@@ -42,6 +43,7 @@ TopicPartition = tuple[str, int]
 TOPIC_ID_LOOKUP_TIMEOUT_MS = 5_000  # a Fetch waits no longer for the Controller to name its topic ids
 UNKNOWN_TOPIC_ID_RETRY_MS = 1_000  # an id no topic has is looked up again no sooner
 ACL_LOOKUP_TIMEOUT_MS = 5_000
+QUOTA_LOOKUP_TIMEOUT_MS = 5_000
 
 
 class BrokerView:
@@ -59,6 +61,7 @@ class BrokerView:
         # whatever allow.everyone.if.no.acl.found says).
         self._authorizer = Authorizer((), config.super_user_set(), allow_everyone_if_no_acl_found=False)
         self._acl_version = -2
+        self.quotas = ClientQuotas(config.quota_window_num, config.quota_window_size_seconds * 1000)
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
         )
@@ -87,6 +90,12 @@ class BrokerView:
         if found is not None and found[0] > self._acl_version:
             self._acl_version, bindings = found
             self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
+
+    async def refresh_quotas(self) -> None:
+        """Takes the Controller's client quotas if they are newer than the ones held."""
+        found = await self.ask_controller("client_quotas", self.quotas.version, timeout_ms=QUOTA_LOOKUP_TIMEOUT_MS)
+        if found is not None and found[0] > self.quotas.version:
+            self.quotas.update(*found)
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no

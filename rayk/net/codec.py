@@ -47,6 +47,7 @@ class Request:
     client_id: str | None
     body: Any  # the kio request dataclass of (api_key, api_version)
     context: RequestContext = PLAINTEXT_CONTEXT  # the connection it came on
+    size_bytes: int = 0  # of the frame, which is what producer_byte_rate counts
 
 
 def read_head(frame: bytes) -> RequestHead:
@@ -92,7 +93,7 @@ def decode_request(frame: bytes, context: RequestContext = PLAINTEXT_CONTEXT) ->
         raise InvalidRequestError(f"malformed {cls.__name__} v{head.api_version}: {e!r}") from None
     # Bytes after the body are ignored, as Kafka does: librdkafka 2.x sends one more byte
     # than Metadata v12 has (its v10 include_cluster_authorized_operations flag).
-    return Request(head, header.client_id, body, context)
+    return Request(head, header.client_id, body, context, len(frame))
 
 
 def _parse(cls: type, frame: bytes) -> tuple[Any, Any]:

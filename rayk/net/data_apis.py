@@ -97,7 +97,11 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     the replica in one call. Which partitions are read and answered is the fetch session's
     (fetch_session.py); Fetch v13+ names topics by id. A partition named twice is
     INVALID_REQUEST; max_wait is capped at MAX_FETCH_WAIT_MS, and a partition with too many
-    fetches waiting at it already is read without waiting (parked_fetches.py)."""
+    fetches waiting at it already is read without waiting (parked_fetches.py).
+
+    A client over its consumer_byte_rate gets an empty answer at once, with the time it
+    must wait (client_quotas.py); one within it reads at most what its quota allows over
+    the quota window (Kafka's maxValueInQuotaWindow), and what it is answered counts."""
     body = request.body
     uses_topic_ids = request.head.api_version >= 13
     wanted = [
@@ -114,6 +118,15 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                                                   wanted, forgotten, uses_topic_ids)
     except KafkaError as e:
         return {"error_code": e.code, "session_id": 0, "responses": []}
+    quotas, context_of_request = view.quotas, request.context
+    throttle_ms = quotas.fetch_throttle_ms(context_of_request, request.client_id)
+    if throttle_ms:
+        try:
+            return {"error_code": 0, "session_id": context.throttled(), "responses": [], "throttle_time": throttle_ms}
+        except KafkaError as e:
+            return {"error_code": e.code, "session_id": 0, "responses": [], "throttle_time": throttle_ms}
+    quota_max_bytes = quotas.fetch_max_bytes(context_of_request, request.client_id)
+    max_bytes = max(body.max_bytes, 1) if quota_max_bytes is None else min(max(body.max_bytes, 1), quota_max_bytes)
     wanted = context.partitions
     names = await view.topic_names({p.topic for p in wanted}) if uses_topic_ids else {p.topic: p.topic for p in wanted}
     max_wait_ms = min(max(ms(body.max_wait), 0), MAX_FETCH_WAIT_MS)
@@ -159,16 +172,16 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     if not wanted:
         answers = []
     elif len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
-        answers = [await one(wanted[0], max_wait_ms, min_bytes, max_bytes=min(wanted[0].max_bytes, max(body.max_bytes, 1)))]
+        answers = [await one(wanted[0], max_wait_ms, min_bytes, max_bytes=min(wanted[0].max_bytes, max_bytes))]
     else:
-        grants = _fair_shares([p.max_bytes for p in wanted], max(body.max_bytes, 1))
+        grants = _fair_shares([p.max_bytes for p in wanted], max_bytes)
         answers = list(await asyncio.gather(*(one(p, 0, max_bytes=g) for p, g in zip(wanted, grants))))
-        answers = await _top_up(answers, wanted, grants, body.max_bytes, one)
+        answers = await _top_up(answers, wanted, grants, max_bytes, one)
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if wanted and _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
             waits = [asyncio.ensure_future(one(p, remaining_ms, max_bytes=g)) for p, g in zip(wanted, grants)]
             answers = await _wait_for_bytes(answers, waits, min_bytes, remaining_ms)
-        _trim_to(answers, body.max_bytes)
+        _trim_to(answers, max_bytes)
     try:
         session_id, chosen = context.answer([
             PartitionAnswer(a["error_code"], a["high_watermark"], a["log_start_offset"], len(a["records"])) for a in answers
@@ -182,7 +195,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
         if not out or out[-1][topic_field] != topic:
             out.append({topic_field: topic, "partitions": []})
         out[-1]["partitions"].append(answers[i])
-    return {"error_code": 0, "session_id": session_id, "responses": out}
+    throttle_ms = quotas.fetch_throttle_ms(context_of_request, request.client_id, sum(len(answers[i]["records"]) for i in chosen))
+    return {"error_code": 0, "session_id": session_id, "responses": out, "throttle_time": throttle_ms}
 
 
 def _check_describe(view: BrokerView, request: Any, topic: str) -> None:

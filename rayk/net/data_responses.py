@@ -81,7 +81,7 @@ def produce_frame(head: RequestHead, values: dict) -> bytes:
                 parts.append(NO_TAGS)
         if flexible:
             parts.append(NO_TAGS)
-    parts.append(_I32.pack(0))  # throttle_time_ms
+    parts.append(_I32.pack(values.get("throttle_time", 0)))
     if flexible:
         parts.append(NO_TAGS)
     return _frame(head, flexible, parts)
@@ -93,7 +93,7 @@ def fetch_frame(head: RequestHead, values: dict) -> bytes:
     version = head.api_version
     assert 4 <= version <= 17, f"Fetch v{version} has no hand-written layout"
     flexible = version >= 12
-    top = _FETCH_TOP.pack(0, values.get("error_code", 0), values.get("session_id", 0))
+    top = _FETCH_TOP.pack(values.get("throttle_time", 0), values.get("error_code", 0), values.get("session_id", 0))
     parts: list[Any] = [top if version >= 7 else top[:4], _array_length(len(values["responses"]), flexible)]
     for topic in values["responses"]:
         parts.append(topic["topic_id"].bytes if version >= 13 else _string(topic["topic"], flexible))

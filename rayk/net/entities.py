@@ -78,9 +78,10 @@ def build(cls: type, values: dict[str, Any] | None = None) -> Any:
     return cls(**kwargs)
 
 
-def error_response(cls: type, code: int) -> Any:
+def error_response(cls: type, code: int, throttle_time_ms: int = 0) -> Any:
     """`cls` with every error_code field (at the top level) set to `code`."""
-    return build(cls, {name: code for name, kafka_type, *_ in _fields(cls) if kafka_type == "error_code"})
+    values: dict[str, Any] = {name: code for name, kafka_type, *_ in _fields(cls) if kafka_type == "error_code"}
+    return build(cls, {**values, "throttle_time": throttle_time_ms})
 
 
 def _convert(value: Any, kafka_type: str, is_array: bool, nested: type | None, optional: bool) -> Any:

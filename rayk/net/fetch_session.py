@@ -152,6 +152,19 @@ class FetchContext:
         return session.id, chosen
 
 
+    def throttled(self) -> int:
+        """The session id for the answer to a fetch that was throttled before anything was
+        read (it answers no partition), as Kafka's getThrottledResponse: a full fetch makes
+        no session; an incremental one keeps its session, whose epoch has moved on."""
+        if self.kind != "incremental":
+            return INVALID_SESSION_ID
+        session = self.session
+        assert session is not None
+        if session.epoch != self.expected_epoch:
+            raise InvalidFetchSessionEpochError(f"fetch session {session.id} moved on while a fetch was throttled")
+        return session.id
+
+
 class FetchSessionCache:
     def __init__(
         self,

@@ -5,18 +5,26 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `reassignment_apis`, `election_apis`, `scram_apis` and `acl_apis`; each
-checks the request's principal against the ACLs (broker_view.authorized) where Kafka does.
+`admin_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
+`quota_apis`; each checks the request's principal against the ACLs
+(broker_view.authorized) where Kafka does.
+
+Every answer carries the throttle time its client's quotas call for (client_quotas.py), as
+Kafka's KafkaApis does: Produce counts its size against producer_byte_rate, Fetch what it
+answered against consumer_byte_rate (in data_apis.fetch), and every request the listener
+thread time it took against request_percentage (not an acks=0 Produce, as in Kafka).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from rayk.net import acl_apis, admin_apis, data_apis, election_apis, group_apis, reassignment_apis, scram_apis
+from rayk.net import acl_apis, admin_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
+from rayk.net.client_quotas import ThreadTimed
 from rayk.net.codec import Request, response_class
 from rayk.net.data_responses import FRAME_WRITERS
 from rayk.net.entities import build, error_response
@@ -58,24 +66,56 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_ACLS: acl_apis.describe_acls,
     keys.CREATE_ACLS: acl_apis.create_acls,
     keys.DELETE_ACLS: acl_apis.delete_acls,
+    keys.DESCRIBE_CLIENT_QUOTAS: quota_apis.describe_client_quotas,
+    keys.ALTER_CLIENT_QUOTAS: quota_apis.alter_client_quotas,
 }
 assert set(HANDLERS) == set(keys.SUPPORTED_VERSIONS), "every served API has a handler"
+
+
+@dataclass(slots=True)
+class Throttle:
+    """What a request cost the listener's thread before it was handled (decoding it), and
+    then the time its client must wait, which `handle` sets (0: none)."""
+
+    thread_ns: int = 0
+    ms: int = 0
 
 
 class KafkaApis:
     def __init__(self, view: BrokerView) -> None:
         self.view = view
 
-    async def handle(self, request: Request) -> Any:
+    async def handle(self, request: Request, throttle: Throttle | None = None) -> Any:
         """The response message, its finished frame (bytes: Produce and Fetch), None
-        (acks=0 produce) or CLOSE_CONNECTION."""
+        (acks=0 produce) or CLOSE_CONNECTION; its throttle time goes into it and into
+        `throttle`."""
         head = request.head
         cls = response_class(head.api_key, head.api_version)
+        throttle = throttle if throttle is not None else Throttle()
+        handling = HANDLERS[head.api_key](self.view, request)
+        timed = ThreadTimed(handling) if self.view.quotas.measures_request_time else None
         try:
-            values = await HANDLERS[head.api_key](self.view, request)
-            if values is None or values is CLOSE_CONNECTION:
-                return values
-            write_frame = FRAME_WRITERS.get(head.api_key)
-            return build(cls, values) if write_frame is None else write_frame(head, values)
+            values = await (handling if timed is None else timed)
         except Exception as e:  # error_code_of logs anything that is not a KafkaError
-            return error_response(cls, error_code_of(e))
+            code = error_code_of(e)
+            throttle.ms = self._throttle_ms(request, None, throttle.thread_ns + (timed.ns if timed else 0))
+            return error_response(cls, code, throttle.ms)
+        throttle.ms = self._throttle_ms(request, values, throttle.thread_ns + (timed.ns if timed else 0))
+        if values is None or values is CLOSE_CONNECTION:
+            return values
+        values["throttle_time"] = throttle.ms
+        write_frame = FRAME_WRITERS.get(head.api_key)
+        return build(cls, values) if write_frame is None else write_frame(head, values)
+
+    def _throttle_ms(self, request: Request, values: Any, thread_ns: int) -> int:
+        """The longest of the request's byte-rate and request-time throttles."""
+        quotas, context, client_id = self.view.quotas, request.context, request.client_id
+        api_key = request.head.api_key
+        throttle_ms = 0
+        if api_key == keys.PRODUCE:
+            throttle_ms = quotas.produce_throttle_ms(context, client_id, request.size_bytes)
+        elif api_key == keys.FETCH and isinstance(values, dict):
+            throttle_ms = values.get("throttle_time", 0)  # data_apis.fetch recorded what it answered
+        if quotas.measures_request_time and not (api_key == keys.PRODUCE and request.body.acks == 0):
+            throttle_ms = max(throttle_ms, quotas.request_throttle_ms(context, client_id, thread_ns))
+        return throttle_ms

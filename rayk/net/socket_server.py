@@ -5,8 +5,11 @@ and starts a new one if it dies; see rayk/actors/supervision.py). It serves ever
 listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
 gives each connection its RequestContext: the listener, and the principal of a client
 certificate, or of SASL authentication (rayk/net/sasl.py). With an authorizer, the
-listener keeps the Controller's ACLs, looked up every ACL_REFRESH_INTERVAL_S, and
-handlers check each request against them. For each connection a reader task reads
+listener keeps the Controller's ACLs, looked up every REFRESH_INTERVAL_S, and
+handlers check each request against them; so it keeps the client quotas, and a
+connection whose client went over its quota starts no request until its throttle time
+has passed (KIP-219: the answer goes at once to a client that waits out the throttle
+time itself, else only after it). For each connection a reader task reads
 size-prefixed frames into a bounded queue, a processor task decodes them in order and
 starts answering each (KafkaApis), and a writer task writes the answers in request order.
 Consecutive produce requests are pipelined: request N+1 is appended while request N waits
@@ -63,11 +66,11 @@ from rayk.errors import (
     UnsupportedVersionError,
 )
 from rayk.net.admin_apis import api_versions_body
-from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, client_throttles
 from rayk.net.broker_view import BrokerView
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
-from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis
+from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis, Throttle
 from rayk.net.memory_pool import MemoryPool
 from rayk.net.request_context import ANONYMOUS, RequestContext, kafka_host
 from rayk.net.sasl import SaslAuthenticator
@@ -81,7 +84,7 @@ STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined pr
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
-ACL_REFRESH_INTERVAL_S = 0.5
+REFRESH_INTERVAL_S = 0.5  # ACLs and client quotas
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
@@ -106,6 +109,7 @@ class _Connection:
         self.sasl = sasl  # on SASL listeners
         self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
         self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
+        self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
 
 
 class SocketServer(Supervised):
@@ -122,7 +126,7 @@ class SocketServer(Supervised):
         self._connections: dict[asyncio.Task, _Connection] = {}
         self._request_timers: dict[str, RequestTimer] = {}  # by listener name
         self.endpoints: dict[str, tuple[str, int]] | None = None
-        self._acl_refresher: asyncio.Future | None = None
+        self._refresher: asyncio.Future | None = None
 
     async def start(self) -> dict[str, tuple[str, int]]:
         """Binds every listener; returns their advertised (host, port) by listener name, in
@@ -131,7 +135,8 @@ class SocketServer(Supervised):
             return self.endpoints
         if self.config.authorizes:  # the ACLs first: no listener opens before they are loaded
             await self._load_acls()
-            self._acl_refresher = asyncio.ensure_future(self._refresh_acls_forever())
+        # Quotas do not hold the listener back: until they arrive, no client is throttled.
+        self._refresher = asyncio.ensure_future(self._refresh_forever())
         node_ip = ray.util.get_node_ip_address()
         endpoints: dict[str, tuple[str, int]] = {}
         try:
@@ -139,9 +144,8 @@ class SocketServer(Supervised):
                 endpoints[listener.name] = await self._bind(listener, node_ip)
         except BaseException:
             await self._close_servers()
-            if self._acl_refresher is not None:
-                self._acl_refresher.cancel()
-                self._acl_refresher = None
+            self._refresher.cancel()
+            self._refresher = None
             raise
         self.endpoints = endpoints
         return endpoints
@@ -154,18 +158,26 @@ class SocketServer(Supervised):
                 return
             except Exception as e:
                 logger.warning("broker %d: waiting for the Controller's ACLs before listening: %r", self.broker_id, e)
-                await asyncio.sleep(ACL_REFRESH_INTERVAL_S)
+                await asyncio.sleep(REFRESH_INTERVAL_S)
 
-    async def _refresh_acls_forever(self) -> None:
-        """ACL changes reach this listener within ACL_REFRESH_INTERVAL_S (at once for those
-        made through it). A failed lookup keeps the last ACLs and is tried again."""
+    async def _refresh_forever(self) -> None:
+        """ACL and quota changes reach this listener within REFRESH_INTERVAL_S (at once for
+        those made through it). A failed lookup keeps the last ones and is tried again; it
+        is logged once until one succeeds."""
+        view, failing = self.apis.view, False
         while True:
-            await asyncio.sleep(ACL_REFRESH_INTERVAL_S)
             try:
-                await self.apis.view.refresh_acls()
+                await view.refresh_quotas()
+                if self.config.authorizes:
+                    await view.refresh_acls()
+                failing = False
             except Exception as e:
-                logger.warning("broker %d: the ACLs could not be read from the Controller (%r); keeping the last ones",
-                               self.broker_id, e)
+                if not failing:
+                    logger.warning("broker %d: the ACLs and client quotas could not be read from the Controller (%r); "
+                                   "keeping the last ones", self.broker_id, e)
+                failing = True
+            view.quotas.prune()
+            await asyncio.sleep(REFRESH_INTERVAL_S)
 
     async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
         """Starts serving one listener; its advertised (host, port)."""
@@ -196,8 +208,8 @@ class SocketServer(Supervised):
         self._servers.clear()
 
     async def stop(self) -> None:
-        if self._acl_refresher is not None:
-            self._acl_refresher.cancel()
+        if self._refresher is not None:
+            self._refresher.cancel()
         await self._close_servers()
         for task in list(self._connections):
             task.cancel()
@@ -332,14 +344,18 @@ class SocketServer(Supervised):
                 if isinstance(exchanged, _CloseAfter):
                     break  # nothing after a failed authentication is served
                 continue
+            decode_started_ns = time.thread_time_ns()
             request = self._decode(frame, connection.context)
+            throttle = Throttle(thread_ns=time.thread_time_ns() - decode_started_ns)
             is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
             if pending_other or (pending and not is_produce):
                 await asyncio.wait(pending)
+            if (muted_s := connection.muted_until_s - time.monotonic()) > 0:
+                await asyncio.sleep(muted_s)  # the client is throttled (KIP-219)
             if isinstance(request, Request):
                 # Tasks start in the order they are created, so produce requests reach the
                 # ProduceCoalescer in arrival order.
-                answer = asyncio.ensure_future(self._answer(request))
+                answer = asyncio.ensure_future(self._answer(request, throttle, connection))
                 if not is_produce:
                     pending_other.add(answer)
                     answer.add_done_callback(pending_other.discard)
@@ -505,12 +521,22 @@ class SocketServer(Supervised):
             logger.info("broker %d: %s", self.broker_id, e)
             return encode_response(head, error_response(response_class(head.api_key, head.api_version), InvalidRequestError.code))
 
-    async def _answer(self, request: Request) -> bytes | object | None:
-        """The response frame for one request, None for none, or CLOSE_CONNECTION."""
-        response = await self.apis.handle(request)
-        if response is None or response is CLOSE_CONNECTION or isinstance(response, bytes):
-            return response
-        return encode_response(request.head, response)
+    async def _answer(self, request: Request, throttle: Throttle, connection: _Connection) -> bytes | object | None:
+        """The response frame for one request, None for none, or CLOSE_CONNECTION. A
+        throttled client's connection starts nothing more until its throttle time has
+        passed; to a client that does not wait it out itself, the answer waits instead."""
+        response = await self.apis.handle(request, throttle)
+        if not (response is None or response is CLOSE_CONNECTION or isinstance(response, bytes)):
+            encode_started_ns = time.thread_time_ns()
+            response = encode_response(request.head, response)
+            if self.apis.view.quotas.measures_request_time:
+                self.apis.view.quotas.record_request_time(request.context, request.client_id,
+                                                          time.thread_time_ns() - encode_started_ns)
+        if throttle.ms > 0:
+            connection.muted_until_s = max(connection.muted_until_s, time.monotonic() + throttle.ms / 1000)
+            if not client_throttles(request.head.api_key, request.head.api_version):
+                await asyncio.sleep(throttle.ms / 1000)
+        return response
 
     def _unsupported(self, head: RequestHead, reason: str) -> bytes:
         logger.info("broker %d: %s", self.broker_id, reason)

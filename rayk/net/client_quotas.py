@@ -1,0 +1,134 @@
+"""ClientQuotas: a listener's client quotas (Kafka's ClientQuotaManagers for produce, fetch
+and request time), and how long each request's client must be throttled.
+
+The limits are the Controller's (rayk/quotas.py, kept in its metadata log); the listener
+takes them like its ACLs, and measures its clients itself. As in Kafka, quotas are per
+broker: a client of three brokers may send three times its producer_byte_rate in all.
+
+What is measured (each in a SampledRate of `quota.window.num` samples of
+`quota.window.size.seconds`):
+- `producer_byte_rate`: the size of each Produce request;
+- `consumer_byte_rate`: the records each Fetch answers;
+- `request_percentage`: the listener's thread time spent on the client's requests (decoding,
+  serving, encoding), in percent of one thread. rayk's listener does on its thread what a
+  Kafka broker's network and request handler threads do; the appends and reads themselves
+  run in the partition replicas, whose work the byte rates bound.
+
+A request over its quota is still served; its answer says how long the client must wait
+(throttle_time_ms), and the listener starts nothing more from that connection until then
+(KIP-219; rayk/net/socket_server.py). A request's throttle time is the longest of its
+byte-rate one and its request-time one; request-time throttles are capped at one sample,
+as Kafka caps them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from rayk.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaConfig, QuotaEntity, QuotaKey
+from rayk.net.sampled_rate import SampledRate
+from rayk.net.request_context import RequestContext
+
+_PERCENT_PER_NS = 100 / 1e9  # one thread busy for 1 s is 100 (%) per second
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class ClientQuotas:
+    def __init__(self, window_num: int = 11, window_size_ms: int = 1000, clock_ms: Any = _monotonic_ms) -> None:
+        self.window_num = window_num
+        self.window_size_ms = window_size_ms
+        self._clock_ms = clock_ms
+        self.config = QuotaConfig()
+        self.version = -2  # of the Controller's quotas held; -2: none yet
+        self._rates: dict[tuple[str, QuotaKey], SampledRate] = {}
+
+    def update(self, version: int, entries: Mapping[QuotaEntity, Mapping[str, float]]) -> None:
+        """Takes the Controller's quotas at `version`; what clients sent so far still counts."""
+        self.version = version
+        self.config = QuotaConfig(entries)
+
+    @property
+    def measures_request_time(self) -> bool:
+        """Whether some request_percentage quota is set (only then is thread time measured)."""
+        return REQUEST_PERCENTAGE in self.config.keys_set
+
+    def produce_throttle_ms(self, context: RequestContext, client_id: str | None, size_bytes: int) -> int:
+        """Records a Produce request's size; the client's throttle time."""
+        return self._record(PRODUCER_BYTE_RATE, context, client_id, size_bytes)
+
+    def fetch_throttle_ms(self, context: RequestContext, client_id: str | None, size_bytes: int = 0) -> int:
+        """Records what a Fetch answered (nothing: only asks); the client's throttle time."""
+        return self._record(CONSUMER_BYTE_RATE, context, client_id, size_bytes)
+
+    def fetch_max_bytes(self, context: RequestContext, client_id: str | None) -> int | None:
+        """The most one Fetch may answer: what the client's quota allows over the window
+        (Kafka's maxValueInQuotaWindow), or None without a consumer_byte_rate quota."""
+        found = self.config.resolve(_user(context), client_id or "", CONSUMER_BYTE_RATE)
+        if found is None:
+            return None
+        return max(int(found[0] * max(self.window_num - 1, 1) * self.window_size_ms / 1000), 1)
+
+    def request_throttle_ms(self, context: RequestContext, client_id: str | None, thread_ns: int) -> int:
+        """Records a request's thread time so far; the client's throttle time (at most one sample)."""
+        return min(self._record(REQUEST_PERCENTAGE, context, client_id, thread_ns * _PERCENT_PER_NS), self.window_size_ms)
+
+    def record_request_time(self, context: RequestContext, client_id: str | None, thread_ns: int) -> None:
+        """Records thread time spent after the throttle was decided (encoding the answer)."""
+        self._record(REQUEST_PERCENTAGE, context, client_id, thread_ns * _PERCENT_PER_NS, throttle=False)
+
+    def prune(self) -> None:
+        """Forgets clients that sent nothing for a whole window (bounds the memory of
+        clients that come and go, or make up client ids)."""
+        now = self._clock_ms()
+        for key in [k for k, rate in self._rates.items() if rate.idle(now)]:
+            del self._rates[key]
+
+    def rate_count(self) -> int:
+        return len(self._rates)
+
+    def _record(self, quota: str, context: RequestContext, client_id: str | None, value: float, throttle: bool = True) -> int:
+        found = self.config.resolve(_user(context), client_id or "", quota)
+        if found is None:
+            return 0
+        limit, shared_by = found
+        rate = self._rates.get((quota, shared_by))
+        if rate is None:
+            rate = self._rates[(quota, shared_by)] = SampledRate(self.window_num, self.window_size_ms)
+        now = self._clock_ms()
+        if value:
+            rate.record(value, now)
+        return rate.throttle_ms(limit, now) if throttle else 0
+
+
+def _user(context: RequestContext) -> str:
+    """The user a quota is looked up for: the principal's name (ANONYMOUS unauthenticated)."""
+    return context.principal.partition(":")[2]
+
+
+class ThreadTimed:
+    """Awaits a coroutine and counts the thread time its steps take (`ns`), leaving out
+    the time it spends waiting: what request_percentage measures."""
+
+    def __init__(self, coroutine: Any) -> None:
+        self._coroutine = coroutine
+        self.ns = 0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coroutine, to_send, to_throw = self._coroutine, None, None
+        while True:
+            started = time.thread_time_ns()
+            try:
+                yielded = coroutine.send(to_send) if to_throw is None else coroutine.throw(to_throw)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self.ns += time.thread_time_ns() - started
+            try:
+                to_send, to_throw = (yield yielded), None
+            except BaseException as e:  # a cancellation goes on into the coroutine
+                to_send, to_throw = None, e
