@@ -11,6 +11,7 @@ from rayk.actors.partition_replica import FetchResult
 from rayk.net import data_apis
 from rayk.net.api_versions import FETCH
 from rayk.net.codec import Request, RequestHead, request_class
+from rayk.net.client_quotas import ClientQuotas
 from rayk.net.entities import build
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.parked_fetches import ParkedFetches
@@ -25,6 +26,7 @@ class FakeView:
     def __init__(self, park: asyncio.Event | None = None) -> None:
         self.fetch_sessions = FetchSessionCache()
         self.parked_fetches = ParkedFetches(max_per_partition=3)
+        self.quotas = ClientQuotas()  # none set
         self.calls: list[tuple] = []
         self._park = park  # a fetch with a wait parks until it is set
 
@@ -146,7 +148,7 @@ def test_partitions_whose_limits_fit_are_read_in_one_round():
 
 def test_a_fetch_of_no_partitions_is_answered():
     answer = asyncio.run(data_apis.fetch(LogView({}), fetch_request([], 0)))
-    assert answer == {"error_code": 0, "session_id": 0, "responses": []}
+    assert answer == {"error_code": 0, "session_id": 0, "responses": [], "throttle_time": 0}
 
 
 def test_a_top_up_takes_only_whole_batches_that_fit_and_never_starves_the_partitions_after():

@@ -178,3 +178,18 @@ def test_a_client_that_applies_incremental_responses_always_knows_every_high_wat
             if answers[i].error_code == 0:  # a client takes no offsets from an error
                 known[context.partitions[i].key] = (answers[i].high_watermark, answers[i].log_start_offset)
         assert {k: v for k, v in known.items() if k != errored} == {k: v for k, v in truth.items() if k != errored}
+
+
+def test_a_throttled_fetch_answers_no_partition_keeps_an_incremental_session_and_makes_no_new_one():
+    cache = FetchSessionCache()
+    assert cache.new_context(0, 0, [part("a", 0)], [], uses_topic_ids=False).throttled() == 0, "a full fetch"
+    assert len(cache) == 0, "no session for a full fetch that was throttled"
+    session_id = open_session(cache, [part("a", 0)])
+    throttled = cache.new_context(session_id, 1, [], [], uses_topic_ids=False)
+    assert throttled.throttled() == session_id
+    after = cache.new_context(session_id, 2, [], [], uses_topic_ids=False)
+    assert after.answer([data(hw=12)]) == (session_id, [0]), "the next epoch reads and answers as usual"
+    stale = cache.new_context(session_id, 3, [], [], uses_topic_ids=False)
+    cache.new_context(session_id, 4, [], [], uses_topic_ids=False)
+    with pytest.raises(InvalidFetchSessionEpochError):
+        stale.throttled()

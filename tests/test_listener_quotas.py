@@ -212,3 +212,31 @@ def test_request_time_over_its_percentage_is_throttled_by_at_most_one_sample(clu
     finally:
         connection.close()
     set_quota(cluster, "chatty", "request_percentage", None)
+
+
+def test_a_throttled_consumer_with_a_fetch_session_reads_every_record_once_in_order(cluster):
+    """kafka-python keeps a fetch session (KIP-227): throttled empty answers must keep it
+    in step, so that nothing is skipped or read twice."""
+    import kafka
+
+    topic, count = "quota-session-topic", 300
+    cluster.create_topic(topic, partitions=2, replication_factor=1)
+    with cluster.producer() as producer:
+        producer.send_batch(topic, [b"%04d" % i + b"v" * 196 for i in range(count)],
+                            partition=[i % 2 for i in range(count)]).result(timeout=30)
+    rate_bytes_per_s = 10_000
+    set_quota(cluster, "session-reader", "consumer_byte_rate", rate_bytes_per_s)
+    consumer = kafka.KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap_servers, client_id="session-reader",
+                                   auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=20_000,
+                                   max_partition_fetch_bytes=4096)
+    try:
+        started = time.monotonic()
+        seen = [(m.partition, int(m.value[:4])) for _, m in zip(range(count), consumer)]
+        assert next(iter(consumer.poll(timeout_ms=1000).values()), []) == [], "nothing more"
+        elapsed_s = time.monotonic() - started
+    finally:
+        consumer.close()
+    for partition in (0, 1):
+        assert [i for p, i in seen if p == partition] == list(range(partition, count, 2)), "all, once, in order"
+    assert elapsed_s > 0.5 * (count * 200 / rate_bytes_per_s - WINDOW_S), elapsed_s
+    set_quota(cluster, "session-reader", "consumer_byte_rate", None)
