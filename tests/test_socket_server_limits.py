@@ -9,6 +9,7 @@ the other connections' reads back only until it is cut, and no more."""
 from __future__ import annotations
 
 import asyncio
+import time
 import os
 import socket
 import ssl
@@ -89,7 +90,9 @@ def test_an_idle_connection_is_closed_but_not_one_waiting_for_its_answer():
         assert await server.connections() == 1
         gate.set()
         assert await answers(waiting_reader, 1) == [GATED_FROM]
+        answered_s = time.monotonic()
         assert await closed_by_broker(waiting_reader, 3), "idle again after its answer"
+        assert time.monotonic() - answered_s > 0.25, "idle counts from the answer written, not from the request read"
         waiting.close()
         idle.close()
 

@@ -20,8 +20,8 @@ answered, as in Kafka. Many connections are served at once.
 
 Back-pressure, limits and bad input, as in Kafka:
 - a connection past `max.connections` or `max.connections.per.ip` is closed at once, and
-  one that sends nothing for `connections.max.idle.ms` while no request of it is being
-  answered (or takes that long to send one request) is closed;
+  one with nothing read or written for `connections.max.idle.ms` while no request of it
+  is being answered (or that takes that long to send one request) is closed;
 - a frame's declared size is reserved from `queued.max.request.bytes` (memory_pool.py)
   before its body is read, and given back when it is answered;
 - a frame larger than `socket.request.max.bytes` (or with a negative size) closes the
@@ -110,6 +110,7 @@ class _Connection:
         self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
         self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
         self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
+        self.last_active_s = time.monotonic()  # a frame read or an answer written (connections.max.idle.ms)
 
 
 class SocketServer(Supervised):
@@ -458,6 +459,7 @@ class SocketServer(Supervised):
             if response is not None:
                 writer.write(response)
                 await writer.drain()
+                connection.last_active_s = time.monotonic()
             if name is not None:
                 timer.record(name, received_s)
 
@@ -485,7 +487,7 @@ class SocketServer(Supervised):
                     logger.info("broker %d: closing connection from %s: a request of %d bytes did not arrive within "
                                 "connections.max.idle.ms", self.broker_id, peer, size)
                     break
-                received_s = time.monotonic()
+                received_s = connection.last_active_s = time.monotonic()
                 await self._take_slot()
                 connection.slots_held += 1
                 await frames.put((frame, received_s))
@@ -494,16 +496,18 @@ class SocketServer(Supervised):
         await frames.put(None)
 
     async def _next_size(self, reader: asyncio.StreamReader, idle_s: float, connection: _Connection) -> int | None:
-        """The next frame's size, or None once the connection has sent nothing for
-        connections.max.idle.ms while none of its requests was being answered."""
+        """The next frame's size, or None once the connection has had nothing read or
+        written for connections.max.idle.ms while none of its requests was being answered."""
         while True:
+            quiet_s = time.monotonic() - connection.last_active_s
+            wait_s = idle_s if connection.slots_held else max(idle_s - quiet_s, 0.001)
             try:
-                async with asyncio.timeout(idle_s) as idle:
+                async with asyncio.timeout(wait_s) as idle:
                     return _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
             except TimeoutError:
                 if not idle.expired():
                     raise  # the socket's own timeout (ETIMEDOUT), not idleness: the connection is gone
-                if connection.slots_held == 0:
+                if connection.slots_held == 0 and time.monotonic() - connection.last_active_s >= idle_s:
                     logger.info("broker %d: closing connection from %s (%s): idle for connections.max.idle.ms",
                                 self.broker_id, connection.context.client_host, connection.context.listener_name)
                     return None
