@@ -241,3 +241,39 @@ def test_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, t
         assert len(got) == RECORDS
     finally:
         again.shutdown()
+
+
+def test_librdkafka_reauthenticates_on_its_connection_before_its_session_ends(tmp_path):
+    """KIP-368 with a real client: sessions of 1.5 s, a producer sending for 6 s. The
+    listener closes a connection whose session ended (tests/test_socket_server_sasl.py), so
+    no disconnect means librdkafka re-authenticated on the same connection, in time."""
+    import json
+    import time
+
+    shared_local_ray()
+    c = rayk.start(brokers=1, data_dir=tmp_path, namespace="listener-reauth", config={
+        **FAST_CONFIG, "listeners": "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0",
+        "listener.security.protocol.map": "INTERNAL:PLAINTEXT,EXTERNAL:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512", "connections.max.reauth.ms": 1500,
+        "num.partitions": 1, "default.replication.factor": 1,
+    })
+    try:
+        c.admin().alter_user_scram_credentials([ScramUpsertion("alice", "SCRAM-SHA-512", PASSWORDS["alice"])])
+        c.create_topic("reauth", partitions=1, replication_factor=1)
+        stats: list[dict] = []
+        delivered: list = []
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": c.bootstrap_servers_for("EXTERNAL"), "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": PASSWORDS["alice"],
+            "acks": "all", "statistics.interval.ms": 500, "stats_cb": lambda s: stats.append(json.loads(s)),
+        })
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            producer.produce("reauth", b"x", on_delivery=lambda err, _: delivered.append(err))
+            producer.poll(0.1)
+        assert producer.flush(30) == 0
+        assert len(delivered) > 30 and all(err is None for err in delivered), delivered[:3]
+        brokers = [b for b in stats[-1]["brokers"].values() if b["nodeid"] >= 0]
+        assert brokers and all(b["connects"] == 1 and b["disconnects"] == 0 for b in brokers), brokers
+    finally:
+        c.shutdown()
