@@ -10,7 +10,7 @@ import pickle
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayk.actors.cluster_metadata import ClusterMetadata
@@ -124,6 +124,7 @@ def test_samples_older_than_the_window_are_forgotten():
 
 
 @settings(deadline=None, max_examples=50)
+@example(limit=100, request_share=0.26678536406339753, gap_ms=9)  # rounds to 0 ms once, just over
 @given(st.integers(100, 100_000), st.floats(0.05, 2.0), st.integers(1, 50))
 def test_a_client_that_waits_out_its_throttle_times_gets_its_quota_and_no_more(limit, request_share, gap_ms):
     """Over a minute, a client that sends whenever it is not throttled sends about its
@@ -135,8 +136,8 @@ def test_a_client_that_waits_out_its_throttle_times_gets_its_quota_and_no_more(l
         rate.record(size, now)
         sent += size
         throttle_ms = rate.throttle_ms(limit, now)
-        assert throttle_ms >= 0 and (throttle_ms == 0 or rate.rate_per_s(now) > limit), "a throttle only over the limit"
-        assert rate.rate_per_s(now) > limit or throttle_ms == 0, "(just over it, the throttle may round to 0 ms)"
+        # A throttle only over the limit (just over it, it may round to 0 ms, as Kafka's does).
+        assert throttle_ms >= 0 and (throttle_ms == 0 or rate.rate_per_s(now) > limit)
         now += max(throttle_ms, gap_ms)
     assert sent <= limit * (1.15 * now / 1000 + 10) + size, "the quota, its first window's burst and one request"
     own_pace_per_s = size * 1000 / gap_ms
