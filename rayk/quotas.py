@@ -119,7 +119,11 @@ def check_quota_key(key: str) -> None:
 def check_quota_value(key: str, value: float) -> None:
     """INVALID_REQUEST unless `value` may be stored under `key`, as Kafka checks them."""
     check_quota_key(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    try:
+        positive = not isinstance(value, bool) and math.isfinite(value) and value > 0
+    except (TypeError, OverflowError):  # not a number, or an int too large for a float
+        positive = False
+    if not positive:
         raise InvalidRequestError(f"{key} must be a positive number, got {value!r}")
     if key in _WHOLE_NUMBER_KEYS and value != int(value):
         raise InvalidRequestError(f"{key} is a whole number of bytes per second, got {value!r}")

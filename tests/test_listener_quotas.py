@@ -161,12 +161,12 @@ def test_a_throttled_connection_starts_nothing_until_its_throttle_time_has_passe
     set_quota(cluster, "muted", "producer_byte_rate", None)
 
 
-def fetch(connection: RawConnection, client_id: str, max_bytes: int = 50 * 1024 * 1024) -> tuple[int, float]:
-    """A sessionless Fetch v11 of the topic from offset 0: (record bytes answered, throttle s)."""
+def fetch(connection: RawConnection, client_id: str, topic: str, max_bytes: int = 50 * 1024 * 1024) -> tuple[int, float]:
+    """A sessionless Fetch v11 of partition 0 from offset 0: (record bytes answered, throttle s)."""
     connection.send(sized(request_frame(FETCH, 11, {
         "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": max_bytes, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "rack_id": "",
-        "topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "fetch_offset": 0, "log_start_offset": -1,
+        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0, "log_start_offset": -1,
                                                     "partition_max_bytes": max_bytes, "current_leader_epoch": -1}]}],
     }, client_id=client_id)))
     answer = decode_response(FETCH, 11, connection.receive())
@@ -176,25 +176,29 @@ def fetch(connection: RawConnection, client_id: str, max_bytes: int = 50 * 1024 
 
 
 def test_a_consumer_reads_at_most_its_windows_worth_then_gets_empty_throttled_answers(cluster):
+    topic, batch_bytes = "quota-fetch-topic", 3_000
+    cluster.create_topic(topic, partitions=1, replication_factor=1)
     with cluster.producer() as producer:
-        producer.send_batch(TOPIC, [b"z" * 1000 for _ in range(100)]).result(timeout=30)
-    rate_bytes_per_s = 2_000
+        for _ in range(10):  # ten batches of three 1,000-byte records
+            producer.send_batch(topic, [b"z" * 1000] * 3, partition=0).result(timeout=30)
+    rate_bytes_per_s = 1_000  # the window allows 2,000 bytes: less than one batch
     set_quota(cluster, "reader", "consumer_byte_rate", rate_bytes_per_s)
-    window_bytes = WINDOW_S * rate_bytes_per_s
     first = RawConnection(cluster.bootstrap_servers, timeout_s=30)
+    second = RawConnection(cluster.bootstrap_servers, timeout_s=30)  # a new connection: not muted
     try:
-        records, _ = fetch(first, "reader")
-        assert 0 < records <= window_bytes + 64 * 1024, "what the quota allows over the window (whole batches)"
+        records, _ = fetch(first, "reader", topic)
+        assert batch_bytes <= records < 2 * batch_bytes, "one whole batch (at least one is always answered)"
+        read_again, throttle_s = fetch(second, "reader", topic)
+        assert read_again == 0 and throttle_s > 0, "over quota: an empty answer and how long to wait"
     finally:
         first.close()
-    unthrottled, _ = fetch(RawConnection(cluster.bootstrap_servers), "other-reader")
-    assert unthrottled > records, "another client id reads as much as it asks for"
-    second = RawConnection(cluster.bootstrap_servers, timeout_s=30)  # a new connection: not muted, still over quota
-    try:
-        records, throttle_s = fetch(second, "reader")
-        assert records == 0 and throttle_s > 0, "over quota: an empty answer and how long to wait"
-    finally:
         second.close()
+    other = RawConnection(cluster.bootstrap_servers)
+    try:
+        unthrottled, _ = fetch(other, "other-reader", topic)
+        assert unthrottled > 9 * batch_bytes, "another client id reads as much as it asks for"
+    finally:
+        other.close()
     set_quota(cluster, "reader", "consumer_byte_rate", None)
 
 

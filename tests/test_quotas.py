@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rayk.actors.cluster_metadata import ClusterMetadata
 from rayk.errors import InvalidRequestError
-from rayk.net.client_quotas import ClientQuotas, ThreadTimed
+from rayk.net.client_quotas import MAX_THROTTLE_MS, ClientQuotas, ThreadTimed, measure_child_tasks
 from rayk.net.request_context import RequestContext
 from rayk.net.sampled_rate import SampledRate
 from rayk.quotas import (
@@ -189,6 +189,11 @@ def test_request_time_throttles_are_capped_at_one_sample():
     assert not quotas({QuotaEntity(client_id="x"): {P: 1}})[0].measures_request_time
 
 
+def test_a_throttle_fits_the_wires_int32():
+    q, _ = quotas({QuotaEntity(client_id="tiny"): {P: 1}})
+    assert q.produce_throttle_ms(context(), "tiny", 3 * 10**6) == MAX_THROTTLE_MS == 2**31 - 1
+
+
 def test_clients_that_went_quiet_are_forgotten():
     q, clock = quotas({QuotaEntity(client_id=DEFAULT): {P: 1_000}})
     for i in range(100):
@@ -223,6 +228,31 @@ def test_thread_time_counts_the_steps_and_not_the_waits_and_cancellation_goes_th
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
+
+    asyncio.run(main())
+
+
+def spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_thread_time_counts_the_tasks_a_request_starts_and_no_one_elses():
+    async def busy(seconds: float) -> None:
+        await asyncio.sleep(0)
+        spin(seconds)
+
+    async def handler() -> None:
+        await asyncio.gather(busy(0.03), busy(0.03))  # gather runs each in a task of its own
+
+    async def main() -> None:
+        measure_child_tasks(asyncio.get_running_loop())
+        unrelated = asyncio.ensure_future(busy(0.05))  # started outside any request
+        timed = ThreadTimed(handler())
+        await timed
+        await unrelated
+        assert 0.055e9 < timed.ns < 0.1e9, timed.ns
 
     asyncio.run(main())
 

@@ -4,13 +4,15 @@ past them at once, counted before any TLS handshake; a broken TLS stream or a so
 timeout ends its connection and frees its place; connections.max.idle.ms closes a connection that sends nothing, but
 not one whose request is being answered; queued.max.request.bytes is reserved at a
 frame's size prefix, so a client that declares a large frame and sends little holds
-the other connections' reads back only until it is cut, and no more."""
+the other connections' reads back only until it is cut, and no more; a throttled
+connection starts nothing until its throttle time has passed, and one whose client
+leaves meanwhile is closed then, not at the end of the throttle time."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 import os
+import time
 import socket
 import ssl
 
@@ -203,3 +205,29 @@ def test_a_socket_timeout_is_not_taken_for_idleness():
         assert reader.reads == 1
 
     asyncio.run(main())
+
+
+def test_a_throttled_connection_waits_and_one_whose_client_leaves_is_closed_at_once():
+    async def body(server, gate, connect):
+        server.apis._throttle_ms = lambda *_: 3_000  # every answer throttles its client for 3 s
+        reader, writer = await connect()
+        writer.write(api_versions(1))
+        assert await answers(reader, 1) == [1], "the throttled answer itself goes at once (ApiVersions v3)"
+        writer.write(api_versions(2))
+        sent_s = time.monotonic()
+        assert await answers(reader, 1) == [2]
+        assert time.monotonic() - sent_s > 2.5, "the next request waited out the throttle time"
+
+        leaving_reader, leaving = await connect()
+        leaving.write(api_versions(3))
+        assert await answers(leaving_reader, 1) == [3]
+        leaving.write(b"".join(api_versions(4 + i) for i in range(5)))  # queued behind the throttle
+        await leaving.drain()
+        leaving.close()
+        left_s = time.monotonic()
+        await reaches(server.connections, 1, timeout_s=2)
+        assert time.monotonic() - left_s < 2, "closed when its client left, not after the throttle"
+        await reaches(server.queued_requests, 0, timeout_s=2)
+        writer.close()
+
+    run_with_gated_server(500, body)

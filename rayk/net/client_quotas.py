@@ -8,21 +8,29 @@ broker: a client of three brokers may send three times its producer_byte_rate in
 What is measured (each in a SampledRate of `quota.window.num` samples of
 `quota.window.size.seconds`):
 - `producer_byte_rate`: the size of each Produce request;
-- `consumer_byte_rate`: the records each Fetch answers;
-- `request_percentage`: the listener's thread time spent on the client's requests (decoding,
-  serving, encoding), in percent of one thread. rayk's listener does on its thread what a
-  Kafka broker's network and request handler threads do; the appends and reads themselves
-  run in the partition replicas, whose work the byte rates bound.
+- `consumer_byte_rate`: the record bytes each Fetch answers (Kafka counts the whole
+  response; the rest is a few dozen bytes per partition);
+- `request_percentage`: the listener's thread time spent on the client's requests, in
+  percent of one thread: decoding, the handler and every task it starts (the task factory
+  of `measure_child_tasks`), building and encoding the answer. rayk's listener does on its
+  thread what a Kafka broker's network and request handler threads do; the appends and
+  reads themselves run in the partition replicas, whose work the byte rates bound.
 
-A request over its quota is still served; its answer says how long the client must wait
-(throttle_time_ms), and the listener starts nothing more from that connection until then
-(KIP-219; rayk/net/socket_server.py). A request's throttle time is the longest of its
-byte-rate one and its request-time one; request-time throttles are capped at one sample,
-as Kafka caps them.
+A request over its quota is still served, and its answer says how long the client must
+wait (throttle_time_ms); the listener starts nothing more from that connection until then
+(KIP-219; rayk/net/socket_server.py). A Fetch from a client that is over its
+consumer_byte_rate already is answered at once with no records and the time left. (Kafka
+instead reads, and answers empty if what it read would put the client over; rayk serves a
+client that is within its quota, then throttles it, so that a batch larger than the
+window's allowance never stalls a consumer.) A request's throttle time is the longest of
+its byte-rate one and its request-time one; request-time throttles are capped at one
+sample, as Kafka caps them, and every throttle fits the wire's int32.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import time
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -32,6 +40,7 @@ from rayk.net.sampled_rate import SampledRate
 from rayk.net.request_context import RequestContext
 
 _PERCENT_PER_NS = 100 / 1e9  # one thread busy for 1 s is 100 (%) per second
+MAX_THROTTLE_MS = 2**31 - 1  # throttle_time_ms is an int32 on the wire
 
 
 def _monotonic_ms() -> float:
@@ -102,7 +111,7 @@ class ClientQuotas:
         now = self._clock_ms()
         if value:
             rate.record(value, now)
-        return rate.throttle_ms(limit, now) if throttle else 0
+        return min(rate.throttle_ms(limit, now), MAX_THROTTLE_MS) if throttle else 0
 
 
 def _user(context: RequestContext) -> str:
@@ -110,25 +119,68 @@ def _user(context: RequestContext) -> str:
     return context.principal.partition(":")[2]
 
 
-class ThreadTimed:
-    """Awaits a coroutine and counts the thread time its steps take (`ns`), leaving out
-    the time it spends waiting: what request_percentage measures."""
+class ThreadCost:
+    """The thread time one request took so far."""
 
-    def __init__(self, coroutine: Any) -> None:
+    __slots__ = ("ns",)
+
+    def __init__(self, ns: int = 0) -> None:
+        self.ns = ns
+
+
+_REQUEST_COST: contextvars.ContextVar[ThreadCost | None] = contextvars.ContextVar("rayk_request_cost", default=None)
+
+
+class ThreadTimed:
+    """Awaits a coroutine and adds the thread time its steps take to `cost`, leaving out
+    the time it spends waiting; tasks it starts meanwhile count into `cost` too (with
+    `measure_child_tasks` installed): what request_percentage measures."""
+
+    def __init__(self, coroutine: Any, cost: ThreadCost | None = None) -> None:
         self._coroutine = coroutine
-        self.ns = 0
+        self.cost = cost if cost is not None else ThreadCost()
+
+    @property
+    def ns(self) -> int:
+        return self.cost.ns
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coroutine, to_send, to_throw = self._coroutine, None, None
-        while True:
-            started = time.thread_time_ns()
-            try:
-                yielded = coroutine.send(to_send) if to_throw is None else coroutine.throw(to_throw)
-            except StopIteration as done:
-                return done.value
-            finally:
-                self.ns += time.thread_time_ns() - started
-            try:
-                to_send, to_throw = (yield yielded), None
-            except BaseException as e:  # a cancellation goes on into the coroutine
-                to_send, to_throw = None, e
+        coroutine, to_send, to_throw, cost = self._coroutine, None, None, self.cost
+        token = _REQUEST_COST.set(cost)  # tasks started by the coroutine inherit it
+        try:
+            while True:
+                started = time.thread_time_ns()
+                try:
+                    yielded = coroutine.send(to_send) if to_throw is None else coroutine.throw(to_throw)
+                except StopIteration as done:
+                    return done.value
+                finally:
+                    cost.ns += time.thread_time_ns() - started
+                try:
+                    to_send, to_throw = (yield yielded), None
+                except BaseException as e:  # a cancellation goes on into the coroutine
+                    to_send, to_throw = None, e
+        finally:
+            _REQUEST_COST.reset(token)
+
+
+def measure_child_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Installs a task factory on `loop` under which a task started while a request is
+    measured (its context holds the request's ThreadCost) adds its own steps' thread time
+    to that request's. Other tasks are created as before."""
+    previous = loop.get_task_factory()
+
+    def create(loop: asyncio.AbstractEventLoop, coroutine: Any, context: contextvars.Context | None = None) -> Any:
+        cost = _REQUEST_COST.get() if context is None else context.get(_REQUEST_COST)
+        if cost is not None and asyncio.iscoroutine(coroutine):
+            coroutine = _timed(coroutine, cost)
+        kwargs = {} if context is None else {"context": context}
+        if previous is not None:
+            return previous(loop, coroutine, **kwargs)
+        return asyncio.Task(coroutine, loop=loop, **kwargs)
+
+    loop.set_task_factory(create)
+
+
+async def _timed(coroutine: Any, cost: ThreadCost) -> Any:
+    return await ThreadTimed(coroutine, cost)

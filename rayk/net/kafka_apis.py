@@ -12,19 +12,21 @@ frames are written straight from the handler's values (data_responses.py). Handl
 Every answer carries the throttle time its client's quotas call for (client_quotas.py), as
 Kafka's KafkaApis does: Produce counts its size against producer_byte_rate, Fetch what it
 answered against consumer_byte_rate (in data_apis.fetch), and every request the listener
-thread time it took against request_percentage (not an acks=0 Produce, as in Kafka).
+thread time it took, in its handler and the tasks the handler started, against
+request_percentage (not an acks=0 Produce, as in Kafka).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
-from rayk.net.client_quotas import ThreadTimed
+from rayk.net.client_quotas import ThreadCost, ThreadTimed
 from rayk.net.codec import Request, response_class
 from rayk.net.data_responses import FRAME_WRITERS
 from rayk.net.entities import build, error_response
@@ -92,22 +94,27 @@ class KafkaApis:
         head = request.head
         cls = response_class(head.api_key, head.api_version)
         throttle = throttle if throttle is not None else Throttle()
+        quotas = self.view.quotas
         handling = HANDLERS[head.api_key](self.view, request)
-        timed = ThreadTimed(handling) if self.view.quotas.measures_request_time else None
+        cost = ThreadCost(throttle.thread_ns) if quotas.measures_request_time else None
         try:
-            values = await (handling if timed is None else timed)
+            values = await (handling if cost is None else ThreadTimed(handling, cost))
         except Exception as e:  # error_code_of logs anything that is not a KafkaError
             code = error_code_of(e)
-            throttle.ms = self._throttle_ms(request, None, throttle.thread_ns + (timed.ns if timed else 0))
+            throttle.ms = self._throttle_ms(request, None, cost)
             return error_response(cls, code, throttle.ms)
-        throttle.ms = self._throttle_ms(request, values, throttle.thread_ns + (timed.ns if timed else 0))
+        throttle.ms = self._throttle_ms(request, values, cost)
         if values is None or values is CLOSE_CONNECTION:
             return values
         values["throttle_time"] = throttle.ms
         write_frame = FRAME_WRITERS.get(head.api_key)
-        return build(cls, values) if write_frame is None else write_frame(head, values)
+        building_started_ns = time.thread_time_ns()
+        response = build(cls, values) if write_frame is None else write_frame(head, values)
+        if cost is not None:  # counted for the requests after this one
+            quotas.record_request_time(request.context, request.client_id, time.thread_time_ns() - building_started_ns)
+        return response
 
-    def _throttle_ms(self, request: Request, values: Any, thread_ns: int) -> int:
+    def _throttle_ms(self, request: Request, values: Any, cost: ThreadCost | None) -> int:
         """The longest of the request's byte-rate and request-time throttles."""
         quotas, context, client_id = self.view.quotas, request.context, request.client_id
         api_key = request.head.api_key
@@ -116,6 +123,6 @@ class KafkaApis:
             throttle_ms = quotas.produce_throttle_ms(context, client_id, request.size_bytes)
         elif api_key == keys.FETCH and isinstance(values, dict):
             throttle_ms = values.get("throttle_time", 0)  # data_apis.fetch recorded what it answered
-        if quotas.measures_request_time and not (api_key == keys.PRODUCE and request.body.acks == 0):
-            throttle_ms = max(throttle_ms, quotas.request_throttle_ms(context, client_id, thread_ns))
+        if cost is not None and not (api_key == keys.PRODUCE and request.body.acks == 0):
+            throttle_ms = max(throttle_ms, quotas.request_throttle_ms(context, client_id, cost.ns))
         return throttle_ms

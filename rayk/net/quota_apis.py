@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayk.acls import ALTER_CONFIGS, CLUSTER, DESCRIBE_CONFIGS
-from rayk.errors import ClusterAuthorizationFailedError, KafkaError
+from rayk.errors import ClusterAuthorizationFailedError, KafkaError, UnknownServerError
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.quotas import QuotaEntity, QuotaFilterComponent
 
@@ -61,8 +61,10 @@ async def alter_client_quotas(view: BrokerView, request: Any) -> dict:
     try:
         results = await view.ask_controller("alter_client_quotas", alterations, request.body.validate_only,
                                             timeout_ms=CONTROLLER_TIMEOUT_MS)
-    except KafkaError as e:
-        return {"entries": [answer(entry, e) for entry in entries]}
+    except Exception as e:  # AlterClientQuotas has no top-level error: every entry carries it
+        failure = e if isinstance(e, KafkaError) else UnknownServerError(error_message_of(e))
+        error_code_of(e)  # logs what is not a KafkaError
+        return {"entries": [answer(entry, failure) for entry in entries]}
     if not request.body.validate_only:
         try:  # this listener takes the change now; the others within their next lookup
             await view.refresh_quotas()

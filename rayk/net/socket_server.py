@@ -7,9 +7,10 @@ gives each connection its RequestContext: the listener, and the principal of a c
 certificate, or of SASL authentication (rayk/net/sasl.py). With an authorizer, the
 listener keeps the Controller's ACLs, looked up every REFRESH_INTERVAL_S, and
 handlers check each request against them; so it keeps the client quotas, and a
-connection whose client went over its quota starts no request until its throttle time
-has passed (KIP-219: the answer goes at once to a client that waits out the throttle
-time itself, else only after it). For each connection a reader task reads
+connection whose client went over its quota starts no further request until its
+throttle time has passed (KIP-219: the answer goes at once to a client that waits out
+the throttle time itself, else only after it; produce requests pipelined behind the
+throttled one had started already). For each connection a reader task reads
 size-prefixed frames into a bounded queue, a processor task decodes them in order and
 starts answering each (KafkaApis), and a writer task writes the answers in request order.
 Consecutive produce requests are pipelined: request N+1 is appended while request N waits
@@ -68,6 +69,7 @@ from rayk.errors import (
 from rayk.net.admin_apis import api_versions_body
 from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, client_throttles
 from rayk.net.broker_view import BrokerView
+from rayk.net.client_quotas import measure_child_tasks
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis, Throttle
@@ -111,6 +113,7 @@ class _Connection:
         self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
         self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
         self.last_active_s = time.monotonic()  # a frame read or an answer written (connections.max.idle.ms)
+        self.reader_done = asyncio.Event()  # set when nothing more will be read (EOF, a bad frame, idle)
 
 
 class SocketServer(Supervised):
@@ -138,6 +141,7 @@ class SocketServer(Supervised):
             await self._load_acls()
         # Quotas do not hold the listener back: until they arrive, no client is throttled.
         self._refresher = asyncio.ensure_future(self._refresh_forever())
+        measure_child_tasks(asyncio.get_running_loop())  # request_percentage counts a handler's tasks
         node_ip = ray.util.get_node_ip_address()
         endpoints: dict[str, tuple[str, int]] = {}
         try:
@@ -164,19 +168,22 @@ class SocketServer(Supervised):
     async def _refresh_forever(self) -> None:
         """ACL and quota changes reach this listener within REFRESH_INTERVAL_S (at once for
         those made through it). A failed lookup keeps the last ones and is tried again; it
-        is logged once until one succeeds."""
-        view, failing = self.apis.view, False
+        is logged once until one succeeds. The two are looked up independently."""
+        view = self.apis.view
+        lookups = {"client quotas": view.refresh_quotas}
+        if self.config.authorizes:
+            lookups["ACLs"] = view.refresh_acls
+        failing: set[str] = set()
         while True:
-            try:
-                await view.refresh_quotas()
-                if self.config.authorizes:
-                    await view.refresh_acls()
-                failing = False
-            except Exception as e:
-                if not failing:
-                    logger.warning("broker %d: the ACLs and client quotas could not be read from the Controller (%r); "
-                                   "keeping the last ones", self.broker_id, e)
-                failing = True
+            for what, lookup in lookups.items():
+                try:
+                    await lookup()
+                    failing.discard(what)
+                except Exception as e:
+                    if what not in failing:
+                        logger.warning("broker %d: the %s could not be read from the Controller (%r); keeping the last "
+                                       "ones", self.broker_id, what, e)
+                    failing.add(what)
             view.quotas.prune()
             await asyncio.sleep(REFRESH_INTERVAL_S)
 
@@ -352,7 +359,7 @@ class SocketServer(Supervised):
             if pending_other or (pending and not is_produce):
                 await asyncio.wait(pending)
             if (muted_s := connection.muted_until_s - time.monotonic()) > 0:
-                await asyncio.sleep(muted_s)  # the client is throttled (KIP-219)
+                await self._wait_out_throttle(connection, muted_s)
             if isinstance(request, Request):
                 # Tasks start in the order they are created, so produce requests reach the
                 # ProduceCoalescer in arrival order.
@@ -368,6 +375,17 @@ class SocketServer(Supervised):
             name = type(request.body).__name__.removesuffix("Request") if isinstance(request, Request) else None
             await answers.put((answer, received_s, name, len(frame)))
         await answers.put(None)
+
+    async def _wait_out_throttle(self, connection: _Connection, muted_s: float) -> None:
+        """The client is throttled (KIP-219): nothing more of it starts for `muted_s`. If
+        it leaves meanwhile, the connection closes then, and what it sent is not served
+        (the reader keeps reading, at most QUEUED_PER_CONNECTION frames ahead, so that a
+        client leaving is noticed)."""
+        try:
+            await asyncio.wait_for(connection.reader_done.wait(), muted_s)
+        except TimeoutError:
+            return
+        raise ConnectionClosed("the client left while throttled")
 
     async def _sasl_exchange(self, connection: _Connection, frame: bytes, pending: set[asyncio.Future]
                              ) -> bytes | _CloseAfter | None:
@@ -446,6 +464,7 @@ class SocketServer(Supervised):
             try:
                 response = await answer
             finally:
+                connection.last_active_s = time.monotonic()  # not idle while the answer is written
                 connection.slots_held -= 1
                 self._give_slot()
                 connection.bytes_held -= size
@@ -493,6 +512,7 @@ class SocketServer(Supervised):
                 await frames.put((frame, received_s))
         except (asyncio.IncompleteReadError, OSError):  # OSError: a connection error, or a broken TLS record
             pass
+        connection.reader_done.set()
         await frames.put(None)
 
     async def _next_size(self, reader: asyncio.StreamReader, idle_s: float, connection: _Connection) -> int | None:
