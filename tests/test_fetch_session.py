@@ -193,3 +193,13 @@ def test_a_throttled_fetch_answers_no_partition_keeps_an_incremental_session_and
     cache.new_context(session_id, 4, [], [], uses_topic_ids=False)
     with pytest.raises(InvalidFetchSessionEpochError):
         stale.throttled()
+
+
+def test_an_incremental_fetch_that_forgets_every_partition_closes_its_session():
+    cache = FetchSessionCache()
+    session_id = open_session(cache, [part("a", 0), part("a", 1)])
+    context = cache.new_context(session_id, 1, [], [("a", 0), ("a", 1)], uses_topic_ids=False)
+    assert context.partitions == [] and context.answer([]) == (0, []), "answered sessionless, as Kafka does"
+    assert cache.get(session_id) is None and len(cache) == 0
+    with pytest.raises(FetchSessionIdNotFoundError):
+        cache.new_context(session_id, 2, [], [], uses_topic_ids=False)

@@ -18,7 +18,8 @@ those with records, an error, or a high watermark or log start offset other than
 the client last got; partitions that returned records move to the end of the session's
 order, so that under `fetch.max.bytes` each partition gets its turn (Kafka's rotation).
 A partition answered with an error forgets its high watermark, so it is answered again
-once the error is gone.
+once the error is gone. An incremental fetch that forgets every partition of its session
+closes the session and is answered as a sessionless fetch (id 0), as in Kafka.
 
 An incremental fetch naming an unknown session (evicted, or the listener restarted) is
 answered FETCH_SESSION_ID_NOT_FOUND, one with another epoch than the session's next
@@ -217,6 +218,9 @@ class FetchSessionCache:
                 cached.wanted = partition
         for key in forgotten:
             session.partitions.pop(key, None)
+        if not session.partitions:  # Kafka closes a session left with no partitions
+            del self._sessions[session.id]
+            return FetchContext("sessionless", [], uses_topic_ids, _cache=self)
         session.epoch = _next_epoch(session.epoch)
         self._touch(session)
         partitions = [cached.wanted for cached in session.partitions.values()]
