@@ -414,6 +414,13 @@ def cmd_groups_list(args: argparse.Namespace) -> None:
         say(args, table(("group", "state"), [(g["group_id"], g["state"]) for g in groups]))
 
 
+def cmd_groups_delete(args: argparse.Namespace) -> None:
+    (error,) = _connect(args).admin().delete_consumer_groups([args.group]).values()
+    if error is not None:
+        raise error
+    say(args, f"deleted group {args.group} and its committed offsets")
+
+
 def cmd_groups_describe(args: argparse.Namespace) -> None:
     from rayk.client.consumer_protocol import decode_assignment
 
@@ -980,6 +987,8 @@ def _add_group_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     _add(gsub, "list", cmd_groups_list, "list the consumer groups", [conn])
     describe = _add(gsub, "describe", cmd_groups_describe, "members, committed offsets and lag of a group", [conn])
     describe.add_argument("group")
+    delete = _add(gsub, "delete", cmd_groups_delete, "delete a group without members, and its committed offsets", [conn])
+    delete.add_argument("group")
 
 
 def _add_user_commands(sub: Any, conn: argparse.ArgumentParser) -> None:

@@ -68,6 +68,10 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = 6_000
     group_max_session_timeout_ms: int = 1_800_000
     offset_metadata_max_bytes: int = 4096
+    # Committed offsets of a group without members expire this long after it became empty
+    # (a standalone consumer's: after their commit), checked this often (KIP-211).
+    offsets_retention_minutes: int = 10_080
+    offsets_retention_check_interval_ms: int = 600_000
     # Kafka uses 50 partitions; each rayk partition replica is a process, so fewer by default.
     offsets_topic_num_partitions: int = 3
     offsets_topic_replication_factor: int = 3
@@ -160,6 +164,7 @@ class BrokerConfig:
             "log_cleaner_io_max_bytes_per_second",
             "log_cleaner_dedupe_buffer_size",
             "quota_window_num",
+            "offsets_retention_minutes",
             "quota_window_size_seconds",
         ):
             if getattr(self, name) < 1:

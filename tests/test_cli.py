@@ -288,6 +288,10 @@ def test_group_consumption_shows_in_groups_list_and_describe_with_no_lag(run, cl
     assert sum(int(r[3]) for r in offsets) == 12, "end offsets add up to the records produced"
     assert all(r[2] == r[3] and r[4] == "0" for r in offsets), "committed = end offset, lag 0"
 
+    assert ok(run("groups", "delete", "cli-group")).startswith("deleted group cli-group")
+    assert "cli-group" not in ok(run("groups", "list"))
+    assert_one_line_error(run("groups", "delete", "cli-group"), "GROUP_ID_NOT_FOUND")
+
 
 def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluster):
     cluster.create_topic("status-topic", partitions=1, replication_factor=3)

@@ -528,3 +528,36 @@ def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_lea
     stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
     assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
     assert len(stored) == len(set(stored)), "idempotence: no record written twice"
+
+
+def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offsets_go_with_it(cluster, bootstrap):
+    topic, group = new_topic(cluster, partitions=1), f"deleted-{uuid.uuid4().hex[:8]}"
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    for i in range(5):
+        producer.produce(topic, b"%d" % i)
+    assert producer.flush(30) == 0
+    settings = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                "enable.auto.commit": False}
+    consumer = confluent_kafka.Consumer(settings)
+    consumer.subscribe([topic])
+    seen = wait_until(lambda: consumer.poll(1.0), 30, "a record")
+    consumer.commit(message=seen, asynchronous=False)
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+
+    def delete_error(name: str) -> int | None:
+        try:
+            admin.delete_consumer_groups([name], request_timeout=30)[name].result(30)
+        except confluent_kafka.KafkaException as e:
+            return e.args[0].code()
+        return None
+
+    assert delete_error(group) == confluent_kafka.KafkaError.NON_EMPTY_GROUP
+    consumer.close()
+    assert delete_error(group) is None
+    assert delete_error(group) == confluent_kafka.KafkaError.GROUP_ID_NOT_FOUND
+    assert group not in {g["group_id"] for g in cluster.admin().list_consumer_groups()}
+    again = confluent_kafka.Consumer(settings)
+    again.subscribe([topic])
+    first = wait_until(lambda: again.poll(1.0), 30, "a record")
+    assert first.offset() == 0, "its committed offset was deleted: it starts over from auto.offset.reset"
+    again.close()

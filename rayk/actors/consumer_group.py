@@ -88,6 +88,9 @@ class ConsumerGroup:
     protocol: str | None = None
     leader_id: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
+    # Wall-clock ms when the group last became empty (Kafka's currentStateTimestamp of an
+    # Empty group): its offsets expire offsets.retention.minutes after (KIP-211).
+    empty_since_ms: int | None = None
     _join_deadline_s: float = 0.0
     _initial_delay_deadline_s: float | None = None
     _timer: asyncio.TimerHandle | None = None
@@ -184,6 +187,7 @@ class ConsumerGroup:
         self.generation += 1
         if not self.members:
             self.state, self.protocol, self.leader_id, self.protocol_type = GroupState.EMPTY, None, None, None
+            self.empty_since_ms = int(time.time() * 1000)
             if self.on_stable is not None:
                 self.on_stable(self)
             return

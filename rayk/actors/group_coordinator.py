@@ -12,11 +12,20 @@ answered, so committed offsets survive broker restarts and failover:
 - key msgpack ["offset", group, topic, partition] -> value msgpack
   {"offset", "metadata", "commit_timestamp_ms", "leader_epoch"}, or None (deleted);
 - key msgpack ["group", group] -> value msgpack {"generation", "protocol_type",
-  "protocol", "leader", "members"}: written when a generation settles, so a new
-  coordinator continues the generation numbering (members rejoin it).
+  "protocol", "leader", "members", "empty_since_ms"}: written when a generation
+  settles, so a new coordinator continues the generation numbering (members rejoin it).
 The topic is compacted (cleanup.policy compact, as Kafka's), so a new coordinator replays
 only each key's latest record, plus what was written since the last clean; a deleted
 offset or group is a tombstone, which the cleaner drops after delete.retention.ms.
+
+Offsets go away in two ways, each written as tombstones:
+- expiry (KIP-211), checked every offsets.retention.check.interval.ms: a group without
+  members loses all its offsets once it has been empty offsets.retention.minutes; a
+  standalone consumer's offsets (committed outside any generation) each expire that long
+  after their commit; a group with members keeps them all. A group left with no offsets
+  and no members is deleted too;
+- DeleteGroups: a group without members, with its offsets (NON_EMPTY_GROUP while it has
+  members, GROUP_ID_NOT_FOUND if there is no such group).
 
 Not thread-safe; the owning actor's event loop calls it.
 """
@@ -36,8 +45,10 @@ import msgpack
 from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult
 from rayk.config import BrokerConfig
 from rayk.errors import (
+    GroupIdNotFoundError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
+    NonEmptyGroupError,
     OffsetMetadataTooLargeError,
 )
 
@@ -95,6 +106,7 @@ class GroupCoordinator:
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None
+        self._offset_expiry: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -108,12 +120,19 @@ class GroupCoordinator:
                 table = self._offsets.setdefault(group_id, {})
                 if value is None:
                     table.pop((rest[0], rest[1]), None)
+                    if not table:
+                        del self._offsets[group_id]
                 else:
                     table[(rest[0], rest[1])] = CommittedOffset(**msgpack.unpackb(value))
             elif kind == "group" and value is not None:
                 meta = msgpack.unpackb(value)
                 group = self._group(group_id)
                 group.generation = meta["generation"]
+                # Members rejoin a new coordinator; until they do the group is empty, since
+                # it became so (or, for a record from before that was kept, since now).
+                group.empty_since_ms = meta.get("empty_since_ms") or int(time.time() * 1000)
+            elif kind == "group":
+                self._groups.pop(group_id, None)
 
     def _group(self, group_id: str) -> ConsumerGroup:
         group = self._groups.get(group_id)
@@ -126,6 +145,19 @@ class GroupCoordinator:
     def start(self) -> None:
         if self._expiry is None:
             self._expiry = asyncio.get_running_loop().create_task(self._expire_members())
+        if self._offset_expiry is None:
+            self._offset_expiry = asyncio.get_running_loop().create_task(self._expire_offsets_forever())
+
+    async def _expire_offsets_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                expired = await self.expire_offsets()
+            except Exception as e:  # not leading any more, or the write failed: next time
+                logger.warning("offset expiry failed: %r", e)
+                continue
+            if expired:
+                logger.info("expired %d committed offset(s)", expired)
 
     async def _expire_members(self) -> None:
         while True:
@@ -135,8 +167,9 @@ class GroupCoordinator:
                     logger.info("group %s: member %s timed out", group.group_id, member_id)
 
     def close(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for loop_task in (self._expiry, self._offset_expiry):
+            if loop_task is not None:
+                loop_task.cancel()
         for task in self._tasks:
             task.cancel()
         for group in self._groups.values():
@@ -150,6 +183,7 @@ class GroupCoordinator:
                 "protocol": group.protocol,
                 "leader": group.leader_id,
                 "members": sorted(group.members),
+                "empty_since_ms": group.empty_since_ms if not group.members else None,
             }
         )
         task = asyncio.get_running_loop().create_task(self._append([(group_key(group.group_id), value)]))
@@ -231,6 +265,67 @@ class GroupCoordinator:
         if partitions is None:
             return dict(table)
         return {tp: table[tp] for tp in partitions if tp in table}
+
+    async def expire_offsets(self, now_ms: int | None = None) -> int:
+        """Writes tombstones for the offsets that expired (see the module docstring) and
+        forgets them; returns how many."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        retention_ms = self.config.offsets_retention_minutes * 60_000
+        expired: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        for group_id, table in self._offsets.items():
+            group = self._groups.get(group_id)
+            if group is not None and group.members:
+                continue  # a group with members keeps its offsets
+            if group is not None and group.generation > 0 and group.empty_since_ms is not None:
+                gone = table if now_ms - group.empty_since_ms >= retention_ms else {}
+            else:  # a standalone consumer's offsets: each by its commit time
+                gone = {tp: c for tp, c in table.items() if now_ms - c.commit_timestamp_ms >= retention_ms}
+            if gone:
+                expired[group_id] = dict(gone)
+        if not expired:
+            return 0
+        await self._append([(offset_key(g, t, p), None) for g, gone in expired.items() for t, p in gone])
+        for group_id, gone in expired.items():
+            table = self._offsets.get(group_id, {})
+            for tp, committed in gone.items():
+                if table.get(tp) is committed:  # not committed again while the tombstones were written
+                    del table[tp]
+            await self._forget_if_unused(group_id)
+        return sum(len(gone) for gone in expired.values())
+
+    async def delete_group(self, group_id: str) -> None:
+        """DeleteGroups: tombstones for the group and its offsets."""
+        group = self._groups.get(group_id)
+        if group is not None and group.members:
+            raise NonEmptyGroupError(f"group {group_id!r} has members; it can be deleted once they have left")
+        table = self._offsets.get(group_id, {})
+        if not table and (group is None or group.generation == 0):
+            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
+        gone = dict(table)
+        await self._append([*((offset_key(group_id, t, p), None) for t, p in gone), (group_key(group_id), None)])
+        for tp, committed in gone.items():
+            if table.get(tp) is committed:  # not committed again while the tombstones were written
+                del table[tp]
+        if not table:
+            self._offsets.pop(group_id, None)
+        group = self._groups.get(group_id)
+        if group is not None and not group.members:  # (members that joined meanwhile keep it alive)
+            del self._groups[group_id]
+            group.close()
+
+    async def _forget_if_unused(self, group_id: str) -> None:
+        """A group with neither members nor offsets left is deleted (a tombstone for its record)."""
+        group = self._groups.get(group_id)
+        if self._offsets.get(group_id) or (group is not None and group.members):
+            return
+        self._offsets.pop(group_id, None)
+        if group is not None and group.generation > 0:
+            await self._append([(group_key(group_id), None)])
+            if group.members:  # it was joined meanwhile
+                return
+        dead = self._groups.pop(group_id, None)
+        if dead is not None:
+            dead.close()
 
     def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         """Every group's committed offsets (for the broker's consumer-lag gauge)."""

@@ -265,6 +265,22 @@ class Admin:
                 out += ray.get(coordinator.list_groups.remote())
         return sorted(out, key=lambda g: g["group_id"])
 
+    def delete_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, KafkaError | None]:
+        """Kafka's DeleteGroups: deletes each group and its committed offsets (tombstones in
+        __consumer_offsets). Per group None, or NON_EMPTY_GROUP while it has members,
+        GROUP_ID_NOT_FOUND if there is no such group."""
+        out: dict[str, KafkaError | None] = {}
+        exists = OFFSETS_TOPIC in ray.get(self._controller.list_topics.remote())
+        for group_id in group_ids:
+            try:
+                if not exists:
+                    raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
+                CoordinatorLink(self._controller, group_id).call("delete_group", group_id)
+                out[group_id] = None
+            except KafkaError as e:
+                out[group_id] = e
+        return out
+
     def describe_consumer_group(self, group_id: str) -> dict:
         """State, members with their assignments, and per partition the committed offset,
         the end offset (high watermark) and the lag between them. GROUP_ID_NOT_FOUND for a

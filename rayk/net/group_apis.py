@@ -1,5 +1,5 @@
 """FindCoordinator and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups).
+OffsetFetch, ListGroups, DescribeGroups, DeleteGroups).
 
 A group's coordinator is the leader of its `__consumer_offsets` partition. The listener
 passes group requests to this broker's replica of that partition, whose GroupCoordinator
@@ -7,8 +7,8 @@ answers NOT_COORDINATOR when it does not lead it; so a Kafka client and a rayk c
 the same group meet at the same coordinator and share committed offsets.
 
 With an authorizer, as in Kafka: joining, syncing, heartbeats, leaving and committing
-need READ on the group, FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE
-(else GROUP_AUTHORIZATION_FAILED); committing a topic's offsets needs READ on the topic
+need READ on the group, FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE,
+DeleteGroups DELETE (else GROUP_AUTHORIZATION_FAILED); committing a topic's offsets needs READ on the topic
 and fetching them DESCRIBE (else TOPIC_AUTHORIZATION_FAILED for its partitions);
 ListGroups shows the groups the principal may DESCRIBE (all, with DESCRIBE on the cluster).
 """
@@ -19,7 +19,7 @@ import asyncio
 from typing import Any
 
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
-from rayk.acls import CLUSTER, DESCRIBE, GROUP, READ, TOPIC
+from rayk.acls import CLUSTER, DELETE, DESCRIBE, GROUP, READ, TOPIC
 from rayk.errors import (
     CoordinatorNotAvailableError,
     GroupAuthorizationFailedError,
@@ -37,7 +37,8 @@ GROUP_KEY_TYPE = 0
 
 # What each coordinator call needs on the group, as in Kafka.
 _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
-                    "commit_offsets": READ, "fetch_offsets": DESCRIBE, "describe_group": DESCRIBE}
+                    "commit_offsets": READ, "fetch_offsets": DESCRIBE, "describe_group": DESCRIBE,
+                    "delete_group": DELETE}
 
 
 async def _coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
@@ -235,3 +236,17 @@ async def describe_groups(view: BrokerView, request: Any) -> dict:
         }
 
     return {"groups": list(await asyncio.gather(*(one(g) for g in request.body.groups)))}
+
+
+async def delete_groups(view: BrokerView, request: Any) -> dict:
+    """DeleteGroups: each group at its coordinator, which writes the tombstones; a group
+    with members is NON_EMPTY_GROUP, an unknown one GROUP_ID_NOT_FOUND, and without DELETE
+    on the group GROUP_AUTHORIZATION_FAILED."""
+    async def one(group_id: str) -> dict:
+        try:
+            await _coordinator_call(view, request, group_id, "delete_group")
+        except Exception as e:
+            return {"group_id": group_id, "error_code": error_code_of(e)}
+        return {"group_id": group_id}
+
+    return {"results": list(await asyncio.gather(*(one(g) for g in request.body.groups_names)))}
