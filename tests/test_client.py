@@ -437,6 +437,31 @@ def test_a_group_rebalances_onto_partitions_added_to_its_topic(cluster):
     ray.get([a.close.remote() for a in actors])
 
 
+def test_a_group_leader_drops_a_deleted_topic_and_takes_it_back_when_it_is_created_again(cluster):
+    kept, deleted = new_topic(cluster, partitions=2, replication_factor=1), new_topic(cluster, partitions=1, replication_factor=1)
+    consumer = cluster.consumer(kept, deleted, group_id="follows-topics", auto_offset_reset="earliest",
+                                metadata_max_age_ms=300)
+    seen: list[bytes] = []
+
+    def assigned_after_poll() -> set[TopicPartition]:
+        seen.extend(r.value for records in consumer.poll(timeout_ms=200).values() for r in records)
+        return consumer.assignment()
+
+    try:
+        both = {TopicPartition(kept, 0), TopicPartition(kept, 1), TopicPartition(deleted, 0)}
+        wait_until(lambda: assigned_after_poll() == both, 30, "both topics assigned")
+        cluster.admin().delete_topics([deleted])
+        only_kept = {TopicPartition(kept, 0), TopicPartition(kept, 1)}
+        wait_until(lambda: assigned_after_poll() == only_kept, 30, "the leader to rejoin without the deleted topic")
+        with cluster.producer(acks="all") as producer:
+            producer.send(kept, value=b"after the delete", partition=1)
+        wait_until(lambda: assigned_after_poll() and b"after the delete" in seen, 30, "the kept topic still consumed")
+        cluster.create_topic(deleted, partitions=1, replication_factor=1)
+        wait_until(lambda: assigned_after_poll() == both, 30, "the topic, created again, assigned again")
+    finally:
+        consumer.close()
+
+
 def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
     topic = new_topic(cluster, partitions=4, replication_factor=1)
     with cluster.producer(acks="all") as producer:

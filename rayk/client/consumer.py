@@ -184,8 +184,12 @@ class Consumer:
         return offsets
 
     def _partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:
-        self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow
+        self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow, go or come
         counts = {t: self._metadata.cached_partition_count(t) for t in topics}
+        # A subscribed topic that does not exist (deleted, or not created yet) has nothing
+        # to assign, as in Kafka's assignors; once it exists, its count changes and the
+        # group's leader rejoins.
+        counts = {t: 0 if n is None and self._metadata.known_absent(t) else n for t, n in counts.items()}
         missing = [t for t, n in counts.items() if n is None]
         if missing:
             self._metadata.request_update(missing)

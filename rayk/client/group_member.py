@@ -177,8 +177,9 @@ class GroupMember:
 
     def _counts_changed(self) -> bool:
         """As the group's leader: a subscribed topic now has another partition count than
-        the one the assignment was made for (partitions were added), so the group rejoins
-        and the new partitions get consumers, as Kafka's ConsumerCoordinator does."""
+        the one the assignment was made for (partitions were added; it was deleted, 0; it
+        was created), so the group rejoins and the partitions get consumers, or none are
+        kept for a topic that is gone, as Kafka's ConsumerCoordinator does."""
         if self._assigned_counts is None:
             return False
         now_counts = self._partition_counts(list(self._assigned_counts))

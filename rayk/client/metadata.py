@@ -75,6 +75,7 @@ class MetadataCache:
         self._request_timeout_s = request_timeout_ms / 1000
         self._retry_backoff_ms = retry_backoff_ms
         self._topics: dict[str, dict[int, Any]] = {}  # topic -> partition -> leader handle or None
+        self._absent: set[str] = set()  # topics the last refresh of them found not to exist
         self._lock = threading.Lock()
         self._refresh: calls.Pending | None = None  # the background refresh in flight
         self._refresh_topics: set[str] = set()
@@ -103,10 +104,11 @@ class MetadataCache:
             for topic in topics:
                 if topic in fresh:
                     self._topics[topic] = {p: info["leader_handle"] for p, info in fresh[topic]["partitions"].items()}
-                    self._stored_at_s[topic] = now
-                else:
+                    self._absent.discard(topic)
+                else:  # deleted, or not created yet: looked at again once stale, like a known topic
                     self._topics.pop(topic, None)
-                    self._stored_at_s.pop(topic, None)
+                    self._absent.add(topic)
+                self._stored_at_s[topic] = now
 
     def _partitions(self, topic: str, timeout_ms: int) -> dict[int, Any]:
         with self._lock:
@@ -148,6 +150,10 @@ class MetadataCache:
         read is atomic under the GIL (refreshes replace a topic's dict whole)."""
         known = self._topics.get(topic)
         return None if known is None else len(known)
+
+    def known_absent(self, topic: str) -> bool:
+        """Whether the last lookup of `topic` found that it does not exist."""
+        return topic in self._absent
 
     def leader_nowait(self, topic: str, partition: int) -> Any | None:
         """The leader's handle if known, else None; a background refresh is started if it
