@@ -462,6 +462,25 @@ def test_a_group_leader_drops_a_deleted_topic_and_takes_it_back_when_it_is_creat
         consumer.close()
 
 
+def test_a_group_subscribed_to_a_topic_not_yet_created_consumes_it_soon_after_it_is(cluster):
+    topic = f"later-{next(_topics)}"
+    consumer = cluster.consumer(topic, group_id="waits-for-topic", auto_offset_reset="earliest")  # default max age
+    try:
+        assert consumer.poll(timeout_ms=1_000) == {}
+        cluster.create_topic(topic, partitions=1, replication_factor=1)
+        with cluster.producer(acks="all") as producer:
+            producer.send(topic, value=b"first")
+        seen: list[bytes] = []
+
+        def consumed() -> bool:
+            seen.extend(r.value for records in consumer.poll(timeout_ms=200).values() for r in records)
+            return b"first" in seen
+
+        wait_until(consumed, 30, "the topic found within seconds, not metadata.max.age.ms")
+    finally:
+        consumer.close()
+
+
 def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
     topic = new_topic(cluster, partitions=4, replication_factor=1)
     with cluster.producer(acks="all") as producer:

@@ -2,7 +2,8 @@
 without members loses them all offsets.retention.minutes after it became empty, a
 standalone consumer's each that long after its commit, a group with members none), and
 DeleteGroups deletes an empty group with its offsets; both are written as tombstones, so
-a new coordinator replaying the partition sees what this one does."""
+a new coordinator replaying the partition sees what this one does, also when a commit
+races them; requests for unknown groups make none."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import time
 import msgpack
 import pytest
 
-from rayk.actors.group_coordinator import GroupCoordinator, group_key, offset_key
+from rayk.actors.group_coordinator import TOMBSTONES_PER_APPEND, GroupCoordinator, group_key, offset_key
 from rayk.config import BrokerConfig
-from rayk.errors import GroupIdNotFoundError, NonEmptyGroupError
+from rayk.errors import GroupIdNotFoundError, IllegalGenerationError, NonEmptyGroupError, UnknownMemberIdError
 
 RETENTION_MINUTES = 10
 RETENTION_MS = RETENTION_MINUTES * 60_000
@@ -121,5 +122,92 @@ def test_delete_group_refuses_a_group_with_members_or_none_and_deletes_an_empty_
         replay = partition.replayed()
         assert replay.committed_offsets() == {} and await replay.list_groups() == []
         coordinator.close()
+
+    asyncio.run(main())
+
+
+class SlowPartition(Partition):
+    """Appends that take a while, as acks=all ones do: other requests run meanwhile."""
+
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        self.records += records  # in the log at once, acknowledged later (as a leader's produce)
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("removal", ["expire", "delete"])
+def test_a_commit_racing_expiry_or_deletion_leaves_memory_and_the_log_agreeing(removal):
+    async def main() -> None:
+        partition = SlowPartition()
+        coordinator = GroupCoordinator(partition.append, config())
+        await commit_standalone(coordinator, "g", offset=5)
+        if removal == "expire":
+            removing = asyncio.ensure_future(coordinator.expire_offsets(now_ms() + RETENTION_MS + 1_000))
+        else:
+            removing = asyncio.ensure_future(coordinator.delete_group("g"))
+        await asyncio.sleep(0.005)  # the tombstones are being written
+        await coordinator.commit_offsets("g", -1, "", {("t", 0): (99, "")})
+        await removing
+        assert coordinator.committed_offsets() == partition.replayed().committed_offsets() == {"g": {("t", 0): 99}}
+        coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_requests_for_unknown_groups_make_no_group():
+    async def main() -> None:
+        coordinator = GroupCoordinator(Partition().append, config())
+        for call in (coordinator.heartbeat("ghost-1", 1, "m"), coordinator.sync_group("ghost-2", 1, "m", None),
+                     coordinator.leave_group("ghost-3", "m")):
+            with pytest.raises(UnknownMemberIdError):
+                await call
+        with pytest.raises(IllegalGenerationError):
+            await coordinator.commit_offsets("ghost-4", 3, "m", {("t", 0): (1, "")})
+        assert await coordinator.list_groups() == []
+        coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_many_expired_offsets_are_written_in_batches_and_memberless_groups_without_offsets_go():
+    async def main() -> None:
+        partition = Partition()
+        appends: list[int] = []
+        original = partition.append
+
+        async def counting(records):
+            appends.append(len(records))
+            await original(records)
+
+        coordinator = GroupCoordinator(counting, config())
+        await coordinator.commit_offsets("wide", -1, "", {("t", p): (1, "") for p in range(2_500)})
+        joined = await coordinator.join_group("left", "", "c", 10_000, 10_000, "consumer", PROTOCOLS)
+        await coordinator.sync_group("left", joined.generation, joined.member_id, {joined.member_id: b""})
+        await coordinator.leave_group("left", joined.member_id)  # no commits
+        await asyncio.sleep(0)
+        appends.clear()
+        assert await coordinator.expire_offsets(now_ms() + RETENTION_MS + 1_000) == 2_500
+        assert max(appends) <= TOMBSTONES_PER_APPEND and sum(appends) == 2_500 + 1, "offsets, and left's record"
+        assert await coordinator.list_groups() == [] and await partition.replayed().list_groups() == []
+        coordinator.close()
+
+    asyncio.run(main())
+
+
+def test_a_group_loaded_from_a_record_with_members_has_its_empty_time_written_down():
+    async def main() -> None:
+        partition = Partition()
+        partition.records.append((group_key("g"), msgpack.packb(
+            {"generation": 4, "protocol_type": "consumer", "protocol": "range", "leader": "m", "members": ["m"]})))
+        partition.records.append((offset_key("g", "t", 0), msgpack.packb(
+            {"offset": 1, "metadata": "", "commit_timestamp_ms": 0, "leader_epoch": -1})))
+        first = partition.replayed()
+        first.start()
+        await asyncio.sleep(0)  # the record is written
+        stamped = first._groups["g"].empty_since_ms
+        first.close()
+        again = partition.replayed()
+        assert again._groups["g"].empty_since_ms == stamped, "the next coordinator counts from the same time"
+        assert await first.expire_offsets(stamped + RETENTION_MS - 1) == 0
+        assert await first.expire_offsets(stamped + RETENTION_MS) == 1
 
     asyncio.run(main())

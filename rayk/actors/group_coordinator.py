@@ -19,13 +19,19 @@ only each key's latest record, plus what was written since the last clean; a del
 offset or group is a tombstone, which the cleaner drops after delete.retention.ms.
 
 Offsets go away in two ways, each written as tombstones:
-- expiry (KIP-211), checked every offsets.retention.check.interval.ms: a group without
-  members loses all its offsets once it has been empty offsets.retention.minutes; a
-  standalone consumer's offsets (committed outside any generation) each expire that long
-  after their commit; a group with members keeps them all. A group left with no offsets
-  and no members is deleted too;
+- expiry (KIP-211), checked every offsets.retention.check.interval.ms: a group that had
+  generations and has no members loses all its offsets once it has been empty
+  offsets.retention.minutes; the offsets of a group that never had one (a standalone
+  consumer's) each expire that long after their commit; a group with members keeps them
+  all. A group with neither members nor offsets is deleted at the same check, as Kafka's
+  cleanupGroupMetadata does;
 - DeleteGroups: a group without members, with its offsets (NON_EMPTY_GROUP while it has
   members, GROUP_ID_NOT_FOUND if there is no such group).
+A group's commits, expiry and deletion take its lock, so a tombstone never lands after a
+commit that memory keeps (the log's order is memory's). Groups come into being by
+JoinGroup or a standalone commit only; SyncGroup, Heartbeat and LeaveGroup for a group
+the coordinator does not know are UNKNOWN_MEMBER_ID, a commit of a generation it does
+not know ILLEGAL_GENERATION, as in Kafka.
 
 Not thread-safe; the owning actor's event loop calls it.
 """
@@ -36,6 +42,7 @@ import asyncio
 import logging
 import struct
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,16 +53,19 @@ from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult
 from rayk.config import BrokerConfig
 from rayk.errors import (
     GroupIdNotFoundError,
+    IllegalGenerationError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
     NonEmptyGroupError,
     OffsetMetadataTooLargeError,
+    UnknownMemberIdError,
 )
 
 logger = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 MEMBER_EXPIRY_CHECK_MS = 250
+TOMBSTONES_PER_APPEND = 1_000  # ~60 KB a batch, well under max.message.bytes
 TopicPartition = tuple[str, int]
 Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
 
@@ -107,6 +117,8 @@ class GroupCoordinator:
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None
         self._offset_expiry: asyncio.Task | None = None
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._unstamped: list[str] = []  # groups loaded without the time they became empty
 
     # ------------------------------------------------------------------ loading
 
@@ -129,8 +141,12 @@ class GroupCoordinator:
                 group = self._group(group_id)
                 group.generation = meta["generation"]
                 # Members rejoin a new coordinator; until they do the group is empty, since
-                # it became so (or, for a record from before that was kept, since now).
-                group.empty_since_ms = meta.get("empty_since_ms") or int(time.time() * 1000)
+                # it became so (or, for a record written while it had members, since now,
+                # which `start` writes down so that the next coordinator counts from it too).
+                group.empty_since_ms = meta.get("empty_since_ms")
+                if group.empty_since_ms is None:
+                    group.empty_since_ms = int(time.time() * 1000)
+                    self._unstamped.append(group_id)
             elif kind == "group":
                 self._groups.pop(group_id, None)
 
@@ -142,7 +158,25 @@ class GroupCoordinator:
             )
         return group
 
+    def _existing_group(self, group_id: str, member_id: str) -> ConsumerGroup:
+        group = self._groups.get(group_id)
+        if group is None:
+            raise UnknownMemberIdError(f"group {group_id!r} has no member {member_id!r} (no such group here)")
+        return group
+
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        """The group's lock for commits, expiry and deletion (gone once nobody holds it)."""
+        lock = self._locks.get(group_id)
+        if lock is None:
+            lock = self._locks[group_id] = asyncio.Lock()
+        return lock
+
     def start(self) -> None:
+        for group_id in self._unstamped:
+            group = self._groups.get(group_id)
+            if group is not None and not group.members:
+                self._persist_group(group)
+        self._unstamped.clear()
         if self._expiry is None:
             self._expiry = asyncio.get_running_loop().create_task(self._expire_members())
         if self._offset_expiry is None:
@@ -222,13 +256,13 @@ class GroupCoordinator:
     async def sync_group(
         self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes] | None
     ) -> bytes:
-        return await self._group(group_id).sync(generation, member_id, assignments)
+        return await self._existing_group(group_id, member_id).sync(generation, member_id, assignments)
 
     async def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
-        self._group(group_id).heartbeat(generation, member_id)
+        self._existing_group(group_id, member_id).heartbeat(generation, member_id)
 
     async def leave_group(self, group_id: str, member_id: str) -> None:
-        self._group(group_id).leave(member_id)
+        self._existing_group(group_id, member_id).leave(member_id)
 
     # ------------------------------------------------------------------ offsets
 
@@ -242,7 +276,11 @@ class GroupCoordinator:
         """Stores committed offsets durably (acks=all) if the member may commit."""
         if not group_id:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
-        self._group(group_id).check_commit(generation, member_id)
+        group = self._groups.get(group_id)
+        if group is not None:
+            group.check_commit(generation, member_id)
+        elif generation >= 0:
+            raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
         now_ms = int(time.time() * 1000)
         committed = {}
         for (topic, partition), (offset, metadata) in offsets.items():
@@ -254,9 +292,11 @@ class GroupCoordinator:
         records = [
             (offset_key(group_id, t, p), msgpack.packb(_as_dict(c))) for (t, p), c in committed.items()
         ]
-        if records:
+        if not records:
+            return
+        async with self._lock(group_id):
             await self._append(records)
-        self._offsets.setdefault(group_id, {}).update(committed)
+            self._offsets.setdefault(group_id, {}).update(committed)
 
     async def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None = None
@@ -267,65 +307,75 @@ class GroupCoordinator:
         return {tp: table[tp] for tp in partitions if tp in table}
 
     async def expire_offsets(self, now_ms: int | None = None) -> int:
-        """Writes tombstones for the offsets that expired (see the module docstring) and
-        forgets them; returns how many."""
+        """Writes tombstones for the offsets that expired and deletes the groups left with
+        neither members nor offsets (see the module docstring), group by group, a failure
+        costing only its group this time; returns how many offsets expired."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        expired = 0
+        for group_id in sorted(set(self._offsets) | set(self._groups)):
+            try:
+                expired += await self._expire_group(group_id, now_ms)
+            except Exception as e:  # not leading any more, or the write failed: next time
+                logger.warning("group %s: offset expiry failed: %r", group_id, e)
+        return expired
+
+    async def _expire_group(self, group_id: str, now_ms: int) -> int:
         retention_ms = self.config.offsets_retention_minutes * 60_000
-        expired: dict[str, dict[TopicPartition, CommittedOffset]] = {}
-        for group_id, table in self._offsets.items():
+        async with self._lock(group_id):
             group = self._groups.get(group_id)
             if group is not None and group.members:
-                continue  # a group with members keeps its offsets
+                return 0  # a group with members keeps its offsets
+            table = self._offsets.get(group_id, {})
             if group is not None and group.generation > 0 and group.empty_since_ms is not None:
-                gone = table if now_ms - group.empty_since_ms >= retention_ms else {}
+                gone = dict(table) if now_ms - group.empty_since_ms >= retention_ms else {}
             else:  # a standalone consumer's offsets: each by its commit time
                 gone = {tp: c for tp, c in table.items() if now_ms - c.commit_timestamp_ms >= retention_ms}
             if gone:
-                expired[group_id] = dict(gone)
-        if not expired:
-            return 0
-        await self._append([(offset_key(g, t, p), None) for g, gone in expired.items() for t, p in gone])
-        for group_id, gone in expired.items():
-            table = self._offsets.get(group_id, {})
-            for tp, committed in gone.items():
-                if table.get(tp) is committed:  # not committed again while the tombstones were written
-                    del table[tp]
-            await self._forget_if_unused(group_id)
-        return sum(len(gone) for gone in expired.values())
+                await self._append_tombstones([offset_key(group_id, t, p) for t, p in gone])
+                self._forget_offsets(group_id, gone)
+            await self._delete_if_unused(group_id)
+            return len(gone)
 
     async def delete_group(self, group_id: str) -> None:
         """DeleteGroups: tombstones for the group and its offsets."""
-        group = self._groups.get(group_id)
-        if group is not None and group.members:
-            raise NonEmptyGroupError(f"group {group_id!r} has members; it can be deleted once they have left")
+        async with self._lock(group_id):
+            group = self._groups.get(group_id)
+            if group is not None and group.members:
+                raise NonEmptyGroupError(f"group {group_id!r} has members; it can be deleted once they have left")
+            gone = dict(self._offsets.get(group_id, {}))
+            if not gone and (group is None or group.generation == 0):
+                raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
+            await self._append_tombstones([*(offset_key(group_id, t, p) for t, p in gone), group_key(group_id)])
+            self._forget_offsets(group_id, gone)
+            group = self._groups.get(group_id)
+            if group is not None and not group.members:  # (members that joined meanwhile keep it alive)
+                del self._groups[group_id]
+                group.close()
+
+    async def _append_tombstones(self, keys: list[bytes]) -> None:
+        for i in range(0, len(keys), TOMBSTONES_PER_APPEND):
+            await self._append([(key, None) for key in keys[i:i + TOMBSTONES_PER_APPEND]])
+
+    def _forget_offsets(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> None:
         table = self._offsets.get(group_id, {})
-        if not table and (group is None or group.generation == 0):
-            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
-        gone = dict(table)
-        await self._append([*((offset_key(group_id, t, p), None) for t, p in gone), (group_key(group_id), None)])
         for tp, committed in gone.items():
-            if table.get(tp) is committed:  # not committed again while the tombstones were written
+            if table.get(tp) is committed:
                 del table[tp]
         if not table:
             self._offsets.pop(group_id, None)
+
+    async def _delete_if_unused(self, group_id: str) -> None:
+        """A group with neither members nor offsets is deleted (its record tombstoned)."""
         group = self._groups.get(group_id)
-        if group is not None and not group.members:  # (members that joined meanwhile keep it alive)
+        if self._offsets.get(group_id) or group is None or group.members:
+            return
+        if group.generation > 0:
+            await self._append_tombstones([group_key(group_id)])
+            if group.members:  # joined meanwhile: its next generation writes its record again
+                return
+        if self._groups.get(group_id) is group:
             del self._groups[group_id]
             group.close()
-
-    async def _forget_if_unused(self, group_id: str) -> None:
-        """A group with neither members nor offsets left is deleted (a tombstone for its record)."""
-        group = self._groups.get(group_id)
-        if self._offsets.get(group_id) or (group is not None and group.members):
-            return
-        self._offsets.pop(group_id, None)
-        if group is not None and group.generation > 0:
-            await self._append([(group_key(group_id), None)])
-            if group.members:  # it was joined meanwhile
-                return
-        dead = self._groups.pop(group_id, None)
-        if dead is not None:
-            dead.close()
 
     def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         """Every group's committed offsets (for the broker's consumer-lag gauge)."""

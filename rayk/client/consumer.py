@@ -184,16 +184,17 @@ class Consumer:
         return offsets
 
     def _partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:
-        self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow, go or come
+        self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow or go
         counts = {t: self._metadata.cached_partition_count(t) for t in topics}
+        unknown = [t for t, n in counts.items() if n is None]
+        if unknown:  # looked up again (a topic found absent: every retry_backoff_ms, to see it come)
+            self._metadata.request_update(unknown)
         # A subscribed topic that does not exist (deleted, or not created yet) has nothing
         # to assign, as in Kafka's assignors; once it exists, its count changes and the
         # group's leader rejoins.
         counts = {t: 0 if n is None and self._metadata.known_absent(t) else n for t, n in counts.items()}
-        missing = [t for t, n in counts.items() if n is None]
-        if missing:
-            self._metadata.request_update(missing)
-            return None
+        if any(n is None for n in counts.values()):
+            return None  # never looked up yet: its metadata is on its way
         return counts
 
     # ------------------------------------------------------------------ positions

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS = 30_000
 DEFAULT_METADATA_MAX_AGE_MS = 300_000  # Kafka's metadata.max.age.ms
+ABSENT_TOPIC_RECHECK_MS = 1_000  # a topic found not to exist (a consumer waits for it) is looked up this often
 # Errors after which a partition's leader is looked up again (Kafka's InvalidMetadataException
 # family, plus a dead or silent leader actor).
 STALE_LEADER_ERRORS = (
@@ -105,7 +106,7 @@ class MetadataCache:
                 if topic in fresh:
                     self._topics[topic] = {p: info["leader_handle"] for p, info in fresh[topic]["partitions"].items()}
                     self._absent.discard(topic)
-                else:  # deleted, or not created yet: looked at again once stale, like a known topic
+                else:  # deleted, or not created yet (see request_update)
                     self._topics.pop(topic, None)
                     self._absent.add(topic)
                 self._stored_at_s[topic] = now
@@ -177,10 +178,13 @@ class MetadataCache:
             self.request_update(stale)
 
     def request_update(self, topics: list[str]) -> None:
-        """Starts a background refresh of `topics` (non-blocking)."""
+        """Starts a background refresh of `topics` (non-blocking). A topic found absent is
+        looked up again no sooner than ABSENT_TOPIC_RECHECK_MS after."""
+        now = time.monotonic()
         with self._lock:
-            self._wanted.update(topics)
-            started = self._maybe_start_refresh(time.monotonic())
+            self._wanted.update(t for t in topics if t not in self._absent
+                                or now - self._stored_at_s.get(t, 0.0) >= ABSENT_TOPIC_RECHECK_MS / 1000)
+            started = self._maybe_start_refresh(now)
         self._watch(started)
 
     def _maybe_start_refresh(self, now: float) -> calls.Pending | None:

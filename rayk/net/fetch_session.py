@@ -219,6 +219,7 @@ class FetchSessionCache:
         for key in forgotten:
             session.partitions.pop(key, None)
         if not session.partitions:  # Kafka closes a session left with no partitions
+            session.epoch = _next_epoch(session.epoch)  # (a fetch of it still being served fails its epoch check)
             del self._sessions[session.id]
             return FetchContext("sessionless", [], uses_topic_ids, _cache=self)
         session.epoch = _next_epoch(session.epoch)

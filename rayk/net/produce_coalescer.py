@@ -21,6 +21,7 @@ listener's event loop owns it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from typing import Any, Awaitable, Callable
 
@@ -56,8 +57,9 @@ class ProduceCoalescer:
     def in_flight(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._waiting
 
-    def _start_call(self, tp: TopicPartition, requests: list[Request], futures: list[asyncio.Future]) -> None:
-        call = asyncio.ensure_future(self._call(tp, requests, futures))
+    def _start_call(self, tp: TopicPartition, requests: list[Request], futures: list[asyncio.Future],
+                    context: contextvars.Context | None = None) -> None:
+        call = asyncio.get_running_loop().create_task(self._call(tp, requests, futures), context=context)
         self._calls.add(call)
         call.add_done_callback(self._calls.discard)
 
@@ -86,4 +88,7 @@ class ProduceCoalescer:
             requests.append(request)
             futures.append(future)
             size += len(request[0])
-        self._start_call(tp, requests, futures)
+        # A fresh context: the call carries many clients' requests, so it is charged to
+        # none of them (client_quotas.measure_child_tasks), not to the one that started
+        # the chain of calls.
+        self._start_call(tp, requests, futures, contextvars.Context())
