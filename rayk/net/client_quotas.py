@@ -167,8 +167,10 @@ class ThreadTimed:
 def measure_child_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Installs a task factory on `loop` under which a task started while a request is
     measured (its context holds the request's ThreadCost) adds its own steps' thread time
-    to that request's. Other tasks are created as before."""
+    to that request's. Other tasks are created as before. Installing it twice is a no-op."""
     previous = loop.get_task_factory()
+    if getattr(previous, "measures_request_cost", False):
+        return
 
     def create(loop: asyncio.AbstractEventLoop, coroutine: Any, context: contextvars.Context | None = None) -> Any:
         cost = _REQUEST_COST.get() if context is None else context.get(_REQUEST_COST)
@@ -179,6 +181,7 @@ def measure_child_tasks(loop: asyncio.AbstractEventLoop) -> None:
             return previous(loop, coroutine, **kwargs)
         return asyncio.Task(coroutine, loop=loop, **kwargs)
 
+    create.measures_request_cost = True  # type: ignore[attr-defined]
     loop.set_task_factory(create)
 
 
