@@ -504,32 +504,6 @@ def test_kcat_lists_metadata_produces_and_consumes(cluster, bootstrap):
     assert sorted(consumed.stdout.split()) == ["a=1", "b=2", "c=3"]
 
 
-def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
-    """Runs last in this module: it kills a broker."""
-    topic = f"k{next(_names)}"
-    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
-    leader_id = cluster.describe_topic(topic)[0]["leader"]
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                        "linger.ms": 2, "message.timeout.ms": 60000})
-    acked, failed = [], []
-
-    def delivered(err, msg):
-        (failed if err else acked).append(err or msg.value())
-
-    for i in range(600):
-        producer.produce(topic, value=b"%05d" % i, on_delivery=delivered)
-        producer.poll(0)
-        if i == 200:
-            ray.kill(cluster.broker(leader_id))
-        time.sleep(0.003)
-    assert producer.flush(90) == 0
-    assert not failed, failed[:3]
-    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
-    stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
-    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
-    assert len(stored) == len(set(stored)), "idempotence: no record written twice"
-
-
 def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offsets_go_with_it(cluster, bootstrap):
     topic, group = new_topic(cluster, partitions=1), f"deleted-{uuid.uuid4().hex[:8]}"
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
@@ -561,3 +535,30 @@ def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offs
     first = wait_until(lambda: again.poll(1.0), 30, "a record")
     assert first.offset() == 0, "its committed offset was deleted: it starts over from auto.offset.reset"
     again.close()
+
+
+def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
+    """Runs last in this module: it kills a broker."""
+    topic = f"k{next(_names)}"
+    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    leader_id = cluster.describe_topic(topic)[0]["leader"]
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                        "linger.ms": 2, "message.timeout.ms": 60000})
+    acked, failed = [], []
+
+    def delivered(err, msg):
+        (failed if err else acked).append(err or msg.value())
+
+    for i in range(600):
+        producer.produce(topic, value=b"%05d" % i, on_delivery=delivered)
+        producer.poll(0)
+        if i == 200:
+            ray.kill(cluster.broker(leader_id))
+        time.sleep(0.003)
+    assert producer.flush(90) == 0
+    assert not failed, failed[:3]
+    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
+    stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
+    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
+    assert len(stored) == len(set(stored)), "idempotence: no record written twice"
+
