@@ -211,3 +211,22 @@ def test_a_group_loaded_from_a_record_with_members_has_its_empty_time_written_do
         assert await first.expire_offsets(stamped + RETENTION_MS) == 1
 
     asyncio.run(main())
+
+
+def test_commits_to_one_group_run_at_once_and_expiry_leaves_one_in_flight_alone():
+    async def main() -> None:
+        partition = SlowPartition()
+        coordinator = GroupCoordinator(partition.append, config())
+        await commit_standalone(coordinator, "g", offset=5)  # both partitions, long expired below
+        first = asyncio.ensure_future(coordinator.commit_offsets("g", -1, "", {("t", 0): (6, "")}))
+        second = asyncio.ensure_future(coordinator.commit_offsets("g", -1, "", {("t", 2): (1, "")}))
+        await asyncio.sleep(0.005)
+        assert len(partition.records) == 4, "the second commit did not wait for the first's acknowledgement"
+        expired = await coordinator.expire_offsets(now_ms() + RETENTION_MS + 1_000)
+        await asyncio.gather(first, second)
+        assert expired == 1, "t-1 only: t-0 had a commit in flight"
+        assert coordinator.committed_offsets() == partition.replayed().committed_offsets() == {
+            "g": {("t", 0): 6, ("t", 2): 1}}
+        coordinator.close()
+
+    asyncio.run(main())

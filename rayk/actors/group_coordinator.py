@@ -27,8 +27,10 @@ Offsets go away in two ways, each written as tombstones:
   cleanupGroupMetadata does;
 - DeleteGroups: a group without members, with its offsets (NON_EMPTY_GROUP while it has
   members, GROUP_ID_NOT_FOUND if there is no such group).
-A group's commits, expiry and deletion take its lock, so a tombstone never lands after a
-commit that memory keeps (the log's order is memory's). Groups come into being by
+Commits run concurrently, as in Kafka; expiry and deletion take the group's lock (one at
+a time) and, like Kafka's pendingOffsetCommits, leave alone a partition with a commit in
+flight or committed again since they looked, choosing each batch of tombstones in the
+same step as it enters the log, so the log ends with what memory holds. Groups come into being by
 JoinGroup or a standalone commit only; SyncGroup, Heartbeat and LeaveGroup for a group
 the coordinator does not know are UNKNOWN_MEMBER_ID, a commit of a generation it does
 not know ILLEGAL_GENERATION, as in Kafka.
@@ -43,6 +45,7 @@ import logging
 import struct
 import time
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +121,7 @@ class GroupCoordinator:
         self._expiry: asyncio.Task | None = None
         self._offset_expiry: asyncio.Task | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._committing: dict[str, Counter[TopicPartition]] = {}  # commits in flight, by group
         self._unstamped: list[str] = []  # groups loaded without the time they became empty
 
     # ------------------------------------------------------------------ loading
@@ -165,18 +169,17 @@ class GroupCoordinator:
         return group
 
     def _lock(self, group_id: str) -> asyncio.Lock:
-        """The group's lock for commits, expiry and deletion (gone once nobody holds it)."""
+        """The group's lock for expiry and deletion (gone once nobody holds it)."""
         lock = self._locks.get(group_id)
         if lock is None:
             lock = self._locks[group_id] = asyncio.Lock()
         return lock
 
     def start(self) -> None:
-        for group_id in self._unstamped:
-            group = self._groups.get(group_id)
-            if group is not None and not group.members:
-                self._persist_group(group)
+        stamped = [self._group_record(g) for g in map(self._groups.get, self._unstamped) if g is not None and not g.members]
         self._unstamped.clear()
+        if stamped:
+            self._write_in_background(stamped)
         if self._expiry is None:
             self._expiry = asyncio.get_running_loop().create_task(self._expire_members())
         if self._offset_expiry is None:
@@ -210,6 +213,10 @@ class GroupCoordinator:
             group.close()
 
     def _persist_group(self, group: ConsumerGroup) -> None:
+        self._write_in_background([self._group_record(group)])
+
+    @staticmethod
+    def _group_record(group: ConsumerGroup) -> tuple[bytes, bytes]:
         value = msgpack.packb(
             {
                 "generation": group.generation,
@@ -220,7 +227,14 @@ class GroupCoordinator:
                 "empty_since_ms": group.empty_since_ms if not group.members else None,
             }
         )
-        task = asyncio.get_running_loop().create_task(self._append([(group_key(group.group_id), value)]))
+        return group_key(group.group_id), value
+
+    def _write_in_background(self, records: list[tuple[bytes, bytes]]) -> None:
+        async def write() -> None:
+            for i in range(0, len(records), TOMBSTONES_PER_APPEND):
+                await self._append(records[i:i + TOMBSTONES_PER_APPEND])
+
+        task = asyncio.get_running_loop().create_task(write())
         self._tasks.add(task)
         task.add_done_callback(self._persisted)
 
@@ -294,9 +308,18 @@ class GroupCoordinator:
         ]
         if not records:
             return
-        async with self._lock(group_id):
+        committing = self._committing.setdefault(group_id, Counter())
+        committing.update(list(committed))
+        try:
             await self._append(records)
-            self._offsets.setdefault(group_id, {}).update(committed)
+        finally:
+            committing.subtract(list(committed))
+            for tp in committed:
+                if committing[tp] <= 0:
+                    del committing[tp]
+            if not committing and self._committing.get(group_id) is committing:
+                del self._committing[group_id]
+        self._offsets.setdefault(group_id, {}).update(committed)
 
     async def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None = None
@@ -321,20 +344,24 @@ class GroupCoordinator:
 
     async def _expire_group(self, group_id: str, now_ms: int) -> int:
         retention_ms = self.config.offsets_retention_minutes * 60_000
+        if self._has_members(group_id):
+            return 0  # a group with members keeps its offsets (and need not wait for the lock)
         async with self._lock(group_id):
             group = self._groups.get(group_id)
             if group is not None and group.members:
-                return 0  # a group with members keeps its offsets
+                return 0
             table = self._offsets.get(group_id, {})
             if group is not None and group.generation > 0 and group.empty_since_ms is not None:
                 gone = dict(table) if now_ms - group.empty_since_ms >= retention_ms else {}
             else:  # a standalone consumer's offsets: each by its commit time
                 gone = {tp: c for tp, c in table.items() if now_ms - c.commit_timestamp_ms >= retention_ms}
-            if gone:
-                await self._append_tombstones([offset_key(group_id, t, p) for t, p in gone])
-                self._forget_offsets(group_id, gone)
+            expired = await self._tombstone_offsets(group_id, gone)
             await self._delete_if_unused(group_id)
-            return len(gone)
+            return expired
+
+    def _has_members(self, group_id: str) -> bool:
+        group = self._groups.get(group_id)
+        return group is not None and bool(group.members)
 
     async def delete_group(self, group_id: str) -> None:
         """DeleteGroups: tombstones for the group and its offsets."""
@@ -345,16 +372,23 @@ class GroupCoordinator:
             gone = dict(self._offsets.get(group_id, {}))
             if not gone and (group is None or group.generation == 0):
                 raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
-            await self._append_tombstones([*(offset_key(group_id, t, p) for t, p in gone), group_key(group_id)])
-            self._forget_offsets(group_id, gone)
-            group = self._groups.get(group_id)
-            if group is not None and not group.members:  # (members that joined meanwhile keep it alive)
-                del self._groups[group_id]
-                group.close()
+            await self._tombstone_offsets(group_id, gone)
+            await self._delete_if_unused(group_id)  # (a commit or a member that came meanwhile keeps it)
 
-    async def _append_tombstones(self, keys: list[bytes]) -> None:
-        for i in range(0, len(keys), TOMBSTONES_PER_APPEND):
-            await self._append([(key, None) for key in keys[i:i + TOMBSTONES_PER_APPEND]])
+    async def _tombstone_offsets(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> int:
+        """Writes tombstones for the offsets `gone`, TOMBSTONES_PER_APPEND a batch, and
+        forgets each batch's once it is written; returns how many. Each batch leaves out,
+        in the step it is written in, a partition committed again or being committed
+        since `gone` was taken: that commit is the newer one, in the log as in memory."""
+        items, written = list(gone.items()), 0
+        for i in range(0, len(items), TOMBSTONES_PER_APPEND):
+            table, committing = self._offsets.get(group_id, {}), self._committing.get(group_id, {})
+            batch = {tp: c for tp, c in items[i:i + TOMBSTONES_PER_APPEND] if table.get(tp) is c and not committing.get(tp)}
+            if batch:
+                await self._append([(offset_key(group_id, t, p), None) for t, p in batch])
+                self._forget_offsets(group_id, batch)
+                written += len(batch)
+        return written
 
     def _forget_offsets(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> None:
         table = self._offsets.get(group_id, {})
@@ -367,10 +401,10 @@ class GroupCoordinator:
     async def _delete_if_unused(self, group_id: str) -> None:
         """A group with neither members nor offsets is deleted (its record tombstoned)."""
         group = self._groups.get(group_id)
-        if self._offsets.get(group_id) or group is None or group.members:
+        if self._offsets.get(group_id) or self._committing.get(group_id) or group is None or group.members:
             return
         if group.generation > 0:
-            await self._append_tombstones([group_key(group_id)])
+            await self._append([(group_key(group_id), None)])
             if group.members:  # joined meanwhile: its next generation writes its record again
                 return
         if self._groups.get(group_id) is group:

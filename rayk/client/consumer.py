@@ -187,7 +187,7 @@ class Consumer:
         self._metadata.request_update_if_stale(topics)  # how a group's leader sees a topic grow or go
         counts = {t: self._metadata.cached_partition_count(t) for t in topics}
         unknown = [t for t, n in counts.items() if n is None]
-        if unknown:  # looked up again (a topic found absent: every retry_backoff_ms, to see it come)
+        if unknown:  # looked up again (a topic found absent: every ABSENT_TOPIC_RECHECK_MS, to see it come)
             self._metadata.request_update(unknown)
         # A subscribed topic that does not exist (deleted, or not created yet) has nothing
         # to assign, as in Kafka's assignors; once it exists, its count changes and the

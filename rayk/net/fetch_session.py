@@ -198,7 +198,7 @@ class FetchSessionCache:
         """The context of one request; a session error raises its KafkaError."""
         if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
             if session_id != INVALID_SESSION_ID:
-                self._sessions.pop(session_id, None)
+                self._close(session_id)
             kind = "full" if epoch == INITIAL_EPOCH else "sessionless"
             return FetchContext(kind, list(wanted), uses_topic_ids, _cache=self)
         session = self._sessions.get(session_id)
@@ -219,8 +219,7 @@ class FetchSessionCache:
         for key in forgotten:
             session.partitions.pop(key, None)
         if not session.partitions:  # Kafka closes a session left with no partitions
-            session.epoch = _next_epoch(session.epoch)  # (a fetch of it still being served fails its epoch check)
-            del self._sessions[session.id]
+            self._close(session.id)
             return FetchContext("sessionless", [], uses_topic_ids, _cache=self)
         session.epoch = _next_epoch(session.epoch)
         self._touch(session)
@@ -236,7 +235,7 @@ class FetchSessionCache:
             oldest = next(iter(self._sessions.values()))
             if (self._clock_s() - oldest.last_used_s) * 1000 < self.min_eviction_ms:
                 return None
-            del self._sessions[oldest.id]
+            self._close(oldest.id)
         partitions: OrderedDict[PartitionKey, _CachedPartition] = OrderedDict()
         for partition, answer in zip(wanted, answers):
             cached = _CachedPartition(partition)
@@ -246,6 +245,13 @@ class FetchSessionCache:
         self._sessions[session.id] = session
         self._touch(session)
         return session
+
+    def _close(self, session_id: int) -> None:
+        """Forgets a session; its epoch moves on, so a fetch of it still being served fails
+        its epoch check instead of answering with the closed session's id."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            session.epoch = _next_epoch(session.epoch)
 
     def _touch(self, session: FetchSession) -> None:
         session.last_used_s = self._clock_s()
