@@ -14,7 +14,7 @@ import time
 import msgpack
 import pytest
 
-from rayk.actors.group_coordinator import TOMBSTONES_PER_APPEND, GroupCoordinator, group_key, offset_key
+from rayk.actors.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
 from rayk.config import BrokerConfig
 from rayk.errors import GroupIdNotFoundError, IllegalGenerationError, NonEmptyGroupError, UnknownMemberIdError
 
@@ -186,7 +186,7 @@ def test_many_expired_offsets_are_written_in_batches_and_memberless_groups_witho
         await asyncio.sleep(0)
         appends.clear()
         assert await coordinator.expire_offsets(now_ms() + RETENTION_MS + 1_000) == 2_500
-        assert max(appends) <= TOMBSTONES_PER_APPEND and sum(appends) == 2_500 + 1, "offsets, and left's record"
+        assert max(appends) <= RECORDS_PER_APPEND and sum(appends) == 2_500 + 1, "offsets, and left's record"
         assert await coordinator.list_groups() == [] and await partition.replayed().list_groups() == []
         coordinator.close()
 

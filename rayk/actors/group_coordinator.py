@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 MEMBER_EXPIRY_CHECK_MS = 250
-TOMBSTONES_PER_APPEND = 1_000  # ~60 KB a batch, well under max.message.bytes
+RECORDS_PER_APPEND = 1_000  # tombstones or group records: ~60 KB a batch, well under max.message.bytes
 TopicPartition = tuple[str, int]
 Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
 
@@ -231,8 +231,8 @@ class GroupCoordinator:
 
     def _write_in_background(self, records: list[tuple[bytes, bytes]]) -> None:
         async def write() -> None:
-            for i in range(0, len(records), TOMBSTONES_PER_APPEND):
-                await self._append(records[i:i + TOMBSTONES_PER_APPEND])
+            for i in range(0, len(records), RECORDS_PER_APPEND):
+                await self._append(records[i:i + RECORDS_PER_APPEND])
 
         task = asyncio.get_running_loop().create_task(write())
         self._tasks.add(task)
@@ -308,15 +308,13 @@ class GroupCoordinator:
         ]
         if not records:
             return
+        in_flight = Counter(committed.keys())
         committing = self._committing.setdefault(group_id, Counter())
-        committing.update(list(committed))
+        committing += in_flight
         try:
             await self._append(records)
         finally:
-            committing.subtract(list(committed))
-            for tp in committed:
-                if committing[tp] <= 0:
-                    del committing[tp]
+            committing -= in_flight  # (in place; partitions at 0 drop out)
             if not committing and self._committing.get(group_id) is committing:
                 del self._committing[group_id]
         self._offsets.setdefault(group_id, {}).update(committed)
@@ -376,14 +374,14 @@ class GroupCoordinator:
             await self._delete_if_unused(group_id)  # (a commit or a member that came meanwhile keeps it)
 
     async def _tombstone_offsets(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> int:
-        """Writes tombstones for the offsets `gone`, TOMBSTONES_PER_APPEND a batch, and
+        """Writes tombstones for the offsets `gone`, RECORDS_PER_APPEND a batch, and
         forgets each batch's once it is written; returns how many. Each batch leaves out,
         in the step it is written in, a partition committed again or being committed
         since `gone` was taken: that commit is the newer one, in the log as in memory."""
         items, written = list(gone.items()), 0
-        for i in range(0, len(items), TOMBSTONES_PER_APPEND):
+        for i in range(0, len(items), RECORDS_PER_APPEND):
             table, committing = self._offsets.get(group_id, {}), self._committing.get(group_id, {})
-            batch = {tp: c for tp, c in items[i:i + TOMBSTONES_PER_APPEND] if table.get(tp) is c and not committing.get(tp)}
+            batch = {tp: c for tp, c in items[i:i + RECORDS_PER_APPEND] if table.get(tp) is c and not committing.get(tp)}
             if batch:
                 await self._append([(offset_key(group_id, t, p), None) for t, p in batch])
                 self._forget_offsets(group_id, batch)
