@@ -491,6 +491,21 @@ def test_truncate_also_truncates_the_leader_epoch_cache(tmp_path):
     assert Log(tmp_path).latest_epoch == 0
 
 
+def test_truncate_at_the_leo_drops_an_epoch_led_without_appending(tmp_path):
+    """A replica that led epoch 1 and appended nothing holds (1, LEO). Its new leader never
+    had epoch 1 and answers OffsetsForLeaderEpoch(1) with the end of epoch 0, the LEO: the
+    truncation must still drop (1, LEO), or every later fetch looks diverging for good."""
+    log = Log(tmp_path)
+    log.append_as_leader(batch(3), leader_epoch=0)
+    log.assign_leader_epoch(1)
+    assert log.latest_epoch == 1
+    log.truncate_to(3)
+    assert (log.log_end_offset, log.latest_epoch) == (3, 0)
+    assert [(e.epoch, e.start_offset) for e in log.leader_epoch_cache.entries] == [(0, 0)]
+    log.close()
+    assert Log(tmp_path).latest_epoch == 0
+
+
 def test_truncate_fully_and_start_at_restarts_an_empty_log(tmp_path):
     log = Log(tmp_path)
     log.append_as_leader(batch(3), leader_epoch=0)

@@ -546,13 +546,18 @@ class Log:
 
         Cuts at a batch boundary: if `offset` falls inside a batch, that batch goes too and
         the LEO becomes its base offset; if it falls in a gap compaction left, the LEO
-        becomes `offset`. A target at or above the LEO changes nothing.
+        becomes `offset`. A target at or above the LEO leaves the batches alone, but still
+        drops epoch entries that start at or past the LEO: a replica that led an epoch and
+        appended nothing in it holds an entry (epoch, LEO) its new leader never had, and
+        kept, it would make every later fetch look diverging (Kafka's UnifiedLog.truncateTo
+        does the same, for the same case).
         """
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         with self._lock:
             self._check_open()
             if offset >= self._log_end_offset:
+                self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
                 return
             if offset < self._log_start_offset:
                 self._truncate_fully_and_start_at(offset)
