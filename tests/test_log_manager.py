@@ -54,6 +54,26 @@ def test_high_watermark_and_log_start_survive_a_restart(tmp_path):
     assert (reopened.high_watermark, reopened.log_start_offset, reopened.log_end_offset) == (10, start, 12)
 
 
+def test_a_log_missing_from_the_recovery_checkpoint_is_recovered_from_its_first_segment(tmp_path):
+    """A crash before the first checkpoint that names a log: Kafka treats the missing
+    recovery point as 0, so every segment is checked, not only the last."""
+    config = LogConfig(segment_bytes=200, retention_ms=-1)
+    manager = LogManager(tmp_path)
+    log = manager.get_or_create("t", 0, config)
+    for _ in range(6):
+        log.append_as_leader(batch(2), leader_epoch=0)
+    assert len(log.segment_base_offsets) > 2
+    log.flush()  # the bytes are on disk, but no checkpoint names the log (then a crash)
+    first = tmp_path / "t-0" / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF  # the first segment's last batch is torn
+    first.write_bytes(bytes(data))
+    del manager, log
+    reopened = LogManager(tmp_path).get_or_create("t", 0, config)
+    assert reopened.log_end_offset < 4, "the torn batch and everything after it are gone"
+    assert len(reopened.segment_base_offsets) == 1
+
+
 def test_get_of_an_unopened_partition_is_unknown_topic_or_partition(tmp_path):
     with pytest.raises(UnknownTopicOrPartitionError):
         LogManager(tmp_path).get("t", 0)

@@ -85,7 +85,11 @@ class LogManager:
                 log = Log(
                     self.data_dir / partition_dir_name(topic, partition),
                     config,
-                    recovery_point=offsets.recovery_point,
+                    # A log the checkpoint does not name (it was created after the last
+                    # checkpoint, then the process crashed) is recovered from its first
+                    # segment, as Kafka's LogManager defaults a missing recovery point to 0:
+                    # Log's own default, the last segment, would trust unflushed segments.
+                    recovery_point=offsets.recovery_point if offsets.recovery_point is not None else 0,
                     log_start_offset=offsets.log_start_offset,
                     high_watermark=offsets.high_watermark,
                 )
