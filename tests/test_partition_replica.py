@@ -351,6 +351,10 @@ class FakeIsrManager:
         self.calls += 1
         if self.mode == "lost":  # the call fails: the Controller may or may not have applied it
             raise ConnectionError("the answer was lost")
+        if self.mode == "stale":  # the broker registered again meanwhile
+            from rayk.errors import StaleBrokerEpochError
+
+            raise StaleBrokerEpochError("broker 1 epoch 3 is not current (4)")
         if self.mode == "refused":
             from rayk.errors import IneligibleReplicaError
 
@@ -395,3 +399,25 @@ def test_an_isr_expansion_the_controller_refused_is_dropped(tmp_path):
     wait_until(lambda: ray.get(manager.call_count.remote()) >= 1)
     wait_until(lambda: describe(leader)["pending_isr"] is None)
     assert describe(leader)["isr"] == [1]
+
+
+def test_an_isr_expansion_answered_stale_broker_epoch_stays_pending_in_the_high_watermark(tmp_path):
+    """The first try's answer is lost (the Controller may have applied it), then the broker's
+    epoch moves and the retry is answered STALE_BROKER_EPOCH: that says nothing of the
+    change, so the HW must keep waiting for the follower the Controller may hold in its ISR
+    (dropping the change let a fenced leader acknowledge records its follower lacks)."""
+    manager, leader, follower = leader_with_manager(tmp_path, "lost")
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    ray.get(follower.become_follower.remote(0, 1, leader))
+    wait_until(lambda: describe(leader)["pending_isr"] == [1, 2])
+    ray.get(follower.close.remote())  # the follower stops at offset 3
+    ray.get(manager.set_mode.remote("stale"))
+    calls = ray.get(manager.call_count.remote())
+    wait_until(lambda: ray.get(manager.call_count.remote()) >= calls + 2)  # sent again
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    time.sleep(0.3)
+    state = describe(leader)
+    assert state["pending_isr"] == [1, 2] and state["isr"] == [1]
+    assert state["high_watermark"] == 3, "the HW waits for the follower the Controller may have added"
+    ray.get(manager.set_mode.remote("ok"))
+    wait_until(lambda: describe(leader)["isr"] == [1, 2] and describe(leader)["pending_isr"] is None)

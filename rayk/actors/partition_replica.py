@@ -30,10 +30,11 @@ ISR changes the leader decides (a follower caught up, or one fell behind) go to 
 Controller as AlterPartition through `isr_manager` (the broker's ReplicaManager) and take
 effect when it commits them; until then the HW respects the maximal ISR (see
 `LeaderReplicaState`). A change the Controller refused is dropped and may be proposed
-again; one whose outcome is unknown (no answer: the call failed or timed out), or that
-the Controller refused because this replica's view is stale, stays pending, keeping the
-larger ISR in the HW, until an answer or the Controller's next assignment settles it,
-as Kafka's AlterPartitionManager does. Without an `isr_manager` (a replica used on its
+again; one whose outcome is unknown (no answer: the call failed or timed out, or the
+broker's epoch was stale, so an earlier try may have been applied), or that the Controller
+refused because this replica's view is stale, stays pending, keeping the larger ISR in the
+HW, until an answer or the Controller's next assignment settles it, as Kafka's
+AlterPartitionManager does. Without an `isr_manager` (a replica used on its
 own) changes commit at once.
 
 Supervision (see supervision.py): the owning ReplicaManager holds `run_until_stopped`
@@ -98,7 +99,11 @@ NO_LEADER = -1
 ISR_CHANGE_RETRY_BACKOFF_MS = 100
 ISR_CHANGE_TIMEOUT_MS = 10_000  # no answer from the Controller by then: the outcome is unknown
 # The Controller definitely did not apply a change it refused with these: drop it.
-_ISR_CHANGE_REFUSED = (IneligibleReplicaError, StaleBrokerEpochError)
+# Only a per-partition refusal says that the change was not applied, by any Controller,
+# before or after (Kafka's Partition.handleAlterPartitionError resets on INELIGIBLE_REPLICA
+# alone). STALE_BROKER_EPOCH is about the broker, not the change: an earlier try whose answer
+# was lost may have been applied, so the change stays pending and is sent again.
+_ISR_CHANGE_REFUSED = (IneligibleReplicaError,)
 LOG_LOCK_WAIT_MS = 30_000  # a replica re-created after a crash waits this long for the old process to go
 SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
 
@@ -627,6 +632,11 @@ class PartitionReplica(Supervised):
                 self._isr_change_retry_at = time.monotonic() + ISR_CHANGE_RETRY_BACKOFF_MS / 1000
                 self._after_isr_change()
                 return
+            if isinstance(error, StaleBrokerEpochError):
+                logger.info("%s-%d: ISR change %s waits for its broker to register again: %s",
+                            self.topic, self.partition, sorted(proposal), error)
+                await asyncio.sleep(ISR_CHANGE_RETRY_BACKOFF_MS / 1000)
+                continue
             if isinstance(error, KafkaError):
                 # This replica's epochs are stale: the Controller has moved on, and its next
                 # assignment (already on its way) settles the pending change either way.
