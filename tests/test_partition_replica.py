@@ -13,6 +13,7 @@ from rayk.errors import (
     InconsistentTopicIdError,
     FencedLeaderEpochError,
     InvalidRequiredAcksError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
@@ -222,6 +223,22 @@ def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_p
     assert describe(r[1])["high_watermark"] == 3
     ray.get(r[2].become_follower.remote(0, 1, r[1]))
     wait_until(lambda: describe(r[1])["isr"] == [1, 2])
+
+
+def test_producer_sequence_does_not_count_a_batch_held_by_fewer_than_min_insync_replicas(tmp_path):
+    """A resuming writer must not skip a batch its producer was told is not durable enough
+    (NOT_ENOUGH_REPLICAS_AFTER_APPEND): the ISR shrank below min.insync.replicas."""
+    config = ReplicaConfig(min_insync_replicas=2, replica_lag_time_max_ms=500)
+    r = replicas(tmp_path, ids=(1, 2), config=config)
+    start_replication(r, leader=1)
+    records = build_batch([SimpleRecord(b"x")] * 3, producer_id=7, producer_epoch=0, base_sequence=0)
+    assert ray.get(r[1].produce.remote(records, -1, 10_000)).error is None
+    assert ray.get(r[1].producer_sequence.remote(7, 1000)) == (0, 3)
+    ray.get(r[2].close.remote())
+    time.sleep(0.7)
+    assert ray.get(r[1].maybe_shrink_isr.remote()) == [1]
+    with pytest.raises(NotEnoughReplicasAfterAppendError):
+        ray.get(r[1].producer_sequence.remote(7, 1000))
 
 
 def test_high_watermark_never_moves_backwards_while_followers_come_and_go(tmp_path):

@@ -225,8 +225,9 @@ class PartitionReplica(Supervised):
         committed (below the HW), so that the answer cannot be undone by truncation;
         (-1, 0) if the partition knows no batch of it. Kafka's DescribeProducers, which a
         writer resuming that producer's sequences needs (rayk.client.resumable_write).
-        Raises NOT_LEADER_OR_FOLLOWER, or REQUEST_TIMED_OUT if the batch is not committed
-        within `timeout_ms`."""
+        Raises NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT if the batch is not committed
+        within `timeout_ms`, or NOT_ENOUGH_REPLICAS_AFTER_APPEND if it is below the HW while
+        the ISR is smaller than min.insync.replicas (not committed for a resume point)."""
         if self._role != "leader":
             raise self._not_leader()
         entry = self._log.producer_state.producers.get(producer_id)
@@ -234,8 +235,12 @@ class PartitionReplica(Supervised):
             return -1, 0
         epoch, last = entry.epoch, entry.batches[-1]
         error = await self._wait_for_replication(last.last_offset + 1, self._leader_epoch, timeout_ms)
-        if error is not None and not isinstance(error, NotEnoughReplicasAfterAppendError):
-            raise error  # (below the HW with a shrunk ISR is still committed)
+        if error is not None:
+            # NOT_ENOUGH_REPLICAS_AFTER_APPEND too: below the HW, but held by fewer than
+            # min.insync.replicas, which is what its producer was told; a resuming writer
+            # that skipped it would report as written what the topic's durability setting
+            # says is not. The error is retriable: the writer asks again as the ISR grows.
+            raise error
         return epoch, (last.last_sequence + 1) % (1 << 31)  # int32, wraps as the producer's
 
     # ------------------------------------------------------------------ change notification
