@@ -892,6 +892,27 @@ def test_unclean_recovery_waits_for_every_isr_member():
     assert c.meta.plan_unclean_recovery("t", 0, {1: LogEnd(0, 5), 2: LogEnd(0, 5)}) == []
 
 
+def test_after_a_whole_cluster_crash_the_live_copies_decide_once_a_node_that_never_returns_is_fenced():
+    """Broker 3's node never comes back: waiting for its log would keep the partition
+    offline for good. Once its session expires (it is fenced) the live copies decide."""
+    c = three_nodes()
+    c.create(rf=3, configs={"min.insync.replicas": "2"})
+    c.meta = replay(c.log)  # every process was killed: the Controller too
+    restarted(c, 1, clean=False)
+    restarted(c, 2, clean=False)
+    ends = {1: LogEnd(0, 900), 2: LogEnd(0, 1_000)}
+    assert not c.meta.needs_log_comparison("t", 0), "broker 3 may still register within its session"
+    assert c.meta.plan_unclean_recovery("t", 0, ends) == []
+    c.fence(3)
+    assert c.state().leader == NO_LEADER and c.meta.copies_to_compare("t", 0) == (1, 2)
+    assert c.meta.plan_unclean_recovery("t", 0, {1: ends[1]}) == [], "every live copy reports first"
+    c.commit(c.meta.plan_unclean_recovery("t", 0, ends))
+    after = c.state()
+    assert (after.leader, after.isr, after.recovering) == (2, (2,), (1,))
+    c.alter("t", 0, [1, 2])  # broker 1 caught up from the new leader
+    assert c.state().isr == (1, 2)
+
+
 def test_a_broker_on_a_replaced_disk_leaves_every_isr_even_as_its_last_member():
     c = three_nodes()
     c.create(rf=2)  # replicas (1, 2)

@@ -226,9 +226,13 @@ class ClusterMetadata:
         return [(name, p, state) for name, meta in self.topics.items() for p, state in meta.partitions.items()]
 
     def needs_log_comparison(self, topic: str, partition: int) -> bool:
-        """Leaderless with every in-sync copy back but recovering (see `elections`)."""
+        """Leaderless with every live in-sync copy back but recovering (see `elections`)."""
+        return bool(self.copies_to_compare(topic, partition))
+
+    def copies_to_compare(self, topic: str, partition: int) -> tuple[int, ...]:
+        """The brokers whose logs decide a leaderless partition (rule 4 of `elections`)."""
         state = self.partition(topic, partition)
-        return elections.needs_log_comparison(state, self.live_brokers, self.attached)
+        return elections.copies_to_compare(state, self.live_brokers, self.attached)
 
     def _unclean(self, topic: str) -> bool:
         return unclean_election_enabled(self.topics[topic].configs, self.broker_config)
@@ -316,11 +320,13 @@ class ClusterMetadata:
 
     def plan_unclean_recovery(self, topic: str, partition: int, ends: Mapping[int, LogEnd]) -> list[Record]:
         """Rule 4 of `elections`: elects the ISR member with the most complete log, once every
-        one of them is back and reported its log end. [] if the partition no longer needs it."""
+        live one of them is back and reported its log end (the missing ones fenced). []
+        if the partition no longer needs it."""
         state = self.partition(topic, partition)
-        if not elections.needs_log_comparison(state, self.live_brokers, self.attached):
+        copies = elections.copies_to_compare(state, self.live_brokers, self.attached)
+        if not copies or not set(copies) <= set(ends):
             return []
-        chosen = elections.choose_by_log(state, dict(ends))
+        chosen = elections.choose_by_log(state, copies, dict(ends))
         return [elections.recover_uncleanly(state, chosen).to_record(topic, partition)]
 
     def plan_elect_leader(self, topic: str, partition: int, unclean: bool = False) -> list[Record]:

@@ -339,20 +339,21 @@ class Controller:
         await self._recover_uncleanly(leaderless - set(elected))
 
     async def _recover_uncleanly(self, partitions: set[TopicPartition]) -> None:
-        """Rule 4 of `elections`: where every in-sync copy is back but restarted uncleanly,
-        ask each for its log's end and elect the most complete."""
+        """Rule 4 of `elections`: where every live in-sync copy is back but restarted
+        uncleanly (and the missing ones are fenced), ask each for its log's end and elect
+        the most complete."""
         for topic, partition in sorted(partitions):
-            if topic not in self._meta.topics or not self._meta.needs_log_comparison(topic, partition):
+            copies = self._meta.copies_to_compare(topic, partition) if topic in self._meta.topics else ()
+            if not copies:
                 continue
-            isr = self._meta.partition(topic, partition).isr
-            handles = {b: self._replica_handles.get((topic, partition, b)) for b in isr}
+            handles = {b: self._replica_handles.get((topic, partition, b)) for b in copies}
             if None in handles.values():
                 continue  # not every copy is open yet: the next round asks
             try:
                 async with asyncio.timeout(self._push_timeout_s):
                     infos = await asyncio.gather(*(h.describe.remote() for h in handles.values()))
             except (TimeoutError, RayActorError) as e:
-                logger.warning("%s-%d: could not compare the logs of %s: %s", topic, partition, sorted(isr), e)
+                logger.warning("%s-%d: could not compare the logs of %s: %s", topic, partition, sorted(copies), e)
                 continue
             ends = {b: LogEnd(i["latest_epoch"], i["log_end_offset"]) for b, i in zip(handles, infos)}
             records = self._meta.plan_unclean_recovery(topic, partition, ends)

@@ -26,11 +26,13 @@ Rules, applied by `reconcile`:
    decided again, in a new leader epoch, even if the same broker is chosen.
 3. A new leader is the first replica, in assignment order, that is ready. A failed or
    restarted leader that is the only replica with the data leads again (new epoch).
-4. Otherwise the partition is leaderless and its ISR is kept whole. When every ISR member
-   is attached and recovering (every copy restarted uncleanly: a whole-cluster crash),
-   `needs_log_comparison` says so; the Controller compares their logs and
+4. Otherwise the partition is leaderless and its ISR is kept whole. When every live ISR
+   member is attached and recovering (every copy restarted uncleanly: a whole-cluster
+   crash), `copies_to_compare` names them; the Controller compares their logs and
    `recover_uncleanly` elects the one with the latest leader epoch and the longest log
-   (KIP-966's unclean recovery, waiting for all of them as its Balanced strategy does).
+   (KIP-966's unclean recovery, waiting for every member as its Balanced strategy does,
+   but only until a missing one is fenced: a node that never returns must not keep the
+   partition offline for good).
    `unclean.leader.election.enable` instead elects any live attached replica at once,
    losing what it lacks, as in Kafka.
 5. The leader epoch grows whenever the leader changes or is elected again; the
@@ -217,14 +219,26 @@ def mark_recovering(state: PartitionState, broker_id: int, data_lost: bool) -> P
     return replace(state, recovering=(*state.recovering, broker_id))
 
 
+def copies_to_compare(state: PartitionState, live: set[int], attached: set[int]) -> tuple[int, ...]:
+    """The ISR members whose logs decide a leaderless partition (rule 4): every live one,
+    once each is back (attached) but recovering and no sound member lives; () otherwise.
+
+    A fenced member is not waited for: its broker's session expired
+    (broker.session.timeout.ms, counted from the Controller's start after a restart), and
+    a node that never returns would otherwise keep the partition offline for good. Kafka
+    elects among its live ISR the same way; what only the lost member held is lost, as
+    it is when a disk fails."""
+    if state.leader != NO_LEADER or not state.isr:
+        return ()
+    live_members = tuple(r for r in state.isr if r in live)
+    if not live_members or not all(r in attached and r in state.recovering for r in live_members):
+        return ()
+    return live_members
+
+
 def needs_log_comparison(state: PartitionState, live: set[int], attached: set[int]) -> bool:
-    """Leaderless, and every ISR member is back (attached) but recovering: only comparing
-    their logs can tell which copy to keep (rule 4)."""
-    return (
-        state.leader == NO_LEADER
-        and bool(state.isr)
-        and all(r in live and r in attached and r in state.recovering for r in state.isr)
-    )
+    """Only comparing logs can tell which copy to keep (see `copies_to_compare`)."""
+    return bool(copies_to_compare(state, live, attached))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,12 +249,13 @@ class LogEnd:
     log_end_offset: int
 
 
-def choose_by_log(state: PartitionState, ends: dict[int, LogEnd]) -> int:
-    """The ISR member whose log is the most complete: latest leader epoch, then longest
-    log, then assignment order. `ends` must cover the whole ISR."""
-    assert set(state.isr) <= set(ends), f"log ends {sorted(ends)} do not cover the ISR {state.isr}"
+def choose_by_log(state: PartitionState, copies: Sequence[int], ends: dict[int, LogEnd]) -> int:
+    """Of `copies` (ISR members), the one whose log is the most complete: latest leader
+    epoch, then longest log, then assignment order. `ends` must cover `copies`."""
+    assert copies and set(copies) <= set(state.isr), f"copies {copies} within the ISR {state.isr}"
+    assert set(copies) <= set(ends), f"log ends {sorted(ends)} do not cover the copies {copies}"
     order = {r: i for i, r in enumerate(state.replicas)}
-    return max(state.isr, key=lambda r: (ends[r].latest_epoch, ends[r].log_end_offset, -order[r]))
+    return max(copies, key=lambda r: (ends[r].latest_epoch, ends[r].log_end_offset, -order[r]))
 
 
 def recover_uncleanly(state: PartitionState, chosen: int) -> PartitionState:
