@@ -3,18 +3,21 @@ without members loses them all offsets.retention.minutes after it became empty, 
 standalone consumer's each that long after its commit, a group with members none), and
 DeleteGroups deletes an empty group with its offsets; both are written as tombstones, so
 a new coordinator replaying the partition sees what this one does, also when a commit
-races them; requests for unknown groups make none."""
+races them; requests for unknown groups make none; a record the coordinator did not
+write is skipped by the load, which goes on."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 import msgpack
 import pytest
 
 from rayk.actors.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
+from rayk.actors.group_records import CommittedOffset, offset_value
 from rayk.config import BrokerConfig
 from rayk.errors import GroupIdNotFoundError, IllegalGenerationError, NonEmptyGroupError, UnknownMemberIdError
 
@@ -32,9 +35,9 @@ class Partition:
     async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
         self.records += records
 
-    def replayed(self) -> GroupCoordinator:
+    def replayed(self, source: str = "__consumer_offsets-0") -> GroupCoordinator:
         coordinator = GroupCoordinator(self.append, config())
-        coordinator.load(self.records)
+        coordinator.load([(offset, key, value) for offset, (key, value) in enumerate(self.records)], source)
         return coordinator
 
 
@@ -227,6 +230,52 @@ def test_commits_to_one_group_run_at_once_and_expiry_leaves_one_in_flight_alone(
         assert expired == 1, "t-1 only: t-0 had a commit in flight"
         assert coordinator.committed_offsets() == partition.replayed().committed_offsets() == {
             "g": {("t", 0): 6, ("t", 2): 1}}
+        coordinator.close()
+
+    asyncio.run(main())
+
+
+BAD_RECORDS = {  # what a client's produce (before internal topics were refused) or corruption left
+    "a key that is not msgpack": (b"\xc1forged", b"anything"),
+    "a key with bytes after its msgpack": (offset_key("victim", "t", 0) + b"x", offset_value(CommittedOffset(9))),
+    "a key that is msgpack but not a list": (msgpack.packb({"offset": 1}), b""),
+    "a key of no kind the coordinator writes": (msgpack.packb(["lease", "victim"]), b""),
+    "an offset key of the wrong shape": (msgpack.packb(["offset", "victim", "t"]), offset_value(CommittedOffset(9))),
+    "an offset value that is not msgpack": (offset_key("victim", "t", 0), b"\xc1"),
+    "an offset value with a field of the wrong type": (offset_key("victim", "t", 1), msgpack.packb({"offset": "9"})),
+    "an offset value with a field of its own": (offset_key("victim", "t", 2), msgpack.packb({"offset": 9, "x": 1})),
+    "a group value without a generation": (group_key("victim"), msgpack.packb({"members": []})),
+    "a group value that is not UTF-8": (group_key("emptied"), b"\xa2\xff\xfe"),
+}
+
+
+def test_records_the_coordinator_did_not_write_are_skipped_with_an_error_each_and_the_rest_served(caplog):
+    async def main() -> None:
+        partition = Partition()
+        writer = GroupCoordinator(partition.append, config())
+        await commit_standalone(writer, "before", offset=3)
+        await join_and_leave(writer, "emptied")
+        writer.close()
+        generation = writer._groups["emptied"].generation
+        first_bad = len(partition.records)
+        partition.records += BAD_RECORDS.values()
+        partition.records.append((offset_key("after", "t", 0), offset_value(CommittedOffset(4))))
+
+        with caplog.at_level(logging.ERROR, logger="rayk.actors.group_coordinator"):
+            coordinator = partition.replayed("__consumer_offsets-7")
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == len(BAD_RECORDS), errors
+        for offset, (what, message) in enumerate(zip(BAD_RECORDS, errors), first_bad):
+            assert message.startswith(f"__consumer_offsets-7 offset {offset}: skipped"), (what, message)
+
+        coordinator.start()
+        assert coordinator.committed_offsets() == {"before": {("t", 0): 3, ("t", 1): 3}, "emptied": {("t", 0): 7},
+                                                   "after": {("t", 0): 4}}
+        assert {g["group_id"] for g in await coordinator.list_groups()} == {"before", "emptied", "after"}
+        joined = await coordinator.join_group("emptied", "", "c", 10_000, 10_000, "consumer", PROTOCOLS)
+        assert joined.generation == generation + 1, "the group's record before the bad ones still counts"
+        await commit_standalone(coordinator, "victim", offset=1)
+        assert (await coordinator.fetch_offsets("victim"))[("t", 0)].offset == 1
         coordinator.close()
 
     asyncio.run(main())

@@ -7,13 +7,13 @@ here the coordinator lives inside that partition's leader replica actor, is crea
 becomes leader (loading the partition's records) and closed when it stops leading (clients
 then get NOT_COORDINATOR and look the coordinator up again).
 
-Durable state is records in the partition, written with acks=all before a request is
-answered, so committed offsets survive broker restarts and failover:
-- key msgpack ["offset", group, topic, partition] -> value msgpack
-  {"offset", "metadata", "commit_timestamp_ms", "leader_epoch"}, or None (deleted);
-- key msgpack ["group", group] -> value msgpack {"generation", "protocol_type",
-  "protocol", "leader", "members", "empty_since_ms"}: written when a generation
-  settles, so a new coordinator continues the generation numbering (members rejoin it).
+Durable state is records in the partition (group_records.py), written with acks=all
+before a request is answered, so committed offsets survive broker restarts and failover:
+committed offsets, and a group's record written when a generation settles, so a new
+coordinator continues the generation numbering (members rejoin it). The coordinator is the
+partition's only writer (clients' produces to it are refused), but a record it cannot read
+(written before that refusal, or corrupt) is skipped by the load with an error logged, and
+the load goes on: one bad record never costs the partition's other groups their coordinator.
 The topic is compacted (cleanup.policy compact, as Kafka's), so a new coordinator replays
 only each key's latest record, plus what was written since the last clean; a deleted
 offset or group is a tombstone, which the cleaner drops after delete.retention.ms.
@@ -47,12 +47,21 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult
+from rayk.actors.group_records import (
+    CommittedOffset,
+    GroupRecord,
+    MalformedGroupRecordError,
+    OffsetRecord,
+    decode_record,
+    group_key,
+    offset_key,
+    offset_value,
+)
 from rayk.config import BrokerConfig
 from rayk.errors import (
     GroupIdNotFoundError,
@@ -63,10 +72,10 @@ from rayk.errors import (
     OffsetMetadataTooLargeError,
     UnknownMemberIdError,
 )
+from rayk.internal_topics import OFFSETS_TOPIC
 
 logger = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 MEMBER_EXPIRY_CHECK_MS = 250
 RECORDS_PER_APPEND = 1_000  # tombstones or group records: ~60 KB a batch, well under max.message.bytes
 TopicPartition = tuple[str, int]
@@ -95,22 +104,6 @@ def coordinator_partition(group_id: str, num_partitions: int) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % num_partitions
 
 
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    offset: int
-    metadata: str = ""
-    commit_timestamp_ms: int = -1
-    leader_epoch: int = -1
-
-
-def offset_key(group_id: str, topic: str, partition: int) -> bytes:
-    return msgpack.packb(["offset", group_id, topic, partition])
-
-
-def group_key(group_id: str) -> bytes:
-    return msgpack.packb(["group", group_id])
-
-
 class GroupCoordinator:
     def __init__(self, append: Append, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
@@ -126,33 +119,46 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
-        """Replays the partition's records, oldest first."""
-        for key, value in records:
+    def load(self, records: Iterable[tuple[int, bytes | None, bytes | None]], source: str = OFFSETS_TOPIC) -> None:
+        """Replays the partition's records, (offset, key, value) oldest first; `source`
+        names the partition in the error logged for each record it skips, one that is none
+        of the coordinator's records (see group_records.py)."""
+        for offset, key, value in records:
             if key is None:
                 continue
-            kind, group_id, *rest = msgpack.unpackb(key)
-            if kind == "offset":
-                table = self._offsets.setdefault(group_id, {})
-                if value is None:
-                    table.pop((rest[0], rest[1]), None)
-                    if not table:
-                        del self._offsets[group_id]
-                else:
-                    table[(rest[0], rest[1])] = CommittedOffset(**msgpack.unpackb(value))
-            elif kind == "group" and value is not None:
-                meta = msgpack.unpackb(value)
-                group = self._group(group_id)
-                group.generation = meta["generation"]
-                # Members rejoin a new coordinator; until they do the group is empty, since
-                # it became so (or, for a record written while it had members, since now,
-                # which `start` writes down so that the next coordinator counts from it too).
-                group.empty_since_ms = meta.get("empty_since_ms")
-                if group.empty_since_ms is None:
-                    group.empty_since_ms = int(time.time() * 1000)
-                    self._unstamped.append(group_id)
-            elif kind == "group":
-                self._groups.pop(group_id, None)
+            try:
+                record = decode_record(key, value)
+            except MalformedGroupRecordError as e:
+                logger.error("%s offset %d: skipped a record the group coordinator did not write: %s", source, offset, e)
+                continue
+            if isinstance(record, OffsetRecord):
+                self._load_offset(record)
+            else:
+                self._load_group(record)
+
+    def _load_offset(self, record: OffsetRecord) -> None:
+        tp = (record.topic, record.partition)
+        if record.committed is not None:
+            self._offsets.setdefault(record.group_id, {})[tp] = record.committed
+            return
+        table = self._offsets.get(record.group_id, {})
+        table.pop(tp, None)
+        if not table:
+            self._offsets.pop(record.group_id, None)
+
+    def _load_group(self, record: GroupRecord) -> None:
+        if record.generation is None:
+            self._groups.pop(record.group_id, None)
+            return
+        group = self._group(record.group_id)
+        group.generation = record.generation
+        # Members rejoin a new coordinator; until they do the group is empty, since it
+        # became so (or, for a record written while it had members, since now, which
+        # `start` writes down so that the next coordinator counts from it too).
+        group.empty_since_ms = record.empty_since_ms
+        if group.empty_since_ms is None:
+            group.empty_since_ms = int(time.time() * 1000)
+            self._unstamped.append(record.group_id)
 
     def _group(self, group_id: str) -> ConsumerGroup:
         group = self._groups.get(group_id)
@@ -304,7 +310,7 @@ class GroupCoordinator:
                 )
             committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms)
         records = [
-            (offset_key(group_id, t, p), msgpack.packb(_as_dict(c))) for (t, p), c in committed.items()
+            (offset_key(group_id, t, p), offset_value(c)) for (t, p), c in committed.items()
         ]
         if not records:
             return
@@ -448,11 +454,3 @@ class GroupCoordinator:
             "offsets": {tp: c.offset for tp, c in self._offsets.get(group_id, {}).items()},
         }
 
-
-def _as_dict(c: CommittedOffset) -> dict[str, Any]:
-    return {
-        "offset": c.offset,
-        "metadata": c.metadata,
-        "commit_timestamp_ms": c.commit_timestamp_ms,
-        "leader_epoch": c.leader_epoch,
-    }

@@ -1,0 +1,123 @@
+"""The records of `__consumer_offsets` (Kafka's GroupMetadataManager key and value schemas):
+their keys and offset values, as the group coordinator writes them (its group values are
+built from the group, in GroupCoordinator._group_record), and how a new coordinator reads
+them back.
+
+Keys and values are msgpack:
+- key ["offset", group, topic, partition] -> value {"offset", "metadata",
+  "commit_timestamp_ms", "leader_epoch"} (a committed offset), or None (deleted);
+- key ["group", group] -> value {"generation", "protocol_type", "protocol", "leader",
+  "members", "empty_since_ms"} (a settled generation), or None (deleted).
+
+`decode_record` checks a record against these schemas, fields and types, and raises
+MalformedGroupRecordError (a ValueError) for anything else, so that a record the
+coordinator did not write (a client's produce before internal topics were refused, or a
+corrupt key or value) can be skipped by the load instead of stopping it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+OFFSET_KIND, GROUP_KIND = "offset", "group"
+_OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "leader_epoch": int}
+
+
+class MalformedGroupRecordError(ValueError):
+    """A `__consumer_offsets` record that is none of the coordinator's records."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+    leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRecord:
+    """A committed offset, or its deletion (`committed` None)."""
+
+    group_id: str
+    topic: str
+    partition: int
+    committed: CommittedOffset | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A group's settled generation, or the group's deletion (`generation` None)."""
+
+    group_id: str
+    generation: int | None
+    empty_since_ms: int | None  # None: written while it had members (or deleted)
+
+
+def offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    return msgpack.packb([OFFSET_KIND, group_id, topic, partition])
+
+
+def group_key(group_id: str) -> bytes:
+    return msgpack.packb([GROUP_KIND, group_id])
+
+
+def offset_value(c: CommittedOffset) -> bytes:
+    return msgpack.packb({
+        "offset": c.offset,
+        "metadata": c.metadata,
+        "commit_timestamp_ms": c.commit_timestamp_ms,
+        "leader_epoch": c.leader_epoch,
+    })
+
+
+def decode_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord:
+    """The coordinator's record that (key, value) encode; MalformedGroupRecordError if none."""
+    fields = _unpack(key, "key")
+    if not isinstance(fields, list) or not fields or fields[0] not in (OFFSET_KIND, GROUP_KIND):
+        raise MalformedGroupRecordError(f"the key is not an offset or group key: {_excerpt(fields)}")
+    if fields[0] == OFFSET_KIND:
+        if len(fields) != 4 or not (isinstance(fields[1], str) and isinstance(fields[2], str) and _is_int(fields[3])):
+            raise MalformedGroupRecordError(f"an offset key is [kind, group, topic, partition], not {_excerpt(fields)}")
+        committed = None if value is None else _committed_offset(_unpack(value, "value"))
+        return OffsetRecord(fields[1], fields[2], fields[3], committed)
+    if len(fields) != 2 or not isinstance(fields[1], str):
+        raise MalformedGroupRecordError(f"a group key is [kind, group], not {_excerpt(fields)}")
+    if value is None:
+        return GroupRecord(fields[1], None, None)
+    meta = _unpack(value, "value")
+    if not isinstance(meta, dict) or not _is_int(meta.get("generation")):
+        raise MalformedGroupRecordError(f"a group value has an int generation: {_excerpt(meta)}")
+    empty_since_ms = meta.get("empty_since_ms")
+    if empty_since_ms is not None and not _is_int(empty_since_ms):
+        raise MalformedGroupRecordError(f"a group's empty_since_ms is an int or None, not {_excerpt(empty_since_ms)}")
+    return GroupRecord(fields[1], meta["generation"], empty_since_ms)
+
+
+def _committed_offset(fields: Any) -> CommittedOffset:
+    if not isinstance(fields, dict) or "offset" not in fields:
+        raise MalformedGroupRecordError(f"an offset value is a map with an offset: {_excerpt(fields)}")
+    for name, value in fields.items():
+        expected = _OFFSET_FIELDS.get(name)
+        if expected is None or not (_is_int(value) if expected is int else isinstance(value, expected)):
+            raise MalformedGroupRecordError(f"offset value field {_excerpt(name)} = {_excerpt(value)}")
+    return CommittedOffset(**fields)
+
+
+def _unpack(data: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(data)
+    except (ValueError, msgpack.UnpackException) as e:  # (incomplete, extra bytes, bad UTF-8, ...)
+        raise MalformedGroupRecordError(f"the {what} is not msgpack ({e}): {_excerpt(data)}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _excerpt(value: Any, max_chars: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= max_chars else text[:max_chars] + "..."
