@@ -108,3 +108,32 @@ def test_a_broker_whose_data_directory_was_replaced_rejoins_empty_and_does_not_l
         assert copy["log_end_offset"] >= 500, "the empty replica copied the partition back from the leader"
     finally:
         again.shutdown()
+
+
+def test_after_a_whole_cluster_crash_a_partition_comes_back_without_an_isr_member_that_never_returns(tmp_path):
+    """Every copy restarted uncleanly, and broker 2's node never comes back: once its
+    session expires the live copies' logs decide, instead of the partition waiting for
+    broker 2 for good (and acknowledged records are all there)."""
+    c = start_rayk(tmp_path, namespace="lost-node")
+    c.create_topic(TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    with c.producer(acks="all") as producer:
+        futures = [producer.send(TOPIC, value=b"%d" % i) for i in range(2_000)]
+        producer.flush(120)
+    acked = {f.result().offset: b"%d" % i for i, f in enumerate(futures)}
+    crash_every_rayk_process(c)
+
+    again = start_rayk(tmp_path, brokers=2, namespace="lost-node")  # brokers 0 and 1 only
+    try:
+        after = wait_until(
+            lambda: (p := again.describe_topic(TOPIC)[0])["leader"] >= 0 and p["high_watermark"] is not None and p,
+            90,  # broker.session.timeout.ms (8 s) after the Controller's start, on a busy machine
+            "a leader once broker 2 is fenced",
+        )
+        assert after["leader"] in (0, 1) and after["high_watermark"] >= len(acked)
+        with again.consumer(auto_offset_reset="earliest", consumer_timeout_ms=5_000) as consumer:
+            consumer.assign([(TOPIC, 0)])
+            stored = {r.offset: r.value for r in consumer}
+        assert all(stored.get(o) == v for o, v in acked.items()), "every acknowledged record is there"
+        wait_until(lambda: sorted(again.describe_topic(TOPIC)[0]["isr"]) == [0, 1], 60, "both live copies in sync")
+    finally:
+        again.shutdown()
