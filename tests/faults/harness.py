@@ -84,6 +84,7 @@ class Traffic:
     failed: Counter = field(default_factory=Counter)  # error name -> records
     sent_at: dict[bytes, float] = field(default_factory=dict)
     acked_at: dict[bytes, float] = field(default_factory=dict)
+    rate_per_s: float = SEND_RATE_PER_S  # the nemesis sends slower: its consumers share the driver's CPU
 
     def __post_init__(self) -> None:
         self.producer = self.cluster.producer(acks="all", linger_ms=5, delivery_timeout_ms=120_000)
@@ -94,7 +95,7 @@ class Traffic:
         self._thread.start()
 
     def _run(self) -> None:
-        interval_s = 1 / SEND_RATE_PER_S
+        interval_s = 1 / self.rate_per_s
         for i in itertools.count():
             if self._halt.is_set():
                 return
@@ -162,9 +163,9 @@ def abandon_running_traffic() -> None:
             pass  # it was stopped already, or its cluster is gone
 
 
-def read_partition(cluster: Any, partition: int) -> dict[int, bytes]:
+def read_partition(cluster: Any, partition: int, topic: str = TOPIC) -> dict[int, bytes]:
     """offset -> value of everything below the partition's high watermark, from its leader."""
-    leader = wait_until(lambda: _leader_or_none(cluster, partition), 60, f"a leader for partition {partition}")
+    leader = wait_until(lambda: _leader_or_none(cluster, partition, topic), 60, f"a leader for {topic}-{partition}")
     hw = ray.get(leader.describe.remote())["high_watermark"]
     out: dict[int, bytes] = {}
     offset = 0
@@ -172,22 +173,22 @@ def read_partition(cluster: Any, partition: int) -> dict[int, bytes]:
         result = ray.get(leader.fetch.remote(offset, 1 << 20, 1, 0))
         assert result.error is None, result.error
         records = decode(result.records)
-        assert records, f"no progress at offset {offset} of partition {partition} (HW {hw})"
+        assert records, f"no progress at offset {offset} of {topic}-{partition} (HW {hw})"
         out.update(records)
         offset = records[-1][0] + 1
     return out
 
 
-def _leader_or_none(cluster: Any, partition: int) -> Any:
+def _leader_or_none(cluster: Any, partition: int, topic: str = TOPIC) -> Any:
     try:
-        return cluster.leader(TOPIC, partition)
+        return cluster.leader(topic, partition)
     except Exception:
         return None
 
 
-def healthy(cluster: Any) -> bool:
+def healthy(cluster: Any, topic: str = TOPIC) -> bool:
     try:
-        parts = cluster.describe_topic(TOPIC)
+        parts = cluster.describe_topic(topic)
     except Exception:
         return False
     return all(
@@ -217,14 +218,20 @@ class Outcome:
         )
 
 
+def lost_and_duplicated(traffic: Traffic, stored: dict[int, dict[int, bytes]]) -> tuple[list, list]:
+    """The acknowledged records not at their acknowledged offsets ((value, (partition,
+    offset)) pairs), and the values stored more than once."""
+    lost = [(v, where) for v, where in traffic.acked.items() if stored[where[0]].get(where[1]) != v]
+    counts = Counter(v for part in stored.values() for v in part.values())
+    return lost, [v for v, n in counts.items() if n > 1]
+
+
 def check(cluster: Any, traffic: Traffic, fault: str, resume_s: float) -> Outcome:
     """The checks every fault test ends with; returns (and prints) the figures."""
     traffic.stop()
     wait_until(lambda: healthy(cluster), 90, "every partition led, with its full ISR")
     stored = {p: read_partition(cluster, p) for p in range(PARTITIONS)}
-    lost = [(v, where) for v, where in traffic.acked.items() if stored[where[0]].get(where[1]) != v]
-    counts = Counter(v for part in stored.values() for v in part.values())
-    duplicated = [v for v, n in counts.items() if n > 1]
+    lost, duplicated = lost_and_duplicated(traffic, stored)
     outcome = Outcome(fault, resume_s, len(traffic.acked), len(lost), len(duplicated), dict(traffic.failed))
     print(outcome.line())
     assert traffic.acked, "nothing was acknowledged"
@@ -244,8 +251,26 @@ def broker_node(ray_cluster: Any, cluster: Any, broker_id: int) -> Any:
 
 
 def kill_all(pids: list[int]) -> None:
+    signal_all(pids, signal.SIGKILL)  # a pid gone already: a replica dies with its broker
+
+
+def rayk_actor_pids_on_node(node_id: str) -> list[int]:
+    """Pids of the live rayk actor processes on one Ray node (a broker's own processes)."""
+    return sorted(
+        {
+            info["Pid"]
+            for info in actor_table().values()
+            if info["State"] == "ALIVE"
+            and info["ActorClassName"] in RAYK_ACTOR_CLASSES
+            and info["Pid"]
+            and info["Address"]["NodeID"] == node_id
+        }
+    )
+
+
+def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
-            pass  # gone already (a replica dies with its broker)
+            pass  # gone already
