@@ -17,9 +17,21 @@ client makes goes through this module, which turns them into rayk's typed errors
 `call` makes a call and retries retriable failures after `retry_backoff_ms` until the
 caller's deadline, then raises KafkaTimeoutError (naming the last failure, which is its
 `__cause__`), as Kafka's clients raise TimeoutException once `max.block.ms` or
-`default.api.timeout.ms` has passed. `get` waits for one call within a deadline. Both
-block the calling thread; code that must not block (the producer's sender, `poll`) keeps
-the ObjectRef in a `Pending` and looks at it when `ray.wait` says it is ready.
+`default.api.timeout.ms` has passed. `get` waits for one call (`get_all` for several)
+within a deadline. They block the calling thread; code that must not block (the
+producer's sender, `poll`) keeps the ObjectRef in a `Pending` and looks at it when
+`ray.wait` says it is ready.
+
+`ApiCalls` is how the blocking API of Admin and Cluster calls: each call bounded by
+`default_api_timeout_ms` (Kafka's default.api.timeout.ms, 60 s), retried only while it
+goes unanswered (`unanswered`: the actor restarting, unreachable or silent), since any
+error the actor answered with (UNKNOWN_TOPIC_OR_PARTITION for a topic that does not
+exist) is final for an admin call, as it is for Kafka's Admin. A retried call may find
+its work done by an attempt whose answer was lost; the callers of calls that are not
+idempotent say what they make of that.
+
+No module of the client calls `ray.get` or `ray.wait` but this one
+(tests/test_client_calls.py checks).
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError, TaskCancelledError
@@ -38,6 +50,9 @@ from rayk.errors import KafkaError, KafkaTimeoutError, NetworkError, RequestTime
 logger = logging.getLogger(__name__)
 
 RETRY_BACKOFF_MS = 100  # Kafka's retry.backoff.ms
+DEFAULT_API_TIMEOUT_MS = 60_000  # Kafka's default.api.timeout.ms: the bound of one blocking API call
+
+T = TypeVar("T")
 
 
 def translate(error: BaseException, what: str = "call") -> BaseException:
@@ -84,23 +99,48 @@ def get(ref: Any, deadline_s: float, what: str = "call") -> Any:
         raise translate(e, what) from None
 
 
-def call(
-    make_call: Callable[[], Any],
+def get_all(refs: list[Any], deadline_s: float, what: str = "calls") -> list[Any]:
+    """The results of calls made together, in order; raises the rayk error of one that
+    failed, or REQUEST_TIMED_OUT (after cancelling those not done) past `deadline_s`."""
+    try:
+        return ray.get(refs, timeout=max(0.0, deadline_s - time.monotonic()))
+    except GetTimeoutError:
+        for ref in refs:
+            cancel(ref)
+        raise RequestTimedOutError(f"{what}: no answer in time") from None
+    except Exception as e:
+        raise translate(e, what) from None
+
+
+def unanswered(error: KafkaError) -> bool:
+    """Whether a failed call went unanswered (NETWORK_EXCEPTION: its actor restarting,
+    unreachable or dead; REQUEST_TIMED_OUT), rather than being answered with an error."""
+    return isinstance(error, (NetworkError, RequestTimedOutError))
+
+
+def _is_retriable(error: KafkaError) -> bool:
+    return error.retriable
+
+
+def retry(
+    attempt: Callable[[], T],
     deadline_s: float,
     what: str,
     *,
     retry_backoff_ms: int = RETRY_BACKOFF_MS,
+    retry_if: Callable[[KafkaError], bool] = _is_retriable,
     on_retriable: Callable[[KafkaError], None] | None = None,
-) -> Any:
-    """Makes the call (`make_call` returns its ObjectRef) and retries retriable failures
-    after `retry_backoff_ms` until `deadline_s`, then raises KafkaTimeoutError.
-    `on_retriable` sees each retriable failure first (to forget a moved leader, say)."""
+) -> T:
+    """`attempt()`'s result, trying again after `retry_backoff_ms` while it fails with an
+    error that `retry_if` accepts (by default any retriable one) until `deadline_s`, then
+    KafkaTimeoutError. Other failures are raised as their rayk error (`translate`).
+    `on_retriable` sees each failure that is retried first (to forget a moved leader, say)."""
     while True:
         try:
-            return get(make_call(), deadline_s, what)
+            return attempt()
         except Exception as e:
             error = translate(e, what)
-            if not isinstance(error, KafkaError) or not error.retriable:
+            if not isinstance(error, KafkaError) or not retry_if(error):
                 raise error from None
         if on_retriable is not None:
             on_retriable(error)
@@ -109,6 +149,67 @@ def call(
             raise KafkaTimeoutError(f"{what}: gave up after its timeout; last error {error}") from error
         logger.debug("%s: %s; retrying", what, error)
         time.sleep(min(retry_backoff_ms / 1000, remaining_s))
+
+
+def call(
+    make_call: Callable[[], Any],
+    deadline_s: float,
+    what: str,
+    *,
+    retry_backoff_ms: int = RETRY_BACKOFF_MS,
+    retry_if: Callable[[KafkaError], bool] = _is_retriable,
+    on_retriable: Callable[[KafkaError], None] | None = None,
+) -> Any:
+    """Makes the call (`make_call` returns its ObjectRef) and retries failures `retry_if`
+    accepts (any retriable one) after `retry_backoff_ms` until `deadline_s`, then raises
+    KafkaTimeoutError. `on_retriable` sees each retried failure first."""
+    return retry(
+        lambda: get(make_call(), deadline_s, what), deadline_s, what,
+        retry_backoff_ms=retry_backoff_ms, retry_if=retry_if, on_retriable=on_retriable,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCalls:
+    """How the blocking API of Admin and Cluster calls actors (see the module docstring):
+    each call within `default_api_timeout_ms`, retried after `retry_backoff_ms` while it
+    goes unanswered, then KafkaTimeoutError; only rayk's errors are raised."""
+
+    default_api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS
+    retry_backoff_ms: int = RETRY_BACKOFF_MS
+
+    def __post_init__(self) -> None:
+        if self.default_api_timeout_ms < 1 or self.retry_backoff_ms < 0:
+            raise ValueError("default_api_timeout_ms must be >= 1 and retry_backoff_ms >= 0")
+
+    def deadline_s(self, timeout_ms: int | None = None) -> float:
+        """The time.monotonic() by which a call started now must end."""
+        return time.monotonic() + (self.default_api_timeout_ms if timeout_ms is None else timeout_ms) / 1000
+
+    def __call__(
+        self,
+        make_call: Callable[[], Any],
+        what: str,
+        *,
+        timeout_ms: int | None = None,
+        on_retriable: Callable[[KafkaError], None] | None = None,
+    ) -> Any:
+        """The answer to the call `make_call` makes (it returns the ObjectRef; it is called
+        again for each retry, so it must not consume its arguments), within `timeout_ms`
+        (None: default_api_timeout_ms). `on_retriable` sees each unanswered attempt."""
+        deadline_s = self.deadline_s(timeout_ms)
+        return call(
+            make_call, deadline_s, what,
+            retry_backoff_ms=self.retry_backoff_ms, retry_if=unanswered, on_retriable=on_retriable,
+        )  # fmt: skip
+
+    def retry(self, attempt: Callable[[float], T], what: str, *, timeout_ms: int | None = None) -> T:
+        """`attempt(deadline_s)`, which makes several calls (through `get` / `get_all`
+        with that deadline), tried again while one of them goes unanswered."""
+        deadline_s = self.deadline_s(timeout_ms)
+        return retry(
+            lambda: attempt(deadline_s), deadline_s, what, retry_backoff_ms=self.retry_backoff_ms, retry_if=unanswered
+        )
 
 
 @dataclass(slots=True, eq=False)
