@@ -511,10 +511,13 @@ class Controller:
         leader_epoch: int,
         partition_epoch: int,
         isr: list[int],
+        added_incarnations: dict[int, str] | None = None,
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        records = self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr)
+        records = self._meta.plan_alter_partition(
+            topic, partition, broker_id, leader_epoch, partition_epoch, isr, added_incarnations
+        )
         self._commit(records)
         state = self._meta.partition(topic, partition)
         if records:
@@ -754,6 +757,13 @@ class Controller:
     async def find_coordinator(self, group_id: str) -> tuple[int, Any]:
         """(partition of __consumer_offsets, handle of its leader replica) for a group;
         creates the internal topic on first use, as Kafka does."""
+        await self.create_offsets_topic()
+        partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))
+        return partition, await self.leader(OFFSETS_TOPIC, partition)
+
+    async def create_offsets_topic(self) -> None:
+        """Creates __consumer_offsets, unless it exists, with its own settings (offsets.topic.*,
+        compacted), whoever asks: a group's first request or a Metadata request naming it."""
         if OFFSETS_TOPIC not in self._meta.topics:
             c = self.config
             rf = min(c.offsets_topic_replication_factor, len(self._meta.live_brokers))
@@ -762,8 +772,6 @@ class Controller:
                 await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), configs)
             except TopicAlreadyExistsError:
                 pass  # a concurrent request created it
-        partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))
-        return partition, await self.leader(OFFSETS_TOPIC, partition)
 
     async def coordinators(self) -> list[Any]:
         """Handles of every __consumer_offsets leader (to list all groups)."""

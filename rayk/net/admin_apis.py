@@ -17,7 +17,6 @@ import dataclasses
 from typing import Any
 
 from rayk.storage.log_manager import is_legal_topic_name
-from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.config import log_config_of, validate_topic_configs
 from rayk.acls import ALTER, CLUSTER, CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE, TOPIC, WRITE
 from rayk.errors import (
@@ -31,6 +30,7 @@ from rayk.errors import (
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
+from rayk.internal_topics import OFFSETS_TOPIC, is_internal
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms
@@ -101,15 +101,16 @@ def _topic_metadata(name: str, topic: dict) -> dict:
             "isr_nodes": s["isr"],
             "offline_replicas": [],
         })
-    return {"name": name, "topic_id": topic["topic_id"], "is_internal": name == OFFSETS_TOPIC,
+    return {"name": name, "topic_id": topic["topic_id"], "is_internal": is_internal(name),
             "partitions": partitions, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS}
 
 
 async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     """UNKNOWN_TOPIC_OR_PARTITION, or (auto.create.topics.enable and the client allows it)
     create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does.
-    A listener whose clients authenticate never creates topics this way: they are created
-    on purpose, with CreateTopics."""
+    An internal topic is created with its own settings (offsets.topic.*), never the defaults
+    for client topics, as Kafka's AutoTopicCreationManager does. A listener whose clients
+    authenticate never creates topics this way: they are created on purpose, with CreateTopics."""
     if not view.authorized(request, DESCRIBE, TOPIC, name):
         return TopicAuthorizationFailedError.code
     if not is_legal_topic_name(name):
@@ -120,7 +121,11 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     if not _may_create(view, request, name):
         return TopicAuthorizationFailedError.code  # Kafka's answer to an auto-creation it may not do
     try:
-        await view.controller.create_topic.remote(name)
+        if name == OFFSETS_TOPIC:
+            await view.controller.create_offsets_topic.remote()
+        else:
+            assert not is_internal(name), f"{name}: an internal topic without its own settings"
+            await view.controller.create_topic.remote(name)
     except TopicAlreadyExistsError:
         pass
     except Exception as e:
