@@ -23,11 +23,16 @@ from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
+from rayk.actors.group_coordinator import coordinator_partition
+from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
-from rayk.net.api_versions import FETCH, PRODUCE
+from rayk.config import BrokerConfig
+from rayk.errors import InvalidTopicError
+from rayk.internal_topics import OFFSETS_TOPIC
+from rayk.net.api_versions import FETCH, METADATA, PRODUCE
 from rayk.net.entities import kafka_uuid
-from rayk.storage.records import SimpleRecord, build_batch
+from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection
 
@@ -78,6 +83,84 @@ def kafka_python_read(bootstrap, topic, expected, partitions=3, **settings):
             records += batch
     consumer.close()
     return records
+
+
+def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(cluster, bootstrap):
+    """Runs first in this module, before a group has created __consumer_offsets: a Metadata
+    request naming it creates it with offsets.topic.* (compacted), never with the defaults
+    for client topics, as Kafka's AutoTopicCreationManager does."""
+    assert OFFSETS_TOPIC not in cluster.list_topics(), "this test runs before any group is used"
+    connection = RawConnection(bootstrap)
+    try:
+        answer = connection.call(METADATA, 12, {"topics": [{"name": OFFSETS_TOPIC, "topic_id": None}],
+                                                "allow_auto_topic_creation": True,
+                                                "include_topic_authorized_operations": False})
+    finally:
+        connection.close()
+    assert answer.topics[0].error_code.value == 5  # LEADER_NOT_AVAILABLE: being created
+    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(), 30, "__consumer_offsets to be created")
+    offsets_topic = BrokerConfig()  # CONFIG leaves offsets.topic.* at their defaults
+    configs = cluster.admin().describe_topic_configs(OFFSETS_TOPIC)
+    assert configs == {"cleanup.policy": "compact", "segment.bytes": str(offsets_topic.offsets_topic_segment_bytes)}
+    described = cluster.describe_topic(OFFSETS_TOPIC)
+    assert len(described) == offsets_topic.offsets_topic_num_partitions
+    assert all(len(p["replicas"]) == offsets_topic.offsets_topic_replication_factor for p in described)
+
+
+def committed_standalone(bootstrap: str, topic: str, group: str, offset: int) -> None:
+    """A standalone consumer (assign, no subscription) commits `offset` for partition 0."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def committed(cluster, group: str) -> dict:
+    return {tp: p["committed"] for tp, p in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+
+
+def offsets_records_since(cluster, partition: int, offset: int) -> list:
+    """The records of a __consumer_offsets partition's leader from `offset` on."""
+    leader = cluster.describe_topic(OFFSETS_TOPIC)[partition]["leader"]
+    stored = ray.get(cluster.replica(OFFSETS_TOPIC, partition, leader).read_local.remote(offset, 1 << 20))
+    return [r for batch in iter_batches(stored) for r in batch.records()]
+
+
+def test_a_kafka_clients_produce_to_consumer_offsets_is_invalid_topic_and_moves_no_offsets(cluster, bootstrap):
+    """A forged commit of another group's offset, and a record no coordinator can read,
+    each answered INVALID_TOPIC_EXCEPTION; neither is stored, the group's offset stays."""
+    topic, group = new_topic(cluster, partitions=1), f"victim-{uuid.uuid4().hex[:8]}"
+    committed_standalone(bootstrap, topic, group, 5)
+    partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
+    end_offset = cluster.describe_topic(OFFSETS_TOPIC)[partition]["log_end_offset"]
+    forged = {offset_key(group, topic, 0): offset_value(CommittedOffset(999)), b"\xc1not msgpack": b"x"}
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "message.timeout.ms": 30_000})
+    errors = []
+    for key, value in forged.items():
+        producer.produce(OFFSETS_TOPIC, value=value, key=key, partition=partition,
+                         on_delivery=lambda err, msg: errors.append(err))
+    assert producer.flush(60) == 0
+    assert [e.code() if e else None for e in errors] == [confluent_kafka.KafkaError.TOPIC_EXCEPTION] * 2, errors
+    assert committed(cluster, group) == {TopicPartition(topic, 0): 5}
+    assert not {r.key for r in offsets_records_since(cluster, partition, end_offset)} & set(forged), "stored"
+
+
+def test_the_python_producer_sending_to_consumer_offsets_gets_invalid_topic(cluster, bootstrap):
+    topic, group = new_topic(cluster, partitions=1), f"victim-{uuid.uuid4().hex[:8]}"
+    committed_standalone(bootstrap, topic, group, 5)
+    partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
+    end_offset = cluster.describe_topic(OFFSETS_TOPIC)[partition]["log_end_offset"]
+    key = offset_key(group, topic, 0)
+    producer = cluster.producer()
+    try:
+        future = producer.send(OFFSETS_TOPIC, value=offset_value(CommittedOffset(999)), key=key, partition=partition)
+        with pytest.raises(InvalidTopicError):
+            future.result(timeout=60)
+    finally:
+        producer.close()
+    assert committed(cluster, group) == {TopicPartition(topic, 0): 5}
+    assert key not in {r.key for r in offsets_records_since(cluster, partition, end_offset)}
 
 
 def test_metadata_and_admin_through_kafka_python(cluster, bootstrap):
