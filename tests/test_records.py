@@ -31,10 +31,12 @@ from rayk.storage.records import (
     TimestampType,
     build_batch,
     check_batch_at,
+    check_records,
     compute_crc,
     decode_records,
     decode_varint,
     encode_varint,
+    filter_batch,
     iter_batches,
     set_base_offset_and_epoch,
     set_log_append_time,
@@ -692,6 +694,145 @@ def test_decode_records_of_legacy_magic_is_unsupported():
     batch[MAGIC_POS] = 1
     with pytest.raises(UnsupportedForMessageFormatError):
         decode_records(batch)
+
+
+# ---------------------------------------------------------------------------- compaction (filter_batch)
+
+# Kafka's bytes for the batches its log cleaner writes: each row is a batch below, a
+# (now, delete.retention.ms) pair, whether an empty batch is kept, the offsets kept, and
+# the hex that kafka-clients 4.1.1's MemoryRecords.filterTo wrote for it, given a
+# RecordFilter whose checkBatchRetention answered RETAIN_EMPTY (if kept) or DELETE_EMPTY
+# and whose shouldRetainRecord kept those offsets ("" = no batch). All uncompressed: a
+# compressed payload depends on the compressor's build, not on Kafka's format.
+FILTER_T_MS = 1_600_000_000_000  # the records' CreateTime, long before the cleaner's clock
+FILTER_NOW_MS, FILTER_RETENTION_MS = 1_700_000_000_000, 86_400_000
+KAFKA_HORIZON_BATCH = (  # the "sets_horizon" row's output: the input of the "horizon_" rows
+    "00000000000000640000006300000003023c07fc8d0040000000020000018bd50bc40000000174876e8007ffffffffffffffffffffffffffff"
+    "000000031e00ff8fead9e90500046b30047630001a008990ead9e90502046b3101002600f18fead9e90504046b320476320202680278"
+)
+
+
+def _filter_input(name: str) -> bytes:
+    def records(tombstone: bool = True) -> list[SimpleRecord]:
+        return [
+            SimpleRecord(b"v0", b"k0", (), FILTER_T_MS),
+            SimpleRecord(None if tombstone else b"v1", b"k1", (), FILTER_T_MS - 5),
+            SimpleRecord(b"v2", b"k2", (("h", b"x"),), FILTER_T_MS + 7),
+        ]
+
+    if name.startswith("horizon_"):
+        return bytes.fromhex(KAFKA_HORIZON_BATCH)
+    if name.startswith("log_append_time"):
+        batch = bytearray(build_batch(records(), base_offset=10))
+        set_log_append_time(batch, 0, len(batch), FILTER_T_MS + 1000)
+        return bytes(batch)
+    if name.startswith("no_tombstone"):
+        return build_batch(records(tombstone=False), base_offset=100)
+    if name == "producer_batch_emptied":
+        return build_batch(records(), base_offset=50, producer_id=7, producer_epoch=1, base_sequence=5)
+    return build_batch(records(), base_offset=100, partition_leader_epoch=3)
+
+
+KAFKA_FILTERED = [
+    ("sets_horizon", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [100, 101, 102], KAFKA_HORIZON_BATCH),
+    ("thinned_keeping_the_tombstone", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [101, 102],
+     "0000000000000064000000530000000302efc37ca00040000000020000018bd50bc40000000174876e8007ffffffffffffffffffffffffffff"
+     "000000021a008990ead9e90502046b3101002600f18fead9e90504046b320476320202680278"),
+    ("thinned_of_the_tombstone", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [100, 102],
+     "00000000000000640000004b00000003025e554fd200000000000200000174876e800000000174876e8007ffffffffffffffffffffffffffff"
+     "0000000214000000046b30047630001c000e04046b320476320202680278"),
+    ("no_tombstone_thinned", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [101, 102],
+     "00000000000000640000004bffffffff02332c60e700000000000200000174876e7ffb00000174876e8007ffffffffffffffffffffffffffff"
+     "0000000214000002046b31047631001c001804046b320476320202680278"),
+    ("no_tombstone_whole", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [100, 101, 102], None),  # None: the input
+    ("producer_batch_emptied", FILTER_NOW_MS, FILTER_RETENTION_MS, True, [],
+     "000000000000003200000031ffffffff021ba7ddc0000000000002ffffffffffffffff00000174876e8007000000000000000700010000000500000000"),
+    ("emptied", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [], ""),
+    ("zero_retention", FILTER_NOW_MS, 0, False, [101],
+     "00000000000000640000003f0000000302afa2f6490040000000020000018bcfe5680000000174876e7ffbffffffffffffffffffffffffffff"
+     "000000011a0089a0b787e90502046b310100"),
+    ("log_append_time_sets_horizon", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [10, 11, 12],
+     "000000000000000a00000063ffffffff02fcb5a9430048000000020000018bd50bc40000000174876e83e8ffffffffffffffffffffffffffff"
+     "000000031e00af80ead9e90500046b30047630001a00af80ead9e90502046b3101002600af80ead9e90504046b320476320202680278"),
+    ("log_append_time_thinned_of_the_tombstone", FILTER_NOW_MS, FILTER_RETENTION_MS, False, [10, 12],
+     "000000000000000a0000004bffffffff02bbc24d9f00080000000200000174876e83e800000174876e83e8ffffffffffffffffffffffffffff"
+     "0000000214000000046b30047630001c000004046b320476320202680278"),
+    ("horizon_whole", 1_800_000_000_000, 5, False, [100, 101, 102], None),
+    ("horizon_thinned_to_the_tombstone", 1_800_000_000_000, 5, False, [101],
+     "00000000000000640000003f00000003021db07cc10040000000020000018bd50bc40000000174876e7ffbffffffffffffffffffffffffffff"
+     "000000011a008990ead9e90502046b310100"),
+    ("horizon_thinned_of_the_tombstone", 1_800_000_000_000, 5, False, [100, 102],
+     "0000000000000064000000550000000302af040a490040000000020000018bd50bc40000000174876e8007ffffffffffffffffffffffffffff"
+     "000000021e00ff8fead9e90500046b30047630002600f18fead9e90504046b320476320202680278"),
+    ("horizon_emptied", 1_800_000_000_000, 5, True, [],
+     "00000000000000640000003100000003026f13331e000000000002ffffffffffffffff00000174876e8007ffffffffffffffffffffffffffff00000000"),
+]
+
+
+@pytest.mark.parametrize("name, now_ms, retention_ms, keep_empty, kept, kafka_hex", KAFKA_FILTERED, ids=[r[0] for r in KAFKA_FILTERED])
+def test_filter_batch_writes_the_bytes_kafkas_cleaner_writes(name, now_ms, retention_ms, keep_empty, kept, kafka_hex):
+    batch = _filter_input(name)
+    out = filter_batch(batch, lambda offset, *_: offset in kept, keep_empty, now_ms + retention_ms)
+    expected = batch if kafka_hex is None else bytes.fromhex(kafka_hex) if kafka_hex else None
+    assert out == expected
+
+
+def test_a_kept_tombstone_sets_the_delete_horizon_in_attributes_bit_6_and_the_base_timestamp():
+    out = filter_batch(_filter_input("sets_horizon"), lambda *_: True, False, FILTER_NOW_MS + FILTER_RETENTION_MS)
+    header = _header(out)
+    assert header.attributes == 0x40 and header.delete_horizon_ms == header.base_timestamp == FILTER_NOW_MS + FILTER_RETENTION_MS
+    assert header.max_timestamp == FILTER_T_MS + 7, "maxTimestamp stays the records' largest"
+    assert check_batch_at(memoryview(out), 0) == header, "CRC recomputed"
+    check_records(out)  # maxTimestamp = baseTimestamp + the largest delta, as a leader checks it
+    assert [(r.offset, r.timestamp_ms, r.key, r.value) for r in decode_records(out)] == [
+        (100, FILTER_T_MS, b"k0", b"v0"), (101, FILTER_T_MS - 5, b"k1", None), (102, FILTER_T_MS + 7, b"k2", b"v2")
+    ], "every record keeps its timestamp: the deltas are re-based on the horizon"
+    assert _header(_filter_input("sets_horizon")).delete_horizon_ms is None
+
+
+def test_filter_batch_without_a_horizon_to_give_leaves_a_kept_tombstone_batch_whole():
+    batch = _filter_input("sets_horizon")
+    assert filter_batch(batch, lambda *_: True, False) == batch
+
+
+filtered_records = st.lists(
+    st.builds(
+        SimpleRecord,
+        value=st.none() | st.binary(max_size=8),
+        key=st.binary(min_size=1, max_size=4),
+        headers=st.lists(st.tuples(st.text(max_size=3), nullable_bytes), max_size=2),
+        timestamp_ms=st.integers(0, 1 << 42),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@FAST
+@given(filtered_records, st.data(), codecs, st.booleans(), st.integers(0, 1 << 43))
+def test_filter_batch_keeps_what_it_is_told_with_offsets_timestamps_and_sequence_range(records, data, codec, log_append_time, horizon_ms):
+    batch = bytearray(build_batch(records, base_offset=1000, compression=codec, producer_id=9, producer_epoch=2, base_sequence=40))
+    if log_append_time:
+        set_log_append_time(batch, 0, len(batch), 1 << 41)
+    original = decode_records(batch)
+    kept = data.draw(st.sets(st.sampled_from([r.offset for r in original])))
+    twice = None
+    for rewrite in range(2):  # a second clean keeps the first one's horizon
+        source = batch if twice is None else twice
+        out = filter_batch(source, lambda offset, *_: offset in kept, True, horizon_ms + rewrite)
+        header = _header(out)
+        assert check_batch_at(memoryview(out), 0) == header
+        assert (header.base_offset, header.last_offset_delta, header.base_sequence) == (1000, len(records) - 1, 40)
+        assert [(r.offset, r.timestamp_ms, r.key, r.value, r.headers) for r in decode_records(out)] == [
+            (r.offset, r.timestamp_ms, r.key, r.value, r.headers) for r in original if r.offset in kept
+        ]
+        tombstone_kept = any(r.value is None for r in original if r.offset in kept)
+        assert header.delete_horizon_ms == (horizon_ms if tombstone_kept else None)
+        if log_append_time or not kept:
+            assert header.max_timestamp == _header(batch).max_timestamp
+        else:
+            assert header.max_timestamp == max(r.timestamp_ms for r in original if r.offset in kept)
+        twice = out
 
 
 # ---------------------------------------------------------------------------- small types

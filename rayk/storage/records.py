@@ -11,7 +11,18 @@ A batch is a 61-byte header followed by its records, optionally compressed as on
 `batchLength + 12` bytes). The CRC-32C covers `attributes` through the end of the batch;
 `baseOffset` and `partitionLeaderEpoch` lie outside it so a leader can assign them without
 re-checksumming. attributes bits 0-2 are the compression codec, bit 3 the timestamp type
-(0 CreateTime, 1 LogAppendTime), bit 4 transactional, bit 5 control.
+(0 CreateTime, 1 LogAppendTime), bit 4 transactional, bit 5 control, bit 6 the delete horizon.
+
+The delete horizon (KIP-534, Kafka 3.1+): when the log cleaner first keeps a batch holding
+a tombstone, it rewrites the batch with bit 6 set and `baseTimestamp` = the cleaner's clock
++ `delete.retention.ms`, the time from which a later clean may drop the tombstones. Read
+from Kafka's DefaultRecordBatch, MemoryRecords.filterTo and MemoryRecordsBuilder (3.9):
+`baseTimestamp()` and `deleteHorizonMs()` both read that one field, and a record's timestamp
+is still `baseTimestamp + timestampDelta` (DefaultRecord.readFrom); the builder writes each
+kept record with `timestampDelta = its timestamp - horizon` (negative, usually), so every
+record keeps its absolute timestamp and `maxTimestamp` stays the records' largest. The
+field is then no longer the first record's timestamp, whatever DefaultRecordBatch's class
+comment says; only the flag tells a reader which it is.
 
 Each record is `length varint` then: attributes int8, timestampDelta varlong, offsetDelta
 varint, keyLength varint + key, valueLength varint + value (-1 = null), header count varint,
@@ -77,6 +88,7 @@ _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_BIT = 0x08
 _TRANSACTIONAL_BIT = 0x10
 _CONTROL_BIT = 0x20
+_DELETE_HORIZON_BIT = 0x40  # Kafka's DELETE_HORIZON_FLAG_MASK: baseTimestamp holds the delete horizon
 
 
 class TimestampType(enum.IntEnum):
@@ -145,6 +157,12 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & _CONTROL_BIT)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When the log cleaner may drop this batch's tombstones (Kafka's deleteHorizonMs):
+        `base_timestamp` once a clean kept them and set the flag, None before."""
+        return self.base_timestamp if self.attributes & _DELETE_HORIZON_BIT else None
 
 
 class SimpleRecord(NamedTuple):
@@ -657,54 +675,65 @@ _PAST_END = "records running past its end"
 
 
 def filter_batch(
-    batch: bytes | bytearray | memoryview, retain: Callable[[int, int, bytes | None, bool], bool], keep_empty: bool
+    batch: bytes | bytearray | memoryview,
+    retain: Callable[[int, int, bytes | None, bool], bool],
+    keep_empty: bool,
+    delete_horizon_ms: int | None = None,
 ) -> bytes | None:
     """The batch with only the records for which `retain(offset, timestamp_ms, key,
-    is_tombstone)` is true, as Kafka's cleaner rewrites one (MemoryRecords.filterTo): the same base offset,
-    lastOffsetDelta, base timestamp, producer fields and codec, so every kept record keeps
-    its offset and timestamp and a producer's sequence range is unchanged; the records are
-    copied byte for byte and recompressed, and maxTimestamp (CreateTime) and the CRC are
-    recomputed. Returns the input's bytes when every record stays; when none does, an
-    empty batch (no records, no compression) if `keep_empty` (a producer's batch whose
-    sequence numbers must survive), else None.
+    is_tombstone)` is true, written as Kafka's cleaner writes it (MemoryRecords.filterTo).
+
+    The input's own bytes come back when every record stays and no delete horizon is to be
+    set. A batch that keeps a tombstone but has no delete horizon yet gets
+    `delete_horizon_ms` (the cleaner's now + delete.retention.ms; None: never set one).
+    Otherwise the batch is rebuilt as Kafka's MemoryRecordsBuilder does: the same base
+    offset, lastOffsetDelta (so a producer's sequence range is unchanged), partition leader
+    epoch, producer fields and codec; each kept record re-encoded with its offset and
+    timestamp (record attributes 0, as Kafka writes them) and timestamp deltas from the
+    new baseTimestamp, which is the delete horizon if the batch has one, else the first
+    kept record's timestamp (a LogAppendTime batch's records all read as its maxTimestamp);
+    maxTimestamp the kept records' largest (CreateTime) or unchanged (LogAppendTime); the
+    CRC recomputed. When no record stays: None, or if `keep_empty` (a producer's batch
+    whose sequence numbers must survive) Kafka's empty batch (writeEmptyHeader): no
+    records, no compression, no delete horizon, baseTimestamp -1, maxTimestamp unchanged.
     """
-    header, body, append_time = _records_section(batch, None)
-    data = bytes(body)
-    spans: list[tuple[int, int, int]] = []  # (start, end, timestamp delta) of each kept record
-    pos = 0
-    for _ in range(header.record_count):
-        begin = pos
-        length, start = decode_varint(data, pos)
-        end = start + length
-        timestamp_delta, pos = decode_varint(data, start + 1)  # after the attributes
-        offset_delta, pos = decode_varint(data, pos)
-        key_length, pos = decode_varint(data, pos)
-        key = data[pos : pos + key_length] if key_length >= 0 else None
-        pos += max(key_length, 0)
-        value_length, pos = decode_varint(data, pos)
-        timestamp_ms = append_time if append_time >= 0 else header.base_timestamp + timestamp_delta
-        if retain(header.base_offset + offset_delta, timestamp_ms, key, value_length < 0):
-            spans.append((begin, end, timestamp_delta))
-        pos = end
-    if len(spans) == header.record_count:
+    header, records = decode_record_tuples(batch)
+    kept = [r for r in records if retain(r[0], r[1], r[2], r[3] is None)]
+    horizon_ms = header.delete_horizon_ms
+    sets_horizon = horizon_ms is None and delete_horizon_ms is not None and any(r[3] is None for r in kept)
+    if len(kept) == header.record_count and not sets_horizon:
         return bytes(memoryview(batch)[: header.size_bytes])
-    if not spans:
+    flags = header.attributes & (_TIMESTAMP_TYPE_BIT | _TRANSACTIONAL_BIT | _CONTROL_BIT)
+    if not kept:
         if not keep_empty:
             return None
-        codec, payload, max_timestamp = CompressionType.NONE, b"", header.max_timestamp
-    else:
-        codec = header.compression
-        kept = b"".join(data[start:end] for start, end, _delta in spans)
-        payload = compress(codec, kept) if codec != CompressionType.NONE else kept
-        max_timestamp = header.max_timestamp
-        if header.timestamp_type == TimestampType.CREATE_TIME:
-            max_timestamp = header.base_timestamp + max(delta for _start, _end, delta in spans)
+        return _frame(header, flags, b"", 0, NO_TIMESTAMP, header.max_timestamp)
+    if sets_horizon:
+        horizon_ms = delete_horizon_ms
+    if horizon_ms is not None:
+        flags |= _DELETE_HORIZON_BIT
+    base_timestamp = kept[0][1] if horizon_ms is None else horizon_ms
+    body = bytearray()
+    for offset, timestamp_ms, key, value, headers in kept:
+        _encode_record(body, offset - header.base_offset, timestamp_ms - base_timestamp, SimpleRecord(value, key, headers))
+    codec = header.compression
+    payload = compress(codec, bytes(body)) if codec != CompressionType.NONE else bytes(body)
+    max_timestamp = header.max_timestamp
+    if header.timestamp_type == TimestampType.CREATE_TIME:
+        max_timestamp = max(timestamp_ms for _offset, timestamp_ms, *_rest in kept)
+    return _frame(header, flags | int(codec), payload, len(kept), base_timestamp, max_timestamp)
+
+
+def _frame(
+    header: BatchHeader, attributes: int, payload: bytes, record_count: int, base_timestamp: int, max_timestamp: int
+) -> bytes:
+    """A batch of `payload` with `header`'s offsets, epoch and producer fields, checksummed."""
     out = bytearray(HEADER_SIZE_BYTES)
     out += payload
     _HEADER.pack_into(
         out, 0, header.base_offset, len(out) - LOG_OVERHEAD_BYTES, header.partition_leader_epoch, MAGIC_V2, 0,
-        (header.attributes & ~_COMPRESSION_MASK) | int(codec), header.last_offset_delta, header.base_timestamp,
-        max_timestamp, header.producer_id, header.producer_epoch, header.base_sequence, len(spans),
+        attributes, header.last_offset_delta, base_timestamp, max_timestamp, header.producer_id,
+        header.producer_epoch, header.base_sequence, record_count,
     )
     _UINT32.pack_into(out, CRC_POS, compute_crc(out))
     return bytes(out)
