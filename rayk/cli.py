@@ -270,10 +270,8 @@ def _under_replicated(partition: dict) -> bool:
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
-    import ray
-
     cluster = _connect(args)
-    data_dir = Path(ray.get(cluster.controller.data_dir.remote())).parent
+    data_dir = cluster.data_dir()
     cluster.shutdown()
     say(args, f"rayk cluster in Ray namespace {args.namespace!r} stopped; its data stays in {data_dir}")
 

@@ -2,22 +2,27 @@
 credentials of a rayk cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
 coordinators' actor handles).
 
-Partition reassignments (KIP-455) go through `rayk.client.calls`, bounded by
-`timeout_ms` (Kafka's `default.api.timeout.ms`, 60 s): a Controller that Ray is
-restarting is waited for and the call retried within that time, then KafkaTimeoutError;
-no Ray exception reaches the caller. As with Kafka's Admin, a call retried after a lost
-answer may find its work done: a repeated target changes nothing, a repeated cancel
-answers NO_REASSIGNMENT_IN_PROGRESS.
+Every call goes through `rayk.client.calls.ApiCalls`, bounded by `default_api_timeout_ms`
+(Kafka's default.api.timeout.ms, 60 s): a Controller (or coordinator) that Ray is
+restarting is waited for and the call retried, after `retry_backoff_ms`, within that
+time, then KafkaTimeoutError. Only rayk's errors (rayk.errors) are raised, never Ray's;
+an error the Controller answers with (UNKNOWN_TOPIC_OR_PARTITION, ...) is raised at once.
+
+As with Kafka's Admin, a call retried after a lost answer may find its work done. Where
+that would give the wrong answer, it is corrected: a retried create_topic finds the topic
+its lost attempt created and returns it (see there), a retried delete_topics finds the
+topic gone, a retried create_partitions finds the count it asked for. Elsewhere the
+retry answers for what it found: a repeated reassignment target changes nothing, a
+repeated cancel answers NO_REASSIGNMENT_IN_PROGRESS, a repeated delete_acls lists only
+what it matched itself, a repeated SCRAM deletion answers RESOURCE_NOT_FOUND, a repeated
+election ELECTION_NOT_NEEDED.
 """
 
 from __future__ import annotations
 
 import operator
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
-
-import ray
 
 from rayk.actors.consumer_group import GroupState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
@@ -25,11 +30,19 @@ from rayk.client import calls
 from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import PartitionReassignment, TopicPartition
 from rayk.acls import AclBinding, AclFilter
-from rayk.errors import GroupIdNotFoundError, InvalidReplicaAssignmentError, InvalidTopicError, KafkaError
+from rayk.errors import (
+    GroupIdNotFoundError,
+    InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
+    InvalidTopicError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
-DEFAULT_API_TIMEOUT_MS = 60_000  # Kafka's default.api.timeout.ms
+DEFAULT_API_TIMEOUT_MS = calls.DEFAULT_API_TIMEOUT_MS  # Kafka's default.api.timeout.ms
 
 
 class NewTopic(NamedTuple):
@@ -60,9 +73,19 @@ class ScramDeletion(NamedTuple):
 
 
 class Admin:
-    def __init__(self, cluster: Any) -> None:
-        self._cluster = cluster
+    """kafka-python's KafkaAdminClient over a Cluster handle. Settings by kafka-python's
+    names: `default_api_timeout_ms` bounds each call (retries included), `retry_backoff_ms`
+    is the pause before a retry. Not thread-safe to configure; calls may run concurrently."""
+
+    def __init__(
+        self,
+        cluster: Any,
+        *,
+        default_api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS,
+        retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
+    ) -> None:
         self._controller = cluster.controller
+        self._calls = calls.ApiCalls(default_api_timeout_ms, retry_backoff_ms)
 
     # ------------------------------------------------------------------ ACLs
 
@@ -70,15 +93,19 @@ class Admin:
         """Kafka's CreateAcls (rayk.acls.AclBinding): per binding None, or why it was refused.
         They take effect at every listener within half a second (authorizer.class.name
         must be set for listeners to check them)."""
-        return ray.get(self._controller.create_acls.remote(list(bindings)))
+        bindings = list(bindings)
+        return self._calls(lambda: self._controller.create_acls.remote(bindings), "CreateAcls")
 
     def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
         """The bindings `acl_filter` matches (default: all)."""
-        return ray.get(self._controller.describe_acls.remote(acl_filter or AclFilter()))
+        acl_filter = acl_filter or AclFilter()
+        return self._calls(lambda: self._controller.describe_acls.remote(acl_filter), "DescribeAcls")
 
     def delete_acls(self, filters: Iterable[AclFilter]) -> list[list[AclBinding]]:
-        """Deletes every binding a filter matches; per filter the bindings it matched."""
-        return ray.get(self._controller.delete_acls.remote(list(filters)))
+        """Deletes every binding a filter matches; per filter the bindings it matched (a
+        call retried after its answer was lost lists only what the retry matched)."""
+        filters = list(filters)
+        return self._calls(lambda: self._controller.delete_acls.remote(filters), "DeleteAcls")
 
     # ------------------------------------------------------------------ SCRAM credentials
 
@@ -98,12 +125,17 @@ class Admin:
             except KafkaError as e:
                 made = e
             upsertions.append((alteration.user, made))
-        return ray.get(self._controller.alter_user_scram_credentials.remote(deletions, upsertions))
+        return self._calls(
+            lambda: self._controller.alter_user_scram_credentials.remote(deletions, upsertions),
+            "AlterUserScramCredentials",
+        )
 
     def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
         """Per user (every user with a credential, or those named) its (mechanism,
         iterations); RESOURCE_NOT_FOUND if a named user has none."""
-        described = ray.get(self._controller.describe_user_scram_credentials.remote(users))
+        described = self._calls(
+            lambda: self._controller.describe_user_scram_credentials.remote(users), "DescribeUserScramCredentials"
+        )
         for result in described.values():
             if isinstance(result, KafkaError):
                 raise result
@@ -120,8 +152,10 @@ class Admin:
         entity None, or the INVALID_REQUEST that refused all of its changes. Listeners
         enforce them within half a second; they are kept in the Controller's metadata log."""
         entities = list(alterations)
-        results = ray.get(self._controller.alter_client_quotas.remote(
-            [(e, list(alterations[e].items())) for e in entities], validate_only))
+        changes = [(e, list(alterations[e].items())) for e in entities]
+        results = self._calls(
+            lambda: self._controller.alter_client_quotas.remote(changes, validate_only), "AlterClientQuotas"
+        )
         return dict(zip(entities, results))
 
     def describe_client_quotas(
@@ -129,7 +163,10 @@ class Admin:
     ) -> dict[QuotaEntity, dict[str, float]]:
         """The quotas of every entity the filter matches (no components: all of them); with
         `strict`, only entities with no entity type besides those the components name."""
-        return dict(ray.get(self._controller.describe_client_quotas.remote(list(components), strict)))
+        components = list(components)
+        return dict(self._calls(
+            lambda: self._controller.describe_client_quotas.remote(components, strict), "DescribeClientQuotas"
+        ))  # fmt: skip
 
     # ------------------------------------------------------------------ topics
 
@@ -140,8 +177,30 @@ class Admin:
         replication_factor: int | None = None,
         config: dict[str, Any] | None = None,
     ) -> list[dict]:
-        """Counts left out take the brokers' `num.partitions` / `default.replication.factor`."""
-        return ray.get(self._controller.create_topic.remote(name, num_partitions, replication_factor, config))
+        """Creates a topic and returns its description once every partition has its
+        leader and followers. Counts left out take the brokers' `num.partitions` /
+        `default.replication.factor`. TOPIC_ALREADY_EXISTS if it exists, except when this
+        call's earlier attempt went unanswered (the Controller restarting) and so may have
+        created it: a topic of the partition count and replication factor asked for is
+        then taken as that attempt's and returned (a concurrent create of the same topic
+        with the same counts cannot be told from it), as a retried CreateTopics should
+        answer what the first attempt did."""
+        unanswered: list[KafkaError] = []
+        try:
+            return self._calls(
+                lambda: self._controller.create_topic.remote(name, num_partitions, replication_factor, config),
+                f"CreateTopics {name!r}",
+                on_retriable=unanswered.append,
+            )
+        except TopicAlreadyExistsError:
+            if not unanswered:
+                raise
+            described = self._describe_topic(name)
+            if num_partitions not in (None, -1) and len(described) != num_partitions:
+                raise
+            if replication_factor not in (None, -1) and any(len(p["replicas"]) != replication_factor for p in described):
+                raise
+            return described
 
     def create_topics(self, new_topics: list[NewTopic]) -> None:
         for topic in new_topics:
@@ -150,30 +209,69 @@ class Admin:
     def create_partitions(self, new_counts: dict[str, int], validate_only: bool = False) -> dict[str, list[dict]]:
         """Grows each topic to its new partition count (Kafka's CreatePartitions; partitions
         are only ever added); returns each topic's description. Keyed records of producers
-        that learn the new count (metadata.max.age.ms) go to murmur2(key) % new count."""
-        return {name: ray.get(self._controller.create_partitions.remote(name, count, validate_only))
-                for name, count in new_counts.items()}
+        that learn the new count (metadata.max.age.ms) go to murmur2(key) % new count.
+        A call retried after a lost answer that finds the topic at its new count already
+        (INVALID_PARTITIONS) returns the description."""
+        return {name: self._create_partitions(name, count, validate_only) for name, count in new_counts.items()}
+
+    def _create_partitions(self, name: str, count: int, validate_only: bool) -> list[dict]:
+        unanswered: list[KafkaError] = []
+        try:
+            return self._calls(
+                lambda: self._controller.create_partitions.remote(name, count, validate_only),
+                f"CreatePartitions {name!r}",
+                on_retriable=unanswered.append,
+            )
+        except InvalidPartitionsError:
+            if not unanswered or validate_only:
+                raise
+            described = self._describe_topic(name)
+            if len(described) != count:
+                raise
+            return described
 
     def delete_topics(self, names: list[str]) -> None:
+        """Deletes each topic; UNKNOWN_TOPIC_OR_PARTITION for one that does not exist
+        (not for one that this call's own unanswered attempt deleted)."""
         for name in names:
-            ray.get(self._controller.delete_topic.remote(name))
+            self._delete_topic(name)
+
+    def _delete_topic(self, name: str) -> None:
+        unanswered: list[KafkaError] = []
+        try:
+            self._calls(lambda: self._controller.delete_topic.remote(name), f"DeleteTopics {name!r}",
+                        on_retriable=unanswered.append)  # fmt: skip
+        except UnknownTopicOrPartitionError:
+            if not unanswered:  # else the attempt whose answer was lost deleted it
+                raise
 
     def list_topics(self, include_internal: bool = False) -> list[str]:
-        names = ray.get(self._controller.list_topics.remote())
+        names = self._calls(lambda: self._controller.list_topics.remote(), "ListTopics")
         return [n for n in names if include_internal or not n.startswith("__")]
 
     def describe_topics(self, names: list[str] | None = None) -> dict[str, list[dict]]:
-        names = names if names is not None else self.list_topics()
-        return {n: ray.get(self._controller.describe_topic.remote(n)) for n in names}
+        """Per topic its partitions (see Cluster.describe_topic); UNKNOWN_TOPIC_OR_PARTITION
+        if one does not exist."""
+        names = list(names) if names is not None else self.list_topics()
+        described = self._calls.retry(
+            lambda deadline_s: calls.get_all(
+                [self._controller.describe_topic.remote(n) for n in names], deadline_s, "DescribeTopics"
+            ),
+            "DescribeTopics",
+        )
+        return dict(zip(names, described))
+
+    def _describe_topic(self, name: str) -> list[dict]:
+        return self._calls(lambda: self._controller.describe_topic.remote(name), f"DescribeTopics {name!r}")
 
     def describe_topic_configs(self, name: str) -> dict[str, str]:
         """The topic's own configs (Kafka names); everything else has the broker default."""
-        return ray.get(self._controller.topic_configs.remote(name))
+        return self._calls(lambda: self._controller.topic_configs.remote(name), f"DescribeConfigs {name!r}")
 
     def alter_topic_configs(self, name: str, configs: dict[str, Any]) -> dict[str, str]:
         """Sets configs on top of the topic's current ones; returns the result."""
         merged = {**self.describe_topic_configs(name), **configs}
-        return ray.get(self._controller.alter_topic_configs.remote(name, merged))
+        return self._calls(lambda: self._controller.alter_topic_configs.remote(name, merged), f"AlterConfigs {name!r}")
 
     # ------------------------------------------------------------------ leader elections (KIP-460)
 
@@ -186,11 +284,13 @@ class Admin:
         None (then partitions already led by their preferred replica are left out).
         Per partition None (elected) or its typed error: ElectionNotNeededError,
         PreferredLeaderNotAvailableError, EligibleLeadersNotAvailableError,
-        UnknownTopicOrPartitionError."""
+        UnknownTopicOrPartitionError (a call retried after its answer was lost may answer
+        ElectionNotNeededError for a partition its lost attempt elected)."""
         if election_type not in ("preferred", "unclean"):
             raise ValueError(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
         wanted = None if partitions is None else [tuple(_topic_partition(p)) for p in partitions]
-        results = ray.get(self._controller.elect_leaders.remote(wanted, election_type == "unclean"))
+        unclean = election_type == "unclean"
+        results = self._calls(lambda: self._controller.elect_leaders.remote(wanted, unclean), "ElectLeaders")
         return {TopicPartition(t, p): e for (t, p), e in results.items()}
 
     # ------------------------------------------------------------------ partition reassignments (KIP-455)
@@ -198,7 +298,7 @@ class Admin:
     def alter_partition_reassignments(
         self,
         reassignments: Mapping[TopicPartition | tuple[str, int], Sequence[int] | None],
-        timeout_ms: int = DEFAULT_API_TIMEOUT_MS,
+        timeout_ms: int | None = None,
     ) -> dict[TopicPartition, KafkaError | None]:
         """Moves each partition to its target replicas (broker ids, the first the preferred
         leader), or cancels its reassignment under way (None), as Kafka's
@@ -214,7 +314,8 @@ class Admin:
         only replicas not yet caught up; NoReassignmentInProgressError
         (NO_REASSIGNMENT_IN_PROGRESS) for a cancel with none; UnknownTopicOrPartitionError.
         Raised: InvalidTopicError for a key that is not a (topic, partition) pair (nothing
-        is sent), KafkaTimeoutError when the Controller cannot be reached within `timeout_ms`.
+        is sent), KafkaTimeoutError when the Controller cannot be reached within `timeout_ms`
+        (None: default_api_timeout_ms).
         """
         refused: dict[TopicPartition, KafkaError | None] = {}
         targets: dict[tuple[str, int], list[int] | None] = {}
@@ -226,10 +327,10 @@ class Admin:
                 refused[tp] = e
         answers: dict = {}
         if targets:
-            answers = calls.call(
+            answers = self._calls(
                 lambda: self._controller.alter_partition_reassignments.remote(targets),
-                time.monotonic() + timeout_ms / 1000,
                 f"AlterPartitionReassignments of {len(targets)} partitions",
+                timeout_ms=timeout_ms,
             )
         results = {TopicPartition(*tp): error for tp, error in answers.items()}
         results.update(refused)
@@ -238,17 +339,17 @@ class Admin:
     def list_partition_reassignments(
         self,
         partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
-        timeout_ms: int = DEFAULT_API_TIMEOUT_MS,
+        timeout_ms: int | None = None,
     ) -> dict[TopicPartition, PartitionReassignment]:
         """The reassignments under way (Kafka's Admin.listPartitionReassignments): of every
         partition (None), or of those among `partitions` that have one; partitions and
         topics that do not exist are left out. KafkaTimeoutError when the Controller cannot
-        be reached within `timeout_ms`."""
+        be reached within `timeout_ms` (None: default_api_timeout_ms)."""
         wanted = None if partitions is None else [tuple(_topic_partition(key)) for key in partitions]
-        ongoing = calls.call(
+        ongoing = self._calls(
             lambda: self._controller.list_partition_reassignments.remote(wanted),
-            time.monotonic() + timeout_ms / 1000,
             "ListPartitionReassignments",
+            timeout_ms=timeout_ms,
         )
         return {
             TopicPartition(*tp): PartitionReassignment(r["replicas"], r["adding"], r["removing"])
@@ -258,24 +359,27 @@ class Admin:
     # ------------------------------------------------------------------ consumer groups
 
     def list_consumer_groups(self) -> list[dict]:
-        """[{group_id, state, protocol_type}] across every coordinator."""
-        out = []
-        for coordinator in ray.get(self._controller.coordinators.remote()):
-            if coordinator is not None:
-                out += ray.get(coordinator.list_groups.remote())
-        return sorted(out, key=lambda g: g["group_id"])
+        """[{group_id, state, protocol_type}] across every coordinator (all asked again
+        if one does not answer, as it may have moved)."""
+        listed = self._calls.retry(self._list_groups, "ListGroups")
+        return sorted((g for groups in listed for g in groups), key=lambda g: g["group_id"])
+
+    def _list_groups(self, deadline_s: float) -> list[list[dict]]:
+        coordinators = calls.get(self._controller.coordinators.remote(), deadline_s, "FindCoordinators")
+        asked = [c.list_groups.remote() for c in coordinators if c is not None]
+        return calls.get_all(asked, deadline_s, "ListGroups")
 
     def delete_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, KafkaError | None]:
         """Kafka's DeleteGroups: deletes each group and its committed offsets (tombstones in
         __consumer_offsets). Per group None, or NON_EMPTY_GROUP while it has members,
         GROUP_ID_NOT_FOUND if there is no such group."""
         out: dict[str, KafkaError | None] = {}
-        exists = OFFSETS_TOPIC in ray.get(self._controller.list_topics.remote())
+        exists = OFFSETS_TOPIC in self.list_topics(include_internal=True)
         for group_id in group_ids:
             try:
                 if not exists:
                     raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
-                CoordinatorLink(self._controller, group_id).call("delete_group", group_id)
+                self._coordinator(group_id).call("delete_group", group_id, timeout_ms=self._calls.default_api_timeout_ms)
                 out[group_id] = None
             except KafkaError as e:
                 out[group_id] = e
@@ -284,19 +388,17 @@ class Admin:
     def describe_consumer_group(self, group_id: str) -> dict:
         """State, members with their assignments, and per partition the committed offset,
         the end offset (high watermark) and the lag between them. GROUP_ID_NOT_FOUND for a
-        group with neither members nor committed offsets."""
-        if OFFSETS_TOPIC not in ray.get(self._controller.list_topics.remote()):
+        group with neither members nor committed offsets. A partition whose leader cannot
+        say its end offset (none, or it does not answer in time) shows None."""
+        if OFFSETS_TOPIC not in self.list_topics(include_internal=True):
             raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
-        info = CoordinatorLink(self._controller, group_id).call("describe_group", group_id)
+        info = self._coordinator(group_id).call("describe_group", group_id, timeout_ms=self._calls.default_api_timeout_ms)
         if info["state"] == GroupState.DEAD.value:
             raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist (no members, no committed offsets)")
+        committed_offsets = sorted(info["offsets"].items())
+        ends = self._end_offsets([tp for tp, _ in committed_offsets])
         lag = {}
-        for (topic, partition), committed in sorted(info["offsets"].items()):
-            try:
-                leader = self._cluster.leader(topic, partition)
-                end, _ = ray.get(leader.list_offset.remote(-1))
-            except KafkaError:
-                end = None
+        for ((topic, partition), committed), end in zip(committed_offsets, ends):
             lag[TopicPartition(topic, partition)] = {
                 "committed": committed,
                 "end_offset": end,
@@ -305,6 +407,28 @@ class Admin:
         info["partitions"] = lag
         del info["offsets"]
         return info
+
+    def _coordinator(self, group_id: str) -> CoordinatorLink:
+        return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
+
+    def _end_offsets(self, partitions: list[tuple[str, int]]) -> list[int | None]:
+        """Each partition's high watermark from its leader, asked of all at once; None
+        where there is no leader or it does not answer within default_api_timeout_ms."""
+        deadline_s = self._calls.deadline_s()
+        leaders = [self._controller.leader.remote(t, p) for t, p in partitions]
+        asked = []
+        for (topic, partition), leader in zip(partitions, leaders):
+            try:
+                asked.append(calls.get(leader, deadline_s, f"leader of {topic}-{partition}").list_offset.remote(-1))
+            except KafkaError:
+                asked.append(None)
+        ends: list[int | None] = []
+        for (topic, partition), ref in zip(partitions, asked):
+            try:
+                ends.append(None if ref is None else calls.get(ref, deadline_s, f"end offset of {topic}-{partition}")[0])
+            except KafkaError:
+                ends.append(None)
+        return ends
 
 
 def _topic_partition(key: Any) -> TopicPartition:

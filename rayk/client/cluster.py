@@ -11,8 +11,11 @@ one broker goes to each node (optionally only nodes offering the custom resource
 on the same `data_dir` puts each broker back on the node whose disk holds its directory
 (found by asking every node which `broker-*` directories it sees).
 
-`Cluster` is a small picklable handle (the Controller's actor handle and the namespace),
-so it can be passed to Ray tasks and actors.
+`Cluster` is a small picklable handle (the Controller's actor handle, the namespace and
+two client settings), so it can be passed to Ray tasks and actors. Its calls go through
+`rayk.client.calls.ApiCalls`: each bounded by `default_api_timeout_ms` (Kafka's
+default.api.timeout.ms, 60 s; `dataclasses.replace(cluster, default_api_timeout_ms=...)`
+for another), retried across a Controller restart, and raising only rayk's errors.
 """
 
 from __future__ import annotations
@@ -24,17 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
+from rayk.client import calls
 from rayk.config import BrokerConfig
-from rayk.errors import InvalidConfigurationError
+from rayk.errors import InvalidConfigurationError, KafkaError, NetworkError
 from rayk.storage import meta_properties
 
 DEFAULT_NAMESPACE = "rayk"
 CONTROLLER_NAME = "rayk-controller"
 HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown without figures
+# For actors to be created and started: a Controller replaying its metadata log, brokers
+# recovering their logs after a crash and registering. Longer than any API call.
+START_TIMEOUT_MS = 600_000
 
 ControllerActor = ray.remote(num_cpus=0)(Controller)
 
@@ -78,7 +84,9 @@ def _bootstrap_servers(brokers: list[dict], listener_name: str | None) -> str:
     return ",".join(addresses)
 
 
-def _place_brokers(broker_ids: list[int], data_dir: Path, cluster_id: str, node_resource: str | None) -> dict[int, str]:
+def _place_brokers(
+    broker_ids: list[int], data_dir: Path, cluster_id: str, node_resource: str | None, deadline_s: float
+) -> dict[int, str]:
     """broker id -> Ray node id: back where its directory is, else on the least loaded node."""
     nodes = [
         n["NodeID"]
@@ -95,7 +103,8 @@ def _place_brokers(broker_ids: list[int], data_dir: Path, cluster_id: str, node_
             _broker_dirs_on_this_node.options(scheduling_strategy=_pinned(n)).remote(str(data_dir), cluster_id)
             for n in nodes
         ]
-        seen = {n: set(found) for n, found in zip(nodes, ray.get(probes))}
+        found = calls.get_all(probes, deadline_s, "the broker directories on each node")
+        seen = {n: set(f) for n, f in zip(nodes, found)}
     load: Counter[str] = Counter()
     placement = {}
     for b in broker_ids:
@@ -142,11 +151,12 @@ def start(
         scheduling_strategy=_pinned(ray.get_runtime_context().get_node_id()),
     ).remote(str(data_dir / "controller"), broker_config)
     cluster = Cluster(controller, namespace)
-    cluster_id = ray.get(controller.cluster_id.remote())
-    placement = _place_brokers(list(range(brokers)), data_dir, cluster_id, node_resource)
+    deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
+    cluster_id = calls.get(controller.cluster_id.remote(), deadline_s, "the Controller's start")
+    placement = _place_brokers(list(range(brokers)), data_dir, cluster_id, node_resource, deadline_s)
     managers = [cluster._create_broker(b, node, data_dir, cluster_id, broker_config) for b, node in placement.items()]
-    ray.get([m.start.remote() for m in managers])
-    ray.get(controller.start.remote())  # session timeouts count from here
+    calls.get_all([m.start.remote() for m in managers], deadline_s, "the brokers' start")
+    calls.get(controller.start.remote(), deadline_s, "the Controller's start")  # session timeouts count from here
     return cluster
 
 
@@ -162,10 +172,20 @@ def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None) -> C
 
 @dataclass(frozen=True)
 class Cluster:
-    """A handle on a running rayk cluster: topics, leaders, brokers, shutdown."""
+    """A handle on a running rayk cluster: topics, leaders, brokers, shutdown. Each call
+    ends within `default_api_timeout_ms` (KafkaTimeoutError if the Controller did not
+    answer by then; it is asked again after `retry_backoff_ms` while Ray restarts it) and
+    raises only rayk's errors (rayk.errors)."""
 
     controller: Any
     namespace: str = DEFAULT_NAMESPACE
+    default_api_timeout_ms: int = calls.DEFAULT_API_TIMEOUT_MS
+    retry_backoff_ms: int = calls.RETRY_BACKOFF_MS
+
+    @property
+    def api_calls(self) -> calls.ApiCalls:
+        """How this handle calls actors (its timeout and backoff); for the client's modules."""
+        return calls.ApiCalls(self.default_api_timeout_ms, self.retry_backoff_ms)
 
     # ------------------------------------------------------------------ clients
 
@@ -181,10 +201,12 @@ class Cluster:
 
         return Consumer(self, *topics, **settings)
 
-    def admin(self) -> Any:
+    def admin(self, **settings: Any) -> Any:
+        """An Admin (default_api_timeout_ms, retry_backoff_ms: this handle's unless given)."""
         from rayk.client.admin import Admin
 
-        return Admin(self)
+        defaults = {"default_api_timeout_ms": self.default_api_timeout_ms, "retry_backoff_ms": self.retry_backoff_ms}
+        return Admin(self, **{**defaults, **settings})
 
     # ------------------------------------------------------------------ topics
 
@@ -196,34 +218,49 @@ class Cluster:
         config: dict[str, Any] | None = None,
     ) -> list[dict]:
         """Creates a topic and returns once every partition has its leader and followers.
-        Counts left out take the brokers' `num.partitions` / `default.replication.factor`."""
-        return ray.get(self.controller.create_topic.remote(name, partitions, replication_factor, config))
+        Counts left out take the brokers' `num.partitions` / `default.replication.factor`.
+        TOPIC_ALREADY_EXISTS if it exists, unless this call's own lost attempt made it
+        (Admin.create_topic)."""
+        return self.admin().create_topic(name, partitions, replication_factor, config)
 
     def delete_topic(self, name: str) -> None:
-        ray.get(self.controller.delete_topic.remote(name))
+        """UNKNOWN_TOPIC_OR_PARTITION if it does not exist (Admin.delete_topics)."""
+        self.admin().delete_topics([name])
 
     def list_topics(self) -> list[str]:
-        return ray.get(self.controller.list_topics.remote())
+        return self._ask("list_topics", what="ListTopics")
 
     def describe_topic(self, name: str) -> list[dict]:
-        """Per partition: leader, replicas, isr, leader_epoch, high_watermark, log_end_offset."""
-        return ray.get(self.controller.describe_topic.remote(name))
+        """Per partition: leader, replicas, isr, leader_epoch, high_watermark, log_end_offset
+        (None while the leader's broker is away, as right after a Controller restart).
+        UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        return self._ask("describe_topic", name, what=f"DescribeTopics {name!r}")
 
     def leader(self, topic: str, partition: int) -> Any:
-        """The actor handle of the partition's leader PartitionReplica."""
-        return ray.get(self.controller.leader.remote(topic, partition))
+        """The actor handle of the partition's leader PartitionReplica. LEADER_NOT_AVAILABLE,
+        raised at once, while it has none (during an election, or until the brokers report
+        to a restarted Controller): call again after a backoff."""
+        return self._ask("leader", topic, partition, what=f"leader of {topic}-{partition}")
 
     def replica(self, topic: str, partition: int, broker_id: int) -> Any:
         """The actor handle of one replica, leader or follower (None if its broker is away)."""
-        return ray.get(self.controller.replica.remote(topic, partition, broker_id))
+        return self._ask("replica", topic, partition, broker_id, what=f"replica {broker_id} of {topic}-{partition}")
 
     def metadata(self, topics: list[str] | None = None) -> dict[str, dict]:
-        return ray.get(self.controller.metadata.remote(topics))
+        return self._ask("metadata", topics, what="Metadata")
+
+    def data_dir(self) -> Path:
+        """The directory the cluster keeps its data in (as given to `start`)."""
+        return Path(self._ask("data_dir", what="data_dir")).parent
+
+    def _ask(self, method: str, *args: Any, what: str) -> Any:
+        """The Controller's answer to `method(*args)` (see the class docstring)."""
+        return self.api_calls(lambda: getattr(self.controller, method).remote(*args), what)
 
     # ------------------------------------------------------------------ brokers
 
     def brokers(self) -> list[dict]:
-        return ray.get(self.controller.brokers.remote())
+        return self._ask("brokers", what="brokers")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -240,19 +277,25 @@ class Cluster:
         """Kafka's health gauges, asked of the actors themselves (no Prometheus needed): the
         Controller's `active_controller_count` and `offline_partitions_count`, and in
         `brokers` each registered broker's BrokerHealth (leader and partition counts,
-        under-replicated and under-min-ISR partitions; None if it did not answer)."""
+        under-replicated and under-min-ISR partitions; None if it did not answer). The
+        Controller is given HEALTH_TIMEOUT_S to answer (KafkaTimeoutError after)."""
+        timeout_ms = HEALTH_TIMEOUT_S * 1000
+        controller, registered = self.api_calls.retry(self._controller_health, "health", timeout_ms=timeout_ms)
         deadline_s = time.monotonic() + HEALTH_TIMEOUT_S
-        controller = ray.get(self.controller.health.remote(), timeout=HEALTH_TIMEOUT_S)
-        registered = sorted(b["broker_id"] for b in self.brokers())
         asked = {b: manager.health.remote() for b in registered if (manager := self.broker(b)) is not None}
         brokers = {}
         for broker_id in registered:
             try:
-                remaining_s = max(deadline_s - time.monotonic(), 0)
-                brokers[broker_id] = ray.get(asked[broker_id], timeout=remaining_s) if broker_id in asked else None
-            except RayError:  # dead, restarting, or slower than HEALTH_TIMEOUT_S
-                brokers[broker_id] = None
+                answer = calls.get(asked[broker_id], deadline_s, f"health of broker {broker_id}") if broker_id in asked else None
+            except KafkaError:  # dead, restarting, or slower than HEALTH_TIMEOUT_S
+                answer = None
+            brokers[broker_id] = answer
         return {**controller, "brokers": brokers}
+
+    def _controller_health(self, deadline_s: float) -> tuple[dict[str, int], list[int]]:
+        asked = [self.controller.health.remote(), self.controller.brokers.remote()]
+        health, brokers = calls.get_all(asked, deadline_s, "the Controller's health")
+        return health, sorted(b["broker_id"] for b in brokers)
 
     def broker(self, broker_id: int) -> Any:
         """The ReplicaManager actor handle of a broker, or None if it is not running."""
@@ -263,11 +306,24 @@ class Cluster:
         wherever its data directory is; it recovers its logs and rejoins."""
         if self.broker(broker_id) is not None:
             raise InvalidConfigurationError(f"broker {broker_id} is running")
-        data_dir = Path(ray.get(self.controller.data_dir.remote())).parent
-        cluster_id = ray.get(self.controller.cluster_id.remote())
-        config = ray.get(self.controller.broker_config.remote())
-        node = node_id or _place_brokers([broker_id], data_dir, cluster_id, None)[broker_id]
-        ray.get(self._create_broker(broker_id, node, data_dir, cluster_id, config).start.remote())
+        data_dir = self.data_dir()
+        cluster_id = self._ask("cluster_id", what="cluster_id")
+        config = self._ask("broker_config", what="broker_config")
+        deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
+        node = node_id or _place_brokers([broker_id], data_dir, cluster_id, None, deadline_s)[broker_id]
+        manager = self._create_broker(broker_id, node, data_dir, cluster_id, config)
+        calls.get(manager.start.remote(), deadline_s, f"the start of broker {broker_id}")
+
+    def _controller_gone(self) -> bool:
+        """Whether this handle's Controller was killed for good: its name is freed (or
+        taken by another cluster's), where a restarting one keeps it."""
+        found = _find_actor(CONTROLLER_NAME, self.namespace)
+        return found is None or found._actor_id != self.controller._actor_id
+
+    def _raise_if_gone(self, error: KafkaError) -> None:
+        """Ends the retries of a call that only a restarting Controller would answer."""
+        if self._controller_gone():
+            raise error
 
     def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
         # Ray restarts a broker whose process dies on its node (the broker starts itself
@@ -287,12 +343,15 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on
-        disk. Once it is done, calling it again does nothing."""
+        disk. Once it is done, calling it again does nothing. A Controller that Ray is
+        restarting is waited for (default_api_timeout_ms)."""
+        if self._controller_gone():
+            return  # shut down already
         try:
-            ray.get(self.controller.shutdown.remote())
-            brokers = ray.get(self.controller.brokers.remote())
-        except RayActorError:
-            return  # the Controller is gone: shut down already
+            self.api_calls(lambda: self.controller.shutdown.remote(), "shutdown", on_retriable=self._raise_if_gone)
+            brokers = self.api_calls(lambda: self.controller.brokers.remote(), "brokers", on_retriable=self._raise_if_gone)
+        except NetworkError:
+            return  # it was being killed: shut down already
         for b in brokers:
             if (manager := self.broker(b["broker_id"])) is not None:
                 ray.kill(manager)
