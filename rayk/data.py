@@ -42,9 +42,9 @@ from typing import Any
 
 import pyarrow as pa
 import ray
-from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk.client import calls
 from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
@@ -82,9 +82,9 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
-            result = ray.get(leader.fetch.remote(offset, fetch_max_bytes, 1, 0))
+            result = calls.get(leader.fetch.remote(offset, fetch_max_bytes, 1, 0), deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
-        except RayActorError as e:
+        except KafkaError as e:  # the leader moved, died or did not answer (by `deadline`)
             error = e
         if error is None:
             if result.records:

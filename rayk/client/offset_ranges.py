@@ -23,9 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-from ray.exceptions import RayError
-
+from rayk.client import calls
 from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
 
 logger = logging.getLogger(__name__)
@@ -33,6 +31,7 @@ logger = logging.getLogger(__name__)
 EARLIEST = -2
 LATEST = -1
 OffsetSpec = str | dict[str, dict[Any, int]]
+LOG_SIZES_TIMEOUT_MS = 30_000  # for the leaders to say their logs' sizes; else tasks are sized by records
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,19 +95,21 @@ def plan_ranges(
     ending_offsets: OffsetSpec = "latest",
     starting_timestamp: int | None = None,
 ) -> list[OffsetRange]:
-    """Resolves the bounds against each partition leader, once (the snapshot)."""
+    """Resolves the bounds against each partition leader, once (the snapshot). The leaders
+    are asked within the cluster's default_api_timeout_ms, again (looked up again) if one
+    does not answer; LEADER_NOT_AVAILABLE if a partition has none."""
     description = cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION first
     partitions = len(description)
     starts = parse_offsets(starting_offsets, topic, partitions, starting=True)
     ends = parse_offsets(ending_offsets, topic, partitions, starting=False)
-    leaders = {p: cluster.leader(topic, p) for p in range(partitions)}
-    bounds = ray.get([leaders[p].list_offset.remote(EARLIEST) for p in range(partitions)])
-    hws = ray.get([leaders[p].list_offset.remote(LATEST) for p in range(partitions)])
-    by_time = [(-1, -1)] * partitions
-    if starting_timestamp is not None:
-        if starting_timestamp < 0:
-            raise InvalidConfigurationError(f"starting_timestamp must be >= 0 ms, got {starting_timestamp}")
-        by_time = ray.get([leaders[p].list_offset.remote(starting_timestamp) for p in range(partitions)])
+    if starting_timestamp is not None and starting_timestamp < 0:
+        raise InvalidConfigurationError(f"starting_timestamp must be >= 0 ms, got {starting_timestamp}")
+    specs = [EARLIEST, LATEST] + ([starting_timestamp] if starting_timestamp is not None else [])
+    answers = cluster.api_calls.retry(
+        lambda deadline_s: _list_offsets(cluster, topic, partitions, specs, deadline_s), f"ListOffsets {topic}"
+    )
+    bounds, hws = answers[0], answers[1]
+    by_time = answers[2] if starting_timestamp is not None else [(-1, -1)] * partitions
     ranges = []
     for p in range(partitions):
         log_start, hw = bounds[p][0], hws[p][0]
@@ -124,6 +125,18 @@ def plan_ranges(
         leader = next(d["leader"] for d in description if d["partition"] == p)
         ranges.append(OffsetRange(topic, p, start, end, leader))
     return ranges
+
+
+def _list_offsets(
+    cluster: Any, topic: str, partitions: int, specs: list[int], deadline_s: float
+) -> list[list[tuple[int, int]]]:
+    """Per spec (EARLIEST, LATEST or a timestamp), each partition leader's list_offset
+    answer, all asked at once."""
+    leaders = calls.get_all(
+        [cluster.controller.leader.remote(topic, p) for p in range(partitions)], deadline_s, f"leaders of {topic}"
+    )
+    asked = [[leader.list_offset.remote(spec) for leader in leaders] for spec in specs]
+    return [calls.get_all(refs, deadline_s, f"ListOffsets {topic}") for refs in asked]
 
 
 def plan_read_ranges(
@@ -163,8 +176,12 @@ def split_for_tasks(cluster: Any, ranges: list[OffsetRange], max_records: int, m
 def _log_sizes(cluster: Any, ranges: list[OffsetRange]) -> list[tuple[int, int, int]] | None:
     """Each range's partition (log start, log end, bytes) from its leader; None if a
     leader cannot say (it moved or died: the tasks are then sized by records only)."""
+    deadline_s = cluster.api_calls.deadline_s(LOG_SIZES_TIMEOUT_MS)
     try:
-        return ray.get([cluster.leader(r.topic, r.partition).log_size.remote() for r in ranges], timeout=30)
-    except (RayError, KafkaError) as e:
+        leaders = calls.get_all(
+            [cluster.controller.leader.remote(r.topic, r.partition) for r in ranges], deadline_s, "leaders"
+        )
+        return calls.get_all([leader.log_size.remote() for leader in leaders], deadline_s, "log sizes")
+    except KafkaError as e:
         logger.warning("sizing read tasks by records only: %s", e)
         return None

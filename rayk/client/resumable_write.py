@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from rayk.client import calls
 from rayk.client.columns import RecordColumns, row_partitions
@@ -54,8 +53,12 @@ RESUME_TIMEOUT_MS = 60_000  # for the leaders to say (and commit) how far a prod
 
 
 def reserve_task_producer_ids(cluster: Any) -> int:
-    """The first of `TASK_PRODUCER_IDS` producer ids reserved for one write job's tasks."""
-    return ray.get(cluster.controller.allocate_producer_ids.remote(TASK_PRODUCER_IDS))
+    """The first of `TASK_PRODUCER_IDS` producer ids reserved for one write job's tasks
+    (within the cluster's default_api_timeout_ms; a retry after a lost answer reserves
+    another block, leaving the first unused, which is harmless)."""
+    return cluster.api_calls(
+        lambda: cluster.controller.allocate_producer_ids.remote(TASK_PRODUCER_IDS), "AllocateProducerIds"
+    )
 
 
 def task_producer_id(first_producer_id: int, task_index: int) -> int:
