@@ -30,7 +30,7 @@ LISTENER_PREFIX = "listener.name."
 LISTENER_SETTINGS = (
     "ssl.keystore.type", "ssl.keystore.location", "ssl.key.password",
     "ssl.truststore.type", "ssl.truststore.location", "ssl.client.auth",
-    "sasl.enabled.mechanisms",
+    "sasl.enabled.mechanisms", "sasl.server.max.receive.size", "sasl.server.authentication.timeout.ms",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # rayk's ACL authorizer (rayk/acls.py) answers to the names of Kafka's.
@@ -111,7 +111,19 @@ class BrokerConfig:
     # listener.name.<name>.sasl.enabled.mechanisms. Kafka's default is GSSAPI, which rayk lacks.
     sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
     connections_max_reauth_ms: int = 0  # a SASL session's lifetime (KIP-368); 0: for the connection's life
-    sasl_server_max_receive_size: int = 524_288  # largest frame before SASL authentication, as Kafka's
+    # Before a connection on a SASL listener has authenticated, its frames are read outside
+    # queued.max.request.bytes, one at a time, so an unauthenticated client can neither take
+    # the listener's shared request memory nor hold more than this much of its own: a
+    # larger frame closes the connection. Kafka's default is 512 KiB for custom mechanisms
+    # and its docs say PLAIN and SCRAM need far less; rayk serves only those (their tokens
+    # and ApiVersions are some hundred bytes), so 64 KiB: GSSAPI's own limit, and what the
+    # listener's stream buffer holds anyway.
+    sasl_server_max_receive_size: int = 65_536
+    # rayk's own: a connection on a SASL listener that has not authenticated this long after
+    # its TLS handshake (if any) is closed. Kafka bounds it only by connections.max.idle.ms,
+    # which a client keeps resetting with ApiVersions; a real exchange is a few round trips
+    # and a credential lookup (at most 5 s), 30 s is Kafka's request.timeout.ms.
+    sasl_server_authentication_timeout_ms: int = 30_000
     super_users: str = ""  # "User:a;User:b": may do anything (without an authorizer: manage SCRAM credentials)
     # ACLs (rayk/acls.py): Kafka's StandardAuthorizer by its class name; "" checks nothing.
     authorizer_class_name: str = ""
@@ -182,6 +194,8 @@ class BrokerConfig:
             self._check_tls(listener)
             if listener.uses_sasl:
                 self.sasl_mechanisms(listener.name)
+                self.sasl_server_max_receive_bytes(listener.name)
+                self.sasl_server_authentication_timeout_s(listener.name)
         if self.authorizer_class_name not in AUTHORIZERS:
             raise InvalidConfigurationError(
                 f"authorizer.class.name = {self.authorizer_class_name!r}: rayk has Kafka's StandardAuthorizer "
@@ -229,6 +243,20 @@ class BrokerConfig:
                 f"sasl.enabled.mechanisms = {text!r} (listener {listener_name}): rayk serves {', '.join(SASL_MECHANISMS)}"
             )
         return mechanisms
+
+    def sasl_server_max_receive_bytes(self, listener_name: str) -> int:
+        """sasl.server.max.receive.size as one listener sees it."""
+        return self._positive_listener_int(listener_name, "sasl.server.max.receive.size")
+
+    def sasl_server_authentication_timeout_s(self, listener_name: str) -> float:
+        """sasl.server.authentication.timeout.ms as one listener sees it, in seconds."""
+        return self._positive_listener_int(listener_name, "sasl.server.authentication.timeout.ms") / 1000
+
+    def _positive_listener_int(self, listener_name: str, name: str) -> int:
+        value = _parse_int(f"{name} (listener {listener_name})", self.listener_setting(listener_name, name))
+        if value < 1:
+            raise InvalidConfigurationError(f"{name} (listener {listener_name}) must be >= 1, got {value}")
+        return value
 
     @property
     def authorizes(self) -> bool:

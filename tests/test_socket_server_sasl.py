@@ -2,21 +2,31 @@
 the Controller): before authenticating a client may send only ApiVersions and the SASL
 requests; after it, the session lasts connections.max.reauth.ms (KIP-368), which
 SaslAuthenticate v1+ tells the client; re-authenticating in time keeps the connection,
-and the first request after the session ended closes it."""
+and the first request after the session ended closes it.
+
+Before authenticating, a connection's frames are read outside queued.max.request.bytes,
+one at a time and at most sasl.server.max.receive.size each, and it must authenticate
+within sasl.server.authentication.timeout.ms; unauthenticated clients cannot hold back an
+authenticated one's requests."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import time
 
+import pytest
 import scramp
 from kio.serial import entity_reader
 
+from rayk.config import BrokerConfig
+from rayk.errors import InvalidConfigurationError
 from rayk.net import api_versions as keys
 from rayk.net.codec import response_class
 from rayk.scram import credential_from_password
 from tests.protocol_helpers import request_frame, sized
-from tests.test_socket_server_backpressure import run_with_gated_server
+from tests.test_socket_server_backpressure import answers, api_versions, run_with_gated_server
+from tests.test_socket_server_limits import reaches
 
 REAUTH_MS = 600
 CREDENTIALS = {"alice": {"SCRAM-SHA-512": credential_from_password("SCRAM-SHA-512", "alice-pw", 4096)}}
@@ -48,7 +58,9 @@ async def closed(reader) -> bool:
     return await asyncio.wait_for(reader.read(1), 5) == b""
 
 
-def run_sasl_server(body, answer=None) -> None:
+def run_sasl_server(body, answer=None, **settings) -> None:
+    """`body(server, connect)` against a SASL_PLAINTEXT listener; `settings` are more
+    BrokerConfig fields."""
     async def with_credentials(server, gate, connect):
         async def credentials(user: str) -> dict:
             return CREDENTIALS.get(user, {})
@@ -56,8 +68,9 @@ def run_sasl_server(body, answer=None) -> None:
         server._scram_credentials = credentials
         await body(server, connect)
 
-    run_with_gated_server(500, with_credentials, answer, listeners="SASL_PLAINTEXT://127.0.0.1:0",
-                          sasl_enabled_mechanisms="SCRAM-SHA-512", connections_max_reauth_ms=REAUTH_MS)
+    run_with_gated_server(500, with_credentials, answer, **{
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl_enabled_mechanisms": "SCRAM-SHA-512",
+        "connections_max_reauth_ms": REAUTH_MS, **settings})
 
 
 def test_nothing_but_sasl_before_authentication():
@@ -142,3 +155,169 @@ def test_nothing_pipelined_after_a_failed_reauthentication_is_served():
         writer.close()
 
     run_sasl_server(body, answer)
+
+
+PREAUTH_MAX_BYTES = 65_536  # sasl.server.max.receive.size's default
+
+
+def test_unauthenticated_connections_announcing_frames_take_nothing_from_the_request_pool():
+    """Twice the pool announced by connections that never send their frames: before the
+    fix each reserved its frame and an authenticated client's requests waited for them."""
+    pool_bytes = 1 << 20
+    hoarders = 2 * pool_bytes // PREAUTH_MAX_BYTES
+
+    async def body(server, connect):
+        opened = []
+        for n in range(hoarders):
+            reader, writer = await connect()
+            writer.write(api_versions(n))
+            assert await answers(reader, 1) == [n]  # the listener is reading this connection
+            writer.write(PREAUTH_MAX_BYTES.to_bytes(4, "big") + b"\0" * 10)  # and the rest never comes
+            opened.append((reader, writer))
+        await asyncio.sleep(0.3)  # every size prefix read
+        assert server._memory.available_bytes == pool_bytes
+        assert await server.queued_request_bytes() == 0
+
+        reader, writer = await connect()
+        await asyncio.wait_for(login(reader, writer), 5)
+        described = await asyncio.wait_for(call(reader, writer, *DESCRIBE), 5)
+        assert described.error_code.value == 31
+        assert await server.queued_request_bytes() == 0, "its request's bytes were given back"
+        for _, w in opened + [(reader, writer)]:
+            w.close()
+
+    run_sasl_server(body, socket_request_max_bytes=pool_bytes, queued_max_request_bytes=pool_bytes)
+
+
+def test_before_authentication_a_frame_over_sasl_server_max_receive_size_closes_the_connection():
+    async def body(server, connect):
+        reader, writer = await connect()
+        writer.write((PREAUTH_MAX_BYTES + 1).to_bytes(4, "big") + b"\0" * 10)
+        assert await closed(reader)
+        writer.close()
+
+        reader, writer = await connect()
+        writer.write(PREAUTH_MAX_BYTES.to_bytes(4, "big") + b"\0" * 10)  # at the limit: read
+        await asyncio.sleep(0.5)
+        assert not reader.at_eof()
+        assert await server.connections() == 1
+        writer.close()
+
+    run_sasl_server(body)
+
+
+def test_sasl_server_max_receive_size_is_set_per_listener():
+    override = ("listener.name.sasl_plaintext.sasl.server.max.receive.size", "1024")
+
+    async def body(server, connect):
+        reader, writer = await connect()
+        writer.write(api_versions(1))
+        assert await answers(reader, 1) == [1]
+        writer.write((1025).to_bytes(4, "big"))
+        assert await closed(reader)
+        writer.close()
+
+    run_sasl_server(body, listener_overrides=(override,))
+
+
+def test_before_authentication_frames_are_read_one_at_a_time():
+    release = asyncio.Event()
+
+    async def answer(request, handle):
+        await release.wait()
+        return await handle(request)
+
+    async def body(server, connect):
+        release.clear()
+        reader, writer = await connect()
+        writer.write(b"".join(api_versions(n) for n in range(4)))
+        await reaches(server.queued_requests, 1)
+        await asyncio.sleep(0.3)
+        assert await server.queued_requests() == 1, "the next frame is read once this one is answered"
+        release.set()
+        assert await answers(reader, 4) == [0, 1, 2, 3]
+        writer.close()
+
+    run_sasl_server(body, answer)
+
+
+def test_a_connection_that_does_not_authenticate_in_time_is_closed():
+    """sasl.server.authentication.timeout.ms: ApiVersions requests keep the connection
+    from being idle, not from the deadline; one that authenticated in time stays."""
+    timeout_ms = 500
+
+    async def body(server, connect):
+        authenticated_reader, authenticated = await connect()
+        await login(authenticated_reader, authenticated)
+        reader, writer = await connect()
+        started_s = time.monotonic()
+        n = 0
+        while not reader.at_eof() and time.monotonic() - started_s < 5:
+            writer.write(api_versions(n))
+            try:
+                await asyncio.wait_for(answers(reader, 1), 1)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            n += 1
+            await asyncio.sleep(0.05)
+        closed_after_s = time.monotonic() - started_s
+        assert timeout_ms / 1000 * 0.8 <= closed_after_s < timeout_ms / 1000 + 3, closed_after_s
+        assert n >= 1, "it was served until then"
+        assert (await call(authenticated_reader, authenticated, *DESCRIBE)).error_code.value == 31
+        for w in (writer, authenticated):
+            w.close()
+
+    run_sasl_server(body, connections_max_reauth_ms=0, sasl_server_authentication_timeout_ms=timeout_ms)
+
+
+def test_an_authenticated_client_sends_frames_over_the_sasl_limit_from_the_pool():
+    release = asyncio.Event()
+    users = {"users": [{"name": f"user-{n:06d}" + "x" * 100} for n in range(2_000)]}  # some 230 KiB
+    large = request_frame(keys.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, users, 9)
+    assert len(large) > 2 * PREAUTH_MAX_BYTES
+
+    async def answer(request, handle):
+        if request.head.correlation_id == 9:
+            await release.wait()
+        return await handle(request)
+
+    async def body(server, connect):
+        release.clear()
+        reader, writer = await connect()
+        await login(reader, writer)
+        writer.write(sized(large))
+        await reaches(server.queued_request_bytes, len(large))
+        release.set()
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        assert struct.unpack_from(">i", await reader.readexactly(size))[0] == 9
+        await reaches(server.queued_request_bytes, 0)
+        writer.close()
+
+    run_sasl_server(body, answer)
+
+
+def test_without_sasl_every_frame_is_read_from_the_pool_from_the_start():
+    async def body(server, gate, connect):
+        reader, writer = await connect()
+        writer.write((4 * PREAUTH_MAX_BYTES).to_bytes(4, "big") + b"\0" * 10)
+        await reaches(server.queued_request_bytes, 4 * PREAUTH_MAX_BYTES)
+        writer.close()
+
+    run_with_gated_server(500, body)
+
+
+def test_the_sasl_listener_settings_are_checked():
+    config = BrokerConfig.from_properties({
+        "listeners": "SASL_PLAINTEXT://:0,OTHER://:0",
+        "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,OTHER:SASL_PLAINTEXT",
+        "listener.name.other.sasl.server.max.receive.size": "2048",
+        "listener.name.other.sasl.server.authentication.timeout.ms": "1500",
+    })
+    assert config.sasl_server_max_receive_bytes("SASL_PLAINTEXT") == PREAUTH_MAX_BYTES
+    assert config.sasl_server_authentication_timeout_s("SASL_PLAINTEXT") == 30
+    assert config.sasl_server_max_receive_bytes("OTHER") == 2048
+    assert config.sasl_server_authentication_timeout_s("OTHER") == 1.5
+    for bad in ("0", "ten"):
+        with pytest.raises(InvalidConfigurationError, match="sasl.server.authentication.timeout.ms"):
+            BrokerConfig.from_properties({"listeners": "SASL_PLAINTEXT://:0",
+                                          "listener.name.sasl_plaintext.sasl.server.authentication.timeout.ms": bad})

@@ -25,6 +25,13 @@ Back-pressure, limits and bad input, as in Kafka:
   is being answered (or that takes that long to send one request) is closed;
 - a frame's declared size is reserved from `queued.max.request.bytes` (memory_pool.py)
   before its body is read, and given back when it is answered;
+- before a connection has authenticated (on a SASL listener, until SaslAuthenticate
+  succeeds; PLAINTEXT is ANONYMOUS at connect, SSL authenticated by its handshake), as
+  Kafka's SaslServerAuthenticator reads outside its MemoryPool: its frames take nothing
+  from that pool, are read one at a time (the next once the last is answered), and one
+  larger than `sasl.server.max.receive.size` closes it, so what an unauthenticated client
+  holds is that much at most, and of its own; one that has not authenticated within
+  `sasl.server.authentication.timeout.ms` is closed;
 - a frame larger than `socket.request.max.bytes` (or with a negative size) closes the
   connection before its body is read;
 - at most `queued.max.requests` requests are read but not yet answered (written) over
@@ -109,7 +116,14 @@ class _Connection:
     def __init__(self, context: RequestContext, sasl: SaslAuthenticator | None) -> None:
         self.context = context  # its principal changes when SASL authenticates the client
         self.sasl = sasl  # on SASL listeners
+        # Set once the client is authenticated: at once without SASL, else when the SASL
+        # exchange succeeds (then its principal is set). Never cleared: re-authentication
+        # (KIP-368) keeps the principal.
+        self.authenticated = asyncio.Event()
+        self.unauthenticated_max_bytes = 0  # sasl.server.max.receive.size, on SASL listeners
         self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
+        self.all_answered = asyncio.Event()  # set exactly while slots_held == 0
+        self.all_answered.set()
         self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
         self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
         self.last_active_s = time.monotonic()  # a frame read or an answer written (connections.max.idle.ms)
@@ -275,6 +289,9 @@ class SocketServer(Supervised):
             if listener.uses_sasl:
                 connection.sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
                                                     self.config.connections_max_reauth_ms)
+                connection.unauthenticated_max_bytes = self.config.sasl_server_max_receive_bytes(listener.name)
+            else:  # PLAINTEXT: ANONYMOUS from the start; SSL: its certificate's, by the handshake
+                connection.authenticated.set()
             await self._serve(connection, listener, reader, writer)
         except (OSError, TimeoutError) as e:  # a failed TLS handshake, or the client left during it
             logger.info("broker %d: closing connection from %s (%s): %r", self.broker_id, peer, listener.name, e)
@@ -295,28 +312,35 @@ class SocketServer(Supervised):
         byte its unanswered requests held."""
         peer = writer.get_extra_info("peername")
         timer = self._request_timers[listener.name]
-        # Frames carry when they were read; answers, that and the request's API name (None
-        # for a frame that did not decode), for TotalTimeMs.
-        frames: asyncio.Queue[tuple[bytes, float] | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
-        answers: asyncio.Queue[tuple[asyncio.Future, float, str | None] | None] = asyncio.Queue(STARTED_PER_CONNECTION)
+        # Frames carry when they were read and the pool bytes they hold; answers, those and
+        # the request's API name (None for a frame that did not decode), for TotalTimeMs.
+        frames: asyncio.Queue[tuple[bytes, float, int] | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
+        answers: asyncio.Queue[tuple[asyncio.Future, float, str | None, int] | None] = asyncio.Queue(STARTED_PER_CONNECTION)
         reading = asyncio.ensure_future(self._read_frames(reader, frames, peer, connection))
         writing = asyncio.ensure_future(self._write_answers(answers, writer, connection, timer))
         processing = asyncio.ensure_future(self._process(frames, answers, connection))
+        parts = [reading, processing, writing]
+        if not connection.authenticated.is_set():
+            timeout_s = self.config.sasl_server_authentication_timeout_s(listener.name)
+            parts.append(asyncio.ensure_future(self._authentication_deadline(connection, timeout_s)))
         try:
-            # `reading` is watched too: a read that failed unexpectedly ends the connection
-            # instead of leaving the other two waiting for frames that never come.
-            done, _ = await asyncio.wait((reading, processing, writing), return_when=asyncio.FIRST_EXCEPTION)
-            for finished in done:
-                finished.result()  # raises why the connection ends, if it failed
-            await writing  # processing ended at EOF: write what is left
+            # Until every answer is written (processing ended at EOF) or a part fails. `reading`
+            # is watched too: a read that failed unexpectedly ends the connection instead of
+            # leaving the others waiting for frames that never come. The deadline ends it by
+            # failing, and is done without effect once the client authenticated.
+            running = set(parts)
+            while writing in running:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    finished.result()  # raises why the connection ends, if it failed
         except ConnectionClosed as e:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, e)
         except (OSError, asyncio.IncompleteReadError):
             pass  # the client left (or broke its TLS stream)
         finally:
-            for part in (reading, processing, writing):
+            for part in parts:
                 part.cancel()
-            await asyncio.gather(reading, processing, writing, return_exceptions=True)  # their slots settled
+            await asyncio.gather(*parts, return_exceptions=True)  # their slots settled
             while not answers.empty():
                 if (started := answers.get_nowait()) is not None:
                     started[0].cancel()
@@ -324,6 +348,17 @@ class SocketServer(Supervised):
                 self._give_slot()
             self._memory.release(connection.bytes_held)
             connection.slots_held = connection.bytes_held = 0
+            connection.all_answered.set()
+
+    async def _authentication_deadline(self, connection: _Connection, timeout_s: float) -> None:
+        """Fails with ConnectionClosed unless the connection authenticates within `timeout_s`
+        (sasl.server.authentication.timeout.ms): ApiVersions requests, which keep it from
+        being idle, do not keep an unauthenticated connection open."""
+        try:
+            await asyncio.wait_for(connection.authenticated.wait(), timeout_s)
+        except TimeoutError:
+            raise ConnectionClosed(f"not authenticated within sasl.server.authentication.timeout.ms "
+                                   f"({timeout_s * 1000:.0f} ms)") from None
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None (max.connections and
@@ -343,12 +378,12 @@ class SocketServer(Supervised):
         pending: set[asyncio.Future] = set()  # started, not answered
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
         while (read := await frames.get()) is not None:
-            frame, received_s = read
+            frame, received_s, pool_bytes = read
             exchanged = None if connection.sasl is None else await self._sasl_exchange(connection, frame, pending)
             if exchanged is not None:
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(exchanged)
-                await answers.put((answer, received_s, None, len(frame)))
+                await answers.put((answer, received_s, None, pool_bytes))
                 if isinstance(exchanged, _CloseAfter):
                     break  # nothing after a failed authentication is served
                 continue
@@ -373,7 +408,7 @@ class SocketServer(Supervised):
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(request)
             name = type(request.body).__name__.removesuffix("Request") if isinstance(request, Request) else None
-            await answers.put((answer, received_s, name, len(frame)))
+            await answers.put((answer, received_s, name, pool_bytes))
         await answers.put(None)
 
     async def _wait_out_throttle(self, connection: _Connection, muted_s: float) -> None:
@@ -447,6 +482,7 @@ class SocketServer(Supervised):
         reply = await sasl.authenticate(token)
         if sasl.principal is not None:
             connection.context = replace(connection.context, principal=sasl.principal)
+            connection.authenticated.set()  # its next frame is read from the pool, without the deadline
         return reply
 
     async def _scram_credentials(self, user: str) -> dict:
@@ -458,17 +494,19 @@ class SocketServer(Supervised):
     async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection,
                              timer: RequestTimer) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot and
-        its bytes."""
+        its pool bytes (none for a frame read before authentication)."""
         while (started := await answers.get()) is not None:
-            answer, received_s, name, size = started
+            answer, received_s, name, pool_bytes = started
             try:
                 response = await answer
             finally:
                 connection.last_active_s = time.monotonic()  # not idle while the answer is written
                 connection.slots_held -= 1
                 self._give_slot()
-                connection.bytes_held -= size
-                self._memory.release(size)
+                if connection.slots_held == 0:
+                    connection.all_answered.set()
+                connection.bytes_held -= pool_bytes
+                self._memory.release(pool_bytes)
             if response is CLOSE_CONNECTION:
                 raise ConnectionClosed("an acks=0 produce failed")
             if isinstance(response, _CloseAfter):
@@ -484,21 +522,34 @@ class SocketServer(Supervised):
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
                            connection: _Connection) -> None:
-        """Reads frames into `frames` until EOF, a bad size or an idle connection, then puts
-        None. A frame's bytes are reserved at the pool before its body is read. (Cancelled
-        when the connection closes: then it puts nothing.)"""
+        """Reads frames into `frames`, each with when it was read and the pool bytes it holds,
+        until EOF, a bad size or an idle connection, then puts None. An authenticated
+        connection's frame has its bytes reserved at the pool before its body is read; an
+        unauthenticated one's takes nothing from the pool, and is read only once every frame
+        before it is answered (so it is known whether that authenticated the connection).
+        (Cancelled when the connection closes: then it puts nothing.)"""
         idle_s = self.config.connections_max_idle_ms / 1000
         try:
-            while (size := await self._next_size(reader, idle_s, connection)) is not None:
-                limit, setting = self.config.socket_request_max_bytes, "socket.request.max.bytes"
-                if connection.sasl is not None and connection.sasl.principal is None:
-                    limit, setting = self.config.sasl_server_max_receive_size, "sasl.server.max.receive.size"
+            while True:
+                if not connection.authenticated.is_set():
+                    await connection.all_answered.wait()
+                if (size := await self._next_size(reader, idle_s, connection)) is None:
+                    break
+                authenticated = connection.authenticated.is_set()
+                assert authenticated == (connection.sasl is None or connection.sasl.principal is not None)
+                if authenticated:
+                    limit, setting = self.config.socket_request_max_bytes, "socket.request.max.bytes"
+                else:
+                    assert connection.slots_held == 0, connection.slots_held
+                    limit, setting = connection.unauthenticated_max_bytes, "sasl.server.max.receive.size"
                 if not 0 <= size <= limit:
                     logger.info("broker %d: closing connection from %s: request size %d is outside 0..%d (%s)",
                                 self.broker_id, peer, size, limit, setting)
                     break
-                await self._memory.reserve(size)
-                connection.bytes_held += size
+                pool_bytes = size if authenticated else 0
+                if authenticated:  # (not even a 0-byte wait: it would queue behind the pool's waiters)
+                    await self._memory.reserve(pool_bytes)
+                    connection.bytes_held += pool_bytes
                 try:
                     async with asyncio.timeout(idle_s):
                         frame = await reader.readexactly(size)
@@ -509,7 +560,8 @@ class SocketServer(Supervised):
                 received_s = connection.last_active_s = time.monotonic()
                 await self._take_slot()
                 connection.slots_held += 1
-                await frames.put((frame, received_s))
+                connection.all_answered.clear()
+                await frames.put((frame, received_s, pool_bytes))
         except (asyncio.IncompleteReadError, OSError):  # OSError: a connection error, or a broken TLS record
             pass
         connection.reader_done.set()
