@@ -4,8 +4,11 @@ A connection reserves a frame's size, as its size prefix declares it, before it 
 frame's body, and gives the bytes back once the request is answered. When the pool is
 spent, connections wait to read their next frame, and TCP pushes back on their clients:
 the listener's memory for requests it holds is bounded by the pool, whatever clients
-declare. Reservations are served in arrival order, so a large frame is not starved by a
-stream of small ones. Every frame fits: the pool is at least `socket.request.max.bytes`
+declare. Only authenticated connections reserve here: before authentication (a SASL
+listener's connection until SaslAuthenticate succeeds) frames are read outside the pool,
+one at a time and at most `sasl.server.max.receive.size` each (rayk/net/socket_server.py),
+so unauthenticated clients cannot spend it. Reservations are served in arrival order, so
+a large frame is not starved by a stream of small ones. Every frame fits: the pool is at least `socket.request.max.bytes`
 (checked in rayk/config.py).
 """
 

@@ -5,7 +5,10 @@ A client sends SaslHandshake naming a mechanism, then SaslAuthenticate requests
 carrying the mechanism's tokens; after a v0 SaslHandshake (clients older than Kafka 1.0's,
 and librdkafka up to 2.0 checks that v0 is served) the tokens travel as bare
 size-prefixed frames instead (`raw_tokens`). Until it has authenticated, a connection may send only
-ApiVersions and those two; anything else closes it, as in Kafka. Mechanisms:
+ApiVersions and those two; anything else closes it, as in Kafka, and the listener reads
+its frames outside the request pool, each at most `sasl.server.max.receive.size`, and
+closes it if `principal` is not set within `sasl.server.authentication.timeout.ms`
+(rayk/net/socket_server.py). Mechanisms:
 - PLAIN (RFC 4616): the password is checked against the user's SCRAM credential (no
   password is stored anywhere, see rayk/scram.py);
 - SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, 7677; rayk/scram.py).
