@@ -172,6 +172,18 @@ def test_a_broken_tls_record_after_the_handshake_ends_the_connection_and_frees_i
     run_tls_server(tmp_path, body, **{"max.connections": 1})
 
 
+def test_on_tls_without_sasl_frames_are_read_from_the_pool_once_the_handshake_is_done(tmp_path):
+    """Authenticated by the handshake: no sasl.server.max.receive.size, no one-at-a-time."""
+    async def body(server, host, port, context):
+        reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname="127.0.0.1")
+        writer.write(api_versions(1) + (MiB).to_bytes(4, "big") + b"\0" * 10)
+        assert await answers(reader, 1) == [1]
+        await reaches(server.queued_request_bytes, MiB)
+        writer.close()
+
+    run_tls_server(tmp_path, body)
+
+
 def test_connections_in_their_tls_handshake_count_against_the_limits(tmp_path):
     async def body(server, host, port, context):
         silent = [await asyncio.open_connection(host, port) for _ in range(3)]  # TCP only: no ClientHello yet

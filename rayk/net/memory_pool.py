@@ -8,8 +8,8 @@ declare. Only authenticated connections reserve here: before authentication (a S
 listener's connection until SaslAuthenticate succeeds) frames are read outside the pool,
 one at a time and at most `sasl.server.max.receive.size` each (rayk/net/socket_server.py),
 so unauthenticated clients cannot spend it. Reservations are served in arrival order, so
-a large frame is not starved by a stream of small ones. Every frame fits: the pool is at least `socket.request.max.bytes`
-(checked in rayk/config.py).
+a large frame is not starved by a stream of small ones. Every frame fits: the pool is at
+least `socket.request.max.bytes` (checked in rayk/config.py).
 """
 
 from __future__ import annotations
