@@ -185,17 +185,18 @@ class Admin:
         then taken as that attempt's and returned (a concurrent create of the same topic
         with the same counts cannot be told from it), as a retried CreateTopics should
         answer what the first attempt did."""
-        unanswered: list[KafkaError] = []
+        deadline_s, unanswered = self._calls.deadline_s(), []
         try:
             return self._calls(
                 lambda: self._controller.create_topic.remote(name, num_partitions, replication_factor, config),
                 f"CreateTopics {name!r}",
+                deadline_s=deadline_s,
                 on_retriable=unanswered.append,
             )
         except TopicAlreadyExistsError:
             if not unanswered:
                 raise
-            described = self._describe_topic(name)
+            described = self._describe_topic(name, deadline_s)
             if num_partitions not in (None, -1) and len(described) != num_partitions:
                 raise
             if replication_factor not in (None, -1) and any(len(p["replicas"]) != replication_factor for p in described):
@@ -215,17 +216,18 @@ class Admin:
         return {name: self._create_partitions(name, count, validate_only) for name, count in new_counts.items()}
 
     def _create_partitions(self, name: str, count: int, validate_only: bool) -> list[dict]:
-        unanswered: list[KafkaError] = []
+        deadline_s, unanswered = self._calls.deadline_s(), []
         try:
             return self._calls(
                 lambda: self._controller.create_partitions.remote(name, count, validate_only),
                 f"CreatePartitions {name!r}",
+                deadline_s=deadline_s,
                 on_retriable=unanswered.append,
             )
         except InvalidPartitionsError:
             if not unanswered or validate_only:
                 raise
-            described = self._describe_topic(name)
+            described = self._describe_topic(name, deadline_s)
             if len(described) != count:
                 raise
             return described
@@ -239,8 +241,9 @@ class Admin:
     def _delete_topic(self, name: str) -> None:
         unanswered: list[KafkaError] = []
         try:
-            self._calls(lambda: self._controller.delete_topic.remote(name), f"DeleteTopics {name!r}",
-                        on_retriable=unanswered.append)  # fmt: skip
+            self._calls(
+                lambda: self._controller.delete_topic.remote(name), f"DeleteTopics {name!r}", on_retriable=unanswered.append
+            )
         except UnknownTopicOrPartitionError:
             if not unanswered:  # else the attempt whose answer was lost deleted it
                 raise
@@ -261,8 +264,10 @@ class Admin:
         )
         return dict(zip(names, described))
 
-    def _describe_topic(self, name: str) -> list[dict]:
-        return self._calls(lambda: self._controller.describe_topic.remote(name), f"DescribeTopics {name!r}")
+    def _describe_topic(self, name: str, deadline_s: float) -> list[dict]:
+        return self._calls(
+            lambda: self._controller.describe_topic.remote(name), f"DescribeTopics {name!r}", deadline_s=deadline_s
+        )
 
     def describe_topic_configs(self, name: str) -> dict[str, str]:
         """The topic's own configs (Kafka names); everything else has the broker default."""

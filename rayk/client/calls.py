@@ -192,12 +192,14 @@ class ApiCalls:
         what: str,
         *,
         timeout_ms: int | None = None,
+        deadline_s: float | None = None,
         on_retriable: Callable[[KafkaError], None] | None = None,
     ) -> Any:
         """The answer to the call `make_call` makes (it returns the ObjectRef; it is called
         again for each retry, so it must not consume its arguments), within `timeout_ms`
-        (None: default_api_timeout_ms). `on_retriable` sees each unanswered attempt."""
-        deadline_s = self.deadline_s(timeout_ms)
+        (None: default_api_timeout_ms) or by `deadline_s` (time.monotonic, for a call that
+        is part of a larger one). `on_retriable` sees each unanswered attempt."""
+        deadline_s = self.deadline_s(timeout_ms) if deadline_s is None else deadline_s
         return call(
             make_call, deadline_s, what,
             retry_backoff_ms=self.retry_backoff_ms, retry_if=unanswered, on_retriable=on_retriable,
