@@ -913,6 +913,23 @@ def test_after_a_whole_cluster_crash_the_live_copies_decide_once_a_node_that_nev
     assert c.state().isr == (1, 2)
 
 
+def test_an_isr_expansion_from_a_restarted_brokers_old_process_is_ineligible():
+    """A fetch sent by broker 3's old process (before it restarted and lost its tail)
+    arrives late at the leader: it must not put the new process in the ISR (KIP-903)."""
+    c = three_nodes()
+    c.create(rf=3)
+    c.register(3, "c", "inc-old")
+    s = c.state()
+    c.commit(c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2]))
+    restarted(c, 3, clean=False)  # a new process: "inc-<n>"
+    s = c.state()
+    with pytest.raises(IneligibleReplicaError, match="inc-old"):
+        c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: "inc-old"})
+    current = c.meta.brokers[3].incarnation_id
+    c.commit(c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: current}))
+    assert c.state().isr == (1, 2, 3)
+
+
 def test_a_broker_on_a_replaced_disk_leaves_every_isr_even_as_its_last_member():
     c = three_nodes()
     c.create(rf=2)  # replicas (1, 2)

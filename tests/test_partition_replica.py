@@ -362,10 +362,11 @@ class FakeIsrManager:
     """Stands in for the ReplicaManager: answers AlterPartition as told."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.calls = mode, 0
+        self.mode, self.calls, self.incarnations = mode, 0, []
 
-    async def alter_partition(self, topic, partition, leader_id, leader_epoch, partition_epoch, isr):
+    async def alter_partition(self, topic, partition, leader_id, leader_epoch, partition_epoch, isr, added_incarnations):
         self.calls += 1
+        self.incarnations.append(added_incarnations)
         if self.mode == "lost":  # the call fails: the Controller may or may not have applied it
             raise ConnectionError("the answer was lost")
         if self.mode == "stale":  # the broker registered again meanwhile
@@ -383,6 +384,9 @@ class FakeIsrManager:
 
     async def call_count(self) -> int:
         return self.calls
+
+    async def sent_incarnations(self) -> list[dict]:
+        return self.incarnations
 
 
 def leader_with_manager(tmp_path, mode: str):
@@ -438,3 +442,13 @@ def test_an_isr_expansion_answered_stale_broker_epoch_stays_pending_in_the_high_
     assert state["high_watermark"] == 3, "the HW waits for the follower the Controller may have added"
     ray.get(manager.set_mode.remote("ok"))
     wait_until(lambda: describe(leader)["isr"] == [1, 2] and describe(leader)["pending_isr"] is None)
+
+
+def test_an_isr_expansion_names_the_follower_process_whose_fetch_caught_up(tmp_path):
+    """KIP-903: the Controller can only refuse an expansion based on a fetch from a
+    restarted broker's old process if the leader says which process fetched."""
+    manager, leader, follower = leader_with_manager(tmp_path, "ok")
+    ray.get(leader.produce.remote(batch(3), 1, 1000))
+    ray.get(follower.become_follower.remote(0, 1, leader, "process-b"))
+    wait_until(lambda: describe(leader)["isr"] == [1, 2])
+    assert ray.get(manager.sent_incarnations.remote()) == [{2: "process-b"}]

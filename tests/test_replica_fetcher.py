@@ -45,7 +45,8 @@ class FakeLeader:
             raise NotLeaderOrFollowerError("not leading yet")
         return self.log.end_offset_for_epoch(epoch)
 
-    def _fetch(self, offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch, last_fetched_epoch):
+    def _fetch(self, offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch, last_fetched_epoch,
+               replica_incarnation_id=""):
         log = self.log
         if last_fetched_epoch >= 0:
             epoch, end = log.end_offset_for_epoch(last_fetched_epoch)

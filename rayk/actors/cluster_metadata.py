@@ -488,8 +488,15 @@ class ClusterMetadata:
         leader_epoch: int,
         partition_epoch: int,
         new_isr: Iterable[int],
+        added_incarnations: Mapping[int, str] | None = None,
     ) -> list[Record]:
         """A leader's ISR change (Kafka's AlterPartition), checked against the current state.
+
+        `added_incarnations` names, per added replica, the broker process whose fetch showed
+        it caught up: one that is not the broker's registered process (a fetch sent before
+        the broker restarted, maybe with a longer log than it has now) cannot add it, as
+        KIP-903's broker epochs in AlterPartition prevent (INELIGIBLE_REPLICA). Unnamed
+        ("" or absent) is not checked.
 
         A request for the ISR the partition already has succeeds with no records, whatever
         its partition epoch: the leader retrying a change whose answer it never got learns
@@ -512,6 +519,12 @@ class ClusterMetadata:
         added = set(isr) - set(state.isr)
         if not added <= live:
             raise IneligibleReplicaError(f"brokers {sorted(added - live)} are fenced and cannot join the ISR")
+        for broker in sorted(added):
+            sent, registered = (added_incarnations or {}).get(broker, ""), self.brokers[broker].incarnation_id
+            if sent and registered and sent != registered:
+                raise IneligibleReplicaError(
+                    f"broker {broker} caught up in process {sent}, which is not its registered process {registered}"
+                )
         recovering = tuple(r for r in state.recovering if r not in added)
         changed = PartitionState(
             state.replicas, isr, state.leader, state.leader_epoch, state.partition_epoch + 1,

@@ -511,10 +511,13 @@ class Controller:
         leader_epoch: int,
         partition_epoch: int,
         isr: list[int],
+        added_incarnations: dict[int, str] | None = None,
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        records = self._meta.plan_alter_partition(topic, partition, broker_id, leader_epoch, partition_epoch, isr)
+        records = self._meta.plan_alter_partition(
+            topic, partition, broker_id, leader_epoch, partition_epoch, isr, added_incarnations
+        )
         self._commit(records)
         state = self._meta.partition(topic, partition)
         if records:

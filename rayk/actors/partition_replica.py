@@ -288,9 +288,10 @@ class PartitionReplica(Supervised):
         self._maybe_increment_high_watermark()
         self._notify_change()
 
-    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
         """Follows `leader` (an actor handle of the leader's PartitionReplica), or waits for
-        one when `leader_id` is NO_LEADER (-1) and `leader` None."""
+        one when `leader_id` is NO_LEADER (-1) and `leader` None. `incarnation_id` names
+        this broker's process, which every fetch carries (KIP-903)."""
         if leader_epoch < self._leader_epoch:
             raise FencedLeaderEpochError(f"become_follower for epoch {leader_epoch} after epoch {self._leader_epoch}")
         following = self._fetcher is not None and not self._fetcher.done()
@@ -303,7 +304,7 @@ class PartitionReplica(Supervised):
         if leader is not None and leader_id != NO_LEADER:
             fetcher = ReplicaFetcher(
                 self._log, f"{self.topic}-{self.partition}", self.broker_id, leader, leader_epoch, self.config,
-                self._notify_change,
+                self._notify_change, incarnation_id,
             )
             self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 
@@ -457,11 +458,13 @@ class PartitionReplica(Supervised):
         leader_epoch: int = -1,
         last_fetched_epoch: int = UNDEFINED_EPOCH,
         topic_id: str | None = None,
+        replica_incarnation_id: str = "",
     ) -> FetchResult:
         """`topic_id` (a Fetch v13+ names topics by id): INCONSISTENT_TOPIC_ID unless it is
-        this log's, so a fetch for a deleted topic never reads one created again under its name."""
+        this log's, so a fetch for a deleted topic never reads one created again under its name.
+        `replica_incarnation_id`: a follower's broker process (KIP-903, see LeaderReplicaState)."""
         result = await self._fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
-                                   last_fetched_epoch, topic_id)
+                                   last_fetched_epoch, topic_id, replica_incarnation_id)
         counters = self._counters
         counters.fetch_requests += 1
         if result.error is not None:
@@ -473,7 +476,7 @@ class PartitionReplica(Supervised):
 
     async def _fetch(
         self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
-        last_fetched_epoch: int, topic_id: str | None,
+        last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str = "",
     ) -> FetchResult:
         if self._role != "leader":
             return self._fetch_error(self._not_leader())
@@ -496,7 +499,7 @@ class PartitionReplica(Supervised):
                 )
             if self._trace is not None:
                 self._trace.fetch_arrived(replica_id, offset)
-            self._record_follower_position(replica_id, offset)
+            self._record_follower_position(replica_id, offset, replica_incarnation_id)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             changed = self._change_event()
@@ -525,11 +528,11 @@ class PartitionReplica(Supervised):
             return epoch, end_offset
         return None
 
-    def _record_follower_position(self, replica_id: int, fetch_offset: int) -> None:
+    def _record_follower_position(self, replica_id: int, fetch_offset: int, incarnation_id: str = "") -> None:
         state = self._leader_state
         leo = self._log.log_end_offset
         assert fetch_offset <= leo, f"a follower's position {fetch_offset} is within the leader's log (LEO {leo})"
-        state.record_follower_fetch(replica_id, fetch_offset, leo, _now_ms())
+        state.record_follower_fetch(replica_id, fetch_offset, leo, _now_ms(), incarnation_id)
         proposal = state.isr_expansion(replica_id)
         if proposal is not None and time.monotonic() >= self._isr_change_retry_at:
             self._change_isr(proposal, f"broker {replica_id} caught up")
@@ -596,13 +599,18 @@ class PartitionReplica(Supervised):
             self._partition_epoch += 1
             self._after_isr_change()
             return
+        # The processes whose fetches put the added followers in: the Controller refuses the
+        # change if one of them is no longer its broker's registered process (KIP-903).
+        added = state.incarnations_of(proposal - state.isr)
         task = asyncio.get_running_loop().create_task(
-            self._alter_partition(proposal, self._leader_epoch, self._partition_epoch)
+            self._alter_partition(proposal, self._leader_epoch, self._partition_epoch, added)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _alter_partition(self, proposal: set[int], epoch: int, partition_epoch_sent: int) -> None:
+    async def _alter_partition(
+        self, proposal: set[int], epoch: int, partition_epoch_sent: int, added_incarnations: dict[int, str]
+    ) -> None:
         """Sends one ISR proposal, made in `partition_epoch_sent`, to the Controller (through
         the ReplicaManager) until its outcome is known, and settles it (see the module
         docstring). A proposal an assignment settled before it went out is not sent."""
@@ -613,7 +621,8 @@ class PartitionReplica(Supervised):
             try:
                 async with asyncio.timeout(ISR_CHANGE_TIMEOUT_MS / 1000):
                     isr, partition_epoch = await self._isr_manager.alter_partition.remote(
-                        self.topic, self.partition, self.broker_id, epoch, partition_epoch_sent, sorted(proposal)
+                        self.topic, self.partition, self.broker_id, epoch, partition_epoch_sent, sorted(proposal),
+                        added_incarnations,
                     )
                 error = None
             except asyncio.CancelledError:

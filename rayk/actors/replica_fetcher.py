@@ -69,12 +69,15 @@ class ReplicaFetcher:
         leader_epoch: int,
         config: Any,
         on_progress: Callable[[], None],
+        incarnation_id: str = "",
     ) -> None:
         """`leader` is the leader replica's actor handle; `config` a ReplicaConfig;
-        `on_progress` is called after every append or high watermark move."""
+        `on_progress` is called after every append or high watermark move; `incarnation_id`
+        names this broker's process, sent with every fetch (KIP-903)."""
         self._log, self.name, self.broker_id = log, name, broker_id
         self._leader, self._epoch, self._config = leader, leader_epoch, config
         self._on_progress = on_progress
+        self._incarnation_id = incarnation_id
         self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
 
     async def run(self) -> None:
@@ -145,6 +148,7 @@ class ReplicaFetcher:
             replica_id=self.broker_id,
             leader_epoch=self._epoch,
             last_fetched_epoch=self._log.latest_epoch,
+            replica_incarnation_id=self._incarnation_id,
         )
 
     async def _truncate_to_leader(self) -> None:

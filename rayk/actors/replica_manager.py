@@ -537,7 +537,7 @@ class ReplicaManager(Supervised):
             )
         else:
             leader = replica.assignment.leader_handle if state.leader != NO_LEADER else None
-            await replica.handle.become_follower.remote(state.leader_epoch, state.leader, leader)
+            await replica.handle.become_follower.remote(state.leader_epoch, state.leader, leader, self._incarnation_id)
 
     async def stop_replica(self, topic: str, partition: int, delete: bool) -> None:
         tp = (topic, partition)
@@ -565,16 +565,18 @@ class ReplicaManager(Supervised):
     # ------------------------------------------------------------------ broker -> Controller
 
     async def alter_partition(
-        self, topic: str, partition: int, leader_id: int, leader_epoch: int, partition_epoch: int, isr: list[int]
+        self, topic: str, partition: int, leader_id: int, leader_epoch: int, partition_epoch: int, isr: list[int],
+        added_incarnations: dict[int, str] | None = None,
     ) -> tuple[list[int], int]:
         """Forwards a leader replica's ISR change to the Controller with this broker's epoch
-        (once it has one: a replica may lead before this broker's registration returns)."""
+        (once it has one: a replica may lead before this broker's registration returns), and
+        the processes whose fetches the added followers' positions came from (KIP-903)."""
         assert leader_id == self.broker_id, "only this broker's replicas report here"
         await self._registered().wait()
         replica = self._replicas.get((topic, partition))
         before = set(replica.assignment.state.isr) if replica is not None else set(isr)
         committed, new_partition_epoch = await self._controller.alter_partition.remote(
-            self.broker_id, self._broker_epoch, topic, partition, leader_epoch, partition_epoch, isr
+            self.broker_id, self._broker_epoch, topic, partition, leader_epoch, partition_epoch, isr, added_incarnations
         )
         if set(committed) == set(isr) != before:  # Kafka's IsrShrinksPerSec / IsrExpandsPerSec
             metrics.record_isr_change(self.broker_id, shrink=len(isr) < len(before))

@@ -35,6 +35,7 @@ class FollowerState:
     last_caught_up_time_ms: int = 0
     last_fetch_time_ms: int = 0
     last_fetch_leader_log_end_offset: int = -1
+    incarnation_id: str = ""  # the follower's broker process that sent the last fetch (KIP-903)
 
 
 class LeaderReplicaState:
@@ -74,8 +75,13 @@ class LeaderReplicaState:
             if r != self.leader_id
         }
 
-    def record_follower_fetch(self, replica_id: int, fetch_offset: int, leader_log_end_offset: int, now_ms: int) -> None:
-        """A follower fetched from `fetch_offset` (its LEO); Kafka's updateFetchState."""
+    def record_follower_fetch(
+        self, replica_id: int, fetch_offset: int, leader_log_end_offset: int, now_ms: int, incarnation_id: str = ""
+    ) -> None:
+        """A follower fetched from `fetch_offset` (its LEO); Kafka's updateFetchState.
+        `incarnation_id` names the follower's broker process, which an ISR expansion sends
+        along so that the Controller can refuse one based on a fetch from a process that has
+        since restarted (KIP-903's broker epoch in fetches)."""
         state = self.followers.get(replica_id)
         if state is None:
             raise KeyError(f"replica {replica_id} is not a follower of this partition ({self.replicas})")
@@ -86,6 +92,7 @@ class LeaderReplicaState:
         state.log_end_offset = fetch_offset
         state.last_fetch_leader_log_end_offset = leader_log_end_offset
         state.last_fetch_time_ms = now_ms
+        state.incarnation_id = incarnation_id
 
     @property
     def maximal_isr(self) -> set[int]:
@@ -115,6 +122,10 @@ class LeaderReplicaState:
         if self.pending_isr is not None or not out_of_sync & self.isr:
             return None
         return self.isr - out_of_sync
+
+    def incarnations_of(self, replica_ids: Iterable[int]) -> dict[int, str]:
+        """The broker process each follower's last fetch came from ("" if unknown)."""
+        return {r: self.followers[r].incarnation_id for r in replica_ids if r in self.followers}
 
     def propose_isr(self, new_isr: set[int]) -> None:
         assert self.pending_isr is None, "one ISR change at a time"
