@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bytecode clean
+.PHONY: test demo bench bytecode clean chaos
 
 $(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ bytecode: $(STAMP)
 
 test: bytecode
 	$(PY) -m pytest -q --durations=30
+
+# Randomized fault schedules (tests/faults/nemesis.py) with seeds SEED, SEED+1, ... for
+# MINUTES minutes; a failed seed prints the command that replays it.
+SEED ?= 1
+MINUTES ?= 10
+chaos: bytecode
+	$(PY) -m tests.faults.chaos --seed $(SEED) --minutes $(MINUTES)
 
 demo: bytecode
 	$(VENV)/bin/rayk demo

@@ -1,0 +1,73 @@
+"""`make chaos SEED=... MINUTES=...`: runs nemesis schedules with seeds SEED, SEED+1, ...
+until MINUTES have passed (or --count schedules ran), on one Ray cluster of a head and
+BROKERS broker nodes, each schedule on a rayk cluster of its own; then prints a summary
+(schedules, faults, records checked, minutes) and, per failed seed, the command that
+replays it. Exits 1 if any schedule failed.
+
+    .venv/bin/python -m tests.faults.chaos --seed 7 --minutes 30
+    .venv/bin/python -m tests.faults.chaos --seed 7 --count 1      # replays seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.cluster_helpers import BROKER_RESOURCE, broker_node_cluster
+from tests.faults.harness import abandon_running_traffic
+from tests.faults.nemesis import BROKERS, MAX_FAULTS, MIN_FAULTS, Nemesis, Report, draw_schedule
+
+
+def top_up_broker_nodes(ray_cluster) -> None:
+    """Adds nodes until BROKERS live ones offer a broker's resource (a schedule removes nodes)."""
+    live = [n for n in ray_cluster.list_all_nodes() if n is not ray_cluster.head_node]
+    for _ in range(BROKERS - len(live)):
+        ray_cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
+    ray_cluster.wait_for_nodes()
+
+
+def run_schedule(ray_cluster, data_dir: Path, seed: int, max_faults: int = MAX_FAULTS) -> Report:
+    top_up_broker_nodes(ray_cluster)
+    schedule = draw_schedule(seed, max_faults)
+    print(f"nemesis: running {schedule}", flush=True)
+    try:
+        report = Nemesis(ray_cluster, data_dir, schedule, log=lambda line: print(line, flush=True)).run()
+    finally:
+        abandon_running_traffic()
+    print("\n".join(report.lines()), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=1, help="the first schedule's seed")
+    parser.add_argument("--minutes", type=float, default=10, help="start no schedule after this many minutes")
+    parser.add_argument("--count", type=int, default=None, help="run at most this many schedules")
+    parser.add_argument("--max-faults", type=int, default=MAX_FAULTS, choices=range(MIN_FAULTS, MAX_FAULTS + 1))
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    reports: list[Report] = []
+    with tempfile.TemporaryDirectory(prefix="rayk-chaos-") as tmp, broker_node_cluster(BROKERS) as ray_cluster:
+        seed = args.seed
+        while (args.count is None or len(reports) < args.count) and (
+            not reports or time.monotonic() - t0 < args.minutes * 60
+        ):
+            reports.append(run_schedule(ray_cluster, Path(tmp) / f"seed-{seed}", seed, args.max_faults))
+            seed += 1
+    failed = [r for r in reports if not r.ok]
+    print(
+        f"\nCHAOS SUMMARY: {len(reports)} schedules (seeds {args.seed}..{args.seed + len(reports) - 1}), "
+        f"{sum(len(r.schedule.faults) for r in reports)} faults, "
+        f"{sum(r.records_checked for r in reports)} records checked, "
+        f"{(time.monotonic() - t0) / 60:.1f} minutes; {len(failed)} failed"
+    )
+    for r in failed:
+        print(f"  seed {r.schedule.seed} FAILED: {r.failures[0][:300]}\n    replay: {r.schedule.replay()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
