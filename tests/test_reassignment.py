@@ -14,6 +14,8 @@ from kafka.admin import KafkaAdminClient
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
+from rayk.actors.elections import PartitionState
+from rayk.actors.replica_manager import PartitionAssignment
 from rayk.client import PartitionReassignment, TopicPartition
 from rayk.errors import (
     InvalidReplicaAssignmentError,
@@ -95,6 +97,43 @@ def test_a_partition_moves_to_a_new_broker_under_writes_and_its_old_copy_is_dele
     old_dir = data_dir / "broker-0" / partition_dir_name("moving", 0)
     wait_until(lambda: not old_dir.exists(), 30, f"{old_dir} to be deleted")
     assert (data_dir / "broker-3" / partition_dir_name("moving", 0)).is_dir()
+
+
+def late_push(described: dict) -> PartitionAssignment:
+    """The push the Controller sent for the partition as `described` (a describe_topic
+    entry), arriving only now."""
+    state = PartitionState(
+        tuple(described["replicas"]), tuple(described["isr"]), described["leader"],
+        described["leader_epoch"], described["partition_epoch"],
+    )
+    return PartitionAssignment(described["topic"], described["partition"], described["topic_id"], state, {}, None)
+
+
+def test_a_push_older_than_a_replicas_removal_or_its_topics_deletion_does_not_bring_it_back(cluster, data_dir):
+    """Pushes sent before the Controller stopped a replica (a reassignment dropped it, or
+    its topic was deleted) that arrive afterwards must not re-create it as an orphan."""
+    cluster.create_topic("late-push", partitions=1, replication_factor=3)
+    before = partition_state(cluster, "late-push")
+    gone = next(b for b in reversed(before["replicas"]) if b != before["leader"])
+    target = [b for b in range(BROKERS) if b not in before["replicas"]] + [b for b in before["replicas"] if b != gone]
+    tp = TopicPartition("late-push", 0)
+    assert cluster.admin().alter_partition_reassignments({tp: target}) == {tp: None}
+    wait_until(lambda: settled_on(cluster, "late-push", target), MOVE_S, "the move to complete")
+    old_dir = data_dir / f"broker-{gone}" / partition_dir_name("late-push", 0)
+    wait_until(lambda: not old_dir.exists(), 30, f"{old_dir} to be deleted")
+
+    removed_from = cluster.broker(gone)
+    assert ray.get(removed_from.apply_partition.remote(late_push(before))) is None
+    assert ("late-push", 0) not in ray.get(removed_from.describe.remote())["replicas"]
+    assert not old_dir.exists(), "no replica, no directory"
+
+    last = partition_state(cluster, "late-push")
+    cluster.delete_topic("late-push")
+    for broker_id in last["replicas"]:
+        manager = cluster.broker(broker_id)
+        assert ray.get(manager.apply_partition.remote(late_push(last))) is None
+        assert ("late-push", 0) not in ray.get(manager.describe.remote())["replicas"]
+        assert not (data_dir / f"broker-{broker_id}" / partition_dir_name("late-push", 0)).exists()
 
 
 def test_bad_targets_and_cancels_with_nothing_to_cancel_are_refused_per_partition(cluster):

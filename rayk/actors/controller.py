@@ -136,7 +136,8 @@ class Controller:
             new = self._meta.topics[topic].partitions[partition]
             removed = set(old.replicas) - set(new.replicas) if old is not None else set()
             if removed:  # a reassignment completed: the replicas it dropped go
-                self._spawn(self._remove_replicas(topic, partition, removed))
+                topic_id = self._meta.topics[topic].topic_id
+                self._spawn(self._remove_replicas(topic, partition, removed, topic_id, new.partition_epoch))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -446,10 +447,18 @@ class Controller:
             load[best] = load.get(best, 0) + 1
         return target
 
-    async def _remove_replicas(self, topic: str, partition: int, brokers: set[int]) -> None:
+    async def _remove_replicas(
+        self, topic: str, partition: int, brokers: set[int], topic_id: str, partition_epoch: int
+    ) -> None:
+        """Stops and deletes the replicas a reassignment dropped; their managers then
+        ignore any push of this partition up to `partition_epoch` still on its way."""
         for b in brokers:
             self._replica_handles.pop((topic, partition, b), None)
-        stops = [m.stop_replica.remote(topic, partition, True) for b in brokers if (m := self._managers.get(b))]
+        stops = [
+            m.stop_replica.remote(topic, partition, True, topic_id, partition_epoch)
+            for b in brokers
+            if (m := self._managers.get(b))
+        ]
         await asyncio.gather(*stops, return_exceptions=True)
 
     # ------------------------------------------------------------------ pushing states
@@ -711,7 +720,8 @@ class Controller:
         return await self._elect([(t, p) for t, p in partitions], unclean)
 
     async def delete_topic(self, name: str) -> None:
-        partitions = dict(self._meta.topics[name].partitions) if name in self._meta.topics else {}
+        meta = self._meta.topics.get(name)
+        partitions = dict(meta.partitions) if meta is not None else {}
         self._commit(self._meta.plan_delete_topic(name))
         stops = []
         for p, state in partitions.items():
@@ -719,7 +729,8 @@ class Controller:
             for b in state.replicas:
                 self._replica_handles.pop((name, p, b), None)
                 if (manager := self._managers.get(b)) is not None:
-                    stops.append(manager.stop_replica.remote(name, p, True))
+                    # Every push of this topic id still on its way is older than this.
+                    stops.append(manager.stop_replica.remote(name, p, True, meta.topic_id, None))
         await asyncio.gather(*stops, return_exceptions=True)
 
     async def alter_topic_configs(self, name: str, configs: dict) -> dict[str, str]:

@@ -95,6 +95,7 @@ TopicPartition = tuple[str, int]
 ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
 OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
+MAX_STOPPED_REMEMBERED = 100_000  # stopped partitions whose late pushes a broker ignores
 LISTENER = "listener"  # the supervisor's key for the Kafka listener; replicas are keyed by TopicPartition
 # (broker id, Controller handle, config, node id) -> the broker's listener actor, created on
 # that node, or None when the config's `listeners` names none.
@@ -159,6 +160,10 @@ class ReplicaManager(Supervised):
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
+        # Partitions whose replica the Controller stopped and deleted here: (topic id, the
+        # partition epoch up to which a push is older than the stop, None: every epoch, the
+        # topic was deleted). Bounded: the oldest are forgotten first.
+        self._stopped: dict[TopicPartition, tuple[str, int | None]] = {}
         self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
@@ -461,6 +466,9 @@ class ReplicaManager(Supervised):
         tp = (assignment.topic, assignment.partition)
         async with self._locks.setdefault(tp, asyncio.Lock()):
             current = self._replicas.get(tp)
+            if current is None and self._stopped_before(assignment):
+                logger.info("broker %d: ignoring a push of %s-%d older than the replica's stop", self.broker_id, *tp)
+                return None  # it would re-create, as an orphan, a replica the Controller removed
             if current is not None:
                 old = current.assignment
                 if old.topic_id != assignment.topic_id:
@@ -539,10 +547,32 @@ class ReplicaManager(Supervised):
             leader = replica.assignment.leader_handle if state.leader != NO_LEADER else None
             await replica.handle.become_follower.remote(state.leader_epoch, state.leader, leader, self._incarnation_id)
 
-    async def stop_replica(self, topic: str, partition: int, delete: bool) -> None:
+    async def stop_replica(
+        self, topic: str, partition: int, delete: bool, topic_id: str = "", partition_epoch: int | None = None
+    ) -> None:
+        """Stops this broker's replica of a partition (and deletes its log with `delete`).
+        With `topic_id`, pushes of that topic id's partition up to `partition_epoch` (every
+        one if None: the topic was deleted) that arrive afterwards are ignored: they were
+        sent before the stop, and would re-create the replica as an orphan."""
         tp = (topic, partition)
         async with self._locks.setdefault(tp, asyncio.Lock()):
+            if topic_id:
+                self._stopped.pop(tp, None)
+                self._stopped[tp] = (topic_id, partition_epoch)
+                while len(self._stopped) > MAX_STOPPED_REMEMBERED:
+                    del self._stopped[next(iter(self._stopped))]
             await self._stop_replica(tp, delete)
+
+    def _stopped_before(self, assignment: PartitionAssignment) -> bool:
+        """Whether `assignment` was pushed before the Controller stopped this replica."""
+        stopped = self._stopped.get((assignment.topic, assignment.partition))
+        if stopped is None:
+            return False
+        topic_id, partition_epoch = stopped
+        if assignment.topic_id == topic_id and (partition_epoch is None or assignment.state.partition_epoch <= partition_epoch):
+            return True
+        del self._stopped[(assignment.topic, assignment.partition)]  # newer: added back, or a new topic
+        return False
 
     async def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
         self._children.forget(tp)
