@@ -159,14 +159,24 @@ class Schedule:
     seed: int
     faults: tuple[Fault, ...]
     max_faults: int = MAX_FAULTS  # what it was drawn with (part of what replays it)
+    only: tuple[int, ...] = ()  # a reduced schedule: the numbers (from 1) of the drawn faults kept
 
     def __str__(self) -> str:
-        return f"seed {self.seed}: " + "; ".join(str(f) for f in self.faults)
+        kept = f" (faults {','.join(map(str, self.only))} only)" if self.only else ""
+        return f"seed {self.seed}{kept}: " + "; ".join(str(f) for f in self.faults)
 
     def replay(self) -> str:
         """The command that runs this schedule again."""
         limit = "" if self.max_faults == MAX_FAULTS else f" --max-faults {self.max_faults}"
-        return f".venv/bin/python -m tests.faults.chaos --seed {self.seed} --count 1{limit}"
+        kept = f" --only {','.join(map(str, self.only))}" if self.only else ""
+        return f".venv/bin/python -m tests.faults.chaos --seed {self.seed} --count 1{limit}{kept}"
+
+    def reduced(self, numbers: tuple[int, ...]) -> Schedule:
+        """The schedule with only the faults numbered `numbers` (from 1): how a failing seed
+        is cut down to the faults that make it fail. The kept faults keep their barriers."""
+        assert not self.only and numbers and all(1 <= n <= len(self.faults) for n in numbers), numbers
+        return Schedule(self.seed, tuple(self.faults[n - 1] for n in sorted(set(numbers))), self.max_faults,
+                        tuple(sorted(set(numbers))))  # fmt: skip
 
 
 def draw_schedule(seed: int, max_faults: int = MAX_FAULTS) -> Schedule:
@@ -196,7 +206,7 @@ def draw_schedule(seed: int, max_faults: int = MAX_FAULTS) -> Schedule:
 
 def check_rule(schedule: Schedule) -> None:
     """Raises AssertionError if `schedule` breaks the safety rule."""
-    assert MIN_FAULTS <= len(schedule.faults) <= MAX_FAULTS, f"{len(schedule.faults)} faults"
+    assert MIN_FAULTS <= len(schedule.faults) <= MAX_FAULTS or schedule.only, f"{len(schedule.faults)} faults"
     for f in schedule.faults:
         assert f.kind in KINDS, f.kind
         assert f.kind not in DOWN or f.barrier == HEALTHY, f"{f}: takes a copy away without waiting for a full ISR"
@@ -218,6 +228,18 @@ def ask(call: Callable[[], Any], what: str, timeout_s: float = CALL_TIMEOUT_S) -
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what}: still failing after {timeout_s} s: {e!r}") from e
             time.sleep(0.5)
+
+
+def present(value: Any, what: str) -> Any:
+    """`value`, or LookupError if it is None (for `ask` to try again)."""
+    if value is None:
+        raise LookupError(f"no {what} yet")
+    return value
+
+
+def target_replicas(state: dict) -> list[int]:
+    """A partition's replicas once its reassignment under way (if any) completes."""
+    return [b for b in state["replicas"] if b not in state["removing_replicas"]]
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -347,11 +369,13 @@ class Observer(threading.Thread):
         self.cluster, self.ledger = cluster, ledger
         self.halt = threading.Event()
         self.consumer = cluster.consumer(group_id=GROUP, enable_auto_commit=False, default_api_timeout_ms=10_000)
+        self._lock = threading.Lock()  # the check asks too, and a Consumer is not thread-safe
 
     def committed(self) -> dict[int, int]:
         from rayk.client.types import TopicPartition
 
-        found = self.consumer.committed_offsets([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        with self._lock:
+            found = self.consumer.committed_offsets([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
         return {tp.partition: om.offset for tp, om in found.items()}
 
     def run(self) -> None:
@@ -571,11 +595,11 @@ class Nemesis:
             followers = [b for b in state["replicas"] if b != state["leader"] and b in state["isr"]]
             followers = followers or [b for b in live_replicas if b != state["leader"]]
             target = followers[fault.pick % len(followers)]
-            handle = ask(lambda: c.replica(TOPIC, p, target) or 1 / 0, f"partition {p}'s replica on broker {target}")
+            handle = ask(lambda: present(c.replica(TOPIC, p, target), "replica"), f"partition {p}'s replica on broker {target}")
             signal_actor(handle, signal.SIGKILL)
             return f"SIGKILL of partition {p}'s follower replica on broker {target}"
         if fault.kind == KILL_BROKER:
-            signal_actor(ask(lambda: c.broker(broker) or 1 / 0, f"broker {broker}"), signal.SIGKILL)
+            signal_actor(ask(lambda: present(c.broker(broker), "broker"), f"broker {broker}"), signal.SIGKILL)
             return f"SIGKILL of broker {broker}'s ReplicaManager"
         if fault.kind == KILL_CONTROLLER:
             signal_actor(c.controller, signal.SIGKILL)
@@ -584,7 +608,7 @@ class Nemesis:
             if fault.kind == PAUSE_LEADER:
                 handle, what = ask(lambda: c.leader(TOPIC, p), "a leader"), f"partition {p}'s leader replica on broker {state['leader']}"
             else:
-                handle, what = ask(lambda: c.broker(broker) or 1 / 0, f"broker {broker}"), f"broker {broker}'s ReplicaManager"
+                handle, what = ask(lambda: present(c.broker(broker), "broker"), f"broker {broker}"), f"broker {broker}'s ReplicaManager"
             pid = signal_actor(handle, signal.SIGSTOP)
             time.sleep(PAUSE_S)
             signal_all([pid], signal.SIGCONT)
@@ -627,7 +651,7 @@ class Nemesis:
         """Rotates partition p's replica order (a reassignment that moves no data: only the
         preferred leader changes), then waits for the automatic leader rebalance to make
         the new preferred replica the leader."""
-        replicas = state["replicas"]
+        replicas = target_replicas(state)
         target = replicas[1:] + replicas[:1]
         results = ask(lambda: self.cluster.admin().alter_partition_reassignments({(TOPIC, p): target}), "reassigning")
         error = next(iter(results.values()))
@@ -640,7 +664,7 @@ class Nemesis:
 
     def reassign(self, p: int, state: dict, pick: int) -> str:
         """Moves one replica of partition p to a live broker that holds none (KIP-455)."""
-        replicas = state["replicas"]
+        replicas = target_replicas(state)
         spare = sorted(self.live_brokers() - set(replicas))
         target = list(replicas)
         if spare:

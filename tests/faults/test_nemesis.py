@@ -58,6 +58,14 @@ def test_the_rule_refuses_a_data_loss_that_does_not_wait_for_a_full_isr():
         check_rule(Schedule(1, (unsafe, *drawn.faults[1:])))
 
 
+def test_a_reduced_schedule_keeps_the_faults_it_names_and_says_how_to_replay_it():
+    drawn = draw_schedule(7)
+    reduced = drawn.reduced((3, 1))
+    assert reduced.faults == (drawn.faults[0], drawn.faults[2])
+    assert reduced.replay().endswith("--seed 7 --count 1 --only 1,3")
+    check_rule(reduced)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     with broker_node_cluster(BROKERS) as cluster:
