@@ -59,27 +59,32 @@ MAX_BATCH_BYTES = 256
 
 
 class CompactionMachine(RuleBasedStateMachine):
-    """Appends keyed records and tombstones, rolls, moves the HW, cleans (sometimes with a
-    tiny offset map) and reopens; the model is every record ever appended. After a clean:
+    """Appends keyed records and tombstones, rolls, moves the HW, advances the cleaner's
+    clock, cleans (sometimes with a tiny offset map) and reopens; the model is every record
+    ever appended, all stamped NOW_MS, and each tombstone's delete horizon. After a clean:
     each key's latest record is unchanged (or, a tombstone, gone with every older record
     of its key), records at or above the cleaned end are untouched, keys are unique below
-    it, and every record left is one appended at its offset."""
+    it, every record left is one appended at its offset, and a tombstone that is its key's
+    latest below the cleaned end is there until `delete.retention.ms` after the first clean
+    that kept it, then gone (KIP-534), however old its CreateTime is by then."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="rayk-compaction-"))
         self.appended: dict[int, tuple[bytes, bytes | None]] = {}
         self.abandoned: list[Log] = []  # "crashed" Logs: their files stay open until teardown
+        self.now_ms = NOW_MS  # the cleaner's clock
+        self.horizon_ms: dict[int, int] = {}  # tombstone offset -> its batch's delete horizon
 
     # The largest batch `append` makes is ~230 bytes (five records of 20-byte values, gzip's
     # framing around incompressible ones): smaller segments would refuse it (RECORD_LIST_TOO_LARGE).
-    @initialize(segment_bytes=st.integers(MAX_BATCH_BYTES, 1500), retain_tombstones=st.booleans())
-    def open_log(self, segment_bytes: int, retain_tombstones: bool) -> None:
+    @initialize(segment_bytes=st.integers(MAX_BATCH_BYTES, 1500), delete_retention_ms=st.sampled_from([0, 1000, 10**12]))
+    def open_log(self, segment_bytes: int, delete_retention_ms: int) -> None:
         self.config = LogConfig(
             segment_bytes=segment_bytes,
             index_interval_bytes=64,
             cleanup_policy="compact",
-            delete_retention_ms=10**12 if retain_tombstones else 0,
+            delete_retention_ms=delete_retention_ms,
         )
         self.log = Log(self.dir, self.config)
 
@@ -102,10 +107,14 @@ class CompactionMachine(RuleBasedStateMachine):
         hw = self.log.high_watermark
         self.log.high_watermark = hw + int((self.log.log_end_offset - hw) * fraction)
 
-    @rule(small_map=st.booleans(), later=st.booleans())
-    def clean(self, small_map: bool, later: bool) -> None:
+    @rule(ms=st.sampled_from([1, 400, 999, 1000, 5000]))
+    def advance_clock(self, ms: int) -> None:
+        self.now_ms += ms
+
+    @rule(small_map=st.booleans())
+    def clean(self, small_map: bool) -> None:
         before = read_all(self.log)
-        result = clean(self.log, LATER_MS if later else NOW_MS, dedupe_buffer_bytes=1 if small_map else 1 << 20)
+        result = clean(self.log, self.now_ms, dedupe_buffer_bytes=1 if small_map else 1 << 20)
         after = read_all(self.log)
         if result is None:
             assert after == before
@@ -116,6 +125,23 @@ class CompactionMachine(RuleBasedStateMachine):
         assert [r for r in after if r[0] >= end] == [r for r in before if r[0] >= end], "the dirty rest is untouched"
         keys_below = [k for o, k, _v in after if o < end]
         assert len(keys_below) == len(set(keys_below)), "one record per key below the cleaned end"
+        self.check_tombstones(before, after, end)
+
+    def check_tombstones(self, before: list, after: list, end: int) -> None:
+        present_before = {o for o, _k, _v in before}
+        present_after = {o for o, _k, _v in after}
+        for offset, (key, value) in self.appended.items():
+            if value is not None or offset >= end or offset not in present_before:
+                continue
+            if any(k == key for o, (k, _v) in self.appended.items() if offset < o < end):
+                continue  # superseded: gone whatever its horizon
+            if offset not in self.horizon_ms:  # the first clean to keep it sets its horizon
+                self.horizon_ms[offset] = self.now_ms + self.config.delete_retention_ms
+                assert offset in present_after, "the first clean that reaches a tombstone keeps it"
+            elif self.now_ms < self.horizon_ms[offset]:
+                assert offset in present_after, "a tombstone lives until its delete horizon"
+            else:
+                assert offset not in present_after, "a tombstone goes at the first clean past its delete horizon"
 
     @rule()
     def reopen_after_crash(self) -> None:
@@ -281,21 +307,82 @@ def test_closing_aborts_a_clean_at_its_next_read(tmp_path):
     assert log.cleaner_offset == 0
 
 
+def make_dirty(log: Log, key: bytes = KEYS[0]) -> None:
+    """A new closed, committed segment, so that the next clean runs (and copies the log)."""
+    append(log, [(key, b"newer")])
+    log.roll()
+    log.high_watermark = log.log_end_offset
+
+
 def test_tombstones_outlive_one_clean_then_go_after_delete_retention(tmp_path):
     log = filled_log(tmp_path, delete_retention_ms=60_000)
     clean(log, LATER_MS)
     assert (40, KEYS[1], None) in read_all(log), "the first clean keeps the tombstone, however old"
-    append(log, [(KEYS[0], b"newer")])
-    log.roll()
-    log.high_watermark = log.log_end_offset
-    clean(log, NOW_MS + 59_000)
-    assert (40, KEYS[1], None) in read_all(log), "kept for delete.retention.ms"
-    append(log, [(KEYS[2], b"newest")])
-    log.roll()
-    log.high_watermark = log.log_end_offset
-    clean(log, NOW_MS + 61_000)
+    make_dirty(log)
+    clean(log, LATER_MS + 59_999)
+    assert (40, KEYS[1], None) in read_all(log), "kept for delete.retention.ms after the first clean"
+    make_dirty(log, KEYS[2])
+    clean(log, LATER_MS + 60_000)
     keys = [k for _o, k, _v in read_all(log)]
     assert KEYS[1] not in keys, "the tombstone and every older record of its key are gone"
+
+
+DAY_MS = 86_400_000
+
+
+def test_a_tombstone_with_an_old_create_time_lives_delete_retention_ms_from_the_first_clean_that_kept_it(tmp_path):
+    log = Log(tmp_path, LogConfig(segment_bytes=400, cleanup_policy="compact", delete_retention_ms=DAY_MS))
+    append(log, [(KEYS[0], b"v")])
+    tombstone_ms = NOW_MS - 30 * DAY_MS  # a producer's clock, or a replayed record: a month old
+    log.append_as_leader(build_batch([SimpleRecord(None, KEYS[0], (), tombstone_ms)]), 0)
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    first_clean_ms = NOW_MS
+    clean(log, first_clean_ms)
+    for now_ms in (first_clean_ms + 1, first_clean_ms + DAY_MS // 2, first_clean_ms + DAY_MS - 1):
+        make_dirty(log, KEYS[1])
+        clean(log, now_ms)
+        assert (1, KEYS[0], None) in read_all(log), f"a consumer has until the horizon to see it ({now_ms - first_clean_ms} ms)"
+    make_dirty(log, KEYS[1])
+    clean(log, first_clean_ms + DAY_MS)
+    assert KEYS[0] not in [k for _o, k, _v in read_all(log)], "at the horizon it goes, with the value it deleted"
+
+
+def test_the_first_clean_writes_the_delete_horizon_into_the_tombstones_batch(tmp_path):
+    log = Log(tmp_path, LogConfig(segment_bytes=400, cleanup_policy="compact", delete_retention_ms=DAY_MS))
+    append(log, [(KEYS[0], b"v")])
+    old_ms = NOW_MS - 30 * DAY_MS
+    tombstones = [SimpleRecord(b"kept", KEYS[1], (), old_ms + 9), SimpleRecord(None, KEYS[0], (), old_ms)]
+    log.append_as_leader(build_batch(tombstones, compression="gzip"), 0)
+    log.roll()
+    log.high_watermark = log.log_end_offset
+    clean(log, NOW_MS)
+
+    (batch,) = list(iter_batches(log.read(1, 1 << 20).records))
+    header = batch.header
+    assert header.attributes & 0x40, "the delete horizon flag (Kafka's DELETE_HORIZON_FLAG_MASK)"
+    assert header.base_timestamp == header.delete_horizon_ms == NOW_MS + DAY_MS
+    assert header.max_timestamp == old_ms + 9, "maxTimestamp is still the records' largest"
+    assert batch.is_valid(), "the CRC covers the new attributes and baseTimestamp"
+    assert [(r.offset, r.timestamp_ms) for r in decode_records(batch.data)] == [(1, old_ms + 9), (2, old_ms)]
+    (closed,) = log.cleanable_segments(log.high_watermark)[0]
+    assert closed.max_timestamp_ms == closed.first_batch_timestamp_ms == old_ms + 9, "the segment's times are records'"
+    found = log.offset_for_timestamp(old_ms + 1)
+    assert (found.timestamp_ms, found.offset) == (old_ms + 9, 1), "the time index knows the records' times"
+    assert log.offset_for_timestamp(NOW_MS + 1) is None, "nothing in the log is as late as the horizon"
+
+    make_dirty(log, KEYS[2])
+    clean(log, NOW_MS + 1000)
+    again = next(iter_batches(log.read(1, 1 << 20).records))
+    assert bytes(again.data) == bytes(batch.data), "a later clean keeps the first one's horizon"
+
+    reopened = Log(tmp_path, log.config, recovery_point=0, high_watermark=log.high_watermark,
+                   cleaner_offset=log.cleaner_offset)  # recovery re-reads every batch and checks its CRC
+    assert reopened.truncated_on_recovery_bytes == 0
+    assert (2, KEYS[0], None) in read_all(reopened)
+    recovered = next(iter_batches(reopened.read(1, 1 << 20).records))
+    assert recovered.header.delete_horizon_ms == NOW_MS + DAY_MS
+    reopened.close()
 
 
 def test_a_small_offset_map_cleans_in_several_passes(tmp_path):

@@ -15,18 +15,29 @@ older than `max.compaction.lag.ms`. `clean` then does what Kafka's Cleaner.doCle
    the map's end is where this clean stops (at least one segment is always mapped).
 2. Copies every segment from the log start to the map's end, in groups that fit in one
    segment, into `.cleaned` segments, keeping a record unless the map holds a later
-   offset for its key, or it is a tombstone (null value) that was already below the
-   cleaner offset (it survived a clean) and whose timestamp is older than
-   `delete.retention.ms`. Kafka's own rule went from segment modification times (which a
-   merge of segments refreshes, so a tombstone could live for ever) to a horizon written
-   into the batch (KIP-534); rayk uses the record's timestamp, exact with LogAppendTime
-   and as good as the producer's clock with CreateTime. Batches keep their offset ranges
-   (records keep their offsets);
-   control batches stay whole; a batch the producer state remembers stays, emptied if
-   need be, so idempotent producers' sequences survive (records.filter_batch).
+   offset for its key, or it is a tombstone (null value) whose batch's delete horizon has
+   passed. Batches keep their offset ranges (records keep their offsets); control batches
+   stay whole; a batch the producer state remembers stays, emptied if need be, so
+   idempotent producers' sequences survive (records.filter_batch).
 3. Swaps each group in (Log.replace_segments: `.cleaned` -> `.swap` -> segment names,
    crash-safe) and moves the log's cleaner offset to the map's end.
 Bytes read and written pass a `Throttler` (log.cleaner.io.max.bytes.per.second).
+
+Tombstones live by the delete horizon of KIP-534, as in Kafka since 3.1 (read in
+core/src/main/scala/kafka/log/LogCleaner.scala: cleanInto's RecordFilter(currentTime,
+deleteRetentionMs) and shouldRetainRecord; clients/.../record/MemoryRecords.filterTo). The
+first clean that keeps a batch holding a tombstone, dirty or not, rewrites it with the
+horizon = the clean's `now_ms` + `delete.retention.ms` in its baseTimestamp and attributes
+bit 6 (records.py has the bytes; the records keep their timestamps). A tombstone is dropped
+only from a batch with a horizon, once `now_ms` >= it (Kafka keeps it while currentTime <
+deleteHorizonMs). So a consumer has `delete.retention.ms` from the first clean that kept
+a tombstone to read it, whatever its CreateTime says (a record's own timestamp may be a
+month old on arrival) and however often segments are merged (Kafka's older rule, on the
+segment's modification time, restarted with every merge). A follower copies the leader's
+batches, horizons and all. Nothing schedules a clean for a horizon's passing: as in Kafka,
+the tombstone goes at the first clean after it, which new dirty records bring about.
+Transaction markers, which Kafka times out the same way, do not arise: rayk has no
+transactions and copies control and transactional batches whole.
 
 The cleaner runs beside appends and reads: it reads closed segments through the log, and
 a truncation or retention that changes them first makes the swap refuse the clean, which
@@ -47,6 +58,7 @@ from rayk.storage.records import (
     LENGTH_POS,
     LOG_OVERHEAD_BYTES,
     NO_TIMESTAMP,
+    BatchHeader,
     RecordBatch,
     decode_record_tuples,
     filter_batch,
@@ -170,19 +182,13 @@ def clean(
     first_offset = segments[0].segment.base_offset
     stats = _Stats()
     latest_offsets, map_end = _build_offset_map(log, dirty, dedupe_buffer_bytes, throttler, stats)
-    delete_horizon_ms = now_ms - log.config.delete_retention_ms
-
-    def retain(offset: int, timestamp_ms: int, key: bytes | None, is_tombstone: bool) -> bool:
-        if key is not None and latest_offsets.get(key, offset) > offset:
-            return False  # a later record of the key supersedes it
-        return not is_tombstone or offset >= first_dirty or timestamp_ms >= delete_horizon_ms
-
+    record_filter = _RecordFilter(latest_offsets, now_ms, log.config.delete_retention_ms)
     protected_batches = log.producer_batch_offsets()
     for group in _groups([c for c in segments if c.end_offset <= map_end], log):
         cleaned = log.new_cleaned_segment(group[0].segment.base_offset)
         try:
             for closed in group:
-                _copy_retained(log, closed.segment, cleaned, retain, protected_batches, throttler, stats)
+                _copy_retained(log, closed.segment, cleaned, record_filter, protected_batches, throttler, stats)
             cleaned.set_last_modified_ms(max(c.last_modified_ms for c in group))
             cleaned.on_roll()
         except BaseException:
@@ -193,6 +199,33 @@ def clean(
             return CleanResult(first_offset, log.cleaner_offset, stats.read, stats.written, stats.removed, False)
     completed = log.advance_cleaner_offset(map_end, truncations)
     return CleanResult(first_offset, log.cleaner_offset, stats.read, stats.written, stats.removed, completed)
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordFilter:
+    """Which records of a batch a clean keeps (Kafka's Cleaner.shouldRetainRecord, magic 2),
+    and the delete horizon it gives a batch that keeps a tombstone and has none."""
+
+    latest_offsets: dict[bytes, int]  # key -> its latest offset up to the map's end
+    now_ms: int
+    delete_retention_ms: int
+
+    @property
+    def new_delete_horizon_ms(self) -> int:
+        return self.now_ms + self.delete_retention_ms
+
+    def retain_in(self, header: BatchHeader) -> Callable[[int, int, bytes | None, bool], bool]:
+        """`filter_batch`'s test for the records of the batch with this header."""
+        horizon_ms = header.delete_horizon_ms
+        drops_tombstones = horizon_ms is not None and self.now_ms >= horizon_ms
+        latest_offsets = self.latest_offsets
+
+        def retain(offset: int, _timestamp_ms: int, key: bytes | None, is_tombstone: bool) -> bool:
+            if key is not None and latest_offsets.get(key, offset) > offset:
+                return False  # a later record of the key supersedes it
+            return not (is_tombstone and drops_tombstones)
+
+        return retain
 
 
 @dataclass(slots=True)
@@ -276,7 +309,7 @@ def _copy_retained(
     log: Log,
     source: LogSegment,
     cleaned: LogSegment,
-    retain: Callable[[int, int, bytes | None, bool], bool],
+    record_filter: _RecordFilter,
     protected_batches: set[tuple[int, int]],
     throttler: Throttler,
     stats: _Stats,
@@ -287,7 +320,9 @@ def _copy_retained(
             kept: bytes | None = bytes(batch.data)
         else:
             protected = header.producer_id >= 0 and (header.producer_id, header.base_offset) in protected_batches
-            kept = filter_batch(batch.data, retain, keep_empty=protected)
+            kept = filter_batch(
+                batch.data, record_filter.retain_in(header), protected, record_filter.new_delete_horizon_ms
+            )
         if kept is None:
             stats.removed += header.record_count
             continue
