@@ -33,7 +33,9 @@ from rayk.storage.records import (
     check_batch_at,
     check_records,
     compute_crc,
+    decode_batches_columns,
     decode_records,
+    decode_records_reference,
     decode_varint,
     encode_varint,
     filter_batch,
@@ -788,6 +790,16 @@ def test_a_kept_tombstone_sets_the_delete_horizon_in_attributes_bit_6_and_the_ba
         (100, FILTER_T_MS, b"k0", b"v0"), (101, FILTER_T_MS - 5, b"k1", None), (102, FILTER_T_MS + 7, b"k2", b"v2")
     ], "every record keeps its timestamp: the deltas are re-based on the horizon"
     assert _header(_filter_input("sets_horizon")).delete_horizon_ms is None
+
+
+def test_every_decoder_reads_a_horizon_batchs_records_at_their_own_timestamps():
+    out = filter_batch(_filter_input("sets_horizon"), lambda *_: True, False, FILTER_NOW_MS + FILTER_RETENTION_MS)
+    timestamps = [FILTER_T_MS, FILTER_T_MS - 5, FILTER_T_MS + 7]
+    body, horizon_ms = out[HEADER_SIZE_BYTES:], FILTER_NOW_MS + FILTER_RETENTION_MS
+    assert [r[1] for r in decode_records_reference(body, 3, 100, horizon_ms, -1)] == timestamps  # the C one's reference
+    assert [r.timestamp_ms for r in decode_records(out)] == timestamps
+    _headers, columns = decode_batches_columns([out])
+    assert list(struct.unpack("<3q", columns[1])) == timestamps
 
 
 def test_filter_batch_without_a_horizon_to_give_leaves_a_kept_tombstone_batch_whole():
