@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
+from typing import Any
 
 import aiokafka
 import confluent_kafka
@@ -30,7 +31,7 @@ from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidTopicError
 from rayk.internal_topics import OFFSETS_TOPIC
-from rayk.net.api_versions import FETCH, METADATA, PRODUCE
+from rayk.net.api_versions import CREATE_TOPICS, FETCH, METADATA, PRODUCE
 from rayk.net.entities import kafka_uuid
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
@@ -537,6 +538,72 @@ def test_a_missing_topic_is_created_on_first_use(cluster, bootstrap):
     producer.close()
     assert len(cluster.describe_topic("made-on-first-use")) == 3  # num.partitions
     assert [r.value for r in kafka_python_read(bootstrap, "made-on-first-use", 1)] == [b"first"]
+
+
+def metadata_of(connection: RawConnection, names: list[str]) -> Any:
+    return connection.call(METADATA, 12, {"topics": [{"name": n, "topic_id": None} for n in names],
+                                          "allow_auto_topic_creation": True,
+                                          "include_topic_authorized_operations": False})
+
+
+def test_metadata_auto_creation_answers_before_the_replicas_run_and_names_a_leader_only_once_it_takes_writes(cluster, bootstrap):
+    """Kafka answers a Metadata request naming new topics at once (LEADER_NOT_AVAILABLE):
+    it used to wait for every replica process of each topic in turn, holding up the
+    requests behind it. And the broker Metadata names as leader takes writes then: one
+    named before its replica led answered NOT_LEADER_OR_FOLLOWER, and librdkafka's retries
+    then landed out of order."""
+    names = [f"auto-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    connection = RawConnection(bootstrap)
+    try:
+        answer = metadata_of(connection, names)
+        assert [t.error_code.value for t in answer.topics] == [5, 5]  # LEADER_NOT_AVAILABLE
+        pending = ray.get(cluster.controller.client_metadata.remote(names))["topics"]
+        assert any(p["leader"] < 0 for t in pending.values() for p in t["partitions"].values()), (
+            "answered while replicas were still starting"
+        )
+        endpoints = {b["broker_id"]: "%s:%d" % tuple(b["endpoints"]["PLAINTEXT"]) for b in cluster.brokers()}
+        unproduced = {(n, p) for n in names for p in range(3)}
+        deadline = time.monotonic() + 60
+        while unproduced:
+            assert time.monotonic() < deadline, f"no leader named for {sorted(unproduced)}"
+            for topic in metadata_of(connection, names).topics:
+                for partition in topic.partitions:
+                    key = (topic.name, partition.partition_index)
+                    if key not in unproduced or partition.leader_id < 0:
+                        continue
+                    leader = RawConnection(endpoints[partition.leader_id])
+                    try:  # at once, to the broker just named
+                        produced = leader.call(PRODUCE, 9, {"acks": 1, "timeout": 5000, "topic_data": [
+                            {"name": key[0], "partition_data": [
+                                {"index": key[1], "records": build_batch([SimpleRecord(b"x")])}]}]})
+                    finally:
+                        leader.close()
+                    assert produced.responses[0].partition_responses[0].error_code.value == 0, (
+                        f"{key}: the leader Metadata named refused the write"
+                    )
+                    unproduced.discard(key)
+            time.sleep(0.02)
+    finally:
+        connection.close()
+
+
+def test_create_topics_answers_request_timed_out_at_its_timeout_while_the_creation_goes_on(cluster, bootstrap):
+    name = f"slow-{uuid.uuid4().hex[:8]}"
+    connection = RawConnection(bootstrap)
+    try:
+        answer = connection.call(CREATE_TOPICS, 7, {"topics": [{"name": name, "num_partitions": 2, "replication_factor": 3,
+                                                                "assignments": [], "configs": []}],
+                                                    "timeout": 1, "validate_only": False})
+    finally:
+        connection.close()
+    assert answer.topics[0].error_code.value == 7  # REQUEST_TIMED_OUT
+    wait_until(lambda: all(p["leader"] >= 0 for p in ray.get(cluster.controller.client_metadata.remote([name]))
+                           ["topics"][name]["partitions"].values()), 60, "the creation to finish")
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    delivered = []
+    producer.produce(name, b"v", partition=1, on_delivery=lambda err, msg: delivered.append(err))
+    producer.flush(30)
+    assert delivered == [None]
 
 
 def test_aiokafka_produces_with_codecs_and_consumes_in_a_group(cluster, bootstrap):

@@ -72,6 +72,7 @@ from rayk.errors import (
     InvalidRequestError,
     KafkaError,
     LeaderNotAvailableError,
+    RequestTimedOutError,
     ResourceNotFoundError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
@@ -109,6 +110,10 @@ class Controller:
         self._endpoints: dict[int, dict[str, tuple[str, int]]] = {}
         self._node_memory_bytes: dict[int, int] = {}  # broker id -> its node's memory, as it registered
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
+        # The leader epoch in which each partition's leader last answered its push, so it
+        # takes writes in it: Metadata names a leader only then (a client sent to a leader
+        # still starting got NOT_LEADER_OR_FOLLOWER, and librdkafka then reordered retries).
+        self._leading_in: dict[TopicPartition, int] = {}
         self._dirty: set[TopicPartition] = set()  # partitions whose last push did not reach every replica
         self._replacement_blocked: set[int] = set()  # fenced brokers with nowhere to move (logged once)
         self._next_rebalance_s = time.monotonic() + self.config.leader_imbalance_check_interval_seconds
@@ -227,7 +232,8 @@ class Controller:
             "broker %d registered on node %s with epoch %d (%s shutdown)",
             broker_id, node_id, epoch, "clean" if clean_shutdown else "unclean",
         )
-        return epoch, {(t, p): self._meta.topics[t].topic_id for t, p in mine}
+        # (a topic deleted while the pushes went out is no longer this broker's)
+        return epoch, {(t, p): self._meta.topics[t].topic_id for t, p in mine if t in self._meta.topics}
 
     def _set_endpoints(self, broker_id: int, endpoints: dict[str, tuple[str, int]] | None) -> None:
         if not endpoints:
@@ -476,6 +482,8 @@ class Controller:
         leader_handle = None
         if state.leader != NO_LEADER and state.leader in self._managers:
             leader_handle = await self._push_to(state.leader, assignment(None))
+            if leader_handle is not None and topic in self._meta.topics:
+                self._leading_in[(topic, partition)] = state.leader_epoch
         followers = [b for b in state.replicas if b != state.leader and b in self._managers]
         await asyncio.gather(*(self._push_to(b, assignment(leader_handle)) for b in followers))
 
@@ -583,13 +591,19 @@ class Controller:
 
     async def create_topic(
         self, name: str, num_partitions: int | None = None, replication_factor: int | None = None,
-        configs: dict | None = None, validate_only: bool = False,
+        configs: dict | None = None, validate_only: bool = False, timeout_ms: int | None = None,
     ) -> list[dict]:
         """Creates a topic, waits until every live replica has its role; returns its description.
         A count left out (None, or -1 as in Kafka's CreateTopics) takes the brokers' default:
         `num.partitions`, `default.replication.factor`. POLICY_VIOLATION if a broker would
         hold more replicas than it may (replica_capacity.py). `validate_only` checks all
-        of that, creates nothing and returns []."""
+        of that, creates nothing and returns [].
+
+        `timeout_ms` bounds the wait for the replicas, as Kafka's CreateTopics does: the
+        topic exists once its records are committed, and its replicas start in the
+        background; past `timeout_ms` the call raises REQUEST_TIMED_OUT while they go on
+        starting, and with 0 it returns at once (Metadata's auto-creation: a connection is
+        never held up by replica processes starting). None waits for all of them."""
         if num_partitions in (None, -1):
             num_partitions = self.config.num_partitions
         if replication_factor in (None, -1):
@@ -601,7 +615,18 @@ class Controller:
         if validate_only:
             return []
         self._commit(records)
-        await asyncio.gather(*(self._push_partition(name, p) for p in range(num_partitions)))
+        pushes = asyncio.get_running_loop().create_task(self._push_partitions([(name, p) for p in range(num_partitions)]))
+        self._tasks.add(pushes)
+        pushes.add_done_callback(self._tasks.discard)
+        if timeout_ms is None:
+            await pushes
+        elif timeout_ms > 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(pushes), timeout_ms / 1000)
+            except TimeoutError:
+                raise RequestTimedOutError(
+                    f"topic {name!r} is created; its replicas were not all started within {timeout_ms} ms"
+                ) from None
         return await self.describe_topic(name)
 
     async def create_partitions(self, name: str, total: int, validate_only: bool = False) -> list[dict]:
@@ -726,6 +751,7 @@ class Controller:
         stops = []
         for p, state in partitions.items():
             self._dirty.discard((name, p))
+            self._leading_in.pop((name, p), None)
             for b in state.replicas:
                 self._replica_handles.pop((name, p, b), None)
                 if (manager := self._managers.get(b)) is not None:
@@ -772,15 +798,16 @@ class Controller:
         partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))
         return partition, await self.leader(OFFSETS_TOPIC, partition)
 
-    async def create_offsets_topic(self) -> None:
+    async def create_offsets_topic(self, timeout_ms: int | None = None) -> None:
         """Creates __consumer_offsets, unless it exists, with its own settings (offsets.topic.*,
-        compacted), whoever asks: a group's first request or a Metadata request naming it."""
+        compacted), whoever asks: a group's first request or a Metadata request naming it
+        (`timeout_ms` as for `create_topic`)."""
         if OFFSETS_TOPIC not in self._meta.topics:
             c = self.config
             rf = min(c.offsets_topic_replication_factor, len(self._meta.live_brokers))
             try:
                 configs = {"cleanup.policy": "compact", "segment.bytes": str(c.offsets_topic_segment_bytes)}
-                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), configs)
+                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), configs, timeout_ms=timeout_ms)
             except TopicAlreadyExistsError:
                 pass  # a concurrent request created it
 
@@ -869,7 +896,8 @@ class Controller:
         """What Kafka's Metadata answer holds: the live brokers' listeners (by listener name:
         a Metadata request is answered with the addresses of the listener it came on), and per topic
         (all, or those of `topics` that exist) its id and per partition leader, epoch,
-        replicas and ISR."""
+        replicas and ISR. A leader is named once it has taken up its leadership in the
+        current epoch (else -1: LEADER_NOT_AVAILABLE, as for a topic being created)."""
         live = self._meta.live_brokers
         names = sorted(self._meta.topics) if topics is None else [t for t in topics if t in self._meta.topics]
         return {
@@ -879,7 +907,12 @@ class Controller:
                 name: {
                     "topic_id": self._meta.topics[name].topic_id,
                     "partitions": {
-                        p: {"leader": s.leader, "leader_epoch": s.leader_epoch, "replicas": list(s.replicas), "isr": list(s.isr)}
+                        p: {
+                            "leader": s.leader if self._leading_in.get((name, p)) == s.leader_epoch else NO_LEADER,
+                            "leader_epoch": s.leader_epoch,
+                            "replicas": list(s.replicas),
+                            "isr": list(s.isr),
+                        }
                         for p, s in sorted(self._meta.topics[name].partitions.items())
                     },
                 }

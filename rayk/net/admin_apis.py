@@ -33,7 +33,7 @@ from rayk.errors import (
 from rayk.internal_topics import OFFSETS_TOPIC, is_internal
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
-from rayk.net.entities import controller_timeout_ms
+from rayk.net.entities import controller_timeout_ms, ms
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
@@ -41,6 +41,7 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 TOPIC_CONFIG_SOURCE, STATIC_BROKER_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 1, 4, 5
 INVALID_REPLICA_ASSIGNMENT = 39
 DEFAULT_CONTROLLER_TIMEOUT_MS = 60_000  # CreatePartitions' own default timeout_ms
+CONTROLLER_COMMIT_TIMEOUT_MS = 10_000  # past a creation's own wait, for the Controller to answer at all
 
 
 def api_versions_body(error_code: int = 0) -> dict:
@@ -77,8 +78,14 @@ async def metadata(view: BrokerView, request: Any) -> dict:
     described = await view.controller.client_metadata.remote(names)
     visible = {name: t for name, t in described["topics"].items() if view.authorized(request, DESCRIBE, TOPIC, name)}
     topics = [_topic_metadata(name, t) for name, t in visible.items()]
-    for name in [n for n in names or [] if n not in visible]:
-        code = TopicAuthorizationFailedError.code if name in described["topics"] else await _missing_topic_code(view, name, request)
+    missing = [n for n in names or [] if n not in visible]
+    # Concurrently: each auto-creation is only a commit at the Controller (its replicas
+    # start in the background), but a request naming many topics need not wait for each.
+    codes = await asyncio.gather(*(
+        _missing_topic_code(view, name, request) if name not in described["topics"] else _known(TopicAuthorizationFailedError.code)
+        for name in missing
+    ))
+    for name, code in zip(missing, codes):
         topics.append({"name": name, "error_code": code, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
     brokers = _brokers(described, request)
     return {
@@ -105,9 +112,15 @@ def _topic_metadata(name: str, topic: dict) -> dict:
             "partitions": partitions, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS}
 
 
+async def _known(code: int) -> int:
+    return code
+
+
 async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     """UNKNOWN_TOPIC_OR_PARTITION, or (auto.create.topics.enable and the client allows it)
-    create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does.
+    create the topic with the broker defaults and answer LEADER_NOT_AVAILABLE, as Kafka does:
+    at once, once the topic is committed, not once its replicas run (a Metadata request
+    held up by replica processes starting held up every request behind it on its connection).
     An internal topic is created with its own settings (offsets.topic.*), never the defaults
     for client topics, as Kafka's AutoTopicCreationManager does. A listener whose clients
     authenticate never creates topics this way: they are created on purpose, with CreateTopics."""
@@ -122,10 +135,10 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
         return TopicAuthorizationFailedError.code  # Kafka's answer to an auto-creation it may not do
     try:
         if name == OFFSETS_TOPIC:
-            await view.controller.create_offsets_topic.remote()
+            await view.controller.create_offsets_topic.remote(timeout_ms=0)
         else:
             assert not is_internal(name), f"{name}: an internal topic without its own settings"
-            await view.controller.create_topic.remote(name)
+            await view.controller.create_topic.remote(name, timeout_ms=0)
     except TopicAlreadyExistsError:
         pass
     except Exception as e:
@@ -146,7 +159,11 @@ async def describe_cluster(view: BrokerView, request: Any) -> dict:
 
 
 async def create_topics(view: BrokerView, request: Any) -> dict:
+    """Each topic answers once it is created and its replicas run, or REQUEST_TIMED_OUT at
+    the request's timeout_ms while they go on starting; with timeout_ms <= 0, once it is
+    created (as Kafka's CreateTopics)."""
     body = request.body
+    wait_ms = max(ms(body.timeout, DEFAULT_CONTROLLER_TIMEOUT_MS), 0)
 
     async def one(t: Any) -> dict:
         configs = {c.name: c.value for c in t.configs}
@@ -160,7 +177,10 @@ async def create_topics(view: BrokerView, request: Any) -> dict:
                 _validate(t.name, t.num_partitions, t.replication_factor, configs)
                 await view.controller.create_topic.remote(t.name, t.num_partitions, t.replication_factor, configs, True)
                 return {"name": t.name, "num_partitions": t.num_partitions, "replication_factor": t.replication_factor}
-            partitions = await view.controller.create_topic.remote(t.name, t.num_partitions, t.replication_factor, configs)
+            partitions = await view.ask_controller(
+                "create_topic", t.name, t.num_partitions, t.replication_factor, configs, False, wait_ms,
+                timeout_ms=wait_ms + CONTROLLER_COMMIT_TIMEOUT_MS,
+            )
         except Exception as e:
             return {"name": t.name, "error_code": error_code_of(e), "error_message": error_message_of(e),
                     "num_partitions": -1, "replication_factor": -1}
