@@ -15,8 +15,8 @@ import ray
 
 import rayk
 from rayk.client import TopicPartition
-from rayk.errors import KafkaError
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
+from rayk.errors import KafkaError, TopicAlreadyExistsError
+from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
 
 PARTITIONS = 3
 
@@ -125,6 +125,74 @@ def test_an_idempotent_producer_rides_through_a_controller_restart(cluster):
         assert stored.get((meta.partition, meta.offset)) == value, f"{value!r} is not at its acknowledged offset"
     print(f"\n{len(acked)} records acknowledged; the calls of fresh clients took {entry_points_s:.1f} s from the kill;"
           f" longest send() {sender.longest_send_s * 1000:.0f} ms")
+
+
+class CallLoop(threading.Thread):
+    """Makes one client call again and again until stopped; counts what it returned, the
+    rayk errors it raised, and keeps anything else it raised (which the test forbids)."""
+
+    def __init__(self, name, call):
+        super().__init__(daemon=True, name=name)
+        self.call = call
+        self.returned = 0
+        self.kafka_errors: list[KafkaError] = []
+        self.other_errors: list[BaseException] = []
+        self._halt = threading.Event()
+
+    def run(self):
+        i = 0
+        while not self._halt.is_set():
+            try:
+                self.call(i)
+                self.returned += 1
+            except KafkaError as e:
+                self.kafka_errors.append(e)
+            except BaseException as e:
+                self.other_errors.append(e)
+            i += 1
+            time.sleep(0.02)
+
+    def stop(self):
+        self._halt.set()
+        self.join(timeout=150)  # a call in flight ends within default_api_timeout_ms
+        assert not self.is_alive(), f"{self.name}: a call did not end"
+
+
+def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restarts(cluster):
+    cluster.create_topic("steady", partitions=2, replication_factor=3)
+    admin = cluster.admin()
+
+    def create_and_delete(i):
+        name = f"churn-{i}"
+        admin.create_topic(name, 1, 1)  # not idempotent: a retry must not turn into TOPIC_ALREADY_EXISTS
+        admin.delete_topics([name])
+
+    loops = [
+        CallLoop("describe_topic", lambda i: cluster.describe_topic("steady")),
+        CallLoop("list_topics", lambda i: admin.list_topics()),
+        CallLoop("describe_topics", lambda i: admin.describe_topics(["steady"])),
+        CallLoop("describe_topic_configs", lambda i: admin.describe_topic_configs("steady")),
+        CallLoop("create_and_delete", create_and_delete),
+    ]
+    for loop in loops:
+        loop.start()
+    for _ in range(3):
+        time.sleep(1.5)
+        before = pid_of(cluster.controller)
+        kill_controller(cluster)
+        wait_until(lambda: pid_of(cluster.controller) not in (0, before), 120, "Ray to restart the Controller")
+        wait_until(lambda: cluster.list_topics(), 120, "the restarted Controller to answer")
+    time.sleep(1.5)
+    for loop in loops:
+        loop.stop()
+
+    raised = {loop.name: loop.other_errors for loop in loops if loop.other_errors}
+    assert not raised, f"errors other than rayk's reached the caller: {raised}"
+    assert all(loop.returned for loop in loops), {loop.name: loop.returned for loop in loops}
+    create_loop = loops[-1]
+    assert not [e for e in create_loop.kafka_errors if isinstance(e, TopicAlreadyExistsError)]
+    print("\n" + "; ".join(f"{loop.name}: {loop.returned} returned, {len(loop.kafka_errors)} rayk errors"
+                           f"{' (' + repr(loop.kafka_errors[0]) + ')' if loop.kafka_errors else ''}" for loop in loops))
 
 
 def test_client_calls_raise_only_rayk_errors_while_the_controller_is_away(tmp_path):
