@@ -130,10 +130,11 @@ class CompactionMachine(RuleBasedStateMachine):
     def check_tombstones(self, before: list, after: list, end: int) -> None:
         present_before = {o for o, _k, _v in before}
         present_after = {o for o, _k, _v in after}
+        latest_below_end = {k: o for o, (k, _v) in sorted(self.appended.items()) if o < end}
         for offset, (key, value) in self.appended.items():
             if value is not None or offset >= end or offset not in present_before:
                 continue
-            if any(k == key for o, (k, _v) in self.appended.items() if offset < o < end):
+            if latest_below_end[key] > offset:
                 continue  # superseded: gone whatever its horizon
             if offset not in self.horizon_ms:  # the first clean to keep it sets its horizon
                 self.horizon_ms[offset] = self.now_ms + self.config.delete_retention_ms
