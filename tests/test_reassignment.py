@@ -7,9 +7,15 @@ cancel are refused per partition with Kafka's error codes."""
 
 from __future__ import annotations
 
+import time
+import uuid
+
+import confluent_kafka
+import confluent_kafka.admin
 import kafka.errors as kafka_errors
 import pytest
 import ray
+from ray._private.state import actors as actor_table
 from kafka.admin import KafkaAdminClient
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
@@ -46,6 +52,11 @@ def cluster(data_dir):
     c = rayk.start(brokers=BROKERS, data_dir=data_dir, config=FAST_CONFIG, namespace="reassignment")
     yield c
     c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cluster):
+    return cluster.bootstrap_servers
 
 
 def partition_state(cluster, topic: str, partition: int = 0) -> dict:
@@ -134,6 +145,51 @@ def test_a_push_older_than_a_replicas_removal_or_its_topics_deletion_does_not_br
         assert ray.get(manager.apply_partition.remote(late_push(last))) is None
         assert ("late-push", 0) not in ray.get(manager.describe.remote())["replicas"]
         assert not (data_dir / f"broker-{broker_id}" / partition_dir_name("late-push", 0)).exists()
+
+
+def test_a_replica_whose_partition_nobody_assigns_stops_itself(cluster, data_dir):
+    """A replica whose stop never arrived (lost to a Controller restart, say) fetched from a
+    leader that was gone, forever: its broker finds it is no longer assigned and removes it."""
+    broker_id = 1
+    orphan = PartitionAssignment("ghost", 0, "ghost-topic-id-000000", PartitionState((broker_id,), (broker_id,), broker_id, 0, 0), {}, None)
+    manager = cluster.broker(broker_id)
+    handle = ray.get(manager.apply_partition.remote(orphan))
+    assert handle is not None and ("ghost", 0) in ray.get(manager.describe.remote())["replicas"]
+    ghost_dir = data_dir / f"broker-{broker_id}" / partition_dir_name("ghost", 0)
+    wait_until(lambda: ("ghost", 0) not in ray.get(manager.describe.remote())["replicas"] and not ghost_dir.exists(),
+               60, "the stray replica to stop and its directory to go")
+    wait_until(lambda: actor_table(handle._actor_id.hex())["State"] == "DEAD", 30, "its process to end")
+
+
+def live_replica_actors(namespace: str) -> int:
+    return sum(1 for info in actor_table().values()
+               if info["State"] == "ALIVE" and info["ActorClassName"] == "PartitionReplica"
+               and info.get("RayNamespace", namespace) == namespace)
+
+
+def test_topics_deleted_at_any_point_of_their_creation_leave_no_replica_or_directory(cluster, data_dir, bootstrap):
+    """A client created topics and deleted them while creation went on: every follower
+    pushed after the deletion stayed alive, fetching from its deleted leader, with its
+    directory. Deletions at several points of a creation leave nothing behind."""
+    before = live_replica_actors("reassignment")
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    names = [f"short-lived-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    for name, delay_s in zip(names, (0.0, 0.05, 0.3, 1.0)):
+        created = admin.create_topics([confluent_kafka.admin.NewTopic(name, 2, 3)], operation_timeout=0)
+        time.sleep(delay_s)
+        try:
+            created[name].result(30)
+        except confluent_kafka.KafkaException:
+            pass  # REQUEST_TIMED_OUT or the like: the creation goes on
+        deleted = admin.delete_topics([name], operation_timeout=30)
+        deleted[name].result(60)
+    brokers = [cluster.broker(b) for b in range(BROKERS)]
+
+    def clean() -> bool:
+        held = [tp for m in brokers for tp in ray.get(m.describe.remote())["replicas"] if tp[0] in names]
+        dirs = [d for d in data_dir.glob("broker-*/short-lived-*") if d.name.rpartition("-")[0] in names]
+        return not held and not dirs and live_replica_actors("reassignment") <= before
+    wait_until(clean, 60, "no replica process or directory of the deleted topics")
 
 
 def test_bad_targets_and_cancels_with_nothing_to_cancel_are_refused_per_partition(cluster):

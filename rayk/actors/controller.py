@@ -246,6 +246,12 @@ class Controller:
         if registration is None or registration.fenced or registration.epoch != broker_epoch:
             raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is fenced or not current")
 
+    async def assigned_partitions(self, broker_id: int, broker_epoch: int) -> dict[TopicPartition, str]:
+        """The partitions a broker holds a replica of, with their topic ids (what it checks
+        its running replicas against)."""
+        self._check_broker_epoch(broker_id, broker_epoch)
+        return {(t, p): self._meta.topics[t].topic_id for t, p, _ in self._meta.partitions_of_broker(broker_id)}
+
     async def update_endpoints(self, broker_id: int, broker_epoch: int, endpoints: dict[str, tuple[str, int]] | None) -> None:
         """A broker restarted its Kafka listeners (they died), maybe on other ports."""
         self._check_broker_epoch(broker_id, broker_epoch)

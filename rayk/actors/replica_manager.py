@@ -96,6 +96,7 @@ ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
 OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
 MAX_STOPPED_REMEMBERED = 100_000  # stopped partitions whose late pushes a broker ignores
+STRAY_CHECK_HEARTBEATS = 10  # how often (in heartbeat intervals) a broker looks for replicas nobody assigns it
 LISTENER = "listener"  # the supervisor's key for the Kafka listener; replicas are keyed by TopicPartition
 # (broker id, Controller handle, config, node id) -> the broker's listener actor, created on
 # that node, or None when the config's `listeners` names none.
@@ -123,6 +124,7 @@ class _Replica:
     handle: Any  # None after the replica died, until the Controller's next push re-creates it
     assignment: PartitionAssignment
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
+    last_push: int = 0  # the number of the last push applied to it (ReplicaManager._pushes_applied)
 
 
 def _node_memory_bytes() -> int:
@@ -164,6 +166,7 @@ class ReplicaManager(Supervised):
         # partition epoch up to which a push is older than the stop, None: every epoch, the
         # topic was deleted). Bounded: the oldest are forgotten first.
         self._stopped: dict[TopicPartition, tuple[str, int | None]] = {}
+        self._pushes_applied = 0  # pushes applied so far: which replicas a stray check may judge
         self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
@@ -198,6 +201,7 @@ class ReplicaManager(Supervised):
                 self._loops = [
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
                     self._every(c.broker_heartbeat_interval_ms, self._probe_children),
+                    self._every(c.broker_heartbeat_interval_ms * STRAY_CHECK_HEARTBEATS, self._stop_strays),
                     self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
@@ -259,6 +263,28 @@ class ReplicaManager(Supervised):
             if assigned.get(tp) != topic_id and tp not in self._replicas:
                 logger.info("broker %d: deleting stray partition directory %s", self.broker_id, path)
                 await self._delete_partition_dir(tp)
+
+    async def _stop_strays(self) -> None:
+        """Stops and deletes the replicas whose partition the Controller no longer assigns
+        to this broker (deleted, or moved away) although no stop reached us: a stop lost to a
+        Controller restart, say, left a replica fetching from a leader that is gone, forever.
+        Only replicas that no push reached since the question are judged: a push answered
+        after it may be for a partition created meanwhile."""
+        asked_at = self._pushes_applied
+        try:
+            assigned = await self._controller.assigned_partitions.remote(self.broker_id, self._broker_epoch)
+        except (RayActorError, KafkaError):
+            return  # the Controller is restarting, or this broker registers again: next time
+        for tp, replica in list(self._replicas.items()):
+            if assigned.get(tp) == replica.assignment.topic_id or replica.last_push > asked_at:
+                continue
+            async with self._locks.setdefault(tp, asyncio.Lock()):
+                if self._replicas.get(tp) is not replica or replica.last_push > asked_at:
+                    continue  # a push came meanwhile
+                logger.warning("broker %d: stopping replica %s-%d: its partition is no longer assigned here", self.broker_id, *tp)
+                self._stopped.pop(tp, None)
+                self._stopped[tp] = (replica.assignment.topic_id, replica.assignment.state.partition_epoch)
+                await self._stop_replica(tp, delete=True)
 
     def _registered(self) -> asyncio.Event:
         if self._registered_event is None:
@@ -492,6 +518,8 @@ class ReplicaManager(Supervised):
                     log_config_of(assignment.configs), self._replica_config(assignment.configs)
                 )
             current.assignment = assignment
+            self._pushes_applied += 1
+            current.last_push = self._pushes_applied
             handle = current.handle
             try:
                 await self._make_role(current)
