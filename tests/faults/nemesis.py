@@ -17,7 +17,11 @@ Hence:
   applied only once the cluster is `healthy` again: every partition of every topic led,
   with its full ISR, no reassignment under way, every broker expected back registered.
   So at most one copy of any partition is down or behind at a time, and a copy that lost
-  data (`DATA_LOSS`) has caught up before any other copy can be lost;
+  data (`DATA_LOSS`) has caught up before any other copy can be lost. (Kill -9 of every
+  process takes every copy down at once, but a killed process loses nothing the page
+  cache holds: only the one node whose unflushed tails are cut loses records, which is
+  one copy, as Kafka's guarantee allows; an emptied disk there as well could lose
+  acknowledged records legitimately, and the barrier rules that out);
 - faults that take no copy away (`CONTROL`: the Controller killed, a preferred election,
   an automatic leader rebalance, a reassignment) need no barrier and land while the
   fault before them is still being healed: that overlap is where elections race;
