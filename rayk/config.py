@@ -374,6 +374,13 @@ def validate_topic_configs(configs: Mapping[str, object] | None) -> dict[str, st
     return out
 
 
+def topic_config_defaults(broker: BrokerConfig) -> dict[str, str]:
+    """Every topic config rayk knows, at the value a topic without its own setting has, in
+    the text Kafka's DescribeConfigs gives (flush.messages and flush.ms: Long.MAX_VALUE,
+    never null; message.timestamp.type: CreateTime), so that each can be sent back as it is."""
+    return {**LogConfig().to_properties(), **broker.topic_defaults()}
+
+
 def log_config_of(configs: Mapping[str, str]) -> LogConfig:
     return LogConfig.from_properties({k: v for k, v in configs.items() if k in LOG_PROPERTY_FIELDS})
 

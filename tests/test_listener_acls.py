@@ -135,6 +135,25 @@ def test_without_acls_everything_is_refused_with_kafkas_codes(cluster, tls):
     connection.close()
 
 
+def test_altering_configs_needs_alter_configs(cluster, tls):
+    """As Kafka checks them: ALTER_CONFIGS on the topic (IncrementalAlterConfigs and
+    AlterConfigs) or on the cluster (broker configs)."""
+    cluster.create_topic("configured", partitions=1, replication_factor=1)
+    ops = confluent_admin.AlterConfigOpType
+    set_retention = [confluent_admin.ConfigEntry("retention.ms", "60000", incremental_operation=ops.SET)]
+    topic = confluent_admin.ConfigResource(confluent_admin.ResourceType.TOPIC, "configured", incremental_configs=set_retention)
+    broker = confluent_admin.ConfigResource(confluent_admin.ResourceType.BROKER, "0", incremental_configs=set_retention)
+    alice = confluent_admin.AdminClient(as_alice(cluster, tls))
+    assert admin_error(alice.incremental_alter_configs([topic])[topic]) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    legacy = confluent_admin.ConfigResource(confluent_admin.ResourceType.TOPIC, "configured", set_config={"retention.ms": "1"})
+    assert admin_error(alice.alter_configs([legacy])[legacy]) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    assert admin_error(alice.incremental_alter_configs([broker])[broker]) == ConfluentError.CLUSTER_AUTHORIZATION_FAILED
+    assert cluster.admin().describe_topic_configs("configured") == {}
+    admin = internal_admin(cluster)  # a super user may
+    assert admin_error(admin.incremental_alter_configs([topic])[topic]) is None
+    assert cluster.admin().describe_topic_configs("configured") == {"retention.ms": "60000"}
+
+
 def test_granted_acls_allow_exactly_that_much(cluster, tls):
     ops = confluent_admin.AclOperation
     grant(cluster, topic_acl(ops.WRITE, "orders"), topic_acl(ops.READ, "orders"),

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from rayk.storage.log_manager import is_legal_topic_name
-from rayk.config import log_config_of, validate_topic_configs
+from rayk.config import topic_config_defaults, validate_topic_configs
 from rayk.acls import ALTER, CLUSTER, CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE, TOPIC, WRITE
 from rayk.errors import (
     ClusterAuthorizationFailedError,
@@ -34,7 +34,6 @@ from rayk.internal_topics import OFFSETS_TOPIC, is_internal
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms, ms
-from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
@@ -266,9 +265,7 @@ async def describe_configs(view: BrokerView, request: Any) -> dict:
 
 
 def _topic_configs(view: BrokerView, explicit: dict[str, str]) -> list[dict]:
-    defaults = log_config_of({})
-    values = {name: _config_text(getattr(defaults, field)) for name, field in LOG_PROPERTY_FIELDS.items()}
-    values.update(view.config.topic_defaults())
+    values = topic_config_defaults(view.config)
     out = []
     for name in sorted(set(values) | set(explicit)):
         source = TOPIC_CONFIG_SOURCE if name in explicit else DEFAULT_CONFIG_SOURCE

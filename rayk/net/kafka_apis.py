@@ -5,7 +5,7 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
+`admin_apis`, `config_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
 `quota_apis`; each checks the request's principal against the ACLs
 (broker_view.authorized) where Kafka does.
 
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from rayk.net import acl_apis, admin_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
+from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -49,6 +49,8 @@ HANDLERS: dict[int, Handler] = {
     keys.ELECT_LEADERS: election_apis.elect_leaders,
     keys.DELETE_TOPICS: admin_apis.delete_topics,
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
+    keys.ALTER_CONFIGS: config_apis.alter_configs,
+    keys.INCREMENTAL_ALTER_CONFIGS: config_apis.incremental_alter_configs,
     keys.INIT_PRODUCER_ID: admin_apis.init_producer_id,
     keys.ALTER_PARTITION_REASSIGNMENTS: reassignment_apis.alter_partition_reassignments,
     keys.LIST_PARTITION_REASSIGNMENTS: reassignment_apis.list_partition_reassignments,
