@@ -3,6 +3,7 @@
     rayk start --brokers 3 --data-dir ./rayk-data      deploy onto the running Ray cluster
     rayk status | rayk stop
     rayk topics create|list|describe|alter|delete ...
+    rayk topics delete-records TOPIC --offset N [--partition P]   log start moves to N (-1: the HW)
     rayk topics reassign TOPIC --partition 0 --replicas 3,1,2 | --cancel
     rayk topics reassignments [TOPIC]                  partition moves under way
     rayk groups list | rayk groups describe GROUP
@@ -98,6 +99,16 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _deletion_offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected an offset >= 0, or -1 for the high watermark, got {value}")
     return value
 
 
@@ -336,6 +347,14 @@ def cmd_topics_alter(args: argparse.Namespace) -> None:
 def cmd_topics_delete(args: argparse.Namespace) -> None:
     _connect(args).admin().delete_topics([args.name])
     say(args, f"deleted topic {args.name!r}")
+
+
+def cmd_topics_delete_records(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    partitions = [args.partition] if args.partition is not None else [p["partition"] for p in cluster.describe_topic(args.name)]
+    low_watermarks = cluster.admin().delete_records({(args.name, p): args.offset for p in partitions})
+    rows = sorted((tp.topic, tp.partition, low) for tp, low in low_watermarks.items())
+    say(args, table(("topic", "partition", "log start"), rows))
 
 
 def cmd_topics_reassign(args: argparse.Namespace) -> None:
@@ -960,6 +979,12 @@ def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
                        help="the new, larger partition count (partitions are only added)")
     _config_option(alter, "topic config")
     _add(tsub, "delete", cmd_topics_delete, "delete a topic and its data", [conn]).add_argument("name")
+    delete_records = _add(tsub, "delete-records", cmd_topics_delete_records,
+                          "delete a partition's records below an offset (its log start moves there)", [conn])
+    delete_records.add_argument("name")
+    delete_records.add_argument("--partition", type=_non_negative_int, metavar="N", help="only this partition (default: every one)")
+    delete_records.add_argument("--offset", type=_deletion_offset, required=True, metavar="OFFSET",
+                                help="records below it are deleted; -1: below the high watermark (every committed record)")
     reassign = _add(tsub, "reassign", cmd_topics_reassign,
                     "move a partition to other brokers (new replicas catch up before old ones go), or cancel", [conn])
     reassign.add_argument("name")

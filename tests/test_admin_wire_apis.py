@@ -1,29 +1,38 @@
-"""Kafka's config admin APIs over the wire, as real clients use them
+"""Kafka's config and record-deletion admin APIs over the wire, as real clients use them
 (confluent-kafka's AdminClient, raw frames for what a client would not send): every topic
 config described with a value that AlterConfigs takes back; IncrementalAlterConfigs'
 SET / DELETE / APPEND / SUBTRACT and per-resource errors; broker configs refused as not
-dynamic."""
+dynamic; DeleteRecords moving the log start for consumers, followers, retention and the
+checkpoint, from a Kafka client, rayk's Admin and the CLI."""
 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import confluent_kafka
 import confluent_kafka.admin as confluent_admin
 import pytest
 import ray
 from confluent_kafka import KafkaError as ConfluentError
+from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
 import rayk
+from rayk.client import TopicPartition
+from rayk.errors import OffsetOutOfRangeError, PolicyViolationError
 from rayk.net.api_versions import ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection
 
 NAMESPACE = "admin-wire-apis"
+REPO = Path(__file__).resolve().parents[1]
 LONG_MAX = "9223372036854775807"
 TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
-NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG, INVALID_REQUEST = 0, 1, 3, 40, 42
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG, INVALID_REQUEST = 0, 1, 3, 40, 42
 _names = itertools.count()
 
 
@@ -33,8 +42,13 @@ def address():
 
 
 @pytest.fixture(scope="module")
-def cluster(address, tmp_path_factory):
-    c = rayk.start(brokers=2, data_dir=tmp_path_factory.mktemp("admin-wire-apis"), config={**FAST_CONFIG, "auto.leader.rebalance.enable": False},
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("admin-wire-apis")
+
+
+@pytest.fixture(scope="module")
+def cluster(address, data_dir):
+    c = rayk.start(brokers=2, data_dir=data_dir, config={**FAST_CONFIG, "auto.leader.rebalance.enable": False},
                    namespace=NAMESPACE)
     yield c
     c.shutdown()
@@ -117,6 +131,13 @@ def test_incremental_alter_configs_sets_deletes_appends_and_subtracts(cluster, a
     assert entries["retention.ms"].source == confluent_admin.ConfigSource.DEFAULT_CONFIG.value
 
 
+def replicas(cluster, topic: str, partition: int = 0) -> list:
+    """The partition's replica handles, its leader's first."""
+    (state,) = [p for p in cluster.describe_topic(topic) if p["partition"] == partition]
+    brokers = sorted(state["replicas"], key=lambda b: b != state["leader"])
+    return [ray.get(cluster.controller.replica.remote(topic, partition, b)) for b in brokers]
+
+
 def test_alter_configs_answers_each_resource_with_kafkas_error_and_changes_nothing_else(cluster):
     topic = new_topic(cluster, {"retention.ms": "5000"})
     connection = RawConnection(cluster.bootstrap_servers)
@@ -167,3 +188,73 @@ def test_broker_configs_are_refused_as_kafka_refuses_configs_that_are_not_dynami
                                                          incremental_operation=confluent_admin.AlterConfigOpType.SET)])
     assert error_code(admin.incremental_alter_configs([resource])[resource]) == ConfluentError.INVALID_REQUEST
     assert ray.get(cluster.controller.broker_config.remote()).num_partitions == 1
+
+
+def produce_one_batch_each(cluster, topic: str, count: int) -> None:
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all", "linger.ms": 0})
+    for i in range(count):
+        producer.produce(topic, b"v" * 100, partition=0)
+        producer.flush(30)
+    assert len(producer) == 0
+
+
+def log_start_offsets_checkpointed(data_dir: Path, topic: str) -> list[int]:
+    found = []
+    for checkpoint in sorted(data_dir.glob("broker-*/log-start-offset-checkpoint")):
+        for line in checkpoint.read_text().splitlines()[2:]:
+            name, partition, offset = line.split()
+            if (name, partition) == (topic, "0"):
+                found.append(int(offset))
+    return found
+
+
+def test_delete_records_moves_the_log_start_for_consumers_followers_retention_and_the_checkpoint(cluster, admin, data_dir):
+    topic = new_topic(cluster, {"segment.bytes": "1500"})  # ~8 one-record batches a segment
+    produce_one_batch_each(cluster, topic, 40)
+    deleted = admin.delete_records([ConfluentTopicPartition(topic, 0, 25)])
+    (future,) = deleted.values()
+    assert future.result(30).low_watermark == 25
+    above_hw = admin.delete_records([ConfluentTopicPartition(topic, 0, 41)])
+    assert error_code(next(iter(above_hw.values()))) == ConfluentError.OFFSET_OUT_OF_RANGE
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": "unused",
+                                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        assert consumer.get_watermark_offsets(ConfluentTopicPartition(topic, 0), timeout=30) == (25, 40)
+        consumer.assign([ConfluentTopicPartition(topic, 0, 3)])  # below the log start: out of range, reset
+        message = None
+        while message is None or message.error() is not None:
+            message = consumer.poll(1)
+        assert message.offset() == 25
+    finally:
+        consumer.close()
+
+    leader, follower = replicas(cluster, topic)
+    wait_until(lambda: ray.get(follower.log_size.remote())[0] == 25, 30, "the follower to take the leader's log start")
+    for replica in (leader, follower):
+        assert ray.get(replica.enforce_retention.remote()) >= 1, "segments wholly below the log start go"
+        assert 0 < ray.get(replica.log_size.remote())[0] == 25
+    wait_until(lambda: log_start_offsets_checkpointed(data_dir, topic) == [25, 25], 30, "the log-start-offset checkpoints")
+
+    (to_hw,) = admin.delete_records([ConfluentTopicPartition(topic, 0, -1)]).values()
+    assert to_hw.result(30).low_watermark == 40
+
+
+def test_admin_and_cli_delete_records(cluster, address):
+    topic = new_topic(cluster)
+    produce_one_batch_each(cluster, topic, 10)
+    admin = cluster.admin()
+    assert admin.delete_records({(topic, 0): 4}) == {TopicPartition(topic, 0): 4}
+    with pytest.raises(OffsetOutOfRangeError):
+        admin.delete_records({(topic, 0): 11})
+    compacted = new_topic(cluster, {"cleanup.policy": "compact"})
+    with pytest.raises(PolicyViolationError):
+        admin.delete_records({(compacted, 0): 0})
+    result = subprocess.run(
+        [sys.executable, "-m", "rayk.cli", "topics", "delete-records", topic, "--offset", "7",
+         "--address", address, "--namespace", NAMESPACE],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-3:] == [topic, "0", "7"]
+    assert ray.get(replicas(cluster, topic)[0].log_size.remote())[0] == 7

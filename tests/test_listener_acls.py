@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError as ConfluentError
 import rayk
 from rayk.acls import ALLOW, LITERAL, READ, TOPIC, AclBinding, AclFilter
 from rayk.client.admin import ScramUpsertion
-from rayk.net.api_versions import CREATE_ACLS, DESCRIBE_ACLS
+from rayk.net.api_versions import CREATE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
 from tests.tls_helpers import TlsFiles
@@ -135,22 +135,33 @@ def test_without_acls_everything_is_refused_with_kafkas_codes(cluster, tls):
     connection.close()
 
 
-def test_altering_configs_needs_alter_configs(cluster, tls):
+def test_altering_configs_and_deleting_records_need_alter_configs_and_delete(cluster, tls):
     """As Kafka checks them: ALTER_CONFIGS on the topic (IncrementalAlterConfigs and
-    AlterConfigs) or on the cluster (broker configs)."""
+    AlterConfigs) or on the cluster (broker configs), DELETE on the topic (DeleteRecords)."""
     cluster.create_topic("configured", partitions=1, replication_factor=1)
     ops = confluent_admin.AlterConfigOpType
     set_retention = [confluent_admin.ConfigEntry("retention.ms", "60000", incremental_operation=ops.SET)]
     topic = confluent_admin.ConfigResource(confluent_admin.ResourceType.TOPIC, "configured", incremental_configs=set_retention)
     broker = confluent_admin.ConfigResource(confluent_admin.ResourceType.BROKER, "0", incremental_configs=set_retention)
+    records = confluent_kafka.TopicPartition("configured", 0, 0)
     alice = confluent_admin.AdminClient(as_alice(cluster, tls))
     assert admin_error(alice.incremental_alter_configs([topic])[topic]) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     legacy = confluent_admin.ConfigResource(confluent_admin.ResourceType.TOPIC, "configured", set_config={"retention.ms": "1"})
     assert admin_error(alice.alter_configs([legacy])[legacy]) == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     assert admin_error(alice.incremental_alter_configs([broker])[broker]) == ConfluentError.CLUSTER_AUTHORIZATION_FAILED
+    # (raw: alice's client cannot see the topic's leader in Metadata, so it would not ask)
+    connection = RawConnection(cluster.bootstrap_servers_for("EXTERNAL"),
+                               tls=ssl.create_default_context(cafile=tls.truststore))
+    scram_login(connection, "alice", PASSWORD)
+    deletion = connection.call(DELETE_RECORDS, 2, {"timeout": 5000, "topics": [
+        {"name": "configured", "partitions": [{"partition_index": 0, "offset": 0}]}]})
+    connection.close()
+    assert deletion.topics[0].partitions[0].error_code.value == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     assert cluster.admin().describe_topic_configs("configured") == {}
     admin = internal_admin(cluster)  # a super user may
     assert admin_error(admin.incremental_alter_configs([topic])[topic]) is None
+    (deletion,) = admin.delete_records([records]).values()
+    assert admin_error(deletion) is None
     assert cluster.admin().describe_topic_configs("configured") == {"retention.ms": "60000"}
 
 

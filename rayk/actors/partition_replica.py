@@ -75,6 +75,7 @@ from rayk.errors import (
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
+    PolicyViolationError,
     RequestTimedOutError,
     StaleBrokerEpochError,
     UnknownLeaderEpochError,
@@ -106,6 +107,7 @@ ISR_CHANGE_TIMEOUT_MS = 10_000  # no answer from the Controller by then: the out
 _ISR_CHANGE_REFUSED = (IneligibleReplicaError,)
 LOG_LOCK_WAIT_MS = 30_000  # a replica re-created after a crash waits this long for the old process to go
 SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
+DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +570,26 @@ class PartitionReplica(Supervised):
         if found is None or found.offset >= log.high_watermark:
             return -1, -1
         return found.offset, found.timestamp_ms
+
+    async def delete_records(self, offset: int) -> int:
+        """Kafka's DeleteRecords on the leader: the log start offset moves up to `offset`
+        (-1: the high watermark) and the new log start (the low watermark) is returned.
+        Consumers fetching below it get OFFSET_OUT_OF_RANGE, retention deletes the segments
+        wholly below it, the broker's log-start-offset checkpoint keeps it, and followers
+        take it from their next fetch's answer. OFFSET_OUT_OF_RANGE for an offset above the
+        HW (or below -1), POLICY_VIOLATION unless cleanup.policy includes delete."""
+        if self._role != "leader":
+            raise self._not_leader()
+        log = self._log
+        if not log.config.deletes:
+            raise PolicyViolationError(
+                f"records of {self.topic}-{self.partition} cannot be deleted: cleanup.policy is {log.config.cleanup_policy}"
+            )
+        target = log.high_watermark if offset == DELETE_TO_HIGH_WATERMARK else offset
+        if target < 0:
+            raise OffsetOutOfRangeError(f"the offset {offset} for {self.topic}-{self.partition} is not valid")
+        log.maybe_increment_log_start_offset(target)  # OFFSET_OUT_OF_RANGE above the HW
+        return log.log_start_offset
 
     async def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""

@@ -17,7 +17,8 @@ another way after that epoch answers with the diverging epoch and its end instea
 records (the fetch-path check of KIP-320/KIP-595), and the follower truncates the same
 way and fetches on. Records are appended with `append_as_follower` (a log that ends
 inside the leader's first batch first gives up its part of it, to take the batch whole);
-the follower's high watermark becomes min(leader HW, own LEO). An out-of-range fetch offset means the leader's
+the follower's high watermark becomes min(leader HW, own LEO), and its log start offset
+moves up to the leader's (as far as its HW) when that is higher. An out-of-range fetch offset means the leader's
 log starts past ours (retention: start over at its log start) or ends before ours (cut
 ours back to its end).
 
@@ -137,6 +138,11 @@ class ReplicaFetcher:
         new_hw = min(result.high_watermark, log.log_end_offset)
         if new_hw > log.high_watermark:
             log.high_watermark = new_hw
+        # The leader's log start moved past ours (DeleteRecords, retention): so does ours,
+        # as far as our HW, as Kafka's followers do (ReplicaFetcherThread.processPartitionData).
+        log_start = min(result.log_start_offset, log.high_watermark)
+        if log_start > log.log_start_offset:
+            log.maybe_increment_log_start_offset(log_start)
 
     def _fetch(self) -> Any:
         c = self._config

@@ -1,4 +1,4 @@
-"""Admin: topics, topic configs, partition reassignments, consumer groups, ACLs and SCRAM
+"""Admin: topics, topic configs, records (delete_records), partition reassignments, consumer groups, ACLs and SCRAM
 credentials of a rayk cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
 coordinators' actor handles).
 
@@ -36,6 +36,9 @@ from rayk.errors import (
     InvalidReplicaAssignmentError,
     InvalidTopicError,
     KafkaError,
+    LeaderNotAvailableError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
@@ -278,6 +281,40 @@ class Admin:
         merged = {**self.describe_topic_configs(name), **configs}
         return self._calls(lambda: self._controller.alter_topic_configs.remote(name, merged), f"AlterConfigs {name!r}")
 
+    # ------------------------------------------------------------------ records
+
+    def delete_records(self, records_to_delete: Mapping[Any, int]) -> dict[TopicPartition, int]:
+        """Kafka's deleteRecords: per (topic, partition), its leader's log start offset moves
+        up to the offset given (-1: the high watermark), and the new low watermark is
+        returned. Records below it are no longer read (consumers fetching there get
+        OFFSET_OUT_OF_RANGE), retention deletes them, and the followers follow. Every
+        partition is tried; then the first one's error is raised, if any:
+        OffsetOutOfRangeError above the high watermark, PolicyViolationError for a topic
+        without cleanup.policy delete, InvalidTopicError for an internal topic,
+        UnknownTopicOrPartitionError. A moved leader is looked up again."""
+        wanted = {_topic_partition(key): _deletion_offset(key, offset) for key, offset in records_to_delete.items()}
+        deadline_s = self._calls.deadline_s()
+        out: dict[TopicPartition, int] = {}
+        first_error: KafkaError | None = None
+        for tp, offset in wanted.items():
+            what = f"DeleteRecords {tp.topic}-{tp.partition}"
+            try:
+                if tp.topic.startswith("__"):
+                    raise InvalidTopicError(f"Cannot delete records of internal topic {tp.topic}")
+                out[tp] = calls.retry(
+                    lambda tp=tp, offset=offset: self._delete_records(tp, offset, deadline_s, what), deadline_s, what,
+                    retry_backoff_ms=self._calls.retry_backoff_ms, retry_if=_leader_moved,
+                )  # fmt: skip
+            except KafkaError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return out
+
+    def _delete_records(self, tp: TopicPartition, offset: int, deadline_s: float, what: str) -> int:
+        leader = calls.get(self._controller.leader.remote(tp.topic, tp.partition), deadline_s, what)
+        return calls.get(leader.delete_records.remote(offset), deadline_s, what)
+
     # ------------------------------------------------------------------ leader elections (KIP-460)
 
     def elect_leaders(
@@ -445,6 +482,18 @@ def _topic_partition(key: Any) -> TopicPartition:
     except (TypeError, ValueError):
         pass
     raise InvalidTopicError(f"{key!r} is not a (topic, partition) pair")
+
+
+def _deletion_offset(key: Any, offset: Any) -> int:
+    """A DeleteRecords offset: an integer >= -1 (-1: the high watermark)."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
+        raise OffsetOutOfRangeError(f"{key!r}: the offset to delete records below must be an integer >= -1, got {offset!r}")
+    return offset
+
+
+def _leader_moved(error: KafkaError) -> bool:
+    """Worth asking the partition's leader again: unanswered, or it no longer leads."""
+    return calls.unanswered(error) or isinstance(error, (NotLeaderOrFollowerError, LeaderNotAvailableError))
 
 
 def _broker_ids(tp: TopicPartition, replicas: Sequence[int]) -> list[int]:

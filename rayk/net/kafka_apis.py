@@ -5,7 +5,7 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `config_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
+`admin_apis`, `config_apis`, `records_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
 `quota_apis`; each checks the request's principal against the ACLs
 (broker_view.authorized) where Kafka does.
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
+from rayk.net import records_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -41,6 +42,7 @@ HANDLERS: dict[int, Handler] = {
     keys.FETCH: data_apis.fetch,
     keys.LIST_OFFSETS: data_apis.list_offsets,
     keys.OFFSET_FOR_LEADER_EPOCH: data_apis.offset_for_leader_epoch,
+    keys.DELETE_RECORDS: records_apis.delete_records,
     keys.METADATA: admin_apis.metadata,
     keys.API_VERSIONS: admin_apis.api_versions,
     keys.DESCRIBE_CLUSTER: admin_apis.describe_cluster,

@@ -651,14 +651,38 @@ class Log:
 
     # ------------------------------------------------------------------ retention
 
-    def delete_expired_segments(self, now_ms: int | None = None) -> int:
-        """Deletes whole segments past `retention.ms` or beyond `retention.bytes`, oldest
-        first, never one that holds offsets at or above the HW. Returns how many went.
-        Only with cleanup.policy delete: a compact-only log keeps every key's latest record."""
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Moves the log start up to `offset` (Kafka's DeleteRecords on a leader, and a
+        follower taking its leader's log start): records below it are no longer read, and
+        the segments wholly below it go at the next retention check. OFFSET_OUT_OF_RANGE
+        above the HW, since only committed records may be deleted. Returns whether it moved."""
         with self._lock:
             self._check_open()
-            if not self.config.deletes:
-                return 0
+            if offset > self._high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"cannot move the log start offset to {offset}: above the high watermark {self._high_watermark}"
+                )
+            if offset <= self._log_start_offset:
+                return False
+            self._advance_log_start(offset)
+            return True
+
+    def _advance_log_start(self, offset: int) -> None:
+        """The log start becomes `offset`; what the log keeps about records below it goes."""
+        assert self._log_start_offset <= offset <= self._high_watermark, "the log start only grows, up to the HW"
+        self._log_start_offset = offset
+        self._cleaner_offset = max(self._cleaner_offset, offset)
+        self.leader_epoch_cache.truncate_from_start(offset)
+        self.producer_state.remove_batches_below(offset)
+        producer_snapshot.delete(self.dir_path, [o for o in producer_snapshot.snapshot_offsets(self.dir_path) if o < offset])
+
+    def delete_expired_segments(self, now_ms: int | None = None) -> int:
+        """Deletes whole segments wholly below the log start offset (moved by DeleteRecords),
+        and with cleanup.policy delete those past `retention.ms` or beyond `retention.bytes`,
+        oldest first, never one that holds offsets at or above the HW. Returns how many went.
+        A compact-only log keeps every key's latest record above its log start."""
+        with self._lock:
+            self._check_open()
             now_ms = self._clock_ms() if now_ms is None else now_ms
             retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
             excess_bytes = sum(s.size_bytes for s in self._segments) - retention_bytes
@@ -666,6 +690,12 @@ class Log:
             for i, segment in enumerate(self._segments):
                 upper = self._segments[i + 1].base_offset if i + 1 < len(self._segments) else self._log_end_offset
                 if (segment.is_empty and i == len(self._segments) - 1) or upper > self._high_watermark:
+                    break
+                if upper <= self._log_start_offset and i + 1 < len(self._segments):
+                    excess_bytes -= segment.size_bytes
+                    doomed += 1
+                    continue
+                if not self.config.deletes:
                     break
                 newest_ms = segment.max_timestamp_ms if segment.max_timestamp_ms >= 0 else segment.last_modified_ms
                 expired = retention_ms >= 0 and now_ms - newest_ms > retention_ms
@@ -681,13 +711,7 @@ class Log:
             for segment in self._segments[:doomed]:
                 segment.delete()
             del self._segments[:doomed], self._base_offsets[:doomed]
-            self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-            self._cleaner_offset = max(self._cleaner_offset, self._log_start_offset)
-            self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
-            self.producer_state.remove_batches_below(self._log_start_offset)
-            producer_snapshot.delete(
-                self.dir_path, [o for o in producer_snapshot.snapshot_offsets(self.dir_path) if o < self._log_start_offset]
-            )
+            self._advance_log_start(max(self._log_start_offset, self._segments[0].base_offset))
             assert self._log_start_offset <= self._high_watermark <= self._log_end_offset
             return doomed
 
