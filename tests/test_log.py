@@ -564,6 +564,28 @@ def test_retention_of_every_segment_rolls_a_fresh_active_one(tmp_path):
     assert log.append_as_leader(batch(1), leader_epoch=0).first_offset == 2
 
 
+def test_a_moved_log_start_hides_the_records_below_it_and_retention_deletes_their_segments(tmp_path):
+    """DeleteRecords: the log start moves inside a segment; whole segments below it go at the
+    next retention check even for a compacted log (Kafka's deleteLogStartOffsetBreachedSegments)."""
+    one = batch(2)
+    log = Log(tmp_path, LogConfig(segment_bytes=len(one) * 2, retention_ms=-1, cleanup_policy="compact"))
+    for _ in range(6):
+        log.append_as_leader(one, leader_epoch=0)
+    assert log.segment_base_offsets == [0, 4, 8]
+    log.high_watermark = 10
+    with pytest.raises(OffsetOutOfRangeError):
+        log.maybe_increment_log_start_offset(11)  # above the high watermark
+    assert log.maybe_increment_log_start_offset(5) and not log.maybe_increment_log_start_offset(3)
+    assert log.log_start_offset == 5
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(4, 1 << 20)
+    assert log.delete_expired_segments() == 1
+    assert (log.segment_base_offsets, log.log_start_offset) == ([4, 8], 5)
+    log.close()
+    again = Log(tmp_path, LogConfig(segment_bytes=len(one) * 2), log_start_offset=5, high_watermark=10)
+    assert again.log_start_offset == 5
+
+
 # ---------------------------------------------------------------------- timestamps
 
 
