@@ -640,8 +640,12 @@ class Nemesis:
             node_id = broker_node(self.ray_cluster, c, broker).node_id
             pids = rayk_actor_pids_on_node(node_id)
             signal_all(pids, signal.SIGSTOP)  # nothing writes while the disk is swapped
-            shutil.rmtree(self.data_dir / f"broker-{broker}")
+            # Swapped in one step: a process the actor table did not show yet (a replica being
+            # created) may be renaming a checkpoint in there, and rmtree would trip over it.
+            old_disk = self.data_dir / f"broker-{broker}.replaced-{time.monotonic_ns()}"
+            os.rename(self.data_dir / f"broker-{broker}", old_disk)
             signal_all(pids, signal.SIGKILL)
+            shutil.rmtree(old_disk, ignore_errors=True)
             return f"broker {broker}'s data directory emptied under its {len(pids)} stopped processes, then SIGKILL"
         if fault.kind == CRASH_ALL:
             pids = live_rayk_actor_pids()
