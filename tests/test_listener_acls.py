@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError as ConfluentError
 import rayk
 from rayk.acls import ALLOW, LITERAL, READ, TOPIC, AclBinding, AclFilter
 from rayk.client.admin import ScramUpsertion
-from rayk.net.api_versions import CREATE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS
+from rayk.net.api_versions import API_VERSIONS, CREATE_ACLS, DELETE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
 from tests.tls_helpers import TlsFiles
@@ -205,6 +205,28 @@ def test_deleted_acls_take_the_rights_back(cluster, tls):
     producer.close()
     errors, values = consume_errors(alice, "orders", "alice-group")
     assert errors == [] and values == [b"y"], "READ stays"
+
+
+def test_acl_apis_are_served_from_version_1_as_kafka_4_serves_them(cluster):
+    """librdkafka up to 2.12 asks for CreateAcls / DescribeAcls / DeleteAcls v0-1: served
+    from v2 only, ACL management from every such client failed against rayk."""
+    connection = RawConnection(cluster.bootstrap_servers_for("INTERNAL"))
+    try:
+        versions = {k.api_key: (k.min_version, k.max_version) for k in connection.call(API_VERSIONS, 3, {
+            "client_software_name": "test", "client_software_version": "1"}).api_keys}
+        assert versions[CREATE_ACLS] == versions[DESCRIBE_ACLS] == versions[DELETE_ACLS] == (1, 3)
+        creation = {"resource_type": TOPIC, "resource_name": "v1-topic", "resource_pattern_type": LITERAL,
+                    "principal": "User:bob", "host": "*", "operation": READ, "permission_type": ALLOW}
+        created = connection.call(CREATE_ACLS, 1, {"creations": [creation]})
+        assert [r.error_code.value for r in created.results] == [0]
+        bob = {"resource_type_filter": TOPIC, "resource_name_filter": "v1-topic", "pattern_type_filter": LITERAL,
+               "principal_filter": "User:bob", "host_filter": None, "operation": READ, "permission_type": ALLOW}
+        described = connection.call(DESCRIBE_ACLS, 1, bob)
+        assert described.error_code.value == 0 and [r.resource_name for r in described.resources] == ["v1-topic"]
+        deleted = connection.call(DELETE_ACLS, 1, {"filters": [bob]})
+        assert [len(r.matching_acls) for r in deleted.filter_results] == [1]
+    finally:
+        connection.close()
 
 
 def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls):

@@ -56,9 +56,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     SASL_AUTHENTICATE: (0, 2),
     DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
-    DESCRIBE_ACLS: (2, 3),  # Kafka 4.0's floor
-    CREATE_ACLS: (2, 3),
-    DELETE_ACLS: (2, 3),
+    DESCRIBE_ACLS: (1, 3),  # Kafka 4.x's floor; librdkafka up to 2.12 sends v0-1
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
     DESCRIBE_CLIENT_QUOTAS: (0, 1),
     ALTER_CLIENT_QUOTAS: (0, 1),
     DELETE_RECORDS: (0, 2),
