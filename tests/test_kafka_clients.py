@@ -109,10 +109,23 @@ def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(
 
 
 def committed_standalone(bootstrap: str, topic: str, group: str, offset: int) -> None:
-    """A standalone consumer (assign, no subscription) commits `offset` for partition 0."""
+    """A standalone consumer (assign, no subscription) commits `offset` for partition 0,
+    again while the coordinator is not there yet (librdkafka's synchronous commit does not
+    wait for it: __consumer_offsets may have been created a moment ago)."""
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+
+    def commit() -> bool:
+        try:
+            consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, offset)], asynchronous=False)
+        except confluent_kafka.KafkaException as e:
+            if not (e.args[0].retriable() or e.args[0].code() == confluent_kafka.KafkaError._WAIT_COORD):
+                raise
+            time.sleep(0.5)
+            return False
+        return True
+
     try:
-        consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, offset)], asynchronous=False)
+        wait_until(commit, 60, f"group {group} to commit")
     finally:
         consumer.close()
 
