@@ -189,22 +189,6 @@ def test_granted_acls_allow_exactly_that_much(cluster, tls):
     assert AclBinding(TOPIC, "orders", LITERAL, "User:alice", "*", READ, ALLOW) in described and len(described) == 4
 
 
-def test_authorized_operations_are_reported_when_asked_for(cluster, tls):
-    """KIP-430: Metadata, DescribeCluster and DescribeGroups say what the principal may do
-    when the client asks (they always answered 'not asked for')."""
-    ops = confluent_admin.AclOperation
-    alice = confluent_admin.AdminClient(as_alice(cluster, tls))
-    topic = alice.describe_topics(confluent_kafka.TopicCollection(["orders"]), include_authorized_operations=True)
-    assert set(topic["orders"].result(20).authorized_operations) == {ops.READ, ops.WRITE, ops.DESCRIBE}
-    assert not alice.describe_cluster(include_authorized_operations=True).result(20).authorized_operations
-    group = alice.describe_consumer_groups(["alice-group"], include_authorized_operations=True)["alice-group"]
-    assert set(group.result(20).authorized_operations) == {ops.READ, ops.DESCRIBE}
-    internal = internal_admin(cluster)  # held until the future is done
-    everything = internal.describe_cluster(include_authorized_operations=True).result(20)
-    assert set(everything.authorized_operations) == {ops.CREATE, ops.CLUSTER_ACTION, ops.DESCRIBE_CONFIGS, ops.ALTER_CONFIGS,
-                                                     ops.IDEMPOTENT_WRITE, ops.ALTER, ops.DESCRIBE}, "a super user"
-
-
 def test_deleted_acls_take_the_rights_back(cluster, tls):
     ops = confluent_admin.AclOperation
     delete = confluent_admin.AclBindingFilter(confluent_admin.ResourceType.TOPIC, "orders",
