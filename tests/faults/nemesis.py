@@ -39,7 +39,9 @@ offset; every record the group or the pipeline read is stored where it was read;
 group's committed offsets never went backwards nor past a record the group had not
 processed; the group and the pipeline reach the end of every partition; the copy holds
 every record (twice only if the pipeline replayed a batch after a failure); and within
-HEAL_BOUND_S every partition is led with its full ISR and writes go on on every partition.
+HEAL_BOUND_S every partition is led with its full ISR and writes go on on every partition;
+and no send failed with UNKNOWN_SERVER_ERROR (a replica raising what no fault explains;
+other unacknowledged sends, e.g. a delivery timeout, are reported, not failed).
 """
 
 from __future__ import annotations
@@ -780,6 +782,8 @@ class Workload:
         if holes:
             failures.append(f"offsets missing below the end of the log: {holes}")
         self.notes.append(f"unacknowledged sends: {dict(traffic.failed) or 'none'}")
+        if traffic.failed.get("UNKNOWN_SERVER_ERROR"):  # an unexpected exception in a replica, not a fault's effect
+            failures.append(f"{traffic.failed['UNKNOWN_SERVER_ERROR']} sends failed with UNKNOWN_SERVER_ERROR")
 
         # The group reaches the end of every partition, then its offsets are compared.
         try:
