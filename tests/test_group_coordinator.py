@@ -279,3 +279,21 @@ def test_records_the_coordinator_did_not_write_are_skipped_with_an_error_each_an
         coordinator.close()
 
     asyncio.run(main())
+
+
+def test_a_committed_leader_epoch_survives_a_replay_and_a_record_written_without_one_reads_as_minus_one():
+    async def main() -> None:
+        partition = Partition()
+        coordinator = GroupCoordinator(partition.append, config())
+        await coordinator.commit_offsets("g", -1, "", {("t", 0): (5, "m", 3), ("t", 1): (6, ""), ("t", 2): (7, "", -9)})
+        older = {"offset": 8, "metadata": "", "commit_timestamp_ms": 0}  # written before leader epochs were kept
+        partition.records.append((offset_key("g", "t", 3), msgpack.packb(older)))
+        for loaded in (coordinator, partition.replayed()):
+            found = await loaded.fetch_offsets("g")
+            epochs = {tp: (c.offset, c.leader_epoch) for tp, c in found.items()}
+            if loaded is coordinator:
+                epochs.pop(("t", 3), None)
+            assert epochs == {("t", 0): (5, 3), ("t", 1): (6, -1), ("t", 2): (7, -1),
+                              **({("t", 3): (8, -1)} if loaded is not coordinator else {})}
+
+    asyncio.run(main())

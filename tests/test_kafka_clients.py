@@ -725,3 +725,45 @@ def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_lea
     assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
     assert len(stored) == len(set(stored)), "idempotence: no record written twice"
 
+
+
+def test_a_commit_of_an_unknown_topic_or_partition_is_unknown_topic_or_partition_and_stores_nothing(cluster, bootstrap):
+    """As Kafka's KafkaApis: per partition UNKNOWN_TOPIC_OR_PARTITION for a topic or a
+    partition that does not exist, while the request's existing partitions are committed."""
+    topic, group = new_topic(cluster, partitions=1), f"unknown-{uuid.uuid4().hex[:8]}"
+    committed_standalone(bootstrap, topic, group, 1)  # (the coordinator is up)
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        wanted = [confluent_kafka.TopicPartition(topic, 0, 4), confluent_kafka.TopicPartition(topic, 7, 4),
+                  confluent_kafka.TopicPartition(f"absent-{uuid.uuid4().hex[:8]}", 0, 4)]
+        try:
+            answered = consumer.commit(offsets=wanted, asynchronous=False)
+        except confluent_kafka.KafkaException as e:
+            answered = e.args[0]
+        assert not isinstance(answered, list) or any(tp.error for tp in answered), "a commit of nothing that exists succeeded"
+        codes = ({(tp.topic, tp.partition): tp.error.code() if tp.error else None for tp in answered}
+                 if isinstance(answered, list) else {"request": answered.code()})
+        unknown = confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+        assert unknown in codes.values(), codes
+    finally:
+        consumer.close()
+    assert committed(cluster, group) == {TopicPartition(topic, 0): 4}, "only the existing partition is stored"
+
+
+def test_a_committed_leader_epoch_is_stored_and_fetched_back(cluster, bootstrap):
+    """KIP-320: librdkafka commits the leader epoch of the last consumed record and, on
+    resuming, validates its position with it; OffsetFetch used to answer -1."""
+    topic, group = new_topic(cluster, partitions=1), f"epoch-{uuid.uuid4().hex[:8]}"
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    for i in range(3):
+        producer.produce(topic, b"%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    epoch = 0
+    committed_standalone(bootstrap, topic, group, 1)  # (the coordinator is up)
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 3, leader_epoch=epoch + 1)], asynchronous=False)
+        (found,) = consumer.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=30)
+    finally:
+        consumer.close()
+    assert (found.offset, found.leader_epoch) == (3, epoch + 1)

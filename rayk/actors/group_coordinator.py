@@ -291,9 +291,12 @@ class GroupCoordinator:
         group_id: str,
         generation: int,
         member_id: str,
-        offsets: dict[TopicPartition, tuple[int, str]],
+        offsets: dict[TopicPartition, tuple[int, str] | tuple[int, str, int]],
     ) -> None:
-        """Stores committed offsets durably (acks=all) if the member may commit."""
+        """Stores committed offsets durably (acks=all) if the member may commit: per
+        partition (offset, metadata) or (offset, metadata, leader epoch), the epoch of the
+        record the offset follows (KIP-320; -1, the default, for none), which OffsetFetch
+        gives back so that a resuming consumer can detect a truncated log."""
         if not group_id:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
         group = self._groups.get(group_id)
@@ -303,12 +306,13 @@ class GroupCoordinator:
             raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
         now_ms = int(time.time() * 1000)
         committed = {}
-        for (topic, partition), (offset, metadata) in offsets.items():
+        for (topic, partition), (offset, metadata, *epoch) in offsets.items():
             if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
                 raise OffsetMetadataTooLargeError(
                     f"offset metadata of {len(metadata)} bytes exceeds offset.metadata.max.bytes"
                 )
-            committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms)
+            leader_epoch = epoch[0] if epoch and epoch[0] >= 0 else -1
+            committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms, leader_epoch)
         records = [
             (offset_key(group_id, t, p), offset_value(c)) for (t, p), c in committed.items()
         ]

@@ -27,12 +27,14 @@ from rayk.errors import (
     KafkaError,
     NotCoordinatorError,
     TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
 )
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
 
 GROUP_KEY_TYPE = 0
+TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Controller to say which partitions exist
 
 
 # What each coordinator call needs on the group, as in Kafka.
@@ -139,28 +141,59 @@ async def leave_group(view: BrokerView, request: Any) -> dict:
 
 
 async def offset_commit(view: BrokerView, request: Any) -> dict:
-    """Commits the offsets of the topics the principal may READ; the others' partitions
-    get TOPIC_AUTHORIZATION_FAILED."""
+    """Commits the offsets of the partitions that exist, of topics the principal may READ,
+    with the leader epoch of the record they follow (v6+, KIP-320; -1 before): as Kafka's
+    KafkaApis, the others' partitions get TOPIC_AUTHORIZATION_FAILED, or
+    UNKNOWN_TOPIC_OR_PARTITION for a topic or partition that does not exist, and nothing
+    is stored for them."""
     body = request.body
     if not view.authorized(request, READ, GROUP, body.group_id):  # the group first, as Kafka: every partition
-        return {"topics": [{"name": t.name, "partitions": [
-            {"partition_index": p.partition_index, "error_code": GroupAuthorizationFailedError.code}
-            for p in t.partitions]} for t in body.topics]}
+        return _per_partition(body.topics, lambda t, p: GroupAuthorizationFailedError.code)
     readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
+    refused: dict[tuple[str, int], int] = {
+        (t.name, p.partition_index): TopicAuthorizationFailedError.code
+        for t in body.topics if t.name not in readable for p in t.partitions
+    }
+    try:
+        refused.update(await _missing_partitions(view, [(t.name, p.partition_index) for t in body.topics
+                                                        if t.name in readable for p in t.partitions]))
+    except Exception as e:  # the Controller did not say: nothing is committed, the client retries
+        return _per_partition(body.topics, lambda t, p: error_code_of(e))
     offsets = {
-        (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "")
-        for t in body.topics if t.name in readable for p in t.partitions
+        (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "",
+                                      getattr(p, "committed_leader_epoch", -1))
+        for t in body.topics for p in t.partitions if (t.name, p.partition_index) not in refused
     }
     code = 0
+    if offsets:  # (Kafka does not ask the coordinator when no partition is left)
+        try:
+            await _coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
+                                    body.member_id, offsets)
+        except Exception as e:
+            code = error_code_of(e)
+    return _per_partition(body.topics, lambda t, p: refused.get((t, p), code))
+
+
+async def _missing_partitions(view: BrokerView, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """UNKNOWN_TOPIC_OR_PARTITION for each of `partitions` that does not exist; a Controller
+    that does not answer in time is COORDINATOR_NOT_AVAILABLE (retriable for every client)."""
+    if not partitions:
+        return {}
     try:
-        await _coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
-                                body.member_id, offsets)
-    except Exception as e:
-        code = error_code_of(e)
+        described = await view.ask_controller("client_metadata", sorted({t for t, _ in partitions}),
+                                              timeout_ms=TOPIC_LOOKUP_TIMEOUT_MS)
+    except KafkaError as e:
+        raise CoordinatorNotAvailableError(f"could not look the topics up: {e}") from None
+    topics = described["topics"]
+    return {(t, p): UnknownTopicOrPartitionError.code for t, p in partitions
+            if t not in topics or p not in topics[t]["partitions"]}
+
+
+def _per_partition(topics: Any, code_of: Any) -> dict:
+    """An answer naming every partition of `topics`, each with `code_of(topic, partition)`."""
     return {"topics": [{"name": t.name, "partitions": [
-        {"partition_index": p.partition_index,
-         "error_code": code if t.name in readable else TopicAuthorizationFailedError.code}
-        for p in t.partitions]} for t in body.topics]}
+        {"partition_index": p.partition_index, "error_code": code_of(t.name, p.partition_index)}
+        for p in t.partitions]} for t in topics]}
 
 
 async def offset_fetch(view: BrokerView, request: Any) -> dict:
@@ -189,7 +222,7 @@ async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: An
         by_topic.setdefault(topic, []).append({
             "partition_index": partition,
             "committed_offset": c.offset if c and not denied else -1,
-            "committed_leader_epoch": -1,
+            "committed_leader_epoch": c.leader_epoch if c and not denied else -1,
             "metadata": c.metadata if c and not denied else "",
             "error_code": TopicAuthorizationFailedError.code if denied else 0,
         })
@@ -250,3 +283,4 @@ async def delete_groups(view: BrokerView, request: Any) -> dict:
         return {"group_id": group_id}
 
     return {"results": list(await asyncio.gather(*(one(g) for g in request.body.groups_names)))}
+
