@@ -283,6 +283,12 @@ class GroupIdNotFoundError(KafkaError):
     code, name = 69, "GROUP_ID_NOT_FOUND"
 
 
+class GroupSubscribedToTopicError(KafkaError):
+    """OffsetDelete of a topic that the group's members consume (KIP-496)."""
+
+    code, name = 86, "GROUP_SUBSCRIBED_TO_TOPIC"
+
+
 class StaleBrokerEpochError(KafkaError):
     """A broker spoke with the epoch of an older registration (an old incarnation)."""
 

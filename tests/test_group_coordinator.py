@@ -297,3 +297,37 @@ def test_a_committed_leader_epoch_survives_a_replay_and_a_record_written_without
                               **({("t", 3): (8, -1)} if loaded is not coordinator else {})}
 
     asyncio.run(main())
+
+
+def test_delete_offsets_tombstones_unsubscribed_partitions_and_refuses_subscribed_ones_as_kafka():
+    from rayk.client.consumer_protocol import encode_subscription
+    from rayk.errors import GroupSubscribedToTopicError
+
+    async def main() -> None:
+        partition = Partition()
+        coordinator = GroupCoordinator(partition.append, config())
+        await commit_standalone(coordinator, "standalone")
+        assert await coordinator.delete_offsets("standalone", [("t", 0), ("never", 0)]) == {("t", 0): None, ("never", 0): None}
+        with pytest.raises(GroupIdNotFoundError):
+            await coordinator.delete_offsets("nobody", [("t", 0)])
+
+        joined = await coordinator.join_group("members", "", "c", 10_000, 10_000, "consumer",
+                                              [("range", encode_subscription(["t"]))])
+        await coordinator.sync_group("members", joined.generation, joined.member_id, {joined.member_id: b""})
+        await coordinator.commit_offsets("members", joined.generation, joined.member_id, {("t", 0): (3, ""), ("u", 0): (4, "")})
+        results = await coordinator.delete_offsets("members", [("t", 0), ("u", 0)])
+        assert isinstance(results[("t", 0)], GroupSubscribedToTopicError) and results[("u", 0)] is None
+
+        other = await coordinator.join_group("connect", "", "c", 10_000, 10_000, "connect", PROTOCOLS)
+        await coordinator.sync_group("connect", other.generation, other.member_id, {other.member_id: b""})
+        await coordinator.commit_offsets("connect", other.generation, other.member_id, {("u", 0): (4, "")})
+        with pytest.raises(NonEmptyGroupError):
+            await coordinator.delete_offsets("connect", [("u", 0)])
+
+        for loaded in (coordinator, partition.replayed()):
+            offsets = loaded.committed_offsets()
+            assert offsets["standalone"] == {("t", 1): 5}
+            assert offsets["members"] == {("t", 0): 3}
+            assert offsets["connect"] == {("u", 0): 4}
+
+    asyncio.run(main())

@@ -29,7 +29,7 @@ from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig
-from rayk.errors import InvalidTopicError
+from rayk.errors import InvalidTopicError, UnknownTopicOrPartitionError
 from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.net.api_versions import CREATE_TOPICS, FETCH, METADATA, PRODUCE
 from rayk.net.entities import kafka_uuid
@@ -767,3 +767,32 @@ def test_a_committed_leader_epoch_is_stored_and_fetched_back(cluster, bootstrap)
     finally:
         consumer.close()
     assert (found.offset, found.leader_epoch) == (3, epoch + 1)
+
+
+def test_kafka_python_deletes_group_offsets_but_not_of_a_topic_its_members_consume(cluster, bootstrap):
+    """OffsetDelete (KIP-496) as Kafka answers it: GROUP_SUBSCRIBED_TO_TOPIC for a topic
+    the group's members consume, the other partition's offset tombstoned; once they have
+    left that one goes too; GROUP_ID_NOT_FOUND for a group that does not exist."""
+    consumed, other = new_topic(cluster, partitions=1), new_topic(cluster, partitions=1)
+    group = f"offset-delete-{uuid.uuid4().hex[:8]}"
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                                         "auto.offset.reset": "earliest"})
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        consumer.subscribe([consumed])
+        wait_until(lambda: consumer.poll(0.5) is None and consumer.assignment(), 60, "an assignment")
+        consumer.commit(offsets=[confluent_kafka.TopicPartition(consumed, 0, 2), confluent_kafka.TopicPartition(other, 0, 3)],
+                        asynchronous=False)
+        results = admin.delete_group_offsets(group, [KafkaTopicPartition(consumed, 0), KafkaTopicPartition(other, 0)])
+        assert results == {KafkaTopicPartition(consumed, 0): kafka.errors.GroupSubscribedToTopicError,
+                           KafkaTopicPartition(other, 0): kafka.errors.NoError}, results
+        assert committed(cluster, group) == {TopicPartition(consumed, 0): 2}
+        consumer.close()
+        deleted = cluster.admin().delete_consumer_group_offsets(group, [(consumed, 0), (consumed, 5)])
+        assert {tp: type(e) if e else None for tp, e in deleted.items()} == {
+            TopicPartition(consumed, 0): None, TopicPartition(consumed, 5): UnknownTopicOrPartitionError}
+        assert committed(cluster, group) == {}
+        with pytest.raises(kafka.errors.GroupIdNotFoundError):
+            admin.delete_group_offsets(f"absent-{uuid.uuid4().hex[:8]}", [KafkaTopicPartition(other, 0)])
+    finally:
+        admin.close()

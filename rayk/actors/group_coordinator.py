@@ -26,7 +26,11 @@ Offsets go away in two ways, each written as tombstones:
   all. A group with neither members nor offsets is deleted at the same check, as Kafka's
   cleanupGroupMetadata does;
 - DeleteGroups: a group without members, with its offsets (NON_EMPTY_GROUP while it has
-  members, GROUP_ID_NOT_FOUND if there is no such group).
+  members, GROUP_ID_NOT_FOUND if there is no such group);
+- OffsetDelete (KIP-496): some of a group's offsets, as Kafka's ClassicGroup allows: not
+  those of topics its members consume (GROUP_SUBSCRIBED_TO_TOPIC; all topics while their
+  subscriptions cannot be read), none of a group with members that is not a consumer
+  group (NON_EMPTY_GROUP).
 Commits run concurrently, as in Kafka; expiry and deletion take the group's lock (one at
 a time) and, like Kafka's pendingOffsetCommits, leave alone a partition with a commit in
 flight or committed again since they looked, choosing each batch of tombstones in the
@@ -65,9 +69,11 @@ from rayk.actors.group_records import (
 from rayk.config import BrokerConfig
 from rayk.errors import (
     GroupIdNotFoundError,
+    GroupSubscribedToTopicError,
     IllegalGenerationError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
+    KafkaError,
     NonEmptyGroupError,
     OffsetMetadataTooLargeError,
     UnknownMemberIdError,
@@ -77,6 +83,7 @@ from rayk.internal_topics import OFFSETS_TOPIC
 logger = logging.getLogger(__name__)
 
 MEMBER_EXPIRY_CHECK_MS = 250
+CONSUMER_PROTOCOL_TYPE = "consumer"
 RECORDS_PER_APPEND = 1_000  # tombstones or group records: ~60 KB a batch, well under max.message.bytes
 TopicPartition = tuple[str, int]
 Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
@@ -102,6 +109,26 @@ def coordinator_partition(group_id: str, num_partitions: int) -> int:
         raise ValueError(f"a topic has at least one partition, not {num_partitions}")
     h = java_string_hash(group_id)
     return (0 if h == -(1 << 31) else abs(h)) % num_partitions
+
+
+def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
+    """The topics a consumer group's members subscribe to, by the metadata they joined the
+    current protocol with; None (all topics, as Kafka's ClassicGroup answers) while no
+    protocol is chosen or a member's subscription does not decode."""
+    from rayk.client.consumer_protocol import decode_subscription  # (rayk.client imports this module)
+
+    if group.protocol is None:
+        return None
+    topics: set[str] = set()
+    for member in group.members.values():
+        metadata = dict(member.protocols).get(group.protocol)
+        if metadata is None:
+            return None
+        try:
+            topics.update(decode_subscription(metadata).topics)
+        except KafkaError:
+            return None
+    return frozenset(topics)
 
 
 class GroupCoordinator:
@@ -382,6 +409,29 @@ class GroupCoordinator:
                 raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
             await self._tombstone_offsets(group_id, gone)
             await self._delete_if_unused(group_id)  # (a commit or a member that came meanwhile keeps it)
+
+    async def delete_offsets(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, KafkaError | None]:
+        """OffsetDelete: per partition None (its offset, if it had one, is tombstoned) or
+        GROUP_SUBSCRIBED_TO_TOPIC; raises GROUP_ID_NOT_FOUND for a group with neither
+        members nor offsets, NON_EMPTY_GROUP for a non-consumer group with members."""
+        async with self._lock(group_id):
+            group = self._groups.get(group_id)
+            members = group is not None and bool(group.members)
+            table = self._offsets.get(group_id, {})
+            if not members and not table and (group is None or group.generation == 0):
+                raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
+            if members and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                raise NonEmptyGroupError(f"group {group_id!r} has members and is not a consumer group")
+            subscribed = _subscribed_topics(group) if members else frozenset()
+            results: dict[TopicPartition, KafkaError | None] = {}
+            for tp in partitions:
+                if subscribed is None or tp[0] in subscribed:
+                    results[tp] = GroupSubscribedToTopicError(f"group {group_id!r} consumes {tp[0]!r}")
+                else:
+                    results[tp] = None
+            gone = {tp: table[tp] for tp, error in results.items() if error is None and tp in table}
+            await self._tombstone_offsets(group_id, gone)
+            return results
 
     async def _tombstone_offsets(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> int:
         """Writes tombstones for the offsets `gone`, RECORDS_PER_APPEND a batch, and

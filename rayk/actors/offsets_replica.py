@@ -173,6 +173,9 @@ class OffsetsPartitionReplica(PartitionReplica):
     async def delete_group(self, group_id: str) -> None:
         await self._require_coordinator().delete_group(group_id)
 
+    async def delete_offsets(self, group_id: str, partitions: list) -> dict:
+        return await self._require_coordinator().delete_offsets(group_id, partitions)
+
     async def committed_offsets(self) -> dict[str, dict[tuple[str, int], int]]:
         """Every group's committed offsets here, {} unless this replica coordinates (see group_lag.py)."""
         return self._coordinator.committed_offsets() if self._coordinator is not None else {}

@@ -427,6 +427,33 @@ class Admin:
                 out[group_id] = e
         return out
 
+    def delete_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition | tuple[str, int]]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Kafka's deleteConsumerGroupOffsets (OffsetDelete, KIP-496): deletes the group's
+        committed offsets of `partitions` (tombstones in __consumer_offsets). Per partition
+        None (deleted, or it had none), GroupSubscribedToTopicError for a topic the group's
+        members consume, UnknownTopicOrPartitionError for one that does not exist. Raised:
+        GroupIdNotFoundError for a group with neither members nor offsets,
+        NonEmptyGroupError for a group with members that is not a consumer group."""
+        wanted = [_topic_partition(key) for key in partitions]
+        if OFFSETS_TOPIC not in self.list_topics(include_internal=True):
+            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
+        topics = sorted({tp.topic for tp in wanted})
+        described = self._calls(lambda: self._controller.client_metadata.remote(topics), "Metadata")["topics"]
+        results: dict[TopicPartition, KafkaError | None] = {}
+        existing = []
+        for tp in wanted:
+            if tp.partition in described.get(tp.topic, {}).get("partitions", {}):
+                existing.append((tp.topic, tp.partition))
+            else:
+                results[tp] = UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
+        deleted = self._coordinator(group_id).call(
+            "delete_offsets", group_id, existing, timeout_ms=self._calls.default_api_timeout_ms
+        )
+        results.update({TopicPartition(*tp): error for tp, error in deleted.items()})
+        return {tp: results[tp] for tp in wanted}
+
     def describe_consumer_group(self, group_id: str) -> dict:
         """State, members with their assignments, and per partition the committed offset,
         the end offset (high watermark) and the lag between them. GROUP_ID_NOT_FOUND for a

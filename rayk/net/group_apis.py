@@ -1,5 +1,5 @@
 """FindCoordinator and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups, DeleteGroups).
+OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete).
 
 A group's coordinator is the leader of its `__consumer_offsets` partition. The listener
 passes group requests to this broker's replica of that partition, whose GroupCoordinator
@@ -8,7 +8,8 @@ the same group meet at the same coordinator and share committed offsets.
 
 With an authorizer, as in Kafka: joining, syncing, heartbeats, leaving and committing
 need READ on the group, FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE,
-DeleteGroups DELETE (else GROUP_AUTHORIZATION_FAILED); committing a topic's offsets needs READ on the topic
+DeleteGroups and OffsetDelete DELETE (else GROUP_AUTHORIZATION_FAILED); committing or
+deleting a topic's offsets needs READ on the topic
 and fetching them DESCRIBE (else TOPIC_AUTHORIZATION_FAILED for its partitions);
 ListGroups shows the groups the principal may DESCRIBE (all, with DESCRIBE on the cluster).
 """
@@ -40,7 +41,7 @@ TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Contr
 # What each coordinator call needs on the group, as in Kafka.
 _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
                     "commit_offsets": READ, "fetch_offsets": DESCRIBE, "describe_group": DESCRIBE,
-                    "delete_group": DELETE}
+                    "delete_group": DELETE, "delete_offsets": DELETE}
 
 
 async def _coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
@@ -284,3 +285,29 @@ async def delete_groups(view: BrokerView, request: Any) -> dict:
 
     return {"results": list(await asyncio.gather(*(one(g) for g in request.body.groups_names)))}
 
+
+async def offset_delete(view: BrokerView, request: Any) -> dict:
+    """OffsetDelete (KIP-496), as Kafka's KafkaApis: DELETE on the group (else the
+    top-level GROUP_AUTHORIZATION_FAILED), READ on each topic (else its partitions'
+    TOPIC_AUTHORIZATION_FAILED), UNKNOWN_TOPIC_OR_PARTITION for partitions that do not
+    exist; the coordinator tombstones the rest (GroupCoordinator.delete_offsets), and a
+    group's error (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP) is the top-level code."""
+    body = request.body
+    if not view.authorized(request, DELETE, GROUP, body.group_id):
+        return {"error_code": GroupAuthorizationFailedError.code, "topics": []}
+    readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
+    codes: dict[tuple[str, int], int] = {
+        (t.name, p.partition_index): TopicAuthorizationFailedError.code
+        for t in body.topics if t.name not in readable for p in t.partitions
+    }
+    try:
+        codes.update(await _missing_partitions(view, [(t.name, p.partition_index) for t in body.topics
+                                                      if t.name in readable for p in t.partitions]))
+        wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions
+                  if (t.name, p.partition_index) not in codes]
+        results = await _coordinator_call(view, request, body.group_id, "delete_offsets", wanted)
+    except Exception as e:
+        return {"error_code": error_code_of(e), "topics": []}
+    for tp, error in results.items():
+        codes[tp] = 0 if error is None else error.code
+    return {"error_code": 0, **_per_partition(body.topics, lambda t, p: codes[(t, p)])}

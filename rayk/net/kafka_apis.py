@@ -66,6 +66,7 @@ HANDLERS: dict[int, Handler] = {
     keys.LIST_GROUPS: group_apis.list_groups,
     keys.DESCRIBE_GROUPS: group_apis.describe_groups,
     keys.DELETE_GROUPS: group_apis.delete_groups,
+    keys.OFFSET_DELETE: group_apis.offset_delete,
     keys.SASL_HANDSHAKE: scram_apis.sasl_without_sasl,  # a SASL listener's connections answer these themselves
     keys.SASL_AUTHENTICATE: scram_apis.sasl_without_sasl,
     keys.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,
