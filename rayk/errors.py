@@ -283,6 +283,19 @@ class GroupIdNotFoundError(KafkaError):
     code, name = 69, "GROUP_ID_NOT_FOUND"
 
 
+class TransactionalIdAuthorizationFailedError(KafkaError):
+    """rayk has no transactions yet: what a transactional client is answered, the one code
+    that librdkafka, kafka-python and the Java client all take as fatal at once (any other
+    they retry until their timeout); the message says why."""
+
+    code, name = 53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+
+
+# Its message: FindCoordinator for a transactional.id, and InitProducerId with one.
+TRANSACTIONS_UNSUPPORTED = ("rayk does not support transactions yet: unset transactional.id "
+                            "(an idempotent producer, enable.idempotence, still writes each record once)")
+
+
 class GroupSubscribedToTopicError(KafkaError):
     """OffsetDelete of a topic that the group's members consume (KIP-496)."""
 

@@ -31,7 +31,7 @@ from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidTopicError, UnknownTopicOrPartitionError
 from rayk.internal_topics import OFFSETS_TOPIC
-from rayk.net.api_versions import CREATE_TOPICS, FETCH, METADATA, PRODUCE
+from rayk.net.api_versions import CREATE_TOPICS, FETCH, INIT_PRODUCER_ID, METADATA, PRODUCE
 from rayk.net.entities import kafka_uuid
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
@@ -796,3 +796,29 @@ def test_kafka_python_deletes_group_offsets_but_not_of_a_topic_its_members_consu
             admin.delete_group_offsets(f"absent-{uuid.uuid4().hex[:8]}", [KafkaTopicPartition(other, 0)])
     finally:
         admin.close()
+
+
+
+def test_a_transactional_producer_fails_at_once_saying_rayk_has_no_transactions(cluster, bootstrap):
+    """FindCoordinator for a transactional.id and InitProducerId with one answer
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which librdkafka and kafka-python take as fatal at
+    once; INVALID_REQUEST had librdkafka retry until init_transactions' timeout, which
+    raises a bare timeout without this message."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    with pytest.raises(confluent_kafka.KafkaException) as raised:
+        producer.init_transactions(30)
+    assert raised.value.args[0].fatal(), raised.value
+    assert "rayk does not support transactions yet" in str(raised.value), raised.value
+    old = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}", max_block_ms=30_000)
+    try:
+        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
+            old.init_transactions()
+    finally:
+        old.close(timeout=5)
+    connection = RawConnection(bootstrap)
+    try:
+        answer = connection.call(INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60_000,
+                                                      "producer_id": -1, "producer_epoch": -1})
+    finally:
+        connection.close()
+    assert answer.error_code.value == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED

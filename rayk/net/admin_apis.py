@@ -27,7 +27,9 @@ from rayk.errors import (
     InvalidTopicError,
     LeaderNotAvailableError,
     TopicAlreadyExistsError,
+    TRANSACTIONS_UNSUPPORTED,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC, is_internal
@@ -300,7 +302,7 @@ async def init_producer_id(view: BrokerView, request: Any) -> dict:
     """An idempotent producer id: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic
     (KIP-679), as in Kafka."""
     if request.body.transactional_id is not None:
-        raise InvalidRequestError("transactions are not supported by rayk")
+        raise TransactionalIdAuthorizationFailedError(TRANSACTIONS_UNSUPPORTED)
     if not (view.authorized(request, IDEMPOTENT_WRITE, CLUSTER) or view.authorized_on_some(request, WRITE, TOPIC)):
         raise ClusterAuthorizationFailedError(f"{request.context.principal} may write to no topic")
     producer_id = await view.controller.init_producer_id.remote()

@@ -28,13 +28,15 @@ from rayk.errors import (
     KafkaError,
     NotCoordinatorError,
     TopicAuthorizationFailedError,
+    TRANSACTIONS_UNSUPPORTED,
+    TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
 
-GROUP_KEY_TYPE = 0
+GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1
 TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Controller to say which partitions exist
 
 
@@ -62,8 +64,10 @@ async def find_coordinator(view: BrokerView, request: Any) -> dict:
 
     async def one(key: str) -> dict:
         try:
+            if body.key_type == TRANSACTION_KEY_TYPE:
+                raise TransactionalIdAuthorizationFailedError(TRANSACTIONS_UNSUPPORTED)
             if body.key_type != GROUP_KEY_TYPE:
-                raise InvalidRequestError("only consumer group coordinators exist in rayk (no transactions)")
+                raise InvalidRequestError(f"only consumer group coordinators exist in rayk, not key type {body.key_type}")
             if not view.authorized(request, DESCRIBE, GROUP, key):
                 raise GroupAuthorizationFailedError(f"{request.context.principal} may not describe group {key!r}")
             partition = await view.group_partition(key)
