@@ -7,6 +7,7 @@
     rayk topics reassign TOPIC --partition 0 --replicas 3,1,2 | --cancel
     rayk topics reassignments [TOPIC]                  partition moves under way
     rayk groups list | rayk groups describe GROUP
+    rayk groups delete-offsets GROUP TOPIC [--partition P]   a topic's committed offsets go
     rayk produce TOPIC < lines                         each line a record
     rayk consume TOPIC --from-beginning               one value per line
     rayk perf produce ... | rayk perf consume ...      Kafka-style perf tests (rayk.perf)
@@ -436,6 +437,14 @@ def cmd_groups_delete(args: argparse.Namespace) -> None:
     if error is not None:
         raise error
     say(args, f"deleted group {args.group} and its committed offsets")
+
+
+def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    partitions = [args.partition] if args.partition is not None else [p["partition"] for p in cluster.describe_topic(args.topic)]
+    results = cluster.admin().delete_consumer_group_offsets(args.group, [(args.topic, p) for p in partitions])
+    rows = sorted((tp.topic, tp.partition, "deleted" if error is None else error.name) for tp, error in results.items())
+    say(args, table(("topic", "partition", "result"), rows))
 
 
 def cmd_groups_describe(args: argparse.Namespace) -> None:
@@ -1012,6 +1021,11 @@ def _add_group_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     describe.add_argument("group")
     delete = _add(gsub, "delete", cmd_groups_delete, "delete a group without members, and its committed offsets", [conn])
     delete.add_argument("group")
+    delete_offsets = _add(gsub, "delete-offsets", cmd_groups_delete_offsets,
+                          "delete a group's committed offsets of a topic its members do not consume", [conn])
+    delete_offsets.add_argument("group")
+    delete_offsets.add_argument("topic")
+    delete_offsets.add_argument("--partition", type=_non_negative_int, metavar="N", help="only this partition (default: every one)")
 
 
 def _add_user_commands(sub: Any, conn: argparse.ArgumentParser) -> None:

@@ -288,6 +288,11 @@ def test_group_consumption_shows_in_groups_list_and_describe_with_no_lag(run, cl
     assert sum(int(r[3]) for r in offsets) == 12, "end offsets add up to the records produced"
     assert all(r[2] == r[3] and r[4] == "0" for r in offsets), "committed = end offset, lag 0"
 
+    deleted = rows(ok(run("groups", "delete-offsets", "cli-group", "events", "--partition", "0")))
+    assert ["events", "0", "deleted"] in deleted
+    offsets = [r for r in rows(ok(run("groups", "describe", "cli-group")).rsplit("\n\n", 1)[1]) if r[0] == "events"]
+    assert sorted(r[1] for r in offsets) == ["1", "2"], "partition 0's committed offset is gone"
+
     assert ok(run("groups", "delete", "cli-group")).startswith("deleted group cli-group")
     assert "cli-group" not in ok(run("groups", "list"))
     assert_one_line_error(run("groups", "delete", "cli-group"), "GROUP_ID_NOT_FOUND")
