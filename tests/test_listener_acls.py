@@ -18,9 +18,10 @@ import pytest
 from confluent_kafka import KafkaError as ConfluentError
 
 import rayk
-from rayk.acls import ALLOW, LITERAL, READ, TOPIC, AclBinding, AclFilter
+from rayk.acls import ALLOW, DELETE, GROUP, LITERAL, READ, TOPIC, AclBinding, AclFilter
 from rayk.client.admin import ScramUpsertion
-from rayk.net.api_versions import API_VERSIONS, CREATE_ACLS, DELETE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS
+from rayk.errors import GroupIdNotFoundError
+from rayk.net.api_versions import API_VERSIONS, CREATE_ACLS, DELETE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS, OFFSET_DELETE
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
 from tests.tls_helpers import TlsFiles
@@ -243,3 +244,43 @@ def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, da
         assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     finally:
         again.shutdown()
+
+
+def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, tls):
+    """As Kafka's KafkaApis: without DELETE on the group the whole request is
+    GROUP_AUTHORIZATION_FAILED, without READ on a topic its partitions are
+    TOPIC_AUTHORIZATION_FAILED and keep their offsets."""
+    cluster.create_topic("offsets-acl", partitions=1, replication_factor=1)
+    group = f"alice-offsets-{uuid.uuid4().hex[:8]}"
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers_for("INTERNAL"), "group.id": group})
+
+    def commit() -> bool:
+        try:
+            consumer.commit(offsets=[confluent_kafka.TopicPartition("offsets-acl", 0, 1)], asynchronous=False)
+        except confluent_kafka.KafkaException as e:  # (the coordinator may be starting)
+            if not (e.args[0].retriable() or e.args[0].code() == ConfluentError._WAIT_COORD):
+                raise
+            time.sleep(0.5)
+            return False
+        return True
+
+    wait_until(commit, 60, "a commit")
+    consumer.close()
+    connection = RawConnection(cluster.bootstrap_servers_for("EXTERNAL"),
+                               tls=ssl.create_default_context(cafile=tls.truststore))
+    scram_login(connection, "alice", PASSWORD)
+    request = {"group_id": group, "topics": [{"name": "offsets-acl", "partitions": [{"partition_index": 0}]}]}
+    try:
+        assert connection.call(OFFSET_DELETE, 0, request).error_code.value == ConfluentError.GROUP_AUTHORIZATION_FAILED
+        cluster.admin().create_acls([AclBinding(GROUP, group, LITERAL, "User:alice", "*", DELETE, ALLOW)])
+        answer = wait_until(lambda: (a := connection.call(OFFSET_DELETE, 0, request)).error_code.value == 0 and a,
+                            30, "the group ACL to arrive")
+        assert answer.topics[0].partitions[0].error_code.value == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+        assert cluster.admin().describe_consumer_group(group)["partitions"], "the offset stays"
+        cluster.admin().create_acls([AclBinding(TOPIC, "offsets-acl", LITERAL, "User:alice", "*", READ, ALLOW)])
+        wait_until(lambda: connection.call(OFFSET_DELETE, 0, request).topics[0].partitions[0].error_code.value == 0,
+                   30, "the topic ACL to arrive")
+    finally:
+        connection.close()
+    with pytest.raises(GroupIdNotFoundError):  # its only offset is gone, and with it the group
+        cluster.admin().describe_consumer_group(group)
