@@ -771,7 +771,9 @@ class Workload:
         failures: list[str] = []
         c, traffic, ledger = self.cluster, self.traffic, self.ledger
         traffic.stop()
-        stored = {p: read_partition(c, p) for p in range(PARTITIONS)}
+        # A leader may move while it is read (the automatic rebalance runs every few seconds,
+        # and a new leader answers NOT_LEADER_OR_FOLLOWER until its push arrives): read again.
+        stored = {p: ask(lambda p=p: read_partition(c, p), f"reading partition {p}") for p in range(PARTITIONS)}
         ends = {p: max(s, default=-1) + 1 for p, s in stored.items()}
         lost, duplicated = lost_and_duplicated(traffic, stored)
         if lost:
@@ -814,7 +816,7 @@ class Workload:
         self.pipeline.stop()
         if self.pipeline.is_alive():
             failures.append("the pipeline did not stop within 120 s")
-        copy = read_partition(c, 0, COPY_TOPIC)
+        copy = ask(lambda: read_partition(c, 0, COPY_TOPIC), "reading the copy")
         copied = Counter(copy.values())
         source = Counter(v for s in stored.values() for v in s.values())
         missing = [v for v in source if v not in copied]
