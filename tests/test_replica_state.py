@@ -133,3 +133,19 @@ def test_invariants_hold_under_random_fetches_appends_and_isr_changes(steps):
         assert 1 in state.isr
         for r in state.maximal_isr - {1}:
             assert state.followers[r].log_end_offset >= state.high_watermark
+
+
+def test_a_pending_expansion_of_a_replica_a_reassignment_removed_is_dropped():
+    """A removed replica fetches until its stop arrives, so the leader may propose it back
+    into the ISR; once the new replica set arrives that proposal must go, or the HW would
+    be computed over a follower the leader no longer tracks (a KeyError took down produce)."""
+    state = LeaderReplicaState(1, [1, 2, 3, 4], [1, 2, 4], 10, 0, 0)
+    state.record_follower_fetch(3, 10, leader_log_end_offset=10, now_ms=1)
+    proposal = state.isr_expansion(3)
+    assert proposal == {1, 2, 3, 4}
+    state.propose_isr(proposal)
+    state.update_replicas([1, 2, 4], now_ms=2)  # the reassignment completed: 3 is gone
+    assert state.pending_isr is None and 3 not in state.followers
+    state.record_follower_fetch(2, 12, leader_log_end_offset=12, now_ms=3)
+    state.record_follower_fetch(4, 12, leader_log_end_offset=12, now_ms=3)
+    assert state.maybe_increment_high_watermark(12) and state.high_watermark == 12

@@ -65,9 +65,15 @@ class LeaderReplicaState:
     def update_replicas(self, replicas: Iterable[int], now_ms: int) -> None:
         """The partition's replicas changed (a reassignment added or removed some): a new
         follower starts "caught up now", like every follower of a new leader; a removed
-        one is forgotten. The ISR is not changed here."""
+        one is forgotten. The ISR is not changed here, but a pending change that names a
+        removed replica is dropped: the Controller refuses it (a removed replica still
+        fetching until its stop arrives could be proposed back into the ISR), and kept, it
+        would put a replica this leader no longer tracks into the HW."""
         replicas = list(replicas)
         assert self.leader_id in replicas, f"leader {self.leader_id} is not a replica {replicas}"
+        assert self.isr <= set(replicas), f"ISR {self.isr} within the replicas {replicas}"
+        if self.pending_isr is not None and not self.pending_isr <= set(replicas):
+            self.pending_isr = None
         self.replicas = replicas
         self.followers = {
             r: self.followers.get(r) or FollowerState(last_caught_up_time_ms=now_ms, last_fetch_time_ms=now_ms)
