@@ -71,7 +71,6 @@ class LeaderReplicaState:
         would put a replica this leader no longer tracks into the HW."""
         replicas = list(replicas)
         assert self.leader_id in replicas, f"leader {self.leader_id} is not a replica {replicas}"
-        assert self.isr <= set(replicas), f"ISR {self.isr} within the replicas {replicas}"
         if self.pending_isr is not None and not self.pending_isr <= set(replicas):
             self.pending_isr = None
         self.replicas = replicas
