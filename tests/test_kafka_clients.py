@@ -108,6 +108,20 @@ def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(
     assert all(len(p["replicas"]) == offsets_topic.offsets_topic_replication_factor for p in described)
 
 
+def test_consumer_offsets_followers_follow_and_join_the_isr(cluster, bootstrap):
+    """Group commits live on every copy: each __consumer_offsets partition's followers
+    follow their leader (a change of the follower API once left them failing every push,
+    with the ISR the leader alone)."""
+    connection = RawConnection(bootstrap)
+    try:
+        metadata_of(connection, [OFFSETS_TOPIC])  # created here if no earlier test did
+    finally:
+        connection.close()
+    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(), 30, "__consumer_offsets to exist")
+    wait_until(lambda: all(sorted(p["isr"]) == sorted(p["replicas"]) for p in cluster.describe_topic(OFFSETS_TOPIC)),
+               90, "every __consumer_offsets partition's followers in its ISR")
+
+
 def committed_standalone(bootstrap: str, topic: str, group: str, offset: int) -> None:
     """A standalone consumer (assign, no subscription) commits `offset` for partition 0,
     again while the coordinator is not there yet (librdkafka's synchronous commit does not

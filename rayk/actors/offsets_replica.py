@@ -73,8 +73,8 @@ class OffsetsPartitionReplica(PartitionReplica):
         records (bounded by compaction) and the milliseconds it took."""
         return {**await super().describe(), "coordinator_load": dict(self._last_load)}
 
-    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any) -> None:
-        await super().become_follower(leader_epoch, leader_id, leader)
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
+        await super().become_follower(leader_epoch, leader_id, leader, incarnation_id)
         self._close_coordinator()
 
     async def close(self) -> Any:
