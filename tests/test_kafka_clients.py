@@ -118,6 +118,9 @@ def test_consumer_offsets_followers_follow_and_join_the_isr(cluster, bootstrap):
     finally:
         connection.close()
     wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(), 30, "__consumer_offsets to exist")
+    # A new partition's ISR starts full; a follower that does not fetch leaves it once
+    # replica.lag.time.max.ms has passed.
+    time.sleep(2 * CONFIG["replica.lag.time.max.ms"] / 1000)
     wait_until(lambda: all(sorted(p["isr"]) == sorted(p["replicas"]) for p in cluster.describe_topic(OFFSETS_TOPIC)),
                90, "every __consumer_offsets partition's followers in its ISR")
 
