@@ -35,6 +35,14 @@ OPERATIONS = {"all": ALL, "read": READ, "write": WRITE, "create": CREATE, "delet
               "describe": DESCRIBE, "cluster-action": CLUSTER_ACTION, "describe-configs": DESCRIBE_CONFIGS,
               "alter-configs": ALTER_CONFIGS, "idempotent-write": IDEMPOTENT_WRITE}
 DENY, ALLOW = 2, 3
+# What each resource type's ACLs can name (Kafka's AclEntry.supportedOperations): the
+# operations KIP-430's authorized-operations answers report on.
+SUPPORTED_OPERATIONS = {
+    TOPIC: (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS),
+    GROUP: (READ, DESCRIBE, DELETE),
+    CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE),
+    TRANSACTIONAL_ID: (DESCRIBE, WRITE),
+}
 PERMISSIONS = {"deny": DENY, "allow": ALLOW}
 CLUSTER_NAME = "kafka-cluster"  # the one cluster resource's name
 WILDCARD = "*"

@@ -190,6 +190,22 @@ def test_granted_acls_allow_exactly_that_much(cluster, tls):
     assert AclBinding(TOPIC, "orders", LITERAL, "User:alice", "*", READ, ALLOW) in described and len(described) == 4
 
 
+def test_authorized_operations_are_reported_when_asked_for(cluster, tls):
+    """KIP-430: Metadata, DescribeCluster and DescribeGroups say what the principal may do
+    when the client asks (they always answered 'not asked for')."""
+    ops = confluent_admin.AclOperation
+    alice = confluent_admin.AdminClient(as_alice(cluster, tls))
+    topic = alice.describe_topics(confluent_kafka.TopicCollection(["orders"]), include_authorized_operations=True)
+    assert set(topic["orders"].result(20).authorized_operations) == {ops.READ, ops.WRITE, ops.DESCRIBE}
+    assert not alice.describe_cluster(include_authorized_operations=True).result(20).authorized_operations
+    group = alice.describe_consumer_groups(["alice-group"], include_authorized_operations=True)["alice-group"]
+    assert set(group.result(20).authorized_operations) == {ops.READ, ops.DESCRIBE}
+    internal = internal_admin(cluster)  # held until the future is done
+    everything = internal.describe_cluster(include_authorized_operations=True).result(20)
+    assert set(everything.authorized_operations) == {ops.CREATE, ops.CLUSTER_ACTION, ops.DESCRIBE_CONFIGS, ops.ALTER_CONFIGS,
+                                                     ops.IDEMPOTENT_WRITE, ops.ALTER, ops.DESCRIBE}, "a super user"
+
+
 def test_deleted_acls_take_the_rights_back(cluster, tls):
     ops = confluent_admin.AclOperation
     delete = confluent_admin.AclBindingFilter(confluent_admin.ResourceType.TOPIC, "orders",
@@ -231,21 +247,6 @@ def test_acl_apis_are_served_from_version_1_as_kafka_4_serves_them(cluster):
         connection.close()
 
 
-def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls):
-    """Runs last in this module: it restarts the cluster."""
-    topic = f"after-{uuid.uuid4().hex[:6]}"
-    grant(cluster, topic_acl(confluent_admin.AclOperation.WRITE, topic))
-    cluster.shutdown()
-    again = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-acls")
-    try:
-        again.create_topic(topic, partitions=1, replication_factor=1)
-        alice = as_alice(again, tls)
-        assert produce_error(alice, topic) is None
-        assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
-    finally:
-        again.shutdown()
-
-
 def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, tls):
     """As Kafka's KafkaApis: without DELETE on the group the whole request is
     GROUP_AUTHORIZATION_FAILED, without READ on a topic its partitions are
@@ -284,3 +285,19 @@ def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, 
         connection.close()
     with pytest.raises(GroupIdNotFoundError):  # its only offset is gone, and with it the group
         cluster.admin().describe_consumer_group(group)
+
+
+# Last: it restarts the module's cluster.
+def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls):
+    """Runs last in this module: it restarts the cluster."""
+    topic = f"after-{uuid.uuid4().hex[:6]}"
+    grant(cluster, topic_acl(confluent_admin.AclOperation.WRITE, topic))
+    cluster.shutdown()
+    again = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-acls")
+    try:
+        again.create_topic(topic, partitions=1, replication_factor=1)
+        alice = as_alice(again, tls)
+        assert produce_error(alice, topic) is None
+        assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        again.shutdown()

@@ -78,7 +78,11 @@ async def metadata(view: BrokerView, request: Any) -> dict:
     names = None if requested is None else [t.name for t in requested]
     described = await view.controller.client_metadata.remote(names)
     visible = {name: t for name, t in described["topics"].items() if view.authorized(request, DESCRIBE, TOPIC, name)}
-    topics = [_topic_metadata(name, t) for name, t in visible.items()]
+    with_operations = getattr(body, "include_topic_authorized_operations", False)  # KIP-430
+    topics = [
+        _topic_metadata(name, t, view.authorized_operations(request, TOPIC, name) if with_operations else NO_AUTHORIZED_OPERATIONS)
+        for name, t in visible.items()
+    ]
     missing = [n for n in names or [] if n not in visible]
     # Concurrently: each auto-creation is only a commit at the Controller (its replicas
     # start in the background), but a request naming many topics need not wait for each.
@@ -89,15 +93,20 @@ async def metadata(view: BrokerView, request: Any) -> dict:
     for name, code in zip(missing, codes):
         topics.append({"name": name, "error_code": code, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
     brokers = _brokers(described, request)
-    return {
+    answer = {
         "brokers": brokers,
         "cluster_id": described["cluster_id"],
         "controller_id": _controller_id(brokers),
         "topics": topics,
     }
+    if getattr(body, "include_cluster_authorized_operations", None) is not None:  # v8-10 (librdkafka asks here)
+        answer["cluster_authorized_operations"] = (
+            view.authorized_operations(request, CLUSTER) if body.include_cluster_authorized_operations else NO_AUTHORIZED_OPERATIONS
+        )
+    return answer
 
 
-def _topic_metadata(name: str, topic: dict) -> dict:
+def _topic_metadata(name: str, topic: dict, authorized_operations: int) -> dict:
     partitions = []
     for p, s in topic["partitions"].items():
         partitions.append({
@@ -110,7 +119,7 @@ def _topic_metadata(name: str, topic: dict) -> dict:
             "offline_replicas": [],
         })
     return {"name": name, "topic_id": topic["topic_id"], "is_internal": is_internal(name),
-            "partitions": partitions, "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS}
+            "partitions": partitions, "topic_authorized_operations": authorized_operations}
 
 
 async def _known(code: int) -> int:
@@ -155,7 +164,8 @@ async def describe_cluster(view: BrokerView, request: Any) -> dict:
         "cluster_id": described["cluster_id"],
         "controller_id": _controller_id(brokers),
         "brokers": brokers,
-        "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        "cluster_authorized_operations": view.authorized_operations(request, CLUSTER)
+        if request.body.include_cluster_authorized_operations else NO_AUTHORIZED_OPERATIONS,
     }
 
 

@@ -30,7 +30,7 @@ from rayk.errors import (
     UnknownServerError,
     UnknownTopicIdError,
 )
-from rayk.acls import CLUSTER_NAME, Authorizer
+from rayk.acls import CLUSTER_NAME, SUPPORTED_OPERATIONS, Authorizer
 from rayk.net.client_quotas import ClientQuotas
 from rayk.net.entities import kafka_uuid
 from rayk.net.fetch_session import FetchSessionCache
@@ -75,6 +75,13 @@ class BrokerView:
             return True
         context = request.context
         return self._authorizer.authorize(context.principal, context.client_host, operation, resource_type, name)
+
+    def authorized_operations(self, request: Any, resource_type: int, name: str = CLUSTER_NAME) -> int:
+        """KIP-430: the operations the principal may do on the resource, as a bit field
+        (bit n for operation code n), over those its type supports; Kafka's
+        authorizedOperations."""
+        return sum(1 << op for op in SUPPORTED_OPERATIONS[resource_type]
+                   if self.authorized(request, op, resource_type, name))
 
     def authorized_on_some(self, request: Any, operation: int, resource_type: int) -> bool:
         """Whether the principal may do `operation` on some resource of the type (KIP-679)."""

@@ -270,7 +270,8 @@ async def describe_groups(view: BrokerView, request: Any) -> dict:
             "members": [{"member_id": m["member_id"], "client_id": m["client_id"], "client_host": "",
                          "member_metadata": m.get("metadata", b""), "member_assignment": m["assignment"] or b""}
                         for m in g["members"]],
-            "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+            "authorized_operations": view.authorized_operations(request, GROUP, group_id)
+            if getattr(request.body, "include_authorized_operations", False) else NO_AUTHORIZED_OPERATIONS,
         }
 
     return {"groups": list(await asyncio.gather(*(one(g) for g in request.body.groups)))}
