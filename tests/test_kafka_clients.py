@@ -717,33 +717,6 @@ def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offs
     again.close()
 
 
-def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
-    """Runs last in this module: it kills a broker."""
-    topic = f"k{next(_names)}"
-    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
-    leader_id = cluster.describe_topic(topic)[0]["leader"]
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                        "linger.ms": 2, "message.timeout.ms": 60000})
-    acked, failed = [], []
-
-    def delivered(err, msg):
-        (failed if err else acked).append(err or msg.value())
-
-    for i in range(600):
-        producer.produce(topic, value=b"%05d" % i, on_delivery=delivered)
-        producer.poll(0)
-        if i == 200:
-            ray.kill(cluster.broker(leader_id))
-        time.sleep(0.003)
-    assert producer.flush(90) == 0
-    assert not failed, failed[:3]
-    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
-    stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
-    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
-    assert len(stored) == len(set(stored)), "idempotence: no record written twice"
-
-
-
 def test_a_commit_of_an_unknown_topic_or_partition_is_unknown_topic_or_partition_and_stores_nothing(cluster, bootstrap):
     """As Kafka's KafkaApis: per partition UNKNOWN_TOPIC_OR_PARTITION for a topic or a
     partition that does not exist, while the request's existing partitions are committed."""
@@ -839,3 +812,30 @@ def test_a_transactional_producer_fails_at_once_saying_rayk_has_no_transactions(
     finally:
         connection.close()
     assert answer.error_code.value == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+# Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.
+def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
+    """Runs last in this module: it kills a broker."""
+    topic = f"k{next(_names)}"
+    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    leader_id = cluster.describe_topic(topic)[0]["leader"]
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                        "linger.ms": 2, "message.timeout.ms": 60000})
+    acked, failed = [], []
+
+    def delivered(err, msg):
+        (failed if err else acked).append(err or msg.value())
+
+    for i in range(600):
+        producer.produce(topic, value=b"%05d" % i, on_delivery=delivered)
+        producer.poll(0)
+        if i == 200:
+            ray.kill(cluster.broker(leader_id))
+        time.sleep(0.003)
+    assert producer.flush(90) == 0
+    assert not failed, failed[:3]
+    assert cluster.describe_topic(topic)[0]["leader"] != leader_id
+    stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
+    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
+    assert len(stored) == len(set(stored)), "idempotence: no record written twice"
