@@ -316,6 +316,13 @@ class UnknownLeaderEpochError(KafkaError):
     code, name, retriable = 75, "UNKNOWN_LEADER_EPOCH", True
 
 
+class OffsetNotAvailableError(KafkaError):
+    """A new leader's high watermark is still below the start of its epoch (KIP-207):
+    the end offsets it would answer could be lower than its predecessor's; retry."""
+
+    code, name, retriable = 78, "OFFSET_NOT_AVAILABLE", True
+
+
 class UnsupportedCompressionTypeError(KafkaError):
     code, name = 76, "UNSUPPORTED_COMPRESSION_TYPE"
 

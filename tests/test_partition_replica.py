@@ -16,6 +16,7 @@ from rayk.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
     RequestTimedOutError,
 )
 from rayk.storage import Log, LogConfig, partition_metadata
@@ -352,6 +353,24 @@ def test_a_new_leader_records_its_epoch_start_so_an_older_epoch_ends_at_its_log_
     ray.get(r[1].become_leader.remote(5, [1], [1]))
     assert ray.get(r[1].offsets_for_leader_epoch.remote(2)) == (0, 4)
     assert ray.get(r[1].offsets_for_leader_epoch.remote(5)) == (5, 4)
+
+
+def test_a_new_leader_answers_offset_not_available_until_its_high_watermark_reaches_its_epoch_start(tmp_path):
+    # Replica 2 holds 4 records whose HW it never learned (0): as a new leader it must not
+    # tell a consumer that the partition ends at 0 (after its predecessor said 4) until its
+    # follower has fetched and the HW reached the epoch's start (KIP-207).
+    write_log(tmp_path, 1, [(0, 4, "v")])
+    write_log(tmp_path, 2, [(0, 4, "v")])
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[2].become_leader.remote(1, [1, 2], [1, 2]))
+    assert describe(r[2])["high_watermark"] == 0
+    for spec in (-1, -2, 0):
+        with pytest.raises(OffsetNotAvailableError, match="lags the start 4 of leader epoch 1"):
+            ray.get(r[2].list_offset.remote(spec))
+    ray.get(r[1].become_follower.remote(1, 2, r[2]))
+    wait_until(lambda: describe(r[2])["high_watermark"] == 4)
+    assert ray.get(r[2].list_offset.remote(-1)) == (4, -1)
+    assert ray.get(r[2].list_offset.remote(-2)) == (0, -1)
 
 
 # ---------------------------------------------------------------------- AlterPartition outcomes

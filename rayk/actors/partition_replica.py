@@ -73,6 +73,7 @@ from rayk.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PolicyViolationError,
@@ -556,10 +557,19 @@ class PartitionReplica(Supervised):
     async def list_offset(self, timestamp_ms: int) -> tuple[int, int]:
         """Kafka's ListOffsets for a consumer: (offset, timestamp) of the first record with a
         timestamp >= `timestamp_ms` below the HW, or (-1, -1) if none; -2 (EARLIEST) gives
-        the log start offset and -1 (LATEST) the HW, with timestamp -1."""
+        the log start offset and -1 (LATEST) the HW, with timestamp -1.
+        OFFSET_NOT_AVAILABLE (retriable) while this leader's HW is below the start of its
+        epoch: until its followers fetch from it, a new leader's HW may lag its
+        predecessor's, and an end offset a client saw must not go back (KIP-207)."""
         if self._role != "leader":
             raise self._not_leader()
         log = self._log
+        epoch_start_offset = self._leader_state.leader_epoch_start_offset
+        if log.high_watermark < epoch_start_offset:
+            raise OffsetNotAvailableError(
+                f"the high watermark {log.high_watermark} of {self.topic}-{self.partition} lags the start "
+                f"{epoch_start_offset} of leader epoch {self._leader_epoch}"
+            )
         if timestamp_ms == LATEST_TIMESTAMP:
             return log.high_watermark, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:

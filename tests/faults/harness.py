@@ -27,6 +27,7 @@ import ray
 from ray._private.state import actors as actor_table
 
 import rayk
+from rayk.errors import OffsetNotAvailableError
 from tests.cluster_helpers import BROKER_RESOURCE, FAST_CONFIG, decode, pid_of, wait_until
 
 TOPIC = "faults"
@@ -164,9 +165,11 @@ def abandon_running_traffic() -> None:
 
 
 def read_partition(cluster: Any, partition: int, topic: str = TOPIC) -> dict[int, bytes]:
-    """offset -> value of everything below the partition's high watermark, from its leader."""
+    """offset -> value of everything below the partition's high watermark, from its leader.
+    The HW is what ListOffsets(latest) answers, as a consumer sees it: a new leader answers
+    OFFSET_NOT_AVAILABLE until its HW has reached its predecessor's (KIP-207)."""
     leader = wait_until(lambda: _leader_or_none(cluster, partition, topic), 60, f"a leader for {topic}-{partition}")
-    hw = ray.get(leader.describe.remote())["high_watermark"]
+    (hw,) = wait_until(lambda: _end_offset_or_none(leader), 60, f"the end offset of {topic}-{partition}")
     out: dict[int, bytes] = {}
     offset = 0
     while offset < hw:
@@ -177,6 +180,13 @@ def read_partition(cluster: Any, partition: int, topic: str = TOPIC) -> dict[int
         out.update(records)
         offset = records[-1][0] + 1
     return out
+
+
+def _end_offset_or_none(leader: Any) -> tuple[int] | None:
+    try:
+        return (ray.get(leader.list_offset.remote(-1))[0],)
+    except OffsetNotAvailableError:
+        return None
 
 
 def _leader_or_none(cluster: Any, partition: int, topic: str = TOPIC) -> Any:
