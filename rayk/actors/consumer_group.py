@@ -18,6 +18,16 @@ PREPARING_REBALANCE whenever membership changes (a member joins, leaves or times
   REBALANCE_IN_PROGRESS so the member rejoins.
 - `expire(now)` drops members silent for longer than their session timeout.
 
+Static membership (KIP-345): a member that joins with a `group.instance.id` is static. When
+it restarts it joins with no member id and the same instance id, and takes the place of
+its old member id: in a Stable group whose protocol does not change it gets its old
+assignment back in the current generation, with no rebalance (the join answer names the
+group's previous leader, so that it does not assign). Any call with an instance id that
+maps to another member id is FENCED_INSTANCE_ID: the old process of a static member, or a
+second process started with the same id, is fenced by the newer one. Static members leave
+by their session timeout (clients do not send LeaveGroup for them), or by a LeaveGroup
+that names their instance id.
+
 A member waiting in `join` or `sync` counts as alive. Errors are `rayk.errors` types with
 Kafka's names (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, ...).
 Not thread-safe: the owning actor's event loop calls it.
@@ -34,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rayk.errors import (
+    FencedInstanceIdError,
     IllegalGenerationError,
     InconsistentGroupProtocolError,
     KafkaError,
@@ -69,6 +80,7 @@ class Member:
     protocols: list[tuple[str, bytes]]
     last_heartbeat_s: float
     assignment: bytes = b""
+    group_instance_id: str | None = None  # a static member's (KIP-345)
     join_waiter: asyncio.Future | None = None
     sync_waiter: asyncio.Future | None = None
 
@@ -88,6 +100,7 @@ class ConsumerGroup:
     protocol: str | None = None
     leader_id: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     # Wall-clock ms when the group last became empty (Kafka's currentStateTimestamp of an
     # Empty group): its offsets expire offsets.retention.minutes after (KIP-211).
     empty_since_ms: int | None = None
@@ -105,6 +118,7 @@ class ConsumerGroup:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        group_instance_id: str | None = None,
     ) -> JoinResult:
         if not protocols or (self.members and protocol_type != self.protocol_type):
             raise InconsistentGroupProtocolError(
@@ -116,15 +130,29 @@ class ConsumerGroup:
             )
         now = self.clock_s()
         if member_id:
+            self._check_not_fenced(group_instance_id, member_id)
             member = self.members.get(member_id)
             if member is None:
                 raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}; join with no id")
             member.protocols, member.session_timeout_ms = list(protocols), session_timeout_ms
             member.rebalance_timeout_ms, member.last_heartbeat_s = rebalance_timeout_ms, now
+        elif group_instance_id is not None and group_instance_id in self.static_members:
+            previous_leader_id = self.leader_id
+            member = self._replace_static_member(group_instance_id, client_id, session_timeout_ms, rebalance_timeout_ms,
+                                                 protocols, now)  # fmt: skip
+            if self.state is GroupState.STABLE and self._select_protocol() == self.protocol:
+                if self.on_stable is not None:
+                    self.on_stable(self)
+                # The previous leader's id, not this member's: it must not assign (a Stable
+                # group would not pass a new assignment on); its sync gets its old one.
+                return JoinResult(self.generation, self.protocol, previous_leader_id, member.member_id, [])
         else:
-            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            member = Member(member_id, client_id, session_timeout_ms, rebalance_timeout_ms, list(protocols), now)
+            member_id = f"{group_instance_id or client_id or 'member'}-{uuid.uuid4()}"
+            member = Member(member_id, client_id, session_timeout_ms, rebalance_timeout_ms, list(protocols), now,
+                            group_instance_id=group_instance_id)  # fmt: skip
             self.members[member_id] = member
+            if group_instance_id is not None:
+                self.static_members[group_instance_id] = member_id
             if self._initial_delay_deadline_s is not None:  # newcomers extend the initial delay
                 self._initial_delay_deadline_s = min(
                     now + self.initial_rebalance_delay_ms / 1000, self._join_deadline_s
@@ -137,6 +165,46 @@ class ConsumerGroup:
             self._prepare_rebalance(now)
         self._maybe_complete_join()
         return await waiter
+
+    def _replace_static_member(
+        self,
+        group_instance_id: str,
+        client_id: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocols: list[tuple[str, bytes]],
+        now: float,
+    ) -> Member:
+        """A static member's new process takes its old member id's place (Kafka's
+        replaceStaticMember): the same assignment under a new member id, and the old
+        one's waiting join or sync answered FENCED_INSTANCE_ID."""
+        old = self.members.pop(self.static_members[group_instance_id])
+        fenced = FencedInstanceIdError(f"instance {group_instance_id!r} of group {self.group_id!r} joined again")
+        _fail(old.join_waiter, fenced)
+        _fail(old.sync_waiter, fenced)
+        member = Member(f"{group_instance_id}-{uuid.uuid4()}", client_id, session_timeout_ms, rebalance_timeout_ms,
+                        list(protocols), now, assignment=old.assignment, group_instance_id=group_instance_id)  # fmt: skip
+        self.members[member.member_id] = member
+        self.static_members[group_instance_id] = member.member_id
+        if self.leader_id == old.member_id:
+            self.leader_id = member.member_id
+        return member
+
+    def _check_not_fenced(self, group_instance_id: str | None, member_id: str) -> None:
+        """FENCED_INSTANCE_ID when `group_instance_id` belongs to another member id (Kafka's
+        isStaticMemberFenced): a newer process of that static member took over."""
+        if group_instance_id is None:
+            return
+        current = self.static_members.get(group_instance_id)
+        if current is not None and current != member_id:
+            raise FencedInstanceIdError(
+                f"member {member_id!r} of group {self.group_id!r} was fenced: instance {group_instance_id!r} is {current!r} now"
+            )
+
+    def _remove(self, member: Member) -> None:
+        del self.members[member.member_id]
+        if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member.member_id:
+            del self.static_members[member.group_instance_id]
 
     def _prepare_rebalance(self, now: float) -> None:
         was_empty = self.state is GroupState.EMPTY
@@ -175,8 +243,8 @@ class ConsumerGroup:
         everyone_joined = all(m.join_waiter is not None for m in self.members.values())
         if not everyone_joined and now < self._join_deadline_s:
             return
-        for member_id in [m.member_id for m in self.members.values() if m.join_waiter is None]:
-            del self.members[member_id]  # did not rejoin within the rebalance timeout
+        for member in [m for m in self.members.values() if m.join_waiter is None]:
+            self._remove(member)  # did not rejoin within the rebalance timeout
         self._complete_join()
 
     def _complete_join(self) -> None:
@@ -222,8 +290,10 @@ class ConsumerGroup:
 
     # ------------------------------------------------------------------ sync, heartbeat, leave
 
-    async def sync(self, generation: int, member_id: str, assignments: dict[str, bytes] | None) -> bytes:
-        member = self._member_at(generation, member_id)
+    async def sync(
+        self, generation: int, member_id: str, assignments: dict[str, bytes] | None, group_instance_id: str | None = None
+    ) -> bytes:
+        member = self._member_at(generation, member_id, group_instance_id)
         if self.state is GroupState.PREPARING_REBALANCE:
             raise RebalanceInProgressError(f"group {self.group_id!r} is rebalancing")
         member.last_heartbeat_s = self.clock_s()
@@ -244,16 +314,23 @@ class ConsumerGroup:
         member.sync_waiter = asyncio.get_running_loop().create_future()
         return await member.sync_waiter
 
-    def heartbeat(self, generation: int, member_id: str) -> None:
-        member = self._member_at(generation, member_id)
+    def heartbeat(self, generation: int, member_id: str, group_instance_id: str | None = None) -> None:
+        member = self._member_at(generation, member_id, group_instance_id)
         member.last_heartbeat_s = self.clock_s()
         if self.state is GroupState.PREPARING_REBALANCE:
             raise RebalanceInProgressError(f"group {self.group_id!r} is rebalancing: rejoin")
 
-    def leave(self, member_id: str) -> None:
-        member = self.members.pop(member_id, None)
+    def leave(self, member_id: str, group_instance_id: str | None = None) -> None:
+        """Removes the member named by its id, or by its instance id (LeaveGroup v3+ may
+        name a static member by its instance id alone, with an empty member id)."""
+        if group_instance_id is not None:
+            if member_id:
+                self._check_not_fenced(group_instance_id, member_id)
+            member_id = self.static_members.get(group_instance_id, "")
+        member = self.members.get(member_id)
         if member is None:
-            raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")
+            raise UnknownMemberIdError(f"member {member_id or group_instance_id!r} is not in group {self.group_id!r}")
+        self._remove(member)
         self._membership_changed([member])
 
     def expire(self) -> list[str]:
@@ -267,7 +344,7 @@ class ConsumerGroup:
             and now - m.last_heartbeat_s > m.session_timeout_ms / 1000
         ]
         for m in expired:
-            del self.members[m.member_id]
+            self._remove(m)
         if expired:
             self._membership_changed(expired)
         return [m.member_id for m in expired]
@@ -282,7 +359,7 @@ class ConsumerGroup:
             self._prepare_rebalance(self.clock_s())
             self._maybe_complete_join()
 
-    def check_commit(self, generation: int, member_id: str) -> None:
+    def check_commit(self, generation: int, member_id: str, group_instance_id: str | None = None) -> None:
         """Whether an offset commit from this member and generation may be stored (Kafka's rules)."""
         if generation < 0 and not member_id:
             if self.members:
@@ -290,11 +367,12 @@ class ConsumerGroup:
                     f"group {self.group_id!r} has active members; commit as a member (with its generation)"
                 )
             return
-        self._member_at(generation, member_id)
+        self._member_at(generation, member_id, group_instance_id)
         if self.state is GroupState.COMPLETING_REBALANCE:
             raise RebalanceInProgressError(f"group {self.group_id!r} is rebalancing")
 
-    def _member_at(self, generation: int, member_id: str) -> Member:
+    def _member_at(self, generation: int, member_id: str, group_instance_id: str | None = None) -> Member:
+        self._check_not_fenced(group_instance_id, member_id)
         member = self.members.get(member_id)
         if member is None:
             raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")

@@ -287,6 +287,7 @@ class GroupCoordinator:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        group_instance_id: str | None = None,
     ) -> JoinResult:
         if not group_id:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
@@ -297,19 +298,26 @@ class GroupCoordinator:
                 f"[{c.group_min_session_timeout_ms}, {c.group_max_session_timeout_ms}] ms"
             )
         return await self._group(group_id).join(
-            member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols
+            member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols, group_instance_id
         )
 
     async def sync_group(
-        self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes] | None
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        assignments: dict[str, bytes] | None,
+        group_instance_id: str | None = None,
     ) -> bytes:
-        return await self._existing_group(group_id, member_id).sync(generation, member_id, assignments)
+        group = self._existing_group(group_id, member_id)
+        return await group.sync(generation, member_id, assignments, group_instance_id)
 
-    async def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
-        self._existing_group(group_id, member_id).heartbeat(generation, member_id)
+    async def heartbeat(self, group_id: str, generation: int, member_id: str, group_instance_id: str | None = None) -> None:
+        self._existing_group(group_id, member_id).heartbeat(generation, member_id, group_instance_id)
 
-    async def leave_group(self, group_id: str, member_id: str) -> None:
-        self._existing_group(group_id, member_id).leave(member_id)
+    async def leave_group(self, group_id: str, member_id: str, group_instance_id: str | None = None) -> None:
+        """Removes a member, named by its member id or (a static one) by its instance id."""
+        self._existing_group(group_id, member_id or group_instance_id or "").leave(member_id, group_instance_id)
 
     # ------------------------------------------------------------------ offsets
 
@@ -319,6 +327,7 @@ class GroupCoordinator:
         generation: int,
         member_id: str,
         offsets: dict[TopicPartition, tuple[int, str] | tuple[int, str, int]],
+        group_instance_id: str | None = None,
     ) -> None:
         """Stores committed offsets durably (acks=all) if the member may commit: per
         partition (offset, metadata) or (offset, metadata, leader epoch), the epoch of the
@@ -328,7 +337,7 @@ class GroupCoordinator:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
         group = self._groups.get(group_id)
         if group is not None:
-            group.check_commit(generation, member_id)
+            group.check_commit(generation, member_id, group_instance_id)
         elif generation >= 0:
             raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
         now_ms = int(time.time() * 1000)
@@ -494,6 +503,7 @@ class GroupCoordinator:
                 {
                     "member_id": m.member_id,
                     "client_id": m.client_id,
+                    "group_instance_id": m.group_instance_id,
                     "assignment": m.assignment,
                     "metadata": dict(m.protocols).get(group.protocol, b""),  # the chosen protocol's
                 }

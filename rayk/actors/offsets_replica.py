@@ -144,22 +144,28 @@ class OffsetsPartitionReplica(PartitionReplica):
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        group_instance_id: str | None = None,
     ) -> JoinResult:
         return await self._require_coordinator().join_group(
-            group_id, member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols
-        )
+            group_id, member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols,
+            group_instance_id,
+        )  # fmt: skip
 
-    async def sync_group(self, group_id: str, generation: int, member_id: str, assignments: dict | None) -> bytes:
-        return await self._require_coordinator().sync_group(group_id, generation, member_id, assignments)
+    async def sync_group(
+        self, group_id: str, generation: int, member_id: str, assignments: dict | None, group_instance_id: str | None = None
+    ) -> bytes:
+        return await self._require_coordinator().sync_group(group_id, generation, member_id, assignments, group_instance_id)
 
-    async def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
-        await self._require_coordinator().heartbeat(group_id, generation, member_id)
+    async def heartbeat(self, group_id: str, generation: int, member_id: str, group_instance_id: str | None = None) -> None:
+        await self._require_coordinator().heartbeat(group_id, generation, member_id, group_instance_id)
 
-    async def leave_group(self, group_id: str, member_id: str) -> None:
-        await self._require_coordinator().leave_group(group_id, member_id)
+    async def leave_group(self, group_id: str, member_id: str, group_instance_id: str | None = None) -> None:
+        await self._require_coordinator().leave_group(group_id, member_id, group_instance_id)
 
-    async def commit_offsets(self, group_id: str, generation: int, member_id: str, offsets: dict) -> None:
-        await self._require_coordinator().commit_offsets(group_id, generation, member_id, offsets)
+    async def commit_offsets(
+        self, group_id: str, generation: int, member_id: str, offsets: dict, group_instance_id: str | None = None
+    ) -> None:
+        await self._require_coordinator().commit_offsets(group_id, generation, member_id, offsets, group_instance_id)
 
     async def fetch_offsets(self, group_id: str, partitions: list | None = None) -> dict[tuple[str, int], CommittedOffset]:
         return await self._require_coordinator().fetch_offsets(group_id, partitions)

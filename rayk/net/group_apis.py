@@ -93,7 +93,7 @@ async def join_group(view: BrokerView, request: Any) -> dict:
     try:
         result = await _coordinator_call(
             view, request, body.group_id, "join_group", body.member_id, request.client_id or "", session_ms, rebalance_ms,
-            body.protocol_type, protocols,
+            body.protocol_type, protocols, getattr(body, "group_instance_id", None),  # v5+ (KIP-345)
         )
     except Exception as e:
         return {"error_code": error_code_of(e), "generation_id": -1, "member_id": body.member_id, "leader": "",
@@ -113,7 +113,7 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
     assignments = {a.member_id: bytes(a.assignment) for a in body.assignments} or None
     try:
         assignment = await _coordinator_call(view, request, body.group_id, "sync_group", body.generation_id,
-                                             body.member_id, assignments)
+                                             body.member_id, assignments, getattr(body, "group_instance_id", None))
     except Exception as e:
         return {"error_code": error_code_of(e), "assignment": b""}
     return {"protocol_type": getattr(body, "protocol_type", None), "protocol_name": getattr(body, "protocol_name", None),
@@ -123,7 +123,8 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
 async def heartbeat(view: BrokerView, request: Any) -> dict:
     body = request.body
     try:
-        await _coordinator_call(view, request, body.group_id, "heartbeat", body.generation_id, body.member_id)
+        await _coordinator_call(view, request, body.group_id, "heartbeat", body.generation_id, body.member_id,
+                                getattr(body, "group_instance_id", None))
     except Exception as e:
         return {"error_code": error_code_of(e)}
     return {}
@@ -131,16 +132,18 @@ async def heartbeat(view: BrokerView, request: Any) -> dict:
 
 async def leave_group(view: BrokerView, request: Any) -> dict:
     body = request.body
-    members = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
+    members = ([(m.member_id, getattr(m, "group_instance_id", None)) for m in body.members]  # v3+: a batch,
+               if hasattr(body, "members") else [(body.member_id, None)])  # static members by instance id
     if not view.authorized(request, READ, GROUP, body.group_id):
         return {"error_code": GroupAuthorizationFailedError.code, "members": []}
     answers = []
-    for member_id in members:
+    for member_id, group_instance_id in members:
+        identity = {"member_id": member_id, "group_instance_id": group_instance_id}
         try:
-            await _coordinator_call(view, request, body.group_id, "leave_group", member_id)
-            answers.append({"member_id": member_id})
+            await _coordinator_call(view, request, body.group_id, "leave_group", member_id, group_instance_id)
+            answers.append(identity)
         except Exception as e:
-            answers.append({"member_id": member_id, "error_code": error_code_of(e)})
+            answers.append({**identity, "error_code": error_code_of(e)})
     top = answers[0].get("error_code", 0) if len(answers) == 1 else 0
     return {"error_code": top, "members": answers}
 
@@ -154,14 +157,8 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     body = request.body
     if not view.authorized(request, READ, GROUP, body.group_id):  # the group first, as Kafka: every partition
         return _per_partition(body.topics, lambda t, p: GroupAuthorizationFailedError.code)
-    readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
-    refused: dict[tuple[str, int], int] = {
-        (t.name, p.partition_index): TopicAuthorizationFailedError.code
-        for t in body.topics if t.name not in readable for p in t.partitions
-    }
     try:
-        refused.update(await _missing_partitions(view, [(t.name, p.partition_index) for t in body.topics
-                                                        if t.name in readable for p in t.partitions]))
+        refused = await _refused_partitions(view, request, body.topics)
     except Exception as e:  # the Controller did not say: nothing is committed, the client retries
         return _per_partition(body.topics, lambda t, p: error_code_of(e))
     offsets = {
@@ -173,10 +170,22 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     if offsets:  # (Kafka does not ask the coordinator when no partition is left)
         try:
             await _coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
-                                    body.member_id, offsets)
+                                    body.member_id, offsets, getattr(body, "group_instance_id", None))
         except Exception as e:
             code = error_code_of(e)
     return _per_partition(body.topics, lambda t, p: refused.get((t, p), code))
+
+
+async def _refused_partitions(view: BrokerView, request: Any, topics: Any) -> dict[tuple[str, int], int]:
+    """The error codes of the partitions of `topics` that an offset request may not touch:
+    TOPIC_AUTHORIZATION_FAILED for a topic the principal may not READ, else
+    UNKNOWN_TOPIC_OR_PARTITION for one that does not exist (KafkaApis' order)."""
+    readable = {t.name for t in topics if view.authorized(request, READ, TOPIC, t.name)}
+    refused = {(t.name, p.partition_index): TopicAuthorizationFailedError.code
+               for t in topics if t.name not in readable for p in t.partitions}
+    refused.update(await _missing_partitions(view, [(t.name, p.partition_index) for t in topics
+                                                    if t.name in readable for p in t.partitions]))
+    return refused
 
 
 async def _missing_partitions(view: BrokerView, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -267,7 +276,8 @@ async def describe_groups(view: BrokerView, request: Any) -> dict:
             "group_state": g["state"],
             "protocol_type": g["protocol_type"] or "",
             "protocol_data": g["protocol"] or "",
-            "members": [{"member_id": m["member_id"], "client_id": m["client_id"], "client_host": "",
+            "members": [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
+                         "client_id": m["client_id"], "client_host": "",
                          "member_metadata": m.get("metadata", b""), "member_assignment": m["assignment"] or b""}
                         for m in g["members"]],
             "authorized_operations": view.authorized_operations(request, GROUP, group_id)
@@ -300,14 +310,8 @@ async def offset_delete(view: BrokerView, request: Any) -> dict:
     body = request.body
     if not view.authorized(request, DELETE, GROUP, body.group_id):
         return {"error_code": GroupAuthorizationFailedError.code, "topics": []}
-    readable = {t.name for t in body.topics if view.authorized(request, READ, TOPIC, t.name)}
-    codes: dict[tuple[str, int], int] = {
-        (t.name, p.partition_index): TopicAuthorizationFailedError.code
-        for t in body.topics if t.name not in readable for p in t.partitions
-    }
     try:
-        codes.update(await _missing_partitions(view, [(t.name, p.partition_index) for t in body.topics
-                                                      if t.name in readable for p in t.partitions]))
+        codes = await _refused_partitions(view, request, body.topics)
         wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions
                   if (t.name, p.partition_index) not in codes]
         results = await _coordinator_call(view, request, body.group_id, "delete_offsets", wanted)
