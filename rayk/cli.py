@@ -132,9 +132,15 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _init_ray(address: str, namespace: str) -> None:
-    """Connects this process to the Ray cluster at `address` ("auto": the local one), quietly."""
+    """Connects this process to the Ray cluster at `address` ("auto": the local one), quietly.
+    A process already connected to Ray (`main()` called from a notebook, say) keeps its
+    connection: the commands name their Ray namespace themselves."""
     import ray
 
+    global _connected_here
+    _connected_here = not ray.is_initialized()
+    if not _connected_here:
+        return
     try:
         ray.init(address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
@@ -155,10 +161,16 @@ def _connect(args: argparse.Namespace) -> Any:
     return rayk.connect(namespace=args.namespace)
 
 
+_connected_here = False  # whether this process's Ray connection is the CLI's own
+
+
 def _shutdown_ray() -> None:
+    """Disconnects from Ray if the command connected (and not a caller's connection)."""
+    global _connected_here
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if _connected_here and ray is not None and ray.is_initialized():
         ray.shutdown()
+    _connected_here = False
 
 
 def _nodes() -> dict[str, dict]:

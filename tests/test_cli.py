@@ -1,13 +1,17 @@
-"""The `rayk` command line, run in subprocesses against this module's own Ray instance.
+"""The `rayk` command line against this module's own Ray instance.
 
-The module starts one local Ray instance and one rayk cluster (namespace "cli-test");
-each test runs `python -m rayk.cli ... --address <that instance> --namespace cli-test`,
-as a user on the same machine would, with RAY_AUTH_MODE=token so the explicit address
-authenticates with the local token.
+The module starts one local Ray instance and one rayk cluster (namespace "cli-test").
+`run_subprocess` runs `python -m rayk.cli ... --address <that instance> --namespace
+cli-test`, as a user on the same machine would, with RAY_AUTH_MODE=token so the explicit
+address authenticates with the local token: the tests of connecting, starting and stopping
+use it. The others call `rayk.cli.main` in this process (`run`), which keeps this process's
+Ray connection: a subprocess costs ~2 s of Ray start-up, and the suite's budget counts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -46,8 +50,26 @@ def cluster(address, tmp_path_factory):
 
 
 @pytest.fixture
-def run(address, cluster):
-    """run(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk args...`."""
+def run(address, cluster, monkeypatch):
+    """run(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk.cli.main(args)`
+    called in this process, with stdin, stdout and stderr of its own."""
+
+    def run_main(*args: str, stdin: str | None = None, namespace: str = NAMESPACE) -> subprocess.CompletedProcess:
+        argv = [*args, "--address", address, "--namespace", namespace]
+        out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()  # (`consume` writes bytes)
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((stdin or "").encode())))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+        assert ray.is_initialized(), "the command left this process's Ray connection alone"
+        out.flush()
+        return subprocess.CompletedProcess(argv, code, out.buffer.getvalue().decode(), err.getvalue())
+
+    return run_main
+
+
+@pytest.fixture
+def run_subprocess(address, cluster):
+    """run_subprocess(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk args...`."""
 
     def run_cli(*args: str, stdin: str | None = None, namespace: str = NAMESPACE) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "rayk.cli", *args, "--address", address, "--namespace", namespace]
@@ -221,6 +243,7 @@ def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "init", no_cluster)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # (whether or not this process is connected)
     monkeypatch.setattr(cli, "_shutdown_ray", lambda: None)  # never this module's Ray instance
     assert cli.main(["status"]) == 1
     assert capsys.readouterr().err == f"rayk: error: {cli.NO_RAY_CLUSTER}\n"
@@ -229,7 +252,8 @@ def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
 # ---------------------------------------------------------------------------- against the cluster
 
 
-def test_topic_lifecycle(run, cluster):
+def test_topic_lifecycle(run_subprocess, cluster):
+    run = run_subprocess  # a real `rayk` process
     ok(run("topics", "create", "orders", "--partitions", "3", "--replication-factor", "3",
            "--config", "min.insync.replicas=2"))  # fmt: skip
     assert "orders" in ok(run("topics", "list")).split()
@@ -360,7 +384,8 @@ def test_reassign_moves_a_partition_to_another_broker_and_mistakes_are_one_line_
     assert_one_line_error(run("topics", "reassignments", "no-such-topic"), "UNKNOWN_TOPIC_OR_PARTITION")
 
 
-def test_user_mistakes_are_one_line_errors(run):
+def test_user_mistakes_are_one_line_errors(run_subprocess):
+    run = run_subprocess  # a real `rayk` process
     assert_one_line_error(run("topics", "describe", "no-such-topic"), "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(run("topics", "list", namespace="cli-nobody-here"), "no rayk cluster")
     assert_one_line_error(run("groups", "describe", "no-such-group"), "does not exist")
@@ -370,7 +395,8 @@ def test_user_mistakes_are_one_line_errors(run):
     assert_one_line_error(run("start", "--node-resource", "rayk_nowhere", namespace="cli-nowhere"), "rayk_nowhere")
 
 
-def test_start_status_stop_in_a_namespace_of_its_own(run, tmp_path):
+def test_start_status_stop_in_a_namespace_of_its_own(run_subprocess, tmp_path):
+    run = run_subprocess  # a real `rayk` process
     data_dir = tmp_path / "rayk-data"
     started = ok(run("start", "--brokers", "1", "--data-dir", str(data_dir),
                      "--config", "group.initial.rebalance.delay.ms=0", f"listeners={LOOPBACK_LISTENER}",
