@@ -43,6 +43,20 @@ def ray_local():
     shared_local_ray()
 
 
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("shared-cluster")
+
+
+@pytest.fixture(scope="module")
+def shared(shared_dir):
+    """One cluster for the tests that neither stop brokers nor count on a fresh cluster
+    (each of them uses topics of its own): a cluster start is ~5 s of the suite."""
+    c = rayk.start(brokers=3, data_dir=shared_dir, config=FAST_CONFIG, namespace=f"local-{next(_namespaces)}")
+    yield c
+    c.shutdown()
+
+
 @pytest.fixture
 def cluster(tmp_path):
     c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace=f"local-{next(_namespaces)}")
@@ -53,16 +67,17 @@ def cluster(tmp_path):
         pass  # the test shut it down itself
 
 
-def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(cluster):
-    description = cluster.create_topic("t", partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
+def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(shared):
+    cluster = shared
+    description = cluster.create_topic("first", partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
     assert [p["partition"] for p in description] == [0, 1, 2]
     for p in description:
         assert sorted(p["replicas"]) == [0, 1, 2] and sorted(p["isr"]) == [0, 1, 2]
         assert p["leader"] == p["replicas"][0] and p["leader_epoch"] == 0
     assert sorted(p["leader"] for p in description) == [0, 1, 2], "leaders spread over brokers"
-    result = produce(cluster.leader("t", 1), [b"a", b"b"])
+    result = produce(cluster.leader("first", 1), [b"a", b"b"])
     assert result.error is None and result.base_offset == 0
-    after = cluster.describe_topic("t")[1]
+    after = cluster.describe_topic("first")[1]
     assert after["high_watermark"] == after["log_end_offset"] == 2
 
 
@@ -71,7 +86,8 @@ def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(cluster):
 LIBRARIES_NO_REPLICA_LOADS = {"pyarrow", "pandas", "pyspark", "kio", "raydp"}
 
 
-def test_replica_processes_load_no_data_libraries(cluster):
+def test_replica_processes_load_no_data_libraries(shared):
+    cluster = shared
     cluster.create_topic("lean", partitions=2, replication_factor=3)
     produce(cluster.leader("lean", 0), [b"a"])
     handles = [cluster.replica("lean", p, b) for p in range(2) for b in range(3)]
@@ -81,14 +97,16 @@ def test_replica_processes_load_no_data_libraries(cluster):
         assert LIBRARIES_NO_REPLICA_LOADS.isdisjoint(libraries), (handle, LIBRARIES_NO_REPLICA_LOADS & libraries)
 
 
-def test_broker_directories_carry_meta_properties(cluster, tmp_path):
-    cluster_id = ray.get(cluster.controller.cluster_id.remote())
+def test_broker_directories_carry_meta_properties(shared, shared_dir):
+    cluster_id = ray.get(shared.controller.cluster_id.remote())
     for b in range(3):
-        meta = meta_properties.read(tmp_path / f"broker-{b}")
+        meta = meta_properties.read(shared_dir / f"broker-{b}")
         assert meta is not None and (meta.node_id, meta.cluster_id) == (b, cluster_id)
 
 
-def test_bad_topic_requests_get_typed_errors(cluster):
+def test_bad_topic_requests_get_typed_errors(shared):
+    cluster = shared
+    before = set(cluster.list_topics())
     cluster.create_topic("dup")
     with pytest.raises(TopicAlreadyExistsError):
         cluster.create_topic("dup")
@@ -102,10 +120,11 @@ def test_bad_topic_requests_get_typed_errors(cluster):
         cluster.describe_topic("missing")
     with pytest.raises(InvalidConfigurationError):
         rayk.start(brokers=1, data_dir="/tmp/unused", namespace=cluster.namespace)
-    assert cluster.list_topics() == ["dup"], "failed requests leave no trace"
+    assert set(cluster.list_topics()) - before == {"dup"}, "failed requests leave no trace"
 
 
-def test_min_insync_replicas_comes_from_the_topic_config(cluster):
+def test_min_insync_replicas_comes_from_the_topic_config(shared):
+    cluster = shared
     cluster.create_topic("strict", replication_factor=1, config={"min.insync.replicas": "2"})
     result = produce(cluster.leader("strict", 0), [b"x"])
     assert isinstance(result.error, NotEnoughReplicasError)
@@ -198,7 +217,8 @@ def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
         again.shutdown()
 
 
-def test_deleted_topic_recreated_under_the_same_name_starts_empty(cluster, tmp_path):
+def test_deleted_topic_recreated_under_the_same_name_starts_empty(shared, shared_dir):
+    cluster, tmp_path = shared, shared_dir
     cluster.create_topic("again", replication_factor=3)
     assert produce(cluster.leader("again", 0), [b"old"]).error is None
     cluster.delete_topic("again")
@@ -219,7 +239,8 @@ def test_a_broker_away_during_a_topic_delete_drops_the_stray_directory(cluster, 
     wait_until(lambda: not (tmp_path / "broker-2" / "gone-0").exists(), 15, "the stray directory to go")
 
 
-def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(cluster):
+def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(shared):
+    cluster = shared
     cluster.create_topic("wait", replication_factor=3)
     leader = cluster.leader("wait", 0)
     pending = leader.fetch.remote(0, 1 << 20, 1, 5000)
