@@ -251,9 +251,11 @@ def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(shared
     assert result.records and time.monotonic() - start < 2.0
 
 
-def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(cluster):
+def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(shared):
     """The cluster's first group creates __consumer_offsets, which takes seconds: the perf
-    consumer (and so `rayk demo`) must not take that for an idle topic."""
+    consumer (and so `rayk demo`) must not take that for an idle topic. (No other test of
+    the shared cluster uses a group.)"""
+    cluster = shared
     from rayk.perf import run_consume_perf
 
     cluster.create_topic("perf-join", partitions=2, replication_factor=3)

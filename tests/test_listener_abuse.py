@@ -56,6 +56,7 @@ class SteadyClients:
         self.failed: list[object] = []
         self.consumed: list[bytes] = []
         self._stop = threading.Event()
+        self._flushed = threading.Event()  # every delivery callback has run
         self._threads = [threading.Thread(target=self._produce), threading.Thread(target=self._consume)]
         for t in self._threads:
             t.start()
@@ -69,12 +70,15 @@ class SteadyClients:
             producer.poll(0.01)
             i += 1
         producer.flush(60)
+        self._flushed.set()
 
     def _consume(self) -> None:
         consumer = confluent_kafka.Consumer({"bootstrap.servers": self.bootstrap, "group.id": "steady",
                                              "auto.offset.reset": "earliest"})
         consumer.subscribe(["steady"])
-        while not self._stop.is_set() or len(self.consumed) < len(self.acked):
+        # Until the producer's flush has run the last delivery callbacks: before it, `acked`
+        # may be one short of what was stored (CI once ended here a record early).
+        while not self._flushed.is_set() or len(self.consumed) < len(self.acked):
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
                 self.consumed.append(message.value())

@@ -183,7 +183,7 @@ def test_fuzzed_frames_for_a_bounded_time_then_a_real_client_works(address, clus
     deadline = time.monotonic() + FUZZ_SECONDS
     sent = {"n": 0}
 
-    @settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.data())
     def fuzz(data):
         if data.draw(st.booleans()):
@@ -220,7 +220,7 @@ def test_fuzzed_tls_handshakes_close_only_their_connection(address, cluster, tls
     deadline = time.monotonic() + FUZZ_SECONDS
     sent = {"n": 0}
 
-    @settings(max_examples=2_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.data())
     def fuzz(data):
         if data.draw(st.booleans()):
@@ -259,7 +259,7 @@ def test_fuzzed_sasl_exchanges_close_only_their_connection(address, cluster, tls
     deadline = time.monotonic() + FUZZ_SECONDS
     sent = {"n": 0}
 
-    @settings(max_examples=2_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.data())
     def fuzz(data):
         payload = b""
