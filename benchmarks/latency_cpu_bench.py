@@ -95,7 +95,8 @@ def main() -> None:
         producer.flush(10)
 
     def consume() -> None:
-        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "cpu", "enable.auto.commit": False})
+        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "cpu", "enable.auto.commit": False,
+                                             "fetch.queue.backoff.ms": 10})  # as users set it: see kafka_protocol_bench
         consumer.assign([confluent_kafka.TopicPartition("latency", p, 0) for p in range(3)])
         while not stop.is_set():
             consumer.consume(1000, 0.1)
