@@ -3,16 +3,22 @@ follower replication, ISR shrink and expansion, epoch fencing and truncation."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 
 import pytest
 import ray
 
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.dataplane import frames, handshake
+from rayk.dataplane.connection import Connection
+from rayk.dataplane.frames import FetchResult
 from rayk.errors import (
     InconsistentTopicIdError,
     FencedLeaderEpochError,
     InvalidRequiredAcksError,
+    NetworkError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
@@ -210,6 +216,45 @@ def test_follower_catches_up_from_empty_and_follows_the_high_watermark(tmp_path)
     wait_until(lambda: describe(r[2])["log_end_offset"] == 50)
     wait_until(lambda: describe(r[1])["isr"] == [1, 2])
     wait_until(lambda: describe(r[2])["high_watermark"] == 50)
+    assert describe(r[1])["data_plane_connections"] == 1  # the records came over it, not over Ray
+
+
+def test_a_replicas_data_plane_admits_no_stranger(tmp_path):
+    """A raw socket on a replica's TCP endpoint, or one with a made-up secret, gets no records
+    and puts none: the connection is closed before a frame is read."""
+    r = replicas(tmp_path, ids=(1,), config=ReplicaConfig(data_plane_host="127.0.0.1"))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    ray.get(r[1].produce.remote(batch(5), 1, 1000))
+    assert ray.get(r[1].data_endpoint.remote(ray.get_runtime_context().get_node_id())).port == 0  # no TCP yet
+    address = ray.get(r[1].data_endpoint.remote("another node"))
+    assert address.host == "127.0.0.1" and address.port > 0
+
+    async def stranger() -> bytes:
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        request = frames.encode_fetch_request(frames.FetchRequest(0, 1 << 20))
+        writer.write(frames.request_frame(0, frames.FETCH, request) * 10)
+        received = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return received
+
+    received = asyncio.run(stranger())
+    assert received.startswith(handshake.MAGIC) and len(received) == len(handshake.MAGIC) + handshake.NONCE_BYTES
+
+    async def forged() -> None:
+        address_forged = dataclasses.replace(address, secret=b"f" * 32)
+        await Connection.open(address_forged, "another node")
+
+    with pytest.raises(NetworkError):
+        asyncio.run(forged())
+    assert describe(r[1])["data_plane_connections"] == 0
+
+    async def member() -> FetchResult:  # a process given the address through Ray gets in
+        connection = await Connection.open(address, "another node")
+        answer = await connection.request(frames.FETCH, frames.encode_fetch_request(frames.FetchRequest(0, 1 << 20)))
+        connection.close()
+        return frames.decode_fetch_answer(answer)
+
+    assert offsets(asyncio.run(member()).records) == [0, 1, 2, 3, 4]
 
 
 def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_path):

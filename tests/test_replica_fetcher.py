@@ -1,12 +1,13 @@
-"""ReplicaFetcher without Ray: a fake leader answers OffsetsForLeaderEpoch and fetches."""
+"""ReplicaFetcher without Ray or sockets: a fake LeaderLink answers OffsetsForLeaderEpoch and fetches."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from rayk.actors.partition_replica import FetchResult, ReplicaConfig
+from rayk.actors.partition_replica import ReplicaConfig
 from rayk.actors.replica_fetcher import ReplicaFetcher
+from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.errors import NotLeaderOrFollowerError
 from rayk.storage import Log
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
@@ -17,27 +18,33 @@ def batch(n: int, tag: str) -> bytes:
 
 
 class Method:
-    """Stands in for an actor method: `.remote(...)` gives an awaitable."""
+    """Stands in for a LeaderLink method: calling it gives an awaitable."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn, self.calls = fn, []
 
-    def remote(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
+    def __call__(self, *args):
+        self.calls.append(args)
 
         async def call():
-            await asyncio.sleep(0.001)  # a real call yields to the event loop
-            return self.fn(*args, **kwargs)
+            await asyncio.sleep(0.001)  # a real request yields to the event loop
+            return self.fn(*args)
 
         return call()
 
 
 class FakeLeader:
+    """A LeaderLink onto a leader's log in this process."""
+
     def __init__(self, log: Log, unanswered_epoch_requests: int = 0) -> None:
         self.log = log
         self.unanswered = unanswered_epoch_requests
         self.offsets_for_leader_epoch = Method(self._offsets_for_leader_epoch)
         self.fetch = Method(self._fetch)
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
 
     def _offsets_for_leader_epoch(self, epoch: int):
         if self.unanswered:
@@ -45,14 +52,13 @@ class FakeLeader:
             raise NotLeaderOrFollowerError("not leading yet")
         return self.log.end_offset_for_epoch(epoch)
 
-    def _fetch(self, offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch, last_fetched_epoch,
-               replica_incarnation_id=""):
+    def _fetch(self, request: FetchRequest):
         log = self.log
-        if last_fetched_epoch >= 0:
-            epoch, end = log.end_offset_for_epoch(last_fetched_epoch)
-            if epoch < last_fetched_epoch or end < offset:
+        if request.last_fetched_epoch >= 0:
+            epoch, end = log.end_offset_for_epoch(request.last_fetched_epoch)
+            if epoch < request.last_fetched_epoch or end < request.offset:
                 return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, (epoch, end))
-        read = log.read(offset, max_bytes)
+        read = log.read(request.offset, request.max_bytes)
         return FetchResult(read.records, log.high_watermark, log.log_end_offset, log.log_start_offset)
 
 
@@ -99,7 +105,7 @@ def test_a_diverging_epoch_in_a_fetch_answer_truncates_and_fetching_goes_on(tmp_
     fake.offsets_for_leader_epoch = Method(lambda epoch: (epoch, 7))
     fetcher = ReplicaFetcher(follower, "t-0", 2, fake, 2, ReplicaConfig(), lambda: None)
     copy_until(fetcher, follower, leader)
-    assert any(kw["last_fetched_epoch"] == 1 for _, kw in fake.fetch.calls), "divergence found on the fetch path"
+    assert any(request.last_fetched_epoch == 1 for (request,) in fake.fetch.calls), "divergence found on the fetch path"
     assert values(follower) == [b"v0", b"v1", b"v2", b"v3", b"n0", b"n1"]
 
 
@@ -108,6 +114,13 @@ def test_a_log_ending_inside_the_leaders_batch_takes_the_batch_whole(tmp_path):
     fetcher = ReplicaFetcher(follower, "t-0", 2, FakeLeader(leader), 0, ReplicaConfig(), lambda: None)
     copy_until(fetcher, follower, leader)
     assert values(follower) == [b"v0", b"v1", b"v2", b"v3", b"v4", b"v5"]
+
+
+def test_a_cancelled_fetcher_closes_its_connection_to_the_leader(tmp_path):
+    leader, follower = leader_and_follower(tmp_path, [(0, 2, "v")], [])
+    fake = FakeLeader(leader)
+    copy_until(ReplicaFetcher(follower, "t-0", 2, fake, 0, ReplicaConfig(), lambda: None), follower, leader)
+    assert fake.closed == 1
 
 
 def test_a_failing_fetch_call_is_retried(tmp_path):

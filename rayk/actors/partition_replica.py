@@ -57,11 +57,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from rayk.actors import replica_process
+from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.supervision import Supervised
+from rayk.dataplane import frames
+from rayk.dataplane.endpoint import Endpoint, EndpointAddress
+from rayk.dataplane.frames import FetchResult, ProduceResult
 from rayk.errors import (
     FencedLeaderEpochError,
     InconsistentTopicIdError,
@@ -121,14 +127,9 @@ class ReplicaConfig:
     replica_fetch_min_bytes: int = 1
     replica_fetch_wait_max_ms: int = 500
     replica_socket_timeout_ms: int = 30_000  # bound on one follower fetch call
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
-    base_offset: int
-    log_append_time_ms: int
-    log_start_offset: int
-    error: KafkaError | None = None
+    # Where the data plane's TCP endpoint binds (rayk/dataplane): the host of the brokers'
+    # first listener, as Kafka replicates over a listener; "": the node's address.
+    data_plane_host: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,16 +138,6 @@ class ReplicaReport:
 
     offsets: PartitionOffsets  # for the broker's offset checkpoints
     size_bytes: int  # the log on disk, for the Log Size gauge
-
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    records: bytes
-    high_watermark: int
-    log_end_offset: int
-    log_start_offset: int
-    error: KafkaError | None = None
-    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a diverged follower
 
 
 def _now_ms() -> int:
@@ -193,6 +184,7 @@ class PartitionReplica(Supervised):
         self._trace: ProduceTrace | None = None  # see trace_produce
         self._cleaning: asyncio.Future | None = None  # the log cleaner's thread, while it runs
         self._counters = BrokerTopicCounters(broker_id, topic)
+        self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -305,9 +297,10 @@ class PartitionReplica(Supervised):
         self._leader_state = None
         self._notify_change()  # parked produces learn they are no longer on the leader
         if leader is not None and leader_id != NO_LEADER:
+            name = f"{self.topic}-{self.partition}"
+            link = LeaderLink(leader, ray.get_runtime_context().get_node_id(), name)
             fetcher = ReplicaFetcher(
-                self._log, f"{self.topic}-{self.partition}", self.broker_id, leader, leader_epoch, self.config,
-                self._notify_change, incarnation_id,
+                self._log, name, self.broker_id, link, leader_epoch, self.config, self._notify_change, incarnation_id
             )
             self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 
@@ -520,6 +513,29 @@ class PartitionReplica(Supervised):
             if self._role != "leader":
                 return self._fetch_error(self._not_leader())
 
+    async def data_endpoint(self, peer_node_id: str | None = None) -> EndpointAddress:
+        """Where this replica serves fetches over the data plane, and the secret that
+        admits a peer (rayk/dataplane); opened at the first call, with TCP once a peer on
+        another node than this one (`peer_node_id`; None: unknown) asks. Only Ray hands it
+        out, so only the cluster's own processes can connect."""
+        if self._endpoint is None:
+            self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}")
+        node_id, node_ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        host = self.config.data_plane_host or node_ip
+        return await self._endpoint.open(node_id, host, tcp=peer_node_id != node_id, node_ip=node_ip)
+
+    async def _serve_data_plane(self, kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        """A data plane request: (answer head, records)."""
+        if kind == frames.PRODUCE:
+            return frames.encode_produce_answer(await self.produce_requests(frames.decode_produce_request(body))), b""
+        assert kind == frames.FETCH, kind  # frames.parse_request lets no other kind through
+        r = frames.decode_fetch_request(body)
+        result = await self.fetch(
+            r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
+            r.topic_id, r.incarnation_id,
+        )
+        return frames.encode_fetch_answer_head(result), result.records
+
     def _diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
         """(epoch, end offset) where this log's history leaves the follower's, if it does:
         this log has no `last_fetched_epoch`, or it ends before the follower's offset.
@@ -719,6 +735,7 @@ class PartitionReplica(Supervised):
             "log_start_offset": log.log_start_offset,
             "recovery_point": log.recovery_point,
             "latest_epoch": log.latest_epoch,
+            "data_plane_connections": self._endpoint.connection_count if self._endpoint else 0,
         }
 
     async def update_config(self, log_config: LogConfig, replica_config: ReplicaConfig) -> None:
@@ -779,6 +796,11 @@ class PartitionReplica(Supervised):
             if self._cleaning is not None and self._cleaning.done():
                 self._cleaning = None
 
+    async def _close_endpoint(self) -> None:
+        if self._endpoint is not None:
+            await self._endpoint.close()
+            self._endpoint = None
+
     async def _stop_cleaning(self) -> None:
         """Before the log closes: a clean in its thread stops at its next read, and the
         log's files are not touched by it once this returns."""
@@ -791,6 +813,7 @@ class PartitionReplica(Supervised):
         """Stops following, flushes and closes the log (data stays on disk); returns the
         final offsets for the broker's checkpoints."""
         await self._stop_fetcher()
+        await self._close_endpoint()
         self._role = None
         self._notify_change()
         self._counters.flush()
@@ -802,6 +825,7 @@ class PartitionReplica(Supervised):
     async def delete(self) -> None:
         """The partition was deleted or moved away: stop and remove its directory."""
         await self._stop_fetcher()
+        await self._close_endpoint()
         self._role = None
         self._notify_change()
         self._counters.flush()

@@ -10,7 +10,7 @@ has at or below the one asked for, and where that epoch ends; the follower trunc
 the lesser of that end and its own end of the same epoch. An answer of "no such epoch"
 falls back to the follower's high watermark, as in Kafka.
 
-Then it fetches from its log end offset with min 1 byte / max wait 500 ms
+Then it fetches from its log end offset over the data plane (leader_link.py) with min 1 byte / max wait 500 ms
 (`replica.fetch.min.bytes`, `replica.fetch.wait.max.ms`), each call bounded by
 `replica.socket.timeout.ms`, sending the epoch of its last batch. A leader whose log went
 another way after that epoch answers with the diverging epoch and its end instead of
@@ -22,9 +22,10 @@ moves up to the leader's (as far as its HW) when that is higher. An out-of-range
 log starts past ours (retention: start over at its log start) or ends before ours (cut
 ours back to its end).
 
-The loop ends only when cancelled: the replica starts a new fetcher for every new leader
-epoch and cancels the old one. A failed call (the leader's actor died, a timeout, the
-leader no longer leads) is retried after a backoff until a new assignment arrives.
+The loop ends only when cancelled (closing its connection): the replica starts a new
+fetcher for every new leader epoch and cancels the old one. A failed fetch (the leader's
+process died, the connection broke, a timeout, the leader no longer leads) is retried,
+over a new connection, after a backoff until a new assignment arrives.
 Not thread-safe: runs on the replica actor's event loop.
 """
 
@@ -32,13 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
+from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 from rayk.storage import Log
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from rayk.storage.records import BatchHeader
+
+if TYPE_CHECKING:
+    from rayk.actors.leader_link import LeaderLink
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +71,13 @@ class ReplicaFetcher:
         log: Log,
         name: str,
         broker_id: int,
-        leader: Any,
+        leader: LeaderLink,
         leader_epoch: int,
         config: Any,
         on_progress: Callable[[], None],
         incarnation_id: str = "",
     ) -> None:
-        """`leader` is the leader replica's actor handle; `config` a ReplicaConfig;
+        """`leader` reaches the leader's replica (OffsetsForLeaderEpoch, fetches); `config` a ReplicaConfig;
         `on_progress` is called after every append or high watermark move; `incarnation_id`
         names this broker's process, sent with every fetch (KIP-903)."""
         self._log, self.name, self.broker_id = log, name, broker_id
@@ -85,14 +90,17 @@ class ReplicaFetcher:
         """Copies until cancelled. Nothing but a cancellation ends it: an error a step
         raises is logged and the step tried again after a backoff, since a fetcher that
         stopped quietly would leave its partition under-replicated for good."""
-        while True:
-            try:
-                await self._run()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("%s: the follower's copy loop failed; starting it again", self.name)
-                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+        try:
+            while True:
+                try:
+                    await self._run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    logger.exception("%s: the follower's copy loop failed; starting it again", self.name)
+                    await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+        finally:
+            self._leader.close()
 
     async def _run(self) -> None:
         await self._truncate_to_leader()
@@ -144,9 +152,9 @@ class ReplicaFetcher:
         if log_start > log.log_start_offset:
             log.maybe_increment_log_start_offset(log_start)
 
-    def _fetch(self) -> Any:
+    def _fetch(self) -> Awaitable[FetchResult]:
         c = self._config
-        return self._leader.fetch.remote(
+        return self._leader.fetch(FetchRequest(
             self._log.log_end_offset,
             c.replica_fetch_max_bytes,
             c.replica_fetch_min_bytes,
@@ -154,15 +162,15 @@ class ReplicaFetcher:
             replica_id=self.broker_id,
             leader_epoch=self._epoch,
             last_fetched_epoch=self._log.latest_epoch,
-            replica_incarnation_id=self._incarnation_id,
-        )
+            incarnation_id=self._incarnation_id,
+        ))
 
     async def _truncate_to_leader(self) -> None:
         """OffsetsForLeaderEpoch for this log's latest epoch, retried until answered."""
         while (latest := self._log.latest_epoch) != UNDEFINED_EPOCH:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    epoch, end_offset = await self._leader.offsets_for_leader_epoch.remote(latest)
+                    epoch, end_offset = await self._leader.offsets_for_leader_epoch(latest)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # not reachable yet, or not leading yet: ask again

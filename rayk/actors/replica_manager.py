@@ -563,6 +563,7 @@ class ReplicaManager(Supervised):
             replica_fetch_min_bytes=c.replica_fetch_min_bytes,
             replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
             replica_socket_timeout_ms=c.replica_socket_timeout_ms,
+            data_plane_host=next((listener.host for listener in c.kafka_listeners()), ""),
         )
 
     async def _make_role(self, replica: _Replica) -> None:

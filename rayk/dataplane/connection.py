@@ -1,0 +1,127 @@
+"""Connection: a peer's persistent, pipelined connection to one data plane Endpoint.
+
+`open` picks the endpoint's Unix socket when both are on the same node and TCP
+otherwise, and proves the endpoint's secret (handshake.py). `request` sends a frame and
+returns its answer's body; any number of requests may be in flight (up to
+`max_in_flight`; more wait), and answers come back in request order, which a reader task
+checks against each request's correlation id.
+
+A connection that breaks (the endpoint's process died, the socket closed, an answer out
+of order) fails every request in flight, and every later one, with NETWORK_EXCEPTION:
+the caller opens a new connection, as it would call again after a failed Ray call. A
+request cancelled while waiting (a timeout) leaves the connection usable: its answer is
+read and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Sequence
+
+from rayk.dataplane import frames, handshake
+from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress
+from rayk.errors import NetworkError
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 16
+CONNECT_TIMEOUT_MS = 5_000
+SMALL_FRAME_BYTES = 16 * 1024  # a body this small is joined to its header: one write, not two
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int) -> None:
+        self._reader, self._writer, self.name = reader, writer, name
+        self._pending: deque[tuple[int, asyncio.Future]] = deque()
+        self._correlation_ids = itertools.count()
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._broken: NetworkError | None = None
+        self._reading = asyncio.create_task(self._read_answers())
+
+    @classmethod
+    async def open(
+        cls, address: EndpointAddress, node_id: str, name: str = "", max_in_flight: int = MAX_IN_FLIGHT
+    ) -> Connection:
+        """Connects to `address` from a process on node `node_id`. NETWORK_EXCEPTION if the
+        endpoint cannot be reached within CONNECT_TIMEOUT_MS or fails the handshake."""
+        local = address.node_id == node_id
+        where = "its Unix socket" if local else f"{address.host}:{address.port}"
+        writer = None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
+                if local:
+                    reader, writer = await asyncio.open_unix_connection(address.unix_path, limit=STREAM_LIMIT_BYTES)
+                else:
+                    reader, writer = await asyncio.open_connection(address.host, address.port, limit=STREAM_LIMIT_BYTES)
+                await handshake.connect(reader, writer, address.secret)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            if writer is not None:
+                writer.close()
+            raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
+                               f"{e or type(e).__name__}") from None
+        return cls(reader, writer, name, max_in_flight)
+
+    @property
+    def closed(self) -> bool:
+        return self._broken is not None
+
+    async def request(self, kind: int, body: bytes | Sequence[bytes]) -> memoryview:
+        """The body of the answer (after its correlation id) to a request of `kind`, whose
+        body is `body` or the concatenation of its parts (written as they are, not joined)."""
+        parts = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
+        async with self._in_flight:
+            if self._broken is not None:
+                raise self._broken
+            correlation_id = next(self._correlation_ids) & 0x7FFFFFFF
+            answer = asyncio.get_running_loop().create_future()
+            self._pending.append((correlation_id, answer))
+            head = frames.request_frame_head(correlation_id, kind, sum(len(part) for part in parts))
+            if len(parts) == 1 and len(parts[0]) < SMALL_FRAME_BYTES:
+                self._writer.write(head + parts[0])  # one write, one syscall
+            else:
+                self._writer.write(head)
+                for part in parts:
+                    self._writer.write(part)
+            try:
+                await self._writer.drain()
+            except ConnectionError as e:
+                self._break(f"the connection broke: {e}")
+            return await answer
+
+    def close(self) -> None:
+        self._break("the connection was closed")
+        self._reading.cancel()
+
+    def _break(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = NetworkError(f"data plane connection to {self.name or 'an endpoint'}: {reason}")
+            self._writer.close()
+        while self._pending:
+            _, answer = self._pending.popleft()
+            if not answer.done():
+                answer.set_exception(self._broken)
+
+    async def _read_answers(self) -> None:
+        reader = self._reader
+        reason = "the endpoint closed the connection"
+        try:
+            while True:
+                size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
+                if size > frames.MAX_FRAME_BYTES or size < frames.ANSWER_HEADER.size:
+                    reason = f"an answer frame of {size} bytes"
+                    return
+                body = await reader.readexactly(size)
+                (correlation_id,) = frames.ANSWER_HEADER.unpack_from(body)
+                if not self._pending or self._pending[0][0] != correlation_id:
+                    reason = f"an answer to request {correlation_id}, which is not the next one waiting"
+                    return
+                _, answer = self._pending.popleft()
+                if not answer.done():  # else its caller stopped waiting
+                    answer.set_result(memoryview(body)[frames.ANSWER_HEADER.size:])
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            reason = f"the connection broke: {e or type(e).__name__}"
+        finally:
+            self._break(reason)

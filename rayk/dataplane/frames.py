@@ -1,0 +1,235 @@
+"""The data plane's frames: a size prefix, a fixed binary header, and record bytes as they are.
+
+Every frame is `size:u32` followed by `size` bytes. A request's body starts with
+`correlation_id:i32` and `kind:i8`, an answer's with the request's `correlation_id`; the
+rest is a fixed `struct` per kind, then a tail whose length is what remains of the frame
+(an incarnation id, record batches). Numbers are big-endian, as in Kafka's protocol.
+
+Why not Kafka's own Fetch: an endpoint serves one partition replica, so Fetch's
+topic/partition arrays and tagged fields would be nesting that every frame encodes and
+parses in Python for nothing; one `struct.unpack` of a fixed header costs a microsecond,
+and the record bytes are never touched (no copy beyond the socket's own, never pickled).
+
+FETCH (a follower's or a consumer's fetch, PartitionReplica.fetch's arguments):
+  request  offset:i64 max_bytes:i32 min_bytes:i32 max_wait_ms:i32 replica_id:i32
+           leader_epoch:i32 last_fetched_epoch:i32 incarnation_size:u16 | incarnation id
+           | tail: topic id (UTF-8; empty: none)
+  answer   high_watermark:i64 log_end_offset:i64 log_start_offset:i64
+           diverging_epoch:i32 diverging_end_offset:i64 error_size:u16 | error | tail: records
+PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered together):
+  request  count:i32, then per request acks:i8 timeout_ms:i32 size:i32 | tail: the requests'
+           records, one after the other
+  answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
+           log_start_offset:i64 error_size:u16 | error
+`error` is `<class name>\\0<message>` of a rayk.errors class, or empty; a diverging epoch
+of -1 means none.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from rayk import errors
+from rayk.errors import KafkaError, UnknownServerError
+
+SIZE = struct.Struct(">I")
+REQUEST_HEADER = struct.Struct(">ib")  # correlation_id, kind
+ANSWER_HEADER = struct.Struct(">i")  # correlation_id
+MAX_FRAME_BYTES = 128 * 1024 * 1024  # larger declared sizes close the connection
+
+FETCH = 1
+PRODUCE = 2
+KINDS = (FETCH, PRODUCE)
+
+_FETCH_REQUEST = struct.Struct(">qiiiiiiH")
+_FETCH_ANSWER = struct.Struct(">qqqiqH")
+_COUNT = struct.Struct(">i")
+_PRODUCE_REQUEST = struct.Struct(">bii")  # acks, timeout_ms, records size
+_PRODUCE_ANSWER = struct.Struct(">qqqH")
+NO_DIVERGING_EPOCH = -1
+
+
+class FrameError(ValueError):
+    """A frame that does not parse: the peer is not speaking this protocol (the connection closes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    offset: int
+    max_bytes: int
+    min_bytes: int = 1
+    max_wait_ms: int = 500
+    replica_id: int = -1
+    leader_epoch: int = -1
+    last_fetched_epoch: int = -1
+    incarnation_id: str = ""
+    topic_id: str | None = None  # a Fetch v13+ names its topic by id
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """What a fetch of one partition replica answers (PartitionReplica.fetch's result)."""
+
+    records: bytes
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+    error: KafkaError | None = None
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """What a produce request to a partition leader answers."""
+
+    base_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    error: KafkaError | None = None
+
+
+ProduceRequest = tuple[bytes, int, int]  # records, acks, timeout_ms
+
+
+def request_frame(correlation_id: int, kind: int, body: bytes) -> bytes:
+    return request_frame_head(correlation_id, kind, len(body)) + body
+
+
+def request_frame_head(correlation_id: int, kind: int, body_size: int) -> bytes:
+    """The size prefix and header of a request whose `body_size` bytes of body follow."""
+    return SIZE.pack(REQUEST_HEADER.size + body_size) + REQUEST_HEADER.pack(correlation_id, kind)
+
+
+def answer_frame_head(correlation_id: int, head: bytes, tail_size: int) -> bytes:
+    """The size prefix, correlation id and `head` of an answer whose `tail_size` bytes of
+    tail the caller writes after it (so that records are not copied into one buffer)."""
+    return SIZE.pack(ANSWER_HEADER.size + len(head) + tail_size) + ANSWER_HEADER.pack(correlation_id) + head
+
+
+def parse_request(body: bytes | memoryview) -> tuple[int, int, memoryview]:
+    """(correlation id, kind, the rest) of a request frame's body."""
+    if len(body) < REQUEST_HEADER.size:
+        raise FrameError(f"a request frame of {len(body)} bytes has no header")
+    correlation_id, kind = REQUEST_HEADER.unpack_from(body)
+    if kind not in KINDS:
+        raise FrameError(f"unknown request kind {kind}")
+    return correlation_id, kind, memoryview(body)[REQUEST_HEADER.size:]
+
+
+def encode_fetch_request(r: FetchRequest) -> bytes:
+    incarnation_id = r.incarnation_id.encode()[:0xFFFF]
+    return b"".join((
+        _FETCH_REQUEST.pack(r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch,
+                            r.last_fetched_epoch, len(incarnation_id)),
+        incarnation_id,
+        (r.topic_id or "").encode(),
+    ))
+
+
+def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
+    if len(body) < _FETCH_REQUEST.size:
+        raise FrameError(f"a FETCH request of {len(body)} bytes is shorter than its header")
+    *numbers, incarnation_size = _FETCH_REQUEST.unpack_from(body)
+    topic_id_at = _FETCH_REQUEST.size + incarnation_size
+    if len(body) < topic_id_at:
+        raise FrameError(f"a FETCH request of {len(body)} bytes is shorter than its incarnation id")
+    incarnation_id = _text(body[_FETCH_REQUEST.size:topic_id_at], "incarnation id")
+    return FetchRequest(*numbers, incarnation_id, _text(body[topic_id_at:], "topic id") or None)
+
+
+def _text(data: bytes | memoryview, what: str) -> str:
+    try:
+        return bytes(data).decode()
+    except UnicodeDecodeError as e:
+        raise FrameError(f"a request's {what} is not UTF-8: {e}") from None
+
+
+def encode_produce_request(requests: list[ProduceRequest]) -> list[bytes]:
+    """The request's body as parts to write one after the other (the records are not copied)."""
+    head = [_COUNT.pack(len(requests))]
+    head += [_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records)) for records, acks, timeout_ms in requests]
+    return [b"".join(head), *(records for records, _, _ in requests)]
+
+
+def decode_produce_request(body: bytes | memoryview) -> list[ProduceRequest]:
+    if len(body) < _COUNT.size:
+        raise FrameError(f"a PRODUCE request of {len(body)} bytes has no count")
+    (count,) = _COUNT.unpack_from(body)
+    records_at = _COUNT.size + count * _PRODUCE_REQUEST.size
+    if count < 0 or len(body) < records_at:
+        raise FrameError(f"a PRODUCE request of {len(body)} bytes cannot hold {count} requests")
+    requests = []
+    for i in range(count):
+        acks, timeout_ms, size = _PRODUCE_REQUEST.unpack_from(body, _COUNT.size + i * _PRODUCE_REQUEST.size)
+        if size < 0 or records_at + size > len(body):
+            raise FrameError(f"request {i} of a PRODUCE request declares {size} bytes of records past its end")
+        requests.append((bytes(body[records_at:records_at + size]), acks, timeout_ms))
+        records_at += size
+    if records_at != len(body):
+        raise FrameError(f"a PRODUCE request has {len(body) - records_at} bytes after its records")
+    return requests
+
+
+def encode_produce_answer(results: list[ProduceResult]) -> bytes:
+    parts = [_COUNT.pack(len(results))]
+    for r in results:
+        error = _encode_error(r.error)
+        parts += [_PRODUCE_ANSWER.pack(r.base_offset, r.log_append_time_ms, r.log_start_offset, len(error)), error]
+    return b"".join(parts)
+
+
+def decode_produce_answer(body: bytes | memoryview) -> list[ProduceResult]:
+    if len(body) < _COUNT.size:
+        raise FrameError(f"a PRODUCE answer of {len(body)} bytes has no count")
+    (count,) = _COUNT.unpack_from(body)
+    results, at = [], _COUNT.size
+    for _ in range(max(count, 0)):
+        if len(body) < at + _PRODUCE_ANSWER.size:
+            raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its {count} results")
+        base_offset, append_time_ms, log_start, error_size = _PRODUCE_ANSWER.unpack_from(body, at)
+        at += _PRODUCE_ANSWER.size
+        if len(body) < at + error_size:
+            raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its errors")
+        results.append(ProduceResult(base_offset, append_time_ms, log_start, _decode_error(body[at:at + error_size])))
+        at += error_size
+    if at != len(body):
+        raise FrameError(f"a PRODUCE answer has {len(body) - at} bytes after its {count} results")
+    return results
+
+
+def encode_fetch_answer_head(a: FetchResult) -> bytes:
+    """The fixed part and the error of an answer; its records follow as the tail."""
+    error = _encode_error(a.error)
+    epoch, end = a.diverging_epoch if a.diverging_epoch is not None else (NO_DIVERGING_EPOCH, -1)
+    return _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, epoch, end, len(error)) + error
+
+
+def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
+    if len(body) < _FETCH_ANSWER.size:
+        raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its header")
+    hw, leo, log_start, epoch, end, error_size = _FETCH_ANSWER.unpack_from(body)
+    records_at = _FETCH_ANSWER.size + error_size
+    if len(body) < records_at:
+        raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its error ({error_size} bytes)")
+    error = _decode_error(body[_FETCH_ANSWER.size:records_at])
+    diverging = None if epoch == NO_DIVERGING_EPOCH else (epoch, end)
+    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, diverging)
+
+
+def _encode_error(error: KafkaError | None) -> bytes:
+    if error is None:
+        return b""
+    encoded = f"{type(error).__name__}\0{error.args[0] if error.args else ''}".encode()
+    return encoded[:0xFFFF]
+
+
+def _decode_error(encoded: bytes | memoryview) -> KafkaError | None:
+    """The rayk.errors class the peer named (UNKNOWN_SERVER_ERROR for any other name)."""
+    if not encoded:
+        return None
+    name, _, message = bytes(encoded).decode(errors="replace").partition("\0")
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, KafkaError)):
+        return UnknownServerError(f"{name}: {message}")
+    return cls(message)

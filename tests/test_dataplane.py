@@ -1,0 +1,233 @@
+"""The data plane without Ray: frames (property-based), the handshake, an Endpoint and its
+Connections over Unix sockets and TCP on 127.0.0.1, strangers, pipelining, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rayk import errors
+from rayk.dataplane import frames, handshake
+from rayk.dataplane.connection import Connection
+from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
+from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceResult
+from rayk.errors import NetworkError
+
+NODE = "node-a"
+i32 = st.integers(-(2**31), 2**31 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+ERRORS = [errors.NotLeaderOrFollowerError, errors.FencedLeaderEpochError, errors.OffsetOutOfRangeError,
+          errors.UnexpectedAppendOffsetError, errors.UnknownServerError]
+
+
+@given(st.builds(FetchRequest, i64, i32, i32, i32, i32, i32, i32, st.text(max_size=40),
+                 st.none() | st.text(min_size=1, max_size=36)))
+def test_a_fetch_request_decodes_to_what_was_encoded(request):
+    assert frames.decode_fetch_request(frames.encode_fetch_request(request)) == request
+
+
+@given(st.binary(max_size=300), i64, i64, i64, st.none() | st.tuples(st.sampled_from(ERRORS), st.text(max_size=30)),
+       st.none() | st.tuples(st.integers(0, 2**31 - 1), i64))
+def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start, error, diverging):
+    error = None if error is None else error[0](error[1])
+    result = FetchResult(records, hw, leo, log_start, error, diverging)
+    decoded = frames.decode_fetch_answer(frames.encode_fetch_answer_head(result) + records)
+    assert (decoded.records, decoded.high_watermark, decoded.log_end_offset, decoded.log_start_offset,
+            decoded.diverging_epoch) == (records, hw, leo, log_start, diverging)
+    assert type(decoded.error) is type(error) and str(decoded.error) == str(error)
+
+
+produce_requests = st.lists(st.tuples(st.binary(max_size=200), st.sampled_from([-1, 0, 1, 7]), i32), max_size=8)
+produce_results = st.lists(st.builds(
+    ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why"))), max_size=8)
+
+
+@given(produce_requests)
+def test_produce_requests_decode_to_what_was_encoded(requests):
+    assert frames.decode_produce_request(b"".join(frames.encode_produce_request(requests))) == requests
+
+
+@given(produce_results)
+def test_produce_answers_decode_to_what_was_encoded(results):
+    decoded = frames.decode_produce_answer(frames.encode_produce_answer(results))
+    assert [(r.base_offset, r.log_append_time_ms, r.log_start_offset, type(r.error), str(r.error)) for r in decoded] == [
+        (r.base_offset, r.log_append_time_ms, r.log_start_offset, type(r.error), str(r.error)) for r in results]
+
+
+@given(produce_requests, st.data())
+def test_a_produce_request_cut_short_or_lengthened_is_a_frame_error(requests, data):
+    encoded = b"".join(frames.encode_produce_request(requests))
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    for damaged in (encoded[:cut], encoded + b"x"):
+        with pytest.raises(frames.FrameError):
+            frames.decode_produce_request(damaged)
+
+
+@given(st.binary(max_size=80))
+def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
+    for decode in (frames.decode_fetch_request, frames.decode_fetch_answer, frames.parse_request,
+                   frames.decode_produce_request, frames.decode_produce_answer):
+        try:
+            decode(data)
+        except frames.FrameError:
+            pass
+
+
+def test_an_error_class_that_is_not_raykss_is_an_unknown_server_error():
+    head = struct.pack(">qqqiqH", 0, 0, 0, -1, -1, 11) + b"ValueError\0"
+    assert isinstance(frames.decode_fetch_answer(head).error, errors.UnknownServerError)
+
+
+class Echo:
+    """A handler that answers a request with its body, after `delay_s`, counting how many run at once."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s, self.running, self.most_running, self.calls = delay_s, 0, 0, 0
+
+    async def __call__(self, kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        self.calls += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(self.delay_s)
+            return b"", bytes(body)
+        finally:
+            self.running -= 1
+
+
+async def opened(handler, max_in_flight: int = 16) -> tuple[Endpoint, EndpointAddress]:
+    endpoint = Endpoint(handler, "test", max_in_flight)
+    return endpoint, await endpoint.open(NODE, "127.0.0.1")
+
+
+@pytest.mark.parametrize("node_id", [NODE, "node-b"], ids=["unix socket", "tcp"])
+def test_pipelined_requests_are_answered_in_order(node_id):
+    async def go():
+        endpoint, address = await opened(Echo())
+        connection = await Connection.open(address, node_id)
+        bodies = [f"request {i}".encode() * i for i in range(50)]
+        answers = await asyncio.gather(*(connection.request(frames.FETCH, b) for b in bodies))
+        assert [bytes(a) for a in answers] == bodies
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_connection_has_at_most_max_in_flight_requests_started():
+    async def go():
+        echo = Echo(delay_s=0.01)
+        endpoint, address = await opened(echo, max_in_flight=3)
+        connection = await Connection.open(address, NODE, max_in_flight=100)
+        await asyncio.gather(*(connection.request(frames.FETCH, b"x") for _ in range(30)))
+        assert echo.calls == 30 and echo.most_running == 3
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_wrong_secret_is_refused_before_any_frame_is_read():
+    async def go():
+        echo = Echo()
+        endpoint, address = await opened(echo)
+        forged = EndpointAddress(address.node_id, address.unix_path, address.host, address.port, b"x" * 32)
+        for node_id in (NODE, "node-b"):
+            with pytest.raises(NetworkError):
+                await Connection.open(forged, node_id)
+        await asyncio.sleep(0.05)
+        assert echo.calls == 0 and endpoint.connection_count == 0
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_raw_socket_can_neither_write_nor_read():
+    async def go():
+        echo = Echo()
+        endpoint, address = await opened(echo)
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        greeting = await reader.readexactly(len(handshake.MAGIC) + handshake.NONCE_BYTES)
+        assert greeting.startswith(handshake.MAGIC)
+        body = frames.encode_fetch_request(FetchRequest(0, 1 << 20))
+        writer.write(frames.request_frame(1, frames.FETCH, body) * 8)  # frames where the proof should be
+        assert await reader.read() == b""  # closed, nothing answered
+        assert echo.calls == 0
+        writer.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_an_endpoint_that_cannot_prove_the_secret_is_refused():
+    async def go():
+        async def impostor(reader, writer):
+            writer.write(handshake.MAGIC + b"n" * handshake.NONCE_BYTES)
+            await reader.readexactly(handshake.NONCE_BYTES + handshake.PROOF_BYTES)
+            writer.write(b"p" * handshake.PROOF_BYTES)
+            await writer.drain()
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        with pytest.raises(NetworkError, match="data plane connection"):
+            await Connection.open(EndpointAddress(NODE, "", "127.0.0.1", port, b"s" * 32), "node-b")
+        server.close()
+
+    asyncio.run(go())
+
+
+def test_an_oversized_or_unknown_frame_closes_the_connection_and_the_endpoint_serves_on():
+    async def go():
+        echo = Echo()
+        endpoint, address = await opened(echo)
+        for frame in (frames.SIZE.pack(frames.MAX_FRAME_BYTES + 1), frames.request_frame(1, 99, b"")):
+            connection = await Connection.open(address, NODE)
+            connection._writer.write(frame)
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(connection.request(frames.FETCH, b"after"), 5)
+            assert connection.closed
+        good = await Connection.open(address, NODE)
+        assert bytes(await good.request(frames.FETCH, b"still serving")) == b"still serving"
+        good.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_requests_in_flight_fail_with_network_error_when_the_endpoint_goes():
+    async def go():
+        endpoint, address = await opened(Echo(delay_s=10))
+        connection = await Connection.open(address, "node-b")
+        waiting = [asyncio.ensure_future(connection.request(frames.FETCH, b"x")) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        await endpoint.close()
+        for request in waiting:
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(request, 5)
+        with pytest.raises(NetworkError):
+            await connection.request(frames.FETCH, b"later")
+
+    asyncio.run(go())
+
+
+def test_a_request_given_up_on_leaves_the_connection_usable():
+    async def go():
+        endpoint, address = await opened(Echo(delay_s=0.2))
+        connection = await Connection.open(address, NODE)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(connection.request(frames.FETCH, b"slow"), 0.05)
+        assert bytes(await connection.request(frames.FETCH, b"next")) == b"next"
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+
+def test_an_endpoint_bound_to_every_address_is_given_out_at_the_nodes_ip():
+    assert [reachable_host(h, "10.0.0.7") for h in ("", "0.0.0.0", "::", "127.0.0.1")] == [
+        "10.0.0.7", "10.0.0.7", "10.0.0.7", "127.0.0.1"]
