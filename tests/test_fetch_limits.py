@@ -33,7 +33,8 @@ class FakeView:
     def authorized(self, *_: object) -> bool:
         return True
 
-    async def call(self, topic, partition, method, offset, max_bytes, min_bytes, wait_ms, *rest):
+    async def fetch(self, topic, partition, request):
+        wait_ms = request.max_wait_ms
         self.calls.append((topic, partition, wait_ms))
         if wait_ms and self._park is not None:
             await self._park.wait()
@@ -50,7 +51,8 @@ class LogView(FakeView):
                          for i in range(n)] for p, n in batches.items()}
         self.read_bytes = 0
 
-    async def call(self, topic, partition, method, offset, max_bytes, min_bytes, wait_ms, *rest):
+    async def fetch(self, topic, partition, request):
+        offset, max_bytes = request.offset, request.max_bytes
         self.calls.append((partition, offset, max_bytes))
         out = b""
         for batch in self.logs[partition][offset // BATCH_RECORDS:]:

@@ -234,6 +234,10 @@ def test_kafka_python_produces_with_every_codec_and_acks_setting_and_reads_back(
         if r.key is not None:
             by_key.setdefault(r.key, set()).add(r.partition)
     assert all(len(parts) == 1 for parts in by_key.values()), "a key always lands in one partition"
+    # The records came and went over the data plane: each leader holds a connection from each
+    # follower and one from its broker's listener.
+    for p in range(3):
+        assert ray.get(cluster.leader(topic, p).describe.remote())["data_plane_connections"] == 3
 
 
 def test_records_cross_between_python_api_and_kafka_clients(cluster, bootstrap):

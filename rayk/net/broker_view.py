@@ -5,6 +5,9 @@ Requests on the data and group paths go to this broker's own replica of a partit
 replica answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR when it does not lead, so clients
 refresh their metadata, as with Kafka). Replica handles are looked up at the Controller
 once and cached; a handle whose actor died is dropped and looked up again next time.
+Produce and fetch requests, which carry records, go over the data plane (a ReplicaLink per
+replica, a Unix socket: the replicas are on this node); a broken link is treated as a
+dead actor is.
 Partition reassignment requests reach the Controller through `ask_controller`, which
 holds them no longer than their own timeout_ms, as Kafka's controller does with a
 forwarded request.
@@ -18,12 +21,16 @@ import time
 import uuid
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError
 
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.config import BrokerConfig
+from rayk.dataplane.frames import FetchRequest, FetchResult
+from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (
     KafkaError,
+    NetworkError,
     NotControllerError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
@@ -52,6 +59,8 @@ class BrokerView:
         self.controller = controller
         self.config = config
         self._replicas: dict[TopicPartition, Any] = {}
+        self._links: dict[TopicPartition, ReplicaLink] = {}  # the data plane to each replica
+        self._node_id: str | None = None  # this process's Ray node, looked up at the first link
         self._offsets_partitions: int | None = None
         self._produce = ProduceCoalescer(self._produce_requests)
         self._topic_names: dict[uuid.UUID, str] = {}
@@ -120,6 +129,9 @@ class BrokerView:
         """Drops a replica handle whose actor is gone, and the topic ids with it: a replica
         goes away when its topic is deleted, so the ids are looked up again next time."""
         self._replicas.pop((topic, partition), None)
+        link = self._links.pop((topic, partition), None)
+        if link is not None:
+            link.close()
         self._topic_names.clear()
 
     async def topic_names(self, topic_ids: set[uuid.UUID]) -> dict[uuid.UUID, str | KafkaError]:
@@ -158,13 +170,37 @@ class BrokerView:
             self.forget(topic, partition)
             raise lost(f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting") from None
 
+    async def fetch(self, topic: str, partition: int, request: FetchRequest) -> FetchResult:
+        """PartitionReplica.fetch on this broker's replica, over the data plane."""
+        return await self._over_data_plane(topic, partition, lambda link: link.fetch(request))
+
+    async def _over_data_plane(self, topic: str, partition: int, send: Any) -> Any:
+        """`send(link)` on the data plane link to this broker's replica; NOT_LEADER_OR_FOLLOWER
+        if the replica's actor is gone or its connection broke (it is looked up again next time)."""
+        tp = (topic, partition)
+        handle = await self.replica(topic, partition)
+        link = self._links.get(tp)
+        if link is None or link.replica is not handle:
+            if link is not None:
+                link.close()
+            if self._node_id is None:
+                self._node_id = ray.get_runtime_context().get_node_id()
+            link = self._links[tp] = ReplicaLink(handle, self._node_id, f"the replica of {topic}-{partition}")
+        try:
+            return await send(link)
+        except (RayActorError, NetworkError) as e:
+            self.forget(topic, partition)
+            raise NotLeaderOrFollowerError(
+                f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"
+            ) from None
+
     def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int) -> asyncio.Future:
         """Queues one produce request for this broker's replica of the partition (see
         produce_coalescer.py); the future resolves to its ProduceResult."""
         return self._produce.submit(topic, partition, records, acks, timeout_ms)
 
     async def _produce_requests(self, topic: str, partition: int, requests: list) -> list:
-        return await self.call(topic, partition, "produce_requests", requests)
+        return await self._over_data_plane(topic, partition, lambda link: link.produce(requests))
 
     async def ask_controller(self, method: str, *args: Any, timeout_ms: int) -> Any:
         """`method(*args)` on the Controller, answered within `timeout_ms`: REQUEST_TIMED_OUT

@@ -19,6 +19,7 @@ from typing import Any
 
 from rayk.acls import DESCRIBE, READ, TOPIC, WRITE
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
+from rayk.dataplane.frames import FetchRequest
 from rayk.errors import (
     CorruptRecordError,
     InconsistentTopicIdError,
@@ -142,12 +143,12 @@ async def fetch(view: BrokerView, request: Any) -> dict:
             if not view.authorized(request, READ, TOPIC, name):
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {name!r}")
             async with view.parked_fetches.wait_ms(name, p.partition, wait_ms) as granted_wait_ms:
-                result = await view.call(
-                    name, p.partition, "fetch", p.fetch_offset if offset is None else offset,
+                result = await view.fetch(name, p.partition, FetchRequest(
+                    p.fetch_offset if offset is None else offset,
                     p.max_bytes if max_bytes is None else max_bytes, partition_min_bytes, granted_wait_ms,
                     CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
-                    topic_id_text(p.topic) if uses_topic_ids else None,
-                )
+                    topic_id=topic_id_text(p.topic) if uses_topic_ids else None,
+                ))
             if result.error is not None:
                 raise result.error
             error = 0
