@@ -31,6 +31,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from tests.cluster_helpers import FAST_CONFIG, pid_of, read_replica, release_shared_local_ray, wait_until
+from tests.dataplane_fakes import FakeReplicaEndpoint
 
 CONFIG = {
     **FAST_CONFIG,
@@ -161,7 +162,7 @@ def test_producer_errors_are_typed(cluster):
 
 
 @ray.remote
-class HeldLeader:
+class HeldLeader(FakeReplicaEndpoint):
     """A leader replica that holds every produce call until `release()`, to fill the buffer."""
 
     def __init__(self):
@@ -232,7 +233,7 @@ def test_send_blocks_while_buffer_memory_is_full_then_raises_buffer_exhausted():
 
 
 @ray.remote
-class CountingLeader:
+class CountingLeader(FakeReplicaEndpoint):
     """A leader replica that holds produce calls until `release()`, then gives each batch
     the next offsets; it notes how many records each call carried."""
 

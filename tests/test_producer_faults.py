@@ -22,6 +22,7 @@ from rayk.errors import (
     UnknownServerError,
 )
 from tests.cluster_helpers import shared_local_ray, wait_until
+from tests.dataplane_fakes import FakeReplicaEndpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +31,7 @@ def ray_local():
 
 
 @ray.remote(num_cpus=0)
-class IdempotentLeader:
+class IdempotentLeader(FakeReplicaEndpoint):
     """A one-partition leader that checks producer sequences as PartitionReplica does
     (ProducerStateManager: append, answer a duplicate with its first offsets, wait for a
     gap, refuse what is behind) and can misbehave on chosen calls (numbered from 0 in

@@ -36,6 +36,7 @@ No module of the client calls `ray.get` or `ray.wait` but this one
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -65,7 +66,7 @@ def translate(error: BaseException, what: str = "call") -> BaseException:
         return UnknownServerError(f"{what}: the actor raised {type(cause).__name__}: {cause}")
     if isinstance(error, KafkaError):
         return error
-    if isinstance(error, (GetTimeoutError, TaskCancelledError)):
+    if isinstance(error, (GetTimeoutError, TaskCancelledError, concurrent.futures.CancelledError)):
         return RequestTimedOutError(f"{what}: no answer in time")
     if isinstance(error, RayActorError) and error.actor_init_failed:
         return UnknownServerError(f"{what}: the actor could not start: {error}")
@@ -80,7 +81,11 @@ def _first_line(error: BaseException) -> str:
 
 
 def cancel(ref: Any) -> None:
-    """Cancels a call we stopped waiting for (it may have finished already)."""
+    """Cancels a call we stopped waiting for (it may have finished already): a Ray call's
+    ref, or a data plane request's future (rayk.client.data_plane)."""
+    if isinstance(ref, concurrent.futures.Future):
+        ref.cancel()
+        return
     try:
         ray.cancel(ref)
     except Exception as e:  # the actor is gone, or the call completed: nothing to stop

@@ -11,7 +11,8 @@ Each pass of its loop:
 - bumps the producer epoch when the idempotence state asks for it (IdempotenceManager),
   or, for a pinned producer id, which cannot bump, fails the batches not sent yet;
 - drains the batches that may go now (a partition's small queued batches merged into
-  one, see accumulator.py) and sends each in one actor call.
+  one, see accumulator.py) and sends each as one request to its leader over the data
+  plane (rayk.client.data_plane: the records are never pickled nor a Ray call).
 Then it waits on the accumulator's condition (nothing polls) until the earliest of a
 linger, a retry backoff, a delivery or request deadline or a metadata refresh ends,
 unless a send, an answer, a flush or a refresh notifies it first. It never blocks on a
@@ -39,6 +40,7 @@ from typing import Any
 
 from rayk.client import calls
 from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
+from rayk.client.data_plane import DataPlaneClient
 from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceError, RequestTimedOutError, UnknownServerError
@@ -67,7 +69,8 @@ class Sender:
         self._compression = compression
         self._request_timeout_ms = request_timeout_ms
         self._retry_backoff_s = retry_backoff_ms / 1000
-        # Answers arrive in Ray's threads and wait here (under the accumulator's lock) for the loop.
+        self._data_plane = DataPlaneClient.get()  # batches go to their leaders over it
+        # Answers arrive in the data plane's thread and wait here (under the accumulator's lock) for the loop.
         self._completions: collections.deque[tuple[ProducerBatch, int, Any]] = collections.deque()
         # (request deadline, batch, attempt) in send order, so deadlines ascend; entries of
         # calls already settled are dropped when they reach the head. Sender thread only.
@@ -196,7 +199,7 @@ class Sender:
                     batch.tp, batch.record_count
                 )
                 batch.encoded = self._encode(batch)
-            ref = leader.produce.remote(batch.encoded, self._acks, self._request_timeout_ms)
+            ref = self._data_plane.produce(leader, batch.encoded, self._acks, self._request_timeout_ms)
         except Exception as e:
             self._complete(batch, attempt, calls.translate(e, f"produce to {batch.tp}"))
             return
@@ -208,7 +211,7 @@ class Sender:
         batch.ref = ref
         batch.request_deadline_s = time.monotonic() + self._request_timeout_ms / 1000
         self._calls.append((batch.request_deadline_s, batch, attempt))
-        ref.future().add_done_callback(lambda f: self._on_done(batch, attempt, f))
+        ref.add_done_callback(lambda f: self._on_done(batch, attempt, f))
 
     def _encode(self, batch: ProducerBatch) -> bytes:
         stamp = dict(
