@@ -46,10 +46,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client import calls
 from rayk.client.arrow_batches import SCHEMA, records_table
+from rayk.client.data_plane import DataPlaneClient
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
+from rayk.dataplane.frames import FetchRequest
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
 from rayk.storage.records import end_offset_of
 
@@ -82,7 +84,8 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
-            result = calls.get(leader.fetch.remote(offset, fetch_max_bytes, 1, 0), deadline, f"fetch {r.topic}-{r.partition}")
+            request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0)
+            result = calls.get(DataPlaneClient.get().fetch(leader, request), deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
         except KafkaError as e:  # the leader moved, died or did not answer (by `deadline`)
             error = e

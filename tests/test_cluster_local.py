@@ -188,7 +188,8 @@ def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(clus
         os.kill(pid_of(follower), signal.SIGCONT)
     # Resumed (or, if its broker found it unresponsive meanwhile, replaced), it catches up.
     wait_until(lambda: stalled in cluster.describe_topic("s")[0]["isr"], 15, "the follower to rejoin the ISR")
-    assert [v for _, v in read_replica(cluster.replica("s", 0, stalled))] == [b"x", b"y"]
+    copy = wait_until(lambda: cluster.replica("s", 0, stalled), 15, "the follower's replica (a replaced one is re-created)")
+    assert [v for _, v in read_replica(copy)] == [b"x", b"y"]
 
 
 def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):

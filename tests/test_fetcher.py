@@ -5,11 +5,10 @@ it, and a handed-out answer moves the position past control batches at its tail.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import pyarrow as pa
-import pytest
-import ray
 
 from rayk.actors.partition_replica import FetchResult
 from rayk.client.arrow_batches import SCHEMA
@@ -17,14 +16,8 @@ from rayk.client.fetcher import Fetcher
 from rayk.client.serializers import as_is
 from rayk.client.types import TopicPartition
 from rayk.storage.records import SimpleRecord, build_batch
-from tests.cluster_helpers import shared_local_ray
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_local():
-    shared_local_ray()
 
 
 def batch(base_offset: int, count: int, control: bool = False) -> bytes:
@@ -36,17 +29,22 @@ def batch(base_offset: int, count: int, control: bool = False) -> bytes:
 
 
 class ScriptedLeader:
-    """A leader whose fetch answers are given per offset; each `fetch.remote` is a ready ref."""
+    """A leader whose fetch answers are given per offset."""
 
     def __init__(self, answers: dict[int, bytes]) -> None:
         self.answers = answers
         self.fetched_from: list[int] = []
-        self.fetch = self  # leader.fetch.remote(...)
 
-    def remote(self, offset: int, *_limits: int):
-        self.fetched_from.append(offset)
-        data = self.answers.get(offset, b"")
-        return ray.put(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0))
+
+class ScriptedDataPlane:
+    """Answers each fetch at once with what its leader's script says (a done future)."""
+
+    def fetch(self, leader: ScriptedLeader, request) -> concurrent.futures.Future:
+        leader.fetched_from.append(request.offset)
+        data = leader.answers.get(request.offset, b"")
+        future = concurrent.futures.Future()
+        future.set_result(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0))
+        return future
 
 
 class ScriptedMetadata:
@@ -67,13 +65,14 @@ def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader]) -> Fetcher:
         retry_backoff_ms=100,
         key_deserializer=as_is,
         value_deserializer=as_is,
+        data_plane=ScriptedDataPlane(),
     )
 
 
 def fetch_round(fetcher: Fetcher, positions: dict[TopicPartition, int]) -> None:
     fetcher.start_fetches(sorted(positions), positions, time.monotonic())
-    ready, _ = ray.wait(fetcher.pending(), num_returns=len(fetcher.pending()))
-    assert fetcher.collect(set(ready), time.monotonic()) == []
+    assert all(f.done() for f in fetcher.pending())
+    assert fetcher.collect(set(fetcher.pending()), time.monotonic()) == []
 
 
 def offsets_of(columns: pa.RecordBatch) -> list[int]:

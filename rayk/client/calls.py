@@ -94,10 +94,14 @@ def cancel(ref: Any) -> None:
 
 def get(ref: Any, deadline_s: float, what: str = "call") -> Any:
     """The call's result; raises its rayk error, or REQUEST_TIMED_OUT (after cancelling
-    the call) if it is not answered by `deadline_s` (time.monotonic)."""
+    the call) if it is not answered by `deadline_s` (time.monotonic). `ref` is a Ray
+    call's ObjectRef or a data plane request's future."""
+    timeout_s = max(0.0, deadline_s - time.monotonic())
     try:
-        return ray.get(ref, timeout=max(0.0, deadline_s - time.monotonic()))
-    except GetTimeoutError:
+        if isinstance(ref, concurrent.futures.Future):
+            return ref.result(timeout=timeout_s)
+        return ray.get(ref, timeout=timeout_s)
+    except (GetTimeoutError, concurrent.futures.TimeoutError):
         cancel(ref)
         raise RequestTimedOutError(f"{what}: no answer in time") from None
     except Exception as e:
@@ -241,7 +245,8 @@ class Pending:
 
 
 def ready_refs(refs: list[Any], timeout_s: float) -> set[Any]:
-    """Every ref of `refs` that is ready, waiting up to `timeout_s` for the first one."""
+    """Every ref of `refs` (Ray calls' ObjectRefs) that is ready, waiting up to
+    `timeout_s` for the first one."""
     if not refs:
         if timeout_s > 0:
             time.sleep(timeout_s)
@@ -251,3 +256,24 @@ def ready_refs(refs: list[Any], timeout_s: float) -> set[Any]:
         more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
         done += more
     return set(done)
+
+
+class ReadyWaiter:
+    """Waits for the first of Ray calls (ObjectRefs) and data plane requests (futures) to
+    be ready, for a loop that keeps both in flight (the consumer's poll). A Ray call
+    waited on beside futures is waited on through its future, made once per call and
+    kept while the call is pending."""
+
+    def __init__(self) -> None:
+        self._ray_futures: dict[Any, concurrent.futures.Future] = {}
+
+    def ready(self, pending: list[Any], timeout_s: float) -> set[Any]:
+        futures = [p for p in pending if isinstance(p, concurrent.futures.Future)]
+        refs = [p for p in pending if not isinstance(p, concurrent.futures.Future)]
+        if not futures:
+            self._ray_futures.clear()
+            return ready_refs(refs, timeout_s)
+        self._ray_futures = {ref: self._ray_futures.get(ref) or ref.future() for ref in refs}
+        waited = futures + list(self._ray_futures.values())
+        concurrent.futures.wait(waited, timeout=max(0.0, timeout_s), return_when=concurrent.futures.FIRST_COMPLETED)
+        return {f for f in futures if f.done()} | {ref for ref, f in self._ray_futures.items() if f.done()}

@@ -10,8 +10,8 @@ object per record (the columnar API, for Ray Data, Spark and numpy users).
 
 `poll(timeout_ms)` never blocks past its timeout (KIP-266): everything it starts (fetches,
 the group's JoinGroup / SyncGroup, offset lookups, auto-commits) is a call whose
-ObjectRef it keeps, and it waits with one `ray.wait` over them within its remaining
-time, picking up what finished at the next pass or the next poll. Every such call also
+ObjectRef it keeps, or a fetch over the data plane whose future it keeps, and it waits
+for the first of them (calls.ReadyWaiter) within its remaining time, picking up what finished at the next pass or the next poll. Every such call also
 has a deadline (`request_timeout_ms`, plus `fetch_max_wait_ms` for fetches) after which it
 is cancelled and retried. Blocking methods (`position`, `committed`, `commit`,
 `end_offsets`, `offsets_for_times`, `seek_to_beginning`, ...) retry within
@@ -81,6 +81,7 @@ class Consumer:
             raise ValueError("request_timeout_ms, default_api_timeout_ms and max_poll_records must be >= 1, retry_backoff_ms >= 0")
         self._cluster = cluster
         self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms, metadata_max_age_ms)
+        self._waiter = calls.ReadyWaiter()
         self._reset = auto_offset_reset
         self._auto_commit = enable_auto_commit and group_id is not None
         self._auto_commit_interval_s = auto_commit_interval_ms / 1000
@@ -424,7 +425,7 @@ class Consumer:
             wake = self._wake_at_s(now)
             if wake is not None:
                 wait_s = min(wait_s, wake - now)
-            ready = calls.ready_refs(self._pending(), wait_s)
+            ready = self._waiter.ready(self._pending(), wait_s)
             now = time.monotonic()
 
     def _advance(self, ready: set[Any], now: float) -> None:

@@ -5,9 +5,10 @@ One per process, made at first use: a daemon thread runs an asyncio loop that ho
 ReplicaLink per replica actor this process sends to or fetches from, shared by every
 Producer and Consumer in the process. `produce` and `fetch` hand a request to that loop
 and return a concurrent.futures.Future at once, as `ref.future()` did for a Ray call;
-cancelling the future (a request timeout) closes the link's connection, which stops the
-replica serving the request, as `ray.cancel` did, and fails the other requests on it
-(retriable): Kafka's clients disconnect on a request timeout too. A failed request fails its future with the error: NETWORK_EXCEPTION for
+cancelling a produce's future (a request timeout) closes the link's connection, which
+stops the replica serving the request, as `ray.cancel` did, and fails the other requests
+on it (retriable): Kafka's clients disconnect on a request timeout too. A fetch, which its
+replica answers within its max wait, is only abandoned: its answer is dropped. A failed request fails its future with the error: NETWORK_EXCEPTION for
 a connection that broke, Ray's actor error if the replica's actor is gone (calls.translate
 turns both into rayk's errors), and a link reconnects at its next request.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import ray
 
-from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceResult
+from rayk.dataplane.frames import FetchRequest, ProduceResult
 from rayk.dataplane.replica_link import ReplicaLink
 
 
@@ -49,24 +50,26 @@ class DataPlaneClient:
 
     def produce(self, replica: Any, records: bytes, acks: int, timeout_ms: int) -> concurrent.futures.Future:
         """PartitionReplica.produce over the data plane: a future of its ProduceResult."""
-        return self._submit(replica, lambda link: self._produce(link, records, acks, timeout_ms))
+        return self._submit(replica, lambda link: self._produce(link, records, acks, timeout_ms), close_on_cancel=True)
 
     def fetch(self, replica: Any, request: FetchRequest) -> concurrent.futures.Future:
         """PartitionReplica.fetch over the data plane: a future of its FetchResult."""
-        return self._submit(replica, lambda link: link.fetch(request))
+        return self._submit(replica, lambda link: link.fetch(request), close_on_cancel=False)
 
-    def _submit(self, replica: Any, send: Callable[[ReplicaLink], Coroutine]) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self._send(replica, send), self._loop)
+    def _submit(self, replica: Any, send: Callable[[ReplicaLink], Coroutine], close_on_cancel: bool) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(self._send(replica, send, close_on_cancel), self._loop)
 
-    async def _send(self, replica: Any, send: Callable[[ReplicaLink], Coroutine]) -> Any:
+    async def _send(self, replica: Any, send: Callable[[ReplicaLink], Coroutine], close_on_cancel: bool) -> Any:
         link = self._link(replica)
         try:
             return await send(link)
         except asyncio.CancelledError:
-            # Given up on (a request timeout): its connection closes, as Kafka's clients
-            # disconnect on a request timeout, since answers come in order and one that
-            # never comes would hold up all behind it; the replica stops serving it.
-            link.close()
+            if close_on_cancel:
+                # A produce given up on (a request timeout): its connection closes, as Kafka's
+                # clients disconnect on a request timeout, since answers come in order and one
+                # that never comes would hold up all behind it; the replica stops serving it.
+                # A fetch is answered within its max wait anyway: its answer is dropped.
+                link.close()
             raise
 
     @staticmethod

@@ -1,11 +1,11 @@
 """Fetcher: the consumer's fetch pipeline (Kafka's consumer Fetcher), without blocking.
 
-Every assigned partition with a position has at most one fetch in flight to its leader
-(long-polled there: `fetch_min_bytes`, `fetch_max_wait_ms`), and the next one goes out as
-soon as it returns, so the following records arrive while the application still works on
-the current ones; at most one fetched chunk per partition waits behind the one being
-handed out. The consumer's `poll` passes the fetches' refs to `ray.wait` and hands the
-ready ones to `collect`, which keeps each answer as it came, a FetchedChunk of record
+Every assigned partition with a position has at most one fetch in flight to its leader,
+over the data plane (rayk.client.data_plane; long-polled there: `fetch_min_bytes`,
+`fetch_max_wait_ms`), and the next one goes out as soon as it returns, so the following
+records arrive while the application still works on the current ones; at most one
+fetched chunk per partition waits behind the one being handed out. The consumer's `poll`
+waits for the fetches' futures (calls.ReadyWaiter) and hands the ready ones to `collect`, which keeps each answer as it came, a FetchedChunk of record
 batches. A chunk is decoded (any codec the storage layer reads) when it is first handed
 out, in the form asked for: `drain` hands out ConsumerRecords, `drain_columns` one Arrow
 RecordBatch per partition (rayk.client.arrow_batches, no Python object per record). Both
@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 
 from rayk.client import calls
+from rayk.client.data_plane import DataPlaneClient
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
+from rayk.dataplane.frames import FetchRequest
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
 
@@ -70,7 +72,9 @@ class Fetcher:
         retry_backoff_ms: int,
         key_deserializer: Any,
         value_deserializer: Any,
+        data_plane: Any = None,
     ) -> None:
+        """`data_plane` sends the fetches (this process's DataPlaneClient unless given)."""
         self._metadata = metadata
         self._min_bytes = fetch_min_bytes
         self._max_wait_ms = fetch_max_wait_ms
@@ -78,9 +82,10 @@ class Fetcher:
         self._call_timeout_s = (fetch_max_wait_ms + request_timeout_ms) / 1000
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._key_deserializer = key_deserializer
+        self._data_plane = data_plane or DataPlaneClient.get()
         self._value_deserializer = value_deserializer
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
-        self._in_flight: dict[Any, tuple[TopicPartition, float]] = {}  # fetch ObjectRef -> (partition, deadline)
+        self._in_flight: dict[Any, tuple[TopicPartition, float]] = {}  # fetch future -> (partition, deadline)
         self._fetching: set[TopicPartition] = set()  # the partitions of _in_flight
         self._buffer: deque[FetchedChunk] = deque()
         self._chunks: Counter[TopicPartition] = Counter()  # chunks in _buffer per partition
@@ -111,7 +116,7 @@ class Fetcher:
             if leader is None:
                 continue  # looked up in the background; poll wakes up for it
             offset = self._fetch_offsets.setdefault(tp, positions[tp])
-            ref = leader.fetch.remote(offset, self._max_bytes, self._min_bytes, self._max_wait_ms)
+            ref = self._data_plane.fetch(leader, FetchRequest(offset, self._max_bytes, self._min_bytes, self._max_wait_ms))
             self._in_flight[ref] = (tp, now + self._call_timeout_s)
             self._fetching.add(tp)
 
