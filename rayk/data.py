@@ -46,7 +46,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client import calls
 from rayk.client.arrow_batches import SCHEMA, records_table
-from rayk.client.data_plane import DataPlaneClient
+from rayk.client.data_plane import DataPlaneSession
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
@@ -76,16 +76,25 @@ def cluster_or_connect(cluster: Any) -> Any:
 
 def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
     """The records of one offset range as an Arrow table of SCHEMA (in this process),
-    fetched from the partition's leader and decoded by compiled code (arrow_batches)."""
-    tables = []
+    fetched from the partition's leader over the data plane and decoded by compiled code
+    (arrow_batches)."""
     metadata = MetadataCache(cluster.controller)
+    data_plane = DataPlaneSession(f"read of {r.topic}-{r.partition}")
+    try:
+        return _read_range(metadata, data_plane, r, fetch_max_bytes)
+    finally:
+        data_plane.close()
+
+
+def _read_range(metadata: MetadataCache, data_plane: DataPlaneSession, r: OffsetRange, fetch_max_bytes: int) -> pa.Table:
+    tables = []
     offset = r.start
     deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
             request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0)
-            result = calls.get(DataPlaneClient.get().fetch(leader, request), deadline, f"fetch {r.topic}-{r.partition}")
+            result = calls.get(data_plane.fetch(leader, request), deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
         except KafkaError as e:  # the leader moved, died or did not answer (by `deadline`)
             error = e

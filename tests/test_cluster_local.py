@@ -254,20 +254,26 @@ def test_consumer_fetch_is_answered_when_data_arrives_through_the_cluster(shared
 
 def test_the_python_producer_and_consumer_reach_a_leader_over_one_data_plane_connection(shared):
     """Records from and to this process go over the data plane: the leader of an RF=1
-    partition (no followers) holds one connection once the producer sent, this process's,
-    and the consumer uses the same one."""
+    partition (no followers) holds one connection from a producer while it is open, and
+    one from a consumer, each closed with its client."""
     cluster = shared
     cluster.create_topic("plane", replication_factor=1)
     leader = cluster.leader("plane", 0)
-    assert ray.get(leader.describe.remote())["data_plane_connections"] == 0
+
+    def connections() -> int:
+        return ray.get(leader.describe.remote())["data_plane_connections"]
+
+    assert connections() == 0
     with cluster.producer(acks="all") as producer:
         offsets = [producer.send("plane", b"v%d" % i).get(timeout=30).offset for i in range(20)]
+        assert connections() == 1
     assert offsets == list(range(20))
-    assert ray.get(leader.describe.remote())["data_plane_connections"] == 1
+    wait_until(lambda: connections() == 0, 10, "the producer's connection to close with it")
     with cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=3_000) as consumer:
         consumer.assign([TopicPartition("plane", 0)])
         assert [r.value for r in consumer] == [b"v%d" % i for i in range(20)]
-    assert ray.get(leader.describe.remote())["data_plane_connections"] == 1
+        assert connections() == 1
+    wait_until(lambda: connections() == 0, 10, "the consumer's connection to close with it")
 
 
 def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(shared):

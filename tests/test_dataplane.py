@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rayk import errors
+from rayk.dataplane import endpoint as endpoint_module
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
@@ -31,7 +32,7 @@ def test_a_fetch_request_decodes_to_what_was_encoded(request):
 
 
 @given(st.binary(max_size=300), i64, i64, i64, st.none() | st.tuples(st.sampled_from(ERRORS), st.text(max_size=30)),
-       st.none() | st.tuples(st.integers(0, 2**31 - 1), i64))
+       st.none() | st.tuples(st.integers(-1, 2**31 - 1), i64))  # epoch -1: the leader has none at or below
 def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start, error, diverging):
     error = None if error is None else error[0](error[1])
     result = FetchResult(records, hw, leo, log_start, error, diverging)
@@ -41,7 +42,7 @@ def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start,
     assert type(decoded.error) is type(error) and str(decoded.error) == str(error)
 
 
-produce_requests = st.lists(st.tuples(st.binary(max_size=200), st.sampled_from([-1, 0, 1, 7]), i32), max_size=8)
+produce_requests = st.lists(st.tuples(st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32), max_size=8)
 produce_results = st.lists(st.builds(
     ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why"))), max_size=8)
 
@@ -78,12 +79,13 @@ def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
 
 
 def test_an_error_class_that_is_not_raykss_is_an_unknown_server_error():
-    head = struct.pack(">qqqiqH", 0, 0, 0, -1, -1, 11) + b"ValueError\0"
+    head = struct.pack(">qqqbiqH", 0, 0, 0, 0, -1, -1, 11) + b"ValueError\0"
     assert isinstance(frames.decode_fetch_answer(head).error, errors.UnknownServerError)
 
 
 class Echo:
-    """A handler that answers a request with its body, after `delay_s`, counting how many run at once."""
+    """A handler that answers a request with its body, after `delay_s` (a body starting with
+    b"slow" waits 10x longer, one with b"fail" raises), counting how many run at once."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s, self.running, self.most_running, self.calls = delay_s, 0, 0, 0
@@ -93,7 +95,9 @@ class Echo:
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         try:
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(self.delay_s * (10 if bytes(body[:4]) == b"slow" else 1))
+            if bytes(body[:4]) == b"fail":
+                raise OSError("the disk is gone")
             return b"", bytes(body)
         finally:
             self.running -= 1
@@ -101,11 +105,11 @@ class Echo:
 
 async def opened(handler, max_in_flight: int = 16) -> tuple[Endpoint, EndpointAddress]:
     endpoint = Endpoint(handler, "test", max_in_flight)
-    return endpoint, await endpoint.open(NODE, "127.0.0.1")
+    return endpoint, await endpoint.open(NODE, "127.0.0.1")  # TCP too: node-b peers use it
 
 
 @pytest.mark.parametrize("node_id", [NODE, "node-b"], ids=["unix socket", "tcp"])
-def test_pipelined_requests_are_answered_in_order(node_id):
+def test_pipelined_requests_each_get_their_own_answer(node_id):
     async def go():
         endpoint, address = await opened(Echo())
         connection = await Connection.open(address, node_id)
@@ -113,6 +117,58 @@ def test_pipelined_requests_are_answered_in_order(node_id):
         answers = await asyncio.gather(*(connection.request(frames.FETCH, b) for b in bodies))
         assert [bytes(a) for a in answers] == bodies
         connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_slow_request_holds_up_no_answer_behind_it():
+    async def go():
+        endpoint, address = await opened(Echo(delay_s=0.1))
+        connection = await Connection.open(address, NODE)
+        slow = asyncio.ensure_future(connection.request(frames.FETCH, b"slow"))  # 1 s
+        await asyncio.sleep(0.01)
+        assert bytes(await asyncio.wait_for(connection.request(frames.FETCH, b"quick"), 0.8)) == b"quick"
+        assert not slow.done()
+        assert bytes(await slow) == b"slow"
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_failing_request_closes_its_connection_and_frees_the_endpoint_of_it():
+    async def go():
+        # Two slots: a slow request (1 s) and one that fails take them; three more wait unread.
+        endpoint, address = await opened(Echo(delay_s=0.1), max_in_flight=2)
+        connection = await Connection.open(address, NODE)
+        requests = [asyncio.ensure_future(connection.request(frames.FETCH, body))
+                    for body in (b"slow", b"fail", b"x", b"y", b"z")]
+        for request in requests:
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(request, 5)
+        await asyncio.sleep(0.1)
+        assert endpoint.connection_count == 0, "the endpoint let go of the broken connection, slow request and all"
+        assert not requests[0].cancelled()
+        again = await Connection.open(address, NODE)
+        assert bytes(await again.request(frames.FETCH, b"on")) == b"on"
+        again.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_an_endpoint_closes_connections_past_its_limit_at_once(monkeypatch):
+    monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
+
+    async def go():
+        endpoint, address = await opened(Echo())
+        held = [await asyncio.open_connection(address.host, address.port) for _ in range(2)]
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "closed without a greeting"
+        writer.close()
+        for _, w in held:
+            w.close()
         await endpoint.close()
 
     asyncio.run(go())

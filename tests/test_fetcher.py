@@ -46,6 +46,9 @@ class ScriptedDataPlane:
         future.set_result(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0))
         return future
 
+    def close(self) -> None:
+        pass
+
 
 class ScriptedMetadata:
     def __init__(self, leaders: dict[TopicPartition, ScriptedLeader]) -> None:

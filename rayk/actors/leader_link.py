@@ -21,5 +21,5 @@ class LeaderLink(ReplicaLink):
         try:
             return await super().fetch(request)
         except BaseException:
-            self.close()
+            self.reset()
             raise

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from rayk.client import calls
-from rayk.client.data_plane import DataPlaneClient
+from rayk.client.data_plane import DataPlaneSession
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
@@ -74,7 +74,7 @@ class Fetcher:
         value_deserializer: Any,
         data_plane: Any = None,
     ) -> None:
-        """`data_plane` sends the fetches (this process's DataPlaneClient unless given)."""
+        """`data_plane` sends the fetches (a DataPlaneSession of its own unless given)."""
         self._metadata = metadata
         self._min_bytes = fetch_min_bytes
         self._max_wait_ms = fetch_max_wait_ms
@@ -82,7 +82,7 @@ class Fetcher:
         self._call_timeout_s = (fetch_max_wait_ms + request_timeout_ms) / 1000
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._key_deserializer = key_deserializer
-        self._data_plane = data_plane or DataPlaneClient.get()
+        self._data_plane = data_plane or DataPlaneSession("consumer")
         self._value_deserializer = value_deserializer
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
         self._in_flight: dict[Any, tuple[TopicPartition, float]] = {}  # fetch future -> (partition, deadline)
@@ -107,6 +107,7 @@ class Fetcher:
             calls.cancel(ref)
         self._in_flight.clear()
         self._fetching.clear()
+        self._data_plane.close()
 
     def start_fetches(self, assignment: list[TopicPartition], positions: dict[TopicPartition, int], now: float) -> None:
         for tp in assignment:

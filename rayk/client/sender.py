@@ -40,7 +40,7 @@ from typing import Any
 
 from rayk.client import calls
 from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
-from rayk.client.data_plane import DataPlaneClient
+from rayk.client.data_plane import DataPlaneSession
 from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceError, RequestTimedOutError, UnknownServerError
@@ -69,7 +69,7 @@ class Sender:
         self._compression = compression
         self._request_timeout_ms = request_timeout_ms
         self._retry_backoff_s = retry_backoff_ms / 1000
-        self._data_plane = DataPlaneClient.get()  # batches go to their leaders over it
+        self._data_plane = DataPlaneSession("producer")  # batches go to their leaders over it
         # Answers arrive in the data plane's thread and wait here (under the accumulator's lock) for the loop.
         self._completions: collections.deque[tuple[ProducerBatch, int, Any]] = collections.deque()
         # (request deadline, batch, attempt) in send order, so deadlines ascend; entries of
@@ -99,6 +99,8 @@ class Sender:
             logger.exception("the producer's sender thread failed")
             self._fail_unfinished(UnknownServerError(f"the producer's sender thread failed: {type(e).__name__}: {e}"))
             raise
+        finally:
+            self._data_plane.close()
         if self._acc.abandoned:
             self._fail_unfinished(KafkaTimeoutError("the producer was closed before these records were acknowledged"))
 
@@ -203,11 +205,8 @@ class Sender:
         except Exception as e:
             self._complete(batch, attempt, calls.translate(e, f"produce to {batch.tp}"))
             return
-        if self._acks == 0:  # fire and forget: Kafka answers nothing, offsets are unknown
-            with self._acc.lock:
-                self._acc.in_flight[batch.tp] -= 1
-            self._resolve(batch, -1, -1)
-            return
+        # With acks=0 the request is done once it is written (DataPlaneSession.produce): the
+        # offsets are unknown (-1), as Kafka answers nothing; close() waits for that much.
         batch.ref = ref
         batch.request_deadline_s = time.monotonic() + self._request_timeout_ms / 1000
         self._calls.append((batch.request_deadline_s, batch, attempt))

@@ -2,12 +2,12 @@
 
 `open` picks the endpoint's Unix socket when both are on the same node and TCP
 otherwise, and proves the endpoint's secret (handshake.py). `request` sends a frame and
-returns its answer's body; any number of requests may be in flight (up to
-`max_in_flight`; more wait), and answers come back in request order, which a reader task
-checks against each request's correlation id.
+returns its answer's body; up to `max_in_flight` requests may be in flight (more wait),
+and a reader task hands each answer to its request by correlation id, in whatever order
+the endpoint answers them (a long-polled fetch holds up no other request).
 
-A connection that breaks (the endpoint's process died, the socket closed, an answer out
-of order) fails every request in flight, and every later one, with NETWORK_EXCEPTION:
+A connection that breaks (the endpoint's process died, the socket closed, an answer to
+no request) fails every request in flight, and every later one, with NETWORK_EXCEPTION:
 the caller opens a new connection, as it would call again after a failed Ray call. A
 request cancelled while waiting (a timeout) leaves the connection usable: its answer is
 read and dropped.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
+import socket
 from collections.abc import Sequence
 
 from rayk.dataplane import frames, handshake
@@ -35,7 +35,9 @@ SMALL_FRAME_BYTES = 16 * 1024  # a body this small is joined to its header: one 
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int) -> None:
         self._reader, self._writer, self.name = reader, writer, name
-        self._pending: deque[tuple[int, asyncio.Future]] = deque()
+        # Requests sent and not answered yet, by correlation id; one whose caller stopped
+        # waiting stays until its answer comes (and is dropped then).
+        self._pending: dict[int, asyncio.Future] = {}
         self._correlation_ids = itertools.count()
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._broken: NetworkError | None = None
@@ -56,28 +58,33 @@ class Connection:
                     reader, writer = await asyncio.open_unix_connection(address.unix_path, limit=STREAM_LIMIT_BYTES)
                 else:
                     reader, writer = await asyncio.open_connection(address.host, address.port, limit=STREAM_LIMIT_BYTES)
+                    # A peer node that vanished without closing is found out (not only by a timeout).
+                    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 await handshake.connect(reader, writer, address.secret)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+        except BaseException as e:
             if writer is not None:
                 writer.close()
-            raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
-                               f"{e or type(e).__name__}") from None
+            if isinstance(e, (OSError, TimeoutError, asyncio.IncompleteReadError)):
+                raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
+                                   f"{e or type(e).__name__}") from None
+            raise
         return cls(reader, writer, name, max_in_flight)
 
     @property
     def closed(self) -> bool:
         return self._broken is not None
 
-    async def request(self, kind: int, body: bytes | Sequence[bytes]) -> memoryview:
+    async def request(self, kind: int, body: bytes | Sequence[bytes], answered: bool = True) -> memoryview | None:
         """The body of the answer (after its correlation id) to a request of `kind`, whose
-        body is `body` or the concatenation of its parts (written as they are, not joined)."""
+        body is `body` or the concatenation of its parts (written as they are, not joined).
+        With `answered` False, None once the request is written (its answer is dropped)."""
         parts = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
         async with self._in_flight:
             if self._broken is not None:
                 raise self._broken
             correlation_id = next(self._correlation_ids) & 0x7FFFFFFF
             answer = asyncio.get_running_loop().create_future()
-            self._pending.append((correlation_id, answer))
+            self._pending[correlation_id] = answer
             head = frames.request_frame_head(correlation_id, kind, sum(len(part) for part in parts))
             if len(parts) == 1 and len(parts[0]) < SMALL_FRAME_BYTES:
                 self._writer.write(head + parts[0])  # one write, one syscall
@@ -89,6 +96,11 @@ class Connection:
                 await self._writer.drain()
             except ConnectionError as e:
                 self._break(f"the connection broke: {e}")
+            if not answered:
+                if self._broken is not None:
+                    raise self._broken
+                answer.cancel()  # its answer is read and dropped
+                return None
             return await answer
 
     def close(self) -> None:
@@ -99,8 +111,8 @@ class Connection:
         if self._broken is None:
             self._broken = NetworkError(f"data plane connection to {self.name or 'an endpoint'}: {reason}")
             self._writer.close()
-        while self._pending:
-            _, answer = self._pending.popleft()
+        pending, self._pending = self._pending, {}
+        for answer in pending.values():
             if not answer.done():
                 answer.set_exception(self._broken)
 
@@ -115,10 +127,10 @@ class Connection:
                     return
                 body = await reader.readexactly(size)
                 (correlation_id,) = frames.ANSWER_HEADER.unpack_from(body)
-                if not self._pending or self._pending[0][0] != correlation_id:
-                    reason = f"an answer to request {correlation_id}, which is not the next one waiting"
+                answer = self._pending.pop(correlation_id, None)
+                if answer is None:
+                    reason = f"an answer to request {correlation_id}, which was not sent or was answered already"
                     return
-                _, answer = self._pending.popleft()
                 if not answer.done():  # else its caller stopped waiting
                     answer.set_result(memoryview(body)[frames.ANSWER_HEADER.size:])
         except (asyncio.IncompleteReadError, ConnectionError) as e:

@@ -7,14 +7,17 @@ listeners bind to). Its secret is made when it opens; the owner hands `EndpointA
 (addresses and secret) to its peers through Ray.
 
 Per connection, after the handshake (handshake.py; a stranger is closed before any
-frame is read): a reader reads request frames and starts a handler task for each, and a
-writer writes their answers in request order. At most `max_in_flight` requests of a
-connection are started and unanswered; past that the reader stops reading and the
-socket's buffers push back on the peer. The writer waits for the peer to take each answer
-(`drain`), so a slow follower or consumer never makes the endpoint buffer without bound.
-A frame that does not parse, or declares more than MAX_FRAME_BYTES, closes the
-connection, as does a handler that raises (the peer sees a failed request, and retries as
-after any lost connection). Idle, an endpoint costs nothing: no thread, no timer.
+frame is read, and an endpoint holds at most MAX_CONNECTIONS): a reader reads request
+frames and starts a task for each, which writes its answer, with the request's
+correlation id, the moment it is ready: a fetch long-polled at the replica holds up no
+produce behind it. The requests of one connection start in the order they arrived. At
+most `max_in_flight` of a connection are started and not yet answered; past that the
+reader stops reading and the socket's buffers push back on the peer; an answer's slot is
+free only once the peer has taken it (`drain`), so a slow follower or consumer never
+makes the endpoint buffer without bound. A frame that does not parse, or declares more
+than MAX_FRAME_BYTES, closes the connection, as does a handler that raises (the peer
+sees its requests fail, and retries as after any lost connection). Idle, an endpoint
+costs nothing: no thread, no timer.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import secrets
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
@@ -33,6 +37,8 @@ from rayk.dataplane import frames, handshake
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT_PER_CONNECTION = 16
+MAX_CONNECTIONS = 256  # per endpoint, authenticated or not: more are closed at once
+REFUSAL_LOG_INTERVAL_S = 60
 STREAM_LIMIT_BYTES = 1 << 16
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 SMALL_ANSWER_BYTES = 16 * 1024  # records this small are joined to their answer's head: one write
@@ -73,24 +79,21 @@ class Endpoint:
         self._connections: set[asyncio.StreamWriter] = set()
         self._address: EndpointAddress | None = None
         self._opening = asyncio.Lock()
+        self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
 
     async def open(self, node_id: str, host: str, tcp: bool = True, node_ip: str = "") -> EndpointAddress:
         """Listens on a Unix socket and, with `tcp` (a peer on another node asked), on TCP at
         `host`; a wildcard host ("", 0.0.0.0, ::) is given out as `node_ip`. Later calls give
         the same address, with TCP added once asked for."""
-        async with self._opening:
-            try:
-                if self._address is None:
-                    unix_path = _unix_path()
-                    self._servers.append(await asyncio.start_unix_server(self._serve, unix_path, limit=STREAM_LIMIT_BYTES))
-                    self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
-                if tcp and self._address.port == 0:
-                    server = await asyncio.start_server(self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES)
-                    self._servers.append(server)
-                    self._address = replace(self._address, port=server.sockets[0].getsockname()[1])
-            except BaseException:
-                await self.close()
-                raise
+        async with self._opening:  # a failure leaves what was open before as it was
+            if self._address is None:
+                unix_path = _unix_path()
+                self._servers.append(await asyncio.start_unix_server(self._serve, unix_path, limit=STREAM_LIMIT_BYTES))
+                self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
+            if tcp and self._address.port == 0:
+                server = await asyncio.start_server(self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES)
+                self._servers.append(server)
+                self._address = replace(self._address, port=server.sockets[0].getsockname()[1])
             return self._address
 
     async def close(self) -> None:
@@ -115,64 +118,77 @@ class Endpoint:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or "a local process"
+        if len(self._connections) >= MAX_CONNECTIONS:
+            self._log_refusal(peer, f"it has {len(self._connections)} connections, the most it takes")
+            writer.close()
+            return
         self._connections.add(writer)
         try:
             try:
                 await handshake.accept(reader, writer, self._secret)
             except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
-                logger.warning("%s: refused a data plane connection from %s: %s", self.name, peer, e or type(e).__name__)
+                self._log_refusal(peer, str(e) or type(e).__name__)
                 return
             await self._serve_requests(reader, writer, peer)
         finally:
             self._connections.discard(writer)
             writer.close()
 
+    def _log_refusal(self, peer: object, why: str) -> None:
+        """At most one warning per REFUSAL_LOG_INTERVAL_S: a stranger knocking cannot flood the log."""
+        now = time.monotonic()
+        self._refused += 1
+        if now >= self._refusal_logged_at + REFUSAL_LOG_INTERVAL_S:
+            logger.warning("%s: refused a data plane connection from %s: %s (%d refused since the last warning)",
+                           self.name, peer, why, self._refused)
+            self._refusal_logged_at, self._refused = now, 0
+
     async def _serve_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object) -> None:
-        answers: asyncio.Queue[tuple[int, asyncio.Task]] = asyncio.Queue()  # bounded by in_flight
         in_flight = asyncio.Semaphore(self._max_in_flight)
-        writing = asyncio.create_task(self._write_answers(answers, in_flight, writer, peer))
-        writing.add_done_callback(lambda _: writer.close())  # ends the reader's wait too
         started: set[asyncio.Task] = set()
+        reading = asyncio.current_task()
         try:
             while True:
-                await in_flight.acquire()  # released when the answer is written
+                await in_flight.acquire()  # released when the request's answer is written
                 size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
                 if size > frames.MAX_FRAME_BYTES:
                     raise frames.FrameError(f"a frame of {size} bytes is over the limit of {frames.MAX_FRAME_BYTES}")
                 correlation_id, kind, body = frames.parse_request(await reader.readexactly(size))
-                task = asyncio.create_task(self._handler(kind, body))
+                task = asyncio.create_task(self._answer(correlation_id, kind, body, writer, peer, reading))
                 started.add(task)
                 task.add_done_callback(started.discard)
-                answers.put_nowait((correlation_id, task))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the peer went away (or the writer closed the connection)
+                task.add_done_callback(lambda _: in_flight.release())
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the peer went away, or an answer failed and closed the connection
         except frames.FrameError as e:
             logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
         finally:
-            writing.cancel()
             for task in started:
                 task.cancel()
 
-    async def _write_answers(
-        self, answers: asyncio.Queue, in_flight: asyncio.Semaphore, writer: asyncio.StreamWriter, peer: object
+    async def _answer(
+        self, correlation_id: int, kind: int, body: memoryview, writer: asyncio.StreamWriter, peer: object,
+        reading: asyncio.Task,
     ) -> None:
-        while True:
-            correlation_id, task = await answers.get()
-            try:
-                head, tail = await task
-            except frames.FrameError as e:
+        """Serves one request and writes its answer as soon as it is ready (answers go by
+        correlation id, so a long-polled fetch holds up no other request). A request that
+        fails closes the connection: the peer sees every request on it fail, and retries."""
+        try:
+            head, tail = await self._handler(kind, body)
+        except Exception as e:
+            if isinstance(e, frames.FrameError):
                 logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
-                return
-            except Exception:
-                logger.exception("%s: a data plane request from %s failed; closing its connection", self.name, peer)
-                return
-            if len(tail) < SMALL_ANSWER_BYTES:
-                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
             else:
-                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
-                writer.write(tail)  # its own write: the records are not copied into one buffer
-            try:
-                await writer.drain()
-            except ConnectionError:
-                return
-            in_flight.release()
+                logger.exception("%s: a data plane request from %s failed; closing its connection", self.name, peer)
+            writer.close()
+            reading.cancel()  # wherever the reader waits, its connection is done
+            return
+        if len(tail) < SMALL_ANSWER_BYTES:
+            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
+        else:
+            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
+            writer.write(tail)  # its own write: the records are not copied into one buffer
+        try:
+            await writer.drain()  # the peer takes the answer before this request's slot is free
+        except ConnectionError:
+            reading.cancel()

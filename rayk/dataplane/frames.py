@@ -15,14 +15,16 @@ FETCH (a follower's or a consumer's fetch, PartitionReplica.fetch's arguments):
            leader_epoch:i32 last_fetched_epoch:i32 incarnation_size:u16 | incarnation id
            | tail: topic id (UTF-8; empty: none)
   answer   high_watermark:i64 log_end_offset:i64 log_start_offset:i64
-           diverging_epoch:i32 diverging_end_offset:i64 error_size:u16 | error | tail: records
+           diverging:i8 diverging_epoch:i32 diverging_end_offset:i64 error_size:u16 | error
+           | tail: records
 PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered together):
-  request  count:i32, then per request acks:i8 timeout_ms:i32 size:i32 | tail: the requests'
+  request  count:i32, then per request acks:i16 timeout_ms:i32 size:i32 | tail: the requests'
            records, one after the other
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
            log_start_offset:i64 error_size:u16 | error
-`error` is `<class name>\\0<message>` of a rayk.errors class, or empty; a diverging epoch
-of -1 means none.
+`error` is `<class name>\\0<message>` of a rayk.errors class, or empty; `diverging` is 1
+when the answer names where the follower's log diverges (whose epoch may be -1: the
+leader has no epoch at or below the follower's, and the follower truncates to its HW).
 """
 
 from __future__ import annotations
@@ -43,11 +45,10 @@ PRODUCE = 2
 KINDS = (FETCH, PRODUCE)
 
 _FETCH_REQUEST = struct.Struct(">qiiiiiiH")
-_FETCH_ANSWER = struct.Struct(">qqqiqH")
+_FETCH_ANSWER = struct.Struct(">qqqbiqH")
 _COUNT = struct.Struct(">i")
-_PRODUCE_REQUEST = struct.Struct(">bii")  # acks, timeout_ms, records size
+_PRODUCE_REQUEST = struct.Struct(">hii")  # acks (int16, as Kafka's), timeout_ms, records size
 _PRODUCE_ANSWER = struct.Struct(">qqqH")
-NO_DIVERGING_EPOCH = -1
 
 
 class FrameError(ValueError):
@@ -201,20 +202,21 @@ def decode_produce_answer(body: bytes | memoryview) -> list[ProduceResult]:
 def encode_fetch_answer_head(a: FetchResult) -> bytes:
     """The fixed part and the error of an answer; its records follow as the tail."""
     error = _encode_error(a.error)
-    epoch, end = a.diverging_epoch if a.diverging_epoch is not None else (NO_DIVERGING_EPOCH, -1)
-    return _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, epoch, end, len(error)) + error
+    diverging = a.diverging_epoch is not None
+    epoch, end = a.diverging_epoch if diverging else (-1, -1)
+    return _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, diverging, epoch, end,
+                              len(error)) + error
 
 
 def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
     if len(body) < _FETCH_ANSWER.size:
         raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its header")
-    hw, leo, log_start, epoch, end, error_size = _FETCH_ANSWER.unpack_from(body)
+    hw, leo, log_start, diverging, epoch, end, error_size = _FETCH_ANSWER.unpack_from(body)
     records_at = _FETCH_ANSWER.size + error_size
     if len(body) < records_at:
         raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its error ({error_size} bytes)")
     error = _decode_error(body[_FETCH_ANSWER.size:records_at])
-    diverging = None if epoch == NO_DIVERGING_EPOCH else (epoch, end)
-    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, diverging)
+    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, (epoch, end) if diverging else None)
 
 
 def _encode_error(error: KafkaError | None) -> bytes:

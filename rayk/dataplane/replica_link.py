@@ -3,8 +3,8 @@
 The replica's endpoint (addresses and secret) comes from one Ray call to its actor
 (`data_endpoint`, which opens TCP only for a peer on another node); the connection is
 opened then and kept, and every fetch and produce request goes over it, pipelined.
-Requests may run concurrently; one that its caller stops waiting for leaves the
-connection as it is. A connection that breaks fails its requests with NETWORK_EXCEPTION
+Requests may run concurrently, and each is answered when it is ready; one that its
+caller stops waiting for leaves the connection as it is. A connection that breaks fails its requests with NETWORK_EXCEPTION
 and is dropped: the next request asks the replica's actor again (Ray may have restarted
 it: a new endpoint, a new secret) and reconnects. If the actor is gone for good, that
 call raises Ray's actor error, which the owner of the link turns into its own error.
@@ -13,12 +13,14 @@ call raises Ray's actor error, which the owner of the link turns into its own er
 from __future__ import annotations
 
 import asyncio
+import struct
+from collections.abc import Callable
 from typing import Any
 
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult
-from rayk.errors import NetworkError
+from rayk.errors import InvalidRequestError, NetworkError
 
 
 class ReplicaLink:
@@ -28,37 +30,77 @@ class ReplicaLink:
         self.replica, self._node_id, self.name = replica, node_id, name
         self._connection: Connection | None = None
         self._connecting = asyncio.Lock()
+        self._closed = False
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
-        answer = await self._request(frames.FETCH, frames.encode_fetch_request(request))
-        return frames.decode_fetch_answer(answer)
+        return await self._request(frames.FETCH, _encoded(frames.encode_fetch_request, request), frames.decode_fetch_answer)
 
-    async def produce(self, requests: list[ProduceRequest]) -> list[ProduceResult]:
-        """PartitionReplica.produce_requests: appended in order, one result per request."""
-        results = frames.decode_produce_answer(await self._request(frames.PRODUCE, frames.encode_produce_request(requests)))
+    async def produce(self, requests: list[ProduceRequest], reset_if_abandoned: bool = False) -> list[ProduceResult]:
+        """PartitionReplica.produce_requests: appended in order, one result per request.
+        With `reset_if_abandoned`, a cancelled call also drops the connection it went on
+        (Kafka's clients disconnect on a request timeout; the replica stops serving it)."""
+        results = await self._request(
+            frames.PRODUCE, _encoded(frames.encode_produce_request, requests), frames.decode_produce_answer,
+            reset_if_abandoned,
+        )
         if len(results) != len(requests):
-            self.close()
+            self.reset()
             raise NetworkError(f"{self.name} answered {len(results)} of {len(requests)} produce requests")
         return results
 
-    def close(self) -> None:
+    async def send_produce(self, requests: list[ProduceRequest]) -> None:
+        """A produce whose answer nobody waits for (acks=0): done once it is written."""
+        await self._request(frames.PRODUCE, _encoded(frames.encode_produce_request, requests), None)
+
+    def reset(self) -> None:
+        """Drops the connection (its requests fail); the next request opens a new one."""
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
-    async def _request(self, kind: int, body: Any) -> memoryview:
+    def close(self) -> None:
+        """For good: the connection goes, and a request on the link fails with NETWORK_EXCEPTION."""
+        self._closed = True
+        self.reset()
+
+    async def _request(
+        self, kind: int, body: Any, decode: Callable[[memoryview], Any] | None, reset_if_abandoned: bool = False
+    ) -> Any:
+        """`decode` of the answer; with `decode` None, nothing once the request is written."""
         connection = await self._connect()
         try:
-            return await connection.request(kind, body)
-        except (NetworkError, frames.FrameError):
+            if decode is None:
+                return await connection.request(kind, body, answered=False)
+            return decode(await connection.request(kind, body))
+        except asyncio.CancelledError:
+            if reset_if_abandoned and self._connection is connection:
+                self.reset()
+            raise
+        except (NetworkError, frames.FrameError) as e:
             if self._connection is connection:
-                self.close()
+                self.reset()
+            if isinstance(e, frames.FrameError):  # the replica is not speaking this protocol
+                raise NetworkError(f"{self.name} answered a frame that does not parse: {e}") from None
             raise
 
     async def _connect(self) -> Connection:
         async with self._connecting:
+            if self._closed:
+                raise NetworkError(f"the data plane link to {self.name} was closed")
             if self._connection is None or self._connection.closed:
-                self.close()
+                self.reset()
                 address = await self.replica.data_endpoint.remote(self._node_id)
-                self._connection = await Connection.open(address, self._node_id, self.name)
+                connection = await Connection.open(address, self._node_id, self.name)
+                if self._closed:  # closed while connecting
+                    connection.close()
+                    raise NetworkError(f"the data plane link to {self.name} was closed")
+                self._connection = connection
             return self._connection
+
+
+def _encoded(encode: Callable[[Any], Any], request: Any) -> Any:
+    """`encode(request)`; a value out of the frame's range (say a max_bytes over 2^31) is INVALID_REQUEST."""
+    try:
+        return encode(request)
+    except struct.error as e:
+        raise InvalidRequestError(f"a data plane request out of range: {e}") from None

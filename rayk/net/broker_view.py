@@ -189,7 +189,8 @@ class BrokerView:
         try:
             return await send(link)
         except (RayActorError, NetworkError) as e:
-            self.forget(topic, partition)
+            if self._links.get(tp) is link:  # else a newer link replaced it meanwhile
+                self.forget(topic, partition)
             raise NotLeaderOrFollowerError(
                 f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"
             ) from None
