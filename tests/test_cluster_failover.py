@@ -9,12 +9,15 @@ replacement node can bring the broker back with its old logs.
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import ray
 
 import rayk
 from rayk import data as rayk_data
 from rayk.client.offset_ranges import plan_read_ranges
+from rayk.dataplane import handshake
 from rayk.storage import Log
 from rayk.storage.log_manager import partition_dir_name
 from tests.cluster_helpers import (
@@ -67,13 +70,31 @@ def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_c
         c.shutdown()
 
 
-def test_leader_node_loss_elects_from_isr_and_the_old_leader_rejoins_after_truncating(ray_cluster, tmp_path):
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace="failover", node_resource=BROKER_RESOURCE)
+def plain_tcp_greeting(host: str, port: int) -> bytes:
+    """What a peer that does not speak TLS reads back from a data plane endpoint's TCP port."""
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"\0\0\0\x10" + b"x" * 16)
+        received = b""
+        while chunk := s.recv(1024):
+            received += chunk
+        return received
+
+
+def test_leader_node_loss_elects_from_isr_and_the_old_leader_rejoins_after_truncating(ray_cluster, tmp_path, tls):
+    # The brokers' listener uses TLS, so the data plane's TCP between nodes does too.
+    config = {**FAST_CONFIG, "listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": tls.keystore}
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace="failover", node_resource=BROKER_RESOURCE)
     c.create_topic("t", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     writer = Writer(c, "t")
     writer.start()
     try:
         wait_until(lambda: len(writer.acked) >= 20, 30, "acknowledged writes before the failure")
+        # The followers fetch from other nodes, over TCP, which the leader's endpoint serves
+        # only over TLS with the brokers' certificate: the writes were acked over it.
+        address = ray.get(c.leader("t", 0).data_endpoint.remote("another node"))
+        with open(tls.keystore) as f:
+            assert address.tls_certificate and address.tls_certificate in f.read()
+        assert handshake.MAGIC not in plain_tcp_greeting(address.host, address.port)
         before = c.describe_topic("t")[0]
         old_leader = before["leader"]
         ray_cluster.remove_node(node_of_broker(ray_cluster, c, old_leader))
@@ -108,9 +129,7 @@ def test_leader_node_loss_elects_from_isr_and_the_old_leader_rejoins_after_trunc
 
     # Whole-cluster restart from the same directories keeps every acknowledged record.
     c.shutdown()
-    again = rayk.start(
-        brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace="failover", node_resource=BROKER_RESOURCE
-    )
+    again = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace="failover", node_resource=BROKER_RESOURCE)
     try:
         assert_acked_records_present(again, "t", writer.acked)
     finally:

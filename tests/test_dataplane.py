@@ -1,9 +1,11 @@
 """The data plane without Ray: frames (property-based), the handshake, an Endpoint and its
-Connections over Unix sockets and TCP on 127.0.0.1, strangers, pipelining, backpressure."""
+Connections over Unix sockets and TCP on 127.0.0.1, strangers, pipelining, backpressure,
+TLS."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from rayk import errors
 from rayk.dataplane import endpoint as endpoint_module
-from rayk.dataplane import frames, handshake
+from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceResult
@@ -287,3 +289,90 @@ def test_a_request_given_up_on_leaves_the_connection_usable():
 def test_an_endpoint_bound_to_every_address_is_given_out_at_the_nodes_ip():
     assert [reachable_host(h, "10.0.0.7") for h in ("", "0.0.0.0", "::", "127.0.0.1")] == [
         "10.0.0.7", "10.0.0.7", "10.0.0.7", "127.0.0.1"]
+
+
+# ---------------------------------------------------------------------------- TLS (tls.py)
+
+
+@pytest.fixture(scope="module")
+def keystores(tmp_path_factory):
+    """The brokers' keystore (a CA-signed certificate, as a listener's), and another one from
+    the same CA, which a peer must not take for it."""
+    import trustme
+
+    directory, ca = tmp_path_factory.mktemp("dataplane-tls"), trustme.CA()
+    paths = []
+    for name in ("brokers.pem", "impostor.pem"):
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(directory / name))
+        paths.append(tls.KeyStore(str(directory / name)))
+    return paths
+
+
+async def opened_over_tls(handler, keystore: tls.KeyStore) -> tuple[Endpoint, EndpointAddress]:
+    endpoint = Endpoint(handler, "test")
+    return endpoint, await endpoint.open(NODE, "127.0.0.1", keystore=keystore)
+
+
+def test_tcp_goes_over_tls_pinned_to_the_endpoints_certificate_and_unix_sockets_stay_plain(keystores):
+    async def go():
+        endpoint, address = await opened_over_tls(Echo(), keystores[0])
+        assert address.tls_certificate.startswith("-----BEGIN CERTIFICATE-----")
+        over_tcp, over_unix = await Connection.open(address, "node-b"), await Connection.open(address, NODE)
+        for connection in (over_tcp, over_unix):
+            assert bytes(await connection.request(frames.FETCH, b"records")) == b"records"
+        assert over_tcp._writer.get_extra_info("ssl_object").version() in ("TLSv1.2", "TLSv1.3")
+        assert over_unix._writer.get_extra_info("ssl_object") is None
+        over_tcp.close(), over_unix.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_peer_refuses_an_endpoint_whose_certificate_is_not_the_one_ray_gave_it(keystores):
+    async def go():
+        endpoint, address = await opened_over_tls(Echo(), keystores[0])
+        impostor, impostor_address = await opened_over_tls(Echo(), keystores[1])
+        # The right secret and port, another certificate from the same CA: not the endpoint.
+        swapped = dataclasses.replace(address, tls_certificate=impostor_address.tls_certificate)
+        with pytest.raises(NetworkError, match="certificate"):
+            await Connection.open(swapped, "node-b")
+        await endpoint.close(), await impostor.close()
+
+    asyncio.run(go())
+
+
+def test_a_plain_tcp_peer_gets_neither_the_greeting_nor_an_answer_from_a_tls_endpoint(keystores):
+    async def go():
+        echo = Echo()
+        endpoint, address = await opened_over_tls(echo, keystores[0])
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        writer.write(frames.request_frame(1, frames.FETCH, b"x" * 64) * 4)  # no TLS ClientHello
+        received = await asyncio.wait_for(reader.read(), 10)
+        assert handshake.MAGIC not in received and echo.calls == 0
+        writer.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_keystore_that_does_not_load_is_a_configuration_error(tmp_path):
+    (tmp_path / "broken.pem").write_text("not a key")
+    for keystore in (tls.KeyStore(str(tmp_path / "missing.pem")), tls.KeyStore(str(tmp_path / "broken.pem"))):
+        with pytest.raises(errors.InvalidConfigurationError, match="ssl.keystore.location"):
+            tls.server_context(keystore)
+
+
+def test_the_data_plane_serves_the_first_tls_listeners_keystore(tmp_path):
+    from rayk.config import BrokerConfig
+
+    plain = BrokerConfig.from_properties({"listeners": "PLAINTEXT://127.0.0.1:0"})
+    assert tls.data_plane_keystore(plain) is None
+    (tmp_path / "k.pem").write_text("")
+    mixed = BrokerConfig.from_properties({
+        "listeners": "PLAINTEXT://127.0.0.1:0,SECURE://127.0.0.1:0",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SECURE:SSL",
+        "listener.name.secure.ssl.keystore.location": str(tmp_path / "k.pem"),
+        "listener.name.secure.ssl.key.password": "pw",
+    })
+    assert tls.data_plane_keystore(mixed) == tls.KeyStore(str(tmp_path / "k.pem"), "pw")
+    assert "pw" not in repr(tls.data_plane_keystore(mixed))

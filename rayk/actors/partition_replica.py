@@ -68,6 +68,7 @@ from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceResult
+from rayk.dataplane.tls import KeyStore
 from rayk.errors import (
     FencedLeaderEpochError,
     InconsistentTopicIdError,
@@ -130,6 +131,8 @@ class ReplicaConfig:
     # Where the data plane's TCP endpoint binds (rayk/dataplane): the host of the brokers'
     # first listener, as Kafka replicates over a listener; "": the node's address.
     data_plane_host: str = ""
+    # The certificate it serves over TLS (the first TLS listener's); None: plain TCP.
+    data_plane_keystore: KeyStore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,7 +525,9 @@ class PartitionReplica(Supervised):
             self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}")
         node_id, node_ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         host = self.config.data_plane_host or node_ip
-        return await self._endpoint.open(node_id, host, tcp=peer_node_id != node_id, node_ip=node_ip)
+        return await self._endpoint.open(
+            node_id, host, tcp=peer_node_id != node_id, node_ip=node_ip, keystore=self.config.data_plane_keystore
+        )
 
     async def _serve_data_plane(self, kind: int, body: memoryview) -> tuple[bytes, bytes]:
         """A data plane request: (answer head, records)."""

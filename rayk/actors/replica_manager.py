@@ -82,6 +82,7 @@ from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
+from rayk.dataplane.tls import data_plane_keystore
 from rayk.errors import KafkaError, StaleBrokerEpochError
 from rayk.storage import clean_shutdown, meta_properties, partition_metadata
 from rayk.storage.log_cleaner import CleanableState
@@ -564,6 +565,7 @@ class ReplicaManager(Supervised):
             replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
             replica_socket_timeout_ms=c.replica_socket_timeout_ms,
             data_plane_host=next((listener.host for listener in c.kafka_listeners()), ""),
+            data_plane_keystore=data_plane_keystore(c),
         )
 
     async def _make_role(self, replica: _Replica) -> None:

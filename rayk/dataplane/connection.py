@@ -1,7 +1,8 @@
 """Connection: a peer's persistent, pipelined connection to one data plane Endpoint.
 
 `open` picks the endpoint's Unix socket when both are on the same node and TCP
-otherwise, and proves the endpoint's secret (handshake.py). `request` sends a frame and
+otherwise (TLS, pinned to the endpoint's certificate, if it has one: tls.py), and proves
+the endpoint's secret (handshake.py). `request` sends a frame and
 returns its answer's body; up to `max_in_flight` requests may be in flight (more wait),
 and a reader task hands each answer to its request by correlation id, in whatever order
 the endpoint answers them (a long-polled fetch holds up no other request).
@@ -21,7 +22,7 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from rayk.dataplane import frames, handshake
+from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress
 from rayk.errors import NetworkError
 
@@ -57,7 +58,12 @@ class Connection:
                 if local:
                     reader, writer = await asyncio.open_unix_connection(address.unix_path, limit=STREAM_LIMIT_BYTES)
                 else:
-                    reader, writer = await asyncio.open_connection(address.host, address.port, limit=STREAM_LIMIT_BYTES)
+                    context = tls.client_context(address.tls_certificate) if address.tls_certificate else None
+                    reader, writer = await asyncio.open_connection(
+                        address.host, address.port, limit=STREAM_LIMIT_BYTES, ssl=context,
+                        server_hostname="" if context else None,
+                        ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S if context else None,
+                    )  # fmt: skip
                     # A peer node that vanished without closing is found out (not only by a timeout).
                     writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 await handshake.connect(reader, writer, address.secret)

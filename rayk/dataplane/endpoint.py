@@ -3,7 +3,7 @@
 It listens on a Unix domain socket for peers on its node (an abstract one on Linux, so
 nothing is left on disk when the process dies) and, from the first time a peer on
 another node asks for it, on TCP at its node's address (or the host the brokers'
-listeners bind to). Its secret is made when it opens; the owner hands `EndpointAddress`
+listeners bind to); over TLS when the brokers' listeners use it (tls.py). Its secret is made when it opens; the owner hands `EndpointAddress`
 (addresses and secret) to its peers through Ray.
 
 Per connection, after the handshake (handshake.py; a stranger is closed before any
@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from rayk.dataplane import frames, handshake
+from rayk.dataplane import frames, handshake, tls
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class EndpointAddress:
     host: str
     port: int  # 0 until a peer on another node asked for TCP
     secret: bytes = field(repr=False)
+    # The certificate (PEM) its TCP socket presents over TLS, for the peer to pin (tls.py);
+    # "": plain TCP.
+    tls_certificate: str = field(default="", repr=False)
 
 
 def _unix_path() -> str:
@@ -81,19 +84,28 @@ class Endpoint:
         self._opening = asyncio.Lock()
         self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
 
-    async def open(self, node_id: str, host: str, tcp: bool = True, node_ip: str = "") -> EndpointAddress:
+    async def open(
+        self, node_id: str, host: str, tcp: bool = True, node_ip: str = "", keystore: tls.KeyStore | None = None
+    ) -> EndpointAddress:
         """Listens on a Unix socket and, with `tcp` (a peer on another node asked), on TCP at
-        `host`; a wildcard host ("", 0.0.0.0, ::) is given out as `node_ip`. Later calls give
-        the same address, with TCP added once asked for."""
+        `host`, over TLS with `keystore`'s certificate if given; a wildcard host ("",
+        0.0.0.0, ::) is given out as `node_ip`. Later calls give the same address, with TCP
+        added once asked for."""
         async with self._opening:  # a failure leaves what was open before as it was
             if self._address is None:
                 unix_path = _unix_path()
                 self._servers.append(await asyncio.start_unix_server(self._serve, unix_path, limit=STREAM_LIMIT_BYTES))
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
-                server = await asyncio.start_server(self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES)
+                context, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
+                server = await asyncio.start_server(
+                    self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES, ssl=context,
+                    ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S if context else None,
+                )  # fmt: skip
                 self._servers.append(server)
-                self._address = replace(self._address, port=server.sockets[0].getsockname()[1])
+                self._address = replace(
+                    self._address, port=server.sockets[0].getsockname()[1], tls_certificate=certificate
+                )
             return self._address
 
     async def close(self) -> None:

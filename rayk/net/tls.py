@@ -20,6 +20,7 @@ from __future__ import annotations
 import ssl
 
 from rayk.config import BrokerConfig
+from rayk.dataplane.tls import listener_keystore, load_cert_chain
 from rayk.errors import InvalidConfigurationError
 from rayk.net.request_context import ANONYMOUS
 
@@ -32,14 +33,7 @@ def server_context(config: BrokerConfig, listener_name: str) -> ssl.SSLContext:
     setting = lambda name: config.listener_setting(listener_name, name)  # noqa: E731
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    keystore = setting("ssl.keystore.location")
-    try:
-        context.load_cert_chain(keystore, password=setting("ssl.key.password") or None)
-    except (OSError, ssl.SSLError) as e:
-        raise InvalidConfigurationError(
-            f"listener {listener_name}: ssl.keystore.location {keystore!r} does not load as a PEM private key and "
-            f"certificate chain (check the file and ssl.key.password): {e}"
-        ) from None
+    load_cert_chain(context, listener_keystore(config, listener_name), f"listener {listener_name}")
     truststore = setting("ssl.truststore.location")
     if truststore:
         try:

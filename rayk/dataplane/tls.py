@@ -1,0 +1,86 @@
+"""TLS on the data plane's TCP connections, for a cluster whose Kafka listeners use TLS.
+
+The endpoint presents the brokers' own certificate (the first TLS listener's
+`ssl.keystore.location`: one PEM file with the private key and its chain, as the listener
+loads it). A peer does not check it against a CA and a host name: it pins it. The
+endpoint hands its leaf certificate out through Ray with its address and secret
+(`EndpointAddress.tls_certificate`), and the peer's context trusts that certificate alone
+(OpenSSL's partial-chain flag makes a CA-signed leaf a trust anchor). Trust therefore comes
+from where the secret comes from, Ray, and holds whatever name the node's address has.
+
+Unix sockets stay plain: they never leave the node, which is what the peer's handshake
+(HMAC) already guards.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import ssl
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rayk.errors import InvalidConfigurationError
+
+if TYPE_CHECKING:
+    from rayk.config import BrokerConfig
+
+HANDSHAKE_TIMEOUT_S = 5.0
+_CERTIFICATE_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\s*", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStore:
+    """Where an endpoint's key and certificate chain are (Kafka's ssl.keystore.location and
+    ssl.key.password of the listener it follows)."""
+
+    location: str
+    password: str = field(default="", repr=False)
+
+
+def listener_keystore(config: BrokerConfig, listener_name: str) -> KeyStore:
+    """The key and certificate chain that the TLS listener `listener_name` serves."""
+    setting = lambda name: config.listener_setting(listener_name, name)  # noqa: E731
+    return KeyStore(setting("ssl.keystore.location"), setting("ssl.key.password"))
+
+
+def data_plane_keystore(config: BrokerConfig) -> KeyStore | None:
+    """What the data plane's TCP endpoints serve: the first TLS listener's keystore, or
+    None (plain TCP) when no listener uses TLS."""
+    listener = next((listener for listener in config.kafka_listeners() if listener.uses_tls), None)
+    return listener_keystore(config, listener.name) if listener is not None else None
+
+
+def load_cert_chain(context: ssl.SSLContext, keystore: KeyStore, owner: str) -> None:
+    """`context` serves `keystore`'s key and chain; InvalidConfigurationError, naming
+    `owner` (a listener, say), if it does not load."""
+    try:
+        context.load_cert_chain(keystore.location, password=keystore.password or None)
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidConfigurationError(
+            f"{owner}: ssl.keystore.location {keystore.location!r} does not load as a PEM private key and "
+            f"certificate chain (check the file and ssl.key.password): {e}"
+        ) from None
+
+
+def server_context(keystore: KeyStore) -> tuple[ssl.SSLContext, str]:
+    """(The endpoint's server context, its leaf certificate as PEM for its peers to pin)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_cert_chain(context, keystore, "the data plane")
+    with open(keystore.location, "rb") as f:
+        leaf = _CERTIFICATE_PEM.search(f.read())  # the chain's first certificate is the one served
+    assert leaf is not None, f"{keystore.location} loaded without a certificate"
+    return context, leaf.group(0).decode("ascii")
+
+
+@functools.lru_cache(maxsize=64)
+def client_context(certificate_pem: str) -> ssl.SSLContext:
+    """A context that accepts exactly the endpoint whose certificate is `certificate_pem`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False  # the certificate itself is pinned: the node's name is not what is trusted
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    context.load_verify_locations(cadata=certificate_pem)
+    return context
