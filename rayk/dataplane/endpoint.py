@@ -3,8 +3,9 @@
 It listens on a Unix domain socket for peers on its node (an abstract one on Linux, so
 nothing is left on disk when the process dies) and, from the first time a peer on
 another node asks for it, on TCP at its node's address (or the host the brokers'
-listeners bind to); over TLS when the brokers' listeners use it (tls.py). Its secret is made when it opens; the owner hands `EndpointAddress`
-(addresses and secret) to its peers through Ray.
+listeners bind to), over TLS when the brokers' listeners use it (tls.py). Its secret
+is made when it opens; the owner hands `EndpointAddress` (addresses, secret and
+certificate) to its peers through Ray.
 
 Per connection, after the handshake (handshake.py; a stranger is closed before any
 frame is read, and an endpoint holds at most MAX_CONNECTIONS): a reader reads request
