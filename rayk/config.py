@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from rayk.errors import InvalidConfigurationError
 from rayk.listeners import DEFAULT_SECURITY_PROTOCOL_MAP, Listener, parse_listeners
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
-from rayk.storage.log_config import LogConfig
+from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
 
 # For a Ray that rayk starts on its own (`rayk demo`, the examples): every replica is an
 # actor process, and Ray starts at most as many worker processes at once as the node has
@@ -205,6 +205,11 @@ class BrokerConfig:
             raise InvalidConfigurationError(
                 f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be -1 or at least socket.request.max.bytes "
                 f"({self.socket_request_max_bytes}): a request of that size could never be read"
+            )
+        if not 0 < self.socket_request_max_bytes <= MAX_MESSAGE_BYTES_LIMIT:
+            raise InvalidConfigurationError(
+                f"socket.request.max.bytes ({self.socket_request_max_bytes}) must be in [1, {MAX_MESSAGE_BYTES_LIMIT}]: "
+                "a request's records reach their replica in one data plane frame"
             )
         if self.max_connections_per_ip < 0:
             raise InvalidConfigurationError(f"max.connections.per.ip must be >= 0, got {self.max_connections_per_ip}")

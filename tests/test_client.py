@@ -159,6 +159,8 @@ def test_producer_errors_are_typed(cluster):
             producer.send("no-such-topic", value=b"x")
         with pytest.raises(TypeError):
             producer.send(topic, value=12345)
+    with pytest.raises(ValueError, match="max_request_size"):  # a request must fit in one data plane frame
+        cluster.producer(max_request_size=128 * 1024 * 1024)
 
 
 @ray.remote

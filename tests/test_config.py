@@ -90,6 +90,7 @@ def test_from_properties_parses_booleans(raw, expected):
         {"default.replication.factor": "0"},
         {"min.insync.replicas": "0"},
         {"replica.fetch.max.bytes": "0"},
+        {"socket.request.max.bytes": str(128 * 1024 * 1024), "queued.max.request.bytes": "-1"},  # over a frame
     ],
 )
 def test_from_properties_rejects_invalid_broker_configs(props):
@@ -183,6 +184,7 @@ def test_validate_topic_configs_accepts_storage_configs(name, value):
         {"segment.bytes": "10"},
         {"message.timestamp.type": "Whenever"},
         {"retention.ms": "1000", "bogus": "x"},  # one bad name spoils the whole map
+        {"max.message.bytes": str(128 * 1024 * 1024)},  # a batch must fit in one data plane frame
     ],
 )
 def test_validate_topic_configs_rejects_bad_names_and_values(configs):

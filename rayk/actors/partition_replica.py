@@ -536,7 +536,7 @@ class PartitionReplica(Supervised):
         assert kind == frames.FETCH, kind  # frames.parse_request lets no other kind through
         r = frames.decode_fetch_request(body)
         result = await self.fetch(
-            r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
+            r.offset, min(r.max_bytes, frames.MAX_RECORDS_BYTES), r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
             r.topic_id, r.incarnation_id,
         )
         return frames.encode_fetch_answer_head(result), result.records

@@ -62,6 +62,7 @@ from rayk.client.produce_future import BatchResult, FutureRecordMetadata, Future
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
 from rayk.client.types import TopicPartition
+from rayk.dataplane.frames import MAX_RECORDS_BYTES
 from rayk.errors import RecordTooLargeError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES
@@ -130,6 +131,11 @@ class Producer:
         if min(max_in_flight_requests_per_connection, batch_size, buffer_memory, request_timeout_ms) < 1:
             raise ValueError(
                 "max_in_flight_requests_per_connection, batch_size, buffer_memory and request_timeout_ms must be >= 1"
+            )
+        if max_request_size > MAX_RECORDS_BYTES:
+            raise ValueError(
+                f"max_request_size ({max_request_size}) must be <= {MAX_RECORDS_BYTES}: a request travels to its "
+                "replica in one data plane frame"
             )
         if min(linger_ms, max_block_ms, retry_backoff_ms) < 0:
             raise ValueError("linger_ms, max_block_ms and retry_backoff_ms must be >= 0")

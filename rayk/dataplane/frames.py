@@ -34,11 +34,16 @@ from dataclasses import dataclass
 
 from rayk import errors
 from rayk.errors import KafkaError, UnknownServerError
+from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT
 
 SIZE = struct.Struct(">I")
 REQUEST_HEADER = struct.Struct(">ib")  # correlation_id, kind
 ANSWER_HEADER = struct.Struct(">i")  # correlation_id
-MAX_FRAME_BYTES = 128 * 1024 * 1024  # larger declared sizes close the connection
+# The most record bytes one frame carries: a fetch answers at most this much (any larger
+# max_bytes is cut to it), and the configs that bound a produce (max.message.bytes,
+# socket.request.max.bytes, a Producer's max_request_size) may not exceed it.
+MAX_RECORDS_BYTES = MAX_MESSAGE_BYTES_LIMIT
+MAX_FRAME_BYTES = MAX_RECORDS_BYTES + (1 << 20)  # the rest: headers. Larger declared sizes close the connection
 
 FETCH = 1
 PRODUCE = 2
