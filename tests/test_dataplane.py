@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import struct
 
 import pytest
@@ -376,3 +377,17 @@ def test_the_data_plane_serves_the_first_tls_listeners_keystore(tmp_path):
     })
     assert tls.data_plane_keystore(mixed) == tls.KeyStore(str(tmp_path / "k.pem"), "pw")
     assert "pw" not in repr(tls.data_plane_keystore(mixed))
+
+
+def test_both_ends_of_a_tcp_connection_keep_it_alive_so_a_vanished_node_is_found_out():
+    async def go():
+        endpoint, address = await opened(Echo())
+        connection = await Connection.open(address, "node-b")
+        await connection.request(frames.FETCH, b"x")
+        (accepted,) = endpoint._connections
+        for sock in (connection._writer.get_extra_info("socket"), accepted.get_extra_info("socket")):
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())

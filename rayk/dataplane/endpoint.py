@@ -27,6 +27,7 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
 import sys
 import tempfile
 import time
@@ -136,6 +137,8 @@ class Endpoint:
             writer.close()
             return
         self._connections.add(writer)
+        if (sock := writer.get_extra_info("socket")).family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a peer node that vanished is found out
         try:
             try:
                 await handshake.accept(reader, writer, self._secret)
