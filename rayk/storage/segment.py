@@ -42,6 +42,9 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 HEADER_SCAN_CHUNK_BYTES = 64 * 1024  # read size when only batch headers are wanted
+# Read size when walking from an index entry to a batch near it (one holding an offset,
+# the last one): at the default index.interval.bytes (4096) it is in the first read.
+OFFSET_SCAN_CHUNK_BYTES = 8 * 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -154,16 +157,29 @@ class LogSegment:
         raw = os.pread(self._fd, HEADER_SIZE_BYTES, position)
         return BatchHeader.parse(raw) if len(raw) == HEADER_SIZE_BYTES else None
 
+    def _batches_from(self, position: int, chunk_bytes: int = HEADER_SCAN_CHUNK_BYTES) -> Iterator[BatchLocation]:
+        """Each batch from `position` (a batch boundary) to the end of the segment, reading
+        `chunk_bytes` at a time and decoding only the headers: one read for the batches
+        between two index entries, not one per batch. Stops at a header that is cut short
+        or declares less than a header's size."""
+        while position < self._size:
+            chunk = os.pread(self._fd, min(chunk_bytes, self._size - position), position)
+            consumed = 0
+            while len(chunk) - consumed >= HEADER_SIZE_BYTES:
+                header = BatchHeader.parse(chunk, consumed)
+                if header.size_bytes < HEADER_SIZE_BYTES:
+                    return
+                yield BatchLocation(position + consumed, header)
+                consumed += header.size_bytes
+            if consumed == 0:
+                return  # fewer than a header's bytes left: the segment ends here
+            position += consumed
+
     def translate_offset(self, offset: int) -> BatchLocation | None:
         """The first batch whose last offset is >= `offset`, or None if there is none."""
-        position = self.offset_index.lookup(offset)[1]
-        while position < self._size:
-            header = self._read_header(position)
-            if header is None:
-                return None
-            if header.last_offset >= offset:
-                return BatchLocation(position, header)
-            position += header.size_bytes
+        for location in self._batches_from(self.offset_index.lookup(offset)[1], OFFSET_SCAN_CHUNK_BYTES):
+            if location.header.last_offset >= offset:
+                return location
         return None
 
     def read(
@@ -207,36 +223,19 @@ class LogSegment:
         Reads `HEADER_SCAN_CHUNK_BYTES` at a time and decodes only the headers (to rebuild
         state that lives in them, such as producer sequences)."""
         location = self.translate_offset(start_offset)
-        if location is None:
-            return
-        position = location.position
-        while position < self._size:
-            chunk = os.pread(self._fd, min(HEADER_SCAN_CHUNK_BYTES, self._size - position), position)
-            consumed = 0
-            while len(chunk) - consumed >= HEADER_SIZE_BYTES:
-                header = BatchHeader.parse(chunk, consumed)
-                assert header.size_bytes >= HEADER_SIZE_BYTES, "the segment holds only validated batches"
-                yield header
-                consumed += header.size_bytes
-            if consumed == 0:
-                return  # fewer than a header's bytes left: the segment ends here
-            position += consumed
+        if location is not None:
+            yield from (batch.header for batch in self._batches_from(location.position))
 
     def find_offset_by_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(timestamp, offset) of the earliest record with timestamp >= target, or None."""
         if self.max_timestamp_ms < timestamp_ms:
             return None
         offset_hint = self.time_index.lookup(timestamp_ms)[1]
-        position = self.offset_index.lookup(offset_hint)[1]
-        while position < self._size:
-            header = self._read_header(position)
-            if header is None:
-                break
-            if header.max_timestamp >= timestamp_ms:
-                for record in decode_records(os.pread(self._fd, header.size_bytes, position)):
+        for batch in self._batches_from(self.offset_index.lookup(offset_hint)[1], OFFSET_SCAN_CHUNK_BYTES):
+            if batch.header.max_timestamp >= timestamp_ms:
+                for record in decode_records(os.pread(self._fd, batch.header.size_bytes, batch.position)):
                     if record.timestamp_ms >= timestamp_ms:
                         return record.timestamp_ms, record.offset
-            position += header.size_bytes
         return None
 
     def first_batch_timestamp_ms(self) -> int:
@@ -249,13 +248,9 @@ class LogSegment:
 
     def _last_batch(self) -> BatchLocation | None:
         last: BatchLocation | None = None
-        position = self.offset_index.lookup(1 << 62)[1] if self.offset_index.entries else 0
-        while position < self._size:
-            header = self._read_header(position)
-            if header is None:
-                break
-            last = BatchLocation(position, header)
-            position += header.size_bytes
+        start = self.offset_index.lookup(1 << 62)[1] if self.offset_index.entries else 0
+        for last in self._batches_from(start, OFFSET_SCAN_CHUNK_BYTES):
+            pass
         return last
 
     # ------------------------------------------------------------------ load, recovery, truncation
@@ -278,14 +273,9 @@ class LogSegment:
         # it are few (less than an index interval), so read their headers for the exact max.
         timestamp, offset = self.time_index.last_entry
         self.max_timestamp_ms, self._offset_of_max_timestamp = timestamp, offset
-        position = self.offset_index.lookup(offset)[1]
-        while position < self._size:
-            header = self._read_header(position)
-            if header is None:
-                break
+        for header in (b.header for b in self._batches_from(self.offset_index.lookup(offset)[1], OFFSET_SCAN_CHUNK_BYTES)):
             if header.max_timestamp > self.max_timestamp_ms:
                 self.max_timestamp_ms, self._offset_of_max_timestamp = header.max_timestamp, header.last_offset
-            position += header.size_bytes
         self._first_batch_timestamp_ms = None
         self._next_offset = None
 
