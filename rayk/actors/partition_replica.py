@@ -181,7 +181,8 @@ class PartitionReplica(Supervised):
         self._leader_id: int | None = None
         self._leader_state: LeaderReplicaState | None = None
         self._fetcher: asyncio.Task | None = None
-        self._changed: asyncio.Event | None = None
+        self._changed: asyncio.Event | None = None  # see _notify_change
+        self._appended: asyncio.Event | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
         self._trace: ProduceTrace | None = None  # see trace_produce
@@ -197,7 +198,7 @@ class PartitionReplica(Supervised):
         last_sequence = header.base_sequence + header.last_offset_delta
         deadline = time.monotonic() + min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS) / 1000
         while True:
-            changed = self._change_event()
+            appended = self._change_event(appends=True)  # the producer's earlier batches
             if self._role != "leader":
                 raise self._not_leader()
             verdict, duplicate = self._log.producer_state.check(
@@ -213,10 +214,7 @@ class PartitionReplica(Supervised):
                     f"producer {header.producer_id}: batch at sequence {header.base_sequence} waited "
                     f"{min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS)} ms for the batches before it"
                 )
-            try:
-                await asyncio.wait_for(changed.wait(), remaining_s)
-            except TimeoutError:
-                pass
+            await self._wait(appended, remaining_s)
 
     async def producer_sequence(self, producer_id: int, timeout_ms: int) -> tuple[int, int]:
         """(epoch, next sequence) of an idempotent producer here, once its last batch is
@@ -243,16 +241,44 @@ class PartitionReplica(Supervised):
 
     # ------------------------------------------------------------------ change notification
 
-    def _change_event(self) -> asyncio.Event:
+    # Two events, as Kafka keys its delayed operations: `_appended` wakes what waits for new
+    # records (a follower's fetch, a batch waiting for its producer's earlier sequence), and
+    # `_changed` wakes every waiter (the HW, the role or a config moved). A consumer's fetch
+    # reads only up to the HW and an acks=all produce waits for it, so an append that leaves
+    # the HW where it was wakes neither: at RF=3 that is most appends.
+
+    def _change_event(self, appends: bool = False) -> asyncio.Event:
+        """The event a waiter waits on, taken before it checks its condition; with
+        `appends`, one that new records set too."""
+        if appends:
+            if self._appended is None:
+                self._appended = asyncio.Event()
+            return self._appended
         if self._changed is None:
             self._changed = asyncio.Event()
         return self._changed
 
+    def _notify_append(self) -> None:
+        """Records were appended and the HW did not move: wakes the waiters for records."""
+        if self._appended is not None:
+            event, self._appended = self._appended, None
+            event.set()
+
     def _notify_change(self) -> None:
-        """Wakes every waiting fetch and produce: the LEO, HW or role moved."""
-        event = self._change_event()
-        self._changed = asyncio.Event()
-        event.set()
+        """Wakes every waiting fetch and produce: the HW, the role or a config moved."""
+        self._notify_append()
+        if self._changed is not None:
+            event, self._changed = self._changed, None
+            event.set()
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+        """Until `event` is set or `timeout_s` passed (no task of its own, unlike wait_for)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
 
     # ------------------------------------------------------------------ role changes
 
@@ -383,8 +409,10 @@ class PartitionReplica(Supervised):
             return self._produce_error(e)
         self._counters.messages_in += info.record_count
         self._counters.bytes_in += info.size_bytes
-        self._maybe_increment_high_watermark()
-        self._notify_change()
+        if self._maybe_increment_high_watermark():
+            self._notify_change()
+        else:
+            self._notify_append()
         return info.first_offset, info.last_offset, info.log_append_time_ms
 
     def trace_produce(self, enable: bool) -> list[dict]:
@@ -422,10 +450,7 @@ class PartitionReplica(Supervised):
                 return RequestTimedOutError(
                     f"offset {required_offset - 1} was not replicated to all in-sync replicas within {timeout_ms} ms"
                 )
-            try:
-                await asyncio.wait_for(changed.wait(), remaining_s)
-            except TimeoutError:
-                pass
+            await self._wait(changed, remaining_s)
 
     def _produce_error(self, error: KafkaError) -> ProduceResult:
         return ProduceResult(-1, -1, self._log.log_start_offset, error)
@@ -501,7 +526,7 @@ class PartitionReplica(Supervised):
             self._record_follower_position(replica_id, offset, replica_incarnation_id)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
-            changed = self._change_event()
+            changed = self._change_event(appends=is_follower)  # a consumer reads up to the HW
             result = self._read(offset, max_bytes, is_follower)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
@@ -509,10 +534,7 @@ class PartitionReplica(Supervised):
                     for batch in iter_batches(result.records):
                         self._trace.fetch_answered(replica_id, batch.header.next_offset)
                 return result
-            try:
-                await asyncio.wait_for(changed.wait(), remaining_s)
-            except TimeoutError:
-                pass
+            await self._wait(changed, remaining_s)
             if self._role != "leader":
                 return self._fetch_error(self._not_leader())
 
