@@ -10,7 +10,8 @@ disk), and 1 broker with replication factor 1, which is closer to what Tansu's i
 engine does (one node, no replicas). Per broker it prints:
 - produce and consume records/s and MB/s over `--records` (default 1,000,000) records,
   and rayk's ratios to Tansu;
-- latency at a steady `--rate` (default 1,000 records/s, `linger.ms` 0) for
+- latency at a steady `--rate` (default 1,000 records/s, `linger.ms` 0, at most 5
+  requests in flight per connection as the Java client sends them) for
   `--latency-records` records: the producer's acknowledgement (send to delivery report)
   and end to end (send to a consumer's poll, same process and clock), p50 and p99;
 - one request at a time: a one-record produce and a flush, repeated, p50 and p99.
@@ -46,6 +47,13 @@ PARTITIONS = 3
 # read Tansu at ~169k records/s where a consumer configured as its users configure it reads
 # ~900k. Low, as DESIGN.md's benchmark rules ask.
 CONSUMER_AS_USED = {"fetch.queue.backoff.ms": 10}
+# librdkafka's default max.in.flight.requests.per.connection (1,000,000) with linger.ms 0
+# sends each record as its own request the moment it is produced. Apache Kafka reads the
+# next request of a connection only once it has answered the one before (it mutes the
+# channel), so at 1,000 records/s its acks=all requests, ~5 ms each here, queued for
+# seconds (ack p50 1.7-4 s; 17 ms with one in flight). The latency phase uses the Java
+# client's default, 5, for every broker: what Kafka's own clients send.
+LATENCY_PRODUCER = {"linger.ms": 0, "max.in.flight.requests.per.connection": 5}
 
 
 def free_port() -> int:
@@ -131,8 +139,8 @@ def latency_at_rate(bootstrap: str, topic: str, records: int, rate: int) -> tupl
 
     polling = threading.Thread(target=poll)
     polling.start()
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
-                                         "enable.idempotence": False})
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+                                         **LATENCY_PRODUCER})
     acks: list[float] = []
     start = time.perf_counter()
     for i in range(records):
@@ -168,7 +176,9 @@ def one_at_a_time(bootstrap: str, topic: str, requests: int) -> list[float]:
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
     topic = f"bench-{int(time.time())}"
     create_topic(topic)
-    produce(bootstrap, topic, min(records, 5_000), value)  # warm connections and metadata
+    # Connections, metadata and, for Kafka's JVMs, the JIT (5,000 records left Kafka's produce
+    # at 55-65k records/s where warm it reads 140-280k).
+    produce(bootstrap, topic, min(records, args.warmup_records), value)
     topic = topic + "-run"
     create_topic(topic)
     produce_s = produce(bootstrap, topic, records, value)
@@ -251,6 +261,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1_000, help="records/s of the latency phase")
     parser.add_argument("--latency-records", type=int, default=2_000)
     parser.add_argument("--single-requests", type=int, default=300)
+    parser.add_argument("--warmup-records", type=int, default=200_000, help="produced to every broker before it is timed")
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
@@ -260,7 +271,8 @@ def main() -> None:
           f"Ray {ray.__version__}, librdkafka {confluent_kafka.libversion()[0]}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions, batch.size 1 MiB, "
-          f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0", flush=True)
+          f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0, 5 in flight; "
+          f"{args.warmup_records:,} records of warm-up per broker", flush=True)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     rows = [tansu_row(args.records, value, args)]
     kafka = None if args.skip_kafka else kafka_row(args.records, value, args)
