@@ -261,7 +261,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1_000, help="records/s of the latency phase")
     parser.add_argument("--latency-records", type=int, default=2_000)
     parser.add_argument("--single-requests", type=int, default=300)
-    parser.add_argument("--warmup-records", type=int, default=200_000, help="produced to every broker before it is timed")
+    parser.add_argument("--warmup-records", type=int, default=200_000,
+                        help="records produced to every broker before it is timed")
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()

@@ -686,7 +686,7 @@ def test_create_time_batch_whose_max_timestamp_lies_is_rejected(tmp_path):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(1, 5), st.sampled_from([1, 40, 900, 5_000, 12_000])), min_size=1, max_size=40),
        st.sampled_from([0, 4096, 1 << 20]))
-def test_every_offset_reads_from_its_own_batch_however_far_the_scan_from_an_index_entry(tmp_path_factory, batches, interval):
+def test_every_offset_reads_from_its_own_batch_however_far_from_an_index_entry(tmp_path_factory, batches, interval):
     """translate_offset walks headers from an index entry in reads of OFFSET_SCAN_CHUNK_BYTES:
     batches smaller and larger than a read, an entry per batch, none at all."""
     log = Log(tmp_path_factory.mktemp("scan"), LogConfig(index_interval_bytes=interval, max_message_bytes=1 << 20))

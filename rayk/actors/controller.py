@@ -52,7 +52,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import ray
 from ray.exceptions import RayActorError, RayError
 
 from rayk import metrics

@@ -557,8 +557,9 @@ class PartitionReplica(Supervised):
             return frames.encode_produce_answer(await self.produce_requests(frames.decode_produce_request(body))), b""
         assert kind == frames.FETCH, kind  # frames.parse_request lets no other kind through
         r = frames.decode_fetch_request(body)
+        max_bytes = min(r.max_bytes, frames.MAX_RECORDS_BYTES)  # the answer fits one frame
         result = await self.fetch(
-            r.offset, min(r.max_bytes, frames.MAX_RECORDS_BYTES), r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
+            r.offset, max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
             r.topic_id, r.incarnation_id,
         )
         return frames.encode_fetch_answer_head(result), result.records

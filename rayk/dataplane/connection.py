@@ -2,10 +2,10 @@
 
 `open` picks the endpoint's Unix socket when both are on the same node and TCP
 otherwise (TLS, pinned to the endpoint's certificate, if it has one: tls.py), and proves
-the endpoint's secret (handshake.py). `request` sends a frame and
-returns its answer's body; up to `max_in_flight` requests may be in flight (more wait),
-and a reader task hands each answer to its request by correlation id, in whatever order
-the endpoint answers them (a long-polled fetch holds up no other request).
+the endpoint's secret (handshake.py). `request` sends a frame and returns its answer's
+body; up to `max_in_flight` requests may be in flight (more wait), and a reader task
+hands each answer to its request by correlation id, in whatever order the endpoint
+answers them (a long-polled fetch holds up no other request).
 
 A connection that breaks (the endpoint's process died, the socket closed, an answer to
 no request) fails every request in flight, and every later one, with NETWORK_EXCEPTION:

@@ -8,8 +8,8 @@ endpoint hands its leaf certificate out through Ray with its address and secret
 (OpenSSL's partial-chain flag makes a CA-signed leaf a trust anchor). Trust therefore comes
 from where the secret comes from, Ray, and holds whatever name the node's address has.
 
-Unix sockets stay plain: they never leave the node, which is what the peer's handshake
-(HMAC) already guards.
+Unix sockets stay plain: their bytes never leave the node, and the HMAC handshake
+(handshake.py) already keeps other processes out of them.
 """
 
 from __future__ import annotations

@@ -273,7 +273,8 @@ class LogSegment:
         # it are few (less than an index interval), so read their headers for the exact max.
         timestamp, offset = self.time_index.last_entry
         self.max_timestamp_ms, self._offset_of_max_timestamp = timestamp, offset
-        for header in (b.header for b in self._batches_from(self.offset_index.lookup(offset)[1], OFFSET_SCAN_CHUNK_BYTES)):
+        after_entry = self._batches_from(self.offset_index.lookup(offset)[1], OFFSET_SCAN_CHUNK_BYTES)
+        for header in (batch.header for batch in after_entry):
             if header.max_timestamp > self.max_timestamp_ms:
                 self.max_timestamp_ms, self._offset_of_max_timestamp = header.max_timestamp, header.last_offset
         self._first_batch_timestamp_ms = None
