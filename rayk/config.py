@@ -361,7 +361,12 @@ def validate_topic_configs(configs: Mapping[str, object] | None) -> dict[str, st
     """Checks a topic's configs (Kafka names) and returns them normalised to strings."""
     configs = dict(configs or {})
     log_part = {k: v for k, v in configs.items() if k in LOG_PROPERTY_FIELDS}
-    LogConfig.from_properties(log_part)  # raises INVALID_CONFIG on a bad value
+    max_message_bytes = LogConfig.from_properties(log_part).max_message_bytes  # raises INVALID_CONFIG on a bad value
+    if max_message_bytes > MAX_MESSAGE_BYTES_LIMIT:
+        raise InvalidConfigurationError(
+            f"max.message.bytes = {max_message_bytes}: must be <= {MAX_MESSAGE_BYTES_LIMIT} (a batch travels between "
+            "rayk's processes in one frame)"
+        )
     out = {k: str(v) for k, v in log_part.items()}
     for name, raw in configs.items():
         if name in log_part:

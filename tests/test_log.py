@@ -22,6 +22,7 @@ from rayk.errors import (
     UnsupportedForMessageFormatError,
 )
 from rayk.storage import Log, LogConfig
+from rayk.storage import log as log_module
 from rayk.storage.records import MAGIC_POS, SimpleRecord, build_batch, iter_batches
 
 DAY_MS = 24 * 3600 * 1000
@@ -139,6 +140,18 @@ def test_oversized_batch_is_rejected_and_leaves_no_byte(tmp_path):
     with pytest.raises(RecordTooLargeError):
         log.append_as_leader(batch(10, size=100), leader_epoch=0)
     assert file_sizes(tmp_path) == before and log.log_end_offset == 1
+
+
+def test_a_stored_max_message_bytes_above_the_frame_limit_loads_and_the_limit_holds(tmp_path, monkeypatch):
+    """An older version stored max.message.bytes above what one data plane frame carries:
+    the topic still loads (no INVALID_CONFIG on replay) and the log refuses larger batches."""
+    stored = LogConfig.from_properties({"max.message.bytes": str(200 * 1024 * 1024)})
+    monkeypatch.setattr(log_module, "MAX_MESSAGE_BYTES_LIMIT", 500)  # the frame limit, made small
+    log = Log(tmp_path, stored)
+    log.append_as_leader(batch(1), leader_epoch=0)
+    with pytest.raises(RecordTooLargeError):
+        log.append_as_leader(batch(10, size=100), leader_epoch=0)
+    assert log.log_end_offset == 1
 
 
 def test_batch_larger_than_a_segment_is_rejected(tmp_path):

@@ -75,7 +75,7 @@ from rayk.storage import producer_snapshot
 from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 from rayk.storage.dir_lock import DirLock
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
-from rayk.storage.log_config import LogConfig
+from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
 from rayk.storage.producer_state import ProducerStateManager
 from rayk.storage.records import (
     BatchHeader,
@@ -396,7 +396,8 @@ class Log:
         """
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
-        headers = validate_batches(records, self.config.max_message_bytes, leader_checks=True)
+        max_batch_bytes = min(self.config.max_message_bytes, MAX_MESSAGE_BYTES_LIMIT)  # a stored config may exceed it
+        headers = validate_batches(records, max_batch_bytes, leader_checks=True)
         if self.config.compacts:
             _require_keys(records)
         with self._lock:
