@@ -161,11 +161,14 @@ def test_a_failing_request_closes_its_connection_and_frees_the_endpoint_of_it():
     asyncio.run(go())
 
 
-def test_an_endpoint_closes_connections_past_its_limit_at_once(monkeypatch):
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+def test_an_endpoint_closes_connections_past_its_limit_at_once(monkeypatch, keystores, over_tls):
+    """Over TLS too: a connection holds its place from the moment it is accepted, so strangers
+    that never finish a TLS handshake cannot open more than the cap."""
     monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
 
     async def go():
-        endpoint, address = await opened(Echo())
+        endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if over_tls else opened(Echo()))
         held = [await asyncio.open_connection(address.host, address.port) for _ in range(2)]
         reader, writer = await asyncio.open_connection(address.host, address.port)
         assert await asyncio.wait_for(reader.read(), 5) == b"", "closed without a greeting"
@@ -342,7 +345,7 @@ def test_a_peer_refuses_an_endpoint_whose_certificate_is_not_the_one_ray_gave_it
     asyncio.run(go())
 
 
-def test_a_plain_tcp_peer_gets_neither_the_greeting_nor_an_answer_from_a_tls_endpoint(keystores):
+def test_a_plain_tcp_peer_gets_neither_the_greeting_nor_an_answer_from_a_tls_endpoint(keystores, caplog):
     async def go():
         echo = Echo()
         endpoint, address = await opened_over_tls(echo, keystores[0])
@@ -354,13 +357,17 @@ def test_a_plain_tcp_peer_gets_neither_the_greeting_nor_an_answer_from_a_tls_end
         await endpoint.close()
 
     asyncio.run(go())
+    assert "refused a data plane connection" in caplog.text  # the failed TLS handshake is logged as a refusal
 
 
-def test_a_keystore_that_does_not_load_is_a_configuration_error(tmp_path):
+def test_a_keystore_that_does_not_load_or_cannot_be_pinned_is_a_configuration_error(tmp_path, keystores):
     (tmp_path / "broken.pem").write_text("not a key")
-    for keystore in (tls.KeyStore(str(tmp_path / "missing.pem")), tls.KeyStore(str(tmp_path / "broken.pem"))):
+    # A leaf labelled TRUSTED CERTIFICATE: the peer must not end up pinning the next certificate (the CA).
+    with open(keystores[0].location) as f:
+        (tmp_path / "trusted.pem").write_text(f.read().replace("CERTIFICATE-----", "TRUSTED CERTIFICATE-----", 2))
+    for name in ("missing.pem", "broken.pem", "trusted.pem"):
         with pytest.raises(errors.InvalidConfigurationError, match="ssl.keystore.location"):
-            tls.server_context(keystore)
+            tls.server_context(tls.KeyStore(str(tmp_path / name)))
 
 
 def test_the_data_plane_serves_the_first_tls_listeners_keystore(tmp_path):
@@ -387,6 +394,8 @@ def test_both_ends_of_a_tcp_connection_keep_it_alive_so_a_vanished_node_is_found
         (accepted,) = endpoint._connections
         for sock in (connection._writer.get_extra_info("socket"), accepted.get_extra_info("socket")):
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_KEEPIDLE"):  # Linux: minutes, not the default 2 hours
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == endpoint_module.KEEPALIVE_IDLE_S
         connection.close()
         await endpoint.close()
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import socket
 from collections.abc import Sequence
 
 from rayk.dataplane import frames, handshake, tls
-from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress
+from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress, keep_alive
 from rayk.errors import NetworkError
 
 logger = logging.getLogger(__name__)
@@ -64,8 +63,7 @@ class Connection:
                         server_hostname="" if context else None,
                         ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S if context else None,
                     )  # fmt: skip
-                    # A peer node that vanished without closing is found out (not only by a timeout).
-                    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                    keep_alive(writer.get_extra_info("socket"))  # a vanished node is found out, not only by a timeout
                 await handshake.connect(reader, writer, address.secret)
         except BaseException as e:
             if writer is not None:
@@ -100,7 +98,7 @@ class Connection:
                     self._writer.write(part)
             try:
                 await self._writer.drain()
-            except ConnectionError as e:
+            except OSError as e:  # ConnectionError, or ssl.SSLError over TLS
                 self._break(f"the connection broke: {e}")
             if not answered:
                 if self._broken is not None:
@@ -139,7 +137,7 @@ class Connection:
                     return
                 if not answer.done():  # else its caller stopped waiting
                     answer.set_result(memoryview(body)[frames.ANSWER_HEADER.size:])
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
+        except (asyncio.IncompleteReadError, OSError) as e:  # OSError: ssl.SSLError over TLS too
             reason = f"the connection broke: {e or type(e).__name__}"
         finally:
             self._break(reason)

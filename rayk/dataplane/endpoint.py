@@ -7,8 +7,9 @@ listeners bind to), over TLS when the brokers' listeners use it (tls.py). Its se
 is made when it opens; the owner hands `EndpointAddress` (addresses, secret and
 certificate) to its peers through Ray.
 
-Per connection, after the handshake (handshake.py; a stranger is closed before any
-frame is read, and an endpoint holds at most MAX_CONNECTIONS): a reader reads request
+Per connection, after TLS (on TCP, if the endpoint has a keystore) and the handshake
+(handshake.py; a stranger is closed before any frame is read, and an endpoint holds at
+most MAX_CONNECTIONS, counted before TLS starts): a reader reads request
 frames and starts a task for each, which writes its answer, with the request's
 correlation id, the moment it is ready: a fetch long-polled at the replica holds up no
 produce behind it. The requests of one connection start in the order they arrived. At
@@ -28,6 +29,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -43,6 +45,9 @@ MAX_CONNECTIONS = 256  # per endpoint, authenticated or not: more are closed at 
 REFUSAL_LOG_INTERVAL_S = 60
 STREAM_LIMIT_BYTES = 1 << 16
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+# TCP keepalive: a peer node that vanished without closing is found out in ~2 minutes
+# (Linux's defaults take over 2 hours).
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 6
 SMALL_ANSWER_BYTES = 16 * 1024  # records this small are joined to their answer's head: one write
 
 # (kind, the request's body after its header) -> (answer head, answer tail)
@@ -70,6 +75,15 @@ def _unix_path() -> str:
     return os.path.join(tempfile.gettempdir(), name + ".sock")
 
 
+def keep_alive(sock: socket.socket) -> None:
+    """Keepalive probes on a TCP connection, at KEEPALIVE_IDLE_S where the OS lets us say."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                          ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def reachable_host(bind_host: str, node_ip: str) -> str:
     """Where peers reach an endpoint bound to `bind_host`: the node's IP for a wildcard."""
     return node_ip if bind_host in WILDCARD_HOSTS and node_ip else bind_host
@@ -85,6 +99,7 @@ class Endpoint:
         self._address: EndpointAddress | None = None
         self._opening = asyncio.Lock()
         self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
+        self._tls: ssl.SSLContext | None = None  # TCP's, once opened with a keystore
 
     async def open(
         self, node_id: str, host: str, tcp: bool = True, node_ip: str = "", keystore: tls.KeyStore | None = None
@@ -99,11 +114,9 @@ class Endpoint:
                 self._servers.append(await asyncio.start_unix_server(self._serve, unix_path, limit=STREAM_LIMIT_BYTES))
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
-                context, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
-                server = await asyncio.start_server(
-                    self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES, ssl=context,
-                    ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S if context else None,
-                )  # fmt: skip
+                self._tls, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
+                # TLS starts in _serve, after the connection cap: a stranger's handshake holds a place.
+                server = await asyncio.start_server(self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES)
                 self._servers.append(server)
                 self._address = replace(
                     self._address, port=server.sockets[0].getsockname()[1], tls_certificate=certificate
@@ -137,13 +150,16 @@ class Endpoint:
             writer.close()
             return
         self._connections.add(writer)
-        if (sock := writer.get_extra_info("socket")).family != socket.AF_UNIX:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a peer node that vanished is found out
+        tcp = writer.get_extra_info("socket").family != socket.AF_UNIX
+        if tcp:
+            keep_alive(writer.get_extra_info("socket"))
         try:
             try:
+                if tcp and self._tls is not None:
+                    await writer.start_tls(self._tls, ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S)
                 await handshake.accept(reader, writer, self._secret)
-            except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
-                self._log_refusal(peer, str(e) or type(e).__name__)
+            except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, OSError) as e:
+                self._log_refusal(peer, str(e) or type(e).__name__)  # OSError: ssl.SSLError and a reset too
                 return
             await self._serve_requests(reader, writer, peer)
         finally:
@@ -174,8 +190,8 @@ class Endpoint:
                 started.add(task)
                 task.add_done_callback(started.discard)
                 task.add_done_callback(lambda _: in_flight.release())
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass  # the peer went away, or an answer failed and closed the connection
+        except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
+            pass  # the peer went away (or broke TLS), or an answer failed and closed the connection
         except frames.FrameError as e:
             logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
         finally:
@@ -206,5 +222,5 @@ class Endpoint:
             writer.write(tail)  # its own write: the records are not copied into one buffer
         try:
             await writer.drain()  # the peer takes the answer before this request's slot is free
-        except ConnectionError:
+        except OSError:
             reading.cancel()

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from rayk.config import BrokerConfig
 
 HANDSHAKE_TIMEOUT_S = 5.0
-_CERTIFICATE_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\s*", re.DOTALL)
+# A PEM block; OpenSSL takes the first one labelled as a certificate as the leaf it serves.
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----.+?-----END \1-----\s*", re.DOTALL)
+LOAD_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +66,38 @@ def load_cert_chain(context: ssl.SSLContext, keystore: KeyStore, owner: str) -> 
 
 
 def server_context(keystore: KeyStore) -> tuple[ssl.SSLContext, str]:
-    """(The endpoint's server context, its leaf certificate as PEM for its peers to pin)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    load_cert_chain(context, keystore, "the data plane")
-    with open(keystore.location, "rb") as f:
-        leaf = _CERTIFICATE_PEM.search(f.read())  # the chain's first certificate is the one served
-    assert leaf is not None, f"{keystore.location} loaded without a certificate"
-    return context, leaf.group(0).decode("ascii")
+    """(The endpoint's server context, its leaf certificate as PEM for its peers to pin).
+    The file is read before and after OpenSSL loads it, and loaded again if it changed in
+    between (a certificate rotated then), so the certificate given out is the one served."""
+    for _ in range(LOAD_ATTEMPTS):
+        before = _read(keystore)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        load_cert_chain(context, keystore, "the data plane")
+        if _read(keystore) == before:
+            return context, _leaf_certificate(before, keystore)
+    raise InvalidConfigurationError(f"ssl.keystore.location {keystore.location!r} kept changing while it was loaded")
+
+
+def _read(keystore: KeyStore) -> bytes:
+    try:
+        with open(keystore.location, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidConfigurationError(f"ssl.keystore.location {keystore.location!r} cannot be read: {e}") from None
+
+
+def _leaf_certificate(pem: bytes, keystore: KeyStore) -> str:
+    """The certificate OpenSSL serves from `pem`: its first certificate block."""
+    for block in _PEM_BLOCK.finditer(pem):
+        label = block.group(1)
+        if label.endswith(b"CERTIFICATE"):
+            if label != b"CERTIFICATE":  # TRUSTED / X509 CERTIFICATE: not one a peer's context can pin
+                break
+            return block.group(0).decode("ascii")
+    raise InvalidConfigurationError(
+        f"ssl.keystore.location {keystore.location!r}: its first certificate is not a PEM 'CERTIFICATE' block"
+    )
 
 
 @functools.lru_cache(maxsize=64)
