@@ -334,9 +334,10 @@ def run_consume_perf(
     """Consumes `messages` records of `topic` from the beginning and returns the figures.
 
     Stops early when no record arrives for `timeout_ms` once the consumer has its
-    partitions (the dict then has `timed_out` True); joining the group may take longer
-    (up to `join_timeout_ms`), e.g. while the first group creates __consumer_offsets. `on_record` sees every record consumed. Latency is end to end: when the record
-    was consumed minus its timestamp. The rates count from the start, which includes
+    partitions and knows where to start in each (the dict then has `timed_out` True);
+    joining the group and those lookups may take longer (up to `join_timeout_ms`), e.g.
+    while the first group creates __consumer_offsets. `on_record` sees every record
+    consumed. Latency is end to end: when the record was consumed minus its timestamp. The rates count from the start, which includes
     joining the group; `first_record_s` is how long the first record took and the
     `fetch_*` rates count from then on (Kafka's fetch.MB.sec and fetch.nMsg.sec).
     """
@@ -347,10 +348,16 @@ def run_consume_perf(
     try:
         with _progress(progress, label, messages, lambda: len(latencies_ms)):
             start = last_record_at = time.perf_counter()
-            first_record_at = None
+            first_record_at, positioned = None, False
             while len(latencies_ms) < messages:
-                if first_record_at is None and not consumer.assignment():
-                    last_record_at = time.perf_counter()  # still joining: not idle yet
+                if first_record_at is None and not positioned:
+                    # Still joining, or looking up where to start (the group's committed
+                    # offsets, or the reset): setting up, not idle yet.
+                    if assigned := consumer.assignment():
+                        for tp in assigned:
+                            consumer.position(tp)
+                        positioned = True
+                    last_record_at = time.perf_counter()
                     if (last_record_at - start) * 1000 >= join_timeout_ms:
                         break
                 idle_s = time.perf_counter() - last_record_at
