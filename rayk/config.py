@@ -37,7 +37,9 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 AUTHORIZERS = ("", "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
 
-ZERO_ALLOWED_MS = ("group_initial_rebalance_delay_ms", "connections_max_reauth_ms")  # 0 means none
+ZERO_ALLOWED_MS = (  # 0 means none
+    "group_initial_rebalance_delay_ms", "connections_max_reauth_ms", "metadata_log_max_snapshot_interval_ms",
+)
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
@@ -57,6 +59,11 @@ class BrokerConfig:
     broker_replacement_delay_ms: int = 300_000
     replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
     log_retention_check_interval_ms: int = 300_000
+    # The Controller snapshots its metadata image (rayk/metadata/) once this many bytes of
+    # records were appended since the last snapshot, or this long after it if any were
+    # (KRaft's names and defaults; an interval of 0 snapshots by bytes only).
+    metadata_log_max_record_bytes_between_snapshots: int = 20 * 1024 * 1024
+    metadata_log_max_snapshot_interval_ms: int = 3_600_000
     # The log cleaner (compaction), one per broker: it cleans the filthiest compacted log,
     # then the next, and waits this long when none needs it.
     log_cleaner_enable: bool = True
@@ -178,6 +185,7 @@ class BrokerConfig:
             "quota_window_num",
             "offsets_retention_minutes",
             "quota_window_size_seconds",
+            "metadata_log_max_record_bytes_between_snapshots",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from collections import Counter
 
-import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, PartitionState, assign_replicas
+from rayk.metadata.records import (
+    ClusterIdRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    pack,
+    unpack,
+)
 from rayk.actors import elections
 from rayk.actors.elections import LogEnd, reconcile
 from rayk.config import UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig
@@ -44,34 +53,34 @@ class Cluster:
     def __init__(self, brokers: dict[int, str] | None = None, config: BrokerConfig | None = None) -> None:
         self.config = config
         self.meta = ClusterMetadata(config)
-        self.log: list[tuple[int, dict]] = []
-        self.commit([{"type": "cluster", "cluster_id": "test-cluster"}])
+        self.log: list[tuple[int, MetadataRecord]] = []
+        self.commit([ClusterIdRecord("test-cluster")])
         for broker_id, node in (brokers or {}).items():
             self.register(broker_id, node)
 
-    def commit(self, records: list[dict]) -> list[dict]:
+    def commit(self, records: list[MetadataRecord]) -> list[MetadataRecord]:
         for record in records:
             offset = len(self.log)
             self.meta.apply(record, offset)
             self.log.append((offset, record))
         return records
 
-    def create(self, name: str = "t", partitions: int = 1, rf: int = 3, configs: dict | None = None) -> list[dict]:
+    def create(self, name: str = "t", partitions: int = 1, rf: int = 3, configs: dict | None = None) -> list[MetadataRecord]:
         return self.commit(self.meta.plan_create_topic(name, partitions, rf, configs or {}, f"id-{name}"))
 
-    def fence(self, broker_id: int) -> list[dict]:
+    def fence(self, broker_id: int) -> list[MetadataRecord]:
         records = self.commit(self.meta.plan_fence_broker(broker_id))
         self.meta.attached.discard(broker_id)  # as the Controller does
         return records
 
     def register(
         self, broker_id: int, node: str, incarnation: str = "", directory: str = "", clean: bool = True
-    ) -> list[dict]:
+    ) -> list[MetadataRecord]:
         records = self.commit(self.meta.plan_register_broker(broker_id, node, incarnation, directory, clean))
         self.meta.attached.add(broker_id)
         return records
 
-    def alter(self, topic: str, partition: int, isr: list[int]) -> list[dict]:
+    def alter(self, topic: str, partition: int, isr: list[int]) -> list[MetadataRecord]:
         s = self.meta.partition(topic, partition)
         return self.commit(
             self.meta.plan_alter_partition(topic, partition, s.leader, s.leader_epoch, s.partition_epoch, isr)
@@ -85,15 +94,15 @@ def three_nodes() -> Cluster:
     return Cluster({1: "a", 2: "b", 3: "c"})
 
 
-def partition_records(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["type"] == "partition"]
+def partition_records(records: list[MetadataRecord]) -> list[MetadataRecord]:
+    return [r for r in records if isinstance(r, PartitionRecord)]
 
 
-def replay(log: list[tuple[int, dict]], config: BrokerConfig | None = None) -> ClusterMetadata:
+def replay(log: list[tuple[int, MetadataRecord]], config: BrokerConfig | None = None) -> ClusterMetadata:
     """A fresh ClusterMetadata from the records, each through msgpack as the MetadataLog stores it."""
     meta = ClusterMetadata(config)
     for offset, record in log:
-        meta.apply(msgpack.unpackb(msgpack.packb(record)), offset)
+        meta.apply(unpack(pack(record)), offset)
     return meta
 
 
@@ -196,10 +205,10 @@ def test_created_topic_partitions_are_fully_in_sync_led_by_their_first_replica_a
 def test_create_topic_records_are_a_topic_then_one_partition_record_each():
     c = three_nodes()
     records = c.meta.plan_create_topic("orders", 2, 1, {"retention.ms": "1000"}, "the-id")
-    assert records[0] == {"type": "topic", "name": "orders", "topic_id": "the-id", "configs": {"retention.ms": "1000"}}
-    assert [(r["type"], r["topic"], r["partition"]) for r in records[1:]] == [
-        ("partition", "orders", 0),
-        ("partition", "orders", 1),
+    assert records[0] == TopicRecord("orders", "the-id", {"retention.ms": "1000"})
+    assert [(type(r), r.topic, r.partition) for r in records[1:]] == [
+        (PartitionRecord, "orders", 0),
+        (PartitionRecord, "orders", 1),
     ]
 
 
@@ -215,7 +224,7 @@ def test_create_partitions_adds_partitions_with_the_topics_replication_factor_an
     c.create("orders", partitions=2, rf=2)
     before = dict(c.meta.topics["orders"].partitions)
     records = c.commit(c.meta.plan_create_partitions("orders", 5))
-    assert [(r["topic"], r["partition"]) for r in records] == [("orders", 2), ("orders", 3), ("orders", 4)]
+    assert [(r.topic, r.partition) for r in records] == [("orders", 2), ("orders", 3), ("orders", 4)]
     partitions = c.meta.topics["orders"].partitions
     assert {p: partitions[p] for p in before} == before
     for p in (2, 3, 4):
@@ -230,7 +239,7 @@ def test_create_partitions_during_a_reassignment_takes_the_target_replication_fa
     c.commit(c.meta.plan_reassign("orders", 0, [3, 1]))
     assert len(c.state("orders", 0).replicas) == 3, "the target plus the replica being removed"
     records = c.commit(c.meta.plan_create_partitions("orders", 2))
-    assert len(records[0]["replicas"]) == 2
+    assert len(records[0].replicas) == 2
 
 
 @pytest.mark.parametrize("total", [0, 1, 2])
@@ -363,7 +372,7 @@ def test_a_topics_start_index_counts_the_partitions_of_earlier_topics():
 def test_fence_record_comes_first_and_marks_the_broker_fenced():
     c = three_nodes()
     records = c.fence(2)
-    assert records[0] == {"type": "fence_broker", "broker_id": 2, "fenced": True}
+    assert records[0] == FenceBrokerRecord(2, fenced=True)
     assert c.meta.brokers[2].fenced
     assert c.meta.live_brokers == {1, 3}
 
@@ -406,7 +415,7 @@ def test_fencing_a_broker_that_holds_no_replica_writes_only_the_fence_record():
     c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
     c.create(rf=3)
     assert 4 not in c.state().replicas
-    assert c.fence(4) == [{"type": "fence_broker", "broker_id": 4, "fenced": True}]
+    assert c.fence(4) == [FenceBrokerRecord(4, fenced=True)]
 
 
 def test_fencing_the_last_isr_member_leaves_the_partition_leaderless_with_it_kept_in_the_isr():
@@ -501,7 +510,7 @@ def test_fencing_with_a_stale_broker_epoch_raises():
     epoch = c.meta.brokers[2].epoch
     with pytest.raises(StaleBrokerEpochError):
         c.meta.plan_fence_broker(2, broker_epoch=epoch - 1)
-    assert c.meta.plan_fence_broker(2, broker_epoch=epoch)[0]["type"] == "fence_broker"
+    assert isinstance(c.meta.plan_fence_broker(2, broker_epoch=epoch)[0], FenceBrokerRecord)
 
 
 def test_fencing_with_the_epoch_of_an_older_incarnation_raises():
@@ -562,7 +571,7 @@ def test_returning_last_isr_member_leads_its_leaderless_partition_again():
     c.fence(2)
     c.fence(1)
     records = c.register(1, "a")
-    assert partition_records(records) == [PartitionState((1, 2), (1,), 1, 2, 3).to_record("t", 0)]
+    assert partition_records(records) == [PartitionRecord.of("t", 0, PartitionState((1, 2), (1,), 1, 2, 3))]
     assert c.state() == PartitionState((1, 2), (1,), 1, 2, 3)
 
 
@@ -597,22 +606,13 @@ def test_returning_follower_does_not_rejoin_the_isr_of_a_led_partition():
 def test_registration_record_names_the_broker_its_node_incarnation_directory_and_shutdown():
     c = three_nodes()
     records = c.meta.plan_register_broker(7, "node-x", "inc-1", "dir-1", False)
-    assert records == [
-        {
-            "type": "register_broker",
-            "broker_id": 7,
-            "node_id": "node-x",
-            "incarnation_id": "inc-1",
-            "directory_id": "dir-1",
-            "clean_shutdown": False,
-        }
-    ]
+    assert records == [RegisterBrokerRecord(7, "node-x", "inc-1", "dir-1", clean_shutdown=False)]
 
 
 def test_broker_epoch_is_the_offset_of_its_registration_record():
     meta = ClusterMetadata()
-    meta.apply({"type": "register_broker", "broker_id": 1, "node_id": "a"}, 10)
-    meta.apply({"type": "register_broker", "broker_id": 2, "node_id": "b"}, 25)
+    meta.apply(RegisterBrokerRecord(1, "a"), 10)
+    meta.apply(RegisterBrokerRecord(2, "b"), 25)
     assert (meta.brokers[1].epoch, meta.brokers[2].epoch) == (10, 25)
 
 
@@ -623,7 +623,7 @@ def test_each_registration_gives_the_broker_a_larger_epoch():
         c.fence(1)
         c.register(1, "a")
         epochs.append(c.meta.brokers[1].epoch)
-    registrations = [o for o, r in c.log if r["type"] == "register_broker" and r["broker_id"] == 1]
+    registrations = [o for o, r in c.log if isinstance(r, RegisterBrokerRecord) and r.broker_id == 1]
     assert epochs == registrations
     assert epochs == sorted(set(epochs))
 
@@ -641,7 +641,7 @@ def test_a_fence_record_with_fenced_false_unfences_the_broker_and_keeps_its_epoc
     c = three_nodes()
     epoch = c.meta.brokers[2].epoch
     c.fence(2)
-    c.commit([{"type": "fence_broker", "broker_id": 2, "fenced": False}])
+    c.commit([FenceBrokerRecord(2, fenced=False)])
     assert (c.meta.brokers[2].fenced, c.meta.brokers[2].epoch) == (False, epoch)
 
 
@@ -731,7 +731,7 @@ def test_alter_partition_accepts_any_iterable_as_the_new_isr():
     c = three_nodes()
     c.create(rf=3)
     records = c.meta.plan_alter_partition("t", 0, 1, 0, 0, iter([1, 2]))
-    assert records == [PartitionState((1, 2, 3), (1, 2), 1, 0, 1).to_record("t", 0)]
+    assert records == [PartitionRecord.of("t", 0, PartitionState((1, 2, 3), (1, 2), 1, 0, 1))]
 
 
 # --- topics: delete and configs -----------------------------------------------------
@@ -772,21 +772,24 @@ def test_altered_topic_configs_replace_the_old_ones():
 @pytest.mark.parametrize("offset", [3, 2])
 def test_apply_refuses_an_offset_that_does_not_grow(offset):
     meta = ClusterMetadata()
-    meta.apply({"type": "cluster", "cluster_id": "c"}, 3)
+    meta.apply(ClusterIdRecord("c"), 3)
     with pytest.raises(AssertionError):
-        meta.apply({"type": "register_broker", "broker_id": 1, "node_id": "a"}, offset)
+        meta.apply(RegisterBrokerRecord(1, "a"), offset)
 
 
-def test_apply_of_an_unknown_record_type_raises():
+def test_apply_of_something_that_is_not_a_record_kind_raises():
     meta = ClusterMetadata()
-    with pytest.raises(ValueError):
-        meta.apply({"type": "nonsense"}, 0)
+    with pytest.raises(TypeError):
+        meta.apply({"type": "cluster", "cluster_id": "c"}, 0)
+    with pytest.raises(TypeError):
+        meta.apply(MetadataRecord(), 0)
+    assert meta.last_offset == -1, "nothing was applied"
 
 
 def test_apply_refuses_a_partition_with_a_leader_and_an_empty_isr():
     c = three_nodes()
     c.create(rf=3)
-    record = PartitionState((1, 2, 3), (), 1, 0, 1).to_record("t", 0)
+    record = PartitionRecord.of("t", 0, PartitionState((1, 2, 3), (), 1, 0, 1))
     with pytest.raises(AssertionError):
         c.meta.apply(record, len(c.log))
 
@@ -794,7 +797,7 @@ def test_apply_refuses_a_partition_with_a_leader_and_an_empty_isr():
 def test_apply_refuses_a_leader_change_without_a_new_leader_epoch():
     c = three_nodes()
     c.create(rf=3)
-    record = PartitionState((1, 2, 3), (1, 2, 3), 2, 0, 1).to_record("t", 0)
+    record = PartitionRecord.of("t", 0, PartitionState((1, 2, 3), (1, 2, 3), 2, 0, 1))
     with pytest.raises(AssertionError):
         c.meta.apply(record, len(c.log))
 
@@ -815,7 +818,7 @@ def test_replaying_the_records_rebuilds_the_same_state():
 # --- restarts: new incarnations, clean and unclean shutdowns (KIP-966) ---------------
 
 
-def restarted(c: Cluster, broker: int, clean: bool, directory: str = "") -> list[dict]:
+def restarted(c: Cluster, broker: int, clean: bool, directory: str = "") -> list[MetadataRecord]:
     """Broker `broker` comes back as a new process (a new incarnation id)."""
     incarnation = f"inc-{len(c.log)}"
     return c.register(broker, f"node-{broker}", incarnation, directory, clean)

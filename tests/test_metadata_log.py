@@ -1,4 +1,4 @@
-"""MetadataLog: the Controller's records, durably, one batch per change."""
+"""MetadataLog: the Controller's records, durably, one batch per change (snapshots: test_metadata_snapshots)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from rayk.actors.metadata_log import TOPIC_PARTITION_DIR, MetadataLog
+from rayk.metadata.log import TOPIC_PARTITION_DIR, MetadataLog
+from rayk.metadata.records import ClusterIdRecord, MetadataRecord, PartitionRecord, TopicConfigsRecord
 
 
-def change(tag: str, n: int) -> list[dict]:
-    """`n` msgpack-friendly records tagged so they can be told apart after replay."""
-    return [{"type": "partition", "tag": tag, "i": i, "isr": [1, 2], "leader": -1} for i in range(n)]
+def change(tag: str, n: int) -> list[MetadataRecord]:
+    """`n` records tagged so they can be told apart after replay."""
+    return [PartitionRecord(tag, i, (1, 2), (1, 2), 1, 0, i) for i in range(n)]
+
+
+def replayed(log: MetadataLog) -> list[tuple[int, MetadataRecord]]:
+    """Every record of a log without snapshots, with its offset."""
+    snapshot, records = log.load()
+    assert snapshot is None
+    return list(records)
 
 
 def segment_file(directory: Path) -> Path:
@@ -35,7 +43,7 @@ def test_append_returns_the_offset_of_each_changes_first_record(mlog: MetadataLo
 
 
 def test_replay_of_an_empty_log_yields_nothing(mlog: MetadataLog):
-    assert list(mlog.replay()) == []
+    assert replayed(mlog) == []
 
 
 def test_append_of_an_empty_change_is_refused(mlog: MetadataLog):
@@ -53,19 +61,19 @@ def test_replay_in_the_same_session_yields_every_record_with_its_offset(mlog: Me
     records = change("a", 2) + change("b", 3)
     mlog.append(records[:2])
     mlog.append(records[2:])
-    assert list(mlog.replay()) == list(enumerate(records))
+    assert replayed(mlog) == list(enumerate(records))
 
 
 def test_replay_after_close_and_reopen_yields_every_record_with_its_offset_in_order(tmp_path: Path):
     log = MetadataLog(tmp_path)
-    changes = [change("a", 2), change("b", 1), change("c", 4), [{"type": "cluster", "cluster_id": "xyz"}]]
+    changes = [change("a", 2), change("b", 1), change("c", 4), [ClusterIdRecord("xyz")]]
     for c in changes:
         log.append(c)
     log.close()
     reopened = MetadataLog(tmp_path)
     try:
         expected = [r for c in changes for r in c]
-        assert list(reopened.replay()) == list(enumerate(expected))
+        assert replayed(reopened) == list(enumerate(expected))
     finally:
         reopened.close()
 
@@ -73,18 +81,18 @@ def test_replay_after_close_and_reopen_yields_every_record_with_its_offset_in_or
 def test_replay_crosses_read_chunks_of_a_large_log(tmp_path: Path):
     log = MetadataLog(tmp_path)
     big = "x" * 60_000
-    changes = [[{"type": "topic_configs", "name": f"t{i}", "configs": {"k": big}}] for i in range(30)]
+    changes = [[TopicConfigsRecord(f"t{i}", {"k": big})] for i in range(30)]
     for c in changes:
         log.append(c)
     log.close()
     reopened = MetadataLog(tmp_path)
     try:
-        replayed = list(reopened.replay())
+        records = replayed(reopened)
     finally:
         reopened.close()
-    assert [offset for offset, _ in replayed] == list(range(30))
-    assert [r["name"] for _, r in replayed] == [f"t{i}" for i in range(30)]
-    assert all(r["configs"]["k"] == big for _, r in replayed)
+    assert [offset for offset, _ in records] == list(range(30))
+    assert [r.name for _, r in records] == [f"t{i}" for i in range(30)]
+    assert all(r.configs["k"] == big for _, r in records)
 
 
 def test_a_torn_last_batch_drops_that_whole_change_and_keeps_earlier_ones(tmp_path: Path):
@@ -98,7 +106,7 @@ def test_a_torn_last_batch_drops_that_whole_change_and_keeps_earlier_ones(tmp_pa
 
     reopened = MetadataLog(tmp_path)
     try:
-        assert list(reopened.replay()) == list(enumerate(change("a", 2)))
+        assert replayed(reopened) == list(enumerate(change("a", 2)))
     finally:
         reopened.close()
 
@@ -113,7 +121,7 @@ def test_a_last_batch_torn_just_after_its_header_is_dropped_whole(tmp_path: Path
 
     reopened = MetadataLog(tmp_path)
     try:
-        assert [offset for offset, _ in reopened.replay()] == [0, 1]
+        assert [offset for offset, _ in replayed(reopened)] == [0, 1]
     finally:
         reopened.close()
 
@@ -130,7 +138,7 @@ def test_a_corrupted_last_batch_drops_that_whole_change(tmp_path: Path):
 
     reopened = MetadataLog(tmp_path)
     try:
-        assert list(reopened.replay()) == list(enumerate(change("a", 2)))
+        assert replayed(reopened) == list(enumerate(change("a", 2)))
     finally:
         reopened.close()
 
@@ -151,6 +159,6 @@ def test_appends_after_a_torn_tail_continue_at_the_offset_after_the_kept_changes
     again = MetadataLog(tmp_path)
     try:
         expected = change("a", 2) + change("c", 2) + change("d", 1)
-        assert list(again.replay()) == list(enumerate(expected))
+        assert replayed(again) == list(enumerate(expected))
     finally:
         again.close()

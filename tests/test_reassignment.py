@@ -154,7 +154,9 @@ def test_a_replica_whose_partition_nobody_assigns_stops_itself(cluster, data_dir
     orphan = PartitionAssignment("ghost", 0, "ghost-topic-id-000000", PartitionState((broker_id,), (broker_id,), broker_id, 0, 0), {}, None)
     manager = cluster.broker(broker_id)
     handle = ray.get(manager.apply_partition.remote(orphan))
-    assert handle is not None and ("ghost", 0) in ray.get(manager.describe.remote())["replicas"]
+    # Started (its broker's next look at what is assigned may remove it at once, so its
+    # presence in `describe` is not asserted: that raced with the check under load).
+    assert handle is not None, "the broker started the replica"
     ghost_dir = data_dir / f"broker-{broker_id}" / partition_dir_name("ghost", 0)
     wait_until(lambda: ("ghost", 0) not in ray.get(manager.describe.remote())["replicas"] and not ghost_dir.exists(),
                60, "the stray replica to stop and its directory to go")

@@ -7,31 +7,19 @@ Ray; the Controller actor persists records and pushes the results. The per-parti
 rules (who leads, who stays in sync, KIP-966's recovering replicas, KIP-455's
 reassignments) are in `elections.py`.
 
-Every change is a *record* (a plain dict, msgpack-friendly) and the state changes only by
-`apply(record, offset)`. A decision is made in two steps, as in KRaft: `plan_*` reads the
-state and returns the records that would make the change (raising a typed error if the
-request is invalid), the Controller writes them to its metadata log, then applies them.
-Replaying the log through `apply` rebuilds exactly the same state after a restart.
+Every change is a *record* (`rayk/metadata/records.py`: one typed, versioned kind per
+change) and the state changes only by `apply(record, offset)`, which hands each kind to
+its handler. A decision is made in two steps, as in KRaft: `plan_*` reads the state and
+returns the records that would make the change (raising a typed error if the request is
+invalid), the Controller writes them to its metadata log, then applies them. Replaying
+the log through `apply` rebuilds exactly the same state after a restart; so does
+restoring a snapshot (`image_records`, then the records after it).
 `attached` is the one piece of session state: the brokers registered with this
 Controller session; the Controller maintains it and it is never replayed.
 
-Records (field `type`):
-- `cluster`: the cluster id, written once.
-- `register_broker`: a broker (re)started on a Ray node; its epoch is the record's offset,
-  so a newer registration always has a larger epoch. It is unfenced. It carries the
-  broker process's incarnation id (new at every process start), its data directory's id
-  (`directory.id` of meta.properties) and whether its last shutdown was clean.
-- `fence_broker`: a broker lost its session (`fenced` true) or came back (`fenced` false).
-- `topic`, `remove_topic`, `topic_configs`.
-- `partition`: the full state of one partition (created or changed).
-- `producer_ids`: a block of idempotent-producer ids was handed out; `next` is the first
-  id never handed out (KRaft's ProducerIdsRecord).
-- `acl`, `remove_acl`: an ACL binding (rayk/acls.py) added or removed (KRaft's AccessControlEntryRecord).
-- `scram_credential`, `remove_scram_credential`: a user's SCRAM credential for one
-  mechanism (salt, StoredKey, ServerKey, iterations; never a password), set or removed
-  (KRaft's UserScramCredentialRecord).
-- `client_quota`: one quota key of a user / client-id entity (rayk/quotas.py) set to a
-  value, or removed (value null) (KRaft's ClientQuotaRecord).
+A broker's epoch is the offset of its registration record, so a newer registration always
+has a larger epoch. `acl_version` and `quota_version` are the offsets of the last ACL and
+quota changes, which brokers poll to know whether theirs are current.
 
 Partition invariants are asserted by `apply` (`PartitionState.check`): the ISR is a subset
 of the replicas, empty only while leaderless; the leader is in the ISR or is NO_LEADER;
@@ -41,7 +29,7 @@ every change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +59,28 @@ from rayk.acls import AclBinding, AclFilter
 from rayk.quotas import QuotaEntity, check_quota_key, check_quota_value
 from rayk.scram import ScramCredential
 from rayk.storage.log_manager import is_legal_topic_name
+from rayk.metadata.records import (
+    RECORD_KINDS,
+    AclRecord,
+    ClientQuotaRecord,
+    ClusterIdRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    RemoveAclRecord,
+    RemoveScramCredentialRecord,
+    RemoveTopicRecord,
+    ScramCredentialRecord,
+    TopicConfigsRecord,
+    TopicRecord,
+)
+from rayk.metadata.snapshot import MetadataSnapshot
 
 __all__ = ["NO_LEADER", "BrokerRegistration", "ClusterMetadata", "LogEnd", "PartitionState", "Record", "assign_replicas"]
 
-Record = dict[str, Any]
+Record = MetadataRecord
 
 
 @dataclass(slots=True)
@@ -133,74 +139,136 @@ class ClusterMetadata:
         self.quota_version = -1  # offset of the last client quota change
         self.last_offset = -1
         self.attached: set[int] = set()  # session state, kept by the Controller; never replayed
+        self._handlers: dict[type[MetadataRecord], Callable[[Any, int], None]] = {
+            ClusterIdRecord: self._apply_cluster_id,
+            RegisterBrokerRecord: self._apply_register_broker,
+            FenceBrokerRecord: self._apply_fence_broker,
+            TopicRecord: self._apply_topic,
+            TopicConfigsRecord: self._apply_topic_configs,
+            RemoveTopicRecord: self._apply_remove_topic,
+            PartitionRecord: self._apply_partition,
+            ProducerIdsRecord: self._apply_producer_ids,
+            AclRecord: self._apply_acl,
+            RemoveAclRecord: self._apply_remove_acl,
+            ScramCredentialRecord: self._apply_scram_credential,
+            RemoveScramCredentialRecord: self._apply_remove_scram_credential,
+            ClientQuotaRecord: self._apply_client_quota,
+        }
+        assert set(self._handlers) == set(RECORD_KINDS.values()), "every record kind has its handler"
 
     # ------------------------------------------------------------------ applying records
 
-    def apply(self, record: Record, offset: int) -> None:
+    def apply(self, record: MetadataRecord, offset: int) -> None:
+        """Applies one record at its offset in the metadata log."""
         assert offset > self.last_offset, f"metadata offsets only grow: {offset} after {self.last_offset}"
+        handler = self._handlers.get(type(record))
+        if handler is None:
+            raise TypeError(f"not a metadata record: {record!r:.200}")
         self.last_offset = offset
-        kind = record["type"]
-        if kind == "cluster":
-            self.cluster_id = record["cluster_id"]
-        elif kind == "register_broker":
-            self.brokers[record["broker_id"]] = BrokerRegistration(
-                record["broker_id"],
-                offset,
-                record["node_id"],
-                record.get("incarnation_id", ""),
-                record.get("directory_id", ""),
-            )
-        elif kind == "fence_broker":
-            self.brokers[record["broker_id"]].fenced = record["fenced"]
-        elif kind == "topic":
-            self.topics[record["name"]] = TopicMetadata(record["name"], record["topic_id"], dict(record["configs"]))
-        elif kind == "topic_configs":
-            self.topics[record["name"]].configs = dict(record["configs"])
-        elif kind == "remove_topic":
-            del self.topics[record["name"]]
-        elif kind == "partition":
-            self._apply_partition(record)
-        elif kind == "producer_ids":
-            assert record["next"] > self.next_producer_id, "producer id blocks only move forward"
-            self.next_producer_id = record["next"]
-        elif kind == "acl":
-            self.acls[AclBinding.from_record(record)] = None
-            self.acl_version = offset
-        elif kind == "remove_acl":
-            del self.acls[AclBinding.from_record(record)]
-            self.acl_version = offset
-        elif kind == "scram_credential":
-            credential = ScramCredential(record["mechanism"], record["salt"], record["stored_key"], record["server_key"],
-                                         record["iterations"])
-            self.scram_credentials.setdefault(record["user"], {})[credential.mechanism] = credential
-        elif kind == "remove_scram_credential":
-            held = self.scram_credentials[record["user"]]
-            del held[record["mechanism"]]
-            if not held:
-                del self.scram_credentials[record["user"]]
-        elif kind == "client_quota":
-            entity = QuotaEntity.from_record(record["entity"])
-            values = self.client_quotas.setdefault(entity, {})
-            if record["value"] is None:
-                values.pop(record["key"], None)
-            else:
-                values[record["key"]] = record["value"]
-            if not values:
-                del self.client_quotas[entity]
-            self.quota_version = offset
-        else:
-            raise ValueError(f"unknown metadata record type {kind!r}")
+        handler(record, offset)
 
-    def _apply_partition(self, record: Record) -> None:
-        state = PartitionState.from_record(record)
+    def _apply_cluster_id(self, record: ClusterIdRecord, offset: int) -> None:
+        self.cluster_id = record.cluster_id
+
+    def _apply_register_broker(self, record: RegisterBrokerRecord, offset: int) -> None:
+        epoch = offset if record.epoch < 0 else record.epoch
+        self.brokers[record.broker_id] = BrokerRegistration(
+            record.broker_id, epoch, record.node_id, record.incarnation_id, record.directory_id
+        )
+
+    def _apply_fence_broker(self, record: FenceBrokerRecord, offset: int) -> None:
+        self.brokers[record.broker_id].fenced = record.fenced
+
+    def _apply_topic(self, record: TopicRecord, offset: int) -> None:
+        self.topics[record.name] = TopicMetadata(record.name, record.topic_id, dict(record.configs))
+
+    def _apply_topic_configs(self, record: TopicConfigsRecord, offset: int) -> None:
+        self.topics[record.name].configs = dict(record.configs)
+
+    def _apply_remove_topic(self, record: RemoveTopicRecord, offset: int) -> None:
+        del self.topics[record.name]
+
+    def _apply_partition(self, record: PartitionRecord, offset: int) -> None:
+        state = record.state
         state.check()
-        partitions = self.topics[record["topic"]].partitions
-        old = partitions.get(record["partition"])
+        partitions = self.topics[record.topic].partitions
+        old = partitions.get(record.partition)
         if old is not None:
             assert state.partition_epoch > old.partition_epoch, "partition epochs only grow"
             assert state.leader_epoch >= old.leader_epoch, "leader epochs only grow"
             assert state.leader == old.leader or state.leader_epoch > old.leader_epoch, "a new leader has a new epoch"
-        partitions[record["partition"]] = state
+        partitions[record.partition] = state
+
+    def _apply_producer_ids(self, record: ProducerIdsRecord, offset: int) -> None:
+        assert record.next > self.next_producer_id, "producer id blocks only move forward"
+        self.next_producer_id = record.next
+
+    def _apply_acl(self, record: AclRecord, offset: int) -> None:
+        self.acls[record.binding] = None
+        self.acl_version = offset
+
+    def _apply_remove_acl(self, record: RemoveAclRecord, offset: int) -> None:
+        del self.acls[record.binding]
+        self.acl_version = offset
+
+    def _apply_scram_credential(self, record: ScramCredentialRecord, offset: int) -> None:
+        self.scram_credentials.setdefault(record.user, {})[record.mechanism] = record.credential
+
+    def _apply_remove_scram_credential(self, record: RemoveScramCredentialRecord, offset: int) -> None:
+        held = self.scram_credentials[record.user]
+        del held[record.mechanism]
+        if not held:
+            del self.scram_credentials[record.user]
+
+    def _apply_client_quota(self, record: ClientQuotaRecord, offset: int) -> None:
+        entity = record.quota_entity
+        values = self.client_quotas.setdefault(entity, {})
+        if record.value is None:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = record.value
+        if not values:
+            del self.client_quotas[entity]
+        self.quota_version = offset
+
+    # ------------------------------------------------------------------ snapshots
+
+    def image_records(self) -> list[MetadataRecord]:
+        """Records that rebuild this state when applied to an empty one (`restore`): each
+        broker's registration with its epoch, then its fencing; topics with their
+        partitions; the producer id block; ACLs in the order they were created; SCRAM
+        credentials; client quotas."""
+        records: list[MetadataRecord] = [] if self.cluster_id is None else [ClusterIdRecord(self.cluster_id)]
+        for broker_id, reg in self.brokers.items():
+            records.append(RegisterBrokerRecord(broker_id, reg.node_id, reg.incarnation_id, reg.directory_id,
+                                                epoch=reg.epoch))
+            if reg.fenced:
+                records.append(FenceBrokerRecord(broker_id, fenced=True))
+        for name, topic in self.topics.items():
+            records.append(TopicRecord(name, topic.topic_id, dict(topic.configs)))
+            records += [PartitionRecord.of(name, p, state) for p, state in topic.partitions.items()]
+        if self.next_producer_id:
+            records.append(ProducerIdsRecord(self.next_producer_id))
+        records += [AclRecord.of(binding) for binding in self.acls]
+        for user, held in self.scram_credentials.items():
+            records += [ScramCredentialRecord.of(user, credential) for credential in held.values()]
+        for entity, values in self.client_quotas.items():
+            records += [ClientQuotaRecord.of(entity, key, value) for key, value in values.items()]
+        return records
+
+    def snapshot(self, epoch: int = 0) -> MetadataSnapshot:
+        """The whole state as of its last applied offset."""
+        return MetadataSnapshot(self.last_offset + 1, epoch, self.acl_version, self.quota_version,
+                                tuple(self.image_records()))
+
+    def restore(self, snapshot: MetadataSnapshot) -> None:
+        """Makes this (empty) state the snapshot's; the records after it are applied next."""
+        assert self.last_offset == -1 and not self.brokers and not self.topics, "a snapshot is restored into an empty state"
+        offset = snapshot.end_offset - 1
+        for record in snapshot.records:
+            self._handlers[type(record)](record, offset)
+        self.last_offset = offset
+        self.acl_version, self.quota_version = snapshot.acl_version, snapshot.quota_version
 
     # ------------------------------------------------------------------ reading
 
@@ -259,14 +327,7 @@ class ClusterMetadata:
             previous is not None and bool(previous.directory_id) and previous.directory_id != directory_id
         )
         records: list[Record] = [
-            {
-                "type": "register_broker",
-                "broker_id": broker_id,
-                "node_id": node_id,
-                "incarnation_id": incarnation_id,
-                "directory_id": directory_id,
-                "clean_shutdown": clean_shutdown,
-            }
+            RegisterBrokerRecord(broker_id, node_id, incarnation_id, directory_id, clean_shutdown)
         ]
         live = self.live_brokers | {broker_id}
         attached = self.attached | {broker_id}
@@ -280,7 +341,7 @@ class ClusterMetadata:
             if new is None and marked != state:
                 new = elections.successor(state, marked, new_leader_epoch=False)
             if new is not None:
-                records.append(new.to_record(name, p))
+                records.append(PartitionRecord.of(name, p, new))
         return records
 
     def plan_fence_broker(self, broker_id: int, broker_epoch: int | None = None) -> list[Record]:
@@ -290,12 +351,12 @@ class ClusterMetadata:
             return []
         if broker_epoch is not None and broker_epoch != reg.epoch:
             raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is not current ({reg.epoch})")
-        records: list[Record] = [{"type": "fence_broker", "broker_id": broker_id, "fenced": True}]
+        records: list[Record] = [FenceBrokerRecord(broker_id, fenced=True)]
         live, attached = self.live_brokers - {broker_id}, self.attached - {broker_id}
         for name, p, state in self.partitions_of_broker(broker_id):
             new = elections.reconcile(state, live, attached, self._unclean(name))
             if new is not None:
-                records.append(new.to_record(name, p))
+                records.append(PartitionRecord.of(name, p, new))
         return records
 
     def plan_replica_failed(self, topic: str, partition: int, broker_id: int) -> list[Record]:
@@ -308,7 +369,7 @@ class ClusterMetadata:
         new = elections.reconcile(
             state, self.live_brokers, self.attached, self._unclean(topic), unavailable=[broker_id]
         )
-        return [] if new is None else [new.to_record(topic, partition)]
+        return [] if new is None else [PartitionRecord.of(topic, partition, new)]
 
     def plan_reconcile(self, topic: str, partition: int) -> list[Record]:
         """The partition made consistent with who is live and attached now (elections'
@@ -316,7 +377,7 @@ class ClusterMetadata:
         leaderless partition, so none waits for an event that may not come."""
         state = self.partition(topic, partition)
         new = elections.reconcile(state, self.live_brokers, self.attached, self._unclean(topic))
-        return [] if new is None else [new.to_record(topic, partition)]
+        return [] if new is None else [PartitionRecord.of(topic, partition, new)]
 
     def plan_unclean_recovery(self, topic: str, partition: int, ends: Mapping[int, LogEnd]) -> list[Record]:
         """Rule 4 of `elections`: elects the ISR member with the most complete log, once every
@@ -327,14 +388,14 @@ class ClusterMetadata:
         if not copies or not set(copies) <= set(ends):
             return []
         chosen = elections.choose_by_log(state, copies, dict(ends))
-        return [elections.recover_uncleanly(state, chosen).to_record(topic, partition)]
+        return [PartitionRecord.of(topic, partition, elections.recover_uncleanly(state, chosen))]
 
     def plan_elect_leader(self, topic: str, partition: int, unclean: bool = False) -> list[Record]:
         """ElectLeaders for one partition: preferred (or, with `unclean`, an unclean
         election of a leaderless one); raises the election's KafkaError if none happens."""
         state = self.partition(topic, partition)
         elect = elections.elect_unclean if unclean else elections.elect_preferred
-        return [elect(state, self.live_brokers, self.attached).to_record(topic, partition)]
+        return [PartitionRecord.of(topic, partition, elect(state, self.live_brokers, self.attached))]
 
     def plan_create_topic(
         self,
@@ -355,9 +416,9 @@ class ClusterMetadata:
         assignment = assign_replicas(
             num_partitions, replication_factor, {b: self.brokers[b].node_id for b in live}, start
         )
-        records: list[Record] = [{"type": "topic", "name": name, "topic_id": topic_id, "configs": dict(configs)}]
+        records: list[Record] = [TopicRecord(name, topic_id, dict(configs))]
         for p, replicas in enumerate(assignment):
-            records.append(PartitionState(replicas, replicas, replicas[0], 0, 0).to_record(name, p))
+            records.append(PartitionRecord.of(name, p, PartitionState(replicas, replicas, replicas[0], 0, 0)))
         return records
 
     def plan_create_partitions(self, name: str, total: int) -> list[Record]:
@@ -378,11 +439,11 @@ class ClusterMetadata:
         assignment = assign_replicas(
             total - current, replication_factor, {b: self.brokers[b].node_id for b in live}, start
         )
-        return [PartitionState(r, r, r[0], 0, 0).to_record(name, current + i) for i, r in enumerate(assignment)]
+        return [PartitionRecord.of(name, current + i, PartitionState(r, r, r[0], 0, 0)) for i, r in enumerate(assignment)]
 
     def plan_allocate_producer_ids(self, count: int) -> list[Record]:
         """Hands out ids [next_producer_id, next_producer_id + count)."""
-        return [{"type": "producer_ids", "next": self.next_producer_id + count}]
+        return [ProducerIdsRecord(self.next_producer_id + count)]
 
     def plan_create_acls(self, bindings: Sequence[AclBinding]) -> tuple[list[Record], list[KafkaError | None]]:
         """CreateAcls: per binding None or why it is refused; one that exists already is
@@ -399,7 +460,7 @@ class ClusterMetadata:
             results.append(None)
             if binding not in self.acls and binding not in new:
                 new.add(binding)
-                records.append({"type": "acl", **binding.to_record()})
+                records.append(AclRecord.of(binding))
         return records, results
 
     def plan_delete_acls(self, filters: Sequence[AclFilter]) -> tuple[list[Record], list[list[AclBinding]]]:
@@ -407,7 +468,7 @@ class ClusterMetadata:
         is deleted once)."""
         matched = [[b for b in self.acls if f.matches(b)] for f in filters]
         gone = dict.fromkeys(b for found in matched for b in found)
-        return [{"type": "remove_acl", **b.to_record()} for b in gone], matched
+        return [RemoveAclRecord.of(b) for b in gone], matched
 
     def plan_alter_scram_credentials(
         self, deletions: Sequence[tuple[str, str]], upsertions: Sequence[tuple[str, ScramCredential | KafkaError]]
@@ -432,12 +493,11 @@ class ClusterMetadata:
                 results[user] = UnacceptableCredentialError("a SCRAM credential needs a user name")
             results.setdefault(user, None)
         records: list[Record] = [
-            {"type": "remove_scram_credential", "user": user, "mechanism": mechanism}
+            RemoveScramCredentialRecord(user, mechanism)
             for user, mechanism in deletions if results[user] is None
         ]
         records += [
-            {"type": "scram_credential", "user": user, "mechanism": c.mechanism, "salt": c.salt,
-             "stored_key": c.stored_key, "server_key": c.server_key, "iterations": c.iterations}
+            ScramCredentialRecord.of(user, c)
             for user, c in upsertions if results[user] is None
         ]
         return records, results
@@ -466,19 +526,18 @@ class ClusterMetadata:
                 results.append(e)
                 continue
             results.append(None)
-            records += [{"type": "client_quota", "entity": entity.to_record(), "key": key,
-                         "value": None if value is None else float(value)} for key, value in ops]
+            records += [ClientQuotaRecord.of(entity, key, value) for key, value in ops]
         return records, results
 
     def plan_delete_topic(self, name: str) -> list[Record]:
         if name not in self.topics:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return [{"type": "remove_topic", "name": name}]
+        return [RemoveTopicRecord(name)]
 
     def plan_alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> list[Record]:
         if name not in self.topics:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return [{"type": "topic_configs", "name": name, "configs": dict(configs)}]
+        return [TopicConfigsRecord(name, dict(configs))]
 
     def plan_alter_partition(
         self,
@@ -534,7 +593,7 @@ class ClusterMetadata:
         if finished is not None:
             changed = elections.successor(state, finished, new_leader_epoch=False)
             assert changed is not None
-        return [changed.to_record(topic, partition)]
+        return [PartitionRecord.of(topic, partition, changed)]
 
     # ------------------------------------------------------------------ reassignments (KIP-455)
 
@@ -550,7 +609,7 @@ class ClusterMetadata:
                 raise InvalidReplicaAssignmentError(
                     f"{topic}-{partition}: only the new replicas are in sync; let the reassignment finish"
                 )
-            return [new.to_record(topic, partition)]
+            return [PartitionRecord.of(topic, partition, new)]
         target = list(target)
         if not target or len(set(target)) != len(target):
             raise InvalidReplicaAssignmentError(f"{topic}-{partition}: target {target} must name distinct brokers")
@@ -565,4 +624,4 @@ class ClusterMetadata:
             new = elections.successor(state, finished, new_leader_epoch=False)
             if new is None:
                 return []
-        return [new.to_record(topic, partition)]
+        return [PartitionRecord.of(topic, partition, new)]

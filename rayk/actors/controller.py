@@ -34,7 +34,12 @@ OfflinePartitionsCount (partitions without a leader), and as Kafka's EventQueueT
 late the tick's timer ran: how long a ready event waited for this actor's event loop,
 where every call and push answer queues.
 
-Restarts: Ray restarts this actor (max_restarts=-1); it replays its log, starts its
+Snapshots: the maintenance writes one (`rayk/metadata/`) once
+`metadata.log.max.record.bytes.between.snapshots` of records were appended since the last,
+or `metadata.log.max.snapshot.interval.ms` after it, so a start restores the newest
+snapshot and replays only the records after it.
+
+Restarts: Ray restarts this actor (max_restarts=-1); it restores its metadata, starts its
 maintenance on its own, and gives every broker that was live one session timeout to
 register again before it is fenced. A broker that re-registers as the same process keeps
 its roles; so a whole cluster, or only this Controller, restarts with its leaders and
@@ -58,7 +63,8 @@ from rayk import metrics
 from rayk.actors import elections
 from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
-from rayk.actors.metadata_log import MetadataLog
+from rayk.metadata.log import MetadataLog
+from rayk.metadata.records import ClusterIdRecord, PartitionRecord
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
 from rayk.acls import AclBinding, AclFilter
 from rayk.quotas import QuotaEntity, QuotaFilterComponent, filter_entities
@@ -95,12 +101,19 @@ class Controller:
     def __init__(self, directory: str, broker_config: BrokerConfig | None = None) -> None:
         self.dir = Path(directory)
         self.config = broker_config or BrokerConfig()
-        self._log = MetadataLog(self.dir)
+        self._log = MetadataLog(
+            self.dir,
+            self.config.metadata_log_max_record_bytes_between_snapshots,
+            self.config.metadata_log_max_snapshot_interval_ms,
+        )
         self._meta = ClusterMetadata(self.config)
-        for offset, record in self._log.replay():
+        snapshot, records = self._log.load()
+        if snapshot is not None:
+            self._meta.restore(snapshot)
+        for offset, record in records:
             self._meta.apply(record, offset)
         if self._meta.cluster_id is None:
-            self._commit([{"type": "cluster", "cluster_id": new_uuid()}])
+            self._commit([ClusterIdRecord(new_uuid())])
         now = time.monotonic()
         self._last_heartbeat: dict[int, float] = {b: now for b in self._meta.live_brokers}
         self._fenced_since: dict[int, float] = {b: now for b, r in self._meta.brokers.items() if r.fenced}
@@ -123,15 +136,15 @@ class Controller:
         self._dirty_pushes: asyncio.Task | None = None  # the maintenance's pushes of dirty partitions
         self._push_timeout_s = 2 * self.config.broker_session_timeout_ms / 1000
         if start_again_if_restarted():  # Ray restarted this Controller after its process died
-            logger.warning("Controller restarted by Ray; replayed %d metadata records", self._meta.last_offset + 1)
+            logger.warning("Controller restarted by Ray; metadata restored up to offset %d", self._meta.last_offset)
 
     def _commit(self, records: list[Record]) -> None:
         if not records:
             return
         before = {
-            (r["topic"], r["partition"]): self._meta.topics[r["topic"]].partitions.get(r["partition"])
+            (r.topic, r.partition): self._meta.topics[r.topic].partitions.get(r.partition)
             for r in records
-            if r["type"] == "partition" and r["topic"] in self._meta.topics
+            if isinstance(r, PartitionRecord) and r.topic in self._meta.topics
         }
         first_offset = self._log.append(records)
         for i, record in enumerate(records):
@@ -299,7 +312,7 @@ class Controller:
             metrics.record_event_queue_time((time.monotonic() - slept_from_s - period_s) * 1000)
             metrics.record_controller(self._offline_partitions_count())
             steps = (self._fence_silent_brokers, self._push_dirty, self._recover_leaderless, self._replace_lost_brokers,
-                     self._rebalance_leaders)
+                     self._rebalance_leaders, self._snapshot_if_due)
             for step in steps:
                 try:
                     await step()
@@ -307,6 +320,14 @@ class Controller:
                     raise
                 except Exception:
                     logger.exception("Controller maintenance: %s failed", step.__name__)
+
+    async def _snapshot_if_due(self) -> None:
+        """Snapshots the metadata image once enough was appended since the last one (or
+        long enough ago), so a restart replays only what came after it."""
+        if self._log.snapshot_due():
+            started_s = time.monotonic()
+            path = self._log.write_snapshot(self._meta.snapshot())
+            logger.info("metadata snapshot %s written in %.0f ms", path.name, (time.monotonic() - started_s) * 1000)
 
     async def _fence_silent_brokers(self) -> None:
         timeout_s = self.config.broker_session_timeout_ms / 1000
@@ -372,7 +393,7 @@ class Controller:
             if records:
                 logger.warning(
                     "%s-%d: every in-sync copy restarted uncleanly; electing broker %d, the most complete log of %s",
-                    topic, partition, records[0]["leader"], {b: (e.latest_epoch, e.log_end_offset) for b, e in ends.items()},
+                    topic, partition, records[0].leader, {b: (e.latest_epoch, e.log_end_offset) for b, e in ends.items()},
                 )
                 self._commit(records)
                 await self._push_partition(topic, partition)
@@ -728,10 +749,10 @@ class Controller:
             return None
         return self._meta.quota_version, {e: dict(v) for e, v in self._meta.client_quotas.items()}
 
-    def _check_replica_caps(self, records: list[dict]) -> None:
+    def _check_replica_caps(self, records: list[Record]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
         held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
-        adding = [b for r in records if r["type"] == "partition" for b in r["replicas"]]
+        adding = [b for r in records if isinstance(r, PartitionRecord) for b in r.replicas]
         node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
         caps = replica_caps(self.config.max_replicas_per_broker, self._node_memory_bytes, node_of)
         check_replica_caps(held, adding, caps, configured=self.config.max_replicas_per_broker > 0)
@@ -958,5 +979,5 @@ class Controller:
 
 
 def _partitions_in(records: list[Record]) -> set[tuple[str, int]]:
-    return {(r["topic"], r["partition"]) for r in records if r["type"] == "partition"}
+    return {(r.topic, r.partition) for r in records if isinstance(r, PartitionRecord)}
 

@@ -65,34 +65,6 @@ class PartitionState:
     adding: tuple[int, ...] = ()  # a reassignment's new replicas (KIP-455)
     removing: tuple[int, ...] = ()  # and the replicas it will drop
 
-    def to_record(self, topic: str, partition: int) -> dict[str, Any]:
-        return {
-            "type": "partition",
-            "topic": topic,
-            "partition": partition,
-            "replicas": list(self.replicas),
-            "isr": list(self.isr),
-            "leader": self.leader,
-            "leader_epoch": self.leader_epoch,
-            "partition_epoch": self.partition_epoch,
-            "recovering": list(self.recovering),
-            "adding": list(self.adding),
-            "removing": list(self.removing),
-        }
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> PartitionState:
-        return cls(
-            tuple(record["replicas"]),
-            tuple(record["isr"]),
-            record["leader"],
-            record["leader_epoch"],
-            record["partition_epoch"],
-            tuple(record.get("recovering", ())),  # absent in records of older rayk versions
-            tuple(record.get("adding", ())),
-            tuple(record.get("removing", ())),
-        )
-
     @property
     def target_replicas(self) -> tuple[int, ...]:
         """The replicas the partition will have once its reassignment (if any) completes."""
