@@ -40,7 +40,7 @@ from rayk.metadata import snapshot
 from rayk.metadata.records import MetadataRecord, pack, unpack
 from rayk.metadata.snapshot import MetadataSnapshot
 from rayk.storage import Log, LogConfig
-from rayk.storage.records import SimpleRecord, build_batch, decode_records, iter_batches
+from rayk.storage.records import SimpleRecord, build_batch, decode_record_tuples, iter_batches
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +116,10 @@ class MetadataLog:
         while offset < self._log.log_end_offset:
             result = self._log.read(offset, _REPLAY_CHUNK_BYTES)
             for batch in iter_batches(result.records):
-                for record in decode_records(batch.data):
-                    if record.offset >= start:
-                        self._bytes_since_snapshot += len(record.value)
-                        yield record.offset, unpack(record.value)
+                for record_offset, _timestamp, _key, value, _headers in decode_record_tuples(batch.data)[1]:
+                    if record_offset >= start:
+                        self._bytes_since_snapshot += len(value)
+                        yield record_offset, unpack(value)
             offset = result.next_offset
 
     # ------------------------------------------------------------------ writing

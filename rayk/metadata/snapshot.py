@@ -34,7 +34,7 @@ import msgpack
 from rayk.errors import CorruptRecordError, KafkaError, UnsupportedVersionError
 from rayk.metadata.records import MetadataRecord, pack, unpack
 from rayk.storage.checkpoint import write_atomically
-from rayk.storage.records import SimpleRecord, build_batch, decode_records, iter_batches, validate_batches
+from rayk.storage.records import SimpleRecord, build_batch, decode_record_tuples, iter_batches, validate_batches
 
 SNAPSHOT_SUFFIX = ".checkpoint"
 SNAPSHOT_VERSION = 1
@@ -99,7 +99,7 @@ def from_bytes(data: bytes, name: str = "snapshot") -> MetadataSnapshot:
     a newer rayk wrote a record in it."""
     try:
         validate_batches(data, None, leader_checks=False)
-        values = [r.value for batch in iter_batches(data) for r in decode_records(batch.data)]
+        values = [r[3] for batch in iter_batches(data) for r in decode_record_tuples(batch.data)[1]]
         header = msgpack.unpackb(values[0]) if values else None
         if not isinstance(header, dict) or header.get("snapshot_version") != SNAPSHOT_VERSION:
             raise CorruptRecordError(f"no snapshot header of version {SNAPSHOT_VERSION}")
