@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rayk.actors.cluster_metadata import ClusterMetadata
+from rayk.metadata.cluster_metadata import ClusterMetadata
 from rayk.metadata import snapshot
 from rayk.metadata.log import TOPIC_PARTITION_DIR, MetadataLog
 from rayk.metadata.records import ClusterIdRecord, MetadataRecord
@@ -67,7 +67,7 @@ def build_history(directories: dict[str, MetadataLog], records: int, partitions:
         change(meta.plan_register_broker(broker_id, node, f"incarnation-{broker_id}", f"dir-{broker_id}"))
         meta.attached.add(broker_id)
     for t in range(partitions // 10):
-        change(meta.plan_create_topic(f"topic-{t:05d}", 10, 3, {}, f"id-{t:019d}"))
+        change(meta.replication.plan_create_topic(f"topic-{t:05d}", 10, 3, {}, f"id-{t:019d}"))
     all_partitions = meta.all_partitions()
     i = 0
     while meta.last_offset + 1 < records:
@@ -78,7 +78,7 @@ def build_history(directories: dict[str, MetadataLog], records: int, partitions:
             new_isr = [r for r in s.isr if r != s.replicas[-1]]
         else:
             new_isr = list(s.replicas)
-        change(meta.plan_alter_partition(name, p, s.leader, s.leader_epoch, s.partition_epoch, new_isr))
+        change(meta.replication.plan_alter_partition(name, p, s.leader, s.leader_epoch, s.partition_epoch, new_isr))
     flush()
     return meta
 

@@ -19,21 +19,21 @@ def image_summary(meta: Any) -> dict:
         "topics": {
             name: {
                 "topic_id": t.topic_id,
-                "configs": t.configs,
+                "configs": meta.configs.of(name),
                 "partitions": {str(p): [list(s.replicas), list(s.isr), s.leader, s.leader_epoch, s.partition_epoch,
                                         list(s.recovering), list(s.adding), list(s.removing)]
                                for p, s in sorted(t.partitions.items())},
             }
             for name, t in sorted(meta.topics.items())
         },
-        "next_producer_id": meta.next_producer_id,
+        "next_producer_id": meta.producer_ids.next_producer_id,
         "acls": [[b.resource_type, b.resource_name, b.pattern_type, b.principal, b.host, b.operation, b.permission_type]
-                 for b in meta.acls],
-        "acl_version": meta.acl_version,
+                 for b in meta.acl.bindings],
+        "acl_version": meta.acl.version,
         "scram": {u: {m: [c.salt.hex(), c.stored_key.hex(), c.server_key.hex(), c.iterations] for m, c in sorted(ms.items())}
-                  for u, ms in sorted(meta.scram_credentials.items())},
-        "client_quotas": sorted([str(e), [list(kv) for kv in sorted(v.items())]] for e, v in meta.client_quotas.items()),
-        "quota_version": meta.quota_version,
+                  for u, ms in sorted(meta.scram.credentials.items())},
+        "client_quotas": sorted([str(e), [list(kv) for kv in sorted(v.items())]] for e, v in meta.quotas.quotas.items()),
+        "quota_version": meta.quotas.version,
     }
 
 
@@ -61,3 +61,12 @@ RECORDS = st.one_of(
     st.builds(r.RemoveScramCredentialRecord, names, names),
     st.builds(r.ClientQuotaRecord, entity, names, st.none() | st.floats(allow_nan=False)),
 )
+
+
+def replay_into(manager: Any, records: list, first_offset: int = 0) -> int:
+    """Replays `records` into one control manager, as ClusterMetadata.apply would hand
+    them to it, at consecutive offsets; returns the next offset."""
+    handlers = manager.handlers()
+    for i, record in enumerate(records):
+        handlers[type(record)](record, first_offset + i)
+    return first_offset + len(records)

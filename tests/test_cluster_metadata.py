@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, PartitionState, assign_replicas
+from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata, PartitionState, assign_replicas
 from rayk.metadata.records import (
     ClusterIdRecord,
     FenceBrokerRecord,
@@ -20,8 +20,8 @@ from rayk.metadata.records import (
     pack,
     unpack,
 )
-from rayk.actors import elections
-from rayk.actors.elections import LogEnd, reconcile
+from rayk.metadata import elections
+from rayk.metadata.elections import LogEnd, reconcile
 from rayk.config import UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig
 from rayk.errors import (
     ElectionNotNeededError,
@@ -66,7 +66,7 @@ class Cluster:
         return records
 
     def create(self, name: str = "t", partitions: int = 1, rf: int = 3, configs: dict | None = None) -> list[MetadataRecord]:
-        return self.commit(self.meta.plan_create_topic(name, partitions, rf, configs or {}, f"id-{name}"))
+        return self.commit(self.meta.replication.plan_create_topic(name, partitions, rf, configs or {}, f"id-{name}"))
 
     def fence(self, broker_id: int) -> list[MetadataRecord]:
         records = self.commit(self.meta.plan_fence_broker(broker_id))
@@ -83,7 +83,7 @@ class Cluster:
     def alter(self, topic: str, partition: int, isr: list[int]) -> list[MetadataRecord]:
         s = self.meta.partition(topic, partition)
         return self.commit(
-            self.meta.plan_alter_partition(topic, partition, s.leader, s.leader_epoch, s.partition_epoch, isr)
+            self.meta.replication.plan_alter_partition(topic, partition, s.leader, s.leader_epoch, s.partition_epoch, isr)
         )
 
     def state(self, topic: str = "t", partition: int = 0) -> PartitionState:
@@ -204,7 +204,7 @@ def test_created_topic_partitions_are_fully_in_sync_led_by_their_first_replica_a
 
 def test_create_topic_records_are_a_topic_then_one_partition_record_each():
     c = three_nodes()
-    records = c.meta.plan_create_topic("orders", 2, 1, {"retention.ms": "1000"}, "the-id")
+    records = c.meta.replication.plan_create_topic("orders", 2, 1, {"retention.ms": "1000"}, "the-id")
     assert records[0] == TopicRecord("orders", "the-id", {"retention.ms": "1000"})
     assert [(type(r), r.topic, r.partition) for r in records[1:]] == [
         (PartitionRecord, "orders", 0),
@@ -214,7 +214,7 @@ def test_create_topic_records_are_a_topic_then_one_partition_record_each():
 
 def test_planning_a_topic_does_not_change_the_state():
     c = three_nodes()
-    c.meta.plan_create_topic("orders", 2, 1, {}, "id")
+    c.meta.replication.plan_create_topic("orders", 2, 1, {}, "id")
     assert c.meta.topics == {}
     assert c.meta.last_offset == len(c.log) - 1
 
@@ -223,7 +223,7 @@ def test_create_partitions_adds_partitions_with_the_topics_replication_factor_an
     c = three_nodes()
     c.create("orders", partitions=2, rf=2)
     before = dict(c.meta.topics["orders"].partitions)
-    records = c.commit(c.meta.plan_create_partitions("orders", 5))
+    records = c.commit(c.meta.replication.plan_create_partitions("orders", 5))
     assert [(r.topic, r.partition) for r in records] == [("orders", 2), ("orders", 3), ("orders", 4)]
     partitions = c.meta.topics["orders"].partitions
     assert {p: partitions[p] for p in before} == before
@@ -236,9 +236,9 @@ def test_create_partitions_adds_partitions_with_the_topics_replication_factor_an
 def test_create_partitions_during_a_reassignment_takes_the_target_replication_factor():
     c = three_nodes()
     c.create("orders", partitions=1, rf=2)  # replicas (1, 2)
-    c.commit(c.meta.plan_reassign("orders", 0, [3, 1]))
+    c.commit(c.meta.replication.plan_reassign("orders", 0, [3, 1]))
     assert len(c.state("orders", 0).replicas) == 3, "the target plus the replica being removed"
-    records = c.commit(c.meta.plan_create_partitions("orders", 2))
+    records = c.commit(c.meta.replication.plan_create_partitions("orders", 2))
     assert len(records[0].replicas) == 2
 
 
@@ -247,12 +247,12 @@ def test_create_partitions_never_shrinks_or_keeps_the_count(total):
     c = three_nodes()
     c.create("orders", partitions=2, rf=1)
     with pytest.raises(InvalidPartitionsError, match="must be larger"):
-        c.meta.plan_create_partitions("orders", total)
+        c.meta.replication.plan_create_partitions("orders", total)
 
 
 def test_create_partitions_of_a_missing_topic_is_unknown_topic():
     with pytest.raises(UnknownTopicOrPartitionError):
-        three_nodes().meta.plan_create_partitions("nope", 3)
+        three_nodes().meta.replication.plan_create_partitions("nope", 3)
 
 
 def test_preferred_election_gives_leadership_back_to_the_first_replica_once_it_is_in_sync():
@@ -261,32 +261,32 @@ def test_preferred_election_gives_leadership_back_to_the_first_replica_once_it_i
     c.fence(1)
     assert c.state().leader == 2 and 1 not in c.state().isr
     with pytest.raises(PreferredLeaderNotAvailableError):
-        c.meta.plan_elect_leader("t", 0)  # fenced and out of the ISR: it may not lead
+        c.meta.replication.plan_elect_leader("t", 0)  # fenced and out of the ISR: it may not lead
     c.register(1, "a")
     with pytest.raises(PreferredLeaderNotAvailableError):
-        c.meta.plan_elect_leader("t", 0)  # back, but not caught up yet
+        c.meta.replication.plan_elect_leader("t", 0)  # back, but not caught up yet
     c.alter("t", 0, [2, 3, 1])
     before = c.state()
-    c.commit(c.meta.plan_elect_leader("t", 0))
+    c.commit(c.meta.replication.plan_elect_leader("t", 0))
     after = c.state()
     assert after.leader == 1 and after.isr == before.isr
     assert (after.leader_epoch, after.partition_epoch) == (before.leader_epoch + 1, before.partition_epoch + 1)
     with pytest.raises(ElectionNotNeededError):
-        c.meta.plan_elect_leader("t", 0)
+        c.meta.replication.plan_elect_leader("t", 0)
 
 
 def test_unclean_election_elects_a_live_replica_only_for_a_leaderless_partition():
     c = three_nodes()
     c.create("t", partitions=1, rf=2)  # replicas (1, 2)
     with pytest.raises(ElectionNotNeededError):
-        c.meta.plan_elect_leader("t", 0, unclean=True)
+        c.meta.replication.plan_elect_leader("t", 0, unclean=True)
     c.fence(2)
     c.fence(1)  # the last ISR member: leaderless, ISR kept
     assert c.state().leader == NO_LEADER
     with pytest.raises(EligibleLeadersNotAvailableError):
-        c.meta.plan_elect_leader("t", 0, unclean=True)
+        c.meta.replication.plan_elect_leader("t", 0, unclean=True)
     c.register(2, "b")  # out of sync, but live
-    c.commit(c.meta.plan_elect_leader("t", 0, unclean=True))
+    c.commit(c.meta.replication.plan_elect_leader("t", 0, unclean=True))
     assert (c.state().leader, c.state().isr) == (2, (2,))
 
 
@@ -306,21 +306,21 @@ def test_created_topic_keeps_its_id_and_configs():
     c = three_nodes()
     c.create("orders", rf=1, configs={"retention.ms": "1000"})
     topic = c.meta.topics["orders"]
-    assert (topic.name, topic.topic_id, topic.configs) == ("orders", "id-orders", {"retention.ms": "1000"})
+    assert (topic.name, topic.topic_id, c.meta.configs.of("orders")) == ("orders", "id-orders", {"retention.ms": "1000"})
 
 
 def test_creating_an_existing_topic_raises_topic_already_exists():
     c = three_nodes()
     c.create("orders")
     with pytest.raises(TopicAlreadyExistsError):
-        c.meta.plan_create_topic("orders", 1, 1, {}, "other-id")
+        c.meta.replication.plan_create_topic("orders", 1, 1, {}, "other-id")
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "x" * 250, ".", "..", "a b", "ü"])
 def test_creating_a_topic_with_an_illegal_name_raises_invalid_topic(name):
     c = three_nodes()
     with pytest.raises(InvalidTopicError):
-        c.meta.plan_create_topic(name, 1, 1, {}, "id")
+        c.meta.replication.plan_create_topic(name, 1, 1, {}, "id")
 
 
 @pytest.mark.parametrize("name", ["x" * 249, "a.b-c_D9", "..."])
@@ -334,14 +334,14 @@ def test_creating_a_topic_with_a_legal_name_succeeds(name):
 def test_creating_a_topic_without_partitions_raises_invalid_partitions(partitions):
     c = three_nodes()
     with pytest.raises(InvalidPartitionsError):
-        c.meta.plan_create_topic("orders", partitions, 1, {}, "id")
+        c.meta.replication.plan_create_topic("orders", partitions, 1, {}, "id")
 
 
 def test_creating_a_topic_with_more_replicas_than_live_brokers_raises():
     c = three_nodes()
     c.fence(3)
     with pytest.raises(InvalidReplicationFactorError):
-        c.meta.plan_create_topic("orders", 1, 3, {}, "id")
+        c.meta.replication.plan_create_topic("orders", 1, 3, {}, "id")
 
 
 def test_created_topic_is_assigned_only_to_unfenced_brokers():
@@ -670,7 +670,7 @@ def test_alter_partition_from_a_non_leader_raises_not_leader_or_follower():
     c = three_nodes()
     c.create(rf=3)
     with pytest.raises(NotLeaderOrFollowerError):
-        c.meta.plan_alter_partition("t", 0, 2, 0, 0, [2, 3])
+        c.meta.replication.plan_alter_partition("t", 0, 2, 0, 0, [2, 3])
 
 
 def test_alter_partition_with_a_stale_leader_epoch_raises_fenced_leader_epoch():
@@ -679,7 +679,7 @@ def test_alter_partition_with_a_stale_leader_epoch_raises_fenced_leader_epoch():
     c.fence(1)
     c.register(1, "a")  # leader is now 2 at leader epoch 1
     with pytest.raises(FencedLeaderEpochError):
-        c.meta.plan_alter_partition("t", 0, 2, 0, c.state().partition_epoch, [2])
+        c.meta.replication.plan_alter_partition("t", 0, 2, 0, c.state().partition_epoch, [2])
 
 
 def test_alter_partition_with_a_stale_partition_epoch_raises_invalid_update_version():
@@ -687,14 +687,14 @@ def test_alter_partition_with_a_stale_partition_epoch_raises_invalid_update_vers
     c.create(rf=3)
     c.alter("t", 0, [1, 2])
     with pytest.raises(InvalidUpdateVersionError):
-        c.meta.plan_alter_partition("t", 0, 1, 0, 0, [1])
+        c.meta.replication.plan_alter_partition("t", 0, 1, 0, 0, [1])
 
 
 def test_alter_partition_to_an_isr_without_the_leader_raises_ineligible_replica():
     c = three_nodes()
     c.create(rf=3)
     with pytest.raises(IneligibleReplicaError):
-        c.meta.plan_alter_partition("t", 0, 1, 0, 0, [2, 3])
+        c.meta.replication.plan_alter_partition("t", 0, 1, 0, 0, [2, 3])
 
 
 def test_alter_partition_to_an_isr_with_a_non_replica_raises_ineligible_replica():
@@ -702,7 +702,7 @@ def test_alter_partition_to_an_isr_with_a_non_replica_raises_ineligible_replica(
     c.create(rf=3)
     assert 4 not in c.state().replicas
     with pytest.raises(IneligibleReplicaError):
-        c.meta.plan_alter_partition("t", 0, 1, 0, 0, [1, 4])
+        c.meta.replication.plan_alter_partition("t", 0, 1, 0, 0, [1, 4])
 
 
 def test_alter_partition_adding_a_fenced_broker_raises_ineligible_replica():
@@ -710,13 +710,13 @@ def test_alter_partition_adding_a_fenced_broker_raises_ineligible_replica():
     c.create(rf=3)
     c.fence(3)
     with pytest.raises(IneligibleReplicaError):
-        c.meta.plan_alter_partition("t", 0, 1, 0, 1, [1, 2, 3])
+        c.meta.replication.plan_alter_partition("t", 0, 1, 0, 1, [1, 2, 3])
 
 
 def test_alter_partition_to_the_same_isr_gives_no_records():
     c = three_nodes()
     c.create(rf=3)
-    assert c.meta.plan_alter_partition("t", 0, 1, 0, 0, [3, 2, 1]) == []
+    assert c.meta.replication.plan_alter_partition("t", 0, 1, 0, 0, [3, 2, 1]) == []
 
 
 @pytest.mark.parametrize(("topic", "partition"), [("missing", 0), ("t", 1)])
@@ -724,13 +724,13 @@ def test_alter_partition_of_an_unknown_partition_raises(topic, partition):
     c = three_nodes()
     c.create(rf=3)
     with pytest.raises(UnknownTopicOrPartitionError):
-        c.meta.plan_alter_partition(topic, partition, 1, 0, 0, [1])
+        c.meta.replication.plan_alter_partition(topic, partition, 1, 0, 0, [1])
 
 
 def test_alter_partition_accepts_any_iterable_as_the_new_isr():
     c = three_nodes()
     c.create(rf=3)
-    records = c.meta.plan_alter_partition("t", 0, 1, 0, 0, iter([1, 2]))
+    records = c.meta.replication.plan_alter_partition("t", 0, 1, 0, 0, iter([1, 2]))
     assert records == [PartitionRecord.of("t", 0, PartitionState((1, 2, 3), (1, 2), 1, 0, 1))]
 
 
@@ -740,20 +740,20 @@ def test_alter_partition_accepts_any_iterable_as_the_new_isr():
 def test_deleting_an_unknown_topic_raises():
     c = three_nodes()
     with pytest.raises(UnknownTopicOrPartitionError):
-        c.meta.plan_delete_topic("missing")
+        c.meta.replication.plan_delete_topic("missing")
 
 
 def test_altering_configs_of_an_unknown_topic_raises():
     c = three_nodes()
     with pytest.raises(UnknownTopicOrPartitionError):
-        c.meta.plan_alter_topic_configs("missing", {"retention.ms": "1"})
+        c.meta.configs.plan_alter_topic_configs("missing", {"retention.ms": "1"})
 
 
 def test_deleted_topic_is_gone_and_its_name_can_be_reused_from_epoch_zero():
     c = three_nodes()
     c.create(rf=3)
     c.fence(1)
-    c.commit(c.meta.plan_delete_topic("t"))
+    c.commit(c.meta.replication.plan_delete_topic("t"))
     assert "t" not in c.meta.topics
     c.create(rf=2)
     assert (c.state().leader_epoch, c.state().partition_epoch) == (0, 0)
@@ -762,8 +762,8 @@ def test_deleted_topic_is_gone_and_its_name_can_be_reused_from_epoch_zero():
 def test_altered_topic_configs_replace_the_old_ones():
     c = three_nodes()
     c.create(rf=1, configs={"retention.ms": "1000", "min.insync.replicas": "1"})
-    c.commit(c.meta.plan_alter_topic_configs("t", {"retention.ms": "5"}))
-    assert c.meta.topics["t"].configs == {"retention.ms": "5"}
+    c.commit(c.meta.configs.plan_alter_topic_configs("t", {"retention.ms": "5"}))
+    assert c.meta.configs.of("t") == {"retention.ms": "5"}
 
 
 # --- apply --------------------------------------------------------------------------
@@ -809,7 +809,7 @@ def test_replaying_the_records_rebuilds_the_same_state():
     c.fence(1)
     c.alter("b", 0, [c.state("b", 0).leader])
     c.register(1, "x")
-    c.commit(c.meta.plan_delete_topic("a"))
+    c.commit(c.meta.replication.plan_delete_topic("a"))
     again = replay(c.log)
     assert again.cluster_id == "test-cluster"
     assert (again.brokers, again.topics, again.last_offset) == (c.meta.brokers, c.meta.topics, c.meta.last_offset)
@@ -865,11 +865,11 @@ def test_after_a_whole_cluster_crash_the_longest_log_leads_whatever_order_the_br
     c.meta = replay(c.log)  # every process was killed: the Controller too
     ends = {1: LogEnd(0, 5_984), 2: LogEnd(0, 20_000), 3: LogEnd(0, 20_000)}
     for broker in order:
-        assert c.meta.plan_unclean_recovery("t", 0, ends) == [] or broker == order[-1]
+        assert c.meta.replication.plan_unclean_recovery("t", 0, ends) == [] or broker == order[-1]
         restarted(c, broker, clean=False)
         assert c.state().leader in (NO_LEADER, 2, 3) or broker != order[-1]
-    assert set(c.state().isr) == {1, 2, 3} and c.meta.needs_log_comparison("t", 0)
-    c.commit(c.meta.plan_unclean_recovery("t", 0, ends))
+    assert set(c.state().isr) == {1, 2, 3} and c.meta.replication.needs_log_comparison("t", 0)
+    c.commit(c.meta.replication.plan_unclean_recovery("t", 0, ends))
     after = c.state()
     assert after.leader == 2 and after.isr == (2,) and set(after.recovering) == {1, 3}
     assert after.leader_epoch > before.leader_epoch
@@ -881,7 +881,7 @@ def test_unclean_recovery_prefers_the_latest_leader_epoch_over_a_longer_log():
     c.meta = replay(c.log)
     for broker in (1, 2, 3):
         restarted(c, broker, clean=False)
-    c.commit(c.meta.plan_unclean_recovery("t", 0, {1: LogEnd(3, 10), 2: LogEnd(2, 50), 3: LogEnd(3, 9)}))
+    c.commit(c.meta.replication.plan_unclean_recovery("t", 0, {1: LogEnd(3, 10), 2: LogEnd(2, 50), 3: LogEnd(3, 9)}))
     assert c.state().leader == 1
 
 
@@ -891,8 +891,8 @@ def test_unclean_recovery_waits_for_every_isr_member():
     c.meta = replay(c.log)
     restarted(c, 1, clean=False)
     restarted(c, 2, clean=False)
-    assert c.state().leader == NO_LEADER and not c.meta.needs_log_comparison("t", 0)
-    assert c.meta.plan_unclean_recovery("t", 0, {1: LogEnd(0, 5), 2: LogEnd(0, 5)}) == []
+    assert c.state().leader == NO_LEADER and not c.meta.replication.needs_log_comparison("t", 0)
+    assert c.meta.replication.plan_unclean_recovery("t", 0, {1: LogEnd(0, 5), 2: LogEnd(0, 5)}) == []
 
 
 def test_after_a_whole_cluster_crash_the_live_copies_decide_once_a_node_that_never_returns_is_fenced():
@@ -904,12 +904,12 @@ def test_after_a_whole_cluster_crash_the_live_copies_decide_once_a_node_that_nev
     restarted(c, 1, clean=False)
     restarted(c, 2, clean=False)
     ends = {1: LogEnd(0, 900), 2: LogEnd(0, 1_000)}
-    assert not c.meta.needs_log_comparison("t", 0), "broker 3 may still register within its session"
-    assert c.meta.plan_unclean_recovery("t", 0, ends) == []
+    assert not c.meta.replication.needs_log_comparison("t", 0), "broker 3 may still register within its session"
+    assert c.meta.replication.plan_unclean_recovery("t", 0, ends) == []
     c.fence(3)
-    assert c.state().leader == NO_LEADER and c.meta.copies_to_compare("t", 0) == (1, 2)
-    assert c.meta.plan_unclean_recovery("t", 0, {1: ends[1]}) == [], "every live copy reports first"
-    c.commit(c.meta.plan_unclean_recovery("t", 0, ends))
+    assert c.state().leader == NO_LEADER and c.meta.replication.copies_to_compare("t", 0) == (1, 2)
+    assert c.meta.replication.plan_unclean_recovery("t", 0, {1: ends[1]}) == [], "every live copy reports first"
+    c.commit(c.meta.replication.plan_unclean_recovery("t", 0, ends))
     after = c.state()
     assert (after.leader, after.isr, after.recovering) == (2, (2,), (1,))
     c.alter("t", 0, [1, 2])  # broker 1 caught up from the new leader
@@ -923,13 +923,13 @@ def test_an_isr_expansion_from_a_restarted_brokers_old_process_is_ineligible():
     c.create(rf=3)
     c.register(3, "c", "inc-old")
     s = c.state()
-    c.commit(c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2]))
+    c.commit(c.meta.replication.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2]))
     restarted(c, 3, clean=False)  # a new process: "inc-<n>"
     s = c.state()
     with pytest.raises(IneligibleReplicaError, match="inc-old"):
-        c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: "inc-old"})
+        c.meta.replication.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: "inc-old"})
     current = c.meta.brokers[3].incarnation_id
-    c.commit(c.meta.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: current}))
+    c.commit(c.meta.replication.plan_alter_partition("t", 0, s.leader, s.leader_epoch, s.partition_epoch, [1, 2, 3], {3: current}))
     assert c.state().isr == (1, 2, 3)
 
 
@@ -943,7 +943,7 @@ def test_a_broker_on_a_replaced_disk_leaves_every_isr_even_as_its_last_member():
     restarted(c, 1, clean=True, directory="dir-new")  # the empty directory was formatted anew
     state = c.state()
     assert (state.leader, state.isr, state.recovering) == (NO_LEADER, (), ())
-    assert not c.meta.needs_log_comparison("t", 0), "an empty log is never the copy to keep"
+    assert not c.meta.replication.needs_log_comparison("t", 0), "an empty log is never the copy to keep"
 
 
 def test_a_broker_on_a_replaced_disk_follows_and_does_not_lead_while_another_copy_is_in_sync():
@@ -960,7 +960,7 @@ def test_a_broker_on_a_replaced_disk_follows_and_does_not_lead_while_another_cop
 def test_a_failed_leader_replica_hands_leadership_to_an_in_sync_follower():
     c = three_nodes()
     c.create(rf=3)
-    c.commit(c.meta.plan_replica_failed("t", 0, 1))
+    c.commit(c.meta.replication.plan_replica_failed("t", 0, 1))
     assert c.state() == PartitionState((1, 2, 3), (2, 3), 2, 1, 1)
     assert c.meta.live_brokers == {1, 2, 3}, "a replica failure is not a broker failure"
 
@@ -968,7 +968,7 @@ def test_a_failed_leader_replica_hands_leadership_to_an_in_sync_follower():
 def test_a_failed_follower_replica_leaves_the_isr_and_the_leader_stays():
     c = three_nodes()
     c.create(rf=3)
-    c.commit(c.meta.plan_replica_failed("t", 0, 3))
+    c.commit(c.meta.replication.plan_replica_failed("t", 0, 3))
     assert c.state() == PartitionState((1, 2, 3), (1, 2), 1, 0, 1)
 
 
@@ -976,7 +976,7 @@ def test_a_failed_replica_that_is_the_only_copy_leads_again_in_a_new_epoch():
     c = three_nodes()
     c.create(rf=3)
     c.alter("t", 0, [1])
-    c.commit(c.meta.plan_replica_failed("t", 0, 1))
+    c.commit(c.meta.replication.plan_replica_failed("t", 0, 1))
     assert c.state() == PartitionState((1, 2, 3), (1,), 1, 1, 2)
 
 
@@ -984,7 +984,7 @@ def test_a_replica_failure_of_a_broker_without_that_replica_is_refused():
     c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
     c.create(rf=3)
     with pytest.raises(NotLeaderOrFollowerError):
-        c.meta.plan_replica_failed("t", 0, 4)
+        c.meta.replication.plan_replica_failed("t", 0, 4)
 
 
 # --- AlterPartition retries ----------------------------------------------------------
@@ -996,7 +996,7 @@ def test_alter_partition_retried_after_it_was_committed_succeeds_with_no_records
     s = c.state()
     c.alter("t", 0, [1, 2])
     # The same request again, with the partition epoch it was first sent with.
-    assert c.meta.plan_alter_partition("t", 0, 1, s.leader_epoch, s.partition_epoch, [1, 2]) == []
+    assert c.meta.replication.plan_alter_partition("t", 0, 1, s.leader_epoch, s.partition_epoch, [1, 2]) == []
 
 
 # --- reassignments (KIP-455) -----------------------------------------------------------
@@ -1005,7 +1005,7 @@ def test_alter_partition_retried_after_it_was_committed_succeeds_with_no_records
 def test_a_reassignment_adds_the_new_replica_first_and_drops_the_old_one_once_it_is_in_sync():
     c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
     c.create(rf=3)  # replicas (1, 2, 3)
-    c.commit(c.meta.plan_reassign("t", 0, [4, 2, 3]))
+    c.commit(c.meta.replication.plan_reassign("t", 0, [4, 2, 3]))
     moving = c.state()
     assert (moving.replicas, moving.adding, moving.removing) == ((4, 2, 3, 1), (4,), (1,))
     assert (moving.leader, moving.isr) == (1, (1, 2, 3))
@@ -1018,8 +1018,8 @@ def test_a_reassignment_adds_the_new_replica_first_and_drops_the_old_one_once_it
 def test_cancelling_a_reassignment_reverts_to_the_original_replicas():
     c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
     c.create(rf=3)
-    c.commit(c.meta.plan_reassign("t", 0, [4, 2, 3]))
-    c.commit(c.meta.plan_reassign("t", 0, None))
+    c.commit(c.meta.replication.plan_reassign("t", 0, [4, 2, 3]))
+    c.commit(c.meta.replication.plan_reassign("t", 0, None))
     state = c.state()
     # As in Kafka, the reverted replica list keeps the reassignment's order (target first).
     assert (set(state.replicas), state.isr, state.leader, state.adding, state.removing) == ({1, 2, 3}, (1, 2, 3), 1, (), ())
@@ -1031,12 +1031,12 @@ def test_replacing_a_reassignment_keeps_the_replicas_it_was_adding_until_the_new
     c = Cluster({b: f"n{b}" for b in range(1, 7)})
     c.create(rf=2)
     assert c.state().replicas == (1, 2)
-    c.commit(c.meta.plan_reassign("t", 0, [3, 4]))
+    c.commit(c.meta.replication.plan_reassign("t", 0, [3, 4]))
     c.alter("t", 0, [1, 2, 3])
     c.fence(1)
     c.fence(2)
     assert (c.state().leader, c.state().isr) == (3, (3,))
-    c.commit(c.meta.plan_reassign("t", 0, [5, 6]))
+    c.commit(c.meta.replication.plan_reassign("t", 0, [5, 6]))
     state = c.state()
     assert (state.leader, state.isr) == (3, (3,))
     assert set(state.replicas) == {1, 2, 3, 4, 5, 6} and set(state.adding) == {5, 6}
@@ -1060,7 +1060,7 @@ def test_cancelling_where_no_reassignment_runs_raises():
     c = three_nodes()
     c.create(rf=3)
     with pytest.raises(NoReassignmentInProgressError):
-        c.meta.plan_reassign("t", 0, None)
+        c.meta.replication.plan_reassign("t", 0, None)
 
 
 @pytest.mark.parametrize("target", [[], [1, 1], [1, 99]])
@@ -1068,13 +1068,13 @@ def test_an_invalid_reassignment_target_raises(target):
     c = three_nodes()
     c.create(rf=3)
     with pytest.raises(InvalidReplicaAssignmentError):
-        c.meta.plan_reassign("t", 0, target)
+        c.meta.replication.plan_reassign("t", 0, target)
 
 
 def test_reassigning_to_the_current_replicas_changes_nothing():
     c = three_nodes()
     c.create(rf=3)
-    assert c.meta.plan_reassign("t", 0, [1, 2, 3]) == []
+    assert c.meta.replication.plan_reassign("t", 0, [1, 2, 3]) == []
 
 
 # --- random operations: invariants and replay ----------------------------------------
@@ -1120,7 +1120,7 @@ class ClusterMachine(RuleBasedStateMachine):
         return (self.c.meta.topics[name].topic_id, p)
 
     def unclean(self, name: str) -> bool:
-        raw = self.c.meta.topics[name].configs.get(UNCLEAN_LEADER_ELECTION_ENABLE)
+        raw = self.c.meta.configs.of(name).get(UNCLEAN_LEADER_ELECTION_ENABLE)
         return self.config.unclean_leader_election_enable if raw is None else raw == "true"
 
     def settle(self) -> None:
@@ -1140,10 +1140,10 @@ class ClusterMachine(RuleBasedStateMachine):
     def recover_uncleanly(self) -> None:
         """What the Controller does for partitions whose every in-sync copy restarted uncleanly."""
         for name, p, s in self.partitions():
-            if self.c.meta.needs_log_comparison(name, p):
+            if self.c.meta.replication.needs_log_comparison(name, p):
                 leo = self.leo[self.key(name, p)]
                 ends = {r: LogEnd(0, leo.get(r, 0)) for r in s.isr}
-                self.c.commit(self.c.meta.plan_unclean_recovery(name, p, ends))
+                self.c.commit(self.c.meta.replication.plan_unclean_recovery(name, p, ends))
 
     # -- rules
 
@@ -1156,7 +1156,7 @@ class ClusterMachine(RuleBasedStateMachine):
         live = self.c.meta.live_brokers
         if rf > len(live):
             with pytest.raises(InvalidReplicationFactorError):
-                self.c.meta.plan_create_topic(name, partitions, rf, configs, f"id-{name}")
+                self.c.meta.replication.plan_create_topic(name, partitions, rf, configs, f"id-{name}")
             return
         self.c.create(name, partitions, rf, configs)
         for p, state in self.c.meta.topics[name].partitions.items():
@@ -1298,7 +1298,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if not candidates:
             return
         name, p, r = data.draw(st.sampled_from(candidates))
-        self.c.commit(self.c.meta.plan_replica_failed(name, p, r))
+        self.c.commit(self.c.meta.replication.plan_replica_failed(name, p, r))
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), cancel=st.booleans())
@@ -1308,7 +1308,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if cancel:
             if s.adding or s.removing:
                 try:
-                    self.c.commit(self.c.meta.plan_reassign(name, p, None))
+                    self.c.commit(self.c.meta.replication.plan_reassign(name, p, None))
                 except InvalidReplicaAssignmentError:
                     pass
             return
@@ -1316,7 +1316,7 @@ class ClusterMachine(RuleBasedStateMachine):
         leo = self.leo[self.key(name, p)]
         for r in target:
             leo.setdefault(r, 0)
-        self.c.commit(self.c.meta.plan_reassign(name, p, target))
+        self.c.commit(self.c.meta.replication.plan_reassign(name, p, target))
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), stale=st.sampled_from(["leader", "leader_epoch", "partition_epoch"]))
@@ -1337,7 +1337,7 @@ class ClusterMachine(RuleBasedStateMachine):
             partition_epoch -= 1
             error = InvalidUpdateVersionError
         with pytest.raises(error):
-            self.c.meta.plan_alter_partition(name, p, leader, leader_epoch, partition_epoch, new_isr)
+            self.c.meta.replication.plan_alter_partition(name, p, leader, leader_epoch, partition_epoch, new_isr)
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data(), unclean=st.booleans())
@@ -1347,7 +1347,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.settle()
         name, p, s = data.draw(st.sampled_from(self.partitions()))
         try:
-            records = self.c.commit(self.c.meta.plan_elect_leader(name, p, unclean))
+            records = self.c.commit(self.c.meta.replication.plan_elect_leader(name, p, unclean))
         except (ElectionNotNeededError, PreferredLeaderNotAvailableError, EligibleLeadersNotAvailableError):
             return
         new = self.c.meta.partition(name, p)
@@ -1369,9 +1369,9 @@ class ClusterMachine(RuleBasedStateMachine):
         rf = len(self.c.meta.topics[name].partitions[0].target_replicas)  # a reassignment's drops not counted
         if rf > len(self.c.meta.live_brokers):
             with pytest.raises(InvalidReplicationFactorError):
-                self.c.meta.plan_create_partitions(name, before + more)
+                self.c.meta.replication.plan_create_partitions(name, before + more)
             return
-        self.c.commit(self.c.meta.plan_create_partitions(name, before + more))
+        self.c.commit(self.c.meta.replication.plan_create_partitions(name, before + more))
         for p in range(before, before + more):
             state = self.c.meta.partition(name, p)
             self.hw[self.key(name, p)] = 0
@@ -1383,14 +1383,14 @@ class ClusterMachine(RuleBasedStateMachine):
     def alter_configs(self, data, unclean):
         self.settle()
         name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
-        self.c.commit(self.c.meta.plan_alter_topic_configs(name, {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}))
+        self.c.commit(self.c.meta.configs.plan_alter_topic_configs(name, {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}))
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data())
     def delete_topic(self, data):
         self.settle()
         name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
-        self.c.commit(self.c.meta.plan_delete_topic(name))
+        self.c.commit(self.c.meta.replication.plan_delete_topic(name))
         assert name not in self.c.meta.topics
 
     # -- invariants
@@ -1421,7 +1421,7 @@ class ClusterMachine(RuleBasedStateMachine):
             elif set(s.replicas) <= attached and s.isr and not self.unclean(name):
                 # Everyone is back: leaderless only while a comparison of logs is pending,
                 # or because every in-sync copy is gone.
-                assert self.c.meta.needs_log_comparison(name, p) or not (set(s.isr) - set(s.recovering)), (
+                assert self.c.meta.replication.needs_log_comparison(name, p) or not (set(s.isr) - set(s.recovering)), (
                     f"{name}-{p}: leaderless with every replica back: {s}"
                 )
 
@@ -1460,32 +1460,3 @@ class ClusterMachine(RuleBasedStateMachine):
 
 ClusterMachine.TestCase.settings = settings(max_examples=1000, stateful_step_count=25, deadline=None)
 test_cluster_metadata_state_machine = ClusterMachine.TestCase
-
-
-# --- SCRAM credentials ----------------------------------------------------------------
-
-
-def test_scram_credentials_are_set_removed_and_replayed_and_a_bad_user_changes_nothing_of_its_own():
-    from rayk.errors import DuplicateResourceError, ResourceNotFoundError, UnacceptableCredentialError
-    from rayk.scram import credential_from_password
-
-    c = Cluster()
-    alice_512 = credential_from_password("SCRAM-SHA-512", "a", 4096)
-    alice_256 = credential_from_password("SCRAM-SHA-256", "a", 4096)
-    records, results = c.meta.plan_alter_scram_credentials([], [("alice", alice_512), ("alice", alice_256)])
-    assert results == {"alice": None}
-    c.commit(records)
-    records, results = c.meta.plan_alter_scram_credentials(
-        [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512"), ("carol", "SCRAM-SHA-512")],
-        [("carol", credential_from_password("SCRAM-SHA-512", "c", 4096)), ("", alice_512),
-         ("dave", UnacceptableCredentialError("iterations"))],
-    )
-    assert results["alice"] is None
-    assert isinstance(results["bob"], ResourceNotFoundError)
-    assert isinstance(results["carol"], DuplicateResourceError)  # deleted and set in one request
-    assert isinstance(results[""], UnacceptableCredentialError) and isinstance(results["dave"], UnacceptableCredentialError)
-    c.commit(records)
-    assert c.meta.scram_credentials == {"alice": {"SCRAM-SHA-512": alice_512}}
-    assert replay(c.log).scram_credentials == c.meta.scram_credentials, "salts and keys survive msgpack"
-    c.commit(c.meta.plan_alter_scram_credentials([("alice", "SCRAM-SHA-512")], [])[0])
-    assert c.meta.scram_credentials == {}

@@ -1,6 +1,6 @@
 """Clients across a Controller restart: its process is SIGKILLed, Ray restarts it
-(max_restarts=-1) and it replays its metadata log, then hears from the brokers again at
-their next heartbeats. Meanwhile producers keep sending and client calls keep working:
+(max_restarts=-1) and it restores its metadata (here snapshotted every few KiB of records,
+so restarts load snapshots), then hears from the brokers again at their next heartbeats. Meanwhile producers keep sending and client calls keep working:
 no Ray exception reaches the caller, nothing acknowledged is lost or written twice."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -26,9 +27,14 @@ def ray_local():
     shared_local_ray()
 
 
+# Snapshots every 4 KiB of metadata records: a few changes each, so every restart below
+# restores a snapshot and replays only what followed it.
+SNAPSHOTTING_CONFIG = {**FAST_CONFIG, "metadata.log.max.record.bytes.between.snapshots": 4096}
+
+
 @pytest.fixture
 def cluster(tmp_path):
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace="controller-restart")
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=SNAPSHOTTING_CONFIG, namespace="controller-restart")
     yield c
     c.shutdown()
 
@@ -188,6 +194,9 @@ def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restar
 
     raised = {loop.name: loop.other_errors for loop in loops if loop.other_errors}
     assert not raised, f"errors other than rayk's reached the caller: {raised}"
+    metadata_dir = Path(ray.get(cluster.controller.data_dir.remote())) / "__cluster_metadata-0"
+    assert list(metadata_dir.glob("*.checkpoint")), "the churn made the Controller snapshot its metadata"
+    assert cluster.describe_topic("steady")[1]["isr"], "the restored metadata still has the topic"
     assert all(loop.returned for loop in loops), {loop.name: loop.returned for loop in loops}
     create_loop = loops[-1]
     assert not [e for e in create_loop.kafka_errors if isinstance(e, TopicAlreadyExistsError)]

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 from hypothesis import given
 
-from rayk.actors.cluster_metadata import ClusterMetadata
+from rayk.metadata.cluster_metadata import ClusterMetadata
 from rayk.errors import CorruptRecordError, UnsupportedVersionError
 from rayk.metadata import records as r
 from rayk.metadata.log import TOPIC_PARTITION_DIR, MetadataLog
@@ -113,7 +113,7 @@ def test_a_metadata_log_written_before_versions_loads_as_the_image_that_code_bui
 
 def test_a_cluster_upgraded_in_place_goes_on_appending_and_snapshots_its_mixed_log(v0_dir: Path):
     meta, log = load(v0_dir)
-    records = meta.plan_create_topic("after-upgrade", 2, 3, {}, "topic-id-after-upgrade")
+    records = meta.replication.plan_create_topic("after-upgrade", 2, 3, {}, "topic-id-after-upgrade")
     first = log.append(records)
     for i, record in enumerate(records):
         meta.apply(record, first + i)

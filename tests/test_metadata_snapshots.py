@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from rayk.acls import AclBinding, AclFilter
-from rayk.actors.cluster_metadata import ClusterMetadata
+from rayk.metadata.cluster_metadata import ClusterMetadata
 from rayk.errors import CorruptRecordError, UnsupportedVersionError
 from rayk.metadata import snapshot
 from rayk.metadata.log import TOPIC_PARTITION_DIR, MetadataLog
@@ -108,7 +108,7 @@ class Controller:
         """`n` changes of one record of ~150 bytes each (ACLs on long topic names)."""
         for i in range(n):
             name = f"{prefix}{i}-" + "x" * 100
-            self.commit(self.meta.plan_create_acls([AclBinding(2, name, 3, "User:alice", "*", 2, 3)])[0])
+            self.commit(self.meta.acl.plan_create_acls([AclBinding(2, name, 3, "User:alice", "*", 2, 3)])[0])
 
     def close(self) -> None:
         self.log.close()
@@ -134,9 +134,9 @@ def reopened(directory: Path) -> ClusterMetadata:
 def test_a_start_restores_the_newest_snapshot_and_replays_only_what_follows_it(tmp_path: Path):
     c = Controller(tmp_path)
     setup_cluster(c)
-    c.commit(c.meta.plan_create_topic("orders", 3, 3, {}, "orders-id"))
+    c.commit(c.meta.replication.plan_create_topic("orders", 3, 3, {}, "orders-id"))
     c.snapshot()
-    c.commit(c.meta.plan_alter_topic_configs("orders", {"retention.ms": "5"}))
+    c.commit(c.meta.configs.plan_alter_topic_configs("orders", {"retention.ms": "5"}))
     c.close()
     log = MetadataLog(tmp_path)
     image, after = log.load()
@@ -165,9 +165,9 @@ def test_an_unreadable_newest_snapshot_is_set_aside_for_the_one_before_it_and_no
     c = Controller(tmp_path)
     setup_cluster(c)
     for round_ in range(3):
-        c.commit(c.meta.plan_create_topic(f"topic{round_}", 2, 2, {}, f"id-{round_}"))
+        c.commit(c.meta.replication.plan_create_topic(f"topic{round_}", 2, 2, {}, f"id-{round_}"))
         newest = c.snapshot()
-    c.commit(c.meta.plan_alter_topic_configs("topic0", {"retention.ms": "5"}))
+    c.commit(c.meta.configs.plan_alter_topic_configs("topic0", {"retention.ms": "5"}))
     c.close()
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -297,10 +297,10 @@ def history(c: Controller, changes: list[int]) -> None:
     """Changes of the given sizes, with a snapshot after every second one."""
     setup_cluster(c)
     for i, size in enumerate(changes):
-        c.commit(c.meta.plan_create_topic(f"topic{i}", size, 2, {}, f"id-{i}"))
+        c.commit(c.meta.replication.plan_create_topic(f"topic{i}", size, 2, {}, f"id-{i}"))
         if i % 2:
             c.snapshot()
-    c.commit(c.meta.plan_alter_topic_configs("topic0", {"retention.ms": "5"}))
+    c.commit(c.meta.configs.plan_alter_topic_configs("topic0", {"retention.ms": "5"}))
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -333,7 +333,7 @@ def test_a_crash_at_any_step_of_a_snapshot_loses_nothing(monkeypatch, changes):
             assert image_summary(reopened(damaged)) == expected, f"crash at step {at}, newest snapshot lost"
             again = Controller(directory)
             assert image_summary(again.meta) == expected, f"crash at step {at} of {steps}"
-            again.commit(again.meta.plan_create_topic("after-crash", 1, 1, {}, "id-after"))
+            again.commit(again.meta.replication.plan_create_topic("after-crash", 1, 1, {}, "id-after"))
             again.snapshot()
             expected = image_summary(again.meta)
             again.close()
@@ -384,43 +384,43 @@ class SnapshotMachine(RuleBasedStateMachine):
     @rule(partitions=st.integers(1, 3))
     def create_topic(self, partitions):
         self.topics += 1
-        self.commit(self.c.meta.plan_create_topic(f"t{self.topics}", partitions, 2, {}, f"id-{self.topics}"))
+        self.commit(self.c.meta.replication.plan_create_topic(f"t{self.topics}", partitions, 2, {}, f"id-{self.topics}"))
 
     @precondition(lambda self: self.c.meta.topics)
     @rule(data=st.data())
     def shrink_isr(self, data):
         name, p, s = data.draw(st.sampled_from(self.c.meta.all_partitions()))
         if s.leader >= 0 and len(s.isr) > 1:
-            self.commit(self.c.meta.plan_alter_partition(name, p, s.leader, s.leader_epoch, s.partition_epoch,
+            self.commit(self.c.meta.replication.plan_alter_partition(name, p, s.leader, s.leader_epoch, s.partition_epoch,
                                                          [s.leader]))
 
     @precondition(lambda self: self.c.meta.topics)
     @rule(data=st.data())
     def delete_topic(self, data):
-        self.commit(self.c.meta.plan_delete_topic(data.draw(st.sampled_from(sorted(self.c.meta.topics)))))
+        self.commit(self.c.meta.replication.plan_delete_topic(data.draw(st.sampled_from(sorted(self.c.meta.topics)))))
 
     @rule(user=st.sampled_from(["alice", "bob"]), operation=st.integers(2, 4))
     def create_acl(self, user, operation):
-        records, _ = self.c.meta.plan_create_acls([AclBinding(2, "t", 3, f"User:{user}", "*", operation, 3)])
+        records, _ = self.c.meta.acl.plan_create_acls([AclBinding(2, "t", 3, f"User:{user}", "*", operation, 3)])
         self.commit(records)
 
     @rule(user=st.sampled_from(["alice", "bob"]))
     def delete_acls(self, user):
-        self.commit(self.c.meta.plan_delete_acls([AclFilter(principal=f"User:{user}")])[0])
+        self.commit(self.c.meta.acl.plan_delete_acls([AclFilter(principal=f"User:{user}")])[0])
 
     @rule(user=st.sampled_from(["alice", "bob"]), delete=st.booleans())
     def alter_scram(self, user, delete):
-        held = ALICE_CREDENTIAL.mechanism in self.c.meta.scram_credentials.get(user, {})
+        held = ALICE_CREDENTIAL.mechanism in self.c.meta.scram.credentials.get(user, {})
         ops = ([(user, ALICE_CREDENTIAL.mechanism)], []) if delete and held else ([], [(user, ALICE_CREDENTIAL)])
-        self.commit(self.c.meta.plan_alter_scram_credentials(*ops)[0])
+        self.commit(self.c.meta.scram.plan_alter(*ops)[0])
 
     @rule(user=st.sampled_from(["alice", "bob"]), value=st.none() | st.floats(1, 1e9))
     def alter_quota(self, user, value):
-        self.commit(self.c.meta.plan_alter_client_quotas([(QuotaEntity(user), [("producer_byte_rate", value)])])[0])
+        self.commit(self.c.meta.quotas.plan_alter([(QuotaEntity(user), [("producer_byte_rate", value)])])[0])
 
     @rule(count=st.integers(1, 5000))
     def producer_ids(self, count):
-        self.commit(self.c.meta.plan_allocate_producer_ids(count))
+        self.commit(self.c.meta.producer_ids.plan_allocate(count)[0])
 
     @rule()
     def snapshot(self):

@@ -1,7 +1,7 @@
 """Client quotas without a cluster: the entity model and Kafka's eight levels of precedence
 (rayk/quotas.py), the sampled rate and its throttle time (rayk/net/sampled_rate.py), what
-a listener records and answers per client (rayk/net/client_quotas.py), and the
-Controller's records of them (ClusterMetadata)."""
+and what a listener records and answers per client (rayk/net/client_quotas.py). The
+Controller's records of them: test_quota_control.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rayk.actors.cluster_metadata import ClusterMetadata
 from rayk.errors import InvalidRequestError
 from rayk.net.client_quotas import MAX_THROTTLE_MS, ClientQuotas, ThreadTimed, measure_child_tasks
 from rayk.net.request_context import RequestContext
@@ -256,31 +255,3 @@ def test_thread_time_counts_the_tasks_a_request_starts_and_no_one_elses():
         assert 0.055e9 < timed.ns < 0.1e9, timed.ns
 
     asyncio.run(main())
-
-
-# ---------------------------------------------------------------------------- the Controller's records
-
-
-def test_quota_changes_are_records_that_replay_to_the_same_quotas():
-    meta = ClusterMetadata()
-    alice, default_client = QuotaEntity("alice"), QuotaEntity(client_id=DEFAULT)
-    records, results = meta.plan_alter_client_quotas([
-        (alice, [(P, 1024), (REQUEST_PERCENTAGE, 50.0)]),
-        (default_client, [(CONSUMER_BYTE_RATE, 2048)]),
-        (QuotaEntity("bob"), [(P, 1.5)]),
-        (InvalidRequestError("bad entity"), [(P, 1)]),
-        (QuotaEntity("carol"), [(P, 1), (P, 2)]),
-    ])
-    assert results[:2] == [None, None]
-    assert all(isinstance(e, InvalidRequestError) for e in results[2:])
-    for offset, record in enumerate(records):
-        meta.apply(record, offset)
-    assert meta.client_quotas == {alice: {P: 1024, REQUEST_PERCENTAGE: 50}, default_client: {CONSUMER_BYTE_RATE: 2048}}
-    version = meta.quota_version
-    records, results = meta.plan_alter_client_quotas([(alice, [(P, None), (REQUEST_PERCENTAGE, None)]),
-                                                      (QuotaEntity("dave"), [(P, None)])])
-    assert results == [None, None], "removing what is not set is no error"
-    for offset, record in enumerate(records, start=meta.last_offset + 1):
-        meta.apply(record, offset)
-    assert meta.client_quotas == {default_client: {CONSUMER_BYTE_RATE: 2048}}, "an entity without quotas is gone"
-    assert meta.quota_version > version

@@ -20,7 +20,7 @@ from kafka.admin import KafkaAdminClient
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
-from rayk.actors.elections import PartitionState
+from rayk.metadata.elections import PartitionState
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.client import PartitionReassignment, TopicPartition
 from rayk.errors import (

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rayk.actors.elections import PartitionState
+from rayk.metadata.elections import PartitionState
 from rayk.metrics import BrokerHealth
 
 

@@ -1,9 +1,11 @@
 """Controller: the cluster's metadata and elections, as one detached async Ray actor.
 
-It keeps `ClusterMetadata` (brokers, topics with ids and configs, and per partition the
-replicas, leader, leader epoch, ISR and partition epoch) and is the only writer of it.
-Every change is decided by `ClusterMetadata.plan_*` (rules in `elections.py`), written
-durably to the `MetadataLog` (`<dir>/__cluster_metadata-0`), applied, and only then
+It is the shell over `ClusterMetadata` (`rayk/metadata`: brokers, topics with ids and
+configs, per partition the replicas, leader, leader epoch, ISR and partition epoch, ACLs,
+SCRAM credentials, client quotas, producer ids), and the only writer of it. Every change
+is planned by the control manager of its domain (`self._meta.replication.plan_*`, ...;
+rules in `elections.py`), written durably to the `MetadataLog`
+(`<dir>/__cluster_metadata-0`), applied, and only then
 pushed to the brokers concerned: the leader's ReplicaManager first (its answer is the
 leader replica's handle), then the followers' with that handle. Planning and committing
 never await, so on the actor's event loop each change is atomic; pushes are asynchronous
@@ -60,14 +62,14 @@ from typing import Any
 from ray.exceptions import RayActorError, RayError
 
 from rayk import metrics
-from rayk.actors import elections
-from rayk.actors.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
+from rayk.metadata import elections
+from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.metadata.log import MetadataLog
 from rayk.metadata.records import ClusterIdRecord, PartitionRecord
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
 from rayk.acls import AclBinding, AclFilter
-from rayk.quotas import QuotaEntity, QuotaFilterComponent, filter_entities
+from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
@@ -78,7 +80,6 @@ from rayk.errors import (
     KafkaError,
     LeaderNotAvailableError,
     RequestTimedOutError,
-    ResourceNotFoundError,
     StaleBrokerEpochError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -88,7 +89,6 @@ logger = logging.getLogger(__name__)
 
 MAINTENANCE_MAX_INTERVAL_MS = 1_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # ids reserved per metadata record
-MAX_PRODUCER_IDS_PER_ALLOCATION = 1 << 20
 TopicPartition = tuple[str, int]
 
 
@@ -230,7 +230,7 @@ class Controller:
         self._fenced_since.pop(broker_id, None)
         self._replacement_blocked.discard(broker_id)
         self._spawn(self._watch(broker_id, epoch, manager))
-        mine = {(t, p) for t, p, _ in self._meta.partitions_of_broker(broker_id)}
+        mine = {(t, p) for t, p, _ in self._meta.replication.partitions_of_broker(broker_id)}
         # Creating replica actors takes a while; the broker cannot heartbeat before this
         # returns, so its session starts when the pushes are done.
         self._registering.add(broker_id)
@@ -262,7 +262,7 @@ class Controller:
         """The partitions a broker holds a replica of, with their topic ids (what it checks
         its running replicas against)."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        return {(t, p): self._meta.topics[t].topic_id for t, p, _ in self._meta.partitions_of_broker(broker_id)}
+        return {(t, p): self._meta.topics[t].topic_id for t, p, _ in self._meta.replication.partitions_of_broker(broker_id)}
 
     async def update_endpoints(self, broker_id: int, broker_epoch: int, endpoints: dict[str, tuple[str, int]] | None) -> None:
         """A broker restarted its Kafka listeners (they died), maybe on other ports."""
@@ -364,7 +364,7 @@ class Controller:
         leaderless = {(t, p) for t, p, s in self._meta.all_partitions() if s.leader == NO_LEADER}
         elected = []
         for topic, partition in sorted(leaderless):
-            records = self._meta.plan_reconcile(topic, partition)
+            records = self._meta.replication.plan_reconcile(topic, partition)
             if records:
                 self._commit(records)
                 elected.append((topic, partition))
@@ -376,7 +376,7 @@ class Controller:
         uncleanly (and the missing ones are fenced), ask each for its log's end and elect
         the most complete."""
         for topic, partition in sorted(partitions):
-            copies = self._meta.copies_to_compare(topic, partition) if topic in self._meta.topics else ()
+            copies = self._meta.replication.copies_to_compare(topic, partition) if topic in self._meta.topics else ()
             if not copies:
                 continue
             handles = {b: self._replica_handles.get((topic, partition, b)) for b in copies}
@@ -389,7 +389,7 @@ class Controller:
                 logger.warning("%s-%d: could not compare the logs of %s: %s", topic, partition, sorted(copies), e)
                 continue
             ends = {b: LogEnd(i["latest_epoch"], i["log_end_offset"]) for b, i in zip(handles, infos)}
-            records = self._meta.plan_unclean_recovery(topic, partition, ends)
+            records = self._meta.replication.plan_unclean_recovery(topic, partition, ends)
             if records:
                 logger.warning(
                     "%s-%d: every in-sync copy restarted uncleanly; electing broker %d, the most complete log of %s",
@@ -422,7 +422,7 @@ class Controller:
         records: list[Record] = []
         for topic, partition in dict.fromkeys(partitions):  # a partition named twice is elected once
             try:
-                records += self._meta.plan_elect_leader(topic, partition, unclean)
+                records += self._meta.replication.plan_elect_leader(topic, partition, unclean)
                 results[(topic, partition)] = None
             except KafkaError as e:
                 results[(topic, partition)] = e
@@ -449,7 +449,7 @@ class Controller:
             if target is None:
                 stuck.append((topic, partition))
                 continue
-            self._commit(self._meta.plan_reassign(topic, partition, target))
+            self._commit(self._meta.replication.plan_reassign(topic, partition, target))
             moved.append((topic, partition))
         if moved:
             logger.warning("brokers %s lost for %.0f s or more: moving %s to live brokers", sorted(lost), delay_ms / 1000, moved)
@@ -501,9 +501,10 @@ class Controller:
         if meta is None:
             return
         state = meta.partitions[partition]
+        configs = self._meta.configs.of(topic)
 
         def assignment(leader_handle: Any) -> PartitionAssignment:
-            return PartitionAssignment(topic, partition, meta.topic_id, state, meta.configs, leader_handle)
+            return PartitionAssignment(topic, partition, meta.topic_id, state, configs, leader_handle)
 
         leader_handle = None
         if state.leader != NO_LEADER and state.leader in self._managers:
@@ -558,7 +559,7 @@ class Controller:
     ) -> tuple[list[int], int]:
         """Kafka's AlterPartition: a leader's ISR change, checked and committed."""
         self._check_broker_epoch(broker_id, broker_epoch)
-        records = self._meta.plan_alter_partition(
+        records = self._meta.replication.plan_alter_partition(
             topic, partition, broker_id, leader_epoch, partition_epoch, isr, added_incarnations
         )
         self._commit(records)
@@ -576,7 +577,7 @@ class Controller:
         which re-creates the failed one from its log."""
         self._check_broker_epoch(broker_id, broker_epoch)
         self._replica_handles.pop((topic, partition, broker_id), None)
-        records = self._meta.plan_replica_failed(topic, partition, broker_id)
+        records = self._meta.replication.plan_replica_failed(topic, partition, broker_id)
         self._commit(records)
         logger.warning("broker %d's replica of %s-%d failed: %s", broker_id, topic, partition,
                        f"now {self._meta.partition(topic, partition)}" if records else "no change")
@@ -593,7 +594,7 @@ class Controller:
         started = []
         for (topic, partition), target in reassignments.items():
             try:
-                self._commit(self._meta.plan_reassign(topic, partition, target))
+                self._commit(self._meta.replication.plan_reassign(topic, partition, target))
             except KafkaError as e:
                 results[(topic, partition)] = e
                 continue
@@ -635,7 +636,7 @@ class Controller:
         if replication_factor in (None, -1):
             replication_factor = self.config.default_replication_factor
         checked = validate_topic_configs(configs)
-        records = self._meta.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
+        records = self._meta.replication.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
         if name != OFFSETS_TOPIC:  # consumer groups must work whatever users have filled
             self._check_replica_caps(records)
         if validate_only:
@@ -662,7 +663,7 @@ class Controller:
         if name == OFFSETS_TOPIC:  # its partition count is what maps a group to its coordinator
             raise InvalidRequestError(f"the partition count of {OFFSETS_TOPIC} cannot change")
         current = len(self._meta.topics[name].partitions) if name in self._meta.topics else 0
-        records = self._meta.plan_create_partitions(name, total)
+        records = self._meta.replication.plan_create_partitions(name, total)
         self._check_replica_caps(records)
         if validate_only:
             return []
@@ -674,17 +675,17 @@ class Controller:
 
     async def create_acls(self, bindings: list[AclBinding]) -> list[KafkaError | None]:
         """CreateAcls: per binding None, or why it was refused (INVALID_REQUEST)."""
-        records, results = self._meta.plan_create_acls(bindings)
+        records, results = self._meta.acl.plan_create_acls(bindings)
         if records:
             self._commit(records)
         return results
 
     async def describe_acls(self, acl_filter: AclFilter) -> list[AclBinding]:
-        return [b for b in self._meta.acls if acl_filter.matches(b)]
+        return self._meta.acl.describe(acl_filter)
 
     async def delete_acls(self, filters: list[AclFilter]) -> list[list[AclBinding]]:
         """DeleteAcls: per filter the bindings it matched, all of them deleted."""
-        records, matched = self._meta.plan_delete_acls(filters)
+        records, matched = self._meta.acl.plan_delete_acls(filters)
         if records:
             self._commit(records)
         return matched
@@ -692,9 +693,9 @@ class Controller:
     async def acls(self, known_version: int = -2) -> tuple[int, list[AclBinding]] | None:
         """Every ACL binding and the version they are at, for a listener's authorizer; None
         when the listener's `known_version` is current."""
-        if known_version == self._meta.acl_version:
+        if known_version == self._meta.acl.version:
             return None
-        return self._meta.acl_version, list(self._meta.acls)
+        return self._meta.acl.version, list(self._meta.acl.bindings)
 
     # ------------------------------------------------------------------ SCRAM credentials
 
@@ -703,7 +704,7 @@ class Controller:
     ) -> dict[str, KafkaError | None]:
         """Deletes (user, mechanism) credentials and sets (user, credential) ones, in the
         metadata log; per user None or the error that refused all its changes."""
-        records, results = self._meta.plan_alter_scram_credentials(deletions, upsertions)
+        records, results = self._meta.scram.plan_alter(deletions, upsertions)
         if records:
             self._commit(records)
         return results
@@ -711,17 +712,11 @@ class Controller:
     async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, list[tuple[str, int]] | KafkaError]:
         """Per user (all with one, or those named) its (mechanism, iterations), or
         RESOURCE_NOT_FOUND; never a key or a salt."""
-        held = self._meta.scram_credentials
-        names = sorted(held) if users is None else users
-        return {
-            user: [(c.mechanism, c.iterations) for c in held[user].values()] if user in held
-            else ResourceNotFoundError(f"user {user!r} has no SCRAM credential")
-            for user in names
-        }
+        return self._meta.scram.describe(users)
 
     async def scram_credentials(self, user: str) -> dict[str, ScramCredential]:
         """A user's credentials by mechanism, for a listener authenticating it ({} if none)."""
-        return dict(self._meta.scram_credentials.get(user, {}))
+        return dict(self._meta.scram.credentials.get(user, {}))
 
     # ------------------------------------------------------------------ client quotas
 
@@ -730,7 +725,7 @@ class Controller:
     ) -> list[KafkaError | None]:
         """AlterClientQuotas: sets (value) or removes (None) quota keys of entities; per
         entry None or why all its changes were refused. `validate_only` changes nothing."""
-        records, results = self._meta.plan_alter_client_quotas(alterations)
+        records, results = self._meta.quotas.plan_alter(alterations)
         if records and not validate_only:
             self._commit(records)
         return results
@@ -739,15 +734,14 @@ class Controller:
         self, components: list[QuotaFilterComponent], strict: bool = False
     ) -> list[tuple[QuotaEntity, dict[str, float]]]:
         """DescribeClientQuotas: the entities the filter matches, with their quotas."""
-        held = self._meta.client_quotas
-        return [(e, dict(held[e])) for e in filter_entities(held, components, strict)]
+        return self._meta.quotas.describe(components, strict)
 
     async def client_quotas(self, known_version: int = -2) -> tuple[int, dict[QuotaEntity, dict[str, float]]] | None:
         """Every client quota and the version they are at, for a listener; None when the
         listener's `known_version` is current."""
-        if known_version == self._meta.quota_version:
+        if known_version == self._meta.quotas.version:
             return None
-        return self._meta.quota_version, {e: dict(v) for e, v in self._meta.client_quotas.items()}
+        return self._meta.quotas.version, {e: dict(v) for e, v in self._meta.quotas.quotas.items()}
 
     def _check_replica_caps(self, records: list[Record]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
@@ -773,7 +767,7 @@ class Controller:
     async def delete_topic(self, name: str) -> None:
         meta = self._meta.topics.get(name)
         partitions = dict(meta.partitions) if meta is not None else {}
-        self._commit(self._meta.plan_delete_topic(name))
+        self._commit(self._meta.replication.plan_delete_topic(name))
         stops = []
         for p, state in partitions.items():
             self._dirty.discard((name, p))
@@ -789,10 +783,10 @@ class Controller:
         """Replaces the topic's configs (Kafka names); replicas pick them up as they are
         recreated (min.insync.replicas, retention, segment settings)."""
         checked = validate_topic_configs(configs)
-        self._commit(self._meta.plan_alter_topic_configs(name, checked))
+        self._commit(self._meta.configs.plan_alter_topic_configs(name, checked))
         meta = self._meta.topics[name]
         await asyncio.gather(*(self._push_partition(name, p) for p in meta.partitions))
-        return dict(meta.configs)
+        return self._meta.configs.of(name)
 
     async def list_topics(self) -> list[str]:
         return sorted(self._meta.topics)
@@ -800,19 +794,17 @@ class Controller:
     async def init_producer_id(self) -> int:
         """A producer id never handed out before, even across Controller restarts."""
         if not self._producer_ids:
-            first = self._meta.next_producer_id
-            self._commit(self._meta.plan_allocate_producer_ids(PRODUCER_ID_BLOCK_SIZE))
-            self._producer_ids = range(first, self._meta.next_producer_id)
+            records, first = self._meta.producer_ids.plan_allocate(PRODUCER_ID_BLOCK_SIZE)
+            self._commit(records)
+            self._producer_ids = range(first, first + PRODUCER_ID_BLOCK_SIZE)
         producer_id, self._producer_ids = self._producer_ids[0], self._producer_ids[1:]
         return producer_id
 
     async def allocate_producer_ids(self, count: int) -> int:
         """The first of `count` consecutive producer ids never handed out before (a write
         job gives one to each of its tasks, the same to every attempt of a task)."""
-        if not 1 <= count <= MAX_PRODUCER_IDS_PER_ALLOCATION:
-            raise InvalidRequestError(f"producer ids are allocated 1..{MAX_PRODUCER_IDS_PER_ALLOCATION} at a time, not {count}")
-        first = self._meta.next_producer_id
-        self._commit(self._meta.plan_allocate_producer_ids(count))
+        records, first = self._meta.producer_ids.plan_allocate(count)
+        self._commit(records)
         return first
 
     # ------------------------------------------------------------------ group coordinators
@@ -880,7 +872,7 @@ class Controller:
     async def topic_configs(self, name: str) -> dict[str, str]:
         if name not in self._meta.topics:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return dict(self._meta.topics[name].configs)
+        return self._meta.configs.of(name)
 
     async def leader(self, topic: str, partition: int) -> Any:
         """The leader replica's actor handle; LEADER_NOT_AVAILABLE while there is none."""

@@ -75,7 +75,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk import metrics
 from rayk.actors.broker_health import broker_health
-from rayk.actors.cluster_metadata import NO_LEADER, PartitionState
+from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica

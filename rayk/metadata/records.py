@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from rayk.acls import AclBinding
-from rayk.actors.elections import PartitionState
+from rayk.metadata.elections import PartitionState
 from rayk.errors import CorruptRecordError, UnsupportedVersionError
 from rayk.quotas import QuotaEntity
 from rayk.scram import ScramCredential
