@@ -293,7 +293,7 @@ def decode(stored: Any) -> MetadataRecord:
     UNSUPPORTED_VERSION if this code cannot read it as what it was written as."""
     if not isinstance(stored, dict) or not isinstance(stored.get("type"), str):
         raise CorruptRecordError(f"a metadata record is a map with a string 'type', got {stored!r:.200}")
-    values = dict(stored)
+    values = dict(stored)  # stored stays as it was
     kind = values.pop("type")
     version = values.pop("version", 0)
     cls = RECORD_KINDS.get(kind)
@@ -305,9 +305,8 @@ def decode(stored: Any) -> MetadataRecord:
         raise UnsupportedVersionError(
             f"metadata record {kind!r} is version {version}; this rayk reads up to {cls.VERSION}: upgrade rayk"
         )
-    unknown = values.keys() - _FIELD_NAMES[cls]
-    missing = _REQUIRED[cls] - values.keys()
-    if unknown or missing:
+    if values.keys() != _FIELD_NAMES[cls] and (values.keys() - _FIELD_NAMES[cls] or _REQUIRED[cls] - values.keys()):
+        unknown, missing = values.keys() - _FIELD_NAMES[cls], _REQUIRED[cls] - values.keys()
         raise CorruptRecordError(
             f"metadata record {kind!r} v{version}: unknown fields {sorted(unknown)}, missing {sorted(missing)}"
         )
