@@ -20,8 +20,10 @@ Printed, for each: the directory's size, and the start, timed twice:
   Controller.__init__ does before it can answer anything);
 - a Controller actor (with Ray, unless --no-ray): from creating it to its first
   `describe_topic` answer, Ray's process start included.
-Also the newest snapshot's size and the directory's size relative to it. Nothing is
-asserted.
+Also how long taking a snapshot took (the Controller's event loop is busy meanwhile), the
+newest snapshot's size and the directory's size relative to it. Nothing is asserted.
+The start depends on how many records follow the newest snapshot (printed): a history
+that ends just before a snapshot is due is the slowest start.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ BATCH_CHANGES = 1_000
 BROKERS = {b: f"node-{b % 3}" for b in range(1, 10)}
 
 
-def build_history(directories: dict[str, MetadataLog], records: int, partitions: int) -> ClusterMetadata:
+def build_history(
+    directories: dict[str, MetadataLog], records: int, partitions: int, snapshot_times_s: list[float]
+) -> ClusterMetadata:
     meta = ClusterMetadata()
     pending: list[MetadataRecord] = []
 
@@ -59,7 +63,9 @@ def build_history(directories: dict[str, MetadataLog], records: int, partitions:
         for name, log in directories.items():
             log.append(list(pending))
             if name == "snapshots" and log.snapshot_due():
+                started = time.perf_counter()  # what the Controller's event loop spends on one
                 log.write_snapshot(meta.snapshot())
+                snapshot_times_s.append(time.perf_counter() - started)
         pending.clear()
 
     change([ClusterIdRecord("metadata-bench")])
@@ -132,11 +138,13 @@ def main() -> None:
         dirs = {"replay": root / "replay", "snapshots": root / "snapshots"}
         logs = {name: MetadataLog(path) for name, path in dirs.items()}
         started = time.perf_counter()
-        meta = build_history(logs, args.records, args.partitions)
+        snapshot_times_s: list[float] = []
+        meta = build_history(logs, args.records, args.partitions, snapshot_times_s)
         for log in logs.values():
             log.close()
         print(f"history: {meta.last_offset + 1:,} records, {len(meta.all_partitions()):,} partitions "
-              f"(written in {time.perf_counter() - started:.0f} s)\n")
+              f"(written in {time.perf_counter() - started:.0f} s); {len(snapshot_times_s)} snapshots taken, "
+              f"the longest in {max(snapshot_times_s, default=0) * 1000:.0f} ms\n")
         topic = next(iter(meta.topics))
         if not args.no_ray:
             import ray
@@ -153,9 +161,10 @@ def main() -> None:
             print(f"{name:<12} {directory_bytes(path) / 1e6:>8.1f} {len(snapshots):>9} {in_process:>19.2f} {actor:>26.2f}")
         newest = snapshot.snapshot_paths(dirs["snapshots"] / TOPIC_PARTITION_DIR)
         if newest:
-            size = newest[-1][1].stat().st_size
-            print(f"\nnewest snapshot: {size / 1e6:.1f} MB; the snapshotting directory is "
-                  f"{directory_bytes(dirs['snapshots']) / size:.1f}x its size")
+            end_offset, path = newest[-1]
+            size = path.stat().st_size
+            print(f"\nnewest snapshot: {size / 1e6:.1f} MB, {meta.last_offset + 1 - end_offset:,} records after it; "
+                  f"the snapshotting directory is {directory_bytes(dirs['snapshots']) / size:.1f}x its size")
         (a_in, a_actor), (b_in, b_actor) = results["replay"], results["snapshots"]
         print(f"start with snapshots vs full replay: in process {b_in / a_in:.3f}x"
               + ("" if args.no_ray else f", actor {b_actor / a_actor:.3f}x"))
