@@ -91,11 +91,20 @@ def test_from_properties_parses_booleans(raw, expected):
         {"min.insync.replicas": "0"},
         {"replica.fetch.max.bytes": "0"},
         {"socket.request.max.bytes": str(128 * 1024 * 1024), "queued.max.request.bytes": "-1"},  # over a frame
+        {"metadata.log.max.record.bytes.between.snapshots": "0"},
+        {"metadata.log.max.snapshot.interval.ms": "-1"},
     ],
 )
 def test_from_properties_rejects_invalid_broker_configs(props):
     with pytest.raises(InvalidConfigurationError):
         BrokerConfig.from_properties(props)
+
+
+def test_metadata_snapshot_settings_have_krafts_defaults_and_an_interval_of_0_is_off():
+    config = BrokerConfig()
+    assert config.metadata_log_max_record_bytes_between_snapshots == 20 * 1024 * 1024
+    assert config.metadata_log_max_snapshot_interval_ms == 3_600_000
+    assert BrokerConfig.from_properties({"metadata.log.max.snapshot.interval.ms": "0"}).metadata_log_max_snapshot_interval_ms == 0
 
 
 def test_broker_config_constructor_checks_heartbeat_against_session_timeout():

@@ -74,14 +74,6 @@ class MetadataLog:
         self._bytes_since_snapshot = 0
         self._last_snapshot_ms = clock_ms()
 
-    @property
-    def log_end_offset(self) -> int:
-        return self._log.log_end_offset
-
-    @property
-    def log_start_offset(self) -> int:
-        return self._log.log_start_offset
-
     # ------------------------------------------------------------------ reading
 
     def load(self) -> tuple[MetadataSnapshot | None, Iterator[tuple[int, MetadataRecord]]]:
@@ -156,10 +148,10 @@ class MetadataLog:
         self._snapshot_end_offset = image.end_offset
         self._bytes_since_snapshot = 0
         self._last_snapshot_ms = self._clock_ms()
-        self.delete_covered()
+        self._delete_covered()
         return path
 
-    def delete_covered(self) -> None:
+    def _delete_covered(self) -> None:
         """Keeps the two newest snapshots and the log from the older of them on."""
         kept = snapshot.snapshot_paths(self.dir)
         if len(kept) < 2:
@@ -170,10 +162,6 @@ class MetadataLog:
         self._log.delete_expired_segments()
         for _end, path in kept[:-2]:
             path.unlink(missing_ok=True)
-
-    def size_bytes(self) -> int:
-        """The bytes of the log's segments and the snapshots on disk."""
-        return self._log.size_bytes + sum(p.stat().st_size for _, p in snapshot.snapshot_paths(self.dir))
 
     def close(self) -> None:
         self._log.close()
