@@ -19,6 +19,7 @@ from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceResult
+from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
 
 NODE = "node-a"
@@ -288,6 +289,77 @@ def test_a_request_given_up_on_leaves_the_connection_usable():
 
     asyncio.run(go())
 
+
+
+def test_an_endpoint_closes_a_connection_idle_past_its_timeout_and_frees_its_place():
+    async def go():
+        endpoint = Endpoint(Echo(), "test", idle_timeout_s=0.3)
+        address = await endpoint.open(NODE, "127.0.0.1")
+        connection = await Connection.open(address, NODE)  # its own idle timeout: 9 minutes
+        for _ in range(4):  # in use: requests every 0.1 s keep it open
+            assert bytes(await connection.request(frames.FETCH, b"x")) == b"x"
+            await asyncio.sleep(0.1)
+        assert not connection.closed and endpoint.connection_count == 1
+        await asyncio.sleep(0.6)
+        assert endpoint.connection_count == 0, "the idle connection's place is free"
+        assert connection.closed, "the peer saw the close at once, not at its next request"
+        with pytest.raises(NetworkError):
+            await connection.request(frames.FETCH, b"late")
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_request_in_flight_longer_than_the_idle_timeout_keeps_its_connection():
+    async def go():
+        endpoint = Endpoint(Echo(delay_s=0.05), "test", idle_timeout_s=0.2)  # b"slow": 0.5 s, a long poll
+        address = await endpoint.open(NODE, "127.0.0.1")
+        connection = await Connection.open(address, NODE, idle_timeout_s=0.2)
+        assert bytes(await connection.request(frames.FETCH, b"slow")) == b"slow"
+        assert not connection.closed and endpoint.connection_count == 1
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_peer_closes_its_idle_connection_first_and_a_link_opens_a_new_one_when_needed(monkeypatch):
+    empty = FetchResult(b"", 0, 0, 0, None, None)
+
+    async def fetch_handler(kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        return frames.encode_fetch_answer_head(empty), b""
+
+    opened_connections: list[Connection] = []
+    original_open = Connection.open
+
+    async def open_with_a_short_idle_timeout(address, node_id, name=""):
+        connection = await original_open(address, node_id, name, idle_timeout_s=0.2)
+        opened_connections.append(connection)
+        return connection
+
+    monkeypatch.setattr(Connection, "open", open_with_a_short_idle_timeout)
+
+    class Replica:  # what ReplicaLink calls on the replica's actor handle
+        def __init__(self, address):
+            self.data_endpoint = type("Method", (), {"remote": staticmethod(self._address)})()
+            self._value = address
+
+        async def _address(self, node_id):
+            return self._value
+
+    async def go():
+        endpoint, address = await opened(fetch_handler)  # its idle timeout: 10 minutes
+        link = ReplicaLink(Replica(address), NODE, "test-partition")
+        request = FetchRequest(0, 1 << 20)
+        assert (await link.fetch(request)).high_watermark == 0
+        await asyncio.sleep(0.5)
+        assert opened_connections[0].closed and endpoint.connection_count == 0, "the peer closed it, idle"
+        assert (await link.fetch(request)).high_watermark == 0, "the next request opened a new connection"
+        assert len(opened_connections) == 2 and not opened_connections[1].closed
+        link.close()
+        await endpoint.close()
+
+    asyncio.run(go())
 
 
 def test_an_endpoint_bound_to_every_address_is_given_out_at_the_nodes_ip():

@@ -12,6 +12,10 @@ no request) fails every request in flight, and every later one, with NETWORK_EXC
 the caller opens a new connection, as it would call again after a failed Ray call. A
 request cancelled while waiting (a timeout) leaves the connection usable: its answer is
 read and dropped.
+
+A connection with no request in flight for `idle_timeout_s` closes itself (Kafka's client
+connections.max.idle.ms, 9 minutes: before the endpoint's 10, so a request is never sent
+into the endpoint's close); its owner opens a new one when it next needs one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 
 from rayk.dataplane import frames, handshake, tls
@@ -30,10 +35,14 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 16
 CONNECT_TIMEOUT_MS = 5_000
 SMALL_FRAME_BYTES = 16 * 1024  # a body this small is joined to its header: one write, not two
+IDLE_TIMEOUT_S = 540.0  # Kafka's client connections.max.idle.ms; below the endpoint's
 
 
 class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         self._reader, self._writer, self.name = reader, writer, name
         # Requests sent and not answered yet, by correlation id; one whose caller stopped
         # waiting stays until its answer comes (and is dropped then).
@@ -41,11 +50,14 @@ class Connection:
         self._correlation_ids = itertools.count()
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._broken: NetworkError | None = None
+        self._last_active_s = time.monotonic()  # the last request sent or answer read
         self._reading = asyncio.create_task(self._read_answers())
+        self._idle_watch = asyncio.create_task(self._close_when_idle(idle_timeout_s))
 
     @classmethod
     async def open(
-        cls, address: EndpointAddress, node_id: str, name: str = "", max_in_flight: int = MAX_IN_FLIGHT
+        cls, address: EndpointAddress, node_id: str, name: str = "", max_in_flight: int = MAX_IN_FLIGHT,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> Connection:
         """Connects to `address` from a process on node `node_id`. NETWORK_EXCEPTION if the
         endpoint cannot be reached within CONNECT_TIMEOUT_MS or fails the handshake."""
@@ -72,7 +84,7 @@ class Connection:
                 raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
                                    f"{e or type(e).__name__}") from None
             raise
-        return cls(reader, writer, name, max_in_flight)
+        return cls(reader, writer, name, max_in_flight, idle_timeout_s)
 
     @property
     def closed(self) -> bool:
@@ -87,6 +99,7 @@ class Connection:
             if self._broken is not None:
                 raise self._broken
             correlation_id = next(self._correlation_ids) & 0x7FFFFFFF
+            self._last_active_s = time.monotonic()
             answer = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = answer
             head = frames.request_frame_head(correlation_id, kind, sum(len(part) for part in parts))
@@ -115,10 +128,20 @@ class Connection:
         if self._broken is None:
             self._broken = NetworkError(f"data plane connection to {self.name or 'an endpoint'}: {reason}")
             self._writer.close()
+            self._idle_watch.cancel()
         pending, self._pending = self._pending, {}
         for answer in pending.values():
             if not answer.done():
                 answer.set_exception(self._broken)
+
+    async def _close_when_idle(self, idle_timeout_s: float) -> None:
+        while self._broken is None:
+            idle_s = time.monotonic() - self._last_active_s
+            if idle_s >= idle_timeout_s and not self._pending:
+                self._break(f"closed after {idle_s:.0f} s idle")
+                return
+            # In use (a request in flight, a long poll say) or not idle long enough yet.
+            await asyncio.sleep(idle_timeout_s - idle_s if idle_s < idle_timeout_s else idle_timeout_s)
 
     async def _read_answers(self) -> None:
         reader = self._reader
@@ -131,6 +154,7 @@ class Connection:
                     return
                 body = await reader.readexactly(size)
                 (correlation_id,) = frames.ANSWER_HEADER.unpack_from(body)
+                self._last_active_s = time.monotonic()
                 answer = self._pending.pop(correlation_id, None)
                 if answer is None:
                     reason = f"an answer to request {correlation_id}, which was not sent or was answered already"

@@ -18,8 +18,11 @@ reader stops reading and the socket's buffers push back on the peer; an answer's
 free only once the peer has taken it (`drain`), so a slow follower or consumer never
 makes the endpoint buffer without bound. A frame that does not parse, or declares more
 than MAX_FRAME_BYTES, closes the connection, as does a handler that raises (the peer
-sees its requests fail, and retries as after any lost connection). Idle, an endpoint
-costs nothing: no thread, no timer.
+sees its requests fail, and retries as after any lost connection). A connection with no
+request in flight that sends nothing for `idle_timeout_s` (Kafka's connections.max.idle.ms,
+10 minutes) is closed, so peers that stopped using an endpoint do not keep its places;
+peers close theirs first (connection.py), so a request never meets that close. Idle, an
+endpoint costs no thread, and each idle connection one timer.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 # (Linux's defaults take over 2 hours).
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 6
 SMALL_ANSWER_BYTES = 16 * 1024  # records this small are joined to their answer's head: one write
+IDLE_TIMEOUT_S = 600.0  # Kafka's broker connections.max.idle.ms
 
 # (kind, the request's body after its header) -> (answer head, answer tail)
 Handler = Callable[[int, memoryview], Awaitable[tuple[bytes, bytes]]]
@@ -90,9 +94,13 @@ def reachable_host(bind_host: str, node_ip: str) -> str:
 
 
 class Endpoint:
-    def __init__(self, handler: Handler, name: str, max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION) -> None:
+    def __init__(
+        self, handler: Handler, name: str, max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         """`name` is for the logs (the partition, say)."""
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
+        self._idle_timeout_s = idle_timeout_s
         self._secret = handshake.new_secret()
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.StreamWriter] = set()
@@ -179,17 +187,42 @@ class Endpoint:
         in_flight = asyncio.Semaphore(self._max_in_flight)
         started: set[asyncio.Task] = set()
         reading = asyncio.current_task()
+        last_active_s = time.monotonic()  # the last frame read or answer written
+
+        def answered(_: asyncio.Task) -> None:
+            nonlocal last_active_s
+            last_active_s = time.monotonic()
+            in_flight.release()
+
+        async def size_prefix() -> bytes | None:
+            """The next frame's size prefix; None once the connection is idle: no request
+            in flight and nothing read or answered for the idle timeout."""
+            while True:
+                wait_s = self._idle_timeout_s - (time.monotonic() - last_active_s)
+                try:
+                    async with asyncio.timeout(wait_s if wait_s > 0 and not started else self._idle_timeout_s):
+                        return await reader.readexactly(frames.SIZE.size)  # a cut leaves its bytes buffered
+                except TimeoutError:
+                    if not started and time.monotonic() - last_active_s >= self._idle_timeout_s:
+                        return None
+
         try:
             while True:
                 await in_flight.acquire()  # released when the request's answer is written
-                size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
+                prefix = await size_prefix()
+                if prefix is None:
+                    logger.debug("%s: closing the data plane connection from %s: idle for %.0f s",
+                                 self.name, peer, self._idle_timeout_s)
+                    return
+                size = frames.SIZE.unpack(prefix)[0]
                 if size > frames.MAX_FRAME_BYTES:
                     raise frames.FrameError(f"a frame of {size} bytes is over the limit of {frames.MAX_FRAME_BYTES}")
                 correlation_id, kind, body = frames.parse_request(await reader.readexactly(size))
+                last_active_s = time.monotonic()
                 task = asyncio.create_task(self._answer(correlation_id, kind, body, writer, peer, reading))
                 started.add(task)
                 task.add_done_callback(started.discard)
-                task.add_done_callback(lambda _: in_flight.release())
+                task.add_done_callback(answered)
         except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
             pass  # the peer went away (or broke TLS), or an answer failed and closed the connection
         except frames.FrameError as e:
