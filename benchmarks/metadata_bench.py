@@ -93,11 +93,7 @@ def start_in_process(directory: Path) -> tuple[float, ClusterMetadata]:
     started = time.perf_counter()
     log = MetadataLog(directory)
     meta = ClusterMetadata()
-    image, after = log.load()
-    if image is not None:
-        meta.restore(image)
-    for offset, record in after:
-        meta.apply(record, offset)
+    meta.load(log)
     elapsed = time.perf_counter() - started
     log.close()
     return elapsed, meta

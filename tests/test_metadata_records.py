@@ -90,11 +90,7 @@ def v0_dir(tmp_path: Path) -> Path:
 def load(directory: Path) -> tuple[ClusterMetadata, MetadataLog]:
     log = MetadataLog(directory)
     meta = ClusterMetadata()
-    snapshot, records = log.load()
-    if snapshot is not None:
-        meta.restore(snapshot)
-    for offset, record in records:
-        meta.apply(record, offset)
+    meta.load(log)
     return meta, log
 
 

@@ -87,11 +87,7 @@ class Controller:
         kwargs = {} if clock is None else {"clock_ms": clock}
         self.log = MetadataLog(directory, max_bytes, interval_ms, **kwargs)
         self.meta = ClusterMetadata()
-        image, records = self.log.load()
-        if image is not None:
-            self.meta.restore(image)
-        for offset, record in records:
-            self.meta.apply(record, offset)
+        self.meta.load(self.log)
         if self.meta.cluster_id is None:
             self.commit([ClusterIdRecord("cluster")])
 

@@ -107,11 +107,7 @@ class Controller:
             self.config.metadata_log_max_snapshot_interval_ms,
         )
         self._meta = ClusterMetadata(self.config)
-        snapshot, records = self._log.load()
-        if snapshot is not None:
-            self._meta.restore(snapshot)
-        for offset, record in records:
-            self._meta.apply(record, offset)
+        self._meta.load(self._log)
         if self._meta.cluster_id is None:
             self._commit([ClusterIdRecord(new_uuid())])
         now = time.monotonic()

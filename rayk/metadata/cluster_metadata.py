@@ -24,7 +24,7 @@ fencing (the cluster's record, then what it means for the broker's partitions).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayk.config import BrokerConfig
 from rayk.metadata.acl_control import AclControlManager
@@ -37,6 +37,9 @@ from rayk.metadata.records import RECORD_KINDS, MetadataRecord
 from rayk.metadata.replication_control import ReplicationControlManager, TopicMetadata, assign_replicas
 from rayk.metadata.scram_control import ScramControlManager
 from rayk.metadata.snapshot import MetadataSnapshot
+
+if TYPE_CHECKING:
+    from rayk.metadata.log import MetadataLog
 
 __all__ = [
     "NO_LEADER",
@@ -104,6 +107,15 @@ class ClusterMetadata:
                 handler(record, offset)
         self.last_offset = offset
         self.acl.version, self.quotas.version = snapshot.acl_version, snapshot.quota_version
+
+    def load(self, log: MetadataLog) -> None:
+        """Makes this (empty) image the log's: its newest usable snapshot, then every record
+        after it."""
+        snapshot, records = log.load()
+        if snapshot is not None:
+            self.restore(snapshot)
+        for offset, record in records:
+            self.apply(record, offset)
 
     # ------------------------------------------------------------------ reading (the image)
 
