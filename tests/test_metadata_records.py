@@ -79,6 +79,8 @@ def test_a_record_this_code_cannot_read_is_refused_with_a_typed_error_not_skippe
 def test_bytes_that_are_not_msgpack_are_a_corrupt_record():
     with pytest.raises(CorruptRecordError, match="not msgpack"):
         unpack(b"\xc1")
+    with pytest.raises(CorruptRecordError, match="not msgpack"):
+        unpack(None)  # a record with a null value
 
 
 @pytest.fixture

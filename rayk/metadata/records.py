@@ -283,7 +283,7 @@ def unpack(data: bytes) -> MetadataRecord:
     """The record stored as `data`; arrays read as tuples, as the records hold them."""
     try:
         stored = msgpack.unpackb(data, use_list=False)
-    except ValueError as e:  # msgpack's errors
+    except (ValueError, TypeError) as e:  # msgpack's errors; TypeError: a record without a value
         raise CorruptRecordError(f"a metadata record is not msgpack: {e}") from e
     return decode(stored)
 
