@@ -15,7 +15,8 @@ typed error if the request is invalid), writes the records to its metadata log, 
 `apply`s them here, which hands each record to the managers that replay its kind, and
 only then pushes the result to brokers. Replaying the log through `apply` rebuilds the
 same image after a restart; so does `restore` of a snapshot (`snapshot`: every
-manager's `image_records`) followed by the records after it.
+manager's `image_records`) followed by the records after it, which is what `load` does
+with a MetadataLog.
 
 The two changes that span domains are planned here: a broker's registration and its
 fencing (the cluster's record, then what it means for the broker's partitions).
