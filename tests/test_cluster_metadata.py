@@ -1,4 +1,6 @@
-"""ClusterMetadata: the Controller's decisions (assignment, elections, ISR changes), without Ray."""
+"""ClusterMetadata as a whole, without Ray: the Controller's decisions (assignment, elections,
+ISR changes, reassignments) through the composed control managers, replay, and a state
+machine over all of it. Each manager alone: test_*_control.py."""
 
 from __future__ import annotations
 

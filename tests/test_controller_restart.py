@@ -1,6 +1,7 @@
 """Clients across a Controller restart: its process is SIGKILLed, Ray restarts it
 (max_restarts=-1) and it restores its metadata (here snapshotted every few KiB of records,
-so restarts load snapshots), then hears from the brokers again at their next heartbeats. Meanwhile producers keep sending and client calls keep working:
+so restarts load snapshots), then hears from the brokers again at their next heartbeats.
+Meanwhile producers keep sending and client calls keep working:
 no Ray exception reaches the caller, nothing acknowledged is lost or written twice."""
 
 from __future__ import annotations
