@@ -3,7 +3,8 @@ without members loses them all offsets.retention.minutes after it became empty, 
 standalone consumer's each that long after its commit, a group with members none), and
 DeleteGroups deletes an empty group with its offsets; both are written as tombstones, so
 a new coordinator replaying the partition sees what this one does, also when a commit
-races them; requests for unknown groups make none; a record the coordinator did not
+races them; a new coordinator takes a settled generation's members over (heartbeats and
+commits go on, a static member's instance id still fences, a silent member times out); requests for unknown groups make none; a record the coordinator did not
 write is skipped by the load, which goes on."""
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ import msgpack
 import pytest
 
 from rayk.actors.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
-from rayk.actors.group_records import CommittedOffset, offset_value
+from rayk.actors.group_records import CommittedOffset, MalformedGroupRecordError, decode_record, offset_value
 from rayk.config import BrokerConfig
-from rayk.errors import GroupIdNotFoundError, IllegalGenerationError, NonEmptyGroupError, UnknownMemberIdError
+from rayk.errors import (
+    FencedInstanceIdError,
+    GroupIdNotFoundError,
+    IllegalGenerationError,
+    NonEmptyGroupError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 
 RETENTION_MINUTES = 10
 RETENTION_MS = RETENTION_MINUTES * 60_000
@@ -331,3 +339,61 @@ def test_delete_offsets_tombstones_unsubscribed_partitions_and_refuses_subscribe
             assert offsets["connect"] == {("u", 0): 4}
 
     asyncio.run(main())
+
+
+def test_a_new_coordinator_takes_a_settled_generations_members_over_and_they_go_on():
+    """Kafka's GroupMetadataValue: the group's record holds its members and assignments, so
+    after a coordinator move (a broker restart) the members heartbeat, sync and commit in
+    their generation with no rebalance, which an at-least-once consumer would otherwise
+    pay for by processing again what it had not committed yet. A static member's instance
+    id still fences, and a member that does not reach the new coordinator within its
+    session times out there, which starts a rebalance."""
+    async def main() -> None:
+        partition = Partition()
+        settings = dataclasses.replace(config(), group_min_session_timeout_ms=10, group_initial_rebalance_delay_ms=50)
+        first = GroupCoordinator(partition.append, settings)  # both join the first generation
+        joins = await asyncio.gather(
+            first.join_group("g", "", "steady", 10_000, 10_000, "consumer", PROTOCOLS),
+            first.join_group("g", "", "static", 100, 10_000, "consumer", PROTOCOLS, group_instance_id="s-1"))
+        steady, static = joins
+        leader = next(j for j in joins if j.members)
+        assignments = {steady.member_id: b"steady's", static.member_id: b"static's"}
+        await asyncio.gather(*(first.sync_group("g", j.generation, j.member_id, assignments if j is leader else None)
+                               for j in joins))
+        await asyncio.sleep(0)  # the group's record is written
+        # The static member's process restarts: it takes its old member id's place and
+        # assignment, and the group's next record supersedes the first in the log.
+        static = await first.join_group("g", "", "static", 100, 10_000, "consumer", PROTOCOLS, group_instance_id="s-1")
+        assignments = {steady.member_id: b"steady's", static.member_id: b"static's"}
+        await asyncio.sleep(0)
+        assert sum(key == group_key("g") for key, _ in partition.records) == 2
+        first.close()
+
+        moved = partition.replayed()
+        generation = steady.generation
+        await moved.heartbeat("g", generation, steady.member_id)
+        await moved.commit_offsets("g", generation, steady.member_id, {("t", 0): (5, "")})
+        assert await moved.sync_group("g", generation, static.member_id, None, "s-1") == b"static's"
+        described = await moved.describe_group("g")
+        assert described["state"] == "Stable" and described["generation"] == generation
+        assert {m["member_id"]: m["assignment"] for m in described["members"]} == assignments
+        with pytest.raises(FencedInstanceIdError):
+            await moved.heartbeat("g", generation, "an-older-process", "s-1")
+
+        await asyncio.sleep(0.2)  # past the static member's 100 ms session, not the other's
+        assert moved._groups["g"].expire() == [static.member_id]
+        with pytest.raises(RebalanceInProgressError):
+            await moved.heartbeat("g", generation, steady.member_id)
+        moved.close()
+
+    asyncio.run(main())
+
+
+def test_a_group_record_with_a_malformed_member_state_is_refused_by_the_decoder():
+    good = {"member_id": "m", "group_instance_id": None, "client_id": "c", "session_timeout_ms": 10,
+            "rebalance_timeout_ms": 10, "protocols": [["range", b""]], "assignment": b""}
+    value = {"generation": 1, "protocol_type": "consumer", "protocol": "range", "leader": "m", "members": ["m"]}
+    assert decode_record(group_key("g"), msgpack.packb({**value, "member_states": [good]})).members[0].member_id == "m"
+    for bad in ({**good, "assignment": "text"}, {**good, "protocols": [["range"]]}, {"member_id": "m"}, "m"):
+        with pytest.raises(MalformedGroupRecordError):
+            decode_record(group_key("g"), msgpack.packb({**value, "member_states": [bad]}))

@@ -288,6 +288,15 @@ class ConsumerGroup:
         votes = Counter(next(name for name, _ in m.protocols if name in candidates) for m in self.members.values())
         return max(sorted(candidates), key=lambda name: votes[name])
 
+    def restore_stable(self, protocol_type: str | None, protocol: str | None, leader_id: str | None,
+                       members: list[Member]) -> None:
+        """Takes over a settled generation from the group's record (a new coordinator):
+        its members, each with a fresh session, and their assignments, in state STABLE."""
+        assert members and self.state is GroupState.EMPTY and not self.members, "only a new group is restored"
+        self.state, self.protocol_type, self.protocol, self.leader_id = GroupState.STABLE, protocol_type, protocol, leader_id
+        self.members = {m.member_id: m for m in members}
+        self.static_members = {m.group_instance_id: m.member_id for m in members if m.group_instance_id is not None}
+
     # ------------------------------------------------------------------ sync, heartbeat, leave
 
     async def sync(

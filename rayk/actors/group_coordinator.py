@@ -9,8 +9,10 @@ then get NOT_COORDINATOR and look the coordinator up again).
 
 Durable state is records in the partition (group_records.py), written with acks=all
 before a request is answered, so committed offsets survive broker restarts and failover:
-committed offsets, and a group's record written when a generation settles, so a new
-coordinator continues the generation numbering (members rejoin it). The coordinator is the
+committed offsets, and a group's record written when a generation settles, with its
+members and their assignments (Kafka's GroupMetadataValue), so a new coordinator takes the
+group over as it was: its members go on heartbeating and committing in their generation,
+with no rebalance, and those that do not reach it within their session time out. The coordinator is the
 partition's only writer (clients' produces to it are refused), but a record it cannot read
 (written before that refusal, or corrupt) is skipped by the load with an error logged, and
 the load goes on: one bad record never costs the partition's other groups their coordinator.
@@ -55,14 +57,16 @@ from typing import Any
 
 import msgpack
 
-from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult
+from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
 from rayk.actors.group_records import (
     CommittedOffset,
     GroupRecord,
     MalformedGroupRecordError,
+    MemberState,
     OffsetRecord,
     decode_record,
     group_key,
+    member_state_value,
     offset_key,
     offset_value,
 )
@@ -177,11 +181,24 @@ class GroupCoordinator:
         if record.generation is None:
             self._groups.pop(record.group_id, None)
             return
+        self._groups.pop(record.group_id, None)  # each record supersedes the one before
         group = self._group(record.group_id)
         group.generation = record.generation
-        # Members rejoin a new coordinator; until they do the group is empty, since it
-        # became so (or, for a record written while it had members, since now, which
-        # `start` writes down so that the next coordinator counts from it too).
+        if record.members:
+            # The settled generation's members, taken over as Kafka's coordinator loads its
+            # GroupMetadata: they go on heartbeating and committing in their generation, and
+            # those that do not come to this coordinator within their session leave as usual.
+            group.restore_stable(record.protocol_type, record.protocol, record.leader_id, [
+                Member(m.member_id, m.client_id, m.session_timeout_ms, m.rebalance_timeout_ms, list(m.protocols),
+                       group.clock_s(), m.assignment, m.group_instance_id)
+                for m in record.members
+            ])
+            group.empty_since_ms = None
+            return
+        # No members kept (an empty group, or a record written before members were kept):
+        # the group is empty since it became so (or, for a record written while it had
+        # members, since now, which `start` writes down so that the next coordinator
+        # counts from it too) until its members join again.
         group.empty_since_ms = record.empty_since_ms
         if group.empty_since_ms is None:
             group.empty_since_ms = int(time.time() * 1000)
@@ -250,6 +267,11 @@ class GroupCoordinator:
 
     @staticmethod
     def _group_record(group: ConsumerGroup) -> tuple[bytes, bytes]:
+        states = [
+            member_state_value(MemberState(m.member_id, m.group_instance_id, m.client_id, m.session_timeout_ms,
+                                           m.rebalance_timeout_ms, tuple(m.protocols), m.assignment))
+            for m in group.members.values()
+        ] if group.state is GroupState.STABLE else []
         value = msgpack.packb(
             {
                 "generation": group.generation,
@@ -258,6 +280,7 @@ class GroupCoordinator:
                 "leader": group.leader_id,
                 "members": sorted(group.members),
                 "empty_since_ms": group.empty_since_ms if not group.members else None,
+                "member_states": states,
             }
         )
         return group_key(group.group_id), value

@@ -7,7 +7,12 @@ Keys and values are msgpack:
 - key ["offset", group, topic, partition] -> value {"offset", "metadata",
   "commit_timestamp_ms", "leader_epoch"} (a committed offset), or None (deleted);
 - key ["group", group] -> value {"generation", "protocol_type", "protocol", "leader",
-  "members", "empty_since_ms"} (a settled generation), or None (deleted).
+  "members", "empty_since_ms", "member_states"} (a settled generation), or None (deleted).
+  `members` lists the member ids; `member_states` (written since rayk kept members across
+  a coordinator move; absent in older records) holds each member as Kafka's
+  GroupMetadataValue does: member and instance id, client id, session and rebalance
+  timeouts, its protocols' metadata and its assignment, so that a new coordinator takes
+  the members over and they go on without rejoining.
 
 `decode_record` checks a record against these schemas, fields and types, and raises
 MalformedGroupRecordError (a ValueError) for anything else, so that a record the
@@ -24,6 +29,8 @@ import msgpack
 
 OFFSET_KIND, GROUP_KIND = "offset", "group"
 _OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "leader_epoch": int}
+_MEMBER_FIELDS = {"member_id", "group_instance_id", "client_id", "session_timeout_ms", "rebalance_timeout_ms",
+                  "protocols", "assignment"}
 
 
 class MalformedGroupRecordError(ValueError):
@@ -49,12 +56,35 @@ class OffsetRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberState:
+    """One member of a settled generation, as a new coordinator needs it to take it over."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class GroupRecord:
     """A group's settled generation, or the group's deletion (`generation` None)."""
 
     group_id: str
     generation: int | None
     empty_since_ms: int | None  # None: written while it had members (or deleted)
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader_id: str | None = None
+    members: tuple[MemberState, ...] | None = None  # None: a record written before members were kept
+
+
+def member_state_value(m: MemberState) -> dict[str, Any]:
+    return {"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
+            "session_timeout_ms": m.session_timeout_ms, "rebalance_timeout_ms": m.rebalance_timeout_ms,
+            "protocols": [[name, metadata] for name, metadata in m.protocols], "assignment": m.assignment}
 
 
 def offset_key(group_id: str, topic: str, partition: int) -> bytes:
@@ -94,7 +124,37 @@ def decode_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord
     empty_since_ms = meta.get("empty_since_ms")
     if empty_since_ms is not None and not _is_int(empty_since_ms):
         raise MalformedGroupRecordError(f"a group's empty_since_ms is an int or None, not {_excerpt(empty_since_ms)}")
-    return GroupRecord(fields[1], meta["generation"], empty_since_ms)
+    states = meta.get("member_states")
+    if states is None:
+        return GroupRecord(fields[1], meta["generation"], empty_since_ms)
+    if not isinstance(states, list):
+        raise MalformedGroupRecordError(f"a group's member_states is a list, not {_excerpt(states)}")
+    for name in ("protocol_type", "protocol", "leader"):
+        if meta.get(name) is not None and not isinstance(meta[name], str):
+            raise MalformedGroupRecordError(f"a group's {name} is a string or None, not {_excerpt(meta[name])}")
+    return GroupRecord(fields[1], meta["generation"], empty_since_ms, meta.get("protocol_type"), meta.get("protocol"),
+                       meta.get("leader"), tuple(_member_state(m) for m in states))
+
+
+def _member_state(fields: Any) -> MemberState:
+    if not isinstance(fields, dict) or set(fields) != _MEMBER_FIELDS:
+        raise MalformedGroupRecordError(f"a member state has the fields {sorted(_MEMBER_FIELDS)}: {_excerpt(fields)}")
+    ok = (
+        isinstance(fields["member_id"], str)
+        and (fields["group_instance_id"] is None or isinstance(fields["group_instance_id"], str))
+        and isinstance(fields["client_id"], str)
+        and _is_int(fields["session_timeout_ms"])
+        and _is_int(fields["rebalance_timeout_ms"])
+        and isinstance(fields["assignment"], bytes)
+        and isinstance(fields["protocols"], list)
+        and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], bytes)
+                for p in fields["protocols"])
+    )
+    if not ok:
+        raise MalformedGroupRecordError(f"a member state's field types: {_excerpt(fields)}")
+    return MemberState(fields["member_id"], fields["group_instance_id"], fields["client_id"],
+                       fields["session_timeout_ms"], fields["rebalance_timeout_ms"],
+                       tuple((name, metadata) for name, metadata in fields["protocols"]), fields["assignment"])
 
 
 def _committed_offset(fields: Any) -> CommittedOffset:
