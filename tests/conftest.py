@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster_helpers import release_shared_local_ray
+from tests.jvm_programs import Jvm, build
 from tests.tls_helpers import TlsFiles, write_tls_files
 
 
@@ -31,3 +32,10 @@ def tls(tmp_path_factory) -> TlsFiles:
     """A CA, the broker's PEM keystore and truststore, and a client certificate, made for
     the module (tls_helpers.py)."""
     return write_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def jvm() -> Jvm:
+    """Kafka's Java clients, tools and Streams with the programs of tests/jvm, built with
+    Maven on first use (jvm_programs.py)."""
+    return build()

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import KafkaError as ConfluentError
 
 import rayk
-from rayk.acls import ALLOW, DELETE, GROUP, LITERAL, READ, TOPIC, AclBinding, AclFilter
+from rayk.acls import ALLOW, DELETE, DESCRIBE, GROUP, LITERAL, READ, TOPIC, AclBinding, AclFilter
 from rayk.client.admin import ScramUpsertion
 from rayk.errors import GroupIdNotFoundError
 from rayk.net.api_versions import API_VERSIONS, CREATE_ACLS, DELETE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS, OFFSET_DELETE
@@ -285,6 +285,48 @@ def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, 
         connection.close()
     with pytest.raises(GroupIdNotFoundError):  # its only offset is gone, and with it the group
         cluster.admin().describe_consumer_group(group)
+
+
+def test_the_java_admin_client_manages_scram_users_and_acls_over_sasl_ssl(cluster, tls, jvm):
+    """Kafka's Java AdminClient, logged in over SASL_SSL as a super user, adds a SCRAM user
+    and its ACLs; that user's Java producer and consumer then write and read over SASL_SSL;
+    once the AdminClient deletes both, the user can no longer log in."""
+    cluster.admin().alter_user_scram_credentials([ScramUpsertion("admin", "SCRAM-SHA-512", "admin-secret")])
+    cluster.create_topic("java-orders", partitions=1, replication_factor=1)
+    bootstrap = cluster.bootstrap_servers_for("EXTERNAL")
+    as_admin = (bootstrap, tls.truststore, "admin", "admin-secret")
+    as_bob = (bootstrap, tls.truststore, "bob", "bob-secret")
+    events = jvm.run("rayk.jvm.SecureCheck", *as_admin, "grant", "bob", "bob-secret", "java-orders", "bob-group")
+    assert events[0] == {"event": "credentials", "user": "bob", "mechanisms": ["SCRAM_SHA_512:8192"]}
+    assert events[1]["bindings"] == ["GROUP:bob-group:READ", "TOPIC:java-orders:DESCRIBE", "TOPIC:java-orders:READ",
+                                     "TOPIC:java-orders:WRITE"]
+    assert cluster.admin().describe_user_scram_credentials(["bob"]) == {"bob": [("SCRAM-SHA-512", 8192)]}
+    time.sleep(ACL_PROPAGATION_S)
+    used = jvm.run("rayk.jvm.SecureCheck", *as_bob, "use", "java-orders", "bob-group")
+    assert used[:2] == [{"event": "produced", "records": 5},
+                        {"event": "consumed", "values": [f"secure-{i}" for i in range(5)]}]
+
+    revoked = jvm.run("rayk.jvm.SecureCheck", *as_admin, "revoke", "bob")[0]
+    assert revoked["acls"] == 4 and "bob" not in revoked["users"]
+    assert cluster.admin().describe_acls(AclFilter(principal="User:bob")) == []
+    assert jvm.run("rayk.jvm.SecureCheck", *as_bob, "use", "java-orders", "bob-group")[0] == {
+        "event": "produced", "error": "SaslAuthenticationException"}
+
+
+def test_kafka_acls_tool_adds_lists_and_removes_acls(cluster, jvm):
+    """kafka-acls (Kafka's AclCommand) against the listener whose clients are super users."""
+    acls = lambda *args: jvm.tool("org.apache.kafka.tools.AclCommand",  # noqa: E731
+                                  "--bootstrap-server", cluster.bootstrap_servers_for("INTERNAL"), *args)
+    acls("--add", "--allow-principal", "User:carol", "--operation", "Read", "--operation", "Describe",
+         "--topic", "carol-topic", "--group", "carol-group")
+    listed = acls("--list", "--principal", "User:carol")
+    assert "name=carol-topic, patternType=LITERAL" in listed and "name=carol-group, patternType=LITERAL" in listed
+    assert "(principal=User:carol, host=*, operation=READ, permissionType=ALLOW)" in listed
+    assert len(cluster.admin().describe_acls(AclFilter(principal="User:carol"))) == 4
+    acls("--remove", "--allow-principal", "User:carol", "--operation", "Read", "--topic", "carol-topic", "--force")
+    left = cluster.admin().describe_acls(AclFilter(principal="User:carol"))
+    assert sorted((b.resource_type, b.resource_name, b.operation) for b in left) == sorted([
+        (GROUP, "carol-group", DESCRIBE), (GROUP, "carol-group", READ), (TOPIC, "carol-topic", DESCRIBE)])
 
 
 # Last: it restarts the module's cluster.

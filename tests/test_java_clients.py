@@ -1,0 +1,374 @@
+"""Kafka's JVM side against rayk's listeners, with kafka-clients, kafka-streams and
+kafka-tools 4.1.1 (the programs in tests/jvm, built by Maven; tests/jvm_programs.py):
+
+- the Java producer, idempotent with acks=all, read back by rayk's consumer;
+- a classic consumer group with the cooperative-sticky assignor and static members,
+  rebalancing as members come and go;
+- the AdminClient on topics, configs, partitions and groups; APIs rayk leaves out of
+  ApiVersions fail in the client, and a version rayk does not serve is answered
+  UNSUPPORTED_VERSION on a connection that stays usable;
+- Kafka's command-line tools for topics, consumer groups and configs;
+- Kafka Streams' word count (at-least-once) across a restart of the application and of
+  a broker; exactly_once_v2 fails at once, as rayk has no transactions;
+- Kafka's VerifiableProducer and VerifiableConsumer while a broker's process is killed
+  and comes back (last: it kills a broker).
+
+ACLs and SCRAM users through the AdminClient and kafka-acls over SASL_SSL are in
+test_listener_acls.py, on its secured cluster."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import struct
+import time
+import uuid
+from collections import Counter
+
+import pytest
+import ray
+
+import rayk
+from rayk.actors.group_coordinator import coordinator_partition
+from rayk.client import TopicPartition
+from rayk.client.partitioner import partition_for_key
+from rayk.internal_topics import OFFSETS_TOPIC
+from rayk.net.api_versions import METADATA, SUPPORTED_VERSIONS
+from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
+from tests.faults.harness import healthy
+from tests.jvm_programs import JavaProcess, Jvm
+
+CONFIG = {
+    **FAST_CONFIG,
+    "group.initial.rebalance.delay.ms": 0,
+    "group.min.session.timeout.ms": 1000,
+    "num.partitions": 3,
+    "default.replication.factor": 3,
+    "auto.leader.rebalance.enable": False,
+}
+TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"  # kafka-topics.sh
+GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"  # kafka-consumer-groups.sh
+CONFIGS_TOOL = "kafka.admin.ConfigCommand"  # kafka-configs.sh
+_names = itertools.count()
+pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, jvm):
+    shared_local_ray()
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("java-clients"), config=CONFIG, namespace="java-clients")
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cluster) -> str:
+    return cluster.bootstrap_servers
+
+
+def new_topic(cluster, partitions: int = 3, **config: str) -> str:
+    name = f"j{next(_names)}-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(name, partitions=partitions, replication_factor=3, config=config or None)
+    return name
+
+
+def read_all(cluster, topic: str, expected: int, partitions: int = 3) -> list:
+    consumer = cluster.consumer(enable_auto_commit=False)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    consumer.seek_to_beginning()
+    records: list = []
+    deadline = time.monotonic() + 30
+    while len(records) < expected and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            records += batch
+    consumer.close()
+    return records
+
+
+def test_the_java_producer_idempotent_with_acks_all_writes_what_rayk_reads(cluster, bootstrap, jvm):
+    """Kafka's Java producer with its defaults (idempotent, acks=all): every record is
+    acknowledged once, at the partition of Kafka's murmur2 key partitioner, and rayk's
+    consumer reads keys, values and headers back at the acknowledged offsets."""
+    topic = new_topic(cluster)
+    events = jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 300)
+    acked = {e["seq"]: (e["partition"], e["offset"]) for e in events if e["event"] == "acked"}
+    assert sorted(acked) == list(range(300)) and events[-1]["event"] == "done"
+    assert all(partition == partition_for_key(f"k{seq}".encode(), 3) for seq, (partition, _) in acked.items())
+    records = read_all(cluster, topic, 300)
+    stored = {(r.partition, r.offset): r for r in records}
+    assert len(records) == len(stored) == 300
+    for seq, where in acked.items():
+        record = stored[where]
+        assert (record.key, record.value, record.headers) == (f"k{seq}".encode(), f"v{seq}".encode(),
+                                                              [("seq", str(seq).encode())])
+
+
+def member(jvm: Jvm, bootstrap: str, topic: str, group: str, instance_id: str = "-") -> JavaProcess:
+    return jvm.start("rayk.jvm.GroupMember", bootstrap, topic, group, instance_id)
+
+
+def consumed_values(*members: JavaProcess) -> Counter:
+    return Counter(r.split(":", 2)[2] for m in members for e in m.events if e["event"] == "consumed" for r in e["records"])
+
+
+def test_a_java_consumer_group_rebalances_cooperatively_and_keeps_static_members(cluster, bootstrap, jvm):
+    """A classic group of Java consumers with the cooperative-sticky assignor: a second
+    member takes half the partitions while the first keeps the other half (it revokes only
+    what moves); a static member that restarts within its session timeout gets its
+    partitions back with no rebalance; one that leaves (LeaveGroup naming its instance id)
+    hands them back at once. Every record is consumed, and the group commits to the end."""
+    topic, group = new_topic(cluster, partitions=4), f"java-group-{uuid.uuid4().hex[:6]}"
+    partitions = [f"{topic}-{p}" for p in range(4)]
+    a = member(jvm, bootstrap, topic, group, "a")
+    b = b_again = None
+    try:
+        a.wait_for("assigned", where=lambda e: e["owned"] == partitions)
+        b = member(jvm, bootstrap, topic, group, "b")
+        moved = b.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]
+        kept = a.wait_for("assigned", where=lambda e: sorted(e["owned"] + moved) == partitions)["owned"]
+        assert len(moved) == len(kept) == 2
+        revoked = [e["partitions"] for e in a.events if e["event"] == "revoked"]
+        assert revoked == [moved], "cooperative: the first member revokes only what moves, once"
+
+        jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 60)
+        wait_until(lambda: len(consumed_values(a, b)) == 60, 30, "both members to consume the 60 records")
+
+        events_of_a = len(a.events)
+        assert b.stop("close") == 0  # a static member's close() does not leave the group
+        b_again = member(jvm, bootstrap, topic, group, "b")
+        assert b_again.wait_for("assigned", where=lambda e: e["partitions"])["partitions"] == moved
+        time.sleep(1)
+        assert a.events[events_of_a:] == [], "a static member's return rebalances no one"
+
+        assert b_again.stop("leave") == 0
+        assert a.wait_for("assigned", where=lambda e: e["partitions"])["partitions"] == moved
+        assert a.events[-1]["owned"] == partitions
+    finally:
+        for process in (a, b, b_again):
+            if process is not None:
+                process.stop("halt")
+    assert sorted(consumed_values(a, b, b_again)) == sorted(f"v{i}" for i in range(60))
+    assert sum(committed_offsets(cluster, group).values()) == 60
+
+
+def committed_offsets(cluster, group: str) -> dict[int, int]:
+    return {tp.partition: p["committed"] for tp, p in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+
+
+def test_the_java_admin_client_manages_topics_configs_and_partitions(cluster, bootstrap, jvm):
+    topic = f"j{next(_names)}-admin-{uuid.uuid4().hex[:6]}"
+    events = {e["event"] if e["event"] != "error" else e["step"]: e
+              for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "topics", topic)}
+    assert events["cluster"]["brokers"] == 3 and events["cluster"]["cluster_id"] == ray.get(cluster.controller.cluster_id.remote())
+    assert events["create_existing"]["error"] == "TopicExistsException"
+    described = events["described"]["partitions"]
+    assert [(p["replicas"], p["isr"]) for p in described] == [(3, 3), (3, 3)]
+    assert events["configs"]["dynamic"] == {"cleanup.policy": "compact"}  # retention.ms set, then deleted
+    assert events["partitions"]["count"] == 4
+    assert events["shrink"]["error"] == "InvalidPartitionsException"
+    assert events["offsets"]["latest"] == [0, 0, 0, 0]
+    assert events["deleted"]["topics"] == [] and topic not in cluster.list_topics()
+    assert events["delete_missing"]["error"] == "UnknownTopicOrPartitionException"
+
+
+def test_the_java_admin_client_lists_describes_alters_and_deletes_groups(cluster, bootstrap, jvm):
+    topic, group = new_topic(cluster, partitions=2), f"java-admin-group-{uuid.uuid4().hex[:6]}"
+    producer = cluster.producer()
+    for i in range(10):
+        producer.send(topic, f"v{i}".encode(), partition=i % 2)
+    producer.flush()
+    consumer = cluster.consumer(topic, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False)
+    wait_until(lambda: sum(len(b) for b in consumer.poll(timeout_ms=200).values()) or consumer.assignment(), 30,
+               "rayk's consumer to join")
+    read_all_of = {TopicPartition(topic, p): 5 for p in range(2)}
+    consumer.commit(read_all_of)
+    consumer.close(autocommit=False)
+    events = {e["event"] if e["event"] != "error" else e["step"]: e
+              for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "groups", group, topic)}
+    assert group in events["listed"]["groups"] and events["listed"]["types"] == ["Classic"]
+    assert (events["described"]["state"], events["described"]["members"]) == ("Empty", 0)
+    assert events["committed"]["offsets"] == {f"{topic}-0": 5, f"{topic}-1": 5}
+    assert events["altered"]["offsets"] == {f"{topic}-0": 1, f"{topic}-1": 5}
+    assert events["altered"]["metadata"] == "moved by AdminCheck"
+    assert events["deleted"]["groups"] == []
+    assert events["describe_deleted"]["error"] == "GroupIdNotFoundException"
+
+
+def test_apis_rayk_does_not_serve_fail_in_the_java_client_before_any_request(cluster, bootstrap, jvm):
+    """ApiVersions lists only what rayk serves, so the Java client refuses the rest itself
+    (UnsupportedVersionException) and its connections go on serving."""
+    events = {e["event"] if e["event"] != "error" else e["step"]: e
+              for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "unsupported", new_topic(cluster))}
+    for step, api in (("list_transactions", "LIST_TRANSACTIONS"), ("describe_log_dirs", "DESCRIBE_LOG_DIRS"),
+                      ("describe_producers", "DESCRIBE_PRODUCERS")):
+        assert events[step]["error"] == "UnsupportedVersionException", events[step]
+        assert api in events[step]["message"]
+    assert events["still_usable"]["topics"] >= 0
+
+
+def test_a_version_rayk_does_not_serve_is_answered_unsupported_and_the_connection_stays(bootstrap, jvm):
+    """Requests framed by kafka-clients' own classes on a bare socket: Metadata one version
+    above rayk's ceiling gets UNSUPPORTED_VERSION and the next request on the same
+    connection is served; a malformed frame closes only its own connection."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    ceiling = SUPPORTED_VERSIONS[METADATA][1]
+    answers = jvm.run("rayk.jvm.RawRequests", host, port, "version", ceiling)
+    assert [(a["version"], a["error"]) for a in answers] == [(ceiling + 1, "UNSUPPORTED_VERSION"), (ceiling, "NONE")]
+    [garbage] = jvm.run("rayk.jvm.RawRequests", host, port, "garbage", ceiling)
+    assert garbage == {"event": "garbage", "closed": True, "other_connection": "NONE"}
+
+
+def test_kafka_topics_consumer_groups_and_configs_tools_work_against_rayk(cluster, bootstrap, jvm):
+    """kafka-topics, kafka-consumer-groups and kafka-configs (Kafka's own main classes),
+    each verb an operator runs daily, once."""
+    topic = f"j{next(_names)}-tools-{uuid.uuid4().hex[:6]}"
+    topics = lambda *args: jvm.tool(TOPICS_TOOL, "--bootstrap-server", bootstrap, *args)  # noqa: E731
+    assert f"Created topic {topic}." in topics("--create", "--topic", topic, "--partitions", "2",
+                                               "--replication-factor", "3", "--config", "retention.ms=600000")
+    assert topic in topics("--list").split()
+    topics("--alter", "--topic", topic, "--partitions", "3")
+    described = topics("--describe", "--topic", topic)
+    assert "PartitionCount: 3\tReplicationFactor: 3\tConfigs: retention.ms=600000" in described
+    assert described.count("Isr: ") == 3
+
+    configs = lambda *args: jvm.tool(CONFIGS_TOOL, "--bootstrap-server", bootstrap, "--entity-type", "topics",  # noqa: E731
+                                     "--entity-name", topic, *args)
+    configs("--alter", "--add-config", "cleanup.policy=compact,max.message.bytes=100000")
+    configs("--alter", "--delete-config", "retention.ms")
+    shown = configs("--describe")
+    assert "cleanup.policy=compact" in shown and "max.message.bytes=100000" in shown and "retention.ms" not in shown
+    assert cluster.admin().describe_topic_configs(topic) == {"cleanup.policy": "compact", "max.message.bytes": "100000"}
+
+    group = f"tools-group-{uuid.uuid4().hex[:6]}"
+    jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 30)
+    consumer = cluster.consumer(topic, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False)
+    wait_until(lambda: consumer.poll(timeout_ms=200) or consumer.assignment(), 30, "rayk's consumer to join")
+    consumer.commit({TopicPartition(topic, p): 2 for p in range(3)})
+    consumer.close(autocommit=False)
+    groups = lambda *args: jvm.tool(GROUPS_TOOL, "--bootstrap-server", bootstrap, *args)  # noqa: E731
+    assert group in groups("--list").split()
+    rows = [line.split() for line in groups("--describe", "--group", group).splitlines() if line.startswith(group)]
+    assert sorted((row[2], row[3]) for row in rows) == [("0", "2"), ("1", "2"), ("2", "2")]
+    assert sum(int(row[5]) for row in rows) == 30 - 6  # LAG
+    groups("--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute")
+    assert committed_offsets(cluster, group) == {0: 0, 1: 0, 2: 0}
+    assert "Deletion of requested consumer groups" in groups("--delete", "--group", group)
+    assert group not in groups("--list").split()
+
+    topics("--delete", "--topic", topic)
+    wait_until(lambda: topic not in cluster.list_topics(), 30, "the topic to be deleted")
+
+
+def word_counts(cluster, topic: str) -> dict[str, int]:
+    """The last count of each word in Streams' output topic (String keys, Long values)."""
+    partitions = len(cluster.describe_topic(topic))
+    reader = cluster.consumer(enable_auto_commit=False)
+    ends = reader.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    reader.close()
+    records = read_all(cluster, topic, sum(ends.values()), partitions)
+    return {r.key.decode(): struct.unpack(">q", r.value)[0] for r in sorted(records, key=lambda r: r.offset)}
+
+
+def start_word_count(jvm, bootstrap, app, source, sink, state_dir, guarantee="at_least_once") -> JavaProcess:
+    return jvm.start("rayk.jvm.WordCount", bootstrap, app, source, sink, state_dir, guarantee)
+
+
+def test_kafka_streams_word_count_is_right_across_application_and_broker_restarts(cluster, bootstrap, jvm, tmp_path):
+    """Kafka Streams (at-least-once) creates its repartition topic and its compacted
+    changelog on rayk and counts words right: after the application is stopped and started
+    again, and after the broker coordinating its group restarts under it (the new
+    coordinator takes the group's members over, so no commit fails and nothing is counted
+    twice)."""
+    source, sink, app = new_topic(cluster, 2), new_topic(cluster, 2), f"wordcount-{uuid.uuid4().hex[:6]}"
+    producer = cluster.producer(acks="all")
+
+    def write(lines: list[str]) -> None:
+        for line in lines:
+            producer.send(source, line.encode(), key=line.encode())
+        producer.flush()
+
+    changelog, repartition = f"{app}-counts-changelog", f"{app}-words-repartition"
+    expected: Counter = Counter()
+    lines = [f"the quick brown fox {i % 7} jumps" for i in range(100)]
+    write(lines)
+    expected.update(w for line in lines for w in line.split())
+    streams = start_word_count(jvm, bootstrap, app, source, sink, tmp_path / "state")
+    try:
+        streams.wait_for("state", 120, where=lambda e: e["state"] == "RUNNING")
+        wait_until(lambda: word_counts(cluster, sink) == expected, 60, "the first counts")
+        assert streams.stop("close") == 0 and {"event": "closed"} in streams.events, streams.events
+
+        assert {changelog, repartition} <= set(cluster.list_topics())
+        assert cluster.admin().describe_topic_configs(changelog)["cleanup.policy"] == "compact"
+
+        lines = [f"fox {i % 3} again" for i in range(50)]
+        write(lines)
+        expected.update(w for line in lines for w in line.split())
+        streams = start_word_count(jvm, bootstrap, app, source, sink, tmp_path / "state")
+        streams.wait_for("state", 120, where=lambda e: e["state"] == "RUNNING")
+        wait_until(lambda: word_counts(cluster, sink) == expected, 60, "the counts after a restart of Streams")
+
+        offsets_partition = coordinator_partition(app, len(cluster.describe_topic(OFFSETS_TOPIC)))
+        coordinator = cluster.describe_topic(OFFSETS_TOPIC)[offsets_partition]["leader"]
+        os.kill(pid_of(cluster.broker(coordinator)), signal.SIGKILL)  # Ray restarts its ReplicaManager
+        lines = [f"after the broker {i % 2}" for i in range(40)]
+        write(lines)
+        expected.update(w for line in lines for w in line.split())
+        wait_until(lambda: word_counts(cluster, sink) == expected, 90, "the counts across a broker restart")
+        assert not [e for e in streams.events if e["event"] == "error"]
+    finally:
+        streams.stop("close")
+    wait_until(lambda: all(healthy(cluster, t) for t in (source, sink, changelog, repartition)), 90,
+               "every partition led with its full ISR")
+
+
+def test_kafka_streams_exactly_once_v2_fails_at_once_as_rayk_has_no_transactions(cluster, bootstrap, jvm, tmp_path):
+    source, sink = new_topic(cluster, 1), new_topic(cluster, 1)
+    started = time.monotonic()
+    streams = start_word_count(jvm, bootstrap, f"eos-{uuid.uuid4().hex[:6]}", source, sink, tmp_path, "exactly_once_v2")
+    try:
+        error = streams.wait_for("error", 120)
+        streams.wait_for("state", 60, where=lambda e: e["state"] == "ERROR")
+    finally:
+        streams.stop("close")
+    assert error["cause"] == "TransactionalIdAuthorizationException", error
+    assert time.monotonic() - started < 60, "no hang until a timeout"
+
+
+# Last in the module: it kills a broker's process.
+def test_verifiable_producer_and_consumer_lose_nothing_while_a_broker_is_killed(cluster, bootstrap, jvm):
+    """Kafka's own replication check (its system tests' VerifiableProducer and
+    VerifiableConsumer, acks=all, min.insync.replicas=2): a broker's process is killed with
+    SIGKILL while they run and Ray brings it back. Every acknowledged record is consumed,
+    and no committed offset of the group goes backwards."""
+    topic, group = new_topic(cluster, **{"min.insync.replicas": "2"}), f"verifiable-{uuid.uuid4().hex[:6]}"
+    consumer = jvm.start("org.apache.kafka.tools.VerifiableConsumer", "--bootstrap-server", bootstrap,
+                         "--topic", topic, "--group-id", group, "--verbose", "--reset-policy", "earliest",
+                         "--session-timeout", "6000")
+    producer = None
+    try:
+        consumer.wait_for("partitions_assigned", 60, where=lambda e: e["partitions"])
+        producer = jvm.start("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", bootstrap,
+                             "--topic", topic, "--max-messages", "3000", "--throughput", "500", "--acks", "-1")
+        producer.wait_for("producer_send_success", 60)
+        time.sleep(1)
+        os.kill(pid_of(cluster.broker(0)), signal.SIGKILL)
+        producer.wait_for("shutdown_complete", 120)
+        acked = {e["value"] for e in producer.events if e["event"] == "producer_send_success"}
+        errors = [e for e in producer.events if e["event"] == "producer_send_error"]
+        assert len(acked) + len(errors) == 3000 and len(acked) > 2500, (len(acked), errors[:3])
+        consumed = lambda: {e["value"] for e in consumer.events if e["event"] == "record_data"}  # noqa: E731
+        wait_until(lambda: acked <= consumed(), 120, "the consumer to read every acknowledged record")
+    finally:
+        if producer is not None:
+            producer.stop(None)
+        consumer.stop(None)
+    last: dict[tuple[str, int], int] = {}
+    for event in consumer.events:
+        if event["event"] == "offsets_committed" and event["success"]:
+            for o in event["offsets"]:
+                where = (o["topic"], o["partition"])
+                assert o["offset"] >= last.get(where, 0), f"the committed offset of {where} went back"
+                last[where] = o["offset"]
+    wait_until(lambda: healthy(cluster, topic), 90, "every partition led with its full ISR")
