@@ -19,8 +19,14 @@ and counted before any timing so every case starts from the same in-memory DataF
    `df.write.parquet(local dir)`; and, to justify rayk's path, the other way to move the
    rows: `ray.data.from_spark(df)` (RayDP) then `rayk.data.write_topic` (write tasks in
    Ray), into a second topic.
+   And Spark's own Kafka sink, `df.write.format("kafka")` (the `spark-sql-kafka-0-10`
+   connector, kafka-clients 3.4.1 inside, acks=all) through the brokers' Kafka listeners,
+   into a third topic; and the same with the producer tuned for throughput (`SINK_TUNING`).
 2. read: `rayk.spark.read_topic(spark, topic)` (each Spark task fetches its partition
-   from the leader replica), against `spark.read.parquet(dir)`; and the other way:
+   from the leader replica), against `spark.read.parquet(dir)`; Spark's own Kafka source,
+   `spark.read.format("kafka")` with `includeHeaders=true` (the same columns as
+   read_topic's), through the listeners, as it comes and with larger fetches
+   (`SOURCE_TUNING`); and the other way:
    `rayk.data.read_topic(topic)` (Ray tasks on the leaders' nodes, into Arrow) then
    RayDP's `Dataset.to_spark(spark)`; and that Ray read alone (`materialize()`), the cost
    of fetching and decoding without Spark, against `ray.data.read_parquet` of the Parquet
@@ -60,6 +66,14 @@ PARTITIONS = 6
 # RayDP's from_spark turned the whole GB into one Arrow table in the executor's heap
 # and ran out of it.
 SPARK_PARTITIONS = 16
+KAFKA_SINK = "write  Spark's Kafka sink (format kafka)"
+KAFKA_SINK_TUNED = "write  Spark's Kafka sink, batch.size 512 KiB, linger.ms 5"
+KAFKA_SOURCE = "read   Spark's Kafka source (format kafka)"
+KAFKA_SOURCE_TUNED = "read   Spark's Kafka source, max.partition.fetch.bytes 8 MiB"
+# kafka-clients settings for the tuned cases (the defaults: 16 KiB batches sent at once; 1 MiB
+# per partition per fetch)
+SINK_TUNING = {"kafka.batch.size": str(512 * 1024), "kafka.linger.ms": "5"}
+SOURCE_TUNING = {"kafka.max.partition.fetch.bytes": str(8 << 20)}
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -127,7 +141,8 @@ def main() -> None:
         cluster = rayk.start(brokers=3, data_dir=work / "cluster", namespace=namespace)
         topic = "bench"
         cluster.create_topic(topic, PARTITIONS, 3, {"min.insync.replicas": "2"})
-        spark = rayk_spark.session("rayk-spark-bench", executors=1, executor_cores=1, executor_memory="4g")
+        spark = rayk_spark.session("rayk-spark-bench", executors=1, executor_cores=1, executor_memory="4g",
+                                   kafka_connector=True)
         df = spark.range(0, rows, 1, SPARK_PARTITIONS).selectExpr(
             f"lpad(CAST(id AS STRING), {KEY_BYTES}, '0') AS key",
             f"CAST(repeat(substr(sha2(CAST(id AS STRING), 256), 1, 10), {args.value_bytes // 10}) AS BINARY) AS value",
@@ -143,11 +158,28 @@ def main() -> None:
         )
         assert written == rows, (written, rows)
         results.append(row("write  via Ray Data (from_spark + write_topic)", rows, row_bytes, seconds))
+        cluster.create_topic("bench-connector", PARTITIONS, 3, {"min.insync.replicas": "2"})
+        connector = rayk_spark.kafka_options(cluster, topic="bench-connector", **{"kafka.acks": "all"})
+        seconds, _ = timed(lambda: df.write.format("kafka").options(**connector).save())
+        written = sum(p["high_watermark"] for p in cluster.describe_topic("bench-connector"))
+        assert written == rows, (written, rows)
+        results.append(row(KAFKA_SINK, rows, row_bytes, seconds))
+        cluster.create_topic("bench-connector-tuned", PARTITIONS, 3, {"min.insync.replicas": "2"})
+        tuned = {**connector, **SINK_TUNING, "topic": "bench-connector-tuned"}
+        seconds, _ = timed(lambda: df.write.format("kafka").options(**tuned).save())
+        written = sum(p["high_watermark"] for p in cluster.describe_topic("bench-connector-tuned"))
+        assert written == rows, (written, rows)
+        results.append(row(KAFKA_SINK_TUNED, rows, row_bytes, seconds))
         seconds, _ = timed(lambda: df.write.mode("overwrite").parquet(str(work / "parquet")))
         results.append(row("write  Parquet, local disk", rows, row_bytes, seconds))
 
         seconds, _ = timed(lambda: force(rayk_spark.read_topic(spark, topic, cluster=cluster)))
         results.append(row("read   rayk.spark.read_topic", rows, row_bytes, seconds))
+        source = rayk_spark.kafka_options(cluster, subscribe=topic, includeHeaders=True)
+        seconds, _ = timed(lambda: force(spark.read.format("kafka").options(**source).load()))
+        results.append(row(KAFKA_SOURCE, rows, row_bytes, seconds))
+        seconds, _ = timed(lambda: force(spark.read.format("kafka").options(**source, **SOURCE_TUNING).load()))
+        results.append(row(KAFKA_SOURCE_TUNED, rows, row_bytes, seconds))
         seconds, _ = timed(lambda: force(rayk_data.read_topic(topic, cluster=cluster).to_spark(spark)))
         results.append(row("read   via Ray Data (read_topic + to_spark)", rows, row_bytes, seconds))
         seconds, ds = timed(lambda: rayk_data.read_topic(topic, cluster=cluster).materialize())
@@ -174,8 +206,16 @@ def main() -> None:
     print("\nratios (in this run):")
     print(f"  write: rayk {rate['write  rayk.spark.write_topic'] / rate['write  Parquet, local disk']:.3f}x Parquet; "
           f"{rate['write  rayk.spark.write_topic'] / rate['write  via Ray Data (from_spark + write_topic)']:.2f}x the Ray Data path")
+    print(f"  write: rayk {rate['write  rayk.spark.write_topic'] / rate[KAFKA_SINK]:.2f}x "
+          f"Spark's Kafka sink ({rate['write  rayk.spark.write_topic'] / rate[KAFKA_SINK_TUNED]:.2f}x it tuned); "
+          f"that sink {rate[KAFKA_SINK] / rate['write  Parquet, local disk']:.3f}x Parquet "
+          f"({rate[KAFKA_SINK_TUNED] / rate['write  Parquet, local disk']:.3f}x tuned)")
     print(f"  read:  rayk {rate['read   rayk.spark.read_topic'] / rate['read   Parquet, local disk']:.3f}x Parquet; "
           f"{rate['read   rayk.spark.read_topic'] / rate['read   via Ray Data (read_topic + to_spark)']:.2f}x the Ray Data path")
+    print(f"  read:  rayk {rate['read   rayk.spark.read_topic'] / rate[KAFKA_SOURCE]:.2f}x "
+          f"Spark's Kafka source ({rate['read   rayk.spark.read_topic'] / rate[KAFKA_SOURCE_TUNED]:.2f}x it tuned); "
+          f"that source {rate[KAFKA_SOURCE] / rate['read   Parquet, local disk']:.3f}x Parquet "
+          f"({rate[KAFKA_SOURCE_TUNED] / rate['read   Parquet, local disk']:.3f}x tuned)")
     print(f"  Ray Data: rayk.data.read_topic {rate['read   Ray Data alone, no Spark'] / rate['read   Ray Data read_parquet, no Spark']:.3f}x "
           "ray.data.read_parquet of the same rows")
 

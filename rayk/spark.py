@@ -16,6 +16,15 @@ offsets are fixed when it is called (see rayk.client.offset_ranges). `write_topi
 a DataFrame with a `value` column (binary or string) and optional `key`, `partition`,
 `headers`, `timestamp` columns, and raises if any record was not acknowledged.
 
+Spark's own Kafka source and sink (`spark.read.format("kafka")`, `df.write.format("kafka")`,
+`readStream` / `writeStream`) work against the brokers' Kafka listeners too: `session(...,
+kafka_connector=True)` adds the `spark-sql-kafka-0-10` connector (Spark fetches it from
+Maven Central with Ivy into ~/.ivy2 on first use), and `kafka_options(cluster, ...)` gives
+the options that point it at the cluster:
+
+    spark = rayk.spark.session("clicks", kafka_connector=True)
+    df = spark.read.format("kafka").options(**rayk.spark.kafka_options(subscribe="clicks")).load()
+
 `stream_topic` runs a function on each micro-batch of a topic, Structured Streaming's
 foreachBatch shape (its Python source API needs Spark 4; RayDP pins 3.5): each batch is
 a DataFrame of the records that arrived since the last one, and the stream's progress is
@@ -72,9 +81,29 @@ JAVA_OPTION_KEYS = (
 )
 
 
-def session_configs(configs: dict[str, str] | None = None) -> dict[str, str]:
+# Spark's Kafka connector for the pinned pyspark (3.5.7, Scala 2.12). It brings kafka-clients
+# 3.4.1 and commons-pool2; the other jars it depends on ship with pyspark in the same versions,
+# so Ivy neither fetches them (hadoop-client-api and -runtime alone are 48 MB, which every
+# executor would copy from the driver) nor puts a second copy on the classpath.
+KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.7"
+KAFKA_CONNECTOR_EXCLUDES = (
+    "org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime",
+    "org.xerial.snappy:snappy-java", "org.lz4:lz4-java", "org.slf4j:slf4j-api",
+    "com.google.code.findbugs:jsr305", "commons-logging:commons-logging",
+)  # fmt: skip
+
+
+def _append_list(configs: dict[str, str], key: str, items: tuple[str, ...] | list[str]) -> None:
+    """Adds items to a comma-separated Spark config list, after what the caller gave."""
+    given = [x for x in configs.get(key, "").split(",") if x.strip()]
+    configs[key] = ",".join(given + [x for x in items if x not in given])
+
+
+def session_configs(configs: dict[str, str] | None = None, kafka_connector: bool = False) -> dict[str, str]:
     """RayDP's Spark configs with the Java 17 flags and this interpreter as executor Python;
-    Java options the caller gives are kept, after rayk's."""
+    Java options the caller gives are kept, after rayk's. With `kafka_connector`, Spark's
+    Kafka connector is added to `spark.jars.packages` (and what pyspark ships already to
+    `spark.jars.excludes`)."""
     out = {
         # RayDP passes these to its JVMs as -Dlog4j2.configurationFile, after our options.
         "spark.ray.log4j.config.file.name": str(LOG4J2_CONFIG),
@@ -87,6 +116,9 @@ def session_configs(configs: dict[str, str] | None = None) -> dict[str, str]:
     out.update(configs or {})
     for key in JAVA_OPTION_KEYS:
         out[key] = f"{JAVA_17_OPTIONS} {LOG_OPTIONS} {out.get(key, '')}".strip()
+    if kafka_connector:
+        _append_list(out, "spark.jars.packages", [KAFKA_CONNECTOR])
+        _append_list(out, "spark.jars.excludes", KAFKA_CONNECTOR_EXCLUDES)
     return out
 
 
@@ -96,9 +128,14 @@ def session(
     executor_cores: int = 1,
     executor_memory: str = "1g",
     configs: dict[str, str] | None = None,
+    *,
+    kafka_connector: bool = False,
 ) -> Any:
     """Starts Spark on Ray (raydp.init_spark) ready for Java 17; returns the SparkSession.
-    Connects to Ray first (`ray.init()`) if this process has not."""
+    Connects to Ray first (`ray.init()`) if this process has not. `kafka_connector=True`
+    adds Spark's own Kafka source and sink (`format("kafka")`, see `kafka_options`): Spark
+    resolves the connector with Ivy when the session starts, from Maven Central the first
+    time (into ~/.ivy2; the executors get the jars from the driver)."""
     import raydp
 
     if not ray.is_initialized():
@@ -109,7 +146,8 @@ def session(
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     with filtered_stderr():  # the driver JVM starts here, and inherits the filter (child_stderr.py)
         return raydp.init_spark(
-            app_name, executors, executor_cores, executor_memory, configs=session_configs(configs)
+            app_name, executors, executor_cores, executor_memory,
+            configs=session_configs(configs, kafka_connector=kafka_connector),
         )
 
 
@@ -118,6 +156,22 @@ def stop() -> None:
     import raydp
 
     raydp.stop_spark()
+
+
+def kafka_options(cluster: Any = None, **options: Any) -> dict[str, str]:
+    """Options for Spark's Kafka source and sink (`format("kafka")`, in a session started
+    with `kafka_connector=True`) against this cluster's Kafka listeners:
+    `kafka.bootstrap.servers` and the given ones (`subscribe=...`, `topic=...`, ...; a
+    dict for keys with dots, e.g. `**{"kafka.acks": "all"}`), as strings."""
+    cluster = rayk_data.cluster_or_connect(cluster)
+    servers = cluster.bootstrap_servers
+    if not servers:
+        raise InvalidConfigurationError("the cluster runs no Kafka listener (its `listeners` config is empty)")
+    return {"kafka.bootstrap.servers": servers, **{k: _option(v) for k, v in options.items()}}
+
+
+def _option(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def spark_schema() -> Any:

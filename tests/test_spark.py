@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import ray
 import rayk
 from rayk import spark as rayk_spark
 from rayk.errors import InvalidConfigurationError
-from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, pid_of, release_shared_local_ray, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_test")]
 
@@ -30,7 +33,10 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    session = rayk_spark.session("rayk-tests", executors=1, executor_cores=1, executor_memory="1g")
+    # With Spark's own Kafka connector (format("kafka")): one session serves both paths.
+    session = rayk_spark.session(
+        "rayk-tests", executors=1, executor_cores=1, executor_memory="1g", kafka_connector=True
+    )
     yield session
     rayk_spark.stop()
 
@@ -230,3 +236,220 @@ def test_a_stream_with_write_topic_as_sink_writes_no_record_twice_when_spark_ret
     assert batch_ids == [0] and int(marker.read_text()) > 0, "attempt 0 had written records before it died"
     values = [r.value for r in rayk_spark.read_topic(spark, sink, cluster=cluster).collect()]
     assert sorted(values) == rows, "each record once"
+
+
+# ------------------------------------------------------- Spark's own Kafka connector (format "kafka")
+
+UTC = datetime.timezone.utc
+
+
+def consume_all(cluster, topic, timeout_s=60):
+    """Every record of the topic up to its high watermarks now, read by rayk's own
+    consumer from the beginning, in (partition, offset) order."""
+    ends = {p["partition"]: p["high_watermark"] for p in cluster.describe_topic(topic)}
+    got = []
+    with cluster.consumer(auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+        consumer.assign([(topic, p) for p in ends])
+        deadline = time.monotonic() + timeout_s
+        while len(got) < sum(ends.values()):
+            assert time.monotonic() < deadline, f"{len(got)} of {sum(ends.values())} records of {topic}"
+            got += [r for records in consumer.poll(200).values() for r in records]
+    return sorted(got, key=lambda r: (r.partition, r.offset))
+
+
+def test_spark_kafka_source_reads_what_a_rayk_producer_wrote_in_json_offset_bounds(cluster, spark):
+    topic = new_topic(cluster)
+    sent = []
+    with cluster.producer(acks="all") as producer:
+        for i in range(12):
+            key = None if i == 3 else b"k%d" % i
+            headers = [("n", b"%d" % i), ("empty", None)] if i % 3 else []
+            # Spark's source gives a record without headers null, not [] (rayk.spark.read_topic: [])
+            sent.append((i % 2, key, b"v%d" % i, headers or None, 1_700_000_000_000 + i))
+            producer.send(topic, b"v%d" % i, key=key, headers=headers, partition=i % 2, timestamp_ms=sent[-1][-1])
+    df = (
+        spark.read.format("kafka")
+        .options(**rayk_spark.kafka_options(cluster, subscribe=topic, includeHeaders=True))
+        .option("startingOffsets", f'{{"{topic}":{{"0":1,"1":-2}}}}')
+        .option("endingOffsets", f'{{"{topic}":{{"0":5,"1":-1}}}}')
+        .load()
+    )
+    assert df.schema == rayk_spark.spark_schema(), "Spark's Kafka schema, with headers"
+    rows = sorted(df.collect(), key=lambda r: (r.partition, r.offset))
+    # partition 0 holds sends 0, 2, 4, ... at offsets 0, 1, 2, ...; offsets 1-4 of it, and all of partition 1
+    expected = [(p, o, *rest) for p in (0, 1) for o, (_, *rest) in enumerate(x for x in sent if x[0] == p)]
+    expected = [e for e in expected if e[0] == 1 or 1 <= e[1] < 5]
+    got = [
+        (r.partition, r.offset, r.key and bytes(r.key), bytes(r.value),
+         r.headers and [(h.key, h.value and bytes(h.value)) for h in r.headers],
+         int(r.timestamp.replace(tzinfo=UTC).timestamp() * 1000))
+        for r in rows
+    ]  # fmt: skip
+    assert got == expected
+    assert {r.topic for r in rows} == {topic} and {r.timestampType for r in rows} == {0}
+
+
+def test_spark_kafka_sink_writes_what_rayk_consumer_reads_back(cluster, spark):
+    topic = new_topic(cluster)
+    df = spark.createDataFrame(
+        [(b"k%d" % i if i != 4 else None, b"v%d" % i, [("h", b"%d" % i)] if i % 2 else [], i % 2) for i in range(10)],
+        "key binary, value binary, headers array<struct<key string, value binary>>, partition int",
+    )
+    df.write.format("kafka").options(**rayk_spark.kafka_options(cluster, topic=topic)).save()
+    got = consume_all(cluster, topic)
+    assert [(r.partition, r.offset) for r in got] == [(p, o) for p in (0, 1) for o in range(5)]
+    by_value = lambda record: record[1]  # noqa: E731
+    assert sorted(((r.key, r.value, list(r.headers), r.partition) for r in got), key=by_value) == sorted(
+        ((b"k%d" % i if i != 4 else None, b"v%d" % i, [("h", b"%d" % i)] if i % 2 else [], i % 2) for i in range(10)),
+        key=by_value,
+    )
+
+
+class Traffic:
+    """A rayk producer (acks=all) sending unique values to both partitions of a topic,
+    a few every 20 ms, until stopped; `sent` is what it sent, all acknowledged on `stop`."""
+
+    def __init__(self, cluster, topic):
+        self.sent: list[bytes] = []
+        self._stop = threading.Event()
+        self._producer = cluster.producer(acks="all", linger_ms=5)
+        self._topic = topic
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                for _ in range(8):
+                    i = len(self.sent)
+                    self.sent.append(b"%06d" % i)
+                    self._producer.send(self._topic, self.sent[-1], key=b"k%d" % (i % 5), partition=i % 2)
+                time.sleep(0.02)
+        except BaseException as e:  # reported by stop()
+            self._error = e
+
+    def halt(self) -> None:
+        """Stops sending (a failed test's cleanup); `stop` also waits for the acknowledgements."""
+        self._stop.set()
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join(30)
+        self._producer.flush(120)
+        self._producer.close()
+        assert self._error is None, self._error
+        return self.sent
+
+
+def start_queries(spark, cluster, source, sink, work):
+    """Spark's Kafka source into two sinks, each a query with its own checkpoint: Spark's
+    Kafka sink (topic `sink`) and Spark's Parquet file sink (`work / "parquet"`)."""
+    def stream():
+        return (
+            spark.readStream.format("kafka")
+            .options(**rayk_spark.kafka_options(cluster, subscribe=source, startingOffsets="earliest"))
+            .load()
+        )
+
+    to_topic = (
+        stream().selectExpr("key", "value").writeStream.format("kafka")
+        .options(**rayk_spark.kafka_options(cluster, topic=sink))
+        .option("checkpointLocation", str(work / "checkpoint-topic"))
+        .trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    to_files = (
+        stream().selectExpr("partition", "offset", "value").writeStream.format("parquet")
+        .option("path", str(work / "parquet"))
+        .option("checkpointLocation", str(work / "checkpoint-parquet"))
+        .trigger(processingTime="500 milliseconds").start()
+    )  # fmt: skip
+    return to_topic, to_files
+
+
+def rows_in(query) -> int:
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def wait_for_rows(queries, more_than, what):
+    def progressed():
+        for q in queries:
+            assert q.exception() is None, q.exception()
+        return all(rows_in(q) > more_than for q in queries)
+
+    try:
+        wait_until(progressed, 120, what)
+    except AssertionError as e:  # what each query was doing
+        raise AssertionError(f"{e}: rows {[rows_in(q) for q in queries]}, status {[q.status for q in queries]}") from None
+
+
+def check_outputs(spark, cluster, sink, work, sent):
+    """Every sent record is in the Parquet output exactly once, and in the sink topic at
+    least once."""
+    files = spark.read.parquet(str(work / "parquet")).collect()  # the file sink's log: committed files only
+    assert sorted(bytes(r.value) for r in files) == sorted(sent), "each record exactly once in the files"
+    per_partition = {p: sorted(r.offset for r in files if r.partition == p) for p in (0, 1)}
+    assert per_partition == {p: list(range(len(sent[p::2]))) for p in (0, 1)}, "no offset skipped"
+    copied = [r.value for r in consume_all(cluster, sink)]
+    assert set(copied) == set(sent), "each record at least once in the topic"
+    return len(copied) - len(set(copied))
+
+
+def test_a_structured_streaming_query_stopped_mid_stream_resumes_from_its_checkpoint(cluster, spark, tmp_path):
+    source, sink = new_topic(cluster), new_topic(cluster, partitions=1)
+    traffic = Traffic(cluster, source)
+    queries = start_queries(spark, cluster, source, sink, tmp_path)
+    try:
+        wait_for_rows(queries, 0, "both queries to process records")
+    finally:
+        for q in queries:
+            q.stop()  # mid-stream: the records keep coming
+    stopped_at = len(traffic.sent)
+    queries = start_queries(spark, cluster, source, sink, tmp_path)  # the same checkpoints
+    try:
+        wait_until(lambda: len(traffic.sent) > stopped_at + 200, 30, "more records")
+        sent = traffic.stop()
+        for q in queries:
+            q.processAllAvailable()
+    finally:
+        traffic.halt()
+        for q in queries:
+            q.stop()
+    assert len(sent) > stopped_at
+    duplicates = check_outputs(spark, cluster, sink, tmp_path, sent)
+    print(f"\n{len(sent)} records, {duplicates} written twice to the topic across the restart")
+
+
+# Last in the module: it kills a broker (and waits for its replicas to rejoin before it ends).
+def test_a_structured_streaming_query_skips_nothing_when_a_broker_is_killed(cluster, spark, tmp_path):
+    source = new_topic(cluster)
+    sink = new_topic(cluster, partitions=1)
+    for topic in (source, sink):
+        cluster.admin().alter_topic_configs(topic, {"min.insync.replicas": "2"})
+    leader = cluster.describe_topic(source)[0]["leader"]
+    traffic = Traffic(cluster, source)
+    queries = start_queries(spark, cluster, source, sink, tmp_path)
+    try:
+        wait_for_rows(queries, 0, "both queries to process records")
+        before = [rows_in(q) for q in queries]
+        pid = pid_of(cluster.broker(leader))
+        os.kill(pid, signal.SIGKILL)  # the leader of partition 0 and its replicas; Ray starts it again
+        wait_until(lambda: pid_of(cluster.broker(leader)) not in (0, pid), 60, "Ray to restart the broker")
+        wait_for_rows(queries, max(before) + 400, "the queries to go on after the kill")
+        sent = traffic.stop()
+        for q in queries:
+            q.processAllAvailable()
+            assert q.isActive, "the query ran on through the kill"
+    finally:
+        traffic.halt()
+        for q in queries:
+            q.stop()
+    check_outputs(spark, cluster, sink, tmp_path, sent)
+
+    def healed():
+        return all(len(p["isr"]) == 3 for t in (source, sink) for p in cluster.describe_topic(t))
+
+    try:
+        wait_until(healed, 120, "the killed broker's replicas to rejoin the ISR")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {[cluster.describe_topic(t) for t in (source, sink)]}") from None
