@@ -112,6 +112,23 @@ def read_partition(handle: Any, end_offset: int, start_offset: int = 0) -> list[
     return out
 
 
+def consume_topic(cluster: Any, topic: str, expected: int, timeout_s: float = 30, **settings: Any) -> list:
+    """Records of every partition of `topic` from its beginning, read by rayk's consumer
+    (assign and seek, no group) until `expected` came or timeout_s passed."""
+    from rayk.client import TopicPartition
+
+    consumer = cluster.consumer(**settings)
+    consumer.assign([TopicPartition(topic, p) for p in range(len(cluster.describe_topic(topic)))])
+    consumer.seek_to_beginning()
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < expected and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            records += batch
+    consumer.close()
+    return records
+
+
 def read_replica(handle: Any) -> list[tuple[int, bytes]]:
     """A replica's whole local log, leader or follower."""
     out: list[tuple[int, bytes]] = []

@@ -30,7 +30,7 @@ from rayk.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from tests.cluster_helpers import FAST_CONFIG, pid_of, read_replica, release_shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, read_replica, release_shared_local_ray, wait_until
 from tests.dataplane_fakes import FakeReplicaEndpoint
 
 CONFIG = {
@@ -71,20 +71,6 @@ def new_topic(cluster, partitions=3, replication_factor=3, **config) -> str:
     return name
 
 
-def read_all(cluster, topic, expected, **settings):
-    consumer = cluster.consumer(**settings)
-    partitions = [TopicPartition(topic, p) for p in range(cluster.admin().describe_topics([topic])[topic].__len__())]
-    consumer.assign(partitions)
-    consumer.seek_to_beginning()
-    records = []
-    deadline = time.monotonic() + 30
-    while len(records) < expected and time.monotonic() < deadline:
-        for batch in consumer.poll(timeout_ms=500).values():
-            records += batch
-    consumer.close()
-    return records
-
-
 def test_every_acks_setting_and_codec_round_trips_keys_values_and_headers(cluster):
     topic = new_topic(cluster, partitions=2, replication_factor=2)
     sent = []
@@ -96,7 +82,7 @@ def test_every_acks_setting_and_codec_round_trips_keys_values_and_headers(cluste
                 producer.send(topic, value=value, key=key, headers=[("h", b"x%d" % i)])
                 sent.append((key, value, [("h", b"x%d" % i)]))
             producer.close()
-    records = read_all(cluster, topic, len(sent))
+    records = consume_topic(cluster, topic, len(sent))
     assert sorted((r.key, r.value, r.headers) for r in records) == sorted(sent)
 
 
@@ -107,7 +93,7 @@ def test_acknowledged_metadata_matches_what_consumers_read(cluster):
         metas = [f.result(timeout=30) for f in futures]
     for i, meta in enumerate(metas):
         assert meta.partition == partition_for_key(b"key-%d" % i, 3), "murmur2, as Kafka's Java client"
-    by_position = {(r.partition, r.offset): r.value for r in read_all(cluster, topic, 300)}
+    by_position = {(r.partition, r.offset): r.value for r in consume_topic(cluster, topic, 300)}
     assert {(m.partition, m.offset): b"v%d" % i for i, m in enumerate(metas)} == by_position
 
 
@@ -116,7 +102,7 @@ def test_records_of_a_partition_arrive_in_send_order(cluster):
     with cluster.producer(acks=1, linger_ms=1, batch_size=2048) as producer:
         for i in range(3000):
             producer.send(topic, value=b"%06d" % i)
-    records = read_all(cluster, topic, 3000)
+    records = consume_topic(cluster, topic, 3000)
     assert [r.value for r in records] == [b"%06d" % i for i in range(3000)]
     assert [r.offset for r in records] == list(range(3000))
 
@@ -131,14 +117,14 @@ def test_small_batches_queued_behind_a_call_are_merged_up_to_max_request_size(cl
     sizes = [batch.header.size_bytes for batch in iter_batches(ray.get(leader.read_local.remote(0, 1 << 24)))]
     assert sum(1 for size in sizes if size > 1024) > 0, "queued 1 KiB batches went as bigger ones"
     assert max(sizes) <= 65_536
-    assert [r.value[:6] for r in read_all(cluster, topic, 5000)] == [b"%06d" % i for i in range(5000)]
+    assert [r.value[:6] for r in consume_topic(cluster, topic, 5000)] == [b"%06d" % i for i in range(5000)]
 
 
 def test_serializers_msgpack_and_str(cluster):
     topic = new_topic(cluster, partitions=1, replication_factor=1)
     with cluster.producer(value_serializer="msgpack", key_serializer="str") as producer:
         producer.send(topic, value={"user": "ann", "clicks": [1, 2]}, key="ann")
-    records = read_all(cluster, topic, 1, value_deserializer="msgpack", key_deserializer="str")
+    records = consume_topic(cluster, topic, 1, value_deserializer="msgpack", key_deserializer="str")
     assert (records[0].key, records[0].value) == ("ann", {"user": "ann", "clicks": [1, 2]})
 
 
@@ -296,7 +282,7 @@ def test_producer_is_usable_from_a_ray_task(cluster):
     offsets = ray.get(produce_in_task.remote(producer, 50))
     producer.close()
     assert len(offsets) == 50 and min(offsets) >= 0
-    assert len(read_all(cluster, topic, 50)) == 50
+    assert len(consume_topic(cluster, topic, 50)) == 50
 
 
 def test_offsets_for_times_end_offsets_and_seek(cluster):
@@ -333,7 +319,7 @@ def test_producer_retries_across_a_leader_failover_lose_nothing(cluster):
     metas = [f.result() for f in futures]  # every record acknowledged despite the failover
     producer.close()
     assert cluster.describe_topic(topic)[0]["leader"] != leader_id
-    stored = {r.offset: r.value for r in read_all(cluster, topic, metas[-1].offset + 1)}
+    stored = {r.offset: r.value for r in consume_topic(cluster, topic, metas[-1].offset + 1)}
     assert all(stored[m.offset] == b"%05d" % i for i, m in enumerate(metas))
     cluster.restart_broker(leader_id)
     wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 60, "the ISR to heal")
@@ -654,7 +640,7 @@ def test_send_batch_puts_keys_where_send_does_and_answers_every_record_s_offset(
     for batch in result.batches:  # one offset range per batch, the rows of its partition
         mine = np.sort(result.offsets[result.partitions == batch.partition])
         assert batch.base_offset in mine and batch.last_offset in mine
-    by_place = {(r.partition, r.offset): r for r in read_all(cluster, topic, n + 20)}
+    by_place = {(r.partition, r.offset): r for r in consume_topic(cluster, topic, n + 20)}
     assert len(by_place) == n + 20
     for i in range(n):
         record = by_place[(int(result.partitions[i]), int(result.offsets[i]))]

@@ -35,7 +35,7 @@ from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.net.api_versions import METADATA, SUPPORTED_VERSIONS
-from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_until
 from tests.faults.harness import healthy
 from tests.jvm_programs import JavaProcess, Jvm
 
@@ -73,19 +73,6 @@ def new_topic(cluster, partitions: int = 3, **config: str) -> str:
     return name
 
 
-def read_all(cluster, topic: str, expected: int, partitions: int = 3) -> list:
-    consumer = cluster.consumer(enable_auto_commit=False)
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    consumer.seek_to_beginning()
-    records: list = []
-    deadline = time.monotonic() + 30
-    while len(records) < expected and time.monotonic() < deadline:
-        for batch in consumer.poll(timeout_ms=500).values():
-            records += batch
-    consumer.close()
-    return records
-
-
 def test_the_java_producer_idempotent_with_acks_all_writes_what_rayk_reads(cluster, bootstrap, jvm):
     """Kafka's Java producer with its defaults (idempotent, acks=all): every record is
     acknowledged once, at the partition of Kafka's murmur2 key partitioner, and rayk's
@@ -95,7 +82,7 @@ def test_the_java_producer_idempotent_with_acks_all_writes_what_rayk_reads(clust
     acked = {e["seq"]: (e["partition"], e["offset"]) for e in events if e["event"] == "acked"}
     assert sorted(acked) == list(range(300)) and events[-1]["event"] == "done"
     assert all(partition == partition_for_key(f"k{seq}".encode(), 3) for seq, (partition, _) in acked.items())
-    records = read_all(cluster, topic, 300)
+    records = consume_topic(cluster, topic, 300)
     stored = {(r.partition, r.offset): r for r in records}
     assert len(records) == len(stored) == 300
     for seq, where in acked.items():
@@ -181,8 +168,8 @@ def test_the_java_admin_client_lists_describes_alters_and_deletes_groups(cluster
     consumer = cluster.consumer(topic, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False)
     wait_until(lambda: sum(len(b) for b in consumer.poll(timeout_ms=200).values()) or consumer.assignment(), 30,
                "rayk's consumer to join")
-    read_all_of = {TopicPartition(topic, p): 5 for p in range(2)}
-    consumer.commit(read_all_of)
+    to_the_end = {TopicPartition(topic, p): 5 for p in range(2)}
+    consumer.commit(to_the_end)
     consumer.close(autocommit=False)
     events = {e["event"] if e["event"] != "error" else e["step"]: e
               for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "groups", group, topic)}
@@ -266,7 +253,7 @@ def word_counts(cluster, topic: str) -> dict[str, int]:
     reader = cluster.consumer(enable_auto_commit=False)
     ends = reader.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
     reader.close()
-    records = read_all(cluster, topic, sum(ends.values()), partitions)
+    records = consume_topic(cluster, topic, sum(ends.values()))
     return {r.key.decode(): struct.unpack(">q", r.value)[0] for r in sorted(records, key=lambda r: r.offset)}
 
 
