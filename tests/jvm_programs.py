@@ -30,7 +30,14 @@ from typing import Any
 
 MODULE = Path(__file__).parent / "jvm"
 CACHE_DIR = Path(os.environ.get("RAYK_JVM_CACHE", Path.home() / ".cache" / "rayk-jvm"))
-JAVA_OPTIONS = (*(("-Dlog4j2.configurationFile=" + os.environ["RAYK_JVM_LOG4J"],) if os.environ.get("RAYK_JVM_LOG4J") else ()), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
+# Short-lived client JVMs: a small heap, C1 only. Kafka's classes log through Log4j 2,
+# which prints errors only unless RAYK_JVM_LOG4J names a configuration file (to see a
+# program's client logs while debugging a test).
+LOG4J_CONFIG = os.environ.get("RAYK_JVM_LOG4J")
+JAVA_OPTIONS = (
+    *((f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",) if LOG4J_CONFIG else ()),
+    "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+)
 
 
 def _sources_digest() -> str:
