@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench bytecode clean chaos
 
+# Everything the targets use: the tests, and Spark (rayk's `spark` extra) for the demo's
+# pipeline and tests/test_spark.py. A change to pyproject.toml installs again.
 $(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 # Every partition replica is a Ray worker process that imports rayk: with bytecode compiled
@@ -20,6 +22,7 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q rayk
 
 test: bytecode
+	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=30
 
 # Randomized fault schedules (tests/faults/nemesis.py) with seeds SEED, SEED+1, ... for

@@ -43,6 +43,7 @@ as `ray.data.from_spark` + a Ray Data sink.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -60,6 +61,17 @@ from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.errors import InvalidConfigurationError
+
+# PySpark and RayDP come with rayk's `spark` extra, not with rayk itself (the broker, the
+# Python client and rayk.data never load them). Looked up, not imported: this module
+# imports them where it uses them.
+_MISSING = [name for name in ("pyspark", "raydp") if importlib.util.find_spec(name) is None]
+if _MISSING:
+    raise ImportError(
+        f"rayk.spark needs {' and '.join(_MISSING)}, which rayk installs with its `spark` extra: "
+        "pip install 'rayk[spark]'",
+        name=_MISSING[0],
+    )
 
 logger = logging.getLogger(__name__)
 
