@@ -113,7 +113,7 @@ def main() -> None:
     for i, topic in enumerate(topics):  # in steps: ~200 replica processes starting at once swamp 2 cores
         partitions = min(args.partitions_per_topic, args.partitions - i * args.partitions_per_topic)
         try:
-            cluster.create_topic(topic, partitions=partitions, replication_factor=3)
+            cluster.create_topic(topic, num_partitions=partitions, replication_factor=3)
         except KafkaTimeoutError:
             pass  # the creation goes on
         deadline_s = time.monotonic() + args.healthy_timeout_s

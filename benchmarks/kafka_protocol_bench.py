@@ -209,7 +209,7 @@ def rayk_row(name: str, brokers: int, replication: int, records: int, value: byt
     cluster = rayk.start(brokers=brokers, data_dir=data_dir, config=config, namespace=f"bench-{brokers}")
     try:
         return run_broker(name, cluster.bootstrap_servers, records, value,
-                          lambda t: cluster.create_topic(t, partitions=PARTITIONS, replication_factor=replication), args)
+                          lambda t: cluster.create_topic(t, num_partitions=PARTITIONS, replication_factor=replication), args)
     finally:
         cluster.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -74,7 +74,7 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-cpu-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
-    cluster.create_topic("latency", partitions=3, replication_factor=3)
+    cluster.create_topic("latency", num_partitions=3, replication_factor=3)
     bootstrap, stop, sent = cluster.bootstrap_servers, threading.Event(), [0]
 
     def produce() -> None:

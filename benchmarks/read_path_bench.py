@@ -110,7 +110,7 @@ def main() -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
     cluster = rayk.start(brokers=3, data_dir=work / "brokers")
     try:
-        cluster.create_topic("rows", partitions=PARTITIONS, replication_factor=3)
+        cluster.create_topic("rows", num_partitions=PARTITIONS, replication_factor=3)
         parquet_dir = work / "parquet"
         parquet_dir.mkdir()
         rows = fill(cluster, "rows", args.mb, args.value_bytes, parquet_dir)

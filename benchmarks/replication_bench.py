@@ -302,7 +302,7 @@ def bench_produce(cluster: Any, args: argparse.Namespace, batches: dict[int, tup
                 batch, nrec = batches[size]
                 topic = f"bench-rf{rf}-acks{'all' if acks == -1 else acks}-{size // KiB}k"
                 config = {"min.insync.replicas": str(MIN_INSYNC_RF3)} if rf == 3 else None
-                cluster.create_topic(topic, partitions=1, replication_factor=rf, config=config)
+                cluster.create_topic(topic, num_partitions=1, replication_factor=rf, config=config)
                 leader = cluster.leader(topic, 0)
                 warm = drive(leader, batch, acks, args.window, args.warmup, max_bytes, is_echo=False)
                 stats = drive(leader, batch, acks, args.window, args.duration, max_bytes, is_echo=False)
@@ -428,7 +428,7 @@ def bench_replicas(cluster: Any, args: argparse.Namespace) -> None:
     print(f"\n2. REPLICA ACTORS  topic of {n} partitions, RF=1, over {BROKERS} brokers: "
           f"{n} PartitionReplica actors on this node")
     t0 = ns()
-    cluster.create_topic(topic, partitions=n, replication_factor=1)
+    cluster.create_topic(topic, num_partitions=n, replication_factor=1)
     create_s = (ns() - t0) / 1e9
     ids = {cluster.leader(topic, p)._actor_id.hex() for p in range(n)}
     pids, source = replica_pids(ids)
@@ -553,7 +553,7 @@ def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
     try:
         vm0 = psutil.virtual_memory()
         t0 = ns()
-        cluster.create_topic("capacity-0", partitions=n, replication_factor=1)
+        cluster.create_topic("capacity-0", num_partitions=n, replication_factor=1)
         created_s = (ns() - t0) / 1e9
         ok, asked, errors = wait_answering(cluster, {"capacity-0": n}, timeout_s=300)
         answered_s = (ns() - t0) / 1e9
@@ -603,7 +603,7 @@ def bench_capacity(args: argparse.Namespace, namespace: str) -> None:
             topic = f"capacity-{len(topics)}"
             t0 = ns()
             try:
-                cluster.create_topic(topic, partitions=step, replication_factor=1)
+                cluster.create_topic(topic, num_partitions=step, replication_factor=1)
             except Exception as e:
                 print(f"  stopped: create_topic({topic!r}, {step}) failed: {type(e).__name__}: {e}")
                 break

@@ -154,8 +154,8 @@ def main() -> None:
     source, target = f"clicks{suffix}", f"clicks-per-user{suffix}"
     spark = None
     try:
-        cluster.create_topic(source, partitions=6, replication_factor=3)
-        cluster.create_topic(target, partitions=3, replication_factor=3)
+        cluster.create_topic(source, num_partitions=6, replication_factor=3)
+        cluster.create_topic(target, num_partitions=3, replication_factor=3)
         produce_clicks(cluster, source, args.events, args.users)
         spark = rayk_spark.session("click-aggregation", executors=1, executor_cores=1, executor_memory="1g")
         written = aggregate(spark, cluster, source, target)

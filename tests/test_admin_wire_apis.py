@@ -61,7 +61,7 @@ def admin(cluster):
 
 def new_topic(cluster, configs: dict | None = None) -> str:
     name = f"w{next(_names)}"
-    cluster.create_topic(name, partitions=1, replication_factor=2, config=configs)
+    cluster.create_topic(name, num_partitions=1, replication_factor=2, config=configs)
     return name
 
 

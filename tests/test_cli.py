@@ -276,7 +276,7 @@ def test_topic_lifecycle(run_subprocess, cluster):
 
 
 def test_produce_lines_then_consume_them_from_the_beginning(run, cluster):
-    cluster.create_topic("lines", partitions=2)  # few replicas: each is a process on 2 cores
+    cluster.create_topic("lines", num_partitions=2)  # few replicas: each is a process on 2 cores
     sent = [f"k{i % 3}:value {i}" for i in range(30)]
     produced = run("produce", "lines", "--key-separator", ":", stdin="\n".join(sent) + "\n")
     assert ok(produced) == "" and produced.stderr.strip() == "30 records produced"
@@ -294,7 +294,7 @@ def test_produce_lines_then_consume_them_from_the_beginning(run, cluster):
 
 
 def test_group_consumption_shows_in_groups_list_and_describe_with_no_lag(run, cluster):
-    cluster.create_topic("events", partitions=3)
+    cluster.create_topic("events", num_partitions=3)
     # Keyed, so that every partition holds records (these 12 keys hash to partitions 0, 1
     # and 2) and reading all 12 takes a position on each: a partition whose position the
     # consumer never learnt has nothing to commit, as in Kafka.
@@ -323,7 +323,7 @@ def test_group_consumption_shows_in_groups_list_and_describe_with_no_lag(run, cl
 
 
 def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluster):
-    cluster.create_topic("status-topic", partitions=1, replication_factor=3)
+    cluster.create_topic("status-topic", num_partitions=1, replication_factor=3)
     status = ok(run("status"))
     brokers = rows(status.split("\n\n")[1])
     assert [r[0] for r in brokers] == ["0", "1", "2"] and all(r[-2:] == ["no", "yes"] for r in brokers)
@@ -343,7 +343,7 @@ def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluste
 
 
 def test_perf_produce_and_consume_print_their_summaries(run, cluster):
-    cluster.create_topic("perf", partitions=2)
+    cluster.create_topic("perf", num_partitions=2)
     keys = ["records", "records/s", "MB/s", "avg ms", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "max ms"]
     produced = run("perf", "produce", "--topic", "perf", "--num-records", "3000", "--record-size", "100",
                    "--throughput", "10000", "--linger-ms", "2")  # fmt: skip
@@ -357,7 +357,7 @@ def test_perf_produce_and_consume_print_their_summaries(run, cluster):
 
 
 def test_reassign_moves_a_partition_to_another_broker_and_mistakes_are_one_line_errors(run, cluster):
-    cluster.create_topic("relocated", partitions=1, replication_factor=2)
+    cluster.create_topic("relocated", num_partitions=1, replication_factor=2)
     replicas = cluster.describe_topic("relocated")[0]["replicas"]
     spare = next(b for b in range(3) if b not in replicas)
     target = [spare, replicas[1]]

@@ -21,6 +21,7 @@ from rayk.client.partitioner import partition_for_key
 from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
 from rayk.client.columns import HEADERS_TYPE
+from rayk.client.descriptions import ClusterHealth, ConsumerGroupDescription, GroupListing, PartitionDescription, PartitionLag
 from rayk.client.producer import Producer
 from rayk.storage.records import iter_batches
 from rayk.errors import (
@@ -67,7 +68,7 @@ _topics = itertools.count()
 
 def new_topic(cluster, partitions=3, replication_factor=3, **config) -> str:
     name = f"t{next(_topics)}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=replication_factor, config=config or None)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=replication_factor, config=config or None)
     return name
 
 
@@ -305,6 +306,83 @@ def test_offsets_for_times_end_offsets_and_seek(cluster):
     consumer.close()
 
 
+def poll_values(consumer, wanted: int) -> dict[int, list[bytes]]:
+    """Values per partition from polls until `wanted` records came (at most 30 s)."""
+    got: dict[int, list[bytes]] = {}
+    deadline = time.monotonic() + 30
+    while sum(map(len, got.values())) < wanted and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            got.setdefault(tp.partition, []).extend(r.value for r in records)
+    return got
+
+
+def test_kafka_python_habits_pause_resume_commit_async_and_timeouts(cluster):
+    topic = new_topic(cluster, partitions=2)
+    producer = cluster.producer()
+    for p in (0, 1):
+        for i in range(5):
+            producer.send(topic, value=b"%d-%d" % (p, i), partition=p)
+    producer.flush(timeout=30)  # kafka-python's name, in seconds like rayk's timeout_s
+    with pytest.raises(TypeError, match="not both"):
+        producer.flush(10, timeout=10)
+    producer.close(timeout=10)
+
+    consumer = cluster.consumer(group_id="habits", auto_offset_reset="earliest", enable_auto_commit=False)
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    consumer.assign([tp0, tp1])
+    consumer.pause(tp0)
+    assert consumer.paused() == {tp0}
+    assert poll_values(consumer, 5) == {1: [b"1-%d" % i for i in range(5)]}
+    assert consumer.poll(timeout_ms=300) == {} and consumer.position(tp0) == 0, "a paused partition stays put"
+    with pytest.raises(ValueError, match="not assigned"):
+        consumer.pause(TopicPartition(topic, 7))
+    consumer.resume(tp0)
+    assert consumer.paused() == set()
+    assert poll_values(consumer, 5) == {0: [b"0-%d" % i for i in range(5)]}
+
+    answers = []
+    future = consumer.commit_async(callback=lambda offsets, error: answers.append((offsets, error)))
+    assert future.result(timeout=30) is None
+    wait_until(lambda: answers, 10, "the commit callback")
+    assert answers == [({tp0: (5, ""), tp1: (5, "")}, None)]
+    later = consumer.commit_async({tp1: 3})  # close waits for it
+    consumer.close(timeout_ms=None)
+    assert later.done() and later.exception() is None
+    assert cluster.admin().describe_consumer_groups(["habits"])["habits"].partitions[tp1].committed == 3
+
+
+def test_admin_names_are_one_set_with_typed_results_and_old_spellings_warn(cluster):
+    name = f"t{next(_topics)}"
+    with pytest.warns(DeprecationWarning, match="num_partitions"):
+        created = cluster.create_topic(name, partitions=2, replication_factor=3)
+    first = created[0]
+    assert isinstance(first, PartitionDescription) and first.leader == first["leader"] in first.replicas
+    assert [p.partition for p in cluster.describe_topic(name)] == [0, 1]
+    assert dict(first) == {f: getattr(first, f) for f in first} and first == dict(first), "reads as the dict it was"
+    assert cluster.admin().describe_topics([name])[name][1].partition == 1
+
+    with cluster.consumer(name, group_id="typed", auto_offset_reset="earliest") as consumer:
+        with cluster.producer() as producer:
+            producer.send(name, value=b"x", partition=0)
+        assert poll_values(consumer, 1) == {0: [b"x"]}
+        consumer.commit()
+        listed = {g.group_id: g for g in cluster.admin().list_consumer_groups()}
+        assert isinstance(listed["typed"], GroupListing) and listed["typed"]["state"] == "Stable"
+        group = cluster.admin().describe_consumer_groups(["typed"])["typed"]
+        assert isinstance(group, ConsumerGroupDescription) and len(group.members) == 1
+        assert group.partitions[TopicPartition(name, 0)] == PartitionLag(committed=1, end_offset=1, lag=0)
+        with pytest.warns(DeprecationWarning, match="describe_consumer_groups"):
+            assert cluster.admin().describe_consumer_group("typed").partitions == group.partitions
+
+    # One rule for internal topics, on both surfaces: shown only when asked for.
+    assert OFFSETS_TOPIC in cluster.list_topics(include_internal=True)
+    assert OFFSETS_TOPIC not in cluster.list_topics() and OFFSETS_TOPIC not in cluster.admin().list_topics()
+    assert sorted(cluster.list_topics()) == sorted(cluster.admin().list_topics())
+    health = cluster.health()
+    assert isinstance(health, ClusterHealth) and health.offline_partitions_count == 0 == health["offline_partitions_count"]
+    assert sorted(health.brokers) == [0, 1, 2]
+
+
 def test_producer_retries_across_a_leader_failover_lose_nothing(cluster):
     topic = new_topic(cluster, partitions=1, **{"min.insync.replicas": "2"})
     leader_id = cluster.describe_topic(topic)[0]["leader"]
@@ -371,7 +449,7 @@ class GroupMemberActor:
 def coordinator_view(cluster, group):
     """member id -> partitions, as the group coordinator assigned them (None while rebalancing)."""
     try:
-        described = cluster.admin().describe_consumer_group(group)
+        described = cluster.admin().describe_consumer_groups([group])[group]
     except GroupIdNotFoundError:  # no member has reached the coordinator yet
         return None
     if described["state"] != "Stable":
@@ -445,7 +523,7 @@ def test_a_group_leader_drops_a_deleted_topic_and_takes_it_back_when_it_is_creat
         with cluster.producer(acks="all") as producer:
             producer.send(kept, value=b"after the delete", partition=1)
         wait_until(lambda: assigned_after_poll() and b"after the delete" in seen, 30, "the kept topic still consumed")
-        cluster.create_topic(deleted, partitions=1, replication_factor=1)
+        cluster.create_topic(deleted, num_partitions=1, replication_factor=1)
         wait_until(lambda: assigned_after_poll() == both, 30, "the topic, created again, assigned again")
     finally:
         consumer.close()
@@ -456,7 +534,7 @@ def test_a_group_subscribed_to_a_topic_not_yet_created_consumes_it_soon_after_it
     consumer = cluster.consumer(topic, group_id="waits-for-topic", auto_offset_reset="earliest")  # default max age
     try:
         assert consumer.poll(timeout_ms=1_000) == {}
-        cluster.create_topic(topic, partitions=1, replication_factor=1)
+        cluster.create_topic(topic, num_partitions=1, replication_factor=1)
         with cluster.producer(acks="all") as producer:
             producer.send(topic, value=b"first")
         seen: list[bytes] = []
@@ -479,7 +557,7 @@ def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
     settle(cluster, "crash", [a, b])
 
     def fully_committed():
-        partitions = cluster.admin().describe_consumer_group("crash")["partitions"]
+        partitions = cluster.admin().describe_consumer_groups(["crash"])["crash"]["partitions"]
         return len(partitions) == 4 and all(v["lag"] == 0 for v in partitions.values())
 
     wait_until(fully_committed, 30, "both members to consume and commit everything")
@@ -500,7 +578,7 @@ def test_crashed_member_partitions_resume_from_committed_offsets(cluster):
 
 def test_describing_an_unknown_group_is_group_id_not_found(cluster):
     with pytest.raises(GroupIdNotFoundError):
-        cluster.admin().describe_consumer_group("never-used")
+        cluster.admin().describe_consumer_groups(["never-used"])["never-used"]
 
 
 def test_offsets_survive_a_coordinator_failover_while_members_commit(cluster):
@@ -516,7 +594,7 @@ def test_offsets_survive_a_coordinator_failover_while_members_commit(cluster):
     settle(cluster, group, members)
 
     def committed():
-        return {tp.partition: v["committed"] for tp, v in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+        return {tp.partition: v["committed"] for tp, v in cluster.admin().describe_consumer_groups([group])[group]["partitions"].items()}
 
     wait_until(lambda: committed() == {p: 100 for p in range(4)}, 30, "the members to commit everything")
     offsets_partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
@@ -574,7 +652,7 @@ def test_a_new_coordinator_replays_a_compacted_offsets_topic(cluster):
     loaded = ray.get(cluster.replica(OFFSETS_TOPIC, partition, after["leader"]).describe.remote())["coordinator_load"]
     # 800 offset records were written; compacted, about 50 are left (measured), ~0.5 ms to load.
     assert loaded["records"] < commits // 2, f"the new coordinator replayed {loaded} for {2 * commits} offset records"
-    offsets = cluster.admin().describe_consumer_group(group)["partitions"]
+    offsets = cluster.admin().describe_consumer_groups([group])[group]["partitions"]
     assert {tp.partition: v["committed"] for tp, v in offsets.items()} == {0: commits, 1: 2 * commits}
     wait_until(  # the restarted replica copies the new leader's compacted log, gaps and all
         lambda: len(cluster.describe_topic(OFFSETS_TOPIC)[partition]["isr"]) == len(before["isr"]),
@@ -588,7 +666,7 @@ def test_committed_offsets_survive_a_cluster_restart(tmp_path):
     namespace = f"restart-{next(_namespaces)}"
     config = {**CONFIG, "default.replication.factor": 1, "offsets.topic.replication.factor": 1}
     c = rayk.start(brokers=1, data_dir=tmp_path, config=config, namespace=namespace)
-    c.create_topic("orders", partitions=2, replication_factor=1)
+    c.create_topic("orders", num_partitions=2, replication_factor=1)
     with c.producer(acks="all") as producer:
         for i in range(400):  # 200 per partition: neither is used up by the first 60 reads
             producer.send("orders", value=b"%d" % i, partition=i % 2)

@@ -120,7 +120,13 @@ class ForgetfulController:
         if name not in topics:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         partitions, replication_factor = topics[name]
-        return [{"topic": name, "partition": p, "replicas": list(range(replication_factor))} for p in range(partitions)]
+        replicas = list(range(replication_factor))
+        return [
+            {"topic": name, "topic_id": "id", "partition": p, "leader": 0, "replicas": replicas, "isr": replicas,
+             "leader_epoch": 0, "partition_epoch": 0, "recovering": [], "adding_replicas": [], "removing_replicas": [],
+             "high_watermark": 0, "log_end_offset": 0, "log_start_offset": 0}
+            for p in range(partitions)
+        ]  # fmt: skip
 
     async def calls(self):
         return self._load()["calls"]

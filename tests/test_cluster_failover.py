@@ -56,7 +56,7 @@ def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_c
         head = ray_cluster.head_node.node_id
         assert head not in node_of.values(), "brokers only on nodes offering the broker resource"
 
-        c.create_topic("spread", partitions=3, replication_factor=1)
+        c.create_topic("spread", num_partitions=3, replication_factor=1)
         with c.producer(acks="all") as producer:
             for i in range(30):
                 producer.send("spread", value=b"%d" % i, partition=i % 3)
@@ -84,7 +84,7 @@ def test_leader_node_loss_elects_from_isr_and_the_old_leader_rejoins_after_trunc
     # The brokers' listener uses TLS, so the data plane's TCP between nodes does too.
     config = {**FAST_CONFIG, "listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": tls.keystore}
     c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace="failover", node_resource=BROKER_RESOURCE)
-    c.create_topic("t", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    c.create_topic("t", num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     writer = Writer(c, "t")
     writer.start()
     try:

@@ -69,7 +69,7 @@ def cluster(tmp_path):
 
 def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(shared):
     cluster = shared
-    description = cluster.create_topic("first", partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
+    description = cluster.create_topic("first", num_partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
     assert [p["partition"] for p in description] == [0, 1, 2]
     for p in description:
         assert sorted(p["replicas"]) == [0, 1, 2] and sorted(p["isr"]) == [0, 1, 2]
@@ -88,7 +88,7 @@ LIBRARIES_NO_REPLICA_LOADS = {"pyarrow", "pandas", "pyspark", "kio", "raydp"}
 
 def test_replica_processes_load_no_data_libraries(shared):
     cluster = shared
-    cluster.create_topic("lean", partitions=2, replication_factor=3)
+    cluster.create_topic("lean", num_partitions=2, replication_factor=3)
     produce(cluster.leader("lean", 0), [b"a"])
     handles = [cluster.replica("lean", p, b) for p in range(2) for b in range(3)]
     for handle, modules in zip(handles, ray.get([h.loaded_modules.remote() for h in handles])):
@@ -154,7 +154,7 @@ def test_leadership_returns_to_the_preferred_replica_by_itself_after_a_failover(
     config = {**FAST_CONFIG, "leader.imbalance.check.interval.seconds": 1}
     c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace=f"local-{next(_namespaces)}")
     try:
-        c.create_topic("t", partitions=3, replication_factor=3)
+        c.create_topic("t", num_partitions=3, replication_factor=3)
         ray.kill(c.broker(0))
         wait_until(lambda: c.describe_topic("t")[0]["leader"] not in (0, -1), 15, "partition 0 to move off broker 0")
         refused = c.admin().elect_leaders()
@@ -193,7 +193,7 @@ def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(clus
 
 
 def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
-    cluster.create_topic("keep", partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
+    cluster.create_topic("keep", num_partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
     for p in range(2):
         assert produce(cluster.leader("keep", p), [b"p%d-%d" % (p, i) for i in range(50)]).error is None
     before = cluster.describe_topic("keep")
@@ -287,7 +287,7 @@ def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(shared
     cluster = shared
     from rayk.perf import run_consume_perf
 
-    cluster.create_topic("perf-join", partitions=2, replication_factor=3)
+    cluster.create_topic("perf-join", num_partitions=2, replication_factor=3)
     assert produce(cluster.leader("perf-join", 0), [b"%d" % i for i in range(100)]).error is None
     figures = run_consume_perf(cluster, "perf-join", 100, group="first-group", timeout_ms=500, progress=False)
     assert figures["records"] == 100 and not figures["timed_out"]

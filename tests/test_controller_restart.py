@@ -91,7 +91,7 @@ def read_back(cluster, topic: str) -> dict[tuple[int, int], bytes]:
 
 
 def test_an_idempotent_producer_rides_through_a_controller_restart(cluster):
-    cluster.create_topic("events", partitions=PARTITIONS, replication_factor=3)
+    cluster.create_topic("events", num_partitions=PARTITIONS, replication_factor=3)
     cluster.consumer(group_id="warm-up").committed(TopicPartition("events", 0))  # creates __consumer_offsets
     producer = cluster.producer()  # idempotent, acks=all: the defaults
     sender = Sender(producer, "events")
@@ -166,7 +166,7 @@ class CallLoop(threading.Thread):
 
 
 def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restarts(cluster):
-    cluster.create_topic("steady", partitions=2, replication_factor=3)
+    cluster.create_topic("steady", num_partitions=2, replication_factor=3)
     admin = cluster.admin()
 
     def create_and_delete(i):
@@ -210,7 +210,7 @@ def test_client_calls_raise_only_rayk_errors_while_the_controller_is_away(tmp_pa
     with typed errors within their timeouts instead of Ray's."""
     c = rayk.start(brokers=1, data_dir=tmp_path, config=FAST_CONFIG, namespace="controller-gone")
     try:
-        c.create_topic("gone", partitions=1, replication_factor=1)
+        c.create_topic("gone", num_partitions=1, replication_factor=1)
         ray.kill(c.controller, no_restart=True)
         consumer = c.consumer(group_id="g", default_api_timeout_ms=1500, request_timeout_ms=500)
         for call in (lambda: consumer.partitions_for_topic("gone"),

@@ -69,7 +69,7 @@ def bootstrap(cluster) -> str:
 
 def new_topic(cluster, partitions: int = 3, **config: str) -> str:
     name = f"j{next(_names)}-{uuid.uuid4().hex[:6]}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=3, config=config or None)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=3, config=config or None)
     return name
 
 
@@ -140,7 +140,7 @@ def test_a_java_consumer_group_rebalances_cooperatively_and_keeps_static_members
 
 
 def committed_offsets(cluster, group: str) -> dict[int, int]:
-    return {tp.partition: p["committed"] for tp, p in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+    return {tp.partition: p["committed"] for tp, p in cluster.admin().describe_consumer_groups([group])[group]["partitions"].items()}
 
 
 def test_the_java_admin_client_manages_topics_configs_and_partitions(cluster, bootstrap, jvm):

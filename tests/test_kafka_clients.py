@@ -69,7 +69,7 @@ def bootstrap(cluster):
 
 def new_topic(cluster, partitions=3) -> str:
     name = f"k{next(_names)}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
     return name
 
 
@@ -90,7 +90,7 @@ def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(
     """Runs first in this module, before a group has created __consumer_offsets: a Metadata
     request naming it creates it with offsets.topic.* (compacted), never with the defaults
     for client topics, as Kafka's AutoTopicCreationManager does."""
-    assert OFFSETS_TOPIC not in cluster.list_topics(), "this test runs before any group is used"
+    assert OFFSETS_TOPIC not in cluster.list_topics(include_internal=True), "this test runs before any group is used"
     connection = RawConnection(bootstrap)
     try:
         answer = connection.call(METADATA, 12, {"topics": [{"name": OFFSETS_TOPIC, "topic_id": None}],
@@ -99,7 +99,7 @@ def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(
     finally:
         connection.close()
     assert answer.topics[0].error_code.value == 5  # LEADER_NOT_AVAILABLE: being created
-    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(), 30, "__consumer_offsets to be created")
+    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(include_internal=True), 30, "__consumer_offsets to be created")
     offsets_topic = BrokerConfig()  # CONFIG leaves offsets.topic.* at their defaults
     configs = cluster.admin().describe_topic_configs(OFFSETS_TOPIC)
     assert configs == {"cleanup.policy": "compact", "segment.bytes": str(offsets_topic.offsets_topic_segment_bytes)}
@@ -117,7 +117,7 @@ def test_consumer_offsets_followers_follow_and_join_the_isr(cluster, bootstrap):
         metadata_of(connection, [OFFSETS_TOPIC])  # created here if no earlier test did
     finally:
         connection.close()
-    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(), 30, "__consumer_offsets to exist")
+    wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(include_internal=True), 30, "__consumer_offsets to exist")
     # A new partition's ISR starts full; a follower that does not fetch leaves it once
     # replica.lag.time.max.ms has passed.
     time.sleep(2 * CONFIG["replica.lag.time.max.ms"] / 1000)
@@ -148,7 +148,7 @@ def committed_standalone(bootstrap: str, topic: str, group: str, offset: int) ->
 
 
 def committed(cluster, group: str) -> dict:
-    return {tp: p["committed"] for tp, p in cluster.admin().describe_consumer_group(group)["partitions"].items()}
+    return {tp: p["committed"] for tp, p in cluster.admin().describe_consumer_groups([group])[group]["partitions"].items()}
 
 
 def offsets_records_since(cluster, partition: int, offset: int) -> list:
@@ -305,7 +305,7 @@ def test_kafka_python_group_commits_are_rayk_group_offsets_and_back(cluster, boo
     assert len(got) == 60
     consumer.commit()
     consumer.close()
-    described = cluster.admin().describe_consumer_group("shared")
+    described = cluster.admin().describe_consumer_groups(["shared"])["shared"]
     assert {tp: p["committed"] for tp, p in described["partitions"].items()} == {
         TopicPartition(topic, p): 20 for p in range(3)
     }
@@ -385,7 +385,7 @@ def test_confluent_kafka_round_trip_with_codecs_and_group(cluster, bootstrap):
     consumer.commit(asynchronous=False)
     consumer.close()
     assert sorted(got) == sorted(sent)
-    partitions = cluster.admin().describe_consumer_group("rdkafka")["partitions"]
+    partitions = cluster.admin().describe_consumer_groups(["rdkafka"])["rdkafka"]["partitions"]
     assert sum(p["committed"] for p in partitions.values()) == len(sent)
 
 
@@ -489,7 +489,7 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
 
         cluster.delete_topic(topic)  # a topic created again under the name is not the old id's
         wait_until(lambda: topic not in cluster.list_topics(), 30, "the topic is deleted")
-        cluster.create_topic(topic, partitions=1, replication_factor=1)
+        cluster.create_topic(topic, num_partitions=1, replication_factor=1)
         producer.send(topic, b"other", partition=0).result(timeout=30)
         new_leader = cluster.describe_topic(topic)[0]["leader"]
         conn.close()
@@ -507,7 +507,7 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
 
 def test_create_partitions_grows_a_topic_and_keyed_records_follow_the_new_count(cluster, bootstrap):
     topic = f"k{next(_names)}"
-    cluster.create_topic(topic, partitions=2, replication_factor=1)  # one process per new partition
+    cluster.create_topic(topic, num_partitions=2, replication_factor=1)  # one process per new partition
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     rayk_producer = cluster.producer(metadata_max_age_ms=300)
     try:
@@ -672,7 +672,7 @@ def test_aiokafka_produces_with_codecs_and_consumes_in_a_group(cluster, bootstra
     got = asyncio.run(asyncio.wait_for(produce_then_consume(), 120))
     assert sorted(r.value for r in got) == sorted(b"%s-%d" % (c, i) for c in (b"gzip", b"lz4", b"zstd") for i in range(10))
     assert all(r.partition == partition_for_key(r.key, 3) for r in got), "the same key -> partition as rayk's producer"
-    committed = cluster.admin().describe_consumer_group("aio")["partitions"]
+    committed = cluster.admin().describe_consumer_groups(["aio"])["aio"]["partitions"]
     assert sum(p["committed"] for p in committed.values()) == 30
 
 
@@ -893,7 +893,7 @@ def test_a_transactional_producer_fails_at_once_saying_rayk_has_no_transactions(
 def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
     """Runs last in this module: it kills a broker."""
     topic = f"k{next(_names)}"
-    cluster.create_topic(topic, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    cluster.create_topic(topic, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     leader_id = cluster.describe_topic(topic)[0]["leader"]
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                                         "linger.ms": 2, "message.timeout.ms": 60000})

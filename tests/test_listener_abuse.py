@@ -42,7 +42,7 @@ def cluster(tmp_path_factory):
     config = {**FAST_CONFIG, "max.connections.per.ip": PER_IP, "socket.request.max.bytes": MiB,
               "queued.max.request.bytes": QUEUED_BYTES, "connections.max.idle.ms": 4000}
     c = rayk.start(brokers=1, data_dir=tmp_path_factory.mktemp("abuse"), config=config, namespace="abuse")
-    c.create_topic("steady", partitions=1, replication_factor=1)
+    c.create_topic("steady", num_partitions=1, replication_factor=1)
     yield c
     c.shutdown()
 

@@ -112,7 +112,7 @@ def topic_acl(operation, name: str, pattern=confluent_admin.ResourcePatternType.
 
 
 def test_without_acls_everything_is_refused_with_kafkas_codes(cluster, tls):
-    cluster.create_topic("orders", partitions=1, replication_factor=1)
+    cluster.create_topic("orders", num_partitions=1, replication_factor=1)
     alice = as_alice(cluster, tls)
     assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     errors, _ = consume_errors(alice, "orders", "alice-group")
@@ -140,7 +140,7 @@ def test_without_acls_everything_is_refused_with_kafkas_codes(cluster, tls):
 def test_altering_configs_and_deleting_records_need_alter_configs_and_delete(cluster, tls):
     """As Kafka checks them: ALTER_CONFIGS on the topic (IncrementalAlterConfigs and
     AlterConfigs) or on the cluster (broker configs), DELETE on the topic (DeleteRecords)."""
-    cluster.create_topic("configured", partitions=1, replication_factor=1)
+    cluster.create_topic("configured", num_partitions=1, replication_factor=1)
     ops = confluent_admin.AlterConfigOpType
     set_retention = [confluent_admin.ConfigEntry("retention.ms", "60000", incremental_operation=ops.SET)]
     topic = confluent_admin.ConfigResource(confluent_admin.ResourceType.TOPIC, "configured", incremental_configs=set_retention)
@@ -251,7 +251,7 @@ def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, 
     """As Kafka's KafkaApis: without DELETE on the group the whole request is
     GROUP_AUTHORIZATION_FAILED, without READ on a topic its partitions are
     TOPIC_AUTHORIZATION_FAILED and keep their offsets."""
-    cluster.create_topic("offsets-acl", partitions=1, replication_factor=1)
+    cluster.create_topic("offsets-acl", num_partitions=1, replication_factor=1)
     group = f"alice-offsets-{uuid.uuid4().hex[:8]}"
     consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers_for("INTERNAL"), "group.id": group})
 
@@ -277,14 +277,14 @@ def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, 
         answer = wait_until(lambda: (a := connection.call(OFFSET_DELETE, 0, request)).error_code.value == 0 and a,
                             30, "the group ACL to arrive")
         assert answer.topics[0].partitions[0].error_code.value == ConfluentError.TOPIC_AUTHORIZATION_FAILED
-        assert cluster.admin().describe_consumer_group(group)["partitions"], "the offset stays"
+        assert cluster.admin().describe_consumer_groups([group])[group]["partitions"], "the offset stays"
         cluster.admin().create_acls([AclBinding(TOPIC, "offsets-acl", LITERAL, "User:alice", "*", READ, ALLOW)])
         wait_until(lambda: connection.call(OFFSET_DELETE, 0, request).topics[0].partitions[0].error_code.value == 0,
                    30, "the topic ACL to arrive")
     finally:
         connection.close()
     with pytest.raises(GroupIdNotFoundError):  # its only offset is gone, and with it the group
-        cluster.admin().describe_consumer_group(group)
+        cluster.admin().describe_consumer_groups([group])[group]
 
 
 def test_the_java_admin_client_manages_scram_users_and_acls_over_sasl_ssl(cluster, tls, jvm):
@@ -292,7 +292,7 @@ def test_the_java_admin_client_manages_scram_users_and_acls_over_sasl_ssl(cluste
     and its ACLs; that user's Java producer and consumer then write and read over SASL_SSL;
     once the AdminClient deletes both, the user can no longer log in."""
     cluster.admin().alter_user_scram_credentials([ScramUpsertion("admin", "SCRAM-SHA-512", "admin-secret")])
-    cluster.create_topic("java-orders", partitions=1, replication_factor=1)
+    cluster.create_topic("java-orders", num_partitions=1, replication_factor=1)
     bootstrap = cluster.bootstrap_servers_for("EXTERNAL")
     as_admin = (bootstrap, tls.truststore, "admin", "admin-secret")
     as_bob = (bootstrap, tls.truststore, "bob", "bob-secret")
@@ -337,7 +337,7 @@ def test_acls_and_credentials_survive_a_restart_of_the_whole_cluster(cluster, da
     cluster.shutdown()
     again = rayk.start(brokers=1, data_dir=data_dir, config=config_for(tls), namespace="listener-acls")
     try:
-        again.create_topic(topic, partitions=1, replication_factor=1)
+        again.create_topic(topic, num_partitions=1, replication_factor=1)
         alice = as_alice(again, tls)
         assert produce_error(alice, topic) is None
         assert produce_error(alice, "orders") == ConfluentError.TOPIC_AUTHORIZATION_FAILED

@@ -46,8 +46,8 @@ def cluster(tmp_path_factory, tls):
               "ssl.keystore.location": tls.keystore, "sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN"}
     c = rayk.start(brokers=1, data_dir=tmp_path_factory.mktemp("fuzz"), config=config, namespace="fuzz")
     c.admin().alter_user_scram_credentials([ScramUpsertion("fuzzer", "SCRAM-SHA-512", FUZZER_PASSWORD)])
-    c.create_topic("kept", partitions=1, replication_factor=1)
-    c.create_topic("fuzz", partitions=1, replication_factor=1)
+    c.create_topic("kept", num_partitions=1, replication_factor=1)
+    c.create_topic("fuzz", num_partitions=1, replication_factor=1)
     producer = c.producer()
     for value in KEPT:
         producer.send("kept", value)

@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
         **FAST_CONFIG, "quota.window.num": 3, "quota.window.size.seconds": 1,
         "num.partitions": 1, "default.replication.factor": 1, "offsets.topic.replication.factor": 1,
     })
-    c.create_topic(TOPIC, partitions=1, replication_factor=1)
+    c.create_topic(TOPIC, num_partitions=1, replication_factor=1)
     yield c
     c.shutdown()
 
@@ -177,7 +177,7 @@ def fetch(connection: RawConnection, client_id: str, topic: str, max_bytes: int 
 
 def test_a_consumer_reads_at_most_its_windows_worth_then_gets_empty_throttled_answers(cluster):
     topic, batch_bytes = "quota-fetch-topic", 3_000
-    cluster.create_topic(topic, partitions=1, replication_factor=1)
+    cluster.create_topic(topic, num_partitions=1, replication_factor=1)
     with cluster.producer() as producer:
         for _ in range(10):  # ten batches of three 1,000-byte records
             producer.send_batch(topic, [b"z" * 1000] * 3, partition=0).result(timeout=30)
@@ -224,7 +224,7 @@ def test_a_throttled_consumer_with_a_fetch_session_reads_every_record_once_in_or
     import kafka
 
     topic, count = "quota-session-topic", 300
-    cluster.create_topic(topic, partitions=2, replication_factor=1)
+    cluster.create_topic(topic, num_partitions=2, replication_factor=1)
     with cluster.producer() as producer:
         producer.send_batch(topic, [b"%04d" % i + b"v" * 196 for i in range(count)],
                             partition=[i % 2 for i in range(count)]).result(timeout=30)

@@ -79,7 +79,7 @@ def alice(cluster):
 
 def new_topic(cluster) -> str:
     name = f"sasl-{uuid.uuid4().hex[:8]}"
-    cluster.create_topic(name, partitions=1, replication_factor=1)
+    cluster.create_topic(name, num_partitions=1, replication_factor=1)
     return name
 
 
@@ -259,7 +259,7 @@ def test_librdkafka_reauthenticates_on_its_connection_before_its_session_ends(tm
     })
     try:
         c.admin().alter_user_scram_credentials([ScramUpsertion("alice", "SCRAM-SHA-512", PASSWORDS["alice"])])
-        c.create_topic("reauth", partitions=1, replication_factor=1)
+        c.create_topic("reauth", num_partitions=1, replication_factor=1)
         stats: list[dict] = []
         delivered: list = []
         producer = confluent_kafka.Producer({

@@ -56,7 +56,7 @@ def cluster(tmp_path_factory, tls):
 
 def new_topic(cluster) -> str:
     name = f"tls-{uuid.uuid4().hex[:8]}"
-    cluster.create_topic(name, partitions=2, replication_factor=2)
+    cluster.create_topic(name, num_partitions=2, replication_factor=2)
     return name
 
 

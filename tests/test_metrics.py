@@ -65,7 +65,7 @@ def workload(metrics_port, tmp_path_factory):
     LAGGING_RECORDS more that GROUP has not consumed."""
     cluster = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("metrics"), config=CONFIG, namespace="metrics-test")
     try:
-        cluster.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
+        cluster.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3)
         with cluster.producer() as producer:
             # Round robin: sticky partitioning may leave a partition empty, and every replica's
             # log should have something to measure.

@@ -75,7 +75,7 @@ def broker_fenced(cluster, broker_id: int) -> bool:
 
 
 def test_a_partition_moves_to_a_new_broker_under_writes_and_its_old_copy_is_deleted(cluster, data_dir):
-    cluster.create_topic("moving", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    cluster.create_topic("moving", num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     assert partition_state(cluster, "moving")["replicas"] == [0, 1, 2], "the module's first topic starts at broker 0"
     tp = TopicPartition("moving", 0)
     admin = cluster.admin()
@@ -123,7 +123,7 @@ def late_push(described: dict) -> PartitionAssignment:
 def test_a_push_older_than_a_replicas_removal_or_its_topics_deletion_does_not_bring_it_back(cluster, data_dir):
     """Pushes sent before the Controller stopped a replica (a reassignment dropped it, or
     its topic was deleted) that arrive afterwards must not re-create it as an orphan."""
-    cluster.create_topic("late-push", partitions=1, replication_factor=3)
+    cluster.create_topic("late-push", num_partitions=1, replication_factor=3)
     before = partition_state(cluster, "late-push")
     gone = next(b for b in reversed(before["replicas"]) if b != before["leader"])
     target = [b for b in range(BROKERS) if b not in before["replicas"]] + [b for b in before["replicas"] if b != gone]
@@ -195,7 +195,7 @@ def test_topics_deleted_at_any_point_of_their_creation_leave_no_replica_or_direc
 
 
 def test_bad_targets_and_cancels_with_nothing_to_cancel_are_refused_per_partition(cluster):
-    cluster.create_topic("refused", partitions=2, replication_factor=3)
+    cluster.create_topic("refused", num_partitions=2, replication_factor=3)
     before = cluster.describe_topic("refused")
     admin = cluster.admin()
     p0, p1 = TopicPartition("refused", 0), TopicPartition("refused", 1)
@@ -227,7 +227,7 @@ def test_bad_targets_and_cancels_with_nothing_to_cancel_are_refused_per_partitio
 
 
 def test_a_reassignment_held_up_by_a_stopped_broker_is_listed_and_cancelled_on_both_doors(cluster):
-    cluster.create_topic("held", partitions=1, replication_factor=3)
+    cluster.create_topic("held", num_partitions=1, replication_factor=3)
     original = partition_state(cluster, "held")
     stopped = next(b for b in range(BROKERS) if b not in original["replicas"])
     target = [stopped, *original["replicas"][1:]]
@@ -269,7 +269,7 @@ def test_a_reassignment_held_up_by_a_stopped_broker_is_listed_and_cancelled_on_b
 
 
 def test_kafka_python_moves_a_partition_and_gets_kafkas_per_partition_errors(cluster):
-    cluster.create_topic("wire", partitions=1, replication_factor=3)
+    cluster.create_topic("wire", num_partitions=1, replication_factor=3)
     original = partition_state(cluster, "wire")["replicas"]
     spare = next(b for b in range(BROKERS) if b not in original)
     target = [spare, *original[1:]]

@@ -57,7 +57,7 @@ def test_creates_past_the_cap_are_policy_violations_and_create_nothing(cluster):
         with pytest.raises(KafkaPolicyViolation):
             admin.create_partitions({"four": NewPartitions(total_count=7)})
         with pytest.raises(PolicyViolationError, match="broker 0 would hold 10"):
-            cluster.create_topic("from-python", partitions=6, replication_factor=1)
+            cluster.create_topic("from-python", num_partitions=6, replication_factor=1)
         assert sorted(cluster.list_topics()) == ["four"] and len(cluster.describe_topic("four")) == 4
         admin.create_partitions({"four": NewPartitions(total_count=6)})  # exactly the cap
         assert len(cluster.describe_topic("four")) == 6

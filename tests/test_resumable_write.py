@@ -127,7 +127,7 @@ _topics = itertools.count()
 
 def new_topic(cluster, partitions=3) -> str:
     name = f"rw{next(_topics)}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
     return name
 
 

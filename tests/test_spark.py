@@ -46,7 +46,7 @@ _topics = itertools.count()
 
 def new_topic(cluster, partitions=2) -> str:
     name = f"s{next(_topics)}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
     return name
 
 

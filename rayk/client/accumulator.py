@@ -43,6 +43,7 @@ import collections
 import enum
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,7 +51,10 @@ from rayk.client.partitioner import StickyPartitioner
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import TopicPartition
 from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError
-from rayk.storage.records import HEADER_SIZE_BYTES, EncodedRecords, SimpleRecord
+from rayk.storage.records import HEADER_SIZE_BYTES, EncodedRecords, RecordToWrite
+
+# What send() appends: (value, key, headers, timestamp_ms), a RecordToWrite with its timestamp.
+SentRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int]
 
 
 class BatchState(enum.Enum):
@@ -66,7 +70,7 @@ class ProducerBatch:
     created_s: float  # time.monotonic(); the delivery timeout counts from here
     num_partitions: int
     result: BatchResult
-    records: list[SimpleRecord] = field(default_factory=list)  # appended by send()
+    records: list[RecordToWrite] = field(default_factory=list)  # appended by send()
     body: EncodedRecords | None = None  # or encoded already, by send_batch()
     record_count: int = 0
     size_bytes: int = HEADER_SIZE_BYTES
@@ -110,9 +114,10 @@ class RecordAccumulator:
         self.max_in_flight = max_in_flight
         self._partitioner = StickyPartitioner()
         self.lock = threading.Condition()
-        self._space = threading.Condition(self.lock)
-        self._done = threading.Condition(self.lock)
-        self._open: dict[TopicPartition, ProducerBatch] = {}
+        # Three conditions on one lock (a Condition is a lock as well, which typeshed does not know).
+        self._space = threading.Condition(self.lock)  # type: ignore[arg-type]
+        self._done = threading.Condition(self.lock)  # type: ignore[arg-type]
+        self._open: dict[tuple[str, int], ProducerBatch] = {}
         self._ready: dict[TopicPartition, collections.deque[ProducerBatch]] = collections.defaultdict(collections.deque)
         self.in_flight: collections.Counter[TopicPartition] = collections.Counter()
         self._blocked_until_s: dict[TopicPartition, float] = {}
@@ -127,7 +132,7 @@ class RecordAccumulator:
     # ------------------------------------------------------------------ the user's side
 
     def append(
-        self, topic: str, partition: int | None, num_partitions: int, record: SimpleRecord, size: int
+        self, topic: str, partition: int | None, num_partitions: int, record: SentRecord, size: int
     ) -> FutureRecordMetadata:
         """Adds a record, a (value, key, headers, timestamp_ms) tuple, to its partition's open
         batch (the sticky partition's if `partition` is None); blocks while the buffer is

@@ -20,13 +20,23 @@ election ELECTION_NOT_NEEDED.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rayk.actors.consumer_group import GroupState
-from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.internal_topics import OFFSETS_TOPIC, is_internal
 from rayk.client import calls
+from rayk.client.deprecation import deprecated
+from rayk.client.descriptions import (
+    ConsumerGroupDescription,
+    GroupListing,
+    MemberDescription,
+    PartitionDescription,
+    PartitionLag,
+    partition_descriptions,
+)
 from rayk.client.group_member import CoordinatorLink
 from rayk.client.types import PartitionReassignment, TopicPartition
 from rayk.acls import AclBinding, AclFilter
@@ -76,9 +86,18 @@ class ScramDeletion(NamedTuple):
 
 
 class Admin:
-    """kafka-python's KafkaAdminClient over a Cluster handle. Settings by kafka-python's
-    names: `default_api_timeout_ms` bounds each call (retries included), `retry_backoff_ms`
-    is the pause before a retry. Not thread-safe to configure; calls may run concurrently."""
+    """kafka-python's KafkaAdminClient over a Cluster handle; make one with
+    `cluster.admin(**settings)`. Calls may run concurrently. Settings, by kafka-python's
+    names:
+
+    - `default_api_timeout_ms` (60,000 ms, the Cluster's unless given): bounds each call,
+      retries included; then KafkaTimeoutError.
+    - `retry_backoff_ms` (100 ms): the pause before a retry.
+
+    Errors are rayk's typed KafkaError subclasses (rayk.errors), each method's named in
+    its docstring; calls that act on many resources (create_acls, delete_consumer_groups,
+    alter_partition_reassignments, ...) answer per resource None or the error that
+    refused it, and raise only what stopped the whole call."""
 
     def __init__(
         self,
@@ -179,7 +198,7 @@ class Admin:
         num_partitions: int | None = None,
         replication_factor: int | None = None,
         config: dict[str, Any] | None = None,
-    ) -> list[dict]:
+    ) -> list[PartitionDescription]:
         """Creates a topic and returns its description once every partition has its
         leader and followers. Counts left out take the brokers' `num.partitions` /
         `default.replication.factor`. TOPIC_ALREADY_EXISTS if it exists, except when this
@@ -188,14 +207,14 @@ class Admin:
         then taken as that attempt's and returned (a concurrent create of the same topic
         with the same counts cannot be told from it), as a retried CreateTopics should
         answer what the first attempt did."""
-        deadline_s, unanswered = self._calls.deadline_s(), []
+        deadline_s, unanswered = self._calls.deadline_s(), list[KafkaError]()
         try:
-            return self._calls(
+            return partition_descriptions(self._calls(
                 lambda: self._controller.create_topic.remote(name, num_partitions, replication_factor, config),
                 f"CreateTopics {name!r}",
                 deadline_s=deadline_s,
                 on_retriable=unanswered.append,
-            )
+            ))  # fmt: skip
         except TopicAlreadyExistsError:
             if not unanswered:
                 raise
@@ -210,7 +229,7 @@ class Admin:
         for topic in new_topics:
             self.create_topic(topic.name, topic.num_partitions, topic.replication_factor, topic.topic_configs)
 
-    def create_partitions(self, new_counts: dict[str, int], validate_only: bool = False) -> dict[str, list[dict]]:
+    def create_partitions(self, new_counts: dict[str, int], validate_only: bool = False) -> dict[str, list[PartitionDescription]]:
         """Grows each topic to its new partition count (Kafka's CreatePartitions; partitions
         are only ever added); returns each topic's description. Keyed records of producers
         that learn the new count (metadata.max.age.ms) go to murmur2(key) % new count.
@@ -218,15 +237,15 @@ class Admin:
         (INVALID_PARTITIONS) returns the description."""
         return {name: self._create_partitions(name, count, validate_only) for name, count in new_counts.items()}
 
-    def _create_partitions(self, name: str, count: int, validate_only: bool) -> list[dict]:
-        deadline_s, unanswered = self._calls.deadline_s(), []
+    def _create_partitions(self, name: str, count: int, validate_only: bool) -> list[PartitionDescription]:
+        deadline_s, unanswered = self._calls.deadline_s(), list[KafkaError]()
         try:
-            return self._calls(
+            return partition_descriptions(self._calls(
                 lambda: self._controller.create_partitions.remote(name, count, validate_only),
                 f"CreatePartitions {name!r}",
                 deadline_s=deadline_s,
                 on_retriable=unanswered.append,
-            )
+            ))  # fmt: skip
         except InvalidPartitionsError:
             if not unanswered or validate_only:
                 raise
@@ -252,10 +271,12 @@ class Admin:
                 raise
 
     def list_topics(self, include_internal: bool = False) -> list[str]:
+        """The topics' names; internal ones (`__consumer_offsets`) only with
+        `include_internal` (Kafka's listTopics)."""
         names = self._calls(lambda: self._controller.list_topics.remote(), "ListTopics")
-        return [n for n in names if include_internal or not n.startswith("__")]
+        return [n for n in names if include_internal or not is_internal(n)]
 
-    def describe_topics(self, names: list[str] | None = None) -> dict[str, list[dict]]:
+    def describe_topics(self, names: list[str] | None = None) -> dict[str, list[PartitionDescription]]:
         """Per topic its partitions (see Cluster.describe_topic); UNKNOWN_TOPIC_OR_PARTITION
         if one does not exist."""
         names = list(names) if names is not None else self.list_topics()
@@ -265,12 +286,12 @@ class Admin:
             ),
             "DescribeTopics",
         )
-        return dict(zip(names, described))
+        return {name: partition_descriptions(partitions) for name, partitions in zip(names, described)}
 
-    def _describe_topic(self, name: str, deadline_s: float) -> list[dict]:
-        return self._calls(
+    def _describe_topic(self, name: str, deadline_s: float) -> list[PartitionDescription]:
+        return partition_descriptions(self._calls(
             lambda: self._controller.describe_topic.remote(name), f"DescribeTopics {name!r}", deadline_s=deadline_s
-        )
+        ))  # fmt: skip
 
     def describe_topic_configs(self, name: str) -> dict[str, str]:
         """The topic's own configs (Kafka names); everything else has the broker default."""
@@ -302,7 +323,7 @@ class Admin:
                 if tp.topic.startswith("__"):
                     raise InvalidTopicError(f"Cannot delete records of internal topic {tp.topic}")
                 out[tp] = calls.retry(
-                    lambda tp=tp, offset=offset: self._delete_records(tp, offset, deadline_s, what), deadline_s, what,
+                    functools.partial(self._delete_records, tp, offset, deadline_s, what), deadline_s, what,
                     retry_backoff_ms=self._calls.retry_backoff_ms, retry_if=_leader_moved,
                 )  # fmt: skip
             except KafkaError as e:
@@ -364,7 +385,7 @@ class Admin:
         for key, replicas in reassignments.items():
             tp = _topic_partition(key)
             try:
-                targets[tuple(tp)] = None if replicas is None else _broker_ids(tp, replicas)
+                targets[(tp.topic, tp.partition)] = None if replicas is None else _broker_ids(tp, replicas)
             except InvalidReplicaAssignmentError as e:
                 refused[tp] = e
         answers: dict = {}
@@ -400,11 +421,11 @@ class Admin:
 
     # ------------------------------------------------------------------ consumer groups
 
-    def list_consumer_groups(self) -> list[dict]:
-        """[{group_id, state, protocol_type}] across every coordinator (all asked again
-        if one does not answer, as it may have moved)."""
+    def list_consumer_groups(self) -> list[GroupListing]:
+        """Every group (GroupListing: group_id, state, protocol_type), from every
+        coordinator (all asked again if one does not answer, as it may have moved)."""
         listed = self._calls.retry(self._list_groups, "ListGroups")
-        return sorted((g for groups in listed for g in groups), key=lambda g: g["group_id"])
+        return sorted((GroupListing(**g) for groups in listed for g in groups), key=lambda g: g.group_id)
 
     def _list_groups(self, deadline_s: float) -> list[list[dict]]:
         coordinators = calls.get(self._controller.coordinators.remote(), deadline_s, "FindCoordinators")
@@ -454,28 +475,33 @@ class Admin:
         results.update({TopicPartition(*tp): error for tp, error in deleted.items()})
         return {tp: results[tp] for tp in wanted}
 
-    def describe_consumer_group(self, group_id: str) -> dict:
-        """State, members with their assignments, and per partition the committed offset,
-        the end offset (high watermark) and the lag between them. GROUP_ID_NOT_FOUND for a
-        group with neither members nor committed offsets. A partition whose leader cannot
-        say its end offset (none, or it does not answer in time) shows None."""
-        if OFFSETS_TOPIC not in self.list_topics(include_internal=True):
-            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
+    def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, ConsumerGroupDescription]:
+        """Per group (kafka-python's describe_consumer_groups) its state, members with
+        their assignments, and per partition the committed offset, the end offset (high
+        watermark) and the lag between them (ConsumerGroupDescription). A partition whose
+        leader cannot say its end offset (none, or it does not answer in time) shows None.
+        GroupIdNotFoundError for a group with neither members nor committed offsets."""
+        group_ids = list(group_ids)
+        if group_ids and OFFSETS_TOPIC not in self.list_topics(include_internal=True):
+            raise GroupIdNotFoundError(f"consumer group {group_ids[0]!r} does not exist: no group has been used yet")
+        return {group_id: self._describe_group(group_id) for group_id in group_ids}
+
+    def describe_consumer_group(self, group_id: str) -> ConsumerGroupDescription:
+        """Deprecated: `describe_consumer_groups([group_id])[group_id]`."""
+        deprecated("describe_consumer_group(group_id)", "describe_consumer_groups([group_id])[group_id]")
+        return self.describe_consumer_groups([group_id])[group_id]
+
+    def _describe_group(self, group_id: str) -> ConsumerGroupDescription:
         info = self._coordinator(group_id).call("describe_group", group_id, timeout_ms=self._calls.default_api_timeout_ms)
         if info["state"] == GroupState.DEAD.value:
             raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist (no members, no committed offsets)")
-        committed_offsets = sorted(info["offsets"].items())
+        committed_offsets = sorted(info.pop("offsets").items())
         ends = self._end_offsets([tp for tp, _ in committed_offsets])
         lag = {}
         for ((topic, partition), committed), end in zip(committed_offsets, ends):
-            lag[TopicPartition(topic, partition)] = {
-                "committed": committed,
-                "end_offset": end,
-                "lag": None if end is None else max(0, end - committed),
-            }
-        info["partitions"] = lag
-        del info["offsets"]
-        return info
+            lag[TopicPartition(topic, partition)] = PartitionLag(committed, end, None if end is None else max(0, end - committed))
+        members = [MemberDescription(**m) for m in info.pop("members")]
+        return ConsumerGroupDescription(**info, members=members, partitions=lag)
 
     def _coordinator(self, group_id: str) -> CoordinatorLink:
         return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)

@@ -24,16 +24,24 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors.controller import Controller
 from rayk.client import calls
+from rayk.client.deprecation import deprecated
+from rayk.client.descriptions import ClusterHealth, PartitionDescription, partition_descriptions
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, KafkaError, NetworkError
+from rayk.internal_topics import is_internal
 from rayk.storage import meta_properties
+
+if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster needs none of them
+    from rayk.client.admin import Admin
+    from rayk.client.consumer import Consumer
+    from rayk.client.producer import Producer
 
 DEFAULT_NAMESPACE = "rayk"
 CONTROLLER_NAME = "rayk-controller"
@@ -131,9 +139,16 @@ def start(
 
     `config` holds broker settings by Kafka name (`broker.session.timeout.ms`, ...). On a
     `data_dir` used before, the cluster comes back with its topics and data.
+
+    Each partition replica is a Ray actor process, so this driver's console no longer
+    prints Ray's "N PYTHON worker processes have been started ..." warning
+    (rayk.ray_console.hide_worker_pool_warning); Ray's other messages are unchanged.
     """
+    from rayk.ray_console import hide_worker_pool_warning
+
     if brokers < 1:
         raise InvalidConfigurationError(f"a cluster needs at least one broker, got {brokers}")
+    hide_worker_pool_warning()
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace)
     broker_config = BrokerConfig.from_properties(config)
@@ -161,7 +176,12 @@ def start(
 
 
 def connect(namespace: str = DEFAULT_NAMESPACE, address: str | None = None) -> Cluster:
-    """Attaches to a running rayk cluster."""
+    """Attaches to a running rayk cluster. As `start` does, keeps Ray's "N PYTHON worker
+    processes have been started ..." warning off this driver's console
+    (rayk.ray_console.hide_worker_pool_warning)."""
+    from rayk.ray_console import hide_worker_pool_warning
+
+    hide_worker_pool_warning()
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace=namespace)
     controller = _find_actor(CONTROLLER_NAME, namespace)
@@ -189,19 +209,21 @@ class Cluster:
 
     # ------------------------------------------------------------------ clients
 
-    def producer(self, **settings: Any) -> Any:
-        """A Producer (kafka-python's options: acks, linger_ms, batch_size, compression_type, ...)."""
+    def producer(self, **settings: Any) -> Producer:
+        """A Producer; its settings (kafka-python's names: acks, linger_ms, batch_size,
+        compression_type, ...) are listed with their defaults in its class docstring."""
         from rayk.client.producer import Producer
 
         return Producer(self, **settings)
 
-    def consumer(self, *topics: str, **settings: Any) -> Any:
-        """A Consumer of `topics` (group_id, auto_offset_reset, enable_auto_commit, ...)."""
+    def consumer(self, *topics: str, **settings: Any) -> Consumer:
+        """A Consumer of `topics`; its settings (group_id, auto_offset_reset,
+        enable_auto_commit, ...) are listed in its class docstring."""
         from rayk.client.consumer import Consumer
 
         return Consumer(self, *topics, **settings)
 
-    def admin(self, **settings: Any) -> Any:
+    def admin(self, **settings: Any) -> Admin:
         """An Admin (default_api_timeout_ms, retry_backoff_ms: this handle's unless given)."""
         from rayk.client.admin import Admin
 
@@ -210,31 +232,48 @@ class Cluster:
 
     # ------------------------------------------------------------------ topics
 
+    # The rule shared with Admin: the same names (kafka-python's) for the same things.
+    # Admin's calls are Kafka's, many topics at once (create_topics, delete_topics,
+    # describe_topics); the Cluster's are the one-topic conveniences.
+
     def create_topic(
         self,
         name: str,
-        partitions: int | None = None,
+        num_partitions: int | None = None,
         replication_factor: int | None = None,
         config: dict[str, Any] | None = None,
-    ) -> list[dict]:
-        """Creates a topic and returns once every partition has its leader and followers.
-        Counts left out take the brokers' `num.partitions` / `default.replication.factor`.
-        TOPIC_ALREADY_EXISTS if it exists, unless this call's own lost attempt made it
-        (Admin.create_topic)."""
-        return self.admin().create_topic(name, partitions, replication_factor, config)
+        *,
+        partitions: int | None = None,
+    ) -> list[PartitionDescription]:
+        """Creates a topic and returns its partitions once every one has its leader and
+        followers (Admin.create_topic). Counts left out take the brokers' `num.partitions`
+        / `default.replication.factor`. TopicAlreadyExistsError if it exists, unless this
+        call's own lost attempt made it; InvalidTopicError, InvalidPartitionsError,
+        InvalidReplicationFactorError, InvalidConfigurationError, PolicyViolationError
+        for what the Controller refuses; KafkaTimeoutError. `partitions` is the
+        deprecated spelling of `num_partitions`."""
+        if partitions is not None:
+            deprecated("create_topic(partitions=...)", "create_topic(num_partitions=...)")
+            if num_partitions is not None:
+                raise TypeError("give num_partitions or partitions (deprecated), not both")
+            num_partitions = partitions
+        return self.admin().create_topic(name, num_partitions, replication_factor, config)
 
     def delete_topic(self, name: str) -> None:
-        """UNKNOWN_TOPIC_OR_PARTITION if it does not exist (Admin.delete_topics)."""
+        """UnknownTopicOrPartitionError if it does not exist (Admin.delete_topics)."""
         self.admin().delete_topics([name])
 
-    def list_topics(self) -> list[str]:
-        return self._ask("list_topics", what="ListTopics")
+    def list_topics(self, include_internal: bool = False) -> list[str]:
+        """The topics' names; internal ones (`__consumer_offsets`) only with
+        `include_internal`, as in Kafka's Admin and Admin.list_topics."""
+        names = self._ask("list_topics", what="ListTopics")
+        return [n for n in names if include_internal or not is_internal(n)]
 
-    def describe_topic(self, name: str) -> list[dict]:
-        """Per partition: leader, replicas, isr, leader_epoch, high_watermark, log_end_offset
-        (None while the leader's broker is away, as right after a Controller restart).
-        UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
-        return self._ask("describe_topic", name, what=f"DescribeTopics {name!r}")
+    def describe_topic(self, name: str) -> list[PartitionDescription]:
+        """Its partitions (PartitionDescription: leader, replicas, isr, leader_epoch,
+        high_watermark, log_end_offset, ...). UnknownTopicOrPartitionError if there is no
+        such topic."""
+        return partition_descriptions(self._ask("describe_topic", name, what=f"DescribeTopics {name!r}"))
 
     def leader(self, topic: str, partition: int) -> Any:
         """The actor handle of the partition's leader PartitionReplica. LEADER_NOT_AVAILABLE,
@@ -273,7 +312,7 @@ class Cluster:
         `bootstrap.servers` string."""
         return _bootstrap_servers(self.brokers(), listener_name)
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> ClusterHealth:
         """Kafka's health gauges, asked of the actors themselves (no Prometheus needed): the
         Controller's `active_controller_count` and `offline_partitions_count`, and in
         `brokers` each registered broker's BrokerHealth (leader and partition counts,
@@ -290,7 +329,7 @@ class Cluster:
             except KafkaError:  # dead, restarting, or slower than HEALTH_TIMEOUT_S
                 answer = None
             brokers[broker_id] = answer
-        return {**controller, "brokers": brokers}
+        return ClusterHealth(**controller, brokers=brokers)
 
     def _controller_health(self, deadline_s: float) -> tuple[dict[str, int], list[int]]:
         asked = [self.controller.health.remote(), self.controller.brokers.remote()]

@@ -30,6 +30,7 @@ what it received (kafka-python's iterator).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -50,6 +51,38 @@ CLOSE_TIMEOUT_MS = 30_000  # Kafka's default for close()
 
 
 class Consumer:
+    """Reads records from a rayk cluster (kafka-python's KafkaConsumer); make one with
+    `cluster.consumer(*topics, **settings)`. One thread at a time. Settings, by
+    kafka-python's names:
+
+    - `group_id` (None): the consumer group; without one, `assign` partitions.
+    - `client_id` ("rayk-consumer"): shown in the group's description.
+    - `auto_offset_reset` ("latest"): where a partition without a committed offset
+      starts: "earliest", "latest", or "none" (OffsetOutOfRangeError).
+    - `enable_auto_commit` (True) every `auto_commit_interval_ms` (5,000 ms).
+    - `fetch_min_bytes` (1 byte), `fetch_max_wait_ms` (500 ms): a fetch waits at the
+      leader up to `fetch_max_wait_ms` for `fetch_min_bytes`.
+    - `max_partition_fetch_bytes` (1 MiB, bytes): what one fetch brings per partition.
+    - `max_poll_records` (500): records per `poll`.
+    - `session_timeout_ms` (10,000 ms), `heartbeat_interval_ms` (3,000 ms),
+      `max_poll_interval_ms` (300,000 ms): group membership, as in Kafka.
+    - `request_timeout_ms` (30,000 ms): one call, then it is retried.
+    - `default_api_timeout_ms` (60,000 ms): bounds each blocking method.
+    - `retry_backoff_ms` (100 ms), `metadata_max_age_ms` (300,000 ms).
+    - `partition_assignment_strategy` (("range", "roundrobin")): also "sticky",
+      "cooperative-sticky".
+    - `key_deserializer`, `value_deserializer` (None: bytes): "msgpack", "str", "bytes"
+      or a callable.
+    - `consumer_timeout_ms` (infinite): iteration stops after this long without a record.
+
+    Errors are rayk's typed KafkaError subclasses (rayk.errors): blocking methods raise
+    KafkaTimeoutError past `default_api_timeout_ms`; `commit` raises the coordinator's
+    error (UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError, ...);
+    a partition without a committed offset under `auto_offset_reset="none"` raises
+    OffsetOutOfRangeError. Misuse (subscribe without a group_id, seek of a partition not
+    assigned, settings out of range) raises ValueError.
+    """
+
     def __init__(
         self,
         cluster: Any,
@@ -124,6 +157,9 @@ class Consumer:
         self._committed_retry_at_s = 0.0
         self._offset_lookups: dict[TopicPartition, calls.Pending] = {}  # ListOffsets for a reset
         self._needs_reset: set[TopicPartition] = set()  # no committed offset: reset by auto_offset_reset
+        self._paused: set[TopicPartition] = set()  # assigned, but neither fetched nor handed out
+        self._async_commits: concurrent.futures.ThreadPoolExecutor | None = None  # commit_async, in order
+        self._last_async_commit: concurrent.futures.Future[None] | None = None
         self._closed = False
         if topics:
             self.subscribe(list(topics))
@@ -153,6 +189,36 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._assignment)
 
+    @property
+    def _member(self) -> GroupMember:
+        """The group membership, where the caller knows the consumer has a group_id."""
+        assert self._group is not None, "only a consumer with a group_id gets here"
+        return self._group
+
+    def pause(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        """Stops fetching these assigned partitions: `poll` hands out none of their records
+        until `resume`, and their positions stay where they are (what was fetched ahead
+        for them is dropped and fetched again after `resume`). A rebalance that takes a
+        partition away forgets that it was paused, as in Kafka."""
+        for tp in self._assigned(partitions, "pause"):
+            self._paused.add(tp)
+            self._forget(tp)
+
+    def resume(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        """Fetches these paused partitions again, from their positions."""
+        self._paused.difference_update(self._assigned(partitions, "resume"))
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused by `pause`."""
+        return set(self._paused)
+
+    def _assigned(self, partitions: Iterable[TopicPartition | tuple[str, int]], what: str) -> list[TopicPartition]:
+        tps = [TopicPartition(*tp) for tp in partitions]
+        not_assigned = sorted(set(tps) - set(self._assignment))
+        if not_assigned:
+            raise ValueError(f"cannot {what} partitions not assigned to this consumer: {not_assigned}")
+        return tps
+
     def subscription(self) -> set[str]:
         return set(self._subscription)
 
@@ -165,6 +231,7 @@ class Consumer:
                 self._needs_reset.discard(tp)
                 self._retry_at_s.pop(tp, None)
         self._assignment = sorted(keep)
+        self._paused &= keep
 
     def _forget(self, tp: TopicPartition) -> None:
         """Drops what was fetched or is being fetched for `tp` (after a seek or revocation)."""
@@ -194,9 +261,10 @@ class Consumer:
         # to assign, as in Kafka's assignors; once it exists, its count changes and the
         # group's leader rejoins.
         counts = {t: 0 if n is None and self._metadata.known_absent(t) else n for t, n in counts.items()}
-        if any(n is None for n in counts.values()):
+        known = {t: n for t, n in counts.items() if n is not None}
+        if len(known) < len(counts):
             return None  # never looked up yet: its metadata is on its way
-        return counts
+        return known
 
     # ------------------------------------------------------------------ positions
 
@@ -275,7 +343,7 @@ class Consumer:
             self._needs_reset.discard(tp)
 
     def _committed_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        found = self._group.committed([(tp.topic, tp.partition) for tp in partitions], self._api_timeout_ms)
+        found = self._member.committed([(tp.topic, tp.partition) for tp in partitions], self._api_timeout_ms)
         return _committed_positions(partitions, found)
 
     def _reset_offset(self, tp: TopicPartition) -> int:
@@ -291,7 +359,7 @@ class Consumer:
             if pending.ref in ready or pending.expired(now):
                 self._committed_lookup = None
                 try:
-                    committed = _committed_positions(partitions, self._group.answer(pending))
+                    committed = _committed_positions(partitions, self._member.answer(pending))
                 except KafkaError as e:
                     logger.info("committed offsets of %s: %s; retrying", partitions, e)
                     self._committed_retry_at_s = now + self._retry_backoff_s
@@ -320,9 +388,9 @@ class Consumer:
         if missing and self._group is None:
             self._needs_reset.update(missing)
         elif missing and self._committed_lookup is None and now >= self._committed_retry_at_s:
-            pending = self._group.fetch_committed_async([(tp.topic, tp.partition) for tp in missing], now)
-            if pending is not None:
-                self._committed_lookup = (pending, missing)
+            lookup = self._member.fetch_committed_async([(tp.topic, tp.partition) for tp in missing], now)
+            if lookup is not None:
+                self._committed_lookup = (lookup, missing)
         for tp in self._needs_reset:
             if tp in self._offset_lookups or self._retry_at_s.get(tp, 0) > now:
                 continue
@@ -341,15 +409,34 @@ class Consumer:
         member lost its partitions), or KafkaTimeoutError after default_api_timeout_ms."""
         if self._group is None:
             raise ValueError("commit needs a group_id")
-        if offsets is None:
-            payload = self._consumed_offsets()
-        else:
-            payload = {}
-            for tp, value in offsets.items():
-                offset, metadata = (value, "") if isinstance(value, int) else (value.offset, value.metadata)
-                payload[(tp[0], tp[1])] = (offset, metadata)
+        payload = self._consumed_offsets() if offsets is None else _commit_payload(offsets)
         if payload:
             self._group.commit(payload, self._api_timeout_ms)
+
+    def commit_async(
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+        callback: Callable[[dict[TopicPartition, OffsetAndMetadata], KafkaError | None], None] | None = None,
+    ) -> concurrent.futures.Future[None]:
+        """`commit` without waiting (kafka-python's and Kafka's commitAsync): the consumed
+        positions (or `offsets`, as of this call) are committed in the background, in the
+        order of the calls. The future's result is None or the typed error `commit` would
+        raise; `callback(offsets, error)` runs when it is known (error None on success).
+        `close` waits for the commits still under way."""
+        if self._group is None:
+            raise ValueError("commit_async needs a group_id")
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        payload = self._consumed_offsets() if offsets is None else _commit_payload(offsets)
+        if self._async_commits is None:
+            self._async_commits = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayk-commit-async")
+        group, timeout_ms = self._member, self._api_timeout_ms
+        future = self._async_commits.submit(lambda: group.commit(payload, timeout_ms) if payload else None)
+        self._last_async_commit = future
+        if callback is not None:
+            done = {TopicPartition(*tp): OffsetAndMetadata(*value) for tp, value in payload.items()}
+            future.add_done_callback(lambda f: callback(done, f.exception()))  # type: ignore[arg-type]
+        return future
 
     def _consumed_offsets(self) -> dict[tuple[str, int], tuple[int, str]]:
         return {(tp.topic, tp.partition): (self._positions[tp], "") for tp in self._assignment if tp in self._positions}
@@ -381,7 +468,7 @@ class Consumer:
     def _maybe_auto_commit(self, now: float) -> None:
         if self._auto_commit and now >= self._next_auto_commit_s:
             offsets = self._consumed_offsets()
-            if not offsets or self._group.commit_async(offsets, now):
+            if not offsets or self._member.commit_async(offsets, now):
                 self._next_auto_commit_s = now + self._auto_commit_interval_s
 
     # ------------------------------------------------------------------ polling
@@ -440,7 +527,8 @@ class Consumer:
             self._reset_out_of_range(tp, result)
         self._update_positions(ready, now)
         self._maybe_auto_commit(now)
-        self._fetcher.start_fetches(self._assignment, self._positions, now)
+        fetched = [tp for tp in self._assignment if tp not in self._paused] if self._paused else self._assignment
+        self._fetcher.start_fetches(fetched, self._positions, now)
 
     def _pending(self) -> list[Any]:
         refs = self._fetcher.pending()
@@ -463,8 +551,8 @@ class Consumer:
             times.append(self._group.wake_at_s())
         if self._auto_commit and self._assignment:
             times.append(self._next_auto_commit_s)
-        times = [t for t in times if t is not None and t > now]
-        return min(times) if times else None
+        due = [t for t in times if t is not None and t > now]
+        return min(due) if due else None
 
     def _reset_out_of_range(self, tp: TopicPartition, result: Any) -> None:
         """The position fell out of the log (retention deleted it): auto_offset_reset."""
@@ -496,16 +584,23 @@ class Consumer:
             for records in batch.values():
                 yield from records
 
-    def close(self, autocommit: bool = True, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:
-        """Commits the consumed positions (if auto-commit is on and `autocommit`), leaves
-        the group and stops the heartbeats, within `timeout_ms` in all; a commit or leave
-        that cannot complete in time (the cluster is away) is logged, not raised."""
+    def close(self, autocommit: bool = True, timeout_ms: int | None = CLOSE_TIMEOUT_MS) -> None:
+        """Waits for the commits of `commit_async` under way, commits the consumed
+        positions (if auto-commit is on and `autocommit`), leaves the group and stops the
+        heartbeats, within `timeout_ms` in all (None: CLOSE_TIMEOUT_MS, as kafka-python
+        allows); a commit or leave that cannot complete in time (the cluster is away) is
+        logged, not raised."""
         if self._closed:
             return
+        timeout_ms = CLOSE_TIMEOUT_MS if timeout_ms is None else timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
+        if self._async_commits is not None:
+            if self._last_async_commit is not None:
+                concurrent.futures.wait([self._last_async_commit], timeout=timeout_ms / 1000)
+            self._async_commits.shutdown(wait=False, cancel_futures=True)
         if autocommit and self._auto_commit and self._assignment:
             try:
-                self._group.commit(self._consumed_offsets(), timeout_ms)
+                self._member.commit(self._consumed_offsets(), timeout_ms)
             except KafkaError as e:
                 logger.info("commit on close: %s", e)
         if self._group is not None:
@@ -518,6 +613,15 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _commit_payload(offsets: dict[TopicPartition, OffsetAndMetadata | int]) -> dict[tuple[str, int], tuple[int, str]]:
+    """What `commit` sends for `offsets`: (topic, partition) -> (offset, metadata)."""
+    payload = {}
+    for tp, value in offsets.items():
+        offset, metadata = (value, "") if isinstance(value, int) else (value.offset, value.metadata)
+        payload[(tp[0], tp[1])] = (offset, metadata)
+    return payload
 
 
 def _committed_positions(partitions: list[TopicPartition], found: dict) -> dict[TopicPartition, int]:

@@ -130,7 +130,7 @@ class Fetcher:
                 continue
             del self._in_flight[ref]
             self._fetching.discard(tp)
-            result = None
+            result: Any = None
             try:
                 result = calls.get(ref, deadline, f"fetch {tp.topic}-{tp.partition}")
                 error = result.error

@@ -292,8 +292,8 @@ class GroupMember:
             times.append(self._retry_at_s)
         elif self._phase is Phase.STABLE:
             times.append(self._last_answer_s + self._session_timeout_ms / 1000)
-        times = [t for t in times if t is not None]
-        return min(times) if times else None
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
 
     # ------------------------------------------------------------------ offsets
 

@@ -40,7 +40,7 @@ class BatchResult:
         self.log_append_time_ms = -1
         self.error: BaseException | None = None
         self._done = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
         self._lock = threading.Lock()
 
     def complete(self, base_offset: int, log_append_time_ms: int) -> None:

@@ -91,6 +91,36 @@ def acks_value(acks: str | int) -> int:
 
 
 class Producer:
+    """Sends records to a rayk cluster (kafka-python's KafkaProducer); make one with
+    `cluster.producer(**settings)`. Use it from many threads; close it (or use it in a
+    `with` block) to send what is queued. Settings, by kafka-python's names:
+
+    - `acks` ("all"): 0 (no answer), 1 (the leader has it) or "all" / -1 (every in-sync
+      replica has it); the producer is idempotent whatever `acks` is.
+    - `linger_ms` (10 ms): how long a partition's batch waits for more records.
+    - `batch_size` (1 MiB, bytes): a partition's batch closes at this size.
+    - `compression_type` (None): "gzip", "snappy", "lz4" or "zstd" (the last three with
+      `pip install 'rayk[compression]'`).
+    - `key_serializer`, `value_serializer` (None: bytes as they are, str as UTF-8):
+      "msgpack", "str", "bytes" or a callable returning bytes.
+    - `max_in_flight_requests_per_connection` (5): batches in flight per partition.
+    - `request_timeout_ms` (30,000 ms): one call to a leader, then it is retried.
+    - `delivery_timeout_ms` (120,000 ms): from `send` to each record's outcome.
+    - `retry_backoff_ms` (100 ms): the pause before a retry.
+    - `max_request_size` (1 MiB, bytes): the largest batch, and so the largest record.
+    - `buffer_memory` (32 MiB, bytes): what may wait for acknowledgement; `send` blocks
+      beyond it for up to `max_block_ms` (60,000 ms), then BufferExhaustedError.
+    - `metadata_max_age_ms` (300,000 ms): how often the partition counts are looked up.
+    - `identity` (None): rayk's own, for writes that resume as the same producer id
+      (rayk.client.resumable_write).
+
+    Errors are rayk's typed KafkaError subclasses (rayk.errors): `send` raises
+    RecordTooLargeError, BufferExhaustedError or KafkaTimeoutError (metadata not found
+    within `max_block_ms`); its future raises what failed the record (NotEnoughReplicasError,
+    KafkaTimeoutError past `delivery_timeout_ms`, ...); `flush` and `close` raise
+    KafkaTimeoutError past their timeout. Settings out of range raise ValueError.
+    """
+
     def __init__(
         self,
         cluster: Any,
@@ -216,11 +246,10 @@ class Producer:
         if value.__class__ is not bytes or not self._plain_values:
             value = self._value_serializer(value)
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+        header_items: tuple[tuple[str, bytes | None], ...] = ()
         if headers:
-            headers = tuple(headers)
-            size += sum(len(k) + len(v or b"") + 10 for k, v in headers)
-        else:
-            headers = ()
+            header_items = tuple(headers)
+            size += sum(len(k) + len(v or b"") + 10 for k, v in header_items)
         if size > self._max_record_bytes:
             raise RecordTooLargeError(
                 f"a {size}-byte record exceeds max_request_size = {self._max_request_size} bytes"
@@ -232,7 +261,7 @@ class Producer:
                 partition = partition_for_key(key, num_partitions)
         elif not 0 <= partition < num_partitions:
             raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {partition}")
-        record = (value, key, headers, timestamp_ms or time.time_ns() // 1_000_000)
+        record = (value, key, header_items, timestamp_ms or time.time_ns() // 1_000_000)
         return self._accumulator.append(topic, partition, num_partitions, record, size)
 
     def send_batch(
@@ -307,15 +336,18 @@ class Producer:
         refreshed, at the latest `metadata_max_age_ms` after the producer last looked."""
         return set(range(self._metadata.cached_partition_count(topic) or self._partition_count(topic)))
 
-    def flush(self, timeout_s: float | None = None) -> None:
+    def flush(self, timeout_s: float | None = None, *, timeout: float | None = None) -> None:
         """Sends everything queued now and waits until each record is acknowledged or
-        failed (at most delivery_timeout_ms); KafkaTimeoutError after `timeout_s`."""
-        self._accumulator.await_all(timeout_s)
+        failed (at most delivery_timeout_ms); KafkaTimeoutError after `timeout_s`
+        (kafka-python's `timeout`, also seconds)."""
+        self._accumulator.await_all(_either_timeout_s(timeout_s, timeout))
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Flushes for up to `timeout_s`, then stops the sender thread. Records still
-        unacknowledged then fail with KafkaTimeoutError, as with Kafka's close(timeout), so
-        that nothing of this producer calls the cluster after close returns."""
+    def close(self, timeout_s: float | None = None, *, timeout: float | None = None) -> None:
+        """Flushes for up to `timeout_s` (kafka-python's `timeout`), then stops the sender
+        thread. Records still unacknowledged then fail with KafkaTimeoutError, as with
+        Kafka's close(timeout), so that nothing of this producer calls the cluster after
+        close returns."""
+        timeout_s = _either_timeout_s(timeout_s, timeout)
         if self._closed:
             return
         self._closed = True
@@ -330,6 +362,13 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _either_timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
+    """rayk's `timeout_s` or kafka-python's `timeout` (seconds both), not both."""
+    if timeout_s is not None and timeout is not None:
+        raise TypeError("give timeout_s or timeout (kafka-python's name), not both")
+    return timeout if timeout_s is None else timeout_s
 
 
 def _rebuild_producer(cluster: Any, settings: dict) -> Producer:

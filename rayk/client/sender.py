@@ -156,8 +156,8 @@ class Sender:
             times.append(self._metadata.wake_at_s())
         if self._idempotence.bump_needed and self._bump_retry_at_s > now:
             times.append(self._bump_retry_at_s)
-        times = [t for t in times if t is not None]
-        return max(0.0, min(times) - now) if times else None
+        known = [t for t in times if t is not None]
+        return max(0.0, min(known) - now) if known else None
 
     def _timed_out_calls(self, now: float) -> list[tuple[ProducerBatch, int]]:
         """Cancels the calls past their request deadline; returns their (batch, attempt)."""
@@ -213,7 +213,7 @@ class Sender:
         ref.add_done_callback(lambda f: self._on_done(batch, attempt, f))
 
     def _encode(self, batch: ProducerBatch) -> bytes:
-        stamp = dict(
+        stamp: dict[str, Any] = dict(
             compression=self._compression,
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,

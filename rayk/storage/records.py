@@ -177,6 +177,10 @@ class SimpleRecord(NamedTuple):
     timestamp_ms: int | None = None
 
 
+# What the encoders take: a SimpleRecord, or the plain tuple of its fields that send() makes.
+RecordToWrite = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """A record read back from a batch, with its absolute offset and effective timestamp."""
@@ -282,7 +286,7 @@ def _encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, reco
 
 
 def build_batch(
-    records: Iterable[SimpleRecord],
+    records: Iterable[RecordToWrite],
     *,
     base_offset: int = 0,
     compression: CompressionType | str | None = CompressionType.NONE,

@@ -512,7 +512,7 @@ class Nemesis:
         workload = None
         try:
             for topic, partitions in ((TOPIC, PARTITIONS), (COPY_TOPIC, 1)):
-                c.create_topic(topic, partitions=partitions, replication_factor=REPLICATION_FACTOR, config=TOPIC_CONFIG)
+                c.create_topic(topic, num_partitions=partitions, replication_factor=REPLICATION_FACTOR, config=TOPIC_CONFIG)
             workload = Workload(c)
             workload.wait_started()
             for i, fault in enumerate(self.schedule.faults):

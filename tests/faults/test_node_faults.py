@@ -30,7 +30,7 @@ def ray_cluster():
 def test_a_lost_node_comes_back_as_a_replacement_node_with_the_brokers_disk(ray_cluster, tmp_path):
     c = start_rayk(tmp_path)
     try:
-        c.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+        c.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
         traffic = Traffic(c)
         run_until_acked(traffic, 2_000)
         lost = c.describe_topic(TOPIC)[0]["leader"]
@@ -52,7 +52,7 @@ def test_a_lost_node_with_no_replacement_has_its_replicas_moved_to_a_live_broker
     ray_cluster.wait_for_nodes()
     c = start_rayk(tmp_path, brokers=4, config={"broker.replacement.delay.ms": 2_000})
     try:
-        c.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+        c.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
         traffic = Traffic(c)
         run_until_acked(traffic, 2_000)
         lost = c.describe_topic(TOPIC)[0]["leader"]

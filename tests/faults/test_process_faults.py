@@ -38,7 +38,7 @@ def ray_cluster():
 @pytest.fixture
 def rayk_cluster(ray_cluster, tmp_path, request):
     c = start_rayk(tmp_path, config=getattr(request, "param", None))
-    c.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+    c.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
     yield c
     try:
         c.shutdown()

@@ -49,7 +49,7 @@ def cut_log(partition_dir, keep_fraction: float) -> None:
 
 def test_a_leader_that_lost_its_tail_in_a_whole_cluster_crash_does_not_lead_again(tmp_path):
     c = start_rayk(tmp_path, namespace="crash")
-    c.create_topic(TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    c.create_topic(TOPIC, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     with c.producer(acks="all", linger_ms=5) as producer:
         futures = [producer.send(TOPIC, value=b"%d" % i) for i in range(RECORDS)]
         producer.flush(120)
@@ -83,7 +83,7 @@ def test_a_leader_that_lost_its_tail_in_a_whole_cluster_crash_does_not_lead_agai
 
 def test_a_broker_whose_data_directory_was_replaced_rejoins_empty_and_does_not_lead(tmp_path):
     c = start_rayk(tmp_path, namespace="new-disk")
-    c.create_topic(TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    c.create_topic(TOPIC, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     with c.producer(acks="all") as producer:
         for i in range(500):
             producer.send(TOPIC, value=b"%d" % i)
@@ -114,7 +114,7 @@ def test_after_a_whole_cluster_crash_a_partition_comes_back_without_an_isr_membe
     session expires the live copies' logs decide, instead of the partition waiting for
     broker 2 for good (and acknowledged records are all there)."""
     c = start_rayk(tmp_path, namespace="lost-node")
-    c.create_topic(TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    c.create_topic(TOPIC, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     with c.producer(acks="all") as producer:
         futures = [producer.send(TOPIC, value=b"%d" % i) for i in range(2_000)]
         producer.flush(120)
