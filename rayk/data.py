@@ -1,47 +1,77 @@
-"""Topics as Ray Datasets: `read_topic`, `stream_topic` and `write_topic`.
+"""Topics as Ray Datasets: `read_topic` and `stream_topic` over a Ray Data Datasource
+(`TopicDatasource`), `write_topic` over a Datasink (`TopicDatasink`).
 
-`read_topic(topic)` plans the offset ranges once (a consistent snapshot up to each
-partition's high watermark; see rayk.client.offset_ranges), then reads every range in a
-Ray task placed on the node of that partition's leader (soft node affinity: locality when
-it can, anywhere when that node is busy or gone), splitting a partition evenly into tasks
-of at most `records_per_task` records and about `bytes_per_task` bytes (64 MiB, by the
-partition's average record size on disk), so that each block is 16-128 MiB as Ray Data
-wants its blocks. Each task fetches the range from the leader replica in
-`fetch_max_bytes` chunks (following a leader that moves), decodes them with compiled code
-straight into Arrow buffers, no Python object per record (rayk.client.arrow_batches), and
-returns one Arrow table with the columns of Spark's Kafka source:
+`read_topic(topic)` is lazy, as Ray's own `ray.data.read_kafka` is: it returns
+`ray.data.read_datasource(TopicDatasource(...))`, and no record is read until the Dataset
+executes. What it reads is fixed when it is called, though: the datasource's constructor
+plans the offset ranges then (a consistent snapshot up to each partition's high
+watermark; see rayk.client.offset_ranges), so every execution of the Dataset (`count()`,
+then `take_all()`, ...) reads the same records, whatever was appended in between. A
+partition is split evenly into read tasks of at most `records_per_task` records and about
+`bytes_per_task` bytes (64 MiB, by the partition's average record size on disk), so that
+each block is 16-128 MiB as Ray Data wants its blocks; `override_num_blocks=n` cuts the
+snapshot into n tasks of (nearly) equal numbers of offsets instead, a task reading the
+end of one partition and the start of the next when n is smaller than the number of
+partitions. Ray Data is given the number of tasks as the read's parallelism, so that it
+makes a block of each task's tables (left to pick a parallelism, it cuts them into
+several). Each task fetches its ranges from the leader replicas in `fetch_max_bytes`
+chunks (following a leader that moves), decodes them with compiled code straight into
+Arrow buffers, no Python object per record (rayk.client.arrow_batches), and yields one
+Arrow table per range, with the columns of Spark's Kafka source (`schema="spark"`, the
+default):
 
     key binary, value binary, topic string, partition int32, offset int64,
-    timestamp timestamp[ms], timestampType int32, headers list<struct<key string, value binary>>
+    timestamp timestamp[ms, UTC], timestampType int32, headers list<struct<key string, value binary>>
 
-The Dataset is built from those tables (`ray.data.from_arrow_refs`); the tasks start when
-`read_topic` is called, which is what makes the snapshot hold: offsets are fixed then.
+or, with `schema="ray"`, those of Ray's `read_kafka` (RAY_SCHEMA, the schema it declares),
+converted by renames and casts, keys, values and headers not copied:
+
+    offset int64, key binary, value binary, topic string, partition int32,
+    timestamp int64 (ms), timestamp_type int32 (1 CreateTime, 2 LogAppendTime), headers map<string, binary>
+
+The tasks' sizes on disk are the datasource's in-memory size estimate; their row counts
+are left unknown (None), since a compacted partition holds fewer records than offsets and
+Ray Data answers `count()` from known row counts without reading.
+
+Placement: Ray Data (2.60) gives every read task of a Dataset the same Ray options (a
+Read operator has one `ray_remote_args`, and no hook per task), so a task cannot be sent
+to the node of its own partition's leader, as the reads before the datasource did. When
+the leaders of all the ranges are on one node of a multi-node cluster, the read tasks get
+soft node affinity to that node (and so do the operators Ray Data fuses into them);
+otherwise Ray Data places them (SPREAD) and each fetches from its leader over the data
+plane. `ray_remote_args` (num_cpus, memory, resources, runtime_env, scheduling_strategy,
+...) and `concurrency` (the most read tasks at a time) go to Ray Data for every read task.
 
 `stream_topic(topic, group_id)` reads the topic as a stream of Datasets, one per
-micro-batch of the records that arrived since the last one, read the same way; the
-stream's progress is the group's committed offsets (rayk.client.micro_batches), committed
-when the loop asks for the next batch.
+micro-batch of the records that arrived since the last one, each a TopicDatasource of
+the batch's ranges (fixed when the batch is planned); the stream's progress is the
+group's committed offsets (rayk.client.micro_batches), committed when the loop asks for
+the next batch.
 
-`write_topic(ds, topic)` is a Ray Data Datasink: each write task produces its blocks with
-one idempotent Producer (columns `value`, and optionally `key`, `partition`, `headers`,
-`timestamp`), one `Producer.send_batch` per block (the Arrow columns are encoded as
-record batches with no Python object per row), flushes, and fails if any record was not
-acknowledged, which fails the whole `write_topic` call. A task that Ray retries (its
-worker died) writes nothing twice: it resumes after what the attempt before wrote
-(rayk.client.resumable_write). It returns the number of records
-written. Small blocks are bundled into write tasks of at least ROWS_PER_WRITE_TASK rows:
-each task pays for a Producer of its own, and `from_items` of 200 rows is 200 blocks:
-written one task per block, they took 7.8 s instead of 0.45 s.
+`TopicDatasink(topic)` produces a Dataset's rows to a topic, `ds.write_datasink(sink)`,
+after which `sink.written` is the number of records written; `write_topic(ds, topic)`
+does both. Each write task produces its blocks with one idempotent Producer (columns
+`value`, and optionally `key`, `partition`, `headers`, `timestamp`), one
+`Producer.send_batch` per block (the Arrow columns are encoded as record batches with no
+Python object per row), flushes, and fails if any record was not acknowledged, which
+fails the whole write. A task that Ray retries (its worker died) writes nothing twice:
+it resumes after what the attempt before wrote (rayk.client.resumable_write). Small
+blocks are bundled into write tasks of at least ROWS_PER_WRITE_TASK rows (the sink's
+`min_rows_per_write`): each task pays for a Producer of its own, and `from_items` of 200
+rows is 200 blocks: written one task per block, they took 7.8 s instead of 0.45 s.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.client import calls
@@ -49,7 +79,7 @@ from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.data_plane import DataPlaneSession
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
-from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
+from rayk.client.offset_ranges import OffsetRange, OffsetSpec, log_sizes, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.dataplane.frames import FetchRequest
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
@@ -61,6 +91,26 @@ RECORDS_PER_TASK = 1_000_000
 BYTES_PER_TASK = 64 << 20  # a read task's block: Ray Data's blocks go up to 128 MiB, Spark's splits 128 MiB
 READ_RETRY_BACKOFF_MS = 100
 READ_RETRY_TIMEOUT_MS = 60_000
+
+# The columns of ray.data.read_kafka: the schema it declares (KAFKA_MSG_SCHEMA in
+# ray/data/_internal/datasource/kafka_datasource.py, Ray 2.60).
+RAY_SCHEMA = pa.schema(
+    [
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("timestamp", pa.int64()),  # ms
+        ("timestamp_type", pa.int32()),  # confluent-kafka's: 1 CreateTime, 2 LogAppendTime
+        ("headers", pa.map_(pa.string(), pa.binary())),
+    ]
+)
+SCHEMAS = {"spark": SCHEMA, "ray": RAY_SCHEMA}
+# The Ray options that ray.data.read_datasource takes as parameters of their own (2.60
+# deprecates passing them in its ray_remote_args).
+NAMED_REMOTE_ARGS = ("num_cpus", "num_gpus", "memory", "label_selector", "fallback_strategy", "max_calls", "resources",
+                     "accelerator_type", "runtime_env")  # fmt: skip
 
 
 def cluster_or_connect(cluster: Any) -> Any:
@@ -115,9 +165,166 @@ def _read_range(metadata: MetadataCache, data_plane: DataPlaneSession, r: Offset
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-@ray.remote(max_retries=3)
-def _read_range_task(cluster: Any, r: OffsetRange, fetch_max_bytes: int) -> pa.Table:
-    return read_range(cluster, r, fetch_max_bytes)
+def ray_columns(table: pa.Table) -> pa.Table:
+    """A table of SCHEMA in the columns of Ray's read_kafka (RAY_SCHEMA), by renames and
+    casts: keys, values and headers are not copied (a record's headers become its map's
+    entries, in order, a repeated key repeated as Kafka keeps it)."""
+    headers = [pa.MapArray.from_arrays(lists.offsets, *lists.values.flatten()) for lists in table.column("headers").chunks]
+    return pa.table(
+        [
+            table.column("offset"),
+            table.column("key"),
+            table.column("value"),
+            table.column("topic"),
+            table.column("partition"),
+            table.column("timestamp").cast(pa.int64()),
+            pc.add(table.column("timestampType"), pa.scalar(1, pa.int32())),  # Kafka's 0 CreateTime is confluent's 1
+            pa.chunked_array(headers, RAY_SCHEMA.field("headers").type),
+        ],
+        schema=RAY_SCHEMA,
+    )
+
+
+def _read_function(cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int,
+                  schema: str) -> Callable[[], Iterator[pa.Table]]:  # fmt: skip
+    """A ReadTask's read function: it yields a table per range (Ray Data joins small ones
+    into one block), an empty one if there is no range."""
+    convert = ray_columns if schema == "ray" else (lambda table: table)
+
+    def read_topic_ranges() -> Iterator[pa.Table]:
+        if not ranges:
+            yield convert(SCHEMA.empty_table())
+        for r in ranges:
+            yield convert(read_range(cluster, r, fetch_max_bytes))
+
+    return read_topic_ranges
+
+
+class TopicDatasource(Datasource):
+    """A topic's records in the offset ranges planned when it is made, as Ray Data reads
+    them: a ReadTask per planned task (`tasks`; see the module docstring). `read_topic`
+    makes one and documents the arguments (`num_blocks` is its `override_num_blocks`).
+    Read one yourself with `ray.data.read_datasource(source,
+    override_num_blocks=len(source.tasks))`: without that Ray Data picks a parallelism of
+    its own and cuts each task's table into that many blocks. `cluster` defaults to
+    `rayk.connect()`."""
+
+    def __init__(
+        self,
+        topic: str,
+        starting_offsets: OffsetSpec = "earliest",
+        ending_offsets: OffsetSpec = "latest",
+        *,
+        starting_timestamp: int | None = None,
+        cluster: Any = None,
+        records_per_task: int = RECORDS_PER_TASK,
+        bytes_per_task: int = BYTES_PER_TASK,
+        fetch_max_bytes: int = FETCH_MAX_BYTES,
+        schema: str = "spark",
+        num_blocks: int | None = None,
+    ) -> None:
+        _check_read_settings(fetch_max_bytes, schema, num_blocks)
+        cluster = cluster_or_connect(cluster)
+        ranges = plan_read_ranges(
+            cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
+        )
+        self._setup(cluster, ranges, fetch_max_bytes, schema, num_blocks)
+
+    @classmethod
+    def of_ranges(cls, cluster: Any, ranges: list[OffsetRange], *, fetch_max_bytes: int = FETCH_MAX_BYTES,
+                  schema: str = "spark", num_blocks: int | None = None) -> TopicDatasource:  # fmt: skip
+        """A datasource of ranges planned already (a stream's micro-batch, split for tasks)."""
+        _check_read_settings(fetch_max_bytes, schema, num_blocks)
+        source = cls.__new__(cls)
+        source._setup(cluster, ranges, fetch_max_bytes, schema, num_blocks)
+        return source
+
+    def _setup(self, cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int, schema: str,
+               num_blocks: int | None) -> None:  # fmt: skip
+        super().__init__()
+        self._cluster, self._fetch_max_bytes, self._schema = cluster, fetch_max_bytes, schema
+        self.tasks = (cut_into_tasks(ranges, num_blocks) if num_blocks else [[r] for r in ranges]) or [[]]
+        self._bytes_per_record = _bytes_per_record(cluster, ranges)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return SCHEMAS[self._schema]
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:  # fmt: skip
+        """A ReadTask per planned task, whatever `parallelism`: the tasks were fixed when the
+        read was planned."""
+        return [
+            ReadTask(
+                _read_function(self._cluster, ranges, self._fetch_max_bytes, self._schema),
+                BlockMetadata(num_rows=None if ranges else 0, size_bytes=self._size_bytes(ranges), exec_stats=None),
+                schema=self.output_schema,
+                per_task_row_limit=per_task_row_limit,
+            )
+            for ranges in self.tasks
+        ]
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        """The size of the planned ranges on disk (None if a leader could not say)."""
+        sizes = [self._size_bytes(ranges) for ranges in self.tasks]
+        return None if None in sizes else sum(sizes)
+
+    def _size_bytes(self, ranges: list[OffsetRange]) -> int | None:
+        if self._bytes_per_record is None:
+            return None
+        return round(sum(r.size * self._bytes_per_record[r.partition] for r in ranges))
+
+    def leader_node_options(self) -> dict[str, Any]:
+        """Ray options for the read tasks: soft node affinity to the node of the ranges'
+        leaders when it is one node of a multi-node cluster, else none (Ray Data 2.60
+        takes one set of options for all the read tasks of a Dataset)."""
+        on_leader = leader_node_affinity(self._cluster)
+        options = [on_leader(r) for ranges in self.tasks for r in ranges]
+        nodes = {o["scheduling_strategy"].node_id if o else None for o in options}
+        if len(nodes) != 1 or None in nodes or sum(node["Alive"] for node in ray.nodes()) < 2:
+            return {}
+        return options[0]
+
+
+def cut_into_tasks(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """The offsets of `ranges`, in order, cut into `tasks` runs of (nearly) equal length
+    (fewer if there are fewer offsets): each run the pieces of the ranges it covers."""
+    total = sum(r.size for r in ranges)
+    runs: dict[int, list[OffsetRange]] = {}
+    position = 0  # of the next offset, counted through all the ranges
+    for r in ranges:
+        start = r.start
+        while start < r.end:
+            run = position * tasks // total
+            next_run_position = -(-(run + 1) * total // tasks)
+            end = min(r.end, start + next_run_position - position)
+            runs.setdefault(run, []).append(OffsetRange(r.topic, r.partition, start, end, r.leader))
+            position += end - start
+            start = end
+    return list(runs.values())
+
+
+def _bytes_per_record(cluster: Any, ranges: list[OffsetRange]) -> dict[int, float] | None:
+    """Per partition of `ranges`, the average size of its records on disk (its leader's
+    log bytes over its offsets); None if a leader cannot say."""
+    partitions = list({r.partition: r for r in ranges}.values())
+    sizes = log_sizes(cluster, partitions) if partitions else []
+    if sizes is None:
+        return None
+    return {r.partition: size / max(1, end - start) for r, (start, end, size) in zip(partitions, sizes)}
+
+
+def _check_read_settings(fetch_max_bytes: int, schema: str, num_blocks: int | None) -> None:
+    if fetch_max_bytes < 1:
+        raise InvalidConfigurationError("fetch_max_bytes must be >= 1")
+    if schema not in SCHEMAS:
+        raise InvalidConfigurationError(f"schema must be one of {', '.join(map(repr, SCHEMAS))}, got {schema!r}")
+    if num_blocks is not None and not _is_count(num_blocks):
+        raise InvalidConfigurationError(f"override_num_blocks must be an int >= 1 or None, got {num_blocks!r}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def read_topic(
@@ -130,26 +337,45 @@ def read_topic(
     records_per_task: int = RECORDS_PER_TASK,
     bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
+    schema: str = "spark",
+    override_num_blocks: int | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
+    concurrency: int | None = None,
 ) -> ray.data.Dataset:
-    """A Dataset of the topic's records in the given offsets, as of now (see the module
-    docstring). `cluster` defaults to `rayk.connect()`."""
-    if fetch_max_bytes < 1:
-        raise InvalidConfigurationError("fetch_max_bytes must be >= 1")
-    cluster = cluster_or_connect(cluster)
-    ranges = plan_read_ranges(
-        cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
-    )
-    return read_ranges(cluster, ranges, fetch_max_bytes)
+    """A lazy Dataset of the topic's records in the given offsets, as of this call (see
+    the module docstring). `schema` is "spark" (Spark's Kafka source's columns) or "ray"
+    (Ray's read_kafka's); `override_num_blocks` the number of read tasks, instead of
+    tasks of `records_per_task` records and about `bytes_per_task` bytes;
+    `ray_remote_args` Ray options for every read task; `concurrency` the most read tasks
+    at a time. `cluster` defaults to `rayk.connect()`."""
+    _check_task_options(ray_remote_args, concurrency)
+    source = TopicDatasource(
+        topic, starting_offsets, ending_offsets, starting_timestamp=starting_timestamp, cluster=cluster,
+        records_per_task=records_per_task, bytes_per_task=bytes_per_task, fetch_max_bytes=fetch_max_bytes,
+        schema=schema, num_blocks=override_num_blocks,
+    )  # fmt: skip
+    return _dataset(source, ray_remote_args, concurrency)
 
 
-def read_ranges(cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int = FETCH_MAX_BYTES) -> ray.data.Dataset:
-    """A Dataset of these ranges' records, each range read by a task started now on the
-    node of its partition's leader."""
-    if not ranges:
-        return ray.data.from_arrow(SCHEMA.empty_table())
-    on_leader = leader_node_affinity(cluster)
-    refs = [_read_range_task.options(**on_leader(r)).remote(cluster, r, fetch_max_bytes) for r in ranges]
-    return ray.data.from_arrow_refs(refs)
+def _check_task_options(ray_remote_args: dict[str, Any] | None, concurrency: int | None) -> None:
+    if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
+        raise InvalidConfigurationError(f"ray_remote_args must be a dict of Ray task options, got {ray_remote_args!r}")
+    if concurrency is not None and not _is_count(concurrency):
+        raise InvalidConfigurationError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
+
+
+def _dataset(source: TopicDatasource, ray_remote_args: dict[str, Any] | None = None,
+             concurrency: int | None = None) -> ray.data.Dataset:  # fmt: skip
+    """`source` as a Dataset of a block per task: Ray Data is given their number as the
+    read's parallelism (left to pick one, it cuts each task's table into several blocks)."""
+    remote_args = dict(ray_remote_args or {})
+    if "scheduling_strategy" not in remote_args and "label_selector" not in remote_args:
+        remote_args.update(source.leader_node_options())
+    named = {name: remote_args.pop(name) for name in NAMED_REMOTE_ARGS if name in remote_args}
+    return ray.data.read_datasource(
+        source, override_num_blocks=len(source.tasks), concurrency=concurrency, ray_remote_args=remote_args or None,
+        **named,
+    )  # fmt: skip
 
 
 class TopicStream:
@@ -159,15 +385,17 @@ class TopicStream:
     at its next step, after committing the last batch, so call it and let the loop come
     round rather than `break`. Leaving the loop otherwise (`break`, an exception) commits
     nothing: the stream next started for the group hands that batch out again, with the
-    same `batch_id`."""
+    same `batch_id`. A batch's Dataset is lazy (a TopicDatasource of its ranges): it reads
+    when the loop body executes it, the same records however often."""
 
     def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, bytes_per_task: int,
-                 fetch_max_bytes: int, **batch_settings: Any) -> None:  # fmt: skip
+                 fetch_max_bytes: int, schema: str = "spark", **batch_settings: Any) -> None:  # fmt: skip
         if records_per_task < 1 or bytes_per_task < 1 or fetch_max_bytes < 1:
             raise InvalidConfigurationError("records_per_task, bytes_per_task and fetch_max_bytes must be >= 1")
+        _check_read_settings(fetch_max_bytes, schema, None)
         self._cluster = cluster
         self._task_size = (records_per_task, bytes_per_task)
-        self._fetch_max_bytes = fetch_max_bytes
+        self._fetch_max_bytes, self._schema = fetch_max_bytes, schema
         self._batches = MicroBatches(cluster, topic, group_id, **batch_settings)
         self._handed_out: list[OffsetRange] | None = None
         self.batch_id = -1  # the id of the batch last handed out
@@ -185,7 +413,10 @@ class TopicStream:
             self.close()
             raise StopIteration
         self._handed_out, self.batch_id = ranges, batch_id
-        return read_ranges(self._cluster, split_for_tasks(self._cluster, ranges, *self._task_size), self._fetch_max_bytes)
+        parts = split_for_tasks(self._cluster, ranges, *self._task_size)
+        return _dataset(
+            TopicDatasource.of_ranges(self._cluster, parts, fetch_max_bytes=self._fetch_max_bytes, schema=self._schema)
+        )
 
     def stop(self) -> None:
         """Ends the iteration at its next step (from any thread; a wait for the next
@@ -216,17 +447,19 @@ def stream_topic(
     records_per_task: int = RECORDS_PER_TASK,
     bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
+    schema: str = "spark",
 ) -> TopicStream:
     """The topic as a stream of Datasets, one per micro-batch: the records that arrived
     since the last one, planned every `trigger_ms`, with the group's committed offsets as
-    the stream's progress (see TopicStream and rayk.client.micro_batches)::
+    the stream's progress (see TopicStream and rayk.client.micro_batches); `schema` as
+    in read_topic::
 
         with rayk.data.stream_topic("events", "etl") as stream:
             for ds in stream:
                 ds.write_parquet(f"/out/{stream.batch_id}", mode="overwrite")  # a replay replaces
     """
     return TopicStream(
-        cluster_or_connect(cluster), topic, group_id, records_per_task, bytes_per_task, fetch_max_bytes,
+        cluster_or_connect(cluster), topic, group_id, records_per_task, bytes_per_task, fetch_max_bytes, schema,
         trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
         starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
     )  # fmt: skip
@@ -234,7 +467,7 @@ def stream_topic(
 
 def leader_node_affinity(cluster: Any) -> Callable[[OffsetRange], dict[str, Any]]:
     """Task options that run the read of a range on the node of its partition's leader
-    (soft: anywhere when that node is busy or gone)."""
+    (soft: elsewhere when that node is gone)."""
     nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
 
     def options(r: OffsetRange) -> dict[str, Any]:
@@ -248,11 +481,15 @@ def leader_node_affinity(cluster: Any) -> Callable[[OffsetRange], dict[str, Any]
 
 
 class TopicDatasink(ray.data.Datasink):
-    """Produces a Dataset's rows to a topic (see the module docstring)."""
+    """Produces a Dataset's rows to a topic: `ds.write_datasink(TopicDatasink("events"))`,
+    after which `written` is the number of records written (see the module docstring).
+    `cluster` defaults to `rayk.connect()`; `acks` and the other settings are the
+    Producer's. UNKNOWN_TOPIC_OR_PARTITION here, before any task runs."""
 
-    def __init__(self, cluster: Any, topic: str, **producer_settings: Any) -> None:
-        self._cluster, self._topic = cluster, topic
-        self._settings = producer_settings
+    def __init__(self, topic: str, *, cluster: Any = None, acks: str | int = "all", **producer_settings: Any) -> None:
+        self._cluster, self._topic = cluster_or_connect(cluster), topic
+        self._cluster.describe_topic(topic)
+        self._settings = {"acks": acks, **producer_settings}
         self.written = 0
 
     @property
@@ -276,10 +513,9 @@ class TopicDatasink(ray.data.Datasink):
 
 def write_topic(ds: ray.data.Dataset, topic: str, *, acks: str | int = "all", cluster: Any = None,
                 **producer_settings: Any) -> int:
-    """Produces every row of `ds` to `topic`; returns how many records were written.
-    Raises if any record is not acknowledged. `cluster` defaults to `rayk.connect()`."""
-    cluster = cluster_or_connect(cluster)
-    cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before any task runs
-    sink = TopicDatasink(cluster, topic, acks=acks, **producer_settings)
+    """Produces every row of `ds` to `topic` (a TopicDatasink); returns how many records
+    were written. Raises if any record is not acknowledged. `cluster` defaults to
+    `rayk.connect()`."""
+    sink = TopicDatasink(topic, cluster=cluster, acks=acks, **producer_settings)
     ds.write_datasink(sink)
     return sink.written

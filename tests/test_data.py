@@ -12,9 +12,11 @@ import time
 import pyarrow as pa
 import pytest
 import ray
+from ray.remote_function import RemoteFunction
 
 import rayk
 from rayk import data as rayk_data
+from rayk.client.offset_ranges import OffsetRange
 from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
@@ -40,7 +42,7 @@ _topics = itertools.count()
 
 def new_topic(cluster, partitions=3, **config) -> str:
     name = f"d{next(_topics)}"
-    cluster.create_topic(name, partitions=partitions, replication_factor=3, config=config or None)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=3, config=config or None)
     return name
 
 
@@ -71,6 +73,24 @@ def test_a_dataset_round_trips_through_a_topic_with_every_column(cluster):
     assert {r["topic"] for r in rows} == {topic} and {r["timestampType"] for r in rows} == {0}
     assert [r["timestamp"].timestamp() * 1000 for r in rows] == [1_700_000_000_000 + i for i in (0, 1, 3, 2)]
     assert [r["headers"] for r in rows] == [[{"key": "h", "value": b"x"}], [], [], [{"key": "a", "value": None}]]
+    as_ray = rayk_data.read_topic(topic, cluster=cluster, schema="ray")  # the columns of ray.data.read_kafka
+    assert as_ray.schema().base_schema == rayk_data.RAY_SCHEMA
+    assert [(r["partition"], r["offset"], r["key"], r["value"], r["timestamp"], r["timestamp_type"], r["headers"])
+            for r in rows_of(as_ray)] == [
+        (0, 0, b"k0", b"v0", 1_700_000_000_000, 1, [("h", b"x")]),
+        (1, 0, None, b"v1", 1_700_000_000_001, 1, []),
+        (1, 1, b"k3", b"v3", 1_700_000_000_003, 1, []),
+        (2, 0, b"k2", None, 1_700_000_000_002, 1, [("a", None)]),
+    ]  # fmt: skip
+    copy = new_topic(cluster)
+    sink = rayk_data.TopicDatasink(copy, cluster=cluster)
+    as_ray.write_datasink(sink)  # its columns write back as they are: a map of headers, ms timestamps
+    assert sink.written == 4
+
+    def but_topic(rows):
+        return [{k: v for k, v in r.items() if k != "topic"} for r in rows]
+
+    assert but_topic(rows_of(rayk_data.read_topic(copy, cluster=cluster))) == but_topic(rows), "the same records"
 
 
 def test_string_values_keys_and_keyed_partitioning(cluster):
@@ -100,15 +120,35 @@ def test_offset_ranges_timestamps_and_splitting(cluster):
     ds = rayk_data.read_topic(topic, starting_timestamp=1_000_000 + 90 * 1000, cluster=cluster)
     assert sorted(int(r["value"]) for r in rows_of(ds)) == list(range(90, 100))
     assert rayk_data.read_topic(topic, starting_timestamp=9_000_000, cluster=cluster).count() == 0
-    split = rayk_data.read_topic(topic, cluster=cluster, records_per_task=7)
+    split = rayk_data.read_topic(topic, cluster=cluster, records_per_task=7).materialize()
     assert split.num_blocks() == 2 * 8  # 50 records per partition in tasks of at most 7
     assert [(r["partition"], r["offset"]) for r in rows_of(split)] == [(p, o) for p in (0, 1) for o in range(50)]
+    for blocks in (5, 1):  # 5: tasks of 20 offsets, one of them the end of partition 0 and the start of 1
+        ds = rayk_data.read_topic(topic, cluster=cluster, override_num_blocks=blocks).materialize()
+        assert ds.num_blocks() == blocks
+        assert [(r["partition"], r["offset"]) for r in rows_of(ds)] == [(p, o) for p in (0, 1) for o in range(50)]
     with pytest.raises(OffsetOutOfRangeError):
         rayk_data.read_topic(topic, {topic: {0: 0, 1: 51}}, cluster=cluster)
     with pytest.raises(InvalidConfigurationError):
         rayk_data.read_topic(topic, "latest", cluster=cluster)
     with pytest.raises(UnknownTopicOrPartitionError):
         rayk_data.read_topic("no-such-topic", cluster=cluster)
+    with pytest.raises(InvalidConfigurationError, match="'spark', 'ray'"):
+        rayk_data.read_topic(topic, cluster=cluster, schema="avro")
+    with pytest.raises(InvalidConfigurationError, match="'spark', 'ray'"):
+        rayk_data.stream_topic(topic, "g", cluster=cluster, schema="kafka")
+    for bad in (dict(override_num_blocks=0), dict(concurrency=0), dict(ray_remote_args=["num_cpus"])):
+        with pytest.raises(InvalidConfigurationError, match=next(iter(bad))):
+            rayk_data.read_topic(topic, cluster=cluster, **bad)
+
+
+def test_override_num_blocks_cuts_the_snapshot_into_runs_of_equal_offsets():
+    ranges = [OffsetRange("t", 0, 10, 60, leader=1), OffsetRange("t", 1, 0, 50, leader=2)]
+    assert [[(r.partition, r.start, r.end) for r in task] for task in rayk_data.cut_into_tasks(ranges, 3)] == [
+        [(0, 10, 44)], [(0, 44, 60), (1, 0, 17)], [(1, 17, 50)],
+    ]  # fmt: skip
+    one_each = rayk_data.cut_into_tasks(ranges[1:], 80)
+    assert [task[0].start for task in one_each] == list(range(50)), "fewer than 80: at most one per offset"
 
 
 def test_an_empty_topic_is_an_empty_dataset_with_the_schema(cluster):
@@ -128,21 +168,76 @@ def test_a_read_is_a_snapshot_while_writers_append(cluster):
                 producer.send(topic, value=b"new")
                 time.sleep(0.0005)
 
+    def records_now():
+        return sum(p["high_watermark"] for p in cluster.describe_topic(topic))
+
     writer = threading.Thread(target=keep_writing)
     writer.start()
     try:
         time.sleep(0.5)
-        ds = rayk_data.read_topic(topic, cluster=cluster).materialize()
+        ds = rayk_data.read_topic(topic, cluster=cluster)  # lazy: each execution reads the snapshot of this call
+        at_the_call = records_now()
         time.sleep(0.5)
-        again = ds.take_all()
+        rows = rows_of(ds)
     finally:
         stop.set()
         writer.join()
-    rows = rows_of(ds)
     for p in (0, 1):
         offsets = [r["offset"] for r in rows if r["partition"] == p]
         assert offsets == list(range(len(offsets))), "each partition is a gapless prefix"
-    assert len(rows) > 500 and len(again) == len(rows), "records appended after the call are not part of it"
+    assert 500 < len(rows) <= at_the_call < records_now(), "records appended after the call are not part of it"
+    assert rows_of(ds) == rows, "nor of a second execution, after more were appended"
+
+
+@pytest.fixture
+def submitted_tasks(monkeypatch) -> list[dict]:
+    """The options of every Ray task this process submits from now on (all `f.remote()`,
+    Ray Data's tasks included, go through RemoteFunction._remote); "name" is a Ray Data
+    task's operator, like "ReadTopic" or "Write"."""
+    submitted = []
+    submit = RemoteFunction._remote
+
+    def recording(self, *args, **options):
+        submitted.append(options)
+        return submit(self, *args, **options)
+
+    monkeypatch.setattr(RemoteFunction, "_remote", recording)
+    return submitted
+
+
+def test_read_topic_starts_no_task_until_the_dataset_executes(cluster, submitted_tasks):
+    topic = new_topic(cluster, partitions=2)
+    produce_values(cluster, topic, [b"old"] * 10, 2)
+    ds = rayk_data.read_topic(topic, cluster=cluster)
+    assert submitted_tasks == [], "read_topic plans the read (the snapshot) and starts no task"
+    produce_values(cluster, topic, [b"new"] * 4, 2)
+    assert ds.count() == 10, "count() reads (row counts are not known before), the snapshot of the call"
+    assert [o for o in submitted_tasks if o.get("name", "").startswith("ReadTopic")], "the read tasks, now"
+
+
+def test_ray_remote_args_and_concurrency_reach_the_read_tasks(cluster, submitted_tasks):
+    topic = new_topic(cluster, partitions=2)
+    produce_values(cluster, topic, [b"v"] * 10, 2)
+    ds = rayk_data.read_topic(
+        topic, cluster=cluster, ray_remote_args={"num_cpus": 0.5, "memory": 64 << 20}, concurrency=1
+    )
+    assert len(ds.take_all()) == 10
+    reads = [o for o in submitted_tasks if o.get("name", "").startswith("ReadTopic")]
+    assert len(reads) == 2 and all((o["num_cpus"], o["memory"]) == (0.5, 64 << 20) for o in reads)
+
+
+def test_a_topic_datasink_users_make_writes_resumably_and_counts(cluster, submitted_tasks):
+    topic = new_topic(cluster, partitions=2)
+    sink = rayk_data.TopicDatasink(topic, cluster=cluster, linger_ms=1)
+    rows = [{"key": f"k{i % 3}", "value": f"v{i}"} for i in range(200)]
+    ray.data.from_items(rows, override_num_blocks=20).write_datasink(sink)
+    assert sink.written == 200, "on_write_complete ran on this sink"
+    writes = [o for o in submitted_tasks if "Write" in o.get("name", "")]
+    assert len(writes) == 1, "20 blocks, bundled into one task of at least min_rows_per_write rows"
+    values = [r["value"] for r in rows_of(rayk_data.read_topic(topic, cluster=cluster))]
+    assert sorted(values) == sorted(b"v%d" % i for i in range(200))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        rayk_data.TopicDatasink("no-such-topic", cluster=cluster)
 
 
 def test_a_dead_follower_does_not_stop_reads_or_writes(cluster):
@@ -322,9 +417,11 @@ def test_read_tasks_are_sized_by_bytes_as_well_as_records(cluster):
     rayk_data.write_topic(ray.data.from_items([{"value": b"v" * 1000, "partition": i % 2} for i in range(400)]), topic,
                           cluster=cluster)  # fmt: skip
     # ~1,070 bytes a record on disk, 200 a partition: ~214 KB a partition, so 50 KB tasks make 5 a partition
-    ds = rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=50_000)
+    ds = rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=50_000).materialize()
     assert 2 * 4 <= ds.num_blocks() <= 2 * 6
     assert [(r["partition"], r["offset"]) for r in rows_of(ds)] == [(p, o) for p in (0, 1) for o in range(200)]
-    assert rayk_data.read_topic(topic, cluster=cluster).num_blocks() == 2, "64 MiB by default: a task a partition"
+    ds = rayk_data.read_topic(topic, cluster=cluster)
+    assert ds.materialize().num_blocks() == 2, "64 MiB by default: a task a partition"
+    assert 2 * 200 * 1000 < ds.size_bytes() < 2 * 200 * 1200, "estimated from the partitions' size on disk"
     with pytest.raises(InvalidConfigurationError):
         rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=0)

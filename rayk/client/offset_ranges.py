@@ -96,8 +96,9 @@ def plan_ranges(
     starting_timestamp: int | None = None,
 ) -> list[OffsetRange]:
     """Resolves the bounds against each partition leader, once (the snapshot). The leaders
-    are asked within the cluster's default_api_timeout_ms, again (looked up again) if one
-    does not answer; LEADER_NOT_AVAILABLE if a partition has none."""
+    are asked within the cluster's default_api_timeout_ms, all again (looked up again)
+    after retry_backoff_ms while one does not answer or answers a retriable error (a
+    partition without a leader, as while a restarted broker recovers its logs)."""
     description = cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION first
     partitions = len(description)
     starts = parse_offsets(starting_offsets, topic, partitions, starting=True)
@@ -105,8 +106,10 @@ def plan_ranges(
     if starting_timestamp is not None and starting_timestamp < 0:
         raise InvalidConfigurationError(f"starting_timestamp must be >= 0 ms, got {starting_timestamp}")
     specs = [EARLIEST, LATEST] + ([starting_timestamp] if starting_timestamp is not None else [])
-    answers = cluster.api_calls.retry(
-        lambda deadline_s: _list_offsets(cluster, topic, partitions, specs, deadline_s), f"ListOffsets {topic}"
+    deadline_s = cluster.api_calls.deadline_s()
+    answers = calls.retry(
+        lambda: _list_offsets(cluster, topic, partitions, specs, deadline_s), deadline_s, f"ListOffsets {topic}",
+        retry_backoff_ms=cluster.retry_backoff_ms,
     )
     bounds, hws = answers[0], answers[1]
     by_time = answers[2] if starting_timestamp is not None else [(-1, -1)] * partitions
@@ -161,7 +164,7 @@ def split_for_tasks(cluster: Any, ranges: list[OffsetRange], max_records: int, m
     if max_records < 1 or (max_bytes is not None and max_bytes < 1):
         raise InvalidConfigurationError("records and bytes per task must be >= 1")
     ranges = [r for r in ranges if r.size > 0]
-    sizes = _log_sizes(cluster, ranges) if max_bytes else None
+    sizes = log_sizes(cluster, ranges) if max_bytes else None
     out = []
     for i, r in enumerate(ranges):
         parts = -(-r.size // max_records)
@@ -173,7 +176,7 @@ def split_for_tasks(cluster: Any, ranges: list[OffsetRange], max_records: int, m
     return out
 
 
-def _log_sizes(cluster: Any, ranges: list[OffsetRange]) -> list[tuple[int, int, int]] | None:
+def log_sizes(cluster: Any, ranges: list[OffsetRange]) -> list[tuple[int, int, int]] | None:
     """Each range's partition (log start, log end, bytes) from its leader; None if a
     leader cannot say (it moved or died: the tasks are then sized by records only)."""
     deadline_s = cluster.api_calls.deadline_s(LOG_SIZES_TIMEOUT_MS)

@@ -160,7 +160,8 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     try:
         refused = await _refused_partitions(view, request, body.topics)
     except Exception as e:  # the Controller did not say: nothing is committed, the client retries
-        return _per_partition(body.topics, lambda t, p: error_code_of(e))
+        code = error_code_of(e)
+        return _per_partition(body.topics, lambda t, p: code)
     offsets = {
         (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "",
                                       getattr(p, "committed_leader_epoch", -1))
