@@ -94,8 +94,9 @@ class Admin:
       retries included; then KafkaTimeoutError.
     - `retry_backoff_ms` (100 ms): the pause before a retry.
 
-    Errors are rayk's typed KafkaError subclasses (rayk.errors), each method's named in
-    its docstring; calls that act on many resources (create_acls, delete_consumer_groups,
+    Errors are rayk's typed KafkaError subclasses (rayk.errors): every call raises
+    KafkaTimeoutError past `default_api_timeout_ms`, and the others a method raises are
+    named in its docstring; calls that act on many resources (create_acls, delete_consumer_groups,
     alter_partition_reassignments, ...) answer per resource None or the error that
     refused it, and raise only what stopped the whole call."""
 
@@ -226,6 +227,7 @@ class Admin:
             return described
 
     def create_topics(self, new_topics: list[NewTopic]) -> None:
+        """`create_topic` of each, in order; the first error stops it (those before stay)."""
         for topic in new_topics:
             self.create_topic(topic.name, topic.num_partitions, topic.replication_factor, topic.topic_configs)
 
@@ -294,11 +296,14 @@ class Admin:
         ))  # fmt: skip
 
     def describe_topic_configs(self, name: str) -> dict[str, str]:
-        """The topic's own configs (Kafka names); everything else has the broker default."""
+        """The topic's own configs (Kafka names); everything else has the broker default.
+        UnknownTopicOrPartitionError if there is no such topic."""
         return self._calls(lambda: self._controller.topic_configs.remote(name), f"DescribeConfigs {name!r}")
 
     def alter_topic_configs(self, name: str, configs: dict[str, Any]) -> dict[str, str]:
-        """Sets configs on top of the topic's current ones; returns the result."""
+        """Sets configs on top of the topic's current ones; returns the result.
+        UnknownTopicOrPartitionError, or InvalidConfigurationError (nothing changed) for
+        a name or value Kafka would refuse."""
         merged = {**self.describe_topic_configs(name), **configs}
         return self._calls(lambda: self._controller.alter_topic_configs.remote(name, merged), f"AlterConfigs {name!r}")
 

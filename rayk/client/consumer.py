@@ -167,7 +167,8 @@ class Consumer:
     # ------------------------------------------------------------------ what to read
 
     def subscribe(self, topics: Iterable[str]) -> None:
-        """Reads `topics` as a member of the consumer group (needs `group_id`)."""
+        """Reads `topics` as a member of the consumer group (ValueError without a
+        `group_id`); the group's errors come from `poll`."""
         if self._group is None:
             raise ValueError("subscribe needs a group_id; use assign() to read partitions without a group")
         self._subscription = sorted(set(topics))
@@ -181,7 +182,8 @@ class Consumer:
             self._group.leave()
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
-        """Reads exactly these partitions, outside group management."""
+        """Reads exactly these partitions, outside group management (ValueError while
+        subscribed)."""
         if self._subscription:
             raise ValueError("this consumer is subscribed; unsubscribe() before assign()")
         self._set_assignment([TopicPartition(*tp) for tp in partitions])
@@ -269,6 +271,8 @@ class Consumer:
     # ------------------------------------------------------------------ positions
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Moves the position of an assigned partition (ValueError if it is not assigned);
+        a position outside the log is reset by `auto_offset_reset` at the next fetch."""
         tp = TopicPartition(*partition)
         if tp not in self._assignment:
             raise ValueError(f"{tp} is not assigned to this consumer")
@@ -277,16 +281,21 @@ class Consumer:
         self._positions[tp] = offset
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """`seek` to each partition's log start (all assigned ones if none is named);
+        KafkaTimeoutError if a leader does not answer within default_api_timeout_ms."""
         for tp in partitions or self._assignment:
             self.seek(tp, self._list_offset(TopicPartition(*tp), EARLIEST)[0])
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """`seek` to each partition's high watermark (all assigned ones if none is named);
+        KafkaTimeoutError as `seek_to_beginning`."""
         for tp in partitions or self._assignment:
             self.seek(tp, self._list_offset(TopicPartition(*tp), LATEST)[0])
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record to hand out (looked up if not known yet, within
-        default_api_timeout_ms)."""
+        default_api_timeout_ms, then KafkaTimeoutError; OffsetOutOfRangeError for a
+        partition with no committed offset under auto_offset_reset "none")."""
         tp = TopicPartition(*partition)
         if tp not in self._positions:
             self._init_positions([tp])
@@ -312,14 +321,19 @@ class Consumer:
             self._metadata.invalidate(tp.topic, tp.partition)
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The log start offset of each partition. Each is asked of its leader, looked up
+        again while it moves, does not exist or has no leader, until default_api_timeout_ms:
+        then KafkaTimeoutError (the same for end_offsets and offsets_for_times)."""
         return {TopicPartition(*tp): self._list_offset(TopicPartition(*tp), EARLIEST)[0] for tp in partitions}
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The high watermark of each partition: the offset the next committed record gets."""
+        """The high watermark of each partition: the offset the next committed record gets
+        (KafkaTimeoutError as `beginning_offsets`)."""
         return {TopicPartition(*tp): self._list_offset(TopicPartition(*tp), LATEST)[0] for tp in partitions}
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
-        """The earliest offset whose timestamp is >= the given one (ms), or None."""
+        """The earliest offset whose timestamp is >= the given one (ms), or None
+        (KafkaTimeoutError as `beginning_offsets`)."""
         out = {}
         for tp, ts in timestamps.items():
             offset, found_ts = self._list_offset(TopicPartition(*tp), ts)
@@ -327,6 +341,8 @@ class Consumer:
         return out
 
     def partitions_for_topic(self, topic: str) -> set[int]:
+        """The topic's partition ids; KafkaTimeoutError if it is not found within
+        default_api_timeout_ms."""
         return set(range(self._metadata.partition_count(topic, self._api_timeout_ms)))
 
     def _init_positions(self, partitions: list[TopicPartition]) -> None:
@@ -443,7 +459,9 @@ class Consumer:
 
     def committed(self, partition: TopicPartition, metadata: bool = False) -> int | OffsetAndMetadata | None:
         """The group's committed offset of `partition` (None if it has none); with
-        `metadata`, as OffsetAndMetadata with the string committed along (kafka-python's)."""
+        `metadata`, as OffsetAndMetadata with the string committed along (kafka-python's).
+        ValueError without a group_id; KafkaTimeoutError if the coordinator does not
+        answer within default_api_timeout_ms."""
         if self._group is None:
             raise ValueError("committed needs a group_id")
         tp = TopicPartition(*partition)
@@ -475,7 +493,10 @@ class Consumer:
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records from the assigned partitions, waiting up to `timeout_ms` for the first;
-        returns within `timeout_ms` whatever happens (a rebalance, a leader change)."""
+        returns within `timeout_ms` whatever happens (a rebalance, a leader change, a
+        leader not answering: retried at the next poll). Raises OffsetOutOfRangeError for
+        a position outside the log under auto_offset_reset "none", what a deserializer
+        raises, and RuntimeError once closed."""
         limit = max_records or self._max_poll_records
         return self._poll(timeout_ms, lambda: self._fetcher.drain(self._positions, limit))
 

@@ -333,7 +333,8 @@ class Producer:
     def partitions_for(self, topic: str) -> set[int]:
         """The topic's partition ids as this producer knows them (kafka-python's
         partitions_for): a grown topic shows its new partitions once the metadata is
-        refreshed, at the latest `metadata_max_age_ms` after the producer last looked."""
+        refreshed, at the latest `metadata_max_age_ms` after the producer last looked.
+        KafkaTimeoutError if the topic is not found within `max_block_ms`."""
         return set(range(self._metadata.cached_partition_count(topic) or self._partition_count(topic)))
 
     def flush(self, timeout_s: float | None = None, *, timeout: float | None = None) -> None:
