@@ -317,7 +317,7 @@ def poll_values(consumer, wanted: int) -> dict[int, list[bytes]]:
 
 
 def test_kafka_python_habits_pause_resume_commit_async_and_timeouts(cluster):
-    topic = new_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
     producer = cluster.producer()
     for p in (0, 1):
         for i in range(5):
@@ -354,7 +354,7 @@ def test_kafka_python_habits_pause_resume_commit_async_and_timeouts(cluster):
 def test_admin_names_are_one_set_with_typed_results_and_old_spellings_warn(cluster):
     name = f"t{next(_topics)}"
     with pytest.warns(DeprecationWarning, match="num_partitions"):
-        created = cluster.create_topic(name, partitions=2, replication_factor=3)
+        created = cluster.create_topic(name, partitions=2, replication_factor=1)
     first = created[0]
     assert isinstance(first, PartitionDescription) and first.leader == first["leader"] in first.replicas
     assert [p.partition for p in cluster.describe_topic(name)] == [0, 1]
