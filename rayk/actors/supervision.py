@@ -26,6 +26,7 @@ import asyncio
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +140,10 @@ def start_again_if_restarted(method: str = "start", retry_backoff_ms: int = 50) 
     calls its `method` (by a call to itself, from a thread, retried until answered: a call
     sent while the actor is still being restarted can be refused). True if it will."""
     context = ray.get_runtime_context()
-    if not context.was_current_actor_reconstructed:
+    with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated `actor_id`,
+        warnings.simplefilter("ignore", DeprecationWarning)  # which printed a warning per restart
+        reconstructed = context.was_current_actor_reconstructed
+    if not reconstructed:
         return False
     handle = context.current_actor
 
