@@ -129,6 +129,16 @@ def stream_clicks(spark, cluster, source: str, total: int, more_events: int, use
     print(f"stream check passed: {len(counted)} micro-batches counted each of the {sum(counted):,} clicks once")
 
 
+def run_pipeline(spark, cluster, source: str, target: str, events: int, users: int, stream_events: int) -> None:
+    """Steps 1 to 4 on a Spark session and a rayk cluster, into new topics `source` and `target`."""
+    cluster.create_topic(source, num_partitions=6, replication_factor=3)
+    cluster.create_topic(target, num_partitions=3, replication_factor=3)
+    produce_clicks(cluster, source, events, users)
+    written = aggregate(spark, cluster, source, target)
+    print_results(cluster, target, written, events)
+    stream_clicks(spark, cluster, source, events, stream_events, users)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000)
@@ -154,13 +164,8 @@ def main() -> None:
     source, target = f"clicks{suffix}", f"clicks-per-user{suffix}"
     spark = None
     try:
-        cluster.create_topic(source, num_partitions=6, replication_factor=3)
-        cluster.create_topic(target, num_partitions=3, replication_factor=3)
-        produce_clicks(cluster, source, args.events, args.users)
         spark = rayk_spark.session("click-aggregation", executors=1, executor_cores=1, executor_memory="1g")
-        written = aggregate(spark, cluster, source, target)
-        print_results(cluster, target, written, args.events)
-        stream_clicks(spark, cluster, source, args.events, args.stream_events, args.users)
+        run_pipeline(spark, cluster, source, target, args.events, args.users, args.stream_events)
     finally:
         if spark is not None:
             rayk_spark.stop()

@@ -16,7 +16,7 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 import ray
@@ -25,11 +25,11 @@ import rayk
 from rayk import cli
 from rayk.client import PartitionReassignment, TopicPartition
 from rayk.errors import UnknownTopicOrPartitionError
-from tests.cluster_helpers import shared_local_ray, wait_until
+from tests import readme
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
 NAMESPACE = "cli-test"
 LOOPBACK_LISTENER = "PLAINTEXT://127.0.0.1:0"  # tests bind to loopback, on free ports
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,8 @@ def run(address, cluster, monkeypatch):
 
 @pytest.fixture
 def run_subprocess(address, cluster):
-    """run_subprocess(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk args...`."""
+    """run_subprocess(*args, stdin=None, namespace=...) -> CompletedProcess of `rayk args...`,
+    run in the current directory."""
 
     def run_cli(*args: str, stdin: str | None = None, namespace: str = NAMESPACE) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "rayk.cli", *args, "--address", address, "--namespace", namespace]
@@ -79,7 +80,6 @@ def run_subprocess(address, cluster):
             capture_output=True,
             text=True,
             timeout=60,
-            cwd=REPO,
             env={**os.environ, "RAY_AUTH_MODE": "token"},
         )
 
@@ -252,8 +252,7 @@ def test_no_ray_cluster_is_a_one_line_error(monkeypatch, capsys):
 # ---------------------------------------------------------------------------- against the cluster
 
 
-def test_topic_lifecycle(run_subprocess, cluster):
-    run = run_subprocess  # a real `rayk` process
+def test_topic_lifecycle(run, cluster):
     ok(run("topics", "create", "orders", "--partitions", "3", "--replication-factor", "3",
            "--config", "min.insync.replicas=2"))  # fmt: skip
     assert "orders" in ok(run("topics", "list")).split()
@@ -395,22 +394,62 @@ def test_user_mistakes_are_one_line_errors(run_subprocess):
     assert_one_line_error(run("start", "--node-resource", "rayk_nowhere", namespace="cli-nowhere"), "rayk_nowhere")
 
 
-def test_start_status_stop_in_a_namespace_of_its_own(run_subprocess, tmp_path):
-    run = run_subprocess  # a real `rayk` process
-    data_dir = tmp_path / "rayk-data"
-    started = ok(run("start", "--brokers", "1", "--data-dir", str(data_dir),
-                     "--config", "group.initial.rebalance.delay.ms=0", f"listeners={LOOPBACK_LISTENER}",
-                     namespace="cli-start"))  # fmt: skip
-    assert "started in Ray namespace 'cli-start'" in started and (data_dir / "broker-0").is_dir()
-    assert rows(started.split("\n\n")[1])[0][0] == "0", "broker 0 listed"
-    assert "cpus" in started.split("\n\n")[2], "nodes listed"
+README_COMMANDS = "ray start --head                                   # or use"  # the `rayk` block
+README_DEMO = "make demo    # 3 brokers on a local Ray"
+
+
+def test_the_readme_s_rayk_commands_run_as_written(run, run_subprocess, tmp_path, monkeypatch):
+    """README's `rayk` block, command by command, in a Ray namespace of its own: this
+    module's Ray stands in for `ray start`, and `rayk start` gets the tests' settings (its
+    listeners on loopback, as every server in the tests; 3 offsets partitions, not 50 on
+    2 cores). `start` and `stop` run as real processes (the brokers outlive the one that
+    started them), the others in this one."""
+    monkeypatch.chdir(tmp_path)
+    [ray_start, *commands] = readme.shell_commands(readme.block(README_COMMANDS))
+    assert ray_start[:2] == ["ray", "start"] and commands[0][:2] == ["rayk", "start"] and commands[-1] == ["rayk", "stop"]
+    outputs, stopped = [], False
     try:
-        assert rows(ok(run("status", namespace="cli-start")).split("\n\n")[1])[0][0] == "0"
-        assert_one_line_error(run("start", "--data-dir", str(data_dir), namespace="cli-start"), "already running")
+        for command in commands:
+            stdin = None
+            if "|" in command:  # printf '...' | rayk ...
+                feed, command = command[: command.index("|")], command[command.index("|") + 1 :]
+                assert feed[0] == "printf"
+                stdin = feed[1].encode().decode("unicode_escape")
+            assert command[0] == "rayk", command
+            args = command[1:]
+            if args[0] == "start":
+                settings = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 3}
+                args += ["--config", *(f"{key}={value}" for key, value in settings.items())]
+            real_process = args[0] in ("start", "stop")
+            outputs.append(ok((run_subprocess if real_process else run)(*args, stdin=stdin, namespace="cli-readme")))
+            stopped = args == ["stop"]
+            if args[0] == "start":
+                assert_one_line_error(run(*args, namespace="cli-readme"), "already running")
     finally:
-        stopped = ok(run("stop", namespace="cli-start"))
-    assert "stopped" in stopped and str(data_dir) in stopped
-    assert_one_line_error(run("status", namespace="cli-start"), "no rayk cluster")
+        if not stopped:
+            run("stop", namespace="cli-readme")
+    said = dict(zip((" ".join(c[1:3]) for c in commands), outputs))
+    started = said["start --brokers"].split("\n\n")
+    assert "started in Ray namespace 'cli-readme'" in started[0] and "cpus" in started[2], "brokers and nodes listed"
+    assert [row[0] for row in rows(started[1])] == ["0", "1", "2"]
+    assert [row[0] for row in rows(said["status"].split("\n\n")[1])] == ["0", "1", "2"]
+    assert said["consume events"].splitlines() == ["a", "b"]
+    assert "readers" in said["groups list"] and "readers" in said["groups delete"]
+    assert said["topics alter"].strip() == "topic 'events' has 6 partitions"
+    assert said["perf produce"].strip().splitlines()[1].split()[0] == "100000"
+    assert "stopped" in said["stop"] and (tmp_path / "rayk-data" / "broker-2").is_dir(), "the data stays"
+    assert_one_line_error(run("status", namespace="cli-readme"), "no rayk cluster")
+
+
+def test_the_demo_checks_what_it_produced_and_consumed(cluster, capsys):
+    """`make demo`'s first half (`rayk demo`) on this module's cluster, with fewer records;
+    its second half, examples/spark_pipeline.py, runs in tests/test_spark.py."""
+    readme.block(README_DEMO)
+    args = cli.build_parser().parse_args(["demo", "--records", "20000"])
+    args.out = sys.stdout
+    assert cli._run_demo(args, cluster, time.monotonic()) == 0
+    summary = capsys.readouterr().out
+    assert "exactly once" in summary and "20,000 x" in summary
 
 
 def test_the_demo_s_columns_are_the_demo_s_records():

@@ -14,6 +14,7 @@ import shutil
 import ssl
 import subprocess
 import uuid
+from pathlib import Path
 
 import aiokafka
 import aiokafka.helpers
@@ -27,7 +28,8 @@ import rayk
 from rayk.client.admin import ScramDeletion, ScramUpsertion
 from rayk.errors import ResourceNotFoundError
 from rayk.net import api_versions as keys
-from tests.cluster_helpers import FAST_CONFIG, confluent_round_trip, shared_local_ray
+from tests import readme
+from tests.cluster_helpers import FAST_CONFIG, confluent_round_trip, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, request_frame, sized
 from tests.tls_helpers import TlsFiles
 
@@ -229,6 +231,60 @@ def test_only_super_users_manage_credentials_over_the_wire(cluster, tls, alice):
         cluster.admin().describe_user_scram_credentials(["mallory"])
     results = cluster.admin().alter_user_scram_credentials([ScramDeletion("mallory", "SCRAM-SHA-256")])
     assert isinstance(results["mallory"], ResourceNotFoundError)
+
+
+README_SETUP = "cluster = rayk.start(brokers=3, config={"
+README_ACLS = "from confluent_kafka.admin import (AclBinding,"
+
+
+def test_the_readme_s_sasl_setup_and_acls_run_as_written(tls, tmp_path, monkeypatch):
+    """README's setup and ACL blocks in one namespace, as written but for where they
+    point outside the test: the certificates are this module's (in the current directory,
+    for the client's "ca.pem"), the listeners bind loopback on free ports, and `rayk.start`
+    gets the tests' timeouts and a namespace of its own. alice then writes to the topic she
+    was granted, and to no other."""
+    certificates = Path(tls.truststore).parent
+    monkeypatch.chdir(certificates)
+    start, started = rayk.start, []
+
+    def start_here(*args, config, **kwargs):
+        started.append(start(*args, config={**FAST_CONFIG, **config}, data_dir=tmp_path, namespace="readme-sasl",
+                             **kwargs))  # fmt: skip
+        return started[-1]
+
+    monkeypatch.setattr(rayk, "start", start_here)
+    here = {"127.0.0.1:9092": "127.0.0.1:0", "0.0.0.0:9192": "127.0.0.1:0", "/etc/rayk/": f"{certificates}/"}
+    namespace = {"__name__": "readme", "rayk": rayk}
+    try:
+        for start_of_block, paths in ((README_SETUP, here), (README_ACLS, {})):
+            code = readme.block(start_of_block)
+            for path, replacement in paths.items():
+                assert path in code
+                code = code.replace(path, replacement)
+            exec(compile(code, f"README: {start_of_block}", "exec"), namespace)
+        cluster = namespace["cluster"]
+        for topic in ("orders", "payroll"):
+            cluster.create_topic(topic, num_partitions=1, replication_factor=3)
+        settings = confluent_settings(cluster, tls, "SCRAM-SHA-512", "alice", "alice-secret")
+
+        def alice_writes_orders() -> bool:  # the ACLs reach every listener within half a second
+            probe = confluent_kafka.Producer({**settings, "message.timeout.ms": 2000})
+            outcome: list = []
+            probe.produce("orders", b"probe", on_delivery=lambda err, _msg: outcome.append(err))
+            probe.flush(5)
+            return outcome == [None]
+
+        wait_until(alice_writes_orders, 30, "alice's grant to reach the listeners")
+        outcomes: dict = {}
+        producer = namespace["producer"]  # the README's
+        for topic in ("orders", "payroll"):
+            producer.produce(topic, b"from alice", on_delivery=lambda err, msg: outcomes.update({msg.topic(): err}))
+        assert producer.flush(30) == 0
+        assert outcomes["orders"] is None
+        assert outcomes["payroll"].code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        for cluster in started:
+            cluster.shutdown()
 
 
 def test_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls, alice):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import rayk
 from rayk import metrics
 from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray
 
 TOPIC, GROUP = "metered", "metered-group"
@@ -163,6 +165,21 @@ def test_prometheus_endpoint_shows_what_the_cluster_did(workload, metrics_port):
         assert total(s, request_times, request="Metadata") > 0
 
     scrape_until_checked(metrics_port, check)
+
+
+README_SCRAPE = "ray start --head --metrics-export-port=8090"
+
+
+def test_the_readme_s_scrape_runs_as_written(workload, metrics_port):
+    """README's two lines: this module's Ray stands in for the first (its metrics port
+    for 8090), and the second runs in a shell as written."""
+    ray_start, scrape_line = readme.block(README_SCRAPE).splitlines()
+    assert readme.shell_commands(ray_start) == [["ray", "start", "--head", "--metrics-export-port=8090"]]
+    shown = subprocess.run(["bash", "-c", scrape_line.replace(":8090/", f":{metrics_port}/")],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    leaders = [line for line in shown.stdout.splitlines() if line.startswith(exported(metrics.LEADER_COUNT) + "{")]
+    assert len(leaders) == 3 and all('broker="' in line for line in leaders), shown.stdout
 
 
 def test_cluster_health_is_what_the_gauges_say(workload):

@@ -2,23 +2,19 @@
 
 Every fenced block of README.md is either run by `test_the_readme_python_examples_run_as_written`
 (in order, each in the namespace the ones before it left, as a reader would type them into
-one session) or listed in NOT_RUN_HERE with the test that covers what it shows, so a new
-block fails `test_every_readme_block_is_run_or_accounted_for` until it is placed.
+one session) or listed in RUN_ELSEWHERE with the tests that run it where its setting is (a
+Spark session, certificates, the `rayk` command, Ray's metrics port), so a new block fails
+`test_every_readme_block_is_run_here_or_by_a_test_named_for_it` until it is placed.
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 
 import rayk
 import rayk.client
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+from tests.readme import README, first_line, readme_blocks
 
 # Blocks run here, by their first line.
 RUN_HERE = (
@@ -31,38 +27,42 @@ RUN_HERE = (
     "from rayk.storage import Log, LogConfig",  # the storage engine
     'cluster.create_topic("profiles", num_partitions=3, config={"cleanup.policy": "compact"})',  # compaction
 )
-# Blocks not run here, by their first line, with where what they show is tested.
-NOT_RUN_HERE = {
-    "ray start --head --metrics-export-port=8090       # each node: the same flag on `ray start`": "tests/test_metrics.py",
-    "make demo    # 3 brokers on a local Ray: 1,000,000 records with acks=all (send_batch of numpy/Arrow": "CI runs make test; make demo is the main job",
-    "ray start --head                                   # or use an existing Ray cluster": "tests/test_cli.py",
-    "def process(df, batch_id):                           # Spark's Kafka schema": "tests/test_spark.py (needs a Spark session)",
-    'spark = rayk_spark.session("etl", kafka_connector=True)': "tests/test_spark.py (the connector)",
-    "cluster = rayk.start(brokers=3, config={": "tests/test_listener_sasl.py (needs certificates and fixed ports)",
-    "from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,": "tests/test_listener_acls.py",
+# Blocks run by the tests whose setting they need (a Spark session, certificates, the
+# `rayk` command, Ray's metrics port), by their first line.
+RUN_ELSEWHERE = {
+    "ray start --head --metrics-export-port=8090       # each node: the same flag on `ray start`": (
+        "tests/test_metrics.py::test_the_readme_s_scrape_runs_as_written",),
+    "make demo    # 3 brokers on a local Ray: 1,000,000 records with acks=all (send_batch of numpy/Arrow": (
+        "tests/test_cli.py::test_the_demo_checks_what_it_produced_and_consumed",
+        "tests/test_spark.py::test_make_demo_s_spark_pipeline_counts_every_click_once"),
+    "ray start --head                                   # or use an existing Ray cluster": (
+        "tests/test_cli.py::test_the_readme_s_rayk_commands_run_as_written",),
+    'rayk.connect().create_topic("events-copy", num_partitions=3)': (
+        "tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
+    "rayk_spark.stop()                                    # the session above; one with the connector:": (
+        "tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
+    "cluster = rayk.start(brokers=3, config={": (
+        "tests/test_listener_sasl.py::test_the_readme_s_sasl_setup_and_acls_run_as_written",),
+    "from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,": (
+        "tests/test_listener_sasl.py::test_the_readme_s_sasl_setup_and_acls_run_as_written",),
 }
-SPARK_PART = "spark = rayk_spark.session("  # the Ray Data block's second half, from this line
+# The Datasets block's Spark half, from this line on (tests/test_spark.py runs all of it).
+SPARK_PART = "spark = rayk_spark.session("
 
 
-def readme_blocks() -> list[tuple[str, str]]:
-    """(language, code) of every fenced block, in order."""
-    return FENCE.findall(README.read_text())
-
-
-def first_line(code: str) -> str:
-    return code.splitlines()[0].rstrip() if code.strip() else ""
-
-
-def test_every_readme_block_is_run_or_accounted_for():
+def test_every_readme_block_is_run_here_or_by_a_test_named_for_it():
     unplaced = []
     for language, code in readme_blocks():
         line = first_line(code)
-        if language in ("", "text") or line in RUN_HERE or line in NOT_RUN_HERE:
+        if language in ("", "text") or line in RUN_HERE or line in RUN_ELSEWHERE:
             continue
         unplaced.append(line)
-    assert not unplaced, f"README blocks neither run by this module nor listed in NOT_RUN_HERE: {unplaced}"
+    assert not unplaced, f"README blocks neither run by this module nor listed in RUN_ELSEWHERE: {unplaced}"
     present = {first_line(code) for _language, code in readme_blocks()}
-    assert not (set(RUN_HERE) | set(NOT_RUN_HERE)) - present, "a listed block is gone from the README"
+    assert not (set(RUN_HERE) | set(RUN_ELSEWHERE)) - present, "a listed block is gone from the README"
+    for test_id in {t for tests in RUN_ELSEWHERE.values() for t in tests}:
+        path, name = test_id.split("::")
+        assert f"def {name}(" in (README.parent / path).read_text(), f"{test_id} does not exist"
 
 
 @pytest.fixture

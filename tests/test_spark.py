@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import itertools
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -15,6 +17,7 @@ import ray
 import rayk
 from rayk import spark as rayk_spark
 from rayk.errors import InvalidConfigurationError
+from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, pid_of, release_shared_local_ray, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_test")]
@@ -73,22 +76,6 @@ def test_the_dataframe_has_spark_kafka_source_schema_and_round_trips(cluster, sp
     assert {r.timestamp.replace(tzinfo=datetime.timezone.utc) for r in rows} == {when}
     by_key = {r.key and bytes(r.key): [(h.key, h.value and bytes(h.value)) for h in r.headers] for r in rows}
     assert by_key == {b"k0": [("h", b"x")], None: [], b"k2": [("a", None)]}
-
-
-def test_a_transformed_dataframe_goes_to_another_topic(cluster, spark):
-    source, target = new_topic(cluster), new_topic(cluster, partitions=1)
-    strings = spark.createDataFrame([(f"user-{i % 3}", f"click {i}") for i in range(60)], "key string, value string")
-    assert rayk_spark.write_topic(strings, source, cluster=cluster) == 60
-    counts = (
-        rayk_spark.read_topic(spark, source, cluster=cluster)
-        .selectExpr("CAST(key AS STRING) AS user")
-        .groupBy("user")
-        .count()
-        .selectExpr("CAST(user AS BINARY) AS key", "CAST(CAST(count AS STRING) AS BINARY) AS value")
-    )
-    assert rayk_spark.write_topic(counts, target, cluster=cluster) == 3
-    got = {bytes(r.key): bytes(r.value) for r in rayk_spark.read_topic(spark, target, cluster=cluster).collect()}
-    assert got == {b"user-0": b"20", b"user-1": b"20", b"user-2": b"20"}
 
 
 def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
@@ -393,6 +380,101 @@ def check_outputs(spark, cluster, sink, work, sent):
     copied = [r.value for r in consume_all(cluster, sink)]
     assert set(copied) == set(sent), "each record at least once in the topic"
     return len(copied) - len(set(copied))
+
+
+README_DATASETS = "import ray, rayk\nfrom rayk import data as rayk_data, spark as rayk_spark"
+README_STREAMS = 'rayk.connect().create_topic("events-copy"'
+README_CONNECTOR = "rayk_spark.stop()                                    # the session above"
+
+
+@pytest.fixture
+def readme_setting(cluster, spark, tmp_path, monkeypatch):
+    """What the README's Spark examples expect to find: `rayk.connect()` is this module's
+    cluster, `rayk_spark.session` its session (a second one would not fit on 2 cores) and
+    `rayk_spark.stop` leaves it to the fixture; "events" holds 20 records on 2 partitions,
+    partition 0 has its offset 5, and two values are empty (the filter's)."""
+    monkeypatch.setattr(rayk, "connect", lambda *args, **kwargs: cluster)
+    monkeypatch.setattr(rayk_spark, "session", lambda *args, **kwargs: spark)
+    monkeypatch.setattr(rayk_spark, "stop", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    cluster.create_topic("events", num_partitions=2, replication_factor=3)
+    with cluster.producer(acks="all") as producer:
+        for i in range(20):
+            producer.send("events", b"" if i in (3, 4) else b"click %d" % i, key=b"u%d" % (i % 4), partition=i % 2)
+    return {"__name__": "readme"}
+
+
+def run_readme_block(start: str, namespace: dict, **paths: str) -> None:
+    """Runs the README block that starts with `start` in `namespace`, its absolute example
+    paths (keys) replaced by the test's own (values)."""
+    code = readme.block(start)
+    for path, here in paths.items():
+        assert path in code
+        code = code.replace(path, here)
+    exec(compile(code, f"README: {start}", "exec"), namespace)
+
+
+def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setting, tmp_path):
+    namespace = readme_setting
+    for name in ("events-clean", "shouted", "events-copy"):
+        assert name not in cluster.list_topics()
+    run_readme_block(README_DATASETS, namespace)
+    assert sum(p.high_watermark for p in cluster.describe_topic("events-clean")) == 18, "the two empty values dropped"
+    shouted = consume_all(cluster, "shouted")
+    assert sorted(bytes(r.value) for r in shouted) == sorted([b"CLICK %d" % i for i in range(20) if i not in (3, 4)] + [b""] * 2)
+
+    # The streams' block: Spark's stream is started and stopped, then Ray Data's runs (from
+    # "latest") on a thread until a batch of new records is written and `stop()` ends it.
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run_streams():
+        try:
+            run_readme_block(README_STREAMS, namespace, **{"/tmp/events/": f"{tmp_path}/events/"})
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run_streams, daemon=True).start()
+    wait_until(lambda: "stream" in namespace or done.is_set(), 60, "the Ray Data stream to start")
+    with cluster.producer(acks="all") as producer:
+        for i in range(6):
+            producer.send("events", b"late %d" % i, partition=i % 2)
+    wait_until(lambda: list(tmp_path.glob("events/*/*.parquet")) or done.is_set(), 60, "a micro-batch written")
+    namespace["stream"].stop()
+    assert done.wait(60) and not errors, errors
+    import pyarrow.parquet as pq
+
+    written = pq.read_table(next(tmp_path.glob("events/*/"))).column("value").to_pylist()
+    assert sorted(written) == [b"late %d" % i for i in range(6)]
+
+    run_readme_block(README_CONNECTOR, namespace, **{"/data/events": f"{tmp_path}/connector/events"})
+    assert namespace["df"].count() == 13 - 5 + 13, "offsets 5.. of partition 0, all of partition 1"
+    assert len(consume_all(cluster, "shouted")) == 20 + 21
+    query = namespace["query"]  # from "latest", Spark's default for streams
+    try:
+        query.processAllAvailable()
+        with cluster.producer(acks="all") as producer:
+            for i in range(4):
+                producer.send("events", b"streamed %d" % i)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    streamed = spark.read.parquet(f"{tmp_path}/connector/events").collect()
+    assert sorted(bytes(r.value) for r in streamed) == [b"streamed %d" % i for i in range(4)]
+
+
+def test_make_demo_s_spark_pipeline_counts_every_click_once(cluster, spark, capsys):
+    """`make demo`'s second half, examples/spark_pipeline.py, on this module's session and
+    cluster with fewer events (its first half, `rayk demo`, runs in tests/test_cli.py)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline.py"
+    spec = importlib.util.spec_from_file_location("spark_pipeline", path)
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    pipeline.run_pipeline(spark, cluster, "clicks", "clicks-per-user", events=2000, users=5, stream_events=1000)
+    said = capsys.readouterr().out
+    assert "pipeline check passed" in said and "stream check passed" in said
 
 
 def test_a_structured_streaming_query_stopped_mid_stream_resumes_from_its_checkpoint(cluster, spark, tmp_path):

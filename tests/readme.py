@@ -1,0 +1,48 @@
+"""README.md's fenced blocks, for the tests that run them as written: tests/test_readme.py
+runs the Python examples that need only a cluster, and the modules whose setting a block
+needs run the others (a Spark session, certificates, the `rayk` command, Ray's metrics
+port). Each block is found by its first line."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(language, code) of every fenced block, in order."""
+    return FENCE.findall(README.read_text())
+
+
+def first_line(code: str) -> str:
+    return code.splitlines()[0].rstrip() if code.strip() else ""
+
+
+def block(start: str) -> str:
+    """The code of the one block that starts with `start`."""
+    found = [code for _language, code in readme_blocks() if code.startswith(start)]
+    assert len(found) == 1, f"{len(found)} README blocks start with {start!r}"
+    return found[0]
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """The commands of a bash block as argument lists: comments dropped, `;` separating
+    commands, a pipe kept as the token "|"."""
+    commands: list[list[str]] = []
+    for line in code.splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";|")
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        command: list[str] = []
+        for token in lexer:
+            if token == ";":
+                commands.append(command)
+                command = []
+            else:
+                command.append(token)
+        if command:
+            commands.append(command)
+    return [c for c in commands if c]
