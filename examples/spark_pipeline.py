@@ -74,9 +74,9 @@ def aggregate(spark, cluster, source: str, target: str) -> int:
 
 
 def print_results(cluster, topic: str, expected: int, events: int) -> None:
-    # The cluster's first group creates __consumer_offsets (50 partitions, 150 replica
-    # actors), which takes ~10 s on two cores; consumer_timeout_ms counts from the start
-    # of iteration, joining included, as in kafka-python.
+    # The cluster's first group creates __consumer_offsets (3 partitions, 9 replica actors,
+    # each a process), which takes some seconds on two cores; consumer_timeout_ms counts
+    # from the start of iteration, joining included, as in kafka-python.
     consumer = cluster.consumer(
         topic, group_id="click-report", auto_offset_reset="earliest", consumer_timeout_ms=60_000,
         value_deserializer=lambda b: json.loads(b),
