@@ -37,8 +37,11 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def spark(cluster):
     # With Spark's own Kafka connector (format("kafka")): one session serves both paths.
+    # A task is tried twice, not Spark's 4 times: the retry test needs one retry, and a
+    # write that must fail (NOT_ENOUGH_REPLICAS) fails in half the time.
     session = rayk_spark.session(
-        "rayk-tests", executors=1, executor_cores=1, executor_memory="1g", kafka_connector=True
+        "rayk-tests", executors=1, executor_cores=1, executor_memory="1g", kafka_connector=True,
+        configs={"spark.task.maxFailures": "2"},
     )
     yield session
     rayk_spark.stop()
