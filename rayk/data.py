@@ -33,14 +33,15 @@ The tasks' sizes on disk are the datasource's in-memory size estimate; their row
 are left unknown (None), since a compacted partition holds fewer records than offsets and
 Ray Data answers `count()` from known row counts without reading.
 
-Placement: Ray Data (2.60) gives every read task of a Dataset the same Ray options (a
-Read operator has one `ray_remote_args`, and no hook per task), so a task cannot be sent
-to the node of its own partition's leader, as the reads before the datasource did. When
-the leaders of all the ranges are on one node of a multi-node cluster, the read tasks get
-soft node affinity to that node (and so do the operators Ray Data fuses into them);
-otherwise Ray Data places them (SPREAD) and each fetches from its leader over the data
-plane. `ray_remote_args` (num_cpus, memory, resources, runtime_env, scheduling_strategy,
-...) and `concurrency` (the most read tasks at a time) go to Ray Data for every read task.
+Placement: each read task runs on the node of its partition's leader (soft node affinity:
+elsewhere if that node is gone), and fetches from it over the data plane. Ray Data (2.60)
+gives every read task of a Dataset the same Ray options (a Read operator has one
+`ray_remote_args`, and no hook per task), so the tasks are read per node, each read with
+that node's affinity, and the reads joined with `union` (lazy: nothing runs until the
+Dataset does). `ray_remote_args` (num_cpus, memory, resources, runtime_env, ...) go to
+every read task; a `scheduling_strategy` or `label_selector` there, or a `concurrency`
+(the most read tasks at a time, which would count per node), makes it one read placed by
+Ray Data instead.
 
 `stream_topic(topic, group_id)` reads the topic as a stream of Datasets, one per
 micro-batch of the records that arrived since the last one, each a TopicDatasource of
@@ -63,6 +64,7 @@ rows is 200 blocks: written one task per block, they took 7.8 s instead of 0.45 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -274,16 +276,26 @@ class TopicDatasource(Datasource):
             return None
         return round(sum(r.size * self._bytes_per_record[r.partition] for r in ranges))
 
-    def leader_node_options(self) -> dict[str, Any]:
-        """Ray options for the read tasks: soft node affinity to the node of the ranges'
-        leaders when it is one node of a multi-node cluster, else none (Ray Data 2.60
-        takes one set of options for all the read tasks of a Dataset)."""
+    def by_leader_node(self) -> list[tuple[dict[str, Any], TopicDatasource]]:
+        """The tasks grouped by where they should run: (Ray options, a datasource of those
+        tasks) per node that leads the largest range of a task, with soft affinity to that
+        node. One group without options on a one-node cluster, and for tasks whose leader's
+        node is not known."""
+        if len(self.tasks) < 2 or sum(node["Alive"] for node in ray.nodes()) < 2:
+            return [({}, self)]
         on_leader = leader_node_affinity(self._cluster)
-        options = [on_leader(r) for ranges in self.tasks for r in ranges]
-        nodes = {o["scheduling_strategy"].node_id if o else None for o in options}
-        if len(nodes) != 1 or None in nodes or sum(node["Alive"] for node in ray.nodes()) < 2:
-            return {}
-        return options[0]
+        groups: dict[str | None, tuple[dict[str, Any], list[list[OffsetRange]]]] = {}
+        for ranges in self.tasks:
+            options = on_leader(max(ranges, key=lambda r: r.size)) if ranges else {}
+            node_id = options["scheduling_strategy"].node_id if options else None
+            groups.setdefault(node_id, (options, []))[1].append(ranges)
+        return [(options, self._of_tasks(tasks)) for options, tasks in groups.values()]
+
+    def _of_tasks(self, tasks: list[list[OffsetRange]]) -> TopicDatasource:
+        """This datasource with only `tasks` (some of its own)."""
+        part = copy.copy(self)
+        part.tasks = tasks
+        return part
 
 
 def cut_into_tasks(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
@@ -367,15 +379,24 @@ def _check_task_options(ray_remote_args: dict[str, Any] | None, concurrency: int
 def _dataset(source: TopicDatasource, ray_remote_args: dict[str, Any] | None = None,
              concurrency: int | None = None) -> ray.data.Dataset:  # fmt: skip
     """`source` as a Dataset of a block per task: Ray Data is given their number as the
-    read's parallelism (left to pick one, it cuts each task's table into several blocks)."""
+    read's parallelism (left to pick one, it cuts each task's table into several blocks).
+    Each task runs on the node of its leader (soft affinity): Ray Data 2.60 takes one set
+    of options for all the tasks of a read, so the tasks are read per node and the reads
+    joined (`union`, lazy as a read). Not when the caller places the tasks
+    (`scheduling_strategy`, `label_selector`) or bounds their `concurrency`, which would
+    then count per node."""
     remote_args = dict(ray_remote_args or {})
-    if "scheduling_strategy" not in remote_args and "label_selector" not in remote_args:
-        remote_args.update(source.leader_node_options())
     named = {name: remote_args.pop(name) for name in NAMED_REMOTE_ARGS if name in remote_args}
-    return ray.data.read_datasource(
-        source, override_num_blocks=len(source.tasks), concurrency=concurrency, ray_remote_args=remote_args or None,
-        **named,
-    )  # fmt: skip
+    placed_by_caller = "scheduling_strategy" in remote_args or "label_selector" in remote_args
+    parts = [({}, source)] if placed_by_caller or concurrency is not None else source.by_leader_node()
+    reads = [
+        ray.data.read_datasource(
+            part, override_num_blocks=len(part.tasks), concurrency=concurrency,
+            ray_remote_args={**remote_args, **options} or None, **named,
+        )
+        for options, part in parts
+    ]  # fmt: skip
+    return reads[0].union(*reads[1:]) if len(reads) > 1 else reads[0]
 
 
 class TopicStream:

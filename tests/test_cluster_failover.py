@@ -65,9 +65,26 @@ def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_c
         on_leader = rayk_data.leader_node_affinity(c)
         for r in ranges:
             assert ray.get(node_id_here.options(**on_leader(r)).remote()) == node_of[r.leader]
-        assert sorted(int(v) for v in rayk_data.read_topic("spread", cluster=c).to_pandas()["value"]) == list(range(30))
+        # Ray Data gives all the tasks of one read the same options: a read per leader node.
+        ds = rayk_data.read_topic("spread", cluster=c)
+        placed = {
+            read.ray_remote_args["scheduling_strategy"].node_id: {r.leader for t in read.datasource.tasks for r in t}
+            for read in read_operators(ds._logical_plan.dag)
+        }
+        assert placed == {node: {broker} for broker, node in node_of.items()}, "each task with its leader"
+        assert sorted(int(v) for v in ds.to_pandas()["value"]) == list(range(30))
+        # A concurrency would count per node: one read, placed by Ray Data.
+        [capped] = read_operators(rayk_data.read_topic("spread", cluster=c, concurrency=1)._logical_plan.dag)
+        assert capped.ray_remote_args.get("scheduling_strategy") in (None, "SPREAD"), "Ray Data's placement"
     finally:
         c.shutdown()
+
+
+def read_operators(op) -> list:
+    """The Read operators of a Dataset's logical plan."""
+    if type(op).__name__ == "Read":
+        return [op]
+    return [read for dependency in op.input_dependencies for read in read_operators(dependency)]
 
 
 def plain_tcp_greeting(host: str, port: int) -> bytes:
