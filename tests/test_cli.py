@@ -406,7 +406,8 @@ def test_the_readme_s_rayk_commands_run_as_written(run, run_subprocess, tmp_path
     started them), the others in this one."""
     monkeypatch.chdir(tmp_path)
     [ray_start, *commands] = readme.shell_commands(readme.block(README_COMMANDS))
-    assert ray_start[:2] == ["ray", "start"] and commands[0][:2] == ["rayk", "start"] and commands[-1] == ["rayk", "stop"]
+    assert ray_start[:2] == ["ray", "start"]
+    assert commands[0][:2] == ["rayk", "start"] and commands[-1] == ["rayk", "stop"]
     outputs, stopped = [], False
     try:
         for command in commands:

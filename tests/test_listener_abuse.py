@@ -1,5 +1,5 @@
 """Abuse of a running broker's Kafka listener, while a normal producer and consumer work:
-1,000 connections from one address are cut at max.connections.per.ip; a Fetch naming
+500 connections from one address are cut at max.connections.per.ip; a Fetch naming
 one partition 1,000 times with a one-hour max wait is refused at once; a CreateTopics of
 100,000 partitions is a POLICY_VIOLATION (the replica cap derived from this node's
 memory); the normal clients keep producing and consuming meanwhile. Then the connections
@@ -143,14 +143,14 @@ def test_abuse_is_refused_while_normal_clients_keep_working(cluster):
         wait_until(lambda: len(steady.consumed) > 100, 60, "the steady clients running")
         acked_before = len(steady.acked)
 
-        # 1,000 connections from one address, 100 at a time: the broker holds at most PER_IP
+        # 500 connections from one address, 100 at a time: the broker holds at most PER_IP
         # of them at any moment and closes the rest at once (or, later, once idle).
         flood: list[socket.socket] = []
-        for _ in range(10):
+        for _ in range(5):
             flood += attacker_connections(address, 100)
             wait_until(lambda: len(closed(flood)) + attacker_held(listener) == len(flood), 30, "every connection sorted")
             assert attacker_held(listener) <= PER_IP
-        assert len(closed(flood)) >= 1000 - PER_IP
+        assert len(closed(flood)) >= 500 - PER_IP
 
         # A fetch naming one partition 1,000 times, waiting an hour: refused at once.
         fetch = RawConnection(address)

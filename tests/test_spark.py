@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 
@@ -38,10 +40,11 @@ def cluster(tmp_path_factory):
 def spark(cluster):
     # With Spark's own Kafka connector (format("kafka")): one session serves both paths.
     # A task is tried twice, not Spark's 4 times: the retry test needs one retry, and a
-    # write that must fail (NOT_ENOUGH_REPLICAS) fails in half the time.
+    # write that must fail (NOT_ENOUGH_REPLICAS) fails in half the time. A shuffle makes 2
+    # partitions, not 200: the tests' aggregations are small, and there is one core.
     session = rayk_spark.session(
         "rayk-tests", executors=1, executor_cores=1, executor_memory="1g", kafka_connector=True,
-        configs={"spark.task.maxFailures": "2"},
+        configs={"spark.task.maxFailures": "2", "spark.sql.shuffle.partitions": "2"},
     )
     yield session
     rayk_spark.stop()
@@ -424,7 +427,8 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
     run_readme_block(README_DATASETS, namespace)
     assert sum(p.high_watermark for p in cluster.describe_topic("events-clean")) == 18, "the two empty values dropped"
     shouted = consume_all(cluster, "shouted")
-    assert sorted(bytes(r.value) for r in shouted) == sorted([b"CLICK %d" % i for i in range(20) if i not in (3, 4)] + [b""] * 2)
+    expected = [b"CLICK %d" % i for i in range(20) if i not in (3, 4)] + [b""] * 2  # upper() of every value
+    assert sorted(bytes(r.value) for r in shouted) == sorted(expected)
 
     # The streams' block: Spark's stream is started and stopped, then Ray Data's runs (from
     # "latest") on a thread until a batch of new records is written and `stop()` ends it.
@@ -444,13 +448,18 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
     with cluster.producer(acks="all") as producer:
         for i in range(6):
             producer.send("events", b"late %d" % i, partition=i % 2)
-    wait_until(lambda: list(tmp_path.glob("events/*/*.parquet")) or done.is_set(), 60, "a micro-batch written")
+
+    def written() -> list[bytes]:  # by the batches so far (one, or more if a trigger fell among the sends)
+        try:
+            tables = [pq.read_table(batch) for batch in tmp_path.glob("events/*/")]
+        except (OSError, pa.ArrowInvalid):  # a file being written
+            return []
+        return [v for t in tables if "value" in t.column_names for v in t.column("value").to_pylist()]
+
+    wait_until(lambda: len(written()) == 6 or done.is_set(), 60, "the new records written by the micro-batches")
     namespace["stream"].stop()
     assert done.wait(60) and not errors, errors
-    import pyarrow.parquet as pq
-
-    written = pq.read_table(next(tmp_path.glob("events/*/"))).column("value").to_pylist()
-    assert sorted(written) == [b"late %d" % i for i in range(6)]
+    assert sorted(written()) == [b"late %d" % i for i in range(6)]
 
     run_readme_block(README_CONNECTOR, namespace, **{"/data/events": f"{tmp_path}/connector/events"})
     assert namespace["df"].count() == 13 - 5 + 13, "offsets 5.. of partition 0, all of partition 1"
