@@ -29,6 +29,16 @@ def block(start: str) -> str:
     return found[0]
 
 
+def run(start: str, namespace: dict, replacements: dict[str, str] | None = None) -> None:
+    """Runs the Python block that starts with `start` in `namespace`, with each key of
+    `replacements` (what points outside the test: a path, a port) replaced by its value."""
+    code = block(start)
+    for written, here in (replacements or {}).items():
+        assert written in code, f"{written!r} is not in the block"
+        code = code.replace(written, here)
+    exec(compile(code, f"README: {first_line(code)}", "exec"), namespace)
+
+
 def shell_commands(code: str) -> list[list[str]]:
     """The commands of a bash block as argument lists: comments dropped, `;` separating
     commands, a pipe kept as the token "|"."""

@@ -243,6 +243,7 @@ def test_the_readme_s_sasl_setup_and_acls_run_as_written(tls, tmp_path, monkeypa
     for the client's "ca.pem"), the listeners bind loopback on free ports, and `rayk.start`
     gets the tests' timeouts and a namespace of its own. alice then writes to the topic she
     was granted, and to no other."""
+    shared_local_ray()
     certificates = Path(tls.truststore).parent
     monkeypatch.chdir(certificates)
     start, started = rayk.start, []
@@ -256,12 +257,8 @@ def test_the_readme_s_sasl_setup_and_acls_run_as_written(tls, tmp_path, monkeypa
     here = {"127.0.0.1:9092": "127.0.0.1:0", "0.0.0.0:9192": "127.0.0.1:0", "/etc/rayk/": f"{certificates}/"}
     namespace = {"__name__": "readme", "rayk": rayk}
     try:
-        for start_of_block, paths in ((README_SETUP, here), (README_ACLS, {})):
-            code = readme.block(start_of_block)
-            for path, replacement in paths.items():
-                assert path in code
-                code = code.replace(path, replacement)
-            exec(compile(code, f"README: {start_of_block}", "exec"), namespace)
+        readme.run(README_SETUP, namespace, here)
+        readme.run(README_ACLS, namespace)
         cluster = namespace["cluster"]
         for topic in ("orders", "payroll"):
             cluster.create_topic(topic, num_partitions=1, replication_factor=3)

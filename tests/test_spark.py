@@ -410,21 +410,11 @@ def readme_setting(cluster, spark, tmp_path, monkeypatch):
     return {"__name__": "readme"}
 
 
-def run_readme_block(start: str, namespace: dict, **paths: str) -> None:
-    """Runs the README block that starts with `start` in `namespace`, its absolute example
-    paths (keys) replaced by the test's own (values)."""
-    code = readme.block(start)
-    for path, here in paths.items():
-        assert path in code
-        code = code.replace(path, here)
-    exec(compile(code, f"README: {start}", "exec"), namespace)
-
-
 def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setting, tmp_path):
     namespace = readme_setting
     for name in ("events-clean", "shouted", "events-copy"):
         assert name not in cluster.list_topics()
-    run_readme_block(README_DATASETS, namespace)
+    readme.run(README_DATASETS, namespace)
     assert sum(p.high_watermark for p in cluster.describe_topic("events-clean")) == 18, "the two empty values dropped"
     shouted = consume_all(cluster, "shouted")
     expected = [b"CLICK %d" % i for i in range(20) if i not in (3, 4)] + [b""] * 2  # upper() of every value
@@ -437,7 +427,7 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
 
     def run_streams():
         try:
-            run_readme_block(README_STREAMS, namespace, **{"/tmp/events/": f"{tmp_path}/events/"})
+            readme.run(README_STREAMS, namespace, {"/tmp/events/": f"{tmp_path}/events/"})
         except BaseException as e:  # noqa: BLE001 - reported by the test's thread
             errors.append(e)
         finally:
@@ -461,7 +451,7 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
     assert done.wait(60) and not errors, errors
     assert sorted(written()) == [b"late %d" % i for i in range(6)]
 
-    run_readme_block(README_CONNECTOR, namespace, **{"/data/events": f"{tmp_path}/connector/events"})
+    readme.run(README_CONNECTOR, namespace, {"/data/events": f"{tmp_path}/connector/events"})
     assert namespace["df"].count() == 13 - 5 + 13, "offsets 5.. of partition 0, all of partition 1"
     assert len(consume_all(cluster, "shouted")) == 20 + 21
     query = namespace["query"]  # from "latest", Spark's default for streams
