@@ -6,6 +6,12 @@ head, which stops every Ray process it can see; so the sshd, and everything star
 it, runs in a PID namespace of its own (`unshare --pid --mount-proc`): that `ray stop` sees
 only the test cluster's processes. Ending the namespace's first process ends them all.
 
+The node's Python comes with rayk's dependencies already, as a cluster's machine image
+would: its ~/rayk-venv sees this environment's site-packages (as tests/test_packaging.py's
+fresh venv does), so `setup_commands` run as written but their `pip install -e ~/rayk` finds
+Ray, pyarrow and the rest installed and builds only rayk. Installing them all into an empty
+venv took ~30 s of the test, and test_packaging already checks what pip would install.
+
 Needs root (for the namespace), sshd, rsync and nc; `.ci/run` installs the last three.
 """
 
@@ -17,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -76,6 +83,21 @@ def _pip_cache_dir() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def _node_venv_with_this_environment(home: Path, python_dir: Path) -> None:
+    """~/rayk-venv on the node: a venv of the node's Python 3.11 whose site-packages also
+    hold this environment's (a .pth line), with Ray's `ray` command, which
+    clusters/local.yaml's start commands run from it. `setup_commands` keep it (`test -x`)."""
+    venv = home / "rayk-venv"
+    subprocess.run([str(python_dir / "python3.11"), "-m", "venv", str(venv)], check=True, timeout=120)
+    (site_packages,) = (venv / "lib").glob("python3.*/site-packages")
+    (site_packages / "this_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ray_command = venv / "bin" / "ray"
+    ray_command.write_text(
+        f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n"
+    )
+    ray_command.chmod(0o755)
+
+
 @pytest.fixture
 def sshd_in_own_pid_namespace(tmp_path):
     """An sshd on 127.0.0.1:<free port> accepting a throwaway key for this user, whose
@@ -90,6 +112,7 @@ def sshd_in_own_pid_namespace(tmp_path):
     home.mkdir()
     python_dir = Path(os.path.realpath(sys.executable)).parent
     (home / ".bashrc").write_text(f"export PATH={python_dir}:$PATH\n")  # the node's Python 3.11
+    _node_venv_with_this_environment(home, python_dir)
     for key in ("host_key", "client_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / key)], check=True)
     shutil.copy(tmp_path / "client_key.pub", tmp_path / "authorized_keys")
