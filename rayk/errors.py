@@ -345,6 +345,13 @@ class InvalidProducerEpochError(KafkaError):
     code, name = 47, "INVALID_PRODUCER_EPOCH"
 
 
+class TransactionCoordinatorFencedError(KafkaError):
+    """A transaction marker from a coordinator older (lower coordinator epoch) than one
+    whose marker the partition already took: a zombie coordinator."""
+
+    code, name = 52, "TRANSACTION_COORDINATOR_FENCED"
+
+
 class FencedInstanceIdError(KafkaError):
     """Another instance with this one's identity took over (Kafka: a static member's
     group.instance.id; rayk also: a stream whose group another stream committed to)."""

@@ -102,7 +102,8 @@ def test_close_snapshots_the_state_at_the_leo_and_reopen_loads_it(tmp_path):
     planted = ProducerStateManager()
     planted.record(9, 1, BatchMetadata(0, 2, 0, 2, 7))
     producer_snapshot.write(tmp_path, 3, planted)
-    assert Log(tmp_path).producer_state == planted
+    # With its HW (as a replica opens it): a snapshot at or below the HW is one to trust.
+    assert Log(tmp_path, high_watermark=3).producer_state == planted
 
 
 def test_a_damaged_snapshot_is_deleted_and_an_older_one_is_used(tmp_path):
@@ -116,7 +117,7 @@ def test_a_damaged_snapshot_is_deleted_and_an_older_one_is_used(tmp_path):
     raw = bytearray(newest.read_bytes())
     raw[-3] ^= 0x10
     newest.write_bytes(bytes(raw))
-    reopened = Log(tmp_path)
+    reopened = Log(tmp_path, high_watermark=4)
     assert reopened.producer_state == state, "snapshot at 2 plus the batch at 2..3"
     assert not newest.exists()
 
@@ -129,7 +130,7 @@ def test_with_every_snapshot_damaged_the_state_comes_from_the_whole_log(tmp_path
     log.close()
     for path in tmp_path.glob("*.snapshot"):
         path.write_bytes(b"\x00\x01garbage")
-    assert Log(tmp_path, LogConfig(segment_bytes=300)).producer_state == state
+    assert Log(tmp_path, LogConfig(segment_bytes=300), high_watermark=20).producer_state == state
     assert snapshot_names(tmp_path) == []
 
 
@@ -160,7 +161,7 @@ def test_snapshots_above_the_leo_are_deleted_when_a_crash_tore_the_tail(tmp_path
 
 def test_stray_snapshots_from_earlier_clean_shutdowns_are_pruned_on_open(tmp_path):
     for seq in range(3):  # three clean restarts inside one segment
-        log = Log(tmp_path)
+        log = Log(tmp_path, high_watermark=2 * seq)
         log.append_as_leader(idempotent_batch(1, 2 * seq), leader_epoch=0)
         log.close()
     assert snapshot_names(tmp_path) == ["00000000000000000004.snapshot", "00000000000000000006.snapshot"]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rayk.errors import KafkaStorageError
 from rayk.storage import producer_snapshot
-from rayk.storage.producer_state import BATCHES_REMEMBERED, BatchMetadata, ProducerStateManager
+from rayk.storage.producer_state import BATCHES_REMEMBERED, BatchMetadata, ProducerEntry, ProducerStateManager
 
 INT16 = (-(1 << 15), (1 << 15) - 1)
 INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -43,13 +43,22 @@ def states(draw) -> ProducerStateManager:
     for pid in producer_ids:
         epoch = draw(st.integers(*INT16))
         sequence = draw(st.integers(INT32[0], INT32[1]))
-        for _ in range(draw(st.integers(1, BATCHES_REMEMBERED + 2))):
+        # Zero batches: a producer a marker gave a new epoch, or whose batches retention took.
+        for _ in range(draw(st.integers(0, BATCHES_REMEMBERED + 2))):
             count = draw(st.integers(1, 1000))
             offset += draw(st.integers(0, 50))
             ts = draw(st.integers(*INT64))
             state.record(pid, epoch, BatchMetadata(sequence, sequence + count - 1, offset, offset + count - 1, ts))
             sequence = min(sequence + count, INT32[1])
             offset += count
+        entry = state.producers.setdefault(pid, ProducerEntry(epoch))
+        entry.coordinator_epoch = draw(st.integers(-1, INT32[1]))
+        if draw(st.booleans()):  # an open transaction, from one of its batches (or from one retention took)
+            if entry.batches:
+                state.restore_open_txn(pid, draw(st.sampled_from([b.first_offset for b in entry.batches])))
+            else:
+                state.restore_open_txn(pid, offset)
+                offset += 1
     return state
 
 
@@ -169,7 +178,9 @@ def test_contents_rayks_writer_cannot_produce_are_rejected_although_the_crc_matc
 
 def test_a_kafka_written_snapshot_with_one_entry_per_producer_is_read():
     data = file_bytes([(3, 1, 9, 40, 4, 77, 5, -1), (4, 0, 0, 45, 0, 78, -1, -1)])
-    assert producer_snapshot.decode(data) == state_of((3, 1, 5, 36, 5, 77), (4, 0, 0, 45, 1, 78))
+    expected = state_of((3, 1, 5, 36, 5, 77), (4, 0, 0, 45, 1, 78))
+    expected.producers[3].coordinator_epoch = 5
+    assert producer_snapshot.decode(data) == expected
 
 
 # ---------------------------------------------------------------------- files

@@ -30,6 +30,18 @@ there is none); a damaged snapshot is deleted and an older one tried. Retention 
 the snapshots and the producer batches below the new log start, so the state always
 equals what the remaining log's batches say.
 
+Transactions (KIP-98; the coordinator's side is not built yet): the producer state also
+tracks each producer's open transaction. A marker (a control batch, control_records.py)
+ends it; an ABORT also goes into the active segment's transaction index (`.txnindex`,
+transaction_index.py). `last_stable_offset` (LSO) is the HW, or the first offset of the
+earliest transaction still open or whose marker is not below the HW, if that is lower;
+a `read_committed` fetch reads below it and asks `aborted_transactions` for the aborted
+ones of the range it read. `append_txn_marker` is how a leader writes a coordinator's
+marker. Recovery rebuilds the transaction index of every re-read segment that holds a
+marker (and of any segment whose index file is damaged) by replaying the producer state
+up to it; the producer state is rebuilt from a snapshot at or below the HW, so that the
+transactions whose markers are not yet below the HW are known to be unstable.
+
 Compaction (cleanup.policy compact; the cleaning itself is `log_cleaner.py`): the log
 keeps the cleaner's checkpoint, `cleaner_offset` (Kafka's first dirty offset: below it
 the log is cleaned), and swaps cleaned segments in with Kafka's file protocol (see
@@ -63,15 +75,19 @@ from pathlib import Path
 
 from rayk.errors import (
     FencedLeaderEpochError,
+    KafkaError,
     InvalidFetchSizeError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     KafkaStorageError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
+    TransactionCoordinatorFencedError,
     UnexpectedAppendOffsetError,
 )
 from rayk.storage import producer_snapshot
+from rayk.storage.control_records import EndTxnMarker, build_end_txn_marker, read_end_txn_marker
 from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 from rayk.storage.dir_lock import DirLock
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
@@ -86,15 +102,16 @@ from rayk.storage.records import (
     set_log_append_time,
     validate_batches,
 )
-from rayk.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment
+from rayk.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment
 from rayk.storage.segment_flusher import SegmentFlusher
+from rayk.storage.transaction_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 CLEANED_SUFFIX = ".cleaned"  # a segment the cleaner is writing
 SWAP_SUFFIX = ".swap"  # a cleaned segment committed to replace the segments it covers
-_TEMPORARY_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)\.(cleaned|swap)$")
+_TEMPORARY_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)\.(cleaned|swap)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +136,7 @@ class ReadResult:
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+    last_stable_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +207,7 @@ class Log:
         self._segments: list[LogSegment] = []
         self._base_offsets: list[int] = []
         self.truncated_on_recovery_bytes = 0
-        self._load(recovery_point, cleaner_offset or 0)
+        txn_index_from = self._load(recovery_point, cleaner_offset or 0)
         self._log_end_offset = self._segments[-1].next_offset()
         first_base = self._segments[0].base_offset
         self._log_start_offset = min(max(log_start_offset or 0, first_base), self._log_end_offset)
@@ -201,7 +219,7 @@ class Log:
         self._last_flush_ms = clock_ms()
         self.leader_epoch_cache.truncate_from_end(self._log_end_offset)
         self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
-        self._rebuild_producer_state()
+        self._rebuild_producer_state(txn_index_from)
 
     # ------------------------------------------------------------------ loading
 
@@ -233,7 +251,9 @@ class Log:
             swap.close()
             logger.warning("%s: finished an interrupted clean: segment %d swapped in", self.dir_path, base)
 
-    def _load(self, recovery_point: int | None, cleaner_offset: int) -> None:
+    def _load(self, recovery_point: int | None, cleaner_offset: int) -> int | None:
+        """Opens and recovers the segments; returns the base offset from which their
+        transaction indexes must be rebuilt (None: none must)."""
         self._finish_interrupted_cleaning()
         bases: set[int] = set()
         for path in self.dir_path.iterdir():
@@ -248,25 +268,38 @@ class Log:
             self._add_segment(LogSegment(self.dir_path, base, self.config, active=False))
         if not self._segments:
             self._add_segment(LogSegment(self.dir_path, 0, self.config, active=True))
-            return
+            return None
         first_to_recover = len(self._segments) - 1
         if recovery_point is not None:
             first_to_recover = min(first_to_recover, max(bisect.bisect_right(self._base_offsets, recovery_point) - 1, 0))
         rescanned_from = self._segments[first_to_recover].base_offset
         epochs_found: list[EpochEntry] = []  # (epoch, first offset) where the re-read batches' epoch changes
+        txn_index_from: int | None = None  # the first segment whose transaction index is rebuilt
+        marker_seen = False
 
         def note_epoch(header: BatchHeader) -> None:
+            nonlocal marker_seen
             epoch = header.partition_leader_epoch
             if epoch >= 0 and (not epochs_found or epochs_found[-1].epoch != epoch):
                 epochs_found.append(EpochEntry(epoch, header.base_offset))
+            marker_seen = marker_seen or header.is_control
 
         for segment in self._segments[:first_to_recover]:
             if segment.load() is not None:
                 segment.recover(note_epoch)  # index missing or insane: rebuild it from the .log
                 segment.on_roll()
+            if segment.txn_index.problem is not None and txn_index_from is None:
+                logger.warning("%s: rebuilding the transaction index of segment %d: %s",
+                               self.dir_path, segment.base_offset, segment.txn_index.problem)  # fmt: skip
+                txn_index_from = segment.base_offset
         for i in range(first_to_recover, len(self._segments)):
             segment = self._segments[i]
+            marker_seen = False
             truncated = segment.recover(note_epoch)
+            if marker_seen or segment.txn_index.problem is not None:
+                txn_index_from = segment.base_offset if txn_index_from is None else txn_index_from
+            elif txn_index_from is None:
+                segment.txn_index.reset()  # no marker: no aborted transaction ends here
             self.truncated_on_recovery_bytes += truncated
             following = self._segments[i + 1 :]
             # A gap is compaction's doing; an overlap means the next segment cannot be trusted.
@@ -285,16 +318,22 @@ class Log:
         # A checkpoint lost or left stale by a crash is brought forward from the batches;
         # the constructor then cuts it at the (possibly truncated) LEO.
         self.leader_epoch_cache.recover(rescanned_from, epochs_found, compacted_below_offset=cleaner_offset)
+        return txn_index_from
 
-    def _rebuild_producer_state(self) -> None:
-        """Producer state from the newest valid snapshot in [log start, LEO] plus the batches
-        after it (Kafka's UnifiedLog.loadProducerState). Snapshots outside that range, damaged
-        ones, and strays that are neither a segment's base nor the one loaded are deleted."""
+    def _rebuild_producer_state(self, txn_index_from: int | None = None) -> None:
+        """Producer state from the newest valid snapshot in [log start, min(LEO, HW)] plus
+        the batches after it (Kafka's UnifiedLog.loadProducerState); starting at or below
+        the HW, the replay sees every marker the HW has not passed. Snapshots outside
+        [log start, LEO], damaged ones, and strays below the one loaded that are not a
+        segment's base are deleted. Segments from `txn_index_from` on have their
+        transaction index written again by the replay (the snapshot is then taken at or
+        below it)."""
         start, leo = self._log_start_offset, self._log_end_offset
+        limit = min(leo, self._high_watermark if txn_index_from is None else min(self._high_watermark, txn_index_from))
         offsets = producer_snapshot.snapshot_offsets(self.dir_path)
         doomed = [o for o in offsets if not start <= o <= leo]
         loaded, replay_from = ProducerStateManager(), start
-        for offset in reversed([o for o in offsets if start <= o <= leo]):
+        for offset in reversed([o for o in offsets if start <= o <= limit]):
             try:
                 state = producer_snapshot.read(self.dir_path, offset)
                 if any(b.last_offset >= offset for e in state.producers.values() for b in e.batches):
@@ -312,10 +351,35 @@ class Log:
         if replay_from < leo:
             first = max(bisect.bisect_right(self._base_offsets, replay_from) - 1, 0)
             for segment in self._segments[first:]:
-                for header in segment.batch_headers(replay_from):
-                    if header.producer_id >= 0:
+                indexed = txn_index_from is not None and segment.base_offset >= txn_index_from
+                if indexed:
+                    segment.txn_index.reset()
+                for location in segment.batch_locations(replay_from):
+                    header = location.header
+                    if header.producer_id < 0:
+                        continue
+                    if not header.is_control:
                         loaded.record_batch(header)
-        self.producer_state.producers = loaded.producers
+                        continue
+                    try:
+                        marker = read_end_txn_marker(segment.read_batch(location))
+                    except KafkaError as e:  # CRC-valid but not a control record: not a marker
+                        logger.warning("%s: control batch at %d: %s", self.dir_path, header.base_offset, e)
+                        continue
+                    if marker is not None:
+                        self._complete_txn(loaded, header, marker, segment if indexed else None)
+        self.producer_state.replace_with(loaded)
+        self.producer_state.on_high_watermark_updated(self._high_watermark)
+
+    def _complete_txn(
+        self, state: ProducerStateManager, header: BatchHeader, marker: EndTxnMarker, segment: LogSegment | None
+    ) -> None:
+        """A marker ends its producer's transaction; an abort is indexed in `segment`."""
+        txn = state.complete_txn(header, marker.commit, marker.coordinator_epoch)
+        if txn.is_aborted and segment is not None:
+            segment.txn_index.append(
+                AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, state.last_stable_offset_after(txn))
+            )
 
     def _add_segment(self, segment: LogSegment) -> None:
         assert not self._base_offsets or segment.base_offset > self._base_offsets[-1]
@@ -349,6 +413,18 @@ class Log:
                     f"high watermark {offset} outside [log start {self._log_start_offset}, LEO {self._log_end_offset}]"
                 )
             self._high_watermark = offset
+            self.producer_state.on_high_watermark_updated(offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO: a `read_committed` consumer reads below it (see the module docstring)."""
+        with self._lock:
+            return self._last_stable_offset()
+
+    def _last_stable_offset(self) -> int:
+        first_unstable = self.producer_state.first_unstable_offset()
+        lso = self._high_watermark if first_unstable is None else min(first_unstable, self._high_watermark)
+        return max(lso, self._log_start_offset)  # an open transaction retention cut into
 
     @property
     def cleaner_offset(self) -> int:
@@ -387,17 +463,21 @@ class Log:
 
     # ------------------------------------------------------------------ append
 
-    def append_as_leader(self, records: bytes | bytearray | memoryview, leader_epoch: int) -> LogAppendInfo:
+    def append_as_leader(
+        self, records: bytes | bytearray | memoryview, leader_epoch: int, *, allow_transactional: bool = False
+    ) -> LogAppendInfo:
         """Validates a producer's batches, assigns them offsets from the LEO and appends them.
 
         Only baseOffset and partitionLeaderEpoch are rewritten in each header (outside the
         CRC); with LogAppendTime also maxTimestamp and the timestamp-type bit, and the CRC.
-        Records are never re-encoded. A rejected input leaves the log untouched.
+        Records are never re-encoded. A rejected input leaves the log untouched. Control
+        batches are refused (markers come through `append_txn_marker`), and transactional
+        ones unless `allow_transactional` (the caller checked the transaction).
         """
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
         max_batch_bytes = min(self.config.max_message_bytes, MAX_MESSAGE_BYTES_LIMIT)  # a stored config may exceed it
-        headers = validate_batches(records, max_batch_bytes, leader_checks=True)
+        headers = validate_batches(records, max_batch_bytes, leader_checks=True, allow_transactional=allow_transactional)
         if self.config.compacts:
             _require_keys(records)
         with self._lock:
@@ -444,6 +524,39 @@ class Log:
                 self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
             return self._append_info(headers, len(records), -1)
 
+    def append_txn_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, leader_epoch: int
+    ) -> LogAppendInfo:
+        """Appends, as the leader, a transaction coordinator's COMMIT or ABORT marker for the
+        producer (Kafka's appendAsLeader with origin COORDINATOR). INVALID_PRODUCER_EPOCH if
+        the producer has written with a newer epoch, TRANSACTION_COORDINATOR_FENCED if a
+        newer coordinator already wrote a marker for it."""
+        with self._lock:
+            self._check_open()
+            if leader_epoch < self.leader_epoch_cache.latest_epoch:
+                raise FencedLeaderEpochError(
+                    f"marker in leader epoch {leader_epoch} after epoch {self.leader_epoch_cache.latest_epoch}"
+                )
+            entry = self.producer_state.producers.get(producer_id)
+            if entry is not None and producer_epoch < entry.epoch:
+                raise InvalidProducerEpochError(
+                    f"marker of producer {producer_id} in epoch {producer_epoch}, which has written in epoch {entry.epoch}"
+                )
+            if entry is not None and coordinator_epoch < entry.coordinator_epoch:
+                raise TransactionCoordinatorFencedError(
+                    f"marker of producer {producer_id} from coordinator epoch {coordinator_epoch}, after one from "
+                    f"epoch {entry.coordinator_epoch}"
+                )
+            now_ms = self._clock_ms()
+            marker = build_end_txn_marker(
+                producer_id, producer_epoch, commit, coordinator_epoch, now_ms,
+                base_offset=self._log_end_offset, partition_leader_epoch=leader_epoch,
+            )  # fmt: skip
+            header = BatchHeader.parse(marker)
+            self._append(marker, [header], now_ms)
+            self.leader_epoch_cache.assign(leader_epoch, header.base_offset)
+            return self._append_info([header], len(marker), -1)
+
     def _append_info(self, headers: list[BatchHeader], size_bytes: int, log_append_time_ms: int) -> LogAppendInfo:
         return LogAppendInfo(
             first_offset=headers[0].base_offset,
@@ -457,12 +570,17 @@ class Log:
 
     def _append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader], now_ms: int) -> None:
         segment_bytes = self.config.segment_bytes
+        view = memoryview(data)
+        markers: dict[int, EndTxnMarker | None] = {}  # base offset -> what a control batch says
+        position = 0
         for header in headers:
             if header.size_bytes > segment_bytes:
                 raise RecordBatchTooLargeError(
                     f"batch of {header.size_bytes} bytes can never fit in a segment of segment.bytes = {segment_bytes}"
                 )
-        view = memoryview(data)
+            if header.is_control and header.producer_id >= 0:  # read before anything is written
+                markers[header.base_offset] = read_end_txn_marker(view[position : position + header.size_bytes])
+            position += header.size_bytes
         start = 0  # index into headers of the next chunk
         position = 0
         while start < len(headers):
@@ -475,11 +593,16 @@ class Log:
             max_timestamp = max(h.max_timestamp for h in chunk)
             if self._segments[-1].should_roll(size, max_timestamp, chunk[-1].last_offset, now_ms):
                 self._roll(chunk[0].base_offset)  # past a compaction gap: the segment starts at the batch
-            self._segments[-1].append(view[position : position + size], chunk)
+            active = self._segments[-1]
+            active.append(view[position : position + size], chunk)
             producer_state = self.producer_state
             for header in chunk:
-                if header.producer_id >= 0:
+                if header.producer_id < 0:
+                    continue
+                if not header.is_control:
                     producer_state.record_batch(header)
+                elif (marker := markers[header.base_offset]) is not None:
+                    self._complete_txn(producer_state, header, marker, active)
             assert chunk[-1].next_offset > self._log_end_offset, "offsets only grow"
             self._log_end_offset = chunk[-1].next_offset
             self._unflushed_records += sum(h.record_count for h in chunk)
@@ -526,7 +649,21 @@ class Log:
                         break
                 else:  # no batch at or after start_offset: the rest up to the LEO was compacted away
                     next_offset = leo
-            return ReadResult(data, next_offset, hw, start, leo)
+            return ReadResult(data, next_offset, hw, start, leo, self._last_stable_offset())
+
+    def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions that overlap [start_offset, upper_bound_offset): what a
+        `read_committed` fetch that read that range returns beside its records."""
+        with self._lock:
+            self._check_open()
+            found: list[AbortedTxn] = []
+            first = max(bisect.bisect_right(self._base_offsets, start_offset) - 1, 0)
+            for segment in self._segments[first:]:
+                txns, complete = segment.txn_index.collect(start_offset, upper_bound_offset)
+                found += txns
+                if complete:
+                    break
+            return found
 
     def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
         """The earliest record whose timestamp is >= `timestamp_ms`, or None if none is."""
@@ -763,7 +900,7 @@ class Log:
         """An empty `.cleaned` segment for the cleaner to write (a leftover one is replaced)."""
         with self._lock:
             self._check_open()
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             (self.dir_path / f"{base_offset:020d}{suffix}{CLEANED_SUFFIX}").unlink(missing_ok=True)
         return LogSegment(self.dir_path, base_offset, self.config, active=True, file_suffix=CLEANED_SUFFIX)
 
@@ -787,6 +924,9 @@ class Log:
                 return False
             assert cleaned.base_offset == old[0].base_offset, "a cleaned segment takes its first source's name"
             assert cleaned.next_offset() <= self._segments[first + len(old)].base_offset, "cleaning keeps offsets"
+            for segment in old:  # the cleaner keeps transactional batches and markers whole
+                for txn in segment.txn_index.entries:
+                    cleaned.txn_index.append(txn)
             cleaned.flush()
             cleaned.rename_files(SWAP_SUFFIX)
             _fsync_dir(self.dir_path)

@@ -4,7 +4,8 @@ A compacted log keeps, for every key, at least its latest record. The cleaner wo
 the log's cleanable part, which ends at the first uncleanable offset (Kafka's
 LogCleanerManager.cleanableOffsets): the active segment's base, the high watermark (only
 committed records, so every replica compacts the same history), and the first segment
-holding a record younger than `min.compaction.lag.ms`. Within it, below the log's
+holding a record younger than `min.compaction.lag.ms`, and the last stable offset (no
+open transaction is cleaned, as in Kafka). Within it, below the log's
 `cleaner_offset` (the cleaner's checkpoint) the log is clean; from it on it is dirty.
 
 `cleanable_state` measures a log: it is worth cleaning when its dirty bytes are at least
@@ -36,8 +37,12 @@ month old on arrival) and however often segments are merged (Kafka's older rule,
 segment's modification time, restarted with every merge). A follower copies the leader's
 batches, horizons and all. Nothing schedules a clean for a horizon's passing: as in Kafka,
 the tombstone goes at the first clean after it, which new dirty records bring about.
-Transaction markers, which Kafka times out the same way, do not arise: rayk has no
-transactions and copies control and transactional batches whole.
+Transactions: control and transactional batches are copied whole, and the segments'
+aborted-transaction indexes go with them into the cleaned segment (Log.replace_segments).
+Records of aborted transactions never enter the offset map, so they cannot supersede a
+committed record of the same key. Kafka also drops aborted records and, after
+`delete.retention.ms`, markers; rayk keeps both (read_committed consumers still skip the
+aborted ones), which costs space, never correctness.
 
 The cleaner runs beside appends and reads: it reads closed segments through the log, and
 a truncation or retention that changes them first makes the swap refuse the clean, which
@@ -131,7 +136,7 @@ class CleanResult:
 
 
 def first_uncleanable_offset(log: Log, now_ms: int) -> int:
-    """min(active segment base, HW, base of the first segment with a record younger than
+    """min(active segment base, LSO, base of the first segment with a record younger than
     min.compaction.lag.ms)."""
     return _cleanable(log, now_ms)[1]
 
@@ -139,7 +144,7 @@ def first_uncleanable_offset(log: Log, now_ms: int) -> int:
 def _cleanable(log: Log, now_ms: int) -> tuple[list[ClosedSegment], int, int]:
     """The segments wholly below the first uncleanable offset, that offset, and the log's
     truncation count, from one look at the log."""
-    limit = log.high_watermark
+    limit = log.last_stable_offset  # <= the HW
     segments, truncations = log.cleanable_segments(limit)
     lag_ms = log.config.min_compaction_lag_ms
     if lag_ms > 0:
@@ -264,10 +269,11 @@ def _build_offset_map(
     latest: dict[bytes, int] = {}
     used_bytes = 0
     map_end = dirty[0].end_offset
+    aborted = _AbortedBatches(log, dirty[0].segment.base_offset, dirty[-1].end_offset)
     for i, closed in enumerate(dirty):
         segment_map: dict[bytes, int] = {}
         for batch in _segment_batches(log, closed.segment, throttler, stats):
-            if batch.header.is_control:
+            if batch.header.is_control or aborted.holds(batch.header):
                 continue
             for offset, _timestamp, key, _value, _headers in decode_record_tuples(batch.data)[1]:
                 if key is not None:
@@ -279,6 +285,20 @@ def _build_offset_map(
         used_bytes += added
         map_end = closed.end_offset
     return latest, map_end
+
+
+class _AbortedBatches:
+    """Which transactional batches of an offset range belong to aborted transactions."""
+
+    def __init__(self, log: Log, start_offset: int, end_offset: int) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for txn in log.aborted_transactions(start_offset, end_offset):
+            self._ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+
+    def holds(self, header: BatchHeader) -> bool:
+        if not header.is_transactional:
+            return False
+        return any(first <= header.base_offset <= last for first, last in self._ranges.get(header.producer_id, ()))
 
 
 def _groups(segments: list[ClosedSegment], log: Log) -> Iterator[list[ClosedSegment]]:

@@ -19,14 +19,18 @@ order) so that the whole duplicate-detection window survives a restart. Kafka's 
 keeps the last entry it reads for each producer id, which is the newest batch, so the
 file stays readable by Kafka's tooling. LastSequence is stored modulo 2^32 as an int32
 (the same number unless a sequence passed 2^31 - 1; rayk does not wrap sequences).
-CoordinatorEpoch and CurrentTxnFirstOffset are written as -1 and ignored when read:
-rayk has no transactions.
+CoordinatorEpoch (of the producer's last transaction marker, -1 if none) and
+CurrentTxnFirstOffset (its open transaction's first offset, -1 if none) are the
+producer's, written on each of its entries. A producer with no batch left (a marker
+started its epoch, or retention took the batches of its open transaction) is one entry
+as Kafka writes it: LastSequence -1, LastOffset -1, OffsetDelta 0, Timestamp -1.
 
 Crash behaviour: written atomically (`write_atomically`: temp file, fsync, rename,
 directory fsync), so a crash leaves no file or a whole one. A damaged file is never
 trusted: a wrong version, a bad CRC, a length that disagrees with the count, or
 contents rayk's writer cannot produce (a negative producer id or offset, a producer's
-entries with two epochs, offsets not increasing, more than `BATCHES_REMEMBERED`) make
+entries with two epochs or two transaction states, offsets not increasing, more than
+`BATCHES_REMEMBERED`, an open transaction that starts after the producer's last batch) make
 `read` raise `KafkaStorageError`; the Log then deletes the file and falls back to an
 older snapshot or to replaying the log.
 
@@ -45,12 +49,18 @@ import crc32c as _crc32c
 
 from rayk.errors import KafkaStorageError
 from rayk.storage.checkpoint import write_atomically
-from rayk.storage.producer_state import BATCHES_REMEMBERED, BatchMetadata, ProducerStateManager
+from rayk.storage.producer_state import (
+    BATCHES_REMEMBERED,
+    NO_COORDINATOR_EPOCH,
+    BatchMetadata,
+    ProducerEntry,
+    ProducerStateManager,
+)
 
 SNAPSHOT_SUFFIX = ".snapshot"
 VERSION = 1
-NO_COORDINATOR_EPOCH = -1
 NO_TXN_FIRST_OFFSET = -1
+NO_SEQUENCE = NO_OFFSET = NO_TIMESTAMP = -1  # a producer entry without a batch
 
 _PREFIX = struct.Struct(">hI")  # Version, Crc
 _COUNT = struct.Struct(">i")
@@ -83,12 +93,18 @@ def encode(state: ProducerStateManager) -> bytes:
     count = 0
     for producer_id in sorted(state.producers):
         entry = state.producers[producer_id]
+        txn_first_offset = NO_TXN_FIRST_OFFSET if entry.current_txn_first_offset is None else entry.current_txn_first_offset
+        if not entry.batches:
+            body += _ENTRY.pack(
+                producer_id, entry.epoch, NO_SEQUENCE, NO_OFFSET, 0, NO_TIMESTAMP, entry.coordinator_epoch, txn_first_offset
+            )
+            count += 1
         for batch in entry.batches:
             offset_delta = batch.last_offset - batch.first_offset
             assert offset_delta == batch.last_sequence - batch.first_sequence >= 0, f"inconsistent {batch}"
             body += _ENTRY.pack(
                 producer_id, entry.epoch, _wrap_int32(batch.last_sequence), batch.last_offset, offset_delta,
-                batch.timestamp_ms, NO_COORDINATOR_EPOCH, NO_TXN_FIRST_OFFSET,
+                batch.timestamp_ms, entry.coordinator_epoch, txn_first_offset,
             )
             count += 1
     _COUNT.pack_into(body, 0, count)
@@ -113,26 +129,41 @@ def decode(data: bytes | bytearray | memoryview, source: str = "producer snapsho
             f"{source}: {count} entries do not fill the {len(view) - HEADER_SIZE_BYTES} bytes after the header"
         )
     state = ProducerStateManager()
+    open_txns: dict[int, int] = {}
     for i, fields in enumerate(_ENTRY.iter_unpack(view[HEADER_SIZE_BYTES:])):
-        producer_id, epoch, stored_last_sequence, last_offset, offset_delta, timestamp_ms, _, _ = fields
+        producer_id, epoch, stored_last_sequence, last_offset, offset_delta, timestamp_ms, coordinator_epoch, txn_first = fields
         first_offset = last_offset - offset_delta
-        if producer_id < 0 or offset_delta < 0 or first_offset < 0:
-            raise KafkaStorageError(f"{source}: entry {i} is not a producer batch: {fields}")
         entry = state.producers.get(producer_id)
+        batchless = (stored_last_sequence, last_offset, offset_delta) == (NO_SEQUENCE, NO_OFFSET, 0)
+        if (
+            producer_id < 0 or coordinator_epoch < NO_COORDINATOR_EPOCH or txn_first < NO_TXN_FIRST_OFFSET
+            or (batchless and entry is not None) or (not batchless and (offset_delta < 0 or first_offset < 0))
+        ):
+            raise KafkaStorageError(f"{source}: entry {i} is not a producer entry: {fields}")
+        open_txn = None if txn_first == NO_TXN_FIRST_OFFSET else txn_first
         if entry is not None and (
-            entry.epoch != epoch or entry.batches[-1].last_offset >= first_offset
-            or len(entry.batches) == BATCHES_REMEMBERED
+            entry.epoch != epoch or not entry.batches or entry.batches[-1].last_offset >= first_offset
+            or len(entry.batches) == BATCHES_REMEMBERED or entry.coordinator_epoch != coordinator_epoch
+            or open_txns.get(producer_id) != open_txn
         ):
             raise KafkaStorageError(
                 f"{source}: entry {i} (producer {producer_id}, epoch {epoch}, offset {last_offset}) "
-                "does not follow the producer's earlier batches"
+                "does not follow the producer's earlier entries"
             )
-        first_sequence = _wrap_int32(stored_last_sequence - offset_delta)
-        state.record(
-            producer_id,
-            epoch,
-            BatchMetadata(first_sequence, first_sequence + offset_delta, first_offset, last_offset, timestamp_ms),
-        )
+        if entry is None:
+            entry = state.producers[producer_id] = ProducerEntry(epoch, coordinator_epoch=coordinator_epoch)
+            if open_txn is not None:
+                open_txns[producer_id] = open_txn
+        if not batchless:
+            first_sequence = _wrap_int32(stored_last_sequence - offset_delta)
+            entry.batches.append(
+                BatchMetadata(first_sequence, first_sequence + offset_delta, first_offset, last_offset, timestamp_ms)
+            )
+    for producer_id, first_offset in open_txns.items():
+        batches = state.producers[producer_id].batches
+        if batches and first_offset > batches[-1].first_offset:
+            raise KafkaStorageError(f"{source}: producer {producer_id}'s open transaction starts after its last batch")
+        state.restore_open_txn(producer_id, first_offset)
     return state
 
 

@@ -24,6 +24,16 @@ after it, and drops the batches retention deleted (`remove_batches_below`). The 
 is therefore always what feeding every producer batch of the log, from its start, to a
 fresh manager gives. Entries compare equal by value.
 
+Transactions (KIP-98): a producer's first transactional batch opens its transaction
+(`current_txn_first_offset`); the transaction stays open, whatever else the producer
+writes, until a marker (a control batch, see control_records.py) closes it:
+`complete_txn` returns the CompletedTxn, which the Log indexes if it was aborted. Each
+marker also records the coordinator epoch that wrote it. A transaction stays unstable
+until the HW passes its marker (`on_high_watermark_updated`): its outcome is not final
+before, since the marker may yet be truncated. `first_unstable_offset` is the first
+offset of the earliest open or unreplicated transaction, what the LSO stops at. A new
+producer epoch keeps the open transaction (a KIP-890 marker comes with the next epoch).
+
 Pure logic, no I/O. Not thread-safe: the Log mutates it under its lock; the leader's
 `check` runs on the same thread as its appends (the replica actor's event loop).
 """
@@ -38,6 +48,7 @@ from rayk.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from rayk.storage.records import BatchHeader
 
 BATCHES_REMEMBERED = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 in flight
+NO_COORDINATOR_EPOCH = -1
 
 
 class Verdict(enum.Enum):
@@ -70,15 +81,27 @@ class BatchMetadata:
 class ProducerEntry:
     epoch: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_REMEMBERED))
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH  # of the last marker for this producer
+    current_txn_first_offset: int | None = None  # the open transaction's first batch
 
     @property
     def next_sequence(self) -> int:
         return self.batches[-1].last_sequence + 1 if self.batches else 0
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    producer_id: int
+    first_offset: int  # the transaction's first batch; the marker's offset if it wrote none
+    last_offset: int  # the marker's offset
+    is_aborted: bool
+
+
 class ProducerStateManager:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        self._ongoing: dict[int, int] = {}  # first offset -> producer id, of open transactions
+        self._unreplicated: dict[int, CompletedTxn] = {}  # first offset -> completed, marker >= HW
 
     def check(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int) -> tuple[Verdict, BatchMetadata | None]:
         entry = self.producers.get(producer_id)
@@ -103,35 +126,108 @@ class ProducerStateManager:
             "and is not a recent batch"
         )
 
-    def record(self, producer_id: int, epoch: int, batch: BatchMetadata) -> None:
-        """A batch of this producer was appended (on the leader or a follower)."""
+    def _entry_for(self, producer_id: int, epoch: int) -> ProducerEntry:
+        """The producer's entry, new for a new producer or epoch (which forgets the old
+        epoch's sequences but keeps its open transaction and coordinator epoch)."""
         entry = self.producers.get(producer_id)
-        if entry is None or epoch > entry.epoch:
+        if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(epoch)
+        elif epoch > entry.epoch:
+            entry = self.producers[producer_id] = ProducerEntry(
+                epoch, coordinator_epoch=entry.coordinator_epoch, current_txn_first_offset=entry.current_txn_first_offset
+            )
+        return entry
+
+    def record(self, producer_id: int, epoch: int, batch: BatchMetadata, transactional: bool = False) -> None:
+        """A batch of this producer was appended (on the leader or a follower)."""
+        entry = self._entry_for(producer_id, epoch)
         entry.batches.append(batch)
+        if transactional and entry.current_txn_first_offset is None:
+            entry.current_txn_first_offset = batch.first_offset
+            self._ongoing[batch.first_offset] = producer_id
 
     def record_batch(self, header: BatchHeader) -> None:
-        """`record` for an appended batch header that carries a producer id."""
+        """`record` for an appended data batch header that carries a producer id."""
         assert header.producer_id >= 0, "only batches of idempotent producers have a producer state"
-        self.record(header.producer_id, header.producer_epoch, BatchMetadata.of(header))
+        assert not header.is_control, "markers go to complete_txn"
+        self.record(header.producer_id, header.producer_epoch, BatchMetadata.of(header), header.is_transactional)
+
+    def complete_txn(self, header: BatchHeader, commit: bool, coordinator_epoch: int) -> CompletedTxn:
+        """An appended marker (a control batch, `header`) ends its producer's transaction."""
+        assert header.is_control and header.producer_id >= 0, "a transaction marker is a producer's control batch"
+        producer_id, marker_offset = header.producer_id, header.base_offset
+        entry = self.producers.get(producer_id)
+        first_offset = marker_offset
+        if entry is not None:
+            if header.producer_epoch > entry.epoch:
+                entry = self._entry_for(producer_id, header.producer_epoch)
+            if entry.current_txn_first_offset is not None:
+                first_offset = entry.current_txn_first_offset
+                del self._ongoing[first_offset]
+                entry.current_txn_first_offset = None
+            entry.coordinator_epoch = coordinator_epoch
+        # A marker of a producer with no batch here (none written, or retention took them)
+        # leaves no entry: what replaying the log from its start would give.
+        txn = CompletedTxn(producer_id, first_offset, marker_offset, not commit)
+        self._unreplicated[first_offset] = txn
+        return txn
+
+    def last_stable_offset_after(self, txn: CompletedTxn) -> int:
+        """The LSO an aborted transaction's index entry records: the first offset of the
+        earliest open transaction of another producer, or the marker's offset + 1."""
+        others = [first for first, producer_id in self._ongoing.items() if producer_id != txn.producer_id]
+        return min(others) if others else txn.last_offset + 1
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest transaction that is open, or complete with its
+        marker at or above the HW; None if there is none."""
+        firsts = [*self._ongoing, *self._unreplicated]
+        return min(firsts) if firsts else None
+
+    def on_high_watermark_updated(self, high_watermark: int) -> None:
+        """Transactions whose marker is below the HW are final."""
+        if self._unreplicated:
+            for first, txn in list(self._unreplicated.items()):
+                if txn.last_offset < high_watermark:
+                    del self._unreplicated[first]
 
     def remove_batches_below(self, log_start_offset: int) -> None:
         """Forgets batches that end below the new log start (retention deleted them), and
-        producers left with none, so the state stays what the remaining log says."""
+        producers left with none and no open transaction, so the state stays what the
+        remaining log says (an open transaction outlives its batches, as in Kafka: the LSO
+        then stops at the log start)."""
         for producer_id in list(self.producers):
             entry = self.producers[producer_id]
             while entry.batches and entry.batches[0].last_offset < log_start_offset:
                 entry.batches.popleft()
-            if not entry.batches:
+            if not entry.batches and entry.current_txn_first_offset is None:
                 del self.producers[producer_id]
+        for first, txn in list(self._unreplicated.items()):
+            if txn.last_offset < log_start_offset:
+                del self._unreplicated[first]
+
+    def replace_with(self, other: ProducerStateManager) -> None:
+        """Takes `other`'s state (a rebuilt one) in place, so references to this stay valid."""
+        self.producers, self._ongoing, self._unreplicated = other.producers, other._ongoing, other._unreplicated
+
+    def restore_open_txn(self, producer_id: int, first_offset: int) -> None:
+        """A snapshot says the producer's transaction is open from `first_offset`."""
+        entry = self.producers[producer_id]
+        assert entry.current_txn_first_offset is None
+        entry.current_txn_first_offset = first_offset
+        self._ongoing[first_offset] = producer_id
 
     def clear(self) -> None:
         self.producers.clear()
+        self._ongoing.clear()
+        self._unreplicated.clear()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ProducerStateManager):
             return NotImplemented
-        return self.producers == other.producers
+        return (self.producers, self._ongoing, self._unreplicated) == (
+            other.producers, other._ongoing, other._unreplicated
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 

@@ -296,6 +296,7 @@ def build_batch(
     producer_epoch: int = NO_PRODUCER_EPOCH,
     base_sequence: int = NO_SEQUENCE,
     is_transactional: bool = False,
+    is_control: bool = False,
     now_ms: int | None = None,
 ) -> bytes:
     """Encodes records into one v2 batch with offset deltas 0..n-1 and a valid CRC.
@@ -317,6 +318,7 @@ def build_batch(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
         is_transactional=is_transactional,
+        is_control=is_control,
     )
 
 
@@ -341,6 +343,7 @@ def assemble_batch(
     producer_epoch: int = NO_PRODUCER_EPOCH,
     base_sequence: int = NO_SEQUENCE,
     is_transactional: bool = False,
+    is_control: bool = False,
 ) -> bytes:
     """Frames an encoded records section as one v2 batch: compresses it if asked, writes
     the 61-byte header and the CRC."""
@@ -351,6 +354,8 @@ def assemble_batch(
     attributes = int(codec) | (int(timestamp_type) << 3)
     if is_transactional:
         attributes |= _TRANSACTIONAL_BIT
+    if is_control:
+        attributes |= _CONTROL_BIT
     batch = bytearray(HEADER_SIZE_BYTES)
     batch += payload
     _HEADER.pack_into(
@@ -796,13 +801,16 @@ def validate_batches(
     buf: bytes | bytearray | memoryview,
     max_batch_bytes: int | None,
     leader_checks: bool,
+    allow_transactional: bool = False,
 ) -> list[BatchHeader]:
     """Checks that `buf` is exactly a sequence of sound batches and returns their headers.
 
     Each batch passes `check_batch_at`. With `leader_checks` (a producer's batch on the
     leader, as in Kafka's LogValidator) the records are decoded too, so that a batch whose
-    CRC is right but whose records are malformed never reaches a log. Raises the Kafka
-    error for the first problem; nothing is partially accepted.
+    CRC is right but whose records are malformed never reaches a log. A producer's control
+    batch is refused, and so is a transactional one unless `allow_transactional` (a
+    transaction the leader checked). Raises the Kafka error for the first problem; nothing
+    is partially accepted.
     """
     view = memoryview(buf)
     if len(view) == 0:
@@ -814,7 +822,7 @@ def validate_batches(
         if leader_checks:
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
-            if header.is_transactional:  # rayk has no transactions (the APIs refuse a transactional.id)
+            if header.is_transactional and not allow_transactional:  # no coordinator vouched for it
                 raise InvalidRecordError("a transactional batch needs a transactional producer, which rayk does not have")
             if header.record_count != header.last_offset_delta + 1:  # a producer's offsets are 0..n-1
                 raise InvalidRecordError(

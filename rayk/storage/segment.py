@@ -1,9 +1,12 @@
-"""LogSegment: one .log file of whole record batches plus its .index and .timeindex.
+"""LogSegment: one .log file of whole record batches plus its .index and .timeindex,
+and the .txnindex of the aborted transactions whose markers it holds.
 
-Files `<base offset:020d>.log|.index|.timeindex` in the partition directory. The .log
-holds v2 batches back to back, offsets contiguous from the base offset; the indexes are
-sparse (an entry each time more than `index_interval_bytes` were appended since the last)
-and are rebuilt from the .log whenever they cannot be trusted.
+Files `<base offset:020d>.log|.index|.timeindex|.txnindex` in the partition directory.
+The .log holds v2 batches back to back, offsets contiguous from the base offset; the
+indexes are sparse (an entry each time more than `index_interval_bytes` were appended
+since the last) and are rebuilt from the .log whenever they cannot be trusted. The
+.txnindex (see transaction_index.py) exists only once the segment has an entry; the Log
+writes it, since what it says depends on the transactions open before the segment.
 
 Lifecycle: the active (last) segment is appended to and its indexes are preallocated and
 writable; `on_roll()` fsyncs it and trims its indexes (`seal()` trims them and leaves
@@ -37,6 +40,8 @@ from rayk.storage.records import (
     decode_records,
 )
 from rayk.storage.time_index import TimeIndex
+from rayk.storage.transaction_index import SUFFIX as TXN_INDEX_SUFFIX
+from rayk.storage.transaction_index import TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -75,6 +80,7 @@ class LogSegment:
         self.indexes_were_missing = not (index_path.exists() and time_index_path.exists())
         self.offset_index = OffsetIndex(index_path, base_offset, config.segment_index_bytes, writable=active)
         self.time_index = TimeIndex(time_index_path, base_offset, config.segment_index_bytes, writable=active)
+        self.txn_index = TransactionIndex(dir_path / segment_file_name(base_offset, TXN_INDEX_SUFFIX + file_suffix))
         self.created_ms = int(time.time() * 1000)
         self._bytes_since_last_index_entry = 0
         self.max_timestamp_ms = NO_TIMESTAMP
@@ -217,6 +223,16 @@ class LogSegment:
         """Up to `max_bytes` of the .log from `position` (the log cleaner's sequential read)."""
         return os.pread(self._fd, max(0, min(max_bytes, self._size - position)), position)
 
+    def batch_locations(self, start_offset: int) -> Iterator[BatchLocation]:
+        """`batch_headers`, with where each batch starts (for `read_batch`)."""
+        location = self.translate_offset(start_offset)
+        if location is not None:
+            yield from self._batches_from(location.position)
+
+    def read_batch(self, location: BatchLocation) -> bytes:
+        """The whole batch at `location`."""
+        return os.pread(self._fd, location.header.size_bytes, location.position)
+
     def batch_headers(self, start_offset: int) -> Iterator[BatchHeader]:
         """The headers of the batches whose last offset is >= `start_offset`, in order.
 
@@ -327,6 +343,7 @@ class LogSegment:
             return 0
         self.offset_index.truncate_to(location.header.base_offset)
         self.time_index.truncate_to(location.header.base_offset)
+        self.txn_index.truncate_to(location.header.base_offset)
         removed = self._size - location.position
         os.ftruncate(self._fd, location.position)
         self._size = location.position
@@ -345,6 +362,7 @@ class LogSegment:
         os.fsync(self._fd)
         self.offset_index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     def on_roll(self) -> None:
         """The segment stops being active: make it durable and its indexes compact."""
@@ -354,24 +372,27 @@ class LogSegment:
 
     def seal(self) -> list[int]:
         """The segment stops being active: its indexes are cut to their entries, and the
-        fsync is left to the caller, who gets duplicates of the three files' descriptors
-        to fsync and close (a background flush; see segment_flusher.py)."""
+        fsync is left to the caller, who gets duplicates of the files' descriptors to
+        fsync and close (a background flush; see segment_flusher.py)."""
         self.offset_index.trim(sync=False)
         self.time_index.trim(sync=False)
-        return [os.dup(self._fd), self.offset_index.dup_fd(), self.time_index.dup_fd()]
+        txn_index_fd = self.txn_index.dup_fd()
+        return [os.dup(self._fd), self.offset_index.dup_fd(), self.time_index.dup_fd(), *(
+            () if txn_index_fd is None else (txn_index_fd,))]
 
     def close(self) -> None:
         if self._fd < 0:
             return
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
         os.close(self._fd)
         self._fd = -1
 
     def rename_files(self, file_suffix: str) -> None:
-        """Renames the three files to carry `file_suffix` instead of the current one (the
+        """Renames the files to carry `file_suffix` instead of the current one (the
         cleaner's `.cleaned` -> `.swap` -> "" steps); open descriptors stay valid."""
-        for index in (self.offset_index, self.time_index):
+        for index in (self.offset_index, self.time_index, self.txn_index):
             index.rename_to(_with_suffix(index.path, self.file_suffix, file_suffix))
         target = _with_suffix(self.log_path, self.file_suffix, file_suffix)
         os.replace(self.log_path, target)
@@ -385,6 +406,7 @@ class LogSegment:
     def delete(self) -> None:
         self.offset_index.delete()
         self.time_index.delete()
+        self.txn_index.delete()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
