@@ -44,7 +44,8 @@ def test_produce_frames_equal_kios(version, correlation_id, values):
 def fetch_partition():
     return st.fixed_dictionaries({
         "partition_index": int32, "error_code": st.sampled_from([0, *ERROR_CODES]), "high_watermark": offsets,
-        "last_stable_offset": offsets, "log_start_offset": offsets, "aborted_transactions": st.just([]),
+        "last_stable_offset": offsets, "log_start_offset": offsets,
+        "aborted_transactions": st.lists(st.fixed_dictionaries({"producer_id": offsets, "first_offset": offsets}), max_size=3),
         "preferred_read_replica": st.just(-1), "records": st.binary(max_size=3000),
     })
 

@@ -29,21 +29,30 @@ ERRORS = [errors.NotLeaderOrFollowerError, errors.FencedLeaderEpochError, errors
           errors.UnexpectedAppendOffsetError, errors.UnknownServerError]
 
 
-@given(st.builds(FetchRequest, i64, i32, i32, i32, i32, i32, i32, st.text(max_size=40),
+@given(st.builds(FetchRequest, i64, i32, i32, i32, i32, i32, i32, st.sampled_from([0, 1]), st.text(max_size=40),
                  st.none() | st.text(min_size=1, max_size=36)))
 def test_a_fetch_request_decodes_to_what_was_encoded(request):
     assert frames.decode_fetch_request(frames.encode_fetch_request(request)) == request
 
 
 @given(st.binary(max_size=300), i64, i64, i64, st.none() | st.tuples(st.sampled_from(ERRORS), st.text(max_size=30)),
-       st.none() | st.tuples(st.integers(-1, 2**31 - 1), i64))  # epoch -1: the leader has none at or below
-def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start, error, diverging):
+       st.none() | st.tuples(st.integers(-1, 2**31 - 1), i64),  # epoch -1: the leader has none at or below
+       i64, st.lists(st.tuples(i64, i64), max_size=5).map(tuple))
+def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start, error, diverging, lso, aborted):
     error = None if error is None else error[0](error[1])
-    result = FetchResult(records, hw, leo, log_start, error, diverging)
+    result = FetchResult(records, hw, leo, log_start, error, diverging, lso, aborted)
     decoded = frames.decode_fetch_answer(frames.encode_fetch_answer_head(result) + records)
     assert (decoded.records, decoded.high_watermark, decoded.log_end_offset, decoded.log_start_offset,
-            decoded.diverging_epoch) == (records, hw, leo, log_start, diverging)
+            decoded.diverging_epoch, decoded.last_stable_offset, decoded.aborted_transactions) == (
+        records, hw, leo, log_start, diverging, lso, aborted)
     assert type(decoded.error) is type(error) and str(decoded.error) == str(error)
+
+
+def test_a_fetch_request_with_an_unknown_isolation_level_does_not_parse():
+    body = bytearray(frames.encode_fetch_request(FetchRequest(0, 100, isolation_level=1)))
+    body[32] = 2  # the isolation level's byte, after seven numbers
+    with pytest.raises(frames.FrameError, match="isolation level 2"):
+        frames.decode_fetch_request(bytes(body))
 
 
 produce_requests = st.lists(st.tuples(st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32), max_size=8)
@@ -83,7 +92,7 @@ def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
 
 
 def test_an_error_class_that_is_not_raykss_is_an_unknown_server_error():
-    head = struct.pack(">qqqbiqH", 0, 0, 0, 0, -1, -1, 11) + b"ValueError\0"
+    head = struct.pack(">qqqqbiqHi", 0, 0, 0, 0, 0, -1, -1, 11, 0) + b"ValueError\0"
     assert isinstance(frames.decode_fetch_answer(head).error, errors.UnknownServerError)
 
 

@@ -29,11 +29,14 @@ def batch(base_offset: int, count: int, control: bool = False) -> bytes:
 
 
 class ScriptedLeader:
-    """A leader whose fetch answers are given per offset."""
+    """A leader whose fetch answers are given per offset, with the aborted transactions a
+    read_committed fetch is answered."""
 
-    def __init__(self, answers: dict[int, bytes]) -> None:
+    def __init__(self, answers: dict[int, bytes], aborted: dict[int, tuple] | None = None) -> None:
         self.answers = answers
+        self.aborted = aborted or {}
         self.fetched_from: list[int] = []
+        self.isolation_levels: list[int] = []
 
 
 class ScriptedDataPlane:
@@ -41,9 +44,11 @@ class ScriptedDataPlane:
 
     def fetch(self, leader: ScriptedLeader, request) -> concurrent.futures.Future:
         leader.fetched_from.append(request.offset)
+        leader.isolation_levels.append(request.isolation_level)
         data = leader.answers.get(request.offset, b"")
         future = concurrent.futures.Future()
-        future.set_result(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0))
+        future.set_result(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0,
+                                      aborted_transactions=leader.aborted.get(request.offset, ())))
         return future
 
     def close(self) -> None:
@@ -58,7 +63,7 @@ class ScriptedMetadata:
         return self.leaders[TopicPartition(topic, partition)]
 
 
-def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader]) -> Fetcher:
+def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader], read_committed: bool = False) -> Fetcher:
     return Fetcher(
         ScriptedMetadata(leaders),
         fetch_min_bytes=1,
@@ -69,6 +74,7 @@ def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader]) -> Fetcher:
         key_deserializer=as_is,
         value_deserializer=as_is,
         data_plane=ScriptedDataPlane(),
+        read_committed=read_committed,
     )
 
 
@@ -159,3 +165,31 @@ def test_a_forgotten_partition_hands_out_nothing_more():
     fetch_round(fetcher, positions)
     fetcher.forget(A)
     assert fetcher.drain_columns(positions, None) == {} and fetcher.drain(positions, 10) == {}
+
+
+def test_read_committed_drops_aborted_transactions_and_the_position_moves_past_them():
+    from rayk.storage.control_records import build_end_txn_marker
+
+    def txn(pid: int, offset: int) -> bytes:
+        return build_batch([SimpleRecord(b"t%d" % offset, timestamp_ms=1_000)], base_offset=offset, producer_id=pid,
+                           producer_epoch=0, base_sequence=offset, is_transactional=True)
+
+    answer = b"".join([batch(0, 1), txn(7, 1), txn(8, 2), build_end_txn_marker(7, 0, False, 0, 1_000, base_offset=3),
+                       build_end_txn_marker(8, 0, True, 0, 1_000, base_offset=4)])  # fmt: skip
+    leader = ScriptedLeader({0: answer, 5: txn(7, 5)}, aborted={0: ((7, 1),)})
+    fetcher, positions = fetcher_for({A: leader}, read_committed=True), {A: 0}
+    fetch_round(fetcher, positions)
+    assert [r.value for r in fetcher.drain(positions, 100)[A]] == [b"v0", b"t2"]
+    assert positions[A] == 5, "past the aborted records and both markers"
+    fetch_round(fetcher, positions)
+    assert offsets_of(fetcher.drain_columns(positions, None)[A]) == [5], "the next transaction is not the aborted one"
+    assert leader.isolation_levels == [1, 1]
+
+
+def test_a_consumer_takes_kafkas_two_isolation_levels_only():
+    import pytest
+
+    from rayk.client.consumer import Consumer
+
+    with pytest.raises(ValueError, match="isolation_level"):
+        Consumer(None, isolation_level="read_committed_please")

@@ -516,3 +516,63 @@ def test_an_isr_expansion_names_the_follower_process_whose_fetch_caught_up(tmp_p
     ray.get(follower.become_follower.remote(0, 1, leader, "process-b"))
     wait_until(lambda: describe(leader)["isr"] == [1, 2])
     assert ray.get(manager.sent_incarnations.remote()) == [{2: "process-b"}]
+
+
+# ---------------------------------------------------------------------- transactions (the log side)
+
+
+def test_a_read_committed_fetch_stops_at_the_lso_and_names_the_aborted_transactions(tmp_path):
+    """Transactional batches written before the replica started (no coordinator exists to
+    let a producer write them), then markers through write_txn_marker, replicated: a
+    read_committed consumer fetch reads below the LSO, over Ray and over the data plane, and
+    a follower builds the same LSO from the markers it copies."""
+    log = Log(tmp_path / "broker-1" / "t-0")
+    for pid, seq in ((7, 0), (8, 0), (7, 1)):  # offsets 0, 1, 2
+        record = [SimpleRecord(b"p%d-%d" % (pid, seq))]
+        log.append_as_leader(build_batch(record, producer_id=pid, producer_epoch=0, base_sequence=seq,
+                                         is_transactional=True), 0, allow_transactional=True)  # fmt: skip
+    log.close()
+    r = replicas(tmp_path, ids=(1, 2))
+    start_replication(r, leader=1, epoch=1)
+    wait_until(lambda: describe(r[1])["high_watermark"] == 3)
+    uncommitted = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0))
+    committed = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0, isolation_level=frames.READ_COMMITTED))
+    assert offsets(uncommitted.records) == [0, 1, 2] and uncommitted.last_stable_offset == 0
+    assert committed.records == b"" and committed.last_stable_offset == 0, "both transactions are open"
+
+    aborted = ray.get(r[1].write_txn_marker.remote(7, 0, False, 0, 5000))  # offset 3, acknowledged by the ISR
+    assert aborted.error is None and aborted.base_offset == 3
+    assert ray.get(r[1].write_txn_marker.remote(8, 0, True, 0, 5000)).base_offset == 4
+    fenced = ray.get(r[1].write_txn_marker.remote(8, 0, True, -1, 5000))
+    assert type(fenced.error).__name__ == "TransactionCoordinatorFencedError"
+    committed = ray.get(r[1].fetch.remote(0, 1 << 20, 1, 0, isolation_level=frames.READ_COMMITTED))
+    assert committed.last_stable_offset == 5 and committed.aborted_transactions == ((7, 0),)
+    from rayk.storage.read_committed import committed_batches
+
+    kept = [rec.value for b in committed_batches(committed.records, committed.aborted_transactions) for rec in b.records()]
+    assert kept == [b"p8-0"]
+    address = ray.get(r[1].data_endpoint.remote(ray.get_runtime_context().get_node_id()))
+
+    async def over_the_data_plane() -> FetchResult:
+        connection = await Connection.open(address, ray.get_runtime_context().get_node_id())
+        request = frames.FetchRequest(1, 1 << 20, isolation_level=frames.READ_COMMITTED)
+        answer = await connection.request(frames.FETCH, frames.encode_fetch_request(request))
+        connection.close()
+        return frames.decode_fetch_answer(answer)
+
+    answer = asyncio.run(over_the_data_plane())
+    assert (answer.last_stable_offset, answer.aborted_transactions) == (5, ((7, 0),))
+    assert ray.get(r[1].list_offset.remote(-1, frames.READ_COMMITTED)) == (5, -1)
+    wait_until(lambda: describe(r[2])["log_end_offset"] == 5)
+    ray.get(r[2].close.remote())
+    follower = Log(tmp_path / "broker-2" / "t-0", high_watermark=5)
+    assert follower.last_stable_offset == 5
+    assert [(t.producer_id, t.first_offset, t.last_offset) for t in follower.aborted_transactions(0, 5)] == [(7, 0, 3)]
+    follower.close()
+
+
+def test_a_transaction_marker_is_refused_by_a_follower_and_below_min_insync_replicas(tmp_path):
+    r = replicas(tmp_path, ids=(1, 2), config=ReplicaConfig(min_insync_replicas=2))
+    start_replication(r, leader=1, isr=[1])
+    assert isinstance(ray.get(r[2].write_txn_marker.remote(7, 0, True, 0, 1000)).error, NotLeaderOrFollowerError)
+    assert isinstance(ray.get(r[1].write_txn_marker.remote(7, 0, True, 0, 1000)).error, NotEnoughReplicasError)

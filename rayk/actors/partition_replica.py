@@ -383,14 +383,8 @@ class PartitionReplica(Supervised):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
         if self._role != "leader":
             return self._produce_error(self._not_leader())
-        isr_size = len(self._leader_state.isr)
-        if acks == -1 and isr_size < self.config.min_insync_replicas:
-            return self._produce_error(
-                NotEnoughReplicasError(
-                    f"{self.topic}-{self.partition} has {isr_size} in-sync replicas, "
-                    f"min.insync.replicas is {self.config.min_insync_replicas}"
-                )
-            )
+        if acks == -1 and (too_few := self._too_few_in_sync()) is not None:
+            return self._produce_error(too_few)
         header = BatchHeader.parse(records) if len(records) >= HEADER_SIZE_BYTES else None
         if header is not None and header.producer_id >= 0:
             if header.size_bytes != len(records):
@@ -409,11 +403,43 @@ class PartitionReplica(Supervised):
             return self._produce_error(e)
         self._counters.messages_in += info.record_count
         self._counters.bytes_in += info.size_bytes
+        self._wake_after_append()
+        return info.first_offset, info.last_offset, info.log_append_time_ms
+
+    def _too_few_in_sync(self) -> NotEnoughReplicasError | None:
+        """What an acks=all write is refused with while the ISR is below min.insync.replicas."""
+        isr_size = len(self._leader_state.isr)
+        if isr_size >= self.config.min_insync_replicas:
+            return None
+        return NotEnoughReplicasError(
+            f"{self.topic}-{self.partition} has {isr_size} in-sync replicas, "
+            f"min.insync.replicas is {self.config.min_insync_replicas}"
+        )
+
+    def _wake_after_append(self) -> None:
+        """Wakes what waits for this leader's log: a single-replica ISR moves the HW at once."""
         if self._maybe_increment_high_watermark():
             self._notify_change()
         else:
             self._notify_append()
-        return info.first_offset, info.last_offset, info.log_append_time_ms
+
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, timeout_ms: int
+    ) -> ProduceResult:
+        """The partition leader's side of WriteTxnMarkers: appends a transaction
+        coordinator's COMMIT or ABORT marker for the producer (Log.append_txn_marker: its
+        epoch checks, TRANSACTION_COORDINATOR_FENCED, INVALID_PRODUCER_EPOCH) and answers
+        once the in-sync replicas have it, as an acks=all produce."""
+        if self._role != "leader":
+            return self._produce_error(self._not_leader())
+        if (too_few := self._too_few_in_sync()) is not None:
+            return self._produce_error(too_few)
+        try:
+            info = self._log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch, self._leader_epoch)
+        except KafkaError as e:
+            return self._produce_error(e)
+        self._wake_after_append()
+        return await self._acknowledge(info.first_offset, info.last_offset, -1, -1, timeout_ms)
 
     def trace_produce(self, enable: bool) -> list[dict]:
         """Starts noting the stages of each appended batch's acks=all path (ProduceTrace),
@@ -483,12 +509,16 @@ class PartitionReplica(Supervised):
         last_fetched_epoch: int = UNDEFINED_EPOCH,
         topic_id: str | None = None,
         replica_incarnation_id: str = "",
+        isolation_level: int = frames.READ_UNCOMMITTED,
     ) -> FetchResult:
         """`topic_id` (a Fetch v13+ names topics by id): INCONSISTENT_TOPIC_ID unless it is
         this log's, so a fetch for a deleted topic never reads one created again under its name.
-        `replica_incarnation_id`: a follower's broker process (KIP-903, see LeaderReplicaState)."""
+        `replica_incarnation_id`: a follower's broker process (KIP-903, see LeaderReplicaState).
+        A consumer's READ_COMMITTED fetch reads below the LSO, not the HW, and is answered the
+        aborted transactions that overlap what it read."""
         result = await self._fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
-                                   last_fetched_epoch, topic_id, replica_incarnation_id)
+                                   last_fetched_epoch, topic_id, replica_incarnation_id,
+                                   isolation_level == frames.READ_COMMITTED)
         counters = self._counters
         counters.fetch_requests += 1
         if result.error is not None:
@@ -500,7 +530,7 @@ class PartitionReplica(Supervised):
 
     async def _fetch(
         self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
-        last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str = "",
+        last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str = "", read_committed: bool = False,
     ) -> FetchResult:
         if self._role != "leader":
             return self._fetch_error(self._not_leader())
@@ -516,7 +546,8 @@ class PartitionReplica(Supervised):
             diverging = self._diverging_epoch(offset, last_fetched_epoch)
             if diverging is not None:
                 log = self._log
-                return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging)
+                return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging,
+                                   log.last_stable_offset)
             if offset > self._log.log_end_offset:  # not a position in this log: it must truncate first
                 return self._fetch_error(
                     OffsetOutOfRangeError(f"broker {replica_id} fetches at {offset}, past the log end {self._log.log_end_offset}")
@@ -527,7 +558,7 @@ class PartitionReplica(Supervised):
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             changed = self._change_event(appends=is_follower)  # a consumer reads up to the HW
-            result = self._read(offset, max_bytes, is_follower)
+            result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
                 if self._trace is not None and is_follower:
@@ -560,7 +591,7 @@ class PartitionReplica(Supervised):
         max_bytes = min(r.max_bytes, frames.MAX_RECORDS_BYTES)  # the answer fits one frame
         result = await self.fetch(
             r.offset, max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
-            r.topic_id, r.incarnation_id,
+            r.topic_id, r.incarnation_id, r.isolation_level,
         )
         return frames.encode_fetch_answer_head(result), result.records
 
@@ -586,22 +617,34 @@ class PartitionReplica(Supervised):
         if self._maybe_increment_high_watermark():
             self._notify_change()
 
-    def _read(self, offset: int, max_bytes: int, is_follower: bool) -> FetchResult:
+    def _read(self, offset: int, max_bytes: int, is_follower: bool, read_committed: bool = False) -> FetchResult:
         log = self._log
         try:
-            result = log.read(offset, max_bytes, max_offset=None if is_follower else log.high_watermark)
+            if is_follower:
+                max_offset = None
+            else:
+                max_offset = log.last_stable_offset if read_committed else log.high_watermark
+            result = log.read(offset, max_bytes, max_offset=max_offset)
+            aborted: tuple[tuple[int, int], ...] = ()
+            if read_committed and result.records:
+                aborted = tuple(
+                    (t.producer_id, t.first_offset) for t in log.aborted_transactions(offset, result.next_offset)
+                )
         except KafkaError as e:
             return self._fetch_error(e)
-        return FetchResult(result.records, result.high_watermark, result.log_end_offset, result.log_start_offset)
+        return FetchResult(result.records, result.high_watermark, result.log_end_offset, result.log_start_offset,
+                           last_stable_offset=result.last_stable_offset, aborted_transactions=aborted)
 
     def _fetch_error(self, error: KafkaError) -> FetchResult:
         log = self._log
-        return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, error)
+        return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, error,
+                           last_stable_offset=log.last_stable_offset)
 
-    async def list_offset(self, timestamp_ms: int) -> tuple[int, int]:
+    async def list_offset(self, timestamp_ms: int, isolation_level: int = frames.READ_UNCOMMITTED) -> tuple[int, int]:
         """Kafka's ListOffsets for a consumer: (offset, timestamp) of the first record with a
         timestamp >= `timestamp_ms` below the HW, or (-1, -1) if none; -2 (EARLIEST) gives
-        the log start offset and -1 (LATEST) the HW, with timestamp -1.
+        the log start offset and -1 (LATEST) the HW, with timestamp -1. READ_COMMITTED reads
+        the LSO where the others say the HW.
         OFFSET_NOT_AVAILABLE (retriable) while this leader's HW is below the start of its
         epoch: until its followers fetch from it, a new leader's HW may lag its
         predecessor's, and an end offset a client saw must not go back (KIP-207)."""
@@ -614,14 +657,15 @@ class PartitionReplica(Supervised):
                 f"the high watermark {log.high_watermark} of {self.topic}-{self.partition} lags the start "
                 f"{epoch_start_offset} of leader epoch {self._leader_epoch}"
             )
+        last_fetchable = log.last_stable_offset if isolation_level == frames.READ_COMMITTED else log.high_watermark
         if timestamp_ms == LATEST_TIMESTAMP:
-            return log.high_watermark, -1
+            return last_fetchable, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return log.log_start_offset, -1
         if timestamp_ms < 0:
             raise InvalidTimestampError(f"timestamp {timestamp_ms} is neither >= 0 nor -1 (latest) / -2 (earliest)")
         found = log.offset_for_timestamp(timestamp_ms)
-        if found is None or found.offset >= log.high_watermark:
+        if found is None or found.offset >= last_fetchable:
             return -1, -1
         return found.offset, found.timestamp_ms
 

@@ -42,6 +42,7 @@ from rayk.client.group_member import GroupMember
 from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import deserializer
 from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class Consumer:
     - `enable_auto_commit` (True) every `auto_commit_interval_ms` (5,000 ms).
     - `fetch_min_bytes` (1 byte), `fetch_max_wait_ms` (500 ms): a fetch waits at the
       leader up to `fetch_max_wait_ms` for `fetch_min_bytes`.
+    - `isolation_level` ("read_uncommitted"): "read_committed" reads only below the last
+      stable offset and never returns a record of an aborted transaction; its end offsets
+      (`end_offsets`, a "latest" reset) are the LSO.
     - `max_partition_fetch_bytes` (1 MiB, bytes): what one fetch brings per partition.
     - `max_poll_records` (500): records per `poll`.
     - `session_timeout_ms` (10,000 ms), `heartbeat_interval_ms` (3,000 ms),
@@ -107,9 +111,13 @@ class Consumer:
         key_deserializer: Any = None,
         value_deserializer: Any = None,
         consumer_timeout_ms: float = float("inf"),
+        isolation_level: str = "read_uncommitted",
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', got {isolation_level!r}")
+        self._isolation_level = READ_COMMITTED if isolation_level == "read_committed" else READ_UNCOMMITTED
         if min(request_timeout_ms, default_api_timeout_ms, max_poll_records) < 1 or retry_backoff_ms < 0:
             raise ValueError("request_timeout_ms, default_api_timeout_ms and max_poll_records must be >= 1, retry_backoff_ms >= 0")
         self._cluster = cluster
@@ -128,6 +136,7 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms,
             key_deserializer=deserializer(key_deserializer),
             value_deserializer=deserializer(value_deserializer),
+            read_committed=self._isolation_level == READ_COMMITTED,
         )
         self._max_poll_records = max_poll_records
         self._request_timeout_ms = request_timeout_ms
@@ -306,7 +315,9 @@ class Consumer:
 
         def make_call() -> Any:
             left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            return self._metadata.leader(tp.topic, tp.partition, left_ms).list_offset.remote(timestamp_ms)
+            return self._metadata.leader(tp.topic, tp.partition, left_ms).list_offset.remote(
+                timestamp_ms, self._isolation_level
+            )
 
         return calls.call(
             make_call,

@@ -13,6 +13,11 @@ start at the consumer's positions and advance them; a fully handed-out chunk mov
 partition's position to the chunk's end, past any control batches at its tail, as
 Kafka's consumer does.
 
+With `read_committed` the fetches read below the LSO and drop the records of aborted
+transactions (storage.read_committed, Kafka's consumer with isolation.level
+read_committed) before a chunk is kept; its end stays the fetch's, so the position moves
+past what was dropped.
+
 A fetch unanswered after `fetch_max_wait_ms + request_timeout_ms` is cancelled; after a
 failed fetch (a dead or silent leader, NOT_LEADER_OR_FOLLOWER, ...) the partition's leader
 is looked up again (in the background: MetadataCache.leader_nowait) and the partition
@@ -33,8 +38,9 @@ from rayk.client.data_plane import DataPlaneSession
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
-from rayk.dataplane.frames import FetchRequest
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import KafkaError, OffsetOutOfRangeError
+from rayk.storage.read_committed import committed_batches
 from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
 
 
@@ -73,9 +79,11 @@ class Fetcher:
         key_deserializer: Any,
         value_deserializer: Any,
         data_plane: Any = None,
+        read_committed: bool = False,
     ) -> None:
         """`data_plane` sends the fetches (a DataPlaneSession of its own unless given)."""
         self._metadata = metadata
+        self._isolation_level = READ_COMMITTED if read_committed else READ_UNCOMMITTED
         self._min_bytes = fetch_min_bytes
         self._max_wait_ms = fetch_max_wait_ms
         self._max_bytes = max_partition_fetch_bytes
@@ -117,7 +125,9 @@ class Fetcher:
             if leader is None:
                 continue  # looked up in the background; poll wakes up for it
             offset = self._fetch_offsets.setdefault(tp, positions[tp])
-            ref = self._data_plane.fetch(leader, FetchRequest(offset, self._max_bytes, self._min_bytes, self._max_wait_ms))
+            ref = self._data_plane.fetch(leader, FetchRequest(
+                offset, self._max_bytes, self._min_bytes, self._max_wait_ms, isolation_level=self._isolation_level
+            ))
             self._in_flight[ref] = (tp, now + self._call_timeout_s)
             self._fetching.add(tp)
 
@@ -144,10 +154,13 @@ class Fetcher:
                 self._retry_at_s[tp] = now + self._retry_backoff_s
             else:
                 start = self._fetch_offsets.get(tp, 0)
-                end = end_offset_of(result.records)
+                records = result.records
+                end = end_offset_of(records)
+                if result.aborted_transactions:
+                    records = b"".join(bytes(b.data) for b in committed_batches(records, result.aborted_transactions))
                 if end > start:
                     self._fetch_offsets[tp] = end
-                    self._buffer.append(FetchedChunk(tp, result.records, start, end))
+                    self._buffer.append(FetchedChunk(tp, records, start, end))
                     self._chunks[tp] += 1
         return out_of_range
 

@@ -12,11 +12,14 @@ and the record bytes are never touched (no copy beyond the socket's own, never p
 
 FETCH (a follower's or a consumer's fetch, PartitionReplica.fetch's arguments):
   request  offset:i64 max_bytes:i32 min_bytes:i32 max_wait_ms:i32 replica_id:i32
-           leader_epoch:i32 last_fetched_epoch:i32 incarnation_size:u16 | incarnation id
-           | tail: topic id (UTF-8; empty: none)
-  answer   high_watermark:i64 log_end_offset:i64 log_start_offset:i64
-           diverging:i8 diverging_epoch:i32 diverging_end_offset:i64 error_size:u16 | error
+           leader_epoch:i32 last_fetched_epoch:i32 isolation_level:i8 incarnation_size:u16
+           | incarnation id | tail: topic id (UTF-8; empty: none)
+  answer   high_watermark:i64 log_end_offset:i64 log_start_offset:i64 last_stable_offset:i64
+           diverging:i8 diverging_epoch:i32 diverging_end_offset:i64 error_size:u16
+           aborted_count:i32 | error | aborted_count x (producer_id:i64 first_offset:i64)
            | tail: records
+  (isolation_level as Kafka's: 0 read_uncommitted, 1 read_committed, which reads below
+  the LSO and is answered the aborted transactions of what it read)
 PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered together):
   request  count:i32, then per request acks:i16 timeout_ms:i32 size:i32 | tail: the requests'
            records, one after the other
@@ -49,8 +52,10 @@ FETCH = 1
 PRODUCE = 2
 KINDS = (FETCH, PRODUCE)
 
-_FETCH_REQUEST = struct.Struct(">qiiiiiiH")
-_FETCH_ANSWER = struct.Struct(">qqqbiqH")
+_FETCH_REQUEST = struct.Struct(">qiiiiiibH")
+_FETCH_ANSWER = struct.Struct(">qqqqbiqHi")
+_ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1  # Kafka's isolation levels
 _COUNT = struct.Struct(">i")
 _PRODUCE_REQUEST = struct.Struct(">hii")  # acks (int16, as Kafka's), timeout_ms, records size
 _PRODUCE_ANSWER = struct.Struct(">qqqH")
@@ -69,6 +74,7 @@ class FetchRequest:
     replica_id: int = -1
     leader_epoch: int = -1
     last_fetched_epoch: int = -1
+    isolation_level: int = READ_UNCOMMITTED
     incarnation_id: str = ""
     topic_id: str | None = None  # a Fetch v13+ names its topic by id
 
@@ -83,6 +89,8 @@ class FetchResult:
     log_start_offset: int
     error: KafkaError | None = None
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset)
+    last_stable_offset: int = -1
+    aborted_transactions: tuple[tuple[int, int], ...] = ()  # (producer id, first offset), read_committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +135,7 @@ def encode_fetch_request(r: FetchRequest) -> bytes:
     incarnation_id = r.incarnation_id.encode()[:0xFFFF]
     return b"".join((
         _FETCH_REQUEST.pack(r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch,
-                            r.last_fetched_epoch, len(incarnation_id)),
+                            r.last_fetched_epoch, r.isolation_level, len(incarnation_id)),
         incarnation_id,
         (r.topic_id or "").encode(),
     ))
@@ -137,6 +145,8 @@ def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
     if len(body) < _FETCH_REQUEST.size:
         raise FrameError(f"a FETCH request of {len(body)} bytes is shorter than its header")
     *numbers, incarnation_size = _FETCH_REQUEST.unpack_from(body)
+    if numbers[-1] not in (READ_UNCOMMITTED, READ_COMMITTED):
+        raise FrameError(f"a FETCH request's isolation level {numbers[-1]} is neither 0 nor 1")
     topic_id_at = _FETCH_REQUEST.size + incarnation_size
     if len(body) < topic_id_at:
         raise FrameError(f"a FETCH request of {len(body)} bytes is shorter than its incarnation id")
@@ -209,19 +219,25 @@ def encode_fetch_answer_head(a: FetchResult) -> bytes:
     error = _encode_error(a.error)
     diverging = a.diverging_epoch is not None
     epoch, end = a.diverging_epoch if diverging else (-1, -1)
-    return _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, diverging, epoch, end,
-                              len(error)) + error
+    aborted = a.aborted_transactions
+    return b"".join((
+        _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, a.last_stable_offset, diverging,
+                           epoch, end, len(error), len(aborted)),
+        error, *(_ABORTED_TXN.pack(*txn) for txn in aborted),
+    ))
 
 
 def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
     if len(body) < _FETCH_ANSWER.size:
         raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its header")
-    hw, leo, log_start, diverging, epoch, end, error_size = _FETCH_ANSWER.unpack_from(body)
-    records_at = _FETCH_ANSWER.size + error_size
-    if len(body) < records_at:
-        raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its error ({error_size} bytes)")
-    error = _decode_error(body[_FETCH_ANSWER.size:records_at])
-    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, (epoch, end) if diverging else None)
+    hw, leo, log_start, lso, diverging, epoch, end, error_size, aborted_count = _FETCH_ANSWER.unpack_from(body)
+    aborted_at = _FETCH_ANSWER.size + error_size
+    records_at = aborted_at + max(aborted_count, 0) * _ABORTED_TXN.size
+    if aborted_count < 0 or len(body) < records_at:
+        raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its error and {aborted_count} aborted transactions")
+    error = _decode_error(body[_FETCH_ANSWER.size:aborted_at])
+    aborted = tuple(_ABORTED_TXN.iter_unpack(body[aborted_at:records_at]))
+    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, (epoch, end) if diverging else None, lso, aborted)
 
 
 def _encode_error(error: KafkaError | None) -> bytes:

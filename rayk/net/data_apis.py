@@ -19,7 +19,7 @@ from typing import Any
 
 from rayk.acls import DESCRIBE, READ, TOPIC, WRITE
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
-from rayk.dataplane.frames import FetchRequest
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import (
     CorruptRecordError,
     InconsistentTopicIdError,
@@ -114,6 +114,9 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                  for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
     if len({p.key for p in wanted}) != len(wanted):  # one partition, one position: else which is the session's?
         return {"error_code": InvalidRequestError.code, "session_id": 0, "responses": []}
+    isolation_level = body.isolation_level
+    if isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):  # Kafka's IsolationLevel.forId refuses it too
+        return {"error_code": InvalidRequestError.code, "session_id": 0, "responses": []}
     try:  # Fetch v4-v6 have no session fields: (0, -1), a sessionless fetch
         context = view.fetch_sessions.new_context(getattr(body, "session_id", 0), getattr(body, "session_epoch", -1),
                                                   wanted, forgotten, uses_topic_ids)
@@ -146,7 +149,7 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                 result = await view.fetch(name, p.partition, FetchRequest(
                     p.fetch_offset if offset is None else offset,
                     p.max_bytes if max_bytes is None else max_bytes, partition_min_bytes, granted_wait_ms,
-                    CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH,
+                    CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH, isolation_level,
                     topic_id=topic_id_text(p.topic) if uses_topic_ids else None,
                 ))
             if result.error is not None:
@@ -158,14 +161,16 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                 view.forget_topic_id(p.topic)
         except Exception as e:
             error, result = error_code_of(e), None
-        hw = result.high_watermark if result else -1
         return {
             "partition_index": p.partition,
             "error_code": error,
-            "high_watermark": hw,
-            "last_stable_offset": hw,
+            "high_watermark": result.high_watermark if result else -1,
+            "last_stable_offset": result.last_stable_offset if result else -1,
             "log_start_offset": result.log_start_offset if result else -1,
-            "aborted_transactions": [],
+            "aborted_transactions": [
+                {"producer_id": producer_id, "first_offset": first_offset}
+                for producer_id, first_offset in (result.aborted_transactions if result else ())
+            ],
             "preferred_read_replica": -1,
             "records": result.records if result else b"",
         }
@@ -242,7 +247,8 @@ async def _top_up(answers: list[dict], wanted: list[FetchPartition], grants: lis
         if not again["error_code"] and fitting:
             answers[i] = {**answers[i], "records": bytes(answers[i]["records"]) + fitting,
                           "high_watermark": again["high_watermark"], "last_stable_offset": again["last_stable_offset"],
-                          "log_start_offset": again["log_start_offset"]}
+                          "log_start_offset": again["log_start_offset"],
+                          "aborted_transactions": answers[i]["aborted_transactions"] + again["aborted_transactions"]}
     return answers
 
 
@@ -294,10 +300,15 @@ def _trim_to(answers: list[dict], max_bytes: int) -> None:
 
 
 async def list_offsets(view: BrokerView, request: Any) -> dict:
+    """ListOffsets; a read_committed request (v2+) is answered the LSO for LATEST."""
+    isolation_level = getattr(request.body, "isolation_level", READ_UNCOMMITTED)
+
     async def one(topic: str, p: Any) -> dict:
         try:
             _check_describe(view, request, topic)
-            offset, timestamp = await view.call(topic, p.partition_index, "list_offset", p.timestamp)
+            if isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):
+                raise InvalidRequestError(f"isolation level {isolation_level} is neither 0 nor 1")
+            offset, timestamp = await view.call(topic, p.partition_index, "list_offset", p.timestamp, isolation_level)
             return {"partition_index": p.partition_index, "offset": offset, "timestamp": timestamp, "leader_epoch": -1}
         except Exception as e:
             return {"partition_index": p.partition_index, "error_code": error_code_of(e), "offset": -1, "timestamp": -1,

@@ -11,7 +11,8 @@ The layouts are Kafka's ProduceResponse.json (v3-v12) and FetchResponse.json (v4
 flexible versions (Produce v9+, Fetch v12+) use compact arrays, strings and bytes, a
 response header v1 and tagged-field sections. rayk sets none of the tagged fields (the
 leader hints of KIP-951, a follower's diverging epoch or snapshot id), so every section
-is empty. Aborted transactions are always an empty array (rayk has no transactions).
+is empty. Aborted transactions are the read_committed fetch's (an empty array, never
+null, for a read_uncommitted one: clients read both the same way).
 tests/test_data_responses.py proves the bytes equal kio's for every served version.
 """
 
@@ -30,6 +31,7 @@ _I64 = struct.Struct(">q")
 _HEADER = struct.Struct(">ii")  # frame size, correlation id
 _FETCH_TOP = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error, hw, last stable offset, log start offset
+_ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 _PRODUCE_PARTITION = struct.Struct(">ihqqq")  # index, error, base offset, log append time, log start offset
 NO_TAGS = b"\x00"
 
@@ -99,11 +101,15 @@ def fetch_frame(head: RequestHead, values: dict) -> bytes:
         parts.append(topic["topic_id"].bytes if version >= 13 else _string(topic["topic"], flexible))
         parts.append(_array_length(len(topic["partitions"]), flexible))
         for p in topic["partitions"]:
-            assert not p["aborted_transactions"], "rayk has no transactions to abort"
             fields = _PARTITION_HEAD.pack(p["partition_index"], p["error_code"], p["high_watermark"],
                                           p["last_stable_offset"], p["log_start_offset"])
             parts.append(fields if version >= 5 else fields[:-8])
-            parts.append(_array_length(0, flexible))  # aborted_transactions
+            aborted = p["aborted_transactions"]
+            parts.append(_array_length(len(aborted), flexible))
+            for txn in aborted:
+                parts.append(_ABORTED_TXN.pack(txn["producer_id"], txn["first_offset"]))
+                if flexible:
+                    parts.append(NO_TAGS)
             if version >= 11:
                 parts.append(_I32.pack(p["preferred_read_replica"]))
             records = p["records"]
