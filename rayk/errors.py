@@ -345,6 +345,36 @@ class InvalidProducerEpochError(KafkaError):
     code, name = 47, "INVALID_PRODUCER_EPOCH"
 
 
+class InvalidTxnStateError(KafkaError):
+    """The request does not fit the transaction's state (a commit with none open, ...)."""
+
+    code, name = 48, "INVALID_TXN_STATE"
+
+
+class InvalidProducerIdMappingError(KafkaError):
+    """The producer id is not the one the transactional id has (or the id is unknown)."""
+
+    code, name = 49, "INVALID_PRODUCER_ID_MAPPING"
+
+
+class InvalidTransactionTimeoutError(KafkaError):
+    """transaction.timeout.ms above the broker's transaction.max.timeout.ms."""
+
+    code, name = 50, "INVALID_TRANSACTION_TIMEOUT"
+
+
+class ConcurrentTransactionsError(KafkaError):
+    """The transactional id is completing a transaction: retry after a backoff."""
+
+    code, name, retriable = 51, "CONCURRENT_TRANSACTIONS", True
+
+
+class ProducerFencedError(KafkaError):
+    """A newer instance of this transactional producer (a higher epoch) took over."""
+
+    code, name = 90, "PRODUCER_FENCED"
+
+
 class TransactionCoordinatorFencedError(KafkaError):
     """A transaction marker from a coordinator older (lower coordinator epoch) than one
     whose marker the partition already took: a zombie coordinator."""
