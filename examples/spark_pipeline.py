@@ -129,10 +129,14 @@ def stream_clicks(spark, cluster, source: str, total: int, more_events: int, use
     print(f"stream check passed: {len(counted)} micro-batches counted each of the {sum(counted):,} clicks once")
 
 
-def run_pipeline(spark, cluster, source: str, target: str, events: int, users: int, stream_events: int) -> None:
-    """Steps 1 to 4 on a Spark session and a rayk cluster, into new topics `source` and `target`."""
-    cluster.create_topic(source, num_partitions=6, replication_factor=3)
-    cluster.create_topic(target, num_partitions=3, replication_factor=3)
+def run_pipeline(
+    spark, cluster, source: str, target: str, events: int, users: int, stream_events: int,
+    source_partitions: int = 6, target_partitions: int = 3,
+) -> None:
+    """Steps 1 to 4 on a Spark session and a rayk cluster, into new topics `source` and
+    `target` (replication factor 3: one replica process per partition on each broker)."""
+    cluster.create_topic(source, num_partitions=source_partitions, replication_factor=3)
+    cluster.create_topic(target, num_partitions=target_partitions, replication_factor=3)
     produce_clicks(cluster, source, events, users)
     written = aggregate(spark, cluster, source, target)
     print_results(cluster, target, written, events)
