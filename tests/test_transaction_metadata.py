@@ -6,7 +6,7 @@ one transactional id."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -230,3 +230,63 @@ class RacingProducers(RuleBasedStateMachine):
 
 RacingProducers.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestRacingProducers = RacingProducers.TestCase
+
+
+# ---------------------------------------------------------------------- __transaction_state records
+
+from rayk.actors.transaction_records import (  # noqa: E402
+    MalformedTransactionRecordError,
+    decode_record,
+    record_key,
+    record_value,
+)
+
+written_states = st.sampled_from([s for s in S if s not in (S.DEAD, S.PREPARE_EPOCH_FENCE)])
+epochs = st.integers(-1, tm.MAX_PRODUCER_EPOCH)
+int64 = st.integers(-1, 2**63 - 1)
+
+
+@st.composite
+def metadata(draw) -> TransactionMetadata:
+    state = draw(written_states)
+    partitions = frozenset() if state in tm.IDLE_STATES else draw(
+        st.frozensets(st.tuples(st.text(min_size=1, max_size=10), st.integers(0, 2**31 - 1)), max_size=5))
+    return TransactionMetadata(
+        draw(st.text(max_size=20)), draw(int64), draw(epochs), draw(st.integers(1, 2**31 - 1)), state, partitions,
+        draw(epochs), draw(int64), draw(int64), draw(int64), draw(int64), draw(st.sampled_from([TV1, TV2])),
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(metadata())
+def test_every_written_metadata_reads_back_exactly(md):
+    assert decode_record(record_key(md.transactional_id), record_value(md)) == (md.transactional_id, md)
+    assert decode_record(record_key(md.transactional_id), None) == (md.transactional_id, None), "a tombstone"
+
+
+@settings(max_examples=300, deadline=None)
+@given(metadata(), st.data())
+def test_any_damage_is_the_exact_metadata_or_a_malformed_record(md, data):
+    import msgpack
+
+    value = record_value(md)
+    fields = msgpack.unpackb(value)
+    name = data.draw(st.sampled_from(sorted(fields)))
+    fields[name] = data.draw(st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=5),
+                                       st.just([["t", "x"]])))
+    try:
+        _, decoded = decode_record(record_key(md.transactional_id), msgpack.packb(fields))
+    except MalformedTransactionRecordError:
+        return
+    assert isinstance(decoded, TransactionMetadata)
+    assert decoded.state not in (S.DEAD, S.PREPARE_EPOCH_FENCE)
+    assert decoded.state is S.ONGOING or decoded.state in tm.PREPARE_STATES or not decoded.partitions
+
+
+@pytest.mark.parametrize("key, value", [
+    (b"\xc1", None), (record_key("t")[:-1], None), (__import__("msgpack").packb(["group", "t"]), None),
+    (record_key("t"), b"\x92"), (record_key("t"), __import__("msgpack").packb({"version": 2})),
+])
+def test_records_the_coordinator_cannot_have_written_are_malformed(key, value):
+    with pytest.raises(MalformedTransactionRecordError):
+        decode_record(key, value)
