@@ -55,6 +55,9 @@ def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+ALL_COMMITTED = (1 << 63) - 1
+
+
 class MetadataLog:
     def __init__(
         self,
@@ -64,8 +67,9 @@ class MetadataLog:
         clock_ms: Callable[[], int] = _wall_clock_ms,
     ) -> None:
         self.dir = Path(directory) / TOPIC_PARTITION_DIR
-        self._log = Log(self.dir, _METADATA_LOG_CONFIG)
-        self._log.high_watermark = self._log.log_end_offset  # a single replica: all of it is committed
+        # A single replica: all of it is committed (the Log cuts the HW to its LEO; so told,
+        # it takes its producer state from the snapshot at the LEO, with no replay).
+        self._log = Log(self.dir, _METADATA_LOG_CONFIG, high_watermark=ALL_COMMITTED)
         snapshot.delete_leftovers(self.dir)
         self._max_bytes_between_snapshots = max_bytes_between_snapshots
         self._max_snapshot_interval_ms = max_snapshot_interval_ms

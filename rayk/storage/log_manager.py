@@ -113,8 +113,8 @@ class LogManager:
         with self._lock:
             log = self._logs.pop((topic, partition), None)
             self._checkpoints.remove((topic, partition))
-        if log is None:
-            log = Log(self.data_dir / partition_dir_name(topic, partition))
+        if log is None:  # opened only to be deleted: whatever is committed, nothing is replayed
+            log = Log(self.data_dir / partition_dir_name(topic, partition), high_watermark=(1 << 63) - 1)
         log.delete()
         self.checkpoint()
 
