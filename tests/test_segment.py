@@ -120,9 +120,11 @@ def test_recover_reports_each_sound_batch_header_in_order_and_not_the_torn_tail(
     assert seen == headers[:3]
 
 
-def test_batch_headers_lists_the_batches_from_the_one_holding_an_offset(tmp_path):
+def test_batch_locations_list_the_batches_from_the_one_holding_an_offset(tmp_path):
     segment = LogSegment(tmp_path, 10, LogConfig(index_interval_bytes=100), active=True)
     headers = fill(segment, 6)
-    assert list(segment.batch_headers(10)) == headers
-    assert list(segment.batch_headers(headers[2].last_offset)) == headers[2:]
-    assert list(segment.batch_headers(headers[-1].last_offset + 1)) == []
+    assert [location.header for location in segment.batch_locations(10)] == headers
+    found = list(segment.batch_locations(headers[2].last_offset))
+    assert [location.header for location in found] == headers[2:]
+    assert BatchHeader.parse(segment.read_batch(found[0])) == headers[2]
+    assert list(segment.batch_locations(headers[-1].last_offset + 1)) == []

@@ -224,7 +224,10 @@ class LogSegment:
         return os.pread(self._fd, max(0, min(max_bytes, self._size - position)), position)
 
     def batch_locations(self, start_offset: int) -> Iterator[BatchLocation]:
-        """`batch_headers`, with where each batch starts (for `read_batch`)."""
+        """Where each batch whose last offset is >= `start_offset` starts, with its header,
+        in order. Reads `HEADER_SCAN_CHUNK_BYTES` at a time and decodes only the headers
+        (to rebuild state that lives in them, such as producer sequences; `read_batch`
+        reads a whole one, such as a transaction marker)."""
         location = self.translate_offset(start_offset)
         if location is not None:
             yield from self._batches_from(location.position)
@@ -232,15 +235,6 @@ class LogSegment:
     def read_batch(self, location: BatchLocation) -> bytes:
         """The whole batch at `location`."""
         return os.pread(self._fd, location.header.size_bytes, location.position)
-
-    def batch_headers(self, start_offset: int) -> Iterator[BatchHeader]:
-        """The headers of the batches whose last offset is >= `start_offset`, in order.
-
-        Reads `HEADER_SCAN_CHUNK_BYTES` at a time and decodes only the headers (to rebuild
-        state that lives in them, such as producer sequences)."""
-        location = self.translate_offset(start_offset)
-        if location is not None:
-            yield from (batch.header for batch in self._batches_from(location.position))
 
     def find_offset_by_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(timestamp, offset) of the earliest record with timestamp >= target, or None."""
