@@ -97,6 +97,27 @@ def produce(handle: Any, values: list[bytes], acks: int = -1, timeout_ms: int = 
     return ray.get(handle.produce.remote(batch_of(values), acks, timeout_ms))
 
 
+def produce_to_leader(cluster: Any, topic: str, partition: int, values: list[bytes], timeout_s: float = 30):
+    """`produce` to the partition's leader, looked up again while the one found is gone or
+    no longer leads (on loaded cores a broker may replace a replica that answered nothing
+    for its session timeout, as it must a hung one); the first other answer is returned."""
+    from ray.exceptions import RayActorError
+
+    from rayk.errors import NotLeaderOrFollowerError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = produce(cluster.leader(topic, partition), values)
+            if not isinstance(result.error, NotLeaderOrFollowerError):
+                return result
+        except RayActorError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no leader of {topic}-{partition} took the records in {timeout_s} s")
+        time.sleep(0.1)
+
+
 def decode(records: bytes) -> list[tuple[int, bytes]]:
     return [(r.offset, r.value) for b in iter_batches(records) for r in b.records()]
 

@@ -29,6 +29,7 @@ from tests.cluster_helpers import (
     FAST_CONFIG,
     pid_of,
     produce,
+    produce_to_leader,
     read_partition,
     read_replica,
     shared_local_ray,
@@ -195,7 +196,7 @@ def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(clus
 def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
     cluster.create_topic("keep", num_partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
     for p in range(2):
-        assert produce(cluster.leader("keep", p), [b"p%d-%d" % (p, i) for i in range(50)]).error is None
+        assert produce_to_leader(cluster, "keep", p, [b"p%d-%d" % (p, i) for i in range(50)]).error is None
     before = cluster.describe_topic("keep")
     cluster.shutdown()
 
@@ -213,6 +214,13 @@ def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
         ]
         assert all(a["leader_epoch"] > b["leader_epoch"] for a, b in zip(after, before))
         assert all(ray.get(again.broker(b).describe.remote())["clean_shutdown"] for b in range(3))
+        # The leaders' offsets come from their replicas, which the Controller knows once
+        # each broker has reported its replicas' handles: on loaded cores, after the election.
+        def with_offsets() -> list[dict] | None:
+            described = again.describe_topic("keep")
+            return described if all(p["high_watermark"] is not None for p in described) else None
+
+        after = wait_until(with_offsets, 60, "the leaders' offsets")
         for p in range(2):
             assert after[p]["high_watermark"] == 50, "the HW was checkpointed at shutdown"
             values = [v for _, v in read_partition(again.leader("keep", p), 50)]
