@@ -573,6 +573,6 @@ def test_a_read_committed_fetch_stops_at_the_lso_and_names_the_aborted_transacti
 
 def test_a_transaction_marker_is_refused_by_a_follower_and_below_min_insync_replicas(tmp_path):
     r = replicas(tmp_path, ids=(1, 2), config=ReplicaConfig(min_insync_replicas=2))
-    start_replication(r, leader=1, isr=[1])
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1]))  # replica 2 neither leads nor follows: the ISR stays [1]
     assert isinstance(ray.get(r[2].write_txn_marker.remote(7, 0, True, 0, 1000)).error, NotLeaderOrFollowerError)
     assert isinstance(ray.get(r[1].write_txn_marker.remote(7, 0, True, 0, 1000)).error, NotEnoughReplicasError)
