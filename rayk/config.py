@@ -84,6 +84,18 @@ class BrokerConfig:
     offsets_topic_replication_factor: int = 3
     # Kafka's offsets.topic.segment.bytes: small segments, since the active one is never compacted.
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    # Transactions (Kafka's transaction.* names). __transaction_state has 3 partitions, not
+    # Kafka's 50, for the reason __consumer_offsets has; min.insync.replicas of the topic is
+    # transaction.state.log.min.isr, at most its replication factor (a 1-broker cluster).
+    transaction_state_log_num_partitions: int = 3
+    transaction_state_log_replication_factor: int = 3
+    transaction_state_log_min_isr: int = 2
+    transaction_state_log_segment_bytes: int = 100 * 1024 * 1024
+    transaction_max_timeout_ms: int = 900_000  # the longest transaction.timeout.ms a producer may ask for
+    transactional_id_expiration_ms: int = 604_800_000  # an id idle this long is forgotten (7 days)
+    # How often each coordinator aborts transactions past their timeout, and expires idle ids.
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
     # Topic defaults (Kafka's broker-level names: num.partitions, default.replication.factor, ...).
     num_partitions: int = 1
     default_replication_factor: int = 1
@@ -176,6 +188,10 @@ class BrokerConfig:
             "offsets_topic_num_partitions",
             "offsets_topic_replication_factor",
             "offsets_topic_segment_bytes",
+            "transaction_state_log_num_partitions",
+            "transaction_state_log_replication_factor",
+            "transaction_state_log_min_isr",
+            "transaction_state_log_segment_bytes",
             "queued_max_requests",
             "socket_request_max_bytes",
             "max_connections",

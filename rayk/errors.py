@@ -284,16 +284,27 @@ class GroupIdNotFoundError(KafkaError):
 
 
 class TransactionalIdAuthorizationFailedError(KafkaError):
-    """rayk has no transactions yet: what a transactional client is answered, the one code
-    that librdkafka, kafka-python and the Java client all take as fatal at once (any other
-    they retry until their timeout); the message says why."""
+    """The principal may not use the transactional id (WRITE, or DESCRIBE for lookups)."""
 
     code, name = 53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
 
 
-# Its message: FindCoordinator for a transactional.id, and InitProducerId with one.
-TRANSACTIONS_UNSUPPORTED = ("rayk does not support transactions yet: unset transactional.id "
-                            "(an idempotent producer, enable.idempotence, still writes each record once)")
+class OperationNotAttemptedError(KafkaError):
+    """A batched request's other items failed, so this one was not tried (AddPartitionsToTxn)."""
+
+    code, name = 55, "OPERATION_NOT_ATTEMPTED"
+
+
+class UnstableOffsetCommitError(KafkaError):
+    """OffsetFetch with require_stable of a partition whose transactional offsets await their marker."""
+
+    code, name, retriable = 88, "UNSTABLE_OFFSET_COMMIT", True
+
+
+class TransactionalIdNotFoundError(KafkaError):
+    """DescribeTransactions of an id its coordinator does not know."""
+
+    code, name = 105, "TRANSACTIONAL_ID_NOT_FOUND"
 
 
 class GroupSubscribedToTopicError(KafkaError):

@@ -23,7 +23,7 @@ class FakeReplicaEndpoint:
     async def _serve_data_plane(self, kind: int, body: memoryview) -> tuple[bytes, bytes]:
         if kind == frames.PRODUCE:
             requests = frames.decode_produce_request(body)
-            return frames.encode_produce_answer([await self.produce(*request) for request in requests]), b""
+            return frames.encode_produce_answer([await self.produce(*request[:3]) for request in requests]), b""
         r = frames.decode_fetch_request(body)
         result = await self.fetch(r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms)
         return frames.encode_fetch_answer_head(result), result.records

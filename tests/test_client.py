@@ -18,7 +18,7 @@ import rayk
 from rayk.client import TopicPartition
 from rayk.client.consumer_protocol import decode_assignment
 from rayk.client.partitioner import partition_for_key
-from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
+from rayk.internal_topics import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
 from rayk.client.columns import HEADERS_TYPE
 from rayk.client.descriptions import ClusterHealth, ConsumerGroupDescription, GroupListing, PartitionDescription, PartitionLag

@@ -18,7 +18,7 @@ from rayk.dataplane import endpoint as endpoint_module
 from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
-from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceResult
+from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
 
@@ -55,7 +55,9 @@ def test_a_fetch_request_with_an_unknown_isolation_level_does_not_parse():
         frames.decode_fetch_request(bytes(body))
 
 
-produce_requests = st.lists(st.tuples(st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32), max_size=8)
+produce_requests = st.lists(st.builds(
+    ProduceRequest, st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32, st.none() | st.text(max_size=20)),
+    max_size=8)
 produce_results = st.lists(st.builds(
     ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why"))), max_size=8)
 

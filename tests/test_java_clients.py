@@ -31,10 +31,9 @@ import pytest
 import ray
 
 import rayk
-from rayk.actors.group_coordinator import coordinator_partition
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
-from rayk.internal_topics import OFFSETS_TOPIC
+from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from rayk.net.api_versions import METADATA, SUPPORTED_VERSIONS
 from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_until
 from tests.faults.harness import healthy
@@ -188,8 +187,7 @@ def test_apis_rayk_does_not_serve_fail_in_the_java_client_before_any_request(clu
     (UnsupportedVersionException) and its connections go on serving."""
     events = {e["event"] if e["event"] != "error" else e["step"]: e
               for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "unsupported", new_topic(cluster))}
-    for step, api in (("list_transactions", "LIST_TRANSACTIONS"), ("describe_log_dirs", "DESCRIBE_LOG_DIRS"),
-                      ("describe_producers", "DESCRIBE_PRODUCERS")):
+    for step, api in (("describe_log_dirs", "DESCRIBE_LOG_DIRS"), ("alter_replica_log_dirs", "ALTER_REPLICA_LOG_DIRS")):
         assert events[step]["error"] == "UnsupportedVersionException", events[step]
         assert api in events[step]["message"]
     assert events["still_usable"]["topics"] >= 0
@@ -205,6 +203,24 @@ def test_a_version_rayk_does_not_serve_is_answered_unsupported_and_the_connectio
     assert [(a["version"], a["error"]) for a in answers] == [(ceiling + 1, "UNSUPPORTED_VERSION"), (ceiling, "NONE")]
     [garbage] = jvm.run("rayk.jvm.RawRequests", host, port, "garbage", ceiling)
     assert garbage == {"event": "garbage", "closed": True, "other_connection": "NONE"}
+
+
+def test_the_java_transactional_producer_commits_aborts_and_is_fenced_and_the_admin_describes_it(cluster, bootstrap, jvm):
+    """Kafka's Java producer with a transactional.id: a committed transaction is what a
+    read_committed reader sees, an aborted one and a zombie's are not; a second producer
+    with the same id fences the first (ProducerFencedException at its commit); and the
+    admin client's describeProducers, listTransactions and describeTransactions answer."""
+    topic, txn_id = new_topic(cluster, 1), f"java-tx-{uuid.uuid4().hex[:6]}"
+    events = {e["event"]: e for e in jvm.run("rayk.jvm.TxnCheck", bootstrap, topic, txn_id)}
+    assert {"committed", "aborted", "committed_new", "done"} <= set(events), events
+    assert events["fenced"]["error"] == "ProducerFencedException", events["fenced"]
+    assert events["producers"] == {"event": "producers", "count": 1, "open": 0}, events["producers"]
+    assert events["transactions"]["state"] == "CompleteCommit", events["transactions"]
+    assert events["described"]["state"] == "CompleteCommit" and events["described"]["partitions"] == 0
+    committed = consume_topic(cluster, topic, 6, isolation_level="read_committed")
+    assert [r.value for r in committed] == [b"c0", b"c1", b"c2", b"n0", b"n1", b"n2"]
+    everything = consume_topic(cluster, topic, 10)
+    assert [r.value for r in everything] == [b"c0", b"c1", b"c2", b"a0", b"a1", b"a2", b"z0", b"n0", b"n1", b"n2"]
 
 
 def test_kafka_topics_consumer_groups_and_configs_tools_work_against_rayk(cluster, bootstrap, jvm):
@@ -248,13 +264,22 @@ def test_kafka_topics_consumer_groups_and_configs_tools_work_against_rayk(cluste
     wait_until(lambda: topic not in cluster.list_topics(), 30, "the topic to be deleted")
 
 
-def word_counts(cluster, topic: str) -> dict[str, int]:
-    """The last count of each word in Streams' output topic (String keys, Long values)."""
-    partitions = len(cluster.describe_topic(topic))
-    reader = cluster.consumer(enable_auto_commit=False)
-    ends = reader.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
-    reader.close()
-    records = consume_topic(cluster, topic, sum(ends.values()))
+def word_counts(cluster, topic: str, isolation_level: str = "read_uncommitted") -> dict[str, int]:
+    """The last count of each word in Streams' output topic (String keys, Long values), read
+    to the partitions' ends (the LSO, read_committed)."""
+    partitions = [TopicPartition(topic, p) for p in range(len(cluster.describe_topic(topic)))]
+    reader = cluster.consumer(enable_auto_commit=False, isolation_level=isolation_level)
+    try:
+        reader.assign(partitions)
+        reader.seek_to_beginning()
+        ends = reader.end_offsets(partitions)
+        records: list = []
+        deadline = time.monotonic() + 30
+        while any(reader.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
+            for batch in reader.poll(timeout_ms=500).values():
+                records += batch
+    finally:
+        reader.close()
     return {r.key.decode(): struct.unpack(">q", r.value)[0] for r in sorted(records, key=lambda r: r.offset)}
 
 
@@ -311,17 +336,61 @@ def test_kafka_streams_word_count_is_right_across_application_and_broker_restart
                "every partition led with its full ISR")
 
 
-def test_kafka_streams_exactly_once_v2_fails_at_once_as_rayk_has_no_transactions(cluster, bootstrap, jvm, tmp_path):
-    source, sink = new_topic(cluster, 1), new_topic(cluster, 1)
-    started = time.monotonic()
-    streams = start_word_count(jvm, bootstrap, f"eos-{uuid.uuid4().hex[:6]}", source, sink, tmp_path, "exactly_once_v2")
+def test_kafka_streams_exactly_once_v2_counts_exactly_across_an_application_kill_and_a_broker_kill(
+        cluster, bootstrap, jvm, tmp_path):
+    """Kafka Streams with exactly_once_v2 (transactional producers, offsets committed in the
+    transactions, read_committed consumers) counts exactly: what read_committed readers of
+    its output see matches the input after its process is SIGKILLed mid-work (its open
+    transaction is aborted when the next instance fences it) and after the broker
+    coordinating its transactions is SIGKILLed (the new coordinator completes or aborts
+    what was in flight)."""
+    source, sink, app = new_topic(cluster, 2), new_topic(cluster, 2), f"eos-{uuid.uuid4().hex[:6]}"
+    producer = cluster.producer(acks="all")
+
+    def write(lines: list[str]) -> None:
+        for line in lines:
+            producer.send(source, line.encode(), key=line.encode())
+        producer.flush()
+
+    def counted(what: str, timeout_s: float = 90) -> None:
+        wait_until(lambda: word_counts(cluster, sink, "read_committed") == expected, timeout_s, what)
+
+    expected: Counter = Counter()
+    lines = [f"one two {i % 5} three" for i in range(60)]
+    write(lines)
+    expected.update(w for line in lines for w in line.split())
+    streams = start_word_count(jvm, bootstrap, app, source, sink, tmp_path / "state", "exactly_once_v2")
     try:
-        error = streams.wait_for("error", 120)
-        streams.wait_for("state", 60, where=lambda e: e["state"] == "ERROR")
+        streams.wait_for("state", 120, where=lambda e: e["state"] == "RUNNING")
+        counted("the first counts")
+
+        lines = [f"two {i % 4} four" for i in range(200)]
+        write(lines)
+        expected.update(w for line in lines for w in line.split())
+        streams.process.kill()  # mid-work: a transaction may be open
+        streams.stop()
+        streams = start_word_count(jvm, bootstrap, app, source, sink, tmp_path / "state", "exactly_once_v2")
+        streams.wait_for("state", 120, where=lambda e: e["state"] == "RUNNING")
+        counted("the counts after the application was killed")
+
+        lines = [f"five {i % 3}" for i in range(100)]
+        write(lines)
+        expected.update(w for line in lines for w in line.split())
+        os.kill(pid_of(cluster.broker(transaction_coordinator_of(cluster, app))), signal.SIGKILL)  # Ray restarts it
+        counted("the counts across a broker kill", 120)
     finally:
         streams.stop("close")
-    assert error["cause"] == "TransactionalIdAuthorizationException", error
-    assert time.monotonic() - started < 60, "no hang until a timeout"
+    internal = (f"{app}-counts-changelog", f"{app}-words-repartition")
+    wait_until(lambda: all(healthy(cluster, t) for t in (source, sink, *internal)), 90, "every partition led with its full ISR")
+
+
+def transaction_coordinator_of(cluster, prefix: str) -> int:
+    """The broker coordinating the (first) transactional id that starts with `prefix`."""
+    for p, state in enumerate(cluster.describe_topic(TRANSACTION_STATE_TOPIC)):
+        leader = ray.get(cluster.controller.leader.remote(TRANSACTION_STATE_TOPIC, p))
+        if any(md.transactional_id.startswith(prefix) for md in ray.get(leader.transactions.remote())):
+            return state["leader"]
+    raise AssertionError(f"no transactional id starts with {prefix!r}")
 
 
 # Last in the module: it kills a broker's process.

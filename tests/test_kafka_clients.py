@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -24,18 +25,29 @@ from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
-from rayk.actors.group_coordinator import coordinator_partition
 from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidTopicError, UnknownTopicOrPartitionError
-from rayk.internal_topics import OFFSETS_TOPIC
-from rayk.net.api_versions import CREATE_TOPICS, FETCH, INIT_PRODUCER_ID, LEAVE_GROUP, METADATA, PRODUCE
+from rayk.internal_topics import OFFSETS_TOPIC, coordinator_partition
+from rayk.net.api_versions import (
+    ADD_PARTITIONS_TO_TXN,
+    CREATE_TOPICS,
+    DESCRIBE_PRODUCERS,
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    FETCH,
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+    LEAVE_GROUP,
+    METADATA,
+    PRODUCE,
+)
 from rayk.net.entities import kafka_uuid
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
-from tests.protocol_helpers import RawConnection
+from tests.protocol_helpers import RawConnection, request_frame, sized
 
 CONFIG = {
     **FAST_CONFIG,
@@ -44,6 +56,7 @@ CONFIG = {
     "num.partitions": 3,
     "default.replication.factor": 3,
     "auto.leader.rebalance.enable": False,  # leaders move back only when a test asks
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500,  # an abandoned transaction's abort
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _names = itertools.count()
@@ -864,29 +877,226 @@ def test_kafka_python_deletes_group_offsets_but_not_of_a_topic_its_members_consu
 
 
 
-def test_a_transactional_producer_fails_at_once_saying_rayk_has_no_transactions(cluster, bootstrap):
-    """FindCoordinator for a transactional.id and InitProducerId with one answer
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which librdkafka and kafka-python take as fatal at
-    once; INVALID_REQUEST had librdkafka retry until init_transactions' timeout, which
-    raises a bare timeout without this message."""
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
-    with pytest.raises(confluent_kafka.KafkaException) as raised:
-        producer.init_transactions(30)
-    assert raised.value.args[0].fatal(), raised.value
-    assert "rayk does not support transactions yet" in str(raised.value), raised.value
-    old = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}", max_block_ms=30_000)
+# ---------------------------------------------------------------------------- transactions
+
+
+def txn_producer(bootstrap: str, txn_id: str | None = None, **settings: Any) -> confluent_kafka.Producer:
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap,
+                                         "transactional.id": txn_id or f"tx-{uuid.uuid4().hex[:8]}", **settings})
+    producer.init_transactions(60)
+    return producer
+
+
+def read_values(bootstrap: str, topic: str, isolation_level: str, expected: int, timeout_s: float = 30,
+                position: int | None = None) -> list[bytes]:
+    """Partition 0's values from its start, read by librdkafka until `expected` came (and
+    the consumer's position reached `position`, if given) or timeout_s passed."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:8]}",
+                                         "isolation.level": isolation_level, "enable.auto.commit": False})
+    consumer.assign([confluent_kafka.TopicPartition(topic, 0, confluent_kafka.OFFSET_BEGINNING)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+
+    def at_position() -> bool:
+        return position is None or consumer.position([confluent_kafka.TopicPartition(topic, 0)])[0].offset == position
+
+    while (len(values) < expected or not at_position()) and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    reached = at_position()
+    consumer.close()
+    assert reached, f"the consumer's position did not reach {position}"
+    return values
+
+
+def test_a_confluent_transaction_is_read_committed_only_once_committed_and_never_if_aborted(cluster, bootstrap):
+    """librdkafka's transactional producer: while a transaction is open, read_committed
+    consumers wait at its first offset (the LSO) and read_uncommitted ones read it; once
+    committed both read it; an aborted transaction's records (sent before the abort) only
+    read_uncommitted consumers see; read_committed ones move past them and the markers."""
+    topic = new_topic(cluster, partitions=1)
+    producer = txn_producer(bootstrap)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(topic, f"c{i}".encode(), partition=0)
+    producer.flush(30)
+    assert read_values(bootstrap, topic, "read_committed", 1, timeout_s=2) == []
+    assert read_values(bootstrap, topic, "read_uncommitted", 5) == [f"c{i}".encode() for i in range(5)]
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(topic, f"a{i}".encode(), partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"d0", partition=0)
+    producer.commit_transaction(30)
+
+    committed = [f"c{i}".encode() for i in range(5)] + [b"d0"]
+    wait_until(lambda: cluster.describe_topic(topic)[0]["high_watermark"] == 14, 30,
+               "the last marker")  # 11 records and 3 markers; EndTxn is answered before its markers are written
+    assert read_values(bootstrap, topic, "read_committed", 6, position=14) == committed  # past the markers
+    assert read_values(bootstrap, topic, "read_uncommitted", 11) == committed[:5] + [f"a{i}".encode() for i in range(5)] + [b"d0"]
+
+
+def test_consume_transform_produce_commits_the_group_offsets_with_the_transaction(cluster, bootstrap):
+    """send_offsets_to_transaction (AddOffsetsToTxn, TxnOffsetCommit): the group's offsets
+    move with a committed transaction and stay where they were when it aborts, so each
+    input record's output is committed exactly once."""
+    source, sink, group = new_topic(cluster, partitions=1), new_topic(cluster, partitions=1), f"ctp-{uuid.uuid4().hex[:6]}"
+    plain = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        plain.produce(source, f"m{i}".encode(), partition=0)
+    plain.flush(30)
+    producer = txn_producer(bootstrap)
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.subscribe([source])
+
+    def committed() -> int:
+        return consumer.committed([confluent_kafka.TopicPartition(source, 0)], 10)[0].offset
+
+    def transform(count: int, commit: bool) -> None:
+        messages: list = []
+        while len(messages) < count:
+            messages += [m for m in consumer.consume(count - len(messages), 1.0) if m.error() is None]
+        producer.begin_transaction()
+        for m in messages:
+            producer.produce(sink, m.value().upper(), partition=0)
+        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)
+            producer.abort_transaction(30)
+            consumer.seek(confluent_kafka.TopicPartition(source, 0, max(committed(), 0)))
+
     try:
-        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
-            old.init_transactions()
+        transform(5, commit=True)
+        assert committed() == 5
+        transform(5, commit=False)
+        assert committed() == 5
+        transform(5, commit=True)
+        assert committed() == 10
     finally:
-        old.close(timeout=5)
+        consumer.close()
+    assert read_values(bootstrap, sink, "read_committed", 10) == [f"M{i}".encode() for i in range(10)]
+
+
+def test_a_zombie_producer_is_fenced_by_a_new_one_with_its_transactional_id(cluster, bootstrap):
+    """A second producer with the same transactional.id bumps the epoch: the first one's
+    open transaction is aborted, and its commit fails as fenced (fatal); nothing it wrote
+    is read_committed."""
+    topic, txn_id = new_topic(cluster, partitions=1), f"zombie-{uuid.uuid4().hex[:6]}"
+    zombie = txn_producer(bootstrap, txn_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie", partition=0)
+    zombie.flush(30)
+    successor = txn_producer(bootstrap, txn_id)
+    with pytest.raises(confluent_kafka.KafkaException) as fenced:
+        zombie.commit_transaction(30)
+    assert fenced.value.args[0].fatal(), fenced.value
+    successor.begin_transaction()
+    successor.produce(topic, b"successor", partition=0)
+    successor.commit_transaction(30)
+    assert read_values(bootstrap, topic, "read_committed", 1) == [b"successor"]
+    assert read_values(bootstrap, topic, "read_uncommitted", 2) == [b"zombie", b"successor"]
+
+
+def coordinator_connection(bootstrap: str, txn_id: str) -> RawConnection:
+    """A connection to the transaction coordinator of `txn_id` (FindCoordinator, key type 1)."""
     connection = RawConnection(bootstrap)
     try:
-        answer = connection.call(INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60_000,
-                                                      "producer_id": -1, "producer_epoch": -1})
+        found = connection.call(FIND_COORDINATOR, 4, {"key_type": 1, "coordinator_keys": [txn_id]}).coordinators[0]
     finally:
         connection.close()
-    assert answer.error_code.value == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert found.error_code.value == 0, found
+    return RawConnection(f"{found.host}:{found.port}")
+
+
+def test_an_abandoned_transaction_is_aborted_by_the_coordinator_after_its_timeout(cluster, bootstrap):
+    """A producer that stops mid-transaction holds read_committed consumers back only
+    until transaction.timeout.ms: the coordinator then fences it (the epoch goes up) and
+    aborts the transaction, and the LSO moves on to what others wrote since."""
+    topic, txn_id = new_topic(cluster, partitions=1), f"abandoned-{uuid.uuid4().hex[:6]}"
+    abandoned = txn_producer(bootstrap, txn_id, **{"transaction.timeout.ms": 2000})
+    abandoned.begin_transaction()
+    abandoned.produce(topic, b"abandoned", partition=0)
+    abandoned.flush(30)
+    plain = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    plain.produce(topic, b"later", partition=0)
+    plain.flush(30)
+    assert read_values(bootstrap, topic, "read_committed", 1) == [b"later"]
+    connection = coordinator_connection(bootstrap, txn_id)
+    try:
+        [state] = connection.call(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [txn_id]}).transaction_states
+    finally:
+        connection.close()
+    assert (state.error_code.value, state.transaction_state, state.producer_epoch) == (0, "CompleteAbort", 1)
+
+
+def test_the_transaction_apis_answer_kafkas_errors(cluster, bootstrap):
+    """On the wire: a timeout above transaction.max.timeout.ms, a partition that does not
+    exist (the others of the request not attempted), a stale epoch, a transactional produce
+    to a partition the transaction does not hold (KIP-890's verification), an unknown id;
+    and DescribeProducers shows an open transaction's first offset."""
+    topic, txn_id = new_topic(cluster, partitions=1), f"raw-{uuid.uuid4().hex[:6]}"
+    connection = coordinator_connection(bootstrap, txn_id)
+    try:
+        too_long = connection.call(INIT_PRODUCER_ID, 4, {"transactional_id": txn_id, "transaction_timeout": 900_001,
+                                                         "producer_id": -1, "producer_epoch": -1})
+        assert too_long.error_code.value == 50  # INVALID_TRANSACTION_TIMEOUT
+        init = connection.call(INIT_PRODUCER_ID, 4, {"transactional_id": txn_id, "transaction_timeout": 60_000,
+                                                     "producer_id": -1, "producer_epoch": -1})
+        assert init.error_code.value == 0
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def add(partitions: list[int], version: int = 3) -> dict[int, int]:
+            answer = connection.call(ADD_PARTITIONS_TO_TXN, version, {
+                "v3_and_below_transactional_id": txn_id, "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": topic, "partitions": partitions}]})
+            return {p.partition_index: p.partition_error_code.value for p in answer.results_by_topic_v3_and_below[0].results_by_partition}
+
+        assert add([0, 7]) == {0: 55, 7: 3}  # OPERATION_NOT_ATTEMPTED, UNKNOWN_TOPIC_OR_PARTITION
+        verified = connection.call(ADD_PARTITIONS_TO_TXN, 4, {"transactions": [{
+            "transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch, "verify_only": True,
+            "topics": [{"name": topic, "partitions": [0]}]}]})
+        [result] = verified.results_by_transaction[0].topic_results[0].results_by_partition
+        assert result.partition_error_code.value == 48  # INVALID_TXN_STATE: not in the transaction
+        stale = connection.call(END_TXN, 3, {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch - 1,
+                                             "committed": True})
+        assert stale.error_code.value == 90  # PRODUCER_FENCED
+        # (kio cannot decode the answer's start time of -1, "none", so its error code is read by hand:
+        # correlation id, header tags, throttle time, array length, then the first state's error code)
+        connection.send(sized(request_frame(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [txn_id + "-absent"]}, 7, "t")))
+        unknown = connection.receive()
+        assert unknown is not None and struct.unpack_from(">h", unknown, 10)[0] in (105, 16)  # TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR
+    finally:
+        connection.close()
+
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    to_leader = RawConnection("%s:%d" % tuple(next(b["endpoints"]["PLAINTEXT"] for b in cluster.brokers() if b["broker_id"] == leader)))
+    batch = build_batch([SimpleRecord(b"x")], producer_id=pid, producer_epoch=epoch, base_sequence=0, is_transactional=True)
+
+    def produce() -> int:
+        answer = to_leader.call(PRODUCE, 9, {"transactional_id": txn_id, "acks": -1, "timeout": 10_000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        return answer.responses[0].partition_responses[0].error_code.value
+
+    try:
+        assert produce() == 48  # INVALID_TXN_STATE: AddPartitionsToTxn first
+        connection = coordinator_connection(bootstrap, txn_id)
+        try:
+            assert add([0]) == {0: 0}
+        finally:
+            connection.close()
+        assert produce() == 0
+        producers = to_leader.call(DESCRIBE_PRODUCERS, 0, {"topics": [{"name": topic, "partition_indexes": [0]}]})
+        [state] = producers.topics[0].partitions[0].active_producers
+        assert (state.producer_id, state.producer_epoch, state.current_txn_start_offset) == (pid, epoch, 0)
+    finally:
+        to_leader.close()
 
 
 # Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.

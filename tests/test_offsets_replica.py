@@ -13,6 +13,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from rayk.actors import coordinator_replica
 from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.errors import InvalidTopicError, NotCoordinatorError
@@ -84,10 +85,10 @@ def test_a_load_that_fails_outright_is_not_coordinator_until_the_next_push_loads
         await replica.commit_offsets("g", -1, "", {("t", 0): (5, "")})
         await replica.become_follower(EPOCH + 1, -1, None)
 
-        def unreadable() -> list:
+        def unreadable(log: object, source: str) -> list:
             raise OSError("a disk that cannot be read")
 
-        monkeypatch.setattr(replica, "_local_records", unreadable)
+        monkeypatch.setattr(coordinator_replica, "read_coordinator_log", unreadable)
         await replica.become_leader(EPOCH + 2, [0], [0])  # logs the failure, raises nothing
         with pytest.raises(NotCoordinatorError):
             await replica.fetch_offsets("g")

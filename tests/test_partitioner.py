@@ -19,7 +19,7 @@ from kafka.cluster import ClusterMetadata
 from kafka.partitioner.default import DefaultPartitioner
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from rayk.actors.group_coordinator import coordinator_partition, java_string_hash
+from rayk.internal_topics import coordinator_partition, java_string_hash
 from rayk.client.partitioner import StickyPartitioner, murmur2, partition_for_key
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1

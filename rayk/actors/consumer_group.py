@@ -130,7 +130,7 @@ class ConsumerGroup:
             )
         now = self.clock_s()
         if member_id:
-            self._check_not_fenced(group_instance_id, member_id)
+            self.check_not_fenced(group_instance_id, member_id)
             member = self.members.get(member_id)
             if member is None:
                 raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}; join with no id")
@@ -190,7 +190,7 @@ class ConsumerGroup:
             self.leader_id = member.member_id
         return member
 
-    def _check_not_fenced(self, group_instance_id: str | None, member_id: str) -> None:
+    def check_not_fenced(self, group_instance_id: str | None, member_id: str) -> None:
         """FENCED_INSTANCE_ID when `group_instance_id` belongs to another member id (Kafka's
         isStaticMemberFenced): a newer process of that static member took over."""
         if group_instance_id is None:
@@ -334,7 +334,7 @@ class ConsumerGroup:
         name a static member by its instance id alone, with an empty member id)."""
         if group_instance_id is not None:
             if member_id:
-                self._check_not_fenced(group_instance_id, member_id)
+                self.check_not_fenced(group_instance_id, member_id)
             member_id = self.static_members.get(group_instance_id, "")
         member = self.members.get(member_id)
         if member is None:
@@ -381,7 +381,7 @@ class ConsumerGroup:
             raise RebalanceInProgressError(f"group {self.group_id!r} is rebalancing")
 
     def _member_at(self, generation: int, member_id: str, group_instance_id: str | None = None) -> Member:
-        self._check_not_fenced(group_instance_id, member_id)
+        self.check_not_fenced(group_instance_id, member_id)
         member = self.members.get(member_id)
         if member is None:
             raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")

@@ -64,7 +64,7 @@ from ray.exceptions import RayActorError, RayError
 from rayk import metrics
 from rayk.metadata import elections
 from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, PartitionState, Record
-from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
+from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition, is_internal
 from rayk.metadata.log import MetadataLog
 from rayk.metadata.records import ClusterIdRecord, PartitionRecord
 from rayk.actors.replica_capacity import check_replica_caps, replica_caps
@@ -633,7 +633,7 @@ class Controller:
             replication_factor = self.config.default_replication_factor
         checked = validate_topic_configs(configs)
         records = self._meta.replication.plan_create_topic(name, num_partitions, replication_factor, checked, new_uuid())
-        if name != OFFSETS_TOPIC:  # consumer groups must work whatever users have filled
+        if not is_internal(name):  # groups and transactions must work whatever users have filled
             self._check_replica_caps(records)
         if validate_only:
             return []
@@ -656,8 +656,8 @@ class Controller:
         """Grows the topic to `total` partitions (see ClusterMetadata.plan_create_partitions),
         waits until every live new replica has its role; returns the topic's description.
         `validate_only` checks and changes nothing, as Kafka's CreatePartitions does."""
-        if name == OFFSETS_TOPIC:  # its partition count is what maps a group to its coordinator
-            raise InvalidRequestError(f"the partition count of {OFFSETS_TOPIC} cannot change")
+        if is_internal(name):  # its partition count is what maps a group or a transactional id to its coordinator
+            raise InvalidRequestError(f"the partition count of {name} cannot change")
         current = len(self._meta.topics[name].partitions) if name in self._meta.topics else 0
         records = self._meta.replication.plan_create_partitions(name, total)
         self._check_replica_caps(records)
@@ -808,29 +808,49 @@ class Controller:
     async def find_coordinator(self, group_id: str) -> tuple[int, Any]:
         """(partition of __consumer_offsets, handle of its leader replica) for a group;
         creates the internal topic on first use, as Kafka does."""
-        await self.create_offsets_topic()
-        partition = coordinator_partition(group_id, len(self._meta.topics[OFFSETS_TOPIC].partitions))
-        return partition, await self.leader(OFFSETS_TOPIC, partition)
+        return await self._find_coordinator(OFFSETS_TOPIC, group_id)
 
-    async def create_offsets_topic(self, timeout_ms: int | None = None) -> None:
-        """Creates __consumer_offsets, unless it exists, with its own settings (offsets.topic.*,
-        compacted), whoever asks: a group's first request or a Metadata request naming it
+    async def find_transaction_coordinator(self, transactional_id: str) -> tuple[int, Any]:
+        """(partition of __transaction_state, handle of its leader replica) for a
+        transactional id; creates the internal topic on first use, as Kafka does."""
+        return await self._find_coordinator(TRANSACTION_STATE_TOPIC, transactional_id)
+
+    async def _find_coordinator(self, topic: str, key: str) -> tuple[int, Any]:
+        await self.create_internal_topic(topic)
+        partition = coordinator_partition(key, len(self._meta.topics[topic].partitions))
+        return partition, await self.leader(topic, partition)
+
+    async def create_internal_topic(self, name: str, timeout_ms: int | None = None) -> None:
+        """Creates __consumer_offsets or __transaction_state, unless it exists, with its own
+        settings (offsets.topic.*, transaction.state.log.*; compacted), whoever asks: a
+        group's or a transactional id's first request, or a Metadata request naming it
         (`timeout_ms` as for `create_topic`)."""
-        if OFFSETS_TOPIC not in self._meta.topics:
-            c = self.config
-            rf = min(c.offsets_topic_replication_factor, len(self._meta.live_brokers))
-            try:
-                configs = {"cleanup.policy": "compact", "segment.bytes": str(c.offsets_topic_segment_bytes)}
-                await self.create_topic(OFFSETS_TOPIC, c.offsets_topic_num_partitions, max(rf, 1), configs, timeout_ms=timeout_ms)
-            except TopicAlreadyExistsError:
-                pass  # a concurrent request created it
+        if name in self._meta.topics:
+            return
+        c, live = self.config, len(self._meta.live_brokers)
+        if name == OFFSETS_TOPIC:
+            partitions, segment_bytes = c.offsets_topic_num_partitions, c.offsets_topic_segment_bytes
+            rf = max(min(c.offsets_topic_replication_factor, live), 1)
+            configs = {}
+        elif name == TRANSACTION_STATE_TOPIC:
+            partitions, segment_bytes = c.transaction_state_log_num_partitions, c.transaction_state_log_segment_bytes
+            rf = max(min(c.transaction_state_log_replication_factor, live), 1)
+            configs = {"min.insync.replicas": str(min(c.transaction_state_log_min_isr, rf))}
+        else:
+            raise InvalidRequestError(f"{name!r} is not an internal topic")
+        configs |= {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
+        try:
+            await self.create_topic(name, partitions, rf, configs, timeout_ms=timeout_ms)
+        except TopicAlreadyExistsError:
+            pass  # a concurrent request created it
 
-    async def coordinators(self) -> list[Any]:
-        """Handles of every __consumer_offsets leader (to list all groups)."""
-        meta = self._meta.topics.get(OFFSETS_TOPIC)
+    async def coordinators(self, topic: str = OFFSETS_TOPIC) -> list[Any]:
+        """Handles of every leader of an internal topic's partitions (to list all groups, or
+        all transactions)."""
+        meta = self._meta.topics.get(topic)
         if meta is None:
             return []
-        return [self._replica_handles.get((OFFSETS_TOPIC, p, s.leader)) for p, s in sorted(meta.partitions.items())]
+        return [self._replica_handles.get((topic, p, s.leader)) for p, s in sorted(meta.partitions.items())]
 
     async def describe_topic(self, name: str) -> list[dict]:
         """Per partition: leader, replicas, isr, epochs, and the leader's HW and LEO."""

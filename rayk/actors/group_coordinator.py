@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 import weakref
 from collections import Counter
@@ -58,6 +57,7 @@ from typing import Any
 import msgpack
 
 from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
+from rayk.actors.coordinator_log import LogEntry, TxnMarker, TxnRecords
 from rayk.actors.group_records import (
     CommittedOffset,
     GroupRecord,
@@ -91,28 +91,8 @@ CONSUMER_PROTOCOL_TYPE = "consumer"
 RECORDS_PER_APPEND = 1_000  # tombstones or group records: ~60 KB a batch, well under max.message.bytes
 TopicPartition = tuple[str, int]
 Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
-
-
-def java_string_hash(text: str) -> int:
-    """Java's String.hashCode: `31*h + c` over UTF-16 code units, as a signed 32-bit int.
-
-    A character outside the Basic Multilingual Plane counts as its two surrogates, as in
-    Java; a lone surrogate (possible in a Python str) is one code unit.
-    """
-    h = 0
-    for (unit,) in struct.iter_unpack(">H", text.encode("utf-16-be", "surrogatepass")):
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def coordinator_partition(group_id: str, num_partitions: int) -> int:
-    """The `__consumer_offsets` partition whose leader coordinates `group_id`: Kafka's
-    `Utils.abs(groupId.hashCode()) % numPartitions`, where Utils.abs is Math.abs except
-    that Integer.MIN_VALUE (which has no absolute value) gives 0."""
-    if num_partitions < 1:
-        raise ValueError(f"a topic has at least one partition, not {num_partitions}")
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
+# (records, transactional id, producer id, producer epoch): a transactional producer's batch
+AppendTransactional = Callable[[list[tuple[bytes, bytes | None]], str, int, int], Awaitable[None]]
 
 
 def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
@@ -136,9 +116,13 @@ def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
 
 
 class GroupCoordinator:
-    def __init__(self, append: Append, config: BrokerConfig | None = None) -> None:
+    def __init__(self, append: Append, config: BrokerConfig | None = None,
+                 append_transactional: AppendTransactional | None = None) -> None:
         self.config = config or BrokerConfig()
         self._append = append
+        self._append_transactional = append_transactional
+        # TxnOffsetCommit's offsets until their producer's marker: producer id -> group -> partition -> offset
+        self._pending_txn: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
         self._groups: dict[str, ConsumerGroup] = {}
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -150,25 +134,40 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self, records: Iterable[tuple[int, bytes | None, bytes | None]], source: str = OFFSETS_TOPIC) -> None:
-        """Replays the partition's records, (offset, key, value) oldest first; `source`
+    def load(self, records: Iterable[LogEntry], source: str = OFFSETS_TOPIC) -> None:
+        """Replays the partition's log, oldest first (coordinator_log.py): records
+        (offset, key, value), transactional producers' offsets and their markers; `source`
         names the partition in the error logged for each record it skips, one that is none
         of the coordinator's records (see group_records.py)."""
-        for offset, key, value in records:
-            if key is None:
-                continue
-            try:
-                record = decode_record(key, value)
-            except MalformedGroupRecordError as e:
-                logger.error("%s offset %d: skipped a record the group coordinator did not write: %s", source, offset, e)
-                continue
-            if isinstance(record, OffsetRecord):
-                self._load_offset(record)
+        for entry in records:
+            if isinstance(entry, TxnMarker):
+                self._complete_txn(entry.producer_id, entry.commit)
+            elif isinstance(entry, TxnRecords):
+                for offset, key, value in entry.records:
+                    record = self._decoded(offset, key, value, source)
+                    if isinstance(record, OffsetRecord) and record.committed is not None:
+                        self._pending_txn.setdefault(entry.producer_id, {}).setdefault(record.group_id, {})[
+                            (record.topic, record.partition)] = record.committed
             else:
-                self._load_group(record)
+                record = self._decoded(*entry, source)
+                if isinstance(record, OffsetRecord):
+                    self._load_offset(record)
+                elif record is not None:
+                    self._load_group(record)
+
+    @staticmethod
+    def _decoded(offset: int, key: bytes | None, value: bytes | None, source: str) -> OffsetRecord | GroupRecord | None:
+        if key is None:
+            return None
+        try:
+            return decode_record(key, value)
+        except MalformedGroupRecordError as e:
+            logger.error("%s offset %d: skipped a record the group coordinator did not write: %s", source, offset, e)
+            return None
 
     def _load_offset(self, record: OffsetRecord) -> None:
         tp = (record.topic, record.partition)
+        self._supersede_pending(record.group_id, [tp])
         if record.committed is not None:
             self._offsets.setdefault(record.group_id, {})[tp] = record.committed
             return
@@ -363,6 +362,75 @@ class GroupCoordinator:
             group.check_commit(generation, member_id, group_instance_id)
         elif generation >= 0:
             raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
+        committed = self._to_commit(offsets)
+        if committed:
+            await self._write_offsets(group_id, committed, self._append)
+            self._offsets.setdefault(group_id, {}).update(committed)
+            self._supersede_pending(group_id, committed)
+
+    async def txn_commit_offsets(
+        self,
+        group_id: str,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation: int,
+        member_id: str,
+        offsets: dict[TopicPartition, tuple[int, str] | tuple[int, str, int]],
+        group_instance_id: str | None = None,
+    ) -> None:
+        """TxnOffsetCommit (KIP-98, KIP-447): the offsets are written as the producer's
+        transactional records and become the group's committed offsets only when its
+        transaction commits (`complete_txn`); an abort drops them. A member's commit is
+        checked as Kafka checks it: an unknown member is UNKNOWN_MEMBER_ID, another
+        generation ILLEGAL_GENERATION; one without a member (generation -1) is not checked."""
+        if not group_id:
+            raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        if self._append_transactional is None:
+            raise KafkaError("this coordinator cannot write transactional offsets")
+        group = self._groups.get(group_id)
+        if member_id and (group is None or member_id not in group.members):
+            raise UnknownMemberIdError(f"member {member_id!r} is not in group {group_id!r}")
+        if generation >= 0 and (group is None or generation != group.generation):
+            raise IllegalGenerationError(f"generation {generation} is not group {group_id!r}'s current generation")
+        if group is not None:
+            group.check_not_fenced(group_instance_id, member_id)
+        committed = self._to_commit(offsets)
+        if not committed:
+            return
+
+        async def append(records: list[tuple[bytes, bytes | None]]) -> None:
+            assert self._append_transactional is not None
+            await self._append_transactional(records, transactional_id, producer_id, producer_epoch)
+
+        await self._write_offsets(group_id, committed, append)
+        self._pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(committed)
+
+    def complete_txn(self, producer_id: int, commit: bool) -> None:
+        """The producer's transaction marker is in the log: its pending offsets become the
+        groups' committed offsets (COMMIT) or are dropped (ABORT)."""
+        self._complete_txn(producer_id, commit)
+
+    def _complete_txn(self, producer_id: int, commit: bool) -> None:
+        pending = self._pending_txn.pop(producer_id, {})
+        if commit:
+            for group_id, table in pending.items():
+                self._offsets.setdefault(group_id, {}).update(table)
+
+    def _supersede_pending(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """A commit written after a transactional one of the same partition wins, whatever
+        the transaction's outcome: the later record in the log decides, as in Kafka."""
+        for by_group in self._pending_txn.values():
+            table = by_group.get(group_id)
+            if table:
+                for tp in partitions:
+                    table.pop(tp, None)
+
+    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with transactional offsets awaiting their marker."""
+        return {tp for by_group in self._pending_txn.values() for tp in by_group.get(group_id, {})}
+
+    def _to_commit(self, offsets: dict[TopicPartition, tuple[int, str] | tuple[int, str, int]]) -> dict[TopicPartition, CommittedOffset]:
         now_ms = int(time.time() * 1000)
         committed = {}
         for (topic, partition), (offset, metadata, *epoch) in offsets.items():
@@ -372,21 +440,20 @@ class GroupCoordinator:
                 )
             leader_epoch = epoch[0] if epoch and epoch[0] >= 0 else -1
             committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms, leader_epoch)
-        records = [
-            (offset_key(group_id, t, p), offset_value(c)) for (t, p), c in committed.items()
-        ]
-        if not records:
-            return
+        return committed
+
+    async def _write_offsets(self, group_id: str, committed: dict[TopicPartition, CommittedOffset], append: Append) -> None:
+        """Writes the offsets' records, marked in flight for expiry meanwhile."""
+        records = [(offset_key(group_id, t, p), offset_value(c)) for (t, p), c in committed.items()]
         in_flight = Counter(committed.keys())
         committing = self._committing.setdefault(group_id, Counter())
         committing += in_flight
         try:
-            await self._append(records)
+            await append(records)
         finally:
             committing -= in_flight  # (in place; partitions at 0 drop out)
             if not committing and self._committing.get(group_id) is committing:
                 del self._committing[group_id]
-        self._offsets.setdefault(group_id, {}).update(committed)
 
     async def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None = None

@@ -59,7 +59,7 @@ from typing import Any
 
 import ray
 
-from rayk.actors import replica_process
+from rayk.actors import replica_process, txn_verification
 from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
@@ -67,7 +67,7 @@ from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
-from rayk.dataplane.frames import FetchResult, ProduceResult
+from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
 from rayk.dataplane.tls import KeyStore
 from rayk.errors import (
     FencedLeaderEpochError,
@@ -158,9 +158,12 @@ class PartitionReplica(Supervised):
         replica_config: ReplicaConfig | None = None,
         offsets: PartitionOffsets | None = None,
         isr_manager: Any = None,
+        controller: Any = None,
     ) -> None:
         """`offsets` are the broker's checkpointed recovery point, log start and HW for this
-        log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager)."""
+        log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager);
+        `controller` the Controller's, through which a leader finds the transaction
+        coordinators that verify transactional writes (txn_verification.py)."""
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         self.config = replica_config or ReplicaConfig()
         self.topic_id = partition_metadata.read(log_dir)  # None for a log without partition.metadata
@@ -175,6 +178,7 @@ class PartitionReplica(Supervised):
             lock_wait_ms=LOG_LOCK_WAIT_MS,
         )
         self._isr_manager = isr_manager
+        self._controller = controller
         self._role: str | None = None  # "leader" | "follower" | None before the first assignment
         self._leader_epoch = -1
         self._partition_epoch = -1
@@ -238,6 +242,25 @@ class PartitionReplica(Supervised):
             # says is not. The error is retriable: the writer asks again as the ISR grows.
             raise error
         return epoch, (last.last_sequence + 1) % (1 << 31)  # int32, wraps as the producer's
+
+    async def describe_producers(self) -> list[dict]:
+        """Kafka's DescribeProducers for this partition: each producer the leader remembers,
+        with its epoch, last sequence and timestamp, the coordinator epoch of its last
+        marker and its open transaction's first offset (-1: none)."""
+        if self._role != "leader":
+            raise self._not_leader()
+        out = []
+        for producer_id, entry in sorted(self._log.producer_state.producers.items()):
+            last = entry.batches[-1] if entry.batches else None
+            out.append({
+                "producer_id": producer_id,
+                "producer_epoch": entry.epoch,
+                "last_sequence": last.last_sequence if last else -1,
+                "last_timestamp": last.timestamp_ms if last else -1,
+                "coordinator_epoch": entry.coordinator_epoch,
+                "current_txn_start_offset": -1 if entry.current_txn_first_offset is None else entry.current_txn_first_offset,
+            })
+        return out
 
     # ------------------------------------------------------------------ change notification
 
@@ -345,17 +368,17 @@ class PartitionReplica(Supervised):
     # ------------------------------------------------------------------ leader: produce
 
     async def produce(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
-        return (await self.produce_requests([(records, acks, timeout_ms)]))[0]
+        return (await self.produce_requests([ProduceRequest(records, acks, timeout_ms)]))[0]
 
-    async def produce_requests(self, requests: list[tuple[bytes, int, int]]) -> list[ProduceResult]:
-        """Several produce requests (records, acks, timeout_ms) in one call, as a listener
-        sends the requests for this partition that arrived while its call before was in
-        flight (rayk/net/produce_coalescer.py): appended in list order, each answered as
+    async def produce_requests(self, requests: list[ProduceRequest]) -> list[ProduceResult]:
+        """Several produce requests in one call, as a listener sends the requests for this
+        partition that arrived while its call before was in flight
+        (rayk/net/produce_coalescer.py): appended in list order, each answered as
         `produce` answers it; the acknowledgements wait together."""
         received_s = time.monotonic()
-        appended = [await self._append(records, acks, timeout_ms) for records, acks, timeout_ms in requests]
+        appended = [await self._append(*request) for request in requests]
         results = list(await asyncio.gather(*(
-            self._answer(done, acks, timeout_ms, received_s) for done, (_, acks, timeout_ms) in zip(appended, requests)
+            self._answer(done, acks, timeout_ms, received_s) for done, (_, acks, timeout_ms, *_) in zip(appended, requests)
         )))
         counters = self._counters
         counters.produce_requests += len(results)
@@ -376,9 +399,13 @@ class PartitionReplica(Supervised):
             self._trace.answered(last_offset + 1)
         return result
 
-    async def _append(self, records: bytes, acks: int, timeout_ms: int) -> ProduceResult | tuple[int, int, int]:
+    async def _append(
+        self, records: bytes, acks: int, timeout_ms: int, transactional_id: str | None = None
+    ) -> ProduceResult | tuple[int, int, int]:
         """The checks and the append of one produce: (first offset, last offset, log append
-        time) to acknowledge, or the final answer (an error, or a duplicate's first answer)."""
+        time) to acknowledge, or the final answer (an error, or a duplicate's first answer).
+        A transactional batch needs its producer's `transactional_id`, and is verified with
+        the transaction coordinator when it would open the producer's transaction here."""
         if acks not in (0, 1, -1):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
         if self._role != "leader":
@@ -396,8 +423,13 @@ class PartitionReplica(Supervised):
                 return self._produce_error(e)
             if duplicate is not None:  # a retry of an appended batch: answer as the first time
                 return duplicate.first_offset, duplicate.last_offset, -1
+        transactional = header is not None and header.is_transactional
+        if transactional and (refused := await self._verify_transactional(header, transactional_id)) is not None:
+            self._counters.bytes_rejected += len(records)
+            return self._produce_error(refused)
         try:
-            info = self._log.append_as_leader(records, self._leader_epoch)  # records the producer's batch
+            # records the producer's batch
+            info = self._log.append_as_leader(records, self._leader_epoch, allow_transactional=transactional)
         except KafkaError as e:
             self._counters.bytes_rejected += len(records)  # too large, corrupt, invalid
             return self._produce_error(e)
@@ -405,6 +437,20 @@ class PartitionReplica(Supervised):
         self._counters.bytes_in += info.size_bytes
         self._wake_after_append()
         return info.first_offset, info.last_offset, info.log_append_time_ms
+
+    async def _verify_transactional(self, header: BatchHeader, transactional_id: str | None) -> KafkaError | None:
+        """Why a transactional batch may not be appended, or None (txn_verification.py)."""
+        if transactional_id is None:
+            return InvalidRecordError("a transactional batch in a produce request without a transactional id")
+        entry = self._log.producer_state.producers.get(header.producer_id)
+        if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
+            return None  # the transaction is open here: its first batch was verified
+        error = await txn_verification.verify_partition(
+            self._controller, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch
+        )
+        if error is None and self._role != "leader":  # the leadership moved while the coordinator answered
+            return self._not_leader()
+        return error
 
     def _too_few_in_sync(self) -> NotEnoughReplicasError | None:
         """What an acks=all write is refused with while the ISR is below min.insync.replicas."""

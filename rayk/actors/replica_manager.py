@@ -76,14 +76,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk import metrics
 from rayk.actors.broker_health import broker_health
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
-from rayk.actors.group_coordinator import OFFSETS_TOPIC
 from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
+from rayk.actors.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore
 from rayk.errors import KafkaError, StaleBrokerEpochError
+from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.storage import clean_shutdown, meta_properties, partition_metadata
 from rayk.storage.log_cleaner import CleanableState
 from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
@@ -95,6 +96,7 @@ logger = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
 OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
+TransactionStateReplicaActor = ray.remote(num_cpus=0)(TransactionStatePartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
 MAX_STOPPED_REMEMBERED = 100_000  # stopped partitions whose late pushes a broker ignores
 STRAY_CHECK_HEARTBEATS = 10  # how often (in heartbeat intervals) a broker looks for replicas nobody assigns it
@@ -549,10 +551,13 @@ class ReplicaManager(Supervised):
             self._replica_config(a.configs),
             self._checkpoints.offsets(tp),
             ray.get_runtime_context().current_actor,
+            self._controller,
         )
         pinned = NodeAffinitySchedulingStrategy(self._node_id, soft=False)
         if a.topic == OFFSETS_TOPIC:
             return OffsetsReplicaActor.options(scheduling_strategy=pinned).remote(*args, broker_config=self.config)
+        if a.topic == TRANSACTION_STATE_TOPIC:
+            return TransactionStateReplicaActor.options(scheduling_strategy=pinned).remote(*args, broker_config=self.config)
         return ReplicaActor.options(scheduling_strategy=pinned).remote(*args)
 
     def _replica_config(self, topic_configs: dict[str, str]) -> ReplicaConfig:

@@ -21,7 +21,7 @@ import sys
 
 import ray
 
-REPLICA_CLASSES = ("PartitionReplica", "OffsetsPartitionReplica")
+REPLICA_CLASSES = ("PartitionReplica", "OffsetsPartitionReplica", "TransactionStatePartitionReplica")
 KEPT_OUT = ("pyarrow", "pydantic")
 
 

@@ -177,6 +177,19 @@ class TransactionCoordinator:
             self._start_completing(transactional_id)
             return new.producer_id, new.producer_epoch
 
+    async def verify_partitions(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: Iterable[tuple[str, int]]
+    ) -> list[tuple[str, int]]:
+        """AddPartitionsToTxn with verifyOnly (KIP-890): the partitions that the producer's
+        open transaction does not hold (see transaction_metadata.verify_partitions)."""
+        async with self._lock(transactional_id):
+            self._check_not_completing(transactional_id)
+            return sorted(tm.verify_partitions(self._known(transactional_id), producer_id, producer_epoch, frozenset(partitions)))
+
+    def transactions(self) -> list[TransactionMetadata]:
+        """Every transactional id's metadata here (ListTransactions, DescribeTransactions)."""
+        return list(self._transactions.values())
+
     # ------------------------------------------------------------------ the clock
 
     async def abort_timed_out(self) -> list[str]:

@@ -216,6 +216,21 @@ def add_partitions(
                   txn_last_update_timestamp_ms=now_ms, client_transaction_version=client_transaction_version)  # fmt: skip
 
 
+def verify_partitions(
+    md: TransactionMetadata, producer_id: int, producer_epoch: int, partitions: frozenset[TopicPartition],
+) -> frozenset[TopicPartition]:
+    """AddPartitionsToTxn with verifyOnly (KIP-890), a partition leader's check before it
+    appends a producer's first transactional batch: the partitions of `partitions` that
+    the producer's open transaction does NOT hold (each answered INVALID_TXN_STATE, so a
+    late write of an ended transaction never opens a hanging one)."""
+    md.check_producer(producer_id, producer_epoch)
+    if md.state in PREPARE_STATES:
+        raise ConcurrentTransactionsError(f"{md.transactional_id!r} is completing a transaction; retry")
+    if md.state is not S.ONGOING:
+        return partitions
+    return partitions - md.partitions
+
+
 # ---------------------------------------------------------------------------- EndTxn
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from rayk.dataplane.frames import FetchRequest, ProduceResult
+from rayk.dataplane.frames import FetchRequest, ProduceRequest, ProduceResult
 from rayk.dataplane.replica_link import ReplicaLink
 
 
@@ -84,9 +84,9 @@ class DataPlaneSession:
     @staticmethod
     async def _produce(link: ReplicaLink, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
         if acks == 0:
-            await link.send_produce([(records, acks, timeout_ms)])
+            await link.send_produce([ProduceRequest(records, acks, timeout_ms)])
             return ProduceResult(-1, -1, -1)
-        (result,) = await link.produce([(records, acks, timeout_ms)], reset_if_abandoned=True)
+        (result,) = await link.produce([ProduceRequest(records, acks, timeout_ms)], reset_if_abandoned=True)
         return result
 
     async def _close(self) -> None:

@@ -11,7 +11,7 @@ them:
   batch for it is complete, then move to a different random one (KIP-480's sticky
   partitioner, Java's StickyPartitionCache).
 (A group's coordinator partition, which uses Utils.abs rather than toPositive, is the
-broker's business: `rayk.actors.group_coordinator.coordinator_partition`.)
+broker's business: `rayk.internal_topics.coordinator_partition`.)
 
 All results are Python ints in Java's signed 32-bit range.
 """

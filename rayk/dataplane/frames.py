@@ -21,8 +21,8 @@ FETCH (a follower's or a consumer's fetch, PartitionReplica.fetch's arguments):
   (isolation_level as Kafka's: 0 read_uncommitted, 1 read_committed, which reads below
   the LSO and is answered the aborted transactions of what it read)
 PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered together):
-  request  count:i32, then per request acks:i16 timeout_ms:i32 size:i32 | tail: the requests'
-           records, one after the other
+  request  count:i32, then per request acks:i16 timeout_ms:i32 size:i32 txn_id_size:i16
+           | tail: per request its transactional id (UTF-8; size -1: none), then its records
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
            log_start_offset:i64 error_size:u16 | error
 `error` is `<class name>\\0<message>` of a rayk.errors class, or empty; `diverging` is 1
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rayk import errors
 from rayk.errors import KafkaError, UnknownServerError
@@ -57,7 +58,7 @@ _FETCH_ANSWER = struct.Struct(">qqqqbiqHi")
 _ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1  # Kafka's isolation levels
 _COUNT = struct.Struct(">i")
-_PRODUCE_REQUEST = struct.Struct(">hii")  # acks (int16, as Kafka's), timeout_ms, records size
+_PRODUCE_REQUEST = struct.Struct(">hiih")  # acks (int16, as Kafka's), timeout_ms, records size, transactional id size
 _PRODUCE_ANSWER = struct.Struct(">qqqH")
 
 
@@ -103,7 +104,13 @@ class ProduceResult:
     error: KafkaError | None = None
 
 
-ProduceRequest = tuple[bytes, int, int]  # records, acks, timeout_ms
+class ProduceRequest(NamedTuple):
+    """One produce of a partition's records, as a Kafka Produce carries it."""
+
+    records: bytes
+    acks: int
+    timeout_ms: int
+    transactional_id: str | None = None  # a transactional producer's (the leader verifies its first batch)
 
 
 def request_frame(correlation_id: int, kind: int, body: bytes) -> bytes:
@@ -164,26 +171,38 @@ def _text(data: bytes | memoryview, what: str) -> str:
 def encode_produce_request(requests: list[ProduceRequest]) -> list[bytes]:
     """The request's body as parts to write one after the other (the records are not copied)."""
     head = [_COUNT.pack(len(requests))]
-    head += [_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records)) for records, acks, timeout_ms in requests]
-    return [b"".join(head), *(records for records, _, _ in requests)]
+    parts: list[bytes] = []
+    for records, acks, timeout_ms, transactional_id in requests:
+        txn_id = b"" if transactional_id is None else transactional_id.encode()
+        head.append(_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records), -1 if transactional_id is None else len(txn_id)))
+        parts += (txn_id, records) if txn_id else (records,)
+    return [b"".join(head), *parts]
 
 
 def decode_produce_request(body: bytes | memoryview) -> list[ProduceRequest]:
     if len(body) < _COUNT.size:
         raise FrameError(f"a PRODUCE request of {len(body)} bytes has no count")
     (count,) = _COUNT.unpack_from(body)
-    records_at = _COUNT.size + count * _PRODUCE_REQUEST.size
-    if count < 0 or len(body) < records_at:
+    at = _COUNT.size + count * _PRODUCE_REQUEST.size
+    if count < 0 or len(body) < at:
         raise FrameError(f"a PRODUCE request of {len(body)} bytes cannot hold {count} requests")
     requests = []
     for i in range(count):
-        acks, timeout_ms, size = _PRODUCE_REQUEST.unpack_from(body, _COUNT.size + i * _PRODUCE_REQUEST.size)
-        if size < 0 or records_at + size > len(body):
+        acks, timeout_ms, size, txn_id_size = _PRODUCE_REQUEST.unpack_from(body, _COUNT.size + i * _PRODUCE_REQUEST.size)
+        transactional_id = None
+        if txn_id_size >= 0:
+            if at + txn_id_size > len(body):
+                raise FrameError(f"request {i} of a PRODUCE request declares a transactional id past its end")
+            transactional_id = _text(body[at:at + txn_id_size], "transactional id")
+            at += txn_id_size
+        elif txn_id_size != -1:
+            raise FrameError(f"request {i} of a PRODUCE request declares a transactional id of {txn_id_size} bytes")
+        if size < 0 or at + size > len(body):
             raise FrameError(f"request {i} of a PRODUCE request declares {size} bytes of records past its end")
-        requests.append((bytes(body[records_at:records_at + size]), acks, timeout_ms))
-        records_at += size
-    if records_at != len(body):
-        raise FrameError(f"a PRODUCE request has {len(body) - records_at} bytes after its records")
+        requests.append(ProduceRequest(bytes(body[at:at + size]), acks, timeout_ms, transactional_id))
+        at += size
+    if at != len(body):
+        raise FrameError(f"a PRODUCE request has {len(body) - at} bytes after its records")
     return requests
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayk.storage.log_manager import is_legal_topic_name
 from rayk.config import topic_config_defaults, validate_topic_configs
-from rayk.acls import ALTER, CLUSTER, CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, IDEMPOTENT_WRITE, TOPIC, WRITE
+from rayk.acls import ALTER, CLUSTER, CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, TOPIC
 from rayk.errors import (
     ClusterAuthorizationFailedError,
     InvalidPartitionsError,
@@ -27,12 +27,10 @@ from rayk.errors import (
     InvalidTopicError,
     LeaderNotAvailableError,
     TopicAlreadyExistsError,
-    TRANSACTIONS_UNSUPPORTED,
     TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
-from rayk.internal_topics import OFFSETS_TOPIC, is_internal
+from rayk.internal_topics import is_internal
 from rayk.net.api_versions import SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms, ms
@@ -144,10 +142,9 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
     if not _may_create(view, request, name):
         return TopicAuthorizationFailedError.code  # Kafka's answer to an auto-creation it may not do
     try:
-        if name == OFFSETS_TOPIC:
-            await view.controller.create_offsets_topic.remote(timeout_ms=0)
+        if is_internal(name):
+            await view.controller.create_internal_topic.remote(name, timeout_ms=0)
         else:
-            assert not is_internal(name), f"{name}: an internal topic without its own settings"
             await view.controller.create_topic.remote(name, timeout_ms=0)
     except TopicAlreadyExistsError:
         pass
@@ -306,15 +303,3 @@ def _config_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return str(value).lower()
     return str(getattr(value, "value", value))
-
-
-async def init_producer_id(view: BrokerView, request: Any) -> dict:
-    """An idempotent producer id: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic
-    (KIP-679), as in Kafka."""
-    if request.body.transactional_id is not None:
-        raise TransactionalIdAuthorizationFailedError(TRANSACTIONS_UNSUPPORTED)
-    if not (view.authorized(request, IDEMPOTENT_WRITE, CLUSTER) or view.authorized_on_some(request, WRITE, TOPIC)):
-        raise ClusterAuthorizationFailedError(f"{request.context.principal} may write to no topic")
-    producer_id = await view.controller.init_producer_id.remote()
-    return {"producer_id": producer_id, "producer_epoch": 0}
-

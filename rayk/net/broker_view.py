@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from rayk.actors.group_coordinator import OFFSETS_TOPIC, coordinator_partition
+from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.dataplane.replica_link import ReplicaLink
@@ -61,7 +61,7 @@ class BrokerView:
         self._replicas: dict[TopicPartition, Any] = {}
         self._links: dict[TopicPartition, ReplicaLink] = {}  # the data plane to each replica
         self._node_id: str | None = None  # this process's Ray node, looked up at the first link
-        self._offsets_partitions: int | None = None
+        self._internal_partitions: dict[str, int] = {}  # internal topic -> its partition count (fixed once created)
         self._produce = ProduceCoalescer(self._produce_requests)
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
@@ -195,10 +195,11 @@ class BrokerView:
                 f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"
             ) from None
 
-    def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int) -> asyncio.Future:
+    def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int,
+                transactional_id: str | None = None) -> asyncio.Future:
         """Queues one produce request for this broker's replica of the partition (see
         produce_coalescer.py); the future resolves to its ProduceResult."""
-        return self._produce.submit(topic, partition, records, acks, timeout_ms)
+        return self._produce.submit(topic, partition, records, acks, timeout_ms, transactional_id)
 
     async def _produce_requests(self, topic: str, partition: int, requests: list) -> list:
         return await self._over_data_plane(topic, partition, lambda link: link.produce(requests))
@@ -220,11 +221,19 @@ class BrokerView:
 
     async def group_partition(self, group_id: str) -> int:
         """The __consumer_offsets partition coordinating `group_id` (creating the topic on first use)."""
-        if self._offsets_partitions is None:
-            await self.controller.find_coordinator.remote(group_id)
-            described = await self.controller.client_metadata.remote([OFFSETS_TOPIC])
-            self._offsets_partitions = len(described["topics"][OFFSETS_TOPIC]["partitions"])
-        return coordinator_partition(group_id, self._offsets_partitions)
+        return await self.coordinator_partition(OFFSETS_TOPIC, group_id)
+
+    async def transaction_partition(self, transactional_id: str) -> int:
+        """The __transaction_state partition coordinating `transactional_id` (creating the topic on first use)."""
+        return await self.coordinator_partition(TRANSACTION_STATE_TOPIC, transactional_id)
+
+    async def coordinator_partition(self, topic: str, key: str) -> int:
+        count = self._internal_partitions.get(topic)
+        if count is None:
+            await self.controller.create_internal_topic.remote(topic)
+            described = await self.controller.client_metadata.remote([topic])
+            count = self._internal_partitions[topic] = len(described["topics"][topic]["partitions"])
+        return coordinator_partition(key, count)
 
 
 def error_code_of(error: BaseException) -> int:

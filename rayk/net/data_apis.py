@@ -1,7 +1,7 @@
 """Produce, Fetch, ListOffsets and OffsetForLeaderEpoch: the data path.
 
-With an authorizer, producing needs WRITE on the topic, fetching READ, the two offset
-lookups DESCRIBE; a partition of a topic the principal may not use gets
+With an authorizer, producing needs WRITE on the topic (and a transactional produce WRITE
+on its TransactionalId), fetching READ, the two offset lookups DESCRIBE; a partition of a topic the principal may not use gets
 TOPIC_AUTHORIZATION_FAILED and reaches no replica.
 
 Record batches travel as the bytes the client sent (Produce) and the bytes the log holds
@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from rayk.acls import DESCRIBE, READ, TOPIC, WRITE
+from rayk.acls import DESCRIBE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import (
@@ -26,6 +26,7 @@ from rayk.errors import (
     InvalidRequestError,
     KafkaError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
 )
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms, topic_id_text
@@ -45,16 +46,22 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
     awaits (so a connection's requests are queued in the order they arrived), then
     answers each partition with its result or its error code."""
     body = request.body
-    acks, timeout_ms = body.acks, ms(body.timeout)
+    acks, timeout_ms, transactional_id = body.acks, ms(body.timeout), body.transactional_id
+    if transactional_id is not None and not view.authorized(request, WRITE, TRANSACTIONAL_ID, transactional_id):
+        denied = TransactionalIdAuthorizationFailedError(
+            f"{request.context.principal} may not write with transactional id {transactional_id!r}"
+        )
+    else:
+        denied = None
 
     def submit(topic: str, index: int, records: bytes | None) -> asyncio.Future:
+        if denied is not None:
+            return _failed(denied)
         if not view.authorized(request, WRITE, TOPIC, topic):
             return _failed(TopicAuthorizationFailedError(f"{request.context.principal} may not write to {topic!r}"))
-        if body.transactional_id is not None:
-            return _failed(InvalidRequestError("transactions are not supported by rayk"))
         if records is None:
             return _failed(CorruptRecordError("a produce request without records"))
-        return view.produce(topic, index, bytes(records), acks, timeout_ms)
+        return view.produce(topic, index, bytes(records), acks, timeout_ms, transactional_id)
 
     async def answer(index: int, produced: asyncio.Future) -> dict:
         try:

@@ -1,4 +1,4 @@
-"""FindCoordinator and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
+"""FindCoordinator (of groups, and of transactional ids: txn_apis.py) and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
 OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete).
 
 A group's coordinator is the leader of its `__consumer_offsets` partition. The listener
@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rayk.actors.group_coordinator import OFFSETS_TOPIC
-from rayk.acls import CLUSTER, DELETE, DESCRIBE, GROUP, READ, TOPIC
+from rayk.acls import CLUSTER, DELETE, DESCRIBE, GROUP, READ, TOPIC, TRANSACTIONAL_ID, WRITE
 from rayk.errors import (
     CoordinatorNotAvailableError,
     GroupAuthorizationFailedError,
@@ -28,10 +27,11 @@ from rayk.errors import (
     KafkaError,
     NotCoordinatorError,
     TopicAuthorizationFailedError,
-    TRANSACTIONS_UNSUPPORTED,
     TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
+    UnstableOffsetCommitError,
 )
+from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
@@ -42,7 +42,8 @@ TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Contr
 
 # What each coordinator call needs on the group, as in Kafka.
 _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
-                    "commit_offsets": READ, "fetch_offsets": DESCRIBE, "describe_group": DESCRIBE,
+                    "commit_offsets": READ, "txn_commit_offsets": READ, "fetch_offsets": DESCRIBE,
+                    "pending_partitions": DESCRIBE, "describe_group": DESCRIBE,
                     "delete_group": DELETE, "delete_offsets": DELETE}
 
 
@@ -64,18 +65,25 @@ async def find_coordinator(view: BrokerView, request: Any) -> dict:
 
     async def one(key: str) -> dict:
         try:
-            if body.key_type == TRANSACTION_KEY_TYPE:
-                raise TransactionalIdAuthorizationFailedError(TRANSACTIONS_UNSUPPORTED)
-            if body.key_type != GROUP_KEY_TYPE:
-                raise InvalidRequestError(f"only consumer group coordinators exist in rayk, not key type {body.key_type}")
-            if not view.authorized(request, DESCRIBE, GROUP, key):
-                raise GroupAuthorizationFailedError(f"{request.context.principal} may not describe group {key!r}")
-            partition = await view.group_partition(key)
-            described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
-            leader = described["topics"][OFFSETS_TOPIC]["partitions"][partition]["leader"]
+            if body.key_type == GROUP_KEY_TYPE:
+                if not view.authorized(request, DESCRIBE, GROUP, key):
+                    raise GroupAuthorizationFailedError(f"{request.context.principal} may not describe group {key!r}")
+                topic, partition = OFFSETS_TOPIC, await view.group_partition(key)
+            elif body.key_type == TRANSACTION_KEY_TYPE:
+                if not key:
+                    raise InvalidRequestError("a transactional id may not be empty")
+                if not view.authorized(request, DESCRIBE, TRANSACTIONAL_ID, key):
+                    raise TransactionalIdAuthorizationFailedError(
+                        f"{request.context.principal} may not describe transactional id {key!r}"
+                    )
+                topic, partition = TRANSACTION_STATE_TOPIC, await view.transaction_partition(key)
+            else:
+                raise InvalidRequestError(f"coordinator key type {body.key_type}: rayk has groups (0) and transactions (1)")
+            described = await view.controller.client_metadata.remote([topic])
+            leader = described["topics"][topic]["partitions"][partition]["leader"]
             endpoint = described["brokers"].get(leader, {}).get(request.context.listener_name)
             if endpoint is None:
-                raise CoordinatorNotAvailableError(f"the coordinator of group {key!r} (broker {leader}) is not available")
+                raise CoordinatorNotAvailableError(f"the coordinator of {key!r} (broker {leader}) is not available")
             return {"key": key, "node_id": leader, "host": endpoint[0], "port": endpoint[1]}
         except Exception as e:
             return {"key": key, "error_code": error_code_of(e), "error_message": error_message_of(e),
@@ -177,6 +185,37 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     return _per_partition(body.topics, lambda t, p: refused.get((t, p), code))
 
 
+async def txn_offset_commit(view: BrokerView, request: Any) -> dict:
+    """A transactional producer's commit of a group's offsets (KIP-98, KIP-447): written as
+    the producer's transactional records, committed with its transaction. Needs WRITE on the
+    transactional id besides what OffsetCommit needs, as in Kafka."""
+    body = request.body
+    if not view.authorized(request, WRITE, TRANSACTIONAL_ID, body.transactional_id):
+        return _per_partition(body.topics, lambda t, p: TransactionalIdAuthorizationFailedError.code)
+    if not view.authorized(request, READ, GROUP, body.group_id):
+        return _per_partition(body.topics, lambda t, p: GroupAuthorizationFailedError.code)
+    try:
+        refused = await _refused_partitions(view, request, body.topics)
+    except Exception as e:
+        code = error_code_of(e)
+        return _per_partition(body.topics, lambda t, p: code)
+    offsets = {
+        (t.name, p.partition_index): (p.committed_offset, p.committed_metadata or "", getattr(p, "committed_leader_epoch", -1))
+        for t in body.topics for p in t.partitions if (t.name, p.partition_index) not in refused
+    }
+    code = 0
+    if offsets:
+        try:
+            await _coordinator_call(
+                view, request, body.group_id, "txn_commit_offsets", body.transactional_id, body.producer_id,
+                body.producer_epoch, getattr(body, "generation_id", -1), getattr(body, "member_id", ""), offsets,
+                getattr(body, "group_instance_id", None),  # v3+ (KIP-447)
+            )  # fmt: skip
+        except Exception as e:
+            code = error_code_of(e)
+    return _per_partition(body.topics, lambda t, p: refused.get((t, p), code))
+
+
 async def _refused_partitions(view: BrokerView, request: Any, topics: Any) -> dict[tuple[str, int], int]:
     """The error codes of the partitions of `topics` that an offset request may not touch:
     TOPIC_AUTHORIZATION_FAILED for a topic the principal may not READ, else
@@ -222,10 +261,14 @@ async def offset_fetch(view: BrokerView, request: Any) -> dict:
 
 async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: Any) -> dict:
     """A group's committed offsets: of the topics the principal may DESCRIBE (the others
-    are TOPIC_AUTHORIZATION_FAILED when named, left out when all are asked for)."""
+    are TOPIC_AUTHORIZATION_FAILED when named, left out when all are asked for). With
+    require_stable (v7+, KIP-447), a partition whose transactional offsets await their
+    marker is UNSTABLE_OFFSET_COMMIT, which the client retries."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     try:
         committed = await _coordinator_call(view, request, group_id, "fetch_offsets", wanted)
+        unstable = (await _coordinator_call(view, request, group_id, "pending_partitions")
+                    if getattr(request.body, "require_stable", False) else set())
     except Exception as e:
         return {"group_id": group_id, "error_code": error_code_of(e), "topics": []}
     if wanted is None:
@@ -234,12 +277,14 @@ async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: An
     for topic, partition in wanted:
         c = committed.get((topic, partition))
         denied = not view.authorized(request, DESCRIBE, TOPIC, topic)
+        code = (TopicAuthorizationFailedError.code if denied
+                else UnstableOffsetCommitError.code if (topic, partition) in unstable else 0)
         by_topic.setdefault(topic, []).append({
             "partition_index": partition,
-            "committed_offset": c.offset if c and not denied else -1,
-            "committed_leader_epoch": c.leader_epoch if c and not denied else -1,
-            "metadata": c.metadata if c and not denied else "",
-            "error_code": TopicAuthorizationFailedError.code if denied else 0,
+            "committed_offset": c.offset if c and not code else -1,
+            "committed_leader_epoch": c.leader_epoch if c and not code else -1,
+            "metadata": c.metadata if c and not code else "",
+            "error_code": code,
         })
     return {"group_id": group_id, "error_code": 0,
             "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}

@@ -6,7 +6,7 @@ exception into that response with the error code set, so a request is always ans
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
 `admin_apis`, `config_apis`, `records_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
-`quota_apis`; each checks the request's principal against the ACLs
+`quota_apis` and `txn_apis`; each checks the request's principal against the ACLs
 (broker_view.authorized) where Kafka does.
 
 Every answer carries the throttle time its client's quotas call for (client_quotas.py), as
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
-from rayk.net import records_apis
+from rayk.net import records_apis, txn_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -53,7 +53,14 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
     keys.ALTER_CONFIGS: config_apis.alter_configs,
     keys.INCREMENTAL_ALTER_CONFIGS: config_apis.incremental_alter_configs,
-    keys.INIT_PRODUCER_ID: admin_apis.init_producer_id,
+    keys.INIT_PRODUCER_ID: txn_apis.init_producer_id,
+    keys.ADD_PARTITIONS_TO_TXN: txn_apis.add_partitions_to_txn,
+    keys.ADD_OFFSETS_TO_TXN: txn_apis.add_offsets_to_txn,
+    keys.END_TXN: txn_apis.end_txn,
+    keys.TXN_OFFSET_COMMIT: group_apis.txn_offset_commit,
+    keys.DESCRIBE_TRANSACTIONS: txn_apis.describe_transactions,
+    keys.LIST_TRANSACTIONS: txn_apis.list_transactions,
+    keys.DESCRIBE_PRODUCERS: txn_apis.describe_producers,
     keys.ALTER_PARTITION_REASSIGNMENTS: reassignment_apis.alter_partition_reassignments,
     keys.LIST_PARTITION_REASSIGNMENTS: reassignment_apis.list_partition_reassignments,
     keys.FIND_COORDINATOR: group_apis.find_coordinator,

@@ -25,10 +25,11 @@ import contextvars
 from collections import deque
 from typing import Any, Awaitable, Callable
 
+from rayk.dataplane.frames import ProduceRequest as Request
+
 CALL_MAX_BYTES = 8 << 20
 
 TopicPartition = tuple[str, int]
-Request = tuple[bytes, int, int]  # records, acks, timeout_ms
 # (topic, partition, requests) -> one ProduceResult per request (raises if the call failed)
 SendCall = Callable[[str, int, list[Request]], Awaitable[list[Any]]]
 
@@ -41,17 +42,19 @@ class ProduceCoalescer:
         self._waiting: dict[TopicPartition, deque[tuple[Request, asyncio.Future]]] = {}
         self._calls: set[asyncio.Task] = set()
 
-    def submit(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int) -> asyncio.Future:
+    def submit(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int,
+               transactional_id: str | None = None) -> asyncio.Future:
         """Queues one request; the future resolves to its ProduceResult, or raises what the
         call raised. Call it in the order the requests arrived; it does not wait."""
         tp = (topic, partition)
+        request = Request(records, acks, timeout_ms, transactional_id)
         future = asyncio.get_running_loop().create_future()
         waiting = self._waiting.get(tp)
         if waiting is None:  # nothing in flight: send at once
             self._waiting[tp] = deque()
-            self._start_call(tp, [(records, acks, timeout_ms)], [future])
+            self._start_call(tp, [request], [future])
         else:
-            waiting.append(((records, acks, timeout_ms), future))
+            waiting.append((request, future))
         return future
 
     def in_flight(self, topic: str, partition: int) -> bool:
@@ -83,11 +86,11 @@ class ProduceCoalescer:
             del self._waiting[tp]
             return
         requests, futures, size = [], [], 0
-        while waiting and (not requests or size + len(waiting[0][0][0]) <= self._call_max_bytes):
+        while waiting and (not requests or size + len(waiting[0][0].records) <= self._call_max_bytes):
             request, future = waiting.popleft()
             requests.append(request)
             futures.append(future)
-            size += len(request[0])
+            size += len(request.records)
         # A fresh context: the call carries many clients' requests, so it is charged to
         # none of them (client_quotas.measure_child_tasks), not to the one that started
         # the chain of calls.

@@ -25,6 +25,7 @@ import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.KafkaFuture;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.TopicPartitionReplica;
 import org.apache.kafka.common.config.ConfigResource;
 
 /**
@@ -123,9 +124,8 @@ public final class AdminCheck {
 
     /** APIs that rayk does not serve: the client learns it from ApiVersions and fails the call itself. */
     static void unsupported(Admin admin, String topic) throws Exception {
-        failure("list_transactions", admin.listTransactions().all());
         failure("describe_log_dirs", admin.describeLogDirs(List.of(0)).allDescriptions());
-        failure("describe_producers", admin.describeProducers(List.of(new TopicPartition(topic, 0))).all());
+        failure("alter_replica_log_dirs", admin.alterReplicaLogDirs(Map.of(new TopicPartitionReplica(topic, 0, 0), "/tmp")).all());
         Events.emit("still_usable", "topics", admin.listTopics().names().get().size());
     }
 
