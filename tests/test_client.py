@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +28,10 @@ from rayk.storage.records import iter_batches
 from rayk.errors import (
     BufferExhaustedError,
     GroupIdNotFoundError,
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
     KafkaTimeoutError,
+    ProducerFencedError,
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
@@ -762,3 +766,84 @@ def test_send_batch_refuses_bad_input_with_typed_errors_and_writes_nothing(clust
     partitions = [TopicPartition(topic, p) for p in range(2)]
     assert consumer.end_offsets(partitions) == {tp: 0 for tp in partitions}
     consumer.close()
+
+
+# ---------------------------------------------------------------------------- transactions
+
+
+def test_a_transactional_producer_commits_aborts_and_commits_a_groups_offsets_with_its_transaction(cluster):
+    """Producer(transactional_id=...): only what a committed transaction sent (by `send`
+    and `send_batch`) is read_committed; an aborted one's records are read_uncommitted only;
+    a consumer's offsets sent with a transaction are committed with it, and not when it
+    aborts; outside a transaction `send` is refused."""
+    source, sink, group = new_topic(cluster, partitions=1), new_topic(cluster, partitions=2), "py-ctp"
+    with cluster.producer() as plain:
+        for i in range(6):
+            plain.send(source, b"m%d" % i)
+    producer = cluster.producer(transactional_id=f"py-tx-{sink}")
+    consumer = cluster.consumer(source, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        with pytest.raises(InvalidTxnStateError):
+            producer.begin_transaction()  # before init_transactions
+        producer.init_transactions()
+        with pytest.raises(InvalidTxnStateError):
+            producer.send(sink, b"outside")
+        producer.begin_transaction()
+        producer.send(sink, b"c0", key=b"k")
+        producer.send(sink, b"c1")
+        producer.send_batch(sink, [b"c2", b"c3"])
+        producer.commit_transaction()
+
+        producer.begin_transaction()
+        producer.send(sink, b"aborted", partition=0)
+        producer.flush()
+        producer.abort_transaction()
+
+        def transform(commit: bool) -> None:
+            records: list = []
+            while len(records) < 3:
+                records += [r for batch in consumer.poll(timeout_ms=500, max_records=3 - len(records)).values() for r in batch]
+            producer.begin_transaction()
+            for r in records:
+                producer.send(sink, r.value.upper(), partition=1)
+            tp = TopicPartition(source, 0)
+            producer.send_offsets_to_transaction({tp: consumer.position(tp)}, consumer.group_metadata())
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.abort_transaction()
+                consumer.seek(tp, consumer.committed(tp) or 0)
+
+        transform(commit=True)
+        assert consumer.committed(TopicPartition(source, 0)) == 3
+        transform(commit=False)
+        assert consumer.committed(TopicPartition(source, 0)) == 3, "an abort commits no offsets"
+        transform(commit=True)
+        assert consumer.committed(TopicPartition(source, 0)) == 6
+    finally:
+        consumer.close()
+        producer.close()
+    committed = {r.value for r in consume_topic(cluster, sink, 10, isolation_level="read_committed")}
+    assert committed == {b"c0", b"c1", b"c2", b"c3", b"M0", b"M1", b"M2", b"M3", b"M4", b"M5"}
+    everything = [r.value for r in consume_topic(cluster, sink, 14)]
+    assert b"aborted" in everything and everything.count(b"M3") == 2, "the aborted round's records are in the log"
+
+
+def test_a_transactional_producer_fenced_by_a_newer_one_fails_for_good(cluster):
+    topic, txn_id = new_topic(cluster, partitions=1), f"py-fence-{uuid.uuid4().hex[:6]}"
+    zombie = cluster.producer(transactional_id=txn_id)
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send(topic, b"zombie").get(timeout=30)
+    successor = cluster.producer(transactional_id=txn_id)
+    successor.init_transactions()  # aborts the zombie's transaction
+    with pytest.raises((ProducerFencedError, InvalidProducerEpochError)):
+        zombie.commit_transaction()
+    with pytest.raises((ProducerFencedError, InvalidProducerEpochError)):
+        zombie.begin_transaction()  # fatal: every later call raises it
+    successor.begin_transaction()
+    successor.send(topic, b"successor")
+    successor.commit_transaction()
+    zombie.close()
+    successor.close()
+    assert [r.value for r in consume_topic(cluster, topic, 1, isolation_level="read_committed")] == [b"successor"]

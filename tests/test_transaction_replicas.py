@@ -33,6 +33,7 @@ from rayk.errors import (
     NotCoordinatorError,
     NotEnoughReplicasError,
     ProducerFencedError,
+    UnstableOffsetCommitError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.storage.records import SimpleRecord, build_batch
@@ -221,6 +222,9 @@ def test_transactional_offsets_are_committed_by_the_marker_dropped_by_an_abort_a
         await replica.txn_commit_offsets("g", "tx", PID, EPOCH, -1, "", {("t", 0): (5, ""), ("t", 1): (7, "")})
         assert (await replica.fetch_offsets("g"))[("t", 0)].offset == 1, "pending until the marker"
         assert await replica.pending_partitions("g") == {("t", 0), ("t", 1)}
+        with pytest.raises(UnstableOffsetCommitError):  # a consumer's lookup (require_stable) retries
+            await replica.fetch_offsets("g", [("t", 1)], True)
+        assert (await replica.fetch_offsets("other", [("t", 1)], True)) == {}
         assert (await replica.write_txn_marker(PID, EPOCH, True, 0, 1000)).error is None
         committed = await replica.fetch_offsets("g")
         assert (committed[("t", 0)].offset, committed[("t", 1)].offset) == (5, 7)

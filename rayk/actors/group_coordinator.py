@@ -72,6 +72,7 @@ from rayk.actors.group_records import (
 )
 from rayk.config import BrokerConfig
 from rayk.errors import (
+    CoordinatorNotAvailableError,
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
     IllegalGenerationError,
@@ -79,8 +80,12 @@ from rayk.errors import (
     InvalidSessionTimeoutError,
     KafkaError,
     NonEmptyGroupError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
     OffsetMetadataTooLargeError,
+    RequestTimedOutError,
     UnknownMemberIdError,
+    UnstableOffsetCommitError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC
 
@@ -443,21 +448,32 @@ class GroupCoordinator:
         return committed
 
     async def _write_offsets(self, group_id: str, committed: dict[TopicPartition, CommittedOffset], append: Append) -> None:
-        """Writes the offsets' records, marked in flight for expiry meanwhile."""
+        """Writes the offsets' records, marked in flight for expiry meanwhile. A write the
+        partition could not replicate is COORDINATOR_NOT_AVAILABLE, which clients retry
+        (Kafka's GroupMetadataManager.storeOffsets maps it so)."""
         records = [(offset_key(group_id, t, p), offset_value(c)) for (t, p), c in committed.items()]
         in_flight = Counter(committed.keys())
         committing = self._committing.setdefault(group_id, Counter())
         committing += in_flight
         try:
             await append(records)
+        except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
+            raise CoordinatorNotAvailableError(f"the offsets of group {group_id!r} were not replicated: {e}") from None
         finally:
             committing -= in_flight  # (in place; partitions at 0 drop out)
             if not committing and self._committing.get(group_id) is committing:
                 del self._committing[group_id]
 
     async def fetch_offsets(
-        self, group_id: str, partitions: list[TopicPartition] | None = None
+        self, group_id: str, partitions: list[TopicPartition] | None = None, require_stable: bool = False
     ) -> dict[TopicPartition, CommittedOffset]:
+        """The group's committed offsets (of `partitions`, or all). With `require_stable`
+        (KIP-447, as Kafka's consumers ask), UNSTABLE_OFFSET_COMMIT, which clients retry,
+        while a transaction's offsets for them await its marker."""
+        if require_stable:
+            pending = self.pending_partitions(group_id)
+            if pending and (partitions is None or pending.intersection(partitions)):
+                raise UnstableOffsetCommitError(f"group {group_id!r} has transactional offsets awaiting their marker")
         table = self._offsets.get(group_id, {})
         if partitions is None:
             return dict(table)

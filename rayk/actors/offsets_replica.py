@@ -67,8 +67,10 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     ) -> None:
         await self._require_coordinator().commit_offsets(group_id, generation, member_id, offsets, group_instance_id)
 
-    async def fetch_offsets(self, group_id: str, partitions: list | None = None) -> dict[tuple[str, int], CommittedOffset]:
-        return await self._require_coordinator().fetch_offsets(group_id, partitions)
+    async def fetch_offsets(
+        self, group_id: str, partitions: list | None = None, require_stable: bool = False
+    ) -> dict[tuple[str, int], CommittedOffset]:
+        return await self._require_coordinator().fetch_offsets(group_id, partitions, require_stable)
 
     async def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         return self._require_coordinator().pending_partitions(group_id)

@@ -30,7 +30,7 @@ from rayk.actors.coordinator_log import LogEntry
 from rayk.actors.coordinator_replica import CoordinatorReplica
 from rayk.actors.transaction_coordinator import TransactionConfig, TransactionCoordinator
 from rayk.actors.transaction_metadata import TransactionMetadata
-from rayk.errors import KafkaError, NotLeaderOrFollowerError
+from rayk.errors import CoordinatorNotAvailableError, KafkaError, NotLeaderOrFollowerError
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +84,14 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
                         logger.info("%s-%d: expired the idle transactional ids %s", self.topic, self.partition, expired)
             except KafkaError as e:  # a write refused (no longer leading, too few in sync): next round
                 logger.warning("%s-%d: transaction timers: %s", self.topic, self.partition, e)
+            except Exception:  # a bug: logged, and the timers go on
+                logger.exception("%s-%d: transaction timers", self.topic, self.partition)
 
     async def _new_producer_id(self) -> int:
-        return await self._controller.init_producer_id.remote()
+        try:
+            return await self._controller.init_producer_id.remote()
+        except RayError as e:  # the Controller restarting: the client retries
+            raise CoordinatorNotAvailableError(f"no producer id from the Controller: {e}") from None
 
     async def _write_marker(
         self, topic: str, partition: int, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int

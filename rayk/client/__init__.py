@@ -23,14 +23,17 @@ if TYPE_CHECKING:
     from rayk.client.admin import Admin, NewTopic
     from rayk.client.consumer import Consumer
     from rayk.client.producer import Producer
+    from rayk.client.transactions import ConsumerGroupMetadata
 
-_CLIENTS = {"Admin": "admin", "NewTopic": "admin", "Consumer": "consumer", "Producer": "producer"}
+_CLIENTS = {"Admin": "admin", "NewTopic": "admin", "Consumer": "consumer", "Producer": "producer",
+            "ConsumerGroupMetadata": "transactions"}
 
 __all__ = [
     "Admin",
     "BatchOffsets",
     "Cluster",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "NewTopic",
     "OffsetAndMetadata",

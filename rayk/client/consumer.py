@@ -41,9 +41,10 @@ from rayk.client.fetcher import Fetcher
 from rayk.client.group_member import GroupMember
 from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import deserializer
+from rayk.client.transactions import ConsumerGroupMetadata
 from rayk.client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED
-from rayk.errors import KafkaError, OffsetOutOfRangeError
+from rayk.errors import InvalidGroupIdError, KafkaError, OffsetOutOfRangeError
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +301,14 @@ class Consumer:
         KafkaTimeoutError as `seek_to_beginning`."""
         for tp in partitions or self._assignment:
             self.seek(tp, self._list_offset(TopicPartition(*tp), LATEST)[0])
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id, for a transactional producer's
+        `send_offsets_to_transaction` (Kafka's groupMetadata()); a zombie member's
+        transactional commit is then refused (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID)."""
+        if self._group is None:
+            raise InvalidGroupIdError("a consumer without a group_id has no group metadata")
+        return ConsumerGroupMetadata(self._group.group_id, self._group.generation, self._group.member_id)
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record to hand out (looked up if not known yet, within

@@ -40,8 +40,13 @@ class CoordinatorLink:
         group_id: str,
         request_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
+        transactional: bool = False,
     ) -> None:
+        """`group_id` names a group, or with `transactional` a transactional id, whose
+        transaction coordinator (`__transaction_state`'s) this links to."""
         self._controller, self.group_id = controller, group_id
+        self._find_method = "find_transaction_coordinator" if transactional else "find_coordinator"
+        self._what = "transactional id" if transactional else "group"
         self._request_timeout_s = request_timeout_ms / 1000
         self._retry_backoff_ms = retry_backoff_ms
         self._handle: Any = None
@@ -54,7 +59,7 @@ class CoordinatorLink:
         return calls.call(
             lambda: getattr(self._find(deadline), method).remote(*args),
             deadline,
-            f"{method} (group {self.group_id!r})",
+            f"{method} ({self._what} {self.group_id!r})",
             retry_backoff_ms=self._retry_backoff_ms,
             on_retriable=self.forget_if_moved,
         )
@@ -65,10 +70,10 @@ class CoordinatorLink:
                 return self._handle
         try:
             _partition, handle = calls.get(
-                self._controller.find_coordinator.remote(self.group_id), deadline_s, "FindCoordinator"
+                getattr(self._controller, self._find_method).remote(self.group_id), deadline_s, "FindCoordinator"
             )
         except LeaderNotAvailableError as e:
-            raise CoordinatorNotAvailableError(f"group {self.group_id!r}: {e}") from None
+            raise CoordinatorNotAvailableError(f"{self._what} {self.group_id!r}: {e}") from None
         with self._lock:
             self._handle = handle
         return handle
@@ -89,7 +94,7 @@ class CoordinatorLink:
             if self._lookup is not None and self._lookup.expired(now):
                 self._lookup, self._next_lookup_s = None, now + self._retry_backoff_ms / 1000
             if self._lookup is None and now >= self._next_lookup_s:
-                ref = self._controller.find_coordinator.remote(self.group_id)
+                ref = getattr(self._controller, self._find_method).remote(self.group_id)
                 self._lookup = calls.Pending(ref, now + self._request_timeout_s, "FindCoordinator")
             return None
 

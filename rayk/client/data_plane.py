@@ -61,11 +61,14 @@ class DataPlaneSession:
         self.name = name
         self._links: dict[Any, ReplicaLink] = {}  # by replica actor id; touched on the loop's thread only
 
-    def produce(self, replica: Any, records: bytes, acks: int, timeout_ms: int) -> concurrent.futures.Future:
+    def produce(
+        self, replica: Any, records: bytes, acks: int, timeout_ms: int, transactional_id: str | None = None
+    ) -> concurrent.futures.Future:
         """PartitionReplica.produce over the data plane: a future of its ProduceResult; with
         acks=0, of ProduceResult(-1, -1, -1) once the request is written (Kafka answers
         nothing then, and its producer does not wait for more)."""
-        return self._submit(replica, lambda link: self._produce(link, records, acks, timeout_ms))
+        request = ProduceRequest(records, acks, timeout_ms, transactional_id)
+        return self._submit(replica, lambda link: self._produce(link, request))
 
     def fetch(self, replica: Any, request: FetchRequest) -> concurrent.futures.Future:
         """PartitionReplica.fetch over the data plane: a future of its FetchResult."""
@@ -82,11 +85,11 @@ class DataPlaneSession:
         return await send(self._link(replica))
 
     @staticmethod
-    async def _produce(link: ReplicaLink, records: bytes, acks: int, timeout_ms: int) -> ProduceResult:
-        if acks == 0:
-            await link.send_produce([ProduceRequest(records, acks, timeout_ms)])
+    async def _produce(link: ReplicaLink, request: ProduceRequest) -> ProduceResult:
+        if request.acks == 0:
+            await link.send_produce([request])
             return ProduceResult(-1, -1, -1)
-        (result,) = await link.produce([ProduceRequest(records, acks, timeout_ms)], reset_if_abandoned=True)
+        (result,) = await link.produce([request], reset_if_abandoned=True)
         return result
 
     async def _close(self) -> None:

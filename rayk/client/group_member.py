@@ -345,7 +345,9 @@ class GroupMember:
                 self._rejoin_requested = True
 
     def committed(self, partitions: list[tuple[str, int]], timeout_ms: int) -> dict[tuple[str, int], Any]:
-        return self._coordinator.call("fetch_offsets", self.group_id, partitions, timeout_ms=timeout_ms)
+        """The committed offsets, once no transaction's offsets for them await their marker
+        (require_stable, retried as UNSTABLE_OFFSET_COMMIT), as Kafka's consumer asks."""
+        return self._coordinator.call("fetch_offsets", self.group_id, partitions, True, timeout_ms=timeout_ms)
 
     def fetch_committed_async(self, partitions: list[tuple[str, int]], now: float) -> calls.Pending | None:
         """Starts an OffsetFetch without waiting; None while the coordinator is unknown.
@@ -353,7 +355,7 @@ class GroupMember:
         handle = self._coordinator.handle_nowait(now)
         if handle is None:
             return None
-        ref = handle.fetch_offsets.remote(self.group_id, partitions)
+        ref = handle.fetch_offsets.remote(self.group_id, partitions, True)  # require_stable, as `committed`
         return calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetFetch")
 
     def answer(self, pending: calls.Pending) -> Any:

@@ -69,6 +69,7 @@ class IdempotenceManager:
         self._first_batch_unacked: set[TopicPartition] = set()  # after a bump: send one batch, then pipeline
         self.bump_needed = False
         self.is_pinned = False
+        self.is_transactional = False
 
     @classmethod
     def pinned(cls, identity: ProducerIdentity) -> IdempotenceManager:
@@ -81,6 +82,28 @@ class IdempotenceManager:
         manager._first_batch_unacked = set(identity.next_sequences)
         manager.is_pinned = True
         return manager
+
+    @classmethod
+    def transactional(cls) -> IdempotenceManager:
+        """A transactional producer's manager: its id and epoch come from the transaction
+        coordinator (`reset`), and it never bumps by itself; a bump goes through the
+        coordinator when the transaction is aborted (rayk.client.transactions)."""
+        manager = cls(0, None)
+        manager.is_transactional = True
+        return manager
+
+    @property
+    def bumps_itself(self) -> bool:
+        return not (self.is_pinned or self.is_transactional)
+
+    def reset(self, producer_id: int, epoch: int) -> None:
+        """A transactional producer's id and epoch from its coordinator: sequences restart
+        at 0. Only while no batch is stamped and unfinished."""
+        assert self.is_transactional and not self._stamped_unfinished, "reset only between transactions"
+        self.producer_id, self.epoch = producer_id, epoch
+        self._next_sequence.clear()
+        self._first_batch_unacked = set()
+        self.bump_needed = False
 
     def may_stamp(self) -> bool:
         """Whether a batch not sent yet may be stamped (and sent) now."""
@@ -118,7 +141,7 @@ class IdempotenceManager:
     def maybe_bump(self) -> bool:
         """Bumps the epoch if one is needed and no stamped batch is unfinished. Raises the
         KafkaError of `new_producer_id` (the bump stays needed) at the epoch limit."""
-        assert not self.is_pinned, "a pinned producer never bumps its epoch"
+        assert self.bumps_itself, "a pinned or transactional producer never bumps its epoch itself"
         if not self.bump_needed or self._stamped_unfinished:
             return False
         if self.epoch < PRODUCER_EPOCH_MAX:

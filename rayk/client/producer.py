@@ -61,9 +61,10 @@ from rayk.client.partitioner import partition_for_key
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
+from rayk.client.transactions import ConsumerGroupMetadata, TransactionManager
 from rayk.client.types import TopicPartition
 from rayk.dataplane.frames import MAX_RECORDS_BYTES
-from rayk.errors import RecordTooLargeError
+from rayk.errors import InvalidTxnStateError, RecordTooLargeError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES
 
@@ -113,6 +114,13 @@ class Producer:
     - `metadata_max_age_ms` (300,000 ms): how often the partition counts are looked up.
     - `identity` (None): rayk's own, for writes that resume as the same producer id
       (rayk.client.resumable_write).
+    - `transactional_id` (None): makes the producer transactional (Kafka's transactions,
+      rayk.client.transactions): `init_transactions()` once, then
+      `begin_transaction()`, `send...`, `send_offsets_to_transaction(...)` and
+      `commit_transaction()` or `abort_transaction()`. While no transaction is open,
+      `send` raises InvalidTxnStateError.
+    - `transaction_timeout_ms` (60,000 ms): a transaction open longer is aborted by its
+      coordinator (at most the brokers' transaction.max.timeout.ms).
 
     Errors are rayk's typed KafkaError subclasses (rayk.errors): `send` raises
     RecordTooLargeError, BufferExhaustedError or KafkaTimeoutError (metadata not found
@@ -140,6 +148,8 @@ class Producer:
         max_block_ms: int = 60_000,
         metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
         identity: ProducerIdentity | None = None,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
     ) -> None:
         self._settings = dict(
             acks=acks,
@@ -157,6 +167,8 @@ class Producer:
             max_block_ms=max_block_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             identity=identity,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
         )
         if min(max_in_flight_requests_per_connection, batch_size, buffer_memory, request_timeout_ms) < 1:
             raise ValueError(
@@ -196,7 +208,15 @@ class Producer:
 
         # Idempotence, always on: Ray may deliver a partition's batches out of order, and the
         # leader puts them back in sequence order (and drops retried duplicates).
-        if identity is None:
+        self._transactions: TransactionManager | None = None
+        if transactional_id is not None:
+            if identity is not None:
+                raise ValueError("a producer has a transactional_id or an identity to resume, not both")
+            self._transactions = TransactionManager(
+                cluster.controller, transactional_id, transaction_timeout_ms, request_timeout_ms, retry_backoff_ms
+            )
+            self._idempotence = IdempotenceManager.transactional()  # its id comes with init_transactions()
+        elif identity is None:
             self._idempotence = IdempotenceManager(new_producer_id(max_block_ms), new_producer_id)
         else:  # continuing a producer id's sequences (a retried write task, see resumable_write)
             self._idempotence = IdempotenceManager.pinned(identity)
@@ -217,6 +237,8 @@ class Producer:
             compression=CompressionType.from_name(compression_type or "none"),
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
+            transactional_id=transactional_id,
+            on_failure=None if self._transactions is None else self._transactions.record_failed,
         )
         self._closed = False
         self._sender.start()
@@ -261,6 +283,10 @@ class Producer:
                 partition = partition_for_key(key, num_partitions)
         elif not 0 <= partition < num_partitions:
             raise ValueError(f"topic {topic!r} has partitions 0..{num_partitions - 1}, not {partition}")
+        if self._transactions is not None:  # the partition joins the transaction before its records go
+            if partition is None:
+                partition = self._accumulator.sticky_partition(topic, num_partitions)
+            self._transactions.add_partition(TopicPartition(topic, partition), self._max_block_ms)
         record = (value, key, header_items, timestamp_ms or time.time_ns() // 1_000_000)
         return self._accumulator.append(topic, partition, num_partitions, record, size)
 
@@ -319,10 +345,71 @@ class Producer:
                         f" {self._max_request_size}, buffer_memory = {self._buffer_memory}"
                     )
                 target = fixed if fixed >= 0 else self._accumulator.sticky_partition(topic, num_partitions)
+                if self._transactions is not None:
+                    self._transactions.add_partition(TopicPartition(topic, target), self._max_block_ms)
                 partitions[batch_rows] = target
                 result = self._accumulator.append_encoded(TopicPartition(topic, target), num_partitions, records)
                 parts.append((result, target, batch_rows))
         return FutureSendBatch(topic, partitions, parts)
+
+    # ------------------------------------------------------------------ transactions
+
+    def init_transactions(self, timeout_s: float | None = None) -> None:
+        """Takes the transactional id's producer id and a new epoch from its transaction
+        coordinator, which fences every older producer with the id (their open transaction
+        is aborted). Call it once, before the first transaction; `timeout_s` defaults to
+        `max_block_ms`."""
+        self._txn().init(self._timeout_ms(timeout_s))
+        self._new_epoch()
+
+    def begin_transaction(self) -> None:
+        """Starts a transaction: what `send` queues until `commit_transaction` is committed
+        together, or not at all."""
+        self._txn().begin()
+
+    def send_offsets_to_transaction(
+        self, offsets: dict[TopicPartition, int], group_metadata: ConsumerGroupMetadata | str,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Commits a consumer group's offsets (the next offset to read, per partition) with
+        the transaction: they become the group's committed offsets if and only if the
+        transaction commits. `group_metadata` is `consumer.group_metadata()` (its member id
+        and generation fence a zombie member's commit) or a group id."""
+        group = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
+        self._txn().send_offsets(offsets, group, self._timeout_ms(timeout_s))
+
+    def commit_transaction(self, timeout_s: float | None = None) -> None:
+        """Sends what is queued, then commits the transaction. If a record of it failed,
+        raises that error instead: call `abort_transaction`."""
+        self._end_transaction(True, timeout_s)
+
+    def abort_transaction(self, timeout_s: float | None = None) -> None:
+        """Sends what is queued, then aborts the transaction: read_committed consumers never
+        see its records, and offsets sent with it are not committed."""
+        self._end_transaction(False, timeout_s)
+
+    def _end_transaction(self, commit: bool, timeout_s: float | None) -> None:
+        txn = self._txn()
+        timeout_ms = self._timeout_ms(timeout_s)
+        epoch = (txn.producer_id, txn.epoch)
+        txn.end(commit, lambda: self.flush(timeout_ms / 1000), lambda: self._idempotence.bump_needed, timeout_ms)
+        if (txn.producer_id, txn.epoch) != epoch:
+            self._new_epoch()
+
+    def _new_epoch(self) -> None:
+        txn = self._txn()
+        with self._accumulator.lock:  # the sender stamps batches with the id and epoch
+            self._idempotence.reset(txn.producer_id, txn.epoch)
+
+    def _txn(self) -> TransactionManager:
+        if self._transactions is None:
+            raise InvalidTxnStateError("a transaction needs a producer made with a transactional_id")
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        return self._transactions
+
+    def _timeout_ms(self, timeout_s: float | None) -> int:
+        return self._max_block_ms if timeout_s is None else max(int(timeout_s * 1000), 1)
 
     def _partition_count(self, topic: str) -> int:
         num_partitions = self._metadata.cached_partition_count(topic)

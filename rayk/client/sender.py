@@ -36,6 +36,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rayk.client import calls
@@ -61,8 +62,14 @@ class Sender:
         compression: CompressionType,
         request_timeout_ms: int,
         retry_backoff_ms: int,
+        transactional_id: str | None = None,
+        on_failure: Callable[[KafkaError], None] | None = None,
     ) -> None:
+        """`transactional_id`: a transactional producer's, whose batches are transactional
+        and carry it to their leader; `on_failure` hears of every record that fails."""
         self._acc = accumulator
+        self._transactional_id = transactional_id
+        self._on_failure = on_failure
         self._metadata = metadata
         self._idempotence = idempotence
         self._acks = acks
@@ -175,12 +182,13 @@ class Sender:
     def _maybe_bump_epoch(self, now: float) -> None:
         if not self._idempotence.bump_needed or now < self._bump_retry_at_s:
             return
-        if self._idempotence.is_pinned:  # it cannot bump: what was not sent yet fails now
+        if not self._idempotence.bumps_itself:  # it cannot bump: what was not sent yet fails now
             with self._acc.lock:
                 unsent = self._acc.take_unstamped()
+            kind = "pinned" if self._idempotence.is_pinned else "transactional: abort the transaction"
             for batch in unsent:
                 self._fail(batch, OutOfOrderSequenceError(
-                    f"producer {self._idempotence.producer_id} (pinned) lost track of a partition's sequence"
+                    f"producer {self._idempotence.producer_id} ({kind}) lost track of a partition's sequence"
                     f" after a batch failed; the batch for {batch.tp} was not sent"
                 ))  # fmt: skip
             return
@@ -201,7 +209,8 @@ class Sender:
                     batch.tp, batch.record_count
                 )
                 batch.encoded = self._encode(batch)
-            ref = self._data_plane.produce(leader, batch.encoded, self._acks, self._request_timeout_ms)
+            ref = self._data_plane.produce(leader, batch.encoded, self._acks, self._request_timeout_ms,
+                                           self._transactional_id)
         except Exception as e:
             self._complete(batch, attempt, calls.translate(e, f"produce to {batch.tp}"))
             return
@@ -218,6 +227,7 @@ class Sender:
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence,
+            is_transactional=self._transactional_id is not None,
         )
         if batch.body is not None:  # encoded by send_batch
             return assemble_batch(batch.body, **stamp)
@@ -291,6 +301,8 @@ class Sender:
         batch.result.fail(error)
         for rider, _ in batch.riders:
             rider.fail(error)
+        if self._on_failure is not None:
+            self._on_failure(error)
         self._finish(batch)
 
     def _finish(self, batch: ProducerBatch) -> None:

@@ -240,8 +240,8 @@ async def list_transactions(view: BrokerView, request: Any) -> dict:
                 continue
             if producer_ids and md.producer_id not in producer_ids:
                 continue
-            if min_duration_ms >= 0 and (md.state is not TxnState.ONGOING or now_ms - md.txn_start_timestamp_ms < min_duration_ms):
-                continue
+            if min_duration_ms >= 0 and now_ms - md.txn_start_timestamp_ms <= min_duration_ms:
+                continue  # (Kafka's test, whatever the state)
             if view.authorized(request, DESCRIBE, TRANSACTIONAL_ID, md.transactional_id):
                 listed.append({"transactional_id": md.transactional_id, "producer_id": md.producer_id,
                                "transaction_state": md.state.display_name})
