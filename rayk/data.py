@@ -83,8 +83,9 @@ from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, log_sizes, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
-from rayk.dataplane.frames import FetchRequest
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
+from rayk.storage.read_committed import committed_batches
 from rayk.storage.records import end_offset_of
 
 ROWS_PER_WRITE_TASK = 10_000
@@ -145,14 +146,18 @@ def _read_range(metadata: MetadataCache, data_plane: DataPlaneSession, r: Offset
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
-            request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0)
+            isolation = READ_COMMITTED if r.read_committed else READ_UNCOMMITTED
+            request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
             result = calls.get(data_plane.fetch(leader, request), deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
         except KafkaError as e:  # the leader moved, died or did not answer (by `deadline`)
             error = e
         if error is None:
             if result.records:
-                table = records_table(result.records, r.topic, r.partition, offset, r.end)
+                kept = result.records
+                if result.aborted_transactions:  # (read_committed) what aborted transactions wrote is dropped
+                    kept = b"".join(batch.data for batch in committed_batches(kept, result.aborted_transactions))
+                table = records_table(kept, r.topic, r.partition, offset, r.end)
                 if table.num_rows:
                     tables.append(table)
                 offset = max(offset, min(end_offset_of(result.records), r.end))
@@ -224,11 +229,13 @@ class TopicDatasource(Datasource):
         fetch_max_bytes: int = FETCH_MAX_BYTES,
         schema: str = "spark",
         num_blocks: int | None = None,
+        isolation_level: str = "read_uncommitted",
     ) -> None:
         _check_read_settings(fetch_max_bytes, schema, num_blocks)
         cluster = cluster_or_connect(cluster)
         ranges = plan_read_ranges(
-            cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
+            cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task,
+            isolation_level,
         )
         self._setup(cluster, ranges, fetch_max_bytes, schema, num_blocks)
 
@@ -353,18 +360,21 @@ def read_topic(
     override_num_blocks: int | None = None,
     ray_remote_args: dict[str, Any] | None = None,
     concurrency: int | None = None,
+    isolation_level: str = "read_uncommitted",
 ) -> ray.data.Dataset:
     """A lazy Dataset of the topic's records in the given offsets, as of this call (see
     the module docstring). `schema` is "spark" (Spark's Kafka source's columns) or "ray"
     (Ray's read_kafka's); `override_num_blocks` the number of read tasks, instead of
     tasks of `records_per_task` records and about `bytes_per_task` bytes;
     `ray_remote_args` Ray options for every read task; `concurrency` the most read tasks
-    at a time. `cluster` defaults to `rayk.connect()`."""
+    at a time; `isolation_level` "read_committed" reads what committed transactions wrote
+    (and records written outside transactions), up to the last stable offset, as Kafka's
+    read_committed consumers. `cluster` defaults to `rayk.connect()`."""
     _check_task_options(ray_remote_args, concurrency)
     source = TopicDatasource(
         topic, starting_offsets, ending_offsets, starting_timestamp=starting_timestamp, cluster=cluster,
         records_per_task=records_per_task, bytes_per_task=bytes_per_task, fetch_max_bytes=fetch_max_bytes,
-        schema=schema, num_blocks=override_num_blocks,
+        schema=schema, num_blocks=override_num_blocks, isolation_level=isolation_level,
     )  # fmt: skip
     return _dataset(source, ray_remote_args, concurrency)
 
@@ -469,11 +479,12 @@ def stream_topic(
     bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
     schema: str = "spark",
+    isolation_level: str = "read_uncommitted",
 ) -> TopicStream:
     """The topic as a stream of Datasets, one per micro-batch: the records that arrived
     since the last one, planned every `trigger_ms`, with the group's committed offsets as
-    the stream's progress (see TopicStream and rayk.client.micro_batches); `schema` as
-    in read_topic::
+    the stream's progress (see TopicStream and rayk.client.micro_batches); `schema` and
+    `isolation_level` as in read_topic::
 
         with rayk.data.stream_topic("events", "etl") as stream:
             for ds in stream:
@@ -482,7 +493,7 @@ def stream_topic(
     return TopicStream(
         cluster_or_connect(cluster), topic, group_id, records_per_task, bytes_per_task, fetch_max_bytes, schema,
         trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
-        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
+        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss, isolation_level=isolation_level,
     )  # fmt: skip
 
 

@@ -234,15 +234,19 @@ def read_topic(
     cluster: Any = None,
     records_per_task: int = rayk_data.RECORDS_PER_TASK,
     bytes_per_task: int = rayk_data.BYTES_PER_TASK,
+    isolation_level: str = "read_uncommitted",
 ) -> Any:
     """The topic's records in the given bounds, as of now, as a DataFrame: one Spark
     partition per topic partition (split evenly into at most `records_per_task` records and
     about `bytes_per_task` bytes each, 64 MiB: a Spark split's size), each read by
     its Spark task straight from the partition's leader replica and handed to Spark as
-    Arrow batches (mapInArrow): no Python object per row."""
+    Arrow batches (mapInArrow): no Python object per row. `isolation_level`
+    "read_committed" reads as Kafka's read_committed consumers (Spark's Kafka source's
+    kafka.isolation.level): up to the last stable offset, without aborted transactions."""
     cluster = rayk_data.cluster_or_connect(cluster)
     ranges = plan_read_ranges(
-        cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task
+        cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task,
+        isolation_level,
     )
     return _read_ranges(spark, cluster, ranges)
 
@@ -369,19 +373,20 @@ def stream_topic(
     cluster: Any = None,
     records_per_task: int = rayk_data.RECORDS_PER_TASK,
     bytes_per_task: int = rayk_data.BYTES_PER_TASK,
+    isolation_level: str = "read_uncommitted",
 ) -> TopicStreamQuery:
     """Runs `process_batch(df, batch_id)` on each micro-batch of `topic` (Structured
     Streaming's foreachBatch shape): `df` holds the records that arrived since the last
     batch, with Spark's Kafka schema, planned every `trigger_ms`. The group's offsets are
     committed after `process_batch` returns; if it raises, the stream stops without
     committing, and the next stream of the group hands the same batch out again, with the
-    same `batch_id` (see rayk.client.micro_batches). Returns at once; the query's `stop()`
-    ends the stream."""
+    same `batch_id` (see rayk.client.micro_batches); `isolation_level` as in read_topic.
+    Returns at once; the query's `stop()` ends the stream."""
     cluster = rayk_data.cluster_or_connect(cluster)
     if records_per_task < 1 or bytes_per_task < 1:
         raise InvalidConfigurationError("records_per_task and bytes_per_task must be >= 1")
     batches = MicroBatches(
         cluster, topic, group_id, trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
-        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss,
+        starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss, isolation_level=isolation_level,
     )  # fmt: skip
     return TopicStreamQuery(spark, cluster, batches, process_batch, (records_per_task, bytes_per_task))

@@ -425,3 +425,41 @@ def test_read_tasks_are_sized_by_bytes_as_well_as_records(cluster):
     assert 2 * 200 * 1000 < ds.size_bytes() < 2 * 200 * 1200, "estimated from the partitions' size on disk"
     with pytest.raises(InvalidConfigurationError):
         rayk_data.read_topic(topic, cluster=cluster, bytes_per_task=0)
+
+
+def test_read_committed_reads_and_streams_leave_out_aborted_and_open_transactions(cluster):
+    """isolation_level="read_committed": a read ends at the last stable offset (an open
+    transaction's records and what follows them wait) and leaves out what aborted
+    transactions wrote; read_uncommitted reads all of it. A read_committed stream's batches
+    stop at the LSO too."""
+    topic = new_topic(cluster, partitions=1)
+    producer = cluster.producer(transactional_id=f"data-{topic}")
+    producer.init_transactions()
+    for commit, values in ((True, [b"c0", b"c1"]), (False, [b"a0", b"a1"]), (True, [b"c2"])):
+        producer.begin_transaction()
+        producer.send_batch(topic, values)
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+    wait_until(lambda: cluster.describe_topic(topic)[0]["high_watermark"] == 8, 30, "the markers")  # 5 records, 3 markers
+    stream = rayk_data.stream_topic(topic, "rc-stream", trigger_ms=50, starting_offsets="earliest", cluster=cluster,
+                                    isolation_level="read_committed")  # fmt: skip
+    producer.begin_transaction()
+    producer.send(topic, b"open").get(timeout=30)  # a transaction left open while the reads run
+    with cluster.producer() as plain:
+        plain.send(topic, b"after")
+    committed = rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed")
+    assert [r["value"] for r in rows_of(committed)] == [b"c0", b"c1", b"c2"]
+    everything = rayk_data.read_topic(topic, cluster=cluster)
+    assert [r["value"] for r in rows_of(everything)] == [b"c0", b"c1", b"a0", b"a1", b"c2", b"open", b"after"]
+    first = next(iter(stream))
+    assert [r["value"] for r in rows_of(first)] == [b"c0", b"c1", b"c2"]
+    producer.commit_transaction()
+    wait_until(lambda: [r["value"] for r in rows_of(rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed"))]
+               == [b"c0", b"c1", b"c2", b"open", b"after"], 30, "the LSO to move on once the transaction commits")
+    stream.close()
+    producer.close()
+    with pytest.raises(InvalidConfigurationError):
+        rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed_please")

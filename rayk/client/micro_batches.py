@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Any
 
-from rayk.client.offset_ranges import EARLIEST, LATEST, OffsetRange, OffsetSpec, parse_offsets
+from rayk.client.offset_ranges import EARLIEST, LATEST, OffsetRange, OffsetSpec, parse_offsets, read_committed_of
 from rayk.client.types import OffsetAndMetadata, TopicPartition
 from rayk.errors import FencedInstanceIdError, InvalidConfigurationError, OffsetOutOfRangeError
 
@@ -72,6 +72,7 @@ class MicroBatches:
         max_records_per_batch: int | None = None,
         starting_offsets: OffsetSpec = "latest",
         fail_on_data_loss: bool = True,
+        isolation_level: str = "read_uncommitted",
     ) -> None:
         if not group_id:
             raise InvalidConfigurationError("a stream needs a group_id: its progress is the group's committed offsets")
@@ -83,7 +84,8 @@ class MicroBatches:
         self._fail_on_data_loss = fail_on_data_loss
         self._cluster = cluster
         cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
-        self._consumer = cluster.consumer(group_id=group_id, enable_auto_commit=False)
+        self._read_committed = read_committed_of(isolation_level)  # batches end at the LSO, read committed
+        self._consumer = cluster.consumer(group_id=group_id, enable_auto_commit=False, isolation_level=isolation_level)
         self._stopped = threading.Event()
         self._next_start_s = time.monotonic()
         self._positions: dict[int, int] = {}  # where the next batch starts, per partition
@@ -142,7 +144,8 @@ class MicroBatches:
         return self._consumer.beginning_offsets([tp])[tp]
 
     def _ends(self) -> dict[int, int]:
-        """Each partition's high watermark (the end of what a batch may read)."""
+        """Each partition's high watermark, or last stable offset when read_committed (the
+        end of what a batch may read)."""
         tps = [TopicPartition(self.topic, p) for p in self._positions] or [
             TopicPartition(self.topic, p) for p in range(self._partition_count())
         ]
@@ -206,7 +209,7 @@ class MicroBatches:
     def _ranges(self, ends: dict[int, int]) -> list[OffsetRange]:
         leaders = {d["partition"]: d["leader"] for d in self._cluster.describe_topic(self.topic)}
         return [
-            OffsetRange(self.topic, p, self._positions[p], end, leaders.get(p, -1))
+            OffsetRange(self.topic, p, self._positions[p], end, leaders.get(p, -1), self._read_committed)
             for p, end in sorted(ends.items())
             if end > self._positions[p]
         ]

@@ -5,8 +5,8 @@ partition, the records in [start, end). The bounds are given the way Spark's Kaf
 takes them: "earliest" / "latest", or JSON per partition like `{"t":{"0":23,"1":-2}}`
 (-2 earliest, -1 latest; a dict works too), or a starting timestamp in ms. They are
 resolved once, when the read is planned, against each partition leader's log start
-offset and high watermark, so the read is a consistent snapshot: records appended later
-are not part of it, whole or half.
+offset and high watermark (the last stable offset, for a read_committed read), so the
+read is a consistent snapshot: records appended later are not part of it, whole or half.
 
 As in Spark's batch queries, "latest" cannot start a range and "earliest" cannot end it,
 and JSON offsets must name every partition of the topic. An offset outside the log
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayk.client import calls
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED
 from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class OffsetRange:
     start: int  # first offset read
     end: int  # first offset not read
     leader: int  # broker id of the partition's leader when planned
+    read_committed: bool = False  # read as a read_committed consumer: `end` is at most the LSO, aborted records dropped
 
     @property
     def size(self) -> int:
@@ -51,11 +53,21 @@ class OffsetRange:
         if max_records < 1:
             raise ValueError(f"max_records must be >= 1, got {max_records}")
         starts = range(self.start, max(self.end, self.start + 1), max_records)
-        return [OffsetRange(self.topic, self.partition, s, min(s + max_records, self.end), self.leader) for s in starts]
+        return [OffsetRange(self.topic, self.partition, s, min(s + max_records, self.end), self.leader, self.read_committed)
+                for s in starts]
 
     def split_evenly(self, parts: int) -> list[OffsetRange]:
         """`parts` consecutive sub-ranges of (nearly) equal size, fewer if the range is smaller."""
         return self.split(max(1, -(-self.size // max(1, parts))))
+
+
+def read_committed_of(isolation_level: str) -> bool:
+    """Whether `isolation_level` (Kafka's names) is "read_committed"."""
+    if isolation_level not in ("read_uncommitted", "read_committed"):
+        raise InvalidConfigurationError(
+            f"isolation_level must be 'read_uncommitted' or 'read_committed', got {isolation_level!r}"
+        )
+    return isolation_level == "read_committed"
 
 
 def parse_offsets(spec: OffsetSpec, topic: str, partitions: int, *, starting: bool, streaming: bool = False) -> dict[int, int]:
@@ -94,11 +106,15 @@ def plan_ranges(
     starting_offsets: OffsetSpec = "earliest",
     ending_offsets: OffsetSpec = "latest",
     starting_timestamp: int | None = None,
+    isolation_level: str = "read_uncommitted",
 ) -> list[OffsetRange]:
     """Resolves the bounds against each partition leader, once (the snapshot). The leaders
     are asked within the cluster's default_api_timeout_ms, all again (looked up again)
     after retry_backoff_ms while one does not answer or answers a retriable error (a
-    partition without a leader, as while a restarted broker recovers its logs)."""
+    partition without a leader, as while a restarted broker recovers its logs). With
+    `isolation_level` "read_committed", "latest" is the last stable offset (LSO), which no
+    range ends past, and the ranges are read as a read_committed consumer reads."""
+    read_committed = read_committed_of(isolation_level)
     description = cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION first
     partitions = len(description)
     starts = parse_offsets(starting_offsets, topic, partitions, starting=True)
@@ -108,7 +124,7 @@ def plan_ranges(
     specs = [EARLIEST, LATEST] + ([starting_timestamp] if starting_timestamp is not None else [])
     deadline_s = cluster.api_calls.deadline_s()
     answers = calls.retry(
-        lambda: _list_offsets(cluster, topic, partitions, specs, deadline_s), deadline_s, f"ListOffsets {topic}",
+        lambda: _list_offsets(cluster, topic, partitions, specs, deadline_s, read_committed), deadline_s, f"ListOffsets {topic}",
         retry_backoff_ms=cluster.retry_backoff_ms,
     )
     bounds, hws = answers[0], answers[1]
@@ -126,19 +142,20 @@ def plan_ranges(
                 f"{topic}-{p}: cannot read [{start}, {end}); the partition holds [{log_start}, {hw})"
             )
         leader = next(d["leader"] for d in description if d["partition"] == p)
-        ranges.append(OffsetRange(topic, p, start, end, leader))
+        ranges.append(OffsetRange(topic, p, start, end, leader, read_committed))
     return ranges
 
 
 def _list_offsets(
-    cluster: Any, topic: str, partitions: int, specs: list[int], deadline_s: float
+    cluster: Any, topic: str, partitions: int, specs: list[int], deadline_s: float, read_committed: bool = False
 ) -> list[list[tuple[int, int]]]:
     """Per spec (EARLIEST, LATEST or a timestamp), each partition leader's list_offset
-    answer, all asked at once."""
+    answer, all asked at once (LATEST is the LSO when `read_committed`)."""
     leaders = calls.get_all(
         [cluster.controller.leader.remote(topic, p) for p in range(partitions)], deadline_s, f"leaders of {topic}"
     )
-    asked = [[leader.list_offset.remote(spec) for leader in leaders] for spec in specs]
+    isolation = READ_COMMITTED if read_committed else READ_UNCOMMITTED
+    asked = [[leader.list_offset.remote(spec, isolation) for leader in leaders] for spec in specs]
     return [calls.get_all(refs, deadline_s, f"ListOffsets {topic}") for refs in asked]
 
 
@@ -150,10 +167,11 @@ def plan_read_ranges(
     starting_timestamp: int | None,
     max_records: int,
     max_bytes: int | None = None,
+    isolation_level: str = "read_uncommitted",
 ) -> list[OffsetRange]:
     """The ranges a batch read's tasks read: the non-empty ones, split into tasks (see
     `split_for_tasks`)."""
-    ranges = plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp)
+    ranges = plan_ranges(cluster, topic, starting_offsets, ending_offsets, starting_timestamp, isolation_level)
     return split_for_tasks(cluster, ranges, max_records, max_bytes)
 
 
