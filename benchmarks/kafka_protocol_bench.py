@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka
@@ -77,9 +78,20 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
         "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1024 * 1024,
         "enable.idempotence": False, "queue.buffering.max.messages": 1_000_000,
     })
-    failed = []
     start = time.perf_counter()
+    send_all(producer, topic, records, value, partitions)
+    return time.perf_counter() - start
+
+
+def send_all(producer: confluent_kafka.Producer, topic: str, records: int, value: bytes, partitions: int = PARTITIONS,
+             before: Callable[[int], None] | None = None) -> None:
+    """Produces `records` copies of `value` round-robin over the partitions (waiting for
+    room in librdkafka's queue), `before(i)` ahead of record i if given, and flushes;
+    raises if a record was not delivered."""
+    failed: list = []
     for i in range(records):
+        if before is not None:
+            before(i)
         while True:
             try:
                 producer.produce(topic, value=value, partition=i % partitions,
@@ -91,7 +103,6 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
             producer.poll(0)
     if producer.flush(300) != 0 or failed:
         raise RuntimeError(f"{len(failed)} records not delivered: {failed[:1]}")
-    return time.perf_counter() - start
 
 
 def consume(bootstrap: str, topic: str, records: int, partitions: int = PARTITIONS) -> float:

@@ -20,6 +20,7 @@ from tests.readme import README, first_line, readme_blocks
 RUN_HERE = (
     "import rayk",  # Using rayk from Python
     "import numpy as np, pyarrow as pa",  # send_batch
+    'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
     "from confluent_kafka import Producer",  # a Kafka client
     "from rayk.quotas import DEFAULT, QuotaEntity",  # client quotas
@@ -89,7 +90,7 @@ def test_the_readme_python_examples_run_as_written(readme_session, capsys):
             if code is blocks[0]:
                 assert "ann" in capsys.readouterr().out, "the quickstart's consumer printed what its producer sent"
         cluster = namespace["cluster"]
-        assert sorted(cluster.admin().list_topics()) == ["events", "profiles"]
+        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "profiles"]
     finally:
         if "cluster" in namespace:
             namespace["cluster"].shutdown()

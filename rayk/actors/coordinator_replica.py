@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import Any
 
 from rayk.actors.coordinator_log import LogEntry, read_coordinator_log
@@ -47,7 +48,8 @@ class CoordinatorReplica(PartitionReplica):
         self._broker_config = broker_config or BrokerConfig()
         self._coordinator: Any = None
         self._last_load: dict[str, float] = {}  # what the latest coordinator load replayed, and how long it took
-        self._producer_locks: dict[int, asyncio.Lock] = {}  # one transactional write per producer at a time
+        # One transactional write per producer at a time (a lock lives while a write holds it).
+        self._producer_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ what a coordinator replica defines
 
@@ -129,7 +131,10 @@ class CoordinatorReplica(PartitionReplica):
         with the producer's next sequence here, through the produce path: its epoch is
         checked and its first batch of a transaction verified with the transaction
         coordinator (txn_verification.py), as any transactional write."""
-        async with self._producer_locks.setdefault(producer_id, asyncio.Lock()):
+        lock = self._producer_locks.get(producer_id)
+        if lock is None:
+            lock = self._producer_locks[producer_id] = asyncio.Lock()
+        async with lock:
             entry = self._log.producer_state.producers.get(producer_id)
             sequence = entry.next_sequence % (1 << 31) if entry is not None and entry.epoch == producer_epoch else 0
             batch = build_batch([SimpleRecord(value, key) for key, value in records], producer_id=producer_id,

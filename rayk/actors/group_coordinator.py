@@ -146,7 +146,7 @@ class GroupCoordinator:
         of the coordinator's records (see group_records.py)."""
         for entry in records:
             if isinstance(entry, TxnMarker):
-                self._complete_txn(entry.producer_id, entry.commit)
+                self.complete_txn(entry.producer_id, entry.commit)
             elif isinstance(entry, TxnRecords):
                 for offset, key, value in entry.records:
                     record = self._decoded(offset, key, value, source)
@@ -414,9 +414,6 @@ class GroupCoordinator:
     def complete_txn(self, producer_id: int, commit: bool) -> None:
         """The producer's transaction marker is in the log: its pending offsets become the
         groups' committed offsets (COMMIT) or are dropped (ABORT)."""
-        self._complete_txn(producer_id, commit)
-
-    def _complete_txn(self, producer_id: int, commit: bool) -> None:
         pending = self._pending_txn.pop(producer_id, {})
         if commit:
             for group_id, table in pending.items():

@@ -1,5 +1,6 @@
 """IdempotenceManager: an idempotent producer's id, epoch and sequence numbers (the
-idempotent half of Kafka's TransactionManager, with KIP-360's epoch bump).
+idempotent half of Kafka's TransactionManager, with KIP-360's epoch bump; the
+transactional half is rayk.client.transactions).
 
 Each batch is stamped with (producer id, producer epoch, base sequence) when it is first
 sent, as Kafka's accumulator drain does: sequences count a partition's records from 0
@@ -28,6 +29,12 @@ waiting (the task fails, and its next attempt resumes from what the leaders hold
 partition's first batch goes alone, so that the leader knows the producer before a
 later batch could arrive first and be appended after a hole (a replica that does not
 know a producer accepts its batch at any sequence, see PartitionReplica._await_sequence).
+
+A transactional producer's manager (`IdempotenceManager.transactional`) takes its id and
+epoch from the transaction coordinator (`reset`, between transactions) and never bumps by
+itself either: like a pinned one, it fails the batches not stamped yet once a batch's
+fate is unknown, the transaction is aborted, and the coordinator bumps the epoch
+(rayk.client.transactions).
 
 Not thread-safe: the producer's sender thread owns it.
 """

@@ -1,8 +1,8 @@
 """Produce, Fetch, ListOffsets and OffsetForLeaderEpoch: the data path.
 
 With an authorizer, producing needs WRITE on the topic (and a transactional produce WRITE
-on its TransactionalId), fetching READ, the two offset lookups DESCRIBE; a partition of a topic the principal may not use gets
-TOPIC_AUTHORIZATION_FAILED and reaches no replica.
+on its TransactionalId), fetching READ, the two offset lookups DESCRIBE; a partition of a
+topic the principal may not use gets TOPIC_AUTHORIZATION_FAILED and reaches no replica.
 
 Record batches travel as the bytes the client sent (Produce) and the bytes the log holds
 (Fetch): the listener never decodes or re-encodes records; the partition replica validates

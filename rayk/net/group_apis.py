@@ -1,5 +1,6 @@
-"""FindCoordinator (of groups, and of transactional ids: txn_apis.py) and the consumer group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete).
+"""FindCoordinator (of groups, and of transactional ids: txn_apis.py) and the consumer
+group APIs (Join/Sync/Heartbeat/Leave, OffsetCommit, TxnOffsetCommit, OffsetFetch,
+ListGroups, DescribeGroups, DeleteGroups, OffsetDelete).
 
 A group's coordinator is the leader of its `__consumer_offsets` partition. The listener
 passes group requests to this broker's replica of that partition, whose GroupCoordinator
@@ -7,11 +8,12 @@ answers NOT_COORDINATOR when it does not lead it; so a Kafka client and a rayk c
 the same group meet at the same coordinator and share committed offsets.
 
 With an authorizer, as in Kafka: joining, syncing, heartbeats, leaving and committing
-need READ on the group, FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE,
-DeleteGroups and OffsetDelete DELETE (else GROUP_AUTHORIZATION_FAILED); committing or
-deleting a topic's offsets needs READ on the topic
-and fetching them DESCRIBE (else TOPIC_AUTHORIZATION_FAILED for its partitions);
-ListGroups shows the groups the principal may DESCRIBE (all, with DESCRIBE on the cluster).
+need READ on the group (a TxnOffsetCommit WRITE on its transactional id too),
+FindCoordinator, OffsetFetch and DescribeGroups DESCRIBE, DeleteGroups and OffsetDelete
+DELETE (else GROUP_AUTHORIZATION_FAILED); committing or deleting a topic's offsets needs
+READ on the topic and fetching them DESCRIBE (else TOPIC_AUTHORIZATION_FAILED for its
+partitions); ListGroups shows the groups the principal may DESCRIBE (all, with DESCRIBE on
+the cluster).
 """
 
 from __future__ import annotations

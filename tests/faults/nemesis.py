@@ -33,7 +33,9 @@ Hence:
 The workload during a schedule (`Workload`): the harness's idempotent acks=all Traffic; a
 consumer group of two members that commit after each poll; and a `rayk.data.stream_topic`
 pipeline copying the topic into COPY_TOPIC with `rayk.data.write_topic`, restarted from
-its committed progress whenever it fails, as its users would. What `Workload.check`
+its committed progress whenever it fails, as its users would; and a transactional producer
+(`Transactions`) writing TXN_TOPIC in transactions of TXN_RECORDS records, a fourth of
+them aborted on purpose, made again whenever it fails. What `Workload.check`
 asserts at the end: every acknowledged record is stored exactly once at its acknowledged
 offset; every record the group or the pipeline read is stored where it was read; the
 group's committed offsets never went backwards nor past a record the group had not
@@ -90,7 +92,12 @@ MIN_INSYNC_REPLICAS = 2
 MIN_FAULTS, MAX_FAULTS = 3, 10
 MAX_GAP_MS = 6_000  # the longest pause between two faults (a barrier's wait comes on top)
 COPY_TOPIC = "faults-copy"
+TXN_TOPIC = "faults-transactions"
 OFFSETS_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+TXN_RECORDS = 20  # per transaction, over the TXN_TOPIC's partitions
+TXN_ABORT_EVERY = 4  # every fourth transaction is aborted on purpose
+HEALTH_TOPICS = (TOPIC, COPY_TOPIC, TXN_TOPIC, OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)  # what `healthy` looks at
 GROUP = "nemesis-group"
 STREAM_GROUP = "nemesis-stream"
 GROUP_MEMBERS = 2
@@ -449,6 +456,106 @@ class Pipeline(threading.Thread):
         self.join(timeout=120)
 
 
+class Transactions(threading.Thread):
+    """A transactional producer writing TXN_TOPIC: transaction n holds the records
+    b"n:i", i < TXN_RECORDS, spread over the partitions; every TXN_ABORT_EVERY-th is aborted
+    on purpose. A transaction that failed (a fault got in its way) is aborted if the
+    producer can, else the producer is made again, whose init_transactions fences the old
+    one and aborts what it left open; its outcome counts as unknown (the commit may have
+    been decided before the failure), so the check wants all of its records or none."""
+
+    def __init__(self, cluster: Any) -> None:
+        super().__init__(daemon=True, name="nemesis-transactions")
+        self.cluster = cluster
+        self.halt = threading.Event()
+        self.committed: list[int] = []
+        self.aborted: list[int] = []
+        self.unknown: list[int] = []
+        self.failures: Counter = Counter()  # why a transaction failed -> times
+
+    def run(self) -> None:
+        producer = None
+        n = 0
+        while not self.halt.is_set():
+            try:
+                if producer is None:
+                    producer = self.cluster.producer(transactional_id="nemesis-txn", max_block_ms=30_000,
+                                                     transaction_timeout_ms=20_000)  # fmt: skip
+                    producer.init_transactions()
+                producer.begin_transaction()
+                for i in range(TXN_RECORDS):
+                    producer.send(TXN_TOPIC, b"%d:%d" % (n, i), partition=i % PARTITIONS)
+                if n % TXN_ABORT_EVERY == 0:
+                    producer.abort_transaction()
+                    self.aborted.append(n)
+                else:
+                    producer.commit_transaction()
+                    self.committed.append(n)
+            except Exception as e:
+                self.failures[type(e).__name__] += 1
+                self.unknown.append(n)
+                producer = self._abort_or_drop(producer)
+            n += 1
+            time.sleep(0.05)
+        if producer is not None:
+            producer.close()
+
+    @staticmethod
+    def _abort_or_drop(producer: Any) -> Any:
+        if producer is None:
+            return None
+        try:
+            producer.abort_transaction()
+            return producer
+        except Exception:
+            try:
+                producer.close(timeout_s=5)
+            except Exception:
+                pass
+            return None  # the next one fences it
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=120)
+
+    def check(self) -> list[str]:
+        """What a read_committed reader of TXN_TOPIC sees, against the outcomes (see the
+        class docstring); call after `stop`."""
+        seen = Counter(int(v.split(b":")[0]) for v in read_committed_values(self.cluster, TXN_TOPIC, PARTITIONS))
+        failures = []
+        aborted = [n for n in self.aborted if seen[n]]
+        if aborted:
+            failures.append(f"read_committed saw records of {len(aborted)} aborted transactions, e.g. {aborted[:3]}")
+        short = [(n, seen[n]) for n in self.committed if seen[n] != TXN_RECORDS]
+        if short:
+            failures.append(f"{len(short)} committed transactions are not read_committed whole and once, e.g. {short[:3]}")
+        partial = [(n, seen[n]) for n in self.unknown if seen[n] not in (0, TXN_RECORDS)]
+        if partial:
+            failures.append(f"{len(partial)} transactions are read_committed in part, e.g. {partial[:3]}")
+        return failures
+
+
+def read_committed_values(cluster: Any, topic: str, partitions: int) -> list[bytes]:
+    """Every value a read_committed consumer reads from the topic's start to its LSO."""
+    from rayk.client.types import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer = cluster.consumer(isolation_level="read_committed", enable_auto_commit=False, default_api_timeout_ms=30_000)
+    try:
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        values: list[bytes] = []
+        deadline = time.monotonic() + CATCH_UP_BOUND_S
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"read_committed did not reach the LSO of {topic} within {CATCH_UP_BOUND_S} s")
+            values += [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+        return values
+    finally:
+        consumer.close(autocommit=False)
+
+
 def committed_of(cluster: Any, group: str, topic: str, partitions: int) -> dict[int, int]:
     from rayk.client.types import TopicPartition
 
@@ -511,7 +618,7 @@ class Nemesis:
                                       namespace=f"nemesis-{self.schedule.seed}-{os.getpid()}-{int(t0)}")  # fmt: skip
         workload = None
         try:
-            for topic, partitions in ((TOPIC, PARTITIONS), (COPY_TOPIC, 1)):
+            for topic, partitions in ((TOPIC, PARTITIONS), (COPY_TOPIC, 1), (TXN_TOPIC, PARTITIONS)):
                 c.create_topic(topic, num_partitions=partitions, replication_factor=REPLICATION_FACTOR, config=TOPIC_CONFIG)
             workload = Workload(c)
             workload.wait_started()
@@ -550,7 +657,7 @@ class Nemesis:
 
     def describe_all(self) -> str:
         try:
-            parts = [p for t in (TOPIC, COPY_TOPIC, OFFSETS_TOPIC) for p in self.cluster.describe_topic(t)]
+            parts = [p for t in HEALTH_TOPICS for p in self.cluster.describe_topic(t)]
             brokers = self.cluster.brokers()
         except Exception as e:
             return f"(could not describe: {e!r})"
@@ -565,7 +672,7 @@ class Nemesis:
         live = self.live_brokers()
         brokers = {b["broker_id"]: b for b in self.cluster.brokers()}
         out = [f"broker {b} is not back" for b in sorted(live) if b not in brokers or brokers[b]["fenced"] or not brokers[b]["connected"]]
-        for topic in (TOPIC, COPY_TOPIC, OFFSETS_TOPIC):
+        for topic in HEALTH_TOPICS:
             out += topic_unhealthy(self.cluster.describe_topic(topic), live)
         return out
 
@@ -737,11 +844,13 @@ class Workload:
         self.observer.start()
         self.pipeline = Pipeline(cluster)
         self.pipeline.start()
+        self.transactions = Transactions(cluster)
+        self.transactions.start()
         self.notes: list[str] = []
 
     def wait_started(self) -> None:
-        wait_for(lambda: self.traffic.acked_count() >= 1_000 and all(self.ledger.processed.values()),
-                 120, "the workload to produce and consume")  # fmt: skip
+        wait_for(lambda: self.traffic.acked_count() >= 1_000 and all(self.ledger.processed.values())
+                 and len(self.transactions.committed) >= 2, 120, "the workload to produce and consume")  # fmt: skip
 
     def wait_resumed(self, t0: float) -> None:
         """Writes go on on every partition once the cluster healed (the harness's bound)."""
@@ -757,8 +866,10 @@ class Workload:
         for m in self.members:
             m.halt.set()
         self.pipeline.halt.set()
+        self.transactions.halt.set()
         for m in self.members:
             m.join(timeout=30)
+        self.transactions.join(timeout=60)
         try:
             self.observer.stop()
         except Exception:
@@ -835,5 +946,17 @@ class Workload:
             f"pipeline: {self.pipeline.batches} batches, restarts {dict(self.pipeline.restarts) or 'none'}, "
             f"{twice} records copied twice"
         )
+        # The transactions: what read_committed readers see is what the producer decided.
+        self.transactions.stop()
+        if self.transactions.is_alive():
+            failures.append("the transactional producer did not stop within 120 s")
+        else:
+            try:
+                failures += self.transactions.check()
+            except AssertionError as e:
+                failures.append(str(e))
+        t = self.transactions
+        self.notes.append(f"transactions: {len(t.committed)} committed, {len(t.aborted)} aborted, {len(t.unknown)} "
+                          f"unknown ({dict(t.failures) or 'no failures'})")  # fmt: skip
         checked = sum(len(s) for s in stored.values()) + len(copy)
         return len(traffic.acked), checked, failures

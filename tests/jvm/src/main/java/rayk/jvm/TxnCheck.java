@@ -7,6 +7,7 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ProducerState;
 import org.apache.kafka.clients.admin.TransactionDescription;
 import org.apache.kafka.clients.admin.TransactionListing;
+import org.apache.kafka.clients.admin.TransactionState;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -23,8 +24,8 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * fenced: a second producer with the same transactional.id initialises while the first has
  * "z0" in an open transaction; the first's commit then fails (its exception's class);
  * committed_new: the second producer commits "n0".."n2";
- * producers, transactions, described: describeProducers of partition 0, listTransactions,
- * describeTransactions of the id.
+ * described, producers, transactions: describeTransactions of the id (again until the
+ * commit's markers are written), describeProducers of partition 0, listTransactions.
  *
  * Usage: TxnCheck bootstrap topic transactional-id
  */
@@ -64,6 +65,15 @@ public final class TxnCheck {
         Properties props = new Properties();
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         try (Admin admin = Admin.create(props)) {
+            // commitTransaction returns once the commit is decided; its markers follow.
+            TransactionDescription described = admin.describeTransactions(List.of(txnId)).description(txnId).get();
+            for (long deadline = System.currentTimeMillis() + 30_000;
+                 described.state() != TransactionState.COMPLETE_COMMIT && System.currentTimeMillis() < deadline;
+                 Thread.sleep(100)) {
+                described = admin.describeTransactions(List.of(txnId)).description(txnId).get();
+            }
+            Events.emit("described", "state", described.state().toString(), "epoch", described.producerEpoch(),
+                        "partitions", described.topicPartitions().size());
             TopicPartition partition = new TopicPartition(topic, 0);
             List<ProducerState> producers = admin.describeProducers(List.of(partition)).partitionResult(partition).get().activeProducers();
             Events.emit("producers", "count", producers.size(),
@@ -71,9 +81,6 @@ public final class TxnCheck {
             for (TransactionListing listing : admin.listTransactions().all().get()) {
                 if (listing.transactionalId().equals(txnId)) Events.emit("transactions", "state", listing.state().toString());
             }
-            TransactionDescription described = admin.describeTransactions(List.of(txnId)).description(txnId).get();
-            Events.emit("described", "state", described.state().toString(), "epoch", described.producerEpoch(),
-                        "partitions", described.topicPartitions().size());
         }
         Events.emit("done");
     }
