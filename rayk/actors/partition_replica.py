@@ -179,6 +179,7 @@ class PartitionReplica(Supervised):
         )
         self._isr_manager = isr_manager
         self._controller = controller
+        self._txn_coordinators = txn_verification.CoordinatorHandles(controller)
         self._role: str | None = None  # "leader" | "follower" | None before the first assignment
         self._leader_epoch = -1
         self._partition_epoch = -1
@@ -446,7 +447,7 @@ class PartitionReplica(Supervised):
         if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
             return None  # the transaction is open here: its first batch was verified
         error = await txn_verification.verify_partition(
-            self._controller, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch
+            self._txn_coordinators, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch
         )
         if error is None and self._role != "leader":  # the leadership moved while the coordinator answered
             return self._not_leader()

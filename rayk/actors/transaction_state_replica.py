@@ -43,6 +43,7 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timers: asyncio.Task | None = None
+        self._leaders: dict[tuple[str, int], Any] = {}  # partition -> its leader replica's handle, as last found
 
     async def _open_coordinator(self, records: list[LogEntry]) -> TransactionCoordinator:
         c = self._broker_config
@@ -96,14 +97,23 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
     async def _write_marker(
         self, topic: str, partition: int, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
     ) -> None:
+        """The marker at the partition's leader, whose handle is kept until a marker to it
+        fails (then the Controller is asked again): a transaction's end costs one call per
+        partition."""
+        tp = (topic, partition)
         try:
-            leader = await self._controller.leader.remote(topic, partition)
+            leader = self._leaders.get(tp)
+            if leader is None:
+                leader = self._leaders[tp] = await self._controller.leader.remote(topic, partition)
             result = await leader.write_txn_marker.remote(producer_id, producer_epoch, commit, coordinator_epoch, MARKER_TIMEOUT_MS)
         except KafkaError:
+            self._leaders.pop(tp, None)
             raise
         except RayError as e:
+            self._leaders.pop(tp, None)
             raise NotLeaderOrFollowerError(f"the leader of {topic}-{partition} could not be reached: {e}") from None
         if result.error is not None:
+            self._leaders.pop(tp, None)
             raise result.error
 
     # ------------------------------------------------------------------ the transaction APIs

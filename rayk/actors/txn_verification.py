@@ -43,28 +43,59 @@ _RETRIABLE = (ConcurrentTransactionsError, CoordinatorLoadInProgressError, Coord
               LeaderNotAvailableError, NotCoordinatorError)
 
 
+class CoordinatorHandles:
+    """The transaction coordinators a leader verified with, by transactional id (at most
+    MAX_REMEMBERED, the oldest forgotten first), so that a transaction's first batch costs
+    one call, not a Controller lookup too; a handle whose call failed is forgotten."""
+
+    MAX_REMEMBERED = 1_000
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller
+        self._handles: dict[str, Any] = {}
+
+    async def get(self, transactional_id: str) -> Any:
+        handle = self._handles.get(transactional_id)
+        if handle is None:
+            _, handle = await self.controller.find_transaction_coordinator.remote(transactional_id)
+            if len(self._handles) >= self.MAX_REMEMBERED:
+                del self._handles[next(iter(self._handles))]
+            self._handles[transactional_id] = handle
+        return handle
+
+    def forget(self, transactional_id: str) -> None:
+        self._handles.pop(transactional_id, None)
+
+
 async def verify_partition(
-    controller: Any, transactional_id: str, topic: str, partition: int, producer_id: int, producer_epoch: int
+    coordinators: CoordinatorHandles, transactional_id: str, topic: str, partition: int, producer_id: int,
+    producer_epoch: int,
 ) -> KafkaError | None:
     """None if the producer's open transaction holds `topic-partition`, else the error its
-    produce is answered (see the module docstring). `controller` is the Controller's handle."""
-    if controller is None:
+    produce is answered (see the module docstring)."""
+    if coordinators.controller is None:
         return NotEnoughReplicasError("this replica has no Controller to find the transaction coordinator through")
     try:
-        _, coordinator = await controller.find_transaction_coordinator.remote(transactional_id)
+        coordinator = await coordinators.get(transactional_id)
         missing = await coordinator.verify_partitions.remote(transactional_id, producer_id, producer_epoch, [(topic, partition)])
-    except _RETRIABLE as e:
-        return NotEnoughReplicasError(f"the transaction coordinator of {transactional_id!r} could not verify the write: {e}")
+    except (*_RETRIABLE, RayError) as e:
+        coordinators.forget(transactional_id)  # it may have moved: found again next time
+        return _retriable(transactional_id, topic, partition, e)
     except (ProducerFencedError, InvalidProducerIdMappingError) as e:
         return InvalidProducerEpochError(str(e))
     except KafkaError as e:
         return e
-    except RayError as e:
-        logger.info("verifying %r's write to %s-%d: %s", transactional_id, topic, partition, e)
-        return NotEnoughReplicasError(f"the transaction coordinator of {transactional_id!r} is not reachable; retry")
     if missing:
         return InvalidTxnStateError(
             f"{topic}-{partition} is not in the open transaction of {transactional_id!r} (producer {producer_id}, "
             f"epoch {producer_epoch}): add it with AddPartitionsToTxn first"
         )
     return None
+
+
+def _retriable(transactional_id: str, topic: str, partition: int, error: Exception) -> KafkaError:
+    if isinstance(error, RayError):
+        logger.info("verifying %r's write to %s-%d: %s", transactional_id, topic, partition, error)
+        return NotEnoughReplicasError(f"the transaction coordinator of {transactional_id!r} is not reachable; retry")
+    return NotEnoughReplicasError(f"the transaction coordinator of {transactional_id!r} could not verify the write: {error}")
+
