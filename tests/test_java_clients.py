@@ -283,6 +283,13 @@ def word_counts(cluster, topic: str, isolation_level: str = "read_uncommitted") 
     return {r.key.decode(): struct.unpack(">q", r.value)[0] for r in sorted(records, key=lambda r: r.offset)}
 
 
+def write_lines(producer, topic: str, lines: list[str]) -> None:
+    """Each line a record keyed by itself, all acknowledged."""
+    for line in lines:
+        producer.send(topic, line.encode(), key=line.encode())
+    producer.flush()
+
+
 def start_word_count(jvm, bootstrap, app, source, sink, state_dir, guarantee="at_least_once") -> JavaProcess:
     return jvm.start("rayk.jvm.WordCount", bootstrap, app, source, sink, state_dir, guarantee)
 
@@ -297,9 +304,7 @@ def test_kafka_streams_word_count_is_right_across_application_and_broker_restart
     producer = cluster.producer(acks="all")
 
     def write(lines: list[str]) -> None:
-        for line in lines:
-            producer.send(source, line.encode(), key=line.encode())
-        producer.flush()
+        write_lines(producer, source, lines)
 
     changelog, repartition = f"{app}-counts-changelog", f"{app}-words-repartition"
     expected: Counter = Counter()
@@ -348,9 +353,7 @@ def test_kafka_streams_exactly_once_v2_counts_exactly_across_an_application_kill
     producer = cluster.producer(acks="all")
 
     def write(lines: list[str]) -> None:
-        for line in lines:
-            producer.send(source, line.encode(), key=line.encode())
-        producer.flush()
+        write_lines(producer, source, lines)
 
     def counted(what: str, timeout_s: float = 90) -> None:
         wait_until(lambda: word_counts(cluster, sink, "read_committed") == expected, timeout_s, what)
