@@ -124,7 +124,7 @@ class ForgetfulController:
         return [
             {"topic": name, "topic_id": "id", "partition": p, "leader": 0, "replicas": replicas, "isr": replicas,
              "leader_epoch": 0, "partition_epoch": 0, "recovering": [], "adding_replicas": [], "removing_replicas": [],
-             "high_watermark": 0, "log_end_offset": 0, "log_start_offset": 0}
+             "eligible_leader_replicas": [], "high_watermark": 0, "log_end_offset": 0, "log_start_offset": 0}
             for p in range(partitions)
         ]  # fmt: skip
 

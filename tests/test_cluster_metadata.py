@@ -24,7 +24,7 @@ from rayk.metadata.records import (
 )
 from rayk.metadata import elections
 from rayk.metadata.elections import LogEnd, reconcile
-from rayk.config import UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig
+from rayk.config import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig, min_insync_replicas_of
 from rayk.errors import (
     ElectionNotNeededError,
     EligibleLeadersNotAvailableError,
@@ -956,6 +956,110 @@ def test_a_broker_on_a_replaced_disk_follows_and_does_not_lead_while_another_cop
     assert (c.state().leader, c.state().isr) == (2, (2, 3))
 
 
+# --- eligible leader replicas (KIP-966's ELR) -----------------------------------------
+
+MIN_ISR_2 = {MIN_INSYNC_REPLICAS: "2"}
+
+
+def test_replicas_that_leave_an_isr_below_min_insync_replicas_become_eligible_and_leave_once_it_is_big_enough():
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.alter("t", 0, [1, 2])
+    assert c.state().eligible == (), "an ISR of min.insync.replicas: the HW moves without broker 3"
+    c.alter("t", 0, [1])
+    assert c.state().eligible == (2,), "broker 2 left an ISR that is now below min.insync.replicas"
+    c.alter("t", 0, [1, 3])
+    assert c.state().eligible == (), "the HW moves again without broker 2"
+    c.alter("t", 0, [1])
+    c.alter("t", 0, [1, 3])
+    assert c.state().eligible == ()
+
+
+def test_with_min_insync_replicas_1_no_replica_is_ever_eligible():
+    c = three_nodes()
+    c.create(rf=3)
+    c.alter("t", 0, [1])
+    c.fence(1)
+    assert c.state().eligible == () and c.state().leader == NO_LEADER and c.state().isr == (1,)
+
+
+def test_an_eligible_replica_leads_when_the_last_in_sync_replica_is_fenced():
+    """The ISR shrank to the leader alone (its followers stopped fetching), then the
+    leader's node is lost: an ELR member holds every committed record, since the HW stood
+    still below min.insync.replicas, and leads; the lost leader becomes eligible."""
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.alter("t", 0, [1, 2])
+    c.alter("t", 0, [1])
+    c.fence(1)
+    s = c.state()
+    assert (s.leader, s.isr, s.eligible, s.leader_epoch) == (2, (2,), (1,), 1)
+    assert 3 not in s.eligible, "broker 3 left an ISR of min.insync.replicas: it may lack committed records"
+
+
+def test_an_eligible_replica_that_restarted_uncleanly_leads_only_after_its_log_is_compared():
+    """The issue's crash: every process dies, the in-sync leader's node never returns, the
+    eligible replica restarted without a clean shutdown. Once the lost broker is fenced,
+    the eligible copy's log decides instead of the partition staying offline for good."""
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.alter("t", 0, [1, 3])
+    c.fence(1)
+    assert (c.state().leader, c.state().eligible) == (3, (1,))
+    c.meta.attached.clear()  # a whole-cluster crash: the Controller's new session knows no broker
+    c.register(1, "a", incarnation="again", clean=False)  # broker 3 does not come back
+    s = c.state()
+    assert 1 in s.recovering and s.eligible == (1,)
+    assert c.meta.replication.copies_to_compare("t", 0) == (), "broker 3 may still come back"
+    c.fence(3)  # its session expired
+    s = c.state()
+    assert (s.leader, s.isr, s.eligible) == (NO_LEADER, (3,), (1,)), "broker 1 may have lost its tail"
+    assert c.meta.replication.copies_to_compare("t", 0) == (1,)
+    c.commit(c.meta.replication.plan_unclean_recovery("t", 0, {1: LogEnd(0, 100)}))
+    s = c.state()
+    assert (s.leader, s.isr, s.eligible) == (1, (1,), (3,)) and 1 not in s.recovering
+
+
+def test_an_eligible_replica_whose_disk_was_replaced_is_no_longer_eligible():
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.register(2, "b", incarnation="first", directory="disk-1")
+    c.alter("t", 0, [1])
+    assert c.state().eligible == (2, 3)
+    c.register(2, "b", incarnation="second", directory="disk-2", clean=False)
+    assert c.state().eligible == (3,), "an empty log can never be the copy to keep"
+
+
+def test_a_new_min_insync_replicas_empties_the_elr():
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.alter("t", 0, [1])
+    before = c.state()
+    assert before.eligible == (2, 3)
+    c.commit(c.meta.replication.plan_min_insync_change("t"))
+    after = c.state()
+    assert after.eligible == () and after.partition_epoch == before.partition_epoch + 1
+    assert c.meta.replication.plan_min_insync_change("t") == []
+
+
+def test_an_unclean_election_empties_the_elr():
+    c = three_nodes()
+    c.create(rf=3, configs={**MIN_ISR_2, UNCLEAN_LEADER_ELECTION_ENABLE: "true"})
+    c.alter("t", 0, [1, 2])
+    c.alter("t", 0, [1])
+    c.fence(2)
+    c.fence(1)
+    s = c.state()
+    assert (s.leader, s.isr, s.eligible) == (3, (3,), ()), "broker 3 holds less than brokers 1 and 2 did"
+
+
+def test_the_elr_survives_a_replay_of_the_metadata_log():
+    c = three_nodes()
+    c.create(rf=3, configs=MIN_ISR_2)
+    c.alter("t", 0, [1])
+    assert replay(c.log).partition("t", 0) == c.state() and c.state().eligible == (2, 3)
+
+
 # --- replica failures ----------------------------------------------------------------
 
 
@@ -1089,11 +1193,12 @@ class ClusterMachine(RuleBasedStateMachine):
 
     The model: per partition the high watermark `hw` (every record below it was
     acknowledged) and per replica its log end offset `leo`. A write needs a running leader
-    and every ISR member running, and gives the ISR the new records. A crash without a
+    and every ISR member running, and at least min.insync.replicas of them (the strict min
+    ISR of KIP-966), and gives the ISR the new records. A crash without a
     clean shutdown may cut a replica's log to any shorter length; a replaced disk empties
-    it. `holders` are the ISR members that hold every acknowledged record: Kafka's promise
-    covers those (a replica that left the ISR may have missed writes, as far as the
-    Controller knows). The safety property, checked after every step: while some holder
+    it. `holders` are the ISR and ELR members that hold every acknowledged record: Kafka's
+    promise covers those (a replica that left the ISR may have missed writes, as far as the
+    Controller knows, unless it is in the ELR). The safety property, checked after every step: while some holder
     is left, a leader that serves is one of them (unless the topic allows unclean elections).
     """
 
@@ -1125,12 +1230,16 @@ class ClusterMachine(RuleBasedStateMachine):
         raw = self.c.meta.configs.of(name).get(UNCLEAN_LEADER_ELECTION_ENABLE)
         return self.config.unclean_leader_election_enable if raw is None else raw == "true"
 
+    def min_insync(self, name: str) -> int:
+        return min_insync_replicas_of(self.c.meta.configs.of(name), self.config)
+
     def settle(self) -> None:
-        """Holders are ISR members: the previous step's ISR changes take effect (after the
-        invariants checked the step against the holders before it)."""
+        """Holders are ISR and ELR members: the previous step's ISR changes take effect
+        (after the invariants checked the step against the holders before it)."""
         for name, p, s in self.partitions():
             key = self.key(name, p)
-            self.holders[key] = {r for r in self.holders[key] & set(s.isr) if self.leo[key].get(r, 0) >= self.hw[key]}
+            members = set(s.isr) | set(s.eligible)
+            self.holders[key] = {r for r in self.holders[key] & members if self.leo[key].get(r, 0) >= self.hw[key]}
 
     def register(self, broker: int, clean: bool) -> None:
         self.c.register(
@@ -1144,17 +1253,24 @@ class ClusterMachine(RuleBasedStateMachine):
         for name, p, s in self.partitions():
             if self.c.meta.replication.needs_log_comparison(name, p):
                 leo = self.leo[self.key(name, p)]
-                ends = {r: LogEnd(0, leo.get(r, 0)) for r in s.isr}
+                ends = {r: LogEnd(0, leo.get(r, 0)) for r in (*s.isr, *s.eligible)}
                 self.c.commit(self.c.meta.replication.plan_unclean_recovery(name, p, ends))
 
     # -- rules
 
-    @rule(partitions=st.integers(1, 3), rf=st.integers(1, 3), unclean=st.sampled_from([None, "true", "false"]))
-    def create_topic(self, partitions, rf, unclean):
+    @rule(
+        partitions=st.integers(1, 3),
+        rf=st.integers(1, 3),
+        unclean=st.sampled_from([None, "true", "false"]),
+        min_insync=st.sampled_from([None, 1, 2, 3]),
+    )
+    def create_topic(self, partitions, rf, unclean, min_insync):
         self.settle()
         name = f"t{self.next_topic}"
         self.next_topic += 1
         configs = {} if unclean is None else {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}
+        if min_insync is not None:
+            configs[MIN_INSYNC_REPLICAS] = str(min_insync)
         live = self.c.meta.live_brokers
         if rf > len(live):
             with pytest.raises(InvalidReplicationFactorError):
@@ -1171,10 +1287,10 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule(data=st.data(), records=st.integers(1, 5))
     def write(self, data, records):
         self.settle()
-        writable = [
+        writable = [  # the HW moves only with min.insync.replicas in sync (KIP-966's strict min ISR)
             (n, p, s)
             for n, p, s in self.partitions()
-            if s.leader != NO_LEADER and set(s.isr) <= self.running
+            if s.leader != NO_LEADER and set(s.isr) <= self.running and len(s.isr) >= min(self.min_insync(n), len(s.replicas))
         ]
         if not writable:
             return
@@ -1381,11 +1497,18 @@ class ClusterMachine(RuleBasedStateMachine):
             self.holders[self.key(name, p)] = set(state.replicas)
 
     @precondition(lambda self: bool(self.c.meta.topics))
-    @rule(data=st.data(), unclean=st.sampled_from(["true", "false"]))
-    def alter_configs(self, data, unclean):
+    @rule(data=st.data(), unclean=st.sampled_from(["true", "false"]), min_insync=st.sampled_from([None, 1, 2, 3]))
+    def alter_configs(self, data, unclean, min_insync):
+        """As the Controller alters a topic's configs: a new min.insync.replicas empties its ELRs."""
         self.settle()
         name = data.draw(st.sampled_from(sorted(self.c.meta.topics)))
-        self.c.commit(self.c.meta.configs.plan_alter_topic_configs(name, {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}))
+        configs = {UNCLEAN_LEADER_ELECTION_ENABLE: unclean}
+        if min_insync is not None:
+            configs[MIN_INSYNC_REPLICAS] = str(min_insync)
+        records = self.c.meta.configs.plan_alter_topic_configs(name, configs)
+        if self.c.meta.configs.of(name).get(MIN_INSYNC_REPLICAS) != configs.get(MIN_INSYNC_REPLICAS):
+            records += self.c.meta.replication.plan_min_insync_change(name)
+        self.c.commit(records)
 
     @precondition(lambda self: bool(self.c.meta.topics))
     @rule(data=st.data())

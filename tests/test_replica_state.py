@@ -28,6 +28,22 @@ def test_high_watermark_with_only_the_leader_in_isr_is_leo():
     assert state.high_watermark == 7
 
 
+def test_high_watermark_stands_still_while_the_isr_is_below_min_insync_replicas():
+    """KIP-966's strict min ISR: what the leader alone holds is not committed, so the
+    replicas that left the ISR still hold everything committed (and may lead: the ELR)."""
+    state = leader(isr=(1,), hw=4)
+    assert not state.maybe_increment_high_watermark(7, min_insync_replicas=2)
+    assert state.high_watermark == 4
+    state.record_follower_fetch(2, 7, leader_log_end_offset=7, now_ms=1)
+    state.commit_isr(state.isr_expansion(2))
+    assert state.maybe_increment_high_watermark(7, min_insync_replicas=2) and state.high_watermark == 7
+
+
+def test_min_insync_replicas_above_the_replica_count_counts_as_the_replica_count():
+    state = LeaderReplicaState(1, [1], [1], 0, 0, 0)
+    assert state.maybe_increment_high_watermark(3, min_insync_replicas=2) and state.high_watermark == 3
+
+
 def test_high_watermark_never_moves_backwards():
     state = leader(hw=5)
     state.record_follower_fetch(2, 3, leader_log_end_offset=10, now_ms=1)

@@ -73,7 +73,7 @@ from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
-from rayk.config import BrokerConfig, validate_topic_configs
+from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
 from rayk.errors import (
     ElectionNotNeededError,
     InvalidRequestError,
@@ -779,7 +779,10 @@ class Controller:
         """Replaces the topic's configs (Kafka names); replicas pick them up as they are
         recreated (min.insync.replicas, retention, segment settings)."""
         checked = validate_topic_configs(configs)
-        self._commit(self._meta.configs.plan_alter_topic_configs(name, checked))
+        records = self._meta.configs.plan_alter_topic_configs(name, checked)
+        if self._meta.configs.of(name).get(MIN_INSYNC_REPLICAS) != checked.get(MIN_INSYNC_REPLICAS):
+            records += self._meta.replication.plan_min_insync_change(name)
+        self._commit(records)
         meta = self._meta.topics[name]
         await asyncio.gather(*(self._push_partition(name, p) for p in meta.partitions))
         return self._meta.configs.of(name)
@@ -880,6 +883,7 @@ class Controller:
                     "recovering": list(state.recovering),
                     "adding_replicas": list(state.adding),
                     "removing_replicas": list(state.removing),
+                    "eligible_leader_replicas": list(state.eligible),
                     **offsets,
                 }
             )

@@ -512,11 +512,12 @@ class PartitionReplica(Supervised):
             changed = self._change_event()
             if self._role != "leader" or self._leader_epoch != epoch:
                 return self._not_leader()
+            if len(self._leader_state.isr) < self.config.min_insync_replicas:
+                # The HW stands still below min.insync.replicas (strict min ISR): say so now.
+                return NotEnoughReplicasAfterAppendError(
+                    f"written, but the ISR shrank below min.insync.replicas = {self.config.min_insync_replicas}"
+                )
             if self._log.high_watermark >= required_offset:
-                if len(self._leader_state.isr) < self.config.min_insync_replicas:
-                    return NotEnoughReplicasAfterAppendError(
-                        f"written, but the ISR shrank below min.insync.replicas = {self.config.min_insync_replicas}"
-                    )
                 return None
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
@@ -536,7 +537,9 @@ class PartitionReplica(Supervised):
 
     def _maybe_increment_high_watermark(self) -> bool:
         state = self._leader_state
-        if state is None or not state.maybe_increment_high_watermark(self._log.log_end_offset):
+        if state is None or not state.maybe_increment_high_watermark(
+            self._log.log_end_offset, self.config.min_insync_replicas
+        ):
             return False
         self._log.high_watermark = state.high_watermark
         if self._trace is not None:
@@ -829,7 +832,7 @@ class PartitionReplica(Supervised):
             await asyncio.sleep(ISR_CHANGE_RETRY_BACKOFF_MS / 1000)
 
     def _after_isr_change(self) -> None:
-        self._maybe_increment_high_watermark()  # a smaller ISR may let the HW move
+        self._maybe_increment_high_watermark()  # a smaller ISR, or one back at min.insync.replicas, may let the HW move
         self._notify_change()  # and parked acks=-1 produces re-check min.insync.replicas
 
     # ------------------------------------------------------------------ inspection, lifecycle
@@ -861,7 +864,7 @@ class PartitionReplica(Supervised):
         """The topic's configs changed (min.insync.replicas, retention, ...)."""
         self._log.update_config(log_config)
         self.config = replica_config
-        self._notify_change()  # parked acks=-1 produces re-check min.insync.replicas
+        self._after_isr_change()  # a lower min.insync.replicas may let the HW move; parked produces re-check it
 
     async def read_local(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
         """This replica's own batches from `offset`, whatever its role (for tools and tests,

@@ -10,7 +10,8 @@ the in-sync replica set (ISR) and the high watermark:
 - A follower leaves the ISR when `now - lastCaughtUpTimeMs > replica.lag.time.max.ms`:
   it stopped fetching, or fetches but never catches up. The leader never leaves; the ISR
   is never empty.
-- HW = min LEO over the ISR, leader included, and it only moves forward.
+- HW = min LEO over the ISR, leader included, and it only moves forward; it stands still
+  while the ISR is smaller than min.insync.replicas (KIP-966's strict min ISR).
 
 An ISR change is a proposal until the Controller commits it (Kafka's AlterPartition,
 KIP-497): `propose_isr` records it as pending, `commit_isr` makes it the ISR,
@@ -146,8 +147,13 @@ class LeaderReplicaState:
     def abort_isr_change(self) -> None:
         self.pending_isr = None
 
-    def maybe_increment_high_watermark(self, leader_log_end_offset: int) -> bool:
-        """HW = min LEO over the ISR, never backwards; True if it moved."""
+    def maybe_increment_high_watermark(self, leader_log_end_offset: int, min_insync_replicas: int = 1) -> bool:
+        """HW = min LEO over the ISR, never backwards; True if it moved. It stands still
+        while the committed ISR is smaller than min.insync.replicas (capped at the replica
+        count): KIP-966's strict min ISR, which lets a replica that leaves such an ISR stay
+        eligible to lead, since it holds everything committed (`elections.track_eligible`)."""
+        if len(self.isr) < min(min_insync_replicas, len(self.replicas)):
+            return False
         candidates = [leader_log_end_offset] + [
             self.followers[r].log_end_offset for r in self.maximal_isr if r != self.leader_id
         ]

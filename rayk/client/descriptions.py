@@ -56,6 +56,7 @@ class PartitionDescription(ReadsAsDict):
     recovering: list[int]  # replicas that came back from an unclean shutdown, not yet eligible
     adding_replicas: list[int]  # a reassignment under way
     removing_replicas: list[int]
+    eligible_leader_replicas: list[int]  # KIP-966's ELR: out of the ISR, holding every committed record
     high_watermark: int | None
     log_end_offset: int | None
     log_start_offset: int | None

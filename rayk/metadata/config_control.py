@@ -1,7 +1,8 @@
 """ConfigurationControlManager: topics' configs (Kafka's ConfigurationControlManager).
 
 Owns each topic's configs (Kafka names; what is not set is at its broker-level default)
-and reads them with the broker's defaults: `unclean(topic)` is what elections need.
+and reads them with the broker's defaults: `unclean(topic)` and `min_insync(topic)` are
+what elections need.
 A topic's configs come with its TopicRecord and are replaced whole by a
 TopicConfigsRecord; deleting the topic deletes them. Pure: no I/O, no Ray.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rayk.config import BrokerConfig, unclean_election_enabled
+from rayk.config import BrokerConfig, min_insync_replicas_of, unclean_election_enabled
 from rayk.errors import UnknownTopicOrPartitionError
 from rayk.metadata.records import MetadataRecord, RemoveTopicRecord, TopicConfigsRecord, TopicRecord
 
@@ -48,6 +49,10 @@ class ConfigurationControlManager:
     def unclean(self, topic: str) -> bool:
         """Whether the topic may elect a leader that lacks committed records."""
         return unclean_election_enabled(self.topic_configs[topic], self.broker_config)
+
+    def min_insync(self, topic: str) -> int:
+        """The topic's min.insync.replicas (what the ELR is kept by)."""
+        return min_insync_replicas_of(self.topic_configs[topic], self.broker_config)
 
     def plan_alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> list[MetadataRecord]:
         """Replaces the topic's configs (already validated by the caller)."""

@@ -16,6 +16,11 @@ Words used below, each about one broker and one partition:
 - *sound*: an ISR member that is live and not recovering, so it holds every committed
   record.
 - *ready*: sound, attached and available (its replica process is not being re-created).
+- *eligible* (KIP-966's ELR): out of the ISR, yet holding every committed record. While
+  the ISR is smaller than min.insync.replicas a leader's high watermark stands still
+  (the strict min ISR rule, `LeaderReplicaState`), so a replica that leaves an ISR
+  already or thereby below that size keeps everything committed: `track_eligible`
+  moves it to the ELR, and the ELR empties once the ISR is big enough again.
 
 Rules, applied by `reconcile`:
 1. The ISR drops its fenced, recovering and unavailable members only while a ready
@@ -26,9 +31,11 @@ Rules, applied by `reconcile`:
    decided again, in a new leader epoch, even if the same broker is chosen.
 3. A new leader is the first replica, in assignment order, that is ready. A failed or
    restarted leader that is the only replica with the data leads again (new epoch).
+   Else an eligible replica that is live, attached, available and not recovering leads
+   alone (KIP-966: the ISR's members may all be gone for good).
 4. Otherwise the partition is leaderless and its ISR is kept whole. When every live ISR
-   member is attached and recovering (every copy restarted uncleanly: a whole-cluster
-   crash), `copies_to_compare` names them; the Controller compares their logs and
+   and ELR member is attached and recovering (every copy restarted uncleanly: a
+   whole-cluster crash), `copies_to_compare` names them; the Controller compares their logs and
    `recover_uncleanly` elects the one with the latest leader epoch and the longest log
    (KIP-966's unclean recovery, waiting for every member as its Balanced strategy does,
    but only until a missing one is fenced: a node that never returns must not keep the
@@ -64,6 +71,7 @@ class PartitionState:
     recovering: tuple[int, ...] = ()  # replicas that must catch up before they may lead
     adding: tuple[int, ...] = ()  # a reassignment's new replicas (KIP-455)
     removing: tuple[int, ...] = ()  # and the replicas it will drop
+    eligible: tuple[int, ...] = ()  # KIP-966's ELR: out of the ISR, but holding every committed record
 
     @property
     def target_replicas(self) -> tuple[int, ...]:
@@ -79,6 +87,7 @@ class PartitionState:
         assert self.leader == NO_LEADER or self.leader in self.isr, f"leader {self.leader} in ISR {self.isr}"
         assert set(self.recovering) <= replicas and set(self.adding) <= replicas and set(self.removing) <= replicas
         assert not set(self.adding) & set(self.removing), f"adding {self.adding} and removing {self.removing} overlap"
+        assert set(self.eligible) <= replicas and not set(self.eligible) & set(self.isr), f"ELR {self.eligible} outside ISR {self.isr}"
         assert self.target_replicas, f"a reassignment keeps at least one replica: {self}"
 
 
@@ -91,6 +100,20 @@ def successor(old: PartitionState, new: PartitionState, new_leader_epoch: bool =
         return None
     bump = new_leader_epoch or new.leader != old.leader
     return replace(new, leader_epoch=old.leader_epoch + (1 if bump else 0), partition_epoch=old.partition_epoch + 1)
+
+
+def track_eligible(old: PartitionState, new: PartitionState, min_insync_replicas: int) -> PartitionState:
+    """`new` with KIP-966's ELR kept: empty while the ISR holds at least min.insync.replicas
+    (capped at the replica count, as Kafka's effective min ISR is) and after an unclean
+    election; else `new`'s ELR plus the replicas that just left the ISR."""
+    if len(new.isr) >= min(min_insync_replicas, len(new.replicas)):
+        eligible: tuple[int, ...] = ()
+    elif new.leader != NO_LEADER and new.leader not in old.isr and new.leader not in old.eligible:
+        eligible = ()  # unclean: no other replica is known to hold what the new leader holds
+    else:
+        left = set(old.isr) - set(new.isr)
+        eligible = tuple(r for r in new.replicas if (r in new.eligible or r in left) and r not in new.isr)
+    return new if eligible == new.eligible else replace(new, eligible=eligible)
 
 
 def reconcile(
@@ -106,28 +129,35 @@ def reconcile(
     broker incarnation); `unavailable`: brokers whose replica process died and is being
     re-created from its log on disk."""
     restarted, unavailable = set(restarted), set(unavailable)
+
+    def is_ready(r: int) -> bool:
+        return r in live and r not in state.recovering and r in attached and r not in unavailable
+
     sound = [r for r in state.isr if r in live and r not in state.recovering]
-    ready = [r for r in sound if r in attached and r not in unavailable]
+    ready = [r for r in sound if is_ready(r)]
     isr = tuple(r for r in sound if r not in unavailable) if ready else state.isr
     leader = state.leader
     decide = leader == NO_LEADER or leader not in sound or leader in unavailable or leader in restarted
-    recovering = state.recovering
+    recovering, eligible = state.recovering, state.eligible
     if decide:
         candidates = [r for r in state.replicas if r in ready]
         if candidates:
             leader = candidates[0]
         elif leader in sound and leader in attached:
             pass  # the failed or restarted leader is the only copy: it leads again, in a new epoch
+        elif eligible_ready := [r for r in state.replicas if r in state.eligible and is_ready(r)]:
+            leader, isr = eligible_ready[0], (eligible_ready[0],)  # KIP-966: it holds every committed record
+            eligible = tuple(r for r in eligible if r != leader)
         elif (
             unclean_allowed
-            and not any(r in live for r in state.isr)  # as in Kafka: only once no in-sync replica lives
+            and not any(r in live for r in (*state.isr, *state.eligible))  # as in Kafka: only once none of them lives
             and (alive := [r for r in state.replicas if r in live and r in attached])
         ):
-            leader, isr = alive[0], (alive[0],)
+            leader, isr, eligible = alive[0], (alive[0],), ()
             recovering = tuple(r for r in recovering if r != leader)
         else:
             leader = NO_LEADER
-    new = replace(state, isr=isr, leader=leader, recovering=recovering)
+    new = replace(state, isr=isr, leader=leader, recovering=recovering, eligible=eligible)
     return successor(state, new, new_leader_epoch=decide and leader != NO_LEADER)
 
 
@@ -180,20 +210,23 @@ def mark_recovering(state: PartitionState, broker_id: int, data_lost: bool) -> P
     """An ISR member that restarted without a clean shutdown becomes recovering. With
     `data_lost` (its data directory was found empty and formatted anew) it leaves the ISR
     at once instead, even if that empties it: an empty log can never be the copy to keep.
-    A replica outside the ISR needs no mark: it has to catch up to rejoin anyway."""
-    if broker_id not in state.isr:
+    An ELR member is marked the same way, or with `data_lost` leaves the ELR. A replica in
+    neither needs no mark: it has to catch up to rejoin anyway."""
+    if broker_id not in state.isr and broker_id not in state.eligible:
         return state
     if data_lost:
         isr = tuple(r for r in state.isr if r != broker_id)
-        return replace(state, isr=isr, leader=state.leader if state.leader in isr else NO_LEADER)
+        eligible = tuple(r for r in state.eligible if r != broker_id)
+        return replace(state, isr=isr, eligible=eligible, leader=state.leader if state.leader in isr else NO_LEADER)
     if broker_id in state.recovering:
         return state
     return replace(state, recovering=(*state.recovering, broker_id))
 
 
 def copies_to_compare(state: PartitionState, live: set[int], attached: set[int]) -> tuple[int, ...]:
-    """The ISR members whose logs decide a leaderless partition (rule 4): every live one,
-    once each is back (attached) but recovering and no sound member lives; () otherwise.
+    """The ISR and ELR members whose logs decide a leaderless partition (rule 4): every
+    live one, once each is back (attached) but recovering and no sound member lives; ()
+    otherwise.
 
     A fenced member is not waited for: its broker's session expired
     (broker.session.timeout.ms, counted from the Controller's start after a restart), and
@@ -202,7 +235,7 @@ def copies_to_compare(state: PartitionState, live: set[int], attached: set[int])
     it is when a disk fails."""
     if state.leader != NO_LEADER or not state.isr:
         return ()
-    live_members = tuple(r for r in state.isr if r in live)
+    live_members = tuple(r for r in state.replicas if (r in state.isr or r in state.eligible) and r in live)
     if not live_members or not all(r in attached and r in state.recovering for r in live_members):
         return ()
     return live_members
@@ -222,9 +255,10 @@ class LogEnd:
 
 
 def choose_by_log(state: PartitionState, copies: Sequence[int], ends: dict[int, LogEnd]) -> int:
-    """Of `copies` (ISR members), the one whose log is the most complete: latest leader
-    epoch, then longest log, then assignment order. `ends` must cover `copies`."""
-    assert copies and set(copies) <= set(state.isr), f"copies {copies} within the ISR {state.isr}"
+    """Of `copies` (ISR and ELR members), the one whose log is the most complete: latest
+    leader epoch, then longest log, then assignment order. `ends` must cover `copies`."""
+    members = set(state.isr) | set(state.eligible)
+    assert copies and set(copies) <= members, f"copies {copies} within the ISR {state.isr} and ELR {state.eligible}"
     assert set(copies) <= set(ends), f"log ends {sorted(ends)} do not cover the copies {copies}"
     order = {r: i for i, r in enumerate(state.replicas)}
     return max(copies, key=lambda r: (ends[r].latest_epoch, ends[r].log_end_offset, -order[r]))
@@ -232,8 +266,9 @@ def choose_by_log(state: PartitionState, copies: Sequence[int], ends: dict[int, 
 
 def recover_uncleanly(state: PartitionState, chosen: int) -> PartitionState:
     """Rule 4's election: `chosen` leads alone, the other copies catch up from it."""
-    assert chosen in state.isr and state.leader == NO_LEADER, (chosen, state)
-    new = replace(state, leader=chosen, isr=(chosen,), recovering=tuple(r for r in state.recovering if r != chosen))
+    assert (chosen in state.isr or chosen in state.eligible) and state.leader == NO_LEADER, (chosen, state)
+    new = replace(state, leader=chosen, isr=(chosen,), recovering=tuple(r for r in state.recovering if r != chosen),
+                  eligible=tuple(r for r in state.eligible if r != chosen))
     changed = successor(state, new, new_leader_epoch=True)
     assert changed is not None
     return changed

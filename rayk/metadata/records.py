@@ -145,16 +145,17 @@ class PartitionRecord(MetadataRecord):
     recovering: tuple[int, ...] = ()  # absent in records older than KIP-966's recovery
     adding: tuple[int, ...] = ()  # and older than reassignments
     removing: tuple[int, ...] = ()
+    eligible: tuple[int, ...] = ()  # and older than KIP-966's ELR
 
     @classmethod
     def of(cls, topic: str, partition: int, state: PartitionState) -> PartitionRecord:
         return cls(topic, partition, state.replicas, state.isr, state.leader, state.leader_epoch,
-                   state.partition_epoch, state.recovering, state.adding, state.removing)
+                   state.partition_epoch, state.recovering, state.adding, state.removing, state.eligible)
 
     @property
     def state(self) -> PartitionState:
         return PartitionState(self.replicas, self.isr, self.leader, self.leader_epoch, self.partition_epoch,
-                              self.recovering, self.adding, self.removing)
+                              self.recovering, self.adding, self.removing, self.eligible)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 ReplicationControlManager).
 
 Owns each topic's id and, per partition, the state `elections.py` reasons about: replicas,
-ISR, leader, leader epoch, partition epoch, recovering replicas and a reassignment's
+ISR, leader, leader epoch, partition epoch, recovering replicas, eligible leader replicas
+(KIP-966's ELR, kept on every change by `elections.track_eligible`) and a reassignment's
 adding / removing replicas. Plans, as records: topic creation with replica placement,
 new partitions, deletion, AlterPartition (ISR changes), elections (preferred, unclean,
 KIP-966's unclean recovery), a replica's failure, reassignments (KIP-455), and what a
@@ -19,7 +20,7 @@ every change. Pure: no I/O, no Ray.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rayk.errors import (
@@ -114,6 +115,10 @@ class ReplicationControlManager:
 
     # ------------------------------------------------------------------ reading
 
+    def _changed(self, topic: str, partition: int, old: PartitionState, new: PartitionState) -> PartitionRecord:
+        """The record of a partition's change from `old` to `new`, its ELR kept (KIP-966)."""
+        return PartitionRecord.of(topic, partition, elections.track_eligible(old, new, self.configs.min_insync(topic)))
+
     def partition(self, topic: str, partition: int) -> PartitionState:
         meta = self.topics.get(topic)
         if meta is None or partition not in meta.partitions:
@@ -166,7 +171,7 @@ class ReplicationControlManager:
             if new is None and marked != state:
                 new = elections.successor(state, marked, new_leader_epoch=False)
             if new is not None:
-                records.append(PartitionRecord.of(name, p, new))
+                records.append(self._changed(name, p, marked, new))
         return records
 
     def on_broker_fenced(self, broker_id: int) -> list[MetadataRecord]:
@@ -177,7 +182,7 @@ class ReplicationControlManager:
         for name, p, state in self.partitions_of_broker(broker_id):
             new = elections.reconcile(state, live, attached, self.configs.unclean(name))
             if new is not None:
-                records.append(PartitionRecord.of(name, p, new))
+                records.append(self._changed(name, p, state, new))
         return records
 
     # ------------------------------------------------------------------ planning changes
@@ -192,7 +197,7 @@ class ReplicationControlManager:
         new = elections.reconcile(
             state, self.cluster.live_brokers, self.cluster.attached, self.configs.unclean(topic), unavailable=[broker_id]
         )
-        return [] if new is None else [PartitionRecord.of(topic, partition, new)]
+        return [] if new is None else [self._changed(topic, partition, state, new)]
 
     def plan_reconcile(self, topic: str, partition: int) -> list[MetadataRecord]:
         """The partition made consistent with who is live and attached now (elections'
@@ -200,7 +205,7 @@ class ReplicationControlManager:
         leaderless partition, so none waits for an event that may not come."""
         state = self.partition(topic, partition)
         new = elections.reconcile(state, self.cluster.live_brokers, self.cluster.attached, self.configs.unclean(topic))
-        return [] if new is None else [PartitionRecord.of(topic, partition, new)]
+        return [] if new is None else [self._changed(topic, partition, state, new)]
 
     def plan_unclean_recovery(self, topic: str, partition: int, ends: Mapping[int, LogEnd]) -> list[MetadataRecord]:
         """Rule 4 of `elections`: elects the ISR member with the most complete log, once every
@@ -211,14 +216,14 @@ class ReplicationControlManager:
         if not copies or not set(copies) <= set(ends):
             return []
         chosen = elections.choose_by_log(state, copies, dict(ends))
-        return [PartitionRecord.of(topic, partition, elections.recover_uncleanly(state, chosen))]
+        return [self._changed(topic, partition, state, elections.recover_uncleanly(state, chosen))]
 
     def plan_elect_leader(self, topic: str, partition: int, unclean: bool = False) -> list[MetadataRecord]:
         """ElectLeaders for one partition: preferred (or, with `unclean`, an unclean
         election of a leaderless one); raises the election's KafkaError if none happens."""
         state = self.partition(topic, partition)
         elect = elections.elect_unclean if unclean else elections.elect_preferred
-        return [PartitionRecord.of(topic, partition, elect(state, self.cluster.live_brokers, self.cluster.attached))]
+        return [self._changed(topic, partition, state, elect(state, self.cluster.live_brokers, self.cluster.attached))]
 
     def plan_create_topic(
         self,
@@ -315,15 +320,23 @@ class ReplicationControlManager:
                     f"broker {broker} caught up in process {sent}, which is not its registered process {registered}"
                 )
         recovering = tuple(r for r in state.recovering if r not in added)
-        changed = PartitionState(
-            state.replicas, isr, state.leader, state.leader_epoch, state.partition_epoch + 1,
-            recovering, state.adding, state.removing,
-        )
+        eligible = tuple(r for r in state.eligible if r not in added)
+        changed = replace(state, isr=isr, partition_epoch=state.partition_epoch + 1, recovering=recovering, eligible=eligible)
         finished = elections.finish_reassignment(changed, live, self.cluster.attached)
         if finished is not None:
             changed = elections.successor(state, finished, new_leader_epoch=False)
             assert changed is not None
-        return [PartitionRecord.of(topic, partition, changed)]
+        return [self._changed(topic, partition, state, changed)]
+
+    def plan_min_insync_change(self, topic: str) -> list[MetadataRecord]:
+        """The topic's min.insync.replicas is about to change: every ELR of it empties, as
+        in Kafka, since its members were kept eligible by the HW rule of the old value
+        (with a lower one the HW moves again without them)."""
+        return [
+            self._changed(topic, p, state, elections.successor(state, replace(state, eligible=())))
+            for p, state in sorted(self.topics[topic].partitions.items())
+            if state.eligible
+        ]
 
     # ------------------------------------------------------------------ reassignments (KIP-455)
 
@@ -339,7 +352,7 @@ class ReplicationControlManager:
                 raise InvalidReplicaAssignmentError(
                     f"{topic}-{partition}: only the new replicas are in sync; let the reassignment finish"
                 )
-            return [PartitionRecord.of(topic, partition, new)]
+            return [self._changed(topic, partition, state, new)]
         target = list(target)
         if not target or len(set(target)) != len(target):
             raise InvalidReplicaAssignmentError(f"{topic}-{partition}: target {target} must name distinct brokers")
@@ -354,4 +367,4 @@ class ReplicationControlManager:
             new = elections.successor(state, finished, new_leader_epoch=False)
             if new is None:
                 return []
-        return [PartitionRecord.of(topic, partition, new)]
+        return [self._changed(topic, partition, state, new)]
