@@ -84,6 +84,12 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
         time.sleep(0.05)
 
 
+def wait_for_live_brokers(cluster: Any, count: int, timeout_s: float = 60) -> None:
+    """Until `count` brokers are registered and unfenced: a broker killed by an earlier test
+    is fenced until its restarted process registers again, later on a busy machine."""
+    wait_until(lambda: sum(not b["fenced"] for b in cluster.brokers()) >= count, timeout_s, f"{count} live brokers")
+
+
 def pid_of(handle: Any) -> int:
     """The pid Ray's actor table gives for an actor's process."""
     return actor_table(handle._actor_id.hex())["Pid"]

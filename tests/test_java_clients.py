@@ -35,7 +35,7 @@ from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from rayk.net.api_versions import METADATA, SUPPORTED_VERSIONS
-from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_for_live_brokers, wait_until
 from tests.faults.harness import healthy
 from tests.jvm_programs import JavaProcess, Jvm
 
@@ -69,6 +69,7 @@ def bootstrap(cluster) -> str:
 
 def new_topic(cluster, partitions: int = 3, **config: str) -> str:
     name = f"j{next(_names)}-{uuid.uuid4().hex[:6]}"
+    wait_for_live_brokers(cluster, 3)  # the replication factor (an earlier test may have killed one)
     cluster.create_topic(name, num_partitions=partitions, replication_factor=3, config=config or None)
     return name
 
