@@ -148,6 +148,38 @@ def test_killed_broker_is_fenced_and_its_leadership_moves_then_it_rejoins(cluste
     assert [v for _, v in read_replica(cluster.replica("t", 0, 0))] == [b"before", b"after"]
 
 
+def test_when_the_last_in_sync_replica_is_lost_an_eligible_replica_leads_with_every_acknowledged_record(cluster):
+    """KIP-966's ELR: brokers 1 and 2 crash in turn, so the ISR shrinks below
+    min.insync.replicas to the leader alone, whose high watermark then stands still;
+    broker 2, the last to leave, stays eligible. When the leader's broker crashes too and
+    only broker 2 comes back (uncleanly: its log is compared first), it leads with every
+    acknowledged record instead of the partition waiting for broker 0 for good."""
+    cluster.create_topic("elr", replication_factor=3, config={"min.insync.replicas": "2"})
+    assert produce(cluster.leader("elr", 0), [b"a", b"b"]).error is None
+    ray.kill(cluster.broker(1))  # no restart: the broker stays down
+    wait_until(lambda: cluster.describe_topic("elr")[0]["isr"] == [0, 2], 15, "broker 1 out of the ISR")
+    assert produce(cluster.leader("elr", 0), [b"c"]).error is None
+    assert cluster.describe_topic("elr")[0]["eligible_leader_replicas"] == [], "broker 1 may lack c"
+    ray.kill(cluster.broker(2))
+    wait_until(lambda: cluster.describe_topic("elr")[0]["isr"] == [0], 15, "broker 2 out of the ISR")
+    assert cluster.describe_topic("elr")[0]["eligible_leader_replicas"] == [2]
+    assert produce(cluster.leader("elr", 0), [b"d"], acks=1).error is None  # only the leader has it
+    assert produce(cluster.leader("elr", 0), [b"e"]).error is not None, "acks=all is refused below min ISR"
+    assert cluster.describe_topic("elr")[0]["high_watermark"] == 3, "the HW stands still below min.insync.replicas"
+
+    ray.kill(cluster.broker(0))
+    wait_until(lambda: cluster.describe_topic("elr")[0]["leader"] == -1, 15, "the partition to lose its leader")
+    cluster.restart_broker(2)
+    p = wait_until(lambda: (p := cluster.describe_topic("elr")[0])["leader"] == 2 and p, 30, "broker 2 to lead")
+    assert p["isr"] == [2] and p["eligible_leader_replicas"] == [0], "broker 0 left an ISR below min.insync.replicas"
+    assert [v for _, v in read_replica(cluster.replica("elr", 0, 2))] == [b"a", b"b", b"c"]
+    cluster.restart_broker(1)
+    wait_until(lambda: cluster.describe_topic("elr")[0]["isr"] == [1, 2], 30, "broker 1 to catch up from broker 2")
+    p = wait_until(lambda: (p := cluster.describe_topic("elr")[0])["high_watermark"] == 3 and p, 15, "the HW")
+    assert p["eligible_leader_replicas"] == [], "the ISR is back at min.insync.replicas"
+    assert produce(cluster.leader("elr", 0), [b"f"]).error is None
+
+
 def test_leadership_returns_to_the_preferred_replica_by_itself_after_a_failover(tmp_path):
     """auto.leader.rebalance.enable: broker 0 prefers partition 0; while it is away another
     broker leads (an explicit election is refused), and once it is back in sync the
