@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from rayk.actors import transaction_coordinator
 from rayk.actors.transaction_coordinator import TransactionConfig, TransactionCoordinator
 from rayk.actors.transaction_metadata import TV2, TxnState
 from rayk.actors.transaction_records import decode_record
@@ -33,16 +34,18 @@ class Partitions:
 
     def __init__(self) -> None:
         self.records: list[tuple[bytes, bytes | None]] = []
+        self.acks: list[int] = []  # of each append
         self.markers: list[tuple] = []
         self.refusals: dict[tuple[str, int], list[Exception]] = {}
         self.fail_appends = False
         self.next_id = 100
         self.now_ms = 1_000
 
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    async def append(self, records: list[tuple[bytes, bytes | None]], acks: int = -1) -> None:
         if self.fail_appends:
             raise KafkaStorageError("the log is gone")
         self.records += records
+        self.acks.append(acks)
 
     async def write_marker(self, topic: str, partition: int, producer_id: int, epoch: int, commit: bool,
                            coordinator_epoch: int) -> None:  # fmt: skip
@@ -106,13 +109,54 @@ def test_a_new_instance_aborts_the_open_transaction_with_a_fencing_epoch_and_ret
         await c.add_partitions("tx", pid, 0, [A])
         with pytest.raises(ConcurrentTransactionsError):
             await c.init_producer_id("tx", 60_000)
-        with pytest.raises((ConcurrentTransactionsError, ProducerFencedError)):
-            await c.add_partitions("tx", pid, 0, [B])  # the zombie
+        with pytest.raises(ProducerFencedError):
+            await c.add_partitions("tx", pid, 0, [B])  # the zombie, answered once the abort is written
         await settle(c)
         assert p.markers == [("orders", 0, pid, 1, False, 3)], "the abort carries the fencing epoch"
         assert await c.init_producer_id("tx", 60_000) == (pid, 2)
         with pytest.raises(ProducerFencedError):
             await c.end_transaction("tx", pid, 0, commit=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_next_transaction_waits_for_the_last_one_s_markers_instead_of_being_refused(monkeypatch):
+    """A producer starts its next transaction while the markers of its last one are being
+    written: its AddPartitionsToTxn is answered once they are (and Complete*, written
+    without waiting for the ISR, is in the log before its Ongoing), not refused with
+    CONCURRENT_TRANSACTIONS; a completion that takes longer than COMPLETION_WAIT_MS is."""
+    monkeypatch.setattr(transaction_coordinator, "COMPLETION_WAIT_MS", 200)
+
+    async def scenario():
+        p = Partitions()
+        c = p.coordinator()
+        pid, epoch = await c.init_producer_id("tx", 60_000)
+        await c.add_partitions("tx", pid, epoch, [A])
+        leader_answers = asyncio.Event()
+        write_marker = p.write_marker
+
+        async def slow_marker(*args) -> None:
+            await leader_answers.wait()
+            await write_marker(*args)
+
+        p.write_marker = slow_marker
+        c._write_marker = slow_marker
+        await c.end_transaction("tx", pid, epoch, commit=True)
+        next_add = asyncio.ensure_future(c.add_partitions("tx", pid, epoch, [B]))
+        await asyncio.sleep(0.05)
+        assert not next_add.done(), "it waits for the markers"
+        leader_answers.set()
+        await asyncio.wait_for(next_add, 1)
+        assert p.states()[-3:] == [("tx", "PrepareCommit"), ("tx", "CompleteCommit"), ("tx", "Ongoing")]
+        assert p.acks[-3:] == [-1, 1, -1], "Complete* alone is not waited for: the Ongoing after it is"
+
+        await c.end_transaction("tx", pid, epoch, commit=False)
+        leader_answers.clear()
+        with pytest.raises(ConcurrentTransactionsError):
+            await c.add_partitions("tx", pid, epoch, [A])  # the markers take longer than COMPLETION_WAIT_MS
+        leader_answers.set()
+        await settle(c)
+        await c.add_partitions("tx", pid, epoch, [A])
 
     asyncio.run(scenario())
 

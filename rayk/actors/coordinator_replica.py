@@ -118,9 +118,9 @@ class CoordinatorReplica(PartitionReplica):
         error = InvalidTopicError(f"{self.topic} is an internal topic: only the {self.coordinator_name} writes to it")
         return [self._produce_error(error) for _ in requests]
 
-    async def _append_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    async def _append_records(self, records: list[tuple[bytes, bytes | None]], acks: int = -1) -> None:
         batch = build_batch([SimpleRecord(value, key) for key, value in records])
-        (result,) = await super().produce_requests([ProduceRequest(batch, -1, COORDINATOR_WRITE_TIMEOUT_MS)])
+        (result,) = await super().produce_requests([ProduceRequest(batch, acks, COORDINATOR_WRITE_TIMEOUT_MS)])
         if result.error is not None:
             raise result.error
 

@@ -14,7 +14,12 @@ it and answers, so what a client was told is in the log. A Prepare* state is ans
 once; its markers go out in the background (`write_marker(topic, partition, producer id,
 epoch, commit, coordinator epoch)`, the leaders' WriteTxnMarkers), each retried until it
 is written or the partition is gone (UNKNOWN_TOPIC_OR_PARTITION), and then Complete* is
-written. Requests for the id meanwhile get CONCURRENT_TRANSACTIONS and retry. A load
+written. A request for the id meanwhile waits for that, up to COMPLETION_WAIT_MS (then
+gets CONCURRENT_TRANSACTIONS and retries): a producer's next transaction usually starts
+while its last one completes, and an answer a few ms late costs it less than its retry
+backoff (librdkafka's is 20 ms). Complete* is written without waiting for the ISR: the
+id's next state is (acks=all, after it in the log), and a coordinator that loses it in
+a failover finds the transaction prepared and writes its markers again. A load
 that finds an id in a Prepare* state sends its markers again (a coordinator died between
 EndTxn and the markers), as does a new coordinator after a failover.
 
@@ -50,9 +55,10 @@ from rayk.errors import (
 
 logger = logging.getLogger(__name__)
 
-Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
+Append = Callable[..., Awaitable[None]]  # (records, acks=-1): appends to the partition
 WriteMarker = Callable[[str, int, int, int, bool, int], Awaitable[None]]
 MARKER_RETRY_BACKOFF_MS = 100
+COMPLETION_WAIT_MS = 1000  # how long a request waits for its id's completion before CONCURRENT_TRANSACTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +137,7 @@ class TransactionCoordinator:
                 f"transaction.timeout.ms {txn_timeout_ms} is not in (0, transaction.max.timeout.ms = "
                 f"{self.config.transaction_max_timeout_ms}]"
             )
+        await self._after_completion(transactional_id)
         async with self._lock(transactional_id):
             self._check_not_completing(transactional_id)
             now_ms = self._clock_ms()
@@ -152,6 +159,7 @@ class TransactionCoordinator:
         client_transaction_version: int = TV1,
     ) -> None:
         """AddPartitionsToTxn, and AddOffsetsToTxn with the group's offsets partition."""
+        await self._after_completion(transactional_id)
         async with self._lock(transactional_id):
             self._check_not_completing(transactional_id)
             md = self._known(transactional_id)
@@ -182,6 +190,7 @@ class TransactionCoordinator:
     ) -> list[tuple[str, int]]:
         """AddPartitionsToTxn with verifyOnly (KIP-890): the partitions that the producer's
         open transaction does not hold (see transaction_metadata.verify_partitions)."""
+        await self._after_completion(transactional_id)
         async with self._lock(transactional_id):
             self._check_not_completing(transactional_id)
             return sorted(tm.verify_partitions(self._known(transactional_id), producer_id, producer_epoch, frozenset(partitions)))
@@ -243,7 +252,7 @@ class TransactionCoordinator:
             ))
             async with self._lock(transactional_id):
                 if self._transactions.get(transactional_id) is md:
-                    await self._write(tm.complete(md, self._clock_ms()))
+                    await self._write(tm.complete(md, self._clock_ms()), acks=1)  # see the module docstring
         except (TransactionCoordinatorFencedError, InvalidProducerEpochError) as e:
             logger.warning("%r: a newer coordinator or producer took over: %s", transactional_id, e)
         except KafkaError as e:  # a marker refused for good, or Complete* not written (no longer leading)
@@ -277,11 +286,19 @@ class TransactionCoordinator:
             raise InvalidProducerIdMappingError(f"transactional id {transactional_id!r} is not known here")
         return md
 
+    async def _after_completion(self, transactional_id: str) -> None:
+        """Waits, up to COMPLETION_WAIT_MS, for the id's completion under way (if any)."""
+        task = self._completing.get(transactional_id)
+        if task is not None:
+            await asyncio.wait({task}, timeout=COMPLETION_WAIT_MS / 1000)
+
     def _check_not_completing(self, transactional_id: str) -> None:
-        if transactional_id in self._completing:
+        task = self._completing.get(transactional_id)
+        if task is not None and not task.done():
             raise ConcurrentTransactionsError(f"{transactional_id!r} is completing a transaction; retry")
 
-    async def _write(self, md: TransactionMetadata) -> None:
-        """Writes `md` (acks=all), then makes it the id's state: a failed write changes nothing."""
-        await self._append([(record_key(md.transactional_id), record_value(md))])
+    async def _write(self, md: TransactionMetadata, acks: int = -1) -> None:
+        """Writes `md` (acks=all unless told), then makes it the id's state: a failed write
+        changes nothing."""
+        await self._append([(record_key(md.transactional_id), record_value(md))], acks=acks)
         self._transactions[md.transactional_id] = md
