@@ -5,7 +5,7 @@ producer is anyway), `batch.size` 1 MiB and `linger.ms` 5, writes `--records` (d
 1,000,000) records of 100 B to a 3-partition topic with replication factor 3 and
 min.insync.replicas=2: once plainly, once in transactions of `--txn-ms` (100 ms; each
 commit waits for the transaction's records, then EndTxn), the two runs alternated
-`--rounds` times (the best of each kept: this machine is noisy). Against rayk's 3 brokers
+`--rounds` times (3; the best of each kept: this machine is noisy). Against rayk's 3 brokers
 and, in the same run, Apache Kafka's 3 KRaft nodes (benchmarks/apache_kafka.py;
 `--skip-kafka` leaves it out). Prints records/s of each and the ratio transactional / plain.
 
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--txn-ms", type=int, default=100, help="how long each transaction collects records")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
