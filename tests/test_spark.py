@@ -100,6 +100,33 @@ def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
         rayk_spark.write_topic(spark.createDataFrame([(1,)], "payload int"), topic, cluster=cluster)
 
 
+def test_a_read_committed_dataframe_leaves_out_aborted_and_open_transactions(cluster, spark):
+    """isolation_level="read_committed" (the Kafka source's kafka.isolation.level): the
+    DataFrame ends at the last stable offset and leaves out what aborted transactions
+    wrote; read_uncommitted has all of it, control records never."""
+    topic = new_topic(cluster, partitions=1)
+    producer = cluster.producer(transactional_id=f"spark-{topic}")
+    producer.init_transactions()
+    for commit, values in ((True, [b"c0", b"c1"]), (False, [b"a0"]), (True, [b"c2"]), (None, [b"open"])):
+        producer.begin_transaction()
+        producer.send_batch(topic, values)
+        producer.flush()
+        if commit is True:
+            producer.commit_transaction()
+        elif commit is False:
+            producer.abort_transaction()
+    wait_until(lambda: cluster.describe_topic(topic)[0]["high_watermark"] == 8, 30, "the markers and the open record")
+
+    def values(isolation_level: str) -> list[bytes]:
+        df = rayk_spark.read_topic(spark, topic, cluster=cluster, isolation_level=isolation_level)
+        return [bytes(r.value) for r in df.orderBy("offset").collect()]
+
+    assert values("read_committed") == [b"c0", b"c1", b"c2"]
+    assert values("read_uncommitted") == [b"c0", b"c1", b"a0", b"c2", b"open"]
+    producer.abort_transaction()
+    producer.close()
+
+
 def test_reads_and_writes_with_a_dead_follower_and_unacknowledged_writes_fail(cluster, spark):
     topic = new_topic(cluster, partitions=1)
     strict = new_topic(cluster, partitions=1)
