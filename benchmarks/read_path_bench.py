@@ -139,7 +139,7 @@ def main() -> None:
         profiler = profiled(os.getpid(), args.profile, "decode")
         stage("2. decode (records_table)", lambda: [records_table(b, r.topic, r.partition, o, r.end) for r, o, b in answers])
         stop(profiler)
-        del answers
+        answers = None  # freed before the next stage
         stage("3. read_range (1 + 2, this process)", lambda: [rayk_data.read_range(cluster, r) for r in ranges])
         stage("4. rayk.data.read_topic().materialize()", lambda: rayk_data.read_topic("rows", cluster=cluster).materialize())
         stage("5a. pyarrow.parquet.read_table (this process)", lambda: [pq.read_table(f) for f in sorted(parquet_dir.iterdir())])

@@ -14,7 +14,6 @@ from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
 from rayk.listeners import Listener, broker_port, parse_listeners
 from rayk.net.tls import certificate_principal, server_context
-from tests.tls_helpers import TlsFiles
 
 
 def test_one_listener_per_entry_in_order_with_kafkas_default_protocol_map():

@@ -66,11 +66,10 @@ import ray
 
 from rayk.storage.checkpoint import OffsetCheckpointFile
 from rayk.storage.log_manager import partition_dir_name
-from tests.cluster_helpers import BROKER_RESOURCE, FAST_CONFIG
+from tests.cluster_helpers import BROKER_RESOURCE
 from tests.faults.harness import (
     CONFIG,
     PARTITIONS,
-    RESUME_BOUND_S,
     SESSION_TIMEOUT_MS,
     TOPIC,
     Traffic,
