@@ -1290,7 +1290,9 @@ class ClusterMachine(RuleBasedStateMachine):
         writable = [  # the HW moves only with min.insync.replicas in sync (KIP-966's strict min ISR)
             (n, p, s)
             for n, p, s in self.partitions()
-            if s.leader != NO_LEADER and set(s.isr) <= self.running and len(s.isr) >= min(self.min_insync(n), len(s.replicas))
+            if s.leader != NO_LEADER
+            and set(s.isr) <= self.running
+            and len(s.isr) >= min(self.min_insync(n), len(s.replicas))
         ]
         if not writable:
             return

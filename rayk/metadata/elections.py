@@ -87,7 +87,8 @@ class PartitionState:
         assert self.leader == NO_LEADER or self.leader in self.isr, f"leader {self.leader} in ISR {self.isr}"
         assert set(self.recovering) <= replicas and set(self.adding) <= replicas and set(self.removing) <= replicas
         assert not set(self.adding) & set(self.removing), f"adding {self.adding} and removing {self.removing} overlap"
-        assert set(self.eligible) <= replicas and not set(self.eligible) & set(self.isr), f"ELR {self.eligible} outside ISR {self.isr}"
+        assert set(self.eligible) <= replicas, f"ELR {self.eligible} within replicas {self.replicas}"
+        assert not set(self.eligible) & set(self.isr), f"ELR {self.eligible} outside ISR {self.isr}"
         assert self.target_replicas, f"a reassignment keeps at least one replica: {self}"
 
 

@@ -115,10 +115,6 @@ class ReplicationControlManager:
 
     # ------------------------------------------------------------------ reading
 
-    def _changed(self, topic: str, partition: int, old: PartitionState, new: PartitionState) -> PartitionRecord:
-        """The record of a partition's change from `old` to `new`, its ELR kept (KIP-966)."""
-        return PartitionRecord.of(topic, partition, elections.track_eligible(old, new, self.configs.min_insync(topic)))
-
     def partition(self, topic: str, partition: int) -> PartitionState:
         meta = self.topics.get(topic)
         if meta is None or partition not in meta.partitions:
@@ -186,6 +182,10 @@ class ReplicationControlManager:
         return records
 
     # ------------------------------------------------------------------ planning changes
+
+    def _changed(self, topic: str, partition: int, old: PartitionState, new: PartitionState) -> PartitionRecord:
+        """The record of a partition's change from `old` to `new`, its ELR kept (KIP-966)."""
+        return PartitionRecord.of(topic, partition, elections.track_eligible(old, new, self.configs.min_insync(topic)))
 
     def plan_replica_failed(self, topic: str, partition: int, broker_id: int) -> list[MetadataRecord]:
         """The broker's replica process of this partition died; its log on disk is intact
@@ -321,7 +321,9 @@ class ReplicationControlManager:
                 )
         recovering = tuple(r for r in state.recovering if r not in added)
         eligible = tuple(r for r in state.eligible if r not in added)
-        changed = replace(state, isr=isr, partition_epoch=state.partition_epoch + 1, recovering=recovering, eligible=eligible)
+        changed = replace(
+            state, isr=isr, partition_epoch=state.partition_epoch + 1, recovering=recovering, eligible=eligible
+        )
         finished = elections.finish_reassignment(changed, live, self.cluster.attached)
         if finished is not None:
             changed = elections.successor(state, finished, new_leader_epoch=False)
