@@ -5,9 +5,10 @@ producer is anyway), `batch.size` 1 MiB and `linger.ms` 5, writes `--records` (d
 1,000,000) records of 100 B to a 3-partition topic with replication factor 3 and
 min.insync.replicas=2: once plainly, once in transactions of `--txn-ms` (100 ms; each
 commit waits for the transaction's records, then EndTxn), the two runs alternated
-`--rounds` times (3; the best of each kept: this machine is noisy). Against rayk's 3 brokers
-and, in the same run, Apache Kafka's 3 KRaft nodes (benchmarks/apache_kafka.py;
-`--skip-kafka` leaves it out). Prints records/s of each and the ratio transactional / plain.
+`--rounds` times (3; the best of each kept: this machine is noisy), each on a topic of its
+own that is deleted after it. Against rayk's 3 brokers and, in the same run, Apache Kafka's
+3 KRaft nodes (benchmarks/apache_kafka.py; `--skip-kafka` leaves it out). Prints records/s
+of each and the ratio transactional / plain.
 
     .venv/bin/python benchmarks/transactions_bench.py [--records N] [--txn-ms MS] [--rounds R] [--skip-kafka]
 """
@@ -58,18 +59,23 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, txn_ms: int 
     return time.perf_counter() - start
 
 
-def measure(name: str, bootstrap: str, create_topic, args: argparse.Namespace) -> dict:
+def measure(name: str, bootstrap: str, create_topic, delete_topic, args: argparse.Namespace) -> dict:
+    """Each run writes a topic of its own, deleted after it: on rayk every replica is a
+    process, and idle ones left from earlier rounds (~1% of a core each) would slow the
+    later rounds down."""
     value = b"x" * args.value_bytes
     warmup = f"bench-warmup-{uuid.uuid4().hex[:6]}"
     create_topic(warmup)
     produce(bootstrap, warmup, min(args.records, 200_000), value, None)  # connections, metadata, a JVM's JIT
     produce(bootstrap, warmup, min(args.records, 50_000), value, args.txn_ms)  # the coordinator's topic and replicas
+    delete_topic(warmup)
     best = {"plain": 0.0, "transactional": 0.0}
     for round_ in range(args.rounds):
         for kind, txn_ms in (("plain", None), ("transactional", args.txn_ms)):
             topic = f"bench-{kind}-{round_}-{uuid.uuid4().hex[:6]}"
             create_topic(topic)
             rate = args.records / produce(bootstrap, topic, args.records, value, txn_ms)
+            delete_topic(topic)
             best[kind] = max(best[kind], rate)
             print(f"  {name}, round {round_ + 1}: {kind} {rate:,.0f} rec/s", flush=True)
     return {"broker": name, **best, "ratio": best["transactional"] / best["plain"]}
@@ -81,7 +87,8 @@ def rayk_row(args: argparse.Namespace) -> dict:
     cluster = rayk.start(brokers=3, data_dir=data_dir, config=config, namespace="txn-bench")
     try:
         return measure("rayk, 3 brokers, RF=3", cluster.bootstrap_servers,
-                       lambda t: cluster.create_topic(t, num_partitions=PARTITIONS, replication_factor=3), args)
+                       lambda t: cluster.create_topic(t, num_partitions=PARTITIONS, replication_factor=3),
+                       cluster.delete_topic, args)
     finally:
         cluster.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -97,7 +104,10 @@ def kafka_row(args: argparse.Namespace) -> dict:
             admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=3,
                                           config={"min.insync.replicas": "2"})])[topic].result(60)
 
-        return measure(f"Apache Kafka {VERSION}, RF=3", kafka.bootstrap_servers, create, args)
+        def delete(topic: str) -> None:
+            admin.delete_topics([topic])[topic].result(60)
+
+        return measure(f"Apache Kafka {VERSION}, RF=3", kafka.bootstrap_servers, create, delete, args)
 
 
 def main() -> None:
