@@ -47,7 +47,9 @@ Ray Data instead.
 micro-batch of the records that arrived since the last one, each a TopicDatasource of
 the batch's ranges (fixed when the batch is planned); the stream's progress is the
 group's committed offsets (rayk.client.micro_batches), committed when the loop asks for
-the next batch.
+the next batch. With `exactly_once=True`, `stream.write_topic(ds, topic)` in the loop
+writes a batch's output in one transaction with its offsets
+(rayk.client.batch_transactions).
 
 `TopicDatasink(topic)` produces a Dataset's rows to a topic, `ds.write_datasink(sink)`,
 after which `sink.written` is the number of records written; `write_topic(ds, topic)`
@@ -79,12 +81,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk.client import calls
 from rayk.client.arrow_batches import SCHEMA, records_table
 from rayk.client.data_plane import DataPlaneSession
+from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, log_sizes, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
-from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError
+from rayk.errors import InvalidConfigurationError, InvalidTxnStateError, KafkaError, KafkaTimeoutError
 from rayk.storage.read_committed import committed_batches
 from rayk.storage.records import end_offset_of
 
@@ -417,7 +420,12 @@ class TopicStream:
     round rather than `break`. Leaving the loop otherwise (`break`, an exception) commits
     nothing: the stream next started for the group hands that batch out again, with the
     same `batch_id`. A batch's Dataset is lazy (a TopicDatasource of its ranges): it reads
-    when the loop body executes it, the same records however often."""
+    when the loop body executes it, the same records however often.
+
+    With `exactly_once=True`, `write_topic(ds, topic)` in the loop body writes to a rayk
+    topic in the batch's transaction, which commits with the batch's offsets when the
+    next batch is asked for, and is aborted if the loop is left otherwise
+    (rayk.client.batch_transactions)."""
 
     def __init__(self, cluster: Any, topic: str, group_id: str, records_per_task: int, bytes_per_task: int,
                  fetch_max_bytes: int, schema: str = "spark", **batch_settings: Any) -> None:  # fmt: skip
@@ -449,6 +457,20 @@ class TopicStream:
             TopicDatasource.of_ranges(self._cluster, parts, fetch_max_bytes=self._fetch_max_bytes, schema=self._schema)
         )
 
+    def write_topic(self, ds: ray.data.Dataset, topic: str) -> int:
+        """Writes `ds`'s rows (a `value` column; `key`, `partition`, `headers`,
+        `timestamp` optional, as write_topic) to `topic`; returns how many. In an
+        exactly_once stream they join the batch's transaction: its blocks come to this
+        process and go out through the stream's transactional producer, and readers with
+        read_committed see them once the batch commits. Otherwise it is `write_topic`."""
+        transactions = self._batches.transactions
+        if transactions is None:
+            return write_topic(ds, topic, cluster=self._cluster)
+        if self._handed_out is None:
+            raise InvalidTxnStateError("write_topic writes a batch's output: call it in the loop body")
+        self._cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before anything is read
+        return sum(transactions.write(topic, table) for table in ds.iter_batches(batch_format="pyarrow", batch_size=None))
+
     def stop(self) -> None:
         """Ends the iteration at its next step (from any thread; a wait for the next
         trigger ends at once)."""
@@ -479,21 +501,32 @@ def stream_topic(
     bytes_per_task: int = BYTES_PER_TASK,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
     schema: str = "spark",
-    isolation_level: str = "read_uncommitted",
+    isolation_level: str | None = None,
+    exactly_once: bool = False,
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
 ) -> TopicStream:
     """The topic as a stream of Datasets, one per micro-batch: the records that arrived
     since the last one, planned every `trigger_ms`, with the group's committed offsets as
     the stream's progress (see TopicStream and rayk.client.micro_batches); `schema` and
-    `isolation_level` as in read_topic::
+    `isolation_level` as in read_topic (default read_uncommitted, or read_committed for
+    an exactly_once stream)::
 
         with rayk.data.stream_topic("events", "etl") as stream:
             for ds in stream:
                 ds.write_parquet(f"/out/{stream.batch_id}", mode="overwrite")  # a replay replaces
+
+    With `exactly_once=True`, what the loop body writes with `stream.write_topic` and the
+    batch's offsets are one transaction (at most `transaction_timeout_ms` long)::
+
+        with rayk.data.stream_topic("events", "etl", exactly_once=True) as stream:
+            for ds in stream:
+                stream.write_topic(ds.map_batches(enrich), "enriched")
     """
     return TopicStream(
         cluster_or_connect(cluster), topic, group_id, records_per_task, bytes_per_task, fetch_max_bytes, schema,
         trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
         starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss, isolation_level=isolation_level,
+        exactly_once=exactly_once, transaction_timeout_ms=transaction_timeout_ms,
     )  # fmt: skip
 
 

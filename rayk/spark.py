@@ -29,7 +29,9 @@ the options that point it at the cluster:
 foreachBatch shape (its Python source API needs Spark 4; RayDP pins 3.5): each batch is
 a DataFrame of the records that arrived since the last one, and the stream's progress is
 a consumer group's committed offsets, committed after the function returns (see
-rayk.client.micro_batches).
+rayk.client.micro_batches). With `exactly_once=True` the function returns the DataFrame to
+write to `sink_topic`, and each batch's output and offsets are one transaction
+(rayk.client.batch_transactions).
 
 Data moves between the Spark tasks and the partition actors directly: each Spark
 task's Python worker connects to Ray once (Spark reuses its Python workers) and fetches
@@ -53,10 +55,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import ray
 
 from rayk import data as rayk_data
 from rayk.child_stderr import filtered_stderr
+from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
@@ -309,9 +313,9 @@ class TopicStreamQuery:
     micro-batches run one after the other on a thread of their own."""
 
     def __init__(self, spark: Any, cluster: Any, batches: MicroBatches, process_batch: Callable[[Any, int], Any],
-                 task_size: tuple[int, int]) -> None:  # fmt: skip
+                 task_size: tuple[int, int], sink_topic: str | None = None) -> None:  # fmt: skip
         self._spark, self._cluster, self._batches = spark, cluster, batches
-        self._process_batch, self._task_size = process_batch, task_size
+        self._process_batch, self._task_size, self._sink_topic = process_batch, task_size, sink_topic
         self._error: BaseException | None = None
         self.last_progress: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name=f"rayk-stream-{batches.group_id}-{batches.topic}", daemon=True)
@@ -322,7 +326,9 @@ class TopicStreamQuery:
             while (ranges := self._batches.next_batch()) is not None:
                 batch_id, started_s = self._batches.batch_id, time.monotonic()
                 parts = split_for_tasks(self._cluster, ranges, *self._task_size)
-                self._process_batch(_read_ranges(self._spark, self._cluster, parts), batch_id)
+                output = self._process_batch(_read_ranges(self._spark, self._cluster, parts), batch_id)
+                if self._batches.transactions is not None:
+                    self._write_in_transaction(output, batch_id)
                 self._batches.commit(ranges)
                 self.last_progress = {
                     "batch_id": batch_id,
@@ -335,6 +341,26 @@ class TopicStreamQuery:
             self._error = e
         finally:
             self._batches.close()
+
+    def _write_in_transaction(self, output: Any, batch_id: int) -> None:
+        """An exactly_once batch's output (what process_batch returned, None for nothing)
+        to the sink topic in the batch's transaction: collected here as Arrow batches and
+        sent by the stream's transactional producer."""
+        if output is None:
+            return
+        if not hasattr(output, "_collect_as_arrow"):
+            raise InvalidConfigurationError(
+                f"an exactly_once stream's process_batch returns the DataFrame to write (or None); batch {batch_id} "
+                f"returned {type(output).__name__}"
+            )
+        if "value" not in output.columns:
+            raise InvalidConfigurationError(f"the DataFrame to write needs a 'value' column; it has {output.columns}")
+        wanted = [c for c in ("key", "value", "partition", "headers", "timestamp") if c in output.columns]
+        transactions = self._batches.transactions
+        assert transactions is not None and self._sink_topic is not None
+        # _collect_as_arrow is what toPandas uses in pyspark 3.5 (Spark 4's public toArrow).
+        for batch in output.select(*wanted)._collect_as_arrow():
+            transactions.write(self._sink_topic, pa.Table.from_batches([batch]))
 
     @property
     def is_active(self) -> bool:
@@ -373,20 +399,36 @@ def stream_topic(
     cluster: Any = None,
     records_per_task: int = rayk_data.RECORDS_PER_TASK,
     bytes_per_task: int = rayk_data.BYTES_PER_TASK,
-    isolation_level: str = "read_uncommitted",
+    isolation_level: str | None = None,
+    exactly_once: bool = False,
+    sink_topic: str | None = None,
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
 ) -> TopicStreamQuery:
     """Runs `process_batch(df, batch_id)` on each micro-batch of `topic` (Structured
     Streaming's foreachBatch shape): `df` holds the records that arrived since the last
     batch, with Spark's Kafka schema, planned every `trigger_ms`. The group's offsets are
     committed after `process_batch` returns; if it raises, the stream stops without
     committing, and the next stream of the group hands the same batch out again, with the
-    same `batch_id` (see rayk.client.micro_batches); `isolation_level` as in read_topic.
-    Returns at once; the query's `stop()` ends the stream."""
+    same `batch_id` (see rayk.client.micro_batches); `isolation_level` as in read_topic
+    (default read_uncommitted; read_committed for an exactly_once stream). Returns at
+    once; the query's `stop()` ends the stream.
+
+    With `exactly_once=True`, `process_batch` returns the DataFrame to write to
+    `sink_topic` (a `value` column; `key`, `partition`, `headers`, `timestamp`
+    optional), or None: it is written through the stream's transactional producer, in
+    one transaction with the batch's offsets (rayk.client.batch_transactions), so that
+    read_committed readers of the sink see each input record's output once, across
+    failures of the stream, its driver and the brokers."""
     cluster = rayk_data.cluster_or_connect(cluster)
     if records_per_task < 1 or bytes_per_task < 1:
         raise InvalidConfigurationError("records_per_task and bytes_per_task must be >= 1")
+    if exactly_once != (sink_topic is not None):
+        raise InvalidConfigurationError("an exactly_once stream needs a sink_topic, and only it takes one")
+    if sink_topic is not None:
+        cluster.describe_topic(sink_topic)  # UNKNOWN_TOPIC_OR_PARTITION before the stream starts
     batches = MicroBatches(
         cluster, topic, group_id, trigger_ms=trigger_ms, max_records_per_batch=max_records_per_batch,
         starting_offsets=starting_offsets, fail_on_data_loss=fail_on_data_loss, isolation_level=isolation_level,
+        exactly_once=exactly_once, transaction_timeout_ms=transaction_timeout_ms,
     )  # fmt: skip
-    return TopicStreamQuery(spark, cluster, batches, process_batch, (records_per_task, bytes_per_task))
+    return TopicStreamQuery(spark, cluster, batches, process_batch, (records_per_task, bytes_per_task), sink_topic)

@@ -798,6 +798,9 @@ def test_a_transactional_producer_commits_aborts_and_commits_a_groups_offsets_wi
         producer.send(sink, b"aborted", partition=0)
         producer.flush()
         producer.abort_transaction()
+        for end in (producer.abort_transaction, producer.commit_transaction):  # nothing added: ended here
+            producer.begin_transaction()
+            end()
 
         def transform(commit: bool) -> None:
             records: list = []

@@ -17,7 +17,14 @@ from ray.remote_function import RemoteFunction
 import rayk
 from rayk import data as rayk_data
 from rayk.client.offset_ranges import OffsetRange
-from rayk.errors import InvalidConfigurationError, KafkaError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from rayk.errors import (
+    InvalidConfigurationError,
+    InvalidTxnStateError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    ProducerFencedError,
+    UnknownTopicOrPartitionError,
+)
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 
 
@@ -463,3 +470,51 @@ def test_read_committed_reads_and_streams_leave_out_aborted_and_open_transaction
     producer.close()
     with pytest.raises(InvalidConfigurationError):
         rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed_please")
+
+
+def values_of(topic, cluster, isolation_level) -> list[bytes]:
+    return sorted(r["value"] for r in rayk_data.read_topic(topic, cluster=cluster, isolation_level=isolation_level).take_all())
+
+
+def test_an_exactly_once_stream_commits_each_batch_s_output_with_its_offsets_and_fences_a_zombie(cluster):
+    """exactly_once=True: what the loop body writes with stream.write_topic and the batch's
+    offsets are one transaction. A batch left by an exception is aborted, and a stream
+    still running when a new one of its group starts (a driver thought dead) is fenced:
+    its batch's output is aborted and its commit refused. read_committed readers of the
+    sink see every input record's output exactly once."""
+    source, sink = new_topic(cluster, partitions=3), new_topic(cluster, partitions=3)
+    inputs = [b"v%02d" % i for i in range(30)]
+    produce_values(cluster, source, inputs, 3)
+    settings = dict(trigger_ms=0, max_records_per_batch=12, starting_offsets="earliest", cluster=cluster, exactly_once=True)
+
+    def output(ds):
+        return ds.map_batches(lambda t: pa.table({"value": t.column("value")}), batch_format="pyarrow")
+
+    with pytest.raises(RuntimeError), rayk_data.stream_topic(source, "eos", **settings) as stream:
+        for ds in stream:
+            assert stream.write_topic(output(ds), sink) == 12
+            raise RuntimeError("the loop body failed after writing")
+    zombie = rayk_data.stream_topic(source, "eos", **settings)
+    zombie_batches = iter(zombie)
+    zombie.write_topic(output(next(zombie_batches)), sink)  # then it stalls, its batch open
+    with pytest.raises(InvalidTxnStateError), rayk_data.stream_topic(source, "eos-idle", **settings) as idle:
+        idle.write_topic(output(ds), sink)  # no batch handed out
+
+    ids = []
+    with rayk_data.stream_topic(source, "eos", **settings) as stream:  # fences the zombie
+        for ds in stream:
+            ids.append(stream.batch_id)
+            stream.write_topic(output(ds), sink)
+            if len(ids) == 3:
+                stream.stop()
+    with pytest.raises(ProducerFencedError):
+        next(zombie_batches)  # its commit
+    zombie.close()
+    assert ids == [0, 1, 2]
+    assert values_of(sink, cluster, "read_committed") == inputs, "each input's output once"
+    assert len(values_of(sink, cluster, "read_uncommitted")) == 30 + 12 + 12, "the two aborted batches were written"
+    consumer = cluster.consumer(group_id="eos", enable_auto_commit=False)
+    assert [consumer.committed((source, p)) for p in range(3)] == [10, 10, 10]
+    consumer.close()
+    with pytest.raises(InvalidConfigurationError):
+        rayk_data.stream_topic(source, "eos", **settings, isolation_level="read_uncommitted")

@@ -31,6 +31,8 @@ RUN_HERE = (
 # `rayk` command, Ray's metrics port), by their first line.
 RUN_ELSEWHERE = {
     "import ray, rayk": ("tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
+    "def enrich(df, batch_id):                            # returns the batch's output": (
+        "tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
     "ray start --head --metrics-export-port=8090       # each node: the same flag on `ray start`": (
         "tests/test_metrics.py::test_the_readme_s_scrape_runs_as_written",),
     "make demo    # 3 brokers on a local Ray: 1,000,000 records with acks=all (send_batch of numpy/Arrow": (

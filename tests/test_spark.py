@@ -18,7 +18,7 @@ import ray
 
 import rayk
 from rayk import spark as rayk_spark
-from rayk.errors import InvalidConfigurationError
+from rayk.errors import InvalidConfigurationError, RecordTooLargeError
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, pid_of, release_shared_local_ray, wait_until
 
@@ -277,6 +277,43 @@ def consume_all(cluster, topic, timeout_s=60):
     return sorted(got, key=lambda r: (r.partition, r.offset))
 
 
+def test_an_exactly_once_stream_aborts_a_batch_whose_output_failed_midway_and_writes_each_record_once(cluster, spark):
+    """exactly_once=True: process_batch returns the batch's output, written to sink_topic in
+    one transaction with the batch's offsets. Here the first stream's output fails after
+    part of it was written (a record too large): that batch is aborted, the stream stops
+    uncommitted, and the next stream writes it again; read_committed readers see each
+    output record once."""
+    source, sink = new_topic(cluster), new_topic(cluster)
+    inputs = [b"e%d" % i for i in range(12)]
+    with cluster.producer() as producer:
+        producer.send_batch(source, inputs, partition=[i % 2 for i in range(12)])
+    settings = dict(trigger_ms=100, starting_offsets="earliest", cluster=cluster, exactly_once=True, sink_topic=sink)
+
+    def too_large_in_partition_1(df, batch_id):  # partition 0's output goes first, then this fails
+        return df.selectExpr("IF(partition = 1, CAST(repeat(CAST(value AS STRING), 1000000) AS BINARY), value) AS value")
+
+    failing = rayk_spark.stream_topic(spark, source, "eos", too_large_in_partition_1, **settings)
+    with pytest.raises(RecordTooLargeError):
+        failing.await_termination(60)
+
+    def values(isolation_level):
+        df = rayk_spark.read_topic(spark, sink, cluster=cluster, isolation_level=isolation_level)
+        return sorted(r.value for r in df.collect())
+
+    assert values("read_committed") == [] and len(values("read_uncommitted")) == 6, "partition 0's output, aborted"
+    query = rayk_spark.stream_topic(spark, source, "eos", lambda df, batch_id: df.select("key", "value"), **settings)
+    wait_until(lambda: query.exception() is None and len(values("read_committed")) == 12, 60, "the batch written again")
+    query.stop()
+    assert values("read_committed") == sorted(inputs)
+    with cluster.consumer(group_id="eos", enable_auto_commit=False) as consumer:
+        assert [consumer.committed((source, p)) for p in (0, 1)] == [6, 6]
+    with pytest.raises(InvalidConfigurationError, match="sink_topic"):
+        rayk_spark.stream_topic(spark, source, "eos", lambda df, batch_id: None, cluster=cluster, exactly_once=True)
+    wrong = rayk_spark.stream_topic(spark, source, "eos-wrong", lambda df, batch_id: 42, **settings)
+    with pytest.raises(InvalidConfigurationError, match="returns the DataFrame"):
+        wrong.await_termination(60)
+
+
 def test_spark_kafka_source_reads_what_a_rayk_producer_wrote_in_json_offset_bounds(cluster, spark):
     topic = new_topic(cluster)
     sent = []
@@ -417,6 +454,7 @@ def check_outputs(spark, cluster, sink, work, sent):
 
 README_DATASETS = "import ray, rayk\nfrom rayk import data as rayk_data, spark as rayk_spark"
 README_STREAMS = 'rayk.connect().create_topic("events-copy"'
+README_EXACTLY_ONCE = "def enrich(df, batch_id):"
 README_CONNECTOR = "rayk_spark.stop()                                    # the session above"
 
 
@@ -477,6 +515,15 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
     namespace["stream"].stop()
     assert done.wait(60) and not errors, errors
     assert sorted(written()) == [b"late %d" % i for i in range(6)]
+
+    def committed_copies() -> int:
+        return len(rayk_spark.read_topic(spark, "events-copy", cluster=cluster, isolation_level="read_committed").collect())
+
+    copies_before, ends = committed_copies(), {p.partition: p.high_watermark for p in cluster.describe_topic("events")}
+    readme.run(README_EXACTLY_ONCE, namespace)  # Ray Data's stream copies every record in its first batch
+    assert committed_copies() == copies_before + sum(ends.values())
+    with cluster.consumer(group_id="etl-eos-ray", enable_auto_commit=False) as consumer:
+        assert {p: consumer.committed(("events", p)) for p in ends} == ends
 
     readme.run(README_CONNECTOR, namespace, {"/data/events": f"{tmp_path}/connector/events"})
     assert namespace["df"].count() == 13 - 5 + 13, "offsets 5.. of partition 0, all of partition 1"

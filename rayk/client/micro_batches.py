@@ -40,6 +40,14 @@ committed since, so that two streams never hand out the same batch id for differ
 records. (The check is not atomic with the commit; it catches a stale driver at its next
 commit, not two commits racing within milliseconds.)
 
+With `exactly_once`, what the caller writes to rayk topics while a batch is out and the
+batch's offsets are one transaction (rayk.client.batch_transactions): the batch's output
+is committed with its end, or aborted. The planned ends are still written ahead (outside
+the transaction), so that a batch processed again keeps its id and ranges. Such a stream
+is fenced by its transactional id instead of the check above: a newer stream of the
+group and topic fences the older one atomically (PRODUCER_FENCED at its next write or
+commit).
+
 Not thread-safe, except `stop`, which may be called from any thread.
 """
 
@@ -51,6 +59,7 @@ import threading
 import time
 from typing import Any
 
+from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS, BatchTransactions
 from rayk.client.offset_ranges import EARLIEST, LATEST, OffsetRange, OffsetSpec, parse_offsets, read_committed_of
 from rayk.client.types import OffsetAndMetadata, TopicPartition
 from rayk.errors import FencedInstanceIdError, InvalidConfigurationError, OffsetOutOfRangeError
@@ -72,7 +81,9 @@ class MicroBatches:
         max_records_per_batch: int | None = None,
         starting_offsets: OffsetSpec = "latest",
         fail_on_data_loss: bool = True,
-        isolation_level: str = "read_uncommitted",
+        isolation_level: str | None = None,
+        exactly_once: bool = False,
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
     ) -> None:
         if not group_id:
             raise InvalidConfigurationError("a stream needs a group_id: its progress is the group's committed offsets")
@@ -84,7 +95,11 @@ class MicroBatches:
         self._fail_on_data_loss = fail_on_data_loss
         self._cluster = cluster
         cluster.describe_topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+        if isolation_level is None:
+            isolation_level = "read_committed" if exactly_once else "read_uncommitted"
         self._read_committed = read_committed_of(isolation_level)  # batches end at the LSO, read committed
+        if exactly_once and not self._read_committed:
+            raise InvalidConfigurationError("an exactly_once stream reads read_committed: it must not act on records that may be aborted")
         self._consumer = cluster.consumer(group_id=group_id, enable_auto_commit=False, isolation_level=isolation_level)
         self._stopped = threading.Event()
         self._next_start_s = time.monotonic()
@@ -92,10 +107,13 @@ class MicroBatches:
         self._written: dict[TopicPartition, OffsetAndMetadata] = {}  # this stream's last commit
         self.batch_id = 0  # the id of the next batch
         self._replay_ends: dict[int, int] | None = None  # a planned batch never committed
+        self.transactions: BatchTransactions | None = None  # exactly_once: the batches' transactions
         try:
+            if exactly_once:  # first: fences an older stream of the group before its offsets are read
+                self.transactions = BatchTransactions(cluster, group_id, topic, transaction_timeout_ms)
             self._resume(starting_offsets)
         except BaseException:
-            self._consumer.close(autocommit=False)
+            self.close()
             raise
 
     # ------------------------------------------------------------------ starting
@@ -162,7 +180,7 @@ class MicroBatches:
                 self._check_positions(self._ends())
                 ranges = self._ranges(ends)
                 if ranges:
-                    return ranges
+                    return self._handed_out(ranges)
             wait_s = self._next_start_s - time.monotonic()
             if wait_s > 0 and self._stopped.wait(wait_s):
                 break
@@ -170,9 +188,14 @@ class MicroBatches:
             ranges = self._plan()
             if ranges:
                 self._commit(self._positions, planned_ends={r.partition: r.end for r in ranges})
-                return ranges
+                return self._handed_out(ranges)
             self._next_start_s = max(self._next_start_s, time.monotonic() + IDLE_POLL_MS / 1000)
         return None
+
+    def _handed_out(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        if self.transactions is not None:
+            self.transactions.begin()
+        return ranges
 
     def _plan(self) -> list[OffsetRange]:
         partitions = self._partition_count()
@@ -231,9 +254,10 @@ class MicroBatches:
         """Commits `positions` with the stream's state: the next batch's id and, for a
         batch about to be handed out, its ends (written ahead). First checks that the
         group's offsets are still what this stream last committed: another stream of the
-        group (a driver thought dead, still running) would make the ids ambiguous."""
+        group (a driver thought dead, still running) would make the ids ambiguous. An
+        exactly_once stream leaves that to its transactional id: a newer stream fenced it."""
         tps = [TopicPartition(self.topic, p) for p in positions]
-        if self._written:
+        if self._written and self.transactions is None:  # (exactly_once: the producer's fencing does it, atomically)
             now = self._consumer.committed_offsets(tps)
             changed = [tp.partition for tp in self._written if now.get(tp) != self._written[tp]]
             if changed:
@@ -249,7 +273,10 @@ class MicroBatches:
             )
             for tp in tps
         }
-        self._consumer.commit(offsets)
+        if self.transactions is not None and next_batch_id is not None:  # a batch's end, with its writes
+            self.transactions.commit(offsets)
+        else:
+            self._consumer.commit(offsets)
         self._written = offsets
 
     def stop(self) -> None:
@@ -262,8 +289,14 @@ class MicroBatches:
         return self._stopped.is_set()
 
     def close(self) -> None:
+        """Ends the stream; a batch handed out and not committed is aborted (exactly_once)
+        or simply left uncommitted."""
         self._stopped.set()
-        self._consumer.close(autocommit=False)
+        try:
+            if self.transactions is not None:
+                self.transactions.close()
+        finally:
+            self._consumer.close(autocommit=False)
 
 
 def _share(lags: dict[int, int], max_records: int) -> dict[int, int]:

@@ -62,7 +62,7 @@ from rayk.client.produce_future import BatchResult, FutureRecordMetadata, Future
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
 from rayk.client.transactions import ConsumerGroupMetadata, TransactionManager
-from rayk.client.types import TopicPartition
+from rayk.client.types import OffsetAndMetadata, TopicPartition
 from rayk.dataplane.frames import MAX_RECORDS_BYTES
 from rayk.errors import InvalidTxnStateError, RecordTooLargeError
 from rayk.storage.compression import CompressionType
@@ -368,12 +368,13 @@ class Producer:
         self._txn().begin()
 
     def send_offsets_to_transaction(
-        self, offsets: dict[TopicPartition, int], group_metadata: ConsumerGroupMetadata | str,
+        self, offsets: dict[TopicPartition, int | OffsetAndMetadata], group_metadata: ConsumerGroupMetadata | str,
         timeout_s: float | None = None,
     ) -> None:
-        """Commits a consumer group's offsets (the next offset to read, per partition) with
-        the transaction: they become the group's committed offsets if and only if the
-        transaction commits. `group_metadata` is `consumer.group_metadata()` (its member id
+        """Commits a consumer group's offsets (the next offset to read, per partition, or an
+        OffsetAndMetadata with the string to commit along) with the transaction: they
+        become the group's committed offsets if and only if the transaction commits.
+        `group_metadata` is `consumer.group_metadata()` (its member id
         and generation fence a zombie member's commit) or a group id."""
         group = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
         self._txn().send_offsets(offsets, group, self._timeout_ms(timeout_s))

@@ -30,7 +30,7 @@ from typing import Any
 
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
-from rayk.client.types import TopicPartition
+from rayk.client.types import OffsetAndMetadata, TopicPartition
 from rayk.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
@@ -80,6 +80,7 @@ class TransactionManager:
         self._state = TxnState.UNINITIALIZED
         self._error: KafkaError | None = None  # what made the transaction abortable, or the producer fatal
         self._partitions: set[TopicPartition] = set()  # added to the open transaction
+        self._started = False  # the coordinator may know of the open transaction (something was added)
         self.producer_id, self.epoch = -1, -1
 
     # ------------------------------------------------------------------ states
@@ -124,7 +125,7 @@ class TransactionManager:
         self.producer_id, self.epoch = self._call("init_producer_id", self._transaction_timeout_ms, expected,
                                                   timeout_ms=timeout_ms)  # fmt: skip
         with self._lock:
-            self._state, self._error, self._partitions = TxnState.READY, None, set()
+            self._state, self._error, self._partitions, self._started = TxnState.READY, None, set(), False
         return self.producer_id, self.epoch
 
     def begin(self) -> None:
@@ -138,22 +139,30 @@ class TransactionManager:
             self._require(TxnState.IN_TRANSACTION)
             if tp in self._partitions:
                 return
-        self._call("add_partitions_to_txn", self.producer_id, self.epoch, [(tp.topic, tp.partition)], timeout_ms=timeout_ms)
+        self._add(tp, timeout_ms)
         with self._lock:
             self._partitions.add(tp)
 
+    def _add(self, tp: TopicPartition, timeout_ms: int) -> None:
+        """AddPartitionsToTxn (or AddOffsetsToTxn, for the offsets topic's partition)."""
+        self._started = True  # before the call: a call that fails may have added it
+        self._call("add_partitions_to_txn", self.producer_id, self.epoch, [(tp.topic, tp.partition)], timeout_ms=timeout_ms)
+
     def send_offsets(
-        self, offsets: dict[TopicPartition, int], group: ConsumerGroupMetadata, timeout_ms: int
+        self, offsets: dict[TopicPartition, int | OffsetAndMetadata], group: ConsumerGroupMetadata, timeout_ms: int
     ) -> None:
-        """AddOffsetsToTxn, then TxnOffsetCommit at the group's coordinator."""
+        """AddOffsetsToTxn, then TxnOffsetCommit at the group's coordinator; an offset may
+        carry the metadata string committed along (OffsetAndMetadata)."""
         with self._lock:
             self._require(TxnState.IN_TRANSACTION)
         deadline_s = time.monotonic() + timeout_ms / 1000
         partition, _ = calls.call(lambda: self._controller.find_coordinator.remote(group.group_id), deadline_s,
                                   "FindCoordinator", retry_backoff_ms=self._retry_backoff_ms)  # fmt: skip
-        self._call("add_partitions_to_txn", self.producer_id, self.epoch, [(OFFSETS_TOPIC, partition)],
-                   timeout_ms=_remaining_ms(deadline_s))  # fmt: skip
-        committed = {(tp.topic, tp.partition): (offset, "") for tp, offset in offsets.items()}
+        self._add(TopicPartition(OFFSETS_TOPIC, partition), _remaining_ms(deadline_s))
+        committed = {
+            (tp.topic, tp.partition): (o.offset, o.metadata) if isinstance(o, OffsetAndMetadata) else (o, "")
+            for tp, o in offsets.items()
+        }
         try:
             CoordinatorLink(self._controller, group.group_id, retry_backoff_ms=self._retry_backoff_ms).call(
                 "txn_commit_offsets", group.group_id, self.transactional_id, self.producer_id, self.epoch,
@@ -177,11 +186,12 @@ class TransactionManager:
                 assert self._error is not None
                 raise self._error
             self._require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR)
-        self._call("end_txn", self.producer_id, self.epoch, commit, timeout_ms=_remaining_ms(deadline_s))
+        if self._started:  # else the coordinator never heard of it: it ends here, as in Kafka's client
+            self._call("end_txn", self.producer_id, self.epoch, commit, timeout_ms=_remaining_ms(deadline_s))
         if not commit and needs_new_epoch():
             self.init(_remaining_ms(deadline_s), expected=(self.producer_id, self.epoch))
         with self._lock:
-            self._state, self._error, self._partitions = TxnState.READY, None, set()
+            self._state, self._error, self._partitions, self._started = TxnState.READY, None, set(), False
 
 
 def _remaining_ms(deadline_s: float) -> int:
