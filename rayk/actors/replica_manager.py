@@ -199,7 +199,7 @@ class ReplicaManager(Supervised):
                 await self._register()
                 await listener
                 if self._endpoints is not None:
-                    await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
+                    await self._publish_endpoints()
                 c = self.config
                 self._loops = [
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
@@ -229,6 +229,19 @@ class ReplicaManager(Supervised):
             raise
         self._listener = listener
         self._children.watch(LISTENER, listener)
+
+    async def _publish_endpoints(self) -> None:
+        """The listener's address, to the Controller. If the broker's session lapsed while
+        the listener started (no heartbeat goes before the listener is up; on a loaded
+        machine that start can outlast broker.session.timeout.ms), the Controller fenced
+        it: it registers again, with the address, as a heartbeat told "reregister" does."""
+        try:
+            await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
+        except StaleBrokerEpochError:
+            if await self._controller.heartbeat.remote(self.broker_id, self._broker_epoch) != "reregister":
+                raise  # replaced by another registration of this broker, not fenced
+            logger.warning("broker %d: fenced while its listener started; registering again", self.broker_id)
+            await self._register()
 
     async def _register(self) -> None:
         """Registers (again), retrying while the Controller is unreachable (restarting)."""
