@@ -56,8 +56,8 @@ def test_a_fetch_request_with_an_unknown_isolation_level_does_not_parse():
 
 
 produce_requests = st.lists(st.builds(
-    ProduceRequest, st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32, st.none() | st.text(max_size=20)),
-    max_size=8)
+    ProduceRequest, st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32, st.none() | st.text(max_size=20),
+    st.sampled_from(frames.TRANSACTION_VERSIONS)), max_size=8)
 produce_results = st.lists(st.builds(
     ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why"))), max_size=8)
 
@@ -65,6 +65,13 @@ produce_results = st.lists(st.builds(
 @given(produce_requests)
 def test_produce_requests_decode_to_what_was_encoded(requests):
     assert frames.decode_produce_request(b"".join(frames.encode_produce_request(requests))) == requests
+
+
+def test_a_produce_request_with_an_unknown_transaction_version_does_not_parse():
+    body = bytearray(b"".join(frames.encode_produce_request([ProduceRequest(b"r", -1, 100, "tx", 2)])))
+    body[4 + 12] = 3  # the transaction version's byte: after the count, acks, timeout, size and id size
+    with pytest.raises(frames.FrameError, match="transaction version 3"):
+        frames.decode_produce_request(bytes(body))
 
 
 @given(produce_results)

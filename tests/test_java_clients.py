@@ -218,6 +218,10 @@ def test_the_java_transactional_producer_commits_aborts_and_is_fenced_and_the_ad
     assert events["producers"] == {"event": "producers", "count": 1, "open": 0}, events["producers"]
     assert events["transactions"]["state"] == "CompleteCommit", events["transactions"]
     assert events["described"]["state"] == "CompleteCommit" and events["described"]["partitions"] == 0
+    # Transaction version 2 (KIP-890), which rayk finalizes: every commit and abort bumped the
+    # epoch (0, then 1, 2; the second producer's init fenced the open transaction with 3 and
+    # took 4; its commit 5). Under version 1 it would be 2: the init's two bumps only.
+    assert events["described"]["epoch"] == 5, events["described"]
     committed = consume_topic(cluster, topic, 6, isolation_level="read_committed")
     assert [r.value for r in committed] == [b"c0", b"c1", b"c2", b"n0", b"n1", b"n2"]
     everything = consume_topic(cluster, topic, 10)

@@ -1109,6 +1109,51 @@ def test_the_transaction_apis_answer_kafkas_errors(cluster, bootstrap):
         to_leader.close()
 
 
+def test_transaction_version_2_adds_partitions_at_the_leader_and_bumps_the_epoch_at_every_end(cluster, bootstrap):
+    """KIP-890 part 2 on the wire, as Kafka's Java client runs it once ApiVersions finalizes
+    transaction.version 2: a Produce v12 opens the transaction at the partition's leader
+    with no AddPartitionsToTxn; EndTxn v5 answers the bumped epoch; a produce of the ended
+    transaction that lands late, with the old epoch, is fenced; the next transaction runs
+    in the new epoch from sequence 0, and an abort of it bumps again."""
+    topic, txn_id = new_topic(cluster, partitions=1), f"tv2-{uuid.uuid4().hex[:6]}"
+    coordinator = coordinator_connection(bootstrap, txn_id)
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    to_leader = RawConnection("%s:%d" % tuple(next(b["endpoints"]["PLAINTEXT"] for b in cluster.brokers() if b["broker_id"] == leader)))
+    try:
+        init = coordinator.call(INIT_PRODUCER_ID, 5, {"transactional_id": txn_id, "transaction_timeout": 60_000,
+                                                      "producer_id": -1, "producer_epoch": -1})
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def produce(value: bytes, epoch: int, sequence: int) -> int:
+            batch = build_batch([SimpleRecord(value)], producer_id=pid, producer_epoch=epoch, base_sequence=sequence,
+                                is_transactional=True)  # fmt: skip
+            answer = to_leader.call(PRODUCE, 12, {"transactional_id": txn_id, "acks": -1, "timeout": 10_000, "topic_data": [
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+            return answer.responses[0].partition_responses[0].error_code.value
+
+        def end(epoch: int, commit: bool) -> int:
+            answer = coordinator.call(END_TXN, 5, {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,
+                                                   "committed": commit})
+            assert answer.error_code.value == 0 and answer.producer_id == pid, answer
+            return answer.producer_epoch
+
+        assert produce(b"c0", epoch, 0) == 0, "the leader added the partition to the transaction"
+        assert end(epoch, commit=True) == epoch + 1
+        wait_until(lambda: cluster.describe_topic(topic)[0]["high_watermark"] == 2, 30, "the COMMIT marker")
+        # What KIP-890 closes: before it, this write would open a transaction no coordinator knows.
+        assert produce(b"late", epoch, 1) == 47  # INVALID_PRODUCER_EPOCH: the ended transaction's epoch
+        assert produce(b"a0", epoch + 1, 0) == 0
+        assert end(epoch + 1, commit=False) == epoch + 2
+    finally:
+        coordinator.close()
+        to_leader.close()
+    wait_until(lambda: cluster.describe_topic(topic)[0]["high_watermark"] == 4, 30, "the ABORT marker")
+    with cluster.consumer(enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest") as reader:
+        reader.assign([TopicPartition(topic, 0)])
+        records = [r.value for batch in reader.poll(timeout_ms=5000).values() for r in batch]
+    assert records == [b"c0"], "the committed record only: not the late one, nor the aborted"
+
+
 # Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.
 def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
     """Runs last in this module: it kills a broker."""

@@ -139,6 +139,10 @@ def test_unknown_keys_and_versions_get_unsupported_version(address):
         assert (correlation_id, error, count) == (9, UNSUPPORTED_VERSION, len(keys.SUPPORTED_VERSIONS))
         body = conn.call(keys.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}, 10)
         assert body.error_code.value == 0  # the same connection still serves
+        # KIP-584's features: transaction version 2 finalized, so Kafka's clients run KIP-890 part 2
+        finalized = {f.name: (f.min_version_level, f.max_version_level) for f in body.finalized_features}
+        assert finalized == {"transaction.version": (2, 2)} and body.finalized_features_epoch >= 0
+        assert {f.name: f.max_version for f in body.supported_features} == {"transaction.version": 2}
     finally:
         conn.close()
 

@@ -401,12 +401,13 @@ class PartitionReplica(Supervised):
         return result
 
     async def _append(
-        self, records: bytes, acks: int, timeout_ms: int, transactional_id: str | None = None
+        self, records: bytes, acks: int, timeout_ms: int, transactional_id: str | None = None, transaction_version: int = 1
     ) -> ProduceResult | tuple[int, int, int]:
         """The checks and the append of one produce: (first offset, last offset, log append
         time) to acknowledge, or the final answer (an error, or a duplicate's first answer).
         A transactional batch needs its producer's `transactional_id`, and is verified with
-        the transaction coordinator when it would open the producer's transaction here."""
+        the transaction coordinator when it would open the producer's transaction here
+        (with transaction version 2, the coordinator adds the partition then)."""
         if acks not in (0, 1, -1):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
         if self._role != "leader":
@@ -425,9 +426,11 @@ class PartitionReplica(Supervised):
             if duplicate is not None:  # a retry of an appended batch: answer as the first time
                 return duplicate.first_offset, duplicate.last_offset, -1
         transactional = header is not None and header.is_transactional
-        if transactional and (refused := await self._verify_transactional(header, transactional_id)) is not None:
-            self._counters.bytes_rejected += len(records)
-            return self._produce_error(refused)
+        if transactional:
+            refused = await self._verify_transactional(header, transactional_id, transaction_version)
+            if refused is not None:
+                self._counters.bytes_rejected += len(records)
+                return self._produce_error(refused)
         try:
             # records the producer's batch
             info = self._log.append_as_leader(records, self._leader_epoch, allow_transactional=transactional)
@@ -439,7 +442,9 @@ class PartitionReplica(Supervised):
         self._wake_after_append()
         return info.first_offset, info.last_offset, info.log_append_time_ms
 
-    async def _verify_transactional(self, header: BatchHeader, transactional_id: str | None) -> KafkaError | None:
+    async def _verify_transactional(
+        self, header: BatchHeader, transactional_id: str | None, transaction_version: int
+    ) -> KafkaError | None:
         """Why a transactional batch may not be appended, or None (txn_verification.py)."""
         if transactional_id is None:
             return InvalidRecordError("a transactional batch in a produce request without a transactional id")
@@ -447,7 +452,8 @@ class PartitionReplica(Supervised):
         if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
             return None  # the transaction is open here: its first batch was verified
         error = await txn_verification.verify_partition(
-            self._txn_coordinators, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch
+            self._txn_coordinators, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch,
+            transaction_version,
         )
         if error is None and self._role != "leader":  # the leadership moved while the coordinator answered
             return self._not_leader()

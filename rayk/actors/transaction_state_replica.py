@@ -29,7 +29,7 @@ from ray.exceptions import RayError
 from rayk.actors.coordinator_log import LogEntry
 from rayk.actors.coordinator_replica import CoordinatorReplica
 from rayk.actors.transaction_coordinator import TransactionConfig, TransactionCoordinator
-from rayk.actors.transaction_metadata import TransactionMetadata
+from rayk.actors.transaction_metadata import TV1, TransactionMetadata
 from rayk.errors import CoordinatorNotAvailableError, KafkaError, NotLeaderOrFollowerError
 
 logger = logging.getLogger(__name__)
@@ -124,17 +124,23 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
         return await self._require_coordinator().init_producer_id(transactional_id, txn_timeout_ms, expected)
 
     async def add_partitions_to_txn(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]],
+        client_transaction_version: int = TV1,
     ) -> None:
-        await self._require_coordinator().add_partitions(transactional_id, producer_id, producer_epoch, partitions)
+        await self._require_coordinator().add_partitions(transactional_id, producer_id, producer_epoch, partitions,
+                                                         client_transaction_version)  # fmt: skip
 
     async def verify_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
     ) -> list[tuple[str, int]]:
         return await self._require_coordinator().verify_partitions(transactional_id, producer_id, producer_epoch, partitions)
 
-    async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> tuple[int, int]:
-        return await self._require_coordinator().end_transaction(transactional_id, producer_id, producer_epoch, commit)
+    async def end_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
+        client_transaction_version: int = TV1,
+    ) -> tuple[int, int]:
+        return await self._require_coordinator().end_transaction(transactional_id, producer_id, producer_epoch, commit,
+                                                                 client_transaction_version)  # fmt: skip
 
     async def transactions(self) -> list[TransactionMetadata]:
         """Every transactional id's metadata here; [] unless this replica coordinates."""

@@ -9,6 +9,12 @@ if the producer's transaction is open in this partition already (its first batch
 verified) or the coordinator says the partition was added to the producer's open
 transaction (AddPartitionsToTxn with verifyOnly).
 
+A client of transaction version 2 (KIP-890 part 2) does not add partitions itself: its
+Produce v12 asks the leader to, and the leader has the coordinator add the partition
+(AddPartitionsToTxn without verifyOnly) instead of verifying it. The producer's epoch
+then must be the coordinator's current one, which every commit or abort bumps, so a
+produce of an ended transaction that lands late is fenced.
+
 What the produce is answered, as Kafka answers a client of transaction version 1:
 - the partition is not in the transaction: INVALID_TXN_STATE;
 - another producer id or an older epoch: INVALID_PRODUCER_EPOCH (the producer is fenced);
@@ -69,15 +75,21 @@ class CoordinatorHandles:
 
 async def verify_partition(
     coordinators: CoordinatorHandles, transactional_id: str, topic: str, partition: int, producer_id: int,
-    producer_epoch: int,
+    producer_epoch: int, transaction_version: int = 1,
 ) -> KafkaError | None:
-    """None if the producer's open transaction holds `topic-partition`, else the error its
-    produce is answered (see the module docstring)."""
+    """None if the producer's open transaction holds `topic-partition` (transaction version
+    2: once the coordinator added it), else the error its produce is answered (see the
+    module docstring)."""
     if coordinators.controller is None:
         return NotEnoughReplicasError("this replica has no Controller to find the transaction coordinator through")
+    tp = [(topic, partition)]
     try:
         coordinator = await coordinators.get(transactional_id)
-        missing = await coordinator.verify_partitions.remote(transactional_id, producer_id, producer_epoch, [(topic, partition)])
+        if transaction_version >= 2:
+            await coordinator.add_partitions_to_txn.remote(transactional_id, producer_id, producer_epoch, tp, transaction_version)
+            missing = []
+        else:
+            missing = await coordinator.verify_partitions.remote(transactional_id, producer_id, producer_epoch, tp)
     except (*_RETRIABLE, RayError) as e:
         coordinators.forget(transactional_id)  # it may have moved: found again next time
         return _retriable(transactional_id, topic, partition, e)

@@ -22,7 +22,10 @@ FETCH (a follower's or a consumer's fetch, PartitionReplica.fetch's arguments):
   the LSO and is answered the aborted transactions of what it read)
 PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered together):
   request  count:i32, then per request acks:i16 timeout_ms:i32 size:i32 txn_id_size:i16
+           transaction_version:i8
            | tail: per request its transactional id (UTF-8; size -1: none), then its records
+  (transaction_version as Kafka's: 2 when the client runs transaction version 2, whose
+  Produce v12 adds the partition to the transaction at the leader, KIP-890 part 2; else 1)
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
            log_start_offset:i64 error_size:u16 | error
 `error` is `<class name>\\0<message>` of a rayk.errors class, or empty; `diverging` is 1
@@ -58,7 +61,9 @@ _FETCH_ANSWER = struct.Struct(">qqqqbiqHi")
 _ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1  # Kafka's isolation levels
 _COUNT = struct.Struct(">i")
-_PRODUCE_REQUEST = struct.Struct(">hiih")  # acks (int16, as Kafka's), timeout_ms, records size, transactional id size
+# acks (int16, as Kafka's), timeout_ms, records size, transactional id size, transaction version
+_PRODUCE_REQUEST = struct.Struct(">hiihb")
+TRANSACTION_VERSIONS = (1, 2)
 _PRODUCE_ANSWER = struct.Struct(">qqqH")
 
 
@@ -111,6 +116,7 @@ class ProduceRequest(NamedTuple):
     acks: int
     timeout_ms: int
     transactional_id: str | None = None  # a transactional producer's (the leader verifies its first batch)
+    transaction_version: int = 1  # 2: the leader adds the partition to the transaction (KIP-890 part 2)
 
 
 def request_frame(correlation_id: int, kind: int, body: bytes) -> bytes:
@@ -172,9 +178,10 @@ def encode_produce_request(requests: list[ProduceRequest]) -> list[bytes]:
     """The request's body as parts to write one after the other (the records are not copied)."""
     head = [_COUNT.pack(len(requests))]
     parts: list[bytes] = []
-    for records, acks, timeout_ms, transactional_id in requests:
+    for records, acks, timeout_ms, transactional_id, transaction_version in requests:
         txn_id = b"" if transactional_id is None else transactional_id.encode()
-        head.append(_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records), -1 if transactional_id is None else len(txn_id)))
+        txn_id_size = -1 if transactional_id is None else len(txn_id)
+        head.append(_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records), txn_id_size, transaction_version))
         parts += (txn_id, records) if txn_id else (records,)
     return [b"".join(head), *parts]
 
@@ -188,7 +195,11 @@ def decode_produce_request(body: bytes | memoryview) -> list[ProduceRequest]:
         raise FrameError(f"a PRODUCE request of {len(body)} bytes cannot hold {count} requests")
     requests = []
     for i in range(count):
-        acks, timeout_ms, size, txn_id_size = _PRODUCE_REQUEST.unpack_from(body, _COUNT.size + i * _PRODUCE_REQUEST.size)
+        acks, timeout_ms, size, txn_id_size, transaction_version = _PRODUCE_REQUEST.unpack_from(
+            body, _COUNT.size + i * _PRODUCE_REQUEST.size
+        )
+        if transaction_version not in TRANSACTION_VERSIONS:
+            raise FrameError(f"request {i} of a PRODUCE request has transaction version {transaction_version}")
         transactional_id = None
         if txn_id_size >= 0:
             if at + txn_id_size > len(body):
@@ -199,7 +210,7 @@ def decode_produce_request(body: bytes | memoryview) -> list[ProduceRequest]:
             raise FrameError(f"request {i} of a PRODUCE request declares a transactional id of {txn_id_size} bytes")
         if size < 0 or at + size > len(body):
             raise FrameError(f"request {i} of a PRODUCE request declares {size} bytes of records past its end")
-        requests.append(ProduceRequest(bytes(body[at:at + size]), acks, timeout_ms, transactional_id))
+        requests.append(ProduceRequest(bytes(body[at:at + size]), acks, timeout_ms, transactional_id, transaction_version))
         at += size
     if at != len(body):
         raise FrameError(f"a PRODUCE request has {len(body) - at} bytes after its records")

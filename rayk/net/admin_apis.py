@@ -31,7 +31,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.internal_topics import is_internal
-from rayk.net.api_versions import SUPPORTED_VERSIONS
+from rayk.net.api_versions import FINALIZED_TRANSACTION_VERSION, SUPPORTED_VERSIONS, TRANSACTION_VERSION_FEATURE
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms, ms
 
@@ -48,8 +48,23 @@ def api_versions_body(error_code: int = 0) -> dict:
     return {"error_code": error_code, "api_keys": keys}
 
 
+# The finalized features' epoch (Kafka's metadata offset of their last change): rayk's do not
+# change while a cluster runs, so any epoch >= 0 (the features are valid) does.
+FINALIZED_FEATURES_EPOCH = 0
+
+
 async def api_versions(view: BrokerView, request: Any) -> dict:
-    return api_versions_body()
+    """The APIs and versions served, and (v3+, KIP-584) the features: transaction.version
+    2 finalized, which tells clients to run transaction version 2 (KIP-890 part 2)."""
+    body = api_versions_body()
+    if request.head.api_version >= 3:
+        level = FINALIZED_TRANSACTION_VERSION
+        body |= {
+            "supported_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": level}],
+            "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+            "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version_level": level, "max_version_level": level}],
+        }
+    return body
 
 
 def _brokers(described: dict, request: Any) -> list[dict]:

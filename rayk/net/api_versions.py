@@ -12,6 +12,8 @@ DescribeCluster (v2). Where kio has versions newer than Kafka 4.0 serves
 
 from __future__ import annotations
 
+from typing import Any
+
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
@@ -69,8 +71,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ADD_PARTITIONS_TO_TXN: (0, 4),  # v5 is transaction version 2's (KIP-890 part 2)
     ADD_OFFSETS_TO_TXN: (0, 4),
-    END_TXN: (0, 4),  # v5 would make the client a transaction version 2 one
-    TXN_OFFSET_COMMIT: (0, 4),  # v5 is transaction version 2's
+    END_TXN: (0, 5),  # v5 is transaction version 2's (TRANSACTION_V2_FROM)
+    TXN_OFFSET_COMMIT: (0, 5),  # v5 is transaction version 2's
     DESCRIBE_PRODUCERS: (0, 0),
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 1),
@@ -92,6 +94,23 @@ CLIENT_THROTTLES_FROM: dict[int, int] = {
     ADD_PARTITIONS_TO_TXN: 1, ADD_OFFSETS_TO_TXN: 1, END_TXN: 1, TXN_OFFSET_COMMIT: 1,
     DESCRIBE_PRODUCERS: 0, DESCRIBE_TRANSACTIONS: 0, LIST_TRANSACTIONS: 0,
 }
+
+
+# Transaction version 2 (KIP-890 part 2), which rayk finalizes as the cluster's
+# `transaction.version` feature: a client that sees it finalized sends these versions and
+# up, and expects their semantics (Kafka's LAST_BEFORE_TRANSACTION_V2_VERSION + 1): Produce
+# adds each partition to the transaction at its leader, TxnOffsetCommit the group's offsets
+# partition, and EndTxn bumps the epoch and answers the new one. Older versions keep
+# transaction version 1's (the client adds them with AddPartitionsToTxn / AddOffsetsToTxn).
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+FINALIZED_TRANSACTION_VERSION = 2
+TRANSACTION_V2_FROM: dict[int, int] = {PRODUCE: 12, TXN_OFFSET_COMMIT: 5, END_TXN: 5}
+
+
+def transaction_version_of(request: Any) -> int:
+    """2 for a Produce, TxnOffsetCommit or EndTxn of transaction version 2, else 1."""
+    first = TRANSACTION_V2_FROM.get(request.head.api_key)
+    return 2 if first is not None and request.head.api_version >= first else 1
 
 
 def client_throttles(api_key: int, api_version: int) -> bool:

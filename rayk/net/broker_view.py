@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
+from rayk.actors.txn_verification import CoordinatorHandles
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.dataplane.replica_link import ReplicaLink
@@ -66,6 +67,7 @@ class BrokerView:
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
         self.parked_fetches = ParkedFetches()
+        self.txn_coordinators = CoordinatorHandles(controller)  # wherever they lead (TxnOffsetCommit v5)
         # Until the Controller's ACLs arrive, only super users are authorized (fail closed,
         # whatever allow.everyone.if.no.acl.found says).
         self._authorizer = Authorizer((), config.super_user_set(), allow_everyone_if_no_acl_found=False)
@@ -196,10 +198,10 @@ class BrokerView:
             ) from None
 
     def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int,
-                transactional_id: str | None = None) -> asyncio.Future:
+                transactional_id: str | None = None, transaction_version: int = 1) -> asyncio.Future:
         """Queues one produce request for this broker's replica of the partition (see
         produce_coalescer.py); the future resolves to its ProduceResult."""
-        return self._produce.submit(topic, partition, records, acks, timeout_ms, transactional_id)
+        return self._produce.submit(topic, partition, records, acks, timeout_ms, transactional_id, transaction_version)
 
     async def _produce_requests(self, topic: str, partition: int, requests: list) -> list:
         return await self._over_data_plane(topic, partition, lambda link: link.produce(requests))

@@ -20,6 +20,7 @@ from typing import Any
 from rayk.acls import DESCRIBE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
 from rayk.actors.partition_replica import CONSUMER_REPLICA_ID
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
+from rayk.net.api_versions import transaction_version_of
 from rayk.errors import (
     CorruptRecordError,
     InconsistentTopicIdError,
@@ -47,6 +48,7 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
     answers each partition with its result or its error code."""
     body = request.body
     acks, timeout_ms, transactional_id = body.acks, ms(body.timeout), body.transactional_id
+    transaction_version = transaction_version_of(request)  # 2: the leaders add the partitions (KIP-890)
     if transactional_id is not None and not view.authorized(request, WRITE, TRANSACTIONAL_ID, transactional_id):
         denied = TransactionalIdAuthorizationFailedError(
             f"{request.context.principal} may not write with transactional id {transactional_id!r}"
@@ -61,7 +63,7 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
             return _failed(TopicAuthorizationFailedError(f"{request.context.principal} may not write to {topic!r}"))
         if records is None:
             return _failed(CorruptRecordError("a produce request without records"))
-        return view.produce(topic, index, bytes(records), acks, timeout_ms, transactional_id)
+        return view.produce(topic, index, bytes(records), acks, timeout_ms, transactional_id, transaction_version)
 
     async def answer(index: int, produced: asyncio.Future) -> dict:
         try:

@@ -35,8 +35,10 @@ from rayk.errors import (
 )
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
+from rayk.net.api_versions import transaction_version_of
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
+from rayk.net.txn_apis import add_offsets_partition
 
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1
 TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Controller to say which partitions exist
@@ -190,7 +192,8 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
 async def txn_offset_commit(view: BrokerView, request: Any) -> dict:
     """A transactional producer's commit of a group's offsets (KIP-98, KIP-447): written as
     the producer's transactional records, committed with its transaction. Needs WRITE on the
-    transactional id besides what OffsetCommit needs, as in Kafka."""
+    transactional id besides what OffsetCommit needs, as in Kafka. v5+ (transaction version
+    2, KIP-890) adds the group's offsets partition to the transaction first."""
     body = request.body
     if not view.authorized(request, WRITE, TRANSACTIONAL_ID, body.transactional_id):
         return _per_partition(body.topics, lambda t, p: TransactionalIdAuthorizationFailedError.code)
@@ -208,6 +211,8 @@ async def txn_offset_commit(view: BrokerView, request: Any) -> dict:
     code = 0
     if offsets:
         try:
+            if transaction_version_of(request) >= 2:
+                await add_offsets_partition(view, body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
             await _coordinator_call(
                 view, request, body.group_id, "txn_commit_offsets", body.transactional_id, body.producer_id,
                 body.producer_epoch, getattr(body, "generation_id", -1), getattr(body, "member_id", ""), offsets,

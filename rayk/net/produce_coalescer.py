@@ -43,11 +43,11 @@ class ProduceCoalescer:
         self._calls: set[asyncio.Task] = set()
 
     def submit(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int,
-               transactional_id: str | None = None) -> asyncio.Future:
+               transactional_id: str | None = None, transaction_version: int = 1) -> asyncio.Future:
         """Queues one request; the future resolves to its ProduceResult, or raises what the
         call raised. Call it in the order the requests arrived; it does not wait."""
         tp = (topic, partition)
-        request = Request(records, acks, timeout_ms, transactional_id)
+        request = Request(records, acks, timeout_ms, transactional_id, transaction_version)
         future = asyncio.get_running_loop().create_future()
         waiting = self._waiting.get(tp)
         if waiting is None:  # nothing in flight: send at once

@@ -13,9 +13,13 @@ id, DescribeProducers READ on the topic; an idempotent InitProducerId needs
 IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679); AddPartitionsToTxn v4+
 (the brokers' batched form) CLUSTER_ACTION.
 
-rayk's coordinators run transaction version 1: EndTxn stops at v4 and ApiVersions
-finalizes no `transaction.version`, so clients keep their epoch across transactions, and
-each partition leader verifies a producer's first transactional write with the coordinator
+Transaction versions (KIP-890): ApiVersions finalizes `transaction.version` 2, so a client
+that knows it (Kafka's Java client from 4.0) runs transaction version 2: it sends no
+AddPartitionsToTxn or AddOffsetsToTxn; each partition leader adds a partition to the
+transaction when a Produce v12+ writes its first transactional batch, a TxnOffsetCommit
+v5+ adds the group's offsets partition first, and EndTxn v5+ bumps the producer's epoch
+and answers the new one. A client of transaction version 1 (librdkafka) adds them itself,
+and each partition leader verifies its first transactional write with the coordinator
 (KIP-890 part 1, actors/txn_verification.py).
 """
 
@@ -26,6 +30,7 @@ import time
 from typing import Any
 
 from rayk.acls import CLUSTER, CLUSTER_ACTION, DESCRIBE, GROUP, IDEMPOTENT_WRITE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
+from rayk.actors import txn_verification
 from rayk.actors.transaction_metadata import TransactionMetadata, TxnState
 from rayk.errors import (
     ClusterAuthorizationFailedError,
@@ -42,6 +47,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from rayk.net.api_versions import transaction_version_of
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import ms
 
@@ -168,16 +174,34 @@ async def add_offsets_to_txn(view: BrokerView, request: Any) -> dict:
         raise GroupAuthorizationFailedError(f"{request.context.principal} may not use group {body.group_id!r}")
     partition = await view.group_partition(body.group_id)
     await _coordinator_call(view, body.transactional_id, "add_partitions_to_txn", body.producer_id,
-                            body.producer_epoch, [(OFFSETS_TOPIC, partition)])
+                            body.producer_epoch, [(OFFSETS_TOPIC, partition)])  # fmt: skip
     return {}
 
 
 async def end_txn(view: BrokerView, request: Any) -> dict:
-    """Commits or aborts: answered once the decision is written; the markers follow."""
+    """Commits or aborts: answered once the decision is written; the markers follow. v5+
+    (transaction version 2) bumps the producer's epoch and answers the (producer id,
+    epoch) its next transaction uses."""
     body = request.body
     _require_write(view, request, body.transactional_id)
-    await _coordinator_call(view, body.transactional_id, "end_txn", body.producer_id, body.producer_epoch, body.committed)
-    return {}
+    version = transaction_version_of(request)
+    producer_id, epoch = await _coordinator_call(view, body.transactional_id, "end_txn", body.producer_id,
+                                                 body.producer_epoch, body.committed, version)  # fmt: skip
+    return {"producer_id": producer_id, "producer_epoch": epoch} if version >= 2 else {}
+
+
+async def add_offsets_partition(view: BrokerView, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> None:
+    """A TxnOffsetCommit of transaction version 2 first adds the group's `__consumer_offsets`
+    partition to the producer's transaction (what AddOffsetsToTxn did), at its transaction
+    coordinator wherever that leads, as a partition leader adds its partition: a fenced
+    producer gets INVALID_PRODUCER_EPOCH, a coordinator moving NOT_ENOUGH_REPLICAS, which
+    the client retries (txn_verification.py)."""
+    partition = await view.group_partition(group_id)
+    refused = await txn_verification.verify_partition(
+        view.txn_coordinators, transactional_id, OFFSETS_TOPIC, partition, producer_id, epoch, transaction_version=2
+    )
+    if refused is not None:
+        raise refused
 
 
 # ---------------------------------------------------------------------------- describing
