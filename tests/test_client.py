@@ -850,3 +850,42 @@ def test_a_transactional_producer_fenced_by_a_newer_one_fails_for_good(cluster):
     zombie.close()
     successor.close()
     assert [r.value for r in consume_topic(cluster, topic, 1, isolation_level="read_committed")] == [b"successor"]
+
+
+def test_a_commit_whose_marker_is_pending_when_its_partition_leader_is_killed_completes_after_it(cluster):
+    """The transactions issue's failure: the partition's followers are stopped until its ISR
+    is the leader alone, below min.insync.replicas, so the leader refuses the COMMIT marker
+    the coordinator writes after EndTxn (NOT_ENOUGH_REPLICAS); then the leader's process is
+    SIGKILLed with the marker pending, and the followers resume. The coordinator retries
+    the marker until the partition takes it: read_committed readers see the transaction
+    whole, and the LSO moves on."""
+    topic = new_topic(cluster, partitions=1, **{"min.insync.replicas": "2"})
+    tp = TopicPartition(topic, 0)
+    producer = cluster.producer(transactional_id=f"py-marker-{topic}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_batch(topic, [b"t0", b"t1", b"t2"])
+    producer.flush()  # acks=all: every replica has the records
+    partition = cluster.describe_topic(topic)[0]
+    followers = [cluster.replica(topic, 0, b) for b in partition["replicas"] if b != partition["leader"]]
+    for follower in followers:
+        os.kill(pid_of(follower), signal.SIGSTOP)
+    try:
+        wait_until(lambda: cluster.describe_topic(topic)[0]["isr"] == [partition["leader"]], 30, "the ISR to shrink")
+        producer.commit_transaction()  # answered once the decision is written; the marker is pending
+        time.sleep(0.5)
+        assert cluster.describe_topic(topic)[0]["log_end_offset"] == 3, "the marker refused below min ISR"
+        os.kill(pid_of(cluster.leader(topic, 0)), signal.SIGKILL)
+    finally:
+        for follower in followers:
+            os.kill(pid_of(follower), signal.SIGCONT)
+    committed = consume_topic(cluster, topic, 3, isolation_level="read_committed")
+    assert [r.value for r in committed] == [b"t0", b"t1", b"t2"]
+    with cluster.consumer(enable_auto_commit=False, isolation_level="read_committed") as reader:
+        assert reader.end_offsets([tp])[tp] == cluster.describe_topic(topic)[0]["high_watermark"] == 4, (
+            "the LSO moved on past the 3 records and the COMMIT marker")
+    producer.begin_transaction()
+    producer.send(topic, b"next")
+    producer.commit_transaction()
+    producer.close()
+    wait_until(lambda: len(cluster.describe_topic(topic)[0]["isr"]) == 3, 60, "the ISR to heal")

@@ -2,8 +2,8 @@
 500 connections from one address are cut at max.connections.per.ip; a Fetch naming
 one partition 1,000 times with a one-hour max wait is refused at once; a CreateTopics of
 100,000 partitions is a POLICY_VIOLATION (the replica cap derived from this node's
-memory); the normal clients keep producing and consuming meanwhile. Then the connections
-the broker kept send 100 MiB of requests that never complete: the listener holds no more
+memory); the normal clients keep producing and consuming meanwhile. Then 40 connections
+send 40 MiB of requests that never complete: the listener holds no more
 than queued.max.request.bytes of them (its memory stays within the bound stated below)
 and cuts them once idle; the normal clients, stalled while the pool is spent, go on and
 lose nothing."""
@@ -33,6 +33,9 @@ ATTACKER = "127.0.0.2"  # the abusive client's address: normal clients connect f
 # The bound: the listener's resident memory grows by at most the request pool plus this
 # much for the connections' buffers and tasks (without the pool it would hold the 100 MiB).
 LISTENER_GROWTH_BOUND_BYTES = QUEUED_BYTES + 48 * MiB
+# Connections that each send 1 MiB of a request: more than the pool holds, few enough that
+# the pool, refilled as each round is cut for idleness, is given back in two rounds.
+GREEDY_CONNECTIONS = QUEUED_BYTES // MiB + 8
 INVALID_REQUEST, POLICY_VIOLATION = 42, 44
 
 
@@ -173,7 +176,7 @@ def test_abuse_is_refused_while_normal_clients_keep_working(cluster):
         # again send 1 MiB requests, all but their last byte: the listener reads
         # QUEUED_BYTES of them, and the rest wait in the kernel's buffers.
         wait_until(lambda: len(closed(flood)) == len(flood), 30, "idle connections cut")
-        greedy = attacker_connections(address, PER_IP)
+        greedy = attacker_connections(address, GREEDY_CONNECTIONS)
         for s in greedy:
             send_some(s, MiB.to_bytes(4, "big") + b"\0" * (MiB - 1))
         wait_until(lambda: ray.get(listener.queued_request_bytes.remote()) == QUEUED_BYTES, 30, "the pool spent")
