@@ -412,6 +412,19 @@ class IneligibleReplicaError(KafkaError):
     code, name = 107, "INELIGIBLE_REPLICA"
 
 
+class FencedMemberEpochError(KafkaError):
+    """A consumer-protocol member (KIP-848) heartbeats with an epoch the coordinator no
+    longer accepts: it must give up its partitions and rejoin with epoch 0."""
+
+    code, name = 110, "FENCED_MEMBER_EPOCH"
+
+
+class UnsupportedAssignorError(KafkaError):
+    """A consumer-protocol member names a server-side assignor the coordinator does not have."""
+
+    code, name = 112, "UNSUPPORTED_ASSIGNOR"
+
+
 class InvalidReplicaAssignmentError(KafkaError):
     """A reassignment names no replica, the same broker twice, or an unknown broker."""
 

@@ -1,0 +1,155 @@
+"""KIP-848's group state (rayk.actors.consumer_protocol_group): a state machine of clients
+that join, leave, die, heartbeat, read or lose their answers, and rejoin when fenced,
+against one group. Whatever happens, no partition has two owners, a live client consumes
+only what the coordinator counts as its own, and once nothing changes every member holds
+its part of the target; the epoch rules answer Kafka's errors."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup
+from rayk.actors.member_reconciliation import MemberState
+from rayk.errors import FencedMemberEpochError, InvalidRequestError, UnknownMemberIdError, UnsupportedAssignorError
+
+COUNTS = {"t": 4, "u": 2}
+SESSION_MS = 45_000
+NAMES = [f"c{i}" for i in range(4)]
+
+
+class Client:
+    def __init__(self, topics: list[str]) -> None:
+        self.topics = topics
+        self.member_id = str(uuid.uuid4())  # made by the client, as Kafka's clients do (KIP-1082)
+        self.epoch = 0
+        self.consuming: frozenset = frozenset()
+        self.answer = None  # a heartbeat answer not read yet
+
+
+class GroupMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.group = ConsumerProtocolGroup("g", SESSION_MS)
+        self.clients: dict[str, Client] = {}
+        self.now_ms = 0
+        self.last_group_epoch = 0
+
+    def _send(self, name: str) -> None:
+        client = self.clients[name]
+        try:
+            answer = self.group.heartbeat(client.member_id, client.epoch, self.now_ms, COUNTS,
+                                          subscribed_topics=client.topics, owned=client.consuming)  # fmt: skip
+        except (FencedMemberEpochError, UnknownMemberIdError):
+            client.epoch, client.consuming = 0, frozenset()  # gives everything up, rejoins next time
+            return
+        client.answer = answer
+
+    @rule(name=st.sampled_from(NAMES), topics=st.sampled_from([["t"], ["u"], ["t", "u"]]))
+    def start(self, name, topics):
+        if name not in self.clients:
+            self.clients[name] = Client(topics)
+            self._send(name)
+
+    @precondition(lambda self: any(c.answer is None for c in self.clients.values()))
+    @rule(data=st.data())
+    def heartbeat(self, data):
+        name = data.draw(st.sampled_from(sorted(n for n, c in self.clients.items() if c.answer is None)))
+        self.now_ms += 1_000
+        self._send(name)
+
+    @precondition(lambda self: any(c.answer is not None for c in self.clients.values()))
+    @rule(data=st.data(), lost=st.booleans())
+    def read_answer(self, data, lost):
+        name = data.draw(st.sampled_from(sorted(n for n, c in self.clients.items() if c.answer is not None)))
+        client = self.clients[name]
+        answer, client.answer = client.answer, None
+        if lost:
+            return  # it heartbeats next with the epoch it had (a lost join: joins again, same id)
+        assert answer.member_id == client.member_id
+        client.epoch, client.consuming = answer.member_epoch, answer.assignment
+
+    @precondition(lambda self: any(c.epoch > 0 and c.answer is None for c in self.clients.values()))
+    @rule(data=st.data(), dies=st.booleans())
+    def stop(self, data, dies):
+        """A client leaves (epoch -1), or dies: its member is removed after the session
+        timeout, with every member as silent as long (their clients died too)."""
+        name = data.draw(st.sampled_from(sorted(n for n, c in self.clients.items() if c.epoch > 0 and c.answer is None)))
+        client = self.clients.pop(name)
+        if dies:
+            self.now_ms += SESSION_MS + 1
+            expired = set(self.group.expire(self.now_ms))
+            assert client.member_id in expired and client.member_id not in self.group.members
+            self.clients = {n: c for n, c in self.clients.items() if c.member_id not in expired}
+        else:
+            assert self.group.heartbeat(client.member_id, -1, self.now_ms, COUNTS).member_epoch == -1
+
+    @invariant()
+    def no_partition_has_two_owners(self):
+        seen: dict = {}
+        for member in self.group.members.values():
+            for tp in member.assignment.owned:
+                assert tp not in seen, f"{tp} owned by {seen[tp]} and {member.member_id}"
+                seen[tp] = member.member_id
+
+    @invariant()
+    def a_client_consumes_only_what_the_coordinator_counts_as_its_own(self):
+        for client in self.clients.values():
+            if client.consuming:
+                assert client.consuming <= self.group.members[client.member_id].assignment.owned
+
+    @invariant()
+    def the_group_epoch_only_grows_and_the_target_follows_it(self):
+        assert self.group.group_epoch >= self.last_group_epoch and self.group.target_epoch <= self.group.group_epoch
+        self.last_group_epoch = self.group.group_epoch
+
+    def teardown(self):
+        for name, client in self.clients.items():
+            if client.answer is not None:
+                self.read_answer_of(name)
+        for _ in range(5):
+            for name in sorted(self.clients):
+                self.now_ms += 100
+                self._send(name)
+                self.read_answer_of(name)
+        for name, client in self.clients.items():
+            member = self.group.members[client.member_id]
+            assert member.assignment.state is MemberState.STABLE and client.epoch == self.group.group_epoch
+            assert client.consuming == self.group.target[client.member_id], name
+
+    def read_answer_of(self, name):
+        client = self.clients[name]
+        answer, client.answer = client.answer, None
+        if answer is not None:
+            client.epoch, client.consuming = answer.member_epoch, answer.assignment
+
+
+GroupMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+test_members_never_share_a_partition_and_reach_the_target = GroupMachine.TestCase
+
+
+def test_the_epoch_rules_answer_kafkas_errors():
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    a = group.heartbeat("", 0, 0, COUNTS, subscribed_topics=["t"])
+    assert a.member_id and a.member_epoch == 1 and a.assignment == {("t", p) for p in range(4)}
+    with pytest.raises(UnknownMemberIdError):
+        group.heartbeat("nobody", 1, 1, COUNTS)
+    with pytest.raises(FencedMemberEpochError):
+        group.heartbeat(a.member_id, 7, 1, COUNTS, owned=a.assignment)
+    with pytest.raises(InvalidRequestError):
+        group.heartbeat("new", 0, 1, COUNTS)  # a join names its topics
+    with pytest.raises(UnsupportedAssignorError):
+        group.heartbeat(a.member_id, 1, 1, COUNTS, assignor="sticky")
+    b = group.heartbeat("b", 0, 2, COUNTS, subscribed_topics=["t"])
+    assert b.assignment == frozenset(), "its partitions are a's until a revokes them"
+    a2 = group.heartbeat(a.member_id, 1, 3, COUNTS, owned=a.assignment)
+    assert a2.member_epoch == 1 and len(a2.assignment) == 2, "a keeps two, revokes two, in its epoch"
+    a3 = group.heartbeat(a.member_id, 1, 4, COUNTS, owned=a2.assignment)
+    assert a3.member_epoch == group.group_epoch == 2
+    assert len(group.heartbeat("b", 2, 5, COUNTS, owned=[]).assignment) == 2, "released: b gets them"
+    grown = group.heartbeat(a.member_id, 2, 6, {**COUNTS, "t": 6}, owned=a3.assignment)
+    assert grown.member_epoch == 3 and group.group_epoch == 3, "new partitions are a group change"
