@@ -314,6 +314,9 @@ def test_a_stream_hands_out_what_arrived_since_the_last_batch_and_commits_after_
     assert offsets_of(first) == [(p, o) for p in (0, 1) for o in (2, 3, 4)]
     assert {r["value"] for r in rows_of(first)} == {b"first"}
     assert consumer.committed((topic, 0)) == 2, "a batch handed out is not committed yet"
+    copy = new_topic(cluster, partitions=2)
+    assert stream.write_topic(first, copy) == 6, "without exactly_once, rayk.data.write_topic"
+    assert sorted(r["value"] for r in rayk_data.read_topic(copy, cluster=cluster).take_all()) == [b"first"] * 6
     produce_values(cluster, topic, [b"second"] * 2, 2)
     second = next(batches)
     assert (stream.batch_id, offsets_of(second)) == (1, [(0, 5), (1, 5)])
