@@ -55,12 +55,16 @@ FINALIZED_FEATURES_EPOCH = 0
 
 async def api_versions(view: BrokerView, request: Any) -> dict:
     """The APIs and versions served, and (v3+, KIP-584) the features: transaction.version
-    2 finalized, which tells clients to run transaction version 2 (KIP-890 part 2)."""
+    2 finalized, which tells clients to run transaction version 2 (KIP-890 part 2). As
+    Kafka answers, v3 leaves out a supported range that starts at 0: clients before Kafka
+    3.7 refuse one (their AdminClient thread dies; Spark's connector has kafka-clients 3.4.1)."""
     body = api_versions_body()
-    if request.head.api_version >= 3:
+    version = request.head.api_version
+    if version >= 3:
         level = FINALIZED_TRANSACTION_VERSION
+        supported = [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": level}] if version >= 4 else []
         body |= {
-            "supported_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": level}],
+            "supported_features": supported,
             "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
             "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version_level": level, "max_version_level": level}],
         }

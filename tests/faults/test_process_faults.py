@@ -54,6 +54,10 @@ def test_sigkill_of_a_leader_replica_moves_leadership_and_the_replica_comes_back
     c = rayk_cluster
     traffic = Traffic(c)
     run_until_acked(traffic, 2_000)
+    # Leadership can move only to another in-sync replica: on a loaded machine a follower
+    # may be out of the ISR for a while (CI once had the leader alone in it, and the
+    # restarted replica led again).
+    wait_until(lambda: len(partition_state(c)["isr"]) == 3, 60, "the full ISR")
     before = partition_state(c)
     t0 = time.monotonic()
     signal_actor(c.leader(TOPIC, 0), signal.SIGKILL)
