@@ -521,7 +521,9 @@ def test_the_readme_s_spark_examples_run_as_written(cluster, spark, readme_setti
 
     copies_before, ends = committed_copies(), {p.partition: p.high_watermark for p in cluster.describe_topic("events")}
     readme.run(README_EXACTLY_ONCE, namespace)  # Ray Data's stream copies every record in its first batch
-    assert committed_copies() == copies_before + sum(ends.values())
+    # (commit_transaction returns once the commit is decided: its markers, and so the copies
+    # for read_committed readers, follow)
+    wait_until(lambda: committed_copies() == copies_before + sum(ends.values()), 30, "the copies committed")
     with cluster.consumer(group_id="etl-eos-ray", enable_auto_commit=False) as consumer:
         assert {p: consumer.committed(("events", p)) for p in ends} == ends
 
