@@ -75,6 +75,10 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = 6_000
     group_max_session_timeout_ms: int = 1_800_000
     offset_metadata_max_bytes: int = 4096
+    # KIP-848's consumer protocol groups: a member is removed after this long without a
+    # heartbeat, and is told to heartbeat this often.
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
     # Committed offsets of a group without members expire this long after it became empty
     # (a standalone consumer's: after their commit), checked this often (KIP-211).
     offsets_retention_minutes: int = 10_080

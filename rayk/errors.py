@@ -425,6 +425,26 @@ class UnsupportedAssignorError(KafkaError):
     code, name = 112, "UNSUPPORTED_ASSIGNOR"
 
 
+class UnreleasedInstanceIdError(KafkaError):
+    """A static member joins with an instance id another member still holds (it has not
+    left with epoch -2, nor timed out)."""
+
+    code, name = 111, "UNRELEASED_INSTANCE_ID"
+
+
+class StaleMemberEpochError(KafkaError):
+    """A consumer-protocol member commits or fetches offsets with an epoch older than its
+    current one: it retries once its heartbeat has brought the new epoch."""
+
+    code, name, retriable = 113, "STALE_MEMBER_EPOCH", True
+
+
+class InvalidRegularExpressionError(KafkaError):
+    """A consumer-protocol member subscribes with a regular expression that does not compile."""
+
+    code, name = 128, "INVALID_REGULAR_EXPRESSION"
+
+
 class InvalidReplicaAssignmentError(KafkaError):
     """A reassignment names no replica, the same broker twice, or an unknown broker."""
 

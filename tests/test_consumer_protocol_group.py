@@ -2,7 +2,9 @@
 that join, leave, die, heartbeat, read or lose their answers, and rejoin when fenced,
 against one group. Whatever happens, no partition has two owners, a live client consumes
 only what the coordinator counts as its own, and once nothing changes every member holds
-its part of the target; the epoch rules answer Kafka's errors."""
+its part of the target; the epoch rules answer Kafka's errors; a record of the group rebuilds it as it was; a
+static member comes back to its partitions; a regex subscribes to the topics it matches,
+those created later too."""
 
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup
+from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup, GroupState
+from rayk.actors.group_records import consumer_group_key, consumer_group_value, decode_record
 from rayk.actors.member_reconciliation import MemberState
-from rayk.errors import FencedMemberEpochError, InvalidRequestError, UnknownMemberIdError, UnsupportedAssignorError
+from rayk.errors import (
+    FencedMemberEpochError,
+    InvalidRegularExpressionError,
+    InvalidRequestError,
+    UnknownMemberIdError,
+    UnreleasedInstanceIdError,
+    UnsupportedAssignorError,
+)
 
 COUNTS = {"t": 4, "u": 2}
 SESSION_MS = 45_000
@@ -103,6 +113,12 @@ class GroupMachine(RuleBasedStateMachine):
                 assert client.consuming <= self.group.members[client.member_id].assignment.owned
 
     @invariant()
+    def a_new_coordinator_rebuilds_the_group_from_its_record(self):
+        snapshot = self.group.snapshot()
+        replayed = decode_record(consumer_group_key("g"), consumer_group_value(snapshot))
+        assert ConsumerProtocolGroup.restore(replayed, SESSION_MS, self.now_ms).snapshot() == snapshot
+
+    @invariant()
     def the_group_epoch_only_grows_and_the_target_follows_it(self):
         assert self.group.group_epoch >= self.last_group_epoch and self.group.target_epoch <= self.group.group_epoch
         self.last_group_epoch = self.group.group_epoch
@@ -153,3 +169,43 @@ def test_the_epoch_rules_answer_kafkas_errors():
     assert len(group.heartbeat("b", 2, 5, COUNTS, owned=[]).assignment) == 2, "released: b gets them"
     grown = group.heartbeat(a.member_id, 2, 6, {**COUNTS, "t": 6}, owned=a3.assignment)
     assert grown.member_epoch == 3 and group.group_epoch == 3, "new partitions are a group change"
+
+
+def test_a_static_member_away_keeps_its_partitions_for_the_member_that_takes_its_instance_id_over():
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    a = group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"], instance_id="i-a")
+    b = group.heartbeat("b", 0, 1, COUNTS, subscribed_topics=["t"], instance_id="i-b")
+    a = group.heartbeat("a", a.member_epoch, 2, COUNTS, owned=a.assignment)
+    a = group.heartbeat("a", a.member_epoch, 3, COUNTS, owned=a.assignment)
+    b = group.heartbeat("b", b.member_epoch, 4, COUNTS, owned=[])
+    assert len(a.assignment) == len(b.assignment) == 2 and group.state is GroupState.STABLE
+    epoch = group.group_epoch
+    with pytest.raises(UnreleasedInstanceIdError):
+        group.heartbeat("a2", 0, 5, COUNTS, subscribed_topics=["t"], instance_id="i-a")  # a has not left
+    assert group.heartbeat("a", -2, 6, COUNTS, instance_id="i-a").member_epoch == -2
+    assert group.members["a"].away and group.members["a"].assignment.assigned == a.assignment, "kept while away"
+    assert group.heartbeat("b", b.member_epoch, 7, COUNTS, owned=b.assignment).assignment == b.assignment
+    back = group.heartbeat("a2", 0, 8, COUNTS, subscribed_topics=["t"], owned=[], instance_id="i-a")
+    assert (back.member_epoch, back.assignment) == (a.member_epoch, a.assignment), "its place, epoch and partitions"
+    assert "a" not in group.members and group.group_epoch == epoch, "no group change: nothing moved"
+    assert group.heartbeat("a2", -2, 9, COUNTS, instance_id="i-a").member_epoch == -2
+    later_ms = 9 + SESSION_MS + 1
+    group.heartbeat("b", b.member_epoch, later_ms - 1, COUNTS, owned=b.assignment)
+    assert group.expire(later_ms) == ["a2"], "away past its session: gone, its partitions free"
+    assert group.heartbeat("b", b.member_epoch, later_ms, COUNTS, owned=b.assignment).assignment == {
+        ("t", p) for p in range(4)}
+
+
+def test_a_regex_subscribes_to_the_topics_it_matches_those_created_later_too_but_no_internal_one():
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    counts = {"orders-eu": 2, "orders-us": 1, "payments": 1, "__consumer_offsets": 3}
+    a = group.heartbeat("a", 0, 0, counts, subscribed_regex="orders-.*|__.*")
+    assert a.assignment == {("orders-eu", 0), ("orders-eu", 1), ("orders-us", 0)}
+    grown = group.heartbeat("a", a.member_epoch, 1, {**counts, "orders-asia": 1}, owned=a.assignment)
+    assert ("orders-asia", 0) in grown.assignment and grown.member_epoch == a.member_epoch + 1, "a new topic matched"
+    both = group.heartbeat("a", grown.member_epoch, 2, {**counts, "orders-asia": 1}, subscribed_topics=["payments"],
+                           owned=grown.assignment)
+    assert ("payments", 0) in both.assignment and ("orders-us", 0) in both.assignment, "names and regex together"
+    with pytest.raises(InvalidRegularExpressionError):
+        group.heartbeat("a", both.member_epoch, 3, counts, subscribed_regex="orders-(")
+    assert group.members["a"].subscribed_regex == "orders-.*|__.*", "a refused regex changes nothing"

@@ -33,7 +33,10 @@ from rayk.errors import InvalidTopicError, UnknownTopicOrPartitionError
 from rayk.internal_topics import OFFSETS_TOPIC, coordinator_partition
 from rayk.net.api_versions import (
     ADD_PARTITIONS_TO_TXN,
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     CREATE_TOPICS,
+    DESCRIBE_GROUPS,
     DESCRIBE_PRODUCERS,
     DESCRIBE_TRANSACTIONS,
     END_TXN,
@@ -41,6 +44,7 @@ from rayk.net.api_versions import (
     FIND_COORDINATOR,
     INIT_PRODUCER_ID,
     LEAVE_GROUP,
+    LIST_GROUPS,
     METADATA,
     PRODUCE,
 )
@@ -49,6 +53,7 @@ from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, request_frame, sized
 
+HEARTBEAT_INTERVAL_MS = 1000  # KIP-848 members' (the broker's setting)
 CONFIG = {
     **FAST_CONFIG,
     "group.initial.rebalance.delay.ms": 0,
@@ -57,6 +62,8 @@ CONFIG = {
     "default.replication.factor": 3,
     "auto.leader.rebalance.enable": False,  # leaders move back only when a test asks
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500,  # an abandoned transaction's abort
+    "group.consumer.heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
+    "group.consumer.session.timeout.ms": 6000,
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _names = itertools.count()
@@ -1010,11 +1017,11 @@ def test_a_zombie_producer_is_fenced_by_a_new_one_with_its_transactional_id(clus
     assert read_values(bootstrap, topic, "read_uncommitted", 2) == [b"zombie", b"successor"]
 
 
-def coordinator_connection(bootstrap: str, txn_id: str) -> RawConnection:
-    """A connection to the transaction coordinator of `txn_id` (FindCoordinator, key type 1)."""
+def coordinator_connection(bootstrap: str, key: str, key_type: int = 1) -> RawConnection:
+    """A connection to the coordinator of a transactional id (key type 1) or a group (0)."""
     connection = RawConnection(bootstrap)
     try:
-        found = connection.call(FIND_COORDINATOR, 4, {"key_type": 1, "coordinator_keys": [txn_id]}).coordinators[0]
+        found = connection.call(FIND_COORDINATOR, 4, {"key_type": key_type, "coordinator_keys": [key]}).coordinators[0]
     finally:
         connection.close()
     assert found.error_code.value == 0, found
@@ -1155,6 +1162,178 @@ def test_transaction_version_2_adds_partitions_at_the_leader_and_bumps_the_epoch
 
 
 # Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.
+class ProtocolMember:
+    """A confluent-kafka consumer with group.protocol=consumer (KIP-848), polling in a
+    thread: what it received (partition, offset, time) and each partition it was given or
+    had taken away, as its rebalance callbacks saw them."""
+
+    def __init__(self, bootstrap: str, group_id: str, topic: str, name: str) -> None:
+        self.name = name
+        self.consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group_id, "group.protocol": "consumer",
+            "auto.offset.reset": "earliest", "client.id": name, "auto.commit.interval.ms": 200,
+        })
+        self.received: list[tuple[int, int, float]] = []
+        self.revoked: list[int] = []
+        self.assignment: set[int] = set()
+        self.errors: list[Any] = []
+        self._stop = threading.Event()
+        self.consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _assigned(self, consumer, partitions) -> None:
+        self.assignment |= {p.partition for p in partitions}
+
+    def _revoked(self, consumer, partitions) -> None:
+        gone = {p.partition for p in partitions}
+        self.revoked += sorted(gone)
+        self.assignment -= gone
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            message = self.consumer.poll(0.1)
+            if message is None:
+                continue
+            if message.error() is not None:
+                self.errors.append(message.error())
+                continue
+            self.received.append((message.partition(), message.offset(), time.monotonic()))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.consumer.close()
+
+
+def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_only_those_that_must(cluster, bootstrap):
+    """KIP-848 with librdkafka's group.protocol=consumer: two members split a 4-partition
+    topic within two heartbeats; a third joins and the second leaves, and the partitions
+    that stay with the first are consumed throughout (never revoked, no pause); every
+    record sent is received, and the group's committed offsets reach the end."""
+    topic = new_topic(cluster, partitions=4)
+    group_id = f"kip848-{topic}"
+    sent: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+        i = 0
+        while not stop.is_set():
+            for p in range(4):
+                producer.produce(topic, value=b"%d-%d" % (p, i), partition=p)
+            producer.poll(0)
+            sent.extend((p, i) for p in range(4))
+            i += 1
+            time.sleep(0.02)
+        assert producer.flush(30) == 0
+
+    producing = threading.Thread(target=produce, daemon=True)
+    producing.start()
+    members = [ProtocolMember(bootstrap, group_id, topic, "a")]
+    try:
+        wait_until(lambda: len(members[0].assignment) == 4, 30, "the first member to get every partition")
+        started = time.monotonic()
+        members.append(ProtocolMember(bootstrap, group_id, topic, "b"))
+        wait_until(lambda: len(members[0].assignment) == len(members[1].assignment) == 2, 30, "the split")
+        split_s = time.monotonic() - started
+        # Join, then the assignment: B's first heartbeat, A's next (it revokes two), A's
+        # acknowledgement and B's next; two heartbeat intervals and the time to join.
+        assert split_s < 2 * HEARTBEAT_INTERVAL_MS / 1000 + 3, f"the split took {split_s:.1f} s"
+        kept_by_a = set(members[0].assignment)
+        revoked_before = len(members[0].revoked)
+        members.append(ProtocolMember(bootstrap, group_id, topic, "c"))
+        wait_until(lambda: len(members[2].assignment) >= 1, 30, "the third member to get a partition")
+        churn_started = time.monotonic()
+        members[1].close()
+        wait_until(lambda: len(members[0].assignment) + len(members[2].assignment) == 4
+                   and not members[0].assignment & members[2].assignment, 30, "b's partitions to move")
+        churn_ended = time.monotonic()
+        time.sleep(0.5)
+        stop.set()
+        producing.join(30)
+        a = members[0]
+        # A was never made to give up a partition it ended with: its pauses are only the
+        # moved partitions'.
+        stayed = kept_by_a & a.assignment
+        assert stayed, (kept_by_a, a.assignment)
+        assert not set(a.revoked[revoked_before:]) & stayed
+        for p in stayed:
+            times = [t for q, _, t in a.received if q == p and churn_started - 1 <= t <= churn_ended + 0.5]
+            gaps = [b - x for x, b in zip(times, times[1:])]
+            assert times and max(gaps, default=0) < 2.0, f"partition {p} paused {max(gaps):.1f} s while the group changed"
+        wait_until(lambda: {(p, o) for m in members for p, o, _ in m.received} >= set(
+            (p, o) for p in range(4) for o in range(sum(1 for q, _ in sent if q == p))), 30, "every record to arrive")
+        assert not [e for m in members for e in m.errors if not e.retriable()], [m.errors for m in members]
+    finally:
+        stop.set()
+        for m in members:
+            if not m._stop.is_set():
+                m.close()
+    described = cluster.admin().describe_consumer_groups([group_id])[group_id]
+    assert described.protocol_type == "consumer" and described.state == "Empty"
+    assert {tp.partition: lag.committed for tp, lag in described.partitions.items()} == {
+        p: sum(1 for q, _ in sent if q == p) for p in range(4)}
+
+
+def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_partitions_by_topic_id(cluster, bootstrap):
+    """KIP-848 on the wire, request by request: Kafka's checks and errors, the assignment by
+    topic id (answered when it changed, null when not), ConsumerGroupDescribe, ListGroups'
+    group type, Metadata by topic id (how librdkafka learns the assigned topics' names)."""
+    topic = new_topic(cluster, partitions=2)
+    group_id = f"raw848-{topic}"
+    topic_id = kafka_uuid(cluster.describe_topic(topic)[0]["topic_id"])
+    connection = coordinator_connection(bootstrap, group_id, key_type=0)
+
+    def heartbeat(**values):
+        return connection.call(CONSUMER_GROUP_HEARTBEAT, 1, {
+            "group_id": group_id, "member_id": "m1", "member_epoch": 0, "rebalance_timeout": 30_000,
+            "subscribed_topic_names": [topic], "topic_partitions": [], **values})
+
+    try:
+        for refused in ({"member_id": ""}, {"rebalance_timeout": -1}, {"subscribed_topic_names": None},
+                        {"topic_partitions": None}, {"member_epoch": -2}):
+            assert heartbeat(**refused).error_code.value == 42, refused  # INVALID_REQUEST
+        assert heartbeat(server_assignor="sticky").error_code.value == 112  # UNSUPPORTED_ASSIGNOR
+        assert heartbeat(subscribed_topic_names=None, subscribed_topic_regex="(").error_code.value == 128
+        joined = heartbeat()
+        assert (joined.error_code.value, joined.member_id, joined.member_epoch) == (0, "m1", 1)
+        assert joined.heartbeat_interval.total_seconds() * 1000 == HEARTBEAT_INTERVAL_MS
+        [assigned] = joined.assignment.topic_partitions
+        assert (assigned.topic_id, sorted(assigned.partitions)) == (topic_id, [0, 1])
+        same = heartbeat(member_epoch=1, rebalance_timeout=-1, subscribed_topic_names=None, topic_partitions=None)
+        assert (same.error_code.value, same.member_epoch, same.assignment) == (0, 1, None), "unchanged: null"
+        assert heartbeat(member_epoch=7, topic_partitions=None).error_code.value == 110  # FENCED_MEMBER_EPOCH
+        assert heartbeat(member_id="m2", member_epoch=3, topic_partitions=None).error_code.value == 25  # UNKNOWN_MEMBER_ID
+
+        partitions = BrokerConfig().offsets_topic_num_partitions
+        no_such_group = next(g for g in (f"no-such-group-{i}" for i in itertools.count())
+                             if coordinator_partition(g, partitions) == coordinator_partition(group_id, partitions))
+        [described, unknown] = connection.call(CONSUMER_GROUP_DESCRIBE, 1, {
+            "group_ids": [group_id, no_such_group], "include_authorized_operations": False}).groups
+        assert (described.error_code.value, described.group_state, described.group_epoch) == (0, "Stable", 1)
+        [member] = described.members
+        [owned] = member.assignment.topic_partitions
+        assert (member.member_id, member.member_epoch, member.client_id) == ("m1", 1, "test")
+        assert (owned.topic_id, owned.topic_name, sorted(owned.partitions)) == (topic_id, topic, [0, 1])
+        assert unknown.error_code.value == 69  # GROUP_ID_NOT_FOUND
+        classic_view = connection.call(DESCRIBE_GROUPS, 5, {"groups": [group_id], "include_authorized_operations": False})
+        assert classic_view.groups[0].error_code.value == 69, "DescribeGroups describes classic groups"
+        listed = connection.call(LIST_GROUPS, 5, {"states_filter": [], "types_filter": []}).groups
+        assert [(g.group_state, g.group_type) for g in listed if g.group_id == group_id] == [("Stable", "consumer")]
+
+        by_id = connection.call(METADATA, 12, {"topics": [{"name": None, "topic_id": topic_id},
+                                                          {"name": None, "topic_id": uuid.UUID(int=1)}],
+                                               "allow_auto_topic_creation": True,
+                                               "include_topic_authorized_operations": False}).topics
+        assert [(t.name, t.topic_id, t.error_code.value) for t in by_id] == [
+            (topic, topic_id, 0), (None, uuid.UUID(int=1), 100)]  # UNKNOWN_TOPIC_ID
+        left = heartbeat(member_epoch=-1, topic_partitions=None)
+        assert (left.error_code.value, left.member_epoch) == (0, -1)
+    finally:
+        connection.close()
+
+
 def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_leader_failover(cluster, bootstrap):
     """Runs last in this module: it kills a broker."""
     topic = f"k{next(_names)}"

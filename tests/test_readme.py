@@ -23,6 +23,7 @@ RUN_HERE = (
     'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
     "from confluent_kafka import Producer",  # a Kafka client
+    "import confluent_kafka",  # the consumer group protocol (KIP-848)
     "from rayk.quotas import DEFAULT, QuotaEntity",  # client quotas
     "from rayk.storage import Log, LogConfig",  # the storage engine
     'cluster.create_topic("profiles", num_partitions=3, config={"cleanup.policy": "compact"})',  # compaction
@@ -92,7 +93,7 @@ def test_the_readme_python_examples_run_as_written(readme_session, capsys):
             if code is blocks[0]:
                 assert "ann" in capsys.readouterr().out, "the quickstart's consumer printed what its producer sent"
         cluster = namespace["cluster"]
-        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "profiles"]
+        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "orders", "profiles"]
     finally:
         if "cluster" in namespace:
             namespace["cluster"].shutdown()

@@ -15,28 +15,62 @@ A heartbeat's `member_epoch` says who is asking, as in Kafka:
 - -1: the member leaving (its partitions are free at once);
 - the member's current epoch, or the epoch before it when the member reports owning no
   partition it no longer has (a lost answer), for a member in the group;
+- -2: a static member (one with an instance id, KIP-345) going away for a while: it keeps
+  its partitions, and the group its place, until its session times out or a member with
+  the same instance id joins and takes its place, assignment and epoch over (no group
+  change, so no partition moves). A join with an instance id another live member holds is
+  UNRELEASED_INSTANCE_ID;
 - anything else is FENCED_MEMBER_EPOCH (the member must rejoin with epoch 0 and no
   partitions), and an unknown member id UNKNOWN_MEMBER_ID.
 A member that sends no heartbeat for its session timeout, or keeps partitions it must
 revoke past its rebalance timeout, is removed (`expire`), which frees its partitions.
 
-Not thread-safe. Not yet hosted by a coordinator, persisted, or reachable through the
-wire protocol (the classic protocol's groups are rayk.actors.consumer_group).
+A member subscribes to topic names, a regular expression (matched against whole topic
+names, internal topics excluded, as Kafka's), or both. The regex is resolved at every
+heartbeat against the topics of that moment, so a topic created later that matches joins
+the subscription like a topic gaining partitions.
+
+The group coordinator (group_coordinator.py) hosts these groups: it applies a heartbeat to
+a `copy()`, writes the copy's `snapshot()` when it differs, and only then keeps it, so a
+failed write changes nothing; a new coordinator rebuilds each group with `restore`.
+
+Not thread-safe (the classic protocol's groups are rayk.actors.consumer_group).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from rayk.actors.group_records import ConsumerGroupRecord, ConsumerMemberRecord
 from rayk.actors.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
 from rayk.actors.server_assignors import ASSIGNORS, TopicPartition
-from rayk.errors import FencedMemberEpochError, InvalidRequestError, UnknownMemberIdError, UnsupportedAssignorError
+from rayk.errors import (
+    FencedMemberEpochError,
+    InvalidRegularExpressionError,
+    InvalidRequestError,
+    UnknownMemberIdError,
+    UnreleasedInstanceIdError,
+    UnsupportedAssignorError,
+)
+from rayk.internal_topics import is_internal
 
-JOIN_EPOCH, LEAVE_EPOCH = 0, -1
+JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH = 0, -1, -2
 DEFAULT_ASSIGNOR = "uniform"
+
+
+class GroupState(enum.Enum):
+    """Kafka's ConsumerGroup states, as ListGroups and ConsumerGroupDescribe name them."""
+
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"  # the group epoch is ahead of the target's
+    RECONCILING = "Reconciling"  # some member has not reached the target
+    STABLE = "Stable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +82,36 @@ class Member:
     assignment: MemberAssignment
     last_heartbeat_ms: int
     revoking_since_ms: int = -1  # when it entered UNREVOKED_PARTITIONS
+    subscribed_regex: str | None = None
+    instance_id: str | None = None  # a static member's (KIP-345)
+    away: bool = False  # a static member that left with epoch -2 and may come back
+    client_id: str = ""
+    client_host: str = ""
+    rack_id: str | None = None
+
+    def subscription(self, topics: Iterable[str]) -> frozenset[str]:
+        """The topics it subscribes to, among `topics` (those that exist) for its regex."""
+        if self.subscribed_regex is None:
+            return self.subscribed_topics
+        pattern = _compiled(self.subscribed_regex)
+        return self.subscribed_topics | {t for t in topics if not is_internal(t) and pattern.fullmatch(t)}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHeartbeat:
+    """A ConsumerGroupHeartbeat's fields, as the coordinator gets them (see `heartbeat`)."""
+
+    member_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...] | None = None
+    subscribed_regex: str | None = None
+    owned: tuple[TopicPartition, ...] | None = None
+    assignor: str | None = None
+    rebalance_timeout_ms: int = 300_000
+    instance_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rack_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +119,15 @@ class HeartbeatAnswer:
     member_id: str
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member left
+    changed: bool = True  # whether the epoch or the assignment differ from the member's last answer
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(regex: str) -> re.Pattern[str]:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise InvalidRegularExpressionError(f"subscribed topic regex {regex!r} does not compile: {e}") from None
 
 
 class ConsumerProtocolGroup:
@@ -77,31 +150,103 @@ class ConsumerProtocolGroup:
         owned: Iterable[TopicPartition] | None = None,
         assignor: str | None = None,
         rebalance_timeout_ms: int = 300_000,
+        subscribed_regex: str | None = None,
+        instance_id: str | None = None,
+        client_id: str = "",
+        client_host: str = "",
+        rack_id: str | None = None,
     ) -> HeartbeatAnswer:
-        """One ConsumerGroupHeartbeat. `subscribed_topics` None: unchanged since the last
-        heartbeat; `owned` None: not reported (taken to be everything it was given);
-        `partition_counts`: every topic's partition count now."""
+        """One ConsumerGroupHeartbeat. `subscribed_topics` and `subscribed_regex` None:
+        unchanged since the last heartbeat ("" clears the regex); `owned` None: not reported
+        (taken to be everything it was given); `partition_counts`: every topic's partition
+        count now."""
         if assignor is not None and assignor not in ASSIGNORS:
             raise UnsupportedAssignorError(f"server assignor {assignor!r} is not one of {sorted(ASSIGNORS)}")
+        if subscribed_regex:
+            _compiled(subscribed_regex)  # INVALID_REGULAR_EXPRESSION before anything changes
         if member_epoch == LEAVE_EPOCH:
             self._remove(self._known(member_id))
             return HeartbeatAnswer(member_id, LEAVE_EPOCH, None)
+        if member_epoch == STATIC_LEAVE_EPOCH:
+            return self._leave_for_now(self._known(member_id), instance_id, now_ms)
         if member_epoch == JOIN_EPOCH:
-            member = self._join(member_id or str(uuid.uuid4()), subscribed_topics, assignor, rebalance_timeout_ms, now_ms)
-            changed = True
+            member_id = member_id or str(uuid.uuid4())
+            taken_over = self._static_predecessor(member_id, instance_id)
+            if taken_over is not None:
+                member, changed = self._updated(self._take_over(taken_over, member_id, now_ms), subscribed_topics,
+                                                subscribed_regex, assignor)  # fmt: skip
+            else:
+                member, changed = self._join(member_id, subscribed_topics, subscribed_regex, assignor,
+                                             rebalance_timeout_ms, instance_id, now_ms), True  # fmt: skip
         else:
             member = self._check_epoch(self._known(member_id), member_epoch, owned)
-            changed = False
-            if subscribed_topics is not None and frozenset(subscribed_topics) != member.subscribed_topics:
-                member, changed = dataclasses.replace(member, subscribed_topics=frozenset(subscribed_topics)), True
-            if assignor is not None and assignor != member.assignor:
-                member, changed = dataclasses.replace(member, assignor=assignor), True
+            member, changed = self._updated(member, subscribed_topics, subscribed_regex, assignor)
+        member = dataclasses.replace(member, client_id=client_id or member.client_id,
+                                     client_host=client_host or member.client_host, rack_id=rack_id or member.rack_id)  # fmt: skip
         self.members[member.member_id] = member
         if self._partition_counts_changed(partition_counts) or changed:
             self.group_epoch += 1  # once per heartbeat, whatever changed
         if self.target_epoch < self.group_epoch:
             self._compute_target(partition_counts)
         return self._reconcile(member.member_id, owned, now_ms)
+
+    @property
+    def state(self) -> GroupState:
+        if not self.members:
+            return GroupState.EMPTY
+        if self.target_epoch < self.group_epoch:
+            return GroupState.ASSIGNING
+        if any(m.assignment.member_epoch != self.target_epoch or m.assignment.state is not MemberState.STABLE
+               for m in self.members.values()):
+            return GroupState.RECONCILING
+        return GroupState.STABLE
+
+    @property
+    def assignor_name(self) -> str:
+        names = {m.assignor for m in self.members.values() if m.assignor is not None}
+        return min(names) if names else DEFAULT_ASSIGNOR  # Kafka: the most asked-for; ties alike
+
+    def subscribed_topics(self) -> frozenset[str]:
+        """Every topic some member subscribes to, by name or (as of the last change) by regex."""
+        known = tuple(self._partition_counts)
+        return frozenset(t for m in self.members.values() for t in m.subscription(known))
+
+    def copy(self) -> ConsumerProtocolGroup:
+        """A group to apply a heartbeat to, leaving this one as it is (members are frozen)."""
+        twin = ConsumerProtocolGroup(self.group_id, self.session_timeout_ms)
+        twin.group_epoch, twin.target_epoch = self.group_epoch, self.target_epoch
+        twin.target, twin.members = dict(self.target), dict(self.members)
+        twin._partition_counts = dict(self._partition_counts)
+        return twin
+
+    def snapshot(self) -> ConsumerGroupRecord:
+        """What survives a coordinator move (group_records.py): all but heartbeat times."""
+        return ConsumerGroupRecord(self.group_id, self.group_epoch, self.target_epoch, dict(self._partition_counts), tuple(
+            ConsumerMemberRecord(
+                m.member_id, m.instance_id, m.client_id, m.client_host, m.rack_id, tuple(sorted(m.subscribed_topics)),
+                m.subscribed_regex, m.assignor, m.rebalance_timeout_ms, m.assignment.member_epoch,
+                m.assignment.state.value, tuple(sorted(m.assignment.assigned)),
+                tuple(sorted(m.assignment.pending_revocation)), tuple(sorted(self.target.get(m.member_id, ()))), m.away,
+            ) for m in sorted(self.members.values(), key=lambda m: m.member_id)
+        ))  # fmt: skip
+
+    @classmethod
+    def restore(cls, record: ConsumerGroupRecord, session_timeout_ms: int, now_ms: int) -> ConsumerProtocolGroup:
+        """The group a snapshot describes; its members' sessions (and revocations) count from now."""
+        group = cls(record.group_id, session_timeout_ms)
+        group.group_epoch, group.target_epoch = record.group_epoch, record.target_epoch
+        group._partition_counts = dict(record.partition_counts)
+        for m in record.members:
+            state = MemberState(m.state)
+            assignment = MemberAssignment(m.member_epoch, state, frozenset(map(tuple, m.assigned)),
+                                          frozenset(map(tuple, m.pending_revocation)))  # fmt: skip
+            group.members[m.member_id] = Member(
+                m.member_id, frozenset(m.subscribed_topics), m.assignor, m.rebalance_timeout_ms, assignment, now_ms,
+                now_ms if state is MemberState.UNREVOKED_PARTITIONS else -1, m.subscribed_regex, m.instance_id, m.away,
+                m.client_id, m.client_host, m.rack_id,
+            )  # fmt: skip
+            group.target[m.member_id] = frozenset(map(tuple, m.target))
+        return group
 
     def expire(self, now_ms: int) -> list[str]:
         """Removes the members past their session timeout, or past their rebalance timeout
@@ -130,15 +275,57 @@ class ConsumerProtocolGroup:
             raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")
         return member
 
-    def _join(self, member_id: str, subscribed_topics: Iterable[str] | None, assignor: str | None,
-              rebalance_timeout_ms: int, now_ms: int) -> Member:  # fmt: skip
-        if subscribed_topics is None:
-            raise InvalidRequestError("a joining member must name its subscribed topics")
+    def _join(self, member_id: str, subscribed_topics: Iterable[str] | None, subscribed_regex: str | None,
+              assignor: str | None, rebalance_timeout_ms: int, instance_id: str | None, now_ms: int) -> Member:  # fmt: skip
+        if subscribed_topics is None and not subscribed_regex:
+            raise InvalidRequestError("a joining member must name its subscribed topics or a regex")
         old = self.members.get(member_id)
         if old is not None:  # it rejoins (fenced, or its answer was lost): it starts over, owning nothing
             self._remove(old)
-        return Member(member_id, frozenset(subscribed_topics), assignor, rebalance_timeout_ms,
-                      MemberAssignment(member_epoch=0), now_ms)  # fmt: skip
+        return Member(member_id, frozenset(subscribed_topics or ()), assignor, rebalance_timeout_ms,
+                      MemberAssignment(member_epoch=0), now_ms, subscribed_regex=subscribed_regex or None,
+                      instance_id=instance_id)  # fmt: skip
+
+    def _updated(self, member: Member, subscribed_topics: Iterable[str] | None, subscribed_regex: str | None,
+                 assignor: str | None) -> tuple[Member, bool]:  # fmt: skip
+        """The member with what a heartbeat changed, and whether that is a group change."""
+        changes: dict = {}
+        if subscribed_topics is not None and frozenset(subscribed_topics) != member.subscribed_topics:
+            changes["subscribed_topics"] = frozenset(subscribed_topics)
+        if subscribed_regex is not None and (subscribed_regex or None) != member.subscribed_regex:
+            changes["subscribed_regex"] = subscribed_regex or None
+        if assignor is not None and assignor != member.assignor:
+            changes["assignor"] = assignor
+        return (dataclasses.replace(member, **changes), True) if changes else (member, False)
+
+    def _static_predecessor(self, member_id: str, instance_id: str | None) -> Member | None:
+        """The member whose place a joining static member takes: one with its instance id
+        that left for now (UNRELEASED_INSTANCE_ID if it has not)."""
+        if instance_id is None:
+            return None
+        holder = next((m for m in self.members.values() if m.instance_id == instance_id), None)
+        if holder is None or holder.member_id == member_id and not holder.away:
+            return None
+        if not holder.away:
+            raise UnreleasedInstanceIdError(
+                f"instance id {instance_id!r} of group {self.group_id!r} is still held by member {holder.member_id!r}"
+            )
+        return holder
+
+    def _take_over(self, holder: Member, member_id: str, now_ms: int) -> Member:
+        """The joining static member in the place of `holder`: its assignment, its epoch and
+        its part of the target; nothing moves."""
+        del self.members[holder.member_id]
+        target = self.target.pop(holder.member_id, None)
+        if target is not None:
+            self.target[member_id] = target
+        return dataclasses.replace(holder, member_id=member_id, away=False, last_heartbeat_ms=now_ms)
+
+    def _leave_for_now(self, member: Member, instance_id: str | None, now_ms: int) -> HeartbeatAnswer:
+        if member.instance_id is None or instance_id not in (None, member.instance_id):
+            raise InvalidRequestError(f"member {member.member_id!r} has no instance id {instance_id!r} to leave with epoch -2")
+        self.members[member.member_id] = dataclasses.replace(member, away=True, last_heartbeat_ms=now_ms)
+        return HeartbeatAnswer(member.member_id, STATIC_LEAVE_EPOCH, None)
 
     def _check_epoch(self, member: Member, member_epoch: int, owned: Iterable[TopicPartition] | None) -> Member:
         current = member.assignment.member_epoch
@@ -158,16 +345,16 @@ class ConsumerProtocolGroup:
         self.group_epoch += 1
 
     def _partition_counts_changed(self, partition_counts: Mapping[str, int]) -> bool:
-        """Whether a subscribed topic's partition count differs from the last heartbeat's."""
-        subscribed = {t for m in self.members.values() for t in m.subscribed_topics}
+        """Whether the subscribed topics, or their partition counts, differ from the last
+        heartbeat's (a regex can match a topic created since)."""
+        subscribed = {t for m in self.members.values() for t in m.subscription(partition_counts)}
         counts = {t: partition_counts[t] for t in subscribed if t in partition_counts}
         changed, self._partition_counts = counts != self._partition_counts, counts
         return changed
 
     def _compute_target(self, partition_counts: Mapping[str, int]) -> None:
-        names = {m.assignor for m in self.members.values() if m.assignor is not None}
-        assign = ASSIGNORS[min(names) if names else DEFAULT_ASSIGNOR]  # Kafka: the most asked-for; ties alike
-        subscriptions = {m.member_id: m.subscribed_topics for m in self.members.values()}
+        assign = ASSIGNORS[self.assignor_name]
+        subscriptions = {m.member_id: m.subscription(partition_counts) for m in self.members.values()}
         current = {m.member_id: m.assignment.assigned for m in self.members.values()}
         self.target = assign(subscriptions, partition_counts, current)
         self.target_epoch = self.group_epoch
@@ -179,5 +366,6 @@ class ConsumerProtocolGroup:
         revoking = assignment.state is MemberState.UNREVOKED_PARTITIONS
         since = (member.revoking_since_ms if member.revoking_since_ms >= 0 else now_ms) if revoking else -1
         self.members[member_id] = dataclasses.replace(member, assignment=assignment, last_heartbeat_ms=now_ms,
-                                                      revoking_since_ms=since)  # fmt: skip
-        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned)
+                                                      revoking_since_ms=since, away=False)  # fmt: skip
+        changed = (assignment.member_epoch, assignment.assigned) != (member.assignment.member_epoch, member.assignment.assigned)
+        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned, changed)

@@ -41,6 +41,19 @@ JoinGroup or a standalone commit only; SyncGroup, Heartbeat and LeaveGroup for a
 the coordinator does not know are UNKNOWN_MEMBER_ID, a commit of a generation it does
 not know ILLEGAL_GENERATION, as in Kafka.
 
+Groups of KIP-848's consumer protocol (consumer_protocol_group.py) share the group id
+namespace with the classic ones, as in Kafka: a heartbeat turns an empty classic group
+into a consumer group and a JoinGroup an empty consumer group into a classic one (each
+tombstones the other's record); while the other kind has members, a heartbeat is
+GROUP_ID_NOT_FOUND and a JoinGroup INCONSISTENT_GROUP_PROTOCOL (Kafka's online conversion
+of a group with members, its "mixed" groups, is not built). A heartbeat is applied to a
+copy of its group, under the group's lock; the copy's record is written (acks=all) if the
+heartbeat changed anything but heartbeat times, and only then does the copy replace the
+group and the member get its answer. Members past their session or rebalance timeout are
+removed the same way. Their commits are checked by member epoch: an older one is
+STALE_MEMBER_EPOCH, a newer one FENCED_MEMBER_EPOCH, and a commit without a member (epoch
+< 0) is taken only while the group has no members.
+
 Not thread-safe; the owning actor's event loop calls it.
 """
 
@@ -57,13 +70,17 @@ from typing import Any
 import msgpack
 
 from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
+from rayk.actors.consumer_protocol_group import JOIN_EPOCH, ConsumerHeartbeat, ConsumerProtocolGroup, HeartbeatAnswer
 from rayk.actors.coordinator_log import LogEntry, TxnMarker, TxnRecords
 from rayk.actors.group_records import (
     CommittedOffset,
+    ConsumerGroupRecord,
     GroupRecord,
     MalformedGroupRecordError,
     MemberState,
     OffsetRecord,
+    consumer_group_key,
+    consumer_group_value,
     decode_record,
     group_key,
     member_state_value,
@@ -73,9 +90,11 @@ from rayk.actors.group_records import (
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorNotAvailableError,
+    FencedMemberEpochError,
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
     IllegalGenerationError,
+    InconsistentGroupProtocolError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
     KafkaError,
@@ -84,6 +103,7 @@ from rayk.errors import (
     NotEnoughReplicasError,
     OffsetMetadataTooLargeError,
     RequestTimedOutError,
+    StaleMemberEpochError,
     UnknownMemberIdError,
     UnstableOffsetCommitError,
 )
@@ -98,6 +118,11 @@ TopicPartition = tuple[str, int]
 Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
 # (records, transactional id, producer id, producer epoch): a transactional producer's batch
 AppendTransactional = Callable[[list[tuple[bytes, bytes | None]], str, int, int], Awaitable[None]]
+
+
+def _monotonic_ms() -> int:
+    """The clock of consumer-protocol members' sessions (a restored member's counts from its load)."""
+    return int(time.monotonic() * 1000)
 
 
 def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
@@ -129,6 +154,7 @@ class GroupCoordinator:
         # TxnOffsetCommit's offsets until their producer's marker: producer id -> group -> partition -> offset
         self._pending_txn: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
         self._groups: dict[str, ConsumerGroup] = {}
+        self._consumer_groups: dict[str, ConsumerProtocolGroup] = {}
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None
@@ -157,11 +183,14 @@ class GroupCoordinator:
                 record = self._decoded(*entry, source)
                 if isinstance(record, OffsetRecord):
                     self._load_offset(record)
+                elif isinstance(record, ConsumerGroupRecord):
+                    self._load_consumer_group(record)
                 elif record is not None:
                     self._load_group(record)
 
     @staticmethod
-    def _decoded(offset: int, key: bytes | None, value: bytes | None, source: str) -> OffsetRecord | GroupRecord | None:
+    def _decoded(offset: int, key: bytes | None, value: bytes | None,
+                 source: str) -> OffsetRecord | GroupRecord | ConsumerGroupRecord | None:  # fmt: skip
         if key is None:
             return None
         try:
@@ -180,6 +209,13 @@ class GroupCoordinator:
         table.pop(tp, None)
         if not table:
             self._offsets.pop(record.group_id, None)
+
+    def _load_consumer_group(self, record: ConsumerGroupRecord) -> None:
+        if record.group_epoch is None:
+            self._consumer_groups.pop(record.group_id, None)
+            return
+        self._consumer_groups[record.group_id] = ConsumerProtocolGroup.restore(
+            record, self.config.group_consumer_session_timeout_ms, _monotonic_ms())
 
     def _load_group(self, record: GroupRecord) -> None:
         if record.generation is None:
@@ -256,6 +292,28 @@ class GroupCoordinator:
             for group in list(self._groups.values()):
                 for member_id in group.expire():
                     logger.info("group %s: member %s timed out", group.group_id, member_id)
+            for group_id in list(self._consumer_groups):
+                try:
+                    await self.expire_consumer_members(group_id)
+                except Exception as e:  # not leading any more, or the write failed: next time
+                    logger.warning("group %s: member expiry failed: %r", group_id, e)
+
+    async def expire_consumer_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
+        """Removes the consumer group's members past their session (or rebalance)
+        timeout, once the group's record without them is written; returns their ids."""
+        async with self._lock(group_id):
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                return []
+            trial = group.copy()
+            gone = trial.expire(_monotonic_ms() if now_ms is None else now_ms)
+            if gone:
+                await self._append([(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])
+                if self._consumer_groups.get(group_id) is group:
+                    self._consumer_groups[group_id] = trial
+                for member_id in gone:
+                    logger.info("group %s: member %s timed out", group_id, member_id)
+            return gone
 
     def close(self) -> None:
         for loop_task in (self._expiry, self._offset_expiry):
@@ -324,6 +382,8 @@ class GroupCoordinator:
                 f"session timeout {session_timeout_ms} ms is outside the broker's "
                 f"[{c.group_min_session_timeout_ms}, {c.group_max_session_timeout_ms}] ms"
             )
+        if group_id in self._consumer_groups:
+            await self._convert_to_classic(group_id)
         return await self._group(group_id).join(
             member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols, group_instance_id
         )
@@ -346,6 +406,85 @@ class GroupCoordinator:
         """Removes a member, named by its member id or (a static one) by its instance id."""
         self._existing_group(group_id, member_id or group_instance_id or "").leave(member_id, group_instance_id)
 
+    async def _convert_to_classic(self, group_id: str) -> None:
+        """An empty consumer-protocol group gives its id to a classic group (its record
+        is tombstoned; its offsets stay); one with members refuses a JoinGroup."""
+        async with self._lock(group_id):
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                return
+            if group.members:
+                raise InconsistentGroupProtocolError(
+                    f"group {group_id!r} is a consumer-protocol group with members: its members use "
+                    "ConsumerGroupHeartbeat (group.protocol=consumer), not JoinGroup"
+                )
+            await self._append([(consumer_group_key(group_id), None)])
+            if self._consumer_groups.get(group_id) is group:
+                del self._consumer_groups[group_id]
+
+    async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
+                                 partition_counts: dict[str, int]) -> HeartbeatAnswer:  # fmt: skip
+        """One ConsumerGroupHeartbeat (see the module docstring); `partition_counts`: every
+        topic's partition count now."""
+        if not group_id:
+            raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        async with self._lock(group_id):
+            records: list[tuple[bytes, bytes | None]] = []
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                if heartbeat.member_epoch != JOIN_EPOCH:
+                    raise UnknownMemberIdError(f"group {group_id!r} has no member {heartbeat.member_id!r} (no such group here)")
+                classic = self._groups.get(group_id)
+                if classic is not None and classic.members:
+                    raise GroupIdNotFoundError(
+                        f"group {group_id!r} is a classic group with members: they must leave before it can "
+                        "become a consumer-protocol group"
+                    )
+                if classic is not None and classic.generation > 0:
+                    records.append((group_key(group_id), None))
+                group = ConsumerProtocolGroup(group_id, self.config.group_consumer_session_timeout_ms)
+            before = group.snapshot()
+            trial = group.copy()
+            answer = trial.heartbeat(
+                heartbeat.member_id, heartbeat.member_epoch, _monotonic_ms(), partition_counts,
+                subscribed_topics=heartbeat.subscribed_topics, owned=heartbeat.owned, assignor=heartbeat.assignor,
+                rebalance_timeout_ms=heartbeat.rebalance_timeout_ms, subscribed_regex=heartbeat.subscribed_regex,
+                instance_id=heartbeat.instance_id, client_id=heartbeat.client_id, client_host=heartbeat.client_host,
+                rack_id=heartbeat.rack_id,
+            )  # fmt: skip
+            after = trial.snapshot()
+            if after != before or group_id not in self._consumer_groups:
+                records.append((consumer_group_key(group_id), consumer_group_value(after)))
+            if records:
+                await self._write_group_records(group_id, records)
+            self._consumer_groups[group_id] = trial
+            classic = self._groups.pop(group_id, None)
+            if classic is not None:
+                classic.close()
+            return answer
+
+    async def _write_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
+        try:
+            await self._append(records)
+        except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
+            raise CoordinatorNotAvailableError(f"the state of group {group_id!r} was not replicated: {e}") from None
+
+    def _check_member_epoch(self, group: ConsumerProtocolGroup, member_id: str, member_epoch: int) -> None:
+        """A consumer-protocol group's check of a commit or fetch (Kafka's
+        ConsumerGroup.validateOffsetCommit / validateOffsetFetch)."""
+        if member_epoch < 0 and not group.members:
+            return  # an admin client, or a consumer outside group management, while the group is empty
+        member = group.members.get(member_id)
+        if member is None:
+            raise UnknownMemberIdError(f"member {member_id!r} is not in group {group.group_id!r}")
+        current = member.assignment.member_epoch
+        if member_epoch > current:
+            raise FencedMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current}, "
+                                         f"not {member_epoch}")  # fmt: skip
+        if member_epoch < current:
+            raise StaleMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current} "
+                                        f"now, not {member_epoch}: retry with the epoch of its next heartbeat")  # fmt: skip
+
     # ------------------------------------------------------------------ offsets
 
     async def commit_offsets(
@@ -363,7 +502,10 @@ class GroupCoordinator:
         if not group_id:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
         group = self._groups.get(group_id)
-        if group is not None:
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            self._check_member_epoch(consumer_group, member_id, generation)
+        elif group is not None:
             group.check_commit(generation, member_id, group_instance_id)
         elif generation >= 0:
             raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
@@ -394,10 +536,15 @@ class GroupCoordinator:
         if self._append_transactional is None:
             raise KafkaError("this coordinator cannot write transactional offsets")
         group = self._groups.get(group_id)
-        if member_id and (group is None or member_id not in group.members):
-            raise UnknownMemberIdError(f"member {member_id!r} is not in group {group_id!r}")
-        if generation >= 0 and (group is None or generation != group.generation):
-            raise IllegalGenerationError(f"generation {generation} is not group {group_id!r}'s current generation")
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            if member_id or generation >= 0:
+                self._check_member_epoch(consumer_group, member_id, generation)
+        else:
+            if member_id and (group is None or member_id not in group.members):
+                raise UnknownMemberIdError(f"member {member_id!r} is not in group {group_id!r}")
+            if generation >= 0 and (group is None or generation != group.generation):
+                raise IllegalGenerationError(f"generation {generation} is not group {group_id!r}'s current generation")
         if group is not None:
             group.check_not_fenced(group_instance_id, member_id)
         committed = self._to_commit(offsets)
@@ -462,11 +609,16 @@ class GroupCoordinator:
                 del self._committing[group_id]
 
     async def fetch_offsets(
-        self, group_id: str, partitions: list[TopicPartition] | None = None, require_stable: bool = False
+        self, group_id: str, partitions: list[TopicPartition] | None = None, require_stable: bool = False,
+        member_id: str | None = None, member_epoch: int = -1,
     ) -> dict[TopicPartition, CommittedOffset]:
         """The group's committed offsets (of `partitions`, or all). With `require_stable`
         (KIP-447, as Kafka's consumers ask), UNSTABLE_OFFSET_COMMIT, which clients retry,
-        while a transaction's offsets for them await its marker."""
+        while a transaction's offsets for them await its marker. A consumer-protocol
+        member names itself and its epoch (OffsetFetch v9+), checked as a commit's."""
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None and (member_id or member_epoch >= 0):
+            self._check_member_epoch(consumer_group, member_id or "", member_epoch)
         if require_stable:
             pending = self.pending_partitions(group_id)
             if pending and (partitions is None or pending.intersection(partitions)):
@@ -507,17 +659,17 @@ class GroupCoordinator:
             return expired
 
     def _has_members(self, group_id: str) -> bool:
-        group = self._groups.get(group_id)
+        group = self._groups.get(group_id) or self._consumer_groups.get(group_id)
         return group is not None and bool(group.members)
 
     async def delete_group(self, group_id: str) -> None:
         """DeleteGroups: tombstones for the group and its offsets."""
         async with self._lock(group_id):
             group = self._groups.get(group_id)
-            if group is not None and group.members:
+            if self._has_members(group_id):
                 raise NonEmptyGroupError(f"group {group_id!r} has members; it can be deleted once they have left")
             gone = dict(self._offsets.get(group_id, {}))
-            if not gone and (group is None or group.generation == 0):
+            if not gone and (group is None or group.generation == 0) and group_id not in self._consumer_groups:
                 raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
             await self._tombstone_offsets(group_id, gone)
             await self._delete_if_unused(group_id)  # (a commit or a member that came meanwhile keeps it)
@@ -528,13 +680,20 @@ class GroupCoordinator:
         members nor offsets, NON_EMPTY_GROUP for a non-consumer group with members."""
         async with self._lock(group_id):
             group = self._groups.get(group_id)
-            members = group is not None and bool(group.members)
+            consumer_group = self._consumer_groups.get(group_id)
+            members = self._has_members(group_id)
             table = self._offsets.get(group_id, {})
-            if not members and not table and (group is None or group.generation == 0):
+            if not members and not table and (group is None or group.generation == 0) and consumer_group is None:
                 raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist")
-            if members and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
-                raise NonEmptyGroupError(f"group {group_id!r} has members and is not a consumer group")
-            subscribed = _subscribed_topics(group) if members else frozenset()
+            if consumer_group is not None:
+                subscribed: frozenset[str] | None = consumer_group.subscribed_topics()
+            elif members:
+                assert group is not None
+                if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                    raise NonEmptyGroupError(f"group {group_id!r} has members and is not a consumer group")
+                subscribed = _subscribed_topics(group)
+            else:
+                subscribed = frozenset()
             results: dict[TopicPartition, KafkaError | None] = {}
             for tp in partitions:
                 if subscribed is None or tp[0] in subscribed:
@@ -570,8 +729,14 @@ class GroupCoordinator:
 
     async def _delete_if_unused(self, group_id: str) -> None:
         """A group with neither members nor offsets is deleted (its record tombstoned)."""
+        if self._offsets.get(group_id) or self._committing.get(group_id):
+            return
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None and not consumer_group.members:  # (callers hold the group's lock)
+            await self._append([(consumer_group_key(group_id), None)])
+            del self._consumer_groups[group_id]
         group = self._groups.get(group_id)
-        if self._offsets.get(group_id) or self._committing.get(group_id) or group is None or group.members:
+        if group is None or group.members:
             return
         if group.generation > 0:
             await self._append([(group_key(group_id), None)])
@@ -588,17 +753,50 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ inspection
 
     async def list_groups(self) -> list[dict[str, Any]]:
-        names = set(self._groups) | set(self._offsets)
-        return [self._summary(g) for g in sorted(names)]
+        """Every group here: its id, state, protocol type and type ("classic" or "consumer")."""
+        names = set(self._groups) | set(self._offsets) | set(self._consumer_groups)
+        return [{**self._summary(g), "group_type": "consumer" if g in self._consumer_groups else "classic"}
+                for g in sorted(names)]  # fmt: skip
 
     def _summary(self, group_id: str) -> dict[str, Any]:
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            return {"group_id": group_id, "state": consumer_group.state.value, "protocol_type": "consumer"}
         group = self._groups.get(group_id)
         if group is None:  # only committed offsets left: Empty; nothing at all: Dead (Kafka's answers)
             state = GroupState.EMPTY if self._offsets.get(group_id) else GroupState.DEAD
             return {"group_id": group_id, "state": state.value, "protocol_type": "consumer"}
         return {"group_id": group_id, "state": group.state.value, "protocol_type": group.protocol_type or "consumer"}
 
-    async def describe_group(self, group_id: str) -> dict[str, Any]:
+    async def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
+        """A consumer-protocol group for ConsumerGroupDescribe: GROUP_ID_NOT_FOUND for any
+        other (Kafka's answer, also for a classic group)."""
+        group = self._consumer_groups.get(group_id)
+        if group is None:
+            raise GroupIdNotFoundError(f"group {group_id!r} is not a consumer-protocol group here")
+        return {
+            "group_id": group_id, "state": group.state.value, "group_epoch": group.group_epoch,
+            "assignment_epoch": group.target_epoch, "assignor": group.assignor_name,
+            "members": [{
+                "member_id": m.member_id, "instance_id": m.instance_id, "rack_id": m.rack_id,
+                "member_epoch": m.assignment.member_epoch, "client_id": m.client_id, "client_host": m.client_host,
+                "subscribed_topics": sorted(m.subscribed_topics), "subscribed_regex": m.subscribed_regex,
+                "assignment": sorted(m.assignment.assigned), "target": sorted(group.target.get(m.member_id, ())),
+            } for m in group.members.values()],
+        }  # fmt: skip
+
+    async def describe_group(self, group_id: str, consumer_protocol_too: bool = False) -> dict[str, Any]:
+        """A classic group as DescribeGroups shows it. A consumer-protocol group is
+        GROUP_ID_NOT_FOUND there, as in Kafka; with `consumer_protocol_too` (rayk's Admin)
+        it is shown in the same shape: its group epoch as the generation, its assignor as
+        the protocol, and each member's subscription and assignment in the classic
+        consumer protocol's encoding."""
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None and not consumer_protocol_too:
+            raise GroupIdNotFoundError(f"group {group_id!r} is a consumer-protocol group: ConsumerGroupDescribe "
+                                       "describes it")  # fmt: skip
+        if consumer_group is not None:
+            return self._describe_as_classic(consumer_group)
         group = self._groups.get(group_id)
         members = []
         if group is not None:
@@ -621,3 +819,22 @@ class GroupCoordinator:
             "offsets": {tp: c.offset for tp, c in self._offsets.get(group_id, {}).items()},
         }
 
+    def _describe_as_classic(self, group: ConsumerProtocolGroup) -> dict[str, Any]:
+        from rayk.client.consumer_protocol import encode_assignment, encode_subscription  # (rayk.client imports this module)
+
+        def by_topic(partitions: Iterable[TopicPartition]) -> dict[str, list[int]]:
+            topics: dict[str, list[int]] = {}
+            for topic, partition in sorted(partitions):
+                topics.setdefault(topic, []).append(partition)
+            return topics
+
+        known = tuple(group.subscribed_topics())
+        return {
+            **self._summary(group.group_id), "generation": group.group_epoch, "protocol": group.assignor_name,
+            "leader": None,
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "group_instance_id": m.instance_id,
+                         "assignment": encode_assignment(by_topic(m.assignment.assigned)),
+                         "metadata": encode_subscription(sorted(m.subscription(known)))}
+                        for m in group.members.values()],
+            "offsets": {tp: c.offset for tp, c in self._offsets.get(group.group_id, {}).items()},
+        }  # fmt: skip

@@ -12,7 +12,17 @@ Keys and values are msgpack:
   a coordinator move; absent in older records) holds each member as Kafka's
   GroupMetadataValue does: member and instance id, client id, session and rebalance
   timeouts, its protocols' metadata and its assignment, so that a new coordinator takes
-  the members over and they go on without rejoining.
+  the members over and they go on without rejoining;
+- key ["consumer_group", group] -> value {"group_epoch", "target_epoch",
+  "partition_counts", "members"} (a group of KIP-848's consumer protocol, written whenever
+  a heartbeat or an expiry changed it, before the member is answered), or None (deleted).
+  Each member: its ids, client id and host, rack, subscribed topics and regex, server
+  assignor, rebalance timeout, member epoch and reconciliation state, assigned partitions
+  and those pending revocation, its part of the target assignment, and whether it is a
+  static member away. Kafka writes the same facts as several record types
+  (ConsumerGroupMetadata, ...MemberMetadata, ...TargetAssignmentMember,
+  ...CurrentMemberAssignment) so that a change rewrites only what changed; rayk's groups
+  are small enough that one record per change is simpler and as durable.
 
 `decode_record` checks a record against these schemas, fields and types, and raises
 MalformedGroupRecordError (a ValueError) for anything else, so that a record the
@@ -22,12 +32,12 @@ corrupt key or value) can be skipped by the load instead of stopping it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-OFFSET_KIND, GROUP_KIND = "offset", "group"
+OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND = "offset", "group", "consumer_group"
 _OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "leader_epoch": int}
 _MEMBER_FIELDS = {"member_id", "group_instance_id", "client_id", "session_timeout_ms", "rebalance_timeout_ms",
                   "protocols", "assignment"}
@@ -81,6 +91,103 @@ class GroupRecord:
     members: tuple[MemberState, ...] | None = None  # None: a record written before members were kept
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerMemberRecord:
+    """One member of a consumer-protocol group (see consumer_protocol_group.Member)."""
+
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    rack_id: str | None
+    subscribed_topics: tuple[str, ...]
+    subscribed_regex: str | None
+    assignor: str | None
+    rebalance_timeout_ms: int
+    member_epoch: int
+    state: str  # a member_reconciliation.MemberState value
+    assigned: tuple[tuple[str, int], ...]
+    pending_revocation: tuple[tuple[str, int], ...]
+    target: tuple[tuple[str, int], ...]
+    away: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupRecord:
+    """A consumer-protocol group as it is after a change, or its deletion (`group_epoch` None)."""
+
+    group_id: str
+    group_epoch: int | None
+    target_epoch: int = 0
+    partition_counts: dict[str, int] = field(default_factory=dict)
+    members: tuple[ConsumerMemberRecord, ...] = ()
+
+
+_CONSUMER_MEMBER_TYPES: dict[str, Any] = {
+    "member_id": str, "instance_id": (str, None), "client_id": str, "client_host": str, "rack_id": (str, None),
+    "subscribed_topics": [str], "subscribed_regex": (str, None), "assignor": (str, None),
+    "rebalance_timeout_ms": int, "member_epoch": int, "state": str, "assigned": [(str, int)],
+    "pending_revocation": [(str, int)], "target": [(str, int)], "away": bool,
+}
+_MEMBER_STATES = {"stable", "unrevoked_partitions", "unreleased_partitions"}
+
+
+def consumer_group_key(group_id: str) -> bytes:
+    return msgpack.packb([CONSUMER_GROUP_KIND, group_id])
+
+
+def consumer_group_value(record: ConsumerGroupRecord) -> bytes:
+    return msgpack.packb({
+        "group_epoch": record.group_epoch,
+        "target_epoch": record.target_epoch,
+        "partition_counts": record.partition_counts,
+        "members": [{name: getattr(m, name) for name in _CONSUMER_MEMBER_TYPES} for m in record.members],
+    })
+
+
+def _consumer_group(group_id: str, value: bytes | None) -> ConsumerGroupRecord:
+    if value is None:
+        return ConsumerGroupRecord(group_id, None)
+    meta = _unpack(value, "value")
+    ok = (isinstance(meta, dict) and set(meta) == {"group_epoch", "target_epoch", "partition_counts", "members"}
+          and _is_int(meta["group_epoch"]) and _is_int(meta["target_epoch"])
+          and isinstance(meta["partition_counts"], dict)
+          and all(isinstance(t, str) and _is_int(n) for t, n in meta["partition_counts"].items())
+          and isinstance(meta["members"], list))  # fmt: skip
+    if not ok:
+        raise MalformedGroupRecordError(f"a consumer group value's fields: {_excerpt(meta)}")
+    return ConsumerGroupRecord(group_id, meta["group_epoch"], meta["target_epoch"], meta["partition_counts"],
+                               tuple(_consumer_member(m) for m in meta["members"]))  # fmt: skip
+
+
+def _consumer_member(fields: Any) -> ConsumerMemberRecord:
+    if not isinstance(fields, dict) or set(fields) != set(_CONSUMER_MEMBER_TYPES):
+        raise MalformedGroupRecordError(f"a consumer group member has the fields {sorted(_CONSUMER_MEMBER_TYPES)}: "
+                                        f"{_excerpt(fields)}")  # fmt: skip
+    for name, expected in _CONSUMER_MEMBER_TYPES.items():
+        if not _has_type(fields[name], expected):
+            raise MalformedGroupRecordError(f"a consumer group member's {name}: {_excerpt(fields[name])}")
+    if fields["state"] not in _MEMBER_STATES:
+        raise MalformedGroupRecordError(f"a consumer group member's state: {_excerpt(fields['state'])}")
+    as_tuples = {name: tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
+                 for name in ("subscribed_topics", "assigned", "pending_revocation", "target")}  # fmt: skip
+    return ConsumerMemberRecord(**{**fields, **as_tuples})
+
+
+def _has_type(value: Any, expected: Any) -> bool:
+    """`expected`: a type, a tuple of alternatives (None for None), [item type], or a
+    tuple of field types for a fixed-length list (a (topic, partition))."""
+    if isinstance(expected, list):
+        return isinstance(value, list) and all(_has_type(v, expected[0]) for v in value)
+    if isinstance(expected, tuple) and None in expected:
+        return any(value is None if e is None else _has_type(value, e) for e in expected)
+    if isinstance(expected, tuple):
+        return isinstance(value, list) and len(value) == len(expected) and all(map(_has_type, value, expected))
+    if expected is int:
+        return _is_int(value)
+    return isinstance(value, expected)
+
+
 def member_state_value(m: MemberState) -> dict[str, Any]:
     return {"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
             "session_timeout_ms": m.session_timeout_ms, "rebalance_timeout_ms": m.rebalance_timeout_ms,
@@ -104,11 +211,15 @@ def offset_value(c: CommittedOffset) -> bytes:
     })
 
 
-def decode_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord:
+def decode_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord | ConsumerGroupRecord:
     """The coordinator's record that (key, value) encode; MalformedGroupRecordError if none."""
     fields = _unpack(key, "key")
-    if not isinstance(fields, list) or not fields or fields[0] not in (OFFSET_KIND, GROUP_KIND):
+    if not isinstance(fields, list) or not fields or fields[0] not in (OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND):
         raise MalformedGroupRecordError(f"the key is not an offset or group key: {_excerpt(fields)}")
+    if fields[0] == CONSUMER_GROUP_KIND:
+        if len(fields) != 2 or not isinstance(fields[1], str):
+            raise MalformedGroupRecordError(f"a consumer group key is [kind, group], not {_excerpt(fields)}")
+        return _consumer_group(fields[1], value)
     if fields[0] == OFFSET_KIND:
         if len(fields) != 4 or not (isinstance(fields[1], str) and isinstance(fields[2], str) and _is_int(fields[3])):
             raise MalformedGroupRecordError(f"an offset key is [kind, group, topic, partition], not {_excerpt(fields)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 from rayk.actors.consumer_group import JoinResult
+from rayk.actors.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
 from rayk.actors.coordinator_log import LogEntry
 from rayk.actors.coordinator_replica import CoordinatorReplica
 from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
@@ -68,9 +69,11 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         await self._require_coordinator().commit_offsets(group_id, generation, member_id, offsets, group_instance_id)
 
     async def fetch_offsets(
-        self, group_id: str, partitions: list | None = None, require_stable: bool = False
+        self, group_id: str, partitions: list | None = None, require_stable: bool = False,
+        member_id: str | None = None, member_epoch: int = -1,
     ) -> dict[tuple[str, int], CommittedOffset]:
-        return await self._require_coordinator().fetch_offsets(group_id, partitions, require_stable)
+        return await self._require_coordinator().fetch_offsets(group_id, partitions, require_stable, member_id,
+                                                               member_epoch)  # fmt: skip
 
     async def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         return self._require_coordinator().pending_partitions(group_id)
@@ -96,8 +99,15 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     async def list_groups(self) -> list[dict]:
         return await self._require_coordinator().list_groups()
 
-    async def describe_group(self, group_id: str) -> dict:
-        return await self._require_coordinator().describe_group(group_id)
+    async def describe_group(self, group_id: str, consumer_protocol_too: bool = False) -> dict:
+        return await self._require_coordinator().describe_group(group_id, consumer_protocol_too)
+
+    async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
+                                 partition_counts: dict[str, int]) -> HeartbeatAnswer:  # fmt: skip
+        return await self._require_coordinator().consumer_heartbeat(group_id, heartbeat, partition_counts)
+
+    async def describe_consumer_group(self, group_id: str) -> dict:
+        return await self._require_coordinator().describe_consumer_group(group_id)
 
     async def delete_group(self, group_id: str) -> None:
         await self._require_coordinator().delete_group(group_id)

@@ -497,7 +497,8 @@ class Admin:
         return self.describe_consumer_groups([group_id])[group_id]
 
     def _describe_group(self, group_id: str) -> ConsumerGroupDescription:
-        info = self._coordinator(group_id).call("describe_group", group_id, timeout_ms=self._calls.default_api_timeout_ms)
+        info = self._coordinator(group_id).call("describe_group", group_id, True,  # consumer-protocol groups too
+                                                timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
         if info["state"] == GroupState.DEAD.value:
             raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist (no members, no committed offsets)")
         committed_offsets = sorted(info.pop("offsets").items())

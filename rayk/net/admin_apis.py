@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from typing import Any
 
 from rayk.storage.log_manager import is_legal_topic_name
@@ -25,13 +26,15 @@ from rayk.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
+    KafkaError,
     LeaderNotAvailableError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from rayk.internal_topics import is_internal
-from rayk.net.api_versions import FINALIZED_TRANSACTION_VERSION, SUPPORTED_VERSIONS, TRANSACTION_VERSION_FEATURE
+from rayk.net.api_versions import FINALIZED_FEATURES, SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 from rayk.net.entities import controller_timeout_ms, ms
 
@@ -48,6 +51,8 @@ def api_versions_body(error_code: int = 0) -> dict:
     return {"error_code": error_code, "api_keys": keys}
 
 
+_ZERO_UUID = uuid.UUID(int=0)
+
 # The finalized features' epoch (Kafka's metadata offset of their last change): rayk's do not
 # change while a cluster runs, so any epoch >= 0 (the features are valid) does.
 FINALIZED_FEATURES_EPOCH = 0
@@ -55,18 +60,19 @@ FINALIZED_FEATURES_EPOCH = 0
 
 async def api_versions(view: BrokerView, request: Any) -> dict:
     """The APIs and versions served, and (v3+, KIP-584) the features: transaction.version
-    2 finalized, which tells clients to run transaction version 2 (KIP-890 part 2). As
+    2 finalized, which tells clients to run transaction version 2 (KIP-890 part 2), and
+    group.version 1 (KIP-848's consumer protocol, as Kafka 4.0 finalizes it). As
     Kafka answers, v3 leaves out a supported range that starts at 0: clients before Kafka
     3.7 refuse one (their AdminClient thread dies; Spark's connector has kafka-clients 3.4.1)."""
     body = api_versions_body()
     version = request.head.api_version
     if version >= 3:
-        level = FINALIZED_TRANSACTION_VERSION
-        supported = [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": level}] if version >= 4 else []
+        supported = [{"name": name, "min_version": 0, "max_version": level} for name, level in FINALIZED_FEATURES.items()]
         body |= {
-            "supported_features": supported,
+            "supported_features": supported if version >= 4 else [],
             "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
-            "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version_level": level, "max_version_level": level}],
+            "finalized_features": [{"name": name, "min_version_level": level, "max_version_level": level}
+                                   for name, level in FINALIZED_FEATURES.items()],
         }
     return body
 
@@ -87,12 +93,21 @@ def _controller_id(brokers: list[dict]) -> int:
 
 async def metadata(view: BrokerView, request: Any) -> dict:
     """Topics the principal may not DESCRIBE are left out of an all-topics answer and
-    answered TOPIC_AUTHORIZATION_FAILED when named, as in Kafka."""
+    answered TOPIC_AUTHORIZATION_FAILED when named, as in Kafka. v10+ may name a topic by
+    id instead (name null: librdkafka does for the topics of a KIP-848 assignment): an id
+    no topic has is UNKNOWN_TOPIC_ID, and a topic named by id is never created."""
     body = request.body
     requested = body.topics
     if requested is not None and request.head.api_version == 0 and not requested:
         requested = None  # v0: an empty list means every topic
-    names = None if requested is None else [t.name for t in requested]
+    by_id: dict[Any, str | KafkaError] = {}
+    if requested is not None and any(t.name is None for t in requested):
+        ids = {getattr(t, "topic_id", None) for t in requested if t.name is None}
+        if None in ids or _ZERO_UUID in ids:
+            raise InvalidRequestError("a Metadata request names each topic by name or by a non-zero topic id")
+        by_id = await view.topic_names(ids)
+    names = None if requested is None else [t.name for t in requested if t.name is not None] + sorted(
+        {n for n in by_id.values() if isinstance(n, str)})
     described = await view.controller.client_metadata.remote(names)
     visible = {name: t for name, t in described["topics"].items() if view.authorized(request, DESCRIBE, TOPIC, name)}
     with_operations = getattr(body, "include_topic_authorized_operations", False)  # KIP-430
@@ -100,7 +115,13 @@ async def metadata(view: BrokerView, request: Any) -> dict:
         _topic_metadata(name, t, view.authorized_operations(request, TOPIC, name) if with_operations else NO_AUTHORIZED_OPERATIONS)
         for name, t in visible.items()
     ]
-    missing = [n for n in names or [] if n not in visible]
+    missing = [t.name for t in requested or [] if t.name is not None and t.name not in visible]
+    for topic_id, name in by_id.items():
+        if not isinstance(name, str) or name not in visible:
+            code = name.code if isinstance(name, KafkaError) else (
+                TopicAuthorizationFailedError.code if name in described["topics"] else UnknownTopicIdError.code)
+            topics.append({"name": None, "topic_id": topic_id, "error_code": code,
+                           "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})
     # Concurrently: each auto-creation is only a commit at the Controller (its replicas
     # start in the background), but a request naming many topics need not wait for each.
     codes = await asyncio.gather(*(

@@ -46,12 +46,14 @@ TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Contr
 
 # What each coordinator call needs on the group, as in Kafka.
 _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
-                    "commit_offsets": READ, "txn_commit_offsets": READ, "fetch_offsets": DESCRIBE,
-                    "pending_partitions": DESCRIBE, "describe_group": DESCRIBE,
-                    "delete_group": DELETE, "delete_offsets": DELETE}
+                    "consumer_heartbeat": READ, "commit_offsets": READ, "txn_commit_offsets": READ,
+                    "fetch_offsets": DESCRIBE, "pending_partitions": DESCRIBE, "describe_group": DESCRIBE,
+                    "describe_consumer_group": DESCRIBE, "delete_group": DELETE, "delete_offsets": DELETE}
 
 
-async def _coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
+async def coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
+    """`method` of the group's coordinator, as the request's principal (GROUP_AUTHORIZATION_FAILED
+    without the ACL it needs); NOT_COORDINATOR where this broker holds no replica of its partition."""
     if not view.authorized(request, _GROUP_OPERATION[method], GROUP, group_id):
         raise GroupAuthorizationFailedError(f"{request.context.principal} may not use group {group_id!r}")
     partition = await view.group_partition(group_id)
@@ -103,7 +105,7 @@ async def join_group(view: BrokerView, request: Any) -> dict:
     rebalance_ms = ms(getattr(body, "rebalance_timeout", None), session_ms)
     protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
     try:
-        result = await _coordinator_call(
+        result = await coordinator_call(
             view, request, body.group_id, "join_group", body.member_id, request.client_id or "", session_ms, rebalance_ms,
             body.protocol_type, protocols, getattr(body, "group_instance_id", None),  # v5+ (KIP-345)
         )
@@ -124,7 +126,7 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
     body = request.body
     assignments = {a.member_id: bytes(a.assignment) for a in body.assignments} or None
     try:
-        assignment = await _coordinator_call(view, request, body.group_id, "sync_group", body.generation_id,
+        assignment = await coordinator_call(view, request, body.group_id, "sync_group", body.generation_id,
                                              body.member_id, assignments, getattr(body, "group_instance_id", None))
     except Exception as e:
         return {"error_code": error_code_of(e), "assignment": b""}
@@ -135,7 +137,7 @@ async def sync_group(view: BrokerView, request: Any) -> dict:
 async def heartbeat(view: BrokerView, request: Any) -> dict:
     body = request.body
     try:
-        await _coordinator_call(view, request, body.group_id, "heartbeat", body.generation_id, body.member_id,
+        await coordinator_call(view, request, body.group_id, "heartbeat", body.generation_id, body.member_id,
                                 getattr(body, "group_instance_id", None))
     except Exception as e:
         return {"error_code": error_code_of(e)}
@@ -152,7 +154,7 @@ async def leave_group(view: BrokerView, request: Any) -> dict:
     for member_id, group_instance_id in members:
         identity = {"member_id": member_id, "group_instance_id": group_instance_id}
         try:
-            await _coordinator_call(view, request, body.group_id, "leave_group", member_id, group_instance_id)
+            await coordinator_call(view, request, body.group_id, "leave_group", member_id, group_instance_id)
             answers.append(identity)
         except Exception as e:
             answers.append({**identity, "error_code": error_code_of(e)})
@@ -182,7 +184,7 @@ async def offset_commit(view: BrokerView, request: Any) -> dict:
     code = 0
     if offsets:  # (Kafka does not ask the coordinator when no partition is left)
         try:
-            await _coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
+            await coordinator_call(view, request, body.group_id, "commit_offsets", body.generation_id_or_member_epoch,
                                     body.member_id, offsets, getattr(body, "group_instance_id", None))
         except Exception as e:
             code = error_code_of(e)
@@ -213,7 +215,7 @@ async def txn_offset_commit(view: BrokerView, request: Any) -> dict:
         try:
             if transaction_version_of(request) >= 2:
                 await add_offsets_partition(view, body.transactional_id, body.producer_id, body.producer_epoch, body.group_id)
-            await _coordinator_call(
+            await coordinator_call(
                 view, request, body.group_id, "txn_commit_offsets", body.transactional_id, body.producer_id,
                 body.producer_epoch, getattr(body, "generation_id", -1), getattr(body, "member_id", ""), offsets,
                 getattr(body, "group_instance_id", None),  # v3+ (KIP-447)
@@ -260,21 +262,25 @@ def _per_partition(topics: Any, code_of: Any) -> dict:
 async def offset_fetch(view: BrokerView, request: Any) -> dict:
     body = request.body
     if hasattr(body, "groups"):  # v8+: several groups per request
-        groups = [await _fetch_group(view, request, g.group_id, g.topics) for g in body.groups]
+        groups = [await _fetch_group(view, request, g.group_id, g.topics, getattr(g, "member_id", None),
+                                     getattr(g, "member_epoch", -1)) for g in body.groups]  # fmt: skip
         return {"groups": groups}
     answer = await _fetch_group(view, request, body.group_id, body.topics)
     return {"topics": answer["topics"], "error_code": answer["error_code"]}
 
 
-async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: Any) -> dict:
+async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: Any, member_id: str | None = None,
+                       member_epoch: int = -1) -> dict:  # fmt: skip
     """A group's committed offsets: of the topics the principal may DESCRIBE (the others
     are TOPIC_AUTHORIZATION_FAILED when named, left out when all are asked for). With
     require_stable (v7+, KIP-447), a partition whose transactional offsets await their
-    marker is UNSTABLE_OFFSET_COMMIT, which the client retries."""
+    marker is UNSTABLE_OFFSET_COMMIT, which the client retries. A consumer-protocol member
+    names itself and its epoch (v9+): STALE_MEMBER_EPOCH if that is not its current one."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     try:
-        committed = await _coordinator_call(view, request, group_id, "fetch_offsets", wanted)
-        unstable = (await _coordinator_call(view, request, group_id, "pending_partitions")
+        committed = await coordinator_call(view, request, group_id, "fetch_offsets", wanted, False, member_id,
+                                           member_epoch)  # fmt: skip
+        unstable = (await coordinator_call(view, request, group_id, "pending_partitions")
                     if getattr(request.body, "require_stable", False) else set())
     except Exception as e:
         return {"group_id": group_id, "error_code": error_code_of(e), "topics": []}
@@ -312,14 +318,14 @@ async def list_groups(view: BrokerView, request: Any) -> dict:
             visible = view.authorized(request, DESCRIBE, CLUSTER) or view.authorized(request, DESCRIBE, GROUP, g["group_id"])
             if visible and (not states or g["state"].lower() in states):
                 groups.append({"group_id": g["group_id"], "protocol_type": g["protocol_type"],
-                               "group_state": g["state"], "group_type": "classic"})
+                               "group_state": g["state"], "group_type": g["group_type"]})
     return {"groups": groups}
 
 
 async def describe_groups(view: BrokerView, request: Any) -> dict:
     async def one(group_id: str) -> dict:
         try:
-            g = await _coordinator_call(view, request, group_id, "describe_group")
+            g = await coordinator_call(view, request, group_id, "describe_group")
         except Exception as e:
             return {"group_id": group_id, "error_code": error_code_of(e), "error_message": error_message_of(e),
                     "group_state": "", "protocol_type": "", "protocol_data": "",
@@ -346,7 +352,7 @@ async def delete_groups(view: BrokerView, request: Any) -> dict:
     on the group GROUP_AUTHORIZATION_FAILED."""
     async def one(group_id: str) -> dict:
         try:
-            await _coordinator_call(view, request, group_id, "delete_group")
+            await coordinator_call(view, request, group_id, "delete_group")
         except Exception as e:
             return {"group_id": group_id, "error_code": error_code_of(e)}
         return {"group_id": group_id}
@@ -367,7 +373,7 @@ async def offset_delete(view: BrokerView, request: Any) -> dict:
         codes = await _refused_partitions(view, request, body.topics)
         wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions
                   if (t.name, p.partition_index) not in codes]
-        results = await _coordinator_call(view, request, body.group_id, "delete_offsets", wanted)
+        results = await coordinator_call(view, request, body.group_id, "delete_offsets", wanted)
     except Exception as e:
         return {"error_code": error_code_of(e), "topics": []}
     for tp, error in results.items():

@@ -5,7 +5,7 @@ request's version from what the handler returns (see `entities.build`), and turn
 exception into that response with the error code set, so a request is always answered
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
-`admin_apis`, `config_apis`, `records_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
+`admin_apis`, `config_apis`, `records_apis`, `consumer_group_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
 `quota_apis` and `txn_apis`; each checks the request's principal against the ACLs
 (broker_view.authorized) where Kafka does.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
-from rayk.net import records_apis, txn_apis
+from rayk.net import consumer_group_apis, records_apis, txn_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -74,6 +74,8 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_GROUPS: group_apis.describe_groups,
     keys.DELETE_GROUPS: group_apis.delete_groups,
     keys.OFFSET_DELETE: group_apis.offset_delete,
+    keys.CONSUMER_GROUP_HEARTBEAT: consumer_group_apis.consumer_group_heartbeat,
+    keys.CONSUMER_GROUP_DESCRIBE: consumer_group_apis.consumer_group_describe,
     keys.SASL_HANDSHAKE: scram_apis.sasl_without_sasl,  # a SASL listener's connections answer these themselves
     keys.SASL_AUTHENTICATE: scram_apis.sasl_without_sasl,
     keys.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,
