@@ -436,7 +436,7 @@ class StaleMemberEpochError(KafkaError):
     """A consumer-protocol member commits or fetches offsets with an epoch older than its
     current one: it retries once its heartbeat has brought the new epoch."""
 
-    code, name, retriable = 113, "STALE_MEMBER_EPOCH", True
+    code, name = 113, "STALE_MEMBER_EPOCH"  # (not a RetriableException in Kafka: the client retries with its new epoch)
 
 
 class InvalidRegularExpressionError(KafkaError):

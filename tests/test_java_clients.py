@@ -46,6 +46,8 @@ CONFIG = {
     "num.partitions": 3,
     "default.replication.factor": 3,
     "auto.leader.rebalance.enable": False,
+    "group.consumer.heartbeat.interval.ms": 500,  # KIP-848 members' (the broker's setting)
+    "group.consumer.session.timeout.ms": 6000,
 }
 TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"  # kafka-topics.sh
 GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"  # kafka-consumer-groups.sh
@@ -92,8 +94,8 @@ def test_the_java_producer_idempotent_with_acks_all_writes_what_rayk_reads(clust
                                                               [("seq", str(seq).encode())])
 
 
-def member(jvm: Jvm, bootstrap: str, topic: str, group: str, instance_id: str = "-") -> JavaProcess:
-    return jvm.start("rayk.jvm.GroupMember", bootstrap, topic, group, instance_id)
+def member(jvm: Jvm, bootstrap: str, topic: str, group: str, instance_id: str = "-", *settings: str) -> JavaProcess:
+    return jvm.start("rayk.jvm.GroupMember", bootstrap, topic, group, instance_id, *settings)
 
 
 def consumed_values(*members: JavaProcess) -> Counter:
@@ -132,6 +134,45 @@ def test_a_java_consumer_group_rebalances_cooperatively_and_keeps_static_members
         assert b_again.stop("leave") == 0
         assert a.wait_for("assigned", where=lambda e: e["partitions"])["partitions"] == moved
         assert a.events[-1]["owned"] == partitions
+    finally:
+        for process in (a, b, b_again):
+            if process is not None:
+                process.stop("halt")
+    assert sorted(consumed_values(a, b, b_again)) == sorted(f"v{i}" for i in range(60))
+    assert sum(committed_offsets(cluster, group).values()) == 60
+
+
+def test_a_java_group_of_the_consumer_protocol_moves_only_what_must_and_keeps_static_members(cluster, bootstrap, jvm):
+    """The Java consumer with group.protocol=consumer (KIP-848): a second member takes half
+    the partitions while the first revokes only those; a static member that closes (epoch
+    -2) and comes back with its instance id gets its partitions back and no one else is
+    touched; one that leaves hands them back. Every record is consumed and committed."""
+    topic, group = new_topic(cluster, partitions=4), f"java-848-{uuid.uuid4().hex[:6]}"
+    partitions = [f"{topic}-{p}" for p in range(4)]
+    protocol = "group.protocol=consumer"
+    a = member(jvm, bootstrap, topic, group, "a", protocol)
+    b = b_again = None
+    try:
+        a.wait_for("assigned", where=lambda e: e["owned"] == partitions)
+        b = member(jvm, bootstrap, topic, group, "b", protocol)
+        moved = b.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]
+        kept = a.wait_for("revoked")
+        assert len(moved) == 2 and kept["partitions"] == moved, "the first member revokes only what moves"
+        assert not any(e["event"] == "lost" for e in a.events)
+
+        jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 60)
+        wait_until(lambda: len(consumed_values(a, b)) == 60, 30, "both members to consume the 60 records")
+
+        events_of_a = len(a.events)
+        assert b.stop("close") == 0  # a static member's close() leaves with epoch -2: it keeps its place
+        b_again = member(jvm, bootstrap, topic, group, "b", protocol)
+        assert sorted(b_again.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]) == sorted(moved)
+        time.sleep(1)
+        assert a.events[events_of_a:] == [], "a static member's return moves nothing"
+
+        assert b_again.stop("leave") == 0
+        wait_until(lambda: any(e["event"] == "assigned" and sorted(e["owned"]) == partitions for e in a.events[events_of_a:]),
+                   30, "the first member to get every partition back")
     finally:
         for process in (a, b, b_again):
             if process is not None:

@@ -1276,6 +1276,62 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
         p: sum(1 for q, _ in sent if q == p) for p in range(4)}
 
 
+def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, bootstrap):
+    """rayk's Consumer with group_protocol="consumer" and a librdkafka member in one KIP-848
+    group: they split the partitions, rayk's commits carry its member epoch, and when it
+    leaves the other takes its partitions from where it committed. Every record is read
+    once: a revoked partition's offsets are committed before it is released."""
+    topic = new_topic(cluster, partitions=4)
+    group_id = f"mixed848-{topic}"
+    producer = cluster.producer()
+    for i in range(200):
+        producer.send(topic, b"first-%d" % i, partition=i % 4)
+    producer.flush()
+    received: list[tuple[int, int]] = []
+    assignments: list[set[int]] = []
+    stop = threading.Event()
+    consumer = cluster.consumer(topic, group_id=group_id, group_protocol="consumer", auto_offset_reset="earliest",
+                                auto_commit_interval_ms=200)
+
+    def run_rayk() -> None:
+        while not stop.is_set():
+            for tp, records in consumer.poll(timeout_ms=100).items():
+                received.extend((tp.partition, r.offset) for r in records)
+            now = {tp.partition for tp in consumer.assignment()}
+            if not assignments or assignments[-1] != now:
+                assignments.append(now)
+        consumer.commit()
+        consumer.close()
+
+    rayk_thread = threading.Thread(target=run_rayk, daemon=True)
+    rayk_thread.start()
+    other = None
+    try:
+        wait_until(lambda: assignments and len(assignments[-1]) == 4, 30, "rayk's consumer to get every partition")
+        other = ProtocolMember(bootstrap, group_id, topic, "librdkafka")
+        wait_until(lambda: len(other.assignment) == 2 and len(assignments[-1]) == 2, 30, "the split")
+        assert not other.assignment & assignments[-1]
+        wait_until(lambda: len({r for r in received} | {(p, o) for p, o, _ in other.received}) == 200, 30,
+                   "the first 200 records")
+        stop.set()
+        rayk_thread.join(60)
+        assert not rayk_thread.is_alive()
+        wait_until(lambda: len(other.assignment) == 4, 30, "the librdkafka member to take every partition")
+        for i in range(100):
+            producer.send(topic, b"second-%d" % i, partition=i % 4)
+        producer.flush()
+        wait_until(lambda: len({(p, o) for p, o, _ in other.received} | set(received)) == 300, 30, "every record")
+        assert not [e for e in other.errors if not e.retriable()], other.errors
+        everything = received + [(p, o) for p, o, _ in other.received]
+        assert len(everything) == 300, "each member took its partitions where the other committed: no record twice"
+    finally:
+        stop.set()
+        if other is not None:
+            other.close()
+    described = cluster.admin().describe_consumer_groups([group_id])[group_id]
+    assert {tp.partition: lag.committed for tp, lag in described.partitions.items()} == {p: 75 for p in range(4)}
+
+
 def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_partitions_by_topic_id(cluster, bootstrap):
     """KIP-848 on the wire, request by request: Kafka's checks and errors, the assignment by
     topic id (answered when it changed, null when not), ConsumerGroupDescribe, ListGroups'

@@ -120,6 +120,7 @@ class HeartbeatAnswer:
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member left
     changed: bool = True  # whether the epoch or the assignment differ from the member's last answer
+    heartbeat_interval_ms: int = 0  # when to heartbeat next (the coordinator's setting; 0: not set here)
 
 
 @functools.lru_cache(maxsize=256)

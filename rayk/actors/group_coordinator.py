@@ -60,6 +60,7 @@ Not thread-safe; the owning actor's event loop calls it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import weakref
@@ -461,7 +462,7 @@ class GroupCoordinator:
             classic = self._groups.pop(group_id, None)
             if classic is not None:
                 classic.close()
-            return answer
+            return dataclasses.replace(answer, heartbeat_interval_ms=self.config.group_consumer_heartbeat_interval_ms)
 
     async def _write_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
         try:

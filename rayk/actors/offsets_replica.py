@@ -9,6 +9,9 @@ error logged (see GroupCoordinator.load).
 
 from __future__ import annotations
 
+import asyncio
+
+from ray.exceptions import RayError
 
 from rayk.actors.consumer_group import JoinResult
 from rayk.actors.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
@@ -16,6 +19,9 @@ from rayk.actors.coordinator_log import LogEntry
 from rayk.actors.coordinator_replica import CoordinatorReplica
 from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
 from rayk.actors.partition_replica import ProduceResult
+from rayk.errors import CoordinatorNotAvailableError
+
+TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # a heartbeat waits no longer for the Controller to list the topics
 
 
 class OffsetsPartitionReplica(CoordinatorReplica):
@@ -103,8 +109,19 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         return await self._require_coordinator().describe_group(group_id, consumer_protocol_too)
 
     async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
-                                 partition_counts: dict[str, int]) -> HeartbeatAnswer:  # fmt: skip
-        return await self._require_coordinator().consumer_heartbeat(group_id, heartbeat, partition_counts)
+                                 partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
+        """A ConsumerGroupHeartbeat; `partition_counts` None (rayk's own consumer): every
+        topic's, asked of the Controller here (the listener passes those the principal may
+        describe)."""
+        coordinator = self._require_coordinator()
+        if partition_counts is None:
+            try:
+                described = await asyncio.wait_for(self._controller.client_metadata.remote(None),
+                                                   TOPIC_LOOKUP_TIMEOUT_MS / 1000)  # fmt: skip
+            except (asyncio.TimeoutError, RayError) as e:
+                raise CoordinatorNotAvailableError(f"could not look the topics up: {e!r}") from None
+            partition_counts = {name: len(t["partitions"]) for name, t in described["topics"].items()}
+        return await coordinator.consumer_heartbeat(group_id, heartbeat, partition_counts)
 
     async def describe_consumer_group(self, group_id: str) -> dict:
         return await self._require_coordinator().describe_consumer_group(group_id)

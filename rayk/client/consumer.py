@@ -38,6 +38,7 @@ from typing import Any
 
 from rayk.client import calls
 from rayk.client.fetcher import Fetcher
+from rayk.client.consumer_protocol_member import ConsumerProtocolMember
 from rayk.client.group_member import GroupMember
 from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import deserializer
@@ -76,6 +77,12 @@ class Consumer:
     - `retry_backoff_ms` (100 ms), `metadata_max_age_ms` (300,000 ms).
     - `partition_assignment_strategy` (("range", "roundrobin")): also "sticky",
       "cooperative-sticky".
+    - `group_protocol` ("classic"): "consumer" joins with KIP-848's consumer group
+      protocol: the coordinator assigns (`group_remote_assignor`, None: the coordinator's
+      "uniform"; or "range"), partitions move without a stop-the-world rebalance (only
+      those that change owner are revoked), and the session and heartbeat times are the
+      brokers' (`session_timeout_ms`, `heartbeat_interval_ms` and
+      `partition_assignment_strategy` are the classic protocol's).
     - `key_deserializer`, `value_deserializer` (None: bytes): "msgpack", "str", "bytes"
       or a callable.
     - `consumer_timeout_ms` (infinite): iteration stops after this long without a record.
@@ -113,6 +120,8 @@ class Consumer:
         value_deserializer: Any = None,
         consumer_timeout_ms: float = float("inf"),
         isolation_level: str = "read_uncommitted",
+        group_protocol: str = "classic",
+        group_remote_assignor: str | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
@@ -144,8 +153,14 @@ class Consumer:
         self._api_timeout_ms = default_api_timeout_ms
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._consumer_timeout_s = consumer_timeout_ms / 1000
-        self._group: GroupMember | None = None
-        if group_id is not None:
+        if group_protocol not in ("classic", "consumer"):
+            raise ValueError(f"group_protocol must be 'classic' or 'consumer', got {group_protocol!r}")
+        self._group: GroupMember | ConsumerProtocolMember | None = None
+        if group_id is not None and group_protocol == "consumer":
+            self._group = ConsumerProtocolMember(cluster.controller, group_id, client_id, max_poll_interval_ms,
+                                                 self._revoke_partitions, group_remote_assignor, request_timeout_ms,
+                                                 retry_backoff_ms)  # fmt: skip
+        elif group_id is not None:
             self._group = GroupMember(
                 cluster.controller,
                 group_id,
@@ -202,7 +217,7 @@ class Consumer:
         return set(self._assignment)
 
     @property
-    def _member(self) -> GroupMember:
+    def _member(self) -> GroupMember | ConsumerProtocolMember:
         """The group membership, where the caller knows the consumer has a group_id."""
         assert self._group is not None, "only a consumer with a group_id gets here"
         return self._group
@@ -261,6 +276,17 @@ class Consumer:
         elif self._auto_commit:
             offsets = self._consumed_offsets()
         self._set_assignment([])
+        return offsets
+
+    def _revoke_partitions(self, partitions: list[tuple[str, int]], lost: bool) -> dict[tuple[str, int], tuple[int, str]] | None:
+        """The group takes some partitions back (the consumer protocol); returns what to
+        commit for them first. Lost partitions (the member was removed) are dropped
+        without a commit."""
+        gone = {TopicPartition(*tp) for tp in partitions}
+        offsets = None
+        if not lost and self._auto_commit:
+            offsets = {tp: o for tp, o in self._consumed_offsets().items() if TopicPartition(*tp) in gone}
+        self._set_assignment([tp for tp in self._assignment if tp not in gone])
         return offsets
 
     def _partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:

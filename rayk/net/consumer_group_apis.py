@@ -65,7 +65,7 @@ async def consumer_group_heartbeat(view: BrokerView, request: Any) -> dict:
         return {"error_code": error_code_of(e), "error_message": error_message_of(e), "member_id": body.member_id or None,
                 "member_epoch": -1, "heartbeat_interval": 0}  # fmt: skip
     response: dict[str, Any] = {"member_id": answer.member_id, "member_epoch": answer.member_epoch,
-                                "heartbeat_interval": view.config.group_consumer_heartbeat_interval_ms}  # fmt: skip
+                                "heartbeat_interval": answer.heartbeat_interval_ms}  # fmt: skip
     if answer.assignment is not None and (
         answer.changed or body.member_epoch == JOIN_EPOCH or (owned is not None and frozenset(owned) != answer.assignment)
     ):

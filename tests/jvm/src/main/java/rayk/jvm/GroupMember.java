@@ -21,7 +21,7 @@ import org.apache.kafka.common.serialization.StringDeserializer;
 
 /**
  * One member of a consumer group with the classic protocol and the cooperative-sticky
- * assignor, as a Java application runs it: subscribe, poll, commitSync after each batch.
+ * assignor (or, given group.protocol=consumer, KIP-848's protocol), as a Java application runs it: subscribe, poll, commitSync after each batch.
  * Prints "assigned" / "revoked" / "lost" events (with the generation), a "consumed" event
  * per batch (partition:offset:value), and reads commands on stdin:
  * "close" (close(): a dynamic member leaves, a static one stays in the group until its
@@ -36,16 +36,20 @@ public final class GroupMember {
         props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
         props.put(ConsumerConfig.GROUP_ID_CONFIG, args[2]);
         if (!args[3].equals("-")) props.put(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG, args[3]);
-        props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
-        props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
-        props.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
         props.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
         props.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
         for (int i = 4; i < args.length; i++) {
             String[] setting = args[i].split("=", 2);
             props.put(setting[0], setting[1]);
+        }
+        if (!"consumer".equals(props.get(ConsumerConfig.GROUP_PROTOCOL_CONFIG))) {
+            // The classic protocol's settings; with group.protocol=consumer (KIP-848) the
+            // broker assigns and sets the session and heartbeat times.
+            props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
+            props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
+            props.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
         }
         LinkedBlockingQueue<String> commands = new LinkedBlockingQueue<>();
         Thread stdin = new Thread(() -> {
