@@ -2,7 +2,9 @@
 heartbeat's change is written before it is answered, a failed write changes nothing, a
 new coordinator replaying the partition takes the group over as it was (no rebalance);
 commits and fetches are checked by member epoch; members time out; the group id
-namespace is shared with classic groups, converting an empty group either way."""
+namespace is shared with classic groups, converting an empty group either way, and a
+group with members online (a consumer-protocol member upgrades a classic group, whose
+members go on as classic members, and the group is classic again when it leaves)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ import pytest
 from rayk.actors.consumer_protocol_group import ConsumerHeartbeat
 from rayk.actors.group_coordinator import GroupCoordinator
 from rayk.actors.group_records import consumer_group_key, group_key
+from rayk.client.consumer_protocol import decode_assignment, encode_assignment, encode_subscription
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorNotAvailableError,
     FencedMemberEpochError,
     GroupIdNotFoundError,
+    IllegalGenerationError,
     InconsistentGroupProtocolError,
     NonEmptyGroupError,
     NotEnoughReplicasError,
+    RebalanceInProgressError,
     StaleMemberEpochError,
     UnknownMemberIdError,
 )
@@ -193,5 +198,71 @@ def test_classic_and_consumer_groups_share_ids_and_an_empty_group_converts_eithe
         await asyncio.sleep(0.05)  # the settled generation's record is written in the background
         assert (await partition.coordinator().list_groups())[0]["group_type"] == "classic"
         assert a.member_epoch == 1
+
+    run(main())
+
+
+async def classic_members(coordinator: GroupCoordinator, names: list[str]) -> dict[str, Any]:
+    """Classic members of group "g" (eager, subscribed to "t"), joined and synced: the
+    first joiner leads and gives each member the partitions range would."""
+    subscription = encode_subscription(["t"])
+
+    def join_as(name: str, member_id: str = "") -> Any:
+        return coordinator.join_group("g", member_id, name, 10_000, 10_000, "consumer", [("range", subscription)])
+
+    first = await join_as(names[0])  # a generation of its own, then everyone joins the next
+    newcomers = [asyncio.ensure_future(join_as(n)) for n in names[1:]]
+    await asyncio.sleep(0.01)
+    joins = [await join_as(names[0], first.member_id)] + list(await asyncio.gather(*newcomers))
+    leader = next(j for j in joins if j.leader_id == j.member_id)
+    ids = sorted(j.member_id for j in joins)
+    plan = {m: encode_assignment({"t": [p for p in range(4) if p % len(ids) == i]}) for i, m in enumerate(ids)}
+    await asyncio.gather(*(coordinator.sync_group("g", j.generation, j.member_id, plan if j is leader else None)
+                           for j in joins))  # fmt: skip
+    return {j.member_id: j for j in joins}
+
+
+def test_a_consumer_protocol_member_upgrades_a_classic_group_whose_members_rejoin_as_classic_members():
+    """Kafka 4's online upgrade: a ConsumerGroupHeartbeat to a Stable classic group makes it
+    a consumer group whose classic members keep their partitions and generation until they
+    rejoin (told by their heartbeat); they then get the coordinator's assignment through
+    JoinGroup and SyncGroup; when the last consumer-protocol member leaves, it is a classic
+    group again, which its members rejoin."""
+    async def main() -> None:
+        partition = Partition()
+        coordinator = partition.coordinator()
+        coordinator._lookup_partition_counts = lambda: asyncio.sleep(0, COUNTS)
+        joined = await classic_members(coordinator, ["c1", "c2"])
+        generation = next(iter(joined.values())).generation
+        new = await coordinator.consumer_heartbeat("g", join("new"), COUNTS)
+        assert (group_key("g"), None) in partition.records, "the classic group's record is tombstoned"
+        assert new.assignment == frozenset(), "everything is still the classic members'"
+        described = await coordinator.describe_consumer_group("g")
+        assert described["group_epoch"] == generation + 1 and len(described["members"]) == 3
+
+        answers = {}
+        for member_id, j in joined.items():
+            with pytest.raises(RebalanceInProgressError):
+                await coordinator.heartbeat("g", j.generation, member_id)
+            again = await coordinator.join_group("g", member_id, "c", 10_000, 10_000, "consumer",
+                                                 [("range", encode_subscription(["t"]))])  # eager: it owns nothing now
+            assert again.leader_id == "" and again.members == [] and again.generation == generation + 1
+            answers[member_id] = decode_assignment(await coordinator.sync_group("g", again.generation, member_id, None))
+            await coordinator.commit_offsets("g", again.generation, member_id, {("t", 0): (1, "")})
+            with pytest.raises(IllegalGenerationError):
+                await coordinator.commit_offsets("g", generation, member_id, {("t", 0): (1, "")})
+        new = await coordinator.consumer_heartbeat("g", ConsumerHeartbeat("new", new.member_epoch, owned=()), COUNTS)
+        owned = [{(t, p) for t, ps in a.partitions.items() for p in ps} for a in answers.values()] + [set(new.assignment)]
+        assert sorted(map(len, owned)) == [1, 1, 2] and set().union(*owned) == {("t", p) for p in range(4)}
+
+        replayed = await partition.coordinator().describe_consumer_group("g")
+        assert replayed == await coordinator.describe_consumer_group("g"), "a mixed group replays with its classic members"
+
+        await coordinator.consumer_heartbeat("g", ConsumerHeartbeat("new", -1), COUNTS)
+        assert (consumer_group_key("g"), None) in partition.records
+        assert (await coordinator.list_groups())[0]["group_type"] == "classic", "downgraded"
+        rejoins = await asyncio.gather(*(coordinator.join_group("g", m, "c", 10_000, 10_000, "consumer",
+                                                                [("range", encode_subscription(["t"]))]) for m in joined))  # fmt: skip
+        assert {r.member_id for r in rejoins} == set(joined) and rejoins[0].generation > generation + 1
 
     run(main())

@@ -1162,16 +1162,20 @@ def test_transaction_version_2_adds_partitions_at_the_leader_and_bumps_the_epoch
 
 
 # Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.
-class ProtocolMember:
-    """A confluent-kafka consumer with group.protocol=consumer (KIP-848), polling in a
-    thread: what it received (partition, offset, time) and each partition it was given or
-    had taken away, as its rebalance callbacks saw them."""
+CLASSIC = {"group.protocol": "classic", "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+           "partition.assignment.strategy": "cooperative-sticky"}
 
-    def __init__(self, bootstrap: str, group_id: str, topic: str, name: str) -> None:
+
+class ProtocolMember:
+    """A confluent-kafka consumer with group.protocol=consumer (KIP-848), or with `settings`
+    (CLASSIC), polling in a thread: what it received (partition, offset, time) and each
+    partition it was given or had taken away, as its rebalance callbacks saw them."""
+
+    def __init__(self, bootstrap: str, group_id: str, topic: str, name: str, **settings: Any) -> None:
         self.name = name
         self.consumer = confluent_kafka.Consumer({
             "bootstrap.servers": bootstrap, "group.id": group_id, "group.protocol": "consumer",
-            "auto.offset.reset": "earliest", "client.id": name, "auto.commit.interval.ms": 200,
+            "auto.offset.reset": "earliest", "client.id": name, "auto.commit.interval.ms": 200, **settings,
         })
         self.received: list[tuple[int, int, float]] = []
         self.revoked: list[int] = []
@@ -1274,6 +1278,76 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
     assert described.protocol_type == "consumer" and described.state == "Empty"
     assert {tp.partition: lag.committed for tp, lag in described.partitions.items()} == {
         p: sum(1 for q, _ in sent if q == p) for p in range(4)}
+
+
+def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_consumes(cluster, bootstrap):
+    """Kafka 4's online migration with librdkafka: two classic members (cooperative-sticky)
+    consume; a member with group.protocol=consumer joins and the group becomes a consumer
+    group in which the classic ones go on as classic members; they are replaced one by one
+    by consumer-protocol members; a classic member then joins the consumer group, and when
+    the consumer-protocol members leave the group is a classic group again. Members never
+    share a partition, and every record sent is received."""
+    topic = new_topic(cluster, partitions=4)
+    group_id = f"migrate-{topic}"
+    sent: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+        i = 0
+        while not stop.is_set():
+            for p in range(4):
+                producer.produce(topic, value=b"%d-%d" % (p, i), partition=p)
+            producer.poll(0)
+            sent.extend((p, i) for p in range(4))
+            i += 1
+            time.sleep(0.02)
+        assert producer.flush(30) == 0
+
+    def group_type() -> str:
+        return next(g.type for g in admin.list_consumer_groups().result().valid if g.group_id == group_id).name
+
+    def settled(*members: ProtocolMember) -> bool:
+        owned = [m.assignment for m in members]
+        return all(owned) and sum(map(len, owned)) == 4 and len(set().union(*owned)) == 4
+
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    producing = threading.Thread(target=produce, daemon=True)
+    producing.start()
+    everyone: list[ProtocolMember] = []
+
+    def member(name: str, **settings: Any) -> ProtocolMember:
+        everyone.append(ProtocolMember(bootstrap, group_id, topic, name, **settings))
+        return everyone[-1]
+
+    try:
+        c1, c2 = member("c1", **CLASSIC), member("c2", **CLASSIC)
+        wait_until(lambda: settled(c1, c2), 30, "the classic members to split the partitions")
+        assert group_type() == "CLASSIC"
+        n1 = member("n1")
+        wait_until(lambda: settled(c1, c2, n1), 30, "the upgraded group to assign n1 some partitions")
+        assert group_type() == "CONSUMER"
+        c1.close()
+        n2 = member("n2")
+        wait_until(lambda: settled(c2, n1, n2), 30, "n2 to replace c1")
+        c2.close()
+        wait_until(lambda: settled(n1, n2), 30, "the consumer-protocol members to take c2's partitions")
+        c3 = member("c3", **CLASSIC)
+        wait_until(lambda: settled(n1, n2, c3), 30, "a classic member to join the consumer group")
+        n1.close()
+        n2.close()
+        wait_until(lambda: len(c3.assignment) == 4, 30, "c3 to take every partition")
+        assert group_type() == "CLASSIC", "downgraded once its consumer-protocol members left"
+        stop.set()
+        producing.join(30)
+        wait_until(lambda: {(p, o) for m in everyone for p, o, _ in m.received} >= {
+            (p, o) for p in range(4) for o in range(sum(1 for q, _ in sent if q == p))}, 30, "every record to arrive")
+        assert not [e for m in everyone for e in m.errors if not e.retriable()], [m.errors for m in everyone]
+    finally:
+        stop.set()
+        for m in everyone:
+            if not m._stop.is_set():
+                m.close()
 
 
 def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, bootstrap):

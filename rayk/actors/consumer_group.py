@@ -297,6 +297,13 @@ class ConsumerGroup:
         self.members = {m.member_id: m for m in members}
         self.static_members = {m.group_instance_id: m.member_id for m in members if m.group_instance_id is not None}
 
+    def rebalance(self) -> None:
+        """Starts a rebalance of a Stable group (one its coordinator just made of a
+        consumer-protocol group's classic members): their heartbeats answer
+        REBALANCE_IN_PROGRESS, and those that do not rejoin in time are dropped."""
+        self._prepare_rebalance(self.clock_s())
+        self._maybe_complete_join()
+
     # ------------------------------------------------------------------ sync, heartbeat, leave
 
     async def sync(

@@ -30,6 +30,16 @@ names, internal topics excluded, as Kafka's), or both. The regex is resolved at 
 heartbeat against the topics of that moment, so a topic created later that matches joins
 the subscription like a topic gaining partitions.
 
+Classic members (a "mixed" group, as Kafka 4's online migration makes them): a consumer
+that speaks the classic protocol may be a member too, through `classic_join`,
+`classic_sync`, `classic_heartbeat` and its session timeout of JoinGroup. It is reconciled
+like the others; JoinGroup answers at once with its member epoch as the generation (it is
+never the leader: the coordinator assigns), SyncGroup gives its assigned partitions, and a
+Heartbeat answers REBALANCE_IN_PROGRESS whenever it should join again to move on (the group
+changed, it must revoke, or partitions it waits for were released). An eager client
+revokes everything before it rejoins; a cooperative one says what it still owns in its
+subscription. `from_classic` makes such a group of a Stable classic group's members.
+
 The group coordinator (group_coordinator.py) hosts these groups: it applies a heartbeat to
 a `copy()`, writes the copy's `snapshot()` when it differs, and only then keeps it, so a
 failed write changes nothing; a new coordinator rebuilds each group with `restore`.
@@ -52,8 +62,10 @@ from rayk.actors.member_reconciliation import NOT_OWNED, MemberAssignment, Membe
 from rayk.actors.server_assignors import ASSIGNORS, TopicPartition
 from rayk.errors import (
     FencedMemberEpochError,
+    IllegalGenerationError,
     InvalidRegularExpressionError,
     InvalidRequestError,
+    RebalanceInProgressError,
     UnknownMemberIdError,
     UnreleasedInstanceIdError,
     UnsupportedAssignorError,
@@ -74,6 +86,15 @@ class GroupState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ClassicMembership:
+    """How a member that speaks the classic protocol joined: its session timeout and its
+    protocols (name, ConsumerProtocol subscription), as JoinGroup gave them."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Member:
     member_id: str
     subscribed_topics: frozenset[str]
@@ -88,6 +109,7 @@ class Member:
     client_id: str = ""
     client_host: str = ""
     rack_id: str | None = None
+    classic: ClassicMembership | None = None  # a member that speaks the classic protocol
 
     def subscription(self, topics: Iterable[str]) -> frozenset[str]:
         """The topics it subscribes to, among `topics` (those that exist) for its regex."""
@@ -228,6 +250,7 @@ class ConsumerProtocolGroup:
                 m.subscribed_regex, m.assignor, m.rebalance_timeout_ms, m.assignment.member_epoch,
                 m.assignment.state.value, tuple(sorted(m.assignment.assigned)),
                 tuple(sorted(m.assignment.pending_revocation)), tuple(sorted(self.target.get(m.member_id, ()))), m.away,
+                m.classic.session_timeout_ms if m.classic else -1, m.classic.protocols if m.classic else (),
             ) for m in sorted(self.members.values(), key=lambda m: m.member_id)
         ))  # fmt: skip
 
@@ -245,6 +268,7 @@ class ConsumerProtocolGroup:
                 m.member_id, frozenset(m.subscribed_topics), m.assignor, m.rebalance_timeout_ms, assignment, now_ms,
                 now_ms if state is MemberState.UNREVOKED_PARTITIONS else -1, m.subscribed_regex, m.instance_id, m.away,
                 m.client_id, m.client_host, m.rack_id,
+                ClassicMembership(m.classic_session_timeout_ms, m.classic_protocols) if m.classic_session_timeout_ms >= 0 else None,
             )  # fmt: skip
             group.target[m.member_id] = frozenset(map(tuple, m.target))
         return group
@@ -254,12 +278,89 @@ class ConsumerProtocolGroup:
         with partitions still to revoke; returns their ids."""
         gone = [
             m for m in self.members.values()
-            if now_ms - m.last_heartbeat_ms > self.session_timeout_ms
+            if now_ms - m.last_heartbeat_ms > (m.classic.session_timeout_ms if m.classic else self.session_timeout_ms)
             or (m.revoking_since_ms >= 0 and now_ms - m.revoking_since_ms > m.rebalance_timeout_ms)
         ]  # fmt: skip
         for member in gone:
             self._remove(member)
         return [m.member_id for m in gone]
+
+    # ------------------------------------------------------------------ classic members
+
+    def classic_join(self, member_id: str, now_ms: int, partition_counts: Mapping[str, int],
+                     subscribed_topics: Iterable[str], owned: Iterable[TopicPartition], rebalance_timeout_ms: int,
+                     classic: ClassicMembership, instance_id: str | None = None, client_id: str = "",
+                     client_host: str = "") -> HeartbeatAnswer:  # fmt: skip
+        """A classic member's JoinGroup (`owned`: what its subscription says it still
+        owns; nothing for an eager client, which revoked everything first). The answer's
+        epoch is its generation."""
+        member = self.members.get(member_id)
+        if member is not None and member.classic is None:
+            raise UnknownMemberIdError(f"member {member_id!r} of group {self.group_id!r} uses the consumer protocol")
+        if member is None:
+            holder = self._static_predecessor(member_id, instance_id)
+            member = (self._take_over(holder, member_id, now_ms) if holder is not None else
+                      Member(member_id, frozenset(), None, rebalance_timeout_ms, MemberAssignment(member_epoch=0), now_ms,
+                             instance_id=instance_id))  # fmt: skip
+            changed = holder is None
+        else:
+            changed = False
+        member, updated = self._updated(member, subscribed_topics, None, None)
+        self.members[member_id] = dataclasses.replace(member, classic=classic, rebalance_timeout_ms=rebalance_timeout_ms,
+                                                      client_id=client_id or member.client_id,
+                                                      client_host=client_host or member.client_host)  # fmt: skip
+        if self._partition_counts_changed(partition_counts) or changed or updated:
+            self.group_epoch += 1
+        if self.target_epoch < self.group_epoch:
+            self._compute_target(partition_counts)
+        return self._reconcile(member_id, owned, now_ms)
+
+    def classic_sync(self, member_id: str, generation: int, now_ms: int) -> frozenset[TopicPartition]:
+        """A classic member's SyncGroup: its assigned partitions (REBALANCE_IN_PROGRESS if
+        the group moved on since its join and it has nothing to revoke first)."""
+        member = self._classic_member(member_id, generation, now_ms)
+        if self.group_epoch > member.assignment.member_epoch and member.assignment.state is not MemberState.UNREVOKED_PARTITIONS:
+            raise RebalanceInProgressError(f"group {self.group_id!r} moved on: member {member_id!r} must join again")
+        return member.assignment.assigned
+
+    def classic_heartbeat(self, member_id: str, generation: int, now_ms: int) -> None:
+        """A classic member's Heartbeat: REBALANCE_IN_PROGRESS when it should join again
+        (the group moved on, it must revoke, or partitions it waits for are free now)."""
+        member = self._classic_member(member_id, generation, now_ms)
+        a = member.assignment
+        released = a.state is MemberState.UNRELEASED_PARTITIONS and any(
+            self.owner_epoch(tp, member_id) == NOT_OWNED for tp in self.target.get(member_id, frozenset()) - a.assigned)
+        if a.member_epoch < self.group_epoch or a.state is MemberState.UNREVOKED_PARTITIONS or released:
+            raise RebalanceInProgressError(f"group {self.group_id!r}: member {member_id!r} must join again to move on")
+
+    def classic_leave(self, member_id: str) -> None:
+        member = self.members.get(member_id)
+        if member is None or member.classic is None:
+            raise UnknownMemberIdError(f"member {member_id!r} is not a classic member of group {self.group_id!r}")
+        self._remove(member)
+
+    def _classic_member(self, member_id: str, generation: int, now_ms: int) -> Member:
+        member = self.members.get(member_id)
+        if member is None or member.classic is None:
+            raise UnknownMemberIdError(f"member {member_id!r} is not a classic member of group {self.group_id!r}")
+        if generation != member.assignment.member_epoch:
+            raise IllegalGenerationError(f"member {member_id!r} of group {self.group_id!r} is in generation "
+                                         f"{member.assignment.member_epoch}, not {generation}")  # fmt: skip
+        self.members[member_id] = dataclasses.replace(member, last_heartbeat_ms=now_ms)
+        return member
+
+    @classmethod
+    def from_classic(cls, group_id: str, session_timeout_ms: int, generation: int, now_ms: int,
+                     members: Iterable[tuple[Member, frozenset[TopicPartition]]]) -> ConsumerProtocolGroup:  # fmt: skip
+        """A Stable classic group's members as classic members of a consumer-protocol group
+        in its generation, each owning what it was assigned: the target until the group changes."""
+        group = cls(group_id, session_timeout_ms)
+        group.group_epoch = group.target_epoch = generation
+        for member, assigned in members:
+            group.members[member.member_id] = dataclasses.replace(
+                member, assignment=MemberAssignment(generation, MemberState.STABLE, assigned), last_heartbeat_ms=now_ms)
+            group.target[member.member_id] = assigned
+        return group
 
     def owner_epoch(self, tp: TopicPartition, asking: str) -> int:
         """The epoch of the member (other than `asking`) that owns `tp`, or NOT_OWNED."""

@@ -19,7 +19,8 @@ Keys and values are msgpack:
   Each member: its ids, client id and host, rack, subscribed topics and regex, server
   assignor, rebalance timeout, member epoch and reconciliation state, assigned partitions
   and those pending revocation, its part of the target assignment, and whether it is a
-  static member away. Kafka writes the same facts as several record types
+  static member away, and for a classic member (a mixed group) its session timeout and
+  protocols. Kafka writes the same facts as several record types
   (ConsumerGroupMetadata, ...MemberMetadata, ...TargetAssignmentMember,
   ...CurrentMemberAssignment) so that a change rewrites only what changed; rayk's groups
   are small enough that one record per change is simpler and as durable.
@@ -110,6 +111,8 @@ class ConsumerMemberRecord:
     pending_revocation: tuple[tuple[str, int], ...]
     target: tuple[tuple[str, int], ...]
     away: bool
+    classic_session_timeout_ms: int = -1  # a classic member's (in a mixed group); -1: a consumer-protocol member
+    classic_protocols: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,7 @@ _CONSUMER_MEMBER_TYPES: dict[str, Any] = {
     "subscribed_topics": [str], "subscribed_regex": (str, None), "assignor": (str, None),
     "rebalance_timeout_ms": int, "member_epoch": int, "state": str, "assigned": [(str, int)],
     "pending_revocation": [(str, int)], "target": [(str, int)], "away": bool,
+    "classic_session_timeout_ms": int, "classic_protocols": [(str, bytes)],
 }
 _MEMBER_STATES = {"stable", "unrevoked_partitions", "unreleased_partitions"}
 
@@ -170,7 +174,7 @@ def _consumer_member(fields: Any) -> ConsumerMemberRecord:
     if fields["state"] not in _MEMBER_STATES:
         raise MalformedGroupRecordError(f"a consumer group member's state: {_excerpt(fields['state'])}")
     as_tuples = {name: tuple(tuple(v) if isinstance(v, list) else v for v in fields[name])
-                 for name in ("subscribed_topics", "assigned", "pending_revocation", "target")}  # fmt: skip
+                 for name in ("subscribed_topics", "assigned", "pending_revocation", "target", "classic_protocols")}  # fmt: skip
     return ConsumerMemberRecord(**{**fields, **as_tuples})
 
 

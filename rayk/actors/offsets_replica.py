@@ -28,7 +28,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     coordinator_name = "group coordinator"
 
     async def _open_coordinator(self, records: list[LogEntry]) -> GroupCoordinator:
-        coordinator = GroupCoordinator(self._append_records, self._broker_config, self._append_transactional_records)
+        coordinator = GroupCoordinator(self._append_records, self._broker_config, self._append_transactional_records,
+                                       self._partition_counts)  # fmt: skip
         try:
             coordinator.load(records, f"{self.topic}-{self.partition}")
         except BaseException:
@@ -111,17 +112,18 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
                                  partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
         """A ConsumerGroupHeartbeat; `partition_counts` None (rayk's own consumer): every
-        topic's, asked of the Controller here (the listener passes those the principal may
+        topic's, asked of the Controller (the listener passes those the principal may
         describe)."""
-        coordinator = self._require_coordinator()
-        if partition_counts is None:
-            try:
-                described = await asyncio.wait_for(self._controller.client_metadata.remote(None),
-                                                   TOPIC_LOOKUP_TIMEOUT_MS / 1000)  # fmt: skip
-            except (asyncio.TimeoutError, RayError) as e:
-                raise CoordinatorNotAvailableError(f"could not look the topics up: {e!r}") from None
-            partition_counts = {name: len(t["partitions"]) for name, t in described["topics"].items()}
-        return await coordinator.consumer_heartbeat(group_id, heartbeat, partition_counts)
+        return await self._require_coordinator().consumer_heartbeat(group_id, heartbeat, partition_counts)
+
+    async def _partition_counts(self) -> dict[str, int]:
+        """Every topic's partition count, from the Controller (COORDINATOR_NOT_AVAILABLE if
+        it does not answer in time: the member retries)."""
+        try:
+            described = await asyncio.wait_for(self._controller.client_metadata.remote(None), TOPIC_LOOKUP_TIMEOUT_MS / 1000)
+        except (asyncio.TimeoutError, RayError) as e:
+            raise CoordinatorNotAvailableError(f"could not look the topics up: {e!r}") from None
+        return {name: len(t["partitions"]) for name, t in described["topics"].items()}
 
     async def describe_consumer_group(self, group_id: str) -> dict:
         return await self._require_coordinator().describe_consumer_group(group_id)

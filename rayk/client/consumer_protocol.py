@@ -65,10 +65,12 @@ _PARTITION_BYTES = 4
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """What a member asks for: its topics, in the order it sent them, and opaque user data."""
+    """What a member asks for: its topics, in the order it sent them, and opaque user data;
+    from v1 (cooperative rebalancing, KIP-429) also the partitions it still owns."""
 
     topics: list[str]
     user_data: bytes | None = None
+    owned_partitions: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,21 +220,23 @@ def _read_version(reader: _Reader) -> int:
 
 
 def decode_subscription(data: bytes | bytearray | memoryview) -> Subscription:
-    """Decodes a subscription of any version >= 0; v1+ fields are checked, then dropped."""
+    """Decodes a subscription of any version >= 0; of the v2+ fields (generation, rack)
+    only their layout is checked."""
     reader = _Reader(data, "subscription")
     version = _read_version(reader)
     topic_count = reader.count("topics", _STRING_MIN_BYTES)
     topics = [reader.string("topic name") for _ in range(topic_count)]
     user_data = reader.nullable_bytes("user_data")
+    owned: dict[str, list[int]] = {}
     if version >= 1:
         for _ in range(reader.count("owned_partitions", _TOPIC_PARTITIONS_MIN_BYTES)):
-            reader.skip_string("owned_partitions topic", nullable=False)
-            reader.skip_int32_array("owned_partitions partitions")
+            topic = reader.string("owned_partitions topic")
+            owned.setdefault(topic, []).extend(reader.int32_array("owned_partitions partitions"))
     if version >= 2:
         reader.int32("generation_id")
     if version >= 3:
         reader.skip_string("rack_id", nullable=True)
-    return Subscription(topics, user_data)
+    return Subscription(topics, user_data, owned)
 
 
 def decode_assignment(data: bytes | bytearray | memoryview) -> Assignment:
