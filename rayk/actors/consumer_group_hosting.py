@@ -1,0 +1,347 @@
+"""ConsumerGroupHosting: the group coordinator's side of KIP-848's consumer-protocol groups
+(rayk.actors.consumer_protocol_group), a part of GroupCoordinator kept in a module of its own.
+
+These groups share the group id namespace with the classic ones, as in Kafka 4:
+- an empty group converts either way: a heartbeat makes an empty classic group a consumer
+  group, a JoinGroup an empty consumer group a classic one (each tombstones the other's
+  record; committed offsets stay);
+- online migration with members: a consumer-protocol member's heartbeat to a Stable
+  classic group (of protocol type "consumer") upgrades it, its members becoming classic
+  members of the consumer group with their partitions and generation
+  (ConsumerProtocolGroup.from_classic); a classic JoinGroup to a consumer group with
+  members makes a classic member of it; SyncGroup, Heartbeat and LeaveGroup of classic
+  members are answered by the consumer group (classic_sync, ...). When the last
+  consumer-protocol member leaves or times out and classic members remain, the group is
+  classic again, in its epoch as the generation, and rebalances. A classic group that is
+  still rebalancing answers the upgrading heartbeat COORDINATOR_LOAD_IN_PROGRESS (retried)
+  and one of another protocol type GROUP_ID_NOT_FOUND.
+
+A heartbeat (or a classic member's join or leave) is applied to a copy of its group,
+under the group's lock; the copy's record is written (acks=all) if it changed anything
+but heartbeat times, and only then does the copy replace the group and the member get
+its answer, so a failed write changes nothing. Members past their session or rebalance
+timeout are removed the same way. Commits are checked by member epoch: an older one is
+STALE_MEMBER_EPOCH, a newer one FENCED_MEMBER_EPOCH (a classic member's either way
+ILLEGAL_GENERATION), and a commit without a member (epoch < 0) is taken only while the
+group has no members.
+
+Not thread-safe; the owning actor's event loop calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
+from rayk.actors.consumer_protocol_group import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    ClassicMembership,
+    ConsumerHeartbeat,
+    ConsumerProtocolGroup,
+    HeartbeatAnswer,
+)
+from rayk.actors.consumer_protocol_group import Member as ConsumerMember
+from rayk.actors.group_records import CommittedOffset, ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
+from rayk.actors.member_reconciliation import MemberAssignment
+from rayk.config import BrokerConfig
+from rayk.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    FencedInstanceIdError,
+    FencedMemberEpochError,
+    GroupIdNotFoundError,
+    IllegalGenerationError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
+    KafkaError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    RequestTimedOutError,
+    StaleMemberEpochError,
+    UnknownMemberIdError,
+)
+
+logger = logging.getLogger(__name__)
+
+CONSUMER_PROTOCOL_TYPE = "consumer"
+TopicPartition = tuple[str, int]
+Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
+PartitionCounts = Callable[[], Awaitable[dict[str, int]]]  # every topic's partition count, from the Controller
+
+
+def encode_partitions(partitions: Iterable[TopicPartition]) -> bytes:
+    """Partitions as the classic consumer protocol's assignment (a classic member's SyncGroup answer)."""
+    from rayk.client.consumer_protocol import encode_assignment  # (rayk.client imports this module)
+
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        by_topic.setdefault(topic, []).append(partition)
+    return encode_assignment(by_topic)
+
+
+def monotonic_ms() -> int:
+    """The clock of consumer-protocol members' sessions (a restored member's counts from its load)."""
+    return int(time.monotonic() * 1000)
+
+
+class ConsumerGroupHosting:
+    """What GroupCoordinator keeps that this part uses."""
+
+    config: BrokerConfig
+    _append: Append
+    _lookup_partition_counts: PartitionCounts | None
+    _groups: dict[str, ConsumerGroup]
+    _consumer_groups: dict[str, ConsumerProtocolGroup]
+    _offsets: dict[str, dict[TopicPartition, CommittedOffset]]
+    _lock: Callable[[str], asyncio.Lock]
+    _summary: Callable[[str], dict[str, Any]]
+    _persist_group: Callable[[ConsumerGroup], None]
+
+    def _load_consumer_group(self, record: ConsumerGroupRecord) -> None:
+        if record.group_epoch is None:
+            self._consumer_groups.pop(record.group_id, None)
+            return
+        self._consumer_groups[record.group_id] = ConsumerProtocolGroup.restore(
+            record, self.config.group_consumer_session_timeout_ms, monotonic_ms())
+
+    async def expire_consumer_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
+        """Removes the consumer group's members past their session (or rebalance)
+        timeout, once the group's record without them is written; returns their ids."""
+        async with self._lock(group_id):
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                return []
+            trial = group.copy()
+            gone = trial.expire(monotonic_ms() if now_ms is None else now_ms)
+            if gone:
+                consumer_left = any(group.members[m].classic is None for m in gone)
+                downgraded = self._downgraded(trial) if consumer_left else None
+                value = None if downgraded is not None else consumer_group_value(trial.snapshot())
+                await self._append([(consumer_group_key(group_id), value)])
+                self._replace_group(group_id, trial, downgraded)
+                for member_id in gone:
+                    logger.info("group %s: member %s timed out", group_id, member_id)
+            return gone
+
+    @staticmethod
+    def _classic_member_id(group: ConsumerProtocolGroup, member_id: str, group_instance_id: str | None) -> str:
+        """The member a classic request names (by instance id alone in a LeaveGroup);
+        FENCED_INSTANCE_ID if the instance id is another member's."""
+        if group_instance_id is None:
+            return member_id
+        holder = next((m.member_id for m in group.members.values() if m.instance_id == group_instance_id), None)
+        if holder is None:
+            raise UnknownMemberIdError(f"no member of group {group.group_id!r} has instance id {group_instance_id!r}")
+        if member_id and member_id != holder:
+            raise FencedInstanceIdError(f"instance id {group_instance_id!r} of group {group.group_id!r} is member {holder!r}, "
+                                        f"not {member_id!r}")  # fmt: skip
+        return holder
+
+    async def _classic_join_consumer_group(
+        self, group_id: str, member_id: str, client_id: str, session_timeout_ms: int, rebalance_timeout_ms: int,
+        protocol_type: str, protocols: list[tuple[str, bytes]], group_instance_id: str | None,
+    ) -> JoinResult | None:
+        """A JoinGroup to a consumer-protocol group: with members, the joining consumer
+        becomes a classic member of it (a mixed group, Kafka's online migration), answered
+        at once; an empty one is tombstoned and gives its id to a classic group (None)."""
+        from rayk.client.consumer_protocol import decode_subscription  # (rayk.client imports this module)
+
+        async with self._lock(group_id):
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                return None
+            if not group.members:
+                await self._append([(consumer_group_key(group_id), None)])
+                del self._consumer_groups[group_id]
+                return None
+            if protocol_type != CONSUMER_PROTOCOL_TYPE or not protocols:
+                raise InconsistentGroupProtocolError(
+                    f"group {group_id!r} is a consumer-protocol group: it takes classic members of protocol type "
+                    f"'consumer' only, not {protocol_type!r}"
+                )
+            try:
+                subscription = decode_subscription(protocols[0][1])
+            except KafkaError as e:
+                raise InconsistentGroupProtocolError(f"group {group_id!r}: a malformed subscription ({e})") from None
+            owned = [(t, p) for t, ps in subscription.owned_partitions.items() for p in ps]
+            counts = await self._partition_counts()
+            trial = group.copy()
+            answer = trial.classic_join(
+                member_id or f"{group_instance_id or client_id or 'member'}-{uuid.uuid4()}", monotonic_ms(), counts,
+                subscription.topics, owned, rebalance_timeout_ms, ClassicMembership(session_timeout_ms, tuple(protocols)),
+                group_instance_id, client_id,
+            )  # fmt: skip
+            await self._write_group_records(group_id, [(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])
+            self._consumer_groups[group_id] = trial
+            # Never the leader (the coordinator assigns): its SyncGroup carries no assignments.
+            return JoinResult(answer.member_epoch, protocols[0][0], "", answer.member_id, [])
+
+    async def _partition_counts(self) -> dict[str, int]:
+        if self._lookup_partition_counts is None:
+            raise CoordinatorNotAvailableError("this coordinator cannot look the topics up")
+        return await self._lookup_partition_counts()
+
+    async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
+                                 partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
+        """One ConsumerGroupHeartbeat (see the module docstring); `partition_counts`: every
+        topic's partition count now (None: looked up)."""
+        if not group_id:
+            raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        if partition_counts is None:
+            partition_counts = await self._partition_counts()
+        async with self._lock(group_id):
+            records: list[tuple[bytes, bytes | None]] = []
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                if heartbeat.member_epoch != JOIN_EPOCH:
+                    raise UnknownMemberIdError(f"group {group_id!r} has no member {heartbeat.member_id!r} (no such group here)")
+                classic = self._groups.get(group_id)
+                if classic is not None and classic.generation > 0:
+                    records.append((group_key(group_id), None))
+                group = (self._upgraded(classic) if classic is not None and classic.members else
+                         ConsumerProtocolGroup(group_id, self.config.group_consumer_session_timeout_ms))  # fmt: skip
+            before = group.snapshot()
+            trial = group.copy()
+            answer = trial.heartbeat(
+                heartbeat.member_id, heartbeat.member_epoch, monotonic_ms(), partition_counts,
+                subscribed_topics=heartbeat.subscribed_topics, owned=heartbeat.owned, assignor=heartbeat.assignor,
+                rebalance_timeout_ms=heartbeat.rebalance_timeout_ms, subscribed_regex=heartbeat.subscribed_regex,
+                instance_id=heartbeat.instance_id, client_id=heartbeat.client_id, client_host=heartbeat.client_host,
+                rack_id=heartbeat.rack_id,
+            )  # fmt: skip
+            downgraded = self._downgraded(trial) if heartbeat.member_epoch == LEAVE_EPOCH else None
+            after = trial.snapshot()
+            if downgraded is not None:
+                records.append((consumer_group_key(group_id), None))
+            elif after != before or group_id not in self._consumer_groups:
+                records.append((consumer_group_key(group_id), consumer_group_value(after)))
+            if records:
+                await self._write_group_records(group_id, records)
+            self._replace_group(group_id, trial, downgraded)
+            return dataclasses.replace(answer, heartbeat_interval_ms=self.config.group_consumer_heartbeat_interval_ms)
+
+    def _replace_group(self, group_id: str, consumer_group: ConsumerProtocolGroup, downgraded: ConsumerGroup | None) -> None:
+        """The group's new state, once written: a consumer-protocol group (the classic one
+        it was, if any, is closed), or the classic group it was downgraded to, rebalancing."""
+        classic = self._groups.pop(group_id, None)
+        if classic is not None:
+            classic.close()
+        if downgraded is None:
+            self._consumer_groups[group_id] = consumer_group
+            return
+        self._consumer_groups.pop(group_id, None)
+        self._groups[group_id] = downgraded
+        downgraded.rebalance()  # its members rejoin, told by their next heartbeat
+        logger.info("group %s: its last consumer-protocol member left; a classic group again", group_id)
+
+    def _upgraded(self, classic: ConsumerGroup) -> ConsumerProtocolGroup:
+        """A classic group with members, as a consumer-protocol group of classic members
+        (Kafka's online upgrade): only a Stable group of the consumer protocol type."""
+        from rayk.client.consumer_protocol import decode_assignment, decode_subscription  # (rayk.client imports this module)
+
+        if classic.protocol_type != CONSUMER_PROTOCOL_TYPE or classic.protocol is None:
+            raise GroupIdNotFoundError(f"group {classic.group_id!r} is a classic group of protocol type "
+                                       f"{classic.protocol_type!r}: it cannot become a consumer group")  # fmt: skip
+        if classic.state is not GroupState.STABLE:
+            raise CoordinatorLoadInProgressError(f"group {classic.group_id!r} is rebalancing: it is upgraded to the "
+                                                 "consumer protocol once its generation settles")  # fmt: skip
+        now_ms = monotonic_ms()
+        members = []
+        for m in classic.members.values():
+            try:
+                topics = decode_subscription(m.metadata_for(classic.protocol)).topics
+                assigned = frozenset((t, p) for t, ps in decode_assignment(m.assignment).partitions.items() for p in ps)
+            except KafkaError as e:
+                raise GroupIdNotFoundError(f"group {classic.group_id!r} cannot become a consumer group: member "
+                                           f"{m.member_id!r}'s embedded consumer protocol is malformed ({e})") from None
+            members.append((ConsumerMember(
+                m.member_id, frozenset(topics), None, m.rebalance_timeout_ms, MemberAssignment(classic.generation), now_ms,
+                instance_id=m.group_instance_id, client_id=m.client_id,
+                classic=ClassicMembership(m.session_timeout_ms, tuple(m.protocols)),
+            ), assigned))  # fmt: skip
+        logger.info("group %s: a consumer-protocol member joins; upgraded with its %d classic member(s)",
+                    classic.group_id, len(members))
+        return ConsumerProtocolGroup.from_classic(classic.group_id, self.config.group_consumer_session_timeout_ms,
+                                                  classic.generation, now_ms, members)  # fmt: skip
+
+    def _downgraded(self, group: ConsumerProtocolGroup) -> ConsumerGroup | None:
+        """The classic group that `group` becomes now that its last consumer-protocol member
+        left, if classic members remain (Kafka's online downgrade), in its epoch as the
+        generation with their assignments; None if it stays as it is."""
+        if not group.members or any(m.classic is None for m in group.members.values()):
+            return None
+        classic = ConsumerGroup(group.group_id, self.config.group_initial_rebalance_delay_ms, on_stable=self._persist_group)
+        classic.generation = group.group_epoch
+        members = [
+            Member(m.member_id, m.client_id, m.classic.session_timeout_ms, m.rebalance_timeout_ms, list(m.classic.protocols),
+                   classic.clock_s(), encode_partitions(m.assignment.assigned), m.instance_id)
+            for m in group.members.values() if m.classic is not None
+        ]  # fmt: skip
+        shared = set.intersection(*({name for name, _ in m.protocols} for m in members))
+        protocol = next((name for name, _ in members[0].protocols if name in shared), None)
+        if protocol is None:
+            return None  # no protocol every member has: it stays a mixed group
+        classic.restore_stable(CONSUMER_PROTOCOL_TYPE, protocol, members[0].member_id, members)
+        return classic
+
+    async def _write_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
+        try:
+            await self._append(records)
+        except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
+            raise CoordinatorNotAvailableError(f"the state of group {group_id!r} was not replicated: {e}") from None
+
+    def _check_member_epoch(self, group: ConsumerProtocolGroup, member_id: str, member_epoch: int) -> None:
+        """A consumer-protocol group's check of a commit or fetch (Kafka's
+        ConsumerGroup.validateOffsetCommit / validateOffsetFetch)."""
+        if member_epoch < 0 and not group.members:
+            return  # an admin client, or a consumer outside group management, while the group is empty
+        member = group.members.get(member_id)
+        if member is None:
+            raise UnknownMemberIdError(f"member {member_id!r} is not in group {group.group_id!r}")
+        current = member.assignment.member_epoch
+        if member.classic is not None and member_epoch != current:  # a classic member's epoch is its generation
+            raise IllegalGenerationError(f"generation {member_epoch} is not member {member_id!r}'s {current}")
+        if member_epoch > current:
+            raise FencedMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current}, "
+                                         f"not {member_epoch}")  # fmt: skip
+        if member_epoch < current:
+            raise StaleMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current} "
+                                        f"now, not {member_epoch}: retry with the epoch of its next heartbeat")  # fmt: skip
+
+    async def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
+        """A consumer-protocol group for ConsumerGroupDescribe: GROUP_ID_NOT_FOUND for any
+        other (Kafka's answer, also for a classic group)."""
+        group = self._consumer_groups.get(group_id)
+        if group is None:
+            raise GroupIdNotFoundError(f"group {group_id!r} is not a consumer-protocol group here")
+        return {
+            "group_id": group_id, "state": group.state.value, "group_epoch": group.group_epoch,
+            "assignment_epoch": group.target_epoch, "assignor": group.assignor_name,
+            "members": [{
+                "member_id": m.member_id, "instance_id": m.instance_id, "rack_id": m.rack_id,
+                "member_epoch": m.assignment.member_epoch, "client_id": m.client_id, "client_host": m.client_host,
+                "subscribed_topics": sorted(m.subscribed_topics), "subscribed_regex": m.subscribed_regex,
+                "assignment": sorted(m.assignment.assigned), "target": sorted(group.target.get(m.member_id, ())),
+            } for m in group.members.values()],
+        }  # fmt: skip
+
+    def _describe_as_classic(self, group: ConsumerProtocolGroup) -> dict[str, Any]:
+        from rayk.client.consumer_protocol import encode_subscription  # (rayk.client imports this module)
+
+        known = tuple(group.subscribed_topics())
+        return {
+            **self._summary(group.group_id), "generation": group.group_epoch, "protocol": group.assignor_name,
+            "leader": None,
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "group_instance_id": m.instance_id,
+                         "assignment": encode_partitions(m.assignment.assigned),
+                         "metadata": encode_subscription(sorted(m.subscription(known)))}
+                        for m in group.members.values()],
+            "offsets": {tp: c.offset for tp, c in self._offsets.get(group.group_id, {}).items()},
+        }  # fmt: skip
