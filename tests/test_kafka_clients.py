@@ -1179,7 +1179,8 @@ class ProtocolMember:
         })
         self.received: list[tuple[int, int, float]] = []
         self.revoked: list[int] = []
-        self.assignment: set[int] = set()
+        self.assignment: set[int] = set()  # partition numbers (of the one topic most tests use)
+        self.topic_partitions: set[tuple[str, int]] = set()
         self.errors: list[Any] = []
         self._stop = threading.Event()
         self.consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
@@ -1188,11 +1189,16 @@ class ProtocolMember:
 
     def _assigned(self, consumer, partitions) -> None:
         self.assignment |= {p.partition for p in partitions}
+        self.topic_partitions |= {(p.topic, p.partition) for p in partitions}
 
     def _revoked(self, consumer, partitions) -> None:
         gone = {p.partition for p in partitions}
         self.revoked += sorted(gone)
         self.assignment -= gone
+        self.topic_partitions -= {(p.topic, p.partition) for p in partitions}
+
+    def topics(self) -> set[str]:
+        return {t for t, _ in self.topic_partitions}
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -1350,6 +1356,23 @@ def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_co
                 m.close()
 
 
+def test_a_consumer_protocol_regex_subscription_takes_the_matching_topics_those_created_later_too(cluster, bootstrap):
+    """librdkafka sends a subscription starting with ^ as KIP-848's subscribed_topic_regex:
+    the coordinator resolves it at every heartbeat, so a matching topic created while the
+    member runs is assigned to it, and one that does not match never is."""
+    prefix = f"rx{next(_names)}"
+    for name in (f"{prefix}-a", f"{prefix}-b", f"other-{prefix}"):
+        cluster.create_topic(name, num_partitions=1, replication_factor=1)
+    member = ProtocolMember(bootstrap, f"regex-{prefix}", f"^{prefix}-.*", "regex")
+    try:
+        wait_until(lambda: member.topics() == {f"{prefix}-a", f"{prefix}-b"}, 30, "the matching topics")
+        cluster.create_topic(f"{prefix}-c", num_partitions=2, replication_factor=1)
+        wait_until(lambda: member.topics() == {f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"}, 30, "the new topic")
+        assert len(member.topic_partitions) == 4
+    finally:
+        member.close()
+
+
 def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, bootstrap):
     """rayk's Consumer with group_protocol="consumer" and a librdkafka member in one KIP-848
     group: they split the partitions, rayk's commits carry its member epoch, and when it
@@ -1444,13 +1467,16 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
         assert (described.error_code.value, described.group_state, described.group_epoch) == (0, "Stable", 1)
         [member] = described.members
         [owned] = member.assignment.topic_partitions
-        assert (member.member_id, member.member_epoch, member.client_id) == ("m1", 1, "test")
+        assert (member.member_id, member.member_epoch, member.client_id, member.member_type) == ("m1", 1, "test", 1)
         assert (owned.topic_id, owned.topic_name, sorted(owned.partitions)) == (topic_id, topic, [0, 1])
         assert unknown.error_code.value == 69  # GROUP_ID_NOT_FOUND
         classic_view = connection.call(DESCRIBE_GROUPS, 5, {"groups": [group_id], "include_authorized_operations": False})
         assert classic_view.groups[0].error_code.value == 69, "DescribeGroups describes classic groups"
         listed = connection.call(LIST_GROUPS, 5, {"states_filter": [], "types_filter": []}).groups
         assert [(g.group_state, g.group_type) for g in listed if g.group_id == group_id] == [("Stable", "consumer")]
+        for kind, expected in (("Consumer", [group_id]), ("classic", [])):  # (v5's filter, case as Kafka's tools send it)
+            listed = connection.call(LIST_GROUPS, 5, {"states_filter": [], "types_filter": [kind]}).groups
+            assert [g.group_id for g in listed if g.group_id == group_id] == expected, kind
 
         by_id = connection.call(METADATA, 12, {"topics": [{"name": None, "topic_id": topic_id},
                                                           {"name": None, "topic_id": uuid.UUID(int=1)}],

@@ -329,6 +329,7 @@ class ConsumerGroupHosting:
                 "member_epoch": m.assignment.member_epoch, "client_id": m.client_id, "client_host": m.client_host,
                 "subscribed_topics": sorted(m.subscribed_topics), "subscribed_regex": m.subscribed_regex,
                 "assignment": sorted(m.assignment.assigned), "target": sorted(group.target.get(m.member_id, ())),
+                "classic": m.classic is not None,
             } for m in group.members.values()],
         }  # fmt: skip
 

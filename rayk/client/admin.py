@@ -427,7 +427,7 @@ class Admin:
     # ------------------------------------------------------------------ consumer groups
 
     def list_consumer_groups(self) -> list[GroupListing]:
-        """Every group (GroupListing: group_id, state, protocol_type), from every
+        """Every group (GroupListing: group_id, state, protocol_type, group_type), from every
         coordinator (all asked again if one does not answer, as it may have moved)."""
         listed = self._calls.retry(self._list_groups, "ListGroups")
         return sorted((GroupListing(**g) for groups in listed for g in groups), key=lambda g: g.group_id)

@@ -72,11 +72,13 @@ def partition_descriptions(described: list[Mapping[str, Any]]) -> list[Partition
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GroupListing(ReadsAsDict):
-    """A group as ListGroups shows it; `state` is Kafka's name ("Stable", "Empty", ...)."""
+    """A group as ListGroups shows it; `state` is Kafka's name ("Stable", "Empty", ...),
+    `group_type` "classic" or "consumer" (KIP-848's protocol)."""
 
     group_id: str
     state: str
     protocol_type: str
+    group_type: str = "classic"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -134,7 +134,7 @@ async def consumer_group_describe(view: BrokerView, request: Any) -> dict:
                 "member_epoch": m["member_epoch"], "client_id": m["client_id"], "client_host": m["client_host"],
                 "subscribed_topic_names": m["subscribed_topics"], "subscribed_topic_regex": m["subscribed_regex"],
                 "assignment": assignment(m["assignment"]), "target_assignment": assignment(m["target"]),
-                "member_type": 1,  # a consumer-protocol member (0 would be a classic one in a mixed group)
+                "member_type": 0 if m["classic"] else 1,  # (v1) a classic member of a mixed group, or not
             } for m in g["members"]],
             "authorized_operations": view.authorized_operations(request, GROUP, group_id)
             if body.include_authorized_operations else NO_AUTHORIZED_OPERATIONS,

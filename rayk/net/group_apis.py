@@ -304,8 +304,10 @@ async def _fetch_group(view: BrokerView, request: Any, group_id: str, topics: An
 
 
 async def list_groups(view: BrokerView, request: Any) -> dict:
-    """The groups this broker coordinates (as Kafka: an admin client asks every broker)."""
+    """The groups this broker coordinates (as Kafka: an admin client asks every broker),
+    of the states and (v5+) types ("classic", "consumer") asked for, if any."""
     states = {s.lower() for s in (getattr(request.body, "states_filter", None) or ())}
+    types = {t.lower() for t in (getattr(request.body, "types_filter", None) or ())}
     described = await view.controller.client_metadata.remote([OFFSETS_TOPIC])
     partitions = described["topics"].get(OFFSETS_TOPIC, {}).get("partitions", {})
     mine = [p for p, s in partitions.items() if s["leader"] == view.broker_id]
@@ -316,7 +318,7 @@ async def list_groups(view: BrokerView, request: Any) -> dict:
             continue  # leadership moved since the metadata was read
         for g in answer:
             visible = view.authorized(request, DESCRIBE, CLUSTER) or view.authorized(request, DESCRIBE, GROUP, g["group_id"])
-            if visible and (not states or g["state"].lower() in states):
+            if visible and (not states or g["state"].lower() in states) and (not types or g["group_type"] in types):
                 groups.append({"group_id": g["group_id"], "protocol_type": g["protocol_type"],
                                "group_state": g["state"], "group_type": g["group_type"]})
     return {"groups": groups}
