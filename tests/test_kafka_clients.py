@@ -138,11 +138,16 @@ def test_consumer_offsets_followers_follow_and_join_the_isr(cluster, bootstrap):
     finally:
         connection.close()
     wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(include_internal=True), 30, "__consumer_offsets to exist")
-    # A new partition's ISR starts full; a follower that does not fetch leaves it once
-    # replica.lag.time.max.ms has passed.
-    time.sleep(2 * CONFIG["replica.lag.time.max.ms"] / 1000)
-    wait_until(lambda: all(sorted(p["isr"]) == sorted(p["replicas"]) for p in cluster.describe_topic(OFFSETS_TOPIC)),
-               90, "every __consumer_offsets partition's followers in its ISR")
+    wait_until(lambda: all(p["leader"] >= 0 for p in cluster.describe_topic(OFFSETS_TOPIC)), 30, "their leaders")
+    # A commit is written with acks=all, so it is answered once every ISR member has it: a
+    # follower that did not follow would hold it up until it left the ISR
+    # (replica.lag.time.max.ms), and the ISR would not be full after it.
+    topic, partitions = new_topic(cluster, partitions=1), BrokerConfig().offsets_topic_num_partitions
+    for p in range(partitions):
+        group = next(g for g in (f"follow-{p}-{i}" for i in itertools.count()) if coordinator_partition(g, partitions) == p)
+        committed_standalone(bootstrap, topic, group, 1)
+    assert all(sorted(p["isr"]) == sorted(p["replicas"]) for p in cluster.describe_topic(OFFSETS_TOPIC)), \
+        "every __consumer_offsets partition's followers in its ISR"
 
 
 def committed_standalone(bootstrap: str, topic: str, group: str, offset: int) -> None:
