@@ -102,71 +102,36 @@ def consumed_values(*members: JavaProcess) -> Counter:
     return Counter(r.split(":", 2)[2] for m in members for e in m.events if e["event"] == "consumed" for r in e["records"])
 
 
-def test_a_java_consumer_group_rebalances_cooperatively_and_keeps_static_members(cluster, bootstrap, jvm):
-    """A classic group of Java consumers with the cooperative-sticky assignor: a second
-    member takes half the partitions while the first keeps the other half (it revokes only
-    what moves); a static member that restarts within its session timeout gets its
-    partitions back with no rebalance; one that leaves (LeaveGroup naming its instance id)
-    hands them back at once. Every record is consumed, and the group commits to the end."""
-    topic, group = new_topic(cluster, partitions=4), f"java-group-{uuid.uuid4().hex[:6]}"
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_java_group_moves_only_what_must_and_keeps_static_members(cluster, bootstrap, jvm, protocol):
+    """A group of Java consumers, of the classic protocol with the cooperative-sticky
+    assignor or of KIP-848's (group.protocol=consumer): a second member takes half the
+    partitions while the first revokes only those, once; a static member that restarts
+    within its session gets its partitions back and no one else is touched (classic: a
+    rejoin in the same generation; consumer: it left with epoch -2 and its instance id
+    takes its place over); one that leaves (by its instance id) hands them back at once.
+    Every record is consumed, and the group commits to the end."""
+    topic, group = new_topic(cluster, partitions=4), f"java-{protocol}-{uuid.uuid4().hex[:6]}"
     partitions = [f"{topic}-{p}" for p in range(4)]
-    a = member(jvm, bootstrap, topic, group, "a")
+    settings = [f"group.protocol={protocol}"]
+    a = member(jvm, bootstrap, topic, group, "a", *settings)
     b = b_again = None
     try:
         a.wait_for("assigned", where=lambda e: e["owned"] == partitions)
-        b = member(jvm, bootstrap, topic, group, "b")
-        moved = b.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]
-        kept = a.wait_for("assigned", where=lambda e: sorted(e["owned"] + moved) == partitions)["owned"]
-        assert len(moved) == len(kept) == 2
-        revoked = [e["partitions"] for e in a.events if e["event"] == "revoked"]
-        assert revoked == [moved], "cooperative: the first member revokes only what moves, once"
-
-        jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 60)
-        wait_until(lambda: len(consumed_values(a, b)) == 60, 30, "both members to consume the 60 records")
-
-        events_of_a = len(a.events)
-        assert b.stop("close") == 0  # a static member's close() does not leave the group
-        b_again = member(jvm, bootstrap, topic, group, "b")
-        assert b_again.wait_for("assigned", where=lambda e: e["partitions"])["partitions"] == moved
-        time.sleep(1)
-        assert a.events[events_of_a:] == [], "a static member's return rebalances no one"
-
-        assert b_again.stop("leave") == 0
-        assert a.wait_for("assigned", where=lambda e: e["partitions"])["partitions"] == moved
-        assert a.events[-1]["owned"] == partitions
-    finally:
-        for process in (a, b, b_again):
-            if process is not None:
-                process.stop("halt")
-    assert sorted(consumed_values(a, b, b_again)) == sorted(f"v{i}" for i in range(60))
-    assert sum(committed_offsets(cluster, group).values()) == 60
-
-
-def test_a_java_group_of_the_consumer_protocol_moves_only_what_must_and_keeps_static_members(cluster, bootstrap, jvm):
-    """The Java consumer with group.protocol=consumer (KIP-848): a second member takes half
-    the partitions while the first revokes only those; a static member that closes (epoch
-    -2) and comes back with its instance id gets its partitions back and no one else is
-    touched; one that leaves hands them back. Every record is consumed and committed."""
-    topic, group = new_topic(cluster, partitions=4), f"java-848-{uuid.uuid4().hex[:6]}"
-    partitions = [f"{topic}-{p}" for p in range(4)]
-    protocol = "group.protocol=consumer"
-    a = member(jvm, bootstrap, topic, group, "a", protocol)
-    b = b_again = None
-    try:
-        a.wait_for("assigned", where=lambda e: e["owned"] == partitions)
-        b = member(jvm, bootstrap, topic, group, "b", protocol)
-        moved = b.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]
-        kept = a.wait_for("revoked")
-        assert len(moved) == 2 and kept["partitions"] == moved, "the first member revokes only what moves"
+        b = member(jvm, bootstrap, topic, group, "b", *settings)
+        moved = sorted(b.wait_for("assigned", where=lambda e: e["partitions"])["partitions"])
+        assert len(moved) == 2
+        wait_until(lambda: [sorted(e["partitions"]) for e in a.events if e["event"] == "revoked"] == [moved], 30,
+                   "the first member to revoke only what moves, once")
         assert not any(e["event"] == "lost" for e in a.events)
 
         jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, 60)
         wait_until(lambda: len(consumed_values(a, b)) == 60, 30, "both members to consume the 60 records")
 
         events_of_a = len(a.events)
-        assert b.stop("close") == 0  # a static member's close() leaves with epoch -2: it keeps its place
-        b_again = member(jvm, bootstrap, topic, group, "b", protocol)
-        assert sorted(b_again.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]) == sorted(moved)
+        assert b.stop("close") == 0  # a static member's close() does not leave the group
+        b_again = member(jvm, bootstrap, topic, group, "b", *settings)
+        assert sorted(b_again.wait_for("assigned", where=lambda e: e["partitions"])["partitions"]) == moved
         time.sleep(1)
         assert a.events[events_of_a:] == [], "a static member's return moves nothing"
 

@@ -1167,6 +1167,40 @@ def test_transaction_version_2_adds_partitions_at_the_leader_and_bumps_the_epoch
 
 
 # Last in the module: it kills a broker, and the tests after it would find 2 of 3 brokers live.
+class PartitionWriter:
+    """Writes to every partition of a topic in a thread, a record to each every 20 ms
+    (librdkafka, linger.ms 2), until `stop`."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self._producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+        self._topic, self._partitions = topic, partitions
+        self._rounds = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            for p in range(self._partitions):
+                self._producer.produce(self._topic, value=b"%d-%d" % (p, self._rounds), partition=p)
+            self._producer.poll(0)
+            self._rounds += 1
+            time.sleep(0.02)
+        assert self._producer.flush(30) == 0
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(30)
+
+    def counts(self) -> dict[int, int]:
+        """Records written per partition (once stopped: each partition's end offset)."""
+        return {p: self._rounds for p in range(self._partitions)}
+
+    def written(self) -> set[tuple[int, int]]:
+        """Every (partition, offset) written (once stopped)."""
+        return {(p, o) for p in range(self._partitions) for o in range(self._rounds)}
+
+
 CLASSIC = {"group.protocol": "classic", "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
            "partition.assignment.strategy": "cooperative-sticky"}
 
@@ -1228,23 +1262,8 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
     record sent is received, and the group's committed offsets reach the end."""
     topic = new_topic(cluster, partitions=4)
     group_id = f"kip848-{topic}"
-    sent: list[tuple[int, int]] = []
-    stop = threading.Event()
+    writer = PartitionWriter(bootstrap, topic, 4)
 
-    def produce() -> None:
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
-        i = 0
-        while not stop.is_set():
-            for p in range(4):
-                producer.produce(topic, value=b"%d-%d" % (p, i), partition=p)
-            producer.poll(0)
-            sent.extend((p, i) for p in range(4))
-            i += 1
-            time.sleep(0.02)
-        assert producer.flush(30) == 0
-
-    producing = threading.Thread(target=produce, daemon=True)
-    producing.start()
     members = [ProtocolMember(bootstrap, group_id, topic, "a")]
     try:
         wait_until(lambda: len(members[0].assignment) == 4, 30, "the first member to get every partition")
@@ -1265,8 +1284,7 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
                    and not members[0].assignment & members[2].assignment, 30, "b's partitions to move")
         churn_ended = time.monotonic()
         time.sleep(0.5)
-        stop.set()
-        producing.join(30)
+        writer.stop()
         a = members[0]
         # A was never made to give up a partition it ended with: its pauses are only the
         # moved partitions'.
@@ -1277,18 +1295,17 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
             times = [t for q, _, t in a.received if q == p and churn_started - 1 <= t <= churn_ended + 0.5]
             gaps = [b - x for x, b in zip(times, times[1:])]
             assert times and max(gaps, default=0) < 2.0, f"partition {p} paused {max(gaps):.1f} s while the group changed"
-        wait_until(lambda: {(p, o) for m in members for p, o, _ in m.received} >= set(
-            (p, o) for p in range(4) for o in range(sum(1 for q, _ in sent if q == p))), 30, "every record to arrive")
+        wait_until(lambda: {(p, o) for m in members for p, o, _ in m.received} >= writer.written(), 30,
+                   "every record to arrive")
         assert not [e for m in members for e in m.errors if not e.retriable()], [m.errors for m in members]
     finally:
-        stop.set()
+        writer.stop()
         for m in members:
             if not m._stop.is_set():
                 m.close()
     described = cluster.admin().describe_consumer_groups([group_id])[group_id]
     assert described.protocol_type == "consumer" and described.state == "Empty"
-    assert {tp.partition: lag.committed for tp, lag in described.partitions.items()} == {
-        p: sum(1 for q, _ in sent if q == p) for p in range(4)}
+    assert {tp.partition: lag.committed for tp, lag in described.partitions.items()} == writer.counts()
 
 
 def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_consumes(cluster, bootstrap):
@@ -1300,20 +1317,7 @@ def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_co
     share a partition, and every record sent is received."""
     topic = new_topic(cluster, partitions=4)
     group_id = f"migrate-{topic}"
-    sent: list[tuple[int, int]] = []
-    stop = threading.Event()
-
-    def produce() -> None:
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
-        i = 0
-        while not stop.is_set():
-            for p in range(4):
-                producer.produce(topic, value=b"%d-%d" % (p, i), partition=p)
-            producer.poll(0)
-            sent.extend((p, i) for p in range(4))
-            i += 1
-            time.sleep(0.02)
-        assert producer.flush(30) == 0
+    writer = PartitionWriter(bootstrap, topic, 4)
 
     def group_type() -> str:
         return next(g.type for g in admin.list_consumer_groups().result().valid if g.group_id == group_id).name
@@ -1323,8 +1327,6 @@ def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_co
         return all(owned) and sum(map(len, owned)) == 4 and len(set().union(*owned)) == 4
 
     admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
-    producing = threading.Thread(target=produce, daemon=True)
-    producing.start()
     everyone: list[ProtocolMember] = []
 
     def member(name: str, **settings: Any) -> ProtocolMember:
@@ -1349,13 +1351,12 @@ def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_co
         n2.close()
         wait_until(lambda: len(c3.assignment) == 4, 30, "c3 to take every partition")
         assert group_type() == "CLASSIC", "downgraded once its consumer-protocol members left"
-        stop.set()
-        producing.join(30)
-        wait_until(lambda: {(p, o) for m in everyone for p, o, _ in m.received} >= {
-            (p, o) for p in range(4) for o in range(sum(1 for q, _ in sent if q == p))}, 30, "every record to arrive")
+        writer.stop()
+        wait_until(lambda: {(p, o) for m in everyone for p, o, _ in m.received} >= writer.written(), 30,
+                   "every record to arrive")
         assert not [e for m in everyone for e in m.errors if not e.retriable()], [m.errors for m in everyone]
     finally:
-        stop.set()
+        writer.stop()
         for m in everyone:
             if not m._stop.is_set():
                 m.close()
