@@ -166,10 +166,9 @@ class ConsumerProtocolMember:
             return
         self._revoking = None
         try:
-            pending.result()
+            self._coordinator.result(pending)
         except KafkaError as e:  # released anyway: the next owner starts from the last commit
             logger.info("group %s: commit of revoked partitions %s failed: %s", self.group_id, sorted(revoked), e)
-            self._coordinator.forget_if_moved(e)
         self._report_owned()
 
     def _report_owned(self) -> None:
@@ -313,10 +312,9 @@ class ConsumerProtocolMember:
             return
         self._auto_commit = None
         try:
-            pending.result()
+            self._coordinator.result(pending)
         except KafkaError as e:  # the next auto-commit carries the new epoch
             logger.info("group %s: auto-commit failed: %s", self.group_id, e)
-            self._coordinator.forget_if_moved(e)
 
     def committed(self, partitions: list[TopicPartition], timeout_ms: int) -> dict[TopicPartition, Any]:
         """The committed offsets (require_stable, as `GroupMember.committed`), asked as this member."""
@@ -345,11 +343,8 @@ class ConsumerProtocolMember:
             return (None, -1) if self.member_epoch == JOIN_EPOCH else (self.member_id, self.member_epoch)
 
     def answer(self, pending: calls.Pending) -> Any:
-        try:
-            return pending.result()
-        except KafkaError as e:
-            self._coordinator.forget_if_moved(e)
-            raise
+        """The (ready or expired) call's result; a coordinator error makes the member look it up again."""
+        return self._coordinator.result(pending)
 
     # ------------------------------------------------------------------ leaving
 

@@ -84,6 +84,15 @@ class CoordinatorLink:
             with self._lock:
                 self._handle = None
 
+    def result(self, pending: calls.Pending) -> Any:
+        """A (ready or expired) call's result; a coordinator error makes the link look
+        the coordinator up again."""
+        try:
+            return pending.result()
+        except KafkaError as e:
+            self.forget_if_moved(e)
+            raise
+
     # ------------------------------------------------------------------ non-blocking
 
     def handle_nowait(self, now: float) -> Any | None:

@@ -360,11 +360,7 @@ class GroupMember:
 
     def answer(self, pending: calls.Pending) -> Any:
         """The (ready or expired) call's result; a coordinator error makes the member look it up again."""
-        try:
-            return pending.result()
-        except KafkaError as e:
-            self._coordinator.forget_if_moved(e)
-            raise
+        return self._coordinator.result(pending)
 
     # ------------------------------------------------------------------ heartbeats, leaving
 
