@@ -53,7 +53,7 @@ from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, request_frame, sized
 
-HEARTBEAT_INTERVAL_MS = 1000  # KIP-848 members' (the broker's setting)
+HEARTBEAT_INTERVAL_MS = 500  # KIP-848 members' (the broker's setting)
 CONFIG = {
     **FAST_CONFIG,
     "group.initial.rebalance.delay.ms": 0,
@@ -87,9 +87,9 @@ def bootstrap(cluster):
     return cluster.bootstrap_servers
 
 
-def new_topic(cluster, partitions=3) -> str:
+def new_topic(cluster, partitions=3, replication_factor=3) -> str:
     name = f"k{next(_names)}"
-    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=replication_factor)
     return name
 
 
@@ -142,7 +142,7 @@ def test_consumer_offsets_followers_follow_and_join_the_isr(cluster, bootstrap):
     # A commit is written with acks=all, so it is answered once every ISR member has it: a
     # follower that did not follow would hold it up until it left the ISR
     # (replica.lag.time.max.ms), and the ISR would not be full after it.
-    topic, partitions = new_topic(cluster, partitions=1), BrokerConfig().offsets_topic_num_partitions
+    topic, partitions = new_topic(cluster, partitions=1, replication_factor=1), BrokerConfig().offsets_topic_num_partitions
     for p in range(partitions):
         group = next(g for g in (f"follow-{p}-{i}" for i in itertools.count()) if coordinator_partition(g, partitions) == p)
         committed_standalone(bootstrap, topic, group, 1)
@@ -355,7 +355,7 @@ def test_kafka_python_group_commits_are_rayk_group_offsets_and_back(cluster, boo
 def test_two_kafka_python_members_split_partitions(cluster, bootstrap):
     """Each member polls in a thread of its own, as in an application: a member's poll
     blocks in JoinGroup until the other one has joined too."""
-    topic = new_topic(cluster, partitions=4)
+    topic = new_topic(cluster, partitions=4, replication_factor=1)
     members = [kafka.KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="pair", auto_offset_reset="earliest",
                                    session_timeout_ms=10000, heartbeat_interval_ms=500) for _ in range(2)]
     stop = threading.Event()
@@ -797,7 +797,7 @@ def test_a_static_member_keeps_its_partitions_across_a_restart_fences_its_twin_a
     process with the same instance id fences the first (FENCED_INSTANCE_ID, fatal in
     librdkafka); DescribeGroups names the instance ids; LeaveGroup v5 by instance id alone
     removes a closed static member long before its session would have expired."""
-    topic, group = new_topic(cluster, partitions=4), f"static-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=4, replication_factor=1), f"static-{uuid.uuid4().hex[:8]}"
     rebalances: dict[str, int] = {}
     errors: list[confluent_kafka.KafkaError] = []
 
@@ -1260,7 +1260,7 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
     topic within two heartbeats; a third joins and the second leaves, and the partitions
     that stay with the first are consumed throughout (never revoked, no pause); every
     record sent is received, and the group's committed offsets reach the end."""
-    topic = new_topic(cluster, partitions=4)
+    topic = new_topic(cluster, partitions=4, replication_factor=1)  # (groups need no replicas)
     group_id = f"kip848-{topic}"
     writer = PartitionWriter(bootstrap, topic, 4)
 
@@ -1315,7 +1315,7 @@ def test_a_classic_group_is_upgraded_member_by_member_and_downgraded_while_it_co
     by consumer-protocol members; a classic member then joins the consumer group, and when
     the consumer-protocol members leave the group is a classic group again. Members never
     share a partition, and every record sent is received."""
-    topic = new_topic(cluster, partitions=4)
+    topic = new_topic(cluster, partitions=4, replication_factor=1)  # (groups need no replicas)
     group_id = f"migrate-{topic}"
     writer = PartitionWriter(bootstrap, topic, 4)
 
@@ -1384,7 +1384,7 @@ def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, b
     group: they split the partitions, rayk's commits carry its member epoch, and when it
     leaves the other takes its partitions from where it committed. Every record is read
     once: a revoked partition's offsets are committed before it is released."""
-    topic = new_topic(cluster, partitions=4)
+    topic = new_topic(cluster, partitions=4, replication_factor=1)  # (groups need no replicas)
     group_id = f"mixed848-{topic}"
     producer = cluster.producer()
     for i in range(200):
@@ -1439,7 +1439,7 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
     """KIP-848 on the wire, request by request: Kafka's checks and errors, the assignment by
     topic id (answered when it changed, null when not), ConsumerGroupDescribe, ListGroups'
     group type, Metadata by topic id (how librdkafka learns the assigned topics' names)."""
-    topic = new_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
     group_id = f"raw848-{topic}"
     topic_id = kafka_uuid(cluster.describe_topic(topic)[0]["topic_id"])
     connection = coordinator_connection(bootstrap, group_id, key_type=0)
