@@ -445,6 +445,12 @@ class InvalidRegularExpressionError(KafkaError):
     code, name = 128, "INVALID_REGULAR_EXPRESSION"
 
 
+class InvalidRecordStateError(KafkaError):
+    """A share-group acknowledgement names a record its member does not hold (KIP-932)."""
+
+    code, name = 121, "INVALID_RECORD_STATE"
+
+
 class InvalidReplicaAssignmentError(KafkaError):
     """A reassignment names no replica, the same broker twice, or an unknown broker."""
 
