@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup, GroupState
+from rayk.actors.consumer_protocol_group import ClassicMembership, ConsumerProtocolGroup, GroupState
 from rayk.actors.group_records import consumer_group_key, consumer_group_value, decode_record
 from rayk.actors.member_reconciliation import MemberState
 from rayk.errors import (
@@ -209,3 +209,19 @@ def test_a_regex_subscribes_to_the_topics_it_matches_those_created_later_too_but
     with pytest.raises(InvalidRegularExpressionError):
         group.heartbeat("a", both.member_epoch, 3, counts, subscribed_regex="orders-(")
     assert group.members["a"].subscribed_regex == "orders-.*|__.*", "a refused regex changes nothing"
+
+
+def test_a_classic_static_member_that_restarts_takes_its_place_and_consumer_heartbeats_cannot_name_it():
+    """A classic member never says it leaves: its restarted process (a new member id, the
+    same instance id) takes its place and partitions, as in a classic group; a
+    ConsumerGroupHeartbeat naming a classic member is UNKNOWN_MEMBER_ID."""
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    classic = ClassicMembership(10_000, (("range", b""),))
+    first = group.classic_join("c-1", 0, COUNTS, ["t"], [], 60_000, classic, instance_id="i")
+    assert len(first.assignment) == 4
+    again = group.classic_join("c-2", 1, COUNTS, ["t"], [], 60_000, classic, instance_id="i")
+    assert (again.member_epoch, again.assignment) == (first.member_epoch, first.assignment) and "c-1" not in group.members
+    with pytest.raises(UnknownMemberIdError):
+        group.heartbeat("c-2", again.member_epoch, 2, COUNTS)
+    with pytest.raises(UnknownMemberIdError):
+        group.heartbeat("c-2", -1, 2, COUNTS)

@@ -110,6 +110,7 @@ class ConsumerGroupHosting:
             return
         self._consumer_groups[record.group_id] = ConsumerProtocolGroup.restore(
             record, self.config.group_consumer_session_timeout_ms, monotonic_ms())
+        self._groups.pop(record.group_id, None)  # the later record decides which kind the group is
 
     async def expire_consumer_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
         """Removes the consumer group's members past their session (or rebalance)
@@ -158,7 +159,7 @@ class ConsumerGroupHosting:
             if group is None:
                 return None
             if not group.members:
-                await self._append([(consumer_group_key(group_id), None)])
+                await self._write_group_records(group_id, [(consumer_group_key(group_id), None)])
                 del self._consumer_groups[group_id]
                 return None
             if protocol_type != CONSUMER_PROTOCOL_TYPE or not protocols:

@@ -298,7 +298,7 @@ class ConsumerProtocolGroup:
         if member is not None and member.classic is None:
             raise UnknownMemberIdError(f"member {member_id!r} of group {self.group_id!r} uses the consumer protocol")
         if member is None:
-            holder = self._static_predecessor(member_id, instance_id)
+            holder = self._static_predecessor(member_id, instance_id, classic_restart=True)
             member = (self._take_over(holder, member_id, now_ms) if holder is not None else
                       Member(member_id, frozenset(), None, rebalance_timeout_ms, MemberAssignment(member_epoch=0), now_ms,
                              instance_id=instance_id))  # fmt: skip
@@ -373,8 +373,8 @@ class ConsumerProtocolGroup:
 
     def _known(self, member_id: str) -> Member:
         member = self.members.get(member_id)
-        if member is None:
-            raise UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")
+        if member is None or member.classic is not None:  # (a classic member speaks JoinGroup and Heartbeat)
+            raise UnknownMemberIdError(f"member {member_id!r} is not a consumer-protocol member of group {self.group_id!r}")
         return member
 
     def _join(self, member_id: str, subscribed_topics: Iterable[str] | None, subscribed_regex: str | None,
@@ -400,15 +400,17 @@ class ConsumerProtocolGroup:
             changes["assignor"] = assignor
         return (dataclasses.replace(member, **changes), True) if changes else (member, False)
 
-    def _static_predecessor(self, member_id: str, instance_id: str | None) -> Member | None:
+    def _static_predecessor(self, member_id: str, instance_id: str | None, classic_restart: bool = False) -> Member | None:
         """The member whose place a joining static member takes: one with its instance id
-        that left for now (UNRELEASED_INSTANCE_ID if it has not)."""
+        that left for now, or (`classic_restart`) a classic one, which never says it
+        leaves: its process restarted, as a classic group's static member does
+        (UNRELEASED_INSTANCE_ID if neither)."""
         if instance_id is None:
             return None
         holder = next((m for m in self.members.values() if m.instance_id == instance_id), None)
         if holder is None or holder.member_id == member_id and not holder.away:
             return None
-        if not holder.away:
+        if not holder.away and not (classic_restart and holder.classic is not None):
             raise UnreleasedInstanceIdError(
                 f"instance id {instance_id!r} of group {self.group_id!r} is still held by member {holder.member_id!r}"
             )

@@ -205,6 +205,7 @@ class GroupCoordinator(ConsumerGroupHosting):
             self._groups.pop(record.group_id, None)
             return
         self._groups.pop(record.group_id, None)  # each record supersedes the one before
+        self._consumer_groups.pop(record.group_id, None)  # (of either kind)
         group = self._group(record.group_id)
         group.generation = record.generation
         if record.members:

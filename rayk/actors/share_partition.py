@@ -199,8 +199,12 @@ class SharePartition:
         partition = cls(state.start_offset, **settings)
         for batch in state.batches:
             assert batch.state is not RecordState.ACQUIRED and batch.first_offset == partition.end_offset
+            # A record saved while acquired for its last delivery is done: it was delivered
+            # as often as it may be (in memory its release would have archived it).
+            spent = batch.state is RecordState.AVAILABLE and batch.delivery_count >= partition.delivery_count_limit
+            state = RecordState.ARCHIVED if spent else batch.state
             for offset in range(batch.first_offset, batch.last_offset + 1):
-                partition.in_flight[offset] = InFlightRecord(batch.state, batch.delivery_count)
+                partition.in_flight[offset] = InFlightRecord(state, batch.delivery_count)
             partition.end_offset = batch.last_offset + 1
         partition._advance()
         return partition

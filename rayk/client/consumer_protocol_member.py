@@ -76,6 +76,8 @@ class ConsumerProtocolMember:
         self._lock = threading.RLock()
         # Shared with the heartbeat thread (under _lock):
         self.member_epoch = JOIN_EPOCH
+        self._incarnation = 0  # one per stint in the group: an answer to an earlier one is dropped
+        self._join_sent = False  # this stint's join went out (its member may exist, answered or not)
         self._topics: list[str] = []  # the subscription
         self._sent_topics: list[str] | None = None  # the subscription the coordinator has
         self._assigned: frozenset[TopicPartition] = frozenset()  # the latest answer's
@@ -217,7 +219,10 @@ class ConsumerProtocolMember:
                 return
             with self._lock:
                 topics, idle_s, epoch = list(self._topics), time.monotonic() - self._last_poll_s, self.member_epoch
-            if not topics:
+            if not topics:  # subscribed to nothing: a member leaves, and its partitions with it
+                if epoch != JOIN_EPOCH:
+                    self._send_leave(self._request_timeout_ms)
+                    self._wake_poll(lost=False)
                 continue
             if idle_s > self._rebalance_timeout_ms / 1000:  # it joins again once the application polls
                 if epoch != JOIN_EPOCH:
@@ -230,8 +235,9 @@ class ConsumerProtocolMember:
 
     def _heartbeat(self) -> None:
         with self._lock:
-            epoch, topics, owned = self.member_epoch, list(self._topics), self._owned
+            epoch, topics, owned, incarnation = self.member_epoch, list(self._topics), self._owned, self._incarnation
             joining = epoch == JOIN_EPOCH
+            self._join_sent = self._join_sent or joining
             subscription = tuple(topics) if joining or topics != self._sent_topics else None
         heartbeat = ConsumerHeartbeat(
             self.member_id, epoch, subscribed_topics=subscription, owned=() if joining else tuple(sorted(owned)),
@@ -241,10 +247,10 @@ class ConsumerProtocolMember:
             answer = self._coordinator.call("consumer_heartbeat", self.group_id, heartbeat, None,
                                             timeout_ms=self._request_timeout_ms)  # fmt: skip
         except KafkaError as e:
-            self._heartbeat_failed(e, epoch)
+            self._heartbeat_failed(e, epoch, incarnation)
             return
         with self._lock:
-            if self.member_epoch != epoch:
+            if (self.member_epoch, self._incarnation) != (epoch, incarnation):
                 return  # left or fenced meanwhile: this answer is about the old epoch
             self.member_epoch = answer.member_epoch
             self._interval_s = (answer.heartbeat_interval_ms or FIRST_HEARTBEAT_INTERVAL_MS) / 1000
@@ -260,13 +266,14 @@ class ConsumerProtocolMember:
             if not self._answered.done():
                 self._answered.set_result(None)
 
-    def _heartbeat_failed(self, error: KafkaError, epoch: int) -> None:
+    def _heartbeat_failed(self, error: KafkaError, epoch: int, incarnation: int) -> None:
         with self._lock:
-            if self.member_epoch != epoch:
+            if (self.member_epoch, self._incarnation) != (epoch, incarnation):
                 return
             if isinstance(error, EVICTED_ERRORS):
                 logger.info("group %s: %s; rejoining, the partitions lost", self.group_id, error.name)
-                self.member_epoch, self._sent_topics = JOIN_EPOCH, None
+                self.member_epoch, self._sent_topics, self._join_sent = JOIN_EPOCH, None, False
+                self._incarnation += 1
                 self._assigned = self._owned = frozenset()
                 self._wake_poll(lost=True)
                 self._news.set()
@@ -349,11 +356,14 @@ class ConsumerProtocolMember:
     # ------------------------------------------------------------------ leaving
 
     def _send_leave(self, timeout_ms: int) -> None:
+        """Leaves with epoch -1; also when a join may be in flight (its answer is then
+        dropped, and the leave removes the member it made)."""
         with self._lock:
-            epoch = self.member_epoch
-            self.member_epoch, self._sent_topics = JOIN_EPOCH, None
+            epoch, joined = self.member_epoch, self._join_sent
+            self.member_epoch, self._sent_topics, self._join_sent = JOIN_EPOCH, None, False
             self._assigned = self._owned = frozenset()
-        if epoch == JOIN_EPOCH:
+            self._incarnation += 1
+        if epoch == JOIN_EPOCH and not joined:
             return
         try:
             self._coordinator.call("consumer_heartbeat", self.group_id, ConsumerHeartbeat(self.member_id, LEAVE_EPOCH),

@@ -15,9 +15,12 @@ Requests are checked as Kafka's KafkaApis and GroupCoordinatorService check them
 id, a member id (made by the client, v1; v0 lets the coordinator make one), and for a join
 the rebalance timeout, a subscription (topic names or a regex, v1) and no owned partitions;
 epoch -2 needs an instance id. With an authorizer a heartbeat needs READ on the group and
-DESCRIBE on every subscribed topic named (else TOPIC_AUTHORIZATION_FAILED), and a regex
-matches only the topics the principal may DESCRIBE; ConsumerGroupDescribe needs DESCRIBE
-on the group.
+DESCRIBE on every subscribed topic named (else TOPIC_AUTHORIZATION_FAILED);
+ConsumerGroupDescribe needs DESCRIBE on the group. A regex is matched against every topic:
+the group's target assignment is computed for all its members at once, so it cannot
+depend on who sent the heartbeat (Kafka 4 filters a regex's topics by the member's ACLs
+when it resolves it; rayk does not yet). Reading an assigned partition still needs READ
+on its topic, which Fetch checks.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ async def consumer_group_heartbeat(view: BrokerView, request: Any) -> dict:
         if denied:
             raise TopicAuthorizationFailedError(f"{request.context.principal} may not describe topics {denied}")
         topics = (await view.ask_controller("client_metadata", None, timeout_ms=TOPIC_LOOKUP_TIMEOUT_MS))["topics"]
-        counts = {name: len(t["partitions"]) for name, t in topics.items() if view.authorized(request, DESCRIBE, TOPIC, name)}
+        counts = {name: len(t["partitions"]) for name, t in topics.items()}  # every topic: the group's target is one
         names = {kafka_uuid(t["topic_id"]): name for name, t in topics.items()}
         owned = None if body.topic_partitions is None else tuple(
             (names[tp.topic_id], p) for tp in body.topic_partitions if tp.topic_id in names for p in tp.partitions
