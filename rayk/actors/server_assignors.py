@@ -37,16 +37,20 @@ def uniform_assign(
     subscribers = _subscribers(subscriptions, partitions)
     owned: dict[str, set[TopicPartition]] = {m: set() for m in subscriptions}
     previous = {tp: m for m, tps in (current or {}).items() if m in owned for tp in tps}
-    # Partitions of the topics with the fewest subscribers first: they have the fewest
-    # places to go. Each stays with its current owner if that one still subscribes,
-    # else goes to the subscriber with the fewest partitions.
+    # Every partition first stays with its current owner if that one still subscribes.
+    # Then the others, of the topics with the fewest subscribers first (they have the
+    # fewest places to go), each go to the subscriber with the fewest partitions: counted
+    # after every kept partition, so that a member leaving moves only its own partitions.
+    orphans = []
     for topic in sorted(subscribers, key=lambda t: (len(subscribers[t]), t)):
         for p in range(partitions[topic]):
-            tp = (topic, p)
-            keeper = previous.get(tp)
-            if keeper not in subscribers[topic]:
-                keeper = min(subscribers[topic], key=lambda m: (len(owned[m]), m))
-            owned[keeper].add(tp)
+            keeper = previous.get((topic, p))
+            if keeper in subscribers[topic]:
+                owned[keeper].add((topic, p))
+            else:
+                orphans.append((topic, p))
+    for topic, p in orphans:
+        owned[min(subscribers[topic], key=lambda m: (len(owned[m]), m))].add((topic, p))
     _balance(owned, subscribers)
     return {m: frozenset(tps) for m, tps in owned.items()}
 
