@@ -111,9 +111,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
 
     async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
                                  partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
-        """A ConsumerGroupHeartbeat; `partition_counts` None (rayk's own consumer): every
-        topic's, asked of the Controller (the listener passes those the principal may
-        describe)."""
+        """A ConsumerGroupHeartbeat; `partition_counts`: every topic's (the listener
+        passes them; None, from rayk's own consumer: asked of the Controller here)."""
         return await self._require_coordinator().consumer_heartbeat(group_id, heartbeat, partition_counts)
 
     async def _partition_counts(self) -> dict[str, int]:
