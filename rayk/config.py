@@ -79,6 +79,14 @@ class BrokerConfig:
     # heartbeat, and is told to heartbeat this often.
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
+    # KIP-932's share groups: member sessions as above; a record a member acquired comes back
+    # after the lock duration, and is archived once delivered the count limit times; a
+    # share-partition holds at most this many records in flight.
+    group_share_session_timeout_ms: int = 45_000
+    group_share_heartbeat_interval_ms: int = 5_000
+    group_share_record_lock_duration_ms: int = 30_000
+    group_share_delivery_count_limit: int = 5
+    group_share_partition_max_record_locks: int = 2_000
     # Committed offsets of a group without members expire this long after it became empty
     # (a standalone consumer's: after their commit), checked this often (KIP-211).
     offsets_retention_minutes: int = 10_080
@@ -206,6 +214,8 @@ class BrokerConfig:
             "offsets_retention_minutes",
             "quota_window_size_seconds",
             "metadata_log_max_record_bytes_between_snapshots",
+            "group_share_delivery_count_limit",
+            "group_share_partition_max_record_locks",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")

@@ -451,6 +451,14 @@ class InvalidRecordStateError(KafkaError):
     code, name = 121, "INVALID_RECORD_STATE"
 
 
+class FencedStateEpochError(KafkaError):
+    """A share-partition leader writes its share state in a state epoch the group
+    coordinator has left (the group's state was deleted or reset meanwhile): it reads the
+    state again."""
+
+    code, name = 124, "FENCED_STATE_EPOCH"
+
+
 class InvalidReplicaAssignmentError(KafkaError):
     """A reassignment names no replica, the same broker twice, or an unknown broker."""
 

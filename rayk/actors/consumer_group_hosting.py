@@ -99,6 +99,7 @@ class ConsumerGroupHosting:
     _lookup_partition_counts: PartitionCounts | None
     _groups: dict[str, ConsumerGroup]
     _consumer_groups: dict[str, ConsumerProtocolGroup]
+    _share_groups: dict[str, Any]
     _offsets: dict[str, dict[TopicPartition, CommittedOffset]]
     _lock: Callable[[str], asyncio.Lock]
     _summary: Callable[[str], dict[str, Any]]
@@ -111,6 +112,7 @@ class ConsumerGroupHosting:
         self._consumer_groups[record.group_id] = ConsumerProtocolGroup.restore(
             record, self.config.group_consumer_session_timeout_ms, monotonic_ms())
         self._groups.pop(record.group_id, None)  # the later record decides which kind the group is
+        self._share_groups.pop(record.group_id, None)
 
     async def expire_consumer_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
         """Removes the consumer group's members past their session (or rebalance)
@@ -201,6 +203,8 @@ class ConsumerGroupHosting:
             records: list[tuple[bytes, bytes | None]] = []
             group = self._consumer_groups.get(group_id)
             if group is None:
+                if group_id in self._share_groups:
+                    raise GroupIdNotFoundError(f"group {group_id!r} is a share group")
                 if heartbeat.member_epoch != JOIN_EPOCH:
                     raise UnknownMemberIdError(f"group {group_id!r} has no member {heartbeat.member_id!r} (no such group here)")
                 classic = self._groups.get(group_id)

@@ -68,14 +68,19 @@ from rayk.actors.consumer_group_hosting import (
     monotonic_ms,
 )
 from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup
+from rayk.actors.share_group import ShareGroup
+from rayk.actors.share_group_hosting import MembersGone, ShareGroupHosting
 from rayk.actors.coordinator_log import LogEntry, TxnMarker, TxnRecords
 from rayk.actors.group_records import (
+    AnyGroupRecord,
     CommittedOffset,
     ConsumerGroupRecord,
     GroupRecord,
     MalformedGroupRecordError,
     MemberState,
     OffsetRecord,
+    ShareGroupRecord,
+    ShareStateRecord,
     consumer_group_key,
     consumer_group_value,
     decode_record,
@@ -133,10 +138,11 @@ def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
     return frozenset(topics)
 
 
-class GroupCoordinator(ConsumerGroupHosting):
+class GroupCoordinator(ConsumerGroupHosting, ShareGroupHosting):
     def __init__(self, append: Append, config: BrokerConfig | None = None,
                  append_transactional: AppendTransactional | None = None,
-                 partition_counts: PartitionCounts | None = None) -> None:  # fmt: skip
+                 partition_counts: PartitionCounts | None = None,
+                 share_members_gone: MembersGone | None = None) -> None:  # fmt: skip
         self.config = config or BrokerConfig()
         self._append = append
         self._lookup_partition_counts = partition_counts
@@ -145,6 +151,10 @@ class GroupCoordinator(ConsumerGroupHosting):
         self._pending_txn: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
         self._groups: dict[str, ConsumerGroup] = {}
         self._consumer_groups: dict[str, ConsumerProtocolGroup] = {}
+        self._share_groups: dict[str, ShareGroup] = {}
+        self._share_states: dict[str, dict[TopicPartition, ShareStateRecord]] = {}
+        self._share_state_locks: weakref.WeakValueDictionary[tuple[str, str, int], asyncio.Lock] = weakref.WeakValueDictionary()
+        self._share_members_gone = share_members_gone
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None
@@ -175,12 +185,15 @@ class GroupCoordinator(ConsumerGroupHosting):
                     self._load_offset(record)
                 elif isinstance(record, ConsumerGroupRecord):
                     self._load_consumer_group(record)
+                elif isinstance(record, ShareGroupRecord):
+                    self._load_share_group(record)
+                elif isinstance(record, ShareStateRecord):
+                    self._load_share_state(record)
                 elif record is not None:
                     self._load_group(record)
 
     @staticmethod
-    def _decoded(offset: int, key: bytes | None, value: bytes | None,
-                 source: str) -> OffsetRecord | GroupRecord | ConsumerGroupRecord | None:  # fmt: skip
+    def _decoded(offset: int, key: bytes | None, value: bytes | None, source: str) -> AnyGroupRecord | None:
         if key is None:
             return None
         try:
@@ -205,7 +218,8 @@ class GroupCoordinator(ConsumerGroupHosting):
             self._groups.pop(record.group_id, None)
             return
         self._groups.pop(record.group_id, None)  # each record supersedes the one before
-        self._consumer_groups.pop(record.group_id, None)  # (of either kind)
+        self._consumer_groups.pop(record.group_id, None)  # (of any kind)
+        self._share_groups.pop(record.group_id, None)
         group = self._group(record.group_id)
         group.generation = record.generation
         if record.members:
@@ -281,6 +295,11 @@ class GroupCoordinator(ConsumerGroupHosting):
                     await self.expire_consumer_members(group_id)
                 except Exception as e:  # not leading any more, or the write failed: next time
                     logger.warning("group %s: member expiry failed: %r", group_id, e)
+            for group_id in list(self._share_groups):
+                try:
+                    await self.expire_share_members(group_id)
+                except Exception as e:
+                    logger.warning("share group %s: member expiry failed: %r", group_id, e)
 
     def close(self) -> None:
         for loop_task in (self._expiry, self._offset_expiry):
@@ -349,6 +368,7 @@ class GroupCoordinator(ConsumerGroupHosting):
                 f"session timeout {session_timeout_ms} ms is outside the broker's "
                 f"[{c.group_min_session_timeout_ms}, {c.group_max_session_timeout_ms}] ms"
             )
+        self._refuse_share_group(group_id)
         if group_id in self._consumer_groups:
             joined = await self._classic_join_consumer_group(group_id, member_id, client_id, session_timeout_ms,
                                                              rebalance_timeout_ms, protocol_type, protocols,
@@ -415,6 +435,7 @@ class GroupCoordinator(ConsumerGroupHosting):
         gives back so that a resuming consumer can detect a truncated log."""
         if not group_id:
             raise InvalidGroupIdError("a consumer group needs a non-empty group id")
+        self._refuse_share_group(group_id)
         group = self._groups.get(group_id)
         consumer_group = self._consumer_groups.get(group_id)
         if consumer_group is not None:
@@ -576,9 +597,18 @@ class GroupCoordinator(ConsumerGroupHosting):
         group = self._groups.get(group_id) or self._consumer_groups.get(group_id)
         return group is not None and bool(group.members)
 
+    def _refuse_share_group(self, group_id: str) -> None:
+        """GROUP_ID_NOT_FOUND for a share group's id in another kind's request."""
+        if group_id in self._share_groups:
+            raise GroupIdNotFoundError(f"group {group_id!r} is a share group")
+
     async def delete_group(self, group_id: str) -> None:
-        """DeleteGroups: tombstones for the group and its offsets."""
+        """DeleteGroups: tombstones for the group and its offsets (a share group's: and its
+        share-partitions' states)."""
         async with self._lock(group_id):
+            if group_id in self._share_groups:
+                await self._delete_share_group(group_id)
+                return
             group = self._groups.get(group_id)
             if self._has_members(group_id):
                 raise NonEmptyGroupError(f"group {group_id!r} has members; it can be deleted once they have left")
@@ -667,12 +697,16 @@ class GroupCoordinator(ConsumerGroupHosting):
     # ------------------------------------------------------------------ inspection
 
     async def list_groups(self) -> list[dict[str, Any]]:
-        """Every group here: its id, state, protocol type and type ("classic" or "consumer")."""
-        names = set(self._groups) | set(self._offsets) | set(self._consumer_groups)
-        return [{**self._summary(g), "group_type": "consumer" if g in self._consumer_groups else "classic"}
+        """Every group here: its id, state, protocol type and type ("classic", "consumer" or "share")."""
+        names = set(self._groups) | set(self._offsets) | set(self._consumer_groups) | set(self._share_groups)
+        return [{**self._summary(g), "group_type": ("share" if g in self._share_groups else
+                                                    "consumer" if g in self._consumer_groups else "classic")}
                 for g in sorted(names)]  # fmt: skip
 
     def _summary(self, group_id: str) -> dict[str, Any]:
+        share_group = self._share_groups.get(group_id)
+        if share_group is not None:
+            return {"group_id": group_id, "state": share_group.state, "protocol_type": "share"}
         consumer_group = self._consumer_groups.get(group_id)
         if consumer_group is not None:
             return {"group_id": group_id, "state": consumer_group.state.value, "protocol_type": "consumer"}
@@ -688,6 +722,7 @@ class GroupCoordinator(ConsumerGroupHosting):
         it is shown in the same shape: its group epoch as the generation, its assignor as
         the protocol, and each member's subscription and assignment in the classic
         consumer protocol's encoding."""
+        self._refuse_share_group(group_id)
         consumer_group = self._consumer_groups.get(group_id)
         if consumer_group is not None and not consumer_protocol_too:
             raise GroupIdNotFoundError(f"group {group_id!r} is a consumer-protocol group: ConsumerGroupDescribe "

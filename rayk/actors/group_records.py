@@ -24,6 +24,18 @@ Keys and values are msgpack:
   (ConsumerGroupMetadata, ...MemberMetadata, ...TargetAssignmentMember,
   ...CurrentMemberAssignment) so that a change rewrites only what changed; rayk's groups
   are small enough that one record per change is simpler and as durable.
+- key ["share_group", group] -> value {"group_epoch", "partition_counts", "members",
+  "configs", "state_epoch"} (a share group of KIP-932, written whenever it changed, before the member is
+  answered), or None (deleted); each member: its id, member and previous epoch, subscribed
+  topics, assignment, client id and host, and rack;
+- key ["share_state", group, topic, partition] -> value {"leader_epoch", "state_epoch",
+  "start_offset", "batches"} (a share-partition's delivery state, written by its leader
+  through the coordinator, Kafka's ShareSnapshot/ShareUpdate in `__share_group_state`):
+  the epoch of the leader that wrote it, the state's epoch (new when the state is
+  deleted), SPSO, and [first offset, last offset, state, delivery count] batches of
+  in-flight records; or None (deleted with its group). Kafka keeps these in a topic and
+  coordinator of their own; here they sit beside the group they belong to, so that a
+  group and its share state are deleted together and described by one coordinator.
 
 `decode_record` checks a record against these schemas, fields and types, and raises
 MalformedGroupRecordError (a ValueError) for anything else, so that a record the
@@ -39,6 +51,9 @@ from typing import Any
 import msgpack
 
 OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND = "offset", "group", "consumer_group"
+SHARE_GROUP_KIND, SHARE_STATE_KIND = "share_group", "share_state"
+KINDS = (OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND, SHARE_GROUP_KIND, SHARE_STATE_KIND)
+SHARE_RECORD_STATES = ("available", "acknowledged", "archived")  # share_partition.RecordState values a record stores
 _OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "leader_epoch": int}
 _MEMBER_FIELDS = {"member_id", "group_instance_id", "client_id", "session_timeout_ms", "rebalance_timeout_ms",
                   "protocols", "assignment"}
@@ -133,6 +148,109 @@ _CONSUMER_MEMBER_TYPES: dict[str, Any] = {
     "pending_revocation": [(str, int)], "target": [(str, int)], "away": bool,
     "classic_session_timeout_ms": int, "classic_protocols": [(str, bytes)],
 }
+@dataclass(frozen=True, slots=True)
+class ShareMemberRecord:
+    member_id: str
+    member_epoch: int
+    previous_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: tuple[tuple[str, int], ...]
+    client_id: str
+    client_host: str
+    rack_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupRecord:
+    """A share group as it is after a change, or its deletion (`group_epoch` None)."""
+
+    group_id: str
+    group_epoch: int | None
+    partition_counts: dict[str, int] = field(default_factory=dict)
+    members: tuple[ShareMemberRecord, ...] = ()
+    configs: dict[str, str] = field(default_factory=dict)
+    state_epoch: int = 0  # the epoch of its share-partitions' states (when the group came to be, in ms)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareStateRecord:
+    """A share-partition's durable state, or its deletion (`leader_epoch` None)."""
+
+    group_id: str
+    topic: str
+    partition: int
+    leader_epoch: int | None
+    state_epoch: int = 0
+    start_offset: int = 0
+    batches: tuple[tuple[int, int, str, int], ...] = ()  # (first offset, last offset, state, delivery count)
+
+
+_SHARE_MEMBER_TYPES: dict[str, Any] = {
+    "member_id": str, "member_epoch": int, "previous_epoch": int, "subscribed_topics": [str],
+    "assignment": [(str, int)], "client_id": str, "client_host": str, "rack_id": (str, None),
+}
+
+
+def share_group_key(group_id: str) -> bytes:
+    return msgpack.packb([SHARE_GROUP_KIND, group_id])
+
+
+def share_group_value(record: ShareGroupRecord) -> bytes:
+    return msgpack.packb({
+        "group_epoch": record.group_epoch,
+        "partition_counts": record.partition_counts,
+        "members": [{name: getattr(m, name) for name in _SHARE_MEMBER_TYPES} for m in record.members],
+        "configs": record.configs,
+        "state_epoch": record.state_epoch,
+    })
+
+
+def share_state_key(group_id: str, topic: str, partition: int) -> bytes:
+    return msgpack.packb([SHARE_STATE_KIND, group_id, topic, partition])
+
+
+def share_state_value(record: ShareStateRecord) -> bytes:
+    return msgpack.packb({"leader_epoch": record.leader_epoch, "state_epoch": record.state_epoch,
+                          "start_offset": record.start_offset, "batches": [list(b) for b in record.batches]})  # fmt: skip
+
+
+def _share_group(group_id: str, value: bytes | None) -> ShareGroupRecord:
+    if value is None:
+        return ShareGroupRecord(group_id, None)
+    meta = _unpack(value, "value")
+    ok = (isinstance(meta, dict) and set(meta) == {"group_epoch", "partition_counts", "members", "configs", "state_epoch"}
+          and _is_int(meta["group_epoch"]) and _is_int(meta["state_epoch"]) and isinstance(meta["members"], list)
+          and isinstance(meta["partition_counts"], dict)
+          and all(isinstance(t, str) and _is_int(n) for t, n in meta["partition_counts"].items())
+          and isinstance(meta["configs"], dict)
+          and all(isinstance(k, str) and isinstance(v, str) for k, v in meta["configs"].items()))  # fmt: skip
+    if not ok:
+        raise MalformedGroupRecordError(f"a share group value's fields: {_excerpt(meta)}")
+    members = []
+    for fields in meta["members"]:
+        if not isinstance(fields, dict) or set(fields) != set(_SHARE_MEMBER_TYPES) or not all(
+                _has_type(fields[n], t) for n, t in _SHARE_MEMBER_TYPES.items()):  # fmt: skip
+            raise MalformedGroupRecordError(f"a share group member: {_excerpt(fields)}")
+        members.append(ShareMemberRecord(**{**fields, "subscribed_topics": tuple(fields["subscribed_topics"]),
+                                            "assignment": tuple(map(tuple, fields["assignment"]))}))  # fmt: skip
+    return ShareGroupRecord(group_id, meta["group_epoch"], meta["partition_counts"], tuple(members), meta["configs"],
+                            meta["state_epoch"])
+
+
+def _share_state(group_id: str, topic: str, partition: int, value: bytes | None) -> ShareStateRecord:
+    if value is None:
+        return ShareStateRecord(group_id, topic, partition, None)
+    meta = _unpack(value, "value")
+    ok = (isinstance(meta, dict) and set(meta) == {"leader_epoch", "state_epoch", "start_offset", "batches"}
+          and all(_is_int(meta[n]) for n in ("leader_epoch", "state_epoch", "start_offset"))
+          and _has_type(meta["batches"], [(int, int, str, int)])
+          and all(b[2] in SHARE_RECORD_STATES and meta["start_offset"] <= b[0] <= b[1] for b in meta["batches"]))  # fmt: skip
+    if not ok:
+        raise MalformedGroupRecordError(f"a share state value's fields: {_excerpt(meta)}")
+    return ShareStateRecord(group_id, topic, partition, meta["leader_epoch"], meta["state_epoch"], meta["start_offset"],
+                            tuple(tuple(b) for b in meta["batches"]))  # fmt: skip
+
+
 _MEMBER_STATES = {"stable", "unrevoked_partitions", "unreleased_partitions"}
 
 
@@ -215,11 +333,22 @@ def offset_value(c: CommittedOffset) -> bytes:
     })
 
 
-def decode_record(key: bytes, value: bytes | None) -> OffsetRecord | GroupRecord | ConsumerGroupRecord:
+AnyGroupRecord = OffsetRecord | GroupRecord | ConsumerGroupRecord | ShareGroupRecord | ShareStateRecord
+
+
+def decode_record(key: bytes, value: bytes | None) -> AnyGroupRecord:
     """The coordinator's record that (key, value) encode; MalformedGroupRecordError if none."""
     fields = _unpack(key, "key")
-    if not isinstance(fields, list) or not fields or fields[0] not in (OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND):
+    if not isinstance(fields, list) or not fields or fields[0] not in KINDS:
         raise MalformedGroupRecordError(f"the key is not an offset or group key: {_excerpt(fields)}")
+    if fields[0] == SHARE_GROUP_KIND:
+        if len(fields) != 2 or not isinstance(fields[1], str):
+            raise MalformedGroupRecordError(f"a share group key is [kind, group], not {_excerpt(fields)}")
+        return _share_group(fields[1], value)
+    if fields[0] == SHARE_STATE_KIND:
+        if len(fields) != 4 or not (isinstance(fields[1], str) and isinstance(fields[2], str) and _is_int(fields[3])):
+            raise MalformedGroupRecordError(f"a share state key is [kind, group, topic, partition], not {_excerpt(fields)}")
+        return _share_state(fields[1], fields[2], fields[3], value)
     if fields[0] == CONSUMER_GROUP_KIND:
         if len(fields) != 2 or not isinstance(fields[1], str):
             raise MalformedGroupRecordError(f"a consumer group key is [kind, group], not {_excerpt(fields)}")

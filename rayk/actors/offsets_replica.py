@@ -10,6 +10,7 @@ error logged (see GroupCoordinator.load).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from ray.exceptions import RayError
 
@@ -18,8 +19,12 @@ from rayk.actors.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnsw
 from rayk.actors.coordinator_log import LogEntry
 from rayk.actors.coordinator_replica import CoordinatorReplica
 from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
+from rayk.actors.group_records import ShareStateRecord
 from rayk.actors.partition_replica import ProduceResult
+from rayk.actors.share_group import ShareHeartbeatAnswer
 from rayk.errors import CoordinatorNotAvailableError
+
+logger = logging.getLogger(__name__)
 
 TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # a heartbeat waits no longer for the Controller to list the topics
 
@@ -29,7 +34,7 @@ class OffsetsPartitionReplica(CoordinatorReplica):
 
     async def _open_coordinator(self, records: list[LogEntry]) -> GroupCoordinator:
         coordinator = GroupCoordinator(self._append_records, self._broker_config, self._append_transactional_records,
-                                       self._partition_counts)  # fmt: skip
+                                       self._partition_counts, self._share_members_gone)  # fmt: skip
         try:
             coordinator.load(records, f"{self.topic}-{self.partition}")
         except BaseException:
@@ -136,3 +141,48 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     async def committed_offsets(self) -> dict[str, dict[tuple[str, int], int]]:
         """Every group's committed offsets here, {} unless this replica coordinates (see group_lag.py)."""
         return self._coordinator.committed_offsets() if self._coordinator is not None else {}
+
+    # ------------------------------------------------------------------ share groups (KIP-932)
+
+    async def share_heartbeat(
+        self, group_id: str, member_id: str, member_epoch: int, subscribed_topics: list[str] | None = None,
+        client_id: str = "", client_host: str = "", rack_id: str | None = None,
+        partition_counts: dict[str, int] | None = None,
+    ) -> ShareHeartbeatAnswer:
+        return await self._require_coordinator().share_heartbeat(group_id, member_id, member_epoch, subscribed_topics,
+                                                                 client_id, client_host, rack_id, partition_counts)  # fmt: skip
+
+    async def read_share_state(self, group_id: str, topic: str, partition: int,
+                               leader_epoch: int) -> tuple[ShareStateRecord | None, int, str]:  # fmt: skip
+        return await self._require_coordinator().read_share_state(group_id, topic, partition, leader_epoch)
+
+    async def write_share_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
+                                start_offset: int, batches: list[tuple[int, int, str, int]]) -> None:  # fmt: skip
+        await self._require_coordinator().write_share_state(group_id, topic, partition, leader_epoch, state_epoch,
+                                                            start_offset, batches)  # fmt: skip
+
+    async def describe_share_group(self, group_id: str) -> dict:
+        return self._require_coordinator().describe_share_group(group_id)
+
+    async def share_group_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
+        return self._require_coordinator().share_group_offsets(group_id)
+
+    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
+        await self._require_coordinator().alter_share_group_configs(group_id, configs)
+
+    def _share_members_gone(self, group_id: str, gone: list[tuple[str, frozenset[tuple[str, int]]]]) -> None:
+        """Members left or timed out: the leaders of their partitions release what they
+        held (in the background; their locks would expire anyway)."""
+        task = asyncio.get_running_loop().create_task(self._release_share_members(group_id, gone))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_share_members(self, group_id: str, gone: list[tuple[str, frozenset[tuple[str, int]]]]) -> None:
+        for member_id, partitions in gone:
+            for topic, partition in sorted(partitions):
+                try:
+                    leader = await self._controller.leader.remote(topic, partition)
+                    await leader.share_release_member.remote(group_id, member_id)
+                except Exception as e:  # a leader gone or moving: the locks expire there
+                    logger.info("share group %s: %s-%d did not release member %s: %r", group_id, topic, partition,
+                                member_id, e)  # fmt: skip

@@ -64,12 +64,14 @@ from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
+from rayk.actors.share_fetch import Acknowledgement, SharePartitions, ShareSettings, ShareFetchResult
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
 from rayk.dataplane.tls import KeyStore
 from rayk.errors import (
+    CoordinatorNotAvailableError,
     FencedLeaderEpochError,
     InconsistentTopicIdError,
     IneligibleReplicaError,
@@ -79,6 +81,7 @@ from rayk.errors import (
     KafkaError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
+    NotCoordinatorError,
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
     OffsetOutOfRangeError,
@@ -133,6 +136,7 @@ class ReplicaConfig:
     data_plane_host: str = ""
     # The certificate it serves over TLS (the first TLS listener's); None: plain TCP.
     data_plane_keystore: KeyStore | None = None
+    share: ShareSettings = ShareSettings()  # KIP-932's group.share.* settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +198,8 @@ class PartitionReplica(Supervised):
         self._cleaning: asyncio.Future | None = None  # the log cleaner's thread, while it runs
         self._counters = BrokerTopicCounters(broker_id, topic)
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
+        self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
+        self._share_coordinators: dict[str, Any] = {}  # share group -> its coordinator's handle, as last found
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -289,8 +295,15 @@ class PartitionReplica(Supervised):
             event.set()
 
     def _notify_change(self) -> None:
-        """Wakes every waiting fetch and produce: the HW, the role or a config moved."""
+        """Wakes every waiting fetch and produce: the HW, the role or a config moved. The
+        share-partitions go with the leader epoch they were loaded in."""
         self._notify_append()
+        if self._shares is not None:
+            if self._role != "leader" or self._shares.leader_epoch != self._leader_epoch:
+                self._shares.close()
+                self._shares = None
+            else:
+                self._shares.wake()
         if self._changed is not None:
             event, self._changed = self._changed, None
             event.set()
@@ -624,6 +637,57 @@ class PartitionReplica(Supervised):
             await self._wait(changed, remaining_s)
             if self._role != "leader":
                 return self._fetch_error(self._not_leader())
+
+    # ------------------------------------------------------------------ leader: share groups (KIP-932)
+
+    async def share_fetch(self, group_id: str, member_id: str, max_records: int = 500, max_wait_ms: int = 500,
+                          acknowledgements: list[Acknowledgement] = ()) -> ShareFetchResult:  # fmt: skip
+        """A share group member's fetch of this partition (see share_fetch.py):
+        acknowledgements first, then up to `max_records` records acquired for it."""
+        if self._role != "leader":
+            return ShareFetchResult(error=self._not_leader())
+        result = await self._share_partitions().share_fetch(group_id, member_id, max_records, max_wait_ms,
+                                                            list(acknowledgements))  # fmt: skip
+        self._counters.fetch_requests += 1
+        self._counters.bytes_out += len(result.records)
+        self._counters.maybe_flush()
+        return result
+
+    async def share_acknowledge(self, group_id: str, member_id: str, acknowledgements: list[Acknowledgement]) -> None:
+        """ShareAcknowledge: settles the member's records, once the state is written."""
+        if self._role != "leader":
+            raise self._not_leader()
+        await self._share_partitions().share_acknowledge(group_id, member_id, list(acknowledgements))
+
+    async def share_release_member(self, group_id: str, member_id: str) -> int:
+        """A member left its share group: what it holds here goes to the others now."""
+        return 0 if self._shares is None else await self._shares.release_member(group_id, member_id)
+
+    def _share_partitions(self) -> SharePartitions:
+        if self._shares is None:
+            self._shares = SharePartitions(self._log, self.topic, self.partition, self._leader_epoch,
+                                           self._share_coordinator_call, self.config.share)  # fmt: skip
+        return self._shares
+
+    async def _share_coordinator_call(self, method: str, group_id: str, *args: Any) -> Any:
+        """`method` of the group's coordinator, raising its KafkaError; the handle is kept
+        until a call fails, then found again, and a coordinator that moved asked once more."""
+        for attempt in (1, 2):
+            try:
+                handle = self._share_coordinators.get(group_id)
+                if handle is None:
+                    _, handle = await self._controller.find_coordinator.remote(group_id)
+                    self._share_coordinators[group_id] = handle
+                return await getattr(handle, method).remote(group_id, *args)
+            except ray.exceptions.RayTaskError as e:
+                error = e.cause if isinstance(e.cause, KafkaError) else CoordinatorNotAvailableError(
+                    f"the coordinator of share group {group_id!r}: {e.cause!r}")  # fmt: skip
+            except ray.exceptions.RayError as e:
+                error = CoordinatorNotAvailableError(f"the coordinator of share group {group_id!r}: {e}")
+            self._share_coordinators.pop(group_id, None)
+            if attempt == 2 or not isinstance(error, (NotCoordinatorError, CoordinatorNotAvailableError)):
+                raise error
+        raise AssertionError("unreachable")
 
     async def data_endpoint(self, peer_node_id: str | None = None) -> EndpointAddress:
         """Where this replica serves fetches over the data plane, and the secret that

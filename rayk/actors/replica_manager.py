@@ -79,6 +79,7 @@ from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
 from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
+from rayk.actors.share_fetch import ShareSettings
 from rayk.actors.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
@@ -584,6 +585,8 @@ class ReplicaManager(Supervised):
             replica_socket_timeout_ms=c.replica_socket_timeout_ms,
             data_plane_host=next((listener.host for listener in c.kafka_listeners()), ""),
             data_plane_keystore=data_plane_keystore(c),
+            share=ShareSettings(c.group_share_record_lock_duration_ms, c.group_share_delivery_count_limit,
+                                c.group_share_partition_max_record_locks),
         )
 
     async def _make_role(self, replica: _Replica) -> None:

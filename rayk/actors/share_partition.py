@@ -1,7 +1,5 @@
 """SharePartition: one partition's delivery state in a share group (KIP-932), as pure state
-(no I/O, no clock of its own). Not yet hosted by a partition leader nor reachable by any
-API: it is the part of share groups that the leader's ShareFetch and ShareAcknowledge
-will run on.
+(no I/O, no clock of its own), which the partition's leader hosts (share_fetch.py).
 
 A share group's members consume a partition together, record by record, instead of
 owning it. The partition keeps, as Kafka's SharePartition does:
@@ -118,6 +116,29 @@ class SharePartition:
             acquired.append(self._lock(self.end_offset, member_id, now_ms))
             self.end_offset += 1
         return acquired
+
+    def pass_over(self, end_offset: int) -> None:
+        """The offsets from SPEO up to `end_offset` hold nothing to deliver (a control
+        batch, or a gap that compaction left): they count as done."""
+        while self.end_offset < end_offset:
+            self.in_flight[self.end_offset] = InFlightRecord(RecordState.ARCHIVED, 0)
+            self.end_offset += 1
+        self._advance()
+
+    def move_start(self, log_start_offset: int) -> None:
+        """The log no longer holds records before `log_start_offset` (retention deleted
+        them): SPSO moves there, and whatever was in flight before it is gone."""
+        if log_start_offset <= self.start_offset:
+            return
+        for offset in range(self.start_offset, min(log_start_offset, self.end_offset)):
+            del self.in_flight[offset]
+        self.start_offset = log_start_offset
+        self.end_offset = max(self.end_offset, log_start_offset)
+        self._advance()
+
+    def held_by(self, member_id: str) -> int:
+        """How many records `member_id` holds now."""
+        return sum(1 for r in self.in_flight.values() if r.state is RecordState.ACQUIRED and r.member_id == member_id)
 
     def _lock(self, offset: int, member_id: str, now_ms: int) -> AcquiredRecord:
         record = self.in_flight[offset]

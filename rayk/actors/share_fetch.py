@@ -1,0 +1,359 @@
+"""SharePartitions: a partition leader's share-partitions (KIP-932), one per share group
+that consumes the partition, and what ShareFetch and ShareAcknowledge do to them (Kafka's
+SharePartitionManager).
+
+Each share group's delivery state of this partition is a SharePartition
+(share_partition.py). The leader loads it from the group coordinator the first time the
+group fetches here in its leader epoch (`read_share_state`); a state never written starts
+where the group's `share.auto.offset.reset` says (the high watermark for "latest", the log
+start for "earliest"), and that start is written before any record is handed out, so every
+later leader starts from the same offset.
+
+`share_fetch` first applies the member's acknowledgements, then acquires records for it:
+available ones first (redeliveries), then new ones below the high watermark, batch by
+batch of the log. A control batch, or a gap that compaction left, holds nothing to
+deliver and is passed over. The answer is the log's whole batches that hold the acquired
+records, and the acquired ranges with their delivery counts: the client keeps only the
+records in those ranges (as Kafka's ShareFetch answers). With nothing to acquire, the
+fetch waits up to `max_wait_ms` for the high watermark to move or a lock to expire.
+
+Durability: whenever records are settled (ACCEPT, RELEASE, REJECT), the state is written
+to the group coordinator (acks=all there) before the acknowledgement is answered; writes
+of one share-partition are coalesced, one in flight at a time. Expired locks are applied
+at each fetch and written with the next write (a restored record at its delivery limit
+is archived, share_partition.restore). Acquisitions are not written: a leader that fails
+over hands the records its members held out again, counting the deliveries the state
+has. If a write fails, the share-partition is dropped from memory and read again at the
+next fetch, so the leader never acts on a state the coordinator does not have; the
+records held are then handed out again (at-least-once).
+
+A new leader epoch, or losing leadership, drops every share-partition (`close`): the next
+leader reads the state its predecessor wrote, and the coordinator fences the
+predecessor's later writes by leader epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayk.actors.share_partition import (
+    AcknowledgeType,
+    AcquiredRecord,
+    RecordState,
+    SharePartition,
+    ShareState,
+    StateBatch,
+)
+from rayk.errors import InvalidRecordStateError, InvalidRequestError, KafkaError, NotLeaderOrFollowerError
+from rayk.storage.log import Log
+from rayk.storage.records import iter_batches
+
+logger = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 1 << 20  # what one read of the log takes while acquiring new records
+# (method, args) -> the group coordinator's answer, for the group `args[0]`
+CoordinatorCall = Callable[..., Awaitable[Any]]
+Acknowledgement = tuple[int, int, int]  # (first offset, last offset, AcknowledgeType)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSettings:
+    lock_duration_ms: int = 30_000
+    delivery_count_limit: int = 5
+    max_in_flight: int = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchResult:
+    """What a share fetch answers: whole batches, and the ranges acquired in them
+    (first offset, last offset, delivery count); `acknowledge_error` is the error of the
+    acknowledgements it carried (None: all applied and written)."""
+
+    records: bytes = b""
+    acquired: tuple[tuple[int, int, int], ...] = ()
+    acknowledge_error: KafkaError | None = None
+    error: KafkaError | None = None
+
+
+@dataclass(slots=True)
+class _Hosted:
+    partition: SharePartition
+    state_epoch: int
+    changes: int = 0  # settled changes applied in memory
+    written: int = 0  # of those, how many the coordinator holds
+    writing: asyncio.Task | None = None
+    waiters: asyncio.Event = field(default_factory=asyncio.Event)  # set when records come back
+
+
+def acquired_ranges(acquired: Iterable[AcquiredRecord]) -> tuple[tuple[int, int, int], ...]:
+    """Acquired records as (first, last, delivery count) runs of consecutive offsets."""
+    runs: list[list[int]] = []
+    for record in sorted(acquired, key=lambda r: r.offset):
+        last = runs[-1] if runs else None
+        if last is not None and last[1] + 1 == record.offset and last[2] == record.delivery_count:
+            last[1] = record.offset
+        else:
+            runs.append([record.offset, record.offset, record.delivery_count])
+    return tuple((a, b, c) for a, b, c in runs)
+
+
+def to_state(start_offset: int, batches: Iterable[tuple[int, int, str, int]]) -> ShareState:
+    return ShareState(start_offset, tuple(StateBatch(a, b, RecordState(s), n) for a, b, s, n in batches))
+
+
+def from_state(state: ShareState) -> list[tuple[int, int, str, int]]:
+    return [(b.first_offset, b.last_offset, b.state.value, b.delivery_count) for b in state.batches]
+
+
+class SharePartitions:
+    def __init__(self, log: Log, topic: str, partition: int, leader_epoch: int, coordinator: CoordinatorCall,
+                 settings: ShareSettings) -> None:  # fmt: skip
+        self._log = log
+        self.topic, self.partition, self.leader_epoch = topic, partition, leader_epoch
+        self._coordinator = coordinator
+        self._settings = settings
+        self._hosted: dict[str, _Hosted] = {}
+        self._loading: dict[str, asyncio.Task] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ the requests
+
+    async def share_fetch(self, group_id: str, member_id: str, max_records: int, max_wait_ms: int,
+                          acknowledgements: list[Acknowledgement] = ()) -> ShareFetchResult:  # fmt: skip
+        try:
+            hosted = await self._hosted_for(group_id)
+            ack_error = await self._acknowledge(group_id, hosted, member_id, acknowledgements) if acknowledgements else None
+            deadline = time.monotonic() + max_wait_ms / 1000
+            while True:
+                hosted = await self._hosted_for(group_id)  # (a failed write dropped it)
+                event = hosted.waiters
+                acquired = self._acquire(hosted, member_id, max_records)
+                remaining_s = deadline - time.monotonic()
+                if acquired or remaining_s <= 0 or max_records <= 0:
+                    return ShareFetchResult(self._batches_of(acquired), acquired_ranges(acquired), ack_error)
+                await self._wait(event, min(remaining_s, self._until_next_expiry_s(hosted.partition)))
+        except KafkaError as e:
+            return ShareFetchResult(error=e)
+
+    async def share_acknowledge(self, group_id: str, member_id: str, acknowledgements: list[Acknowledgement]) -> None:
+        """Settles the member's records and writes the state; raises the first error."""
+        hosted = await self._hosted_for(group_id)
+        error = await self._acknowledge(group_id, hosted, member_id, acknowledgements)
+        if error is not None:
+            raise error
+
+    async def release_member(self, group_id: str, member_id: str) -> int:
+        """The member left the group: what it holds is available at once (not written:
+        a restore makes held records available too)."""
+        hosted = self._hosted.get(group_id)
+        if hosted is None:
+            return 0
+        released = hosted.partition.release_member(member_id)
+        if released:
+            hosted.changes += 1
+            self._wake(hosted)
+        return released
+
+    def describe(self) -> dict[str, dict[str, int]]:
+        """Per group: SPSO, SPEO and how many records are in flight (ACQUIRED)."""
+        return {g: {"start_offset": h.partition.start_offset, "end_offset": h.partition.end_offset,
+                    "acquired": sum(r.state is RecordState.ACQUIRED for r in h.partition.in_flight.values())}
+                for g, h in self._hosted.items()}  # fmt: skip
+
+    def close(self) -> None:
+        """Leadership moved on: the states stay with the coordinator; waiters wake."""
+        self._closed = True
+        for task in self._loading.values():
+            task.cancel()
+        for hosted in self._hosted.values():
+            if hosted.writing is not None:
+                hosted.writing.cancel()
+            hosted.waiters.set()
+        self._hosted.clear()
+
+    def _not_leading(self) -> NotLeaderOrFollowerError:
+        return NotLeaderOrFollowerError(f"{self.topic}-{self.partition} is not led here in epoch {self.leader_epoch}")
+
+    def wake(self) -> None:
+        """New records below the high watermark: waiting fetches look again."""
+        for hosted in self._hosted.values():
+            self._wake(hosted)
+
+    # ------------------------------------------------------------------ loading
+
+    async def _hosted_for(self, group_id: str) -> _Hosted:
+        if self._closed:
+            raise self._not_leading()
+        hosted = self._hosted.get(group_id)
+        if hosted is not None:
+            return hosted
+        task = self._loading.get(group_id)
+        if task is None:
+            task = self._loading[group_id] = asyncio.get_running_loop().create_task(self._load(group_id))
+            task.add_done_callback(lambda _: self._loading.pop(group_id, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, group_id: str) -> _Hosted:
+        state, state_epoch, reset = await self._coordinator(
+            "read_share_state", group_id, self.topic, self.partition, self.leader_epoch)
+        s = self._settings
+        settings = {"delivery_count_limit": s.delivery_count_limit, "lock_duration_ms": s.lock_duration_ms,
+                    "max_in_flight": s.max_in_flight}  # fmt: skip
+        log = self._log
+        if state is not None and state.state_epoch == state_epoch:
+            partition = SharePartition.restore(to_state(state.start_offset, state.batches), **settings)
+            partition.move_start(log.log_start_offset)
+            hosted = _Hosted(partition, state_epoch)
+        else:
+            start = log.high_watermark if reset == "latest" else log.log_start_offset
+            hosted = _Hosted(SharePartition(start, **settings), state_epoch)
+            hosted.changes = 1  # the start is written before anything is handed out
+        if self._closed:
+            raise self._not_leading()
+        if hosted.changes:
+            await self._write(group_id, hosted)
+        self._hosted[group_id] = hosted
+        return hosted
+
+    # ------------------------------------------------------------------ acquiring
+
+    def _acquire(self, hosted: _Hosted, member_id: str, max_records: int) -> list[AcquiredRecord]:
+        """Up to `max_records` for the member: redeliveries, then new records of the log
+        below the high watermark (see the module docstring)."""
+        log, partition = self._log, hosted.partition
+        now_ms = _now_ms()
+        partition.move_start(log.log_start_offset)
+        if partition.expire_locks(now_ms):
+            hosted.changes += 1
+        acquired = partition.acquire(member_id, max_records, partition.end_offset, now_ms)  # redeliveries
+        hw = log.high_watermark
+        while len(acquired) < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
+            read = log.read(partition.end_offset, READ_CHUNK_BYTES, max_offset=hw)
+            progressed = False
+            for batch in iter_batches(read.records):
+                header = batch.header
+                if header.next_offset <= partition.end_offset:
+                    continue
+                if header.base_offset > partition.end_offset:
+                    partition.pass_over(header.base_offset)  # a gap: compacted away
+                if header.is_control:
+                    partition.pass_over(header.next_offset)
+                    progressed = True
+                    continue
+                before = partition.end_offset
+                acquired += partition.acquire(member_id, max_records - len(acquired), header.next_offset, now_ms)
+                progressed = progressed or partition.end_offset > before
+                if len(acquired) >= max_records or partition.end_offset < header.next_offset:
+                    break
+            if not progressed:
+                break
+        return acquired
+
+    def _batches_of(self, acquired: list[AcquiredRecord]) -> bytes:
+        """The log's whole batches that hold the acquired offsets, in offset order."""
+        offsets = sorted(r.offset for r in acquired)
+        chunks: dict[int, bytes] = {}
+        i = 0
+        while i < len(offsets):
+            start = offsets[i]
+            read = self._log.read(start, READ_CHUNK_BYTES, max_offset=self._log.high_watermark)
+            for batch in iter_batches(read.records):
+                header = batch.header
+                while i < len(offsets) and offsets[i] < header.base_offset:
+                    i += 1  # not in the log any more
+                if i < len(offsets) and offsets[i] <= header.last_offset:
+                    chunks.setdefault(header.base_offset, bytes(batch.data))
+                    while i < len(offsets) and offsets[i] <= header.last_offset:
+                        i += 1
+                if i == len(offsets):
+                    break
+            if read.next_offset <= start:
+                break  # nothing more to read there
+        return b"".join(chunks[k] for k in sorted(chunks))
+
+    # ------------------------------------------------------------------ settling and writing
+
+    async def _acknowledge(self, group_id: str, hosted: _Hosted, member_id: str,
+                           acknowledgements: Iterable[Acknowledgement]) -> KafkaError | None:  # fmt: skip
+        """Applies the acknowledgements (each range all or nothing; INVALID_RECORD_STATE
+        for one naming a record the member does not hold) and writes the state; the first
+        error, None if all were applied and written."""
+        error: KafkaError | None = None
+        applied = 0
+        for first, last, kind in acknowledgements:
+            try:
+                if last < first or last - first >= 1 << 20:
+                    raise InvalidRequestError(f"acknowledgement range [{first}, {last}] is not a range")
+                hosted.partition.acknowledge(member_id, range(first, last + 1), AcknowledgeType(kind))
+                applied += 1
+            except ValueError:
+                error = error or InvalidRequestError(f"acknowledge type {kind} is none of ACCEPT, RELEASE, REJECT")
+            except (InvalidRecordStateError, InvalidRequestError) as e:
+                error = error or e
+        if applied:
+            hosted.changes += 1
+            self._wake(hosted)
+            try:
+                await self._write(group_id, hosted)
+            except KafkaError as e:
+                return e
+        return error
+
+    async def _write(self, group_id: str, hosted: _Hosted) -> None:
+        """Returns once the coordinator holds every change applied before the call."""
+        target = hosted.changes
+        while hosted.written < target:
+            if hosted.writing is None:
+                hosted.writing = asyncio.get_running_loop().create_task(self._write_once(group_id, hosted))
+            try:
+                await asyncio.shield(hosted.writing)
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise self._not_leading() from None
+                raise
+
+    async def _write_once(self, group_id: str, hosted: _Hosted) -> None:
+        changes = hosted.changes
+        state = hosted.partition.snapshot()
+        try:
+            await self._coordinator("write_share_state", group_id, self.topic, self.partition, self.leader_epoch,
+                                    hosted.state_epoch, state.start_offset, from_state(state))  # fmt: skip
+        except KafkaError as e:
+            if self._hosted.get(group_id) is hosted:
+                del self._hosted[group_id]  # memory must not run ahead of the coordinator: read again
+                self._wake(hosted)
+            logger.warning("%s-%d: share state of group %s not written (%s); it is read again", self.topic,
+                           self.partition, group_id, e)  # fmt: skip
+            raise
+        finally:
+            hosted.writing = None
+        hosted.written = max(hosted.written, changes)
+
+    # ------------------------------------------------------------------ waiting
+
+    @staticmethod
+    def _wake(hosted: _Hosted) -> None:
+        event, hosted.waiters = hosted.waiters, asyncio.Event()
+        event.set()
+
+    @staticmethod
+    def _until_next_expiry_s(partition: SharePartition) -> float:
+        deadlines = [r.lock_deadline_ms for r in partition.in_flight.values() if r.state is RecordState.ACQUIRED]
+        return max((min(deadlines) - _now_ms()) / 1000, 0.001) if deadlines else float("inf")
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
