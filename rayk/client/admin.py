@@ -509,6 +509,29 @@ class Admin:
         members = [MemberDescription(**m) for m in info.pop("members")]
         return ConsumerGroupDescription(**info, members=members, partitions=lag)
 
+    # ------------------------------------------------------------------ share groups (KIP-932)
+
+    def describe_share_groups(self, group_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Per share group: its state ("Empty", "Stable"), group epoch, configs, and
+        members with their subscriptions and assignments. GroupIdNotFoundError for one
+        that is not a share group."""
+        return {g: self._coordinator(g).call("describe_share_group", g, timeout_ms=self._calls.default_api_timeout_ms)
+                for g in group_ids}  # fmt: skip
+
+    def list_share_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
+        """Kafka's listShareGroupOffsets: each share-partition's start offset (SPSO), before
+        which every record is done with (accepted, rejected or archived)."""
+        offsets = self._coordinator(group_id).call("share_group_offsets", group_id,
+                                                   timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+        return {TopicPartition(t, p): o for (t, p), o in sorted(offsets.items())}
+
+    def alter_share_group_config(self, group_id: str, configs: Mapping[str, str]) -> None:
+        """Sets share group configs (`share.auto.offset.reset`: "latest", the default, or
+        "earliest": where a partition's consumption starts, fixed when the group first
+        fetches it); makes the group, without members, if there is none."""
+        self._coordinator(group_id).call("alter_share_group_configs", group_id, dict(configs),
+                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+
     def _coordinator(self, group_id: str) -> CoordinatorLink:
         return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster ne
     from rayk.client.admin import Admin
     from rayk.client.consumer import Consumer
     from rayk.client.producer import Producer
+    from rayk.client.share_consumer import ShareConsumer
 
 DEFAULT_NAMESPACE = "rayk"
 CONTROLLER_NAME = "rayk-controller"
@@ -222,6 +223,14 @@ class Cluster:
         from rayk.client.consumer import Consumer
 
         return Consumer(self, *topics, **settings)
+
+    def share_consumer(self, *topics: str, group_id: str, **settings: Any) -> ShareConsumer:
+        """A member of the share group `group_id` (KIP-932) consuming `topics`; its
+        settings (acknowledgement_mode, max_poll_records, deserializers, ...) are listed in
+        rayk.client.share_consumer."""
+        from rayk.client.share_consumer import ShareConsumer
+
+        return ShareConsumer(self, *topics, group_id=group_id, **settings)
 
     def admin(self, **settings: Any) -> Admin:
         """An Admin (default_api_timeout_ms, retry_backoff_ms: this handle's unless given)."""

@@ -1,0 +1,335 @@
+"""ShareConsumer: a member of a share group (KIP-932), as Kafka's KafkaShareConsumer.
+
+The members of a share group consume its topics' partitions together, record by record:
+each record goes to one member at a time, locked for it for
+`group.share.record.lock.duration.ms` (30 s). What a member does not settle in time goes
+to another; a record delivered `group.share.delivery.count.limit` (5) times without
+being accepted is archived. So more members than partitions all get work, and the
+records a dead member held come back to the others.
+
+`poll(timeout_ms)` returns the records acquired for this member (ShareConsumerRecord: a
+ConsumerRecord with its delivery count). Each is settled with `acknowledge(record,
+"accept" | "release" | "reject")`:
+- accept: done; it is never delivered again;
+- release: give it back now, to be delivered again (it counts a delivery);
+- reject: done, unprocessable (archived).
+With `acknowledgement_mode="implicit"` (the default, as Kafka's), every record of a poll
+not acknowledged otherwise is accepted by the next `poll`, `commit` or `close`; with
+"explicit", `poll` raises IllegalStateError while a record of the previous poll is
+unacknowledged. Acknowledgements travel with the next fetch of their partition, or at
+once with `commit()`, which returns per partition the error of those that failed (an
+acknowledgement whose lock expired is INVALID_RECORD_STATE: the record went to another
+member). `close()` settles what was acknowledged, gives back what was not, and leaves
+the group, which makes the partitions' leaders hand out what this member held at once.
+
+Membership is a heartbeat thread sending ShareGroupHeartbeat to the group's coordinator
+every `group.share.heartbeat.interval.ms` the coordinator answers; the answer says which
+partitions to fetch from. Fetches go to each assigned partition's leader (over Ray),
+several in flight at once: a fetch waits at the leader up to `fetch_max_wait_ms` for
+records, and one answered after its poll returned is kept for the next poll.
+
+Not thread-safe apart from the heartbeat thread (as Kafka's consumers: one thread uses it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from rayk.actors.share_fetch import ShareFetchResult
+from rayk.actors.share_group import JOIN_EPOCH, LEAVE_EPOCH
+from rayk.actors.share_partition import AcknowledgeType
+from rayk.client import calls
+from rayk.client.coordinator_link import CoordinatorLink
+from rayk.client.serializers import as_is, deserializer
+from rayk.errors import FencedMemberEpochError, KafkaError, NotLeaderOrFollowerError, UnknownMemberIdError
+from rayk.storage.records import decode_record_tuples, iter_batches
+
+logger = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+FIRST_HEARTBEAT_INTERVAL_MS = 1_000
+ACKNOWLEDGE_TYPES = {"accept": AcknowledgeType.ACCEPT, "release": AcknowledgeType.RELEASE, "reject": AcknowledgeType.REJECT}
+
+
+class IllegalStateError(RuntimeError):
+    """The share consumer was used out of order (Kafka's IllegalStateException): closed,
+    a record acknowledged that the last poll did not return, or a poll in explicit mode
+    with records of the last one unacknowledged."""
+
+
+class ShareConsumerRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms
+    timestamp_type: int
+    key: Any
+    value: Any
+    headers: list[tuple[str, bytes | None]]
+    delivery_count: int  # 1: its first delivery
+
+
+class ShareConsumer:
+    def __init__(
+        self,
+        cluster: Any,
+        *topics: str,
+        group_id: str,
+        key_deserializer: Any = None,
+        value_deserializer: Any = None,
+        client_id: str = "rayk-share-consumer",
+        acknowledgement_mode: str = "implicit",
+        max_poll_records: int = 500,
+        fetch_max_wait_ms: int = 500,
+        request_timeout_ms: int = 30_000,
+    ) -> None:
+        if not group_id:
+            raise ValueError("a share consumer needs a group_id")
+        if acknowledgement_mode not in ("implicit", "explicit"):
+            raise ValueError(f"acknowledgement_mode is 'implicit' or 'explicit', not {acknowledgement_mode!r}")
+        if max_poll_records < 1 or fetch_max_wait_ms < 0:
+            raise ValueError("max_poll_records must be >= 1 and fetch_max_wait_ms >= 0")
+        self._cluster, self.group_id, self.client_id = cluster, group_id, client_id
+        self._topics = sorted(set(topics))
+        self._key_deserializer, self._value_deserializer = deserializer(key_deserializer), deserializer(value_deserializer)
+        self._explicit = acknowledgement_mode == "explicit"
+        self._max_poll_records, self._fetch_max_wait_ms = max_poll_records, fetch_max_wait_ms
+        self._request_timeout_ms = request_timeout_ms
+        self._link = CoordinatorLink(cluster.controller, group_id, request_timeout_ms, cluster.retry_backoff_ms)
+        self.member_id = str(uuid.uuid4())
+        self._lock = threading.Lock()  # the membership, which the heartbeat thread changes
+        self._epoch = JOIN_EPOCH
+        self._assignment: frozenset[TopicPartition] = frozenset()
+        self._interval_ms = FIRST_HEARTBEAT_INTERVAL_MS
+        self._leaders: dict[TopicPartition, Any] = {}
+        self._fetches: dict[TopicPartition, Any] = {}  # a fetch in flight per partition
+        self._acks: dict[TopicPartition, list[tuple[int, int, int]]] = {}  # to send with the next fetch or commit
+        self._unsettled: dict[TopicPartition, set[int]] = {}  # the last poll's records not yet acknowledged
+        self._closed = False
+        self._stop = threading.Event()
+        self._heartbeat_once()  # joins (raises what the coordinator refuses: a group id of another kind, ...)
+        self._heartbeats = threading.Thread(target=self._heartbeat_forever, name=f"share-heartbeat-{group_id}", daemon=True)
+        self._heartbeats.start()
+
+    # ------------------------------------------------------------------ membership
+
+    def assignment(self) -> set[TopicPartition]:
+        with self._lock:
+            return set(self._assignment)
+
+    def _heartbeat_once(self, leave: bool = False) -> None:
+        with self._lock:
+            epoch = LEAVE_EPOCH if leave else self._epoch
+            topics = self._topics if epoch == JOIN_EPOCH else None
+        try:
+            answer = self._link.call("share_heartbeat", self.group_id, self.member_id, epoch, topics, self.client_id,
+                                     timeout_ms=self._request_timeout_ms)  # fmt: skip
+        except (FencedMemberEpochError, UnknownMemberIdError) as e:
+            logger.info("share group %s: member %s must join again: %s", self.group_id, self.member_id, e)
+            with self._lock:
+                self._epoch, self._assignment = JOIN_EPOCH, frozenset()
+            return
+        with self._lock:
+            if leave:
+                self._epoch, self._assignment = LEAVE_EPOCH, frozenset()
+                return
+            self._epoch = answer.member_epoch
+            if answer.assignment is not None:
+                self._assignment = frozenset(answer.assignment)
+            self._interval_ms = answer.heartbeat_interval_ms or self._interval_ms
+
+    def _heartbeat_forever(self) -> None:
+        while not self._stop.wait(self._interval_ms / 1000):
+            try:
+                self._heartbeat_once()
+            except KafkaError as e:  # the coordinator moving or away: next interval (the session is longer)
+                logger.warning("share group %s: heartbeat failed: %s", self.group_id, e)
+
+    # ------------------------------------------------------------------ consuming
+
+    def poll(self, timeout_ms: int = 0) -> list[ShareConsumerRecord]:
+        """The records acquired for this member (at most max_poll_records), waiting up to
+        `timeout_ms` for some."""
+        self._check_open()
+        self._settle_previous_poll()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._start_fetches(max(0, min(self._fetch_max_wait_ms, int((deadline - time.monotonic()) * 1000))))
+            ready = calls.ready_refs(list(self._fetches.values()), max(0.0, deadline - time.monotonic()))
+            records = self._collect(ready)
+            if records or time.monotonic() >= deadline:
+                self._unsettled = {}
+                for r in records:
+                    self._unsettled.setdefault((r.topic, r.partition), set()).add(r.offset)
+                return records
+
+    def acknowledge(self, record: ShareConsumerRecord, type: str = "accept") -> None:  # noqa: A002 (Kafka's name)
+        """Settles one record of the last poll (see the module docstring)."""
+        self._check_open()
+        kind = ACKNOWLEDGE_TYPES.get(type)
+        if kind is None:
+            raise ValueError(f"type is one of {sorted(ACKNOWLEDGE_TYPES)}, not {type!r}")
+        tp = (record.topic, record.partition)
+        unsettled = self._unsettled.get(tp, set())
+        if record.offset not in unsettled:
+            raise IllegalStateError(f"{record.topic}-{record.partition}@{record.offset} is not an unacknowledged "
+                                    "record of the last poll")  # fmt: skip
+        unsettled.discard(record.offset)
+        self._acks.setdefault(tp, []).append((record.offset, record.offset, int(kind)))
+
+    def commit(self) -> dict[TopicPartition, KafkaError | None]:
+        """Sends the acknowledgements now (implicit mode: accepting the last poll's
+        records first) and waits for them; per partition None or its error."""
+        self._check_open()
+        if not self._explicit:
+            self._settle_previous_poll()
+        return self._send_acks()
+
+    def close(self) -> None:
+        """Settles what was acknowledged (implicit mode: the last poll's records are
+        accepted), gives back what in-flight fetches acquired, and leaves the group."""
+        if self._closed:
+            return
+        if not self._explicit:
+            self._settle_previous_poll()
+        deadline = time.monotonic() + (self._fetch_max_wait_ms + self._request_timeout_ms) / 1000
+        for tp, ref in list(self._fetches.items()):
+            try:
+                result: ShareFetchResult = calls.get(ref, deadline, "ShareFetch")
+            except KafkaError:
+                continue
+            for first, last, _ in result.acquired:
+                self._acks.setdefault(tp, []).append((first, last, int(AcknowledgeType.RELEASE)))
+        self._fetches.clear()
+        try:
+            self._send_acks()
+        finally:
+            self._closed = True
+            self._stop.set()
+            self._heartbeats.join(timeout=self._request_timeout_ms / 1000)
+            try:
+                self._heartbeat_once(leave=True)
+            except KafkaError as e:  # the coordinator times the member out instead
+                logger.warning("share group %s: could not leave: %s", self.group_id, e)
+
+    def __enter__(self) -> ShareConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the parts
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("this share consumer is closed")
+
+    def _settle_previous_poll(self) -> None:
+        """Implicit mode: the last poll's records not acknowledged are accepted; explicit
+        mode: IllegalStateError while there are such records."""
+        left = {tp: offsets for tp, offsets in self._unsettled.items() if offsets}
+        if left and self._explicit:
+            raise IllegalStateError(f"{sum(map(len, left.values()))} record(s) of the last poll are not acknowledged")
+        for tp, offsets in left.items():
+            self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.ACCEPT)) for o in sorted(offsets))
+        self._unsettled = {}
+
+    def _leader(self, tp: TopicPartition) -> Any:
+        handle = self._leaders.get(tp)
+        if handle is None:
+            handle = self._leaders[tp] = self._cluster.leader(*tp)
+        return handle
+
+    def _start_fetches(self, max_wait_ms: int) -> None:
+        for tp in sorted(self.assignment()):
+            if tp in self._fetches:
+                continue
+            try:
+                leader = self._leader(tp)
+            except KafkaError as e:  # no leader now: next poll
+                logger.debug("share consumer: %s-%d: %s", *tp, e)
+                continue
+            acks = _ranges(self._acks.pop(tp, []))
+            self._fetches[tp] = leader.share_fetch.remote(self.group_id, self.member_id, self._max_poll_records,
+                                                          max_wait_ms, acks)  # fmt: skip
+
+    def _collect(self, ready: set[Any]) -> list[ShareConsumerRecord]:
+        records: list[ShareConsumerRecord] = []
+        for tp, ref in list(self._fetches.items()):
+            if ref not in ready:
+                continue
+            del self._fetches[tp]
+            try:
+                result: ShareFetchResult = calls.get(ref, time.monotonic() + 1, "ShareFetch")
+            except KafkaError as e:
+                result = ShareFetchResult(error=e)
+            if result.acknowledge_error is not None:
+                logger.warning("share consumer: %s-%d: acknowledgements failed: %s", *tp, result.acknowledge_error)
+            if result.error is not None:
+                if isinstance(result.error, NotLeaderOrFollowerError) or calls.unanswered(result.error):
+                    self._leaders.pop(tp, None)
+                logger.debug("share consumer: %s-%d: %s", *tp, result.error)
+                continue
+            records += self._decode(tp, result)
+        return records
+
+    def _decode(self, tp: TopicPartition, result: ShareFetchResult) -> list[ShareConsumerRecord]:
+        counts = {}
+        for first, last, count in result.acquired:
+            for offset in range(first, last + 1):
+                counts[offset] = count
+        keys, values = self._key_deserializer, self._value_deserializer
+        out = []
+        for batch in iter_batches(result.records):
+            header, decoded = decode_record_tuples(batch.data)
+            for offset, timestamp, key, value, headers in decoded:
+                count = counts.pop(offset, None)
+                if count is None:
+                    continue  # in the batch, not acquired for this member
+                out.append(ShareConsumerRecord(
+                    tp[0], tp[1], offset, timestamp, int(header.timestamp_type),
+                    key if keys is as_is else keys(key), value if values is as_is else values(value), headers, count,
+                ))  # fmt: skip
+        if counts:  # acquired offsets with no record (the log lost them meanwhile): give them back
+            self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.RELEASE)) for o in sorted(counts))
+        return out
+
+    def _send_acks(self) -> dict[TopicPartition, KafkaError | None]:
+        sent: dict[TopicPartition, Any] = {}
+        for tp, acks in list(self._acks.items()):
+            del self._acks[tp]
+            try:
+                sent[tp] = self._leader(tp).share_acknowledge.remote(self.group_id, self.member_id, _ranges(acks))
+            except KafkaError as e:
+                sent[tp] = e
+        out: dict[TopicPartition, KafkaError | None] = {}
+        deadline = time.monotonic() + self._request_timeout_ms / 1000
+        for tp, ref in sent.items():
+            if isinstance(ref, KafkaError):
+                out[tp] = ref
+                continue
+            try:
+                calls.get(ref, deadline, "ShareAcknowledge")
+                out[tp] = None
+            except KafkaError as e:
+                out[tp] = e
+                if isinstance(e, NotLeaderOrFollowerError):
+                    self._leaders.pop(tp, None)
+        return out
+
+
+def _ranges(acks: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Acknowledgements merged into ranges of consecutive offsets of one type."""
+    out: list[list[int]] = []
+    for first, last, kind in sorted(acks):
+        if out and out[-1][2] == kind and out[-1][1] + 1 == first:
+            out[-1][1] = last
+        else:
+            out.append([first, last, kind])
+    return [(a, b, k) for a, b, k in out]
+
