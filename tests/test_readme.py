@@ -22,6 +22,7 @@ RUN_HERE = (
     "import numpy as np, pyarrow as pa",  # send_batch
     'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
+    'cluster.create_topic("jobs", num_partitions=1)',  # share groups
     "from confluent_kafka import Producer",  # a Kafka client
     "import confluent_kafka",  # the consumer group protocol (KIP-848)
     "from rayk.quotas import DEFAULT, QuotaEntity",  # client quotas
@@ -93,7 +94,7 @@ def test_the_readme_python_examples_run_as_written(readme_session, capsys):
             if code is blocks[0]:
                 assert "ann" in capsys.readouterr().out, "the quickstart's consumer printed what its producer sent"
         cluster = namespace["cluster"]
-        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "orders", "profiles"]
+        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "jobs", "orders", "profiles"]
     finally:
         if "cluster" in namespace:
             namespace["cluster"].shutdown()

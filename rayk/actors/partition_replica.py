@@ -64,7 +64,7 @@ from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
-from rayk.actors.share_fetch import Acknowledgement, SharePartitions, ShareSettings, ShareFetchResult
+from rayk.actors.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress

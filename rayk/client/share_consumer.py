@@ -279,7 +279,7 @@ class ShareConsumer:
         return records
 
     def _decode(self, tp: TopicPartition, result: ShareFetchResult) -> list[ShareConsumerRecord]:
-        counts = {}
+        counts: dict[int, int] = {}
         for first, last, count in result.acquired:
             for offset in range(first, last + 1):
                 counts[offset] = count
@@ -288,8 +288,8 @@ class ShareConsumer:
         for batch in iter_batches(result.records):
             header, decoded = decode_record_tuples(batch.data)
             for offset, timestamp, key, value, headers in decoded:
-                count = counts.pop(offset, None)
-                if count is None:
+                count = counts.pop(offset, 0)
+                if not count:
                     continue  # in the batch, not acquired for this member
                 out.append(ShareConsumerRecord(
                     tp[0], tp[1], offset, timestamp, int(header.timestamp_type),
