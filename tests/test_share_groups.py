@@ -36,29 +36,22 @@ from rayk.errors import (
     CoordinatorNotAvailableError,
     FencedLeaderEpochError,
     FencedMemberEpochError,
+    FencedStateEpochError,
     GroupIdNotFoundError,
     InvalidConfigurationError,
     InvalidRecordStateError,
     NonEmptyGroupError,
-    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
 )
 from rayk.storage.log import Log
 from rayk.storage.records import SimpleRecord, build_batch, decode_records, iter_batches
+from tests.test_consumer_group_coordinator import Partition as OffsetsPartition
 
 ACCEPT, RELEASE, REJECT = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT
 
 
-class Partition:
-    """The __consumer_offsets partition: its records, in order; `fail` makes appends fail."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[bytes, bytes | None]] = []
-        self.fail = False
-
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
-        if self.fail:
-            raise NotEnoughReplicasError("the ISR is below min.insync.replicas")
-        self.records += records
+class Partition(OffsetsPartition):
+    """The __consumer_offsets partition (its records; `fail` makes appends fail)."""
 
     def coordinator(self) -> GroupCoordinator:
         coordinator = GroupCoordinator(self.append, BrokerConfig(group_share_session_timeout_ms=6_000))
@@ -249,8 +242,13 @@ def test_acknowledgements_survive_a_new_leader_and_a_new_coordinator_and_the_old
         new = leader(log, coordinators, epoch=4)  # and so did the leadership
         again = await new.share_fetch("g", "a", 10, 0)
         assert offsets_of(again) == [1, 3] and again.acquired == ((1, 1, 2), (3, 3, 2))
-        with pytest.raises(FencedLeaderEpochError):
+        with pytest.raises(NotLeaderOrFollowerError):  # deposed: its members look the leader up again
             await old.share_acknowledge("g", "a", [(1, 1, ACCEPT)])
+        _, state_epoch, _ = await coordinators[-1].read_share_state("g", "t", 0, 4)
+        with pytest.raises(FencedLeaderEpochError):
+            await coordinators[-1].write_share_state("g", "t", 0, 3, state_epoch, 0, [])
+        with pytest.raises(FencedStateEpochError):  # a leader that read no state may only create one
+            await coordinators[-1].write_share_state("g", "t", 0, 5, state_epoch, 0, [], create=True)
 
     run(main())
 

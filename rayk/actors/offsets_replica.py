@@ -157,9 +157,10 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         return await self._require_coordinator().read_share_state(group_id, topic, partition, leader_epoch)
 
     async def write_share_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
-                                start_offset: int, batches: list[tuple[int, int, str, int]]) -> None:  # fmt: skip
+                                start_offset: int, batches: list[tuple[int, int, str, int]],
+                                create: bool = False) -> None:  # fmt: skip
         await self._require_coordinator().write_share_state(group_id, topic, partition, leader_epoch, state_epoch,
-                                                            start_offset, batches)  # fmt: skip
+                                                            start_offset, batches, create)  # fmt: skip
 
     async def describe_share_group(self, group_id: str) -> dict:
         return self._require_coordinator().describe_share_group(group_id)

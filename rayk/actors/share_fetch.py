@@ -49,7 +49,14 @@ from rayk.actors.share_partition import (
     ShareState,
     StateBatch,
 )
-from rayk.errors import InvalidRecordStateError, InvalidRequestError, KafkaError, NotLeaderOrFollowerError
+from rayk.errors import (
+    FencedLeaderEpochError,
+    FencedStateEpochError,
+    InvalidRecordStateError,
+    InvalidRequestError,
+    KafkaError,
+    NotLeaderOrFollowerError,
+)
 from rayk.storage.log import Log
 from rayk.storage.records import iter_batches
 
@@ -196,10 +203,32 @@ class SharePartitions:
         if task is None:
             task = self._loading[group_id] = asyncio.get_running_loop().create_task(self._load(group_id))
             task.add_done_callback(lambda _: self._loading.pop(group_id, None))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._closed:  # (close cancelled the load, not our caller)
+                raise self._not_leading() from None
+            raise
+
+    async def _call(self, method: str, group_id: str, *args: Any) -> Any:
+        """The coordinator's `method`; a newer leader seen there means this one is deposed
+        (NOT_LEADER_OR_FOLLOWER, so that members look the leader up again)."""
+        try:
+            return await self._coordinator(method, group_id, *args)
+        except FencedLeaderEpochError as e:
+            raise NotLeaderOrFollowerError(f"{self.topic}-{self.partition}: a newer leader wrote the share state: {e}") from None
 
     async def _load(self, group_id: str) -> _Hosted:
-        state, state_epoch, reset = await self._coordinator(
+        for attempt in (1, 2):
+            try:
+                return await self._load_once(group_id)
+            except FencedStateEpochError:  # another leader created the state meanwhile: read it
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _load_once(self, group_id: str) -> _Hosted:
+        state, state_epoch, reset = await self._call(
             "read_share_state", group_id, self.topic, self.partition, self.leader_epoch)
         s = self._settings
         settings = {"delivery_count_limit": s.delivery_count_limit, "lock_duration_ms": s.lock_duration_ms,
@@ -212,11 +241,11 @@ class SharePartitions:
         else:
             start = log.high_watermark if reset == "latest" else log.log_start_offset
             hosted = _Hosted(SharePartition(start, **settings), state_epoch)
-            hosted.changes = 1  # the start is written before anything is handed out
+            hosted.changes = 1  # the start is written, only if no state came meanwhile, before anything is handed out
         if self._closed:
             raise self._not_leading()
         if hosted.changes:
-            await self._write(group_id, hosted)
+            await self._write(group_id, hosted, create=state is None or state.state_epoch != state_epoch)
         self._hosted[group_id] = hosted
         return hosted
 
@@ -230,8 +259,8 @@ class SharePartitions:
         partition.move_start(log.log_start_offset)
         if partition.expire_locks(now_ms):
             hosted.changes += 1
-        acquired = partition.acquire(member_id, max_records, partition.end_offset, now_ms)  # redeliveries
         hw = log.high_watermark
+        acquired = partition.acquire(member_id, max_records, min(partition.end_offset, hw), now_ms)  # redeliveries
         while len(acquired) < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
             read = log.read(partition.end_offset, READ_CHUNK_BYTES, max_offset=hw)
             progressed = False
@@ -304,12 +333,13 @@ class SharePartitions:
                 return e
         return error
 
-    async def _write(self, group_id: str, hosted: _Hosted) -> None:
-        """Returns once the coordinator holds every change applied before the call."""
+    async def _write(self, group_id: str, hosted: _Hosted, create: bool = False) -> None:
+        """Returns once the coordinator holds every change applied before the call; with
+        `create`, FENCED_STATE_EPOCH if a state was written since this one was read."""
         target = hosted.changes
         while hosted.written < target:
             if hosted.writing is None:
-                hosted.writing = asyncio.get_running_loop().create_task(self._write_once(group_id, hosted))
+                hosted.writing = asyncio.get_running_loop().create_task(self._write_once(group_id, hosted, create))
             try:
                 await asyncio.shield(hosted.writing)
             except asyncio.CancelledError:
@@ -317,12 +347,12 @@ class SharePartitions:
                     raise self._not_leading() from None
                 raise
 
-    async def _write_once(self, group_id: str, hosted: _Hosted) -> None:
+    async def _write_once(self, group_id: str, hosted: _Hosted, create: bool = False) -> None:
         changes = hosted.changes
         state = hosted.partition.snapshot()
         try:
-            await self._coordinator("write_share_state", group_id, self.topic, self.partition, self.leader_epoch,
-                                    hosted.state_epoch, state.start_offset, from_state(state))  # fmt: skip
+            await self._call("write_share_state", group_id, self.topic, self.partition, self.leader_epoch,
+                             hosted.state_epoch, state.start_offset, from_state(state), create)  # fmt: skip
         except KafkaError as e:
             if self._hosted.get(group_id) is hosted:
                 del self._hosted[group_id]  # memory must not run ahead of the coordinator: read again

@@ -210,13 +210,19 @@ class ShareGroupHosting:
             return state, group.state_epoch, group.auto_offset_reset
 
     async def write_share_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
-                                start_offset: int, batches: list[tuple[int, int, str, int]]) -> None:  # fmt: skip
+                                start_offset: int, batches: list[tuple[int, int, str, int]],
+                                create: bool = False) -> None:  # fmt: skip
+        """Writes a leader's state; `create`: a state the leader started (none was there
+        when it read), FENCED_STATE_EPOCH if another leader's came meanwhile."""
         async with self._state_lock(group_id, topic, partition):
             group = self._require_share_group(group_id)
             if state_epoch != group.state_epoch:
                 raise FencedStateEpochError(f"share group {group_id!r} is in state epoch {group.state_epoch}, "
                                             f"not {state_epoch}: read the state again")  # fmt: skip
             known = self._share_states.get(group_id, {}).get((topic, partition))
+            if create and known is not None and known.state_epoch == state_epoch:
+                raise FencedStateEpochError(f"share state of {topic}-{partition} in group {group_id!r} was written "
+                                            "since it was read: read it again")  # fmt: skip
             if known is not None and leader_epoch < known.leader_epoch:
                 raise FencedLeaderEpochError(f"share state of {topic}-{partition} in group {group_id!r} was "
                                              f"written in leader epoch {known.leader_epoch}, not {leader_epoch}")  # fmt: skip
@@ -226,14 +232,18 @@ class ShareGroupHosting:
     async def _write_state(self, state: ShareStateRecord) -> None:
         await self._write_group_records(state.group_id, [
             (share_state_key(state.group_id, state.topic, state.partition), share_state_value(state))])
+        group = self._share_groups.get(state.group_id)
+        if group is None or group.state_epoch != state.state_epoch:  # deleted while it was written: it is stale
+            raise FencedStateEpochError(f"share group {state.group_id!r} was deleted meanwhile")
         self._share_states.setdefault(state.group_id, {})[(state.topic, state.partition)] = state
 
     # ------------------------------------------------------------------ admin
 
     def share_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         """DescribeShareGroupOffsets: each share-partition's start offset (SPSO)."""
-        self._require_share_group(group_id)
-        return {tp: s.start_offset for tp, s in self._share_states.get(group_id, {}).items()}
+        group = self._require_share_group(group_id)
+        return {tp: s.start_offset for tp, s in self._share_states.get(group_id, {}).items()
+                if s.state_epoch == group.state_epoch}  # fmt: skip
 
     def describe_share_group(self, group_id: str) -> dict[str, Any]:
         group = self._require_share_group(group_id)

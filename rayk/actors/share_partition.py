@@ -103,10 +103,12 @@ class SharePartition:
 
     def acquire(self, member_id: str, max_records: int, log_end_offset: int, now_ms: int) -> list[AcquiredRecord]:
         """Up to `max_records` records for `member_id`, locked until now + lock duration:
-        available in-flight records first (redeliveries), then new ones below
-        `log_end_offset` (the high watermark, or the LSO under read_committed)."""
+        available in-flight records first (redeliveries), then new ones, all below
+        `log_end_offset` (the high watermark, or the LSO under read_committed: a new
+        leader's may be below records its predecessor handed out)."""
         acquired: list[AcquiredRecord] = []
-        for offset in sorted(o for o, r in self.in_flight.items() if r.state is RecordState.AVAILABLE):
+        available = (o for o, r in self.in_flight.items() if r.state is RecordState.AVAILABLE and o < log_end_offset)
+        for offset in sorted(available):
             if len(acquired) >= max_records:
                 return acquired
             acquired.append(self._lock(offset, member_id, now_ms))

@@ -107,6 +107,8 @@ class ShareConsumer:
         self._assignment: frozenset[TopicPartition] = frozenset()
         self._interval_ms = FIRST_HEARTBEAT_INTERVAL_MS
         self._leaders: dict[TopicPartition, Any] = {}
+        self._retry_backoff_s = cluster.retry_backoff_ms / 1000
+        self._retry_at: dict[TopicPartition, float] = {}  # a partition whose fetch failed, until then
         self._fetches: dict[TopicPartition, Any] = {}  # a fetch in flight per partition
         self._acks: dict[TopicPartition, list[tuple[int, int, int]]] = {}  # to send with the next fetch or commit
         self._unsettled: dict[TopicPartition, set[int]] = {}  # the last poll's records not yet acknowledged
@@ -160,7 +162,10 @@ class ShareConsumer:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._start_fetches(max(0, min(self._fetch_max_wait_ms, int((deadline - time.monotonic()) * 1000))))
-            ready = calls.ready_refs(list(self._fetches.values()), max(0.0, deadline - time.monotonic()))
+            wait_s = max(0.0, deadline - time.monotonic())
+            if not self._fetches:  # nothing to wait for: look again soon (an assignment, a backoff's end)
+                wait_s = min(wait_s, self._retry_backoff_s)
+            ready = calls.ready_refs(list(self._fetches.values()), wait_s)
             records = self._collect(ready)
             if records or time.monotonic() >= deadline:
                 self._unsettled = {}
@@ -246,13 +251,22 @@ class ShareConsumer:
         return handle
 
     def _start_fetches(self, max_wait_ms: int) -> None:
-        for tp in sorted(self.assignment()):
-            if tp in self._fetches:
+        assignment = self.assignment()
+        for tp in [tp for tp in self._acks if tp not in assignment and tp not in self._fetches]:
+            # Moved to other members: its acknowledgements go now, not at commit (their locks run).
+            try:
+                self._leader(tp).share_acknowledge.remote(self.group_id, self.member_id, _ranges(self._acks.pop(tp)))
+            except KafkaError as e:
+                logger.warning("share consumer: %s-%d: acknowledgements not sent: %s", *tp, e)
+        now = time.monotonic()
+        for tp in sorted(assignment):
+            if tp in self._fetches or self._retry_at.get(tp, 0) > now:
                 continue
             try:
                 leader = self._leader(tp)
-            except KafkaError as e:  # no leader now: next poll
+            except KafkaError as e:  # no leader now: after a backoff
                 logger.debug("share consumer: %s-%d: %s", *tp, e)
+                self._retry_at[tp] = now + self._retry_backoff_s
                 continue
             acks = _ranges(self._acks.pop(tp, []))
             self._fetches[tp] = leader.share_fetch.remote(self.group_id, self.member_id, self._max_poll_records,
@@ -274,6 +288,7 @@ class ShareConsumer:
                 if isinstance(result.error, NotLeaderOrFollowerError) or calls.unanswered(result.error):
                     self._leaders.pop(tp, None)
                 logger.debug("share consumer: %s-%d: %s", *tp, result.error)
+                self._retry_at[tp] = time.monotonic() + self._retry_backoff_s
                 continue
             records += self._decode(tp, result)
         return records
