@@ -451,6 +451,19 @@ class InvalidRecordStateError(KafkaError):
     code, name = 121, "INVALID_RECORD_STATE"
 
 
+class ShareSessionNotFoundError(KafkaError):
+    """A ShareFetch or ShareAcknowledge continues a share session this broker does not have
+    (never opened, closed, or evicted): the client opens a new one (epoch 0)."""
+
+    code, name, retriable = 122, "SHARE_SESSION_NOT_FOUND", True
+
+
+class InvalidShareSessionEpochError(KafkaError):
+    """A ShareFetch or ShareAcknowledge carries another epoch than its share session's next."""
+
+    code, name, retriable = 123, "INVALID_SHARE_SESSION_EPOCH", True
+
+
 class FencedStateEpochError(KafkaError):
     """A share-partition leader writes its share state in a state epoch the group
     coordinator has left (the group's state was deleted or reset meanwhile): it reads the

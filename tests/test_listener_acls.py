@@ -15,13 +15,24 @@ import uuid
 import confluent_kafka
 import confluent_kafka.admin as confluent_admin
 import pytest
+import ray
 from confluent_kafka import KafkaError as ConfluentError
 
 import rayk
 from rayk.acls import ALLOW, DELETE, DESCRIBE, GROUP, LITERAL, READ, TOPIC, AclBinding, AclFilter
 from rayk.client.admin import ScramUpsertion
 from rayk.errors import GroupIdNotFoundError
-from rayk.net.api_versions import API_VERSIONS, CREATE_ACLS, DELETE_ACLS, DELETE_RECORDS, DESCRIBE_ACLS, OFFSET_DELETE
+from rayk.net.api_versions import (
+    API_VERSIONS,
+    CREATE_ACLS,
+    DELETE_ACLS,
+    DELETE_RECORDS,
+    DESCRIBE_ACLS,
+    OFFSET_DELETE,
+    SHARE_FETCH,
+    SHARE_GROUP_HEARTBEAT,
+)
+from rayk.net.entities import kafka_uuid
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
 from tests.tls_helpers import TlsFiles
@@ -285,6 +296,39 @@ def test_offset_delete_needs_delete_on_the_group_and_read_on_the_topic(cluster, 
         connection.close()
     with pytest.raises(GroupIdNotFoundError):  # its only offset is gone, and with it the group
         cluster.admin().describe_consumer_groups([group])[group]
+
+
+def test_share_groups_need_read_on_the_group_and_on_the_topics(cluster, tls):
+    """As Kafka's KafkaApis for KIP-932: without READ on the group a ShareGroupHeartbeat
+    and a whole ShareFetch are GROUP_AUTHORIZATION_FAILED; a heartbeat naming a topic
+    without DESCRIBE is TOPIC_AUTHORIZATION_FAILED; a fetched partition of a topic without
+    READ is TOPIC_AUTHORIZATION_FAILED, and served once READ is granted."""
+    cluster.create_topic("share-acl", num_partitions=1, replication_factor=1)
+    group = f"alice-share-{uuid.uuid4().hex[:8]}"
+    topic_id = kafka_uuid(ray.get(cluster.controller.client_metadata.remote(["share-acl"]))["topics"]["share-acl"]["topic_id"])
+    connection = RawConnection(cluster.bootstrap_servers_for("EXTERNAL"),
+                               tls=ssl.create_default_context(cafile=tls.truststore))
+    scram_login(connection, "alice", PASSWORD)
+    heartbeat = {"group_id": group, "member_id": "alice-1", "member_epoch": 0, "subscribed_topic_names": ["share-acl"]}
+    fetch = {"group_id": group, "member_id": "alice-1", "share_session_epoch": 0, "max_wait": 0, "min_bytes": 1,
+             "max_records": 10, "batch_size": 10, "forgotten_topics_data": [],
+             "topics": [{"topic_id": topic_id, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}]}
+    try:
+        assert connection.call(SHARE_GROUP_HEARTBEAT, 1, heartbeat).error_code.value == ConfluentError.GROUP_AUTHORIZATION_FAILED
+        assert connection.call(SHARE_FETCH, 1, fetch).error_code.value == ConfluentError.GROUP_AUTHORIZATION_FAILED
+        cluster.admin().create_acls([AclBinding(GROUP, group, LITERAL, "User:alice", "*", READ, ALLOW)])
+        wait_until(lambda: connection.call(SHARE_GROUP_HEARTBEAT, 1, heartbeat).error_code.value
+                   == ConfluentError.TOPIC_AUTHORIZATION_FAILED, 30, "the group ACL to arrive")  # fmt: skip
+        answer = connection.call(SHARE_FETCH, 1, fetch)
+        assert answer.error_code.value == 0
+        assert answer.responses[0].partitions[0].error_code.value == ConfluentError.TOPIC_AUTHORIZATION_FAILED
+        cluster.admin().create_acls([AclBinding(TOPIC, "share-acl", LITERAL, "User:alice", "*", READ, ALLOW)])
+        wait_until(lambda: connection.call(SHARE_GROUP_HEARTBEAT, 1, heartbeat).error_code.value == 0, 30,
+                   "the topic ACL to arrive (READ implies DESCRIBE)")
+        wait_until(lambda: connection.call(SHARE_FETCH, 1, fetch).responses[0].partitions[0].error_code.value == 0, 30,
+                   "the fetch to be served")
+    finally:
+        connection.close()
 
 
 def test_the_java_admin_client_manages_scram_users_and_acls_over_sasl_ssl(cluster, tls, jvm):

@@ -140,14 +140,16 @@ def test_unknown_keys_and_versions_get_unsupported_version(address):
         body = conn.call(keys.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}, 10)
         assert body.error_code.value == 0  # the same connection still serves
         # KIP-584's features: transaction version 2 finalized, so Kafka's clients run KIP-890 part 2,
-        # and group version 1 (KIP-848's consumer protocol), as Kafka 4.0 finalizes them. v3 leaves
-        # out a supported range from 0, which clients before Kafka 3.7 refuse.
+        # group version 1 (KIP-848's consumer protocol), as Kafka 4.0 finalizes them, and share
+        # version 1 (KIP-932's share groups, Kafka 4.1+). v3 leaves out a supported range from 0,
+        # which clients before Kafka 3.7 refuse.
         finalized = {f.name: (f.min_version_level, f.max_version_level) for f in body.finalized_features}
-        assert finalized == {"transaction.version": (2, 2), "group.version": (1, 1)} and body.finalized_features_epoch >= 0
+        assert finalized == {"transaction.version": (2, 2), "group.version": (1, 1), "share.version": (1, 1)}
+        assert body.finalized_features_epoch >= 0
         assert body.supported_features == ()
         v4 = conn.call(keys.API_VERSIONS, 4, {"client_software_name": "t", "client_software_version": "1"}, 11)
         assert {f.name: (f.min_version, f.max_version) for f in v4.supported_features} == {
-            "transaction.version": (0, 2), "group.version": (0, 1)}
+            "transaction.version": (0, 2), "group.version": (0, 1), "share.version": (0, 1)}
     finally:
         conn.close()
 

@@ -12,13 +12,21 @@ import os
 import signal
 import time
 
+import confluent_kafka
 import pytest
 import ray
 
 import rayk
 from rayk.client.share_consumer import IllegalStateError
-from rayk.errors import GroupIdNotFoundError, NonEmptyGroupError
+from rayk.errors import (
+    GroupIdNotFoundError,
+    InvalidShareSessionEpochError,
+    NonEmptyGroupError,
+    ShareSessionNotFoundError,
+)
+from rayk.net.api_versions import SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT
 from tests.cluster_helpers import pid_of, shared_local_ray, wait_until
+from tests.protocol_helpers import RawConnection
 
 LOCK_MS = 2_000
 CONFIG = {"group.share.record.lock.duration.ms": LOCK_MS, "group.share.heartbeat.interval.ms": 500,
@@ -132,6 +140,101 @@ def test_a_poison_record_is_archived_at_the_delivery_limit(cluster):
             if cluster.admin().list_share_group_offsets(group) == {(topic, 0): 2}:
                 break
         assert deliveries == [1, 2, 3]  # group.share.delivery.count.limit 3, then archived
+
+
+def kafka_share_consumer(cluster, topic: str, group: str, **settings):
+    consumer = confluent_kafka.ShareConsumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group,
+                                              **settings})  # fmt: skip
+    consumer.subscribe([topic])
+    return consumer
+
+
+def test_kafka_share_consumers_and_rayk_s_share_one_partition_each_record_once(cluster):
+    topic, group = topic_with(cluster, 200)
+    kafka = [kafka_share_consumer(cluster, topic, group, **{"max.poll.records": 10}) for _ in range(2)]
+    ours = cluster.share_consumer(topic, group_id=group, max_poll_records=10)
+    got: dict[str, list[int]] = {"kafka0": [], "kafka1": [], "rayk": []}
+    try:
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < 200:
+            assert time.monotonic() < deadline, {k: len(v) for k, v in got.items()}
+            for i, consumer in enumerate(kafka):
+                for message in consumer.poll(0.2):  # implicit mode: accepted by the next poll
+                    assert message.error() is None, message.error()
+                    got[f"kafka{i}"].append(int(message.value()))
+            got["rayk"] += [int(r.value) for r in ours.poll(200)]
+        assert sorted(v for values in got.values() for v in values) == list(range(200))  # each once
+        assert sum(1 for values in got.values() if values) >= 2, {k: len(v) for k, v in got.items()}
+        for consumer in kafka:
+            consumer.commit_sync(30)
+        ours.commit()
+        wait_until(lambda: cluster.admin().list_share_group_offsets(group) == {(topic, 0): 200}, 30, "all accepted")
+        members = cluster.admin().describe_share_groups([group])[group]["members"]
+        assert len(members) == 3
+    finally:
+        for consumer in kafka:
+            consumer.close()
+        ours.close()
+
+
+def test_a_kafka_share_consumer_releases_and_rejects_explicitly_and_sees_the_delivery_count(cluster):
+    topic, group = topic_with(cluster, 3)
+    consumer = kafka_share_consumer(cluster, topic, group, **{"share.acknowledgement.mode": "explicit"})
+    try:
+        counts: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        deadline = time.monotonic() + 60
+        while len(counts[0]) < 2 or not counts[1] or not counts[2]:
+            assert time.monotonic() < deadline, counts
+            for message in consumer.poll(0.5):
+                value = int(message.value())
+                counts[value].append(message.delivery_count())
+                kind = {0: "RELEASE" if len(counts[0]) == 1 else "ACCEPT", 1: "REJECT", 2: "ACCEPT"}[value]
+                consumer.acknowledge(message, getattr(confluent_kafka.AcknowledgeType, kind))
+            consumer.commit_sync(30)
+        assert counts == {0: [1, 2], 1: [1], 2: [1]}  # the released record came back, counted
+        wait_until(lambda: cluster.admin().list_share_group_offsets(group) == {(topic, 0): 3}, 30, "all settled")
+    finally:
+        consumer.close()
+
+
+def coordinator_address(cluster, group: str) -> str:
+    """The listener of the broker that coordinates `group`."""
+    partition, _ = ray.get(cluster.controller.find_coordinator.remote(group))
+    leader = next(p.leader for p in cluster.describe_topic("__consumer_offsets") if p.partition == partition)
+    broker = next(b for b in cluster.brokers() if b["broker_id"] == leader)
+    return "%s:%d" % tuple(broker["endpoints"]["PLAINTEXT"])
+
+
+def test_share_sessions_and_share_group_describe_on_the_wire(cluster):
+    topic, group = topic_with(cluster, 1)
+    connection = RawConnection(coordinator_address(cluster, group))
+    try:
+        fetch = {"group_id": group, "member_id": "m", "max_wait": 0, "min_bytes": 1, "max_records": 10,
+                 "batch_size": 10, "topics": [], "forgotten_topics_data": []}  # fmt: skip
+        assert connection.call(SHARE_FETCH, 1, {**fetch, "share_session_epoch": 3}).error_code == (
+            ShareSessionNotFoundError.code)
+        assert connection.call(SHARE_FETCH, 1, {**fetch, "share_session_epoch": 0}).error_code == 0
+        assert connection.call(SHARE_FETCH, 1, {**fetch, "share_session_epoch": 5}).error_code == (
+            InvalidShareSessionEpochError.code)
+        assert connection.call(SHARE_ACKNOWLEDGE, 1, {"group_id": group, "member_id": "m", "share_session_epoch": 0,
+                                                      "topics": []}).error_code == InvalidShareSessionEpochError.code
+        heartbeat = connection.call(SHARE_GROUP_HEARTBEAT, 1, {"group_id": group, "member_id": "m", "member_epoch": 0,
+                                                               "subscribed_topic_names": [topic]})  # fmt: skip
+        assert heartbeat.error_code == 0 and heartbeat.assignment.topic_partitions[0].partitions == (0,)
+        describe = {"group_ids": [group], "include_authorized_operations": False}
+        (ours,) = connection.call(SHARE_GROUP_DESCRIBE, 1, describe).groups
+        assert ours.group_state == "Stable" and [m.member_id for m in ours.members] == ["m"]
+        assert ours.members[0].assignment.topic_partitions[0].topic_name == topic
+        elsewhere = RawConnection(coordinator_address(cluster, "no-such-group"))
+        try:
+            (missing,) = elsewhere.call(SHARE_GROUP_DESCRIBE, 1, {**describe, "group_ids": ["no-such-group"]}).groups
+        finally:
+            elsewhere.close()
+        assert missing.error_code == GroupIdNotFoundError.code
+        left = connection.call(SHARE_GROUP_HEARTBEAT, 1, {"group_id": group, "member_id": "m", "member_epoch": -1})
+        assert left.error_code == 0 and left.member_epoch == -1
+    finally:
+        connection.close()
 
 
 def test_acknowledgements_survive_the_death_of_the_partition_leader_and_of_the_group_coordinator(cluster):

@@ -41,6 +41,7 @@ from rayk.errors import (
 from rayk.acls import CLUSTER_NAME, SUPPORTED_OPERATIONS, Authorizer
 from rayk.net.client_quotas import ClientQuotas
 from rayk.net.entities import kafka_uuid
+from rayk.net.share_sessions import ShareSessions
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.parked_fetches import ParkedFetches
 from rayk.net.produce_coalescer import ProduceCoalescer
@@ -73,6 +74,7 @@ class BrokerView:
         self._authorizer = Authorizer((), config.super_user_set(), allow_everyone_if_no_acl_found=False)
         self._acl_version = -2
         self.quotas = ClientQuotas(config.quota_window_num, config.quota_window_size_seconds * 1000)
+        self.share_sessions = ShareSessions()
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
         )

@@ -48,7 +48,8 @@ TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # an OffsetCommit waits no longer for the Contr
 _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "leave_group": READ,
                     "consumer_heartbeat": READ, "commit_offsets": READ, "txn_commit_offsets": READ,
                     "fetch_offsets": DESCRIBE, "pending_partitions": DESCRIBE, "describe_group": DESCRIBE,
-                    "describe_consumer_group": DESCRIBE, "delete_group": DELETE, "delete_offsets": DELETE}
+                    "describe_consumer_group": DESCRIBE, "delete_group": DELETE, "delete_offsets": DELETE,
+                    "share_heartbeat": READ, "describe_share_group": DESCRIBE}
 
 
 async def coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:
