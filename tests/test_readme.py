@@ -23,6 +23,7 @@ RUN_HERE = (
     'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
     'cluster.create_topic("jobs", num_partitions=1)',  # share groups
+    "import confluent_kafka                                    # ShareConsumer: confluent-kafka 2.16 (preview)",
     "from confluent_kafka import Producer",  # a Kafka client
     "import confluent_kafka",  # the consumer group protocol (KIP-848)
     "from rayk.quotas import DEFAULT, QuotaEntity",  # client quotas
