@@ -200,6 +200,41 @@ def test_apis_rayk_does_not_serve_fail_in_the_java_client_before_any_request(clu
     assert events["still_usable"]["topics"] >= 0
 
 
+def test_java_share_consumers_share_one_partition_release_and_accept_each_record_once(cluster, bootstrap, jvm):
+    """Two of Kafka's KafkaShareConsumers (KIP-932) in one share group on a 1-partition
+    topic, with explicit acknowledgement: between them every record is accepted once; the
+    records each releases come back, to either, with delivery count 2; the group's start
+    offset ends past them all."""
+    topic, group = new_topic(cluster, partitions=1), f"java-share-{uuid.uuid4().hex[:6]}"
+    cluster.admin().alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})
+    with cluster.producer() as producer:
+        for i in range(100):
+            producer.send(topic, (f"release-{i}" if i % 10 == 0 else str(i)).encode())
+    members = [jvm.start("rayk.jvm.ShareMember", bootstrap, topic, group, "max.poll.records=10") for _ in range(2)]
+    try:
+        def accepted() -> Counter:
+            seen = Counter()
+            for m in members:
+                for e in m.events:
+                    for record in e.get("records", ()) if e["event"] == "consumed" else ():
+                        _partition, _offset, value, deliveries = record.split(":")
+                        if not (value.startswith("release-") and deliveries == "1"):
+                            seen[value] += 1
+            return seen
+
+        wait_until(lambda: len(accepted()) == 100, 90, "every record accepted")
+        assert set(accepted().values()) == {1}  # none twice
+        redelivered = [r for m in members for e in m.events if e["event"] == "consumed" for r in e["records"]
+                       if r.split(":")[2].startswith("release-") and r.endswith(":2")]  # fmt: skip
+        assert len(redelivered) == 10
+        assert all(e["failed"] == [] for m in members for e in m.events if e["event"] == "committed")
+        wait_until(lambda: cluster.admin().list_share_group_offsets(group) == {(topic, 0): 100}, 30, "SPSO at the end")
+        assert len(cluster.admin().describe_share_groups([group])[group]["members"]) == 2
+    finally:
+        for m in members:
+            m.stop()
+
+
 def test_a_version_rayk_does_not_serve_is_answered_unsupported_and_the_connection_stays(bootstrap, jvm):
     """Requests framed by kafka-clients' own classes on a bare socket: Metadata one version
     above rayk's ceiling gets UNSUPPORTED_VERSION and the next request on the same
