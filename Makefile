@@ -36,6 +36,7 @@ chaos: bytecode
 demo: bytecode
 	$(VENV)/bin/rayk demo
 	$(PY) examples/spark_pipeline.py
+	$(PY) examples/work_queue.py
 
 bench: bytecode
 	$(PY) -m pip install --quiet -e '.[bench]'

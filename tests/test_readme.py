@@ -23,6 +23,7 @@ RUN_HERE = (
     'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
     'cluster.create_topic("jobs", num_partitions=1)',  # share groups
+    "from rayk.work_queue import WorkQueue",  # the work queue
     "import confluent_kafka                                    # ShareConsumer: confluent-kafka 2.16 (preview)",
     "from confluent_kafka import Producer",  # a Kafka client
     "import confluent_kafka",  # the consumer group protocol (KIP-848)
@@ -40,7 +41,8 @@ RUN_ELSEWHERE = {
         "tests/test_metrics.py::test_the_readme_s_scrape_runs_as_written",),
     "make demo    # 3 brokers on a local Ray: 1,000,000 records with acks=all (send_batch of numpy/Arrow": (
         "tests/test_cli.py::test_the_demo_checks_what_it_produced_and_consumed",
-        "tests/test_spark.py::test_make_demo_s_spark_pipeline_counts_every_click_once"),
+        "tests/test_spark.py::test_make_demo_s_spark_pipeline_counts_every_click_once",
+        "tests/test_share_consumer.py::test_make_demo_s_work_queue_does_every_job_with_duplicates_only_where_a_worker_died"),
     "ray start --head                                   # or use an existing Ray cluster": (
         "tests/test_cli.py::test_the_readme_s_rayk_commands_run_as_written",),
     'rayk.connect().create_topic("events-copy", num_partitions=3)': (
@@ -95,7 +97,7 @@ def test_the_readme_python_examples_run_as_written(readme_session, capsys):
             if code is blocks[0]:
                 assert "ann" in capsys.readouterr().out, "the quickstart's consumer printed what its producer sent"
         cluster = namespace["cluster"]
-        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "jobs", "orders", "profiles"]
+        assert sorted(cluster.admin().list_topics()) == ["events", "events-upper", "jobs", "jobs-dlq", "orders", "profiles"]
     finally:
         if "cluster" in namespace:
             namespace["cluster"].shutdown()

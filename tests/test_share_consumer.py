@@ -7,10 +7,12 @@ group coordinator (kept last: it kills replica processes)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import signal
 import time
+from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -26,6 +28,7 @@ from rayk.errors import (
 )
 from rayk.net.api_versions import SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT
 from tests.cluster_helpers import pid_of, shared_local_ray, wait_until
+from rayk.work_queue import WorkQueue
 from tests.protocol_helpers import RawConnection
 
 LOCK_MS = 2_000
@@ -235,6 +238,57 @@ def test_share_sessions_and_share_group_describe_on_the_wire(cluster):
         assert left.error_code == 0 and left.member_epoch == -1
     finally:
         connection.close()
+
+
+def test_make_demo_s_work_queue_does_every_job_with_duplicates_only_where_a_worker_died(cluster, capsys):
+    """`make demo`'s third part, examples/work_queue.py, on this module's cluster with fewer
+    jobs: a pool of 3 actors, one SIGKILLed mid-work, a poison job dead-lettered."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "work_queue.py"
+    spec = importlib.util.spec_from_file_location("work_queue_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.run_queue(cluster, jobs=300, workers=3, suffix="-demo")
+    assert "work queue check passed" in capsys.readouterr().out
+
+
+class Seen:
+    """What the pool's function saw (an actor, since the function runs in the workers)."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def add(self, rows: list) -> None:
+        self.rows += rows
+
+    def get(self) -> list:
+        return self.rows
+
+
+def test_a_work_queue_of_arrow_batches_resizes_while_it_runs_and_retries_a_failed_batch(cluster):
+    topic, group = topic_with(cluster, 200)
+    seen = ray.remote(Seen).remote()
+
+    def work(batch) -> None:
+        values = [int(v) for v in batch.column("value").to_pylist()]
+        if 13 in values and 1 in batch.column("deliveryCount").to_pylist():
+            raise RuntimeError("a batch that fails once")  # released: delivered again, counted
+        ray.get(seen.add.remote(list(zip(values, batch.column("deliveryCount").to_pylist()))))
+
+    pool = WorkQueue(cluster, topic, group_id=group, fn=work, num_workers=1, batch=True, max_poll_records=7)
+    try:
+        wait_until(lambda: len(ray.get(seen.get.remote())) >= 50, 60, "the first worker to start")
+        pool.resize(3)
+        assert len(pool.workers) == 3
+        wait_until(lambda: len(ray.get(seen.get.remote())) >= 120, 60, "three workers to go on")
+        pool.resize(2)
+        pool.wait_until_idle(timeout_s=120)
+        rows = ray.get(seen.get.remote())
+        assert sorted(v for v, _ in rows) == list(range(200))  # each once
+        assert dict(rows)[13] == 2  # the failed batch came back
+        stats = pool.stats()
+        assert sum(s.accepted for s in stats) == 200 and sum(s.released for s in stats) >= 1 and len(stats) == 3
+    finally:
+        pool.stop()
 
 
 def test_acknowledgements_survive_the_death_of_the_partition_leader_and_of_the_group_coordinator(cluster):

@@ -8,8 +8,10 @@ being accepted is archived. So more members than partitions all get work, and th
 records a dead member held come back to the others.
 
 `poll(timeout_ms)` returns the records acquired for this member (ShareConsumerRecord: a
-ConsumerRecord with its delivery count). Each is settled with `acknowledge(record,
-"accept" | "release" | "reject")`:
+ConsumerRecord with its delivery count); `poll_batch` returns them as one pyarrow
+RecordBatch per partition (Consumer.poll_batch's columns and deliveryCount). Each is
+settled with `acknowledge(record_or_batch, "accept" | "release" | "reject")`, or by offset
+with `acknowledge_offsets`:
 - accept: done; it is never delivered again;
 - release: give it back now, to be delivered again (it counts a delivery);
 - reject: done, unprocessable (archived).
@@ -155,8 +157,22 @@ class ShareConsumer:
     # ------------------------------------------------------------------ consuming
 
     def poll(self, timeout_ms: int = 0) -> list[ShareConsumerRecord]:
-        """The records acquired for this member (at most max_poll_records), waiting up to
-        `timeout_ms` for some."""
+        """The records acquired for this member (at most max_poll_records per partition),
+        waiting up to `timeout_ms` for some."""
+        return [r for tp, result in self._poll(timeout_ms) for r in self._decode(tp, result)]
+
+    def poll_batch(self, timeout_ms: int = 0) -> dict[TopicPartition, Any]:
+        """`poll` in columns: per partition one pyarrow RecordBatch of the acquired
+        records, with the columns of Consumer.poll_batch (rayk.client.arrow_batches.SCHEMA:
+        key, value, topic, partition, offset, timestamp, timestampType, headers, decoded by
+        compiled code) and deliveryCount (int16). Keys and values are the stored bytes.
+        Settle a whole batch with `acknowledge(batch, type)`, or rows with
+        `acknowledge_offsets`."""
+        return {tp: batch for tp, result in self._poll(timeout_ms) if (batch := self._columns(tp, result)).num_rows}
+
+    def _poll(self, timeout_ms: int) -> list[tuple[TopicPartition, ShareFetchResult]]:
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
         self._check_open()
         self._settle_previous_poll()
         deadline = time.monotonic() + timeout_ms / 1000
@@ -165,27 +181,37 @@ class ShareConsumer:
             wait_s = max(0.0, deadline - time.monotonic())
             if not self._fetches:  # nothing to wait for: look again soon (an assignment, a backoff's end)
                 wait_s = min(wait_s, self._retry_backoff_s)
-            ready = calls.ready_refs(list(self._fetches.values()), wait_s)
-            records = self._collect(ready)
-            if records or time.monotonic() >= deadline:
-                self._unsettled = {}
-                for r in records:
-                    self._unsettled.setdefault((r.topic, r.partition), set()).add(r.offset)
-                return records
+            results = self._collect(calls.ready_refs(list(self._fetches.values()), wait_s))
+            if results or time.monotonic() >= deadline:
+                self._unsettled = {tp: {o for a, b, _ in r.acquired for o in range(a, b + 1)} for tp, r in results}
+                return results
 
-    def acknowledge(self, record: ShareConsumerRecord, type: str = "accept") -> None:  # noqa: A002 (Kafka's name)
-        """Settles one record of the last poll (see the module docstring)."""
+    def acknowledge(self, record: ShareConsumerRecord | Any, type: str = "accept") -> None:  # noqa: A002 (Kafka's name)
+        """Settles one record of the last poll, or every row of one of its RecordBatches
+        (see the module docstring)."""
+        if isinstance(record, ShareConsumerRecord):
+            self.acknowledge_offsets(record.topic, record.partition, [record.offset], type)
+            return
+        if record.num_rows:
+            topic, partition = record.column("topic")[0].as_py(), record.column("partition")[0].as_py()
+            self.acknowledge_offsets(topic, partition, record.column("offset").to_pylist(), type)
+
+    def acknowledge_offsets(self, topic: str, partition: int, offsets: Iterable[int], type: str = "accept") -> None:  # noqa: A002
+        """Settles records of the last poll by offset; IllegalStateError (and nothing
+        settled) for one that is not an unacknowledged record of it."""
         self._check_open()
         kind = ACKNOWLEDGE_TYPES.get(type)
         if kind is None:
             raise ValueError(f"type is one of {sorted(ACKNOWLEDGE_TYPES)}, not {type!r}")
-        tp = (record.topic, record.partition)
+        tp = (topic, partition)
+        offsets = list(offsets)
         unsettled = self._unsettled.get(tp, set())
-        if record.offset not in unsettled:
-            raise IllegalStateError(f"{record.topic}-{record.partition}@{record.offset} is not an unacknowledged "
-                                    "record of the last poll")  # fmt: skip
-        unsettled.discard(record.offset)
-        self._acks.setdefault(tp, []).append((record.offset, record.offset, int(kind)))
+        stray = [o for o in offsets if o not in unsettled]
+        if stray or len(set(offsets)) != len(offsets):
+            raise IllegalStateError(f"{topic}-{partition}@{(stray or offsets)[0]} is not an unacknowledged record "
+                                    "of the last poll")  # fmt: skip
+        unsettled.difference_update(offsets)
+        self._acks.setdefault(tp, []).extend((o, o, int(kind)) for o in offsets)
 
     def commit(self) -> dict[TopicPartition, KafkaError | None]:
         """Sends the acknowledgements now (implicit mode: accepting the last poll's
@@ -272,8 +298,9 @@ class ShareConsumer:
             self._fetches[tp] = leader.share_fetch.remote(self.group_id, self.member_id, self._max_poll_records,
                                                           max_wait_ms, acks)  # fmt: skip
 
-    def _collect(self, ready: set[Any]) -> list[ShareConsumerRecord]:
-        records: list[ShareConsumerRecord] = []
+    def _collect(self, ready: set[Any]) -> list[tuple[TopicPartition, ShareFetchResult]]:
+        """The answered fetches with records acquired."""
+        results: list[tuple[TopicPartition, ShareFetchResult]] = []
         for tp, ref in list(self._fetches.items()):
             if ref not in ready:
                 continue
@@ -290,8 +317,32 @@ class ShareConsumer:
                 logger.debug("share consumer: %s-%d: %s", *tp, result.error)
                 self._retry_at[tp] = time.monotonic() + self._retry_backoff_s
                 continue
-            records += self._decode(tp, result)
-        return records
+            if result.acquired:
+                results.append((tp, result))
+        return results
+
+    def _columns(self, tp: TopicPartition, result: ShareFetchResult) -> Any:
+        """The acquired records of a fetch as a RecordBatch (see `poll_batch`); acquired
+        offsets the log no longer holds are given back."""
+        import numpy as np
+        import pyarrow as pa
+
+        from rayk.client.arrow_batches import records_batch
+
+        first, last = result.acquired[0][0], result.acquired[-1][1]
+        batch = records_batch(result.records, tp[0], tp[1], first, last + 1)
+        offsets = batch.column("offset").to_numpy()
+        counts = np.zeros(len(offsets), dtype=np.int16)
+        keep = np.zeros(len(offsets), dtype=bool)
+        for a, b, n in result.acquired:
+            inside = (offsets >= a) & (offsets <= b)
+            keep |= inside
+            counts[inside] = n
+        batch = batch.filter(pa.array(keep)).append_column("deliveryCount", pa.array(counts[keep], type=pa.int16()))
+        found = set(batch.column("offset").to_pylist())
+        missing = [o for a, b, _ in result.acquired for o in range(a, b + 1) if o not in found]
+        self._settle_gaps(tp, missing)
+        return batch
 
     def _decode(self, tp: TopicPartition, result: ShareFetchResult) -> list[ShareConsumerRecord]:
         counts: dict[int, int] = {}
@@ -310,9 +361,16 @@ class ShareConsumer:
                     tp[0], tp[1], offset, timestamp, int(header.timestamp_type),
                     key if keys is as_is else keys(key), value if values is as_is else values(value), headers, count,
                 ))  # fmt: skip
-        if counts:  # acquired offsets with no record (the log lost them meanwhile): give them back
-            self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.RELEASE)) for o in sorted(counts))
+        self._settle_gaps(tp, sorted(counts))
         return out
+
+    def _settle_gaps(self, tp: TopicPartition, offsets: list[int]) -> None:
+        """Acquired offsets without a record (compaction left a gap inside a batch, or
+        retention removed them) are settled as Kafka's clients settle them (GAP, which the
+        leader takes as ACCEPT): there is nothing to deliver."""
+        if offsets:
+            self._unsettled.get(tp, set()).difference_update(offsets)
+            self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.ACCEPT)) for o in offsets)
 
     def _send_acks(self) -> dict[TopicPartition, KafkaError | None]:
         sent: dict[TopicPartition, Any] = {}
