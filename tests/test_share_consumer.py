@@ -58,6 +58,8 @@ def topic_with(cluster, count: int) -> tuple[str, str]:
     with cluster.producer() as producer:
         for i in range(count):
             producer.send(topic, str(i).encode())
+            if i % 10 == 9:
+                producer.flush()  # batches of 10: a leader hands out whole batches, so the members share 30 of them
     cluster.admin().alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})
     return topic, group
 

@@ -172,8 +172,9 @@ def test_members_of_one_partition_receive_different_records_and_accepted_ones_ne
         await member(coordinator, "b")
         shares = leader(log, coordinator)
         assert offsets_of(await shares.share_fetch("g", "a", 10, 0)) == []  # latest: after "old"
-        write(log, *"abcdef")
-        first = offsets_of(await shares.share_fetch("g", "a", 3, 0))
+        write(log, *"abc")
+        write(log, *"def")  # a leader hands out whole batches
+        first = offsets_of(await shares.share_fetch("g", "a", 1, 0))
         second = offsets_of(await shares.share_fetch("g", "b", 10, 0))
         assert first == [1, 2, 3] and second == [4, 5, 6]
         result = await shares.share_fetch("g", "a", 10, 0, [(1, 3, ACCEPT)])
@@ -212,7 +213,8 @@ def test_a_poison_record_is_archived_at_the_delivery_limit(tmp_path):
         log = Log(tmp_path / "t-0")
         coordinator = Partition().coordinator()
         await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
-        write(log, "poison", "fine")
+        write(log, "poison")
+        write(log, "fine")
         await member(coordinator, "a")
         shares = leader(log, coordinator, delivery_count_limit=3)
         for delivery in range(1, 4):

@@ -19,6 +19,7 @@ from rayk.errors import InvalidRecordStateError
 LIMIT = 3
 LOCK_MS = 1_000
 MEMBERS = ["a", "b", "c"]
+BATCH = 6  # the largest log batch the machine's leader takes whole
 
 
 class SharePartitionMachine(RuleBasedStateMachine):
@@ -39,13 +40,29 @@ class SharePartitionMachine(RuleBasedStateMachine):
     @rule(member=st.sampled_from(MEMBERS), max_records=st.integers(1, 6))
     def acquire(self, member, max_records):
         got = self.partition.acquire(member, max_records, self.log_end, self.now_ms)
-        assert len(got) <= max_records
-        for record in got:
-            assert record.offset < self.log_end and record.offset not in self.accepted, record
-            assert all(record.offset not in held for held in self.held.values()), f"{record.offset} held twice"
-            self.deliveries[record.offset] = self.deliveries.get(record.offset, 0) + 1
-            assert record.delivery_count == self.deliveries[record.offset] <= LIMIT
-            self.held[member].add(record.offset)
+        assert sum(len(r.offsets) for r in got) <= max_records
+        self._handed(member, got)
+
+    @rule(member=st.sampled_from(MEMBERS), size=st.integers(1, BATCH))
+    def acquire_a_whole_batch(self, member, size):
+        """A leader takes a whole log batch of new records, past max_records, while SPEO is in the window."""
+        end = min(self.log_end, self.partition.end_offset + size)
+        got = self.partition.acquire_batch(member, end, self.now_ms)
+        inside = self.partition.end_offset - self.partition.start_offset < self.partition.max_in_flight
+        if got is not None:
+            assert got.first_offset == self.partition.end_offset - len(got.offsets) and got.last_offset == end - 1
+            self._handed(member, [got])
+        else:
+            assert end <= self.partition.end_offset or not inside
+
+    def _handed(self, member, got):
+        for r in got:
+            for offset in r.offsets:
+                assert offset < self.log_end and offset not in self.accepted, r
+                assert all(offset not in held for held in self.held.values()), f"{offset} held twice"
+                self.deliveries[offset] = self.deliveries.get(offset, 0) + 1
+                assert r.delivery_count == self.deliveries[offset] <= LIMIT
+                self.held[member].add(offset)
 
     @precondition(lambda self: any(self.held.values()))
     @rule(data=st.data(), kind=st.sampled_from(list(AcknowledgeType)))
@@ -81,7 +98,8 @@ class SharePartitionMachine(RuleBasedStateMachine):
     def spso_only_moves_forward_past_records_that_are_done(self):
         p = self.partition
         assert self.last_start <= p.start_offset <= p.end_offset <= self.log_end
-        assert p.end_offset - p.start_offset <= p.max_in_flight
+        assert p.end_offset - p.start_offset <= p.max_in_flight + BATCH - 1  # (a whole batch may reach past it)
+        assert all(a.last + 1 == b.first for a, b in zip(p.runs, p.runs[1:])), "runs cover the window in order"
         self.last_start = p.start_offset
         for offset in range(p.start_offset):
             assert offset in self.accepted or self.deliveries.get(offset, 0) >= 1, offset
@@ -117,7 +135,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
         """With everyone gone, what is not done is handed out again, up to its limit."""
         self.now_ms += LOCK_MS
         self.partition.expire_locks(self.now_ms)
-        again = {r.offset for r in self.partition.acquire("z", 10_000, self.log_end, self.now_ms)}
+        again = {o for r in self.partition.acquire("z", 10_000, self.log_end, self.now_ms) for o in r.offsets}
         for offset in range(self.partition.start_offset, self.partition.end_offset):
             record = self.partition.in_flight[offset]
             assert offset in again or record.state is RecordState.ARCHIVED or offset in self.accepted
@@ -130,11 +148,11 @@ test_members_never_share_a_record_and_accepted_records_never_come_back = SharePa
 def test_a_poison_record_is_archived_at_the_delivery_limit_and_the_window_moves_past_it():
     partition = SharePartition(10, delivery_count_limit=2, lock_duration_ms=100)
     first = partition.acquire("a", 2, log_end_offset=12, now_ms=0)
-    assert [(r.offset, r.delivery_count) for r in first] == [(10, 1), (11, 1)]
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in first] == [(10, 11, 1)]
     partition.acknowledge("a", [11], AcknowledgeType.ACCEPT)
     assert partition.start_offset == 10, "11 is done, 10 is not: SPSO waits for it"
     partition.acknowledge("a", [10], AcknowledgeType.RELEASE)
-    assert [(r.offset, r.delivery_count) for r in partition.acquire("b", 5, 12, 0)] == [(10, 2)]
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in partition.acquire("b", 5, 12, 0)] == [(10, 10, 2)]
     assert partition.expire_locks(100) == 1, "b died: its lock expires"
     assert partition.start_offset == 12 and not partition.in_flight, "10 is archived at its limit: SPSO moves past it"
     assert partition.acquire("c", 5, 12, 200) == []

@@ -43,7 +43,7 @@ from typing import Any
 
 from rayk.actors.share_partition import (
     AcknowledgeType,
-    AcquiredRecord,
+    AcquiredRange,
     RecordState,
     SharePartition,
     ShareState,
@@ -97,15 +97,16 @@ class _Hosted:
     waiters: asyncio.Event = field(default_factory=asyncio.Event)  # set when records come back
 
 
-def acquired_ranges(acquired: Iterable[AcquiredRecord]) -> tuple[tuple[int, int, int], ...]:
-    """Acquired records as (first, last, delivery count) runs of consecutive offsets."""
+def acquired_ranges(acquired: Iterable[AcquiredRange]) -> tuple[tuple[int, int, int], ...]:
+    """Acquired ranges as (first, last, delivery count), in offset order, consecutive
+    ones of one delivery count joined."""
     runs: list[list[int]] = []
-    for record in sorted(acquired, key=lambda r: r.offset):
+    for r in sorted(acquired, key=lambda r: r.first_offset):
         last = runs[-1] if runs else None
-        if last is not None and last[1] + 1 == record.offset and last[2] == record.delivery_count:
-            last[1] = record.offset
+        if last is not None and last[1] + 1 == r.first_offset and last[2] == r.delivery_count:
+            last[1] = r.last_offset
         else:
-            runs.append([record.offset, record.offset, record.delivery_count])
+            runs.append([r.first_offset, r.last_offset, r.delivery_count])
     return tuple((a, b, c) for a, b, c in runs)
 
 
@@ -169,8 +170,7 @@ class SharePartitions:
     def describe(self) -> dict[str, dict[str, int]]:
         """Per group: SPSO, SPEO and how many records are in flight (ACQUIRED)."""
         return {g: {"start_offset": h.partition.start_offset, "end_offset": h.partition.end_offset,
-                    "acquired": sum(r.state is RecordState.ACQUIRED for r in h.partition.in_flight.values())}
-                for g, h in self._hosted.items()}  # fmt: skip
+                    "acquired": h.partition.acquired_count()} for g, h in self._hosted.items()}  # fmt: skip
 
     def close(self) -> None:
         """Leadership moved on: the states stay with the coordinator; waiters wake."""
@@ -251,9 +251,10 @@ class SharePartitions:
 
     # ------------------------------------------------------------------ acquiring
 
-    def _acquire(self, hosted: _Hosted, member_id: str, max_records: int) -> list[AcquiredRecord]:
-        """Up to `max_records` for the member: redeliveries, then new records of the log
-        below the high watermark (see the module docstring)."""
+    def _acquire(self, hosted: _Hosted, member_id: str, max_records: int) -> list[AcquiredRange]:
+        """Records for the member: redeliveries (at most `max_records`), then whole log
+        batches of new records below the high watermark while fewer than `max_records`
+        were acquired and SPEO is inside the window (see the module docstring)."""
         log, partition = self._log, hosted.partition
         now_ms = _now_ms()
         partition.move_start(log.log_start_offset)
@@ -261,7 +262,8 @@ class SharePartitions:
             hosted.changes += 1
         hw = log.high_watermark
         acquired = partition.acquire(member_id, max_records, min(partition.end_offset, hw), now_ms)  # redeliveries
-        while len(acquired) < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
+        count = sum(r.last_offset - r.first_offset + 1 for r in acquired)
+        while count < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
             read = log.read(partition.end_offset, READ_CHUNK_BYTES, max_offset=hw)
             progressed = False
             for batch in iter_batches(read.records):
@@ -274,35 +276,39 @@ class SharePartitions:
                     partition.pass_over(header.next_offset)
                     progressed = True
                     continue
-                before = partition.end_offset
-                acquired += partition.acquire(member_id, max_records - len(acquired), header.next_offset, now_ms)
-                progressed = progressed or partition.end_offset > before
-                if len(acquired) >= max_records or partition.end_offset < header.next_offset:
+                got = partition.acquire_batch(member_id, header.next_offset, now_ms)
+                if got is None:  # the window is full
+                    break
+                acquired.append(got)
+                count += got.last_offset - got.first_offset + 1
+                progressed = True
+                if count >= max_records:
                     break
             if not progressed:
                 break
         return acquired
 
-    def _batches_of(self, acquired: list[AcquiredRecord]) -> bytes:
+    def _batches_of(self, acquired: list[AcquiredRange]) -> bytes:
         """The log's whole batches that hold the acquired offsets, in offset order."""
-        offsets = sorted(r.offset for r in acquired)
+        ranges = sorted((r.first_offset, r.last_offset) for r in acquired)
         chunks: dict[int, bytes] = {}
-        i = 0
-        while i < len(offsets):
-            start = offsets[i]
+        i, read_from = 0, 0
+        while i < len(ranges):
+            start = max(ranges[i][0], read_from)
             read = self._log.read(start, READ_CHUNK_BYTES, max_offset=self._log.high_watermark)
             for batch in iter_batches(read.records):
                 header = batch.header
-                while i < len(offsets) and offsets[i] < header.base_offset:
+                while i < len(ranges) and ranges[i][1] < header.base_offset:
                     i += 1  # not in the log any more
-                if i < len(offsets) and offsets[i] <= header.last_offset:
-                    chunks.setdefault(header.base_offset, bytes(batch.data))
-                    while i < len(offsets) and offsets[i] <= header.last_offset:
-                        i += 1
-                if i == len(offsets):
+                if i == len(ranges):
                     break
+                if ranges[i][0] <= header.last_offset:
+                    chunks.setdefault(header.base_offset, bytes(batch.data))
+                while i < len(ranges) and ranges[i][1] <= header.last_offset:
+                    i += 1
             if read.next_offset <= start:
                 break  # nothing more to read there
+            read_from = read.next_offset
         return b"".join(chunks[k] for k in sorted(chunks))
 
     # ------------------------------------------------------------------ settling and writing
@@ -316,9 +322,9 @@ class SharePartitions:
         applied = 0
         for first, last, kind in acknowledgements:
             try:
-                if last < first or last - first >= 1 << 20:
+                if last < first:
                     raise InvalidRequestError(f"acknowledgement range [{first}, {last}] is not a range")
-                hosted.partition.acknowledge(member_id, range(first, last + 1), AcknowledgeType(kind))
+                hosted.partition.acknowledge_ranges(member_id, [(first, last)], AcknowledgeType(kind))
                 applied += 1
             except ValueError:
                 error = error or InvalidRequestError(f"acknowledge type {kind} is none of ACCEPT, RELEASE, REJECT")
@@ -373,8 +379,8 @@ class SharePartitions:
 
     @staticmethod
     def _until_next_expiry_s(partition: SharePartition) -> float:
-        deadlines = [r.lock_deadline_ms for r in partition.in_flight.values() if r.state is RecordState.ACQUIRED]
-        return max((min(deadlines) - _now_ms()) / 1000, 0.001) if deadlines else float("inf")
+        deadline = partition.next_lock_deadline_ms()
+        return float("inf") if deadline is None else max((deadline - _now_ms()) / 1000, 0.001)
 
     @staticmethod
     async def _wait(event: asyncio.Event, timeout_s: float) -> None:

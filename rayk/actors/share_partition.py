@@ -12,7 +12,14 @@ owning it. The partition keeps, as Kafka's SharePartition does:
 
 `acquire` hands a member the AVAILABLE in-flight records first, oldest first, then new ones
 from SPEO up to the log end, at most `max_records` and never more than `max_in_flight`
-past SPSO; each delivery counts. `acknowledge` settles records the member holds: ACCEPT
+past SPSO; each delivery counts. `acquire_batch` takes a whole log batch of new records at
+once (a leader hands out whole batches, as Kafka's does, so that a fetch answers no record
+that is not the member's), if SPEO is inside the window.
+
+The in-flight records are kept as runs of consecutive records in one state (`Run`, Kafka's
+InFlightBatch), split where an acknowledgement or an expiry makes them differ and joined
+where they agree again, so a fetch of a 10,000-record batch costs one run, not 10,000
+records. `in_flight` shows them record by record (for tests and inspection). `acknowledge` settles records the member holds: ACCEPT
 (done), RELEASE (available again) or REJECT (archived); a record it does not hold is
 INVALID_RECORD_STATE, and nothing of that acknowledgement is applied. A lock that expires
 (`expire_locks`), or a member that leaves (`release_member`), makes its records available
@@ -27,9 +34,11 @@ new leader hands it out again, and counts the delivery already made.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from rayk.errors import InvalidRecordStateError
 
@@ -65,9 +74,33 @@ class InFlightRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class AcquiredRecord:
-    offset: int
+class AcquiredRange:
+    """Consecutive records acquired together, all in the same delivery."""
+
+    first_offset: int
+    last_offset: int
     delivery_count: int  # this delivery included (1: the first)
+
+    @property
+    def offsets(self) -> range:
+        return range(self.first_offset, self.last_offset + 1)
+
+
+@dataclass(slots=True)
+class Run:
+    """Consecutive in-flight records in the same state (Kafka's InFlightBatch): the
+    partition splits a run where records come to differ, and joins runs that agree again."""
+
+    first: int
+    last: int
+    state: RecordState
+    delivery_count: int
+    member_id: str | None = None
+    lock_deadline_ms: int = 0
+
+    def agrees_with(self, other: Run) -> bool:
+        return (self.state, self.delivery_count, self.member_id, self.lock_deadline_ms) == (
+            other.state, other.delivery_count, other.member_id, other.lock_deadline_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,34 +130,56 @@ class SharePartition:
         self.delivery_count_limit = delivery_count_limit
         self.lock_duration_ms = lock_duration_ms
         self.max_in_flight = max_in_flight
-        self.in_flight: dict[int, InFlightRecord] = {}  # offset -> record, SPSO <= offset < SPEO
+        self.runs: list[Run] = []  # covering [SPSO, SPEO) in order
 
     # ------------------------------------------------------------------ delivering
 
-    def acquire(self, member_id: str, max_records: int, log_end_offset: int, now_ms: int) -> list[AcquiredRecord]:
+    def acquire(self, member_id: str, max_records: int, log_end_offset: int, now_ms: int) -> list[AcquiredRange]:
         """Up to `max_records` records for `member_id`, locked until now + lock duration:
         available in-flight records first (redeliveries), then new ones, all below
         `log_end_offset` (the high watermark, or the LSO under read_committed: a new
         leader's may be below records its predecessor handed out)."""
-        acquired: list[AcquiredRecord] = []
-        available = (o for o, r in self.in_flight.items() if r.state is RecordState.AVAILABLE and o < log_end_offset)
-        for offset in sorted(available):
-            if len(acquired) >= max_records:
-                return acquired
-            acquired.append(self._lock(offset, member_id, now_ms))
+        acquired: list[AcquiredRange] = []
+        remaining = max_records
+        i = 0
+        while i < len(self.runs) and remaining > 0:
+            run = self.runs[i]
+            if run.state is RecordState.AVAILABLE and run.first < log_end_offset:
+                self._cut(i, min(run.last, log_end_offset - 1, run.first + remaining - 1) + 1)
+                acquired.append(self._lock(run, member_id, now_ms))
+                remaining -= run.last - run.first + 1
+            i += 1
         limit = min(log_end_offset, self.start_offset + self.max_in_flight)
-        while len(acquired) < max_records and self.end_offset < limit:
-            self.in_flight[self.end_offset] = InFlightRecord(RecordState.AVAILABLE, 0)
-            acquired.append(self._lock(self.end_offset, member_id, now_ms))
-            self.end_offset += 1
+        if remaining > 0 and self.end_offset < limit:
+            acquired.append(self._take_new(member_id, min(limit, self.end_offset + remaining), now_ms))
+        self._join()
         return acquired
+
+    def acquire_batch(self, member_id: str, end_offset: int, now_ms: int) -> AcquiredRange | None:
+        """The new records from SPEO up to `end_offset` (the end of a log batch), whole, if
+        SPEO is inside the in-flight window; else None."""
+        if end_offset <= self.end_offset or self.end_offset >= self.start_offset + self.max_in_flight:
+            return None
+        return self._take_new(member_id, end_offset, now_ms)
+
+    def _take_new(self, member_id: str, end_offset: int, now_ms: int) -> AcquiredRange:
+        run = Run(self.end_offset, end_offset - 1, RecordState.AVAILABLE, 0)
+        self.runs.append(run)
+        self.end_offset = end_offset
+        return self._lock(run, member_id, now_ms)
+
+    def _lock(self, run: Run, member_id: str, now_ms: int) -> AcquiredRange:
+        run.state, run.member_id = RecordState.ACQUIRED, member_id
+        run.delivery_count += 1
+        run.lock_deadline_ms = now_ms + self.lock_duration_ms
+        return AcquiredRange(run.first, run.last, run.delivery_count)
 
     def pass_over(self, end_offset: int) -> None:
         """The offsets from SPEO up to `end_offset` hold nothing to deliver (a control
         batch, or a gap that compaction left): they count as done."""
-        while self.end_offset < end_offset:
-            self.in_flight[self.end_offset] = InFlightRecord(RecordState.ARCHIVED, 0)
-            self.end_offset += 1
+        if end_offset > self.end_offset:
+            self.runs.append(Run(self.end_offset, end_offset - 1, RecordState.ARCHIVED, 0))
+            self.end_offset = end_offset
         self._advance()
 
     def move_start(self, log_start_offset: int) -> None:
@@ -132,89 +187,161 @@ class SharePartition:
         them): SPSO moves there, and whatever was in flight before it is gone."""
         if log_start_offset <= self.start_offset:
             return
-        for offset in range(self.start_offset, min(log_start_offset, self.end_offset)):
-            del self.in_flight[offset]
+        if log_start_offset < self.end_offset:
+            self._split(log_start_offset)
+        self.runs = [r for r in self.runs if r.first >= log_start_offset]
         self.start_offset = log_start_offset
         self.end_offset = max(self.end_offset, log_start_offset)
         self._advance()
 
-    def held_by(self, member_id: str) -> int:
-        """How many records `member_id` holds now."""
-        return sum(1 for r in self.in_flight.values() if r.state is RecordState.ACQUIRED and r.member_id == member_id)
-
-    def _lock(self, offset: int, member_id: str, now_ms: int) -> AcquiredRecord:
-        record = self.in_flight[offset]
-        record.state, record.member_id = RecordState.ACQUIRED, member_id
-        record.delivery_count += 1
-        record.lock_deadline_ms = now_ms + self.lock_duration_ms
-        return AcquiredRecord(offset, record.delivery_count)
-
     # ------------------------------------------------------------------ settling
 
     def acknowledge(self, member_id: str, offsets: Iterable[int], kind: AcknowledgeType) -> None:
-        """Settles records `member_id` holds; INVALID_RECORD_STATE (and nothing applied)
-        if any of them is not ACQUIRED by it."""
-        offsets = sorted(set(offsets))
-        for offset in offsets:
-            record = self.in_flight.get(offset)
-            if record is None or record.state is not RecordState.ACQUIRED or record.member_id != member_id:
-                state = "not in flight" if record is None else f"{record.state.value} by {record.member_id!r}"
-                raise InvalidRecordStateError(f"offset {offset} is {state}, not acquired by member {member_id!r}")
-        for offset in offsets:
-            record = self.in_flight[offset]
-            if kind is AcknowledgeType.ACCEPT:
-                self._settle(record, RecordState.ACKNOWLEDGED)
-            elif kind is AcknowledgeType.REJECT:
-                self._settle(record, RecordState.ARCHIVED)
+        """Settles records `member_id` holds (by offset); see `acknowledge_ranges`."""
+        ranges: list[tuple[int, int]] = []
+        for offset in sorted(set(offsets)):
+            if ranges and ranges[-1][1] + 1 == offset:
+                ranges[-1] = (ranges[-1][0], offset)
             else:
-                self._make_available(record)
+                ranges.append((offset, offset))
+        self.acknowledge_ranges(member_id, ranges, kind)
+
+    def acknowledge_ranges(self, member_id: str, ranges: Iterable[tuple[int, int]], kind: AcknowledgeType) -> None:
+        """Settles the records of `ranges` (first, last), which `member_id` must hold;
+        INVALID_RECORD_STATE (and nothing applied) if any of them is not ACQUIRED by it."""
+        ranges = sorted(ranges)
+        for (first, last), following in zip(ranges, ranges[1:] + [(None, None)]):
+            if last < first or (following[0] is not None and following[0] <= last):
+                raise InvalidRecordStateError(f"acknowledgement ranges {ranges} overlap or are empty")
+            if first < self.start_offset or last >= self.end_offset:
+                raise InvalidRecordStateError(f"offsets {first}-{last} are not in flight "
+                                              f"[{self.start_offset}, {self.end_offset})")  # fmt: skip
+            for run in self._overlapping(first, last):
+                if run.state is not RecordState.ACQUIRED or run.member_id != member_id:
+                    state = f"{run.state.value} by {run.member_id!r}" if run.member_id else run.state.value
+                    raise InvalidRecordStateError(f"offsets {max(first, run.first)}-{min(last, run.last)} are {state}, "
+                                                  f"not acquired by member {member_id!r}")  # fmt: skip
+        for first, last in ranges:
+            self._split(first)
+            if last + 1 < self.end_offset:
+                self._split(last + 1)
+            for run in self._overlapping(first, last):
+                if kind is AcknowledgeType.ACCEPT:
+                    self._settle(run, RecordState.ACKNOWLEDGED)
+                elif kind is AcknowledgeType.REJECT:
+                    self._settle(run, RecordState.ARCHIVED)
+                else:
+                    self._make_available(run)
+        self._join()
         self._advance()
 
     def expire_locks(self, now_ms: int) -> int:
         """Makes records whose acquisition lock expired available again (or archives them
         at the delivery limit); returns how many."""
-        expired = [r for r in self.in_flight.values() if r.state is RecordState.ACQUIRED and r.lock_deadline_ms <= now_ms]
-        for record in expired:
-            self._make_available(record)
-        self._advance()
-        return len(expired)
+        return self._release(lambda run: run.lock_deadline_ms <= now_ms)
 
     def release_member(self, member_id: str) -> int:
         """A member left the group: its records are available again at once."""
-        held = [r for r in self.in_flight.values() if r.state is RecordState.ACQUIRED and r.member_id == member_id]
-        for record in held:
-            self._make_available(record)
-        self._advance()
-        return len(held)
+        return self._release(lambda run: run.member_id == member_id)
 
-    def _make_available(self, record: InFlightRecord) -> None:
-        done = record.delivery_count >= self.delivery_count_limit
-        self._settle(record, RecordState.ARCHIVED if done else RecordState.AVAILABLE)
+    def _release(self, which: Any) -> int:
+        released = 0
+        for run in self.runs:
+            if run.state is RecordState.ACQUIRED and which(run):
+                released += run.last - run.first + 1
+                self._make_available(run)
+        if released:
+            self._join()
+            self._advance()
+        return released
+
+    def _make_available(self, run: Run) -> None:
+        done = run.delivery_count >= self.delivery_count_limit
+        self._settle(run, RecordState.ARCHIVED if done else RecordState.AVAILABLE)
 
     @staticmethod
-    def _settle(record: InFlightRecord, state: RecordState) -> None:
-        record.state, record.member_id, record.lock_deadline_ms = state, None, 0
+    def _settle(run: Run, state: RecordState) -> None:
+        run.state, run.member_id, run.lock_deadline_ms = state, None, 0
 
     def _advance(self) -> None:
         """SPSO moves past every record that is done; they leave the in-flight window."""
-        while self.start_offset < self.end_offset and self.in_flight[self.start_offset].state in DONE:
-            del self.in_flight[self.start_offset]
-            self.start_offset += 1
-        assert self.start_offset <= self.end_offset and len(self.in_flight) == self.end_offset - self.start_offset
+        done = 0
+        while done < len(self.runs) and self.runs[done].state in DONE:
+            done += 1
+        if done:
+            del self.runs[:done]
+        self.start_offset = self.runs[0].first if self.runs else self.end_offset
+        assert self.start_offset <= self.end_offset
+        assert not self.runs or (self.runs[0].first == self.start_offset and self.runs[-1].last + 1 == self.end_offset)
+
+    # ------------------------------------------------------------------ runs
+
+    def _index(self, offset: int) -> int:
+        """The index of the run holding `offset` (SPSO <= offset < SPEO)."""
+        return bisect.bisect_right(self.runs, offset, key=lambda r: r.first) - 1
+
+    def _split(self, offset: int) -> None:
+        """Makes a run start at `offset` (SPSO <= offset < SPEO)."""
+        i = self._index(offset)
+        self._cut(i, offset)
+
+    def _cut(self, i: int, offset: int) -> None:
+        """Splits run i so that it ends just before `offset` (if it reaches past it)."""
+        run = self.runs[i]
+        if run.first < offset <= run.last:
+            self.runs.insert(i + 1, Run(offset, run.last, run.state, run.delivery_count, run.member_id,
+                                        run.lock_deadline_ms))  # fmt: skip
+            run.last = offset - 1
+
+    def _overlapping(self, first: int, last: int) -> list[Run]:
+        i = self._index(first)
+        out = []
+        while i < len(self.runs) and self.runs[i].first <= last:
+            out.append(self.runs[i])
+            i += 1
+        return out
+
+    def _join(self) -> None:
+        """Adjacent runs that agree become one."""
+        joined: list[Run] = []
+        for run in self.runs:
+            if joined and joined[-1].agrees_with(run):
+                joined[-1].last = run.last
+            else:
+                joined.append(run)
+        self.runs = joined
+
+    # ------------------------------------------------------------------ inspection
+
+    @property
+    def in_flight(self) -> dict[int, InFlightRecord]:
+        """Every in-flight record by offset (a copy, record by record: for tests and inspection)."""
+        return {o: InFlightRecord(r.state, r.delivery_count, r.member_id, r.lock_deadline_ms)
+                for r in self.runs for o in range(r.first, r.last + 1)}  # fmt: skip
+
+    def held_by(self, member_id: str) -> int:
+        """How many records `member_id` holds now."""
+        return sum(r.last - r.first + 1 for r in self.runs if r.state is RecordState.ACQUIRED and r.member_id == member_id)
+
+    def acquired_count(self) -> int:
+        return sum(r.last - r.first + 1 for r in self.runs if r.state is RecordState.ACQUIRED)
+
+    def next_lock_deadline_ms(self) -> int | None:
+        """When the first acquisition lock expires (None: nothing is acquired)."""
+        return min((r.lock_deadline_ms for r in self.runs if r.state is RecordState.ACQUIRED), default=None)
 
     # ------------------------------------------------------------------ durability
 
     def snapshot(self) -> ShareState:
         """The durable state: acquired records as available, with their counts."""
         batches: list[StateBatch] = []
-        for offset in range(self.start_offset, self.end_offset):
-            record = self.in_flight[offset]
-            state = RecordState.AVAILABLE if record.state is RecordState.ACQUIRED else record.state
+        for run in self.runs:
+            state = RecordState.AVAILABLE if run.state is RecordState.ACQUIRED else run.state
             last = batches[-1] if batches else None
-            if last is not None and (last.state, last.delivery_count) == (state, record.delivery_count):
-                batches[-1] = StateBatch(last.first_offset, offset, state, record.delivery_count)
+            if last is not None and (last.state, last.delivery_count) == (state, run.delivery_count):
+                batches[-1] = StateBatch(last.first_offset, run.last, state, run.delivery_count)
             else:
-                batches.append(StateBatch(offset, offset, state, record.delivery_count))
+                batches.append(StateBatch(run.first, run.last, state, run.delivery_count))
         return ShareState(self.start_offset, tuple(batches))
 
     @classmethod
@@ -225,9 +352,9 @@ class SharePartition:
             # A record saved while acquired for its last delivery is done: it was delivered
             # as often as it may be (in memory its release would have archived it).
             spent = batch.state is RecordState.AVAILABLE and batch.delivery_count >= partition.delivery_count_limit
-            state = RecordState.ARCHIVED if spent else batch.state
-            for offset in range(batch.first_offset, batch.last_offset + 1):
-                partition.in_flight[offset] = InFlightRecord(state, batch.delivery_count)
+            partition.runs.append(Run(batch.first_offset, batch.last_offset,
+                                      RecordState.ARCHIVED if spent else batch.state, batch.delivery_count))  # fmt: skip
             partition.end_offset = batch.last_offset + 1
+        partition._join()
         partition._advance()
         return partition

@@ -35,6 +35,7 @@ Not thread-safe apart from the heartbeat thread (as Kafka's consumers: one threa
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -113,7 +114,9 @@ class ShareConsumer:
         self._retry_at: dict[TopicPartition, float] = {}  # a partition whose fetch failed, until then
         self._fetches: dict[TopicPartition, Any] = {}  # a fetch in flight per partition
         self._acks: dict[TopicPartition, list[tuple[int, int, int]]] = {}  # to send with the next fetch or commit
-        self._unsettled: dict[TopicPartition, set[int]] = {}  # the last poll's records not yet acknowledged
+        # The last poll's records: their acquired ranges, and the offsets acknowledged since.
+        self._polled: dict[TopicPartition, list[tuple[int, int]]] = {}
+        self._acked: dict[TopicPartition, set[int]] = {}
         self._closed = False
         self._stop = threading.Event()
         self._heartbeat_once()  # joins (raises what the coordinator refuses: a group id of another kind, ...)
@@ -183,7 +186,8 @@ class ShareConsumer:
                 wait_s = min(wait_s, self._retry_backoff_s)
             results = self._collect(calls.ready_refs(list(self._fetches.values()), wait_s))
             if results or time.monotonic() >= deadline:
-                self._unsettled = {tp: {o for a, b, _ in r.acquired for o in range(a, b + 1)} for tp, r in results}
+                self._polled = {tp: [(a, b) for a, b, _ in r.acquired] for tp, r in results}
+                self._acked = {}
                 return results
 
     def acknowledge(self, record: ShareConsumerRecord | Any, type: str = "accept") -> None:  # noqa: A002 (Kafka's name)
@@ -205,13 +209,18 @@ class ShareConsumer:
             raise ValueError(f"type is one of {sorted(ACKNOWLEDGE_TYPES)}, not {type!r}")
         tp = (topic, partition)
         offsets = list(offsets)
-        unsettled = self._unsettled.get(tp, set())
-        stray = [o for o in offsets if o not in unsettled]
+        acked = self._acked.setdefault(tp, set())
+        stray = [o for o in offsets if o in acked or not self._polled_offset(tp, o)]
         if stray or len(set(offsets)) != len(offsets):
             raise IllegalStateError(f"{topic}-{partition}@{(stray or offsets)[0]} is not an unacknowledged record "
                                     "of the last poll")  # fmt: skip
-        unsettled.difference_update(offsets)
+        acked.update(offsets)
         self._acks.setdefault(tp, []).extend((o, o, int(kind)) for o in offsets)
+
+    def _polled_offset(self, tp: TopicPartition, offset: int) -> bool:
+        ranges = self._polled.get(tp, [])
+        i = bisect.bisect_right(ranges, (offset, float("inf"))) - 1
+        return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]
 
     def commit(self) -> dict[TopicPartition, KafkaError | None]:
         """Sends the acknowledgements now (implicit mode: accepting the last poll's
@@ -263,12 +272,14 @@ class ShareConsumer:
     def _settle_previous_poll(self) -> None:
         """Implicit mode: the last poll's records not acknowledged are accepted; explicit
         mode: IllegalStateError while there are such records."""
-        left = {tp: offsets for tp, offsets in self._unsettled.items() if offsets}
+        left = {tp: _without(ranges, self._acked.get(tp, set())) for tp, ranges in self._polled.items()}
+        left = {tp: ranges for tp, ranges in left.items() if ranges}
         if left and self._explicit:
-            raise IllegalStateError(f"{sum(map(len, left.values()))} record(s) of the last poll are not acknowledged")
-        for tp, offsets in left.items():
-            self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.ACCEPT)) for o in sorted(offsets))
-        self._unsettled = {}
+            count = sum(b - a + 1 for ranges in left.values() for a, b in ranges)
+            raise IllegalStateError(f"{count} record(s) of the last poll are not acknowledged")
+        for tp, ranges in left.items():
+            self._acks.setdefault(tp, []).extend((a, b, int(AcknowledgeType.ACCEPT)) for a, b in ranges)
+        self._polled, self._acked = {}, {}
 
     def _leader(self, tp: TopicPartition) -> Any:
         handle = self._leaders.get(tp)
@@ -339,29 +350,33 @@ class ShareConsumer:
             keep |= inside
             counts[inside] = n
         batch = batch.filter(pa.array(keep)).append_column("deliveryCount", pa.array(counts[keep], type=pa.int16()))
-        found = set(batch.column("offset").to_pylist())
-        missing = [o for a, b, _ in result.acquired for o in range(a, b + 1) if o not in found]
-        self._settle_gaps(tp, missing)
+        if batch.num_rows < sum(b - a + 1 for a, b, _ in result.acquired):
+            found = set(batch.column("offset").to_pylist())
+            self._settle_gaps(tp, [o for a, b, _ in result.acquired for o in range(a, b + 1) if o not in found])
         return batch
 
     def _decode(self, tp: TopicPartition, result: ShareFetchResult) -> list[ShareConsumerRecord]:
-        counts: dict[int, int] = {}
-        for first, last, count in result.acquired:
-            for offset in range(first, last + 1):
-                counts[offset] = count
+        acquired = result.acquired
         keys, values = self._key_deserializer, self._value_deserializer
         out = []
+        found = 0
+        i = 0
         for batch in iter_batches(result.records):
             header, decoded = decode_record_tuples(batch.data)
             for offset, timestamp, key, value, headers in decoded:
-                count = counts.pop(offset, 0)
-                if not count:
+                while i < len(acquired) and acquired[i][1] < offset:
+                    i += 1
+                if i == len(acquired) or offset < acquired[i][0]:
                     continue  # in the batch, not acquired for this member
+                found += 1
                 out.append(ShareConsumerRecord(
                     tp[0], tp[1], offset, timestamp, int(header.timestamp_type),
-                    key if keys is as_is else keys(key), value if values is as_is else values(value), headers, count,
+                    key if keys is as_is else keys(key), value if values is as_is else values(value), headers,
+                    acquired[i][2],
                 ))  # fmt: skip
-        self._settle_gaps(tp, sorted(counts))
+        if found < sum(b - a + 1 for a, b, _ in acquired):
+            seen = {r.offset for r in out}
+            self._settle_gaps(tp, [o for a, b, _ in acquired for o in range(a, b + 1) if o not in seen])
         return out
 
     def _settle_gaps(self, tp: TopicPartition, offsets: list[int]) -> None:
@@ -369,7 +384,7 @@ class ShareConsumer:
         retention removed them) are settled as Kafka's clients settle them (GAP, which the
         leader takes as ACCEPT): there is nothing to deliver."""
         if offsets:
-            self._unsettled.get(tp, set()).difference_update(offsets)
+            self._acked.setdefault(tp, set()).update(offsets)
             self._acks.setdefault(tp, []).extend((o, o, int(AcknowledgeType.ACCEPT)) for o in offsets)
 
     def _send_acks(self) -> dict[TopicPartition, KafkaError | None]:
@@ -394,6 +409,27 @@ class ShareConsumer:
                 if isinstance(e, NotLeaderOrFollowerError):
                     self._leaders.pop(tp, None)
         return out
+
+
+def _without(ranges: list[tuple[int, int]], offsets: set[int]) -> list[tuple[int, int]]:
+    """`ranges` (sorted, disjoint) less `offsets`."""
+    if not offsets:
+        return list(ranges)
+    out = []
+    cut = sorted(offsets)
+    j = 0
+    for first, last in ranges:
+        while j < len(cut) and cut[j] < first:
+            j += 1
+        start = first
+        while j < len(cut) and cut[j] <= last:
+            if cut[j] > start:
+                out.append((start, cut[j] - 1))
+            start = cut[j] + 1
+            j += 1
+        if start <= last:
+            out.append((start, last))
+    return out
 
 
 def _ranges(acks: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
