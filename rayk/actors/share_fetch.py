@@ -94,6 +94,7 @@ class _Hosted:
     changes: int = 0  # settled changes applied in memory
     written: int = 0  # of those, how many the coordinator holds
     writing: asyncio.Task | None = None
+    waiting: int = 0  # fetches waiting for records
     waiters: asyncio.Event = field(default_factory=asyncio.Event)  # set when records come back
 
 
@@ -133,9 +134,14 @@ class SharePartitions:
 
     async def share_fetch(self, group_id: str, member_id: str, max_records: int, max_wait_ms: int,
                           acknowledgements: list[Acknowledgement] = ()) -> ShareFetchResult:  # fmt: skip
+        written: asyncio.Future | None = None
         try:
             hosted = await self._hosted_for(group_id)
-            ack_error = await self._acknowledge(group_id, hosted, member_id, acknowledgements) if acknowledgements else None
+            ack_error, applied = self._apply(hosted, member_id, acknowledgements)
+            if applied:  # written while this fetch acquires and reads; answered once written
+                written = asyncio.ensure_future(self._write(group_id, hosted))
+                if hosted.waiting:
+                    await asyncio.sleep(0)  # the fetches that waited for what these freed acquire first
             deadline = time.monotonic() + max_wait_ms / 1000
             while True:
                 hosted = await self._hosted_for(group_id)  # (a failed write dropped it)
@@ -143,9 +149,19 @@ class SharePartitions:
                 acquired = self._acquire(hosted, member_id, max_records)
                 remaining_s = deadline - time.monotonic()
                 if acquired or remaining_s <= 0 or max_records <= 0:
-                    return ShareFetchResult(self._batches_of(acquired), acquired_ranges(acquired), ack_error)
-                await self._wait(event, min(remaining_s, self._until_next_expiry_s(hosted.partition)))
+                    break
+                hosted.waiting += 1
+                try:
+                    await self._wait(event, min(remaining_s, self._until_next_expiry_s(hosted.partition)))
+                finally:
+                    hosted.waiting -= 1
+            records = self._batches_of(acquired)
+            if written is not None:
+                ack_error = await _outcome(written) or ack_error
+            return ShareFetchResult(records, acquired_ranges(acquired), ack_error)
         except KafkaError as e:
+            if written is not None:
+                await _outcome(written)
             return ShareFetchResult(error=e)
 
     async def share_acknowledge(self, group_id: str, member_id: str, acknowledgements: list[Acknowledgement]) -> None:
@@ -315,9 +331,21 @@ class SharePartitions:
 
     async def _acknowledge(self, group_id: str, hosted: _Hosted, member_id: str,
                            acknowledgements: Iterable[Acknowledgement]) -> KafkaError | None:  # fmt: skip
-        """Applies the acknowledgements (each range all or nothing; INVALID_RECORD_STATE
-        for one naming a record the member does not hold) and writes the state; the first
-        error, None if all were applied and written."""
+        """Applies the acknowledgements and writes the state; the first error, None if all
+        were applied and written."""
+        error, applied = self._apply(hosted, member_id, acknowledgements)
+        if applied:
+            try:
+                await self._write(group_id, hosted)
+            except KafkaError as e:
+                return e
+        return error
+
+    def _apply(self, hosted: _Hosted, member_id: str,
+               acknowledgements: Iterable[Acknowledgement]) -> tuple[KafkaError | None, bool]:  # fmt: skip
+        """Applies the acknowledgements in memory (each range all or nothing;
+        INVALID_RECORD_STATE for one naming a record the member does not hold) and wakes
+        the fetches waiting for records: (the first error, whether any was applied)."""
         error: KafkaError | None = None
         applied = 0
         for first, last, kind in acknowledgements:
@@ -333,11 +361,7 @@ class SharePartitions:
         if applied:
             hosted.changes += 1
             self._wake(hosted)
-            try:
-                await self._write(group_id, hosted)
-            except KafkaError as e:
-                return e
-        return error
+        return error, applied > 0
 
     async def _write(self, group_id: str, hosted: _Hosted, create: bool = False) -> None:
         """Returns once the coordinator holds every change applied before the call; with
@@ -389,6 +413,15 @@ class SharePartitions:
                 await event.wait()
         except TimeoutError:
             pass
+
+
+async def _outcome(write: asyncio.Future) -> KafkaError | None:
+    """A state write's error, None once it is written."""
+    try:
+        await write
+    except KafkaError as e:
+        return e
+    return None
 
 
 def _now_ms() -> int:
