@@ -173,8 +173,8 @@ def test_members_of_one_partition_receive_different_records_and_accepted_ones_ne
         shares = leader(log, coordinator)
         assert offsets_of(await shares.share_fetch("g", "a", 10, 0)) == []  # latest: after "old"
         write(log, *"abc")
-        write(log, *"def")  # a leader hands out whole batches
-        first = offsets_of(await shares.share_fetch("g", "a", 1, 0))
+        write(log, *"def")
+        first = offsets_of(await shares.share_fetch("g", "a", 3, 0))
         second = offsets_of(await shares.share_fetch("g", "b", 10, 0))
         assert first == [1, 2, 3] and second == [4, 5, 6]
         result = await shares.share_fetch("g", "a", 10, 0, [(1, 3, ACCEPT)])

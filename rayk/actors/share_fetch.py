@@ -9,16 +9,21 @@ where the group's `share.auto.offset.reset` says (the high watermark for "latest
 start for "earliest"), and that start is written before any record is handed out, so every
 later leader starts from the same offset.
 
-`share_fetch` first applies the member's acknowledgements, then acquires records for it:
-available ones first (redeliveries), then new ones below the high watermark, batch by
-batch of the log. A control batch, or a gap that compaction left, holds nothing to
-deliver and is passed over. The answer is the log's whole batches that hold the acquired
+`share_fetch` first applies the member's acknowledgements (and starts writing them), then
+acquires records for it: available ones first (redeliveries), then new ones below the
+high watermark, whole log batches at a time while fewer than `max_records` were acquired
+(the last batch cut there), as Kafka aligns acquisitions to batches: a batch acquired
+whole is answered whole, with no record the member must skip. A control batch, or a gap
+that compaction left, holds nothing to deliver and is passed over. A fetch whose
+acknowledgements freed records yields first to the fetches that were waiting for them,
+or the acknowledging member would take everything it freed again at once. The answer is the log's whole batches that hold the acquired
 records, and the acquired ranges with their delivery counts: the client keeps only the
 records in those ranges (as Kafka's ShareFetch answers). With nothing to acquire, the
 fetch waits up to `max_wait_ms` for the high watermark to move or a lock to expire.
 
 Durability: whenever records are settled (ACCEPT, RELEASE, REJECT), the state is written
-to the group coordinator (acks=all there) before the acknowledgement is answered; writes
+to the group coordinator (acks=all there) before the acknowledgement is answered (a
+ShareFetch carrying acknowledgements acquires and reads while the write runs); writes
 of one share-partition are coalesced, one in flight at a time. Expired locks are applied
 at each fetch and written with the next write (a restored record at its delivery limit
 is archived, share_partition.restore). Acquisitions are not written: a leader that fails
@@ -268,9 +273,9 @@ class SharePartitions:
     # ------------------------------------------------------------------ acquiring
 
     def _acquire(self, hosted: _Hosted, member_id: str, max_records: int) -> list[AcquiredRange]:
-        """Records for the member: redeliveries (at most `max_records`), then whole log
-        batches of new records below the high watermark while fewer than `max_records`
-        were acquired and SPEO is inside the window (see the module docstring)."""
+        """Records for the member: redeliveries (at most `max_records`), then new records
+        below the high watermark, log batch by log batch (the last one cut at
+        `max_records`), while SPEO is inside the window (see the module docstring)."""
         log, partition = self._log, hosted.partition
         now_ms = _now_ms()
         partition.move_start(log.log_start_offset)
@@ -292,7 +297,9 @@ class SharePartitions:
                     partition.pass_over(header.next_offset)
                     progressed = True
                     continue
-                got = partition.acquire_batch(member_id, header.next_offset, now_ms)
+                # Whole batches, but no more than max_records: the rest of a batch stays for the next fetch.
+                got = partition.acquire_batch(member_id, min(header.next_offset, partition.end_offset + max_records - count),
+                                              now_ms)  # fmt: skip
                 if got is None:  # the window is full
                     break
                 acquired.append(got)

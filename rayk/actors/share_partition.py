@@ -12,9 +12,10 @@ owning it. The partition keeps, as Kafka's SharePartition does:
 
 `acquire` hands a member the AVAILABLE in-flight records first, oldest first, then new ones
 from SPEO up to the log end, at most `max_records` and never more than `max_in_flight`
-past SPSO; each delivery counts. `acquire_batch` takes a whole log batch of new records at
-once (a leader hands out whole batches, as Kafka's does, so that a fetch answers no record
-that is not the member's), if SPEO is inside the window.
+past SPSO; each delivery counts. `acquire_batch` takes new records up to a given offset at
+once, past the window if SPEO is inside it: a leader takes whole log batches (as Kafka's
+aligns acquisitions to batches), so that a fetch answers few records that are not the
+member's.
 
 The in-flight records are kept as runs of consecutive records in one state (`Run`, Kafka's
 InFlightBatch), split where an acknowledgement or an expiry makes them differ and joined
