@@ -35,7 +35,8 @@ consumer group of two members that commit after each poll; and a `rayk.data.stre
 pipeline copying the topic into COPY_TOPIC with `rayk.data.write_topic`, restarted from
 its committed progress whenever it fails, as its users would; and a transactional producer
 (`Transactions`) writing TXN_TOPIC in transactions of TXN_RECORDS records, a fourth of
-them aborted on purpose, made again whenever it fails. What `Workload.check`
+them aborted on purpose, made again whenever it fails; and a share group (KIP-932) of two
+members reading TOPIC too, accepting every record explicitly. What `Workload.check`
 asserts at the end: every acknowledged record is stored exactly once at its acknowledged
 offset; every record the group or the pipeline read is stored where it was read; the
 group's committed offsets never went backwards nor past a record the group had not
@@ -43,7 +44,10 @@ processed; the group and the pipeline reach the end of every partition; the copy
 every record (twice only if the pipeline replayed a batch after a failure); and within
 HEAL_BOUND_S every partition is led with its full ISR and writes go on on every partition;
 and no send failed with UNKNOWN_SERVER_ERROR (a replica raising what no fault explains;
-other unacknowledged sends, e.g. a delivery timeout, are reported, not failed).
+other unacknowledged sends, e.g. a delivery timeout, are reported, not failed); the
+share group settles every record (its start offset reaches the end of every partition),
+no record's acceptance is confirmed twice (every record is accepted exactly once, unless
+it was archived), and the share group read every record where it is stored.
 """
 
 from __future__ import annotations
@@ -100,6 +104,9 @@ HEALTH_TOPICS = (TOPIC, COPY_TOPIC, TXN_TOPIC, OFFSETS_TOPIC, TRANSACTION_STATE_
 GROUP = "nemesis-group"
 STREAM_GROUP = "nemesis-stream"
 GROUP_MEMBERS = 2
+SHARE_GROUP = "nemesis-share"  # a share group (KIP-932) reading TOPIC too
+SHARE_MEMBERS = 2
+SHARE_LOCK_MS = 5_000  # group.share.record.lock.duration.ms: what a lost acknowledgement holds comes back this soon
 LEADER_IMBALANCE_CHECK_S = 5  # the automatic leader rebalance runs this often during a schedule
 REPLACEMENT_DELAY_MS = 20_000  # a node not replaced by then has its replicas moved (KIP-455)
 SEND_RATE_PER_S = 500  # the driver also runs two consumers, an observer and the pipeline
@@ -117,6 +124,7 @@ NEMESIS_CONFIG = {
     "leader.imbalance.check.interval.seconds": LEADER_IMBALANCE_CHECK_S,
     "offsets.topic.num.partitions": 1,  # one coordinator: fewer processes on 2 cores
     "offsets.topic.replication.factor": REPLICATION_FACTOR,
+    "group.share.record.lock.duration.ms": SHARE_LOCK_MS,
 }
 TOPIC_CONFIG = {"min.insync.replicas": str(MIN_INSYNC_REPLICAS)}
 
@@ -368,6 +376,70 @@ class Member(threading.Thread):
         finally:
             try:
                 consumer.close(autocommit=False, timeout_ms=5_000)
+            except Exception:
+                pass  # the coordinator is away: the session times out instead
+
+
+@dataclass
+class ShareLedger:
+    """What the share group's members accepted (by commits answered without an error) and
+    read: the evidence for the share group's checks."""
+
+    accepted: Counter = field(default_factory=Counter)  # (partition, offset) -> accepts answered
+    read: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    commit_errors: Counter = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ShareMember(threading.Thread):
+    """One member of the share group: polls, accepts every record explicitly, commits, and
+    counts what each commit confirmed."""
+
+    def __init__(self, cluster: Any, ledger: ShareLedger, index: int) -> None:
+        super().__init__(daemon=True, name=f"nemesis-share-member-{index}")
+        self.cluster, self.ledger = cluster, ledger
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from rayk.errors import KafkaError
+
+        try:
+            consumer = self.cluster.share_consumer(TOPIC, group_id=SHARE_GROUP, acknowledgement_mode="explicit",
+                                                   max_poll_records=500, request_timeout_ms=10_000)  # fmt: skip
+        except BaseException as e:
+            self.error = e
+            return
+        ledger = self.ledger
+        try:
+            while not self.halt.is_set():
+                try:
+                    records = consumer.poll(500)
+                    for r in records:
+                        consumer.acknowledge(r, "accept")
+                    outcome = consumer.commit()
+                except KafkaError as e:  # a leader or the coordinator moving: the next poll goes on
+                    with ledger.lock:
+                        ledger.commit_errors[e.name] += 1
+                    time.sleep(0.5)
+                    continue
+                with ledger.lock:
+                    for r in records:
+                        seen = ledger.read.setdefault((r.partition, r.offset), r.value)
+                        if seen != r.value:
+                            ledger.violations.append(f"read {r.value!r} at {r.partition}/{r.offset}, earlier {seen!r}")
+                        error = outcome.get((TOPIC, r.partition), "not sent")
+                        if error is None:
+                            ledger.accepted[(r.partition, r.offset)] += 1
+                    for error in outcome.values():
+                        if error is not None:
+                            ledger.commit_errors[error.name] += 1
+        except BaseException as e:
+            self.error = e
+        finally:
+            try:
+                consumer.close()
             except Exception:
                 pass  # the coordinator is away: the session times out instead
 
@@ -845,6 +917,11 @@ class Workload:
         self.pipeline.start()
         self.transactions = Transactions(cluster)
         self.transactions.start()
+        cluster.admin().alter_share_group_config(SHARE_GROUP, {"share.auto.offset.reset": "earliest"})
+        self.share_ledger = ShareLedger()
+        self.share_members = [ShareMember(cluster, self.share_ledger, i) for i in range(SHARE_MEMBERS)]
+        for m in self.share_members:
+            m.start()
         self.notes: list[str] = []
 
     def wait_started(self) -> None:
@@ -862,11 +939,11 @@ class Workload:
             self.traffic.abandon()
         except Exception:
             pass  # records in flight: abandoned
-        for m in self.members:
+        for m in self.members + self.share_members:
             m.halt.set()
         self.pipeline.halt.set()
         self.transactions.halt.set()
-        for m in self.members:
+        for m in self.members + self.share_members:
             m.join(timeout=30)
         self.transactions.join(timeout=60)
         try:
@@ -945,6 +1022,8 @@ class Workload:
             f"pipeline: {self.pipeline.batches} batches, restarts {dict(self.pipeline.restarts) or 'none'}, "
             f"{twice} records copied twice"
         )
+        # The share group settles every record, and accepts none twice.
+        failures += self.check_share_group(stored, ends)
         # The transactions: what read_committed readers see is what the producer decided.
         self.transactions.stop()
         if self.transactions.is_alive():
@@ -959,3 +1038,39 @@ class Workload:
                           f"unknown ({dict(t.failures) or 'no failures'})")  # fmt: skip
         checked = sum(len(s) for s in stored.values()) + len(copy)
         return len(traffic.acked), checked, failures
+
+    def check_share_group(self, stored: dict[int, dict[int, bytes]], ends: dict[int, int]) -> list[str]:
+        """Every record is accepted exactly once by the share group, unless it was archived
+        (its deliveries spent by lost acknowledgements or expired locks): the group's start
+        offset reaches the end of every partition, no record's acceptance was confirmed
+        twice, and what the members read is what is stored there."""
+        failures: list[str] = []
+        admin, ledger = self.cluster.admin(), self.share_ledger
+
+        def settled() -> bool:
+            offsets = admin.list_share_group_offsets(SHARE_GROUP)
+            return all(offsets.get((TOPIC, p), 0) >= end for p, end in ends.items())
+
+        try:
+            wait_for(settled, CATCH_UP_BOUND_S, "the share group to settle the end of every partition")
+        except AssertionError as e:
+            failures.append(f"{e}: {ask(lambda: admin.list_share_group_offsets(SHARE_GROUP), 'share offsets')}, ends {ends}")
+        for m in self.share_members:
+            m.halt.set()
+        for m in self.share_members:
+            m.join(timeout=30)
+            if m.error is not None:
+                failures.append(f"{m.name} failed: {m.error!r}")
+        with ledger.lock:
+            twice = sorted(where for where, n in ledger.accepted.items() if n > 1)
+            wrong = [(w, v) for w, v in ledger.read.items() if stored[w[0]].get(w[1]) != v]
+            violations = list(ledger.violations)
+        if twice:
+            failures.append(f"the share group accepted {len(twice)} records twice, e.g. {twice[:3]}")
+        if wrong:
+            failures.append(f"the share group read {len(wrong)} records not stored where it read them, e.g. {wrong[:3]}")
+        failures += [f"share group: {v}" for v in violations[:10]]
+        records = sum(len(s) for s in stored.values())
+        self.notes.append(f"share group: {len(ledger.accepted)} of {records} records accepted (the rest archived or "
+                          f"their acceptance unconfirmed), errors {dict(ledger.commit_errors) or 'none'}")  # fmt: skip
+        return failures
