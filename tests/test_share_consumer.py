@@ -1,8 +1,10 @@
-"""rayk's share consumer (KIP-932) on a 3-broker cluster: several members of ONE
-partition each receive different records and together every record once; what a member
+"""Share groups (KIP-932) on a 3-broker cluster, with rayk's share consumer, librdkafka's
+(confluent-kafka's ShareConsumer) and the wire APIs: several members of ONE partition each
+receive different records and together every record once; what a member
 does not acknowledge comes back to another after the lock duration; a poison record is
 archived at the delivery limit; the Admin describes, lists the offsets of and deletes a
-share group; and acknowledgements survive the death of the partition's leader and of the
+share group; share sessions and ShareGroupDescribe on the wire; the work queue of
+`make demo` and one of Arrow batches; and acknowledgements survive the death of the partition's leader and of the
 group coordinator (kept last: it kills replica processes)."""
 
 from __future__ import annotations
@@ -75,29 +77,6 @@ def drain(consumers, until: int, timeout_s: float = 60) -> dict[int, list[int]]:
     return got
 
 
-def test_members_of_one_partition_each_receive_different_records_and_together_all_once(cluster):
-    topic, group = topic_with(cluster, 300)
-    consumers = [cluster.share_consumer(topic, group_id=group, max_poll_records=20) for _ in range(3)]
-    try:
-        got = drain(consumers, 300)
-        everything = sorted(v for values in got.values() for v in values)
-        assert everything == list(range(300))  # each once: nobody received another's record
-        assert sum(1 for values in got.values() if values) >= 2  # the work was shared
-        for c in consumers:
-            c.commit()
-        wait_until(lambda: cluster.admin().list_share_group_offsets(group) == {(topic, 0): 300}, 30, "SPSO at the end")
-        description = cluster.admin().describe_share_groups([group])[group]
-        assert description["state"] == "Stable" and len(description["members"]) == 3
-        assert all(m["assignment"] == [(topic, 0)] for m in description["members"])
-    finally:
-        for c in consumers:
-            c.close()
-    assert cluster.admin().describe_share_groups([group])[group]["state"] == "Empty"
-    assert cluster.admin().delete_consumer_groups([group]) == {group: None}
-    with pytest.raises(GroupIdNotFoundError):
-        cluster.admin().list_share_group_offsets(group)
-
-
 def test_what_a_member_does_not_acknowledge_comes_back_after_the_lock_and_releases_come_back_at_once(cluster):
     topic, group = topic_with(cluster, 10)
     silent = cluster.share_consumer(topic, group_id=group, acknowledgement_mode="explicit")
@@ -155,6 +134,9 @@ def kafka_share_consumer(cluster, topic: str, group: str, **settings):
 
 
 def test_kafka_share_consumers_and_rayk_s_share_one_partition_each_record_once(cluster):
+    """Two librdkafka share consumers and rayk's in one group on ONE partition: each record
+    goes to one of them, all are accepted; the Admin describes the group, which is Empty
+    once they close and is then deleted with its state."""
     topic, group = topic_with(cluster, 200)
     kafka = [kafka_share_consumer(cluster, topic, group, **{"max.poll.records": 10}) for _ in range(2)]
     ours = cluster.share_consumer(topic, group_id=group, max_poll_records=10)
@@ -174,12 +156,17 @@ def test_kafka_share_consumers_and_rayk_s_share_one_partition_each_record_once(c
             consumer.commit_sync(30)
         ours.commit()
         wait_until(lambda: cluster.admin().list_share_group_offsets(group) == {(topic, 0): 200}, 30, "all accepted")
-        members = cluster.admin().describe_share_groups([group])[group]["members"]
-        assert len(members) == 3
+        description = cluster.admin().describe_share_groups([group])[group]
+        assert description["state"] == "Stable" and len(description["members"]) == 3
+        assert all(m["assignment"] == [(topic, 0)] for m in description["members"])
     finally:
         for consumer in kafka:
             consumer.close()
         ours.close()
+    assert cluster.admin().describe_share_groups([group])[group]["state"] == "Empty"
+    assert cluster.admin().delete_consumer_groups([group]) == {group: None}
+    with pytest.raises(GroupIdNotFoundError):
+        cluster.admin().list_share_group_offsets(group)
 
 
 def test_a_kafka_share_consumer_releases_and_rejects_explicitly_and_sees_the_delivery_count(cluster):
