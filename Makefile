@@ -30,7 +30,7 @@ test: bytecode
 SEED ?= 1
 MINUTES ?= 10
 chaos: bytecode
-	$(PY) -m pytest -q -m chaos tests/faults/test_nemesis.py
+	$(PY) -m pytest -q -m chaos tests
 	$(PY) -m tests.faults.chaos --seed $(SEED) --minutes $(MINUTES)
 
 demo: bytecode

@@ -26,7 +26,10 @@ times out, `group.share.session.timeout.ms`) or when the records' locks expire
 (`group.share.record.lock.duration.ms`), whichever comes first. A record whose function
 ran but whose acceptance was not yet committed when its actor died is processed again:
 the work queue is at-least-once, with duplicates only among what a dead actor held.
-`resize(n)` adds or stops actors while the pool runs; `stats()` counts what each did.
+`resize(n)` adds or stops actors while the pool runs (a stopped one finishes the record or
+batch in hand, gives the rest of its poll back and leaves); `stats()` counts what each did.
+A poll's work that fails midway (its dead letter could not be sent) gives back what it did
+not settle, and the worker goes on.
 
     pool = WorkQueue(cluster, "jobs", group_id="workers", fn=process, num_workers=4,
                      dead_letter_topic="jobs-dlq")
@@ -55,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 500
 STATS_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 60  # a worker's function in hand may run this long after stop()
 DLQ_HEADERS = ("rayk.dlq.topic", "rayk.dlq.partition", "rayk.dlq.offset", "rayk.dlq.delivery.count", "rayk.dlq.error")
 
 
@@ -88,19 +92,29 @@ class QueueWorker:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                if self._batch:
-                    for batch in self._consumer.poll_batch(POLL_TIMEOUT_MS).values():
-                        self._handle_batch(batch)
-                else:
-                    for record in self._consumer.poll(POLL_TIMEOUT_MS):
-                        self._handle(record)
-                self._consumer.commit()
+                self._work_through_a_poll()
             except KafkaError as e:  # the cluster moving (a leader, a coordinator): the next poll goes on
                 logger.warning("%s: %s", self.name, e)
                 time.sleep(0.2)
-            except Exception:  # a bug: logged; what this worker holds comes back when its locks expire
-                logger.exception("%s: the loop failed", self.name)
+            except Exception:  # a dead letter not sent, or a bug: logged, and the worker goes on
+                logger.exception("%s: a poll's work failed", self.name)
                 time.sleep(1)
+            finally:
+                try:  # what the poll did not get to (stopping, or a failure) goes back; the rest is settled
+                    self._consumer.release_unacknowledged()
+                    self._consumer.commit()
+                except Exception as e:  # not committed: those records come back when their locks expire
+                    logger.warning("%s: commit failed: %r", self.name, e)
+
+    def _work_through_a_poll(self) -> None:
+        if self._batch:
+            items, handle = list(self._consumer.poll_batch(POLL_TIMEOUT_MS).values()), self._handle_batch
+        else:
+            items, handle = self._consumer.poll(POLL_TIMEOUT_MS), self._handle
+        for item in items:
+            if self._stopping.is_set():
+                return
+            handle(item)
 
     def _handle(self, record: Any) -> None:
         try:
@@ -154,13 +168,17 @@ class QueueWorker:
         """The actor's id, which a restart keeps."""
         return ray.get_runtime_context().get_actor_id()
 
-    def stop(self) -> WorkerStats:
-        """Finishes the record in hand, commits, and leaves the group."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> WorkerStats:
+        """Finishes the record (or batch) in hand, gives back the rest of its poll,
+        commits and leaves the group. A function still running after `timeout_s` is left
+        to the caller, which kills the actor: its records come back when their locks
+        expire."""
         self._stopping.set()
-        self._loop.join()
-        self._consumer.close()
-        if self._producer is not None:
-            self._producer.close()
+        self._loop.join(timeout_s)
+        if not self._loop.is_alive():
+            self._consumer.close()
+            if self._producer is not None:
+                self._producer.close()
         return self.stats()
 
 
@@ -192,8 +210,11 @@ class WorkQueue:
         while len(self._workers) < num_workers:
             self._workers.append(QueueWorker.remote(*self._args))
         leaving, self._workers = self._workers[num_workers:], self._workers[:num_workers]
-        self._finished += ray.get([w.stop.remote() for w in leaving])
-        for worker in leaving:
+        for worker, stopping in zip(leaving, [w.stop.remote() for w in leaving]):
+            try:
+                self._finished.append(ray.get(stopping, timeout=STOP_TIMEOUT_S + STATS_TIMEOUT_S))
+            except (RayError, TimeoutError) as e:  # dead, restarting or stuck: killed all the same
+                logger.warning("a worker did not stop cleanly: %r", e)
             ray.kill(worker, no_restart=True)
 
     def stats(self) -> list[WorkerStats]:

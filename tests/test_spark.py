@@ -583,6 +583,7 @@ def test_a_structured_streaming_query_stopped_mid_stream_resumes_from_its_checkp
 
 
 # Last in the module: it kills a broker (and waits for its replicas to rejoin before it ends).
+@pytest.mark.chaos  # in `make chaos`, where the suite's 25-minute budget does not bind
 def test_a_structured_streaming_query_skips_nothing_when_a_broker_is_killed(cluster, spark, tmp_path):
     source = new_topic(cluster)
     sink = new_topic(cluster, partitions=1)

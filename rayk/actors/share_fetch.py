@@ -55,6 +55,7 @@ from rayk.actors.share_partition import (
     StateBatch,
 )
 from rayk.errors import (
+    CoordinatorNotAvailableError,
     FencedLeaderEpochError,
     FencedStateEpochError,
     InvalidRecordStateError,
@@ -163,11 +164,12 @@ class SharePartitions:
             records = self._batches_of(acquired)
             if written is not None:
                 ack_error = await _outcome(written) or ack_error
+            if self._hosted.get(group_id) is not hosted:  # a write failed meanwhile: the state is read again
+                return ShareFetchResult(acknowledge_error=ack_error)  # (what this fetch acquired is available there)
             return ShareFetchResult(records, acquired_ranges(acquired), ack_error)
         except KafkaError as e:
-            if written is not None:
-                await _outcome(written)
-            return ShareFetchResult(error=e)
+            ack_error = await _outcome(written) if written is not None else None
+            return ShareFetchResult(acknowledge_error=(ack_error or e) if acknowledgements else None, error=e)
 
     async def share_acknowledge(self, group_id: str, member_id: str, acknowledgements: list[Acknowledgement]) -> None:
         """Settles the member's records and writes the state; raises the first error."""
@@ -375,6 +377,9 @@ class SharePartitions:
         `create`, FENCED_STATE_EPOCH if a state was written since this one was read."""
         target = hosted.changes
         while hosted.written < target:
+            if not create and self._hosted.get(group_id) is not hosted:  # a failed write dropped it
+                raise CoordinatorNotAvailableError(f"share state of group {group_id!r} in {self.topic}-{self.partition} "
+                                                   "was not written; it is read again")  # fmt: skip
             if hosted.writing is None:
                 hosted.writing = asyncio.get_running_loop().create_task(self._write_once(group_id, hosted, create))
             try:

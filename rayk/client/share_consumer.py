@@ -162,7 +162,8 @@ class ShareConsumer:
     def poll(self, timeout_ms: int = 0) -> list[ShareConsumerRecord]:
         """The records acquired for this member (at most max_poll_records per partition),
         waiting up to `timeout_ms` for some."""
-        return [r for tp, result in self._poll(timeout_ms) for r in self._decode(tp, result)]
+        results = self._poll(timeout_ms)
+        return self._delivered(results, lambda: [r for tp, result in results for r in self._decode(tp, result)])
 
     def poll_batch(self, timeout_ms: int = 0) -> dict[TopicPartition, Any]:
         """`poll` in columns: per partition one pyarrow RecordBatch of the acquired
@@ -171,7 +172,29 @@ class ShareConsumer:
         compiled code) and deliveryCount (int16). Keys and values are the stored bytes.
         Settle a whole batch with `acknowledge(batch, type)`, or rows with
         `acknowledge_offsets`."""
-        return {tp: batch for tp, result in self._poll(timeout_ms) if (batch := self._columns(tp, result)).num_rows}
+        results = self._poll(timeout_ms)
+        return self._delivered(
+            results, lambda: {tp: batch for tp, result in results if (batch := self._columns(tp, result)).num_rows})
+
+    def _delivered(self, results: list[tuple[TopicPartition, ShareFetchResult]], decode: Any) -> Any:
+        """The poll's records as `decode` makes them; they are the last poll's from now on.
+        If decoding fails (a deserializer raised), none reached the application: all go back."""
+        self._polled = {tp: [(a, b) for a, b, _ in r.acquired] for tp, r in results}
+        self._acked = {}
+        try:
+            return decode()
+        except BaseException:
+            self.release_unacknowledged()
+            raise
+
+    def release_unacknowledged(self) -> None:
+        """Gives back every record of the last poll not acknowledged yet (sent with the
+        next fetch or commit), in either acknowledgement mode: what a worker that stops
+        midway, or fails, did not get to."""
+        for tp, ranges in self._polled.items():
+            for first, last in _without(ranges, self._acked.get(tp, set())):
+                self._acks.setdefault(tp, []).append((first, last, int(AcknowledgeType.RELEASE)))
+        self._polled, self._acked = {}, {}
 
     def _poll(self, timeout_ms: int) -> list[tuple[TopicPartition, ShareFetchResult]]:
         if timeout_ms < 0:
@@ -186,8 +209,6 @@ class ShareConsumer:
                 wait_s = min(wait_s, self._retry_backoff_s)
             results = self._collect(calls.ready_refs(list(self._fetches.values()), wait_s))
             if results or time.monotonic() >= deadline:
-                self._polled = {tp: [(a, b) for a, b, _ in r.acquired] for tp, r in results}
-                self._acked = {}
                 return results
 
     def acknowledge(self, record: ShareConsumerRecord | Any, type: str = "accept") -> None:  # noqa: A002 (Kafka's name)

@@ -159,10 +159,15 @@ async def _names(view: BrokerView, topic_ids: set[uuid.UUID]) -> dict[uuid.UUID,
     return await view.topic_names(topic_ids) if topic_ids else {}
 
 
+_releasing: set[asyncio.Future] = set()  # releases in the background, held until done
+
+
 def _session_ended(view: BrokerView, ended: list[Ended]) -> None:
     """What the members of ended sessions held goes back (in the background)."""
     if ended:
-        asyncio.ensure_future(_release(view, ended))
+        task = asyncio.ensure_future(_release(view, ended))
+        _releasing.add(task)
+        task.add_done_callback(_releasing.discard)
 
 
 async def _release(view: BrokerView, ended: list[Ended]) -> None:
@@ -202,6 +207,9 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
                     acks[(name, p.partition_index)] = acknowledgements(p.acknowledgement_batches)
         forgotten = [(names[t.topic_id], p) for t in body.forgotten_topics_data for p in t.partitions
                      if isinstance(names.get(t.topic_id), str)]  # fmt: skip
+        if body.share_session_epoch == OPEN_EPOCH and (acks or any(
+                p.acknowledgement_batches for t in body.topics for p in t.partitions)):  # fmt: skip
+            raise InvalidRequestError("Acknowledge data is present on the initial ShareFetch of a share session.")
         ids = {name: tid for tid, name in names.items() if isinstance(name, str)}
         session, ended = view.share_sessions.request(body.group_id, body.member_id, body.share_session_epoch,
                                                      added, forgotten, ids)  # fmt: skip
@@ -224,7 +232,7 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
         try:
             if not view.authorized(request, READ, TOPIC, tp[0]):
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {tp[0]!r}")
-            if session is None:  # closing: acknowledge only
+            if session is None or tp not in session.partitions:  # closing, or forgotten: acknowledge only
                 if partition_acks:
                     await view.call(*tp, "share_acknowledge", body.group_id, body.member_id, partition_acks)
                 return ShareFetchResult()
@@ -248,7 +256,10 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             continue
         responses.setdefault(ids[tp[0]], []).append(_partition_answer(tp[1], r))
     for (topic_id, partition), error in unknown.items():
-        responses.setdefault(topic_id, []).append(_partition_answer(partition, ShareFetchResult(error=error)))
+        acked = any(p.acknowledgement_batches for t in body.topics if t.topic_id == topic_id for p in t.partitions
+                    if p.partition_index == partition)  # fmt: skip
+        responses.setdefault(topic_id, []).append(
+            _partition_answer(partition, ShareFetchResult(acknowledge_error=error if acked else None, error=error)))
     return {"error_code": 0, "responses": [{"topic_id": t, "partitions": ps} for t, ps in responses.items()],
             "node_endpoints": [], **lock_ms}  # fmt: skip
 
