@@ -15,15 +15,19 @@ from ray.cluster_utils import Cluster
 from rayk.errors import KafkaError
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 
-# Fast failure detection so tests do not wait out Kafka's 9 s session timeout, and a new
+# Fast failure detection so tests do not wait out Kafka's 9 s session timeout, a new
 # group's first join answered at once rather than after Kafka's 3 s wait for more members
-# (tests/test_static_membership.py and test_group_coordinator.py test that wait).
+# (tests/test_static_membership.py and test_group_coordinator.py test that wait), and one
+# partition of each internal topic (3 replica processes, not 9, per topic per cluster;
+# test_kafka_clients keeps Kafka's layout of several).
 FAST_CONFIG = {
     "broker.session.timeout.ms": 4000,
     "broker.heartbeat.interval.ms": 400,
     "replica.lag.time.max.ms": 5000,
     "replica.high.watermark.checkpoint.interval.ms": 500,
     "group.initial.rebalance.delay.ms": 0,
+    "offsets.topic.num.partitions": 1,
+    "transaction.state.log.num.partitions": 1,
     "listeners": "PLAINTEXT://127.0.0.1:0",  # tests bind to loopback, on free ports
 }
 

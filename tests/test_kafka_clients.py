@@ -64,6 +64,10 @@ CONFIG = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500,  # an abandoned transaction's abort
     "group.consumer.heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
     "group.consumer.session.timeout.ms": 6000,
+    # Kafka's layout of the internal topics, which tests here check: more than one
+    # coordinator partition (FAST_CONFIG has one of each).
+    "offsets.topic.num.partitions": 3,
+    "transaction.state.log.num.partitions": 3,
 }
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _names = itertools.count()
@@ -120,7 +124,7 @@ def test_a_metadata_request_creates_consumer_offsets_with_its_own_settings_only(
         connection.close()
     assert answer.topics[0].error_code.value == 5  # LEADER_NOT_AVAILABLE: being created
     wait_until(lambda: OFFSETS_TOPIC in cluster.list_topics(include_internal=True), 30, "__consumer_offsets to be created")
-    offsets_topic = BrokerConfig()  # CONFIG leaves offsets.topic.* at their defaults
+    offsets_topic = BrokerConfig()  # CONFIG keeps offsets.topic.* at their defaults
     configs = cluster.admin().describe_topic_configs(OFFSETS_TOPIC)
     assert configs == {"cleanup.policy": "compact", "segment.bytes": str(offsets_topic.offsets_topic_segment_bytes)}
     described = cluster.describe_topic(OFFSETS_TOPIC)
