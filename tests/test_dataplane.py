@@ -18,7 +18,7 @@ from rayk.dataplane import endpoint as endpoint_module
 from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
-from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult
+from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
 
@@ -90,10 +90,47 @@ def test_a_produce_request_cut_short_or_lengthened_is_a_frame_error(requests, da
             frames.decode_produce_request(damaged)
 
 
+share_fetch_requests = st.builds(
+    ShareFetchRequest, st.text(max_size=30), st.text(max_size=36), i32, i32,
+    st.lists(st.tuples(i64, i64, st.integers(-128, 127)), max_size=6).map(tuple))
+
+
+@given(share_fetch_requests)
+def test_a_share_fetch_request_decodes_to_what_was_encoded(request):
+    assert frames.decode_share_fetch_request(frames.encode_share_fetch_request(request)) == request
+
+
+@given(share_fetch_requests, st.data())
+def test_a_share_fetch_request_cut_short_or_lengthened_is_a_frame_error(request, data):
+    encoded = frames.encode_share_fetch_request(request)
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    for damaged in (encoded[:cut], encoded + b"x"):
+        with pytest.raises(frames.FrameError):
+            frames.decode_share_fetch_request(damaged)
+
+
+@given(st.binary(max_size=300), st.lists(st.tuples(i64, i64, st.integers(-(2**15), 2**15 - 1)), max_size=6).map(tuple),
+       st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("acks")),
+       st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("fetch")))
+def test_a_share_fetch_answer_decodes_to_what_was_encoded(records, acquired, acknowledge_error, error):
+    result = ShareFetchResult(records, acquired, acknowledge_error, error)
+    decoded = frames.decode_share_fetch_answer(frames.encode_share_fetch_answer_head(result) + records)
+    assert (decoded.records, decoded.acquired) == (records, acquired)
+    for got, sent in ((decoded.acknowledge_error, acknowledge_error), (decoded.error, error)):
+        assert type(got) is type(sent) and str(got) == str(sent)
+
+
+def test_a_share_fetch_request_with_an_id_too_long_for_its_frame_is_invalid():
+    link = ReplicaLink(None, NODE, "nobody")
+    with pytest.raises(errors.InvalidRequestError, match="out of range"):
+        asyncio.run(link.share_fetch(ShareFetchRequest("g" * 70_000, "m", 1, 0)))
+
+
 @given(st.binary(max_size=80))
 def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
     for decode in (frames.decode_fetch_request, frames.decode_fetch_answer, frames.parse_request,
-                   frames.decode_produce_request, frames.decode_produce_answer):
+                   frames.decode_produce_request, frames.decode_produce_answer, frames.decode_share_fetch_request,
+                   frames.decode_share_fetch_answer):
         try:
             decode(data)
         except frames.FrameError:

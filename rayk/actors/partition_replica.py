@@ -642,22 +642,18 @@ class PartitionReplica(Supervised):
 
     async def share_fetch(self, group_id: str, member_id: str, max_records: int = 500, max_wait_ms: int = 500,
                           acknowledgements: list[Acknowledgement] = ()) -> ShareFetchResult:  # fmt: skip
-        """A share group member's fetch of this partition (see share_fetch.py):
-        acknowledgements first, then up to `max_records` records acquired for it."""
+        """A share group member's fetch of this partition (see share_fetch.py), served over
+        the data plane (frames.SHARE_FETCH): acknowledgements first, then up to
+        `max_records` records acquired for it (0: the acknowledgements only, ShareAcknowledge)."""
         if self._role != "leader":
-            return ShareFetchResult(error=self._not_leader())
+            error = self._not_leader()
+            return ShareFetchResult(acknowledge_error=error if acknowledgements else None, error=error)
         result = await self._share_partitions().share_fetch(group_id, member_id, max_records, max_wait_ms,
                                                             list(acknowledgements))  # fmt: skip
         self._counters.fetch_requests += 1
         self._counters.bytes_out += len(result.records)
         self._counters.maybe_flush()
         return result
-
-    async def share_acknowledge(self, group_id: str, member_id: str, acknowledgements: list[Acknowledgement]) -> None:
-        """ShareAcknowledge: settles the member's records, once the state is written."""
-        if self._role != "leader":
-            raise self._not_leader()
-        await self._share_partitions().share_acknowledge(group_id, member_id, list(acknowledgements))
 
     async def share_release_member(self, group_id: str, member_id: str) -> int:
         """A member left its share group: what it holds here goes to the others now."""
@@ -706,6 +702,11 @@ class PartitionReplica(Supervised):
         """A data plane request: (answer head, records)."""
         if kind == frames.PRODUCE:
             return frames.encode_produce_answer(await self.produce_requests(frames.decode_produce_request(body))), b""
+        if kind == frames.SHARE_FETCH:
+            share = frames.decode_share_fetch_request(body)
+            answer = await self.share_fetch(share.group_id, share.member_id, share.max_records, share.max_wait_ms,
+                                            list(share.acknowledgements))  # fmt: skip
+            return frames.encode_share_fetch_answer_head(answer), answer.records
         assert kind == frames.FETCH, kind  # frames.parse_request lets no other kind through
         r = frames.decode_fetch_request(body)
         max_bytes = min(r.max_bytes, frames.MAX_RECORDS_BYTES)  # the answer fits one frame

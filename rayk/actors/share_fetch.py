@@ -54,6 +54,7 @@ from rayk.actors.share_partition import (
     ShareState,
     StateBatch,
 )
+from rayk.dataplane.frames import MAX_RECORDS_BYTES, ShareFetchResult
 from rayk.errors import (
     CoordinatorNotAvailableError,
     FencedLeaderEpochError,
@@ -79,18 +80,6 @@ class ShareSettings:
     lock_duration_ms: int = 30_000
     delivery_count_limit: int = 5
     max_in_flight: int = 2_000
-
-
-@dataclass(frozen=True, slots=True)
-class ShareFetchResult:
-    """What a share fetch answers: whole batches, and the ranges acquired in them
-    (first offset, last offset, delivery count); `acknowledge_error` is the error of the
-    acknowledgements it carried (None: all applied and written)."""
-
-    records: bytes = b""
-    acquired: tuple[tuple[int, int, int], ...] = ()
-    acknowledge_error: KafkaError | None = None
-    error: KafkaError | None = None
 
 
 @dataclass(slots=True)
@@ -286,6 +275,7 @@ class SharePartitions:
         hw = log.high_watermark
         acquired = partition.acquire(member_id, max_records, min(partition.end_offset, hw), now_ms)  # redeliveries
         count = sum(r.last_offset - r.first_offset + 1 for r in acquired)
+        budget_bytes = MAX_RECORDS_BYTES  # new batches: the answer fits one data plane frame
         while count < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
             read = log.read(partition.end_offset, READ_CHUNK_BYTES, max_offset=hw)
             progressed = False
@@ -299,6 +289,9 @@ class SharePartitions:
                     partition.pass_over(header.next_offset)
                     progressed = True
                     continue
+                if acquired and header.size_bytes > budget_bytes:
+                    break
+                budget_bytes -= header.size_bytes
                 # Whole batches, but no more than max_records: the rest of a batch stays for the next fetch.
                 got = partition.acquire_batch(member_id, min(header.next_offset, partition.end_offset + max_records - count),
                                               now_ms)  # fmt: skip

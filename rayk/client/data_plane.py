@@ -1,5 +1,5 @@
 """The data plane (rayk/dataplane) for the client's threaded code, the Producer's sender,
-the Consumer's fetcher and the read tasks, which are not asyncio.
+the Consumer's fetcher, the ShareConsumer and the read tasks, which are not asyncio.
 
 One daemon thread per process runs an asyncio loop (DataPlaneLoop, made at first use).
 Each client opens a DataPlaneSession on it: its own ReplicaLink per replica it sends to or
@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from rayk.dataplane.frames import FetchRequest, ProduceRequest, ProduceResult
+from rayk.dataplane.frames import FetchRequest, ProduceRequest, ProduceResult, ShareFetchRequest
 from rayk.dataplane.replica_link import ReplicaLink
 
 
@@ -73,6 +73,10 @@ class DataPlaneSession:
     def fetch(self, replica: Any, request: FetchRequest) -> concurrent.futures.Future:
         """PartitionReplica.fetch over the data plane: a future of its FetchResult."""
         return self._submit(replica, lambda link: link.fetch(request))
+
+    def share_fetch(self, replica: Any, request: ShareFetchRequest) -> concurrent.futures.Future:
+        """PartitionReplica.share_fetch over the data plane: a future of its ShareFetchResult."""
+        return self._submit(replica, lambda link: link.share_fetch(request))
 
     def close(self) -> None:
         """Closes the session's connections; its requests in flight fail."""

@@ -26,9 +26,10 @@ the group, which makes the partitions' leaders hand out what this member held at
 
 Membership is a heartbeat thread sending ShareGroupHeartbeat to the group's coordinator
 every `group.share.heartbeat.interval.ms` the coordinator answers; the answer says which
-partitions to fetch from. Fetches go to each assigned partition's leader (over Ray),
-several in flight at once: a fetch waits at the leader up to `fetch_max_wait_ms` for
-records, and one answered after its poll returned is kept for the next poll.
+partitions to fetch from. Fetches go to each assigned partition's leader over the data
+plane (rayk.client.data_plane: the records are never pickled), several in flight at
+once: a fetch waits at the leader up to `fetch_max_wait_ms` for records, and one
+answered after its poll returned is kept for the next poll.
 
 Not thread-safe apart from the heartbeat thread (as Kafka's consumers: one thread uses it).
 """
@@ -43,12 +44,13 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from rayk.actors.share_fetch import ShareFetchResult
 from rayk.actors.share_group import JOIN_EPOCH, LEAVE_EPOCH
 from rayk.actors.share_partition import AcknowledgeType
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
+from rayk.client.data_plane import DataPlaneSession
 from rayk.client.serializers import as_is, deserializer
+from rayk.dataplane.frames import ShareFetchRequest, ShareFetchResult
 from rayk.errors import FencedMemberEpochError, KafkaError, NotLeaderOrFollowerError, UnknownMemberIdError
 from rayk.storage.records import decode_record_tuples, iter_batches
 
@@ -112,7 +114,9 @@ class ShareConsumer:
         self._leaders: dict[TopicPartition, Any] = {}
         self._retry_backoff_s = cluster.retry_backoff_ms / 1000
         self._retry_at: dict[TopicPartition, float] = {}  # a partition whose fetch failed, until then
-        self._fetches: dict[TopicPartition, Any] = {}  # a fetch in flight per partition
+        self._data_plane = DataPlaneSession("share consumer")  # fetches and acknowledgements go to leaders there
+        self._waiter = calls.ReadyWaiter()
+        self._fetches: dict[TopicPartition, Any] = {}  # a fetch in flight per partition (a future)
         self._acks: dict[TopicPartition, list[tuple[int, int, int]]] = {}  # to send with the next fetch or commit
         # The last poll's records: their acquired ranges, and the offsets acknowledged since.
         self._polled: dict[TopicPartition, list[tuple[int, int]]] = {}
@@ -207,7 +211,7 @@ class ShareConsumer:
             wait_s = max(0.0, deadline - time.monotonic())
             if not self._fetches:  # nothing to wait for: look again soon (an assignment, a backoff's end)
                 wait_s = min(wait_s, self._retry_backoff_s)
-            results = self._collect(calls.ready_refs(list(self._fetches.values()), wait_s))
+            results = self._collect(self._waiter.ready(list(self._fetches.values()), wait_s))
             if results or time.monotonic() >= deadline:
                 return results
 
@@ -277,6 +281,8 @@ class ShareConsumer:
                 self._heartbeat_once(leave=True)
             except KafkaError as e:  # the coordinator times the member out instead
                 logger.warning("share group %s: could not leave: %s", self.group_id, e)
+            finally:
+                self._data_plane.close()
 
     def __enter__(self) -> ShareConsumer:
         return self
@@ -313,7 +319,7 @@ class ShareConsumer:
         for tp in [tp for tp in self._acks if tp not in assignment and tp not in self._fetches]:
             # Moved to other members: its acknowledgements go now, not at commit (their locks run).
             try:
-                self._leader(tp).share_acknowledge.remote(self.group_id, self.member_id, _ranges(self._acks.pop(tp)))
+                self._acknowledge(tp, self._acks.pop(tp))
             except KafkaError as e:
                 logger.warning("share consumer: %s-%d: acknowledgements not sent: %s", *tp, e)
         now = time.monotonic()
@@ -327,8 +333,13 @@ class ShareConsumer:
                 self._retry_at[tp] = now + self._retry_backoff_s
                 continue
             acks = _ranges(self._acks.pop(tp, []))
-            self._fetches[tp] = leader.share_fetch.remote(self.group_id, self.member_id, self._max_poll_records,
-                                                          max_wait_ms, acks)  # fmt: skip
+            self._fetches[tp] = self._data_plane.share_fetch(leader, ShareFetchRequest(
+                self.group_id, self.member_id, self._max_poll_records, max_wait_ms, tuple(acks)))  # fmt: skip
+
+    def _acknowledge(self, tp: TopicPartition, acks: list[tuple[int, int, int]]) -> Any:
+        """Sends acknowledgements alone (a share fetch of no records): a future of its ShareFetchResult."""
+        return self._data_plane.share_fetch(self._leader(tp), ShareFetchRequest(
+            self.group_id, self.member_id, 0, 0, tuple(_ranges(acks))))  # fmt: skip
 
     def _collect(self, ready: set[Any]) -> list[tuple[TopicPartition, ShareFetchResult]]:
         """The answered fetches with records acquired."""
@@ -413,7 +424,7 @@ class ShareConsumer:
         for tp, acks in list(self._acks.items()):
             del self._acks[tp]
             try:
-                sent[tp] = self._leader(tp).share_acknowledge.remote(self.group_id, self.member_id, _ranges(acks))
+                sent[tp] = self._acknowledge(tp, acks)
             except KafkaError as e:
                 sent[tp] = e
         out: dict[TopicPartition, KafkaError | None] = {}
@@ -423,7 +434,9 @@ class ShareConsumer:
                 out[tp] = ref
                 continue
             try:
-                calls.get(ref, deadline, "ShareAcknowledge")
+                acked: ShareFetchResult = calls.get(ref, deadline, "ShareAcknowledge")
+                if acked.acknowledge_error is not None:
+                    raise acked.acknowledge_error
                 out[tp] = None
             except KafkaError as e:
                 out[tp] = e

@@ -28,6 +28,13 @@ PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered
   Produce v12 adds the partition to the transaction at the leader, KIP-890 part 2; else 1)
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
            log_start_offset:i64 error_size:u16 | error
+SHARE_FETCH (a share group member's ShareFetch of the partition, KIP-932, PartitionReplica.share_fetch;
+  with max_records 0 it only acknowledges, as ShareAcknowledge does):
+  request  max_records:i32 max_wait_ms:i32 group_size:u16 member_size:u16 ack_count:i32
+           | group id | member id | ack_count x (first_offset:i64 last_offset:i64 type:i8)
+  answer   acquired_count:i32 acknowledge_error_size:u16 error_size:u16 | acknowledge error
+           | error | acquired_count x (first_offset:i64 last_offset:i64 delivery_count:i16)
+           | tail: records (the whole batches that hold the acquired ranges)
 `error` is `<class name>\\0<message>` of a rayk.errors class, or empty; `diverging` is 1
 when the answer names where the follower's log diverges (whose epoch may be -1: the
 leader has no epoch at or below the follower's, and the follower truncates to its HW).
@@ -54,7 +61,8 @@ MAX_FRAME_BYTES = MAX_RECORDS_BYTES + (1 << 20)  # the rest: headers. Larger dec
 
 FETCH = 1
 PRODUCE = 2
-KINDS = (FETCH, PRODUCE)
+SHARE_FETCH = 3
+KINDS = (FETCH, PRODUCE, SHARE_FETCH)
 
 _FETCH_REQUEST = struct.Struct(">qiiiiiibH")
 _FETCH_ANSWER = struct.Struct(">qqqqbiqHi")
@@ -65,6 +73,10 @@ _COUNT = struct.Struct(">i")
 _PRODUCE_REQUEST = struct.Struct(">hiihb")
 TRANSACTION_VERSIONS = (1, 2)
 _PRODUCE_ANSWER = struct.Struct(">qqqH")
+_SHARE_FETCH_REQUEST = struct.Struct(">iiHHi")  # max_records, max_wait_ms, group id size, member id size, ack count
+_SHARE_ACK = struct.Struct(">qqb")  # first offset, last offset, acknowledge type
+_SHARE_FETCH_ANSWER = struct.Struct(">iHH")  # acquired count, acknowledge error size, error size
+_ACQUIRED = struct.Struct(">qqh")  # first offset, last offset, delivery count
 
 
 class FrameError(ValueError):
@@ -106,6 +118,31 @@ class ProduceResult:
     base_offset: int
     log_append_time_ms: int
     log_start_offset: int
+    error: KafkaError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchRequest:
+    """A share group member's fetch of one partition: its acknowledgements
+    ((first offset, last offset, AcknowledgeType) ranges) are applied first; `max_records`
+    0 only acknowledges."""
+
+    group_id: str
+    member_id: str
+    max_records: int
+    max_wait_ms: int
+    acknowledgements: tuple[tuple[int, int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchResult:
+    """What a share fetch answers: whole batches, and the ranges acquired in them
+    (first offset, last offset, delivery count); `acknowledge_error` is the error of the
+    acknowledgements it carried (None: all applied and written)."""
+
+    records: bytes = b""
+    acquired: tuple[tuple[int, int, int], ...] = ()
+    acknowledge_error: KafkaError | None = None
     error: KafkaError | None = None
 
 
@@ -268,6 +305,52 @@ def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
     error = _decode_error(body[_FETCH_ANSWER.size:aborted_at])
     aborted = tuple(_ABORTED_TXN.iter_unpack(body[aborted_at:records_at]))
     return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, (epoch, end) if diverging else None, lso, aborted)
+
+
+def encode_share_fetch_request(r: ShareFetchRequest) -> bytes:
+    group, member = r.group_id.encode(), r.member_id.encode()  # (an id over 65,535 bytes: struct.error)
+    return b"".join((
+        _SHARE_FETCH_REQUEST.pack(r.max_records, r.max_wait_ms, len(group), len(member), len(r.acknowledgements)),
+        group, member, *(_SHARE_ACK.pack(*ack) for ack in r.acknowledgements),
+    ))
+
+
+def decode_share_fetch_request(body: bytes | memoryview) -> ShareFetchRequest:
+    if len(body) < _SHARE_FETCH_REQUEST.size:
+        raise FrameError(f"a SHARE_FETCH request of {len(body)} bytes is shorter than its header")
+    max_records, max_wait_ms, group_size, member_size, ack_count = _SHARE_FETCH_REQUEST.unpack_from(body)
+    member_at = _SHARE_FETCH_REQUEST.size + group_size
+    acks_at = member_at + member_size
+    if ack_count < 0 or len(body) != acks_at + ack_count * _SHARE_ACK.size:
+        raise FrameError(f"a SHARE_FETCH request of {len(body)} bytes does not hold its ids and {ack_count} acknowledgements")
+    return ShareFetchRequest(
+        _text(body[_SHARE_FETCH_REQUEST.size:member_at], "group id"), _text(body[member_at:acks_at], "member id"),
+        max_records, max_wait_ms, tuple(_SHARE_ACK.iter_unpack(body[acks_at:])),
+    )
+
+
+def encode_share_fetch_answer_head(a: ShareFetchResult) -> bytes:
+    """The fixed part, the errors and the acquired ranges of an answer; its records follow as the tail."""
+    acknowledge_error, error = _encode_error(a.acknowledge_error), _encode_error(a.error)
+    return b"".join((
+        _SHARE_FETCH_ANSWER.pack(len(a.acquired), len(acknowledge_error), len(error)), acknowledge_error, error,
+        *(_ACQUIRED.pack(*r) for r in a.acquired),
+    ))
+
+
+def decode_share_fetch_answer(body: bytes | memoryview) -> ShareFetchResult:
+    if len(body) < _SHARE_FETCH_ANSWER.size:
+        raise FrameError(f"a SHARE_FETCH answer of {len(body)} bytes is shorter than its header")
+    count, acknowledge_error_size, error_size = _SHARE_FETCH_ANSWER.unpack_from(body)
+    error_at = _SHARE_FETCH_ANSWER.size + acknowledge_error_size
+    acquired_at = error_at + error_size
+    records_at = acquired_at + max(count, 0) * _ACQUIRED.size
+    if count < 0 or len(body) < records_at:
+        raise FrameError(f"a SHARE_FETCH answer of {len(body)} bytes is shorter than its errors and {count} ranges")
+    return ShareFetchResult(
+        bytes(body[records_at:]), tuple(_ACQUIRED.iter_unpack(body[acquired_at:records_at])),
+        _decode_error(body[_SHARE_FETCH_ANSWER.size:error_at]), _decode_error(body[error_at:acquired_at]),
+    )
 
 
 def _encode_error(error: KafkaError | None) -> bytes:

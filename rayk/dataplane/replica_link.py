@@ -2,7 +2,7 @@
 
 The replica's endpoint (addresses and secret) comes from one Ray call to its actor
 (`data_endpoint`, which opens TCP only for a peer on another node); the connection is
-opened then and kept, and every fetch and produce request goes over it, pipelined.
+opened then and kept, and every fetch, share fetch and produce request goes over it, pipelined.
 Requests may run concurrently, and each is answered when it is ready; one that its
 caller stops waiting for leaves the connection as it is. A connection that breaks fails
 its requests with NETWORK_EXCEPTION and is dropped: the next request asks the replica's
@@ -19,7 +19,7 @@ from typing import Any
 
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
-from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult
+from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
 from rayk.errors import InvalidRequestError, NetworkError
 
 
@@ -34,6 +34,10 @@ class ReplicaLink:
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
         return await self._request(frames.FETCH, _encoded(frames.encode_fetch_request, request), frames.decode_fetch_answer)
+
+    async def share_fetch(self, request: ShareFetchRequest) -> ShareFetchResult:
+        return await self._request(frames.SHARE_FETCH, _encoded(frames.encode_share_fetch_request, request),
+                                   frames.decode_share_fetch_answer)  # fmt: skip
 
     async def produce(self, requests: list[ProduceRequest], reset_if_abandoned: bool = False) -> list[ProduceResult]:
         """PartitionReplica.produce_requests: appended in order, one result per request.

@@ -5,7 +5,7 @@ Requests on the data and group paths go to this broker's own replica of a partit
 replica answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR when it does not lead, so clients
 refresh their metadata, as with Kafka). Replica handles are looked up at the Controller
 once and cached; a handle whose actor died is dropped and looked up again next time.
-Produce and fetch requests, which carry records, go over the data plane (a ReplicaLink per
+Produce, fetch and share fetch requests, which carry records, go over the data plane (a ReplicaLink per
 replica, a Unix socket: the replicas are on this node); a broken link is treated as a
 dead actor is.
 Partition reassignment requests reach the Controller through `ask_controller`, which
@@ -27,7 +27,7 @@ from ray.exceptions import RayActorError
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from rayk.actors.txn_verification import CoordinatorHandles
 from rayk.config import BrokerConfig
-from rayk.dataplane.frames import FetchRequest, FetchResult
+from rayk.dataplane.frames import FetchRequest, FetchResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (
     KafkaError,
@@ -177,6 +177,11 @@ class BrokerView:
     async def fetch(self, topic: str, partition: int, request: FetchRequest) -> FetchResult:
         """PartitionReplica.fetch on this broker's replica, over the data plane."""
         return await self._over_data_plane(topic, partition, lambda link: link.fetch(request))
+
+    async def share_fetch(self, topic: str, partition: int, request: ShareFetchRequest) -> ShareFetchResult:
+        """PartitionReplica.share_fetch on this broker's replica, over the data plane
+        (`max_records` 0: the acknowledgements only)."""
+        return await self._over_data_plane(topic, partition, lambda link: link.share_fetch(request))
 
     async def _over_data_plane(self, topic: str, partition: int, send: Any) -> Any:
         """`send(link)` on the data plane link to this broker's replica; NOT_LEADER_OR_FOLLOWER

@@ -25,9 +25,9 @@ import uuid
 from typing import Any
 
 from rayk.acls import DESCRIBE, GROUP, READ, TOPIC
-from rayk.actors.share_fetch import ShareFetchResult
 from rayk.actors.share_group import JOIN_EPOCH, LEAVE_EPOCH
 from rayk.actors.share_partition import AcknowledgeType
+from rayk.dataplane.frames import ShareFetchRequest, ShareFetchResult
 from rayk.errors import (
     GroupAuthorizationFailedError,
     InvalidRequestError,
@@ -233,10 +233,12 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             if not view.authorized(request, READ, TOPIC, tp[0]):
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {tp[0]!r}")
             if session is None or tp not in session.partitions:  # closing, or forgotten: acknowledge only
-                if partition_acks:
-                    await view.call(*tp, "share_acknowledge", body.group_id, body.member_id, partition_acks)
-                return ShareFetchResult()
-            return await view.call(*tp, "share_fetch", body.group_id, body.member_id, max_records, wait_ms, partition_acks)
+                if not partition_acks:
+                    return ShareFetchResult()
+                acked = await view.share_fetch(*tp, ShareFetchRequest(body.group_id, body.member_id, 0, 0, tuple(partition_acks)))
+                return ShareFetchResult(acknowledge_error=acked.acknowledge_error)
+            return await view.share_fetch(*tp, ShareFetchRequest(body.group_id, body.member_id, max_records, wait_ms,
+                                                                 tuple(partition_acks)))  # fmt: skip
         except KafkaError as e:
             return ShareFetchResult(acknowledge_error=e if partition_acks else None, error=e)
         except Exception as e:  # a replica's unexpected error: this partition's, not the request's
@@ -306,8 +308,8 @@ async def share_acknowledge(view: BrokerView, request: Any) -> dict:
                 raise name
             if not view.authorized(request, READ, TOPIC, name):
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {name!r}")
-            await view.call(name, partition, "share_acknowledge", body.group_id, body.member_id, acks)
-            error: KafkaError | None = None
+            acked = await view.share_fetch(name, partition, ShareFetchRequest(body.group_id, body.member_id, 0, 0, tuple(acks)))
+            error = acked.acknowledge_error
         except KafkaError as e:
             error = e
         return {"partition_index": partition, "error_code": error_code_of(error) if error else 0,
