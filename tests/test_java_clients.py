@@ -52,6 +52,7 @@ CONFIG = {
 TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"  # kafka-topics.sh
 GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"  # kafka-consumer-groups.sh
 CONFIGS_TOOL = "kafka.admin.ConfigCommand"  # kafka-configs.sh
+SHARE_GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ShareGroupCommand"  # kafka-share-groups.sh
 _names = itertools.count()
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
 
@@ -204,7 +205,8 @@ def test_java_share_consumers_share_one_partition_release_and_accept_each_record
     """Two of Kafka's KafkaShareConsumers (KIP-932) in one share group on a 1-partition
     topic, with explicit acknowledgement: between them every record is accepted once; the
     records each releases come back, to either, with delivery count 2; the group's start
-    offset ends past them all."""
+    offset ends past them all. Then kafka-share-groups.sh and Kafka's Admin describe, alter
+    and delete its offsets."""
     topic, group = new_topic(cluster, partitions=1), f"java-share-{uuid.uuid4().hex[:6]}"
     cluster.admin().alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})
     with cluster.producer() as producer:
@@ -234,6 +236,23 @@ def test_java_share_consumers_share_one_partition_release_and_accept_each_record
     finally:
         for m in members:
             m.stop()
+
+    # The group's offsets once its members left, from kafka-share-groups.sh and Kafka's Admin:
+    # DescribeShareGroupOffsets, DeleteShareGroupOffsets and AlterShareGroupOffsets.
+    share_groups = lambda *args: jvm.tool(SHARE_GROUPS_TOOL, "--bootstrap-server", bootstrap, "--group", group, *args)  # noqa: E731
+    wait_until(lambda: cluster.admin().describe_share_groups([group])[group]["state"] == "Empty", 30, "members to leave")
+    shown = share_groups("--describe", "--offsets")
+    assert [(row[1], row[2], row[-1]) for row in map(str.split, shown.splitlines()) if row[:1] == [group]] == [
+        (topic, "0", "100")], shown
+    share_groups("--delete-offsets", "--topic", topic)
+    assert cluster.admin().list_share_group_offsets(group) == {}
+    cluster.admin().alter_share_group_offsets(group, {(topic, 0): 100})
+    # (kafka-share-groups.sh 4.1 has no --reset-offsets yet: Kafka's Admin alters them)
+    events = {e["event"]: e for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "share-offsets", group, topic)}
+    assert events["share_listed"]["offsets"] == {f"{topic}-0": 100}, events
+    assert events["share_altered"]["offsets"] == {f"{topic}-0": 0}, events
+    assert events["error"]["error"] == "UnknownTopicOrPartitionException", events
+    assert events["share_deleted"]["offsets"] == {}, events
 
 
 def test_a_version_rayk_does_not_serve_is_answered_unsupported_and_the_connection_stays(bootstrap, jvm):

@@ -255,6 +255,46 @@ def test_acknowledgements_survive_a_new_leader_and_a_new_coordinator_and_the_old
     run(main())
 
 
+def test_a_share_groups_offsets_are_altered_and_deleted_only_while_it_is_empty_and_old_states_are_fenced(tmp_path):
+    async def main() -> None:
+        log = Log(tmp_path / "t-0")
+        partition = Partition()
+        reset: list[Any] = []
+        coordinator = GroupCoordinator(partition.append, BrokerConfig(group_share_session_timeout_ms=6_000),
+                                       share_states_reset=lambda g, partitions: reset.append((g, partitions)))  # fmt: skip
+        await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
+        write(log, *"abcdef")
+        await member(coordinator, "a")
+        shares = leader(log, coordinator)
+        assert offsets_of(await shares.share_fetch("g", "a", 3, 0, [])) == [0, 1, 2]
+        await shares.share_acknowledge("g", "a", [(0, 0, ACCEPT)])
+        with pytest.raises(NonEmptyGroupError):
+            await coordinator.alter_share_group_offsets("g", {("t", 0): 4})
+        with pytest.raises(NonEmptyGroupError):
+            await coordinator.delete_share_group_offsets("g", ["t"])
+        await coordinator.share_heartbeat("g", "a", -1, partition_counts={"t": 1})  # leaves
+        _, old_epoch, _ = await coordinator.read_share_state("g", "t", 0, 0)
+        await coordinator.alter_share_group_offsets("g", {("t", 0): 4})
+        assert coordinator.share_group_offsets("g") == {("t", 0): 4} == partition.coordinator().share_group_offsets("g")
+        assert reset == [("g", [("t", 0)])]
+        with pytest.raises(FencedStateEpochError):  # the state the leader read before is no more
+            await coordinator.write_share_state("g", "t", 0, 0, old_epoch, 1, [])
+        shares.forget("g")  # (what the reset's callback makes each leader do)
+        await member(coordinator, "b")
+        assert offsets_of(await shares.share_fetch("g", "b", 10, 0, [])) == [4, 5]
+        with pytest.raises(GroupIdNotFoundError):
+            await coordinator.alter_share_group_offsets("no-such-group", {("t", 0): 0})
+
+        await coordinator.share_heartbeat("g", "b", -1, partition_counts={"t": 1})
+        await coordinator.delete_share_group_offsets("g", ["t"])
+        assert coordinator.share_group_offsets("g") == {} == partition.coordinator().share_group_offsets("g")
+        shares.forget("g")
+        await member(coordinator, "c")  # from share.auto.offset.reset again: every record
+        assert offsets_of(await shares.share_fetch("g", "c", 10, 0, [])) == [0, 1, 2, 3, 4, 5]
+
+    run(main())
+
+
 def test_a_failed_state_write_is_an_error_and_the_leader_reads_the_state_again(tmp_path):
     async def main() -> None:
         log = Log(tmp_path / "t-0")

@@ -69,7 +69,7 @@ from rayk.actors.consumer_group_hosting import (
 )
 from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup
 from rayk.actors.share_group import ShareGroup
-from rayk.actors.share_group_hosting import MembersGone, ShareGroupHosting
+from rayk.actors.share_group_hosting import MembersGone, ShareGroupHosting, StatesReset
 from rayk.actors.coordinator_log import LogEntry, TxnMarker, TxnRecords
 from rayk.actors.group_records import (
     AnyGroupRecord,
@@ -142,7 +142,8 @@ class GroupCoordinator(ConsumerGroupHosting, ShareGroupHosting):
     def __init__(self, append: Append, config: BrokerConfig | None = None,
                  append_transactional: AppendTransactional | None = None,
                  partition_counts: PartitionCounts | None = None,
-                 share_members_gone: MembersGone | None = None) -> None:  # fmt: skip
+                 share_members_gone: MembersGone | None = None,
+                 share_states_reset: StatesReset | None = None) -> None:  # fmt: skip
         self.config = config or BrokerConfig()
         self._append = append
         self._lookup_partition_counts = partition_counts
@@ -155,6 +156,7 @@ class GroupCoordinator(ConsumerGroupHosting, ShareGroupHosting):
         self._share_states: dict[str, dict[TopicPartition, ShareStateRecord]] = {}
         self._share_state_locks: weakref.WeakValueDictionary[tuple[str, str, int], asyncio.Lock] = weakref.WeakValueDictionary()
         self._share_members_gone = share_members_gone
+        self._share_states_reset = share_states_reset
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None

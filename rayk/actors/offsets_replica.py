@@ -34,7 +34,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
 
     async def _open_coordinator(self, records: list[LogEntry]) -> GroupCoordinator:
         coordinator = GroupCoordinator(self._append_records, self._broker_config, self._append_transactional_records,
-                                       self._partition_counts, self._share_members_gone)  # fmt: skip
+                                       self._partition_counts, self._share_members_gone,
+                                       self._share_states_reset)  # fmt: skip
         try:
             coordinator.load(records, f"{self.topic}-{self.partition}")
         except BaseException:
@@ -171,12 +172,34 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     async def alter_share_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
         await self._require_coordinator().alter_share_group_configs(group_id, configs)
 
+    async def alter_share_group_offsets(self, group_id: str, start_offsets: dict[tuple[str, int], int]) -> None:
+        await self._require_coordinator().alter_share_group_offsets(group_id, start_offsets)
+
+    async def delete_share_group_offsets(self, group_id: str, topics: list[str]) -> None:
+        await self._require_coordinator().delete_share_group_offsets(group_id, topics)
+
     def _share_members_gone(self, group_id: str, gone: list[tuple[str, frozenset[tuple[str, int]]]]) -> None:
         """Members left or timed out: the leaders of their partitions release what they
         held (in the background; their locks would expire anyway)."""
         task = asyncio.get_running_loop().create_task(self._release_share_members(group_id, gone))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _share_states_reset(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
+        """The group's states were altered or deleted: the partitions' leaders read them
+        again (in the background; a leader that misses this is fenced at its next write)."""
+        task = asyncio.get_running_loop().create_task(self._forget_share_states(group_id, partitions))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _forget_share_states(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
+        for topic, partition in partitions:
+            try:
+                leader = await self._controller.leader.remote(topic, partition)
+                await leader.share_forget_group.remote(group_id)
+            except Exception as e:
+                logger.info("share group %s: %s-%d's leader was not told its state was reset: %r", group_id, topic,
+                            partition, e)  # fmt: skip
 
     async def _release_share_members(self, group_id: str, gone: list[tuple[str, frozenset[tuple[str, int]]]]) -> None:
         for member_id, partitions in gone:

@@ -655,6 +655,12 @@ class PartitionReplica(Supervised):
         self._counters.maybe_flush()
         return result
 
+    async def share_forget_group(self, group_id: str) -> None:
+        """The group's share-partition states were altered or deleted at its coordinator:
+        the next fetch reads this one again."""
+        if self._shares is not None:
+            self._shares.forget(group_id)
+
     async def share_release_member(self, group_id: str, member_id: str) -> int:
         """A member left its share group: what it holds here goes to the others now."""
         return 0 if self._shares is None else await self._shares.release_member(group_id, member_id)

@@ -179,6 +179,13 @@ class SharePartitions:
             self._wake(hosted)
         return released
 
+    def forget(self, group_id: str) -> None:
+        """The coordinator holds a new state for the group (its offsets were altered or
+        deleted): read at the next fetch. A write of the old one still running is fenced there."""
+        hosted = self._hosted.pop(group_id, None)
+        if hosted is not None:
+            self._wake(hosted)
+
     def describe(self) -> dict[str, dict[str, int]]:
         """Per group: SPSO, SPEO and how many records are in flight (ACQUIRED)."""
         return {g: {"start_offset": h.partition.start_offset, "end_offset": h.partition.end_offset,

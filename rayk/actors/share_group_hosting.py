@@ -22,6 +22,13 @@ leader reads the state again. A state not yet written starts where the group's
 `share.auto.offset.reset` says, which the leader resolves against its log.
 
 Deleting a share group (no members: NON_EMPTY_GROUP) tombstones its states with it.
+Altering its offsets (AlterShareGroupOffsets: a share-partition starts at a given offset,
+nothing in flight) or deleting them (DeleteShareGroupOffsets: a topic's states go, and
+it starts again where `share.auto.offset.reset` says) needs an empty group too. Either
+moves the group's state epoch on and writes every state it keeps again under the new
+one, in one append with the group's record: a leader still holding a state read before
+is fenced at its next write, and the leaders are told to read theirs again
+(`StatesReset`), so none hands out records from where the group no longer is.
 
 Not thread-safe; the owning actor's event loop calls it.
 """
@@ -29,6 +36,7 @@ Not thread-safe; the owning actor's event loop calls it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -51,6 +59,7 @@ from rayk.errors import (
     FencedStateEpochError,
     GroupIdNotFoundError,
     InvalidGroupIdError,
+    InvalidRequestError,
     NonEmptyGroupError,
 )
 
@@ -60,6 +69,8 @@ TopicPartition = tuple[str, int]
 Records = list[tuple[bytes, bytes | None]]
 # (group id, [(member id, its assignment)]) of members that left or timed out
 MembersGone = Callable[[str, list[tuple[str, frozenset[TopicPartition]]]], None]
+# (group id, its share-partitions) whose states were altered or deleted: their leaders read them again
+StatesReset = Callable[[str, list[TopicPartition]], None]
 
 
 def monotonic_ms() -> int:
@@ -76,6 +87,7 @@ class ShareGroupHosting:
     _share_groups: dict[str, ShareGroup]
     _share_states: dict[str, dict[TopicPartition, ShareStateRecord]]
     _share_members_gone: MembersGone | None
+    _share_states_reset: StatesReset | None
     _share_state_locks: weakref.WeakValueDictionary[tuple[str, str, int], asyncio.Lock]
     _lock: Callable[[str], asyncio.Lock]
     _write_group_records: Callable[[str, Records], Awaitable[None]]
@@ -259,6 +271,53 @@ class ShareGroupHosting:
                 for m in sorted(group.members.values(), key=lambda m: m.member_id)
             ],  # fmt: skip
         }
+
+    async def alter_share_group_offsets(self, group_id: str, start_offsets: dict[TopicPartition, int]) -> None:
+        """AlterShareGroupOffsets: each share-partition starts at its offset, with nothing in
+        flight (an empty group only: NON_EMPTY_GROUP)."""
+        if any(offset < 0 for offset in start_offsets.values()):
+            raise InvalidRequestError("a share group's start offset cannot be negative")
+        await self._reset_share_states(group_id, dict(start_offsets), frozenset())
+
+    async def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
+        """DeleteShareGroupOffsets: the states of the topics' share-partitions go (an empty
+        group only); the group starts them again where share.auto.offset.reset says."""
+        await self._reset_share_states(group_id, {}, frozenset(topics))
+
+    async def _reset_share_states(self, group_id: str, start_offsets: dict[TopicPartition, int],
+                                  deleted_topics: frozenset[str]) -> None:  # fmt: skip
+        """See the module docstring: a new state epoch, the states written again under it."""
+        async with self._lock(group_id):
+            group = self._require_share_group(group_id)
+            if group.members:
+                raise NonEmptyGroupError(f"share group {group_id!r} has members; its offsets can be changed once "
+                                         "they have left")  # fmt: skip
+            stored = self._share_states.get(group_id, {})
+            current = {tp: s for tp, s in stored.items() if s.state_epoch == group.state_epoch}
+            touched = sorted(set(stored) | set(start_offsets))
+            async with contextlib.AsyncExitStack() as locks:  # no leader's write runs meanwhile
+                for topic, partition in touched:
+                    await locks.enter_async_context(self._state_lock(group_id, topic, partition))
+                trial = group.copy()
+                trial.state_epoch = max(int(time.time() * 1000), group.state_epoch + 1)
+                states = {tp: dataclasses.replace(s, state_epoch=trial.state_epoch)
+                          for tp, s in current.items() if tp[0] not in deleted_topics}  # fmt: skip
+                for (topic, partition), offset in start_offsets.items():
+                    known = current.get((topic, partition))
+                    states[(topic, partition)] = ShareStateRecord(group_id, topic, partition,
+                                                                  known.leader_epoch if known else 0,
+                                                                  trial.state_epoch, offset, ())  # fmt: skip
+                records: Records = [(share_group_key(group_id), share_group_value(trial.snapshot()))]
+                records += [(share_state_key(group_id, *tp), share_state_value(s)) for tp, s in sorted(states.items())]
+                records += [(share_state_key(group_id, *tp), None) for tp in sorted(stored) if tp not in states]
+                await self._write_group_records(group_id, records)
+                self._share_groups[group_id] = trial
+                if states:
+                    self._share_states[group_id] = states
+                else:
+                    self._share_states.pop(group_id, None)
+        if self._share_states_reset is not None and touched:
+            self._share_states_reset(group_id, touched)
 
     async def _delete_share_group(self, group_id: str) -> None:
         """DeleteGroups for a share group (the caller holds the group's lock): its record

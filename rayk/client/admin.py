@@ -525,6 +525,22 @@ class Admin:
                                                    timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
         return {TopicPartition(t, p): o for (t, p), o in sorted(offsets.items())}
 
+    def alter_share_group_offsets(self, group_id: str, start_offsets: Mapping[tuple[str, int], int]) -> None:
+        """Kafka's alterShareGroupOffsets: each share-partition starts at its offset, with
+        nothing in flight (records before it are never delivered, those from it on are
+        delivered again). The group must be empty (NonEmptyGroupError) and exist
+        (GroupIdNotFoundError)."""
+        self._coordinator(group_id).call("alter_share_group_offsets", group_id,
+                                         {(t, p): o for (t, p), o in start_offsets.items()},
+                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+
+    def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
+        """Kafka's deleteShareGroupOffsets: the group forgets where it is in these topics,
+        and starts them again where its share.auto.offset.reset says. The group must be
+        empty and exist."""
+        self._coordinator(group_id).call("delete_share_group_offsets", group_id, sorted(set(topics)),
+                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+
     def alter_share_group_config(self, group_id: str, configs: Mapping[str, str]) -> None:
         """Sets share group configs (`share.auto.offset.reset`: "latest", the default, or
         "earliest": where a partition's consumption starts, fixed when the group first

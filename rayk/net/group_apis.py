@@ -49,7 +49,8 @@ _GROUP_OPERATION = {"join_group": READ, "sync_group": READ, "heartbeat": READ, "
                     "consumer_heartbeat": READ, "commit_offsets": READ, "txn_commit_offsets": READ,
                     "fetch_offsets": DESCRIBE, "pending_partitions": DESCRIBE, "describe_group": DESCRIBE,
                     "describe_consumer_group": DESCRIBE, "delete_group": DELETE, "delete_offsets": DELETE,
-                    "share_heartbeat": READ, "describe_share_group": DESCRIBE}
+                    "share_heartbeat": READ, "describe_share_group": DESCRIBE, "share_group_offsets": DESCRIBE,
+                    "alter_share_group_offsets": READ, "delete_share_group_offsets": DELETE}
 
 
 async def coordinator_call(view: BrokerView, request: Any, group_id: str, method: str, *args: Any) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
-from rayk.net import consumer_group_apis, records_apis, share_group_apis, txn_apis
+from rayk.net import consumer_group_apis, records_apis, share_group_apis, share_offsets_apis, txn_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -80,6 +80,9 @@ HANDLERS: dict[int, Handler] = {
     keys.SHARE_GROUP_DESCRIBE: share_group_apis.share_group_describe,
     keys.SHARE_FETCH: share_group_apis.share_fetch,
     keys.SHARE_ACKNOWLEDGE: share_group_apis.share_acknowledge,
+    keys.DESCRIBE_SHARE_GROUP_OFFSETS: share_offsets_apis.describe_share_group_offsets,
+    keys.ALTER_SHARE_GROUP_OFFSETS: share_offsets_apis.alter_share_group_offsets,
+    keys.DELETE_SHARE_GROUP_OFFSETS: share_offsets_apis.delete_share_group_offsets,
     keys.SASL_HANDSHAKE: scram_apis.sasl_without_sasl,  # a SASL listener's connections answer these themselves
     keys.SASL_AUTHENTICATE: scram_apis.sasl_without_sasl,
     keys.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,

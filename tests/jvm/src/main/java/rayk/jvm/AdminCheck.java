@@ -17,6 +17,7 @@ import org.apache.kafka.clients.admin.ConsumerGroupDescription;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
 import org.apache.kafka.clients.admin.GroupListing;
 import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.ListShareGroupOffsetsSpec;
 import org.apache.kafka.clients.admin.NewPartitions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
@@ -37,6 +38,9 @@ import org.apache.kafka.common.config.ConfigResource;
  * incrementalAlterConfigs, createPartitions, listOffsets, deleteTopics.
  * groups GROUP TOPIC: listGroups, describeConsumerGroups, listConsumerGroupOffsets,
  * alterConsumerGroupOffsets, deleteConsumerGroups.
+ * share-offsets GROUP TOPIC (an empty share group with a state for TOPIC-0):
+ * listShareGroupOffsets, alterShareGroupOffsets (to 0, and a partition that does not exist),
+ * deleteShareGroupOffsets.
  * unsupported TOPIC: APIs rayk leaves out of ApiVersions fail in the client, before any request.
  *
  * Usage: AdminCheck bootstrap step [args ...]
@@ -50,6 +54,7 @@ public final class AdminCheck {
             switch (args[1]) {
                 case "topics" -> topics(admin, args[2]);
                 case "groups" -> groups(admin, args[2], args[3]);
+                case "share-offsets" -> shareOffsets(admin, args[2], args[3]);
                 case "unsupported" -> unsupported(admin, args[2]);
                 default -> throw new IllegalArgumentException(args[1]);
             }
@@ -144,6 +149,24 @@ public final class AdminCheck {
     }
 
     /** A step that must fail: prints the exception's class. */
+    static void shareOffsets(Admin admin, String group, String topic) throws Exception {
+        TopicPartition partition = new TopicPartition(topic, 0);
+        Events.emit("share_listed", "offsets", shareOffsets(admin, group));
+        admin.alterShareGroupOffsets(group, Map.of(partition, 0L)).all().get();
+        Events.emit("share_altered", "offsets", shareOffsets(admin, group));
+        failure("alter_missing_partition",
+                admin.alterShareGroupOffsets(group, Map.of(new TopicPartition(topic, 7), 0L)).all());
+        admin.deleteShareGroupOffsets(group, Set.of(topic)).all().get();
+        Events.emit("share_deleted", "offsets", shareOffsets(admin, group));
+    }
+
+    static Map<String, Long> shareOffsets(Admin admin, String group) throws Exception {
+        Map<String, Long> offsets = new TreeMap<>();
+        admin.listShareGroupOffsets(Map.of(group, new ListShareGroupOffsetsSpec())).partitionsToOffsetAndMetadata(group)
+                .get().forEach((tp, o) -> offsets.put(tp.toString(), o == null ? null : o.offset()));
+        return offsets;
+    }
+
     static void failure(String step, KafkaFuture<?> future) throws InterruptedException {
         try {
             future.get();
