@@ -205,10 +205,14 @@ def test_java_share_consumers_share_one_partition_release_and_accept_each_record
     """Two of Kafka's KafkaShareConsumers (KIP-932) in one share group on a 1-partition
     topic, with explicit acknowledgement: between them every record is accepted once; the
     records each releases come back, to either, with delivery count 2; the group's start
-    offset ends past them all. Then kafka-share-groups.sh and Kafka's Admin describe, alter
-    and delete its offsets."""
+    offset ends past them all. kafka-configs sets the group's share.auto.offset.reset first;
+    kafka-share-groups.sh and Kafka's Admin describe, alter and delete its offsets after."""
     topic, group = new_topic(cluster, partitions=1), f"java-share-{uuid.uuid4().hex[:6]}"
-    cluster.admin().alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})
+    group_configs = lambda *args: jvm.tool(CONFIGS_TOOL, "--bootstrap-server", bootstrap, "--entity-type", "groups",  # noqa: E731
+                                           "--entity-name", group, *args)
+    group_configs("--alter", "--add-config", "share.auto.offset.reset=earliest")  # (IncrementalAlterConfigs, GROUP)
+    assert "share.auto.offset.reset=earliest" in group_configs("--describe")
+    assert cluster.admin().describe_share_groups([group])[group]["configs"] == {"share.auto.offset.reset": "earliest"}
     with cluster.producer() as producer:
         for i in range(100):
             producer.send(topic, (f"release-{i}" if i % 10 == 0 else str(i)).encode())

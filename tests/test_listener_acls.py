@@ -28,10 +28,12 @@ from rayk.net.api_versions import (
     DELETE_ACLS,
     DELETE_RECORDS,
     DESCRIBE_ACLS,
+    INCREMENTAL_ALTER_CONFIGS,
     OFFSET_DELETE,
     SHARE_FETCH,
     SHARE_GROUP_HEARTBEAT,
 )
+from rayk.net.config_apis import GROUP_RESOURCE, SET
 from rayk.net.entities import kafka_uuid
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
@@ -302,7 +304,8 @@ def test_share_groups_need_read_on_the_group_and_on_the_topics(cluster, tls):
     """As Kafka's KafkaApis for KIP-932: without READ on the group a ShareGroupHeartbeat
     and a whole ShareFetch are GROUP_AUTHORIZATION_FAILED; a heartbeat naming a topic
     without DESCRIBE is TOPIC_AUTHORIZATION_FAILED; a fetched partition of a topic without
-    READ is TOPIC_AUTHORIZATION_FAILED, and served once READ is granted."""
+    READ is TOPIC_AUTHORIZATION_FAILED, and served once READ is granted; the group's configs
+    need ALTER_CONFIGS on it."""
     cluster.create_topic("share-acl", num_partitions=1, replication_factor=1)
     group = f"alice-share-{uuid.uuid4().hex[:8]}"
     topic_id = kafka_uuid(ray.get(cluster.controller.client_metadata.remote(["share-acl"]))["topics"]["share-acl"]["topic_id"])
@@ -327,6 +330,11 @@ def test_share_groups_need_read_on_the_group_and_on_the_topics(cluster, tls):
                    "the topic ACL to arrive (READ implies DESCRIBE)")
         wait_until(lambda: connection.call(SHARE_FETCH, 1, fetch).responses[0].partitions[0].error_code.value == 0, 30,
                    "the fetch to be served")
+        # The group's configs need ALTER_CONFIGS on it (READ is not enough), as in Kafka.
+        configs = {"validate_only": False, "resources": [{"resource_type": GROUP_RESOURCE, "resource_name": group, "configs": [
+            {"name": "share.auto.offset.reset", "config_operation": SET, "value": "earliest"}]}]}
+        assert connection.call(INCREMENTAL_ALTER_CONFIGS, 1, configs).responses[0].error_code.value == (
+            ConfluentError.GROUP_AUTHORIZATION_FAILED)
     finally:
         connection.close()
 

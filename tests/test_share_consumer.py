@@ -24,11 +24,24 @@ import rayk
 from rayk.client.share_consumer import IllegalStateError
 from rayk.errors import (
     GroupIdNotFoundError,
+    InvalidConfigurationError,
     InvalidShareSessionEpochError,
     NonEmptyGroupError,
     ShareSessionNotFoundError,
+    UnknownTopicOrPartitionError,
 )
-from rayk.net.api_versions import SHARE_ACKNOWLEDGE, SHARE_FETCH, SHARE_GROUP_DESCRIBE, SHARE_GROUP_HEARTBEAT
+from rayk.net.api_versions import (
+    ALTER_SHARE_GROUP_OFFSETS,
+    DELETE_SHARE_GROUP_OFFSETS,
+    DESCRIBE_CONFIGS,
+    DESCRIBE_SHARE_GROUP_OFFSETS,
+    INCREMENTAL_ALTER_CONFIGS,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+    SHARE_GROUP_DESCRIBE,
+    SHARE_GROUP_HEARTBEAT,
+)
+from rayk.net.config_apis import DEFAULT_CONFIG_SOURCE, DELETE, GROUP_CONFIG_SOURCE, GROUP_RESOURCE, SET
 from tests.cluster_helpers import pid_of, shared_local_ray, wait_until
 from rayk.work_queue import WorkQueue
 from tests.protocol_helpers import RawConnection
@@ -197,7 +210,7 @@ def coordinator_address(cluster, group: str) -> str:
     return "%s:%d" % tuple(broker["endpoints"]["PLAINTEXT"])
 
 
-def test_share_sessions_and_share_group_describe_on_the_wire(cluster):
+def test_share_sessions_share_group_describe_and_the_groups_offsets_and_configs_on_the_wire(cluster):
     topic, group = topic_with(cluster, 1)
     connection = RawConnection(coordinator_address(cluster, group))
     try:
@@ -223,8 +236,41 @@ def test_share_sessions_and_share_group_describe_on_the_wire(cluster):
         finally:
             elsewhere.close()
         assert missing.error_code == GroupIdNotFoundError.code
+        alter = {"group_id": group, "topics": [{"topic_name": topic, "partitions": [
+            {"partition_index": 0, "start_offset": 1}, {"partition_index": 5, "start_offset": 0}]}]}
+        assert connection.call(ALTER_SHARE_GROUP_OFFSETS, 0, alter).error_code == NonEmptyGroupError.code
         left = connection.call(SHARE_GROUP_HEARTBEAT, 1, {"group_id": group, "member_id": "m", "member_epoch": -1})
         assert left.error_code == 0 and left.member_epoch == -1
+
+        # The group's offsets and configs, now that it is empty (what Kafka's Admin and tools send).
+        altered = connection.call(ALTER_SHARE_GROUP_OFFSETS, 0, alter)
+        assert altered.error_code == 0 and [(p.partition_index, p.error_code) for p in altered.responses[0].partitions] == [
+            (0, 0), (5, UnknownTopicOrPartitionError.code)]
+        described = {"groups": [{"group_id": group, "topics": None}]}
+        (offsets,) = connection.call(DESCRIBE_SHARE_GROUP_OFFSETS, 0, described).groups
+        assert [(t.topic_name, p.partition_index, p.start_offset) for t in offsets.topics for p in t.partitions] == [
+            (topic, 0, 1)]
+        deleted = connection.call(DELETE_SHARE_GROUP_OFFSETS, 0, {"group_id": group, "topics": [{"topic_name": topic}]})
+        assert deleted.error_code == 0 and deleted.responses[0].error_code == 0
+        assert connection.call(DESCRIBE_SHARE_GROUP_OFFSETS, 0, described).groups[0].topics == ()
+
+        def configs(*ops: tuple[str, int, str | None]) -> int:
+            body = {"validate_only": False, "resources": [{"resource_type": GROUP_RESOURCE, "resource_name": group,
+                    "configs": [{"name": n, "config_operation": op, "value": v} for n, op, v in ops]}]}  # fmt: skip
+            return connection.call(INCREMENTAL_ALTER_CONFIGS, 1, body).responses[0].error_code.value
+
+        def config_value() -> tuple[str, int]:
+            body = {"resources": [{"resource_type": GROUP_RESOURCE, "resource_name": group, "configuration_keys": None}],
+                    "include_synonyms": False, "include_documentation": False}  # fmt: skip
+            (result,) = connection.call(DESCRIBE_CONFIGS, 4, body).results
+            (config,) = result.configs
+            return config.value, config.config_source
+
+        assert config_value() == ("earliest", GROUP_CONFIG_SOURCE)  # set by topic_with
+        assert configs(("share.auto.offset.reset", SET, "sometimes")) == InvalidConfigurationError.code
+        assert configs(("consumer.session.timeout.ms", SET, "6000")) == InvalidConfigurationError.code
+        assert configs(("share.auto.offset.reset", DELETE, None)) == 0
+        assert config_value() == ("latest", DEFAULT_CONFIG_SOURCE)
     finally:
         connection.close()
 

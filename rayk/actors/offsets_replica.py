@@ -169,8 +169,11 @@ class OffsetsPartitionReplica(CoordinatorReplica):
     async def share_group_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         return self._require_coordinator().share_group_offsets(group_id)
 
-    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
-        await self._require_coordinator().alter_share_group_configs(group_id, configs)
+    async def share_group_configs(self, group_id: str) -> dict[str, str]:
+        return self._require_coordinator().share_group_configs(group_id)
+
+    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str], replace: bool = False) -> None:
+        await self._require_coordinator().alter_share_group_configs(group_id, configs, replace)
 
     async def alter_share_group_offsets(self, group_id: str, start_offsets: dict[tuple[str, int], int]) -> None:
         await self._require_coordinator().alter_share_group_offsets(group_id, start_offsets)

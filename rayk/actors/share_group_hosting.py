@@ -182,9 +182,16 @@ class ShareGroupHosting:
         if self._share_members_gone is not None and gone:
             self._share_members_gone(group_id, gone)
 
-    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
-        """Sets the group's configs (INVALID_CONFIG for one a share group has not); makes
-        the group, without members, if there is none."""
+    def share_group_configs(self, group_id: str) -> dict[str, str]:
+        """The configs set for the group ({} for a group that is not a share group: every
+        config at its default)."""
+        group = self._share_groups.get(group_id)
+        return dict(group.configs) if group is not None else {}
+
+    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str], replace: bool = False) -> None:
+        """Sets the group's configs (INVALID_CONFIG for one a share group has not); with
+        `replace`, those not given go back to their defaults. Makes the group, without
+        members, if there is none."""
         check_group_configs(configs)
         async with self._lock(group_id):
             group = self._share_groups.get(group_id)
@@ -192,6 +199,8 @@ class ShareGroupHosting:
                 self._refuse_other_kinds(group_id)
                 group = self._new_share_group(group_id)
             trial = group.copy()
+            if replace:
+                trial.configs.clear()
             trial.configs.update(configs)
             await self._write_group_records(group_id, [(share_group_key(group_id), share_group_value(trial.snapshot()))])
             self._share_groups[group_id] = trial

@@ -36,10 +36,11 @@ from rayk.errors import (
 from rayk.internal_topics import is_internal
 from rayk.net.api_versions import FINALIZED_FEATURES, SUPPORTED_VERSIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
+from rayk.net.config_apis import describe_group_configs
 from rayk.net.entities import controller_timeout_ms, ms
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
-TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE = 2, 4, 32
 TOPIC_CONFIG_SOURCE, STATIC_BROKER_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 1, 4, 5
 INVALID_REPLICA_ASSIGNMENT = 39
 DEFAULT_CONTROLLER_TIMEOUT_MS = 60_000  # CreatePartitions' own default timeout_ms
@@ -303,8 +304,10 @@ async def describe_configs(view: BrokerView, request: Any) -> dict:
                 if not view.authorized(request, DESCRIBE_CONFIGS, CLUSTER):
                     raise ClusterAuthorizationFailedError(f"{request.context.principal} may not describe broker configs")
                 configs = _broker_configs(view)
+            elif r.resource_type == GROUP_RESOURCE:
+                configs = await describe_group_configs(view, request, r.resource_name)
             else:
-                raise InvalidRequestError(f"resource type {r.resource_type} has no configs in rayk (2 topic, 4 broker)")
+                raise InvalidRequestError(f"resource type {r.resource_type} has no configs in rayk (2 topic, 4 broker, 32 group)")
         except Exception as e:
             return {**base, "error_code": error_code_of(e), "error_message": error_message_of(e)}
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None

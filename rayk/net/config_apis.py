@@ -1,5 +1,5 @@
 """AlterConfigs (API key 33, v0-2) and IncrementalAlterConfigs (API key 44, v0-1): changing
-topic and broker configs as Kafka 4.x serves them (`kafka-configs`, admin UIs).
+topic, broker and group configs as Kafka 4.x serves them (`kafka-configs`, admin UIs).
 
 Topics. AlterConfigs replaces a topic's own configs with those given (a config left out
 goes back to its default); IncrementalAlterConfigs changes only those named: SET (0) a
@@ -19,6 +19,12 @@ one succeeds with nothing to do, since none has a dynamic value (Kafka answers t
 The resource name is "" (cluster-wide default) or the id of the broker the request came
 to, as Kafka requires.
 
+Groups (Kafka's GROUP resource, `kafka-configs --entity-type groups`): a share group's
+`share.auto.offset.reset`, set at the group's coordinator (which makes the share group if
+there is none; a classic or consumer group's id is GROUP_ID_NOT_FOUND), with ALTER_CONFIGS
+on the group (GROUP_AUTHORIZATION_FAILED). Kafka's other group configs (session and
+heartbeat times per group) are INVALID_CONFIG: rayk has the broker-wide ones only.
+
 Per resource, with Kafka's codes: INVALID_REQUEST (a resource named twice, a config named
 twice, a null value but for DELETE, an unknown operation or resource type, another
 broker's id), UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG (unknown config, bad value,
@@ -34,17 +40,23 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from rayk.acls import ALTER_CONFIGS, CLUSTER, TOPIC
+from ray.exceptions import RayActorError
+
+from rayk.acls import ALTER_CONFIGS, CLUSTER, DESCRIBE_CONFIGS, GROUP, TOPIC
+from rayk.actors.share_group import GROUP_CONFIGS, check_group_configs
 from rayk.config import LISTENER_PREFIX, BrokerConfig, topic_config_defaults, validate_topic_configs
 from rayk.errors import (
     ClusterAuthorizationFailedError,
+    CoordinatorNotAvailableError,
+    GroupAuthorizationFailedError,
     InvalidConfigurationError,
     InvalidRequestError,
     TopicAuthorizationFailedError,
 )
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of
 
-TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE = 2, 4, 32
+GROUP_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 8, 5  # Kafka's DescribeConfigs config sources
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 OPERATIONS = {SET: "SET", DELETE: "DELETE", APPEND: "APPEND", SUBTRACT: "SUBTRACT"}
 LIST_TOPIC_CONFIGS = frozenset({"cleanup.policy"})  # Kafka's LIST-typed topic configs that rayk has
@@ -130,8 +142,11 @@ async def _alter(view: BrokerView, request: Any, resources: Any, validate_only: 
                 await _alter_topic(view, request, r, validate_only, plan)
             elif r.resource_type == BROKER_RESOURCE:
                 _alter_broker(view, request, r, plan)
+            elif r.resource_type == GROUP_RESOURCE:
+                await _alter_group(view, request, r, validate_only, plan)
             else:
-                raise InvalidRequestError(f"Unknown resource type {r.resource_type}: rayk has configs of topics (2) and brokers (4)")
+                raise InvalidRequestError(f"Unknown resource type {r.resource_type}: rayk has configs of topics (2), "
+                                          "brokers (4) and groups (32)")  # fmt: skip
         except Exception as e:
             return {**base, "error_code": error_code_of(e), "error_message": error_message_of(e)}
         return {**base, "error_code": 0, "error_message": None}
@@ -147,6 +162,44 @@ async def _alter_topic(view: BrokerView, request: Any, r: Any, validate_only: bo
     configs = validate_topic_configs(plan(r, explicit, topic_config_defaults(view.config)))
     if not validate_only:
         await view.ask_controller("alter_topic_configs", name, configs, timeout_ms=ALTER_TIMEOUT_MS)
+
+
+async def _alter_group(view: BrokerView, request: Any, r: Any, validate_only: bool, plan: Any) -> None:
+    """A share group's configs, at its coordinator (GROUP_AUTHORIZATION_FAILED without
+    ALTER_CONFIGS on the group; GROUP_ID_NOT_FOUND for a classic or consumer group)."""
+    if not r.resource_name:
+        raise InvalidRequestError("a group config resource needs a group id")
+    if not view.authorized(request, ALTER_CONFIGS, GROUP, r.resource_name):
+        raise GroupAuthorizationFailedError(f"{request.context.principal} may not alter group {r.resource_name!r}'s configs")
+    explicit = await _group_coordinator_call(view, r.resource_name, "share_group_configs")
+    configs = plan(r, explicit, {})
+    check_group_configs(configs)
+    if not validate_only:
+        await _group_coordinator_call(view, r.resource_name, "alter_share_group_configs", configs, True)
+
+
+async def describe_group_configs(view: BrokerView, request: Any, group_id: str) -> list[dict]:
+    """DescribeConfigs of a GROUP resource: rayk's group configs (a share group's), each
+    with its value and source (GROUP_CONFIG where set, else DEFAULT_CONFIG), as Kafka
+    answers them for any group id."""
+    if not view.authorized(request, DESCRIBE_CONFIGS, GROUP, group_id):
+        raise GroupAuthorizationFailedError(f"{request.context.principal} may not describe group {group_id!r}'s configs")
+    explicit = await _group_coordinator_call(view, group_id, "share_group_configs")
+    return [{"name": name, "value": explicit.get(name, allowed[0]), "read_only": False,
+             "config_source": GROUP_CONFIG_SOURCE if name in explicit else DEFAULT_CONFIG_SOURCE,
+             "is_sensitive": False, "synonyms": []}
+            for name, allowed in sorted(GROUP_CONFIGS.items())]  # fmt: skip
+
+
+async def _group_coordinator_call(view: BrokerView, group_id: str, method: str, *args: Any) -> Any:
+    """`method` of the group's coordinator, wherever it is (a Kafka broker answers config
+    requests for any group: group configs are cluster metadata there, the coordinator's
+    state here). COORDINATOR_NOT_AVAILABLE while it moves."""
+    _, coordinator = await view.ask_controller("find_coordinator", group_id, timeout_ms=ALTER_TIMEOUT_MS)
+    try:
+        return await getattr(coordinator, method).remote(group_id, *args)
+    except RayActorError as e:
+        raise CoordinatorNotAvailableError(f"the coordinator of group {group_id!r} is restarting ({type(e).__name__})") from None
 
 
 def _alter_broker(view: BrokerView, request: Any, r: Any, plan: Any) -> None:
