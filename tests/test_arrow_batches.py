@@ -4,6 +4,9 @@ source columns, for any records, codec and offset range."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -74,3 +77,23 @@ def test_an_empty_answer_is_an_empty_table():
     table = records_table(b"", "t", 0, 0, 10)
     assert table.num_rows == 0 and table.schema == SCHEMA
     assert records_table(build_batch([SimpleRecord(b"a")])[:HEADER_SIZE_BYTES], "t", 0, 0, 10).num_rows == 0
+
+
+def test_decoding_and_filtering_columns_does_not_import_pandas():
+    """pa.array and Array.to_numpy import pandas (~0.3 s) the first time in a process: a
+    read task or a share consumer that used them paid that at its first batch, while a
+    share consumer holds its group's whole lock window and every other member waits."""
+    program = """
+import sys
+import numpy as np
+from rayk.client.arrow_batches import numpy_array, numpy_mask, numpy_view, records_batch
+from rayk.storage.records import SimpleRecord, build_batch
+batch = records_batch(build_batch([SimpleRecord(b"v%d" % i, key=b"k") for i in range(5)], base_offset=3), "t", 1, 4, 8)
+offsets = numpy_view(batch.column("offset"), np.int64)
+assert offsets.tolist() == [4, 5, 6, 7]
+kept = batch.filter(numpy_mask(offsets % 2 == 0)).append_column("n", numpy_array(__import__("pyarrow").int16(), np.ones(2, np.int16)))
+assert kept.column("offset").to_pylist() == [4, 6] and kept.column("n").to_pylist() == [1, 1]
+assert "pandas" not in sys.modules, "pandas was imported"
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

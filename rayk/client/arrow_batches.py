@@ -62,6 +62,28 @@ def _binary(kind: pa.DataType, count: int, valid: bytes | None, offsets: bytes, 
     return pa.Array.from_buffers(kind, count, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def numpy_array(kind: pa.DataType, values: np.ndarray) -> pa.Array:
+    """A fixed-width Arrow array over a numpy array of the same width, with no copy. Not
+    pa.array(values): on numpy input that imports pandas (~0.3 s) the first time in a
+    process, which every read task and share consumer would pay at its first batch."""
+    values = np.ascontiguousarray(values)
+    assert values.dtype.itemsize * 8 == kind.bit_width, (values.dtype, kind)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+def numpy_view(array: pa.Array, dtype: type) -> np.ndarray:
+    """A fixed-width Arrow array without nulls as numpy, with no copy. Not
+    array.to_numpy(), which imports pandas too."""
+    assert array.null_count == 0, "a column with nulls"
+    width = np.dtype(dtype).itemsize
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * width)
+
+
+def numpy_mask(keep: np.ndarray) -> pa.Array:
+    """A boolean Arrow array of a numpy bool array (bit-packed, as Arrow keeps booleans)."""
+    return pa.Array.from_buffers(pa.bool_(), len(keep), [None, pa.py_buffer(np.packbits(keep, bitorder="little"))])
+
+
 def _constant_string(value: str, count: int) -> pa.Array:
     encoded = value.encode()
     offsets = np.arange(count + 1, dtype=np.int32) * len(encoded)
@@ -88,10 +110,10 @@ def _record_batch(headers: list[BatchHeader], buffers: tuple[bytes, ...], topic:
         _binary(pa.binary(), n, key_valid, key_offsets, key_data),
         _binary(pa.binary(), n, value_valid, value_offsets, value_data),
         _constant_string(topic, n),
-        pa.array(np.full(n, partition, dtype=np.int32)),
+        numpy_array(pa.int32(), np.full(n, partition, dtype=np.int32)),
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
         pa.Array.from_buffers(SCHEMA.field("timestamp").type, n, [None, pa.py_buffer(timestamps)]),
-        pa.array(np.repeat(np.array([int(h.timestamp_type) for h in headers], dtype=np.int32), counts)),
+        numpy_array(pa.int32(), np.repeat(np.array([int(h.timestamp_type) for h in headers], dtype=np.int32), counts)),
         header_lists,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

@@ -244,6 +244,8 @@ class Fetcher:
         records at its position, up to `limit` records in all (None: every buffered
         record, one chunk per partition); the positions move past them. Keys and values
         are the stored bytes: the deserializers apply to `drain` only."""
+        from rayk.client.arrow_batches import numpy_view  # pyarrow: only for the columnar API
+
         out: dict[TopicPartition, Any] = {}
         taken = 0
         kept: deque[FetchedChunk] = deque()
@@ -258,7 +260,7 @@ class Fetcher:
                 kept.append(chunk)  # one RecordBatch per partition and poll: the next poll takes it
                 continue
             columns = chunk.columns()
-            first = int(np.searchsorted(columns.column(4).to_numpy(), position))
+            first = int(np.searchsorted(numpy_view(columns.column(4), np.int64), position))
             count = columns.num_rows - first if limit is None else min(columns.num_rows - first, limit - taken)
             taken_here = columns.slice(first, count)
             if count > 0:

@@ -370,18 +370,18 @@ class ShareConsumer:
         import numpy as np
         import pyarrow as pa
 
-        from rayk.client.arrow_batches import records_batch
+        from rayk.client.arrow_batches import numpy_array, numpy_mask, numpy_view, records_batch
 
         first, last = result.acquired[0][0], result.acquired[-1][1]
         batch = records_batch(result.records, tp[0], tp[1], first, last + 1)
-        offsets = batch.column("offset").to_numpy()
+        offsets = numpy_view(batch.column("offset"), np.int64)
         counts = np.zeros(len(offsets), dtype=np.int16)
         keep = np.zeros(len(offsets), dtype=bool)
         for a, b, n in result.acquired:
             inside = (offsets >= a) & (offsets <= b)
             keep |= inside
             counts[inside] = n
-        batch = batch.filter(pa.array(keep)).append_column("deliveryCount", pa.array(counts[keep], type=pa.int16()))
+        batch = batch.filter(numpy_mask(keep)).append_column("deliveryCount", numpy_array(pa.int16(), counts[keep]))
         if batch.num_rows < sum(b - a + 1 for a, b, _ in result.acquired):
             found = set(batch.column("offset").to_pylist())
             self._settle_gaps(tp, [o for a, b, _ in result.acquired for o in range(a, b + 1) if o not in found])
