@@ -27,8 +27,10 @@ resets the position. Not thread-safe: the consumer's thread owns it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,20 @@ from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 from rayk.storage.read_committed import committed_batches
 from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic GC waits while records are decoded. A fetch makes ~3 objects per record;
+    with many records alive, the collections those allocations trigger took 3/4 of the
+    consumer's time (0.22 vs 0.91 M rec/s decoded). None of them can form a cycle."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 class FetchedChunk:
@@ -174,16 +190,8 @@ class Fetcher:
         return min(times) if times else None
 
     def _decode(self, chunk: FetchedChunk) -> deque[ConsumerRecord]:
-        # A fetch makes ~3 objects per record; with many records alive, the cyclic GC that
-        # those allocations trigger took 3/4 of the consumer's time (0.22 vs 0.91 M rec/s
-        # decoded). None of them can form a cycle, so the collector waits until we are done.
-        paused = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return deque(self._decode_records(chunk))
-        finally:
-            if paused:
-                gc.enable()
 
     def _decode_records(self, chunk: FetchedChunk) -> list[ConsumerRecord]:
         out = []

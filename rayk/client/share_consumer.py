@@ -49,6 +49,7 @@ from rayk.actors.share_partition import AcknowledgeType
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
 from rayk.client.data_plane import DataPlaneSession
+from rayk.client.fetcher import gc_paused
 from rayk.client.serializers import as_is, deserializer
 from rayk.dataplane.frames import ShareFetchRequest, ShareFetchResult
 from rayk.errors import FencedMemberEpochError, KafkaError, NotLeaderOrFollowerError, UnknownMemberIdError
@@ -167,7 +168,8 @@ class ShareConsumer:
         """The records acquired for this member (at most max_poll_records per partition),
         waiting up to `timeout_ms` for some."""
         results = self._poll(timeout_ms)
-        return self._delivered(results, lambda: [r for tp, result in results for r in self._decode(tp, result)])
+        with gc_paused():
+            return self._delivered(results, lambda: [r for tp, result in results for r in self._decode(tp, result)])
 
     def poll_batch(self, timeout_ms: int = 0) -> dict[TopicPartition, Any]:
         """`poll` in columns: per partition one pyarrow RecordBatch of the acquired
