@@ -79,6 +79,7 @@ class BrokerConfig:
     # heartbeat, and is told to heartbeat this often.
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_max_size: int = 2**31 - 1  # members; one more is GROUP_MAX_SIZE_REACHED
     # KIP-932's share groups: member sessions as above; a record a member acquired comes back
     # after the lock duration, and is archived once delivered the count limit times; a
     # share-partition holds at most this many records in flight.
@@ -87,6 +88,7 @@ class BrokerConfig:
     group_share_record_lock_duration_ms: int = 30_000
     group_share_delivery_count_limit: int = 5
     group_share_partition_max_record_locks: int = 2_000
+    group_share_max_size: int = 200  # members, as Kafka's default
     # Committed offsets of a group without members expire this long after it became empty
     # (a standalone consumer's: after their commit), checked this often (KIP-211).
     offsets_retention_minutes: int = 10_080
@@ -216,6 +218,8 @@ class BrokerConfig:
             "metadata_log_max_record_bytes_between_snapshots",
             "group_share_delivery_count_limit",
             "group_share_partition_max_record_locks",
+            "group_share_max_size",
+            "group_consumer_max_size",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")

@@ -283,6 +283,12 @@ class GroupIdNotFoundError(KafkaError):
     code, name = 69, "GROUP_ID_NOT_FOUND"
 
 
+class GroupMaxSizeReachedError(KafkaError):
+    """A member would join a group that has group.consumer.max.size / group.share.max.size members."""
+
+    code, name = 81, "GROUP_MAX_SIZE_REACHED"
+
+
 class TransactionalIdAuthorizationFailedError(KafkaError):
     """The principal may not use the transactional id (WRITE, or DESCRIBE for lookups)."""
 

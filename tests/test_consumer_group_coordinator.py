@@ -22,6 +22,7 @@ from rayk.errors import (
     CoordinatorNotAvailableError,
     FencedMemberEpochError,
     GroupIdNotFoundError,
+    GroupMaxSizeReachedError,
     IllegalGenerationError,
     InconsistentGroupProtocolError,
     NonEmptyGroupError,
@@ -264,5 +265,24 @@ def test_a_consumer_protocol_member_upgrades_a_classic_group_whose_members_rejoi
         rejoins = await asyncio.gather(*(coordinator.join_group("g", m, "c", 10_000, 10_000, "consumer",
                                                                 [("range", encode_subscription(["t"]))]) for m in joined))  # fmt: skip
         assert {r.member_id for r in rejoins} == set(joined) and rejoins[0].generation > generation + 1
+
+    run(main())
+
+
+def test_a_member_past_group_consumer_max_size_is_refused_and_a_static_member_may_take_its_place_back():
+    async def main() -> None:
+        coordinator = GroupCoordinator(Partition().append, BrokerConfig(group_consumer_max_size=2,
+                                                                        group_consumer_session_timeout_ms=SESSION_MS))
+        await coordinator.consumer_heartbeat("g", join("a", instance_id="static-a"), COUNTS)
+        b = await coordinator.consumer_heartbeat("g", join("b"), COUNTS)
+        with pytest.raises(GroupMaxSizeReachedError):
+            await coordinator.consumer_heartbeat("g", join("c"), COUNTS)
+        # A static member coming back under a new member id takes its instance's place.
+        await coordinator.consumer_heartbeat("g", ConsumerHeartbeat("a", -2, instance_id="static-a"), COUNTS)
+        await coordinator.consumer_heartbeat("g", join("a2", instance_id="static-a"), COUNTS)
+        await coordinator.consumer_heartbeat("g", ConsumerHeartbeat("b", -1), COUNTS)  # b leaves: room for c
+        await coordinator.consumer_heartbeat("g", join("c"), COUNTS)
+        assert sorted(m["member_id"] for m in (await coordinator.describe_consumer_group("g"))["members"]) == ["a2", "c"]
+        assert b.member_epoch > 0
 
     run(main())

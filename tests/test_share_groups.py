@@ -38,6 +38,7 @@ from rayk.errors import (
     FencedMemberEpochError,
     FencedStateEpochError,
     GroupIdNotFoundError,
+    GroupMaxSizeReachedError,
     InvalidConfigurationError,
     InvalidRecordStateError,
     NonEmptyGroupError,
@@ -136,6 +137,19 @@ def test_members_are_dealt_the_partitions_and_a_leaver_or_a_silent_member_gives_
         await coordinator.delete_group("g")
         with pytest.raises(GroupIdNotFoundError):
             coordinator.describe_share_group("g")
+
+    run(main())
+
+
+def test_a_member_past_group_share_max_size_is_refused_until_one_leaves():
+    async def main() -> None:
+        coordinator = GroupCoordinator(Partition().append, BrokerConfig(group_share_max_size=2))
+        await member(coordinator, "a")
+        await member(coordinator, "b")
+        with pytest.raises(GroupMaxSizeReachedError):
+            await member(coordinator, "c")
+        await coordinator.share_heartbeat("g", "b", -1, partition_counts={"t": 1})
+        assert (await member(coordinator, "c")).member_epoch > 0
 
     run(main())
 

@@ -57,6 +57,7 @@ from rayk.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,
     GroupIdNotFoundError,
+    GroupMaxSizeReachedError,
     IllegalGenerationError,
     InconsistentGroupProtocolError,
     InvalidGroupIdError,
@@ -84,6 +85,13 @@ def encode_partitions(partitions: Iterable[TopicPartition]) -> bytes:
     for topic, partition in sorted(partitions):
         by_topic.setdefault(topic, []).append(partition)
     return encode_assignment(by_topic)
+
+
+def check_max_size(group: Any, trial: Any, max_size: int, setting: str) -> None:
+    """GROUP_MAX_SIZE_REACHED if the heartbeat applied to `trial` (a copy of `group`) added
+    a member past `max_size` (a static member taking its old place adds none)."""
+    if len(trial.members) > max(len(group.members), max_size):
+        raise GroupMaxSizeReachedError(f"group {group.group_id!r} has {len(group.members)} members, its {setting}")
 
 
 def monotonic_ms() -> int:
@@ -221,6 +229,7 @@ class ConsumerGroupHosting:
                 instance_id=heartbeat.instance_id, client_id=heartbeat.client_id, client_host=heartbeat.client_host,
                 rack_id=heartbeat.rack_id,
             )  # fmt: skip
+            check_max_size(group, trial, self.config.group_consumer_max_size, "group.consumer.max.size")
             downgraded = self._downgraded(trial) if heartbeat.member_epoch == LEAVE_EPOCH else None
             after = trial.snapshot()
             if downgraded is not None:

@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from rayk.actors.consumer_group_hosting import check_max_size
 from rayk.actors.group_records import (
     ShareGroupRecord,
     ShareStateRecord,
@@ -151,6 +152,7 @@ class ShareGroupHosting:
             answer = trial.heartbeat(member_id, member_epoch, monotonic_ms(), partition_counts,
                                      None if subscribed_topics is None else list(subscribed_topics),
                                      client_id, client_host, rack_id)  # fmt: skip
+            check_max_size(group, trial, self.config.group_share_max_size, "group.share.max.size")
             after = trial.snapshot()
             if after != before:
                 await self._write_group_records(group_id, [(share_group_key(group_id), share_group_value(after))])
