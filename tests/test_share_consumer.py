@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from rayk.net.api_versions import (
 from rayk.net.config_apis import DEFAULT_CONFIG_SOURCE, DELETE, GROUP_CONFIG_SOURCE, GROUP_RESOURCE, SET
 from tests.cluster_helpers import pid_of, shared_local_ray, wait_until
 from rayk.work_queue import WorkQueue
+from rayk.net.entities import kafka_uuid
 from tests.protocol_helpers import RawConnection
 
 LOCK_MS = 2_000
@@ -206,8 +208,47 @@ def coordinator_address(cluster, group: str) -> str:
     """The listener of the broker that coordinates `group`."""
     partition, _ = ray.get(cluster.controller.find_coordinator.remote(group))
     leader = next(p.leader for p in cluster.describe_topic("__consumer_offsets") if p.partition == partition)
-    broker = next(b for b in cluster.brokers() if b["broker_id"] == leader)
+    return broker_address(cluster, leader)
+
+
+def broker_address(cluster, broker_id: int) -> str:
+    broker = next(b for b in cluster.brokers() if b["broker_id"] == broker_id)
     return "%s:%d" % tuple(broker["endpoints"]["PLAINTEXT"])
+
+
+def test_a_share_fetch_of_several_idle_partitions_is_answered_when_one_has_records_not_at_its_max_wait(cluster):
+    """Kafka completes a ShareFetch as soon as any of its partitions can acquire records:
+    a member waiting on two partitions of one broker gets a record produced to one of them
+    at once, not when the other's wait (10 s here) ends."""
+    n = next(_names)
+    topic, group = f"share-idle{n}", f"idle{n}"
+    cluster.create_topic(topic, num_partitions=6, replication_factor=1)  # two led by each broker
+    leaders = {p.partition: p.leader for p in cluster.describe_topic(topic)}
+    broker = leaders[0]
+    pair = sorted(p for p, leader in leaders.items() if leader == broker)[:2]
+    assert len(pair) == 2, leaders
+    topic_id = kafka_uuid(ray.get(cluster.controller.client_metadata.remote([topic]))["topics"][topic]["topic_id"])
+    cluster.admin().alter_share_group_config(group, {"share.auto.offset.reset": "earliest"})  # (makes the group)
+    connection, producer = RawConnection(broker_address(cluster, broker)), cluster.producer()
+    fetch = {"group_id": group, "member_id": "m", "min_bytes": 1, "max_records": 10, "batch_size": 10,
+             "forgotten_topics_data": []}  # fmt: skip
+    try:
+        opened = connection.call(SHARE_FETCH, 1, {**fetch, "share_session_epoch": 0, "max_wait": 0, "topics": [
+            {"topic_id": topic_id, "partitions": [{"partition_index": p, "acknowledgement_batches": []} for p in pair]}]})
+        assert opened.error_code == 0
+        timer = threading.Timer(0.5, lambda: producer.send(topic, b"now", partition=pair[1]).result(30))
+        timer.start()
+        started = time.monotonic()
+        answer = connection.call(SHARE_FETCH, 1, {**fetch, "share_session_epoch": 1, "max_wait": 10_000, "topics": []})
+        waited_s = time.monotonic() - started
+        timer.join()
+        got = [(p.partition_index, [(a.first_offset, a.last_offset) for a in p.acquired_records])
+               for t in answer.responses for p in t.partitions if p.acquired_records]  # fmt: skip
+        assert got == [(pair[1], [(0, 0)])], (waited_s, answer)
+        assert waited_s < 5, f"answered after {waited_s:.1f} s: at the other partition's max wait"
+    finally:
+        connection.close()
+        producer.close()
 
 
 def test_share_sessions_share_group_describe_and_the_groups_offsets_and_configs_on_the_wire(cluster):

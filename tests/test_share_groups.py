@@ -222,6 +222,29 @@ def test_a_fetch_waits_for_records_and_unacknowledged_ones_come_back_after_the_l
     run(main())
 
 
+def test_a_probe_acquires_nothing_and_is_answered_once_records_could_be_acquired(tmp_path):
+    async def main() -> None:
+        log = Log(tmp_path / "t-0")
+        coordinator = Partition().coordinator()
+        await member(coordinator, "a")
+        shares = leader(log, coordinator, lock_duration_ms=200)
+        probe = asyncio.ensure_future(shares.share_fetch("g", "a", 0, 5_000))
+        await asyncio.sleep(0.05)
+        assert not probe.done()
+        write(log, "x")
+        shares.wake()
+        answer = await asyncio.wait_for(probe, 1)
+        assert (answer.records, answer.acquired, answer.error) == (b"", (), None)
+        assert offsets_of(await shares.share_fetch("g", "a", 10, 0)) == [0]  # nothing was acquired by the probe
+        probe = asyncio.ensure_future(shares.share_fetch("g", "b", 0, 5_000))
+        await asyncio.sleep(0.05)
+        assert not probe.done()  # "a" holds the only record
+        await asyncio.wait_for(probe, 1)  # until its lock expires: then "b" could acquire it
+        assert offsets_of(await shares.share_fetch("g", "b", 10, 0)) == [0]
+
+    run(main())
+
+
 def test_a_poison_record_is_archived_at_the_delivery_limit(tmp_path):
     async def main() -> None:
         log = Log(tmp_path / "t-0")

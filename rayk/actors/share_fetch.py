@@ -10,7 +10,8 @@ start for "earliest"), and that start is written before any record is handed out
 later leader starts from the same offset.
 
 `share_fetch` first applies the member's acknowledgements (and starts writing them), then
-acquires records for it: available ones first (redeliveries), then new ones below the
+acquires records for it (`max_records` 0: none; with a wait, it is a probe, answered as soon
+as records could be acquired, for a listener waiting on several partitions at once): available ones first (redeliveries), then new ones below the
 high watermark, whole log batches at a time while fewer than `max_records` were acquired
 (the last batch cut there), as Kafka aligns acquisitions to batches: a batch acquired
 whole is answered whole, with no record the member must skip. A control batch, or a gap
@@ -141,9 +142,13 @@ class SharePartitions:
             while True:
                 hosted = await self._hosted_for(group_id)  # (a failed write dropped it)
                 event = hosted.waiters
-                acquired = self._acquire(hosted, member_id, max_records)
+                if max_records > 0:
+                    acquired = self._acquire(hosted, member_id, max_records)
+                    ready = bool(acquired)
+                else:  # acknowledgements only (no wait), or a probe: wait for records to acquire
+                    acquired, ready = [], max_wait_ms <= 0 or self._acquirable(hosted)
                 remaining_s = deadline - time.monotonic()
-                if acquired or remaining_s <= 0 or max_records <= 0:
+                if ready or remaining_s <= 0:
                     break
                 hosted.waiting += 1
                 try:
@@ -312,6 +317,14 @@ class SharePartitions:
             if not progressed:
                 break
         return acquired
+
+    def _acquirable(self, hosted: _Hosted) -> bool:
+        """Whether a fetch would acquire records now (expired locks applied, as `_acquire` does)."""
+        partition = hosted.partition
+        partition.move_start(self._log.log_start_offset)
+        if partition.expire_locks(_now_ms()):
+            hosted.changes += 1
+        return partition.acquirable(self._log.high_watermark)
 
     def _batches_of(self, acquired: list[AcquiredRange]) -> bytes:
         """The log's whole batches that hold the acquired offsets, in offset order."""

@@ -320,6 +320,14 @@ class SharePartition:
         return {o: InFlightRecord(r.state, r.delivery_count, r.member_id, r.lock_deadline_ms)
                 for r in self.runs for o in range(r.first, r.last + 1)}  # fmt: skip
 
+    def acquirable(self, log_end_offset: int) -> bool:
+        """Whether `acquire` would find records below `log_end_offset`: an available one in
+        flight, or new ones inside the window (which may turn out to be only control
+        batches or gaps, passed over when acquired)."""
+        if any(r.state is RecordState.AVAILABLE and r.first < log_end_offset for r in self.runs):
+            return True
+        return self.end_offset < min(log_end_offset, self.start_offset + self.max_in_flight)
+
     def held_by(self, member_id: str) -> int:
         """How many records `member_id` holds now."""
         return sum(r.last - r.first + 1 for r in self.runs if r.state is RecordState.ACQUIRED and r.member_id == member_id)

@@ -29,7 +29,8 @@ PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
            log_start_offset:i64 error_size:u16 | error
 SHARE_FETCH (a share group member's ShareFetch of the partition, KIP-932, PartitionReplica.share_fetch;
-  with max_records 0 it only acknowledges, as ShareAcknowledge does):
+  with max_records 0 it acquires nothing: it only acknowledges, as ShareAcknowledge does, or
+  with a max_wait_ms it is a probe, answered once records could be acquired or at the wait's end):
   request  max_records:i32 max_wait_ms:i32 group_size:u16 member_size:u16 ack_count:i32
            | group id | member id | ack_count x (first_offset:i64 last_offset:i64 type:i8)
   answer   acquired_count:i32 acknowledge_error_size:u16 error_size:u16 | acknowledge error
@@ -125,7 +126,7 @@ class ProduceResult:
 class ShareFetchRequest:
     """A share group member's fetch of one partition: its acknowledgements
     ((first offset, last offset, AcknowledgeType) ranges) are applied first; `max_records`
-    0 only acknowledges."""
+    0 acquires nothing (with `max_wait_ms`, a probe: answered once records could be)."""
 
     group_id: str
     member_id: str

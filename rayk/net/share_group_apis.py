@@ -7,8 +7,9 @@ ShareFetch: the request's epoch opens, continues or closes the member's share se
 this broker; a session that ends releases what its member holds on its partitions. The
 acknowledgements a request carries are applied per partition first (their errors in
 `acknowledge_error_code`), then every partition of the session is fetched: at once, and
-if nothing was acquired anywhere, once more waiting up to `max_wait` (a single partition
-waits at its leader in one call). Each partition answers its whole batches and the ranges
+if nothing was acquired anywhere, again as soon as one of them has records to acquire,
+within `max_wait` (a single partition waits at its leader in one call; several are
+probed, each probe answered by its leader once records could be acquired there). Each partition answers its whole batches and the ranges
 acquired in them; the client keeps those records. An acknowledgement batch gives one type
 for its whole range or one per offset; GAP (0), an offset without a record, settles like
 ACCEPT. With an authorizer: READ on the group, and READ on each topic fetched or
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from rayk.acls import DESCRIBE, GROUP, READ, TOPIC
@@ -247,9 +250,15 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
 
     first_wait = max_wait_ms if len(wanted) == 1 else 0
     results = list(await asyncio.gather(*(one(tp, first_wait, acks.get(tp, [])) for tp in wanted)))
-    if session is not None and len(wanted) > 1 and max_wait_ms > 0 and not any(r.acquired or r.error for r in results):
-        waited = await asyncio.gather(*(one(tp, max_wait_ms, []) for tp in wanted))
-        results = [_merged(r, w) for r, w in zip(results, waited)]
+    deadline = time.monotonic() + max_wait_ms / 1000
+    while session is not None and len(wanted) > 1 and not any(r.acquired or r.error for r in results):
+        # Nothing anywhere: wait for the first partition with records to acquire (probes,
+        # which acquire nothing, so those not needed are left to end at their leaders), then
+        # acquire from every partition again.
+        if not await _first_acquirable(view, body.group_id, body.member_id, session.partitions, deadline):
+            break
+        again = await asyncio.gather(*(one(tp, 0, []) for tp in wanted))
+        results = [_merged(r, w) for r, w in zip(results, again)]
     if session is None:  # closed: what it still holds goes back, once its acknowledgements are applied
         await _release(view, own)
     responses: dict[uuid.UUID, list[dict]] = {}
@@ -264,6 +273,31 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             _partition_answer(partition, ShareFetchResult(acknowledge_error=error if acked else None, error=error)))
     return {"error_code": 0, "responses": [{"topic_id": t, "partitions": ps} for t, ps in responses.items()],
             "node_endpoints": [], **lock_ms}  # fmt: skip
+
+
+async def _first_acquirable(view: BrokerView, group_id: str, member_id: str, partitions: Iterable[Partition],
+                            deadline: float) -> bool:  # fmt: skip
+    """Waits, until `deadline` (time.monotonic), for one of the partitions to have records
+    the member could acquire; False if none had by then."""
+    remaining_ms = int((deadline - time.monotonic()) * 1000)
+    if remaining_ms <= 0:
+        return False
+    probes = [asyncio.ensure_future(view.share_fetch(*tp, ShareFetchRequest(group_id, member_id, 0, remaining_ms)))
+              for tp in partitions]  # fmt: skip
+    try:
+        for probe in asyncio.as_completed(probes, timeout=remaining_ms / 1000):
+            try:
+                answer = await probe
+            except KafkaError:  # (that partition's fetch reports it)
+                return True
+            if answer.error is not None or time.monotonic() < deadline:
+                return True
+    except TimeoutError:
+        pass
+    finally:
+        for probe in probes:
+            probe.cancel()  # abandoned: its leader ends it at its wait's end
+    return False
 
 
 def _merged(first: ShareFetchResult, waited: ShareFetchResult) -> ShareFetchResult:
