@@ -52,6 +52,7 @@ bench: bytecode
 	$(PY) benchmarks/java_client_bench.py
 	$(PY) benchmarks/transactions_bench.py
 	$(PY) benchmarks/metadata_bench.py
+	$(PY) benchmarks/share_group_bench.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -206,9 +206,14 @@ def test_a_regex_subscribes_to_the_topics_it_matches_those_created_later_too_but
     both = group.heartbeat("a", grown.member_epoch, 2, {**counts, "orders-asia": 1}, subscribed_topics=["payments"],
                            owned=grown.assignment)
     assert ("payments", 0) in both.assignment and ("orders-us", 0) in both.assignment, "names and regex together"
-    with pytest.raises(InvalidRegularExpressionError):
-        group.heartbeat("a", both.member_epoch, 3, counts, subscribed_regex="orders-(")
+    for refused in ("orders-(", "orders-(?!us).*", r"(orders)-\1"):  # RE2, as Kafka's RE2/J: no lookaround, no backreference
+        with pytest.raises(InvalidRegularExpressionError):
+            group.heartbeat("a", both.member_epoch, 3, counts, subscribed_regex=refused)
     assert group.members["a"].subscribed_regex == "orders-.*|__.*", "a refused regex changes nothing"
+    group.heartbeat("a", both.member_epoch, 4, {**counts, "orders-asia": 1}, subscribed_regex=r"orders-\p{L}{2}",
+                    owned=both.assignment)  # (a Unicode class: RE2's, not Python's re)
+    assert group.members["a"].subscribed_regex == r"orders-\p{L}{2}"
+    assert group.subscribed_topics() == {"orders-eu", "orders-us", "payments"}, "two letters: not orders-asia"
 
 
 def test_a_classic_static_member_that_restarts_takes_its_place_and_consumer_heartbeats_cannot_name_it():
