@@ -1524,3 +1524,39 @@ def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_lea
     stored = [r.value for r in kafka_python_read(cluster.bootstrap_servers, topic, len(acked), partitions=1)]
     assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged records lost"
     assert len(stored) == len(set(stored)), "idempotence: no record written twice"
+
+
+def test_a_static_rayk_consumer_that_closes_is_replaced_by_one_with_its_instance_id_and_nothing_else_moves(cluster):
+    """rayk's Consumer with group_instance_id (KIP-848): closing leaves with epoch -2, so its
+    partitions wait for it instead of going to the other member; a consumer made with the
+    same instance id (a restarted Ray actor, say) gets them back, and the other member's
+    partitions never move."""
+    topic = new_topic(cluster, partitions=4, replication_factor=1)
+    group_id = f"static848-{topic}"
+    with pytest.raises(ValueError, match="group_protocol='consumer'"):
+        cluster.consumer(topic, group_id=group_id, group_instance_id="a")  # the classic protocol: not offered
+    settings = {"group_id": group_id, "group_protocol": "consumer", "auto_offset_reset": "earliest"}
+    static = cluster.consumer(topic, group_instance_id="worker-a", **settings)
+    other = cluster.consumer(topic, **settings)
+    replacement = None
+
+    def split(*consumers) -> list[set[int]]:
+        for c in consumers:
+            c.poll(timeout_ms=50)
+        return [{tp.partition for tp in c.assignment()} for c in consumers]
+
+    try:
+        wait_until(lambda: [len(s) for s in split(static, other)] == [2, 2], 30, "the split")
+        held, others = split(static, other)
+        static.close()
+        ends = time.monotonic() + 3 * HEARTBEAT_INTERVAL_MS / 1000
+        while time.monotonic() < ends:  # heartbeats go on: nothing moves to the other member
+            assert split(other) == [others]
+        members = cluster.admin().describe_consumer_groups([group_id])[group_id].members
+        assert len(members) == 2, "the static member keeps its place"
+        replacement = cluster.consumer(topic, group_instance_id="worker-a", **settings)
+        wait_until(lambda: split(replacement, other) == [held, others], 30, "the replacement to take its partitions")
+    finally:
+        for c in (static, other, replacement):
+            if c is not None:
+                c.close()

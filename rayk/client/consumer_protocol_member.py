@@ -16,7 +16,10 @@ the member owns, and its answer carries the member's epoch and assignment. The c
   previous owner released it).
 Partitions that stay assigned are never paused: there is no stop-the-world rebalance.
 
-The member id is made here (KIP-1082) and kept for the consumer's life. A heartbeat
+The member id is made here (KIP-1082) and kept for the consumer's life. A static member
+(`instance_id`, Kafka's group.instance.id) leaves with epoch -2: its partitions wait for
+its session timeout, and a consumer started with the same instance id (a restarted Ray
+actor, say) takes them over, in the same epoch, with no other member moving. A heartbeat
 answered FENCED_MEMBER_EPOCH or UNKNOWN_MEMBER_ID means the coordinator removed the
 member: its partitions are lost (dropped at the next poll without a commit) and it joins
 again with epoch 0. A commit or an offset fetch answered STALE_MEMBER_EPOCH (a heartbeat
@@ -39,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rayk.actors.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, ConsumerHeartbeat
+from rayk.actors.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerHeartbeat
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
 from rayk.errors import FencedMemberEpochError, KafkaError, KafkaTimeoutError, StaleMemberEpochError, UnknownMemberIdError
@@ -62,10 +65,12 @@ class ConsumerProtocolMember:
         assignor: str | None = None,
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
+        instance_id: str | None = None,
     ) -> None:
         """`on_revoke(partitions, lost)` stops consuming `partitions` and returns the
-        offsets to commit for them (None: nothing to commit)."""
-        self.group_id, self.client_id = group_id, client_id
+        offsets to commit for them (None: nothing to commit). `instance_id`: a static
+        member's (group.instance.id)."""
+        self.group_id, self.client_id, self.instance_id = group_id, client_id, instance_id
         self.member_id = str(uuid.uuid4())
         self._rebalance_timeout_ms = rebalance_timeout_ms
         self._assignor = assignor
@@ -242,6 +247,7 @@ class ConsumerProtocolMember:
         heartbeat = ConsumerHeartbeat(
             self.member_id, epoch, subscribed_topics=subscription, owned=() if joining else tuple(sorted(owned)),
             assignor=self._assignor, rebalance_timeout_ms=self._rebalance_timeout_ms, client_id=self.client_id,
+            instance_id=self.instance_id,
         )  # fmt: skip
         try:
             answer = self._coordinator.call("consumer_heartbeat", self.group_id, heartbeat, None,
@@ -356,8 +362,9 @@ class ConsumerProtocolMember:
     # ------------------------------------------------------------------ leaving
 
     def _send_leave(self, timeout_ms: int) -> None:
-        """Leaves with epoch -1; also when a join may be in flight (its answer is then
-        dropped, and the leave removes the member it made)."""
+        """Leaves with epoch -1 (a static member with -2: it keeps its partitions until its
+        session ends, for a process with its instance id to take them over); also when a
+        join may be in flight (its answer is then dropped, and the leave ends the member it made)."""
         with self._lock:
             epoch, joined = self.member_epoch, self._join_sent
             self.member_epoch, self._sent_topics, self._join_sent = JOIN_EPOCH, None, False
@@ -366,8 +373,9 @@ class ConsumerProtocolMember:
         if epoch == JOIN_EPOCH and not joined:
             return
         try:
-            self._coordinator.call("consumer_heartbeat", self.group_id, ConsumerHeartbeat(self.member_id, LEAVE_EPOCH),
-                                   None, timeout_ms=timeout_ms)  # fmt: skip
+            leave = ConsumerHeartbeat(self.member_id, LEAVE_EPOCH if self.instance_id is None else STATIC_LEAVE_EPOCH,
+                                      instance_id=self.instance_id)  # fmt: skip
+            self._coordinator.call("consumer_heartbeat", self.group_id, leave, None, timeout_ms=timeout_ms)
         except KafkaError as e:
             logger.info("group %s: leave: %s", self.group_id, e)
 
