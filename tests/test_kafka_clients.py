@@ -29,7 +29,7 @@ from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig
-from rayk.errors import InvalidTopicError, UnknownTopicOrPartitionError
+from rayk.errors import FencedInstanceIdError, InvalidTopicError, UnknownTopicOrPartitionError, UnreleasedInstanceIdError
 from rayk.internal_topics import OFFSETS_TOPIC, coordinator_partition
 from rayk.net.api_versions import (
     ADD_PARTITIONS_TO_TXN,
@@ -1526,16 +1526,16 @@ def test_confluent_idempotent_producer_loses_no_acknowledged_record_across_a_lea
     assert len(stored) == len(set(stored)), "idempotence: no record written twice"
 
 
-def test_a_static_rayk_consumer_that_closes_is_replaced_by_one_with_its_instance_id_and_nothing_else_moves(cluster):
-    """rayk's Consumer with group_instance_id (KIP-848): closing leaves with epoch -2, so its
-    partitions wait for it instead of going to the other member; a consumer made with the
-    same instance id (a restarted Ray actor, say) gets them back, and the other member's
-    partitions never move."""
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+def test_a_static_rayk_consumer_that_closes_is_replaced_by_one_with_its_instance_id_and_nothing_else_moves(
+        cluster, protocol):  # fmt: skip
+    """rayk's Consumer with group_instance_id: closing leaves its partitions waiting for it
+    (KIP-848: epoch -2; classic: no LeaveGroup) instead of going to the other member; a
+    consumer made with the same instance id (a restarted Ray actor, say) gets them back,
+    and the other member's partitions never move."""
     topic = new_topic(cluster, partitions=4, replication_factor=1)
-    group_id = f"static848-{topic}"
-    with pytest.raises(ValueError, match="group_protocol='consumer'"):
-        cluster.consumer(topic, group_id=group_id, group_instance_id="a")  # the classic protocol: not offered
-    settings = {"group_id": group_id, "group_protocol": "consumer", "auto_offset_reset": "earliest"}
+    group_id = f"static-{protocol}-{topic}"
+    settings = {"group_id": group_id, "group_protocol": protocol, "auto_offset_reset": "earliest"}
     static = cluster.consumer(topic, group_instance_id="worker-a", **settings)
     other = cluster.consumer(topic, **settings)
     replacement = None
@@ -1558,5 +1558,28 @@ def test_a_static_rayk_consumer_that_closes_is_replaced_by_one_with_its_instance
         wait_until(lambda: split(replacement, other) == [held, others], 30, "the replacement to take its partitions")
     finally:
         for c in (static, other, replacement):
+            if c is not None:
+                c.close()
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+def test_two_live_rayk_consumers_with_one_instance_id_end_with_one_of_them_refused(cluster, protocol):
+    """Kafka's rules for an instance id in use: the classic protocol lets the newcomer take
+    it and fences the old member (FencedInstanceIdError at its next poll); KIP-848 refuses
+    the newcomer while the holder lives (UnreleasedInstanceIdError)."""
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
+    settings = {"group_id": f"dup-{protocol}-{topic}", "group_protocol": protocol, "group_instance_id": "same"}
+    first, second = cluster.consumer(topic, **settings), None
+    try:
+        wait_until(lambda: first.poll(timeout_ms=50) or first.assignment(), 30, "the first to join")
+        second = cluster.consumer(topic, **settings)
+        refused, expected = (first, FencedInstanceIdError) if protocol == "classic" else (second, UnreleasedInstanceIdError)
+        deadline = time.monotonic() + 30
+        with pytest.raises(expected):
+            while time.monotonic() < deadline:
+                for c in (second, first):
+                    c.poll(timeout_ms=50)
+    finally:
+        for c in (first, second):
             if c is not None:
                 c.close()

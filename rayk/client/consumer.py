@@ -83,11 +83,11 @@ class Consumer:
       those that change owner are revoked), and the session and heartbeat times are the
       brokers' (`session_timeout_ms`, `heartbeat_interval_ms` and
       `partition_assignment_strategy` are the classic protocol's).
-    - `group_instance_id` (None): with group_protocol "consumer", a static member (Kafka's
-      group.instance.id): `close` leaves its partitions assigned until the group's session
-      timeout, and a consumer made with the same instance id, in this process or another
-      (a Ray actor restarted), takes them back with no rebalance of the others. The
-      classic protocol's static membership is not offered here yet (ValueError).
+    - `group_instance_id` (None): a static member (Kafka's group.instance.id), with either
+      protocol: `close` leaves its partitions assigned until its session times out, and a
+      consumer made with the same instance id, in this process or another (a Ray actor
+      that Ray restarted), takes them back with no rebalance of the others. A consumer
+      whose instance id another took is fenced: `poll` raises FencedInstanceIdError.
     - `key_deserializer`, `value_deserializer` (None: bytes): "msgpack", "str", "bytes"
       or a callable.
     - `consumer_timeout_ms` (infinite): iteration stops after this long without a record.
@@ -161,9 +161,8 @@ class Consumer:
         self._consumer_timeout_s = consumer_timeout_ms / 1000
         if group_protocol not in ("classic", "consumer"):
             raise ValueError(f"group_protocol must be 'classic' or 'consumer', got {group_protocol!r}")
-        if group_instance_id is not None and (group_protocol != "consumer" or group_id is None or not group_instance_id):
-            raise ValueError("group_instance_id (static membership) needs a group_id and group_protocol='consumer', "
-                             "and may not be empty")  # fmt: skip
+        if group_instance_id is not None and (group_id is None or not group_instance_id):
+            raise ValueError("group_instance_id (static membership) needs a group_id, and may not be empty")
         self._group: GroupMember | ConsumerProtocolMember | None = None
         if group_id is not None and group_protocol == "consumer":
             self._group = ConsumerProtocolMember(cluster.controller, group_id, client_id, max_poll_interval_ms,
@@ -182,6 +181,7 @@ class Consumer:
                 self._revoke,
                 request_timeout_ms,
                 retry_backoff_ms,
+                group_instance_id,
             )
         self._subscription: list[str] = []
         self._assignment: list[TopicPartition] = []

@@ -25,6 +25,12 @@ If the application does not poll for `max_poll_interval_ms` (the rebalance timeo
 member leaves the group, as a Java consumer does, so its partitions go to members that
 make progress.
 
+A static member (`instance_id`, KIP-345) sends its instance id with every call and never
+LeaveGroup: closed, its partitions wait for its session timeout, and a consumer joining
+with the same instance id takes its place and its assignment with no rebalance. If
+another consumer takes the instance id while this one lives, the coordinator answers
+FENCED_INSTANCE_ID, which the next `poll` raises (for good, as Kafka's consumer does).
+
 Coordinator moves (NOT_COORDINATOR, a dead or silent coordinator actor) lead to looking
 it up again (coordinator_link.CoordinatorLink). Thread-safe: `poll` runs in the consumer's thread, the
 heartbeats in their own; the state they share is under `_lock`.
@@ -45,6 +51,7 @@ from rayk.client.consumer_protocol import decode_assignment, decode_subscription
 from rayk.client.coordinator_link import DEFAULT_TIMEOUT_MS, CoordinatorLink
 from rayk.errors import (
     CoordinatorLoadInProgressError,
+    FencedInstanceIdError,
     IllegalGenerationError,
     KafkaError,
     NotCoordinatorError,
@@ -84,10 +91,12 @@ class GroupMember:
         on_revoke: Callable[[bool], dict[tuple[str, int], tuple[int, str]] | None],
         request_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retry_backoff_ms: int = calls.RETRY_BACKOFF_MS,
+        instance_id: str | None = None,
     ) -> None:
         """`partition_counts(topics)` answers without blocking (None while unknown);
         `on_revoke(lost)` drops the consumer's assignment and returns the offsets to
-        commit first (None: nothing to commit)."""
+        commit first (None: nothing to commit); `instance_id` makes a static member
+        (KIP-345's group.instance.id)."""
         unknown = [a for a in assignors if a not in ASSIGNORS]
         if unknown or not assignors:
             raise ValueError(f"unknown partition_assignment_strategy {unknown}: use {sorted(ASSIGNORS)}")
@@ -95,7 +104,7 @@ class GroupMember:
             raise ValueError(
                 f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be > 0 and below session_timeout_ms ({session_timeout_ms})"
             )
-        self.group_id, self.client_id = group_id, client_id
+        self.group_id, self.client_id, self.instance_id = group_id, client_id, instance_id
         self._session_timeout_ms = session_timeout_ms
         self._rebalance_timeout_ms = rebalance_timeout_ms
         self._heartbeat_interval_s = heartbeat_interval_ms / 1000
@@ -112,6 +121,7 @@ class GroupMember:
         self._phase = Phase.UNJOINED
         self._rejoin_requested = False
         self._evicted = False
+        self._fenced: FencedInstanceIdError | None = None  # another consumer took the instance id: poll raises it
         self._last_answer_s = time.monotonic()  # the coordinator's last answer to this member
         self._last_poll_s = time.monotonic()
         # The poll thread's own:
@@ -142,6 +152,8 @@ class GroupMember:
         Raises the typed error of a JoinGroup the coordinator refused for good."""
         with self._lock:
             self._last_poll_s = now
+            if self._fenced is not None:
+                raise self._fenced
         self._coordinator.collect(ready, now)
         self._collect_auto_commit(ready, now)
         assignment = self._collect_call(ready, now)
@@ -171,7 +183,7 @@ class GroupMember:
         if handle is None:
             logger.warning("group %s: coordinator unknown; revoked partitions' offsets not committed", self.group_id)
             return
-        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets)
+        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets, self.instance_id)
         self._call = calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetCommit before rejoining")
         self._phase = Phase.COMMITTING
 
@@ -198,6 +210,7 @@ class GroupMember:
             self._rebalance_timeout_ms,
             PROTOCOL_TYPE,
             [(name, subscription) for name in self._assignors],
+            self.instance_id,
         )
         self._call = calls.Pending(ref, now + (self._rebalance_timeout_ms + JOIN_TIMEOUT_GRACE_MS) / 1000, "JoinGroup")
         self._joined_topics, self._assigned_counts = list(topics), None
@@ -220,7 +233,7 @@ class GroupMember:
         if handle is None:
             self._join_failed(NotCoordinatorError("the coordinator moved during the rebalance"), now)
             return
-        ref = handle.sync_group.remote(self.group_id, self.generation, self.member_id, assignments)
+        ref = handle.sync_group.remote(self.group_id, self.generation, self.member_id, assignments, self.instance_id)
         self._call = calls.Pending(ref, now + (self._rebalance_timeout_ms + JOIN_TIMEOUT_GRACE_MS) / 1000, "SyncGroup")
         with self._lock:
             self._phase = Phase.SYNCING
@@ -303,7 +316,8 @@ class GroupMember:
         with self._lock:
             generation, member_id = self.generation, self.member_id
         try:
-            self._coordinator.call("commit_offsets", self.group_id, generation, member_id, offsets, timeout_ms=timeout_ms)
+            self._coordinator.call("commit_offsets", self.group_id, generation, member_id, offsets, self.instance_id,
+                                   timeout_ms=timeout_ms)  # fmt: skip
         except KafkaError as e:
             self._commit_failed(e, generation, member_id)
             raise
@@ -316,7 +330,7 @@ class GroupMember:
         handle = self._coordinator.handle_nowait(now)
         if handle is None:
             return False
-        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets)
+        ref = handle.commit_offsets.remote(self.group_id, self.generation, self.member_id, offsets, self.instance_id)
         self._auto_commit = calls.Pending(ref, now + self._request_timeout_ms / 1000, "OffsetCommit")
         self._auto_commit_by = (self.generation, self.member_id)
         return True
@@ -384,7 +398,8 @@ class GroupMember:
     def _heartbeat(self, member_id: str, generation: int) -> None:
         timeout_ms = min(self._request_timeout_ms, self._session_timeout_ms)
         try:
-            self._coordinator.call("heartbeat", self.group_id, generation, member_id, timeout_ms=timeout_ms)
+            self._coordinator.call("heartbeat", self.group_id, generation, member_id, self.instance_id,
+                                   timeout_ms=timeout_ms)  # fmt: skip
             error = None
         except KafkaError as e:
             error = e
@@ -401,6 +416,8 @@ class GroupMember:
                 self._evicted = True
                 if isinstance(error, UnknownMemberIdError):
                     self.member_id, self.generation = "", -1
+            elif isinstance(error, FencedInstanceIdError):  # another process has this instance id now
+                self._fenced = error
             elif isinstance(error, CoordinatorLoadInProgressError):
                 self._last_answer_s = time.monotonic()
             elif error is not None:  # keep beating; the session check in poll catches a lasting silence
@@ -416,7 +433,9 @@ class GroupMember:
 
     def leave(self, timeout_ms: int | None = None) -> None:
         """Leaves the group (LeaveGroup), so the others rebalance without waiting for this
-        member's session to time out (within `timeout_ms`, default request_timeout_ms)."""
+        member's session to time out (within `timeout_ms`, default request_timeout_ms). A
+        static member sends none, as Kafka's consumers do: its partitions wait for its
+        session to end, for a consumer with its instance id to take them back."""
         with self._lock:
             member_id = self.member_id
             self.member_id, self.generation, self._phase = "", -1, Phase.UNJOINED
@@ -425,7 +444,7 @@ class GroupMember:
                 calls.cancel(call.ref)
         self._call = self._auto_commit = None
         self._joined = None
-        if member_id:
+        if member_id and self.instance_id is None:
             self._leave_quietly(member_id, timeout_ms)
 
     def close(self, timeout_ms: int | None = None) -> None:
