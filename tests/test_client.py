@@ -44,8 +44,11 @@ CONFIG = {
     "group.min.session.timeout.ms": 1000,
     "num.partitions": 2,
     "default.replication.factor": 3,
-    # Small offsets segments and an eager cleaner, so that __consumer_offsets gets compacted.
+    # Small offsets segments and an eager cleaner, so that __consumer_offsets gets compacted;
+    # Kafka's layout of several coordinator partitions, so that the compaction test's group
+    # shares its partition with few of the module's other groups.
     "offsets.topic.segment.bytes": 4096,
+    "offsets.topic.num.partitions": 3,
     "log.cleaner.backoff.ms": 300,
 }
 _namespaces = itertools.count()
