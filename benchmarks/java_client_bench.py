@@ -1,6 +1,6 @@
 """Kafka's Java client against rayk and, in the same run, against Apache Kafka itself:
 Kafka's own perf tools (`kafka-producer-perf-test`, `kafka-consumer-perf-test`, the main
-classes ProducerPerformance and ConsumerPerformance of kafka-tools 4.1.1, from the
+classes ProducerPerformance and ConsumerPerformance of kafka-tools 4.2.1, from the
 classpath tests/jvm_programs.py builds with Maven) on a 3-partition topic, RF=3,
 min.insync.replicas=2, acks=all, 100-byte records, the Java client's other settings at
 their defaults. rayk runs 3 brokers on this machine; Kafka runs 3 KRaft nodes

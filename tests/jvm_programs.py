@@ -1,6 +1,6 @@
 """Kafka's JVM side for the tests: the Java programs of tests/jvm (built by Maven once per
 change of their sources, into ~/.cache/rayk-jvm, never into git) and Kafka's own tools from
-the same classpath (kafka-clients, kafka-streams, kafka-tools and Kafka's core jar, 4.1.1).
+the same classpath (kafka-clients, kafka-streams, kafka-tools and Kafka's core jar, 4.2.1).
 
     jvm = build()
     events = jvm.run("rayk.jvm.ProduceCheck", bootstrap, topic, "10")   # [{"event": ...}, ...]

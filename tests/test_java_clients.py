@@ -1,5 +1,5 @@
 """Kafka's JVM side against rayk's listeners, with kafka-clients, kafka-streams and
-kafka-tools 4.1.1 (the programs in tests/jvm, built by Maven; tests/jvm_programs.py):
+kafka-tools 4.2.1 (the programs in tests/jvm, built by Maven; tests/jvm_programs.py):
 
 - the Java producer, idempotent with acks=all, read back by rayk's consumer;
 - a classic consumer group with the cooperative-sticky assignor and static members,
@@ -245,13 +245,14 @@ def test_java_share_consumers_share_one_partition_release_and_accept_each_record
     # DescribeShareGroupOffsets, DeleteShareGroupOffsets and AlterShareGroupOffsets.
     share_groups = lambda *args: jvm.tool(SHARE_GROUPS_TOOL, "--bootstrap-server", bootstrap, "--group", group, *args)  # noqa: E731
     wait_until(lambda: cluster.admin().describe_share_groups([group])[group]["state"] == "Empty", 30, "members to leave")
-    shown = share_groups("--describe", "--offsets")
-    assert [(row[1], row[2], row[-1]) for row in map(str.split, shown.splitlines()) if row[:1] == [group]] == [
-        (topic, "0", "100")], shown
+    shown = [line.split() for line in share_groups("--describe", "--offsets").splitlines() if line.strip()]
+    header = next(row for row in shown if row[0] == "GROUP")
+    columns = [header.index(name) for name in ("TOPIC", "PARTITION", "START-OFFSET")]
+    assert [tuple(row[c] for c in columns) for row in shown if row[0] == group] == [(topic, "0", "100")], shown
     share_groups("--delete-offsets", "--topic", topic)
     assert cluster.admin().list_share_group_offsets(group) == {}
-    cluster.admin().alter_share_group_offsets(group, {(topic, 0): 100})
-    # (kafka-share-groups.sh 4.1 has no --reset-offsets yet: Kafka's Admin alters them)
+    share_groups("--reset-offsets", "--topic", topic, "--to-latest", "--execute")
+    assert cluster.admin().list_share_group_offsets(group) == {(topic, 0): 100}
     events = {e["event"]: e for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "share-offsets", group, topic)}
     assert events["share_listed"]["offsets"] == {f"{topic}-0": 100}, events
     assert events["share_altered"]["offsets"] == {f"{topic}-0": 0}, events

@@ -162,8 +162,8 @@ public final class AdminCheck {
 
     static Map<String, Long> shareOffsets(Admin admin, String group) throws Exception {
         Map<String, Long> offsets = new TreeMap<>();
-        admin.listShareGroupOffsets(Map.of(group, new ListShareGroupOffsetsSpec())).partitionsToOffsetAndMetadata(group)
-                .get().forEach((tp, o) -> offsets.put(tp.toString(), o == null ? null : o.offset()));
+        admin.listShareGroupOffsets(Map.of(group, new ListShareGroupOffsetsSpec())).partitionsToOffsetInfo(group)
+                .get().forEach((tp, o) -> offsets.put(tp.toString(), o == null ? null : o.startOffset()));
         return offsets;
     }
 
