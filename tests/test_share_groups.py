@@ -29,6 +29,7 @@ from rayk.actors.group_records import (
     share_state_key,
     share_state_value,
 )
+from rayk.actors import share_fetch
 from rayk.actors.share_fetch import SharePartitions, ShareSettings
 from rayk.actors.share_partition import AcknowledgeType
 from rayk.config import BrokerConfig
@@ -241,6 +242,26 @@ def test_a_probe_acquires_nothing_and_is_answered_once_records_could_be_acquired
         assert not probe.done()  # "a" holds the only record
         await asyncio.wait_for(probe, 1)  # until its lock expires: then "b" could acquire it
         assert offsets_of(await shares.share_fetch("g", "b", 10, 0)) == [0]
+
+    run(main())
+
+
+def test_an_answer_fits_one_data_plane_frame_with_new_and_redelivered_batches_alike(tmp_path, monkeypatch):
+    monkeypatch.setattr(share_fetch, "MAX_RECORDS_BYTES", 10_000)  # two 4 KB batches fit, not three
+    async def main() -> None:
+        log = Log(tmp_path / "t-0")
+        coordinator = Partition().coordinator()
+        await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
+        for value in "abc":
+            write(log, value * 4000)  # a batch each
+        await member(coordinator, "a")
+        shares = leader(log, coordinator)
+        assert offsets_of(await shares.share_fetch("g", "a", 10, 0)) == [0, 1]
+        assert offsets_of(await shares.share_fetch("g", "a", 10, 0)) == [2]
+        await shares.release_member("g", "a")  # all three available again
+        await member(coordinator, "b")
+        assert offsets_of(await shares.share_fetch("g", "b", 10, 0)) == [0, 1]
+        assert offsets_of(await shares.share_fetch("g", "b", 10, 0)) == [2]
 
     run(main())
 

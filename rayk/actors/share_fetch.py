@@ -285,9 +285,9 @@ class SharePartitions:
         if partition.expire_locks(now_ms):
             hosted.changes += 1
         hw = log.high_watermark
-        acquired = partition.acquire(member_id, max_records, min(partition.end_offset, hw), now_ms)  # redeliveries
+        redeliverable, budget_bytes = self._redeliverable(partition, max_records, min(partition.end_offset, hw))
+        acquired = partition.acquire(member_id, redeliverable, min(partition.end_offset, hw), now_ms)  # redeliveries
         count = sum(r.last_offset - r.first_offset + 1 for r in acquired)
-        budget_bytes = MAX_RECORDS_BYTES  # new batches: the answer fits one data plane frame
         while count < max_records and partition.end_offset < min(hw, partition.start_offset + partition.max_in_flight):
             read = log.read(partition.end_offset, READ_CHUNK_BYTES, max_offset=hw)
             progressed = False
@@ -317,6 +317,36 @@ class SharePartitions:
             if not progressed:
                 break
         return acquired
+
+    def _redeliverable(self, partition: SharePartition, max_records: int, end_offset: int) -> tuple[int, int]:
+        """(how many of the available records, oldest first, `acquire` may take, and the
+        frame's bytes left after their batches): the answer carries whole batches, and
+        must fit one data plane frame (MAX_RECORDS_BYTES; its first batch whatever its size)."""
+        ranges = [(r.first, min(r.last, end_offset - 1)) for r in partition.runs
+                  if r.state is RecordState.AVAILABLE and r.first < end_offset]  # fmt: skip
+        budget_bytes, count, i = MAX_RECORDS_BYTES, 0, 0
+        read_from = ranges[0][0] if ranges else end_offset
+        while i < len(ranges) and count < max_records:
+            start = max(ranges[i][0], read_from)
+            read = self._log.read(start, READ_CHUNK_BYTES, max_offset=end_offset)
+            for batch in iter_batches(read.records):
+                header = batch.header
+                while i < len(ranges) and ranges[i][1] < header.base_offset:
+                    i += 1
+                inside = sum(min(b, header.last_offset) - max(a, header.base_offset) + 1 for a, b in ranges[i:]
+                             if a <= header.last_offset)  # fmt: skip
+                if i == len(ranges) or inside <= 0:
+                    continue
+                if count and header.size_bytes > budget_bytes:
+                    return count, 0
+                budget_bytes -= header.size_bytes
+                count += inside
+                if count >= max_records:
+                    break
+            if read.next_offset <= start:
+                break  # nothing more to read there
+            read_from = read.next_offset
+        return max_records, max(budget_bytes, 0)
 
     def _acquirable(self, hosted: _Hosted) -> bool:
         """Whether a fetch would acquire records now (expired locks applied, as `_acquire` does)."""

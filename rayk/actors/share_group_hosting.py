@@ -303,12 +303,20 @@ class ShareGroupHosting:
             if group.members:
                 raise NonEmptyGroupError(f"share group {group_id!r} has members; its offsets can be changed once "
                                          "they have left")  # fmt: skip
-            stored = self._share_states.get(group_id, {})
-            current = {tp: s for tp, s in stored.items() if s.state_epoch == group.state_epoch}
-            touched = sorted(set(stored) | set(start_offsets))
             async with contextlib.AsyncExitStack() as locks:  # no leader's write runs meanwhile
-                for topic, partition in touched:
-                    await locks.enter_async_context(self._state_lock(group_id, topic, partition))
+                locked: set[TopicPartition] = set()
+                while True:  # (each lock may wait for a write that makes a state: lock it too, then read)
+                    stored = self._share_states.get(group_id, {})
+                    wanted = (set(stored) | set(start_offsets)) - locked
+                    if not wanted:
+                        break
+                    for topic, partition in sorted(wanted):
+                        await locks.enter_async_context(self._state_lock(group_id, topic, partition))
+                        locked.add((topic, partition))
+                touched = sorted(locked)
+                if not start_offsets and not any(topic in deleted_topics for topic, _ in stored):
+                    return  # nothing to change: the group was only checked
+                current = {tp: s for tp, s in stored.items() if s.state_epoch == group.state_epoch}
                 trial = group.copy()
                 trial.state_epoch = max(int(time.time() * 1000), group.state_epoch + 1)
                 states = {tp: dataclasses.replace(s, state_epoch=trial.state_epoch)

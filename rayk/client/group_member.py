@@ -288,6 +288,8 @@ class GroupMember:
             return
         self._coordinator.forget_if_moved(error)
         self._retry_at_s = now + self._retry_backoff_s
+        if isinstance(error, FencedInstanceIdError):
+            self._fenced = error  # for good: every later poll raises it too
         if not error.retriable:
             raise error
         logger.info("group %s: rebalance failed (%s); retrying", self.group_id, error)
@@ -349,6 +351,8 @@ class GroupMember:
     def _commit_failed(self, error: KafkaError, generation: int, member_id: str) -> None:
         self._coordinator.forget_if_moved(error)
         with self._lock:
+            if isinstance(error, FencedInstanceIdError):
+                self._fenced = error
             if (generation, member_id) != (self.generation, self.member_id) or self._phase is not Phase.STABLE:
                 return  # about an older generation
             if isinstance(error, EVICTED_ERRORS):

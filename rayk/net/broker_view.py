@@ -28,6 +28,7 @@ from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordin
 from rayk.actors.txn_verification import CoordinatorHandles
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import FetchRequest, FetchResult, ShareFetchRequest, ShareFetchResult
+from rayk.dataplane.endpoint import MAX_IN_FLIGHT_PER_CONNECTION
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (
     KafkaError,
@@ -53,6 +54,7 @@ TOPIC_ID_LOOKUP_TIMEOUT_MS = 5_000  # a Fetch waits no longer for the Controller
 UNKNOWN_TOPIC_ID_RETRY_MS = 1_000  # an id no topic has is looked up again no sooner
 ACL_LOOKUP_TIMEOUT_MS = 5_000
 QUOTA_LOOKUP_TIMEOUT_MS = 5_000
+SHARE_LANES = 4  # connections per replica for share fetches: up to 4 x 16 of them waiting there at once
 
 
 class BrokerView:
@@ -61,7 +63,8 @@ class BrokerView:
         self.controller = controller
         self.config = config
         self._replicas: dict[TopicPartition, Any] = {}
-        self._links: dict[TopicPartition, ReplicaLink] = {}  # the data plane to each replica
+        self._links: dict[tuple[TopicPartition, int], ReplicaLink] = {}  # the data plane to each replica, by lane
+        self._in_flight: dict[tuple[TopicPartition, int], int] = {}  # share fetches per share lane
         self._node_id: str | None = None  # this process's Ray node, looked up at the first link
         self._internal_partitions: dict[str, int] = {}  # internal topic -> its partition count (fixed once created)
         self._produce = ProduceCoalescer(self._produce_requests)
@@ -133,9 +136,10 @@ class BrokerView:
         """Drops a replica handle whose actor is gone, and the topic ids with it: a replica
         goes away when its topic is deleted, so the ids are looked up again next time."""
         self._replicas.pop((topic, partition), None)
-        link = self._links.pop((topic, partition), None)
-        if link is not None:
-            link.close()
+        for lane in range(SHARE_LANES + 1):
+            link = self._links.pop(((topic, partition), lane), None)
+            if link is not None:
+                link.close()
         self._topic_names.clear()
 
     async def topic_names(self, topic_ids: set[uuid.UUID]) -> dict[uuid.UUID, str | KafkaError]:
@@ -180,25 +184,36 @@ class BrokerView:
 
     async def share_fetch(self, topic: str, partition: int, request: ShareFetchRequest) -> ShareFetchResult:
         """PartitionReplica.share_fetch on this broker's replica, over the data plane
-        (`max_records` 0: the acknowledgements only)."""
-        return await self._over_data_plane(topic, partition, lambda link: link.share_fetch(request))
+        (`max_records` 0: the acknowledgements only, or a probe). Share fetches wait at the
+        leader, one per member (an endpoint starts 16 requests per connection at most), so
+        they go on connections of their own (`SHARE_LANES`), never holding up a produce or a
+        fetch; each goes on the first of those with room, opened when needed."""
+        tp = (topic, partition)
+        lanes = [self._in_flight.get((tp, lane), 0) for lane in range(1, SHARE_LANES + 1)]
+        lane = next((i + 1 for i, n in enumerate(lanes) if n < MAX_IN_FLIGHT_PER_CONNECTION), 1 + lanes.index(min(lanes)))
+        self._in_flight[(tp, lane)] = self._in_flight.get((tp, lane), 0) + 1
+        try:
+            return await self._over_data_plane(topic, partition, lambda link: link.share_fetch(request), lane)
+        finally:
+            self._in_flight[(tp, lane)] -= 1
 
-    async def _over_data_plane(self, topic: str, partition: int, send: Any) -> Any:
-        """`send(link)` on the data plane link to this broker's replica; NOT_LEADER_OR_FOLLOWER
-        if the replica's actor is gone or its connection broke (it is looked up again next time)."""
+    async def _over_data_plane(self, topic: str, partition: int, send: Any, lane: int = 0) -> Any:
+        """`send(link)` on a data plane link to this broker's replica (lane 0: produce and
+        fetch; the others: share fetches); NOT_LEADER_OR_FOLLOWER if the replica's actor is
+        gone or its connection broke (it is looked up again next time)."""
         tp = (topic, partition)
         handle = await self.replica(topic, partition)
-        link = self._links.get(tp)
+        link = self._links.get((tp, lane))
         if link is None or link.replica is not handle:
             if link is not None:
                 link.close()
             if self._node_id is None:
                 self._node_id = ray.get_runtime_context().get_node_id()
-            link = self._links[tp] = ReplicaLink(handle, self._node_id, f"the replica of {topic}-{partition}")
+            link = self._links[(tp, lane)] = ReplicaLink(handle, self._node_id, f"the replica of {topic}-{partition}")
         try:
             return await send(link)
         except (RayActorError, NetworkError) as e:
-            if self._links.get(tp) is link:  # else a newer link replaced it meanwhile
+            if self._links.get((tp, lane)) is link:  # else a newer link replaced it meanwhile
                 self.forget(topic, partition)
             raise NotLeaderOrFollowerError(
                 f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"

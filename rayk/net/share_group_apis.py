@@ -9,7 +9,8 @@ acknowledgements a request carries are applied per partition first (their errors
 `acknowledge_error_code`), then every partition of the session is fetched: at once, and
 if nothing was acquired anywhere, again as soon as one of them has records to acquire,
 within `max_wait` (a single partition waits at its leader in one call; several are
-probed, each probe answered by its leader once records could be acquired there). Each partition answers its whole batches and the ranges
+probed, each probe answered by its leader once records could be acquired there; if
+another member took those first, every partition then waits out the rest of max_wait). Each partition answers its whole batches and the ranges
 acquired in them; the client keeps those records. An acknowledgement batch gives one type
 for its whole range or one per offset; GAP (0), an offset without a record, settles like
 ACCEPT. With an authorizer: READ on the group, and READ on each topic fetched or
@@ -248,17 +249,21 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             logger.exception("share fetch of %s-%d", *tp)
             return ShareFetchResult(error=KafkaError(str(e)))
 
+    deadline = time.monotonic() + max_wait_ms / 1000
     first_wait = max_wait_ms if len(wanted) == 1 else 0
     results = list(await asyncio.gather(*(one(tp, first_wait, acks.get(tp, [])) for tp in wanted)))
-    deadline = time.monotonic() + max_wait_ms / 1000
-    while session is not None and len(wanted) > 1 and not any(r.acquired or r.error for r in results):
+    if session is not None and len(wanted) > 1 and not any(r.acquired or r.error for r in results):
         # Nothing anywhere: wait for the first partition with records to acquire (probes,
         # which acquire nothing, so those not needed are left to end at their leaders), then
-        # acquire from every partition again.
-        if not await _first_acquirable(view, body.group_id, body.member_id, session.partitions, deadline):
-            break
-        again = await asyncio.gather(*(one(tp, 0, []) for tp in wanted))
-        results = [_merged(r, w) for r, w in zip(results, again)]
+        # acquire from every partition again. If that finds nothing (another member was
+        # quicker), every partition waits at its leader for what is left of max_wait.
+        if await _first_acquirable(view, body.group_id, body.member_id, session.partitions, deadline):
+            again = await asyncio.gather(*(one(tp, 0, []) for tp in wanted))
+            results = [_merged(r, w) for r, w in zip(results, again)]
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms > 0 and not any(r.acquired or r.error for r in results):
+                again = await asyncio.gather(*(one(tp, remaining_ms, []) for tp in wanted))
+                results = [_merged(r, w) for r, w in zip(results, again)]
     if session is None:  # closed: what it still holds goes back, once its acknowledgements are applied
         await _release(view, own)
     responses: dict[uuid.UUID, list[dict]] = {}
@@ -284,11 +289,13 @@ async def _first_acquirable(view: BrokerView, group_id: str, member_id: str, par
         return False
     probes = [asyncio.ensure_future(view.share_fetch(*tp, ShareFetchRequest(group_id, member_id, 0, remaining_ms)))
               for tp in partitions]  # fmt: skip
+    for probe in probes:  # (one that fails after the first answer is not looked at: its error is not logged)
+        probe.add_done_callback(lambda p: p.cancelled() or p.exception())
     try:
         for probe in asyncio.as_completed(probes, timeout=remaining_ms / 1000):
             try:
                 answer = await probe
-            except KafkaError:  # (that partition's fetch reports it)
+            except Exception:  # (that partition's fetch reports it)
                 return True
             if answer.error is not None or time.monotonic() < deadline:
                 return True
