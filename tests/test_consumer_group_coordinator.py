@@ -271,12 +271,19 @@ def test_a_consumer_protocol_member_upgrades_a_classic_group_whose_members_rejoi
 
 def test_a_member_past_group_consumer_max_size_is_refused_and_a_static_member_may_take_its_place_back():
     async def main() -> None:
+        async def counts() -> dict[str, int]:
+            return COUNTS
+
         coordinator = GroupCoordinator(Partition().append, BrokerConfig(group_consumer_max_size=2,
-                                                                        group_consumer_session_timeout_ms=SESSION_MS))
+                                                                        group_consumer_session_timeout_ms=SESSION_MS),
+                                       partition_counts=counts)  # fmt: skip
         await coordinator.consumer_heartbeat("g", join("a", instance_id="static-a"), COUNTS)
         b = await coordinator.consumer_heartbeat("g", join("b"), COUNTS)
         with pytest.raises(GroupMaxSizeReachedError):
             await coordinator.consumer_heartbeat("g", join("c"), COUNTS)
+        with pytest.raises(GroupMaxSizeReachedError):  # a classic member joining the consumer group too
+            await coordinator.join_group("g", "", "classic", 10_000, 10_000, "consumer",
+                                         [("range", encode_subscription(["t"]))])  # fmt: skip
         # A static member coming back under a new member id takes its instance's place.
         await coordinator.consumer_heartbeat("g", ConsumerHeartbeat("a", -2, instance_id="static-a"), COUNTS)
         await coordinator.consumer_heartbeat("g", join("a2", instance_id="static-a"), COUNTS)

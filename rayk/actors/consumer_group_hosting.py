@@ -189,6 +189,7 @@ class ConsumerGroupHosting:
                 subscription.topics, owned, rebalance_timeout_ms, ClassicMembership(session_timeout_ms, tuple(protocols)),
                 group_instance_id, client_id,
             )  # fmt: skip
+            check_max_size(group, trial, self.config.group_consumer_max_size, "group.consumer.max.size")
             await self._write_group_records(group_id, [(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])
             self._consumer_groups[group_id] = trial
             # Never the leader (the coordinator assigns): its SyncGroup carries no assignments.
