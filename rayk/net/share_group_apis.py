@@ -10,8 +10,9 @@ acknowledgements a request carries are applied per partition first (their errors
 if nothing was acquired anywhere, again as soon as one of them has records to acquire,
 within `max_wait` (a single partition waits at its leader in one call; several are
 probed, each probe answered by its leader once records could be acquired there; if
-another member took those first, every partition then waits out the rest of max_wait). Each partition answers its whole batches and the ranges
-acquired in them; the client keeps those records. An acknowledgement batch gives one type
+another member took those first, every partition then waits out the rest of max_wait).
+Each partition answers its whole batches and the ranges acquired in them; the client
+keeps those records. An acknowledgement batch gives one type
 for its whole range or one per offset; GAP (0), an offset without a record, settles like
 ACCEPT. With an authorizer: READ on the group, and READ on each topic fetched or
 acknowledged (TOPIC_AUTHORIZATION_FAILED for that partition); the heartbeat needs READ
@@ -247,7 +248,8 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             return ShareFetchResult(acknowledge_error=e if partition_acks else None, error=e)
         except Exception as e:  # a replica's unexpected error: this partition's, not the request's
             logger.exception("share fetch of %s-%d", *tp)
-            return ShareFetchResult(error=KafkaError(str(e)))
+            error = KafkaError(str(e))
+            return ShareFetchResult(acknowledge_error=error if partition_acks else None, error=error)
 
     deadline = time.monotonic() + max_wait_ms / 1000
     first_wait = max_wait_ms if len(wanted) == 1 else 0
