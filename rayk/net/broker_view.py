@@ -5,9 +5,9 @@ Requests on the data and group paths go to this broker's own replica of a partit
 replica answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR when it does not lead, so clients
 refresh their metadata, as with Kafka). Replica handles are looked up at the Controller
 once and cached; a handle whose actor died is dropped and looked up again next time.
-Produce, fetch and share fetch requests, which carry records, go over the data plane (a ReplicaLink per
-replica, a Unix socket: the replicas are on this node); a broken link is treated as a
-dead actor is.
+Produce, fetch and share fetch requests, which carry records, go over the data plane (a
+ReplicaLink per replica, a Unix socket: the replicas are on this node, and share fetches
+on links of their own); a broken link is treated as a dead actor is.
 Partition reassignment requests reach the Controller through `ask_controller`, which
 holds them no longer than their own timeout_ms, as Kafka's controller does with a
 forwarded request.
