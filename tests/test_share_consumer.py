@@ -26,6 +26,7 @@ from rayk.client.share_consumer import IllegalStateError
 from rayk.errors import (
     GroupIdNotFoundError,
     InvalidConfigurationError,
+    InvalidRequestError,
     InvalidShareSessionEpochError,
     NonEmptyGroupError,
     ShareSessionNotFoundError,
@@ -139,6 +140,29 @@ def test_a_poison_record_is_archived_at_the_delivery_limit(cluster):
             if cluster.admin().list_share_group_offsets(group) == {(topic, 0): 2}:
                 break
         assert deliveries == [1, 2, 3]  # group.share.delivery.count.limit 3, then archived
+
+
+def test_the_admin_moves_a_share_group_s_start_offset_and_refuses_what_does_not_exist(cluster):
+    """alter_share_group_offsets starts a partition at an offset, delete_share_group_offsets
+    sends it back to share.auto.offset.reset; a partition or topic that does not exist, or a
+    negative offset, is a typed error and changes nothing."""
+    topic, group = topic_with(cluster, 10)
+    admin = cluster.admin()
+    for bad, error in [({(topic, 1): 0}, UnknownTopicOrPartitionError), ({("no-such", 0): 0}, UnknownTopicOrPartitionError),
+                       ({(topic, 0): -1}, InvalidRequestError)]:  # fmt: skip
+        with pytest.raises(error):
+            admin.alter_share_group_offsets(group, bad)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.delete_share_group_offsets(group, [topic, "no-such"])
+    assert admin.list_share_group_offsets(group) == {}
+    admin.alter_share_group_offsets(group, {(topic, 0): 7})
+    assert admin.list_share_group_offsets(group) == {(topic, 0): 7}
+    with cluster.share_consumer(topic, group_id=group) as consumer:
+        assert sorted(drain([consumer], 3)[0]) == [7, 8, 9]
+    admin.delete_share_group_offsets(group, [topic])
+    assert admin.list_share_group_offsets(group) == {}
+    with cluster.share_consumer(topic, group_id=group) as consumer:
+        assert sorted(drain([consumer], 10)[0]) == list(range(10))  # from the start again: "earliest"
 
 
 def kafka_share_consumer(cluster, topic: str, group: str, **settings):

@@ -43,6 +43,7 @@ from rayk.acls import AclBinding, AclFilter
 from rayk.errors import (
     GroupIdNotFoundError,
     InvalidPartitionsError,
+    InvalidRequestError,
     InvalidReplicaAssignmentError,
     InvalidTopicError,
     KafkaError,
@@ -529,16 +530,23 @@ class Admin:
         """Kafka's alterShareGroupOffsets: each share-partition starts at its offset, with
         nothing in flight (records before it are never delivered, those from it on are
         delivered again). The group must be empty (NonEmptyGroupError) and exist
-        (GroupIdNotFoundError)."""
+        (GroupIdNotFoundError). Nothing changes if a partition does not exist
+        (UnknownTopicOrPartitionError) or an offset is not an integer >= 0
+        (InvalidRequestError)."""
+        wanted = {_topic_partition(key): _share_start_offset(key, offset) for key, offset in start_offsets.items()}
+        self._check_partitions_exist(wanted)
         self._coordinator(group_id).call("alter_share_group_offsets", group_id,
-                                         {(t, p): o for (t, p), o in start_offsets.items()},
+                                         {(tp.topic, tp.partition): o for tp, o in wanted.items()},
                                          timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
 
     def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
         """Kafka's deleteShareGroupOffsets: the group forgets where it is in these topics,
         and starts them again where its share.auto.offset.reset says. The group must be
-        empty and exist."""
-        self._coordinator(group_id).call("delete_share_group_offsets", group_id, sorted(set(topics)),
+        empty and exist; nothing changes if a topic does not exist
+        (UnknownTopicOrPartitionError)."""
+        names = sorted(set(topics))
+        self._check_partitions_exist({TopicPartition(name, -1) for name in names})
+        self._coordinator(group_id).call("delete_share_group_offsets", group_id, names,
                                          timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
 
     def alter_share_group_config(self, group_id: str, configs: Mapping[str, str]) -> None:
@@ -547,6 +555,18 @@ class Admin:
         fetches it); makes the group, without members, if there is none."""
         self._coordinator(group_id).call("alter_share_group_configs", group_id, dict(configs),
                                          timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+
+    def _check_partitions_exist(self, wanted: Iterable[TopicPartition]) -> None:
+        """UnknownTopicOrPartitionError naming the first of `wanted` that does not exist
+        (partition -1: the topic only)."""
+        wanted = sorted(wanted)
+        topics = sorted({tp.topic for tp in wanted})
+        described = self._calls(lambda: self._controller.client_metadata.remote(topics), "Metadata")["topics"]
+        for tp in wanted:
+            known = described.get(tp.topic)
+            if known is None or (tp.partition != -1 and tp.partition not in known["partitions"]):
+                where = tp.topic if tp.partition == -1 else f"{tp.topic}-{tp.partition}"
+                raise UnknownTopicOrPartitionError(f"{where} does not exist")
 
     def _coordinator(self, group_id: str) -> CoordinatorLink:
         return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
@@ -580,6 +600,13 @@ def _topic_partition(key: Any) -> TopicPartition:
     except (TypeError, ValueError):
         pass
     raise InvalidTopicError(f"{key!r} is not a (topic, partition) pair")
+
+
+def _share_start_offset(key: Any, offset: Any) -> int:
+    """A share-partition's new start offset: an integer >= 0."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidRequestError(f"{key!r}: a share group's start offset must be an integer >= 0, got {offset!r}")
+    return offset
 
 
 def _deletion_offset(key: Any, offset: Any) -> int:
