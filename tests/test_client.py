@@ -200,9 +200,12 @@ class FakeCluster:
 
 def test_send_blocks_while_buffer_memory_is_full_then_raises_buffer_exhausted():
     leader = HeldLeader.remote()
+    controller = OnePartitionController.remote(leader)
+    # Both actors' processes started first: the producer's InitProducerId has max_block_ms
+    # (1.5 s), and a worker process can take longer than that to start on a loaded machine.
+    ray.get([leader.produce_calls.remote(), controller.init_producer_id.remote()])
     producer = Producer(
-        FakeCluster(OnePartitionController.remote(leader)),
-        buffer_memory=1000, max_block_ms=1500, batch_size=400, linger_ms=0, acks="all",
+        FakeCluster(controller), buffer_memory=1000, max_block_ms=1500, batch_size=400, linger_ms=0, acks="all"
     )
     futures = [producer.send("t", value=b"x" * 100) for _ in range(8)]  # 8 x 121 bytes fit
     wait_until(lambda: ray.get(leader.produce_calls.remote()) >= 1, 10, "the first batch to reach the leader")
