@@ -17,6 +17,7 @@ Needs root (for the namespace), sshd, rsync and nc; `.ci/run` installs the last 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -199,7 +200,7 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
             return _ray_cli("exec", str(config_path), command, cwd=REPO, timeout_s=180)
 
         # `rayk start` runs in the background on the head; wait until the broker serves.
-        _wait_for(lambda: "broker" in _status_or_empty(config_path), 180, "rayk start on the head")
+        _wait_for(lambda: _live_brokers(_status_or_empty(config_path)) >= 1, 180, "rayk start on the head")
         # One `ray exec` for the three commands: each exec is an ssh session and a Python start.
         out = rayk(
             "rayk topics create clicks --partitions 2 --replication-factor 1 --address 127.0.0.1:6390"
@@ -218,6 +219,17 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
     finally:
         _ray_cli("down", "-y", str(config_path), cwd=REPO, timeout_s=300)
     _wait_for(lambda: not _port_open(GCS_PORT), 60, "ray down to stop the head's Ray")
+
+
+def _live_brokers(status: str) -> int:
+    """The brokers `rayk status` lists as not fenced: its brokers table's rows (broker,
+    node, address, kafka listeners, fenced, connected) until the first blank line."""
+    lines = status.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.split()[:2] == ["broker", "node"]), None)
+    if header is None:
+        return 0
+    rows = itertools.takewhile(str.strip, lines[header + 1:])
+    return sum(1 for row in rows if len(row.split()) == 6 and row.split()[4] == "no")
 
 
 def _status_or_empty(config_path: Path) -> str:

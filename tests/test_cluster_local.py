@@ -231,6 +231,9 @@ def test_stalled_follower_leaves_the_isr_through_the_controller_and_returns(clus
 
 def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
     cluster.create_topic("keep", num_partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
+    # A follower whose process takes longer than replica.lag.time.max.ms to start and fetch
+    # (5 s here; a loaded machine) is rightly out of the ISR until it catches up.
+    wait_until(lambda: all(len(p["isr"]) == 3 for p in cluster.describe_topic("keep")), 60, "every follower in sync")
     for p in range(2):
         assert produce_to_leader(cluster, "keep", p, [b"p%d-%d" % (p, i) for i in range(50)]).error is None
     before = cluster.describe_topic("keep")
