@@ -353,6 +353,36 @@ def test_a_share_groups_offsets_are_altered_and_deleted_only_while_it_is_empty_a
     run(main())
 
 
+def test_a_state_a_leader_was_reading_when_the_offsets_were_altered_is_read_again(tmp_path):
+    """The reset's callback (`forget`) reaches a leader while its read of the old state is
+    on its way back: that state is not kept, so no record before the new start is handed out."""
+    async def main() -> None:
+        log = Log(tmp_path / "t-0")
+        coordinator = Partition().coordinator()
+        await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
+        write(log, *"abcd")
+        await leader(log, coordinator).share_fetch("g", "a", 0, 0)  # the group's state is written, at offset 0
+        shares = leader(log, coordinator)  # a new leader: it reads that state, with nothing to write
+        read, answered, release = coordinator.read_share_state, asyncio.Event(), asyncio.Event()
+
+        async def held_read(*args: Any) -> Any:
+            answer = await read(*args)
+            answered.set()
+            await release.wait()
+            return answer
+
+        coordinator.read_share_state = held_read
+        fetch = asyncio.ensure_future(shares.share_fetch("g", "a", 10, 0))
+        await answered.wait()  # the leader's read has the state at offset 0
+        coordinator.read_share_state = read
+        await coordinator.alter_share_group_offsets("g", {("t", 0): 3})
+        shares.forget("g")
+        release.set()
+        assert offsets_of(await fetch) == [3]  # read again at once, not after a fenced write
+
+    run(main())
+
+
 def test_a_failed_state_write_is_an_error_and_the_leader_reads_the_state_again(tmp_path):
     async def main() -> None:
         log = Log(tmp_path / "t-0")

@@ -26,6 +26,11 @@ from rayk.errors import CoordinatorNotAvailableError
 
 logger = logging.getLogger(__name__)
 
+# A reset share state's leaders are told a few times (a leader that moves meanwhile reads
+# the new state when it starts; one told nothing still hands out from the old state until
+# its next write is fenced).
+FORGET_SHARE_STATE_ATTEMPTS = 5
+FORGET_SHARE_STATE_BACKOFF_MS = 500
 TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # a heartbeat waits no longer for the Controller to list the topics
 
 
@@ -197,12 +202,16 @@ class OffsetsPartitionReplica(CoordinatorReplica):
 
     async def _forget_share_states(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
         for topic, partition in partitions:
-            try:
-                leader = await self._controller.leader.remote(topic, partition)
-                await leader.share_forget_group.remote(group_id)
-            except Exception as e:
-                logger.info("share group %s: %s-%d's leader was not told its state was reset: %r", group_id, topic,
-                            partition, e)  # fmt: skip
+            for attempt in range(1, FORGET_SHARE_STATE_ATTEMPTS + 1):
+                try:
+                    leader = await self._controller.leader.remote(topic, partition)
+                    await leader.share_forget_group.remote(group_id)
+                    break
+                except Exception as e:  # no leader now (moving), or it died: a new one reads the state anyway
+                    logger.info("share group %s: %s-%d's leader was not told its state was reset (attempt %d): %r",
+                                group_id, topic, partition, attempt, e)  # fmt: skip
+                    if attempt < FORGET_SHARE_STATE_ATTEMPTS:
+                        await asyncio.sleep(FORGET_SHARE_STATE_BACKOFF_MS / 1000)
 
     async def _release_share_members(self, group_id: str, gone: list[tuple[str, frozenset[tuple[str, int]]]]) -> None:
         for member_id, partitions in gone:

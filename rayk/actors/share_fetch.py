@@ -124,6 +124,7 @@ class SharePartitions:
         self._settings = settings
         self._hosted: dict[str, _Hosted] = {}
         self._loading: dict[str, asyncio.Task] = {}
+        self._resets: dict[str, int] = {}  # per group, how often `forget` was told its state was reset
         self._closed = False
 
     # ------------------------------------------------------------------ the requests
@@ -186,7 +187,9 @@ class SharePartitions:
 
     def forget(self, group_id: str) -> None:
         """The coordinator holds a new state for the group (its offsets were altered or
-        deleted): read at the next fetch. A write of the old one still running is fenced there."""
+        deleted): read at the next fetch. A write of the old one still running is fenced there,
+        and a read of it still running is not kept (`_load_once`)."""
+        self._resets[group_id] = self._resets.get(group_id, 0) + 1
         hosted = self._hosted.pop(group_id, None)
         if hosted is not None:
             self._wake(hosted)
@@ -246,12 +249,13 @@ class SharePartitions:
         for attempt in (1, 2):
             try:
                 return await self._load_once(group_id)
-            except FencedStateEpochError:  # another leader created the state meanwhile: read it
+            except FencedStateEpochError:  # another leader created the state, or it was reset, meanwhile: read it
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
     async def _load_once(self, group_id: str) -> _Hosted:
+        resets = self._resets.get(group_id, 0)
         state, state_epoch, reset = await self._call(
             "read_share_state", group_id, self.topic, self.partition, self.leader_epoch)
         s = self._settings
@@ -270,6 +274,8 @@ class SharePartitions:
             raise self._not_leading()
         if hosted.changes:
             await self._write(group_id, hosted, create=state is None or state.state_epoch != state_epoch)
+        if self._resets.get(group_id, 0) != resets:  # what was read is no longer the group's state
+            raise FencedStateEpochError(f"share group {group_id!r}'s state was reset while it was read")
         self._hosted[group_id] = hosted
         return hosted
 

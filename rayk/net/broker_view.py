@@ -192,10 +192,21 @@ class BrokerView:
         lanes = [self._in_flight.get((tp, lane), 0) for lane in range(1, SHARE_LANES + 1)]
         lane = next((i + 1 for i, n in enumerate(lanes) if n < MAX_IN_FLIGHT_PER_CONNECTION), 1 + lanes.index(min(lanes)))
         self._in_flight[(tp, lane)] = self._in_flight.get((tp, lane), 0) + 1
+        abandoned = False
         try:
             return await self._over_data_plane(topic, partition, lambda link: link.share_fetch(request), lane)
+        except asyncio.CancelledError:
+            # An abandoned request (a probe not needed any more) goes on at the leader until
+            # its wait ends, holding its place on the connection: it counts until then.
+            abandoned = True
+            asyncio.get_running_loop().call_later(request.max_wait_ms / 1000, self._share_request_ended, tp, lane)
+            raise
         finally:
-            self._in_flight[(tp, lane)] -= 1
+            if not abandoned:
+                self._share_request_ended(tp, lane)
+
+    def _share_request_ended(self, tp: tuple[str, int], lane: int) -> None:
+        self._in_flight[(tp, lane)] -= 1
 
     async def _over_data_plane(self, topic: str, partition: int, send: Any, lane: int = 0) -> Any:
         """`send(link)` on a data plane link to this broker's replica (lane 0: produce and

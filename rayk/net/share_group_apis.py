@@ -297,6 +297,8 @@ async def _first_acquirable(view: BrokerView, group_id: str, member_id: str, par
         for probe in asyncio.as_completed(probes, timeout=remaining_ms / 1000):
             try:
                 answer = await probe
+            except TimeoutError:  # as_completed's: no probe answered by the deadline
+                raise
             except Exception:  # (that partition's fetch reports it)
                 return True
             if answer.error is not None or time.monotonic() < deadline:
