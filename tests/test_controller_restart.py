@@ -181,8 +181,12 @@ def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restar
         CallLoop("describe_topic_configs", lambda i: admin.describe_topic_configs("steady")),
         CallLoop("create_and_delete", create_and_delete),
     ]
+    metadata_dir = Path(ray.get(cluster.controller.data_dir.remote())) / "__cluster_metadata-0"
     for loop in loops:
         loop.start()
+    # The restarts below restore a snapshot: the churn makes the first one (on a loaded
+    # machine its 4 KiB of records can take longer than the restarts' first pause).
+    wait_until(lambda: list(metadata_dir.glob("*.checkpoint")), 60, "the churn to make the Controller snapshot")
     for _ in range(3):
         time.sleep(1.5)
         before = pid_of(cluster.controller)
@@ -195,7 +199,6 @@ def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restar
 
     raised = {loop.name: loop.other_errors for loop in loops if loop.other_errors}
     assert not raised, f"errors other than rayk's reached the caller: {raised}"
-    metadata_dir = Path(ray.get(cluster.controller.data_dir.remote())) / "__cluster_metadata-0"
     assert list(metadata_dir.glob("*.checkpoint")), "the churn made the Controller snapshot its metadata"
     assert cluster.describe_topic("steady")[1]["isr"], "the restored metadata still has the topic"
     assert all(loop.returned for loop in loops), {loop.name: loop.returned for loop in loops}
