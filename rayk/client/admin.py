@@ -466,15 +466,10 @@ class Admin:
         wanted = [_topic_partition(key) for key in partitions]
         if OFFSETS_TOPIC not in self.list_topics(include_internal=True):
             raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
-        topics = sorted({tp.topic for tp in wanted})
-        described = self._calls(lambda: self._controller.client_metadata.remote(topics), "Metadata")["topics"]
-        results: dict[TopicPartition, KafkaError | None] = {}
-        existing = []
-        for tp in wanted:
-            if tp.partition in described.get(tp.topic, {}).get("partitions", {}):
-                existing.append((tp.topic, tp.partition))
-            else:
-                results[tp] = UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
+        missing = set(self._missing_partitions(wanted))
+        results: dict[TopicPartition, KafkaError | None] = {
+            tp: UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist") for tp in missing}
+        existing = [(tp.topic, tp.partition) for tp in wanted if tp not in missing]
         deleted = self._coordinator(group_id).call(
             "delete_offsets", group_id, existing, timeout_ms=self._calls.default_api_timeout_ms
         )
@@ -556,17 +551,21 @@ class Admin:
         self._coordinator(group_id).call("alter_share_group_configs", group_id, dict(configs),
                                          timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
 
-    def _check_partitions_exist(self, wanted: Iterable[TopicPartition]) -> None:
-        """UnknownTopicOrPartitionError naming the first of `wanted` that does not exist
-        (partition -1: the topic only)."""
+    def _missing_partitions(self, wanted: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of `wanted` that do not exist, in order (partition -1: the topic only),
+        from one Metadata call to the Controller."""
         wanted = sorted(wanted)
         topics = sorted({tp.topic for tp in wanted})
         described = self._calls(lambda: self._controller.client_metadata.remote(topics), "Metadata")["topics"]
-        for tp in wanted:
-            known = described.get(tp.topic)
-            if known is None or (tp.partition != -1 and tp.partition not in known["partitions"]):
-                where = tp.topic if tp.partition == -1 else f"{tp.topic}-{tp.partition}"
-                raise UnknownTopicOrPartitionError(f"{where} does not exist")
+        return [tp for tp in wanted if (known := described.get(tp.topic)) is None
+                or (tp.partition != -1 and tp.partition not in known["partitions"])]  # fmt: skip
+
+    def _check_partitions_exist(self, wanted: Iterable[TopicPartition]) -> None:
+        """UnknownTopicOrPartitionError naming the first of `wanted` that does not exist."""
+        missing = self._missing_partitions(wanted)
+        if missing:
+            tp = missing[0]
+            raise UnknownTopicOrPartitionError(f"{tp.topic if tp.partition == -1 else f'{tp.topic}-{tp.partition}'} does not exist")
 
     def _coordinator(self, group_id: str) -> CoordinatorLink:
         return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
