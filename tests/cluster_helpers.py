@@ -111,20 +111,36 @@ def produce_to_leader(cluster: Any, topic: str, partition: int, values: list[byt
     """`produce` to the partition's leader, looked up again while the one found is gone or
     no longer leads (on loaded cores a broker may replace a replica that answered nothing
     for its session timeout, as it must a hung one); the first other answer is returned."""
-    from ray.exceptions import RayActorError
-
     from rayk.errors import NotLeaderOrFollowerError
+
+    def attempt(leader: Any) -> Any:
+        result = produce(leader, values)
+        return None if isinstance(result.error, NotLeaderOrFollowerError) else result
+
+    return on_leader(cluster, topic, partition, attempt, timeout_s, what="took the records")
+
+
+def read_from_leader(cluster: Any, topic: str, partition: int, end_offset: int, timeout_s: float = 30):
+    """`read_partition` from the partition's leader, looked up again while the one found is
+    gone (as for `produce_to_leader`)."""
+    return on_leader(cluster, topic, partition, lambda leader: read_partition(leader, end_offset), timeout_s, what="was read")
+
+
+def on_leader(cluster: Any, topic: str, partition: int, attempt: Any, timeout_s: float, what: str) -> Any:
+    """`attempt(leader handle)`'s first answer that is not None, with the partition's leader
+    looked up again after each None or RayActorError, for up to `timeout_s`."""
+    from ray.exceptions import RayActorError
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            result = produce(cluster.leader(topic, partition), values)
-            if not isinstance(result.error, NotLeaderOrFollowerError):
+            result = attempt(cluster.leader(topic, partition))
+            if result is not None:
                 return result
         except RayActorError:
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f"no leader of {topic}-{partition} took the records in {timeout_s} s")
+            raise AssertionError(f"no leader of {topic}-{partition} {what} in {timeout_s} s")
         time.sleep(0.1)
 
 

@@ -30,7 +30,7 @@ from tests.cluster_helpers import (
     pid_of,
     produce,
     produce_to_leader,
-    read_partition,
+    read_from_leader,
     read_replica,
     shared_local_ray,
     wait_until,
@@ -262,9 +262,11 @@ def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
         after = wait_until(with_offsets, 60, "the leaders' offsets")
         for p in range(2):
             assert after[p]["high_watermark"] == 50, "the HW was checkpointed at shutdown"
-            values = [v for _, v in read_partition(again.leader("keep", p), 50)]
+            values = [v for _, v in read_from_leader(again, "keep", p, 50)]
             assert values == [b"p%d-%d" % (p, i) for i in range(50)]
-        assert produce(again.leader("keep", 0), [b"more"]).base_offset == 50
+        # On loaded cores a broker may replace a replica that answered nothing for its
+        # session timeout (as it must a hung one): whichever replica leads has the 50.
+        assert produce_to_leader(again, "keep", 0, [b"more"]).base_offset == 50
     finally:
         again.shutdown()
 
