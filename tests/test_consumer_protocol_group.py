@@ -171,6 +171,36 @@ def test_the_epoch_rules_answer_kafkas_errors():
     assert grown.member_epoch == 3 and group.group_epoch == 3, "new partitions are a group change"
 
 
+def test_only_the_epoch_just_before_the_member_s_own_is_taken_for_a_lost_answer():
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    a = group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"])
+    assert a.member_epoch == 1
+    mine = a.assignment
+    for now_ms, counts in ((1, {**COUNTS, "t": 5}), (2, {**COUNTS, "t": 6})):  # two group changes: epochs 2, 3
+        answer = group.heartbeat("a", group.members["a"].assignment.member_epoch, now_ms, counts, owned=mine)
+    assert answer.member_epoch == 3 and group.members["a"].assignment.previous_member_epoch == 2
+    # Its answer of epoch 3 lost: epoch 2 is accepted while it owns nothing it was not given.
+    assert group.heartbeat("a", 2, 3, {**COUNTS, "t": 6}, owned=mine).member_epoch == 3
+    with pytest.raises(FencedMemberEpochError):
+        group.heartbeat("a", 1, 4, {**COUNTS, "t": 6}, owned=mine)  # older than the one before: rejoin
+    with pytest.raises(FencedMemberEpochError):
+        group.heartbeat("a", 2, 5, {**COUNTS, "t": 6}, owned=[*mine, ("u", 0)])  # owns what is not its own
+
+
+def test_a_group_record_written_before_previous_epochs_were_kept_reads_with_none():
+    import msgpack
+
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"])
+    value = msgpack.unpackb(consumer_group_value(group.snapshot()))
+    for member in value["members"]:
+        del member["previous_member_epoch"]
+    record = decode_record(consumer_group_key("g"), msgpack.packb(value))
+    assert [m.previous_member_epoch for m in record.members] == [-1]
+    restored = ConsumerProtocolGroup.restore(record, SESSION_MS, 1)
+    assert restored.heartbeat("a", 1, 2, COUNTS, owned=[("t", p) for p in range(4)]).member_epoch == 1
+
+
 def test_a_static_member_away_keeps_its_partitions_for_the_member_that_takes_its_instance_id_over():
     group = ConsumerProtocolGroup("g", SESSION_MS)
     a = group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"], instance_id="i-a")

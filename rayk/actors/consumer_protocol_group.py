@@ -13,8 +13,8 @@ A heartbeat's `member_epoch` says who is asking, as in Kafka:
 - 0: a member joining (with the member id the client made, KIP-1082, or none: one is
   made here);
 - -1: the member leaving (its partitions are free at once);
-- the member's current epoch, or the epoch before it when the member reports owning no
-  partition it no longer has (a lost answer), for a member in the group;
+- the member's current epoch, or the epoch it had before (that one only) when the member
+  reports owning no partition it no longer has (a lost answer), for a member in the group;
 - -2: a static member (one with an instance id, KIP-345) going away for a while: it keeps
   its partitions, and the group its place, until its session times out or a member with
   the same instance id joins and takes its place, assignment and epoch over (no group
@@ -260,6 +260,7 @@ class ConsumerProtocolGroup:
                 m.assignment.state.value, tuple(sorted(m.assignment.assigned)),
                 tuple(sorted(m.assignment.pending_revocation)), tuple(sorted(self.target.get(m.member_id, ()))), m.away,
                 m.classic.session_timeout_ms if m.classic else -1, m.classic.protocols if m.classic else (),
+                m.assignment.previous_member_epoch,
             ) for m in sorted(self.members.values(), key=lambda m: m.member_id)
         ))  # fmt: skip
 
@@ -272,7 +273,7 @@ class ConsumerProtocolGroup:
         for m in record.members:
             state = MemberState(m.state)
             assignment = MemberAssignment(m.member_epoch, state, frozenset(map(tuple, m.assigned)),
-                                          frozenset(map(tuple, m.pending_revocation)))  # fmt: skip
+                                          frozenset(map(tuple, m.pending_revocation)), m.previous_member_epoch)  # fmt: skip
             group.members[m.member_id] = Member(
                 m.member_id, frozenset(m.subscribed_topics), m.assignor, m.rebalance_timeout_ms, assignment, now_ms,
                 now_ms if state is MemberState.UNREVOKED_PARTITIONS else -1, m.subscribed_regex, m.instance_id, m.away,
@@ -444,9 +445,10 @@ class ConsumerProtocolGroup:
         current = member.assignment.member_epoch
         if member_epoch == current:
             return member
-        # The answer that moved it to `current` may be lost: the epoch before is fine while
-        # it owns nothing it has not been given since.
-        if owned is not None and member_epoch < current and frozenset(owned) <= member.assignment.assigned:
+        # The answer that moved it to `current` may be lost: the epoch it had before (only
+        # that one, as Kafka) is fine while it owns nothing it has not been given since.
+        previous = member.assignment.previous_member_epoch
+        if owned is not None and member_epoch == previous < current and frozenset(owned) <= member.assignment.assigned:
             return member
         raise FencedMemberEpochError(
             f"member {member.member_id!r} of group {self.group_id!r} is in epoch {current}, not {member_epoch}: rejoin"

@@ -128,6 +128,7 @@ class ConsumerMemberRecord:
     away: bool
     classic_session_timeout_ms: int = -1  # a classic member's (in a mixed group); -1: a consumer-protocol member
     classic_protocols: tuple[tuple[str, bytes], ...] = ()
+    previous_member_epoch: int = -1  # -1: none (or a record written before it was kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +147,10 @@ _CONSUMER_MEMBER_TYPES: dict[str, Any] = {
     "subscribed_topics": [str], "subscribed_regex": (str, None), "assignor": (str, None),
     "rebalance_timeout_ms": int, "member_epoch": int, "state": str, "assigned": [(str, int)],
     "pending_revocation": [(str, int)], "target": [(str, int)], "away": bool,
-    "classic_session_timeout_ms": int, "classic_protocols": [(str, bytes)],
+    "classic_session_timeout_ms": int, "classic_protocols": [(str, bytes)], "previous_member_epoch": int,
 }
+# Fields added since the first records were written: a record without one has its default.
+_CONSUMER_MEMBER_ADDED = {"previous_member_epoch"}
 @dataclass(frozen=True, slots=True)
 class ShareMemberRecord:
     member_id: str
@@ -283,11 +286,12 @@ def _consumer_group(group_id: str, value: bytes | None) -> ConsumerGroupRecord:
 
 
 def _consumer_member(fields: Any) -> ConsumerMemberRecord:
-    if not isinstance(fields, dict) or set(fields) != set(_CONSUMER_MEMBER_TYPES):
+    required, known = set(_CONSUMER_MEMBER_TYPES) - _CONSUMER_MEMBER_ADDED, set(_CONSUMER_MEMBER_TYPES)
+    if not isinstance(fields, dict) or not required <= set(fields) <= known:
         raise MalformedGroupRecordError(f"a consumer group member has the fields {sorted(_CONSUMER_MEMBER_TYPES)}: "
                                         f"{_excerpt(fields)}")  # fmt: skip
     for name, expected in _CONSUMER_MEMBER_TYPES.items():
-        if not _has_type(fields[name], expected):
+        if name in fields and not _has_type(fields[name], expected):
             raise MalformedGroupRecordError(f"a consumer group member's {name}: {_excerpt(fields[name])}")
     if fields["state"] not in _MEMBER_STATES:
         raise MalformedGroupRecordError(f"a consumer group member's state: {_excerpt(fields['state'])}")

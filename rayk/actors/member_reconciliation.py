@@ -37,6 +37,7 @@ from typing import Hashable
 
 Partition = Hashable
 NOT_OWNED = -1
+NO_EPOCH = -1
 
 
 class MemberState(enum.Enum):
@@ -47,13 +48,14 @@ class MemberState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class MemberAssignment:
-    """A member's reconciliation state: its epoch, what it is told it owns, and what it
-    must give up before it moves on."""
+    """A member's reconciliation state: its epoch (and the one before it, NO_EPOCH if
+    none), what it is told it owns, and what it must give up before it moves on."""
 
     member_epoch: int
     state: MemberState = MemberState.STABLE
     assigned: frozenset[Partition] = frozenset()
     pending_revocation: frozenset[Partition] = frozenset()
+    previous_member_epoch: int = NO_EPOCH
 
     def __post_init__(self) -> None:
         assert not (self.assigned & self.pending_revocation), "a partition is kept or revoked, not both"
@@ -95,6 +97,10 @@ def _next(
     owner_epoch: Callable[[Partition], int],
     reported: frozenset[Partition] | None,
 ) -> MemberAssignment:
+    def moved_to(epoch: int) -> int:
+        """The epoch before `epoch`: the member's, if it moves on, or the one it had."""
+        return member.member_epoch if epoch != member.member_epoch else member.previous_member_epoch
+
     kept = member.assigned & target
     to_revoke = member.assigned - target
     wanted = target - kept
@@ -103,10 +109,11 @@ def _next(
     if to_revoke and _still_owns(reported, to_revoke):
         # Revoke first, in the current epoch: nothing new until the member lets them go.
         return dataclasses.replace(member, member_epoch=member_epoch, state=MemberState.UNREVOKED_PARTITIONS,
-                                   assigned=kept, pending_revocation=to_revoke)  # fmt: skip
+                                   assigned=kept, pending_revocation=to_revoke,
+                                   previous_member_epoch=moved_to(member_epoch))  # fmt: skip
     state = MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE
     return dataclasses.replace(member, member_epoch=target_epoch, state=state, assigned=kept | to_assign,
-                               pending_revocation=frozenset())  # fmt: skip
+                               pending_revocation=frozenset(), previous_member_epoch=moved_to(target_epoch))  # fmt: skip
 
 
 def _still_owns(reported: frozenset[Partition] | None, partitions: frozenset[Partition]) -> bool:
