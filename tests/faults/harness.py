@@ -133,7 +133,10 @@ class Traffic:
         return out
 
     def wait_resumed(self, t0: float) -> float:
-        """Waits until every partition took a write sent after `t0`; returns the slowest's delay (s)."""
+        """Waits until every partition took a write sent after `t0`; returns the slowest's delay (s).
+        Take `t0` once the fault is done, not before the lookups it starts with (a pid, a
+        handle: long on loaded cores): a write the victim still took in between would count
+        as resumed before the fault."""
         wait_until(lambda: len(self.resumed_after(t0)) == PARTITIONS, RESUME_BOUND_S + 20, "writes on every partition")
         slowest = max(self.resumed_after(t0).values())
         assert slowest <= RESUME_BOUND_S, f"writes resumed after {slowest:.1f} s, bound {RESUME_BOUND_S} s"

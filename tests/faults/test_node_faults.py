@@ -34,8 +34,8 @@ def test_a_lost_node_comes_back_as_a_replacement_node_with_the_brokers_disk(ray_
         traffic = Traffic(c)
         run_until_acked(traffic, 2_000)
         lost = c.describe_topic(TOPIC)[0]["leader"]
-        t0 = time.monotonic()
         ray_cluster.remove_node(broker_node(ray_cluster, c, lost))
+        t0 = time.monotonic()  # after the fault (see wait_resumed)
         resume_s = traffic.wait_resumed(t0)
         assert next(b for b in c.brokers() if b["broker_id"] == lost)["fenced"]
         replacement = ray_cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
@@ -56,8 +56,8 @@ def test_a_lost_node_with_no_replacement_has_its_replicas_moved_to_a_live_broker
         traffic = Traffic(c)
         run_until_acked(traffic, 2_000)
         lost = c.describe_topic(TOPIC)[0]["leader"]
-        t0 = time.monotonic()
         ray_cluster.remove_node(broker_node(ray_cluster, c, lost))
+        t0 = time.monotonic()  # after the fault (see wait_resumed)
         resume_s = traffic.wait_resumed(t0)
         wait_until(
             lambda: all(lost not in p["replicas"] for p in c.describe_topic(TOPIC)), 60, "its replicas to move"

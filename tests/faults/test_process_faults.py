@@ -59,8 +59,8 @@ def test_sigkill_of_a_leader_replica_moves_leadership_and_the_replica_comes_back
     # restarted replica led again).
     wait_until(lambda: len(partition_state(c)["isr"]) == 3, 60, "the full ISR")
     before = partition_state(c)
-    t0 = time.monotonic()
     signal_actor(c.leader(TOPIC, 0), signal.SIGKILL)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     resume_s = traffic.wait_resumed(t0)
     after = partition_state(c)
     assert after["leader"] != before["leader"] and after["leader_epoch"] > before["leader_epoch"]
@@ -75,8 +75,8 @@ def test_sigkill_of_a_follower_replica_leaves_the_leader_and_the_replica_comes_b
     run_until_acked(traffic, 2_000)
     before = partition_state(c)
     follower = next(b for b in before["replicas"] if b != before["leader"])
-    t0 = time.monotonic()
     signal_actor(c.replica(TOPIC, 0, follower), signal.SIGKILL)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     resume_s = traffic.wait_resumed(t0)
     assert partition_state(c)["leader"] == before["leader"]
     run_until_acked(traffic, 1_000)
@@ -90,8 +90,8 @@ def test_sigkill_of_a_broker_process_is_restarted_by_ray_and_rejoins(rayk_cluste
     run_until_acked(traffic, 2_000)
     broker = partition_state(c)["leader"]
     before = ray.get(c.broker(broker).describe.remote())
-    t0 = time.monotonic()
     signal_actor(c.broker(broker), signal.SIGKILL)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     resume_s = traffic.wait_resumed(t0)
 
     def restarted():
@@ -111,8 +111,8 @@ def test_sigkill_of_the_controller_is_restarted_by_ray_and_clients_ride_through(
     traffic = Traffic(c)
     run_until_acked(traffic, 2_000)
     old_pid = pid_of(c.controller)
-    t0 = time.monotonic()
     signal_actor(c.controller, signal.SIGKILL)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     wait_until(lambda: pid_of(c.controller) not in (old_pid, None, 0), 60, "Ray to restart the Controller")
     resume_s = traffic.wait_resumed(t0)
     run_until_acked(traffic, 1_000)
@@ -125,8 +125,8 @@ def test_sigstop_of_a_leader_replica_past_the_session_timeout_then_sigcont(rayk_
     traffic = Traffic(c)
     run_until_acked(traffic, 2_000)
     before = partition_state(c)
-    t0 = time.monotonic()
     pid = signal_actor(c.leader(TOPIC, 0), signal.SIGSTOP)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     resume_s = traffic.wait_resumed(t0)
     time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 + 2 - (time.monotonic() - t0)))
     try:
@@ -145,8 +145,8 @@ def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     run_until_acked(traffic, 2_000)
     pids = live_rayk_actor_pids()
     assert len(pids) >= 1 + 3 + 3 * PARTITIONS, pids  # Controller, brokers, listeners, replicas
-    t0 = time.monotonic()
     kill_all(pids)
+    t0 = time.monotonic()  # after the fault (see wait_resumed)
     resume_s = traffic.wait_resumed(t0)
     run_until_acked(traffic, 1_000)
     check(c, traffic, "kill -9 of every rayk process", resume_s)
