@@ -404,6 +404,8 @@ def test_acknowledgements_survive_the_death_of_the_partition_leader_and_of_the_g
         for r in accepted:
             first.acknowledge(r, "accept")
         assert set(first.commit().values()) == {None}
+        admin = cluster.admin()  # it keeps its link to the group's coordinator, which moves below
+        assert admin.list_share_group_offsets(group) == {(topic, 0): 10}
         leader = cluster.leader(topic, 0)
         _, coordinator = ray.get(cluster.controller.find_coordinator.remote(group))
         for handle in (leader, coordinator):
@@ -414,6 +416,7 @@ def test_acknowledgements_survive_the_death_of_the_partition_leader_and_of_the_g
             assert sorted(got) == list(range(10, 20))  # the unacknowledged ones, and no accepted one
             time.sleep(LOCK_MS / 1000)
             assert second.poll(1_000) == []
+            wait_until(lambda: admin.list_share_group_offsets(group) == {(topic, 0): 20}, 30, "SPSO at the end")
         finally:
             second.close()
     finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -86,6 +87,9 @@ class ScramDeletion(NamedTuple):
     mechanism: str
 
 
+MAX_COORDINATOR_LINKS = 256  # groups whose coordinator an Admin remembers
+
+
 class Admin:
     """kafka-python's KafkaAdminClient over a Cluster handle; make one with
     `cluster.admin(**settings)`. Calls may run concurrently. Settings, by kafka-python's
@@ -110,6 +114,10 @@ class Admin:
     ) -> None:
         self._controller = cluster.controller
         self._calls = calls.ApiCalls(default_api_timeout_ms, retry_backoff_ms)
+        # Per group, the link to its coordinator (which looks it up again when it moves):
+        # one FindCoordinator per group, not per call, for callers that poll a group.
+        self._coordinator_links: dict[str, CoordinatorLink] = {}
+        self._coordinator_links_lock = threading.Lock()
 
     # ------------------------------------------------------------------ ACLs
 
@@ -568,7 +576,14 @@ class Admin:
             raise UnknownTopicOrPartitionError(f"{tp.topic if tp.partition == -1 else f'{tp.topic}-{tp.partition}'} does not exist")
 
     def _coordinator(self, group_id: str) -> CoordinatorLink:
-        return CoordinatorLink(self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
+        with self._coordinator_links_lock:
+            link = self._coordinator_links.get(group_id)
+            if link is None:
+                while len(self._coordinator_links) >= MAX_COORDINATOR_LINKS:
+                    del self._coordinator_links[next(iter(self._coordinator_links))]  # the oldest
+                link = self._coordinator_links[group_id] = CoordinatorLink(
+                    self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
+            return link
 
     def _end_offsets(self, partitions: list[tuple[str, int]]) -> list[int | None]:
         """Each partition's high watermark from its leader, asked of all at once; None
