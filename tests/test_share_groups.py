@@ -204,15 +204,22 @@ def test_members_of_one_partition_receive_different_records_and_accepted_ones_ne
     run(main())
 
 
+async def fetch_parked_on_an_empty_log(tmp_path: Any, max_records: int) -> tuple[Log, Any, asyncio.Future]:
+    """A leader (locks of 200 ms) of an empty log, and member "a"'s share fetch of
+    `max_records` (0: a probe) waiting there for records, up to 5 s."""
+    log = Log(tmp_path / "t-0")
+    coordinator = Partition().coordinator()
+    await member(coordinator, "a")
+    shares = leader(log, coordinator, lock_duration_ms=200)
+    waiting = asyncio.ensure_future(shares.share_fetch("g", "a", max_records, 5_000))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    return log, shares, waiting
+
+
 def test_a_fetch_waits_for_records_and_unacknowledged_ones_come_back_after_the_lock(tmp_path):
     async def main() -> None:
-        log = Log(tmp_path / "t-0")
-        coordinator = Partition().coordinator()
-        await member(coordinator, "a")
-        shares = leader(log, coordinator, lock_duration_ms=200)
-        waiting = asyncio.ensure_future(shares.share_fetch("g", "a", 10, 5_000))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+        log, shares, waiting = await fetch_parked_on_an_empty_log(tmp_path, max_records=10)
         write(log, "x", "y")
         shares.wake()
         assert offsets_of(await asyncio.wait_for(waiting, 1)) == [0, 1]
@@ -225,13 +232,7 @@ def test_a_fetch_waits_for_records_and_unacknowledged_ones_come_back_after_the_l
 
 def test_a_probe_acquires_nothing_and_is_answered_once_records_could_be_acquired(tmp_path):
     async def main() -> None:
-        log = Log(tmp_path / "t-0")
-        coordinator = Partition().coordinator()
-        await member(coordinator, "a")
-        shares = leader(log, coordinator, lock_duration_ms=200)
-        probe = asyncio.ensure_future(shares.share_fetch("g", "a", 0, 5_000))
-        await asyncio.sleep(0.05)
-        assert not probe.done()
+        log, shares, probe = await fetch_parked_on_an_empty_log(tmp_path, max_records=0)
         write(log, "x")
         shares.wake()
         answer = await asyncio.wait_for(probe, 1)
