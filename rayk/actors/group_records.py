@@ -151,6 +151,8 @@ _CONSUMER_MEMBER_TYPES: dict[str, Any] = {
 }
 # Fields added since the first records were written: a record without one has its default.
 _CONSUMER_MEMBER_ADDED = {"previous_member_epoch"}
+
+
 @dataclass(frozen=True, slots=True)
 class ShareMemberRecord:
     member_id: str
