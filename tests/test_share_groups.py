@@ -267,6 +267,34 @@ def test_an_answer_fits_one_data_plane_frame_with_new_and_redelivered_batches_al
     run(main())
 
 
+def test_a_fetch_reads_its_new_records_once_and_answers_a_batch_cut_at_max_records_whole(tmp_path, monkeypatch):
+    async def main() -> None:
+        log = Log(tmp_path / "t-0")
+        coordinator = Partition().coordinator()
+        await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
+        write(log, *"abcde")
+        write(log, *"fg")
+        await member(coordinator, "a")
+        shares = leader(log, coordinator)
+        reads: list[int] = []
+        read = log.read
+        monkeypatch.setattr(log, "read", lambda offset, *args, **kwargs: reads.append(offset) or read(offset, *args, **kwargs))
+
+        def batches(result: Any) -> list[int]:
+            return [batch.header.base_offset for batch in iter_batches(result.records)]
+
+        first = await shares.share_fetch("g", "a", 3, 0)
+        assert (offsets_of(first), batches(first), reads) == ([0, 1, 2], [0], [0])
+        reads.clear()
+        rest = await shares.share_fetch("g", "a", 10, 0)  # the rest of the first batch, and the second
+        assert (offsets_of(rest), batches(rest), reads) == ([3, 4, 5, 6], [0, 5], [3])
+        await shares.share_acknowledge("g", "a", [(1, 1, RELEASE)])
+        again = await shares.share_fetch("g", "a", 10, 0)  # a redelivery: read where it is
+        assert (offsets_of(again), batches(again), again.acquired) == ([1], [0], ((1, 1, 2),))
+
+    run(main())
+
+
 def test_a_poison_record_is_archived_at_the_delivery_limit(tmp_path):
     async def main() -> None:
         log = Log(tmp_path / "t-0")
