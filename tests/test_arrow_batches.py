@@ -7,12 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayk.client.arrow_batches import SCHEMA, records_batch, records_table
+from rayk.client.arrow_batches import SCHEMA, records_batch, records_table, rows_where
 from rayk.errors import CorruptRecordError, InvalidRecordError
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES, SimpleRecord, TimestampType, build_batch, decode_records
@@ -79,21 +80,31 @@ def test_an_empty_answer_is_an_empty_table():
     assert records_table(build_batch([SimpleRecord(b"a")])[:HEADER_SIZE_BYTES], "t", 0, 0, 10).num_rows == 0
 
 
-def test_decoding_and_filtering_columns_does_not_import_pandas():
-    """pa.array and Array.to_numpy import pandas (~0.3 s) the first time in a process: a
-    read task or a share consumer that used them paid that at its first batch, while a
-    share consumer holds its group's whole lock window and every other member waits."""
+def test_decoding_and_filtering_columns_imports_neither_pandas_nor_pyarrow_compute():
+    """pa.array and Array.to_numpy import pandas (~0.3 s) the first time in a process, and
+    RecordBatch.filter pyarrow.compute (~0.13 s): a read task or a share consumer that used
+    them paid that at its first batch, while a share consumer holds its group's whole lock
+    window and every other member waits."""
     program = """
 import sys
 import numpy as np
-from rayk.client.arrow_batches import numpy_array, numpy_mask, numpy_view, records_batch
+from rayk.client.arrow_batches import numpy_array, numpy_view, records_batch, rows_where
 from rayk.storage.records import SimpleRecord, build_batch
 batch = records_batch(build_batch([SimpleRecord(b"v%d" % i, key=b"k") for i in range(5)], base_offset=3), "t", 1, 4, 8)
 offsets = numpy_view(batch.column("offset"), np.int64)
 assert offsets.tolist() == [4, 5, 6, 7]
-kept = batch.filter(numpy_mask(offsets % 2 == 0)).append_column("n", numpy_array(__import__("pyarrow").int16(), np.ones(2, np.int16)))
+kept = rows_where(batch, offsets % 2 == 0).append_column("n", numpy_array(__import__("pyarrow").int16(), np.ones(2, np.int16)))
 assert kept.column("offset").to_pylist() == [4, 6] and kept.column("n").to_pylist() == [1, 1]
 assert "pandas" not in sys.modules, "pandas was imported"
+assert "pyarrow.compute" not in sys.modules, "pyarrow.compute was imported"
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@given(st.lists(st.booleans(), max_size=40))
+def test_rows_where_keeps_exactly_the_rows_of_the_mask_in_order(keep):
+    batch = pa.RecordBatch.from_arrays([pa.array(range(len(keep)), pa.int64())], names=["i"])
+    kept = rows_where(batch, np.array(keep, dtype=bool))
+    assert kept.schema == batch.schema
+    assert kept.column("i").to_pylist() == [i for i, k in enumerate(keep) if k]

@@ -372,7 +372,7 @@ class ShareConsumer:
         import numpy as np
         import pyarrow as pa
 
-        from rayk.client.arrow_batches import numpy_array, numpy_mask, numpy_view, records_batch
+        from rayk.client.arrow_batches import numpy_array, numpy_view, records_batch, rows_where
 
         first, last = result.acquired[0][0], result.acquired[-1][1]
         batch = records_batch(result.records, tp[0], tp[1], first, last + 1)
@@ -383,7 +383,7 @@ class ShareConsumer:
             inside = (offsets >= a) & (offsets <= b)
             keep |= inside
             counts[inside] = n
-        batch = batch.filter(numpy_mask(keep)).append_column("deliveryCount", numpy_array(pa.int16(), counts[keep]))
+        batch = rows_where(batch, keep).append_column("deliveryCount", numpy_array(pa.int16(), counts[keep]))
         if batch.num_rows < sum(b - a + 1 for a, b, _ in result.acquired):
             found = set(batch.column("offset").to_pylist())
             self._settle_gaps(tp, [o for a, b, _ in result.acquired for o in range(a, b + 1) if o not in found])
