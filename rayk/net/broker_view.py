@@ -211,7 +211,8 @@ class BrokerView:
     async def _over_data_plane(self, topic: str, partition: int, send: Any, lane: int = 0) -> Any:
         """`send(link)` on a data plane link to this broker's replica (lane 0: produce and
         fetch; the others: share fetches); NOT_LEADER_OR_FOLLOWER if the replica's actor is
-        gone or its connection broke (it is looked up again next time)."""
+        gone (it is looked up again next time, and every lane to it closed) or this lane's
+        connection broke (the lane connects again next time; the other lanes' requests go on)."""
         tp = (topic, partition)
         handle = await self.replica(topic, partition)
         link = self._links.get((tp, lane))
@@ -225,7 +226,10 @@ class BrokerView:
             return await send(link)
         except (RayActorError, NetworkError) as e:
             if self._links.get((tp, lane)) is link:  # else a newer link replaced it meanwhile
-                self.forget(topic, partition)
+                if isinstance(e, RayActorError):
+                    self.forget(topic, partition)
+                else:  # (the link dropped its connection; a replaced actor is found at the reconnect)
+                    self._links.pop((tp, lane)).close()
             raise NotLeaderOrFollowerError(
                 f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"
             ) from None
