@@ -269,6 +269,25 @@ def test_a_consumer_protocol_member_upgrades_a_classic_group_whose_members_rejoi
     run(main())
 
 
+def test_an_upgrade_is_written_after_the_classic_groups_last_record_even_when_it_comes_before_that_write_ran():
+    """A classic group's record is written in the background when it turns Stable; a
+    heartbeat upgrading it in the same turn of the event loop came before that write, so a
+    replay of the log made the group classic again."""
+    async def main() -> None:
+        partition = Partition()
+        coordinator = partition.coordinator()
+        joined = await coordinator.join_group("g", "", "c", 10_000, 10_000, "consumer", [("range", encode_subscription(["t"]))])
+        plan = {joined.member_id: encode_assignment({"t": [0, 1, 2, 3]})}
+        await coordinator.sync_group("g", joined.generation, joined.member_id, plan)  # Stable: its record is on its way
+        await coordinator.consumer_heartbeat("g", join("new"), COUNTS)  # (no turn of the loop in between)
+        await asyncio.sleep(0.01)
+        assert partition.records[-1][0] == consumer_group_key("g")
+        replayed = await partition.coordinator().list_groups()
+        assert [g["group_type"] for g in replayed] == ["consumer"]
+
+    run(main())
+
+
 def test_a_member_past_group_consumer_max_size_is_refused_and_a_static_member_may_take_its_place_back():
     async def main() -> None:
         async def counts() -> dict[str, int]:

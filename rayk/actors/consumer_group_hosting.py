@@ -112,6 +112,7 @@ class ConsumerGroupHosting:
     _lock: Callable[[str], asyncio.Lock]
     _summary: Callable[[str], dict[str, Any]]
     _persist_group: Callable[[ConsumerGroup], None]
+    _background_writes_landed: Callable[[], Awaitable[None]]
 
     def _load_consumer_group(self, record: ConsumerGroupRecord) -> None:
         if record.group_epoch is None:
@@ -212,6 +213,11 @@ class ConsumerGroupHosting:
             records: list[tuple[bytes, bytes | None]] = []
             group = self._consumer_groups.get(group_id)
             if group is None:
+                if group_id in self._groups:
+                    # The classic group's record written when it last turned Stable goes
+                    # first: in the log after the records that end the group, it would
+                    # make a replay classic again.
+                    await self._background_writes_landed()
                 if group_id in self._share_groups:
                     raise GroupIdNotFoundError(f"group {group_id!r} is a share group")
                 if heartbeat.member_epoch != JOIN_EPOCH:

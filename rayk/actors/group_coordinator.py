@@ -344,6 +344,11 @@ class GroupCoordinator(ConsumerGroupHosting, ShareGroupHosting):
         self._tasks.add(task)
         task.add_done_callback(self._persisted)
 
+    async def _background_writes_landed(self) -> None:
+        """Returns once every record written in the background so far is written (or failed)."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
     def _persisted(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
