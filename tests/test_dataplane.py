@@ -126,11 +126,51 @@ def test_a_share_fetch_request_with_an_id_too_long_for_its_frame_is_invalid():
         asyncio.run(link.share_fetch(ShareFetchRequest("g" * 70_000, "m", 1, 0)))
 
 
+share_state_writes = st.builds(
+    frames.ShareStateWrite, st.text(max_size=30), st.text(max_size=40), i32, i32, i64, i64,
+    st.lists(st.tuples(i64, i64, st.sampled_from(frames.SHARE_RECORD_STATES), st.integers(-(2**15), 2**15 - 1)),
+             max_size=6).map(tuple),
+    st.booleans())
+
+
+@given(share_state_writes)
+def test_a_share_state_write_decodes_to_what_was_encoded(write):
+    assert frames.decode_share_state_write(frames.encode_share_state_write(write)) == write
+
+
+@given(share_state_writes, st.data())
+def test_a_share_state_write_cut_short_or_lengthened_is_a_frame_error(write, data):
+    encoded = frames.encode_share_state_write(write)
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    for damaged in (encoded[:cut], encoded + b"x"):
+        with pytest.raises(frames.FrameError):
+            frames.decode_share_state_write(damaged)
+
+
+def test_a_share_state_writes_record_states_are_the_share_partitions_and_no_other_decodes():
+    from rayk.actors.share_partition import RecordState
+
+    assert frames.SHARE_RECORD_STATES == tuple(state.value for state in RecordState)
+    encoded = bytearray(frames.encode_share_state_write(frames.ShareStateWrite("g", "t", 0, 1, 1, 0, ((0, 9, "archived", 5),))))
+    encoded[-3] = len(frames.SHARE_RECORD_STATES)  # the batch's state byte
+    with pytest.raises(frames.FrameError, match="record state"):
+        frames.decode_share_state_write(bytes(encoded))
+    link = ReplicaLink(None, NODE, "nobody")
+    with pytest.raises(errors.InvalidRequestError, match="out of range"):
+        asyncio.run(link.write_share_state(frames.ShareStateWrite("g", "t", 0, 1, 1, 0, ((0, 9, "lost", 1),))))
+
+
+@given(st.none() | st.sampled_from(ERRORS + [errors.FencedStateEpochError, errors.NotCoordinatorError]).map(lambda cls: cls("no")))
+def test_an_error_answer_decodes_to_what_was_encoded(error):
+    decoded = frames.decode_error_answer(frames.encode_error_answer(error))
+    assert type(decoded) is type(error) and str(decoded) == str(error)
+
+
 @given(st.binary(max_size=80))
 def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
     for decode in (frames.decode_fetch_request, frames.decode_fetch_answer, frames.parse_request,
                    frames.decode_produce_request, frames.decode_produce_answer, frames.decode_share_fetch_request,
-                   frames.decode_share_fetch_answer):
+                   frames.decode_share_fetch_answer, frames.decode_share_state_write, frames.decode_error_answer):
         try:
             decode(data)
         except frames.FrameError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 import pytest
 import ray
@@ -14,12 +15,14 @@ from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frames import FetchResult
+from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (
     InconsistentTopicIdError,
     FencedLeaderEpochError,
     InvalidRequiredAcksError,
     NetworkError,
     NotEnoughReplicasAfterAppendError,
+    NotCoordinatorError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
@@ -255,6 +258,26 @@ def test_a_replicas_data_plane_admits_no_stranger(tmp_path):
         return frames.decode_fetch_answer(answer)
 
     assert offsets(asyncio.run(member()).records) == [0, 1, 2, 3, 4]
+
+
+def test_a_share_state_write_to_a_replica_of_an_ordinary_topic_is_not_coordinator_and_the_link_goes_on(tmp_path):
+    r = replicas(tmp_path, ids=(1,))
+    ray.get(r[1].become_leader.remote(0, [1], [1]))
+    ray.get(r[1].produce.remote(batch(3), 1, 1000))
+
+    async def main() -> tuple[Any, FetchResult]:
+        link = ReplicaLink(r[1], ray.get_runtime_context().get_node_id(), "t-0")
+        try:
+            state_epoch = int(time.time() * 1000)  # (a coordinator's clock, as state epochs are)
+            error = await link.write_share_state(frames.ShareStateWrite("g", "t", 0, 0, state_epoch, 0,
+                                                                        ((0, 2, "acknowledged", 1),)))  # fmt: skip
+            return error, await link.fetch(frames.FetchRequest(0, 1 << 20))
+        finally:
+            link.close()
+
+    error, fetched = asyncio.run(main())
+    assert isinstance(error, NotCoordinatorError)
+    assert offsets(fetched.records) == [0, 1, 2] and describe(r[1])["log_end_offset"] == 3
 
 
 def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_path):

@@ -22,7 +22,8 @@ from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
 from rayk.actors.group_records import ShareStateRecord
 from rayk.actors.partition_replica import ProduceResult
 from rayk.actors.share_group import ShareHeartbeatAnswer
-from rayk.errors import CoordinatorNotAvailableError
+from rayk.dataplane import frames
+from rayk.errors import CoordinatorNotAvailableError, KafkaError
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,14 @@ class OffsetsPartitionReplica(CoordinatorReplica):
                                 create: bool = False) -> None:  # fmt: skip
         await self._require_coordinator().write_share_state(group_id, topic, partition, leader_epoch, state_epoch,
                                                             start_offset, batches, create)  # fmt: skip
+
+    async def _write_share_state_frame(self, write: frames.ShareStateWrite) -> KafkaError | None:
+        try:
+            await self.write_share_state(write.group_id, write.topic, write.partition, write.leader_epoch,
+                                         write.state_epoch, write.start_offset, list(write.batches), write.create)  # fmt: skip
+        except KafkaError as e:
+            return e
+        return None
 
     async def describe_share_group(self, group_id: str) -> dict:
         return self._require_coordinator().describe_share_group(group_id)

@@ -36,6 +36,14 @@ SHARE_FETCH (a share group member's ShareFetch of the partition, KIP-932, Partit
   answer   acquired_count:i32 acknowledge_error_size:u16 error_size:u16 | acknowledge error
            | error | acquired_count x (first_offset:i64 last_offset:i64 delivery_count:i16)
            | tail: records (the whole batches that hold the acquired ranges)
+WRITE_SHARE_STATE (a partition leader's write of a share-partition's state to the share
+  group's coordinator, OffsetsPartitionReplica.write_share_state):
+  request  partition:i32 leader_epoch:i32 state_epoch:i64 start_offset:i64 create:i8
+           group_size:u16 topic_size:u16 batch_count:i32 | group id | topic
+           | batch_count x (first_offset:i64 last_offset:i64 state:i8 delivery_count:i16)
+  (state_epoch: the coordinator's clock in ms when the group's state began; state: the
+  index of the batch's record state in SHARE_RECORD_STATES)
+  answer   error_size:u16 | error (empty: written)
 `error` is `<class name>\\0<message>` of a rayk.errors class, or empty; `diverging` is 1
 when the answer names where the follower's log diverges (whose epoch may be -1: the
 leader has no epoch at or below the follower's, and the follower truncates to its HW).
@@ -63,7 +71,8 @@ MAX_FRAME_BYTES = MAX_RECORDS_BYTES + (1 << 20)  # the rest: headers. Larger dec
 FETCH = 1
 PRODUCE = 2
 SHARE_FETCH = 3
-KINDS = (FETCH, PRODUCE, SHARE_FETCH)
+WRITE_SHARE_STATE = 4
+KINDS = (FETCH, PRODUCE, SHARE_FETCH, WRITE_SHARE_STATE)
 
 _FETCH_REQUEST = struct.Struct(">qiiiiiibH")
 _FETCH_ANSWER = struct.Struct(">qqqqbiqHi")
@@ -78,6 +87,11 @@ _SHARE_FETCH_REQUEST = struct.Struct(">iiHHi")  # max_records, max_wait_ms, grou
 _SHARE_ACK = struct.Struct(">qqb")  # first offset, last offset, acknowledge type
 _SHARE_FETCH_ANSWER = struct.Struct(">iHH")  # acquired count, acknowledge error size, error size
 _ACQUIRED = struct.Struct(">qqh")  # first offset, last offset, delivery count
+# partition, leader epoch, state epoch, start offset, create, group id size, topic size, batch count
+_SHARE_STATE_REQUEST = struct.Struct(">iiqqbHHi")
+_STATE_BATCH = struct.Struct(">qqbh")  # first offset, last offset, record state, delivery count
+SHARE_RECORD_STATES = ("available", "acquired", "acknowledged", "archived")  # share_partition.RecordState's values
+_ERROR_ANSWER = struct.Struct(">H")  # error size
 
 
 class FrameError(ValueError):
@@ -145,6 +159,21 @@ class ShareFetchResult:
     acquired: tuple[tuple[int, int, int], ...] = ()
     acknowledge_error: KafkaError | None = None
     error: KafkaError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShareStateWrite:
+    """A share-partition's state as its leader writes it (OffsetsPartitionReplica.write_share_state's
+    arguments): batches are (first offset, last offset, record state, delivery count)."""
+
+    group_id: str
+    topic: str
+    partition: int
+    leader_epoch: int
+    state_epoch: int
+    start_offset: int
+    batches: tuple[tuple[int, int, str, int], ...]
+    create: bool = False
 
 
 class ProduceRequest(NamedTuple):
@@ -352,6 +381,52 @@ def decode_share_fetch_answer(body: bytes | memoryview) -> ShareFetchResult:
         bytes(body[records_at:]), tuple(_ACQUIRED.iter_unpack(body[acquired_at:records_at])),
         _decode_error(body[_SHARE_FETCH_ANSWER.size:error_at]), _decode_error(body[error_at:acquired_at]),
     )
+
+
+def encode_share_state_write(w: ShareStateWrite) -> bytes:
+    group, topic = w.group_id.encode(), w.topic.encode()  # (an id over 65,535 bytes: struct.error)
+    try:
+        batches = [_STATE_BATCH.pack(first, last, SHARE_RECORD_STATES.index(state), count)
+                   for first, last, state, count in w.batches]  # fmt: skip
+    except ValueError as e:  # a state that is none of SHARE_RECORD_STATES
+        raise struct.error(str(e)) from None
+    return b"".join((
+        _SHARE_STATE_REQUEST.pack(w.partition, w.leader_epoch, w.state_epoch, w.start_offset, int(w.create),
+                                  len(group), len(topic), len(batches)),
+        group, topic, *batches,
+    ))  # fmt: skip
+
+
+def decode_share_state_write(body: bytes | memoryview) -> ShareStateWrite:
+    if len(body) < _SHARE_STATE_REQUEST.size:
+        raise FrameError(f"a WRITE_SHARE_STATE request of {len(body)} bytes is shorter than its header")
+    partition, leader_epoch, state_epoch, start_offset, create, group_size, topic_size, count = (
+        _SHARE_STATE_REQUEST.unpack_from(body))
+    topic_at = _SHARE_STATE_REQUEST.size + group_size
+    batches_at = topic_at + topic_size
+    if count < 0 or len(body) != batches_at + count * _STATE_BATCH.size:
+        raise FrameError(f"a WRITE_SHARE_STATE request of {len(body)} bytes does not hold its names and {count} batches")
+    batches = []
+    for first, last, state, delivery_count in _STATE_BATCH.iter_unpack(body[batches_at:]):
+        if not 0 <= state < len(SHARE_RECORD_STATES):
+            raise FrameError(f"a WRITE_SHARE_STATE batch has record state {state}, not one of 0..{len(SHARE_RECORD_STATES) - 1}")
+        batches.append((first, last, SHARE_RECORD_STATES[state], delivery_count))
+    return ShareStateWrite(
+        _text(body[_SHARE_STATE_REQUEST.size:topic_at], "group id"), _text(body[topic_at:batches_at], "topic"),
+        partition, leader_epoch, state_epoch, start_offset, tuple(batches), bool(create),
+    )
+
+
+def encode_error_answer(error: KafkaError | None) -> bytes:
+    """An answer that is only an error (empty: done), as WRITE_SHARE_STATE's."""
+    encoded = _encode_error(error)
+    return _ERROR_ANSWER.pack(len(encoded)) + encoded
+
+
+def decode_error_answer(body: bytes | memoryview) -> KafkaError | None:
+    if len(body) < _ERROR_ANSWER.size or len(body) != _ERROR_ANSWER.size + _ERROR_ANSWER.unpack_from(body)[0]:
+        raise FrameError(f"an error answer of {len(body)} bytes does not hold its error")
+    return _decode_error(body[_ERROR_ANSWER.size:])
 
 
 def _encode_error(error: KafkaError | None) -> bytes:

@@ -2,7 +2,7 @@
 
 The replica's endpoint (addresses and secret) comes from one Ray call to its actor
 (`data_endpoint`, which opens TCP only for a peer on another node); the connection is
-opened then and kept, and every fetch, share fetch and produce request goes over it, pipelined.
+opened then and kept, and every fetch, share fetch, produce and share state write goes over it, pipelined.
 Requests may run concurrently, and each is answered when it is ready; one that its
 caller stops waiting for leaves the connection as it is. A connection that breaks fails
 its requests with NETWORK_EXCEPTION and is dropped: the next request asks the replica's
@@ -19,8 +19,16 @@ from typing import Any
 
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
-from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
-from rayk.errors import InvalidRequestError, NetworkError
+from rayk.dataplane.frames import (
+    FetchRequest,
+    FetchResult,
+    ProduceRequest,
+    ProduceResult,
+    ShareFetchRequest,
+    ShareFetchResult,
+    ShareStateWrite,
+)
+from rayk.errors import InvalidRequestError, KafkaError, NetworkError
 
 
 class ReplicaLink:
@@ -38,6 +46,11 @@ class ReplicaLink:
     async def share_fetch(self, request: ShareFetchRequest) -> ShareFetchResult:
         return await self._request(frames.SHARE_FETCH, _encoded(frames.encode_share_fetch_request, request),
                                    frames.decode_share_fetch_answer)  # fmt: skip
+
+    async def write_share_state(self, write: ShareStateWrite) -> KafkaError | None:
+        """OffsetsPartitionReplica.write_share_state: None once written, else the coordinator's error."""
+        return await self._request(frames.WRITE_SHARE_STATE, _encoded(frames.encode_share_state_write, write),
+                                   frames.decode_error_answer)  # fmt: skip
 
     async def produce(self, requests: list[ProduceRequest], reset_if_abandoned: bool = False) -> list[ProduceResult]:
         """PartitionReplica.produce_requests: appended in order, one result per request.
