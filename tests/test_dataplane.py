@@ -95,20 +95,6 @@ share_fetch_requests = st.builds(
     st.lists(st.tuples(i64, i64, st.integers(-128, 127)), max_size=6).map(tuple))
 
 
-@given(share_fetch_requests)
-def test_a_share_fetch_request_decodes_to_what_was_encoded(request):
-    assert frames.decode_share_fetch_request(frames.encode_share_fetch_request(request)) == request
-
-
-@given(share_fetch_requests, st.data())
-def test_a_share_fetch_request_cut_short_or_lengthened_is_a_frame_error(request, data):
-    encoded = frames.encode_share_fetch_request(request)
-    cut = data.draw(st.integers(0, len(encoded) - 1))
-    for damaged in (encoded[:cut], encoded + b"x"):
-        with pytest.raises(frames.FrameError):
-            frames.decode_share_fetch_request(damaged)
-
-
 @given(st.binary(max_size=300), st.lists(st.tuples(i64, i64, st.integers(-(2**15), 2**15 - 1)), max_size=6).map(tuple),
        st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("acks")),
        st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("fetch")))
@@ -133,18 +119,23 @@ share_state_writes = st.builds(
     st.booleans())
 
 
-@given(share_state_writes)
-def test_a_share_state_write_decodes_to_what_was_encoded(write):
-    assert frames.decode_share_state_write(frames.encode_share_state_write(write)) == write
+SHARE_REQUEST_CODECS = {  # a request of one kind: its strategy, encode, decode
+    "share fetch": (share_fetch_requests, frames.encode_share_fetch_request, frames.decode_share_fetch_request),
+    "share state write": (share_state_writes, frames.encode_share_state_write, frames.decode_share_state_write),
+}
 
 
-@given(share_state_writes, st.data())
-def test_a_share_state_write_cut_short_or_lengthened_is_a_frame_error(write, data):
-    encoded = frames.encode_share_state_write(write)
+@pytest.mark.parametrize("kind", SHARE_REQUEST_CODECS)
+@given(data=st.data())
+def test_a_share_request_decodes_to_what_was_encoded_and_cut_short_or_lengthened_is_a_frame_error(kind, data):
+    requests, encode, decode = SHARE_REQUEST_CODECS[kind]
+    request = data.draw(requests)
+    encoded = encode(request)
+    assert decode(encoded) == request
     cut = data.draw(st.integers(0, len(encoded) - 1))
     for damaged in (encoded[:cut], encoded + b"x"):
         with pytest.raises(frames.FrameError):
-            frames.decode_share_state_write(damaged)
+            decode(damaged)
 
 
 def test_a_share_state_writes_record_states_are_the_share_partitions_and_no_other_decodes():
