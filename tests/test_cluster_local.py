@@ -192,6 +192,10 @@ def test_leadership_returns_to_the_preferred_replica_by_itself_after_a_failover(
     c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace=f"local-{next(_namespaces)}")
     try:
         c.create_topic("t", num_partitions=3, replication_factor=3)
+        # Every follower in sync first: on a loaded machine a replica process can take longer
+        # to start than replica.lag.time.max.ms, and a leader whose ISR shrank to itself has
+        # no successor (CI once killed broker 0 while partition 0's ISR was [0]).
+        wait_until(lambda: all(len(p["isr"]) == 3 for p in c.describe_topic("t")), 60, "every replica in sync")
         ray.kill(c.broker(0))
         wait_until(lambda: c.describe_topic("t")[0]["leader"] not in (0, -1), 15, "partition 0 to move off broker 0")
         refused = c.admin().elect_leaders()
