@@ -60,6 +60,7 @@ from typing import Any
 import ray
 
 from rayk.actors import replica_process, txn_verification
+from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
@@ -170,6 +171,7 @@ class PartitionReplica(Supervised):
         log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager);
         `controller` the Controller's, through which a leader finds the transaction
         coordinators that verify transactional writes (txn_verification.py)."""
+        call_methods_directly(self)
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         self.config = replica_config or ReplicaConfig()
         self.topic_id = partition_metadata.read(log_dir)  # None for a log without partition.metadata

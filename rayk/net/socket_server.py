@@ -63,6 +63,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.metrics import RequestTimer
@@ -132,6 +133,7 @@ class _Connection:
 
 class SocketServer(Supervised):
     def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
+        call_methods_directly(self)
         self.broker_id = broker_id
         self.config = config
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
