@@ -194,27 +194,24 @@ class Endpoint:
             last_active_s = time.monotonic()
             in_flight.release()
 
-        async def size_prefix() -> bytes | None:
-            """The next frame's size prefix; None once the connection is idle: no request
-            in flight and nothing read or answered for the idle timeout."""
+        async def close_when_idle() -> None:
+            """Ends the reading once no request is in flight and nothing was read or
+            answered for the idle timeout. A task of its own, as Connection's: a timeout
+            around each read cost a timer per frame."""
             while True:
-                wait_s = self._idle_timeout_s - (time.monotonic() - last_active_s)
-                try:
-                    async with asyncio.timeout(wait_s if wait_s > 0 and not started else self._idle_timeout_s):
-                        return await reader.readexactly(frames.SIZE.size)  # a cut leaves its bytes buffered
-                except TimeoutError:
-                    if not started and time.monotonic() - last_active_s >= self._idle_timeout_s:
-                        return None
+                idle_s = time.monotonic() - last_active_s
+                if idle_s >= self._idle_timeout_s and not started:
+                    logger.debug("%s: closing the data plane connection from %s: idle for %.0f s",
+                                 self.name, peer, idle_s)
+                    reading.cancel()
+                    return
+                await asyncio.sleep(self._idle_timeout_s - idle_s if idle_s < self._idle_timeout_s else self._idle_timeout_s)
 
+        idle_watch = asyncio.create_task(close_when_idle())
         try:
             while True:
                 await in_flight.acquire()  # released when the request's answer is written
-                prefix = await size_prefix()
-                if prefix is None:
-                    logger.debug("%s: closing the data plane connection from %s: idle for %.0f s",
-                                 self.name, peer, self._idle_timeout_s)
-                    return
-                size = frames.SIZE.unpack(prefix)[0]
+                size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
                 if size > frames.MAX_FRAME_BYTES:
                     raise frames.FrameError(f"a frame of {size} bytes is over the limit of {frames.MAX_FRAME_BYTES}")
                 correlation_id, kind, body = frames.parse_request(await reader.readexactly(size))
@@ -228,6 +225,7 @@ class Endpoint:
         except frames.FrameError as e:
             logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
         finally:
+            idle_watch.cancel()
             for task in started:
                 task.cancel()
 
