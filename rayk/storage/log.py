@@ -71,8 +71,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 from rayk.errors import (
     FencedLeaderEpochError,

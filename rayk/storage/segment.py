@@ -27,9 +27,8 @@ import mmap
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 from rayk.errors import KafkaError
 from rayk.storage.log_config import LogConfig
