@@ -45,7 +45,9 @@ bench: bytecode
 	$(PY) benchmarks/ack_path_bench.py
 	$(PY) benchmarks/decode_bench.py
 	$(PY) benchmarks/read_path_bench.py
+	$(PY) benchmarks/tail_read_bench.py
 	$(PY) benchmarks/ray_call_bench.py
+	$(PY) benchmarks/dataplane_turn_bench.py
 	$(PY) benchmarks/response_encoding_bench.py
 	$(PY) benchmarks/latency_cpu_bench.py
 	$(PY) benchmarks/kafka_protocol_bench.py
