@@ -13,7 +13,7 @@ this is the floor under rayk's CPU per record at 100-1,000 records/s with linger
 
     .venv/bin/python benchmarks/dataplane_turn_bench.py [--requests N] [--rates 100,300,1000,3000,0]
 
-Rate 0: back to back. No Ray. It prints figures and asserts nothing.
+Rate 0: back to back. No Ray instance. It prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -25,17 +25,12 @@ import os
 import pickle
 import time
 
+from latency_cpu_bench import process_cpu_s as cpu_s  # (a script's own directory is on its path)
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 NODE = "this-node"
-
-
-def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
 def serve(addresses: multiprocessing.Queue) -> None:

@@ -22,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rayk.storage import Log
+from rayk.storage import Log, segment
 from rayk.storage.records import BatchHeader, SimpleRecord, build_batch
-from rayk.storage import segment
 
 RECENT_BATCHES = getattr(segment, "RECENT_BATCHES", 256)  # (run on a commit before it, every read scans)
 READ_BYTES = 1024  # ~6 batches: what each read returns, near the end or further back
