@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import uvloop
 
 from tests.cluster_helpers import release_shared_local_ray
 from tests.jvm_programs import Jvm, build
@@ -13,6 +16,18 @@ from tests.tls_helpers import TlsFiles, write_tls_files
 def stop_the_shared_local_ray():
     yield
     release_shared_local_ray()
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def each_event_loop(request):
+    """The test's `asyncio.run` runs on asyncio's own loop, then on uvloop, which Ray runs
+    every actor on when it is installed (it is a rayk dependency)."""
+    if request.param == "uvloop":
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        yield request.param
+    finally:
+        asyncio.set_event_loop_policy(None)
 
 
 @pytest.fixture

@@ -22,6 +22,9 @@ from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, Pro
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
 
+# Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.
+pytestmark = pytest.mark.usefixtures("each_event_loop")
+
 NODE = "node-a"
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)

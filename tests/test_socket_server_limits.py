@@ -24,6 +24,9 @@ from rayk.net.request_context import PLAINTEXT_CONTEXT
 from rayk.net.socket_server import SocketServer, _Connection
 from tests.test_socket_server_backpressure import GATED_FROM, answers, api_versions, run_with_gated_server
 
+# Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.
+pytestmark = pytest.mark.usefixtures("each_event_loop")
+
 MiB = 1 << 20
 
 

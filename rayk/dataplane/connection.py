@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress, keep_alive
 from rayk.errors import NetworkError
+from rayk.net import streams
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Connection:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
                 if local:
-                    reader, writer = await asyncio.open_unix_connection(address.unix_path, limit=STREAM_LIMIT_BYTES)
+                    reader, writer = await streams.open_unix_connection(address.unix_path, limit_bytes=STREAM_LIMIT_BYTES)
                 else:
                     context = tls.client_context(address.tls_certificate) if address.tls_certificate else None
                     reader, writer = await asyncio.open_connection(

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rayk.dataplane import frames, handshake, tls
+from rayk.net import streams
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ class Endpoint:
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
         self._idle_timeout_s = idle_timeout_s
         self._secret = handshake.new_secret()
-        self._servers: list[asyncio.AbstractServer] = []
-        self._connections: set[asyncio.StreamWriter] = set()
+        self._servers: list[asyncio.AbstractServer | streams.AcceptingServer] = []
+        self._connections: set[asyncio.StreamWriter | streams.AcceptedSocket] = set()
         self._address: EndpointAddress | None = None
         self._opening = asyncio.Lock()
         self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
@@ -119,12 +120,12 @@ class Endpoint:
         async with self._opening:  # a failure leaves what was open before as it was
             if self._address is None:
                 unix_path = _unix_path()
-                self._servers.append(await asyncio.start_unix_server(self._serve, unix_path, limit=STREAM_LIMIT_BYTES))
+                self._servers.append(await asyncio.start_unix_server(self._serve_unix, unix_path, limit=STREAM_LIMIT_BYTES))
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
                 self._tls, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
                 # TLS starts in _serve, after the connection cap: a stranger's handshake holds a place.
-                server = await asyncio.start_server(self._serve, host or None, 0, limit=STREAM_LIMIT_BYTES)
+                server = await streams.start_server(self._serve_tcp, host or None, 0)
                 self._servers.append(server)
                 self._address = replace(
                     self._address, port=server.sockets[0].getsockname()[1], tls_certificate=certificate
@@ -135,8 +136,9 @@ class Endpoint:
         """Stops listening and closes every connection."""
         for server in self._servers:
             server.close()
-        for writer in list(self._connections):
-            writer.close()
+        for connection in list(self._connections):
+            if isinstance(connection, asyncio.StreamWriter):
+                connection.close()  # a handshake under way ends at its timeout, then sees the endpoint closed
         for server in self._servers:
             await server.wait_closed()
         if self._address is not None and not self._address.unix_path.startswith("\0"):
@@ -151,23 +153,47 @@ class Endpoint:
     def connection_count(self) -> int:
         return len(self._connections)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername") or "a local process"
-        if len(self._connections) >= MAX_CONNECTIONS:
-            self._log_refusal(peer, f"it has {len(self._connections)} connections, the most it takes")
+    async def _serve_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._at_cap("a local process"):
             writer.close()
             return
         self._connections.add(writer)
-        tcp = writer.get_extra_info("socket").family != socket.AF_UNIX
-        if tcp:
-            keep_alive(writer.get_extra_info("socket"))
+        await self._serve(reader, writer, "a local process")
+
+    async def _serve_tcp(self, accepted: streams.AcceptedSocket) -> None:
+        """A TCP connection: counted as it is accepted, then its TLS handshake, if any."""
+        if self._at_cap(accepted.peer):
+            accepted.refuse()
+            return
+        self._connections.add(accepted)  # a stranger's handshake holds a place too
+        try:
+            keep_alive(accepted.sock)
+            reader, writer = await accepted.open_streams(
+                self._tls, handshake_timeout_s=tls.HANDSHAKE_TIMEOUT_S, limit_bytes=STREAM_LIMIT_BYTES)
+        except (TimeoutError, OSError) as e:  # OSError: ssl.SSLError, a reset, a handshake past its timeout
+            self._log_refusal(accepted.peer, str(e) or type(e).__name__)
+            return
+        finally:
+            self._connections.discard(accepted)
+        if not self._servers:  # closed during the handshake
+            writer.close()
+            return
+        self._connections.add(writer)
+        await self._serve(reader, writer, accepted.peer)
+
+    def _at_cap(self, peer: object) -> bool:
+        if len(self._connections) < MAX_CONNECTIONS:
+            return False
+        self._log_refusal(peer, f"it has {len(self._connections)} connections, the most it takes")
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object) -> None:
+        """One connection, already counted in `_connections`: its handshake, then its requests."""
         try:
             try:
-                if tcp and self._tls is not None:
-                    await writer.start_tls(self._tls, ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S)
                 await handshake.accept(reader, writer, self._secret)
             except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, OSError) as e:
-                self._log_refusal(peer, str(e) or type(e).__name__)  # OSError: ssl.SSLError and a reset too
+                self._log_refusal(peer, str(e) or type(e).__name__)
                 return
             await self._serve_requests(reader, writer, peer)
         finally:

@@ -74,6 +74,7 @@ from rayk.errors import (
     SaslAuthenticationFailedError,
     UnsupportedVersionError,
 )
+from rayk.net import streams
 from rayk.net.admin_apis import api_versions_body
 from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, client_throttles
 from rayk.net.broker_view import BrokerView
@@ -92,6 +93,7 @@ logger = logging.getLogger(__name__)
 QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
+STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
 REFRESH_INTERVAL_S = 0.5  # ACLs and client quotas
@@ -137,7 +139,7 @@ class SocketServer(Supervised):
         self.broker_id = broker_id
         self.config = config
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
-        self._servers: list[asyncio.base_events.Server] = []
+        self._servers: list[streams.AcceptingServer] = []
         self._queued = asyncio.Semaphore(config.queued_max_requests)
         self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
         self._memory = MemoryPool(config.queued_max_request_bytes)
@@ -210,7 +212,7 @@ class SocketServer(Supervised):
         tls = server_context(self.config, listener.name) if listener.uses_tls else None
         on_connection = functools.partial(self._on_connection, listener, tls)
         try:
-            server = await asyncio.start_server(on_connection, host, port, limit=1 << 16)
+            server = await streams.start_server(on_connection, host, port)
         except OSError as e:
             raise InvalidConfigurationError(
                 f"broker {self.broker_id} cannot listen on {host}:{port} (listener {listener.name}): {e}"
@@ -269,24 +271,25 @@ class SocketServer(Supervised):
 
     # ------------------------------------------------------------------ one connection
 
-    async def _on_connection(self, listener: Listener, tls: ssl.SSLContext | None, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, listener: Listener, tls: ssl.SSLContext | None,
+                             accepted: streams.AcceptedSocket) -> None:
         """One connection: counted against the limits as it is accepted (before any TLS
         handshake, as Kafka counts at accept), then its TLS handshake, then served."""
         task = asyncio.current_task()
-        peer = writer.get_extra_info("peername")
+        peer = accepted.peer
         host = kafka_host(peer[0]) if peer else ""
         refusal = self._refusal(host)
         if refusal is not None:
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
-            writer.close()
+            accepted.refuse()
             return
         connection = self._connections[task] = _Connection(
             RequestContext(listener.name, listener.security_protocol, ANONYMOUS, host), None)
         self._per_host[host] += 1
+        writer = None
         try:
-            if tls is not None:
-                await writer.start_tls(tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
+            reader, writer = await accepted.open_streams(tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S,
+                                                         limit_bytes=STREAM_LIMIT_BYTES)
             connection.context = _context_of(listener, self.config, writer)
             if listener.uses_sasl:
                 connection.sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
@@ -302,7 +305,8 @@ class SocketServer(Supervised):
         except Exception:
             logger.exception("broker %d: closing connection from %s after an unexpected error", self.broker_id, peer)
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
             self._connections.pop(task, None)
             self._per_host[host] -= 1
             if not self._per_host[host]:

@@ -1,0 +1,123 @@
+"""Stream servers and Unix connections that behave the same on asyncio's own event loop and
+on uvloop, which Ray runs its actors on whenever it is installed.
+
+- **TLS after accept.** The Kafka listener and the data plane endpoint count a connection
+  against their caps as it is accepted, before its TLS handshake (as Kafka does), and only
+  then start TLS. `StreamWriter.start_tls` cannot do that on uvloop: uvloop starts reading a
+  new connection before the accepting callback runs, the client's ClientHello lands in the
+  stream's buffer, and start_tls drops that buffer (uvloop#707, cpython#142352), so the
+  handshake never ends. `AcceptingServer` hands the callback the accepted socket itself,
+  unread, with its peer's address; the callback refuses it or opens its streams, over TLS
+  from the first byte, with `loop.connect_accepted_socket`, the API meant for this.
+- **Abstract Unix sockets.** uvloop cannot connect to a "\\0..." path by name (EINVAL);
+  `open_unix_connection` connects the socket itself and hands it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+BACKLOG = 100  # asyncio.start_server's
+# Out of descriptors or memory: accepting again at once would spin (asyncio's own servers wait too).
+ACCEPT_RETRY_DELAY_S = 1.0
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+@dataclass(slots=True, eq=False)  # eq=False: hashed by identity, as a connection
+class AcceptedSocket:
+    """A connection as accepted: nothing read from it yet."""
+
+    sock: socket.socket
+    peer: tuple  # the peer's address, as socket.accept gives it
+
+    def refuse(self) -> None:
+        self.sock.close()
+
+    async def open_streams(
+        self, tls: ssl.SSLContext | None, *, handshake_timeout_s: float, limit_bytes: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The connection's streams, after its TLS handshake (server side) if `tls`. OSError
+        or TimeoutError if the handshake fails or takes over `handshake_timeout_s`."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=limit_bytes, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        timeout = {"ssl_handshake_timeout": handshake_timeout_s} if tls is not None else {}
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, self.sock, ssl=tls, **timeout)
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+class AcceptingServer:
+    """Listens on TCP and runs `client_connected(AcceptedSocket)` as a task per connection."""
+
+    def __init__(self, listening: list[socket.socket], client_connected: Callable[[AcceptedSocket], Awaitable[None]]):
+        self.sockets = listening
+        self._client_connected = client_connected
+        self._connections: set[asyncio.Task] = set()
+        self._accepting = [asyncio.create_task(self._accept_forever(sock)) for sock in listening]
+
+    def close(self) -> None:
+        """Stops accepting; connections already accepted go on."""
+        for task in self._accepting:
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+
+    async def _accept_forever(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    sock, peer = await loop.sock_accept(listening)
+                except OSError as e:
+                    if e.errno not in _OUT_OF_RESOURCES:
+                        logger.error("stopped accepting connections on %s: %s", listening.getsockname(), e)
+                        return
+                    logger.error("cannot accept a connection on %s: %s; trying again in %.0f s",
+                                 listening.getsockname(), e, ACCEPT_RETRY_DELAY_S)
+                    await asyncio.sleep(ACCEPT_RETRY_DELAY_S)
+                    continue
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                task = loop.create_task(self._client_connected(AcceptedSocket(sock, peer)))
+                self._connections.add(task)  # a task's only reference, until it ends
+                task.add_done_callback(self._connections.discard)
+        finally:
+            listening.close()  # after sock_accept's cancellation took its reader off the loop
+
+
+async def start_server(
+    client_connected: Callable[[AcceptedSocket], Awaitable[None]], host: str | None, port: int
+) -> AcceptingServer:
+    """Listens at `host` (all interfaces if empty or None) and `port` (0: any free one)."""
+    if not host and socket.has_dualstack_ipv6():
+        listening = socket.create_server(("", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True)
+    else:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        listening = socket.create_server(address, family=family, backlog=BACKLOG)
+    listening.setblocking(False)
+    return AcceptingServer([listening], client_connected)
+
+
+async def open_unix_connection(
+    path: str, *, limit_bytes: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """`asyncio.open_unix_connection`, abstract ("\\0...") paths included on uvloop."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, path)
+        return await asyncio.open_unix_connection(sock=sock, limit=limit_bytes)
+    except BaseException:
+        sock.close()
+        raise
