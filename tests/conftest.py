@@ -21,7 +21,7 @@ def stop_the_shared_local_ray():
 @pytest.fixture(params=["asyncio", "uvloop"])
 def each_event_loop(request):
     """The test's `asyncio.run` runs on asyncio's own loop, then on uvloop, which Ray runs
-    every actor on when it is installed (it is a rayk dependency)."""
+    every actor on wherever it is installed (a test dependency here)."""
     if request.param == "uvloop":
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     try:
