@@ -229,9 +229,12 @@ class SocketServer(Supervised):
         return endpoint
 
     async def _close_servers(self) -> None:
-        for server in self._servers:
+        """Stops accepting; returns once the listening sockets are closed."""
+        servers, self._servers = self._servers, []
+        for server in servers:
             server.close()
-        self._servers.clear()
+        for server in servers:
+            await server.wait_closed()
 
     async def stop(self) -> None:
         if self._refresher is not None:

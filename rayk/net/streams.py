@@ -61,7 +61,13 @@ class AcceptingServer:
         self.sockets = listening
         self._client_connected = client_connected
         self._connections: set[asyncio.Task] = set()
-        self._accepting = [asyncio.create_task(self._accept_forever(sock)) for sock in listening]
+        self._accepting = []
+        for sock in listening:
+            task = asyncio.create_task(self._accept_forever(sock))
+            # Closed once its task is done: after a cancelled sock_accept took its reader off
+            # the loop, and even if the task was cancelled before it ever ran.
+            task.add_done_callback(lambda _, sock=sock: sock.close())
+            self._accepting.append(task)
 
     def close(self) -> None:
         """Stops accepting; connections already accepted go on."""
@@ -73,40 +79,46 @@ class AcceptingServer:
 
     async def _accept_forever(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            while True:
-                try:
-                    sock, peer = await loop.sock_accept(listening)
-                except OSError as e:
-                    if e.errno not in _OUT_OF_RESOURCES:
-                        logger.error("stopped accepting connections on %s: %s", listening.getsockname(), e)
-                        return
-                    logger.error("cannot accept a connection on %s: %s; trying again in %.0f s",
-                                 listening.getsockname(), e, ACCEPT_RETRY_DELAY_S)
-                    await asyncio.sleep(ACCEPT_RETRY_DELAY_S)
-                    continue
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                task = loop.create_task(self._client_connected(AcceptedSocket(sock, peer)))
-                self._connections.add(task)  # a task's only reference, until it ends
-                task.add_done_callback(self._connections.discard)
-        finally:
-            listening.close()  # after sock_accept's cancellation took its reader off the loop
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listening)
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES:
+                    logger.error("stopped accepting connections on %s: %s", listening.getsockname(), e)
+                    return
+                logger.error("cannot accept a connection on %s: %s; trying again in %.0f s",
+                             listening.getsockname(), e, ACCEPT_RETRY_DELAY_S)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY_S)
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = loop.create_task(self._client_connected(AcceptedSocket(sock, peer)))
+            self._connections.add(task)  # a task's only reference, until it ends
+            task.add_done_callback(self._connections.discard)
 
 
 async def start_server(
     client_connected: Callable[[AcceptedSocket], Awaitable[None]], host: str | None, port: int
 ) -> AcceptingServer:
-    """Listens at `host` (all interfaces if empty or None) and `port` (0: any free one)."""
+    """Listens at `host` and `port` (0: any free one), as `asyncio.start_server` does: on
+    every address `host` resolves to, or on all interfaces if it is empty or None (one
+    dual-stack socket where the OS has them)."""
     if not host and socket.has_dualstack_ipv6():
-        listening = socket.create_server(("", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True)
+        listening = [socket.create_server(("", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True)]
     else:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, _, _, _, address = infos[0]
-        listening = socket.create_server(address, family=family, backlog=BACKLOG)
-    listening.setblocking(False)
-    return AcceptingServer([listening], client_connected)
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        listening = []
+        try:
+            for family, address in dict.fromkeys((info[0], info[4]) for info in infos):
+                listening.append(socket.create_server(address, family=family, backlog=BACKLOG))
+        except BaseException:
+            for sock in listening:
+                sock.close()
+            raise
+    for sock in listening:
+        sock.setblocking(False)
+    return AcceptingServer(listening, client_connected)
 
 
 async def open_unix_connection(
