@@ -198,15 +198,16 @@ def test_connections_in_their_tls_handshake_count_against_the_limits(tmp_path):
     run_tls_server(tmp_path, body, **{"max.connections.per.ip": 2})
 
 
-def test_a_socket_timeout_is_not_taken_for_idleness():
-    """ETIMEDOUT leaves TimeoutError on the reader: with a request of the connection being
-    answered, the idle check used to retry it forever without yielding."""
+def test_a_socket_timeout_ends_the_reading_and_is_not_taken_for_idleness():
+    """ETIMEDOUT leaves TimeoutError on the reader: the connection is gone and the reader
+    ends at once (an idle check that took it for its own timeout once retried it forever
+    without yielding)."""
     class CountingReader(asyncio.StreamReader):
         reads = 0
 
         async def readexactly(self, n: int) -> bytes:
             self.reads += 1
-            assert self.reads < 100, "the idle check retried the socket's timeout"  # a loop that never yields
+            assert self.reads < 100, "the reader retried the socket's timeout"  # a loop that never yields
             return await super().readexactly(n)
 
     async def main() -> None:
@@ -214,9 +215,11 @@ def test_a_socket_timeout_is_not_taken_for_idleness():
         reader = CountingReader()
         reader.set_exception(TimeoutError(110, "Connection timed out"))
         connection = _Connection(PLAINTEXT_CONTEXT, None)
-        connection.slots_held = 1
-        with pytest.raises(TimeoutError):
-            await server._next_size(reader, 600, connection)
+        connection.slots_held = 1  # a request of the connection is being answered
+        frames: asyncio.Queue = asyncio.Queue()
+        await asyncio.wait_for(server._read_frames(reader, frames, ("127.0.0.1", 1), connection), 5)
+        assert await frames.get() is None and connection.reader_done.is_set()
+        assert connection.idle_close_reason is None
         assert reader.reads == 1
 
     asyncio.run(main())

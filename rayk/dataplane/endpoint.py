@@ -124,7 +124,7 @@ class Endpoint:
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
                 self._tls, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
-                # TLS starts in _serve, after the connection cap: a stranger's handshake holds a place.
+                # TLS starts in _serve_tcp, after the connection cap: a stranger's handshake holds a place.
                 server = await streams.start_server(self._serve_tcp, host or None, 0)
                 self._servers.append(server)
                 self._address = replace(

@@ -113,6 +113,9 @@ class _CloseAfter:
     reason: str
 
 
+READING_SIZE, READING_BODY = "size", "body"
+
+
 class _Connection:
     """What the listener keeps per connection."""
 
@@ -131,6 +134,11 @@ class _Connection:
         self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
         self.last_active_s = time.monotonic()  # a frame read or an answer written (connections.max.idle.ms)
         self.reader_done = asyncio.Event()  # set when nothing more will be read (EOF, a bad frame, idle)
+        # What the reader waits for: READING_SIZE, READING_BODY (since body_started_s) or
+        # neither; `_close_when_idle` ends the reading only in those two waits.
+        self.reading: str | None = None
+        self.body_started_s, self.body_bytes = 0.0, 0
+        self.idle_close_reason: str | None = None  # why `_close_when_idle` ended the reading
 
 
 class SocketServer(Supervised):
@@ -538,12 +546,16 @@ class SocketServer(Supervised):
         before it is answered (so it is known whether that authenticated the connection).
         (Cancelled when the connection closes: then it puts nothing.)"""
         idle_s = self.config.connections_max_idle_ms / 1000
+        reading = asyncio.current_task()
+        assert reading is not None
+        watch = asyncio.ensure_future(self._close_when_idle(connection, idle_s, reading))
         try:
             while True:
                 if not connection.authenticated.is_set():
                     await connection.all_answered.wait()
-                if (size := await self._next_size(reader, idle_s, connection)) is None:
-                    break
+                connection.reading = READING_SIZE
+                size = _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
+                connection.reading = None
                 authenticated = connection.authenticated.is_set()
                 assert authenticated == (connection.sasl is None or connection.sasl.principal is not None)
                 if authenticated:
@@ -559,13 +571,9 @@ class SocketServer(Supervised):
                 if authenticated:  # (not even a 0-byte wait: it would queue behind the pool's waiters)
                     await self._memory.reserve(pool_bytes)
                     connection.bytes_held += pool_bytes
-                try:
-                    async with asyncio.timeout(idle_s):
-                        frame = await reader.readexactly(size)
-                except TimeoutError:
-                    logger.info("broker %d: closing connection from %s: a request of %d bytes did not arrive within "
-                                "connections.max.idle.ms", self.broker_id, peer, size)
-                    break
+                connection.reading, connection.body_started_s, connection.body_bytes = READING_BODY, time.monotonic(), size
+                frame = await reader.readexactly(size)
+                connection.reading = None
                 received_s = connection.last_active_s = time.monotonic()
                 await self._take_slot()
                 connection.slots_held += 1
@@ -573,25 +581,38 @@ class SocketServer(Supervised):
                 await frames.put((frame, received_s, pool_bytes))
         except (asyncio.IncompleteReadError, OSError):  # OSError: a connection error, or a broken TLS record
             pass
+        except asyncio.CancelledError:
+            if connection.idle_close_reason is None or reading.uncancel() > 0:
+                raise  # the connection closes: not `_close_when_idle`'s doing
+            logger.info("broker %d: closing connection from %s (%s): %s", self.broker_id, peer,
+                        connection.context.listener_name, connection.idle_close_reason)
+        finally:
+            watch.cancel()
         connection.reader_done.set()
         await frames.put(None)
 
-    async def _next_size(self, reader: asyncio.StreamReader, idle_s: float, connection: _Connection) -> int | None:
-        """The next frame's size, or None once the connection has had nothing read or
-        written for connections.max.idle.ms while none of its requests was being answered."""
+    async def _close_when_idle(self, connection: _Connection, idle_s: float, reading: asyncio.Task) -> None:
+        """Ends `reading` (connections.max.idle.ms) once the connection waits for its next
+        request with none of its requests unanswered and nothing read or written for
+        `idle_s`, or once a request's body has taken `idle_s` to arrive. A task of its own,
+        as the data plane endpoint's: a timeout around each read cost two timers per frame."""
         while True:
-            quiet_s = time.monotonic() - connection.last_active_s
-            wait_s = idle_s if connection.slots_held else max(idle_s - quiet_s, 0.001)
-            try:
-                async with asyncio.timeout(wait_s) as idle:
-                    return _SIZE.unpack(await reader.readexactly(_SIZE.size))[0]
-            except TimeoutError:
-                if not idle.expired():
-                    raise  # the socket's own timeout (ETIMEDOUT), not idleness: the connection is gone
-                if connection.slots_held == 0 and time.monotonic() - connection.last_active_s >= idle_s:
-                    logger.info("broker %d: closing connection from %s (%s): idle for connections.max.idle.ms",
-                                self.broker_id, connection.context.client_host, connection.context.listener_name)
-                    return None
+            now = time.monotonic()
+            activity_deadline_s = connection.last_active_s + idle_s
+            if connection.reading == READING_BODY:
+                body_deadline_s = connection.body_started_s + idle_s
+                if now >= body_deadline_s:
+                    reason = f"a request of {connection.body_bytes} bytes did not arrive within connections.max.idle.ms"
+                    break
+                wait_s = body_deadline_s - now
+            elif connection.reading == READING_SIZE and connection.slots_held == 0 and now >= activity_deadline_s:
+                reason = "idle for connections.max.idle.ms"
+                break
+            else:
+                wait_s = activity_deadline_s - now if activity_deadline_s > now else idle_s
+            await asyncio.sleep(wait_s)
+        connection.idle_close_reason = reason
+        reading.cancel()
 
     def _decode(self, frame: bytes, context: RequestContext) -> Request | bytes:
         """The request, or the error response for a frame that does not decode."""
