@@ -182,8 +182,10 @@ def test_abuse_is_refused_while_normal_clients_keep_working(cluster):
         wait_until(lambda: ray.get(listener.queued_request_bytes.remote()) == QUEUED_BYTES, 30, "the pool spent")
         time.sleep(1)
         assert listener_rss(cluster) - rss_before < LISTENER_GROWTH_BOUND_BYTES
-        # Each is cut connections.max.idle.ms after its request began, and the pool refills.
-        wait_until(lambda: ray.get(listener.queued_request_bytes.remote()) == 0, 90, "the pool given back")
+        # Each is cut connections.max.idle.ms after its request began, and the pool refills:
+        # nothing of a greedy MiB is held. (Not 0: the steady consumer's fetch, long-polled
+        # at the broker, holds its ~100 bytes nearly all the time, the more so on uvloop.)
+        wait_until(lambda: ray.get(listener.queued_request_bytes.remote()) < MiB, 90, "the pool given back")
         for s in flood + greedy:
             s.close()
         acked_after = len(steady.acked)
