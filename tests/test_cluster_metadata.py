@@ -5,6 +5,7 @@ machine over all of it. Each manager alone: test_*_control.py."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -554,6 +555,18 @@ def test_reconcile_elects_a_restarted_leader_again_in_a_new_epoch():
     assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, restarted=[1]) == PartitionState((1, 2, 3), (1, 2, 3), 1, 5, 5)
 
 
+def test_reconcile_keeps_a_restarted_leader_that_is_not_the_first_replica():
+    # Leadership had moved to broker 2 before a whole-cluster restart; broker 1 came back
+    # first, then 2: a clean restart does not hand leadership to whoever is listed first.
+    state = PartitionState((1, 2, 3), (1, 2, 3), 2, 4, 4)
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, restarted=[2]) == PartitionState((1, 2, 3), (1, 2, 3), 2, 5, 5)
+
+
+def test_reconcile_moves_leadership_off_a_restarted_leader_that_is_recovering():
+    state = replace(PartitionState((1, 2, 3), (1, 2, 3), 2, 4, 4), recovering=(2,))
+    assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, restarted=[2]).leader == 1
+
+
 def test_reconcile_moves_leadership_off_an_unavailable_replica_and_out_of_the_isr():
     state = PartitionState((1, 2, 3), (1, 2, 3), 1, 4, 4)
     assert reconcile(state, {1, 2, 3}, {1, 2, 3}, False, unavailable=[1]) == PartitionState((1, 2, 3), (2, 3), 2, 5, 5)
@@ -831,6 +844,19 @@ def test_a_clean_restart_of_the_leader_elects_it_again_in_a_new_epoch_and_keeps_
     c.create(rf=3)
     restarted(c, 1, clean=True)
     assert c.state() == PartitionState((1, 2, 3), (1, 2, 3), 1, 1, 1)
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3), (1, 3, 2), (2, 1, 3), (2, 3, 1), (3, 1, 2), (3, 2, 1)])
+def test_a_clean_whole_cluster_restart_keeps_a_moved_leader_whatever_order_the_brokers_return_in(order):
+    # Leadership had moved off the first replica (1) to 2 before every broker shut down
+    # cleanly; the Controller restarts too, and each broker returns as a new process.
+    c = three_nodes()
+    c.create(rf=3)
+    c.commit([PartitionRecord.of("t", 0, PartitionState((1, 2, 3), (1, 2, 3), 2, 1, 1))])
+    c.meta = replay(c.log)
+    for broker in order:
+        restarted(c, broker, clean=True)
+    assert (c.state().leader, c.state().isr, c.state().leader_epoch) == (2, (1, 2, 3), 2)
 
 
 def test_an_unclean_restart_of_the_leader_moves_leadership_and_leaves_it_recovering_outside_the_isr():

@@ -29,8 +29,11 @@ Rules, applied by `reconcile`:
    that may hold the only copy.
 2. A sound leader stays, unless its replica restarted or failed: then leadership is
    decided again, in a new leader epoch, even if the same broker is chosen.
-3. A new leader is the first replica, in assignment order, that is ready. A failed or
-   restarted leader that is the only replica with the data leads again (new epoch).
+3. A restarted leader that is ready (back from a clean shutdown, so it holds every
+   record it led) leads again, in a new epoch: a whole-cluster restart keeps its
+   leaders whatever order the brokers register in. Otherwise a new leader is the first
+   replica, in assignment order, that is ready. A failed or restarted leader that is
+   the only replica with the data leads again (new epoch).
    Else an eligible replica that is live, attached, available and not recovering leads
    alone (KIP-966: the ISR's members may all be gone for good).
 4. Otherwise the partition is leaderless and its ISR is kept whole. When every live ISR
@@ -142,7 +145,9 @@ def reconcile(
     recovering, eligible = state.recovering, state.eligible
     if decide:
         candidates = [r for r in state.replicas if r in ready]
-        if candidates:
+        if leader in restarted and leader in candidates:
+            pass  # back from a clean shutdown, it holds every record it led: it leads again, in a new epoch
+        elif candidates:
             leader = candidates[0]
         elif leader in sound and leader in attached:
             pass  # the failed or restarted leader is the only copy: it leads again, in a new epoch
