@@ -9,7 +9,10 @@ rayk runs twice: 3 brokers with replication factor 3 (min.insync.replicas=2, log
 disk), and 1 broker with replication factor 1, which is closer to what Tansu's in-memory
 engine does (one node, no replicas). Per broker it prints:
 - produce and consume records/s and MB/s over `--records` (default 1,000,000) records,
-  and rayk's ratios to Tansu;
+  and rayk's ratios to Tansu and Kafka. Before they are timed, `--warmup-records` are
+  produced and read once ("cold consume", printed apart: the first consumer on a fresh
+  cluster creates `__consumer_offsets`), and before each timed phase the machine is let
+  settle (under 40% of its cores busy, at most 30 s), every broker alike;
 - latency at a steady `--rate` (default 1,000 records/s, `linger.ms` 0, at most 5
   requests in flight per connection as the Java client sends them) for
   `--latency-records` records: the producer's acknowledgement (send to delivery report)
@@ -188,28 +191,64 @@ def one_at_a_time(bootstrap: str, topic: str, requests: int) -> list[float]:
     return times
 
 
+def machine_busy_share(interval_s: float = 0.5) -> float:
+    """The share of all cores busy over `interval_s` (from /proc/stat; 0 where it is missing)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+    if not os.path.exists("/proc/stat"):
+        return 0.0
+    busy0, total0 = sample()
+    time.sleep(interval_s)
+    busy1, total1 = sample()
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
+def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
+    """Waits until the machine is quiet (under `busy_below` of its cores busy) or `max_s`
+    passed, so that what a broker still does after a phase (processes starting, replicas
+    catching up) is not billed to the next one; every broker gets the same. An idle rayk
+    cluster of this bench keeps ~a quarter of 2 cores busy (its ~25 processes' idle
+    cost, Ray's included), hence 0.4 and not lower."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and machine_busy_share() >= busy_below:
+        pass
+
+
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
     topic = f"bench-{int(time.time())}"
     create_topic(topic)
     # Connections, metadata and, for Kafka's JVMs, the JIT (5,000 records left Kafka's produce
     # at 55-65k records/s where warm it reads 140-280k).
-    produce(bootstrap, topic, min(records, args.warmup_records), value)
+    warmup_records = min(records, args.warmup_records)
+    produce(bootstrap, topic, warmup_records, value)
+    # The first consumer on a fresh cluster pays once for what every later one finds ready:
+    # its group's coordinator lookup creates __consumer_offsets (rayk starts a replica
+    # process per copy of each partition, 9 here, ~1.2 CPU-s each on this VM; Kafka creates
+    # its 50 partitions inside its JVMs), and the brokers' first Fetch and ListOffsets. The
+    # warm-up records are read once by such a consumer, timed apart ("cold consume").
+    cold_consume_s = consume(bootstrap, topic, warmup_records)
+    settle()
     topic = topic + "-run"
     create_topic(topic)
     produce_s = produce(bootstrap, topic, records, value)
+    settle()
     consume_s = consume(bootstrap, topic, records)
     mb = records * len(value) / 1e6
     create_topic(topic + "-latency")
     acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
     single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
     row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
-           "consume": records / consume_s, "consume_mb": mb / consume_s,
+           "consume": records / consume_s, "consume_mb": mb / consume_s, "cold_consume": warmup_records / cold_consume_s,
            "ack_p50": percentile(acks, 0.5), "ack_p99": percentile(acks, 0.99),
            "e2e_p50": percentile(end_to_end, 0.5), "e2e_p99": percentile(end_to_end, 0.99),
            "single_p50": percentile(single, 0.5), "single_p99": percentile(single, 0.99)}
     if len(end_to_end) < args.latency_records:
         print(f"  {name}: only {len(end_to_end)} of {args.latency_records} records reached the consumer", flush=True)
-    print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s, "
+    print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s "
+          f"(cold: {row['cold_consume']:,.0f}), "
           f"end to end p99 {row['e2e_p99']:.1f} ms, one request p50 {row['single_p50']:.2f} ms", flush=True)
     return row
 
@@ -277,7 +316,7 @@ def main() -> None:
     parser.add_argument("--latency-records", type=int, default=2_000)
     parser.add_argument("--single-requests", type=int, default=300)
     parser.add_argument("--warmup-records", type=int, default=200_000,
-                        help="records produced to every broker before it is timed")
+                        help="records produced to, and read once from, every broker before it is timed")
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
@@ -297,14 +336,15 @@ def main() -> None:
              rayk_row("rayk, 1 broker, RF=1", 1, 1, args.records, value, args)]
     ray.shutdown()
     tansu = rows[0]
-    kafka = kafka or {"produce": float("nan"), "consume": float("nan")}
+    kafka = kafka or {"produce": float("nan"), "consume": float("nan"), "cold_consume": float("nan")}
     print()
     print(f"{'broker':<28} {'produce rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'x Kafka':>8} "
-          f"{'consume rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'x Kafka':>8}")
+          f"{'consume rec/s':>14} {'MB/s':>7} {'x Tansu':>8} {'x Kafka':>8} {'cold consume':>13} {'x Kafka':>8}")
     for r in rows:
         print(f"{r['broker']:<28} {r['produce']:>14,.0f} {r['produce_mb']:>7.1f} {r['produce'] / tansu['produce']:>8.2f} "
               f"{r['produce'] / kafka['produce']:>8.2f} {r['consume']:>14,.0f} {r['consume_mb']:>7.1f} "
-              f"{r['consume'] / tansu['consume']:>8.2f} {r['consume'] / kafka['consume']:>8.2f}")
+              f"{r['consume'] / tansu['consume']:>8.2f} {r['consume'] / kafka['consume']:>8.2f} "
+              f"{r['cold_consume']:>13,.0f} {r['cold_consume'] / kafka['cold_consume']:>8.2f}")
     print()
     print(f"{'broker':<28} {'ack p50 ms':>11} {'ack p99':>8} {'e2e p50 ms':>11} {'e2e p99':>8} "
           f"{'one request p50 ms':>19} {'p99':>6}")
