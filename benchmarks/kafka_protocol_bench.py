@@ -191,30 +191,20 @@ def one_at_a_time(bootstrap: str, topic: str, requests: int) -> list[float]:
     return times
 
 
-def machine_busy_share(interval_s: float = 0.5) -> float:
-    """The share of all cores busy over `interval_s` (from /proc/stat; 0 where it is missing)."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
-
-    if not os.path.exists("/proc/stat"):
-        return 0.0
-    busy0, total0 = sample()
-    time.sleep(interval_s)
-    busy1, total1 = sample()
-    return (busy1 - busy0) / max(1, total1 - total0)
-
-
 def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
     """Waits until the machine is quiet (under `busy_below` of its cores busy) or `max_s`
     passed, so that what a broker still does after a phase (processes starting, replicas
     catching up) is not billed to the next one; every broker gets the same. An idle rayk
     cluster of this bench keeps ~a quarter of 2 cores busy (its ~25 processes' idle
     cost, Ray's included), hence 0.4 and not lower."""
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and machine_busy_share() >= busy_below:
-        pass
+    from latency_cpu_bench import machine_busy_s  # beside this script
+
+    deadline, interval_s, cores = time.monotonic() + max_s, 0.5, os.cpu_count() or 1
+    while time.monotonic() < deadline:
+        busy_s = machine_busy_s()
+        time.sleep(interval_s)
+        if (machine_busy_s() - busy_s) / (interval_s * cores) < busy_below:
+            return
 
 
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
@@ -227,7 +217,7 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     # The first consumer on a fresh cluster pays once for what every later one finds ready:
     # its group's coordinator lookup creates __consumer_offsets (rayk starts a replica
     # process per copy of each partition, 9 here, ~1.2 CPU-s each on this VM; Kafka creates
-    # its 50 partitions inside its JVMs), and the brokers' first Fetch and ListOffsets. The
+    # its 3 x 3 copies inside its JVMs), and the brokers' first Fetch and ListOffsets. The
     # warm-up records are read once by such a consumer, timed apart ("cold consume").
     cold_consume_s = consume(bootstrap, topic, warmup_records)
     settle()
