@@ -187,6 +187,27 @@ def test_only_the_epoch_just_before_the_member_s_own_is_taken_for_a_lost_answer(
         group.heartbeat("a", 2, 5, {**COUNTS, "t": 6}, owned=[*mine, ("u", 0)])  # owns what is not its own
 
 
+def test_an_answer_says_the_member_reconciles_until_it_reaches_its_target_even_when_asked_with_nothing_reported():
+    """A member told to revoke whose answer was lost asks again reporting nothing (librdkafka
+    after a timed-out heartbeat): the answer says it is still reconciling (the wire repeats
+    the assignment then), and so do the answers of the member waiting for the partitions."""
+    group = ConsumerProtocolGroup("g", SESSION_MS)
+    a = group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"])
+    assert not a.reconciling
+    b = group.heartbeat("b", 0, 1, COUNTS, subscribed_topics=["t"])
+    assert b.assignment == frozenset() and b.reconciling
+    told = group.heartbeat("a", 1, 2, COUNTS, owned=a.assignment)
+    assert told.changed and told.reconciling and len(told.assignment) == 2
+    again = group.heartbeat("a", 1, 3, COUNTS)  # the answer above lost; nothing reported
+    assert (again.member_epoch, again.assignment, again.changed, again.reconciling) == (1, told.assignment, False, True)
+    assert group.heartbeat("b", 2, 4, COUNTS).reconciling
+    done = group.heartbeat("a", 1, 5, COUNTS, owned=told.assignment)
+    assert done.member_epoch == 2 and not done.reconciling
+    released = group.heartbeat("b", 2, 6, COUNTS)
+    assert released.changed and not released.reconciling and released.assignment == a.assignment - told.assignment
+    assert not group.heartbeat("a", 2, 7, COUNTS).reconciling
+
+
 def test_a_group_record_written_before_previous_epochs_were_kept_reads_with_none():
     import msgpack
 

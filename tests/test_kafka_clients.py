@@ -1276,8 +1276,11 @@ def test_confluent_consumers_of_the_consumer_protocol_split_partitions_and_move_
         wait_until(lambda: len(members[0].assignment) == len(members[1].assignment) == 2, 30, "the split")
         split_s = time.monotonic() - started
         # Join, then the assignment: B's first heartbeat, A's next (it revokes two), A's
-        # acknowledgement and B's next; two heartbeat intervals and the time to join.
-        assert split_s < 2 * HEARTBEAT_INTERVAL_MS / 1000 + 3, f"the split took {split_s:.1f} s"
+        # acknowledgement and B's next: two heartbeat intervals and the time to join, a few
+        # seconds on a loaded machine, where a heartbeat may time out (librdkafka gives it
+        # about one interval) and go again. What it must never wait for is a timeout of the
+        # group: the session's (45 s) or the rebalance's (5 minutes).
+        assert split_s < 4 * HEARTBEAT_INTERVAL_MS / 1000 + 6, f"the split took {split_s:.1f} s"
         kept_by_a = set(members[0].assignment)
         revoked_before = len(members[0].revoked)
         members.append(ProtocolMember(bootstrap, group_id, topic, "c"))
@@ -1443,7 +1446,8 @@ def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, b
 
 def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_partitions_by_topic_id(cluster, bootstrap):
     """KIP-848 on the wire, request by request: Kafka's checks and errors, the assignment by
-    topic id (answered when it changed, null when not), ConsumerGroupDescribe, ListGroups'
+    topic id (answered when it changed, and again while the member reconciles, since the
+    answer that moved it may be lost; null when not), ConsumerGroupDescribe, ListGroups'
     group type, Metadata by topic id (how librdkafka learns the assigned topics' names)."""
     topic = new_topic(cluster, partitions=2, replication_factor=1)
     group_id = f"raw848-{topic}"
@@ -1496,8 +1500,33 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
                                                "include_topic_authorized_operations": False}).topics
         assert [(t.name, t.topic_id, t.error_code.value) for t in by_id] == [
             (topic, topic_id, 0), (None, uuid.UUID(int=1), 100)]  # UNKNOWN_TOPIC_ID
-        left = heartbeat(member_epoch=-1, topic_partitions=None)
-        assert (left.error_code.value, left.member_epoch) == (0, -1)
+
+        # A second member joins; m1's answer telling it to give a partition up is lost (as
+        # when librdkafka's heartbeat times out, it asks again reporting nothing): the
+        # assignment comes again in every answer until m1 lets the partition go.
+        def incremental(member_id: str, epoch: int, **values):
+            return heartbeat(**{"member_id": member_id, "member_epoch": epoch, "rebalance_timeout": -1,
+                                "subscribed_topic_names": None, "topic_partitions": None, **values})
+
+        def partitions_of(answer) -> list[int]:
+            return sorted(p for tp in answer.assignment.topic_partitions for p in tp.partitions)
+
+        joined = heartbeat(member_id="m2")
+        assert (joined.error_code.value, joined.member_epoch, partitions_of(joined)) == (0, 2, [])
+        told, asked_again = incremental("m1", 1), incremental("m1", 1)
+        assert told.member_epoch == asked_again.member_epoch == 1 and len(partitions_of(told)) == 1
+        assert asked_again.assignment is not None and partitions_of(asked_again) == partitions_of(told)
+        waiting = incremental("m2", 2)
+        assert partitions_of(waiting) == [], "still held by m1: answered (empty) while m2 waits for it"
+        acked = incremental("m1", 1, topic_partitions=[{"topic_id": topic_id, "partitions": partitions_of(told)}])
+        assert (acked.member_epoch, partitions_of(acked)) == (2, partitions_of(told))
+        assert incremental("m1", 2).assignment is None, "reconciled: null again"
+        released = incremental("m2", 2)
+        assert partitions_of(released) == sorted({0, 1} - set(partitions_of(told)))
+        assert incremental("m2", 2).assignment is None
+        for member_id in ("m1", "m2"):
+            left = incremental(member_id, -1)
+            assert (left.error_code.value, left.member_epoch) == (0, -1)
     finally:
         connection.close()
 

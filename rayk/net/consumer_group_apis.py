@@ -9,7 +9,11 @@ partition of a topic id no topic has any more is dropped, as Kafka's coordinator
 
 A heartbeat's assignment is answered, as in Kafka, when it changed since the member's last
 answer, when the member joins, or when the partitions the member says it owns are not what
-it was given (it missed an answer); otherwise it is left null, which means "unchanged".
+it was given (it missed an answer); and, unlike Kafka, on every heartbeat while the member
+has partitions to revoke or waits for some to be released (HeartbeatAnswer.reconciling:
+librdkafka follows a timed-out heartbeat with one that reports nothing, and without the
+repeat a member whose revocation answer was lost held its partitions until its rebalance
+timeout). Otherwise it is left null, which means "unchanged".
 
 Requests are checked as Kafka's KafkaApis and GroupCoordinatorService check them: a group
 id, a member id (made by the client, v1; v0 lets the coordinator make one), and for a join
@@ -70,7 +74,8 @@ async def consumer_group_heartbeat(view: BrokerView, request: Any) -> dict:
     response: dict[str, Any] = {"member_id": answer.member_id, "member_epoch": answer.member_epoch,
                                 "heartbeat_interval": answer.heartbeat_interval_ms}  # fmt: skip
     if answer.assignment is not None and (
-        answer.changed or body.member_epoch == JOIN_EPOCH or (owned is not None and frozenset(owned) != answer.assignment)
+        answer.changed or answer.reconciling or body.member_epoch == JOIN_EPOCH
+        or (owned is not None and frozenset(owned) != answer.assignment)
     ):
         ids = {name: t["topic_id"] for name, t in topics.items()}
         response["assignment"] = {"topic_partitions": [
