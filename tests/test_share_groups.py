@@ -69,12 +69,23 @@ def leader(log: Log, coordinator: GroupCoordinator | list[GroupCoordinator], epo
            **settings: int) -> SharePartitions:  # fmt: skip
     """A leader's share-partitions writing to `coordinator` (the last of a list, which
     the test extends when the coordinator moves)."""
-    async def call(method: str, *args: Any) -> Any:
-        current = coordinator[-1] if isinstance(coordinator, list) else coordinator
-        answer = getattr(current, method)(*args)
-        return await answer if asyncio.iscoroutine(answer) else answer
+    return SharePartitions(log, "t", 0, epoch, LastCoordinator(coordinator), ShareSettings(**settings))
 
-    return SharePartitions(log, "t", 0, epoch, call, ShareSettings(**settings))
+
+class LastCoordinator:
+    """The share state store of `leader`: the coordinator, or the last of the list, as it is at each call."""
+
+    def __init__(self, coordinator: GroupCoordinator | list[GroupCoordinator]) -> None:
+        self._coordinator = coordinator
+
+    def _current(self) -> GroupCoordinator:
+        return self._coordinator[-1] if isinstance(self._coordinator, list) else self._coordinator
+
+    async def read_share_state(self, *args: Any) -> Any:
+        return await self._current().read_share_state(*args)
+
+    async def write_share_state(self, *args: Any) -> None:
+        await self._current().write_share_state(*args)
 
 
 def write(log: Log, *values: str) -> None:
@@ -452,10 +463,14 @@ def test_control_batches_and_compacted_gaps_are_passed_over(tmp_path):
 
 def test_coordinator_unavailable_reaches_the_member_as_an_error(tmp_path):
     async def main() -> None:
-        async def down(method: str, *args: Any) -> Any:
-            raise CoordinatorNotAvailableError("moving")
+        class Down:
+            async def read_share_state(self, *args: Any) -> Any:
+                raise CoordinatorNotAvailableError("moving")
 
-        shares = SharePartitions(Log(tmp_path / "t-0"), "t", 0, 0, down, ShareSettings())
+            async def write_share_state(self, *args: Any) -> None:
+                raise CoordinatorNotAvailableError("moving")
+
+        shares = SharePartitions(Log(tmp_path / "t-0"), "t", 0, 0, Down(), ShareSettings())
         assert isinstance((await shares.share_fetch("g", "a", 1, 0)).error, CoordinatorNotAvailableError)
 
     run(main())

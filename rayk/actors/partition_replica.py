@@ -66,14 +66,13 @@ from rayk.actors.produce_trace import ProduceTrace
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
+from rayk.actors.share_state_client import ShareStateClient
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
-from rayk.dataplane.replica_link import ReplicaLink
 from rayk.dataplane.tls import KeyStore
 from rayk.errors import (
-    CoordinatorNotAvailableError,
     FencedLeaderEpochError,
     InconsistentTopicIdError,
     IneligibleReplicaError,
@@ -81,7 +80,6 @@ from rayk.errors import (
     InvalidRequiredAcksError,
     InvalidTimestampError,
     KafkaError,
-    NetworkError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotCoordinatorError,
@@ -203,8 +201,7 @@ class PartitionReplica(Supervised):
         self._counters = BrokerTopicCounters(broker_id, topic)
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
-        self._share_coordinators: dict[str, Any] = {}  # share group -> its coordinator's handle, as last found
-        self._coordinator_links: dict[Any, ReplicaLink] = {}  # by coordinator actor id: where share states are written
+        self._share_states: ShareStateClient | None = None  # the share groups' coordinators, once a group fetched here
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -672,51 +669,11 @@ class PartitionReplica(Supervised):
 
     def _share_partitions(self) -> SharePartitions:
         if self._shares is None:
+            if self._share_states is None:
+                self._share_states = ShareStateClient(self._controller)
             self._shares = SharePartitions(self._log, self.topic, self.partition, self._leader_epoch,
-                                           self._share_coordinator_call, self.config.share)  # fmt: skip
+                                           self._share_states, self.config.share)  # fmt: skip
         return self._shares
-
-    async def _share_coordinator_call(self, method: str, group_id: str, *args: Any) -> Any:
-        """`method` of the group's coordinator, raising its KafkaError; the handle is kept
-        until a call fails, then found again, and a coordinator that moved asked once more.
-        State writes, one per settled acknowledgement, go over the data plane
-        (frames.WRITE_SHARE_STATE); the rarer calls are Ray calls."""
-        for attempt in (1, 2):
-            handle = None
-            try:
-                handle = self._share_coordinators.get(group_id)
-                if handle is None:
-                    _, handle = await self._controller.find_coordinator.remote(group_id)
-                    self._share_coordinators[group_id] = handle
-                if method == "write_share_state":
-                    error = await self._coordinator_link(handle).write_share_state(frames.ShareStateWrite(group_id, *args))
-                    if error is None:
-                        return None
-                else:
-                    return await getattr(handle, method).remote(group_id, *args)
-            except ray.exceptions.RayTaskError as e:
-                error = e.cause if isinstance(e.cause, KafkaError) else CoordinatorNotAvailableError(
-                    f"the coordinator of share group {group_id!r}: {e.cause!r}")  # fmt: skip
-            except (ray.exceptions.RayError, NetworkError) as e:
-                error = CoordinatorNotAvailableError(f"the coordinator of share group {group_id!r}: {e}")
-                if handle is not None and (link := self._coordinator_links.pop(handle._actor_id, None)) is not None:
-                    link.close()
-            self._share_coordinators.pop(group_id, None)
-            if attempt == 2 or not isinstance(error, (NotCoordinatorError, CoordinatorNotAvailableError)):
-                raise error
-        raise AssertionError("unreachable")
-
-    def _coordinator_link(self, handle: Any) -> ReplicaLink:
-        link = self._coordinator_links.get(handle._actor_id)
-        if link is None:
-            link = self._coordinator_links[handle._actor_id] = ReplicaLink(
-                handle, ray.get_runtime_context().get_node_id(), f"the group coordinator {handle._actor_id.hex()[:8]}")
-        return link
-
-    def _close_coordinator_links(self) -> None:
-        links, self._coordinator_links = self._coordinator_links, {}
-        for link in links.values():
-            link.close()
 
     async def _write_share_state_frame(self, write: frames.ShareStateWrite) -> KafkaError | None:
         """A leader's share state write over the data plane: only a group coordinator's
@@ -1030,7 +987,8 @@ class PartitionReplica(Supervised):
                 self._cleaning = None
 
     async def _close_endpoint(self) -> None:
-        self._close_coordinator_links()
+        if self._share_states is not None:
+            self._share_states.close()
         if self._endpoint is not None:
             await self._endpoint.close()
             self._endpoint = None

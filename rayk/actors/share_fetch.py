@@ -44,10 +44,11 @@ import asyncio
 import bisect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypeVar
 
+from rayk.actors.group_records import ShareStateRecord
 from rayk.actors.share_partition import (
     AcknowledgeType,
     AcquiredRange,
@@ -70,13 +71,24 @@ from rayk.storage.log import Log
 from rayk.storage.records import RecordBatch, iter_batches
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # What one read of the log takes while acquiring: a poll's worth of small batches (Kafka's
 # default 2,000 records of 100 B in 16 KiB batches: ~220 KiB), a larger batch whole.
 READ_CHUNK_BYTES = 256 << 10
-# (method, args) -> the group coordinator's answer, for the group `args[0]`
-CoordinatorCall = Callable[..., Awaitable[Any]]
 Acknowledgement = tuple[int, int, int]  # (first offset, last offset, AcknowledgeType)
+
+
+class ShareStateStore(Protocol):
+    """Where the share-partitions' states are kept: the group coordinator's
+    OffsetsPartitionReplica.read_share_state / write_share_state (share_state_client.py)."""
+
+    async def read_share_state(self, group_id: str, topic: str, partition: int,
+                               leader_epoch: int) -> tuple[ShareStateRecord | None, int, str]: ...  # fmt: skip
+
+    async def write_share_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
+                                start_offset: int, batches: list[tuple[int, int, str, int]],
+                                create: bool = False) -> None: ...  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +131,11 @@ def from_state(state: ShareState) -> list[tuple[int, int, str, int]]:
 
 
 class SharePartitions:
-    def __init__(self, log: Log, topic: str, partition: int, leader_epoch: int, coordinator: CoordinatorCall,
+    def __init__(self, log: Log, topic: str, partition: int, leader_epoch: int, states: ShareStateStore,
                  settings: ShareSettings) -> None:  # fmt: skip
         self._log = log
         self.topic, self.partition, self.leader_epoch = topic, partition, leader_epoch
-        self._coordinator = coordinator
+        self._states = states
         self._settings = settings
         self._hosted: dict[str, _Hosted] = {}
         self._loading: dict[str, asyncio.Task] = {}
@@ -241,11 +253,11 @@ class SharePartitions:
                 raise self._not_leading() from None
             raise
 
-    async def _call(self, method: str, group_id: str, *args: Any) -> Any:
-        """The coordinator's `method`; a newer leader seen there means this one is deposed
+    async def _deposed_if_fenced(self, call: Awaitable[T]) -> T:
+        """`call` to the coordinator; a newer leader seen there means this one is deposed
         (NOT_LEADER_OR_FOLLOWER, so that members look the leader up again)."""
         try:
-            return await self._coordinator(method, group_id, *args)
+            return await call
         except FencedLeaderEpochError as e:
             raise NotLeaderOrFollowerError(f"{self.topic}-{self.partition}: a newer leader wrote the share state: {e}") from None
 
@@ -260,8 +272,8 @@ class SharePartitions:
 
     async def _load_once(self, group_id: str) -> _Hosted:
         resets = self._resets.get(group_id, 0)
-        state, state_epoch, reset = await self._call(
-            "read_share_state", group_id, self.topic, self.partition, self.leader_epoch)
+        state, state_epoch, reset = await self._deposed_if_fenced(
+            self._states.read_share_state(group_id, self.topic, self.partition, self.leader_epoch))
         s = self._settings
         settings = {"delivery_count_limit": s.delivery_count_limit, "lock_duration_ms": s.lock_duration_ms,
                     "max_in_flight": s.max_in_flight}  # fmt: skip
@@ -468,8 +480,9 @@ class SharePartitions:
         changes = hosted.changes
         state = hosted.partition.snapshot()
         try:
-            await self._call("write_share_state", group_id, self.topic, self.partition, self.leader_epoch,
-                             hosted.state_epoch, state.start_offset, from_state(state), create)  # fmt: skip
+            await self._deposed_if_fenced(self._states.write_share_state(
+                group_id, self.topic, self.partition, self.leader_epoch, hosted.state_epoch, state.start_offset,
+                from_state(state), create))  # fmt: skip
         except KafkaError as e:
             if self._hosted.get(group_id) is hosted:
                 del self._hosted[group_id]  # memory must not run ahead of the coordinator: read again
