@@ -187,25 +187,26 @@ def test_only_the_epoch_just_before_the_member_s_own_is_taken_for_a_lost_answer(
         group.heartbeat("a", 2, 5, {**COUNTS, "t": 6}, owned=[*mine, ("u", 0)])  # owns what is not its own
 
 
-def test_an_answer_says_the_member_reconciles_until_it_reaches_its_target_even_when_asked_with_nothing_reported():
+def test_a_member_asking_with_nothing_reported_is_answered_where_it_stands():
     """A member told to revoke whose answer was lost asks again reporting nothing (librdkafka
-    after a timed-out heartbeat): the answer says it is still reconciling (the wire repeats
-    the assignment then), and so do the answers of the member waiting for the partitions."""
+    after a timed-out heartbeat): the answer holds the same epoch and assignment, which the
+    wire sends again (consumer_group_apis.py), and so for the member the partitions are then
+    released to."""
     group = ConsumerProtocolGroup("g", SESSION_MS)
     a = group.heartbeat("a", 0, 0, COUNTS, subscribed_topics=["t"])
-    assert not a.reconciling
     b = group.heartbeat("b", 0, 1, COUNTS, subscribed_topics=["t"])
-    assert b.assignment == frozenset() and b.reconciling
+    assert b.assignment == frozenset()
     told = group.heartbeat("a", 1, 2, COUNTS, owned=a.assignment)
-    assert told.changed and told.reconciling and len(told.assignment) == 2
+    assert told.changed and len(told.assignment) == 2
     again = group.heartbeat("a", 1, 3, COUNTS)  # the answer above lost; nothing reported
-    assert (again.member_epoch, again.assignment, again.changed, again.reconciling) == (1, told.assignment, False, True)
-    assert group.heartbeat("b", 2, 4, COUNTS).reconciling
+    assert (again.member_epoch, again.assignment, again.changed) == (1, told.assignment, False)
+    assert group.heartbeat("b", 2, 4, COUNTS).assignment == frozenset(), "still held by a"
     done = group.heartbeat("a", 1, 5, COUNTS, owned=told.assignment)
-    assert done.member_epoch == 2 and not done.reconciling
+    assert done.member_epoch == 2
     released = group.heartbeat("b", 2, 6, COUNTS)
-    assert released.changed and not released.reconciling and released.assignment == a.assignment - told.assignment
-    assert not group.heartbeat("a", 2, 7, COUNTS).reconciling
+    assert released.changed and released.assignment == a.assignment - told.assignment
+    again = group.heartbeat("b", 2, 7, COUNTS)  # that answer lost too
+    assert (again.member_epoch, again.assignment, again.changed) == (2, released.assignment, False)
 
 
 def test_a_group_record_written_before_previous_epochs_were_kept_reads_with_none():

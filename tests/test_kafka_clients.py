@@ -1449,8 +1449,8 @@ def test_rayk_and_confluent_consumers_share_a_consumer_protocol_group(cluster, b
 
 def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_partitions_by_topic_id(cluster, bootstrap):
     """KIP-848 on the wire, request by request: Kafka's checks and errors, the assignment by
-    topic id (answered when it changed, and again while the member reconciles, since the
-    answer that moved it may be lost; null when not), ConsumerGroupDescribe, ListGroups'
+    topic id (in every answer, since the one that changed it may be lost, where Kafka
+    answers null for "unchanged"), ConsumerGroupDescribe, ListGroups'
     group type, Metadata by topic id (how librdkafka learns the assigned topics' names)."""
     topic = new_topic(cluster, partitions=2, replication_factor=1)
     group_id = f"raw848-{topic}"
@@ -1474,7 +1474,8 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
         [assigned] = joined.assignment.topic_partitions
         assert (assigned.topic_id, sorted(assigned.partitions)) == (topic_id, [0, 1])
         same = heartbeat(member_epoch=1, rebalance_timeout=-1, subscribed_topic_names=None, topic_partitions=None)
-        assert (same.error_code.value, same.member_epoch, same.assignment) == (0, 1, None), "unchanged: null"
+        [again] = same.assignment.topic_partitions  # unchanged, and said again (Kafka: null)
+        assert (same.error_code.value, same.member_epoch, again.topic_id, sorted(again.partitions)) == (0, 1, topic_id, [0, 1])
         assert heartbeat(member_epoch=7, topic_partitions=None).error_code.value == 110  # FENCED_MEMBER_EPOCH
         assert heartbeat(member_id="m2", member_epoch=3, topic_partitions=None).error_code.value == 25  # UNKNOWN_MEMBER_ID
 
@@ -1505,8 +1506,9 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
             (topic, topic_id, 0), (None, uuid.UUID(int=1), 100)]  # UNKNOWN_TOPIC_ID
 
         # A second member joins; m1's answer telling it to give a partition up is lost (as
-        # when librdkafka's heartbeat times out, it asks again reporting nothing): the
-        # assignment comes again in every answer until m1 lets the partition go.
+        # when librdkafka's heartbeat times out, it asks again reporting nothing), and so is
+        # m2's answer giving it that partition: every answer carries the assignment, so
+        # the next one says it again.
         def incremental(member_id: str, epoch: int, **values):
             return heartbeat(**{"member_id": member_id, "member_epoch": epoch, "rebalance_timeout": -1,
                                 "subscribed_topic_names": None, "topic_partitions": None, **values})
@@ -1523,10 +1525,10 @@ def test_consumer_group_heartbeat_and_describe_answer_kafkas_errors_and_name_par
         assert partitions_of(waiting) == [], "still held by m1: answered (empty) while m2 waits for it"
         acked = incremental("m1", 1, topic_partitions=[{"topic_id": topic_id, "partitions": partitions_of(told)}])
         assert (acked.member_epoch, partitions_of(acked)) == (2, partitions_of(told))
-        assert incremental("m1", 2).assignment is None, "reconciled: null again"
+        assert partitions_of(incremental("m1", 2)) == partitions_of(told), "reconciled: the same again"
         released = incremental("m2", 2)
         assert partitions_of(released) == sorted({0, 1} - set(partitions_of(told)))
-        assert incremental("m2", 2).assignment is None
+        assert partitions_of(incremental("m2", 2)) == partitions_of(released), "that answer lost: said again"
         for member_id in ("m1", "m2"):
             left = incremental(member_id, -1)
             assert (left.error_code.value, left.member_epoch) == (0, -1)

@@ -144,15 +144,6 @@ class HeartbeatAnswer:
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member left
     changed: bool = True  # whether the epoch or the assignment differ from the member's last answer
-    # Whether the member has yet to reach its target (partitions to revoke, or to be
-    # released to it). The answer that told it so may have been lost, and a client does
-    # not always say so: librdkafka follows a timed-out heartbeat with an incremental one
-    # (owned partitions null). Kafka answers the assignment only when it changed or the
-    # request was a full one, so a member whose revocation answer timed out keeps its
-    # partitions, and its new owner waits, until the rebalance timeout (5 minutes by
-    # default) fences it. On the wire, rayk repeats the assignment while this holds;
-    # clients ignore an assignment equal to the one they are working towards.
-    reconciling: bool = False
     heartbeat_interval_ms: int = 0  # when to heartbeat next (the coordinator's setting; 0: not set here)
 
 
@@ -492,5 +483,4 @@ class ConsumerProtocolGroup:
         self.members[member_id] = dataclasses.replace(member, assignment=assignment, last_heartbeat_ms=now_ms,
                                                       revoking_since_ms=since, away=False)  # fmt: skip
         changed = (assignment.member_epoch, assignment.assigned) != (member.assignment.member_epoch, member.assignment.assigned)
-        reconciling = assignment.state is not MemberState.STABLE
-        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned, changed, reconciling=reconciling)
+        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned, changed)

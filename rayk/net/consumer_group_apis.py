@@ -7,13 +7,16 @@ heartbeat looks the cluster's topics up at the Controller (names, ids, partition
 so that a topic created or grown since the last one changes the group at once; an owned
 partition of a topic id no topic has any more is dropped, as Kafka's coordinator drops it.
 
-A heartbeat's assignment is answered, as in Kafka, when it changed since the member's last
-answer, when the member joins, or when the partitions the member says it owns are not what
-it was given (it missed an answer); and, unlike Kafka, on every heartbeat while the member
-has partitions to revoke or waits for some to be released (HeartbeatAnswer.reconciling:
-librdkafka follows a timed-out heartbeat with one that reports nothing, and without the
-repeat a member whose revocation answer was lost held its partitions until its rebalance
-timeout). Otherwise it is left null, which means "unchanged".
+Every answer to a member of the group carries its assignment. Kafka's coordinator answers it
+only when it changed since the member's last answer, on a join, or when a full request
+shows the member does not have it, and leaves it null ("unchanged") otherwise. That relies
+on a client whose answer was lost saying so with a full request. librdkafka does not after a
+timed-out heartbeat: it asks again with owned partitions null. Whatever the lost answer
+said was then never said again: a "give these up" kept the partitions with the member (and
+the member waiting for them idle) until the rebalance timeout fenced it, and "these were
+released to you" left them unread for good. Clients ignore an assignment equal to the one
+they have or are working towards (librdkafka: "Assignment is the same"; Java:
+LocalAssignment.updateWith), so the repeat costs a few bytes per heartbeat.
 
 Requests are checked as Kafka's KafkaApis and GroupCoordinatorService check them: a group
 id, a member id (made by the client, v1; v0 lets the coordinator make one), and for a join
@@ -73,10 +76,7 @@ async def consumer_group_heartbeat(view: BrokerView, request: Any) -> dict:
                 "member_epoch": -1, "heartbeat_interval": 0}  # fmt: skip
     response: dict[str, Any] = {"member_id": answer.member_id, "member_epoch": answer.member_epoch,
                                 "heartbeat_interval": answer.heartbeat_interval_ms}  # fmt: skip
-    if answer.assignment is not None and (
-        answer.changed or answer.reconciling or body.member_epoch == JOIN_EPOCH
-        or (owned is not None and frozenset(owned) != answer.assignment)
-    ):
+    if answer.assignment is not None:
         ids = {name: t["topic_id"] for name, t in topics.items()}
         response["assignment"] = {"topic_partitions": [
             {"topic_id": ids[topic], "partitions": partitions} for topic, partitions in _by_topic(answer.assignment).items()
