@@ -20,6 +20,7 @@ from rayk.errors import (
     KafkaError,
     NetworkError,
     NotCoordinatorError,
+    NotLeaderOrFollowerError,
 )
 
 
@@ -88,7 +89,7 @@ class _Link:
     def __init__(self, answers: list[Any]) -> None:
         self._answers = iter(answers)
         self.writes: list[ShareStateWrite] = []
-        self.closed = False
+        self.connected = self.closed = False
 
     async def write_share_state(self, write: ShareStateWrite) -> KafkaError | None:
         self.writes.append(write)
@@ -102,9 +103,14 @@ class _Link:
 
 
 def _client(controller: _Controller, links: dict[str, _Link]) -> ShareStateClient:
-    client = ShareStateClient(controller)
-    client._link = lambda coordinator: links[coordinator._actor_id.name]  # type: ignore[method-assign]
-    return client
+    """A client whose data plane links to coordinator "cN" are `links["cN"]`, one per connect."""
+    def link_to(coordinator: _Coordinator) -> Any:
+        link = links[coordinator._actor_id.name]
+        assert not link.connected, "a link is opened once and kept until it breaks"
+        link.connected = True
+        return link
+
+    return ShareStateClient(controller, link_to)
 
 
 def test_a_read_goes_to_the_coordinator_found_and_its_handle_is_kept():
@@ -150,18 +156,52 @@ def test_a_dead_coordinator_is_coordinator_not_available_and_the_next_one_is_ask
         asyncio.run(_client(controller, {}).read_share_state("g", "t", 0, 1))
 
 
-def test_a_write_goes_over_the_data_plane_and_a_broken_link_is_dropped_before_the_next_coordinator_is_asked():
-    links = {"c1": _Link([NetworkError("reset by peer")]), "c2": _Link([None])}
+def test_writes_go_over_one_kept_link_and_a_broken_one_is_closed_before_the_next_coordinator_is_asked():
+    links = {"c1": _Link([None, NetworkError("reset by peer")]), "c2": _Link([None])}
     controller = _Controller(_Coordinator("c1", []), _Coordinator("c2", []))
     client = _client(controller, links)
-    client._links[_ActorId("c1")] = links["c1"]  # as _link would have kept it
-    asyncio.run(client.write_share_state("g", "t", 0, 2, 5, 10, [(10, 12, "acquired", 1)], create=True))
-    assert links["c1"].closed and _ActorId("c1") not in client._links
+
+    async def main() -> None:
+        await client.write_share_state("g", "t", 0, 2, 5, 10, [])
+        await client.write_share_state("g", "t", 0, 2, 5, 10, [(10, 12, "acquired", 1)], create=True)
+
+    asyncio.run(main())
+    assert len(links["c1"].writes) == 2 and links["c1"].closed and controller.finds == 2
     assert links["c2"].writes == [ShareStateWrite("g", "t", 0, 2, 5, 10, ((10, 12, "acquired", 1),), True)]
+    assert not links["c2"].closed
 
 
-def test_a_write_the_coordinator_refuses_raises_its_error():
+def test_a_write_answered_not_coordinator_goes_to_the_coordinator_found_next_over_the_same_kind_of_link():
+    links = {"c1": _Link([NotCoordinatorError("moved")]), "c2": _Link([None])}
+    controller = _Controller(_Coordinator("c1", []), _Coordinator("c2", []))
+    asyncio.run(_client(controller, links).write_share_state("g", "t", 0, 2, 5, 10, []))
+    assert controller.finds == 2 and len(links["c2"].writes) == 1
+    assert not links["c1"].closed, "an answer, even a refusal, says the link works"
+
+
+def test_a_write_the_coordinator_refuses_raises_its_error_and_an_answered_network_error_is_not_a_broken_link():
     links = {"c1": _Link([FencedStateEpochError("another leader's state")])}
     client = _client(_Controller(_Coordinator("c1", [])), links)
     with pytest.raises(FencedStateEpochError):
         asyncio.run(client.write_share_state("g", "t", 0, 2, 5, 10, []))
+
+    class AnsweringNetworkError(_Link):
+        async def write_share_state(self, write: ShareStateWrite) -> KafkaError | None:
+            return NetworkError("the coordinator's own answer")
+
+    links = {"c1": AnsweringNetworkError([])}
+    with pytest.raises(NetworkError):
+        asyncio.run(_client(_Controller(_Coordinator("c1", [])), links).write_share_state("g", "t", 0, 2, 5, 10, []))
+    assert not links["c1"].closed
+
+
+def test_a_closed_client_closes_its_links_and_refuses_later_calls():
+    links = {"c1": _Link([None])}
+    client = _client(_Controller(_Coordinator("c1", [])), links)
+    asyncio.run(client.write_share_state("g", "t", 0, 2, 5, 10, []))
+    client.close()
+    assert links["c1"].closed
+    with pytest.raises(NotLeaderOrFollowerError):
+        asyncio.run(client.write_share_state("g", "t", 0, 2, 5, 10, []))
+    with pytest.raises(NotLeaderOrFollowerError):
+        asyncio.run(client.read_share_state("g", "t", 0, 2))

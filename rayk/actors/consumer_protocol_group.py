@@ -143,7 +143,6 @@ class HeartbeatAnswer:
     member_id: str
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member left
-    changed: bool = True  # whether the epoch or the assignment differ from the member's last answer
     heartbeat_interval_ms: int = 0  # when to heartbeat next (the coordinator's setting; 0: not set here)
 
 
@@ -482,5 +481,4 @@ class ConsumerProtocolGroup:
         since = (member.revoking_since_ms if member.revoking_since_ms >= 0 else now_ms) if revoking else -1
         self.members[member_id] = dataclasses.replace(member, assignment=assignment, last_heartbeat_ms=now_ms,
                                                       revoking_since_ms=since, away=False)  # fmt: skip
-        changed = (assignment.member_epoch, assignment.assigned) != (member.assignment.member_epoch, member.assignment.assigned)
-        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned, changed)
+        return HeartbeatAnswer(member_id, assignment.member_epoch, assignment.assigned)
