@@ -99,7 +99,7 @@ ray.data.DataContext.get_current().enable_progress_bars = False
 ray.data.read_parquet(sys.argv[2]).limit(1).materialize()  # warm: this driver's first Dataset starts Ray Data
 start = time.perf_counter()
 ds = ray.data.read_parquet(sys.argv[2]).materialize()
-print(time.perf_counter() - start, ds.count())
+print("read_parquet:", time.perf_counter() - start, ds.count(), flush=True)
 """
 
 
@@ -112,7 +112,8 @@ def read_parquet_elsewhere(path: Path, rows: int) -> float:
         [sys.executable, "-c", READ_PARQUET, address, str(path)], capture_output=True, text=True, check=True,
         env={**os.environ, "RAY_AUTH_MODE": "token"}, timeout=600,
     )  # fmt: skip
-    seconds, count = out.stdout.split()[-2:]
+    # Ray Data may print to stdout after it (a colored notice at exit): the marked line only.
+    seconds, count = next(line.split()[1:3] for line in out.stdout.splitlines() if line.startswith("read_parquet:"))
     assert int(count) == rows, (count, rows)
     return float(seconds)
 
