@@ -201,7 +201,7 @@ class PartitionReplica(Supervised):
         self._counters = BrokerTopicCounters(broker_id, topic)
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
-        self._share_states: ShareStateClient | None = None  # the share groups' coordinators, once a group fetched here
+        self._share_states = ShareStateClient(self._controller)  # the share groups' coordinators (no I/O until used)
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -669,8 +669,6 @@ class PartitionReplica(Supervised):
 
     def _share_partitions(self) -> SharePartitions:
         if self._shares is None:
-            if self._share_states is None:
-                self._share_states = ShareStateClient(self._controller)
             self._shares = SharePartitions(self._log, self.topic, self.partition, self._leader_epoch,
                                            self._share_states, self.config.share)  # fmt: skip
         return self._shares
@@ -987,8 +985,7 @@ class PartitionReplica(Supervised):
                 self._cleaning = None
 
     async def _close_endpoint(self) -> None:
-        if self._share_states is not None:
-            self._share_states.close()
+        self._share_states.close()
         if self._endpoint is not None:
             await self._endpoint.close()
             self._endpoint = None
