@@ -42,6 +42,7 @@ bench: bytecode
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/storage_bench.py
 	$(PY) benchmarks/client_bench.py
+	$(PY) benchmarks/send_gc_bench.py
 	$(PY) benchmarks/ack_path_bench.py
 	$(PY) benchmarks/decode_bench.py
 	$(PY) benchmarks/read_path_bench.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -75,3 +76,33 @@ def test_waiters_in_other_threads_wake_on_completion():
     batch.complete(5, -1)
     waiter.join(timeout=10)
     assert results == [RecordMetadata("t", 0, 5, 1)]
+
+
+def test_a_callback_gets_a_future_equal_to_the_one_send_returned():
+    batch, other = BatchResult("t", 0), BatchResult("t", 0)
+    futures = futures_of(batch, [1, 2])
+    pending = set(futures)
+    seen = []
+    for f in futures:
+        f.add_done_callback(lambda done: (seen.append(done), pending.discard(done)))
+    batch.complete(7, -1)
+    assert seen == futures and not pending, "equal, of equal hash: a set of pending futures empties"
+    assert [f.result() for f in seen] == [RecordMetadata("t", 0, 7, 1), RecordMetadata("t", 0, 8, 2)]
+    assert futures[0] != futures[1] and futures[0] != FutureRecordMetadata(other, 0, 1) and futures[0] != 0
+
+
+def test_a_callback_does_not_keep_its_records_future_alive():
+    """What a batch keeps per record until it completes is the callable and two ints: a
+    future kept per record is walked by every full collection (benchmarks/send_gc_bench.py)."""
+
+    def live_futures() -> int:
+        return sum(isinstance(o, FutureRecordMetadata) for o in gc.get_objects())
+
+    batch = BatchResult("t", 0)
+    calls = []
+    before = live_futures()
+    for i in range(100):
+        FutureRecordMetadata(batch, i, i).add_done_callback(calls.append)
+    assert live_futures() == before
+    batch.complete(0, -1)
+    assert [f.result().offset for f in calls] == list(range(100))

@@ -7,6 +7,16 @@ batch, so `send()` does not pay for a lock and a condition per record, as a
 `concurrent.futures.Future` would (that was a third of the time `send()` took).
 `send_batch` returns one `FutureSendBatch` for all the batches of a call.
 
+A batch waiting for its acknowledgement keeps, per record with a callback, the callable
+and the record's place (two ints), not its future: `add_done_callback` does not keep the
+future alive, and the sender hands each callback a new future for the same record (equal
+to the one `send` returned, and of equal hash). Objects that live until their batch is
+acknowledged outlive two of Python's young collections, and every full collection then
+walks all of them: with a producer's buffer full of records, a future and a
+(callable, future) pair kept per record were two thirds of the objects those collections
+walked, and the collections were more than half of `send()`'s CPU
+(`benchmarks/send_gc_bench.py`). The user's callable is the one object per record left.
+
 FutureRecordMetadata answers like a concurrent.futures.Future (`result`, `exception`,
 `done`, `add_done_callback`), plus kafka-python's `get(timeout)`, `succeeded()`, `failed()`.
 Callbacks run in the producer's sender thread when the batch completes, in the order the
@@ -32,7 +42,10 @@ logger = logging.getLogger(__name__)
 class BatchResult:
     """The outcome of one batch: set once by `complete` or `fail`."""
 
-    __slots__ = ("topic", "partition", "base_offset", "log_append_time_ms", "error", "_done", "_callbacks", "_lock")
+    __slots__ = (
+        "topic", "partition", "base_offset", "log_append_time_ms", "error",
+        "_done", "_callbacks", "_record_callbacks", "_record_places", "_lock",
+    )  # fmt: skip
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
@@ -41,6 +54,10 @@ class BatchResult:
         self.error: BaseException | None = None
         self._done = threading.Event()
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
+        # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
+        # Python's collector stops tracking the first time it sees them.
+        self._record_callbacks: list[Callable[[FutureRecordMetadata], Any]] = []
+        self._record_places: list[tuple[int, int]] = []
         self._lock = threading.Lock()
 
     def complete(self, base_offset: int, log_append_time_ms: int) -> None:
@@ -56,9 +73,16 @@ class BatchResult:
             assert not self._done.is_set(), "a batch completes once"
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
+            record_callbacks, self._record_callbacks = self._record_callbacks, []
+            places, self._record_places = self._record_places, []
         for callback, arg in callbacks:  # no lambda or call per record: a batch may carry 10,000
             try:
                 callback(arg)
+            except Exception:
+                logger.exception("a send() callback raised")
+        for fn, (index, timestamp_ms) in zip(record_callbacks, places):
+            try:
+                fn(FutureRecordMetadata(self, index, timestamp_ms))
             except Exception:
                 logger.exception("a send() callback raised")
 
@@ -77,6 +101,15 @@ class BatchResult:
                 return
         _run(lambda: callback(arg))
 
+    def on_record_done(self, fn: Callable[[FutureRecordMetadata], Any], index: int, timestamp_ms: int) -> None:
+        """Calls fn(the future of record `index`) once the batch completes (at once if it has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._record_callbacks.append(fn)
+                self._record_places.append((index, timestamp_ms))
+                return
+        _run(lambda: fn(FutureRecordMetadata(self, index, timestamp_ms)))
+
 
 def _run(callback: Callable[[], None]) -> None:
     try:
@@ -86,7 +119,8 @@ def _run(callback: Callable[[], None]) -> None:
 
 
 class FutureRecordMetadata:
-    """One record's place in a batch; resolves to its RecordMetadata."""
+    """One record's place in a batch; resolves to its RecordMetadata. Two futures of the
+    same record are equal (a callback gets one of its own; see the module docstring)."""
 
     __slots__ = ("_batch", "_index", "_timestamp_ms")
 
@@ -119,8 +153,16 @@ class FutureRecordMetadata:
         return self._batch.error
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
-        """Calls fn(self) once the record is acknowledged or failed."""
-        self._batch.on_done(fn, self)
+        """Calls fn(a future equal to this one) once the record is acknowledged or failed."""
+        self._batch.on_record_done(fn, self._index, self._timestamp_ms)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FutureRecordMetadata):
+            return NotImplemented
+        return self._batch is other._batch and self._index == other._index
+
+    def __hash__(self) -> int:
+        return hash((id(self._batch), self._index))
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self.failed() else "done")
