@@ -228,6 +228,10 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     consume_s = consume(bootstrap, topic, records)
     mb = records * len(value) / 1e6
     create_topic(topic + "-latency")
+    # A new topic's first seconds are not a steady rate: rayk starts a replica process per
+    # copy (9 here, ~0.5 CPU-s each on the faster VM), and without this wait its latency
+    # phase ran while they started (end to end p99 214-287 ms, 20-38 ms settled).
+    settle()
     acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
     single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
     row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
