@@ -134,37 +134,57 @@ def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BY
     """The records of one offset range as an Arrow table of SCHEMA (in this process),
     fetched from the partition's leader over the data plane and decoded by compiled code
     (arrow_batches)."""
+    tables = list(iter_range(cluster, r, fetch_max_bytes))
+    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+
+
+def iter_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> Iterator[pa.Table]:
+    """The records of one offset range as Arrow tables of SCHEMA, a table per fetch of up
+    to `fetch_max_bytes`, in offset order, as read_range reads them. The next fetch is sent
+    before a table is decoded and handed out, so the leader reads and sends it while this
+    process decodes and the caller uses the table (a Spark task's writes to its JVM)."""
     metadata = MetadataCache(cluster.controller)
     data_plane = DataPlaneSession(f"read of {r.topic}-{r.partition}")
     try:
-        return _read_range(metadata, data_plane, r, fetch_max_bytes)
+        yield from _fetched_tables(metadata, data_plane, r, fetch_max_bytes)
     finally:
         data_plane.close()
 
 
-def _read_range(metadata: MetadataCache, data_plane: DataPlaneSession, r: OffsetRange, fetch_max_bytes: int) -> pa.Table:
-    tables = []
+def _fetched_tables(
+    metadata: MetadataCache, data_plane: DataPlaneSession, r: OffsetRange, fetch_max_bytes: int
+) -> Iterator[pa.Table]:
+    isolation = READ_COMMITTED if r.read_committed else READ_UNCOMMITTED
     offset = r.start
+    ahead: tuple[int, Any] | None = None  # (offset, answer) of the fetch sent one ahead
     deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
-            isolation = READ_COMMITTED if r.read_committed else READ_UNCOMMITTED
-            request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
-            result = calls.get(data_plane.fetch(leader, request), deadline, f"fetch {r.topic}-{r.partition}")
+            if ahead is not None and ahead[0] == offset:
+                answer = ahead[1]
+            else:
+                request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
+                answer = data_plane.fetch(leader, request)
+            ahead = None
+            result = calls.get(answer, deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
         except KafkaError as e:  # the leader moved, died or did not answer (by `deadline`)
             error = e
         if error is None:
             if result.records:
+                next_offset = max(offset, min(end_offset_of(result.records), r.end))
+                if next_offset < r.end:
+                    request = FetchRequest(next_offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
+                    ahead = (next_offset, data_plane.fetch(leader, request))
                 kept = result.records
                 if result.aborted_transactions:  # (read_committed) what aborted transactions wrote is dropped
                     kept = b"".join(batch.data for batch in committed_batches(kept, result.aborted_transactions))
                 table = records_table(kept, r.topic, r.partition, offset, r.end)
-                if table.num_rows:
-                    tables.append(table)
-                offset = max(offset, min(end_offset_of(result.records), r.end))
+                offset = next_offset
                 deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
+                if table.num_rows:
+                    yield table
                 continue
         elif isinstance(error, KafkaError) and not error.retriable:
             raise error
@@ -172,7 +192,6 @@ def _read_range(metadata: MetadataCache, data_plane: DataPlaneSession, r: Offset
             raise KafkaTimeoutError(f"{r.topic}-{r.partition}: stuck at offset {offset} of [{r.start}, {r.end}): {error}")
         metadata.invalidate(r.topic)
         time.sleep(READ_RETRY_BACKOFF_MS / 1000)
-    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
 def ray_columns(table: pa.Table) -> pa.Table:

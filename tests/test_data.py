@@ -422,6 +422,24 @@ def test_a_stream_behind_the_log_start_fails_or_with_fail_on_data_loss_off_skips
     assert first == [(0, o) for o in range(log_start, 20)]
 
 
+def test_a_range_is_read_a_table_per_fetch_in_offset_order_with_the_next_fetch_on_its_way(cluster):
+    topic = new_topic(cluster, partitions=1)
+    with cluster.producer() as producer:
+        for i in range(20):  # 20 batches of 10 records
+            producer.send_batch(topic, [b"v%03d" % (10 * i + j) for j in range(10)]).get(timeout=30)
+    leader = cluster.describe_topic(topic)[0]["leader"]
+    r = OffsetRange(topic, 0, 5, 195, leader)
+    tables = list(rayk_data.iter_range(cluster, r, fetch_max_bytes=300))  # a batch or two a fetch
+    assert len(tables) >= 10
+    assert [o for t in tables for o in t.column("offset").to_pylist()] == list(range(5, 195))
+    assert [v for t in tables for v in t.column("value").to_pylist()] == [b"v%03d" % o for o in range(5, 195)]
+    assert rayk_data.read_range(cluster, r, fetch_max_bytes=300).equals(pa.concat_tables(tables))
+    reading = rayk_data.iter_range(cluster, r, fetch_max_bytes=300)
+    assert next(reading).column("offset")[0].as_py() == 5
+    reading.close()  # a reader that stops early, a fetch still on its way: its session closes
+    assert rayk_data.read_range(cluster, OffsetRange(topic, 0, 7, 7, leader)).num_rows == 0
+
+
 def test_read_tasks_are_sized_by_bytes_as_well_as_records(cluster):
     topic = new_topic(cluster, partitions=2)
     rayk_data.write_topic(ray.data.from_items([{"value": b"v" * 1000, "partition": i % 2} for i in range(400)]), topic,
