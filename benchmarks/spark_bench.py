@@ -33,6 +33,10 @@ and counted before any timing so every case starts from the same in-memory DataF
    files the write case left (`materialize()` too). The Spark reads are forced with
    Spark's `noop` sink, which computes every row and writes nothing.
 
+Every case starts on a quiet machine: the page cache's dirty pages written out (`sync`)
+and the cores let settle (kafka_protocol_bench's rule), so that a case does not pay for
+the writeback or the replica processes of the one before it.
+
 MB/s are 10^6 bytes of key + value per second; rows/s count rows.
 """
 
@@ -59,6 +63,7 @@ import ray  # noqa: E402
 import rayk  # noqa: E402
 from rayk import data as rayk_data  # noqa: E402
 from rayk import spark as rayk_spark  # noqa: E402
+from kafka_protocol_bench import settle  # noqa: E402  (beside this script)
 
 KEY_BYTES = 8
 PARTITIONS = 6
@@ -77,6 +82,9 @@ SOURCE_TUNING = {"kafka.max.partition.fetch.bytes": str(8 << 20)}
 
 
 def timed(fn: Any) -> tuple[float, Any]:
+    """Seconds of fn() and its result, on a quiet machine (see the module docstring)."""
+    os.sync()
+    settle()
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
@@ -189,6 +197,8 @@ def main() -> None:
         results.append(row("read   Ray Data alone, no Spark", rows, row_bytes, seconds))
         seconds, _ = timed(lambda: force(spark.read.parquet(str(work / "parquet"))))
         results.append(row("read   Parquet, local disk", rows, row_bytes, seconds))
+        os.sync()
+        settle()
         seconds = read_parquet_elsewhere(work / "parquet", rows)
         results.append(row("read   Ray Data read_parquet, no Spark", rows, row_bytes, seconds))
     finally:
