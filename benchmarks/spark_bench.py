@@ -24,10 +24,10 @@ and counted before any timing so every case starts from the same in-memory DataF
    into a third topic; and the same with the producer tuned for throughput (`SINK_TUNING`).
 2. read: `rayk.spark.read_topic(spark, topic)` (each Spark task fetches its partition
    from the leader replica), against `spark.read.parquet(dir)`, twice: the first starts
-   Spark's Python worker (Spark ends one idle for a minute), the second finds it up; Spark's own Kafka source,
-   `spark.read.format("kafka")` with `includeHeaders=true` (the same columns as
-   read_topic's), through the listeners, as it comes and with larger fetches
-   (`SOURCE_TUNING`); and the other way:
+   Spark's Python worker (Spark ends one idle for a minute), the second finds it up;
+   Spark's own Kafka source, `spark.read.format("kafka")` with `includeHeaders=true`
+   (the same columns as read_topic's), through the listeners, as it comes and with
+   larger fetches (`SOURCE_TUNING`); and the other way:
    `rayk.data.read_topic(topic)` (Ray tasks on the leaders' nodes, into Arrow) then
    RayDP's `Dataset.to_spark(spark)`; and that Ray read alone (`materialize()`), the cost
    of fetching and decoding without Spark, against `ray.data.read_parquet` of the Parquet

@@ -35,9 +35,10 @@ write to `sink_topic`, and each batch's output and offsets are one transaction
 
 Data moves between the Spark tasks and the partition actors directly: each Spark
 task's Python worker connects to Ray once (Spark reuses its Python workers) and fetches
-its offset range from the leader replica, a fetch at a time with the next one on its way,
-decoded straight into Arrow batches that go to Spark whole (mapInArrow), or produces its rows with a Producer (Spark's Arrow batches go
-to `Producer.send_batch` whole). Neither direction makes a Python object per row. In
+its offset range from the leader replica, a fetch at a time with the next one on its
+way, decoded straight into Arrow batches that go to Spark whole (mapInArrow), or
+produces its rows with a Producer (Spark's Arrow batches go to `Producer.send_batch`
+whole). Neither direction makes a Python object per row. In
 benchmarks/spark_bench.py this read path was 1.6-1.75x as fast as going through a Ray
 Dataset and RayDP's `to_spark` (the other way to do it), and the write path 1.4x as fast
 as `ray.data.from_spark` + a Ray Data sink.
