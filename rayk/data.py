@@ -182,9 +182,10 @@ def _fetched_tables(
                     kept = b"".join(batch.data for batch in committed_batches(kept, result.aborted_transactions))
                 table = records_table(kept, r.topic, r.partition, offset, r.end)
                 offset = next_offset
-                deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
                 if table.num_rows:
                     yield table
+                # From here: the caller's time with the table is not the next fetch's.
+                deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
                 continue
         elif isinstance(error, KafkaError) and not error.retriable:
             raise error

@@ -5,6 +5,7 @@ sent ahead included) retried from where the last table ended. No Ray."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import pytest
 
@@ -54,12 +55,14 @@ class FakeLeader:
         return answer
 
 
-def read(leader: FakeLeader, start: int, end: int) -> list[int]:
+def read(leader: FakeLeader, start: int, end: int, hold_s: float = 0) -> list[int]:
+    """The offsets read, each table held `hold_s` (a Spark task writing it to its JVM)."""
     offsets = []
     for table in rayk_data._fetched_tables(FakeMetadata(), leader, OffsetRange("t", 0, start, end, 0), 1):
         first = table.column("offset")[0].as_py()
         leader.events.append(f"table {first}")
         offsets += table.column("offset").to_pylist()
+        time.sleep(hold_s)
     return offsets
 
 
@@ -83,3 +86,10 @@ def test_a_fetch_that_keeps_failing_ends_in_a_timeout(monkeypatch):
     leader = FakeLeader([], fail_fetches_at=set(range(2, 10_000)))
     with pytest.raises(rayk_data.KafkaTimeoutError, match="stuck at offset 3"):
         read(leader, 0, 30)
+
+
+def test_the_time_a_caller_holds_a_table_is_not_taken_from_the_next_fetchs_retries(monkeypatch):
+    monkeypatch.setattr(rayk_data, "READ_RETRY_BACKOFF_MS", 1)
+    monkeypatch.setattr(rayk_data, "READ_RETRY_TIMEOUT_MS", 50)
+    leader = FakeLeader([], fail_fetches_at={2, 4})  # fetches sent ahead, failing
+    assert read(leader, 0, 12, hold_s=0.1) == list(range(12))
