@@ -84,6 +84,19 @@ def test_the_dataframe_has_spark_kafka_source_schema_and_round_trips(cluster, sp
     assert by_key == {b"k0": [("h", b"x")], None: [], b"k2": [("a", None)]}
 
 
+def test_python_workers_are_forked_from_rayk_s_daemon_with_its_imports_done(spark):
+    """A worker Spark starts after ending an idle one (a minute) does not import pyarrow,
+    Ray and rayk again on its first rayk task (rayk/spark_daemon.py)."""
+
+    def probe(_):
+        import sys
+
+        main = sys.modules["__main__"]
+        yield getattr(main.__spec__, "name", None), "ray" in sys.modules and "pyarrow" in sys.modules
+
+    assert set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(probe).collect()) == {("rayk.spark_daemon", True)}
+
+
 def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
     topic = new_topic(cluster)
     rows = [(b"%d" % i, i % 2, datetime.datetime.fromtimestamp(1_000 + i, datetime.timezone.utc)) for i in range(40)]
