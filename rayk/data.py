@@ -155,17 +155,18 @@ def _fetched_tables(
     metadata: MetadataCache, data_plane: DataPlaneSession, r: OffsetRange, fetch_max_bytes: int
 ) -> Iterator[pa.Table]:
     isolation = READ_COMMITTED if r.read_committed else READ_UNCOMMITTED
+
+    def fetch_at(offset: int, leader: Any) -> Any:
+        request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
+        return data_plane.fetch(leader, request)
+
     offset = r.start
     ahead: tuple[int, Any] | None = None  # (offset, answer) of the fetch sent one ahead
     deadline = time.monotonic() + READ_RETRY_TIMEOUT_MS / 1000
     while offset < r.end:
         try:
             leader = metadata.leader(r.topic, r.partition)
-            if ahead is not None and ahead[0] == offset:
-                answer = ahead[1]
-            else:
-                request = FetchRequest(offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
-                answer = data_plane.fetch(leader, request)
+            answer = ahead[1] if ahead is not None and ahead[0] == offset else fetch_at(offset, leader)
             ahead = None
             result = calls.get(answer, deadline, f"fetch {r.topic}-{r.partition}")
             error = result.error
@@ -175,8 +176,7 @@ def _fetched_tables(
             if result.records:
                 next_offset = max(offset, min(end_offset_of(result.records), r.end))
                 if next_offset < r.end:
-                    request = FetchRequest(next_offset, fetch_max_bytes, min_bytes=1, max_wait_ms=0, isolation_level=isolation)
-                    ahead = (next_offset, data_plane.fetch(leader, request))
+                    ahead = (next_offset, fetch_at(next_offset, leader))
                 kept = result.records
                 if result.aborted_transactions:  # (read_committed) what aborted transactions wrote is dropped
                     kept = b"".join(batch.data for batch in committed_batches(kept, result.aborted_transactions))

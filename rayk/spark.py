@@ -120,9 +120,9 @@ def _append_list(configs: dict[str, str], key: str, items: tuple[str, ...] | lis
 
 def session_configs(configs: dict[str, str] | None = None, kafka_connector: bool = False) -> dict[str, str]:
     """RayDP's Spark configs with the Java 17 flags, this interpreter as executor Python
-    and rayk's Python daemon; Java options the caller gives are kept, after rayk's. With `kafka_connector`, Spark's
-    Kafka connector is added to `spark.jars.packages` (and what pyspark ships already to
-    `spark.jars.excludes`)."""
+    and rayk's Python daemon; Java options the caller gives are kept, after rayk's. With
+    `kafka_connector`, Spark's Kafka connector is added to `spark.jars.packages` (and what
+    pyspark ships already to `spark.jars.excludes`)."""
     out = {
         # RayDP passes these to its JVMs as -Dlog4j2.configurationFile, after our options.
         "spark.ray.log4j.config.file.name": str(LOG4J2_CONFIG),
