@@ -68,6 +68,7 @@ from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
 from rayk.actors.share_state_client import ShareStateClient
 from rayk.actors.supervision import Supervised
+from rayk.actors.wakeup import Wakeup
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
@@ -192,8 +193,8 @@ class PartitionReplica(Supervised):
         self._leader_id: int | None = None
         self._leader_state: LeaderReplicaState | None = None
         self._fetcher: asyncio.Task | None = None
-        self._changed: asyncio.Event | None = None  # see _notify_change
-        self._appended: asyncio.Event | None = None
+        self._changed: Wakeup | None = None  # see _notify_change
+        self._appended: Wakeup | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
         self._background: set[asyncio.Task] = set()
         self._trace: ProduceTrace | None = None  # see trace_produce
@@ -279,22 +280,22 @@ class PartitionReplica(Supervised):
     # reads only up to the HW and an acks=all produce waits for it, so an append that leaves
     # the HW where it was wakes neither: at RF=3 that is most appends.
 
-    def _change_event(self, appends: bool = False) -> asyncio.Event:
+    def _change_event(self, appends: bool = False) -> Wakeup:
         """The event a waiter waits on, taken before it checks its condition; with
-        `appends`, one that new records set too."""
+        `appends`, one that new records fire too."""
         if appends:
             if self._appended is None:
-                self._appended = asyncio.Event()
+                self._appended = Wakeup()
             return self._appended
         if self._changed is None:
-            self._changed = asyncio.Event()
+            self._changed = Wakeup()
         return self._changed
 
     def _notify_append(self) -> None:
         """Records were appended and the HW did not move: wakes the waiters for records."""
         if self._appended is not None:
             event, self._appended = self._appended, None
-            event.set()
+            event.fire()
 
     def _notify_change(self) -> None:
         """Wakes every waiting fetch and produce: the HW, the role or a config moved. The
@@ -308,16 +309,12 @@ class PartitionReplica(Supervised):
                 self._shares.wake()
         if self._changed is not None:
             event, self._changed = self._changed, None
-            event.set()
+            event.fire()
 
     @staticmethod
-    async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-        """Until `event` is set or `timeout_s` passed (no task of its own, unlike wait_for)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            pass
+    async def _wait(event: Wakeup, timeout_s: float) -> None:
+        """Until `event` fires or `timeout_s` passed (no task of its own, unlike wait_for)."""
+        await event.wait(timeout_s)
 
     # ------------------------------------------------------------------ role changes
 

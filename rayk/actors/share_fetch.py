@@ -57,6 +57,7 @@ from rayk.actors.share_partition import (
     ShareState,
     StateBatch,
 )
+from rayk.actors.wakeup import Wakeup
 from rayk.dataplane.frames import MAX_RECORDS_BYTES, ShareFetchResult
 from rayk.errors import (
     CoordinatorNotAvailableError,
@@ -106,7 +107,7 @@ class _Hosted:
     written: int = 0  # of those, how many the coordinator holds
     writing: asyncio.Task | None = None
     waiting: int = 0  # fetches waiting for records
-    waiters: asyncio.Event = field(default_factory=asyncio.Event)  # set when records come back
+    waiters: Wakeup = field(default_factory=Wakeup)  # fired when records come back
 
 
 def acquired_ranges(acquired: Iterable[AcquiredRange]) -> tuple[tuple[int, int, int], ...]:
@@ -223,7 +224,7 @@ class SharePartitions:
         for hosted in self._hosted.values():
             if hosted.writing is not None:
                 hosted.writing.cancel()
-            hosted.waiters.set()
+            hosted.waiters.fire()
         self._hosted.clear()
 
     def _not_leading(self) -> NotLeaderOrFollowerError:
@@ -498,8 +499,8 @@ class SharePartitions:
 
     @staticmethod
     def _wake(hosted: _Hosted) -> None:
-        event, hosted.waiters = hosted.waiters, asyncio.Event()
-        event.set()
+        event, hosted.waiters = hosted.waiters, Wakeup()
+        event.fire()
 
     @staticmethod
     def _until_next_expiry_s(partition: SharePartition) -> float:
@@ -507,12 +508,8 @@ class SharePartitions:
         return float("inf") if deadline is None else max((deadline - _now_ms()) / 1000, 0.001)
 
     @staticmethod
-    async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            pass
+    async def _wait(event: Wakeup, timeout_s: float) -> None:
+        await event.wait(timeout_s)
 
 
 async def _outcome(write: asyncio.Future) -> KafkaError | None:
