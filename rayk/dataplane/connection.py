@@ -103,7 +103,7 @@ class Connection:
             self._last_active_s = time.monotonic()
             answer = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = answer
-            head = frames.request_frame_head(correlation_id, kind, sum(len(part) for part in parts))
+            head = frames.request_frame_head(correlation_id, kind, sum(map(len, parts)))
             if len(parts) == 1 and len(parts[0]) < SMALL_FRAME_BYTES:
                 self._writer.write(head + parts[0])  # one write, one syscall
             else:

@@ -59,7 +59,7 @@ def _string(text: str | None, flexible: bool) -> bytes:
 def _frame(head: RequestHead, flexible: bool, parts: list[Any]) -> bytes:
     """Size, response header and body; one join, the records' only copy."""
     tags = NO_TAGS if flexible else b""
-    size = 4 + len(tags) + sum(len(part) for part in parts)
+    size = 4 + len(tags) + sum(map(len, parts))
     return b"".join([_HEADER.pack(size, head.correlation_id), tags, *parts])
 
 
