@@ -6,11 +6,22 @@ polling. The latency load (default) sends `--rate` records/s with `linger.ms` 0;
 After `--warmup-s`, it reads each process's CPU time from /proc for `--window-s` and
 prints cores used per process class (partition replicas, listeners, the driver with its
 librdkafka clients, raylet, GCS ...) next to the whole machine's busy cores (/proc/stat):
-the ceiling of each stage is one core divided by its CPU per record. With `--py-spy` it
-also samples the listeners and replicas with py-spy (which costs CPU itself) and prints
-the frames where their samples end.
+the ceiling of each stage is one core divided by its CPU per record. It also splits the
+replicas' and listeners' CPU by thread: the one that runs the actor's event loop (rayk's
+work, asyncio's and the kernel's for its sockets), Ray's main thread, and Ray's others.
 
-    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R | --throughput] [--window-s S] [--py-spy]
+With `--profile` it runs cProfile, timed by the thread's CPU clock, in the event loop of
+partition 0's leader, of one of its followers and of the leader's broker's listener for
+the window, and prints per process the Python calls per record of the partition and the
+functions with the most time of their own. cProfile adds its own cost to every call, so
+its times are for comparing functions, and the figures of the first table are from a
+run without it. With `--py-spy` it samples the listeners and replicas with py-spy
+instead (which costs a core itself) and prints the frames where their samples end; a
+sample in native code ends in the Python frame that called into it (`Thread.run` for an
+event loop), so that table does not tell uvloop from the interpreter: `perf record -g -p
+PID` does.
+
+    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R | --throughput] [--window-s S] [--profile | --py-spy]
 
 A local Ray instance, shut down at the end. It prints figures and asserts nothing.
 """
@@ -18,8 +29,12 @@ A local Ray instance, shut down at the end. It prints figures and asserts nothin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
+import cProfile
+import gc
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -35,9 +50,14 @@ import rayk
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def _stat_cpu_s(stat_path: str) -> float:
+    """User + system CPU seconds from a /proc/.../stat file."""
+    fields = open(stat_path).read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def process_cpu_s(pid: int) -> float:
+    return _stat_cpu_s(f"/proc/{pid}/stat")
 
 
 def machine_busy_s() -> float:
@@ -63,12 +83,79 @@ def processes() -> dict[int, str]:
     return out
 
 
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """Thread id -> CPU seconds (user + system) of each thread of the process."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue  # the thread ended
+    return out
+
+
+def data_path_actors(cluster: rayk.Cluster) -> dict[int, tuple[str, object]]:
+    """pid -> (class, handle) of every partition replica and listener of the cluster."""
+    handles = []
+    for broker in cluster.brokers():
+        manager = cluster.broker(broker["broker_id"])
+        handles += [("PartitionReplica", h) for h in ray.get(manager.replica_handles.remote()).values()]
+        handles.append(("SocketServer", ray.get(manager.listener.remote())))
+    pids = ray.get([h.__ray_call__.remote(lambda actor: os.getpid()) for _, h in handles])
+    return {pid: entry for pid, entry in zip(pids, handles)}
+
+
+def _event_loop_thread(actor: object) -> int:
+    """In an actor: the thread id of the thread that runs its event loop."""
+    return next(t.native_id for t in threading.enumerate() if t.name.startswith("AsyncIO Thread"))
+
+
+def _running_loop() -> asyncio.AbstractEventLoop:
+    """In an async actor: its event loop (a call like this one runs on another thread)."""
+    return next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+
+
+def _on_event_loop(function) -> None:
+    """In an async actor: runs `function` on its event loop's thread and waits for it."""
+    done = threading.Event()
+    _running_loop().call_soon_threadsafe(lambda: (function(), done.set()))
+    assert done.wait(30), "the event loop did not run the call"
+
+
+def _start_profile(actor: object) -> None:
+    actor._bench_profile = cProfile.Profile(time.thread_time_ns, 1e-9)
+    _on_event_loop(actor._bench_profile.enable)
+
+
+def _stop_profile(actor: object, top: int) -> tuple[int, list[tuple[int, float, str]]]:
+    """(Python calls in all, the `top` functions by own time: (calls, own seconds, name))."""
+    _on_event_loop(actor._bench_profile.disable)
+    stats = pstats.Stats(actor._bench_profile)
+    rows = [(calls, own_s, f"{os.path.basename(file)}:{line}({name})" if line else name)
+            for (file, line, name), (_, calls, own_s, _, _) in stats.stats.items()]
+    return stats.total_calls, sorted(rows, key=lambda row: -row[1])[:top]
+
+
+def profile_targets(cluster: rayk.Cluster, topic: str) -> dict[str, tuple[object, int]]:
+    """Label -> (handle, how many of the topic's partitions its records come from) for
+    partition 0's leader, one of its followers and the listener of the leader's broker."""
+    partitions = cluster.describe_topic(topic)
+    leader = partitions[0].leader
+    follower = next(b for b in partitions[0].replicas if b != leader)
+    listener = ray.get(cluster.broker(leader).listener.remote())
+    led = sum(1 for p in partitions if p.leader == leader)
+    return {f"leader (broker {leader})": (cluster.replica(topic, 0, leader), 1),
+            f"follower (broker {follower})": (cluster.replica(topic, 0, follower), 1),
+            f"listener (broker {leader}, leads {led} of {len(partitions)})": (listener, led)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=int, default=1_000, help="records/s")
     parser.add_argument("--warmup-s", type=float, default=6)
     parser.add_argument("--window-s", type=float, default=10)
     parser.add_argument("--throughput", action="store_true", help="unthrottled, batch.size 1 MiB, linger.ms 5")
+    parser.add_argument("--profile", action="store_true", help="cProfile in three event loops (see above)")
     parser.add_argument("--py-spy", action="store_true")
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -107,7 +194,13 @@ def main() -> None:
         t.start()
     time.sleep(args.warmup_s)
     procs = processes()
+    data_path = data_path_actors(cluster)
+    loop_threads = dict(zip(data_path, ray.get([h.__ray_call__.remote(_event_loop_thread) for _, h in data_path.values()])))
+    targets = profile_targets(cluster, "latency") if args.profile else {}
+    for handle, _ in targets.values():
+        ray.get(handle.__ray_call__.remote(_start_profile))
     before = {pid: process_cpu_s(pid) for pid in procs}
+    threads_before = {pid: thread_cpu_s(pid) for pid in data_path}
     busy_before, sent_before, start = machine_busy_s(), sent[0], time.perf_counter()
     spies = []
     if args.py_spy:
@@ -129,6 +222,13 @@ def main() -> None:
         except OSError:
             pass
     busy = machine_busy_s() - busy_before
+    by_thread = collections.Counter()
+    for pid, (cls, _) in data_path.items():
+        for tid, cpu_s in thread_cpu_s(pid).items():
+            kind = "event loop" if tid == loop_threads[pid] else "Ray's main thread" if tid == pid else "Ray's other threads"
+            by_thread[(cls, kind)] += cpu_s - threads_before[pid].get(tid, 0.0)
+    profiles = {label: (ray.get(handle.__ray_call__.remote(_stop_profile, 12)), share)
+                for label, (handle, share) in targets.items()}
     stop.set()
     for t in threads:
         t.join()
@@ -137,6 +237,15 @@ def main() -> None:
     print(f"{'process class':44} {'cores':>6} {'CPU µs / record':>16}")
     for cls, cpu_s in used.most_common():
         print(f"{cls:44} {cpu_s / wall_s:6.2f} {cpu_s / max(records, 1) * 1e6:16.1f}")
+    print(f"{'by thread, CPU µs / record':44} {'event loop':>10} {'Ray main':>10} {'Ray other':>10}")
+    for cls in ("PartitionReplica", "SocketServer"):
+        row = [by_thread[(cls, kind)] / max(records, 1) * 1e6 for kind in ("event loop", "Ray's main thread", "Ray's other threads")]
+        print(f"{cls:44} {row[0]:10.1f} {row[1]:10.1f} {row[2]:10.1f}")
+    for label, ((calls, top), share) in profiles.items():
+        partition_records = max(records * share / 3, 1)  # the producer sends to the 3 partitions in turn
+        print(f"cProfile, {label}: {calls / partition_records:,.0f} Python calls per record; most own time:")
+        for n, seconds, name in top:
+            print(f"  {n / partition_records:8.1f} calls/record {seconds / partition_records * 1e6:8.1f} µs/record  {name}")
     if spies:
         leaves, total = collections.Counter(), 0
         for pid, _ in spies:
