@@ -13,15 +13,15 @@ min.insync.replicas=2, acks=all, records of 100 random bytes, no key. For each
 - steady: `send()` throttled to `--rate` records/s (default 5,000) for `--seconds`
   (default 4), after one warm-up record per partition, the acknowledgement latency
   p50/p99 (from `send()` to the future) and how busy the machine's CPUs were.
-First it measures what one Ray actor call costs in CPU on this machine (a driver calling
-a no-op async actor method 400 times a second): a batch costs ~3 of them (the produce and
-a fetch per follower), which is why linger matters more here than over TCP.
-Kafka's defaults are 16 KiB and 5 ms, tuned for a TCP connection; here a batch is an
-actor call (and a fetch per follower), which costs CPU on every process it crosses. The
-figures chose rayk's defaults (see DEFAULT_BATCH_SIZE in rayk/client/producer.py). Small
-batches queued behind a partition's calls in flight are merged into calls of up to
-`max_request_size` (rayk/client/accumulator.py), so 16 KiB against 1 MiB flat out shows
-what that merging recovers. It prints figures and asserts nothing about them.
+A value repeated in `--lingers-ms` (5,10,5,10) alternates the settings in one run, which
+is how to compare two on a noisy machine. First it measures what one Ray actor call costs
+in CPU on this machine (a driver calling a no-op async actor method 400 times a second):
+batches travel over the data plane, not in such calls, so this is only the machine's
+yardstick. Kafka's defaults are 16 KiB and 5 ms; the figures chose rayk's (see
+DEFAULT_BATCH_SIZE in rayk/client/producer.py). Small batches queued behind a
+partition's requests in flight are merged into requests of up to `max_request_size`
+(rayk/client/accumulator.py), so 16 KiB against 1 MiB flat out shows what that merging
+recovers. It prints figures and asserts nothing about them.
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def main() -> None:
           f"{'CPU busy':>8}")
     try:
         for batch_size in args.batch_sizes:
-            for linger_ms in args.lingers_ms:
+            for case, linger_ms in enumerate(args.lingers_ms):
                 settings = dict(batch_size=batch_size, linger_ms=linger_ms, progress=False)
-                flat_topic, steady_topic = f"flat-{batch_size}-{linger_ms}", f"steady-{batch_size}-{linger_ms}"
+                flat_topic, steady_topic = (f"{kind}-{batch_size}-{linger_ms}-{case}" for kind in ("flat", "steady"))
                 for topic in (flat_topic, steady_topic):
                     cluster.create_topic(topic, 3, 3, {"min.insync.replicas": "2"})
                 before = _cpu_ticks()
