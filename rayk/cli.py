@@ -41,7 +41,7 @@ KAFKA_BUFFER_MEMORY = 32 * 1024 * 1024  # the perf producer's default bound on u
 # The Producer's DEFAULT_BATCH_SIZE and DEFAULT_LINGER_MS (importing them would load Ray
 # into every CLI start; tests/test_cli.py holds them equal).
 PERF_BATCH_SIZE = 1_048_576
-PERF_LINGER_MS = 10
+PERF_LINGER_MS = 5
 NO_RAY_CLUSTER = "no Ray cluster is running; start one with `ray start --head` or pass --address"
 
 

@@ -69,23 +69,19 @@ from rayk.storage.compression import CompressionType
 from rayk.storage.records import HEADER_SIZE_BYTES
 
 RECORD_OVERHEAD_BYTES = 21  # varint lengths, attributes and deltas of one record, at most
-# Kafka's 16 KiB batch.size is tuned for TCP. Here a batch is an actor call (~3 with its
-# followers' fetches), and on the 2-core benchmark machine send() of 100 B records with
-# acks=all, RF=3 ran at 28k rec/s with 16 KiB batches, 65k with 64 KiB, 118k with 256 KiB
-# and 160k with 1 MiB (before small queued batches were merged into one call).
+# Not Kafka's 16 KiB: over Ray calls (a batch was an actor call, ~3 with its followers'
+# fetches) send() of 100 B records with acks=all, RF=3 ran at 28k rec/s with 16 KiB
+# batches and 160k with 1 MiB on the 2-core benchmark machine. Over the data plane,
+# producer_settings_bench on 2026-11-29 still gave 16 KiB 167k-178k rec/s flat out against
+# 192k-214k for 1 MiB (small batches queued behind a request in flight go merged).
 DEFAULT_BATCH_SIZE = 1_048_576
-# Kafka's 5 ms linger is tuned for TCP too. A Ray actor call costs ~2 ms of CPU here
-# (benchmarks/producer_settings_bench.py prints it), so a producer whose records keep
-# coming closes a batch every linger and makes ~3 calls each: at 5 ms that alone kept the
-# 2-core machine 85-95% busy from 600 to 6,000 rec/s, and queueing on it gave p99s of
-# 60-320 ms. At 10 ms it was 54-70% busy, with p50 14-16 ms and p99 30-32 ms in a fresh
-# cluster (50-57 ms in producer_settings_bench); 20 ms gave p99 38-45 ms but p50 20-22 ms.
-# Over the data plane a batch is no longer a Ray call, and the figures above are history:
-# on 2026-11-29 (the faster VM) producer_settings_bench at 6,000 rec/s gave linger 5 a p50
-# of 3.9-4.8 ms against 7.3-7.7 ms at 10, while flat out 1 MiB batches ran at 161k-204k
-# rec/s with linger 5 and 192k-213k with 10 (3 runs each, noisy). Kafka's 5 ms waits for
-# a settled flat-out figure; until then 10 stays.
-DEFAULT_LINGER_MS = 10
+# Kafka's default (KIP-1030). Over Ray calls rayk lingered 10 ms: each batch cost ~3 actor
+# calls of ~2 ms of CPU, and at 5 ms that alone kept the 2-core machine 85-95% busy. Over
+# the data plane a batch costs no Ray call, and producer_settings_bench with 5 and 10
+# alternating in one run (4 pairs, 1 MiB batches, 2026-11-29) gave at 6,000 rec/s a p50
+# of 4.9-5.8 ms against 8.2-8.4 and a p99 of 12.5-18.9 against 19.4-21.8, for 2-10 more
+# points of CPU busy; flat out 95k-114k rec/s against 102k-116k (the 5s won one pair).
+DEFAULT_LINGER_MS = 5
 
 
 def acks_value(acks: str | int) -> int:
@@ -103,7 +99,7 @@ class Producer:
 
     - `acks` ("all"): 0 (no answer), 1 (the leader has it) or "all" / -1 (every in-sync
       replica has it); the producer is idempotent whatever `acks` is.
-    - `linger_ms` (10 ms): how long a partition's batch waits for more records.
+    - `linger_ms` (5 ms, Kafka's): how long a partition's batch waits for more records.
     - `batch_size` (1 MiB, bytes): a partition's batch closes at this size.
     - `compression_type` (None): "gzip", "snappy", "lz4" or "zstd" (the last three with
       `pip install 'rayk[compression]'`).
