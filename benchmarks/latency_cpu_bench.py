@@ -86,7 +86,11 @@ def processes() -> dict[int, str]:
 def thread_cpu_s(pid: int) -> dict[int, float]:
     """Thread id -> CPU seconds (user + system) of each thread of the process."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out  # the process ended
+    for tid in tids:
         try:
             out[int(tid)] = _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
