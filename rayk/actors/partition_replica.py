@@ -228,7 +228,7 @@ class PartitionReplica(Supervised):
                     f"producer {header.producer_id}: batch at sequence {header.base_sequence} waited "
                     f"{min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS)} ms for the batches before it"
                 )
-            await self._wait(appended, remaining_s)
+            await appended.wait(remaining_s)
 
     async def producer_sequence(self, producer_id: int, timeout_ms: int) -> tuple[int, int]:
         """(epoch, next sequence) of an idempotent producer here, once its last batch is
@@ -310,11 +310,6 @@ class PartitionReplica(Supervised):
         if self._changed is not None:
             event, self._changed = self._changed, None
             event.fire()
-
-    @staticmethod
-    async def _wait(event: Wakeup, timeout_s: float) -> None:
-        """Until `event` fires or `timeout_s` passed (no task of its own, unlike wait_for)."""
-        await event.wait(timeout_s)
 
     # ------------------------------------------------------------------ role changes
 
@@ -542,7 +537,7 @@ class PartitionReplica(Supervised):
                 return RequestTimedOutError(
                     f"offset {required_offset - 1} was not replicated to all in-sync replicas within {timeout_ms} ms"
                 )
-            await self._wait(changed, remaining_s)
+            await changed.wait(remaining_s)
 
     def _produce_error(self, error: KafkaError) -> ProduceResult:
         return ProduceResult(-1, -1, self._log.log_start_offset, error)
@@ -633,7 +628,7 @@ class PartitionReplica(Supervised):
                     for batch in iter_batches(result.records):
                         self._trace.fetch_answered(replica_id, batch.header.next_offset)
                 return result
-            await self._wait(changed, remaining_s)
+            await changed.wait(remaining_s)
             if self._role != "leader":
                 return self._fetch_error(self._not_leader())
 

@@ -170,7 +170,7 @@ class SharePartitions:
                     break
                 hosted.waiting += 1
                 try:
-                    await self._wait(event, min(remaining_s, self._until_next_expiry_s(hosted.partition)))
+                    await event.wait(min(remaining_s, self._until_next_expiry_s(hosted.partition)))
                 finally:
                     hosted.waiting -= 1
             records = self._batches_of(acquired, read)
@@ -506,10 +506,6 @@ class SharePartitions:
     def _until_next_expiry_s(partition: SharePartition) -> float:
         deadline = partition.next_lock_deadline_ms()
         return float("inf") if deadline is None else max((deadline - _now_ms()) / 1000, 0.001)
-
-    @staticmethod
-    async def _wait(event: Wakeup, timeout_s: float) -> None:
-        await event.wait(timeout_s)
 
 
 async def _outcome(write: asyncio.Future) -> KafkaError | None:
