@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -96,6 +98,15 @@ def test_replica_processes_load_no_data_libraries(shared):
         assert "rayk.actors.partition_replica" in modules, "the answer comes from a replica's own process"
         libraries = {name.partition(".")[0] for name in modules}
         assert LIBRARIES_NO_REPLICA_LOADS.isdisjoint(libraries), (handle, LIBRARIES_NO_REPLICA_LOADS & libraries)
+
+
+def test_starting_a_cluster_leaves_the_wire_protocol_out_of_the_callers_process():
+    # rayk.start imports rayk.broker to create the brokers; the listener's module (and kio,
+    # which brings pydantic and hypothesis) is for the brokers' processes only: ~18 MiB and
+    # ~25,000 objects that the caller's collector would walk on every full collection.
+    check = "import sys, rayk.broker; print(sorted(m for m in ('rayk.net.socket_server', 'kio', 'hypothesis') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
 
 
 def test_broker_directories_carry_meta_properties(shared, shared_dir):
