@@ -113,6 +113,11 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int = PARTITIO
         "bootstrap.servers": bootstrap, "group.id": f"bench-{time.time()}", "enable.auto.commit": False,
         "fetch.min.bytes": 1, "fetch.max.bytes": 50 * 1024 * 1024, **CONSUMER_AS_USED,
     })
+    # The partitions' leaders first: assigned before it knows them, librdkafka puts off each
+    # partition's first offset lookup by its 500 ms query timer, which every broker's
+    # figure then included (first record at ~525 ms for rayk and Tansu alike; 300,000
+    # records took 0.7-0.85 s in all, of which the reading ~0.2-0.3 s).
+    consumer.list_topics(topic, timeout=30)
     consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)])
     got = 0
     start = time.perf_counter()
