@@ -46,6 +46,9 @@ from rayk.storage.read_committed import committed_batches
 from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
 
 
+_new_tuple = tuple.__new__
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic GC waits while records are decoded. A fetch makes ~3 objects per record;
@@ -195,6 +198,7 @@ class Fetcher:
 
     def _decode_records(self, chunk: FetchedChunk) -> list[ConsumerRecord]:
         out = []
+        append = out.append
         topic, partition = chunk.tp
         plain_keys, plain_values = self._key_deserializer is as_is, self._value_deserializer is as_is
         for batch in iter_batches(chunk.data):
@@ -205,20 +209,20 @@ class Fetcher:
             for offset, timestamp, key, value, headers in decoded:
                 if offset < chunk.start:
                     continue  # a batch that starts before the requested offset
-                out.append(
-                    ConsumerRecord(
-                        topic,
-                        partition,
-                        offset,
-                        timestamp,
-                        timestamp_type,
-                        key if plain_keys else self._key_deserializer(key),
-                        value if plain_values else self._value_deserializer(value),
-                        headers,
-                        -1 if key is None else len(key),
-                        -1 if value is None else len(value),
-                    )
-                )
+                # tuple.__new__ as ConsumerRecord's own __new__ calls it, without that
+                # function's Python frame per record.
+                append(_new_tuple(ConsumerRecord, (
+                    topic,
+                    partition,
+                    offset,
+                    timestamp,
+                    timestamp_type,
+                    key if plain_keys else self._key_deserializer(key),
+                    value if plain_values else self._value_deserializer(value),
+                    headers,
+                    -1 if key is None else len(key),
+                    -1 if value is None else len(value),
+                )))  # fmt: skip
         return out
 
     def drain(self, positions: dict[TopicPartition, int], limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
