@@ -164,6 +164,24 @@ def test_iteration_commits_only_the_records_it_handed_out(cluster):
     again.close()
 
 
+def test_iteration_times_out_consumer_timeout_ms_after_it_started_waiting_not_after_the_last_fetch(cluster):
+    # The records come from one fetch and go out one by one while the caller is slow:
+    # consumer_timeout_ms counts from when the iterator waits for a record, so the
+    # caller's own time between records never ends the iteration early.
+    topic = new_topic(cluster, partitions=1, records=6)
+    consumer = cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=1_500)
+    consumer.assign([TopicPartition(topic, 0)])
+    received, last_at = [], 0.0
+    for record in consumer:
+        received.append(record.offset)
+        time.sleep(0.3)  # 6 x 0.3 s: more than the timeout in all (the iterator waits in polls of 1 s)
+        last_at = time.monotonic()
+    waited_s = time.monotonic() - last_at
+    consumer.close()
+    assert received == list(range(6))
+    assert 1.5 <= waited_s < 3.5, waited_s
+
+
 def test_poll_batch_hands_out_every_record_as_arrow_and_a_new_member_resumes_from_its_commit(cluster):
     topic = new_topic(cluster, partitions=2, records=5_000)
     with cluster.producer() as producer:  # keys and headers too, as Spark's Kafka source has them

@@ -160,11 +160,46 @@ def test_a_second_answer_of_a_partition_comes_in_the_next_columnar_poll():
     assert positions[A] == 6
 
 
+def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
+    # The consumer's iteration takes records one at a time with next_record; it must give
+    # each record, and leave each position, exactly as drain(positions, 1) does: across
+    # partitions, past a tail of control batches, skipping records before the position,
+    # and not for a partition that left the positions (unassigned).
+    def scripted() -> tuple[Fetcher, dict[TopicPartition, int]]:
+        leaders = {A: ScriptedLeader({2: batch(0, 4) + batch(4, 1, control=True)}),
+                   B: ScriptedLeader({0: batch(0, 2), 2: batch(2, 3)})}
+        fetcher, positions = fetcher_for(leaders), {A: 2, B: 0}
+        fetch_round(fetcher, positions)
+        fetch_round(fetcher, positions)  # B's second answer is buffered behind its first
+        return fetcher, positions
+
+    by_drain, by_next = scripted(), scripted()
+    steps = []
+    for fetcher, positions in (by_drain, by_next):
+        handed = []
+        while True:
+            if len(handed) == 4:
+                positions.pop(B, None)  # B unassigned: its second answer's records do not go out
+            if fetcher is by_drain[0]:
+                taken = fetcher.drain(positions, 1)
+                record = next(iter(taken.values()))[0] if taken else None
+            else:
+                record = fetcher.next_record(positions)
+            if record is None:
+                break
+            handed.append(((record.topic, record.partition, record.offset, record.value), dict(positions)))
+        steps.append(handed)
+    assert steps[0] == steps[1]
+    assert [step[0][2] for step in steps[1]] == [2, 3, 0, 1]  # A from its position, then B's first answer
+    assert steps[1][1][1][A] == 5, "A's last record moves its position past the control batch"
+
+
 def test_a_forgotten_partition_hands_out_nothing_more():
     fetcher, positions = fetcher_for({A: ScriptedLeader({0: batch(0, 3)})}), {A: 0}
     fetch_round(fetcher, positions)
     fetcher.forget(A)
     assert fetcher.drain_columns(positions, None) == {} and fetcher.drain(positions, 10) == {}
+    assert fetcher.next_record(positions) is None
 
 
 def test_read_committed_drops_aborted_transactions_and_the_position_moves_past_them():

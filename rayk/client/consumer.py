@@ -642,21 +642,27 @@ class Consumer:
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one at a time; each moves the position (and what auto-commit commits)
         past itself as it is handed out. Stops after `consumer_timeout_ms` without records."""
-        idle_since = time.monotonic()
+        next_record, positions = self._fetcher.next_record, self._positions
+        idle_since: float | None = None  # since when it has waited for a record
         while True:
             if self._closed:
                 raise RuntimeError("the consumer is closed")
-            # Records already fetched go out one drain each, without poll's pass over the
+            # Records already fetched go out one at a time, without poll's pass over the
             # group, lookups and fetches (it runs once the buffer is empty, as Kafka's
             # iterator polls): ~1 us a record instead of ~20.
-            batch = self._fetcher.drain(self._positions, 1) or self.poll(
-                timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000), max_records=1
-            )
+            record = next_record(positions)
+            if record is not None:
+                idle_since = None
+                yield record
+                continue
+            if idle_since is None:
+                idle_since = time.monotonic()
+            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000), max_records=1)
             if not batch:
                 if time.monotonic() - idle_since >= self._consumer_timeout_s:
                     return
                 continue
-            idle_since = time.monotonic()
+            idle_since = None
             for records in batch.values():
                 yield from records
 

@@ -251,6 +251,31 @@ class Fetcher:
                 self._pop_chunk()
         return out
 
+    def next_record(self, positions: dict[TopicPartition, int]) -> ConsumerRecord | None:
+        """`drain(positions, 1)`'s record, or None when nothing is buffered: the consumer's
+        iteration, which hands out one record at a time, without a dict and a list each."""
+        buffer = self._buffer
+        while buffer:
+            chunk = buffer[0]
+            tp = chunk.tp
+            position = positions.get(tp)
+            if position is None:
+                self._pop_chunk()
+                continue
+            records = chunk.records
+            if records is None:
+                records = chunk.records = self._decode(chunk)
+            while records:
+                record = records.popleft()
+                if record.offset >= position:
+                    positions[tp] = record.offset + 1 if records else max(record.offset + 1, chunk.end)
+                    if not records:
+                        self._pop_chunk()
+                    return record
+            positions[tp] = max(position, chunk.end)
+            self._pop_chunk()
+        return None
+
     def drain_columns(self, positions: dict[TopicPartition, int], limit: int | None) -> dict[TopicPartition, Any]:
         """One Arrow RecordBatch (arrow_batches.SCHEMA) per partition with buffered
         records at its position, up to `limit` records in all (None: every buffered
