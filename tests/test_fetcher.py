@@ -194,6 +194,31 @@ def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
     assert steps[1][1][1][A] == 5, "A's last record moves its position past the control batch"
 
 
+def test_drains_of_any_size_hand_out_the_same_records_and_leave_the_same_positions():
+    # Whatever the limit (poll's max_records), the records and the final positions are
+    # those of one record at a time, and after each drain a partition's position is past
+    # the last record it handed out of that partition.
+    def handed_out(limit: int) -> tuple[list[tuple[int, int]], dict[TopicPartition, int]]:
+        leaders = {A: ScriptedLeader({1: batch(0, 5) + batch(5, 1, control=True)}),
+                   B: ScriptedLeader({0: batch(0, 3) + batch(3, 4), 7: batch(7, 2)})}
+        fetcher, positions = fetcher_for(leaders), {A: 1, B: 0}
+        fetch_round(fetcher, positions)
+        fetch_round(fetcher, positions)
+        out = []
+        while taken := fetcher.drain(positions, limit):
+            assert sum(map(len, taken.values())) <= limit
+            for tp, records in taken.items():
+                assert [r.offset for r in records] == list(range(records[0].offset, records[-1].offset + 1))
+                assert positions[tp] >= records[-1].offset + 1
+                out += [(tp.partition, r.offset) for r in records]
+        return out, positions
+
+    one_by_one = handed_out(1)
+    assert one_by_one == ([(0, o) for o in range(1, 5)] + [(1, o) for o in range(9)], {A: 6, B: 9})
+    for limit in (2, 3, 4, 7, 100):
+        assert handed_out(limit) == one_by_one, limit
+
+
 def test_a_forgotten_partition_hands_out_nothing_more():
     fetcher, positions = fetcher_for({A: ScriptedLeader({0: batch(0, 3)})}), {A: 0}
     fetch_round(fetcher, positions)
