@@ -649,7 +649,7 @@ class Consumer:
                 raise RuntimeError("the consumer is closed")
             # Records already fetched go out one at a time, without poll's pass over the
             # group, lookups and fetches (it runs once the buffer is empty, as Kafka's
-            # iterator polls): ~1 us a record instead of ~20.
+            # iterator polls): 0.6-0.9 us of CPU a record in all, where a poll each cost ~20.
             record = next_record(positions)
             if record is not None:
                 idle_since = None
