@@ -197,7 +197,7 @@ class Fetcher:
             return deque(self._decode_records(chunk))
 
     def _decode_records(self, chunk: FetchedChunk) -> list[ConsumerRecord]:
-        out = []
+        out: list[ConsumerRecord] = []
         append = out.append
         topic, partition = chunk.tp
         plain_keys, plain_values = self._key_deserializer is as_is, self._value_deserializer is as_is
