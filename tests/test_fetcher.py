@@ -14,7 +14,7 @@ from rayk.actors.partition_replica import FetchResult
 from rayk.client.arrow_batches import SCHEMA
 from rayk.client.fetcher import Fetcher
 from rayk.client.serializers import as_is
-from rayk.client.types import TopicPartition
+from rayk.client.types import ConsumerRecord, TopicPartition
 from rayk.storage.records import SimpleRecord, build_batch
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -187,6 +187,7 @@ def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
                 record = fetcher.next_record(positions)
             if record is None:
                 break
+            assert type(record) is ConsumerRecord and len(record) == len(ConsumerRecord._fields)
             handed.append(((record.topic, record.partition, record.offset, record.value), dict(positions)))
         steps.append(handed)
     assert steps[0] == steps[1]

@@ -90,7 +90,7 @@ class Consumer:
       whose instance id another took is fenced: `poll` raises FencedInstanceIdError.
     - `key_deserializer`, `value_deserializer` (None: bytes): "msgpack", "str", "bytes"
       or a callable.
-    - `consumer_timeout_ms` (infinite): iteration stops after this long without a record.
+    - `consumer_timeout_ms` (infinite): iteration stops after waiting this long for a record.
 
     Errors are rayk's typed KafkaError subclasses (rayk.errors): blocking methods raise
     KafkaTimeoutError past `default_api_timeout_ms`; `commit` raises the coordinator's
