@@ -15,10 +15,11 @@ from typing import Any
 
 import ray
 
+from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.actors.replica_manager import ReplicaManager
 from rayk.config import BrokerConfig
 
-BrokerActor = ray.remote(num_cpus=0)(ReplicaManager)
+BrokerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(ReplicaManager)
 
 
 def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:

@@ -74,6 +74,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk import metrics
+from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.actors.broker_health import broker_health
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_lag import group_lags
@@ -95,9 +96,9 @@ from rayk.storage.meta_properties import MetaProperties
 logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-ReplicaActor = ray.remote(num_cpus=0)(PartitionReplica)
-OffsetsReplicaActor = ray.remote(num_cpus=0)(OffsetsPartitionReplica)
-TransactionStateReplicaActor = ray.remote(num_cpus=0)(TransactionStatePartitionReplica)
+ReplicaActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(PartitionReplica)
+OffsetsReplicaActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(OffsetsPartitionReplica)
+TransactionStateReplicaActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(TransactionStatePartitionReplica)
 CONTROLLER_RETRY_BACKOFF_MS = 200
 MAX_STOPPED_REMEMBERED = 100_000  # stopped partitions whose late pushes a broker ignores
 STRAY_CHECK_HEARTBEATS = 10  # how often (in heartbeat intervals) a broker looks for replicas nobody assigns it

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.actors.controller import Controller
 from rayk.client import calls
 from rayk.client.deprecation import deprecated
@@ -51,7 +52,7 @@ HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown
 # recovering their logs after a crash and registering. Longer than any API call.
 START_TIMEOUT_MS = 600_000
 
-ControllerActor = ray.remote(num_cpus=0)(Controller)
+ControllerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(Controller)
 
 
 def broker_actor_name(broker_id: int) -> str:

@@ -63,6 +63,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
@@ -673,7 +674,7 @@ def _context_of(listener: Listener, config: BrokerConfig, writer: asyncio.Stream
                           authenticates)
 
 
-SocketServerActor = ray.remote(num_cpus=0, max_restarts=0)(SocketServer)
+SocketServerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS, max_restarts=0)(SocketServer)
 
 
 def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:
