@@ -94,6 +94,24 @@ def wait_for_live_brokers(cluster: Any, count: int, timeout_s: float = 60) -> No
     wait_until(lambda: sum(not b["fenced"] for b in cluster.brokers()) >= count, timeout_s, f"{count} live brokers")
 
 
+def assert_lookup_is_a_long_poll(controller: Any, method: str, change: Callable[[], Any]) -> Any:
+    """The Controller's `method(known_version, wait_ms)` (what the listeners hold open for
+    the ACLs and client quotas): at the current version it answers None after `wait_ms`,
+    and a call held open answers the moment `change()` commits a change. The new value."""
+    version, _ = ray.get(getattr(controller, method).remote())
+    started = time.monotonic()
+    assert ray.get(getattr(controller, method).remote(version, 300)) is None
+    assert time.monotonic() - started >= 0.3, "nothing changed, yet it answered before wait_ms"
+    held = getattr(controller, method).remote(version, 60_000)
+    assert ray.wait([held], timeout=0.5)[0] == [], "nothing changed, yet the held call answered"
+    started = time.monotonic()
+    change()
+    new_version, value = ray.get(held, timeout=30)
+    assert new_version > version
+    assert time.monotonic() - started < 5, "the held call answered the change late"
+    return value
+
+
 def pid_of(handle: Any) -> int:
     """The pid Ray's actor table gives for an actor's process."""
     return actor_table(handle._actor_id.hex())["Pid"]

@@ -35,12 +35,12 @@ from rayk.net.api_versions import (
 )
 from rayk.net.config_apis import GROUP_RESOURCE, SET
 from rayk.net.entities import kafka_uuid
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, assert_lookup_is_a_long_poll, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, scram_login
 from tests.tls_helpers import TlsFiles
 
 PASSWORD = "alice-secret"
-ACL_PROPAGATION_S = 3  # listeners look the ACLs up every 0.5 s
+ACL_PROPAGATION_S = 3  # listeners take ACL changes as the Controller commits them (a long poll)
 CLUSTER_AUTHORIZATION_FAILED = 31
 
 
@@ -201,6 +201,18 @@ def test_granted_acls_allow_exactly_that_much(cluster, tls):
     assert produce_error(alice, "other-topic") == ConfluentError.TOPIC_AUTHORIZATION_FAILED
     described = cluster.admin().describe_acls(AclFilter(principal="User:alice", resource_type=TOPIC))
     assert AclBinding(TOPIC, "orders", LITERAL, "User:alice", "*", READ, ALLOW) in described and len(described) == 4
+
+
+def test_listeners_take_acl_changes_from_a_long_poll_at_the_controller(cluster):
+    binding = AclBinding(TOPIC, "long-poll", LITERAL, "User:carol", "*", READ, ALLOW)
+
+    def change() -> None:
+        assert cluster.admin().create_acls([binding]) == [None]
+
+    try:
+        assert binding in assert_lookup_is_a_long_poll(cluster.controller, "acls", change)
+    finally:
+        cluster.admin().delete_acls([AclFilter(principal="User:carol")])
 
 
 def test_authorized_operations_are_reported_when_asked_for(cluster, tls):

@@ -20,13 +20,13 @@ import rayk
 from rayk.net.api_versions import (
     ALTER_CLIENT_QUOTAS, API_VERSIONS, DESCRIBE_CLIENT_QUOTAS, FETCH, METADATA, PRODUCE,
 )
-from rayk.quotas import DEFAULT, QuotaEntity, QuotaFilterComponent, MATCH_DEFAULT, USER
-from tests.cluster_helpers import FAST_CONFIG, batch_of, shared_local_ray, wait_until
+from rayk.quotas import DEFAULT, PRODUCER_BYTE_RATE, QuotaEntity, QuotaFilterComponent, MATCH_DEFAULT, USER
+from tests.cluster_helpers import FAST_CONFIG, assert_lookup_is_a_long_poll, batch_of, shared_local_ray, wait_until
 from tests.protocol_helpers import RawConnection, decode_response, request_frame, sized
 
 TOPIC = "quota-topic"
 INVALID_REQUEST = 42
-QUOTA_PROPAGATION_S = 1.0  # listeners look the quotas up every 0.5 s
+QUOTA_PROPAGATION_S = 1.0  # listeners take quota changes as the Controller commits them (a long poll)
 WINDOW_S = 2  # (quota.window.num - 1) * quota.window.size.seconds: what a first burst is measured over
 
 
@@ -63,6 +63,20 @@ def set_quota(cluster, client_id: str, key: str, value: float | None) -> None:
     (error,) = cluster.admin().alter_client_quotas({QuotaEntity(client_id=client_id): {key: value}}).values()
     assert error is None, error
     time.sleep(QUOTA_PROPAGATION_S)
+
+
+def test_listeners_take_quota_changes_from_a_long_poll_at_the_controller(cluster):
+    entity = QuotaEntity(client_id="long-poll")
+
+    def change() -> None:
+        (error,) = cluster.admin().alter_client_quotas({entity: {PRODUCER_BYTE_RATE: 1234.0}}).values()
+        assert error is None, error
+
+    try:
+        quotas = assert_lookup_is_a_long_poll(cluster.controller, "client_quotas", change)
+        assert quotas[entity] == {PRODUCER_BYTE_RATE: 1234.0}
+    finally:
+        cluster.admin().alter_client_quotas({entity: {PRODUCER_BYTE_RATE: None}})
 
 
 def produce_frame(client_id: str, values: list[bytes], version: int = 9, correlation_id: int = 7) -> bytes:

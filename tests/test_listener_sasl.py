@@ -264,7 +264,7 @@ def test_the_readme_s_sasl_setup_and_acls_run_as_written(tls, tmp_path, monkeypa
             cluster.create_topic(topic, num_partitions=1, replication_factor=3)
         settings = confluent_settings(cluster, tls, "SCRAM-SHA-512", "alice", "alice-secret")
 
-        def alice_writes_orders() -> bool:  # the ACLs reach every listener within half a second
+        def alice_writes_orders() -> bool:  # the ACLs reach every listener as they are committed
             probe = confluent_kafka.Producer({**settings, "message.timeout.ms": 2000})
             outcome: list = []
             probe.produce("orders", b"probe", on_delivery=lambda err, _msg: outcome.append(err))

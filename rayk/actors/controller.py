@@ -56,6 +56,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import ScramCredential
 from rayk.actors.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
+from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
 from rayk.errors import (
     ElectionNotNeededError,
@@ -108,6 +110,7 @@ class Controller:
         )
         self._meta = ClusterMetadata(self.config)
         self._meta.load(self._log)
+        self._committed = Wakeup()  # fired by every commit: the long polls of `acls` and `client_quotas`
         if self._meta.cluster_id is None:
             self._commit([ClusterIdRecord(new_uuid())])
         now = time.monotonic()
@@ -145,6 +148,8 @@ class Controller:
         first_offset = self._log.append(records)
         for i, record in enumerate(records):
             self._meta.apply(record, first_offset + i)
+        committed, self._committed = self._committed, Wakeup()
+        committed.fire()
         for (topic, partition), old in before.items():
             new = self._meta.topics[topic].partitions[partition]
             removed = set(old.replicas) - set(new.replicas) if old is not None else set()
@@ -686,9 +691,17 @@ class Controller:
             self._commit(records)
         return matched
 
-    async def acls(self, known_version: int = -2) -> tuple[int, list[AclBinding]] | None:
+    async def _until_changed(self, version: Callable[[], int], known_version: int, wait_ms: int) -> None:
+        """Returns once `version()` is no longer `known_version`, or after `wait_ms`."""
+        deadline_s = time.monotonic() + wait_ms / 1000
+        while version() == known_version and (remaining_s := deadline_s - time.monotonic()) > 0:
+            await self._committed.wait(remaining_s)
+
+    async def acls(self, known_version: int = -2, wait_ms: int = 0) -> tuple[int, list[AclBinding]] | None:
         """Every ACL binding and the version they are at, for a listener's authorizer; None
-        when the listener's `known_version` is current."""
+        when the listener's `known_version` is still current after `wait_ms` (a long poll:
+        a listener holds one such call open rather than asking again and again)."""
+        await self._until_changed(lambda: self._meta.acl.version, known_version, wait_ms)
         if known_version == self._meta.acl.version:
             return None
         return self._meta.acl.version, list(self._meta.acl.bindings)
@@ -732,9 +745,12 @@ class Controller:
         """DescribeClientQuotas: the entities the filter matches, with their quotas."""
         return self._meta.quotas.describe(components, strict)
 
-    async def client_quotas(self, known_version: int = -2) -> tuple[int, dict[QuotaEntity, dict[str, float]]] | None:
+    async def client_quotas(
+        self, known_version: int = -2, wait_ms: int = 0
+    ) -> tuple[int, dict[QuotaEntity, dict[str, float]]] | None:
         """Every client quota and the version they are at, for a listener; None when the
-        listener's `known_version` is current."""
+        listener's `known_version` is still current after `wait_ms` (a long poll, as `acls`)."""
+        await self._until_changed(lambda: self._meta.quotas.version, known_version, wait_ms)
         if known_version == self._meta.quotas.version:
             return None
         return self._meta.quotas.version, {e: dict(v) for e, v in self._meta.quotas.quotas.items()}

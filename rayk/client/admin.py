@@ -123,7 +123,7 @@ class Admin:
 
     def create_acls(self, bindings: Iterable[AclBinding]) -> list[KafkaError | None]:
         """Kafka's CreateAcls (rayk.acls.AclBinding): per binding None, or why it was refused.
-        They take effect at every listener within half a second (authorizer.class.name
+        Every listener takes them as the Controller commits them (authorizer.class.name
         must be set for listeners to check them)."""
         bindings = list(bindings)
         return self._calls(lambda: self._controller.create_acls.remote(bindings), "CreateAcls")
@@ -182,7 +182,7 @@ class Admin:
         id or both, either of them DEFAULT) the quota keys to set (`producer_byte_rate`,
         `consumer_byte_rate` in bytes/s, `request_percentage`) or, with None, remove. Per
         entity None, or the INVALID_REQUEST that refused all of its changes. Listeners
-        enforce them within half a second; they are kept in the Controller's metadata log."""
+        enforce them as the Controller commits them; they are kept in its metadata log."""
         entities = list(alterations)
         changes = [(e, list(alterations[e].items())) for e in entities]
         results = self._calls(

@@ -106,17 +106,20 @@ class BrokerView:
         context = request.context
         return self._authorizer.authorize_by_resource_type(context.principal, context.client_host, operation, resource_type)
 
-    async def refresh_acls(self) -> None:
+    async def refresh_acls(self, wait_ms: int = 0) -> None:
         """Takes the Controller's ACLs if they are newer than the ones held (a slower,
-        older lookup never overwrites a newer one)."""
-        found = await self.ask_controller("acls", self._acl_version, timeout_ms=ACL_LOOKUP_TIMEOUT_MS)
+        older lookup never overwrites a newer one); with `wait_ms`, waits that long at the
+        Controller for them to change."""
+        found = await self.ask_controller("acls", self._acl_version, wait_ms, timeout_ms=wait_ms + ACL_LOOKUP_TIMEOUT_MS)
         if found is not None and found[0] > self._acl_version:
             self._acl_version, bindings = found
             self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
 
-    async def refresh_quotas(self) -> None:
-        """Takes the Controller's client quotas if they are newer than the ones held."""
-        found = await self.ask_controller("client_quotas", self.quotas.version, timeout_ms=QUOTA_LOOKUP_TIMEOUT_MS)
+    async def refresh_quotas(self, wait_ms: int = 0) -> None:
+        """Takes the Controller's client quotas if they are newer than the ones held; with
+        `wait_ms`, waits that long at the Controller for them to change."""
+        found = await self.ask_controller("client_quotas", self.quotas.version, wait_ms,
+                                          timeout_ms=wait_ms + QUOTA_LOOKUP_TIMEOUT_MS)
         if found is not None and found[0] > self.quotas.version:
             self.quotas.update(*found)
 

@@ -5,7 +5,7 @@ and starts a new one if it dies; see rayk/actors/supervision.py). It serves ever
 listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
 gives each connection its RequestContext: the listener, and the principal of a client
 certificate, or of SASL authentication (rayk/net/sasl.py). With an authorizer, the
-listener keeps the Controller's ACLs, looked up every REFRESH_INTERVAL_S, and
+listener keeps the Controller's ACLs, taken as they change (a long poll), and
 handlers check each request against them; so it keeps the client quotas, and a
 connection whose client went over its quota starts no further request until its
 throttle time has passed (KIP-219: the answer goes at once to a client that waits out
@@ -57,6 +57,7 @@ import ssl
 import struct
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -97,7 +98,9 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handsha
 STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
-REFRESH_INTERVAL_S = 0.5  # ACLs and client quotas
+CHANGE_WAIT_MS = 30_000  # a lookup of the ACLs or client quotas waits this long at the Controller for a change
+REFRESH_RETRY_S = 0.5  # after a failed lookup of the ACLs or client quotas
+QUOTA_PRUNE_INTERVAL_S = 5.0  # idle clients' quota rates are forgotten (a quota window is 11 s by default)
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
@@ -190,29 +193,38 @@ class SocketServer(Supervised):
                 return
             except Exception as e:
                 logger.warning("broker %d: waiting for the Controller's ACLs before listening: %r", self.broker_id, e)
-                await asyncio.sleep(REFRESH_INTERVAL_S)
+                await asyncio.sleep(REFRESH_RETRY_S)
 
     async def _refresh_forever(self) -> None:
-        """ACL and quota changes reach this listener within REFRESH_INTERVAL_S (at once for
-        those made through it). A failed lookup keeps the last ones and is tried again; it
-        is logged once until one succeeds. The two are looked up independently."""
+        """ACL and quota changes reach this listener as the Controller commits them: each
+        is looked up with a long poll (CHANGE_WAIT_MS) that the Controller answers when
+        they change, so an idle cluster makes no calls for them. A failed lookup keeps the
+        last ones and is tried again after REFRESH_RETRY_S; it is logged once until one
+        succeeds. The two are looked up independently, and idle clients' quota state is
+        forgotten every QUOTA_PRUNE_INTERVAL_S."""
         view = self.apis.view
-        lookups = {"client quotas": view.refresh_quotas}
+        refreshes = [self._refresh("client quotas", view.refresh_quotas), self._prune_quotas()]
         if self.config.authorizes:
-            lookups["ACLs"] = view.refresh_acls
-        failing: set[str] = set()
+            refreshes.append(self._refresh("ACLs", view.refresh_acls))
+        await asyncio.gather(*refreshes)
+
+    async def _refresh(self, what: str, lookup: Callable[..., Awaitable[None]]) -> None:
+        failing = False
         while True:
-            for what, lookup in lookups.items():
-                try:
-                    await lookup()
-                    failing.discard(what)
-                except Exception as e:
-                    if what not in failing:
-                        logger.warning("broker %d: the %s could not be read from the Controller (%r); keeping the last "
-                                       "ones", self.broker_id, what, e)
-                    failing.add(what)
-            view.quotas.prune()
-            await asyncio.sleep(REFRESH_INTERVAL_S)
+            try:
+                await lookup(wait_ms=CHANGE_WAIT_MS)
+                failing = False
+            except Exception as e:
+                if not failing:
+                    logger.warning("broker %d: the %s could not be read from the Controller (%r); keeping the last "
+                                   "ones", self.broker_id, what, e)
+                failing = True
+                await asyncio.sleep(REFRESH_RETRY_S)
+
+    async def _prune_quotas(self) -> None:
+        while True:
+            await asyncio.sleep(QUOTA_PRUNE_INTERVAL_S)
+            self.apis.view.quotas.prune()
 
     async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
         """Starts serving one listener; its advertised (host, port)."""
