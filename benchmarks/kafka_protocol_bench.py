@@ -12,7 +12,8 @@ engine does (one node, no replicas). Per broker it prints:
   and rayk's ratios to Tansu and Kafka. Before they are timed, `--warmup-records` are
   produced and read once ("cold consume", printed apart: the first consumer on a fresh
   cluster creates `__consumer_offsets`), and before each timed phase the machine is let
-  settle (under 40% of its cores busy, at most 30 s), every broker alike;
+  settle (under 40% of its cores busy, at most 30 s) and the objects the process already
+  holds are frozen out of Python's collector (`frozen_heap`), every broker alike;
 - latency at a steady `--rate` (default 1,000 records/s, `linger.ms` 0, at most 5
   requests in flight per connection as the Java client sends them) for
   `--latency-records` records: the producer's acknowledgement (send to delivery report)
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import platform
 import shutil
@@ -213,6 +215,27 @@ def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
             return
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keeps Python's collector off the objects this process holds before a timed phase.
+
+    The clients run in this process, which also holds Ray's objects and those of the rayk
+    clusters it started (88,000 tracked objects after ray.init, 121,000 once a rayk
+    cluster has come and gone). A full collection walks all of them: reading 300,000
+    records, the consumer's 3 full collections took 0.08 CPU-s with the first heap and
+    0.12-0.15 with the second, of a read that lasts 0.22-0.25 s (Tansu's consume read
+    1.17-1.43 M records/s so, and 2.0-2.5 M frozen). So each broker's figure depended on
+    what the process had held before its turn, and the brokers measured later paid more.
+    Frozen, that costs every broker ~nothing; the phase's own objects are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
     topic = f"bench-{int(time.time())}"
     create_topic(topic)
@@ -225,21 +248,25 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     # process per copy of each partition, 9 here, ~1.2 CPU-s each on this VM; Kafka creates
     # its 3 x 3 copies inside its JVMs), and the brokers' first Fetch and ListOffsets. The
     # warm-up records are read once by such a consumer, timed apart ("cold consume").
-    cold_consume_s = consume(bootstrap, topic, warmup_records)
+    with frozen_heap():
+        cold_consume_s = consume(bootstrap, topic, warmup_records)
     settle()
     topic = topic + "-run"
     create_topic(topic)
-    produce_s = produce(bootstrap, topic, records, value)
+    with frozen_heap():
+        produce_s = produce(bootstrap, topic, records, value)
     settle()
-    consume_s = consume(bootstrap, topic, records)
+    with frozen_heap():
+        consume_s = consume(bootstrap, topic, records)
     mb = records * len(value) / 1e6
     create_topic(topic + "-latency")
     # A new topic's first seconds are not a steady rate: rayk starts a replica process per
     # copy (9 here, ~0.5 CPU-s each on the faster VM), and without this wait its latency
     # phase ran while they started (end to end p99 214-287 ms, 20-38 ms settled).
     settle()
-    acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
-    single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
+    with frozen_heap():
+        acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
+        single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
     row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
            "consume": records / consume_s, "consume_mb": mb / consume_s, "cold_consume": warmup_records / cold_consume_s,
            "ack_p50": percentile(acks, 0.5), "ack_p99": percentile(acks, 0.99),
