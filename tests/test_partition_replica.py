@@ -281,12 +281,15 @@ def test_a_share_state_write_to_a_replica_of_an_ordinary_topic_is_not_coordinato
 
 
 def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_path):
+    """The leader runs isr-expiration itself, every half of replica.lag.time.max.ms: no
+    call asks it to."""
     config = ReplicaConfig(replica_lag_time_max_ms=500)
     r = replicas(tmp_path, ids=(1, 2), config=config)
     ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # replica 2 stalled from the start
     pending = r[1].produce.remote(batch(3), -1, 10_000)
-    time.sleep(0.7)
-    assert ray.get(r[1].maybe_shrink_isr.remote()) == [1]
+    time.sleep(0.4)
+    assert describe(r[1])["isr"] == [1, 2], "not yet out of sync for replica.lag.time.max.ms"
+    wait_until(lambda: describe(r[1])["isr"] == [1], 5)
     # With the stalled follower out, the HW moves and the parked acks=all produce completes.
     assert ray.get(pending).error is None
     assert describe(r[1])["high_watermark"] == 3
@@ -304,8 +307,7 @@ def test_producer_sequence_does_not_count_a_batch_held_by_fewer_than_min_insync_
     assert ray.get(r[1].produce.remote(records, -1, 10_000)).error is None
     assert ray.get(r[1].producer_sequence.remote(7, 1000)) == (0, 3)
     ray.get(r[2].close.remote())
-    time.sleep(0.7)
-    assert ray.get(r[1].maybe_shrink_isr.remote()) == [1]
+    wait_until(lambda: describe(r[1])["isr"] == [1], 5)
     with pytest.raises(NotEnoughReplicasAfterAppendError):
         ray.get(r[1].producer_sequence.remote(7, 1000))
 
@@ -318,9 +320,8 @@ def test_high_watermark_never_moves_backwards_while_followers_come_and_go(tmp_pa
     for round_ in range(6):
         ray.get(r[1].produce.remote(batch(2), 1, 1000))
         if round_ == 2:
-            ray.get(r[3].close.remote())  # replica 3 stops fetching
-            time.sleep(0.4)
-            ray.get(r[1].maybe_shrink_isr.remote())
+            ray.get(r[3].close.remote())  # replica 3 stops fetching: the leader drops it from the ISR
+            wait_until(lambda: describe(r[1])["isr"] == [1, 2], 5)
         seen.append(describe(r[1])["high_watermark"])
         time.sleep(0.05)
     assert seen == sorted(seen)

@@ -26,6 +26,11 @@ Leader:
 Follower: a `ReplicaFetcher` task per leader epoch truncates the log where it diverges
 from the leader's (KIP-101/279) and copies the leader's batches (see replica_fetcher.py).
 
+ISR expiration (Kafka's isr-expiration task) runs in the leader's own event loop, every
+half of replica.lag.time.max.ms while it leads: a timer there costs microseconds, where the
+broker's call to each leader for it cost ~1-2 ms of CPU across the two processes, every
+5 s, for each partition, idle or not.
+
 ISR changes the leader decides (a follower caught up, or one fell behind) go to the
 Controller as AlterPartition through `isr_manager` (the broker's ReplicaManager) and take
 effect when it commits them; until then the HW respects the maximal ISR (see
@@ -38,7 +43,8 @@ AlterPartitionManager does. Without an `isr_manager` (a replica used on its
 own) changes commit at once.
 
 Supervision (see supervision.py): the owning ReplicaManager holds `run_until_stopped`
-open and `ping`s the replica; `close` and `delete` end the held call normally.
+open and `ping`s the replica when it has answered nothing else for a while (its offset
+reports count); `close` and `delete` end the held call normally.
 
 Metrics: as leader it counts Kafka's BrokerTopicMetrics of its produce and fetch calls in
 plain ints (rayk/metrics.py), added to Ray's counters at most once a second and whenever
@@ -196,6 +202,7 @@ class PartitionReplica(Supervised):
         self._changed: Wakeup | None = None  # see _notify_change
         self._appended: Wakeup | None = None
         self._isr_change_retry_at = 0.0  # monotonic seconds
+        self._isr_expiration: asyncio.TimerHandle | None = None  # while leading
         self._background: set[asyncio.Task] = set()
         self._trace: ProduceTrace | None = None  # see trace_produce
         self._cleaning: asyncio.Future | None = None  # the log cleaner's thread, while it runs
@@ -342,6 +349,7 @@ class PartitionReplica(Supervised):
         )
         self._maybe_increment_high_watermark()
         self._notify_change()
+        self._schedule_isr_expiration()
 
     async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
         """Follows `leader` (an actor handle of the leader's PartitionReplica), or waits for
@@ -355,6 +363,7 @@ class PartitionReplica(Supervised):
         await self._stop_fetcher()
         self._role, self._leader_epoch, self._leader_id = "follower", leader_epoch, leader_id
         self._leader_state = None
+        self._cancel_isr_expiration()
         self._notify_change()  # parked produces learn they are no longer on the leader
         if leader is not None and leader_id != NO_LEADER:
             name = f"{self.topic}-{self.partition}"
@@ -805,18 +814,35 @@ class PartitionReplica(Supervised):
 
     # ------------------------------------------------------------------ leader: ISR expiration
 
-    async def maybe_shrink_isr(self) -> list[int] | None:
+    def _schedule_isr_expiration(self) -> None:
+        if self._isr_expiration is None and self._role == "leader":
+            self._isr_expiration = asyncio.get_running_loop().call_later(
+                self.config.replica_lag_time_max_ms / 2000, self._expire_isr
+            )
+
+    def _expire_isr(self) -> None:
+        """The timer of Kafka's isr-expiration task, for as long as this replica leads."""
+        self._isr_expiration = None
+        try:
+            self._maybe_shrink_isr()
+        finally:
+            self._schedule_isr_expiration()
+
+    def _cancel_isr_expiration(self) -> None:
+        if self._isr_expiration is not None:
+            self._isr_expiration.cancel()
+            self._isr_expiration = None
+
+    def _maybe_shrink_isr(self) -> None:
         """Kafka's isr-expiration for this partition: proposes dropping followers that have
-        not caught up within replica.lag.time.max.ms. Returns the proposed ISR, if any."""
+        not caught up within replica.lag.time.max.ms."""
         if self._role != "leader":
-            return None
+            return
         state = self._leader_state
         out = state.out_of_sync_replicas(self.config.replica_lag_time_max_ms, _now_ms())
         proposal = state.isr_shrink(out)
-        if proposal is None:
-            return None
-        self._change_isr(proposal, f"brokers {sorted(out)} fell behind")
-        return sorted(proposal)
+        if proposal is not None:
+            self._change_isr(proposal, f"brokers {sorted(out)} fell behind")
 
     def _change_isr(self, proposal: set[int], reason: str) -> None:
         state = self._leader_state
@@ -996,6 +1022,7 @@ class PartitionReplica(Supervised):
         await self._stop_fetcher()
         await self._close_endpoint()
         self._role = None
+        self._cancel_isr_expiration()
         self._notify_change()
         self._counters.flush()
         await self._stop_cleaning()
@@ -1008,6 +1035,7 @@ class PartitionReplica(Supervised):
         await self._stop_fetcher()
         await self._close_endpoint()
         self._role = None
+        self._cancel_isr_expiration()
         self._notify_change()
         self._counters.flush()
         await self._stop_cleaning()

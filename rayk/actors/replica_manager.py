@@ -20,10 +20,13 @@ and whether its last shutdown was clean, and starts its loops, each with its per
 named after Kafka's setting:
 - heartbeat every `broker.heartbeat.interval.ms`; a Controller that no longer knows this
   registration (it fenced us, or it restarted) gets a new registration;
-- a probe of its replicas and listener every `broker.heartbeat.interval.ms`;
-- isr-expiration every `replica.lag.time.max.ms / 2`, on every replica this broker leads;
+- a probe round every `broker.heartbeat.interval.ms`, which pings those of its replicas and
+  its listener that answered nothing for a third of `broker.session.timeout.ms` (a
+  replica's answered report counts: see supervision.py);
 - offset checkpoints every `replica.high.watermark.checkpoint.interval.ms` (collecting
   each replica's `report`: its offsets, its log's size, and its counters for Ray);
+- isr-expiration is not among them: each leader runs it in its own event loop (see
+  partition_replica.py);
 - retention every `log.retention.check.interval.ms`;
 - the log cleaner (if `log.cleaner.enable`): the filthiest compacted log is cleaned, then
   the next, one at a time (so `log.cleaner.io.max.bytes.per.second` is the broker's), and
@@ -207,7 +210,6 @@ class ReplicaManager(Supervised):
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
                     self._every(c.broker_heartbeat_interval_ms, self._probe_children),
                     self._every(c.broker_heartbeat_interval_ms * STRAY_CHECK_HEARTBEATS, self._stop_strays),
-                    self._every(c.replica_lag_time_max_ms // 2, self._expire_isr),
                     self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
                     self._every(c.log_retention_check_interval_ms, self._enforce_retention),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
@@ -372,16 +374,17 @@ class ReplicaManager(Supervised):
     async def _probe_children(self) -> None:
         self._children.probe()
 
-    async def _expire_isr(self) -> None:
-        leaders = [r for r in self._replicas.values() if r.handle is not None and r.assignment.state.leader == self.broker_id]
-        await asyncio.gather(*(r.handle.maybe_shrink_isr.remote() for r in leaders), return_exceptions=True)
-
     async def _checkpoint(self) -> None:
-        items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
-        reports = await asyncio.gather(*(r.handle.report.remote() for _, r in items), return_exceptions=True)
+        items = [(tp, r.handle) for tp, r in self._replicas.items() if r.handle is not None]
+        reports = await asyncio.gather(*(self._report(tp, handle) for tp, handle in items), return_exceptions=True)
         reported = {tp: report for (tp, _), report in zip(items, reports) if isinstance(report, ReplicaReport)}
         self._log_sizes = {tp: report.size_bytes for tp, report in reported.items()}
         await self._write_checkpoints({tp: report.offsets for tp, report in reported.items()})
+
+    async def _report(self, tp: TopicPartition, handle: Any) -> ReplicaReport:
+        report = await handle.report.remote()
+        self._children.answered(tp, handle)  # it runs: no ping needed for a while
+        return report
 
     async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
         async with self._checkpoints_lock:

@@ -4,15 +4,21 @@ Ray tells a caller that an actor died by failing the calls in flight to it. So t
 owner keeps one call to each child open, `run_until_stopped`, which returns only when
 the child is stopped on purpose and fails (RayActorError) the moment its process dies,
 whoever killed it: Ray's memory monitor, a node loss, SIGKILL. A process that is alive but
-does not run (SIGSTOP, a wedged event loop) fails nothing, so the owner also `ping`s each
-child every probe round; one that has answered nothing for `unresponsive_ms` is killed,
-which fails the held call too. Either way the owner's `on_death(key, handle)` runs once.
+does not run (SIGSTOP, a wedged event loop) fails nothing, so the owner also `ping`s, in
+its probe rounds, each child that has answered nothing for a third of `unresponsive_ms`;
+one that has answered nothing for `unresponsive_ms` is killed, which fails the held call
+too. Either way the owner's `on_death(key, handle)` runs once. Any answer counts, not only
+a ping's: an owner that calls its children periodically anyway (a broker collects its
+replicas' offset reports every 5 s) tells the supervisor with `answered`, and those
+children are pinged rarely, if at all. An idle actor call costs ~1-2 ms of CPU across the
+two processes, and a broker's replicas are most of its children.
 
 - `Supervised`: the child's half, mixed into an actor class (`run_until_stopped`, `ping`,
   and `_stop_supervision` to call when it stops on purpose).
 - `ChildSupervisor`: the owner's half. `watch(key, handle)` once the child has answered
   its first call (creation, including log recovery, may take long and is not probed),
-  `forget(key)` before stopping it on purpose, `probe()` from the owner's periodic loop.
+  `forget(key)` before stopping it on purpose, `probe()` from the owner's periodic loop,
+  `answered(key, handle)` when the child answered another call.
 - `start_again_if_restarted`: for the actors Ray itself restarts (max_restarts=-1: the
   Controller, the brokers), which have no owner to start them again: called from
   `__init__`, it calls the actor's own `start` once the actor is back.
@@ -23,6 +29,7 @@ Not thread-safe: both halves run on their actor's event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -72,6 +79,7 @@ class ChildSupervisor:
         self.name = name
         self._on_death = on_death
         self._unresponsive_s = unresponsive_ms / 1000
+        self._ping_after_s = self._unresponsive_s / 3
         self._children: dict[Hashable, _Child] = {}
 
     def watch(self, key: Hashable, handle: Any) -> None:
@@ -87,6 +95,12 @@ class ChildSupervisor:
             child.held.cancel()
             if child.probe is not None:
                 child.probe.cancel()
+
+    def answered(self, key: Hashable, handle: Any) -> None:
+        """`handle`, watched under `key`, answered a call just now: it runs."""
+        child = self._children.get(key)
+        if child is not None and child.handle is handle:
+            child.answered_at_s = time.monotonic()
 
     def watching(self, key: Hashable) -> Any:
         child = self._children.get(key)
@@ -116,14 +130,10 @@ class ChildSupervisor:
         await self._on_death(key, handle)
 
     def probe(self) -> None:
-        """One probe round: records answers to the last pings, pings again, and kills a
-        child that has answered nothing for `unresponsive_ms`."""
+        """One probe round: kills a child that has answered nothing for `unresponsive_ms`,
+        and pings those silent for a third of that that have no ping out."""
         now = time.monotonic()
         for key, child in list(self._children.items()):
-            if child.probe is not None and child.probe.done():
-                if not child.probe.cancelled() and child.probe.exception() is None:
-                    child.answered_at_s = now
-                child.probe = None
             if now - child.answered_at_s > self._unresponsive_s:
                 logger.warning(
                     "%s: %s answered nothing for %.1f s: killing it", self.name, key, now - child.answered_at_s
@@ -131,8 +141,17 @@ class ChildSupervisor:
                 ray.kill(child.handle, no_restart=True)  # its held call fails: on_death follows
                 child.answered_at_s = now  # one kill per silence
                 continue
-            if child.probe is None:
+            if child.probe is None and now - child.answered_at_s >= self._ping_after_s:
                 child.probe = asyncio.ensure_future(child.handle.ping.remote())
+                child.probe.add_done_callback(functools.partial(self._pinged, key, child.handle))
+
+    def _pinged(self, key: Hashable, handle: Any, ping: asyncio.Future) -> None:
+        child = self._children.get(key)
+        if child is None or child.handle is not handle:
+            return  # forgotten or replaced meanwhile
+        child.probe = None
+        if not ping.cancelled() and ping.exception() is None:
+            child.answered_at_s = time.monotonic()
 
 
 def start_again_if_restarted(method: str = "start", retry_backoff_ms: int = 50) -> bool:
