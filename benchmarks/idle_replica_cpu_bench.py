@@ -10,7 +10,11 @@ to beat), the brokers' ReplicaManagers, the Controller, raylet and GCS, and the 
 busy cores. With `--py-spy` it also samples `--spied` followers with py-spy and prints the
 frames where their samples end, and the rayk frames on their stacks.
 
-    .venv/bin/python benchmarks/idle_replica_cpu_bench.py [--partitions N] [--window-s S] [--py-spy]
+With `--config KEY=VALUE` (repeatable) the brokers run with that setting: e.g.
+`replica.high.watermark.checkpoint.interval.ms=600000` leaves the replicas' offset reports
+out, `replica.fetch.wait.max.ms=5000` makes the followers' long polls ten times rarer.
+
+    .venv/bin/python benchmarks/idle_replica_cpu_bench.py [--partitions N] [--window-s S] [--py-spy] [--config K=V]
 
 A local Ray instance, shut down at the end. It prints figures and asserts nothing.
 """
@@ -104,10 +108,13 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=30)
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--spied", type=int, default=5)
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a broker setting, to see what a periodic task costs (repeatable)")
     args = parser.parse_args()
+    config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2}
+    config.update(setting.split("=", 1) for setting in args.config)
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-idle-"),
-                         config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})  # fmt: skip
+    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-idle-"), config=config)
     t0 = time.monotonic()
     topics = [f"{TOPIC}-{i}" for i in range(-(-args.partitions // args.partitions_per_topic))]
     for i, topic in enumerate(topics):  # in steps: ~200 replica processes starting at once swamp 2 cores
