@@ -11,9 +11,9 @@ Three parts, each printed as a table:
    core and its wake-ups per second (context switches of all its threads, /proc), so
    rayk's own periodic work reads against Ray's floor per worker process.
 3. **The neighbour.** Tansu (in memory, one node) read by kafka_protocol_bench's consumer
-   with Ray started (as that bench runs it), then again with the idle rayk cluster of
-   part 2 on the same machine: a broker's consume figure on a small machine includes
-   how much the other processes on it wake up.
+   with Ray started (as that bench runs it, the process's heap frozen), then with the idle
+   rayk cluster of part 2 on the same machine, then after that cluster's shutdown: what
+   the other processes of a small machine, waking up, cost a broker's consume figure.
 
     .venv/bin/python benchmarks/idle_floor_bench.py [--window-s S] [--records N] [--skip-tansu]
 
@@ -180,6 +180,7 @@ def main() -> None:
             bootstrap = stack.enter_context(kpb.tansu_broker())
             kpb.create_topic_by_admin(bootstrap, "consume")
             kpb.produce(bootstrap, "consume", args.records, os.urandom(100))
+            consume_rates(bootstrap, args.records, 1)  # the first read of Tansu and of the client, untimed
             kpb.settle()
             alone = consume_rates(bootstrap, args.records, args.runs)
         cluster = start_bench_cluster()
@@ -187,13 +188,14 @@ def main() -> None:
         if not args.skip_tansu:
             kpb.settle()
             beside = consume_rates(bootstrap, args.records, args.runs)
-            print(f"\n3. Tansu's consume, {args.records:,} records, {args.runs} runs each (median; all)")
-            print(f"{'alone (Ray started)':<40} {statistics.median(alone):>12,.0f} rec/s  "
-                  f"({', '.join(f'{r:,.0f}' for r in alone)})")
-            print(f"{'beside the idle rayk cluster':<40} {statistics.median(beside):>12,.0f} rec/s  "
-                  f"({', '.join(f'{r:,.0f}' for r in beside)})  "
-                  f"{statistics.median(beside) / statistics.median(alone):.2f}x")
         cluster.shutdown()
+        if not args.skip_tansu:
+            kpb.settle()
+            after = consume_rates(bootstrap, args.records, args.runs)
+            print(f"\n3. Tansu's consume, {args.records:,} records, {args.runs} runs each (median; all)")
+            for label, rates in (("alone (Ray started)", alone), ("beside the idle rayk cluster", beside),
+                                 ("after the cluster's shutdown", after)):
+                print(f"{label:<40} {statistics.median(rates):>12,.0f} rec/s  ({', '.join(f'{r:,.0f}' for r in rates)})")
     ray.shutdown()
 
 
