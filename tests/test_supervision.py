@@ -1,5 +1,5 @@
-"""ChildSupervisor alone, on a fake clock: which children a probe round pings, and which it
-kills. Pure asyncio: the children are stand-ins for actor handles."""
+"""ChildSupervisor alone, on a clock of its own: which children a probe round pings, and
+which it kills. Pure asyncio: the children are stand-ins for actor handles."""
 
 from __future__ import annotations
 
@@ -8,86 +8,114 @@ import asyncio
 from rayk.actors import supervision
 from rayk.actors.supervision import ChildSupervisor
 
-UNRESPONSIVE_MS = 9_000
-ROUND_S = 2.0  # the broker's probe rounds: broker.heartbeat.interval.ms
-
-
-class _Method:
-    def __init__(self, answer) -> None:
-        self._answer = answer
-        self.calls = 0
-
-    def remote(self) -> asyncio.Future:
-        self.calls += 1
-        return self._answer()
+UNRESPONSIVE_MS = 9_000  # broker.session.timeout.ms
+ROUND_S = 2  # the broker's probe rounds: broker.heartbeat.interval.ms
+REPORT_S = 5  # its replicas' offset reports: replica.high.watermark.checkpoint.interval.ms
 
 
 class FakeChild:
-    """A handle whose held call never returns and whose ping answers at once, or never."""
+    """A handle whose held call never returns and whose pings are answered at once
+    ("answers"), never ("wedged"), with an error ("fails"), or when the test says ("later")."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, answers_pings: bool) -> None:
-        def ping() -> asyncio.Future:
-            future = loop.create_future()
-            if answers_pings:
-                future.set_result(None)
-            return future
+    def __init__(self, loop: asyncio.AbstractEventLoop, pings: str) -> None:
+        self.loop, self.mode, self.pings = loop, pings, []
+        self.run_until_stopped = self._method(loop.create_future)
+        self.ping = self._method(self._ping)
 
-        self.ping = _Method(ping)
-        self.run_until_stopped = _Method(loop.create_future)
+    @staticmethod
+    def _method(call):
+        return type("Method", (), {"remote": staticmethod(call)})()
+
+    def _ping(self) -> asyncio.Future:
+        future = self.loop.create_future()
+        if self.mode == "answers":
+            future.set_result(None)
+        elif self.mode == "fails":
+            future.set_exception(RuntimeError("the call failed"))
+        self.pings.append(future)
+        return future
 
 
-def run_rounds(monkeypatch, rounds: int, answered_by_reports: set[str]) -> tuple[dict[str, int], list[str]]:
-    """Probe rounds every ROUND_S of a fake clock over three children: 'reported' answers
-    another call of its owner's each round, 'idle' answers only pings, 'wedged' nothing.
-    The pings each child got, and the children killed."""
-    clock = [1_000.0]
-    monkeypatch.setattr(supervision.time, "monotonic", lambda: clock[0])
-    killed: list = []
-    monkeypatch.setattr(supervision.ray, "kill", lambda handle, no_restart: killed.append(handle))
+def scenario(monkeypatch, modes: dict[str, str], steps) -> tuple[dict[str, int], list[tuple[str, float]]]:
+    """Runs `steps(supervisor, children, clock)` (a coroutine function) on a supervisor of
+    children in those ping modes; the pings each got, and (child, time) of each kill."""
+    clock = [0.0]
+    kills: list = []
 
-    async def scenario() -> tuple[dict[str, int], list[str]]:
+    async def main():
         loop = asyncio.get_running_loop()
-        children = {"reported": FakeChild(loop, True), "idle": FakeChild(loop, True), "wedged": FakeChild(loop, False)}
-        supervisor = ChildSupervisor("test", lambda key, handle: asyncio.sleep(0), UNRESPONSIVE_MS)
+        children = {key: FakeChild(loop, mode) for key, mode in modes.items()}
+        names = {id(child): key for key, child in children.items()}
+        monkeypatch.setattr(supervision.ray, "kill", lambda handle, no_restart: kills.append((names[id(handle)], clock[0])))
+        supervisor = ChildSupervisor("test", lambda key, handle: asyncio.sleep(0), UNRESPONSIVE_MS, lambda: clock[0])
         for key, child in children.items():
             supervisor.watch(key, child)
-        for _ in range(rounds):
-            clock[0] += ROUND_S
-            for key in answered_by_reports:
+        await steps(supervisor, children, clock)
+        return {key: len(child.pings) for key, child in children.items()}
+
+    return asyncio.run(main()), kills
+
+
+async def rounds(supervisor, children, clock, seconds: int, reported: tuple[str, ...] = ()) -> None:
+    """`seconds` of a broker's life: a probe round every ROUND_S, and the `reported`
+    children answering an offset report every REPORT_S."""
+    for _ in range(seconds):
+        clock[0] += 1
+        if clock[0] % REPORT_S == 0:
+            for key in reported:
                 supervisor.answered(key, children[key])
+        if clock[0] % ROUND_S == 0:
             supervisor.probe()
-            await asyncio.sleep(0)  # the pings' answers arrive
-        names = {id(child): key for key, child in children.items()}
-        return {key: child.ping.calls for key, child in children.items()}, [names[id(h)] for h in killed]
-
-    return asyncio.run(scenario())
+        await asyncio.sleep(0)  # the answers to pings arrive
 
 
-def test_a_child_answering_its_owners_calls_is_not_pinged_and_an_idle_one_rarely(monkeypatch):
-    pings, killed = run_rounds(monkeypatch, rounds=15, answered_by_reports={"reported"})  # 30 s
-    assert pings["reported"] == 0
-    # Silent for a third of UNRESPONSIVE_MS (3 s) before each ping: every other round of 2 s.
-    assert pings["idle"] == 7
-    assert "idle" not in killed and "reported" not in killed
+def test_only_children_silent_for_a_third_of_the_timeout_are_pinged(monkeypatch):
+    async def steps(supervisor, children, clock):
+        await rounds(supervisor, children, clock, 60, reported=("reported",))
+
+    pings, kills = scenario(monkeypatch, {"reported": "answers", "idle": "answers"}, steps)
+    # Every 2 s round pinged every child before: 30 pings each in 60 s.
+    assert pings["idle"] == 15, "silent 3 s or more at every other round"
+    assert pings["reported"] == 12, "after a report at t, the round at t + 3 or t + 4, and not every time"
+    assert kills == []
 
 
-def test_a_wedged_child_has_one_ping_out_and_is_killed_once_it_is_silent_too_long(monkeypatch):
-    pings, killed = run_rounds(monkeypatch, rounds=5, answered_by_reports=set())  # 10 s
+def test_a_wedged_child_is_killed_about_the_timeout_after_its_last_answer(monkeypatch):
+    async def steps(supervisor, children, clock):
+        await rounds(supervisor, children, clock, 20)
+
+    pings, kills = scenario(monkeypatch, {"wedged": "wedged", "failing": "fails", "idle": "answers"}, steps)
     assert pings["wedged"] == 1, "one ping out at a time"
-    assert killed == ["wedged"]
+    assert pings["failing"] >= 2, "a failed ping is sent again"
+    # Last answer at 0 (watched), pinged at the round at 4, killed 6 s later; then (the
+    # stand-in's held call does not fail, so it stays watched) once per 6 s of silence.
+    assert sorted(kills) == [("failing", 10.0), ("failing", 16.0), ("wedged", 10.0), ("wedged", 16.0)]
 
 
-def test_an_answer_from_a_forgotten_or_replaced_handle_is_ignored(monkeypatch):
-    async def scenario() -> float:
-        loop = asyncio.get_running_loop()
-        old, new = FakeChild(loop, True), FakeChild(loop, True)
-        supervisor = ChildSupervisor("test", lambda key, handle: asyncio.sleep(0), UNRESPONSIVE_MS)
-        supervisor.watch("k", new)
-        before = supervisor._children["k"].answered_at_s
+def test_a_stall_of_the_owner_kills_no_child_that_answered_meanwhile(monkeypatch):
+    async def steps(supervisor, children, clock):
+        await rounds(supervisor, children, clock, 4)  # the round at 4 pings both
+        clock[0] += 10  # the owner's loop stalls: no round for 10 s; "late" answers meanwhile
+        children["late"].pings[-1].set_result(None)
+        supervisor.probe()
+        await asyncio.sleep(0)
+        await rounds(supervisor, children, clock, 4)
+
+    pings, kills = scenario(monkeypatch, {"late": "later", "idle": "answers"}, steps)
+    assert kills == []
+    # "idle": pinged at 4, at 14 (silent since 4), at 18; "late": at 4, answered during the
+    # stall (taken at 14), then at 18.
+    assert pings == {"late": 2, "idle": 3}
+
+
+def test_an_answer_of_a_replaced_handle_is_ignored(monkeypatch):
+    async def steps(supervisor, children, clock):
+        supervisor.forget("old")
         clock[0] += 5
-        supervisor.answered("k", old)  # a late report of the process this one replaced
-        return supervisor._children["k"].answered_at_s - before
+        supervisor.answered("old", children["old"])  # a late report of a process since replaced
+        supervisor.answered("new", children["old"])
+        assert supervisor.watching("old") is None
+        await rounds(supervisor, children, clock, 4)
 
-    clock = [1_000.0]
-    monkeypatch.setattr(supervision.time, "monotonic", lambda: clock[0])
-    assert asyncio.run(scenario()) == 0
+    pings, _ = scenario(monkeypatch, {"old": "answers", "new": "answers"}, steps)
+    assert pings == {"old": 0, "new": 1}, "'new' was not taken for answered by another handle's report"

@@ -5,13 +5,17 @@ owner keeps one call to each child open, `run_until_stopped`, which returns only
 the child is stopped on purpose and fails (RayActorError) the moment its process dies,
 whoever killed it: Ray's memory monitor, a node loss, SIGKILL. A process that is alive but
 does not run (SIGSTOP, a wedged event loop) fails nothing, so the owner also `ping`s, in
-its probe rounds, each child that has answered nothing for a third of `unresponsive_ms`;
-one that has answered nothing for `unresponsive_ms` is killed, which fails the held call
-too. Either way the owner's `on_death(key, handle)` runs once. Any answer counts, not only
-a ping's: an owner that calls its children periodically anyway (a broker collects its
-replicas' offset reports every 5 s) tells the supervisor with `answered`, and those
-children are pinged rarely, if at all. An idle actor call costs ~1-2 ms of CPU across the
-two processes, and a broker's replicas are most of its children.
+its probe rounds, each child that has answered nothing for a third of `unresponsive_ms`,
+and kills one whose pings have had no answer for the other two thirds, which fails the
+held call too: a wedged child goes ~`unresponsive_ms` after its last answer, while a stall of
+the owner's own event loop kills nothing (a ping out during it was answered meanwhile, and
+none was sent during it). Either way the owner's `on_death(key, handle)` runs once.
+
+Any answer counts, not only a ping's: an owner that calls its children periodically anyway
+tells the supervisor with `answered`. A broker collects its replicas' offset reports every
+5 s, so a replica gets about one ping per report instead of one every 2 s round: an idle
+actor call costs ~1-2 ms of CPU across the two processes, and replicas are most of a
+broker's children.
 
 - `Supervised`: the child's half, mixed into an actor class (`run_until_stopped`, `ping`,
   and `_stop_supervision` to call when it stops on purpose).
@@ -71,22 +75,25 @@ class _Child:
     handle: Any
     held: asyncio.Task
     answered_at_s: float
-    probe: asyncio.Future | None = None
+    probe: asyncio.Future | None = None  # the ping out, if any
+    unanswered_since_s: float | None = None  # when the first ping of those not answered since went
 
 
 class ChildSupervisor:
-    def __init__(self, name: str, on_death: Callable[[Hashable, Any], Awaitable[None]], unresponsive_ms: int) -> None:
+    def __init__(self, name: str, on_death: Callable[[Hashable, Any], Awaitable[None]], unresponsive_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.name = name
         self._on_death = on_death
-        self._unresponsive_s = unresponsive_ms / 1000
-        self._ping_after_s = self._unresponsive_s / 3
+        self._ping_after_s = unresponsive_ms / 1000 / 3
+        self._ping_timeout_s = unresponsive_ms / 1000 - self._ping_after_s
+        self._clock = clock
         self._children: dict[Hashable, _Child] = {}
 
     def watch(self, key: Hashable, handle: Any) -> None:
         """Supervises `handle` under `key` (replacing whatever was watched there)."""
         self.forget(key)
         held = asyncio.get_running_loop().create_task(self._hold(key, handle))
-        self._children[key] = _Child(handle, held, time.monotonic())
+        self._children[key] = _Child(handle, held, self._clock())
 
     def forget(self, key: Hashable) -> None:
         """Stops supervising `key`: its owner stops it on purpose, or it was replaced."""
@@ -97,10 +104,12 @@ class ChildSupervisor:
                 child.probe.cancel()
 
     def answered(self, key: Hashable, handle: Any) -> None:
-        """`handle`, watched under `key`, answered a call just now: it runs."""
+        """`handle`, watched under `key`, answered a call just now: it runs (so a ping of it
+        still out is not counted against it)."""
         child = self._children.get(key)
         if child is not None and child.handle is handle:
-            child.answered_at_s = time.monotonic()
+            child.answered_at_s = self._clock()
+            child.unanswered_since_s = None
 
     def watching(self, key: Hashable) -> Any:
         child = self._children.get(key)
@@ -130,28 +139,34 @@ class ChildSupervisor:
         await self._on_death(key, handle)
 
     def probe(self) -> None:
-        """One probe round: kills a child that has answered nothing for `unresponsive_ms`,
-        and pings those silent for a third of that that have no ping out."""
-        now = time.monotonic()
+        """One probe round: kills a child whose pings have had no answer for two thirds of
+        `unresponsive_ms` (a ping that failed counts as unanswered), and pings those that
+        answered nothing for a third of it and have no ping out."""
+        now = self._clock()
         for key, child in list(self._children.items()):
-            if now - child.answered_at_s > self._unresponsive_s:
-                logger.warning(
-                    "%s: %s answered nothing for %.1f s: killing it", self.name, key, now - child.answered_at_s
-                )
+            ping = child.probe
+            if ping is not None and ping.done():
+                self._pinged(key, child.handle, ping)  # its callback may not have run yet
+            if child.unanswered_since_s is not None and now - child.unanswered_since_s >= self._ping_timeout_s:
+                logger.warning("%s: %s answered nothing for %.1f s: killing it", self.name, key,
+                               now - child.answered_at_s)  # fmt: skip
                 ray.kill(child.handle, no_restart=True)  # its held call fails: on_death follows
-                child.answered_at_s = now  # one kill per silence
+                child.unanswered_since_s = now  # one kill per silence
                 continue
             if child.probe is None and now - child.answered_at_s >= self._ping_after_s:
                 child.probe = asyncio.ensure_future(child.handle.ping.remote())
+                if child.unanswered_since_s is None:
+                    child.unanswered_since_s = now
                 child.probe.add_done_callback(functools.partial(self._pinged, key, child.handle))
 
     def _pinged(self, key: Hashable, handle: Any, ping: asyncio.Future) -> None:
         child = self._children.get(key)
-        if child is None or child.handle is not handle:
-            return  # forgotten or replaced meanwhile
+        if child is None or child.handle is not handle or child.probe is not ping:
+            return  # forgotten, replaced, or this answer was taken already
         child.probe = None
         if not ping.cancelled() and ping.exception() is None:
-            child.answered_at_s = time.monotonic()
+            child.answered_at_s = self._clock()
+            child.unanswered_since_s = None
 
 
 def start_again_if_restarted(method: str = "start", retry_backoff_ms: int = 50) -> bool:
