@@ -106,22 +106,27 @@ class BrokerView:
         context = request.context
         return self._authorizer.authorize_by_resource_type(context.principal, context.client_host, operation, resource_type)
 
-    async def refresh_acls(self, wait_ms: int = 0) -> None:
+    async def refresh_acls(self, wait_ms: int = 0) -> bool:
         """Takes the Controller's ACLs if they are newer than the ones held (a slower,
         older lookup never overwrites a newer one); with `wait_ms`, waits that long at the
-        Controller for them to change."""
+        Controller for them to change. Whether it took newer ones."""
         found = await self.ask_controller("acls", self._acl_version, wait_ms, timeout_ms=wait_ms + ACL_LOOKUP_TIMEOUT_MS)
-        if found is not None and found[0] > self._acl_version:
-            self._acl_version, bindings = found
-            self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
+        if found is None or found[0] <= self._acl_version:
+            return False
+        self._acl_version, bindings = found
+        self._authorizer = Authorizer(bindings, self.config.super_user_set(), self.config.allow_everyone_if_no_acl_found)
+        return True
 
-    async def refresh_quotas(self, wait_ms: int = 0) -> None:
+    async def refresh_quotas(self, wait_ms: int = 0) -> bool:
         """Takes the Controller's client quotas if they are newer than the ones held; with
-        `wait_ms`, waits that long at the Controller for them to change."""
+        `wait_ms`, waits that long at the Controller for them to change. Whether it took
+        newer ones."""
         found = await self.ask_controller("client_quotas", self.quotas.version, wait_ms,
                                           timeout_ms=wait_ms + QUOTA_LOOKUP_TIMEOUT_MS)
-        if found is not None and found[0] > self.quotas.version:
-            self.quotas.update(*found)
+        if found is None or found[0] <= self.quotas.version:
+            return False
+        self.quotas.update(*found)
+        return True
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no

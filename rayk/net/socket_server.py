@@ -208,17 +208,21 @@ class SocketServer(Supervised):
             refreshes.append(self._refresh("ACLs", view.refresh_acls))
         await asyncio.gather(*refreshes)
 
-    async def _refresh(self, what: str, lookup: Callable[..., Awaitable[None]]) -> None:
+    async def _refresh(self, what: str, lookup: Callable[..., Awaitable[bool]]) -> None:
+        """Asks again at once after taking a change; after a lookup that took nothing (the
+        wait ran out, or the Controller's were not newer: one that restarted from a log that
+        lost its tail) or failed, after REFRESH_RETRY_S, so it never spins."""
         failing = False
         while True:
             try:
-                await lookup(wait_ms=CHANGE_WAIT_MS)
+                took = await lookup(wait_ms=CHANGE_WAIT_MS)
                 failing = False
             except Exception as e:
                 if not failing:
                     logger.warning("broker %d: the %s could not be read from the Controller (%r); keeping the last "
                                    "ones", self.broker_id, what, e)
-                failing = True
+                failing, took = True, False
+            if not took:
                 await asyncio.sleep(REFRESH_RETRY_S)
 
     async def _prune_quotas(self) -> None:
