@@ -283,13 +283,13 @@ def test_a_share_state_write_to_a_replica_of_an_ordinary_topic_is_not_coordinato
 def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_path):
     """The leader runs isr-expiration itself, every half of replica.lag.time.max.ms: no
     call asks it to."""
-    config = ReplicaConfig(replica_lag_time_max_ms=500)
+    config = ReplicaConfig(replica_lag_time_max_ms=2000, replica_fetch_wait_max_ms=100)
     r = replicas(tmp_path, ids=(1, 2), config=config)
     ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # replica 2 stalled from the start
     pending = r[1].produce.remote(batch(3), -1, 10_000)
-    time.sleep(0.4)
+    time.sleep(0.5)
     assert describe(r[1])["isr"] == [1, 2], "not yet out of sync for replica.lag.time.max.ms"
-    wait_until(lambda: describe(r[1])["isr"] == [1], 5)
+    wait_until(lambda: describe(r[1])["isr"] == [1], 10)
     # With the stalled follower out, the HW moves and the parked acks=all produce completes.
     assert ray.get(pending).error is None
     assert describe(r[1])["high_watermark"] == 3
@@ -300,7 +300,7 @@ def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(tmp_p
 def test_producer_sequence_does_not_count_a_batch_held_by_fewer_than_min_insync_replicas(tmp_path):
     """A resuming writer must not skip a batch its producer was told is not durable enough
     (NOT_ENOUGH_REPLICAS_AFTER_APPEND): the ISR shrank below min.insync.replicas."""
-    config = ReplicaConfig(min_insync_replicas=2, replica_lag_time_max_ms=500)
+    config = ReplicaConfig(min_insync_replicas=2, replica_lag_time_max_ms=500, replica_fetch_wait_max_ms=100)
     r = replicas(tmp_path, ids=(1, 2), config=config)
     start_replication(r, leader=1)
     records = build_batch([SimpleRecord(b"x")] * 3, producer_id=7, producer_epoch=0, base_sequence=0)
@@ -313,7 +313,8 @@ def test_producer_sequence_does_not_count_a_batch_held_by_fewer_than_min_insync_
 
 
 def test_high_watermark_never_moves_backwards_while_followers_come_and_go(tmp_path):
-    config = ReplicaConfig(replica_lag_time_max_ms=300)
+    # Healthy followers fetch at least every 100 ms, so within 300 ms they stay in the ISR.
+    config = ReplicaConfig(replica_lag_time_max_ms=300, replica_fetch_wait_max_ms=100)
     r = replicas(tmp_path, config=config)
     start_replication(r, leader=1)
     seen = []
