@@ -27,8 +27,8 @@ TotalTimeMs at the listener (SocketServer).
 
 Cost: one record into a Ray metric costs 1-7 us (measured), so hot paths never record per
 record. The partition leader's per-request counters are plain ints, added to Ray's counters
-at most every COUNTER_FLUSH_INTERVAL_MS and when the broker's checkpoint loop asks
-(`BrokerTopicCounters`); the listener records one latency per request.
+at most every COUNTER_FLUSH_INTERVAL_MS and at each of the replica's publications on its
+broker's board (`BrokerTopicCounters`); the listener records one latency per request.
 
 Gauges: Ray drops a gauge that is not set again within about 20 s (measured with Ray
 2.60), which is also how a dead broker's or a moved partition's gauges go away; their
@@ -149,8 +149,9 @@ def metric(name: str) -> Any:
 class BrokerTopicCounters:
     """Kafka's BrokerTopicMetrics of one topic on one broker, as a partition leader counts
     them: plain ints bumped per request, added to Ray's counters by `flush` (at most every
-    COUNTER_FLUSH_INTERVAL_MS from the hot path, `maybe_flush`, and whenever the broker's
-    periodic loop asks, so that an idle partition's last counts are not held back).
+    COUNTER_FLUSH_INTERVAL_MS from the hot path, `maybe_flush`, and at each of the replica's
+    publications on its broker's board, so that an idle partition's last counts are not
+    held back).
     Not thread-safe: the replica's event loop owns it."""
 
     __slots__ = ("_tags", "_next_flush_s", "messages_in", "bytes_in", "bytes_out", "bytes_rejected",

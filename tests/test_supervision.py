@@ -119,3 +119,25 @@ def test_an_answer_of_a_replaced_handle_is_ignored(monkeypatch):
 
     pings, _ = scenario(monkeypatch, {"old": "answers", "new": "answers"}, steps)
     assert pings == {"old": 0, "new": 1}, "'new' was not taken for answered by another handle's report"
+
+
+def test_a_child_seen_running_is_not_pinged_and_a_ping_out_must_still_be_answered(monkeypatch):
+    async def steps(supervisor, children, clock):
+        for _ in range(30):  # the board: each child publishes every 2 s (replica_board.py)
+            clock[0] += 1
+            if clock[0] % 2 == 0:
+                supervisor.ran("running", children["running"], clock[0] - 0.5)
+            if clock[0] == 8:
+                # "takes no calls" runs, but a ping went while it was seen running late
+                supervisor.ran("takes no calls", children["takes no calls"], 1.0)
+            elif clock[0] > 8:
+                supervisor.ran("takes no calls", children["takes no calls"], clock[0])
+            supervisor.ran("future", children["future"], clock[0] + 100)  # a clock ahead counts as now
+            if clock[0] % ROUND_S == 0:
+                supervisor.probe()
+            await asyncio.sleep(0)
+
+    pings, kills = scenario(monkeypatch, {"running": "answers", "takes no calls": "wedged", "future": "answers"}, steps)
+    assert pings == {"running": 0, "takes no calls": 1, "future": 0}
+    # pinged at 4 (silent since 0), not answered since: killed 6 s later, however it runs.
+    assert kills == [("takes no calls", 10.0), ("takes no calls", 16.0), ("takes no calls", 22.0), ("takes no calls", 28.0)]

@@ -42,13 +42,17 @@ HW, until an answer or the Controller's next assignment settles it, as Kafka's
 AlterPartitionManager does. Without an `isr_manager` (a replica used on its
 own) changes commit at once.
 
+The broker's board (replica_board.py): from its first role on, the replica publishes its
+log's offsets and size into its slot on a timer of its own; the broker reads them for its
+checkpoints and gauges, and takes each publication for a sign of life.
+
 Supervision (see supervision.py): the owning ReplicaManager holds `run_until_stopped`
-open and `ping`s the replica when it has answered nothing else for a while (its offset
-reports count); `close` and `delete` end the held call normally.
+open and `ping`s the replica when it has neither answered nor published for a while;
+`close` and `delete` end the held call normally.
 
 Metrics: as leader it counts Kafka's BrokerTopicMetrics of its produce and fetch calls in
-plain ints (rayk/metrics.py), added to Ray's counters at most once a second and whenever
-the broker's checkpoint loop collects its `report`.
+plain ints (rayk/metrics.py), added to Ray's counters at most once a second and at each
+publication on the board.
 
 Errors are returned in the result (`error`), as Kafka returns per-partition error codes.
 """
@@ -69,6 +73,7 @@ from rayk.actors import replica_process, txn_verification
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.leader_link import LeaderLink
 from rayk.actors.produce_trace import ProduceTrace
+from rayk.actors.replica_board import BoardSlot, SlotWriter
 from rayk.actors.replica_fetcher import ReplicaFetcher
 from rayk.actors.replica_state import LeaderReplicaState
 from rayk.actors.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
@@ -147,14 +152,6 @@ class ReplicaConfig:
     share: ShareSettings = ShareSettings()  # KIP-932's group.share.* settings
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaReport:
-    """What the broker's checkpoint loop collects from each replica."""
-
-    offsets: PartitionOffsets  # for the broker's offset checkpoints
-    size_bytes: int  # the log on disk, for the Log Size gauge
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -171,11 +168,13 @@ class PartitionReplica(Supervised):
         offsets: PartitionOffsets | None = None,
         isr_manager: Any = None,
         controller: Any = None,
+        board_slot: BoardSlot | None = None,
     ) -> None:
         """`offsets` are the broker's checkpointed recovery point, log start and HW for this
         log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager);
         `controller` the Controller's, through which a leader finds the transaction
-        coordinators that verify transactional writes (txn_verification.py)."""
+        coordinators that verify transactional writes (txn_verification.py); `board_slot`
+        where this replica publishes its offsets to its broker (replica_board.py)."""
         call_methods_directly(self)
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         self.config = replica_config or ReplicaConfig()
@@ -207,6 +206,8 @@ class PartitionReplica(Supervised):
         self._trace: ProduceTrace | None = None  # see trace_produce
         self._cleaning: asyncio.Future | None = None  # the log cleaner's thread, while it runs
         self._counters = BrokerTopicCounters(broker_id, topic)
+        self._board = None if board_slot is None else SlotWriter(board_slot)
+        self._publishing: asyncio.TimerHandle | None = None  # the next publication, while it leads or follows
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
         self._share_states = ShareStateClient(self._controller)  # the share groups' coordinators (no I/O until used)
@@ -350,6 +351,7 @@ class PartitionReplica(Supervised):
         self._maybe_increment_high_watermark()
         self._notify_change()
         self._schedule_isr_expiration()
+        self._start_publishing()
 
     async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
         """Follows `leader` (an actor handle of the leader's PartitionReplica), or waits for
@@ -365,6 +367,7 @@ class PartitionReplica(Supervised):
         self._leader_state = None
         self._cancel_isr_expiration()
         self._notify_change()  # parked produces learn they are no longer on the leader
+        self._start_publishing()
         if leader is not None and leader_id != NO_LEADER:
             name = f"{self.topic}-{self.partition}"
             link = LeaderLink(leader, ray.get_runtime_context().get_node_id(), name)
@@ -967,11 +970,27 @@ class PartitionReplica(Supervised):
         per partition (for tests and diagnosis)."""
         return sorted(name for name, module in sys.modules.items() if module is not None)
 
-    async def report(self) -> ReplicaReport:
-        """The broker's periodic collection: offsets for its checkpoints, the log's size for
-        its metrics; and the counts not yet added to Ray's counters go now."""
+    def _start_publishing(self) -> None:
+        if self._board is not None and self._publishing is None:
+            self._publish()
+
+    def _publish(self) -> None:
+        """Publishes the log's offsets and size on the broker's board, and adds the counts
+        not yet added to Ray's counters (an idle partition's last ones would wait else);
+        again every `publish_interval_ms`, which tells the broker this replica runs."""
+        assert self._board is not None
         self._counters.flush()
-        return ReplicaReport(_offsets_of(self._log), self._log.size_bytes)
+        self._board.publish(_offsets_of(self._log), self._log.size_bytes)
+        interval_s = self._board.slot.publish_interval_ms / 1000
+        self._publishing = asyncio.get_running_loop().call_later(interval_s, self._publish)
+
+    def _stop_publishing(self) -> None:
+        """Before the log closes: the last offsets go to the broker with close's answer."""
+        if self._publishing is not None:
+            self._publishing.cancel()
+            self._publishing = None
+        if self._board is not None:
+            self._board.close()
 
     async def enforce_retention(self) -> int:
         """Deletes whole segments past retention.ms / retention.bytes; returns how many."""
@@ -1024,6 +1043,7 @@ class PartitionReplica(Supervised):
         self._role = None
         self._cancel_isr_expiration()
         self._notify_change()
+        self._stop_publishing()
         self._counters.flush()
         await self._stop_cleaning()
         self._log.close()
@@ -1037,6 +1057,7 @@ class PartitionReplica(Supervised):
         self._role = None
         self._cancel_isr_expiration()
         self._notify_change()
+        self._stop_publishing()
         self._counters.flush()
         await self._stop_cleaning()
         self._log.delete()

@@ -22,9 +22,11 @@ named after Kafka's setting:
   registration (it fenced us, or it restarted) gets a new registration;
 - a probe round every `broker.heartbeat.interval.ms`, which pings those of its replicas and
   its listener that answered nothing for a third of `broker.session.timeout.ms` (a
-  replica's answered report counts: see supervision.py);
-- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms` (collecting
-  each replica's `report`: its offsets, its log's size, and its counters for Ray);
+  replica's publication on the board counts: see supervision.py);
+- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`, of the offsets
+  the replicas last published on the broker's board (replica_board.py: shared memory each
+  replica writes on a timer of its own, more often than that and than a third of
+  `broker.session.timeout.ms`; no call);
 - isr-expiration is not among them: each leader runs it in its own event loop (see
   partition_replica.py);
 - retention every `log.retention.check.interval.ms`;
@@ -82,7 +84,8 @@ from rayk.actors.broker_health import broker_health
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.actors.group_lag import group_lags
 from rayk.actors.offsets_replica import OffsetsPartitionReplica
-from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig, ReplicaReport
+from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.actors.replica_board import BoardSlot, ReplicaBoard
 from rayk.actors.share_fetch import ShareSettings
 from rayk.actors.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
@@ -133,6 +136,7 @@ class _Replica:
     assignment: PartitionAssignment
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
     last_push: int = 0  # the number of the last push applied to it (ReplicaManager._pushes_applied)
+    slot: BoardSlot | None = None  # where its process publishes its offsets, while handle is set
 
 
 def _node_memory_bytes() -> int:
@@ -167,6 +171,10 @@ class ReplicaManager(Supervised):
         self._incarnation_id = uuid.uuid4().hex  # this process; the Controller tells restarts apart by it
         self._checkpoints = LogDirCheckpoints(self.dir)
         self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
+        # Replicas publish more often than their broker checkpoints, and than it would ping
+        # them: a live replica is never pinged (supervision.py pings after a third of the timeout).
+        self._board = ReplicaBoard(self.dir, min(self.config.replica_high_watermark_checkpoint_interval_ms,
+                                                 self.config.broker_session_timeout_ms // 4))  # fmt: skip
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
@@ -372,19 +380,24 @@ class ReplicaManager(Supervised):
             raise StaleBrokerEpochError(f"broker {self.broker_id} epoch {self._broker_epoch} was replaced")
 
     async def _probe_children(self) -> None:
+        for tp, replica in self._replicas.items():
+            if replica.handle is not None and replica.slot is not None:
+                published = self._board.read(replica.slot)
+                if published is not None:  # it ran then: no ping needed for a while
+                    self._children.ran(tp, replica.handle, published.at_s)
         self._children.probe()
 
     async def _checkpoint(self) -> None:
-        items = [(tp, r.handle) for tp, r in self._replicas.items() if r.handle is not None]
-        reports = await asyncio.gather(*(self._report(tp, handle) for tp, handle in items), return_exceptions=True)
-        reported = {tp: report for (tp, _), report in zip(items, reports) if isinstance(report, ReplicaReport)}
-        self._log_sizes = {tp: report.size_bytes for tp, report in reported.items()}
-        await self._write_checkpoints({tp: report.offsets for tp, report in reported.items()})
-
-    async def _report(self, tp: TopicPartition, handle: Any) -> ReplicaReport:
-        report = await handle.report.remote()
-        self._children.answered(tp, handle)  # it runs: no ping needed for a while
-        return report
+        """Writes the offsets the replicas last published on the board. Under the lock, so
+        that a partition deleted meanwhile (its replica is forgotten before its directory
+        goes) is not written back."""
+        async with self._checkpoints_lock:
+            published = {
+                tp: p for tp, r in self._replicas.items()
+                if r.handle is not None and r.slot is not None and (p := self._board.read(r.slot)) is not None
+            }  # fmt: skip
+            self._log_sizes = {tp: p.size_bytes for tp, p in published.items()}
+            await asyncio.to_thread(self._checkpoints.write, {tp: p.offsets for tp, p in published.items()})
 
     async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
         async with self._checkpoints_lock:
@@ -485,7 +498,7 @@ class ReplicaManager(Supervised):
             replica = self._replicas.get(tp)
             if replica is None or replica.handle is not handle:
                 return  # stopped or replaced on purpose meanwhile
-            replica.handle = None
+            self._drop_handle(replica)
             replica.failed_in_epoch = replica.assignment.state.leader_epoch
         await self._report_replica_failure(tp)
 
@@ -531,9 +544,10 @@ class ReplicaManager(Supervised):
                 if state.leader == self.broker_id and state.leader_epoch <= current.failed_in_epoch:
                     current.assignment = assignment
                     return None  # it would lead in the epoch it died in: wait for the Controller's move
-                current.handle = await self._create_replica(assignment)
+                current.handle, current.slot = await self._create_replica(assignment)
             elif current is None:
-                current = self._replicas[tp] = _Replica(await self._create_replica(assignment), assignment)
+                handle, slot = await self._create_replica(assignment)
+                current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
             elif current.assignment.configs != assignment.configs:
                 await current.handle.update_config.remote(
                     log_config_of(assignment.configs), self._replica_config(assignment.configs)
@@ -547,14 +561,23 @@ class ReplicaManager(Supervised):
             except RayActorError as e:
                 if self._children.watching(tp) is not handle:  # died before its first answer
                     logger.warning("broker %d: new replica of %s-%d died: %s", self.broker_id, *tp, e)
-                    current.handle, current.failed_in_epoch = None, assignment.state.leader_epoch
+                    self._drop_handle(current)
+                    current.failed_in_epoch = assignment.state.leader_epoch
                     self._spawn(self._report_replica_failure(tp))
                 return None  # else its supervisor reports it
             if self._children.watching(tp) is not handle:
                 self._children.watch(tp, handle)  # it answered: from now on it is probed
             return handle
 
-    async def _create_replica(self, a: PartitionAssignment) -> Any:
+    def _drop_handle(self, replica: _Replica) -> None:
+        """Its process died or was stopped: its slot on the board is free again."""
+        replica.handle = None
+        if replica.slot is not None:
+            self._board.release(replica.slot)
+            replica.slot = None
+
+    async def _create_replica(self, a: PartitionAssignment) -> tuple[Any, BoardSlot]:
+        """A new replica process, and its slot on the board."""
         tp = (a.topic, a.partition)
         log_dir = self.dir / partition_dir_name(a.topic, a.partition)
         if partition_metadata.read(log_dir) not in (None, a.topic_id):
@@ -571,12 +594,16 @@ class ReplicaManager(Supervised):
             ray.get_runtime_context().current_actor,
             self._controller,
         )
+        # On this node: the board is shared memory, and its times are this node's clock.
         pinned = NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+        slot = self._board.assign()
         if a.topic == OFFSETS_TOPIC:
-            return OffsetsReplicaActor.options(scheduling_strategy=pinned).remote(*args, broker_config=self.config)
-        if a.topic == TRANSACTION_STATE_TOPIC:
-            return TransactionStateReplicaActor.options(scheduling_strategy=pinned).remote(*args, broker_config=self.config)
-        return ReplicaActor.options(scheduling_strategy=pinned).remote(*args)
+            actor, kwargs = OffsetsReplicaActor, {"broker_config": self.config}
+        elif a.topic == TRANSACTION_STATE_TOPIC:
+            actor, kwargs = TransactionStateReplicaActor, {"broker_config": self.config}
+        else:
+            actor, kwargs = ReplicaActor, {}
+        return actor.options(scheduling_strategy=pinned).remote(*args, board_slot=slot, **kwargs), slot
 
     def _replica_config(self, topic_configs: dict[str, str]) -> ReplicaConfig:
         c = self.config
@@ -645,6 +672,7 @@ class ReplicaManager(Supervised):
         except RayActorError:
             pass  # already dead: the directory is what remains
         ray.kill(replica.handle)
+        self._drop_handle(replica)
         if delete:
             await self._delete_partition_dir(tp)
 

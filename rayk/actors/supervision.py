@@ -11,18 +11,19 @@ held call too: a wedged child goes ~`unresponsive_ms` after its last answer, whi
 the owner's own event loop kills nothing (a ping out during it was answered meanwhile, and
 none was sent during it). Either way the owner's `on_death(key, handle)` runs once.
 
-Any answer counts, not only a ping's: an owner that calls its children periodically anyway
-tells the supervisor with `answered`. A broker collects its replicas' offset reports every
-5 s, so a replica gets about one ping per report instead of one every 2 s round: an idle
-actor call costs ~1-2 ms of CPU across the two processes, and replicas are most of a
-broker's children.
+Any sign of life counts, not only a ping's answer: an owner that calls its children anyway
+tells the supervisor with `answered`, one that sees them run otherwise with `ran`. A
+broker's replicas publish on its board every 2.25 s (replica_board.py), so a live replica
+is never pinged: an idle actor call costs ~1-2 ms of CPU across the two processes, and
+replicas are most of a broker's children.
 
 - `Supervised`: the child's half, mixed into an actor class (`run_until_stopped`, `ping`,
   and `_stop_supervision` to call when it stops on purpose).
 - `ChildSupervisor`: the owner's half. `watch(key, handle)` once the child has answered
   its first call (creation, including log recovery, may take long and is not probed),
   `forget(key)` before stopping it on purpose, `probe()` from the owner's periodic loop,
-  `answered(key, handle)` when the child answered another call.
+  `answered(key, handle)` when the child answered another call, `ran(key, handle, at_s)`
+  when it was seen running otherwise.
 - `start_again_if_restarted`: for the actors Ray itself restarts (max_restarts=-1: the
   Controller, the brokers), which have no owner to start them again: called from
   `__init__`, it calls the actor's own `start` once the actor is back.
@@ -110,6 +111,15 @@ class ChildSupervisor:
         if child is not None and child.handle is handle:
             child.answered_at_s = self._clock()
             child.unanswered_since_s = None
+
+    def ran(self, key: Hashable, handle: Any, at_s: float) -> None:
+        """`handle`, watched under `key`, was seen running at `at_s` (the supervisor's
+        clock), without answering anything: it is not pinged for a while, but a ping of it
+        still out must be answered all the same (an actor that runs but takes no calls
+        cannot be managed)."""
+        child = self._children.get(key)
+        if child is not None and child.handle is handle:
+            child.answered_at_s = max(child.answered_at_s, min(at_s, self._clock()))
 
     def watching(self, key: Hashable) -> Any:
         child = self._children.get(key)
