@@ -35,6 +35,11 @@ replication factor 3, min.insync.replicas 2; records of 100 random bytes, no key
    with `queue.get_nowait_batch(500)`; and one record per `put`/`get` for
    `--queue-single` records (default 5,000), as it is slow.
 
+Every timed run has the process's heap frozen first (frozen_heap.py): this process also
+holds Ray's objects and the rayk cluster's driver-side ones, which a client's program
+freezes itself once it has started (README: "What a callback costs"), and Tansu's runs,
+before Ray starts, would not carry them.
+
 What the yardsticks do is not like for like: rayk writes each record to three replicas'
 logs on disk (page cache; no fsync per write, as in Kafka) and acknowledges it once it is
 replicated; Tansu keeps one copy in memory; a Queue holds records in one actor's memory,
@@ -62,6 +67,7 @@ import ray  # noqa: E402
 from ray.util.queue import Queue  # noqa: E402
 
 import rayk  # noqa: E402
+from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
 from rayk.client import TopicPartition  # noqa: E402
 from rayk.perf import (  # noqa: E402
     MB,
@@ -150,12 +156,15 @@ def checked(figures: dict[str, Any], what: str) -> dict[str, Any]:
 def rayk_send(cluster: Any, records: int, partitions: int) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """send() of every record, then consumers reading them all three ways."""
     topic = new_topic(cluster, partitions)
-    produced = checked(run_produce_perf(cluster, topic, records, RECORD_BYTES, progress=False), "send()")
-    consumed = {
-        "poll()": checked(run_consume_perf(cluster, topic, records, progress=False), "consume"),
-        "iteration": consume_iterating(cluster, topic, partitions, records),
-        "poll_batch()": consume_columns(cluster, topic, partitions, records),
-    }
+    with frozen_heap():
+        produced = checked(run_produce_perf(cluster, topic, records, RECORD_BYTES, progress=False), "send()")
+    consumed = {}
+    with frozen_heap():
+        consumed["poll()"] = checked(run_consume_perf(cluster, topic, records, progress=False), "consume")
+    with frozen_heap():
+        consumed["iteration"] = consume_iterating(cluster, topic, partitions, records)
+    with frozen_heap():
+        consumed["poll_batch()"] = consume_columns(cluster, topic, partitions, records)
     return produced, consumed
 
 
@@ -197,9 +206,10 @@ def consume_columns(cluster: Any, topic: str, partitions: int, records: int) -> 
 
 def rayk_send_batch(cluster: Any, records: int, partitions: int) -> dict[str, Any]:
     topic = new_topic(cluster, partitions)
-    figures = run_produce_batch_perf(
-        cluster, topic, records, RECORD_BYTES, batch_records=SEND_BATCH_RECORDS, progress=False
-    )
+    with frozen_heap():
+        figures = run_produce_batch_perf(
+            cluster, topic, records, RECORD_BYTES, batch_records=SEND_BATCH_RECORDS, progress=False
+        )
     return checked(figures, "send_batch()")
 
 
@@ -216,7 +226,8 @@ def rayk_low_load(cluster: Any, rate: float, seconds: float, partitions: int) ->
     records = max(1, int(rate * seconds))
     consumed = consume_elsewhere.remote(cluster.namespace, topic, records)
     time.sleep(3)  # the consumer is assigned and polling before the first record
-    produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False, warm_up=True)
+    with frozen_heap():
+        produced = run_produce_perf(cluster, topic, records, RECORD_BYTES, throughput=rate, progress=False, warm_up=True)
     return checked(produced, "send() at 10% load"), checked(ray.get(consumed), "consume at 10% load")
 
 
@@ -233,8 +244,10 @@ def tansu_produce(records: int, partitions: int) -> tuple[dict[str, Any], dict[s
             kpb.create_topic_by_admin(bootstrap, topic, partitions=partitions)
         value = os.urandom(RECORD_BYTES)
         kpb.produce(bootstrap, "warm", min(records, 5_000), value, partitions)
-        produce_s = kpb.produce(bootstrap, "run", records, value, partitions)
-        consume_s = kpb.consume(bootstrap, "run", records, partitions)
+        with frozen_heap():
+            produce_s = kpb.produce(bootstrap, "run", records, value, partitions)
+        with frozen_heap():
+            consume_s = kpb.consume(bootstrap, "run", records, partitions)
         return (
             throughput_figures(records, records * RECORD_BYTES, produce_s, []),
             throughput_figures(records, records * RECORD_BYTES, consume_s, []),
@@ -288,10 +301,12 @@ def main() -> None:
         low_p, low_e2e = rayk_low_load(cluster, low_rate, latency_s, args.partitions)
         show(f"rayk send() at {low_rate:,.0f} rec/s (10% of its peak): acknowledgement latency", low_p)
         show("  ... end to end, send() to poll() (latency columns)", low_e2e)
-        queue_p, queue_c = queue_batched(records, payload)
+        with frozen_heap():
+            queue_p, queue_c = queue_batched(records, payload)
         show(f"Queue.put_nowait_batch ({QUEUE_BATCH_RECORDS:,} records per call)", queue_p)
         show(f"Queue.get_nowait_batch({POLL_RECORDS})", queue_c)
-        single_p, single_c = queue_single(single, payload)
+        with frozen_heap():
+            single_p, single_c = queue_single(single, payload)
         show("Queue.put, one record per call", single_p)
         show("Queue.get, one record per call", single_c)
     finally:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import platform
 import shutil
@@ -45,6 +44,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import ray
 import rayk
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
 
 PARTITIONS = 3
 
@@ -141,14 +143,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def latency_at_rate(bootstrap: str, topic: str, records: int, rate: int) -> tuple[list[float], list[float]]:
+def latency_at_rate(
+    bootstrap: str, topic: str, records: int, rate: int, from_end: bool = False,
+    arrivals: list[tuple[float, float]] | None = None,
+) -> tuple[list[float], list[float]]:
     """(acknowledgement ms, end-to-end ms) per record, sent at `rate` records/s with
-    linger.ms 0 while a consumer (in a thread: librdkafka releases the GIL) polls."""
+    linger.ms 0 while a consumer (in a thread: librdkafka releases the GIL) polls: from the
+    topic's start, or its end (`from_end`, for a topic used before). `arrivals`, if given,
+    gets (time.perf_counter() at arrival, end-to-end ms) per record."""
     consumer = confluent_kafka.Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"latency-{time.time()}", "enable.auto.commit": False,
         "fetch.min.bytes": 1, "fetch.wait.max.ms": 500, **CONSUMER_AS_USED,
     })
-    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    start_offset = confluent_kafka.OFFSET_END if from_end else confluent_kafka.OFFSET_BEGINNING
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, start_offset) for p in range(PARTITIONS)])
     consumer.consume(1, timeout=1.0)  # fetch sessions and connections up before the clock starts
     end_to_end: list[float] = []
     done = threading.Event()
@@ -162,6 +170,8 @@ def latency_at_rate(bootstrap: str, topic: str, records: int, rate: int) -> tupl
             message = consumer.poll(0.1)
             if message is not None and message.error() is None:
                 end_to_end.append((time.perf_counter_ns() - int.from_bytes(message.value()[:8], "big")) / 1e6)
+                if arrivals is not None:
+                    arrivals.append((time.perf_counter(), end_to_end[-1]))
 
     polling = threading.Thread(target=poll)
     polling.start()
@@ -213,27 +223,6 @@ def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
         time.sleep(interval_s)
         if (machine_busy_s() - busy_s) / (interval_s * cores) < busy_below:
             return
-
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keeps Python's collector off the objects this process holds before a timed phase.
-
-    The clients run in this process, which also holds Ray's objects and those of the rayk
-    clusters it started (88,000 tracked objects after ray.init, 121,000 once a rayk
-    cluster has come and gone). A full collection walks all of them: reading 300,000
-    records, the consumer's 3 full collections took 0.08 CPU-s with the first heap and
-    0.12-0.15 with the second, of a read that lasts 0.22-0.25 s (Tansu's consume read
-    1.17-1.43 M records/s so, and 2.0-2.5 M frozen). So each broker's figure depended on
-    what the process had held before its turn, and the brokers measured later paid more.
-    Frozen, that costs every broker ~nothing; the phase's own objects are collected as usual.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
