@@ -5,6 +5,8 @@ references in `records`:
   never reads outside its input;
 - the decoder (`decode_records_reference`): the walk's verdict and message, and the same
   (offset, timestamp, key, value, headers) for every record;
+- the consumer's decoder (`decode_consumer_records_reference`): the decoder's verdict and
+  message, and equal ConsumerRecords, those before the start offset left out;
 - the column decoder (`decode_columns_reference`): the walk's verdict and message (naming
   the batch), and the same Arrow buffers byte for byte, for one batch or several;
 - the encoder (`encode_records_reference`): byte-identical output for any records."""
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rayk.client.types import ConsumerRecord
 from rayk.errors import InvalidRecordError
 from rayk.storage import _records
 from rayk.storage.records import (
@@ -23,6 +26,7 @@ from rayk.storage.records import (
     build_batch,
     check_records,
     decode_columns_reference,
+    decode_consumer_records_reference,
     decode_records,
     decode_records_reference,
     encode_records_reference,
@@ -48,6 +52,10 @@ def assert_same(body, record_count):
     # The decoders walk as scan does, except that offset deltas need only grow (compaction).
     walked = outcome(lambda *args: scan_records_reference(*args, strict_offsets=False), body, record_count)
     assert decoded[0] == walked[0] and (decoded[0] == "ok" or decoded[1] == walked[1]), "decode checks as scan"
+    consumer_args = (100, 5_000, -1, ConsumerRecord, "t", 3, 0, 101)
+    consumed = outcome(_records.decode_consumer_records, body, record_count, *consumer_args)
+    assert consumed == outcome(decode_consumer_records_reference, body, record_count, *consumer_args)
+    assert consumed[0] == decoded[0] and (consumed[0] == "ok" or consumed[1] == decoded[1]), "checks as decode"
     columns = outcome(lambda *section: _records.decode_columns([section]), body, record_count, 100, 5_000, -1)
     assert columns == outcome(lambda *section: decode_columns_reference([section]), body, record_count, 100, 5_000, -1)
     assert columns[0] == walked[0], "columns check as scan"
@@ -189,10 +197,34 @@ def test_decoding_gives_back_the_records(records, append_time):
     ]
 
 
+@MANY
+@given(record_lists, st.integers(-1, 1 << 45), st.integers(0, 12), st.sampled_from([0, 1]))
+def test_consumer_records_are_the_records_from_the_start_offset(records, append_time, start_offset, timestamp_type):
+    body, base_timestamp = body_of(records), records[0].timestamp_ms
+    args = (body, len(records), 7, base_timestamp, append_time, ConsumerRecord, "topic", 2, timestamp_type, start_offset)
+    consumed = _records.decode_consumer_records(*args)
+    assert consumed == decode_consumer_records_reference(*args)
+    assert all(type(r) is ConsumerRecord for r in consumed)
+    assert consumed == [
+        ConsumerRecord("topic", 2, 7 + i, append_time if append_time >= 0 else r.timestamp_ms, timestamp_type, r.key,
+                       r.value, list(r.headers), -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value))
+        for i, r in enumerate(records) if 7 + i >= start_offset
+    ]  # fmt: skip
+
+
+def test_the_consumer_decoder_builds_only_tuple_types():
+    for decode in (_records.decode_consumer_records, decode_consumer_records_reference):
+        with pytest.raises(TypeError, match="tuple type"):
+            decode(b"", 0, 0, 0, -1, dict, "t", 0, 0, 0)
+
+
 def test_a_negative_record_count_is_refused():
     for decode in (_records.decode_records, decode_records_reference):
         with pytest.raises(ValueError, match="record count -1"):
             decode(b"", -1, 0, 0, -1)
+    for decode in (_records.decode_consumer_records, decode_consumer_records_reference):
+        with pytest.raises(ValueError, match="record count -1"):
+            decode(b"", -1, 0, 0, -1, ConsumerRecord, "t", 0, 0, 0)
     for decode in (_records.decode_columns, decode_columns_reference):
         with pytest.raises(ValueError, match="batch at offset 0: record count -1"):
             decode([(b"", -1, 0, 0, -1)])

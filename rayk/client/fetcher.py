@@ -43,7 +43,7 @@ from rayk.client.types import ConsumerRecord, TopicPartition
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 from rayk.storage.read_committed import committed_batches
-from rayk.storage.records import decode_record_tuples, end_offset_of, iter_batches
+from rayk.storage.records import decode_consumer_records, decode_record_tuples, end_offset_of, iter_batches
 
 
 _new_tuple = tuple.__new__
@@ -204,6 +204,9 @@ class Fetcher:
         for batch in iter_batches(chunk.data):
             if batch.header.is_control:
                 continue  # transaction markers: no records for the application
+            if plain_keys and plain_values:  # the records as they are: built by compiled code, no step per record here
+                out += decode_consumer_records(batch.data, ConsumerRecord, topic, partition, chunk.start)
+                continue
             header, decoded = decode_record_tuples(batch.data)
             timestamp_type = int(header.timestamp_type)
             for offset, timestamp, key, value, headers in decoded:

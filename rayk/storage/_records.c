@@ -22,6 +22,15 @@
    None, headers a list of (str, bytes | None). records.decode_records_reference is the
    same in Python.
 
+   decode_consumer_records(body, record_count, base_offset, base_timestamp, append_time,
+                           record_type, topic, partition, timestamp_type, start_offset) -> list
+
+   decode_records' checks and records, each built as a `record_type` (a tuple type: the
+   consumer's ConsumerRecord) of (topic, partition, offset, timestamp, timestamp_type, key,
+   value, headers, len(key) or -1, len(value) or -1), leaving out those before
+   `start_offset`: the consumer's iteration without a Python step per record.
+   records.decode_consumer_records_reference is the same in Python.
+
    decode_columns(batches) -> tuple
 
    The records of a sequence of batches, each given as (body, record_count, base_offset,
@@ -233,6 +242,72 @@ static PyObject *take_field(Cursor *c)
     return out;
 }
 
+/* One record at the cursor, which scan_body checked: its deltas, key and value (bytes or
+   None) and headers (a list of (str, bytes | None)), new references. 0, or -1 with an
+   exception set and nothing left to release. */
+typedef struct {
+    int64_t timestamp_delta, offset_delta;
+    PyObject *key, *value, *headers;
+} TakenRecord;
+
+static int take_record(Cursor *c, TakenRecord *r)
+{
+    int64_t length, header_count;
+    read_varint(c, &length);
+    c->pos += 1; /* attributes: unused */
+    read_varint(c, &r->timestamp_delta);
+    read_varint(c, &r->offset_delta);
+    r->key = take_field(c);
+    r->value = take_field(c);
+    r->headers = NULL;
+    read_varint(c, &header_count);
+    if (r->key != NULL && r->value != NULL)
+        r->headers = PyList_New((Py_ssize_t)header_count);
+    for (int64_t h = 0; r->headers != NULL && h < header_count; h++) {
+        int64_t key_length;
+        read_varint(c, &key_length);
+        PyObject *header_key = PyUnicode_DecodeUTF8((const char *)c->buf + c->pos, (Py_ssize_t)key_length, "strict");
+        c->pos += (Py_ssize_t)key_length;
+        PyObject *header_value = take_field(c);
+        PyObject *pair = header_key && header_value ? PyTuple_Pack(2, header_key, header_value) : NULL;
+        Py_XDECREF(header_key);
+        Py_XDECREF(header_value);
+        if (pair == NULL)
+            Py_CLEAR(r->headers);
+        else
+            PyList_SET_ITEM(r->headers, (Py_ssize_t)h, pair);
+    }
+    if (r->headers == NULL) {
+        Py_CLEAR(r->key);
+        Py_CLEAR(r->value);
+        return -1;
+    }
+    return 0;
+}
+
+static void release_record(TakenRecord *r)
+{
+    Py_CLEAR(r->key);
+    Py_CLEAR(r->value);
+    Py_CLEAR(r->headers);
+}
+
+/* The checks decode_records and decode_consumer_records share: 0, or -1 with ValueError set. */
+static int check_decodable(Cursor *c, Py_ssize_t record_count)
+{
+    if (record_count < 0) {
+        PyErr_Format(PyExc_ValueError, "record count %zd", record_count);
+        return -1;
+    }
+    int64_t max_timestamp_delta;
+    if (scan_body(c, record_count, 0, &max_timestamp_delta) < 0) { /* scan_records' checks, deltas may skip */
+        PyErr_SetString(PyExc_ValueError, c->message);
+        return -1;
+    }
+    c->pos = 0;
+    return 0;
+}
+
 static PyObject *decode_records(PyObject *module, PyObject *args)
 {
     PyObject *out = NULL;
@@ -243,55 +318,84 @@ static PyObject *decode_records(PyObject *module, PyObject *args)
                           &append_time))
         return NULL;
     (void)module;
-    if (record_count < 0) {
-        PyErr_Format(PyExc_ValueError, "record count %zd", record_count);
-        goto done;
-    }
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
-    int64_t max_timestamp_delta;
-    if (scan_body(&c, record_count, 0, &max_timestamp_delta) < 0) { /* scan_records' checks, deltas may skip */
-        PyErr_SetString(PyExc_ValueError, c.message);
+    if (check_decodable(&c, record_count) < 0 || (out = PyList_New(record_count)) == NULL)
         goto done;
-    }
-    if ((out = PyList_New(record_count)) == NULL)
-        goto done;
-    c.pos = 0;
     for (Py_ssize_t i = 0; i < record_count; i++) {
-        int64_t length, timestamp_delta, offset_delta, header_count;
-        read_varint(&c, &length);
-        c.pos += 1; /* attributes: unused */
-        read_varint(&c, &timestamp_delta);
-        read_varint(&c, &offset_delta);
-        PyObject *key = take_field(&c), *value = take_field(&c), *headers = NULL, *record = NULL;
-        read_varint(&c, &header_count);
-        if (key != NULL && value != NULL)
-            headers = PyList_New((Py_ssize_t)header_count);
-        for (int64_t h = 0; headers != NULL && h < header_count; h++) {
-            int64_t key_length;
-            read_varint(&c, &key_length);
-            PyObject *header_key = PyUnicode_DecodeUTF8((const char *)c.buf + c.pos, (Py_ssize_t)key_length, "strict");
-            c.pos += (Py_ssize_t)key_length;
-            PyObject *header_value = take_field(&c);
-            PyObject *pair = header_key && header_value ? PyTuple_Pack(2, header_key, header_value) : NULL;
-            Py_XDECREF(header_key);
-            Py_XDECREF(header_value);
-            if (pair == NULL)
-                Py_CLEAR(headers);
-            else
-                PyList_SET_ITEM(headers, (Py_ssize_t)h, pair);
+        TakenRecord r;
+        PyObject *record = NULL;
+        if (take_record(&c, &r) == 0) {
+            long long timestamp = append_time >= 0 ? append_time : base_timestamp + r.timestamp_delta;
+            record = Py_BuildValue("(LLOOO)", base_offset + r.offset_delta, timestamp, r.key, r.value, r.headers);
+            release_record(&r);
         }
-        if (headers != NULL) {
-            long long timestamp = append_time >= 0 ? append_time : base_timestamp + timestamp_delta;
-            record = Py_BuildValue("(LLOOO)", base_offset + offset_delta, timestamp, key, value, headers);
-        }
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        Py_XDECREF(headers);
         if (record == NULL) {
             Py_CLEAR(out);
             goto done;
         }
         PyList_SET_ITEM(out, i, record);
+    }
+done:
+    PyBuffer_Release(&body);
+    return out;
+}
+
+/* len() of a key or value, -1 for None: ConsumerRecord's serialized sizes. */
+static PyObject *serialized_size(PyObject *field)
+{
+    return PyLong_FromSsize_t(field == Py_None ? -1 : PyBytes_GET_SIZE(field));
+}
+
+static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
+{
+    PyObject *out = NULL, *topic, *partition, *timestamp_type;
+    PyTypeObject *record_type;
+    Py_buffer body;
+    Py_ssize_t record_count;
+    long long base_offset, base_timestamp, append_time, start_offset;
+    if (!PyArg_ParseTuple(args, "y*nLLLO!OOOL:decode_consumer_records", &body, &record_count, &base_offset,
+                          &base_timestamp, &append_time, &PyType_Type, &record_type, &topic, &partition,
+                          &timestamp_type, &start_offset))
+        return NULL;
+    (void)module;
+    if (!PyType_IsSubtype(record_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple type");
+        goto done;
+    }
+    Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
+    if (check_decodable(&c, record_count) < 0 || (out = PyList_New(0)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < record_count; i++) {
+        TakenRecord r;
+        if (take_record(&c, &r) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        long long offset = base_offset + r.offset_delta;
+        if (offset < start_offset) { /* a batch that starts before the position asked for */
+            release_record(&r);
+            continue;
+        }
+        long long timestamp = append_time >= 0 ? append_time : base_timestamp + r.timestamp_delta;
+        PyObject *items[10] = {
+            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLongLong(offset), PyLong_FromLongLong(timestamp),
+            Py_NewRef(timestamp_type), r.key, r.value, r.headers, serialized_size(r.key), serialized_size(r.value),
+        };
+        PyObject *record = record_type->tp_alloc(record_type, 10);
+        int failed = record == NULL;
+        for (Py_ssize_t k = 0; k < 10; k++) {
+            failed |= items[k] == NULL;
+            if (record != NULL)
+                PyTuple_SET_ITEM(record, k, items[k]); /* stolen; NULL ones are fine to the tuple's dealloc */
+            else
+                Py_XDECREF(items[k]);
+        }
+        if (failed || PyList_Append(out, record) < 0) {
+            Py_XDECREF(record);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(record);
     }
 done:
     PyBuffer_Release(&body);
@@ -715,6 +819,10 @@ static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(body, record_count, base_offset, base_timestamp, append_time) -> [(offset, timestamp, key,"
      " value, headers)]; the checks and ValueError of scan_records. append_time >= 0: every timestamp is it."},
+    {"decode_consumer_records", decode_consumer_records, METH_VARARGS,
+     "decode_consumer_records(body, record_count, base_offset, base_timestamp, append_time, record_type, topic,"
+     " partition, timestamp_type, start_offset) -> [record_type(topic, partition, offset, timestamp, timestamp_type,"
+     " key, value, headers, key size, value size)] for the records at start_offset or later; decode_records' checks."},
     {"decode_columns", decode_columns, METH_O,
      "decode_columns(batches) -> 14 bytes buffers in Arrow's layouts for the records of all the (body, record_count,"
      " base_offset, base_timestamp, append_time) batches (see the module's comment); scan_records' checks per batch."},

@@ -447,6 +447,24 @@ def decode_record_tuples(
     return _decode_compiled(_records.decode_records, batch, max_uncompressed_bytes)
 
 
+def decode_consumer_records(
+    batch: bytes | bytearray | memoryview, record_type: type, topic: str, partition: int, start_offset: int,
+    max_uncompressed_bytes: int | None = None,
+) -> list:
+    """The batch's records at `start_offset` or later, each a `record_type` (the consumer's
+    ConsumerRecord) of (topic, partition, offset, timestamp, timestamp_type, key, value,
+    headers, len(key) or -1, len(value) or -1), built by compiled code: the consumer's
+    iteration, which hands these out as they are."""
+    header, body, append_time = _records_section(batch, max_uncompressed_bytes)
+    try:
+        return _records.decode_consumer_records(
+            body, header.record_count, header.base_offset, header.base_timestamp, append_time,
+            record_type, topic, partition, int(header.timestamp_type), start_offset,
+        )  # fmt: skip
+    except ValueError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}") from None
+
+
 def decode_batches_columns(
     batches: Sequence[bytes | bytearray | memoryview], max_uncompressed_bytes: int | None = None
 ) -> tuple[list[BatchHeader], tuple[bytes, ...]]:
@@ -527,6 +545,22 @@ def decode_records_reference(
         timestamp = append_time if append_time >= 0 else base_timestamp + timestamp_delta
         out.append((base_offset + offset_delta, timestamp, key, value, headers))
     return out
+
+
+def decode_consumer_records_reference(
+    body: bytes | bytearray | memoryview, record_count: int, base_offset: int, base_timestamp: int, append_time: int,
+    record_type: type, topic: str, partition: int, timestamp_type: int, start_offset: int,
+) -> list:
+    """The compiled `_records.decode_consumer_records` in plain Python."""
+    if not issubclass(record_type, tuple):
+        raise TypeError("record_type must be a tuple type")
+    return [
+        tuple.__new__(record_type, (topic, partition, offset, timestamp, timestamp_type, key, value, headers,
+                                    -1 if key is None else len(key), -1 if value is None else len(value)))
+        for offset, timestamp, key, value, headers in decode_records_reference(
+            body, record_count, base_offset, base_timestamp, append_time)
+        if offset >= start_offset
+    ]  # fmt: skip
 
 
 def decode_columns_reference(sections: Sequence[tuple]) -> tuple[bytes, ...]:
@@ -866,5 +900,6 @@ except ImportError:  # installed where no C compiler was found: the same codec, 
         scan_records=scan_records_reference,
         encode_records=encode_records_reference,
         decode_records=decode_records_reference,
+        decode_consumer_records=decode_consumer_records_reference,
         decode_columns=decode_columns_reference,
     )
