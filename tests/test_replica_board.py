@@ -4,8 +4,12 @@ a broker's next incarnation does not see the last one's replicas."""
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from pathlib import Path
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +25,7 @@ offsets_strategy = st.builds(
 
 
 def test_what_a_replica_publishes_its_broker_reads_with_the_time_it_was_published(tmp_path: Path):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=2_250)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=2_250, directory=tmp_path)
     slot = board.assign()
     assert slot.publish_interval_ms == 2_250
     writer = SlotWriter(slot)
@@ -39,7 +43,7 @@ def test_what_a_replica_publishes_its_broker_reads_with_the_time_it_was_publishe
 @settings(max_examples=200, deadline=None)
 @given(offsets=offsets_strategy, size_bytes=st.integers(0, 2**63 - 1))
 def test_offsets_round_trip_unknown_ones_included(tmp_path_factory, offsets: PartitionOffsets, size_bytes: int):
-    board = ReplicaBoard(tmp_path_factory.mktemp("board"), publish_interval_ms=1_000)
+    board = ReplicaBoard(d := tmp_path_factory.mktemp("board"), publish_interval_ms=1_000, directory=d)
     slot = board.assign()
     SlotWriter(slot).publish(offsets, size_bytes)
     published = board.read(slot)
@@ -47,7 +51,7 @@ def test_offsets_round_trip_unknown_ones_included(tmp_path_factory, offsets: Par
 
 
 def test_a_slot_given_out_again_ignores_what_its_last_replica_writes_late(tmp_path: Path):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=1)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=1, directory=tmp_path)
     old, *_ = [board.assign() for _ in range(board.capacity)]  # every slot taken
     late = SlotWriter(old)
     board.release(old)
@@ -63,7 +67,7 @@ def test_a_slot_given_out_again_ignores_what_its_last_replica_writes_late(tmp_pa
 
 
 def test_released_slots_are_given_out_again_oldest_first(tmp_path: Path):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=3)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=3, directory=tmp_path)
     capacity = board.capacity
     slots = [board.assign() for _ in range(capacity)]
     board.release(slots[1])
@@ -72,7 +76,7 @@ def test_released_slots_are_given_out_again_oldest_first(tmp_path: Path):
 
 
 def test_the_board_grows_past_a_page_and_each_replica_maps_only_its_own(tmp_path: Path):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=1)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=1, directory=tmp_path)
     first = board.capacity
     assert first == SLOTS_PER_PAGE
     slots = [board.assign() for _ in range(first * 2 + 1)]
@@ -84,9 +88,9 @@ def test_the_board_grows_past_a_page_and_each_replica_maps_only_its_own(tmp_path
 
 
 def test_a_new_incarnation_of_the_broker_does_not_see_the_last_ones_replicas(tmp_path: Path):
-    last = ReplicaBoard(tmp_path, publish_interval_ms=1_000)
+    last = ReplicaBoard(tmp_path, publish_interval_ms=1_000, directory=tmp_path)
     zombie = SlotWriter(last.assign())
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000)  # the broker, restarted by Ray
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, directory=tmp_path)  # the broker, restarted by Ray
     slot = board.assign()
     zombie.publish(PartitionOffsets(50, 0, 50, None), 1)  # into the old file, not over the new slot
     assert board.read(slot) is None
@@ -95,7 +99,7 @@ def test_a_new_incarnation_of_the_broker_does_not_see_the_last_ones_replicas(tmp
 
 
 def test_a_slot_read_while_being_written_is_not_taken(tmp_path: Path, monkeypatch):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, directory=tmp_path)
     slot = board.assign()
     writer = SlotWriter(slot)
     writer.publish(PartitionOffsets(1, 0, 1, None), 1)
@@ -106,9 +110,56 @@ def test_a_slot_read_while_being_written_is_not_taken(tmp_path: Path, monkeypatc
 
 
 def test_a_closed_writer_publishes_nothing(tmp_path: Path):
-    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, directory=tmp_path)
     slot = board.assign()
     writer = SlotWriter(slot)
     writer.close()
     writer.publish(PartitionOffsets(1, 0, 1, None), 1)
     assert board.read(slot) is None
+
+
+def test_the_board_goes_to_tmpfs_by_default_and_a_clean_shutdown_removes_it(tmp_path: Path):
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000)
+    try:
+        expected = replica_board.candidate_paths(tmp_path)[0]
+        assert board.path == expected and board.path.exists()
+        if os.path.isdir(replica_board.SHM_DIR):
+            assert str(board.path).startswith(replica_board.SHM_DIR), "memory, not the data disk"
+        assert os.stat(board.path).st_blocks * 512 >= os.path.getsize(board.path), "every block allocated"
+        slot = board.assign()
+        SlotWriter(slot).publish(PartitionOffsets(1, 0, 1, None), 1)
+    finally:
+        board.close(remove=True)
+    assert not board.path.exists()
+    assert board.read(slot) is None, "a closed board reads nothing"
+    board.release(slot)  # a replica's death reported after the shutdown: nothing happens
+    with pytest.raises(RuntimeError, match="closed"):
+        board.assign()
+    board.close(remove=True)  # twice: nothing happens
+
+
+def test_no_room_is_an_error_the_board_survives_and_the_data_directory_is_the_fallback(tmp_path: Path, monkeypatch):
+    real = os.posix_fallocate
+    full = {replica_board.SHM_DIR}
+
+    def fallocate(fd, offset, length):
+        if os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) in full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, offset, length)
+
+    monkeypatch.setattr(replica_board.os, "posix_fallocate", fallocate)
+    board = ReplicaBoard(tmp_path, publish_interval_ms=1_000, initial_slots=1)  # tmpfs full: the data directory
+    try:
+        assert board.path == tmp_path / replica_board.BOARD_FILE
+        slots = [board.assign() for _ in range(board.capacity)]
+        full.add(str(tmp_path))
+        with pytest.raises(OSError):
+            board.assign()  # no room to grow: an error, not a SIGBUS at the first write
+        for slot in slots:
+            SlotWriter(slot).publish(PartitionOffsets(2, 0, 2, None), 2)
+        assert all(board.read(slot).offsets.high_watermark == 2 for slot in slots), "what was there still works"
+        full.discard(str(tmp_path))
+        board.release(slots[0])
+        assert board.assign().index == slots[0].index
+    finally:
+        board.close(remove=True)

@@ -121,23 +121,27 @@ def test_an_answer_of_a_replaced_handle_is_ignored(monkeypatch):
     assert pings == {"old": 0, "new": 1}, "'new' was not taken for answered by another handle's report"
 
 
-def test_a_child_seen_running_is_not_pinged_and_a_ping_out_must_still_be_answered(monkeypatch):
+def test_a_child_seen_running_is_pinged_only_to_check_it_takes_calls(monkeypatch):
     async def steps(supervisor, children, clock):
-        for _ in range(30):  # the board: each child publishes every 2 s (replica_board.py)
+        for _ in range(60):  # the board: each child publishes every 2 s (replica_board.py)
             clock[0] += 1
             if clock[0] % 2 == 0:
-                supervisor.ran("running", children["running"], clock[0] - 0.5)
-            if clock[0] == 8:
-                # "takes no calls" runs, but a ping went while it was seen running late
-                supervisor.ran("takes no calls", children["takes no calls"], 1.0)
-            elif clock[0] > 8:
-                supervisor.ran("takes no calls", children["takes no calls"], clock[0])
+                for key in ("running", "takes no calls"):
+                    supervisor.ran(key, children[key], clock[0] - 0.5)
+            if clock[0] >= 8:  # "late" ran before its ping at 4 went, but was seen only at 8
+                supervisor.ran("late", children["late"], 1.0 if clock[0] == 8 else clock[0])
             supervisor.ran("future", children["future"], clock[0] + 100)  # a clock ahead counts as now
             if clock[0] % ROUND_S == 0:
                 supervisor.probe()
             await asyncio.sleep(0)
 
-    pings, kills = scenario(monkeypatch, {"running": "answers", "takes no calls": "wedged", "future": "answers"}, steps)
-    assert pings == {"running": 0, "takes no calls": 1, "future": 0}
-    # pinged at 4 (silent since 0), not answered since: killed 6 s later, however it runs.
-    assert kills == [("takes no calls", 10.0), ("takes no calls", 16.0), ("takes no calls", 22.0), ("takes no calls", 28.0)]
+    modes = {"running": "answers", "takes no calls": "wedged", "late": "wedged", "future": "answers"}
+    pings, kills = scenario(monkeypatch, modes, steps)
+    # 30 s without an answered call (CALL_CHECK_PINGS pings of 3 s): pinged at 30 and 60.
+    assert pings == {"running": 2, "takes no calls": 1, "late": 1, "future": 2}
+    # A ping unanswered for 6 s kills, however often the child is seen running: "takes no
+    # calls" pinged at 30, "late" at 4 (silent since 0).
+    assert sorted(kills) == [("late", 10.0), ("late", 16.0), ("late", 22.0), ("late", 28.0), ("late", 34.0),
+                             ("late", 40.0), ("late", 46.0), ("late", 52.0), ("late", 58.0),
+                             ("takes no calls", 36.0), ("takes no calls", 42.0), ("takes no calls", 48.0),
+                             ("takes no calls", 54.0), ("takes no calls", 60.0)]

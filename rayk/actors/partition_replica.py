@@ -208,6 +208,7 @@ class PartitionReplica(Supervised):
         self._counters = BrokerTopicCounters(broker_id, topic)
         self._board = None if board_slot is None else SlotWriter(board_slot)
         self._publishing: asyncio.TimerHandle | None = None  # the next publication, while it leads or follows
+        self._published: PartitionOffsets | None = None  # the offsets last published
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
         self._share_states = ShareStateClient(self._controller)  # the share groups' coordinators (no I/O until used)
@@ -372,7 +373,8 @@ class PartitionReplica(Supervised):
             name = f"{self.topic}-{self.partition}"
             link = LeaderLink(leader, ray.get_runtime_context().get_node_id(), name)
             fetcher = ReplicaFetcher(
-                self._log, name, self.broker_id, link, leader_epoch, self.config, self._notify_change, incarnation_id
+                self._log, name, self.broker_id, link, leader_epoch, self.config, self._after_follower_progress,
+                incarnation_id,
             )
             self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 
@@ -975,22 +977,47 @@ class PartitionReplica(Supervised):
             self._publish()
 
     def _publish(self) -> None:
-        """Publishes the log's offsets and size on the broker's board, and adds the counts
-        not yet added to Ray's counters (an idle partition's last ones would wait else);
-        again every `publish_interval_ms`, which tells the broker this replica runs."""
+        """Publishes now, and again every `publish_interval_ms`, which also tells the broker
+        that this replica runs."""
+        board = self._board
+        if board is None:
+            return  # closed meanwhile
+        try:
+            self._publish_offsets()
+        except Exception:  # the next turn tries again: a timer that stopped would freeze the checkpoints
+            logger.exception("%s-%d: publishing on the broker's board failed", self.topic, self.partition)
+        finally:
+            self._publishing = asyncio.get_running_loop().call_later(board.slot.publish_interval_ms / 1000, self._publish)
+
+    def _publish_offsets(self) -> None:
+        """The log's offsets and size on the broker's board, and the counts not yet added to
+        Ray's counters (an idle partition's last ones would wait else)."""
         assert self._board is not None
         self._counters.flush()
-        self._board.publish(_offsets_of(self._log), self._log.size_bytes)
-        interval_s = self._board.slot.publish_interval_ms / 1000
-        self._publishing = asyncio.get_running_loop().call_later(interval_s, self._publish)
+        self._published = _offsets_of(self._log)
+        self._board.publish(self._published, self._log.size_bytes)
+
+    def _after_follower_progress(self) -> None:
+        """The follower appended, moved its HW, or truncated. A truncation lowers offsets it
+        published: those go out at once, so that the broker never checkpoints a recovery
+        point or HW above what the log now holds for longer than before (a cleaner offset
+        is below the HW, so it is lowered with it). Two comparisons per append."""
+        self._notify_change()
+        published, log = self._published, self._log
+        if published is not None and self._board is not None and (
+            log.high_watermark < published.high_watermark or log.recovery_point < published.recovery_point
+        ):
+            self._publish_offsets()
 
     def _stop_publishing(self) -> None:
-        """Before the log closes: the last offsets go to the broker with close's answer."""
+        """Before the log closes (for good: no role starts it again); the last offsets go to
+        the broker with close's answer."""
         if self._publishing is not None:
             self._publishing.cancel()
             self._publishing = None
         if self._board is not None:
             self._board.close()
+            self._board = None
 
     async def enforce_retention(self) -> int:
         """Deletes whole segments past retention.ms / retention.bytes; returns how many."""

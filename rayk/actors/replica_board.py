@@ -11,7 +11,11 @@ core, all idle. A Kafka broker reads those offsets from memory. Here a replica w
 bytes into a page it maps every PUBLISH_INTERVAL (a timer turn, no call, no wake-up of
 another process), and its broker reads them when it needs them.
 
-The file, `replica-board` in the broker's data directory, is an array of 64-byte slots,
+The file is memory, not data: on tmpfs (/dev/shm, named after the broker's data directory)
+where the node has it, else `replica-board` in the broker's data directory. Its blocks are
+allocated when it is made or grown (posix_fallocate), so a full file system refuses it
+with an OSError rather than killing the process that first writes a page (SIGBUS). It is
+an array of 64-byte slots,
 eight little-endian int64s each: a sequence number (odd while the replica writes: a
 seqlock), the token of the replica the slot was given to, when it last published
 (CLOCK_MONOTONIC ns, comparable across the node's processes: replicas run on their
@@ -24,6 +28,10 @@ incarnation still running writes into the old one, not over a new replica's slot
 hands every replica it creates a `BoardSlot` (path, index, token); tokens are never reused
 in an incarnation, so what a replica it stopped writes late into its old slot is ignored.
 Nothing is recovered from the file after a crash: the checkpoint files are the record.
+A clean shutdown removes it.
+
+The seqlock relies on x86-64's store order (no barriers from Python): elsewhere a reader
+could take fields of two publications of the same replica, each once true, for one round.
 
 Not thread-safe: the ReplicaManager's event loop owns `ReplicaBoard`, and a replica's
 event loop its `SlotWriter`.
@@ -32,6 +40,7 @@ event loop its `SlotWriter`.
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import mmap
 import os
@@ -39,10 +48,12 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 
 BOARD_FILE = "replica-board"
+SHM_DIR = "/dev/shm"
 SLOT = struct.Struct("<8q")  # seq, token, at_ns, recovery point, log start, HW, cleaner offset, size
 SLOT_BYTES = SLOT.size
 SEQ = struct.Struct("<q")
@@ -77,14 +88,22 @@ class Publication:
 class ReplicaBoard:
     """The broker's side: gives out slots and reads them."""
 
-    def __init__(self, broker_dir: str | Path, publish_interval_ms: int, initial_slots: int = SLOTS_PER_PAGE) -> None:
+    def __init__(
+        self, broker_dir: str | Path, publish_interval_ms: int, initial_slots: int = SLOTS_PER_PAGE,
+        directory: str | Path | None = None,
+    ) -> None:
+        """`directory`: where the file goes (default: tmpfs, or the data directory if there
+        is no room there; see the module's docstring)."""
         assert publish_interval_ms > 0
-        self.path = Path(broker_dir) / BOARD_FILE
         self.publish_interval_ms = publish_interval_ms
-        temp = self.path.with_name(BOARD_FILE + ".new")
-        with open(temp, "wb") as f:
-            f.truncate(_pages_bytes(initial_slots))
-        os.replace(temp, self.path)  # a new inode: see the module's docstring
+        places = [Path(directory) / BOARD_FILE] if directory is not None else candidate_paths(broker_dir)
+        for i, path in enumerate(places):
+            try:
+                self.path = _make(path, _pages_bytes(initial_slots))
+                break
+            except OSError:
+                if i == len(places) - 1:
+                    raise
         self._file = open(self.path, "r+b")
         self._map = mmap.mmap(self._file.fileno(), 0)
         # Oldest released first: a slot is given out again as late as can be (its last
@@ -92,6 +111,7 @@ class ReplicaBoard:
         self._free = collections.deque(range(self.capacity))
         self._tokens = itertools.count(1)
         self._owners: dict[int, int] = {}  # slot index -> the token it was given under
+        self._closed = False
 
     @property
     def capacity(self) -> int:
@@ -99,6 +119,8 @@ class ReplicaBoard:
 
     def assign(self) -> BoardSlot:
         """A free slot for a new replica, under a token no replica had before."""
+        if self._closed:
+            raise RuntimeError("the broker's replica board is closed: the broker shut down")
         if not self._free:
             self._grow()
         index = self._free.popleft()
@@ -108,13 +130,16 @@ class ReplicaBoard:
 
     def release(self, slot: BoardSlot) -> None:
         """The slot's replica was stopped or died: the slot is free again."""
-        if self._owners.get(slot.index) == slot.token:
+        if not self._closed and self._owners.get(slot.index) == slot.token:
             del self._owners[slot.index]
             SLOT.pack_into(self._map, slot.index * SLOT_BYTES, 0, 0, 0, NONE, NONE, NONE, NONE, 0)
             self._free.append(slot.index)
 
     def read(self, slot: BoardSlot) -> Publication | None:
-        """What the slot's replica last published (None: nothing yet, or the slot is not its)."""
+        """What the slot's replica last published (None: nothing yet, the slot is not its,
+        or the board is closed)."""
+        if self._closed:
+            return None
         offset = slot.index * SLOT_BYTES
         for _ in range(MAX_READ_ATTEMPTS):
             (before,) = SEQ.unpack_from(self._map, offset)
@@ -131,14 +156,20 @@ class ReplicaBoard:
             recovery_point, log_start, high_watermark, cleaner)))  # fmt: skip
         return Publication(at_ns / 1e9, offsets, size_bytes)
 
-    def close(self) -> None:
+    def close(self, remove: bool = False) -> None:
+        """Unmaps the file; `remove` deletes it too (a clean shutdown). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._map.close()
         self._file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
 
     def _grow(self) -> None:
         old = self.capacity
+        _allocate(self._file, _pages_bytes(old * 2))  # OSError if there is no room: nothing changed then
         self._map.close()
-        self._file.truncate(_pages_bytes(old * 2))
         self._map = mmap.mmap(self._file.fileno(), 0)
         self._free.extend(range(old, self.capacity))
 
@@ -170,6 +201,35 @@ class SlotWriter:
         if self._map is not None:
             self._map.close()
             self._map = None
+
+
+def candidate_paths(broker_dir: str | Path) -> list[Path]:
+    """Where a broker's board may go, in order: tmpfs if the node has it (one file per data
+    directory), then the data directory."""
+    places = [Path(broker_dir) / BOARD_FILE]
+    if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK):
+        digest = hashlib.sha256(str(Path(broker_dir).resolve()).encode()).hexdigest()[:20]
+        places.insert(0, Path(SHM_DIR) / f"rayk-{BOARD_FILE}-{digest}")
+    return places
+
+
+def _make(path: Path, size_bytes: int) -> Path:
+    """A new file at `path` (a new inode, replacing whatever was there), allocated."""
+    temp = path.with_name(path.name + ".new")
+    try:
+        with open(temp, "wb") as f:
+            _allocate(f, size_bytes)
+        os.replace(temp, path)
+    except OSError:
+        temp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _allocate(f: Any, size_bytes: int) -> None:
+    """Makes `f` `size_bytes` long with every block allocated (zeros)."""
+    f.flush()
+    os.posix_fallocate(f.fileno(), 0, size_bytes)
 
 
 def _pages_bytes(slots: int) -> int:

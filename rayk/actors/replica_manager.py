@@ -173,8 +173,8 @@ class ReplicaManager(Supervised):
         self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
         # Replicas publish more often than their broker checkpoints, and than it would ping
         # them: a live replica is never pinged (supervision.py pings after a third of the timeout).
-        self._board = ReplicaBoard(self.dir, min(self.config.replica_high_watermark_checkpoint_interval_ms,
-                                                 self.config.broker_session_timeout_ms // 4))  # fmt: skip
+        self._board = ReplicaBoard(self.dir, max(1, min(self.config.replica_high_watermark_checkpoint_interval_ms,
+                                                        self.config.broker_session_timeout_ms // 4)))  # fmt: skip
         self._controller = controller
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
@@ -359,6 +359,7 @@ class ReplicaManager(Supervised):
         unclosed = [tp for (tp, _), o in zip(items, closed) if not isinstance(o, PartitionOffsets)]
         unclosed += [tp for tp, r in self._replicas.items() if r.handle is None]  # died, not flushed
         self._replicas.clear()
+        self._board.close(remove=True)
         for task in list(self._tasks):
             task.cancel()
         if unclosed:
@@ -596,14 +597,18 @@ class ReplicaManager(Supervised):
         )
         # On this node: the board is shared memory, and its times are this node's clock.
         pinned = NodeAffinitySchedulingStrategy(self._node_id, soft=False)
-        slot = self._board.assign()
         if a.topic == OFFSETS_TOPIC:
             actor, kwargs = OffsetsReplicaActor, {"broker_config": self.config}
         elif a.topic == TRANSACTION_STATE_TOPIC:
             actor, kwargs = TransactionStateReplicaActor, {"broker_config": self.config}
         else:
             actor, kwargs = ReplicaActor, {}
-        return actor.options(scheduling_strategy=pinned).remote(*args, board_slot=slot, **kwargs), slot
+        slot = self._board.assign()
+        try:
+            return actor.options(scheduling_strategy=pinned).remote(*args, board_slot=slot, **kwargs), slot
+        except BaseException:
+            self._board.release(slot)
+            raise
 
     def _replica_config(self, topic_configs: dict[str, str]) -> ReplicaConfig:
         c = self.config
@@ -671,8 +676,9 @@ class ReplicaManager(Supervised):
                 await self._write_checkpoints({tp: await replica.handle.close.remote()})
         except RayActorError:
             pass  # already dead: the directory is what remains
-        ray.kill(replica.handle)
-        self._drop_handle(replica)
+        finally:
+            ray.kill(replica.handle)
+            self._drop_handle(replica)
         if delete:
             await self._delete_partition_dir(tp)
 

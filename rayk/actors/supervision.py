@@ -14,8 +14,9 @@ none was sent during it). Either way the owner's `on_death(key, handle)` runs on
 Any sign of life counts, not only a ping's answer: an owner that calls its children anyway
 tells the supervisor with `answered`, one that sees them run otherwise with `ran`. A
 broker's replicas publish on its board every 2.25 s (replica_board.py), so a live replica
-is never pinged: an idle actor call costs ~1-2 ms of CPU across the two processes, and
-replicas are most of a broker's children.
+is pinged only every CALL_CHECK_PINGS intervals (30 s), to find one that runs but takes no
+calls: an idle actor call costs ~1-2 ms of CPU across the two processes, and replicas are
+most of a broker's children.
 
 - `Supervised`: the child's half, mixed into an actor class (`run_until_stopped`, `ping`,
   and `_stop_supervision` to call when it stops on purpose).
@@ -48,6 +49,10 @@ from ray.exceptions import RayActorError
 
 logger = logging.getLogger(__name__)
 
+# A child seen running (`ChildSupervisor.ran`) but answering no call is still pinged once
+# its last answer is this many ping intervals old (30 s at Kafka's 9 s session timeout).
+CALL_CHECK_PINGS = 10
+
 
 class Supervised:
     """The child's half: a call its owner holds open, and a liveness probe."""
@@ -75,7 +80,8 @@ class Supervised:
 class _Child:
     handle: Any
     held: asyncio.Task
-    answered_at_s: float
+    answered_at_s: float  # its last sign of life: an answer, or seen running (`ran`)
+    called_at_s: float  # its last answer to a call
     probe: asyncio.Future | None = None  # the ping out, if any
     unanswered_since_s: float | None = None  # when the first ping of those not answered since went
 
@@ -94,7 +100,8 @@ class ChildSupervisor:
         """Supervises `handle` under `key` (replacing whatever was watched there)."""
         self.forget(key)
         held = asyncio.get_running_loop().create_task(self._hold(key, handle))
-        self._children[key] = _Child(handle, held, self._clock())
+        now = self._clock()
+        self._children[key] = _Child(handle, held, now, now)
 
     def forget(self, key: Hashable) -> None:
         """Stops supervising `key`: its owner stops it on purpose, or it was replaced."""
@@ -109,14 +116,15 @@ class ChildSupervisor:
         still out is not counted against it)."""
         child = self._children.get(key)
         if child is not None and child.handle is handle:
-            child.answered_at_s = self._clock()
+            child.answered_at_s = child.called_at_s = self._clock()
             child.unanswered_since_s = None
 
     def ran(self, key: Hashable, handle: Any, at_s: float) -> None:
         """`handle`, watched under `key`, was seen running at `at_s` (the supervisor's
-        clock), without answering anything: it is not pinged for a while, but a ping of it
-        still out must be answered all the same (an actor that runs but takes no calls
-        cannot be managed)."""
+        clock), without answering anything: it is not pinged for a while. But an actor
+        that runs and takes no calls cannot be managed: a ping of it still out must be
+        answered all the same, and it is pinged anyway once it has answered no call for
+        CALL_CHECK_PINGS times the ping interval."""
         child = self._children.get(key)
         if child is not None and child.handle is handle:
             child.answered_at_s = max(child.answered_at_s, min(at_s, self._clock()))
@@ -163,7 +171,8 @@ class ChildSupervisor:
                 ray.kill(child.handle, no_restart=True)  # its held call fails: on_death follows
                 child.unanswered_since_s = now  # one kill per silence
                 continue
-            if child.probe is None and now - child.answered_at_s >= self._ping_after_s:
+            quiet = now - child.answered_at_s >= self._ping_after_s
+            if child.probe is None and (quiet or now - child.called_at_s >= self._ping_after_s * CALL_CHECK_PINGS):
                 child.probe = asyncio.ensure_future(child.handle.ping.remote())
                 if child.unanswered_since_s is None:
                     child.unanswered_since_s = now
@@ -175,7 +184,7 @@ class ChildSupervisor:
             return  # forgotten, replaced, or this answer was taken already
         child.probe = None
         if not ping.cancelled() and ping.exception() is None:
-            child.answered_at_s = self._clock()
+            child.answered_at_s = child.called_at_s = self._clock()
             child.unanswered_since_s = None
 
 
