@@ -8,27 +8,26 @@ Why: a broker used to collect each replica's offsets with an actor call every 5 
 to tell a wedged one. An actor call costs ~1-2 ms of CPU across the two processes, so a
 broker hosting N replicas spent ~0.4 N calls/s on that alone: 2,000 replicas, most of a
 core, all idle. A Kafka broker reads those offsets from memory. Here a replica writes 64
-bytes into a page it maps every PUBLISH_INTERVAL (a timer turn, no call, no wake-up of
-another process), and its broker reads them when it needs them.
+bytes into a page it maps every `publish_interval_ms` of its slot (a timer turn, no call,
+no wake-up of another process), and its broker reads them when it needs them.
 
 The file is memory, not data: on tmpfs (/dev/shm, named after the broker's data directory)
-where the node has it, else `replica-board` in the broker's data directory. Its blocks are
-allocated when it is made or grown (posix_fallocate), so a full file system refuses it
-with an OSError rather than killing the process that first writes a page (SIGBUS). It is
-an array of 64-byte slots,
-eight little-endian int64s each: a sequence number (odd while the replica writes: a
-seqlock), the token of the replica the slot was given to, when it last published
-(CLOCK_MONOTONIC ns, comparable across the node's processes: replicas run on their
-broker's node), the recovery point, the log start offset, the high watermark, the cleaner
-offset (-1: none) and the log's size in bytes. A token of 0 is a free slot, an `at_ns` of
-0 one not published yet.
+where the node has it and has room, else `replica-board` in the broker's data directory.
+Its blocks are allocated when it is made or grown (posix_fallocate), so a full file system
+refuses it with an OSError rather than killing the process that first writes a page
+(SIGBUS). It is an array of 64-byte slots, eight little-endian int64s each: a sequence
+number (odd while the replica writes: a seqlock), the token of the replica the slot was
+given to, when it last published (CLOCK_MONOTONIC ns, comparable across the node's
+processes: replicas run on their broker's node), the recovery point, the log start
+offset, the high watermark, the cleaner offset (-1: none) and the log's size in bytes. A
+token of 0 is a free slot, an `at_ns` of 0 one not published yet.
 
 Each ReplicaManager incarnation makes the file anew (a new inode, so a replica of the last
 incarnation still running writes into the old one, not over a new replica's slot) and
 hands every replica it creates a `BoardSlot` (path, index, token); tokens are never reused
 in an incarnation, so what a replica it stopped writes late into its old slot is ignored.
 Nothing is recovered from the file after a crash: the checkpoint files are the record.
-A clean shutdown removes it.
+A clean shutdown removes it; a broker that crashed for good leaves its 4 KiB on tmpfs.
 
 The seqlock relies on x86-64's store order (no barriers from Python): elsewhere a reader
 could take fields of two publications of the same replica, each once true, for one round.

@@ -172,7 +172,8 @@ class ReplicaManager(Supervised):
         self._checkpoints = LogDirCheckpoints(self.dir)
         self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
         # Replicas publish more often than their broker checkpoints, and than it would ping
-        # them: a live replica is never pinged (supervision.py pings after a third of the timeout).
+        # them (a third of the session timeout): a live replica is pinged only to check that
+        # it takes calls (supervision.py, CALL_CHECK_PINGS).
         self._board = ReplicaBoard(self.dir, max(1, min(self.config.replica_high_watermark_checkpoint_interval_ms,
                                                         self.config.broker_session_timeout_ms // 4)))  # fmt: skip
         self._controller = controller
