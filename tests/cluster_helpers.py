@@ -117,6 +117,11 @@ def pid_of(handle: Any) -> int:
     return actor_table(handle._actor_id.hex())["Pid"]
 
 
+def is_dead(handle: Any) -> bool:
+    """Whether Ray's actor table has the actor DEAD: `ray.kill` returns before it is."""
+    return actor_table(handle._actor_id.hex())["State"] == "DEAD"
+
+
 def batch_of(values: list[bytes]) -> bytes:
     return build_batch([SimpleRecord(v) for v in values])
 

@@ -18,7 +18,7 @@ import ray
 import rayk
 from rayk.client import TopicPartition
 from rayk.errors import KafkaError, TopicAlreadyExistsError
-from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, is_dead, pid_of, shared_local_ray, wait_until
 
 PARTITIONS = 3
 
@@ -215,6 +215,8 @@ def test_client_calls_raise_only_rayk_errors_while_the_controller_is_away(tmp_pa
     try:
         c.create_topic("gone", num_partitions=1, replication_factor=1)
         ray.kill(c.controller, no_restart=True)
+        # ray.kill returns before the process is gone: a call made meanwhile was answered.
+        wait_until(lambda: is_dead(c.controller), 30, "the Controller's death")
         consumer = c.consumer(group_id="g", default_api_timeout_ms=1500, request_timeout_ms=500)
         for call in (lambda: consumer.partitions_for_topic("gone"),
                      lambda: consumer.committed(TopicPartition("gone", 0)),
