@@ -177,6 +177,7 @@ def run_produce_perf(
     progress: bool = True,
     label: str = "produce",
     warm_up: bool = False,
+    latency_sample_every: int = 1,
     **producer_settings: Any,
 ) -> dict[str, Any]:
     """Produces `num_records` records and returns the figures (see the module docstring).
@@ -187,21 +188,32 @@ def run_produce_perf(
     uncounted: a process's first call to an actor sets up its connection (~0.3 s here),
     which is not what a latency at a steady rate is about. The dict also holds `errors`
     (records that failed) and `first_error`.
+
+    Every record gets a callback that keeps its error, if any. `latency_sample_every` = K
+    times only every K-th record (Kafka's ProducerPerformance samples what it keeps too):
+    taking the time and binding it to a callback costs more per record than `send()`'s own
+    bookkeeping, which a throughput comparison with a client whose harness does not time
+    each record should not count against rayk (benchmarks/client_bench.py).
     """
+    if latency_sample_every < 1:
+        raise ValueError(f"latency_sample_every must be >= 1, got {latency_sample_every}")
     partitions = len(cluster.describe_topic(topic))  # UNKNOWN_TOPIC_OR_PARTITION before anything else
     payload = os.urandom(record_size)
     latencies_ms: list[float] = []
     errors: list[BaseException] = []
 
-    def completed() -> int:  # the sender thread appends; list.append is atomic
-        return len(latencies_ms) + len(errors)
+    def completed() -> int:  # for the progress bar (exact when every record is timed); list.append is atomic
+        return min(num_records, len(latencies_ms) * latency_sample_every + len(errors))
 
-    def on_done(sent_at: float, future: Any) -> None:
+    def on_done(future: Any) -> None:
         error = future.exception()
-        if error is None:
-            latencies_ms.append((time.perf_counter() - sent_at) * 1000)
-        else:
+        if error is not None:
             errors.append(error)
+
+    def on_timed(sent_at: float, future: Any) -> None:
+        if future.exception() is None:
+            latencies_ms.append((time.perf_counter() - sent_at) * 1000)
+        on_done(future)
 
     producer = cluster.producer(
         acks=acks, batch_size=batch_size, linger_ms=linger_ms, buffer_memory=buffer_memory, **producer_settings
@@ -219,12 +231,16 @@ def run_produce_perf(
                 key, value = record_fn(i) if record_fn is not None else (None, payload)
                 total_bytes += len(value) + (len(key) if key else 0)
                 future = producer.send(topic, value, key=key)
-                future.add_done_callback(functools.partial(on_done, time.perf_counter()))
+                if i % latency_sample_every:
+                    future.add_done_callback(on_done)
+                else:
+                    future.add_done_callback(functools.partial(on_timed, time.perf_counter()))
             producer.flush()
             elapsed_s = time.perf_counter() - start
     finally:
         producer.close()
-    figures = throughput_figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
+    figures = throughput_figures(num_records - len(errors), total_bytes, elapsed_s, latencies_ms)  # flush waited for all
+    figures["latency_samples"] = len(latencies_ms)
     figures["errors"] = len(errors)
     figures["first_error"] = str(errors[0]) if errors else None
     return figures

@@ -361,3 +361,17 @@ def test_consume_perf_waits_for_the_group_join_before_it_counts_idle_time(shared
     figures = run_consume_perf(cluster, "perf-join", 100, group="first-group", timeout_ms=500, progress=False)
     assert figures["records"] == 100 and not figures["timed_out"]
     assert figures["first_record_s"] > 0.5, "joining took longer than the idle timeout: the case under test"
+
+
+def test_produce_perf_times_every_kth_record_and_counts_them_all(shared):
+    from rayk.perf import run_produce_perf
+
+    shared.create_topic("perf-sampled", num_partitions=2, replication_factor=3)
+    figures = run_produce_perf(shared, "perf-sampled", 1_000, 50, latency_sample_every=10, progress=False)
+    assert (figures["records"], figures["errors"], figures["latency_samples"]) == (1_000, 0, 100)
+    assert 0 < figures["latency_p50_ms"] <= figures["latency_max_ms"]
+    assert sum(p["high_watermark"] for p in shared.describe_topic("perf-sampled")) == 1_000
+    every = run_produce_perf(shared, "perf-sampled", 30, 50, progress=False)
+    assert (every["records"], every["latency_samples"]) == (30, 30)
+    with pytest.raises(ValueError, match="latency_sample_every"):
+        run_produce_perf(shared, "perf-sampled", 10, 50, latency_sample_every=0, progress=False)
