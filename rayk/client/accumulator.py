@@ -34,7 +34,8 @@ BufferExhaustedError. `await_all` (flush) waits until every record is finished.
 Thread-safe: one lock, `lock`, a Condition the sender thread waits on for work; `send`
 waits on `_space`, flush on `_done`, separate conditions on the same lock, so a notify
 meant for the sender never wakes a user thread instead. Methods marked "(lock held)" are
-the sender's and expect it to hold `lock`.
+the sender's and expect it to hold `lock`. `append`, once per record, takes the
+Condition's RLock itself (`_mutex`): entering a Condition is a Python call around that.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ class RecordAccumulator:
         self._max_block_s = max_block_ms / 1000
         self.max_in_flight = max_in_flight
         self._partitioner = StickyPartitioner()
-        self.lock = threading.Condition()
+        self._mutex = threading.RLock()
+        self.lock = threading.Condition(self._mutex)
         # Three conditions on one lock (a Condition is a lock as well, which typeshed does not know).
         self._space = threading.Condition(self.lock)  # type: ignore[arg-type]
         self._done = threading.Condition(self.lock)  # type: ignore[arg-type]
@@ -137,7 +139,7 @@ class RecordAccumulator:
         """Adds a record, a (value, key, headers, timestamp_ms) tuple, to its partition's open
         batch (the sticky partition's if `partition` is None); blocks while the buffer is
         full. The hot path of send(): kept to dict lookups and counters."""
-        with self.lock:
+        with self._mutex:
             if self._failure is not None or self.closed:
                 self._refuse()
             if self._buffered_bytes + size > self._buffer_memory:

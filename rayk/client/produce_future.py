@@ -43,7 +43,7 @@ class BatchResult:
     """The outcome of one batch: set once by `complete` or `fail`."""
 
     __slots__ = (
-        "topic", "partition", "base_offset", "log_append_time_ms", "error",
+        "topic", "partition", "base_offset", "log_append_time_ms", "error", "finished",
         "_done", "_callbacks", "_record_callbacks", "_record_places", "_lock",
     )  # fmt: skip
 
@@ -52,6 +52,9 @@ class BatchResult:
         self.base_offset = -1
         self.log_append_time_ms = -1
         self.error: BaseException | None = None
+        # Set with `_done`: what a record's callback asks first (done? failed?) is then an
+        # attribute read, not a call of Event.is_set, once per record.
+        self.finished = False
         self._done = threading.Event()
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
         # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
@@ -70,7 +73,8 @@ class BatchResult:
 
     def _finish(self) -> None:
         with self._lock:
-            assert not self._done.is_set(), "a batch completes once"
+            assert not self.finished, "a batch completes once"
+            self.finished = True
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
             record_callbacks, self._record_callbacks = self._record_callbacks, []
@@ -87,28 +91,19 @@ class BatchResult:
                 logger.exception("a send() callback raised")
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self.finished
 
     def wait(self, timeout_s: float | None) -> None:
-        if not self._done.is_set() and not self._done.wait(timeout_s):
+        if not self.finished and not self._done.wait(timeout_s):
             raise KafkaTimeoutError(f"no answer for {self.topic}-{self.partition} within {timeout_s} s")
 
     def on_done(self, callback: Callable[[Any], None], arg: Any = None) -> None:
         """Calls callback(arg) once the batch completes (at once if it has)."""
         with self._lock:
-            if not self._done.is_set():
+            if not self.finished:
                 self._callbacks.append((callback, arg))
                 return
         _run(lambda: callback(arg))
-
-    def on_record_done(self, fn: Callable[[FutureRecordMetadata], Any], index: int, timestamp_ms: int) -> None:
-        """Calls fn(the future of record `index`) once the batch completes (at once if it has)."""
-        with self._lock:
-            if not self._done.is_set():
-                self._record_callbacks.append(fn)
-                self._record_places.append((index, timestamp_ms))
-                return
-        _run(lambda: fn(FutureRecordMetadata(self, index, timestamp_ms)))
 
 
 def _run(callback: Callable[[], None]) -> None:
@@ -128,13 +123,13 @@ class FutureRecordMetadata:
         self._batch, self._index, self._timestamp_ms = batch, index, timestamp_ms
 
     def done(self) -> bool:
-        return self._batch.done()
+        return self._batch.finished
 
     def succeeded(self) -> bool:
-        return self._batch.done() and self._batch.error is None
+        return self._batch.finished and self._batch.error is None
 
     def failed(self) -> bool:
-        return self._batch.done() and self._batch.error is not None
+        return self._batch.finished and self._batch.error is not None
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """The record's metadata; raises the batch's error, or KafkaTimeoutError after `timeout` s."""
@@ -149,12 +144,22 @@ class FutureRecordMetadata:
     get = result  # kafka-python's name
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._batch.wait(timeout)
-        return self._batch.error
+        batch = self._batch
+        if not batch.finished:
+            batch.wait(timeout)
+        return batch.error
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
-        """Calls fn(a future equal to this one) once the record is acknowledged or failed."""
-        self._batch.on_record_done(fn, self._index, self._timestamp_ms)
+        """Calls fn(a future equal to this one) once the record is acknowledged or failed
+        (at once if it has been). Once per record for many callers: the batch's lists are
+        appended to here rather than through a method of BatchResult."""
+        batch = self._batch
+        with batch._lock:
+            if not batch.finished:
+                batch._record_callbacks.append(fn)
+                batch._record_places.append((self._index, self._timestamp_ms))
+                return
+        _run(lambda: fn(FutureRecordMetadata(batch, self._index, self._timestamp_ms)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FutureRecordMetadata):
