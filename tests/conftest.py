@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import uvloop
 
+from rayk.actors.replica_board import SHM_DIR, candidate_paths
 from tests.cluster_helpers import release_shared_local_ray
 from tests.jvm_programs import Jvm, build
 from tests.tls_helpers import TlsFiles, write_tls_files
 
 
 @pytest.fixture(scope="session", autouse=True)
-def stop_the_shared_local_ray():
+def stop_the_shared_local_ray(tmp_path_factory):
     yield
     release_shared_local_ray()
+    remove_replica_boards(tmp_path_factory.getbasetemp())
+
+
+def remove_replica_boards(base: Path) -> None:
+    """Removes the tmpfs replica boards of the brokers whose data directories the tests
+    made under `base`: a broker whose Ray instance a test shut down, or whose process it
+    killed, had no clean shutdown to remove its own (replica_board.py)."""
+    for broker_dir in base.rglob("broker-*"):
+        if broker_dir.is_dir():
+            for path in candidate_paths(broker_dir):
+                if str(path).startswith(SHM_DIR + "/"):
+                    path.unlink(missing_ok=True)
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
