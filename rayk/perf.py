@@ -2,10 +2,11 @@
 kafka-producer-perf-test and kafka-consumer-perf-test.
 
 `run_produce_perf` sends `num_records` records of `record_size` bytes as fast as the
-producer takes them (or at a target rate) and measures each record's latency from
-`send()` until its future completes. The producer blocks `send()` while `buffer_memory`
-bytes wait for acknowledgement (Kafka's buffer.memory), so the latencies describe a steady
-pipeline rather than an ever-growing queue.
+producer takes them (or at a target rate) and measures each record's latency (or every
+K-th record's: `latency_sample_every`) from `send()` until its future completes. The
+producer blocks `send()` while `buffer_memory` bytes wait for acknowledgement (Kafka's
+buffer.memory), so the latencies describe a steady pipeline rather than an ever-growing
+queue.
 
 `run_produce_batch_perf` does the same through `Producer.send_batch`, `batch_records`
 records a call (the columnar path of Ray users: arrays and Arrow in); a record's latency

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,22 @@ from tests.tls_helpers import TlsFiles, write_tls_files
 @pytest.fixture(scope="session", autouse=True)
 def stop_the_shared_local_ray(tmp_path_factory):
     yield
-    release_shared_local_ray()
-    remove_replica_boards(tmp_path_factory.getbasetemp())
+    try:
+        release_shared_local_ray()
+    finally:
+        remove_replica_boards(tmp_path_factory.getbasetemp())
 
 
 def remove_replica_boards(base: Path) -> None:
     """Removes the tmpfs replica boards of the brokers whose data directories the tests
     made under `base`: a broker whose Ray instance a test shut down, or whose process it
     killed, had no clean shutdown to remove its own (replica_board.py)."""
-    for broker_dir in base.rglob("broker-*"):
-        if broker_dir.is_dir():
-            for path in candidate_paths(broker_dir):
-                if str(path).startswith(SHM_DIR + "/"):
-                    path.unlink(missing_ok=True)
+    for parent, dirs, _files in os.walk(base):  # a directory a dying broker removes mid-walk is skipped
+        for name in dirs:
+            if name.startswith("broker-"):
+                for path in candidate_paths(Path(parent) / name):
+                    if str(path).startswith(SHM_DIR + "/"):
+                        path.unlink(missing_ok=True)
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
