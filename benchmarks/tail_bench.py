@@ -39,10 +39,10 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kafka_protocol_bench as kpb  # noqa: E402
+from latency_cpu_bench import process_cpu_s  # noqa: E402
 
 import rayk  # noqa: E402
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 WINDOW_S = 0.1
 BUSY_WINDOW_CPU_S = 0.02  # a window where the agent took a fifth of a core or more
 AFTER_BUSY_S = 0.2  # a record delayed by a burst arrives during it or soon after
@@ -73,7 +73,7 @@ class CpuTimeline:
     """One process's CPU seconds, read from /proc every 10 ms in a thread."""
 
     def __init__(self, pid: int) -> None:
-        self._path = f"/proc/{pid}/stat"
+        self._pid = pid
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -81,8 +81,7 @@ class CpuTimeline:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            fields = open(self._path).read().rsplit(")", 1)[1].split()
-            self.samples.append((time.perf_counter(), (int(fields[11]) + int(fields[12])) / TICKS_PER_S))
+            self.samples.append((time.perf_counter(), process_cpu_s(self._pid)))
             time.sleep(0.01)
 
     def stop(self) -> None:
