@@ -54,6 +54,7 @@ import os
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,10 +167,34 @@ def session(
     # terminal unless told otherwise; warnings and errors still show.
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
     with filtered_stderr():  # the driver JVM starts here, and inherits the filter (child_stderr.py)
-        return raydp.init_spark(
+        spark = raydp.init_spark(
             app_name, executors, executor_cores, executor_memory,
             configs=session_configs(configs, kafka_connector=kafka_connector),
         )
+    _drop_java_only_includes(spark.sparkContext)
+    return spark
+
+
+def _drop_java_only_includes(sc: Any) -> None:
+    """Takes the jars without Python in them off the files Spark's Python workers put on
+    `sys.path` for every task. Spark lists the jars of `spark.jars.packages` (the Kafka
+    connector's) there, and PySpark's worker calls `importlib.invalidate_caches()` before
+    each task, on which Python 3.11's zip importers read their archive's whole directory
+    again (rayk/spark_daemon.py drops Spark's own jar the same way)."""
+    from pyspark import SparkFiles
+
+    root = Path(SparkFiles.getRootDirectory())
+    sc._python_includes[:] = [name for name in sc._python_includes if not _holds_no_python(root / name)]
+
+
+def _holds_no_python(path: Path) -> bool:
+    if path.suffix.lower() != ".jar":
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return not any(name.endswith((".py", ".pyc", ".so")) for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False  # left for the worker, as Spark lists it
 
 
 def stop() -> None:

@@ -1,6 +1,6 @@
 """Spark's Python daemon for rayk's Spark sessions (`spark.python.daemon.module`):
 PySpark's own daemon, with pyarrow, Ray and rayk's read and write paths imported once,
-before it forks Spark's Python workers.
+before it forks Spark's Python workers, and with no Java archive on `sys.path`.
 
 Spark ends a Python worker idle for a minute (PythonWorkerFactory, a constant in 3.5),
 and the next task then runs in a worker forked from this daemon. With PySpark's daemon,
@@ -9,15 +9,32 @@ quiet machine, more on a busy one); forked from this one, it has them. Importing
 starts no thread, so forking after it is as safe as PySpark's daemon; each worker still
 connects to Ray on its own, after the fork (rayk.spark._worker_cluster). Nothing here
 writes to stdout, which carries the daemon's port to Spark.
+
+Spark puts the jar that holds its PythonUtils on the workers' PYTHONPATH (spark-core's,
+5,221 entries and no Python in a pip-installed PySpark), for builds that ship PySpark
+inside that jar. A zip importer then serves the jar, and two more serve its `google/`
+and `org/` directories as portions of those namespace packages. PySpark's worker calls
+`importlib.invalidate_caches()` before every task, and Python 3.11's zip importers
+read their archive's whole directory again on it: 40 ms a task, on the task's path
+(measured in a RayDP executor). This daemon takes `.jar` entries off `sys.path` before
+it imports anything, so no worker it forks holds such an importer; the environment's
+PYTHONPATH is left as Spark set it.
 """
 
 import importlib
+import sys
 
 from pyspark import daemon
 
 PRELOADED_MODULES = ("pyarrow", "ray", "rayk.data", "rayk.spark")
 
+
 if __name__ == "__main__":
+    # Python never imports from a .jar of a PySpark installed from PyPI; this module's own
+    # import already cached importers for them, the jar's directories included.
+    sys.path[:] = [entry for entry in sys.path if not entry.endswith(".jar")]
+    for entry in [key for key in sys.path_importer_cache if ".jar" in key]:
+        del sys.path_importer_cache[entry]
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
     daemon.manager()
