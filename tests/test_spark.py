@@ -86,21 +86,26 @@ def test_the_dataframe_has_spark_kafka_source_schema_and_round_trips(cluster, sp
 
 def test_python_workers_are_forked_from_rayk_s_daemon_with_its_imports_done(spark):
     """A worker Spark starts after ending an idle one (a minute) does not import pyarrow,
-    Ray and rayk again on its first rayk task, and PySpark's `importlib.invalidate_caches()`
-    before each task finds no zip importer of Spark's jar to read again
+    Ray and rayk again on its first rayk task; PySpark's `importlib.invalidate_caches()`
+    before each task finds no zip importer of Spark's jar to read again, its `gc.collect()`
+    after each skips what the daemon imported, and the task's socket acknowledges at once
     (rayk/spark_daemon.py)."""
 
     def probe(_):
+        import gc
         import os
         import sys
 
         main = sys.modules["__main__"]
         jars = [entry for entry in [*sys.path, *sys.path_importer_cache] if ".jar" in entry]
         spark_set_one = ".jar" in os.environ.get("PYTHONPATH", "")
-        yield getattr(main.__spec__, "name", None), "ray" in sys.modules and "pyarrow" in sys.modules, jars, spark_set_one
+        frozen = gc.get_freeze_count() > 10_000  # the daemon's imports, out of every task's gc.collect()
+        task_runner = sys.modules["pyspark.daemon"].worker.__qualname__
+        yield (getattr(main.__spec__, "name", None), "ray" in sys.modules and "pyarrow" in sys.modules, jars,
+               spark_set_one, frozen, task_runner)
 
     found = set(map(repr, spark.sparkContext.parallelize([0, 1], 2).mapPartitions(probe).collect()))
-    assert found == {repr(("rayk.spark_daemon", True, [], True))}
+    assert found == {repr(("rayk.spark_daemon", True, [], True, True, "_acking_at_once.<locals>.run"))}
 
 
 def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
