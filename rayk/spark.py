@@ -335,8 +335,8 @@ def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = 
         written = write_task(_worker_cluster(address, namespace), topic, tables, settings, first_producer_id, task_index)
         yield pa.RecordBatch.from_pydict({"written": pa.array([written], pa.int64())})
 
-    total = df.select(*wanted).mapInArrow(write, "written long").groupBy().sum("written").collect()[0][0]
-    return int(total or 0)
+    # One row per task, summed here: a sum in Spark would add a shuffle and a second stage.
+    return sum(row.written for row in df.select(*wanted).mapInArrow(write, "written long").collect())
 
 
 class TopicStreamQuery:
