@@ -54,7 +54,6 @@ import os
 import sys
 import threading
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,6 +68,7 @@ from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.errors import InvalidConfigurationError
+from rayk.spark_daemon import holds_no_python
 
 # PySpark and RayDP come with rayk's `spark` extra, not with rayk itself (the broker, the
 # Python client and rayk.data never load them). Looked up, not imported: this module
@@ -184,17 +184,7 @@ def _drop_java_only_includes(sc: Any) -> None:
     from pyspark import SparkFiles
 
     root = Path(SparkFiles.getRootDirectory())
-    sc._python_includes[:] = [name for name in sc._python_includes if not _holds_no_python(root / name)]
-
-
-def _holds_no_python(path: Path) -> bool:
-    if path.suffix.lower() != ".jar":
-        return False
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return not any(name.endswith((".py", ".pyc", ".so")) for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False  # left for the worker, as Spark lists it
+    sc._python_includes[:] = [name for name in sc._python_includes if not holds_no_python(str(root / name))]
 
 
 def stop() -> None:

@@ -18,9 +18,9 @@ inside that jar. A zip importer then serves the jar, and two more serve its `goo
 and `org/` directories as portions of those namespace packages. PySpark's worker calls
 `importlib.invalidate_caches()` before every task, and Python 3.11's zip importers
 read their archive's whole directory again on it: 40 ms a task, on the task's path
-(measured in a RayDP executor). This daemon takes `.jar` entries off `sys.path` before
-it imports anything, so no worker it forks holds such an importer; the environment's
-PYTHONPATH is left as Spark set it.
+(measured in a RayDP executor). This daemon takes the jars without Python in them off
+`sys.path` before it imports anything, so no worker it forks holds such an importer; the
+environment's PYTHONPATH is left as Spark set it.
 
 PySpark's daemon runs `gc.collect()` in a reused worker after every task: a full
 collection of everything the daemon imported (140,000 objects here, 25 ms). This daemon
@@ -38,12 +38,24 @@ import gc
 import importlib
 import socket
 import sys
+import zipfile
 from collections.abc import Callable
-
-from pyspark import daemon
 
 PRELOADED_MODULES = ("pyarrow", "ray", "rayk.data", "rayk.spark")
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's
+
+
+def holds_no_python(path: str) -> bool:
+    """Whether `path` is a Java archive that Python cannot import anything from: a jar with
+    no `.py` or `.pyc` in it (Python's zip importer loads no extension modules). A jar it
+    cannot read is taken to hold some."""
+    if not path.lower().endswith(".jar"):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return not any(name.endswith((".py", ".pyc")) for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _acking_at_once(run_task: Callable[[socket.socket, bool], int]) -> Callable[[socket.socket, bool], int]:
@@ -52,20 +64,27 @@ def _acking_at_once(run_task: Callable[[socket.socket, bool], int]) -> Callable[
 
     def run(sock: socket.socket, authenticated: bool) -> int:
         if QUICKACK is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+            except OSError:
+                pass  # only a delay saved; the task runs either way
         return run_task(sock, authenticated)
 
     return run
 
 
 if __name__ == "__main__":
-    # Python never imports from a .jar of a PySpark installed from PyPI; this module's own
-    # import already cached importers for them, the jar's directories included.
-    sys.path[:] = [entry for entry in sys.path if not entry.endswith(".jar")]
-    for entry in [key for key in sys.path_importer_cache if ".jar" in key]:
-        del sys.path_importer_cache[entry]
+    # The imports above already cached an importer for each jar on the path (and, for a
+    # namespace package's lookup, for its `<jar>/org` and `<jar>/google` too).
+    dropped = [entry for entry in sys.path if holds_no_python(entry)]
+    sys.path[:] = [entry for entry in sys.path if entry not in dropped]
+    for key in [key for key in sys.path_importer_cache if any(key.startswith(jar) for jar in dropped)]:
+        del sys.path_importer_cache[key]
+    from pyspark import daemon
+
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
+    gc.collect()  # what the imports left as garbage, not frozen with the rest
     gc.freeze()
     daemon.worker = _acking_at_once(daemon.worker)
     daemon.manager()

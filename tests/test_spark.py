@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +20,7 @@ import ray
 import rayk
 from rayk import spark as rayk_spark
 from rayk.errors import InvalidConfigurationError, RecordTooLargeError
+from rayk.spark_daemon import holds_no_python
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, pid_of, release_shared_local_ray, wait_until
 
@@ -108,6 +110,24 @@ def test_python_workers_are_forked_from_rayk_s_daemon_with_its_imports_done(spar
     assert found == {repr(("rayk.spark_daemon", True, [], True, True, "_acking_at_once.<locals>.run"))}
 
 
+def test_only_jars_without_python_are_taken_off_the_workers_path(tmp_path):
+    def archive(name, *entries):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            for entry in entries:
+                z.writestr(entry, b"")
+        return str(path)
+
+    assert holds_no_python(archive("connector.jar", "org/apache/A.class", "META-INF/MANIFEST.MF"))
+    assert holds_no_python(archive("NATIVE.JAR", "linux/libzstd-jni.so"))  # zipimport loads no .so
+    assert not holds_no_python(archive("with-python.jar", "org/A.class", "pkg/__init__.py"))
+    assert not holds_no_python(archive("compiled.jar", "pkg/mod.pyc"))
+    assert not holds_no_python(archive("deps.zip", "org/A.class"))  # only jars
+    assert not holds_no_python(str(tmp_path / "missing.jar"))
+    (tmp_path / "broken.jar").write_bytes(b"not a zip")
+    assert not holds_no_python(str(tmp_path / "broken.jar"))
+
+
 def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
     topic = new_topic(cluster)
     rows = [(b"%d" % i, i % 2, datetime.datetime.fromtimestamp(1_000 + i, datetime.timezone.utc)) for i in range(40)]
@@ -118,7 +138,9 @@ def test_offsets_timestamps_and_an_empty_topic(cluster, spark):
     assert sorted((r.partition, r.offset) for r in ranged.collect()) == [(0, 5), (0, 6), (0, 7), (1, 0), (1, 1)]
     late = rayk_spark.read_topic(spark, topic, starting_timestamp=(1_000 + 30) * 1000, cluster=cluster)
     assert sorted(int(r.value) for r in late.collect()) == list(range(30, 40))
-    empty = rayk_spark.read_topic(spark, new_topic(cluster), cluster=cluster)
+    empty_topic = new_topic(cluster)
+    assert rayk_spark.write_topic(spark.createDataFrame([], "value binary"), empty_topic, cluster=cluster) == 0
+    empty = rayk_spark.read_topic(spark, empty_topic, cluster=cluster)
     assert empty.count() == 0 and empty.schema == rayk_spark.spark_schema()
     with pytest.raises(InvalidConfigurationError):
         rayk_spark.write_topic(spark.createDataFrame([(1,)], "payload int"), topic, cluster=cluster)
