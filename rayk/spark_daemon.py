@@ -1,7 +1,7 @@
 """Spark's Python daemon for rayk's Spark sessions (`spark.python.daemon.module`):
 PySpark's own daemon, with pyarrow, Ray and rayk's read and write paths imported once,
-before it forks Spark's Python workers, and without three costs PySpark's daemon puts on
-every task (80 ms of a task's time against 15 after, for a mapInArrow task that does
+before it forks Spark's Python workers, and without three costs that Spark and PySpark put
+on every task (80 ms of a task's time against 15 after, for a mapInArrow task that does
 nothing, in a RayDP executor on the 2-core machine; Spark's task metrics and strace).
 
 Spark ends a Python worker idle for a minute (PythonWorkerFactory, a constant in 3.5),
