@@ -42,6 +42,12 @@ import zipfile
 from collections.abc import Callable
 
 PRELOADED_MODULES = ("pyarrow", "ray", "rayk.data", "rayk.spark")
+# What a worker would otherwise import in its first task, each time Spark starts one: Ray's
+# serializers import pydantic (its v1 API too) when the worker's first Ray call returns,
+# and PySpark's Arrow types import distutils.version (setuptools, via its distutils shim).
+# 160 ms on a quiet machine, ~250 ms of a first read in py-spy. Optional: a module that is
+# not there is left to whoever needs it.
+FIRST_TASK_MODULES = ("ray._common.pydantic_compat", "pydantic.v1", "distutils.version")
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's
 
 
@@ -84,6 +90,11 @@ if __name__ == "__main__":
 
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
+    for name in FIRST_TASK_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     gc.collect()  # what the imports left as garbage, not frozen with the rest
     gc.freeze()
     daemon.worker = _acking_at_once(daemon.worker)
