@@ -13,6 +13,9 @@ references in `records`:
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -210,6 +213,36 @@ def test_consumer_records_are_the_records_from_the_start_offset(records, append_
                        r.value, list(r.headers), -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value))
         for i, r in enumerate(records) if 7 + i >= start_offset
     ]  # fmt: skip
+
+
+@MANY
+@given(record_lists)
+def test_consumer_records_and_their_headers_are_left_to_refcounting_not_the_cyclic_gc(records):
+    """They hold no container but their headers, so no cycle: left tracked, every
+    collection walked a consumer's buffered records (~30% of its iteration)."""
+    args = (body_of(records), len(records), 7, records[0].timestamp_ms, -1, ConsumerRecord, "topic", 2, 0, 0)
+    for record in _records.decode_consumer_records(*args):
+        assert not gc.is_tracked(record) and not gc.is_tracked(record.headers)
+        assert not any(gc.is_tracked(pair) for pair in record.headers)
+
+
+def test_records_of_a_type_with_attributes_of_its_own_stay_tracked():
+    """Attributes could make a cycle through such a record, which only the GC would free."""
+
+    class WithAttributes(tuple):
+        pass
+
+    class Held:
+        pass
+
+    body = body_of([SimpleRecord(b"v", b"k", headers=[("h", b"1")])])
+    [record] = _records.decode_consumer_records(body, 1, 0, 0, -1, WithAttributes, "t", 0, 0, 0)
+    record.me, record.held = record, Held()  # a tuple takes no weak reference: what it holds does
+    assert gc.is_tracked(record)
+    held = weakref.ref(record.held)
+    del record
+    gc.collect()
+    assert held() is None, "the cycle through the attribute was collected"
 
 
 def test_the_consumer_decoder_builds_only_tuple_types():

@@ -346,6 +346,21 @@ static PyObject *serialized_size(PyObject *field)
     return PyLong_FromSsize_t(field == Py_None ? -1 : PyBytes_GET_SIZE(field));
 }
 
+/* A decoded record and its headers (a list of (str, bytes | None) pairs) hold no
+   container but the headers: they cannot be part of a reference cycle, so the cyclic GC
+   has nothing to find in them. Left tracked, every collection walks them: a consumer
+   holding a fetch's ~10,000 records spent ~30% of its iteration in collections (the first
+   one untracks exact tuples, never a tuple subclass such as ConsumerRecord, nor a list).
+   Refcounting still frees them. Only a program that put a record into its own headers
+   would make a cycle the GC cannot collect. */
+static void untrack_record(PyObject *record, PyObject *headers)
+{
+    for (Py_ssize_t h = 0; h < PyList_GET_SIZE(headers); h++)
+        PyObject_GC_UnTrack(PyList_GET_ITEM(headers, h)); /* a (str, bytes | None) tuple */
+    PyObject_GC_UnTrack(headers);
+    PyObject_GC_UnTrack(record);
+}
+
 static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
 {
     PyObject *out = NULL, *topic, *partition, *timestamp_type;
@@ -362,6 +377,9 @@ static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "record_type must be a tuple type");
         goto done;
     }
+    /* A record type whose instances have a __dict__ could be given attributes that make a
+       cycle: those stay tracked. */
+    int untrack = record_type->tp_dictoffset == 0;
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
     if (check_decodable(&c, record_count) < 0 || (out = PyList_New(0)) == NULL)
         goto done;
@@ -395,6 +413,8 @@ static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
             Py_CLEAR(out);
             goto done;
         }
+        if (untrack)
+            untrack_record(record, r.headers);
         Py_DECREF(record);
     }
 done:
