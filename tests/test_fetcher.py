@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -160,8 +161,23 @@ def test_a_second_answer_of_a_partition_comes_in_the_next_columnar_poll():
     assert positions[A] == 6
 
 
-def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
-    # The consumer's iteration takes records one at a time with next_record; it must give
+class OneAtATime:
+    """Records from `hand_out` as the consumer's iteration takes them: from the generator
+    under way, or from a new one once that one stopped; None when a new one gives none."""
+
+    def __init__(self, fetcher: Fetcher, positions: dict[TopicPartition, int]) -> None:
+        self.fetcher, self.positions, self.handing = fetcher, positions, iter(())
+
+    def __call__(self) -> ConsumerRecord | None:
+        record = next(self.handing, None)
+        if record is None:
+            self.handing = self.fetcher.hand_out(self.positions)
+            record = next(self.handing, None)
+        return record
+
+
+def test_hand_out_gives_what_drain_of_one_does_with_the_same_positions():
+    # The consumer's iteration takes records one at a time from hand_out; it must give
     # each record, and leave each position, exactly as drain(positions, 1) does: across
     # partitions, past a tail of control batches, skipping records before the position,
     # and not for a partition that left the positions (unassigned).
@@ -173,10 +189,10 @@ def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
         fetch_round(fetcher, positions)  # B's second answer is buffered behind its first
         return fetcher, positions
 
-    by_drain, by_next = scripted(), scripted()
+    by_drain, by_hand_out = scripted(), scripted()
     steps = []
-    for fetcher, positions in (by_drain, by_next):
-        handed = []
+    for fetcher, positions in (by_drain, by_hand_out):
+        handed, one_at_a_time = [], OneAtATime(fetcher, positions)
         while True:
             if len(handed) == 4:
                 positions.pop(B, None)  # B unassigned: its second answer's records do not go out
@@ -184,7 +200,7 @@ def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
                 taken = fetcher.drain(positions, 1)
                 record = next(iter(taken.values()))[0] if taken else None
             else:
-                record = fetcher.next_record(positions)
+                record = one_at_a_time()
             if record is None:
                 break
             assert type(record) is ConsumerRecord and len(record) == len(ConsumerRecord._fields)
@@ -193,6 +209,27 @@ def test_next_record_hands_out_what_drain_of_one_does_with_the_same_positions():
     assert steps[0] == steps[1]
     assert [step[0][2] for step in steps[1]] == [2, 3, 0, 1]  # A from its position, then B's first answer
     assert steps[1][1][1][A] == 5, "A's last record moves its position past the control batch"
+
+
+def test_hand_out_stops_within_a_chunk_when_its_partition_is_forgotten_sought_or_the_fetcher_closes():
+    def handing_out() -> tuple[Fetcher, dict[TopicPartition, int], Any]:
+        fetcher, positions = fetcher_for({A: ScriptedLeader({0: batch(0, 5)})}), {A: 0}
+        fetch_round(fetcher, positions)
+        handing = fetcher.hand_out(positions)
+        assert next(handing).offset == 0 and positions[A] == 1
+        return fetcher, positions, handing
+
+    fetcher, positions, handing = handing_out()
+    fetcher.forget(A)  # a pause: the position stays, the records fetched ahead go
+    assert list(handing) == [] and positions == {A: 1}
+    assert list(fetcher.hand_out(positions)) == []
+    fetcher, positions, handing = handing_out()
+    positions[A] = 3  # a seek (which forgets too) or a poll in between moved the position
+    assert list(handing) == [] and positions == {A: 3}
+    assert [r.offset for r in fetcher.hand_out(positions)] == [3, 4], "a new hand-out starts at the position"
+    fetcher, positions, handing = handing_out()
+    fetcher.close()
+    assert list(handing) == [] and positions == {A: 1}
 
 
 def test_drains_of_any_size_hand_out_the_same_records_and_leave_the_same_positions():
@@ -225,7 +262,7 @@ def test_a_forgotten_partition_hands_out_nothing_more():
     fetch_round(fetcher, positions)
     fetcher.forget(A)
     assert fetcher.drain_columns(positions, None) == {} and fetcher.drain(positions, 10) == {}
-    assert fetcher.next_record(positions) is None
+    assert list(fetcher.hand_out(positions)) == []
 
 
 def test_read_committed_drops_aborted_transactions_and_the_position_moves_past_them():

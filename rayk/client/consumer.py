@@ -642,18 +642,16 @@ class Consumer:
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one at a time; each moves the position (and what auto-commit commits)
         past itself as it is handed out. Stops after `consumer_timeout_ms` without records."""
-        next_record, positions = self._fetcher.next_record, self._positions
+        hand_out, positions = self._fetcher.hand_out, self._positions
         idle_since: float | None = None  # since when it has waited for a record
         while True:
             if self._closed:
                 raise RuntimeError("the consumer is closed")
             # Records already fetched go out one at a time, without poll's pass over the
             # group, lookups and fetches (it runs once the buffer is empty, as Kafka's
-            # iterator polls): 0.6-0.9 us of CPU a record in all, where a poll each cost ~20.
-            record = next_record(positions)
-            if record is not None:
+            # iterator polls), and without a call per record.
+            if (yield from hand_out(positions)):
                 idle_since = None
-                yield record
                 continue
             if idle_since is None:
                 idle_since = time.monotonic()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -117,9 +117,11 @@ class Fetcher:
         self._buffer: deque[FetchedChunk] = deque()
         self._chunks: Counter[TopicPartition] = Counter()  # chunks in _buffer per partition
         self._retry_at_s: dict[TopicPartition, float] = {}
+        self._changes = 0  # forgets and the close: hand_out's sign to stop
 
     def forget(self, tp: TopicPartition) -> None:
         """Drops what was fetched or is being fetched for `tp` (a seek, a revocation)."""
+        self._changes += 1  # hand_out stops handing out a chunk it took before
         self._fetch_offsets.pop(tp, None)
         self._retry_at_s.pop(tp, None)
         self._buffer = deque(chunk for chunk in self._buffer if chunk.tp != tp)
@@ -130,6 +132,7 @@ class Fetcher:
                 del self._in_flight[ref]
 
     def close(self) -> None:
+        self._changes += 1
         for ref in self._in_flight:
             calls.cancel(ref)
         self._in_flight.clear()
@@ -254,29 +257,47 @@ class Fetcher:
                 self._pop_chunk()
         return out
 
-    def next_record(self, positions: dict[TopicPartition, int]) -> ConsumerRecord | None:
-        """`drain(positions, 1)`'s record, or None when nothing is buffered: the consumer's
-        iteration, which hands out one record at a time, without a dict and a list each."""
+    def hand_out(self, positions: dict[TopicPartition, int]) -> Generator[ConsumerRecord, None, bool]:
+        """The buffered records at the positions, one at a time, as `drain(positions, 1)`
+        over and over would give them, each moving its partition's position past itself as
+        it goes out; returns whether it gave any (the consumer's iteration). A chunk's
+        records go out in one loop, without a call per record. It stops when nothing is
+        buffered at a position, and before the next record when a position moved or a
+        partition was forgotten while a record was out (a seek, a pause, a new
+        assignment, a poll in between) or the fetcher closed."""
+        handed = False
+        while (chunk := self._chunk_at_position(positions)) is not None:
+            tp, records, end, changes = chunk.tp, chunk.records, chunk.end, self._changes
+            assert records is not None
+            position = positions[tp]
+            popleft = records.popleft
+            while records:
+                record = popleft()
+                offset = record[2]  # ConsumerRecord.offset
+                if offset < position:
+                    continue  # a batch that starts before the position
+                position = positions[tp] = offset + 1 if records else max(offset + 1, end)
+                handed = True
+                yield record
+                if positions.get(tp) != position or self._changes != changes:
+                    return handed
+            positions[tp] = max(position, end)  # past a tail of control batches
+            if self._buffer and self._buffer[0] is chunk:
+                self._pop_chunk()
+        return handed
+
+    def _chunk_at_position(self, positions: dict[TopicPartition, int]) -> FetchedChunk | None:
+        """The first buffered chunk of a partition with a position, decoded; the chunks of
+        partitions without one are dropped."""
         buffer = self._buffer
         while buffer:
             chunk = buffer[0]
-            tp = chunk.tp
-            position = positions.get(tp)
-            if position is None:
+            if positions.get(chunk.tp) is None:
                 self._pop_chunk()
                 continue
-            records = chunk.records
-            if records is None:
-                records = chunk.records = self._decode(chunk)
-            while records:
-                record = records.popleft()
-                if record.offset >= position:
-                    positions[tp] = record.offset + 1 if records else max(record.offset + 1, chunk.end)
-                    if not records:
-                        self._pop_chunk()
-                    return record
-            positions[tp] = max(position, chunk.end)
-            self._pop_chunk()
+            if chunk.records is None:
+                chunk.records = self._decode(chunk)
+            return chunk
         return None
 
     def drain_columns(self, positions: dict[TopicPartition, int], limit: int | None) -> dict[TopicPartition, Any]:
