@@ -1,6 +1,7 @@
 """Where the CPU goes under kafka_protocol_bench's loads: 3 brokers, a 3-partition RF=3
 topic (min.insync.replicas 2), a confluent-kafka producer with acks=all and a consumer
-polling. The latency load (default) sends `--rate` records/s with `linger.ms` 0;
+polling (`--no-consumer`: the producer alone, so the figures are the acks=all requests'
+own). The latency load (default) sends `--rate` records/s with `linger.ms` 0;
 `--throughput` sends as fast as it can with `batch.size` 1 MiB and `linger.ms` 5.
 
 After `--warmup-s`, it reads each process's CPU time from /proc for `--window-s` and
@@ -21,7 +22,7 @@ sample in native code ends in the Python frame that called into it (`Thread.run`
 event loop), so that table does not tell uvloop from the interpreter: `perf record -g -p
 PID` does.
 
-    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R | --throughput] [--window-s S] [--profile | --py-spy]
+    .venv/bin/python benchmarks/latency_cpu_bench.py [--rate R | --throughput] [--window-s S] [--no-consumer] [--profile | --py-spy]
 
 A local Ray instance, shut down at the end. It prints figures and asserts nothing.
 """
@@ -161,6 +162,8 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true", help="unthrottled, batch.size 1 MiB, linger.ms 5")
     parser.add_argument("--profile", action="store_true", help="cProfile in three event loops (see above)")
     parser.add_argument("--py-spy", action="store_true")
+    parser.add_argument("--no-consumer", action="store_true",
+                        help="produce only: the CPU of the acks=all requests alone, without a consumer's fetches")
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-cpu-"),
@@ -193,7 +196,7 @@ def main() -> None:
             consumer.consume(1000, 0.1)
         consumer.close()
 
-    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    threads = [threading.Thread(target=produce)] + ([] if args.no_consumer else [threading.Thread(target=consume)])
     for t in threads:
         t.start()
     time.sleep(args.warmup_s)
