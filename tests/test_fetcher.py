@@ -232,6 +232,21 @@ def test_hand_out_stops_within_a_chunk_when_its_partition_is_forgotten_sought_or
     assert list(handing) == [] and positions == {A: 1}
 
 
+def test_a_poll_while_a_chunks_last_record_is_out_leaves_the_next_chunk_to_the_hand_out():
+    # hand_out gave A's last record, then the program polled (drain) and took B's first:
+    # B's chunk heads the buffer now, and what is left of it must still go out, once.
+    leaders = {A: ScriptedLeader({0: batch(0, 2)}), B: ScriptedLeader({0: batch(0, 3)})}
+    fetcher, positions = fetcher_for(leaders), {A: 0, B: 0}
+    fetch_round(fetcher, positions)
+    handing = fetcher.hand_out(positions)
+    assert [next(handing).offset, next(handing).offset] == [0, 1]
+    assert fetcher._chunks[A] == 0, "A's chunk is done as its last record goes out: its next fetch may go"
+    taken = fetcher.drain(positions, 1)
+    assert [r.offset for r in taken[B]] == [0]
+    assert [(r.partition, r.offset) for r in handing] == [(B.partition, 1), (B.partition, 2)]
+    assert positions == {A: 2, B: 3} and list(fetcher.hand_out(positions)) == []
+
+
 def test_drains_of_any_size_hand_out_the_same_records_and_leave_the_same_positions():
     # Whatever the limit (poll's max_records), the records and the final positions are
     # those of one record at a time, and after each drain a partition's position is past

@@ -276,15 +276,24 @@ class Fetcher:
                 offset = record[2]  # ConsumerRecord.offset
                 if offset < position:
                     continue  # a batch that starts before the position
-                position = positions[tp] = offset + 1 if records else max(offset + 1, end)
+                if records:
+                    position = positions[tp] = offset + 1
+                else:  # the chunk's last record: past its tail of control batches, and the chunk is done
+                    position = positions[tp] = max(offset + 1, end)
+                    self._drop_if_first(chunk)  # so the next fetch of its partition may go out at once
                 handed = True
                 yield record
                 if positions.get(tp) != position or self._changes != changes:
                     return handed
             positions[tp] = max(position, end)  # past a tail of control batches
-            if self._buffer and self._buffer[0] is chunk:
-                self._pop_chunk()
+            self._drop_if_first(chunk)
         return handed
+
+    def _drop_if_first(self, chunk: FetchedChunk) -> None:
+        """Pops `chunk` if it still heads the buffer: a poll while one of its records was
+        out may have taken the rest and moved on to the next chunk, which stays."""
+        if self._buffer and self._buffer[0] is chunk:
+            self._pop_chunk()
 
     def _chunk_at_position(self, positions: dict[TopicPartition, int]) -> FetchedChunk | None:
         """The first buffered chunk of a partition with a position, decoded; the chunks of
