@@ -219,7 +219,7 @@ def test_consumer_records_are_the_records_from_the_start_offset(records, append_
 @given(record_lists)
 def test_consumer_records_and_their_headers_are_left_to_refcounting_not_the_cyclic_gc(records):
     """They hold no container but their headers, so no cycle: left tracked, every
-    collection walked a consumer's buffered records (~30% of its iteration)."""
+    collection walked a consumer's buffered records (~a fifth of an iteration's read)."""
     args = (body_of(records), len(records), 7, records[0].timestamp_ms, -1, ConsumerRecord, "topic", 2, 0, 0)
     for record in _records.decode_consumer_records(*args):
         assert not gc.is_tracked(record) and not gc.is_tracked(record.headers)
