@@ -5,9 +5,9 @@ plane, while Ray carries the control calls (metadata, elections, offsets, ...).
 
 Every process on the records' path (this driver, the listeners, the partition replicas,
 the brokers' ReplicaManagers) records each actor call it makes for the workload's length,
-with the pickled size of its arguments and of its answer: `ActorHandle._actor_method_call`
+with the bytes and text its arguments and its answer hold: `ActorHandle._actor_method_call`
 is what every `handle.method.remote(...)` goes through, and the answer is sized when the
-call completes."""
+call completes (an answer still awaited at the end counts 0: a long poll of control)."""
 
 from __future__ import annotations
 
@@ -41,36 +41,45 @@ def cluster(tmp_path_factory):
     c.shutdown()
 
 
-def _pickled_bytes(value: Any) -> int:
-    try:
-        return len(ray.cloudpickle.dumps(value))
-    except Exception:  # an actor handle outside a Ray call, a lock: not records either way
+def _payload_bytes(value: Any, depth: int = 0) -> int:
+    """The bytes and text a call's arguments or answer hold, walked (not pickled: pickling
+    an ObjectRef or actor handle outside Ray's own calls would pin it for good)."""
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return len(value)
+    if depth > 8 or isinstance(value, (ray.ObjectRef, ray.actor.ActorHandle)):
         return 0
+    if isinstance(value, dict):
+        return sum(_payload_bytes(k, depth + 1) + _payload_bytes(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(_payload_bytes(v, depth + 1) for v in value)
+    fields = getattr(value, "__dict__", None)
+    if fields is None and hasattr(value, "__slots__"):
+        fields = {name: getattr(value, name, None) for name in value.__slots__}
+    return _payload_bytes(fields, depth + 1) if fields else 0
 
 
-def _start_recording(actor: Any = None) -> None:
-    """In the process it runs in: from now on, each actor call it makes is kept as
-    [method, argument bytes, answer bytes] in `actor._recorded_ray_calls` (or, in the
-    driver, in `_start_recording.calls`)."""
-    import ray.actor
-
-    calls: list[list] = []
+def _recording(calls: list[list]) -> Any:
+    """`ActorHandle._actor_method_call` keeping each call as [method, argument bytes,
+    answer bytes] in `calls` (the answer's once it came)."""
     call = ray.actor.ActorHandle._actor_method_call
 
     def recording(handle, method_name, args=None, kwargs=None, *rest, **options):
         ref = call(handle, method_name, args, kwargs, *rest, **options)
         if not method_name.startswith("__ray"):  # the test's own probes
-            entry = [method_name, _pickled_bytes((args, kwargs)), 0]
+            entry = [method_name, _payload_bytes((args, kwargs)), 0]
             calls.append(entry)
             if isinstance(ref, ray.ObjectRef):
-                ref._on_completed(lambda answer: entry.__setitem__(2, _pickled_bytes(answer)))
+                ref._on_completed(lambda answer: entry.__setitem__(2, _payload_bytes(answer)))
         return ref
 
-    ray.actor.ActorHandle._actor_method_call = recording
-    if actor is None:
-        _start_recording.calls = calls
-    else:
-        actor._recorded_ray_calls = calls
+    return recording
+
+
+def _start_recording(actor: Any) -> None:
+    """In an actor's process, for the rest of its life (the module's cluster ends with it):
+    each actor call it makes is kept in `actor._recorded_ray_calls`."""
+    actor._recorded_ray_calls = []
+    ray.actor.ActorHandle._actor_method_call = _recording(actor._recorded_ray_calls)
 
 
 def _recorded(actor: Any) -> list[list]:
@@ -96,7 +105,7 @@ def _replicas_caught_up(cluster: Any, topic: str, expected: int) -> bool:
     return sum(ends) == 3 * expected
 
 
-def test_no_ray_call_carries_records_on_the_produce_replication_or_consume_paths(cluster):
+def test_no_ray_call_carries_records_on_the_produce_replication_or_consume_paths(cluster, monkeypatch):
     topic = "records-off-ray"
     cluster.create_topic(topic, num_partitions=PARTITIONS, replication_factor=3)
     bootstrap = cluster.bootstrap_servers
@@ -105,7 +114,8 @@ def test_no_ray_call_carries_records_on_the_produce_replication_or_consume_paths
     warm.close()
     actors = _record_path_actors(cluster)
     ray.get([handle.__ray_call__.remote(_start_recording) for handle in actors.values()])
-    _start_recording()
+    driver_calls: list[list] = []
+    monkeypatch.setattr(ray.actor.ActorHandle, "_actor_method_call", _recording(driver_calls))
     value = bytes(range(256)) * (RECORD_BYTES // 256)
 
     producer = cluster.producer(acks="all")
@@ -113,16 +123,18 @@ def test_no_ray_call_carries_records_on_the_produce_replication_or_consume_paths
         producer.send(topic, value, partition=i % PARTITIONS)
     producer.flush(timeout=60)
     producer.close()
-    kafka_producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    kafka_producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                                               "enable.idempotence": True})  # a retry writes nothing twice
     for i in range(RECORDS_PER_PATH):
         kafka_producer.produce(topic, value, partition=i % PARTITIONS)
     assert kafka_producer.flush(60) == 0, "every record delivered"
+    del kafka_producer  # librdkafka's threads end with it
     expected = 2 * RECORDS_PER_PATH + 1
     wait_until(lambda: _replicas_caught_up(cluster, topic, expected), 60, "every follower to hold every record")
 
     consumer = cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=10_000)
     consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
-    read_by_rayk = sum(1 for record, _ in zip(consumer, range(expected)) if record.value == value)
+    read_by_rayk = sum(1 for _, record in zip(range(expected), consumer) if record.value == value)
     consumer.close(autocommit=False)
     kafka_consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "records-off-ray",
                                                "enable.auto.commit": False})
@@ -134,12 +146,13 @@ def test_no_ray_call_carries_records_on_the_produce_replication_or_consume_paths
     kafka_consumer.close()
     assert read_by_rayk == read_by_kafka == 2 * RECORDS_PER_PATH
 
-    recorded = {"driver": _start_recording.calls}
+    recorded = {"driver": driver_calls}
     recorded |= dict(zip(actors, ray.get([h.__ray_call__.remote(_recorded) for h in actors.values()])))
+    assert all(recorded[label] for label in actors if label.startswith("ReplicaManager")), \
+        "the recording ran in the actors (a broker heartbeats its Controller every 400 ms)"
     calls = [(who, method, sent, answered) for who, entries in recorded.items() for method, sent, answered in entries]
     record_bytes = 2 * RECORDS_PER_PATH * RECORD_BYTES * (1 + 2 + 2)  # produced once, replicated twice, read twice
     largest = max(calls, key=lambda c: max(c[2], c[3]))
     assert max(largest[2], largest[3]) < LARGEST_CONTROL_CALL_BYTES, f"a Ray call carried records: {largest}"
     total = sum(sent + answered for _, _, sent, answered in calls)
     assert total < record_bytes / 100, f"{total} bytes in {len(calls)} Ray calls against {record_bytes} of records"
-    assert calls, "the recording saw the control calls (else it saw nothing at all)"
