@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile in three event loops (see above)")
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--no-consumer", action="store_true",
-                        help="produce only: the CPU of the acks=all requests alone, without a consumer's fetches")
+                        help="the producer alone: the CPU of the acks=all requests (the followers' fetches included), without a consumer's")
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-cpu-"),
@@ -239,6 +239,8 @@ def main() -> None:
     stop.set()
     for t in threads:
         t.join()
+    load = "throughput" if args.throughput else f"{args.rate:,}/s, linger.ms 0"
+    print(f"{load}, {'the producer alone' if args.no_consumer else 'a producer and a consumer'}")
     print(f"{records / wall_s:,.0f} records/s over {wall_s:.1f} s; machine busy {busy / wall_s:.2f} of {os.cpu_count()} cores")
     used["kernel and other processes"] = busy - sum(used.values())
     print(f"{'process class':44} {'cores':>6} {'CPU µs / record':>16}")
