@@ -273,6 +273,22 @@ def test_columns_of_several_batches_are_the_reference_buffers(batches, append_ti
     assert _records.decode_columns(sections) == decode_columns_reference(sections)
 
 
+@MANY
+@given(st.lists(record_lists, min_size=1, max_size=4), st.data())
+def test_columns_are_the_same_from_any_buffer_whether_or_not_it_can_change(batches, data):
+    """Bodies nothing can change (bytes, views of bytes) are read without the GIL, the
+    others (bytearray and views of it) with it: the columns are the same either way, and
+    in a mix of both."""
+    sections, base = [], 0
+    kinds = (bytes, bytearray, lambda b: memoryview(bytes(b)), lambda b: memoryview(bytearray(b))[0:])
+    for records in batches:
+        wrap = data.draw(st.sampled_from(kinds))
+        sections.append((wrap(body_of(records)), len(records), base, records[0].timestamp_ms, -1))
+        base += len(records)
+    plain = [(bytes(body), *rest) for body, *rest in sections]
+    assert _records.decode_columns(sections) == decode_columns_reference(plain)
+
+
 @pytest.mark.parametrize("bad", [None, [b"x"], [(b"", 0, 0, 0)], [(1, 0, 0, 0, -1)]])
 def test_the_column_decoder_refuses_what_is_not_a_batch_list_with_a_type_error(bad):
     with pytest.raises(TypeError):
