@@ -276,9 +276,9 @@ def test_columns_of_several_batches_are_the_reference_buffers(batches, append_ti
 @MANY
 @given(st.lists(record_lists, min_size=1, max_size=4), st.data())
 def test_columns_are_the_same_from_any_buffer_whether_or_not_it_can_change(batches, data):
-    """Bodies nothing can change (bytes, views of bytes) are read without the GIL, the
-    others (bytearray and views of it) with it: the columns are the same either way, and
-    in a mix of both."""
+    """Bodies that can change (bytearray and views of it) are copied into bytes before
+    they are read, and bodies of bytes are read as they are: the columns are the same
+    either way, and in a mix of both."""
     sections, base = [], 0
     kinds = (bytes, bytearray, lambda b: memoryview(bytes(b)), lambda b: memoryview(bytearray(b))[0:])
     for records in batches:
@@ -287,6 +287,71 @@ def test_columns_are_the_same_from_any_buffer_whether_or_not_it_can_change(batch
         base += len(records)
     plain = [(bytes(body), *rest) for body, *rest in sections]
     assert _records.decode_columns(sections) == decode_columns_reference(plain)
+
+
+class Meddler:
+    """An int argument whose __index__ (run while the decoder parses its arguments) first
+    does something to the caller's objects."""
+
+    def __init__(self, value: int, meddle) -> None:
+        self.value, self.meddle = value, meddle
+
+    def __index__(self) -> int:
+        self.meddle()
+        return self.value
+
+
+def lengthen_last_header_value(body: bytearray, value: bytes) -> None:
+    """Makes the length of the body's last header value `value` (its last field) 63: a
+    read that trusts the walk then reads past the body's end."""
+    at = body.rindex(b"\x50" + value)  # zig-zag 40
+    assert at + 1 + len(value) == len(body)
+    body[at] = 0x7E  # zig-zag 63
+
+
+def test_the_column_decoder_reads_what_it_checked_whatever_python_code_does_meanwhile():
+    # A body that can change is copied before the walk checks it, and the list of batches
+    # before it is parsed: the decoder never reads past what it checked (it used to: the
+    # columns held bytes from outside the body).
+    value = b"x" * 40
+    first = [SimpleRecord(b"v" * 40, headers=[("h", value)])]
+    second = [SimpleRecord(b"w" * 10)]
+    plain = [(body_of(first), 1, 0, 0, -1), (body_of(second), 1, 1, 0, -1)]
+    expected = decode_columns_reference(plain)
+    changing = bytearray(plain[0][0])
+    sections = [(memoryview(changing), 1, 0, 0, -1),
+                (plain[1][0], Meddler(1, lambda: lengthen_last_header_value(changing, value)), 1, 0, -1)]
+    assert _records.decode_columns(sections) == expected
+    sections = [(bytearray(plain[0][0]), 1, 0, 0, -1)]
+    sections.append((plain[1][0], Meddler(1, sections.clear), 1, 0, -1))
+    assert _records.decode_columns(sections) == expected
+
+
+def test_the_record_decoders_read_what_they_checked_when_a_collection_changes_the_body():
+    # The decoders allocate as they go, and a collection may run Python code (its
+    # callbacks, finalizers) that changes a bytearray body after the walk checked it.
+    value = b"x" * 40
+    records = [SimpleRecord(b"v%d" % i, b"k", headers=[("h", value)]) for i in range(50)]
+    body = body_of(records)
+    expected = decode_consumer_records_reference(body, 50, 0, 0, -1, ConsumerRecord, "t", 0, 0, 0)
+    expected_tuples = decode_records_reference(body, 50, 0, 0, -1)
+    changing = bytearray(body)
+
+    def meddle(phase: str, info: dict) -> None:
+        if changing[-41] == 0x50:
+            lengthen_last_header_value(changing, value)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(meddle)
+    gc.set_threshold(1)  # a collection at nearly every allocation of a container
+    try:
+        consumed = _records.decode_consumer_records(changing, 50, 0, 0, -1, ConsumerRecord, "t", 0, 0, 0)
+        changing[:] = body
+        decoded = _records.decode_records(changing, 50, 0, 0, -1)
+    finally:
+        gc.callbacks.remove(meddle)
+        gc.set_threshold(*threshold)
+    assert consumed == expected and decoded == expected_tuples
 
 
 @pytest.mark.parametrize("bad", [None, [b"x"], [(b"", 0, 0, 0)], [(1, 0, 0, 0, -1)]])

@@ -45,9 +45,9 @@
     header value validity bitmap, header value offsets int32[h+1], header value bytes),
    every one a bytes object, native byte order; n counts the records of all batches. Each
    batch gets the checks of decode_records; the ValueError names the first malformed batch,
-   "batch at offset <base_offset>: <scan_records' message>". When every body is bytes or a
-   view of bytes, the measuring and copying run without the GIL, so a consumer's receiving
-   thread goes on meanwhile (poll_batch 20-28% faster).
+   "batch at offset <base_offset>: <scan_records' message>". With 64 KiB of bodies or
+   more, the measuring and copying run without the GIL, so a consumer's receiving thread
+   goes on meanwhile (poll_batch 20-28% faster).
 
    encode_records(records, now_ms) -> (body, base_timestamp, max_timestamp)
 
@@ -232,6 +232,34 @@ static PyObject *scan_records(PyObject *module, PyObject *args)
 
 /* ------------------------------------------------------------------ decode */
 
+/* Whether the buffer's exporter is bytes, or a memoryview of bytes: memory no code can
+   change while it is read. */
+static int is_immutable_bytes(PyObject *exporter)
+{
+    if (exporter != NULL && PyMemoryView_Check(exporter))
+        exporter = PyMemoryView_GET_BASE(exporter);
+    return exporter != NULL && PyBytes_CheckExact(exporter);
+}
+
+/* The decoders walk a body once to check it, then read it again trusting that walk, and
+   Python code can run in between (an __index__ of a later argument, a collection's
+   callbacks and finalizers on any allocation, another thread once the GIL is released).
+   A body that could change meanwhile (a bytearray, a view of one, any other exporter) is
+   first copied into bytes, so what was checked is what is read. 0, or -1 with an
+   exception set and the view released. */
+static int hold_immutable(Py_buffer *view)
+{
+    if (is_immutable_bytes(view->obj))
+        return 0;
+    PyObject *copy = PyBytes_FromStringAndSize((const char *)view->buf, view->len); /* bytes: no collection */
+    PyBuffer_Release(view);
+    if (copy == NULL)
+        return -1;
+    int failed = PyObject_GetBuffer(copy, view, PyBUF_SIMPLE);
+    Py_DECREF(copy); /* the view holds it */
+    return failed;
+}
+
 /* One length-prefixed field as bytes, or None for a negative length; the walk checked it. */
 static PyObject *take_field(Cursor *c)
 {
@@ -317,7 +345,7 @@ static PyObject *decode_records(PyObject *module, PyObject *args)
     Py_ssize_t record_count;
     long long base_offset, base_timestamp, append_time;
     if (!PyArg_ParseTuple(args, "y*nLLL:decode_records", &body, &record_count, &base_offset, &base_timestamp,
-                          &append_time))
+                          &append_time) || hold_immutable(&body) < 0)
         return NULL;
     (void)module;
     Cursor c = {.buf = (const uint8_t *)body.buf, .end = body.len, .pos = 0};
@@ -373,7 +401,7 @@ static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
     long long base_offset, base_timestamp, append_time, start_offset;
     if (!PyArg_ParseTuple(args, "y*nLLLO!OOOL:decode_consumer_records", &body, &record_count, &base_offset,
                           &base_timestamp, &append_time, &PyType_Type, &record_type, &topic, &partition,
-                          &timestamp_type, &start_offset))
+                          &timestamp_type, &start_offset) || hold_immutable(&body) < 0)
         return NULL;
     (void)module;
     if (!PyType_IsSubtype(record_type, &PyTuple_Type)) {
@@ -470,7 +498,7 @@ static Py_ssize_t take_batches(PyObject *seq, BatchBody *batches, Py_ssize_t cou
     *failed = 1;
     for (Py_ssize_t b = 0; b < count; b++) {
         BatchBody *batch = &batches[b];
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, b);
+        PyObject *item = PyTuple_GET_ITEM(seq, b);
         if (!PyTuple_Check(item)) {
             PyErr_Format(PyExc_TypeError, "decode_columns: batch %zd is a %.100s, not a tuple", b, Py_TYPE(item)->tp_name);
             return b;
@@ -478,6 +506,8 @@ static Py_ssize_t take_batches(PyObject *seq, BatchBody *batches, Py_ssize_t cou
         if (!PyArg_ParseTuple(item, "y*nLLL:decode_columns batch", &batch->body,
                               &batch->record_count, &batch->base_offset, &batch->base_timestamp, &batch->append_time))
             return b;
+        if (hold_immutable(&batch->body) < 0)
+            return b; /* released */
         Cursor c = {.buf = (const uint8_t *)batch->body.buf, .end = batch->body.len, .pos = 0};
         int64_t max_timestamp_delta;
         if (batch->record_count < 0)
@@ -556,39 +586,37 @@ static void fill_body(const BatchBody *batch, Columns *out)
     }
 }
 
-/* Whether the buffer's exporter is bytes, or a memoryview of bytes: memory no code can
-   change while it is read. */
-static int is_immutable_bytes(PyObject *exporter)
-{
-    if (exporter != NULL && PyMemoryView_Check(exporter))
-        exporter = PyMemoryView_GET_BASE(exporter);
-    return exporter != NULL && PyBytes_CheckExact(exporter);
-}
+/* Below this many bytes of bodies the GIL stays: giving it up costs a wait to get it back
+   when another thread runs Python, more than a small decode takes. */
+#define RELEASE_GIL_MIN_BYTES (64 * 1024)
 
 static PyObject *decode_columns(PyObject *module, PyObject *arg)
 {
     (void)module;
-    PyObject *out = NULL, *seq = PySequence_Fast(arg, "decode_columns takes a sequence of batches");
+    /* A tuple of its own: the caller's list could change while the batches are parsed. */
+    PyObject *out = NULL, *seq = PySequence_Tuple(arg);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t count = PyTuple_GET_SIZE(seq);
     BatchBody *batches = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof(BatchBody));
     if (batches == NULL) {
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
+    PyObject *columns_bytes[14] = {NULL};
     int failed;
     Py_ssize_t taken = take_batches(seq, batches, count, &failed);
     if (failed)
         goto done;
-    /* Bodies that nothing can change (bytes, or views of bytes) are read without the GIL:
-       the passes below trust the walk above, and touch no Python object. */
-    int immutable = 1;
-    for (Py_ssize_t b = 0; b < count && immutable; b++)
-        immutable = is_immutable_bytes(batches[b].body.obj);
+    /* Every body is bytes now (hold_immutable), and the passes below touch no Python
+       object: a large decode gives up the GIL, so the consumer's receiving thread runs on. */
+    Py_ssize_t body_bytes = 0;
+    for (Py_ssize_t b = 0; b < count; b++)
+        body_bytes += batches[b].body.len;
+    int release = body_bytes >= RELEASE_GIL_MIN_BYTES;
     /* First pass: the sizes of the variable-length columns. */
     ColumnSizes total = {0};
-    PyThreadState *released = immutable ? PyEval_SaveThread() : NULL;
+    PyThreadState *released = release ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t b = 0; b < count; b++)
         measure_body(&batches[b], &total);
     if (released != NULL)
@@ -607,18 +635,12 @@ static PyObject *decode_columns(PyObject *module, PyObject *arg)
         4 * (h_total + 1), (Py_ssize_t)total.header_keys,
         (h_total + 7) / 8, 4 * (h_total + 1), (Py_ssize_t)total.header_values,
     };
-    if ((out = PyTuple_New(14)) == NULL)
-        goto done;
     char *buf[14];
     for (int k = 0; k < 14; k++) {
-        PyObject *b = PyBytes_FromStringAndSize(NULL, sizes[k]);
-        if (b == NULL) {
-            Py_CLEAR(out);
+        if ((columns_bytes[k] = PyBytes_FromStringAndSize(NULL, sizes[k])) == NULL)
             goto done;
-        }
-        buf[k] = PyBytes_AS_STRING(b);
+        buf[k] = PyBytes_AS_STRING(columns_bytes[k]);
         memset(buf[k], 0, (size_t)sizes[k]);
-        PyTuple_SET_ITEM(out, k, b);
     }
     Columns columns = {
         .offsets = (int64_t *)buf[0],
@@ -629,13 +651,22 @@ static PyObject *decode_columns(PyObject *module, PyObject *arg)
         .header_keys = {NULL, (int32_t *)buf[9], buf[10], 0},
         .header_values = {(uint8_t *)buf[11], (int32_t *)buf[12], buf[13], 0},
     };
-    /* Second pass: fill them (into new bytes objects no other code has seen yet). */
-    released = immutable ? PyEval_SaveThread() : NULL;
+    /* Second pass: fill them. The bytes objects are this call's alone (untracked by the
+       collector, in no container yet) until the tuple below takes them. */
+    released = release ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t b = 0; b < count; b++)
         fill_body(&batches[b], &columns);
     if (released != NULL)
         PyEval_RestoreThread(released);
+    if ((out = PyTuple_New(14)) == NULL)
+        goto done;
+    for (int k = 0; k < 14; k++) {
+        PyTuple_SET_ITEM(out, k, columns_bytes[k]); /* stolen */
+        columns_bytes[k] = NULL;
+    }
 done:
+    for (int k = 0; k < 14; k++)
+        Py_XDECREF(columns_bytes[k]);
     for (Py_ssize_t b = 0; b < taken; b++)
         PyBuffer_Release(&batches[b].body);
     PyMem_Free(batches);
