@@ -22,7 +22,7 @@ from rayk.storage import Log, LogConfig
 from rayk.storage.control_records import build_end_txn_marker
 from rayk.storage.log_cleaner import clean
 from rayk.storage.read_committed import committed_batches
-from rayk.storage.records import SimpleRecord, build_batch
+from rayk.storage.records import BatchHeader, SimpleRecord, build_batch
 from rayk.storage.transaction_index import AbortedTxn
 
 NOW_MS = int(time.time() * 1000)  # markers take the wall clock: no time-based roll between
@@ -32,6 +32,12 @@ def txn_batch(pid: int, seq: int, values: list[bytes], epoch: int = 0, keys: lis
     keys = keys or [None] * len(values)
     return build_batch([SimpleRecord(v, k, (), NOW_MS) for v, k in zip(values, keys)], producer_id=pid,
                        producer_epoch=epoch, base_sequence=seq, is_transactional=True)  # fmt: skip
+
+
+def append_txn(log: Log, records: bytes):
+    """A transactional batch as a leader appends it once the coordinator verified it (KIP-890)."""
+    producer_id = BatchHeader.parse(records).producer_id
+    return log.append_as_leader(records, 0, allow_transactional=True, verification_guard=log.verification_guard(producer_id))
 
 
 def plain(values: list[bytes], keys: list[bytes] | None = None) -> bytes:
@@ -54,7 +60,7 @@ def committed_values(log: Log, start_offset: int = 0) -> list[bytes]:
 def test_an_open_transaction_holds_the_lso_until_its_marker_is_below_the_hw(tmp_path):
     log = Log(tmp_path)
     log.append_as_leader(plain([b"p0"]), 0)
-    log.append_as_leader(txn_batch(7, 0, [b"t0", b"t1"]), 0, allow_transactional=True)  # offsets 1-2
+    append_txn(log, txn_batch(7, 0, [b"t0", b"t1"]))  # offsets 1-2
     log.append_as_leader(plain([b"p3"]), 0)
     log.high_watermark = 4
     assert log.last_stable_offset == 1, "stops at the open transaction's first offset"
@@ -70,10 +76,10 @@ def test_an_open_transaction_holds_the_lso_until_its_marker_is_below_the_hw(tmp_
 
 def test_an_abort_is_indexed_in_the_markers_segment_as_kafka_writes_it(tmp_path):
     log = Log(tmp_path)
-    log.append_as_leader(txn_batch(7, 0, [b"a0"]), 0, allow_transactional=True)  # 0
-    log.append_as_leader(txn_batch(8, 0, [b"b1"]), 0, allow_transactional=True)  # 1
+    append_txn(log, txn_batch(7, 0, [b"a0"]))  # 0
+    append_txn(log, txn_batch(8, 0, [b"b1"]))  # 1
     log.roll()
-    log.append_as_leader(txn_batch(7, 1, [b"a2"]), 0, allow_transactional=True)  # 2
+    append_txn(log, txn_batch(7, 1, [b"a2"]))  # 2
     log.append_txn_marker(7, 0, commit=False, coordinator_epoch=3, leader_epoch=0)  # 3
     log.append_as_leader(plain([b"p4"]), 0)  # 4
     log.append_txn_marker(8, 0, commit=True, coordinator_epoch=3, leader_epoch=0)  # 5
@@ -88,9 +94,9 @@ def test_an_abort_is_indexed_in_the_markers_segment_as_kafka_writes_it(tmp_path)
 
 def test_markers_from_a_fenced_coordinator_or_producer_epoch_are_refused_and_change_nothing(tmp_path):
     log = Log(tmp_path)
-    log.append_as_leader(txn_batch(7, 0, [b"a"], epoch=2), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 0, [b"a"], epoch=2))
     log.append_txn_marker(7, 2, commit=True, coordinator_epoch=5, leader_epoch=0)
-    log.append_as_leader(txn_batch(7, 1, [b"b"], epoch=2), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 1, [b"b"], epoch=2))
     with pytest.raises(TransactionCoordinatorFencedError):
         log.append_txn_marker(7, 2, commit=False, coordinator_epoch=4, leader_epoch=0)
     with pytest.raises(InvalidProducerEpochError):
@@ -119,8 +125,8 @@ def copy_to_follower(leader: Log, follower: Log) -> None:
 
 def test_a_follower_builds_the_same_index_and_lso_from_the_leaders_batches(tmp_path):
     leader, follower = Log(tmp_path / "leader"), Log(tmp_path / "follower")
-    leader.append_as_leader(txn_batch(7, 0, [b"a"]), 0, allow_transactional=True)
-    leader.append_as_leader(txn_batch(8, 0, [b"b"]), 0, allow_transactional=True)
+    append_txn(leader, txn_batch(7, 0, [b"a"]))
+    append_txn(leader, txn_batch(8, 0, [b"b"]))
     leader.append_txn_marker(7, 0, commit=False, coordinator_epoch=0, leader_epoch=0)
     copy_to_follower(leader, follower)
     for log in (leader, follower):
@@ -132,7 +138,7 @@ def test_a_follower_builds_the_same_index_and_lso_from_the_leaders_batches(tmp_p
 
 def test_truncating_away_a_marker_reopens_its_transaction(tmp_path):
     log = Log(tmp_path)
-    log.append_as_leader(txn_batch(7, 0, [b"a"]), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 0, [b"a"]))
     log.append_txn_marker(7, 0, commit=False, coordinator_epoch=0, leader_epoch=0)
     log.truncate_to(1)
     log.high_watermark = 1
@@ -143,7 +149,7 @@ def test_truncating_away_a_marker_reopens_its_transaction(tmp_path):
 def test_an_open_transaction_survives_a_clean_restart_through_the_snapshot(tmp_path):
     log = Log(tmp_path)
     log.append_as_leader(plain([b"p"]), 0)
-    log.append_as_leader(txn_batch(7, 0, [b"a"]), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 0, [b"a"]))
     log.high_watermark = 2
     log.close()
     again = Log(tmp_path, high_watermark=2)
@@ -156,7 +162,7 @@ def test_an_open_transaction_survives_a_clean_restart_through_the_snapshot(tmp_p
 @pytest.mark.parametrize("damage", ["deleted", "torn"])
 def test_recovery_rebuilds_a_lost_or_damaged_index_of_any_segment(tmp_path, damage):
     log = Log(tmp_path)
-    log.append_as_leader(txn_batch(7, 0, [b"a"]), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 0, [b"a"]))
     log.append_txn_marker(7, 0, commit=False, coordinator_epoch=0, leader_epoch=0)
     log.roll()
     log.append_as_leader(plain([b"p"]), 0)
@@ -177,7 +183,7 @@ def test_recovery_rebuilds_a_lost_or_damaged_index_of_any_segment(tmp_path, dama
 def test_compaction_keeps_aborted_records_from_superseding_and_carries_the_index(tmp_path):
     log = Log(tmp_path, LogConfig(cleanup_policy="compact", segment_bytes=1 << 20))
     log.append_as_leader(plain([b"committed"], [b"k"]), 0)
-    log.append_as_leader(txn_batch(7, 0, [b"aborted"], keys=[b"k"]), 0, allow_transactional=True)
+    append_txn(log, txn_batch(7, 0, [b"aborted"], keys=[b"k"]))
     log.append_txn_marker(7, 0, commit=False, coordinator_epoch=0, leader_epoch=0)
     log.append_as_leader(plain([b"other"], [b"j"]), 0)
     log.roll()
@@ -279,7 +285,7 @@ class TransactionsMachine(RuleBasedStateMachine):
     @rule(pid=st.sampled_from(PRODUCERS), count=st.integers(1, 3))
     def append_transactional(self, pid: int, count: int) -> None:
         values = self._values(count)
-        info = self.log.append_as_leader(txn_batch(pid, self.sequences[pid], list(values)), 0, allow_transactional=True)
+        info = append_txn(self.log, txn_batch(pid, self.sequences[pid], list(values)))
         self.sequences[pid] += count
         self.batches.append(Batch(info.first_offset, count, pid, "data", values))
 

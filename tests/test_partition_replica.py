@@ -555,7 +555,8 @@ def test_a_read_committed_fetch_stops_at_the_lso_and_names_the_aborted_transacti
     for pid, seq in ((7, 0), (8, 0), (7, 1)):  # offsets 0, 1, 2
         record = [SimpleRecord(b"p%d-%d" % (pid, seq))]
         log.append_as_leader(build_batch(record, producer_id=pid, producer_epoch=0, base_sequence=seq,
-                                         is_transactional=True), 0, allow_transactional=True)  # fmt: skip
+                                         is_transactional=True), 0, allow_transactional=True,
+                         verification_guard=log.verification_guard(pid))  # fmt: skip
     log.close()
     r = replicas(tmp_path, ids=(1, 2))
     start_replication(r, leader=1, epoch=1)

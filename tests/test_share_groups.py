@@ -448,7 +448,8 @@ def test_control_batches_and_compacted_gaps_are_passed_over(tmp_path):
         coordinator = Partition().coordinator()
         await coordinator.alter_share_group_configs("g", {"share.auto.offset.reset": "earliest"})
         log.append_as_leader(build_batch([SimpleRecord(b"a")], producer_id=7, producer_epoch=0, base_sequence=0,
-                                         is_transactional=True), 0, allow_transactional=True)  # fmt: skip
+                                         is_transactional=True), 0, allow_transactional=True,
+                         verification_guard=log.verification_guard(7))  # fmt: skip
         log.append_txn_marker(7, 0, True, 0, 0)
         write(log, "b")
         await member(coordinator, "a")

@@ -93,7 +93,7 @@ from rayk.storage.checkpoint import EpochEntry, LeaderEpochCheckpointFile
 from rayk.storage.dir_lock import DirLock
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
-from rayk.storage.producer_state import ProducerStateManager
+from rayk.storage.producer_state import ProducerStateManager, VerificationGuard
 from rayk.storage.records import (
     BatchHeader,
     TimestampType,
@@ -125,6 +125,7 @@ class LogAppendInfo(NamedTuple):
     log_start_offset: int
     record_count: int
     size_bytes: int
+    duplicate: bool = False  # a producer's retry of a batch appended before: nothing was written
 
 
 class ReadResult(NamedTuple):
@@ -463,7 +464,12 @@ class Log:
     # ------------------------------------------------------------------ append
 
     def append_as_leader(
-        self, records: bytes | bytearray | memoryview, leader_epoch: int, *, allow_transactional: bool = False
+        self,
+        records: bytes | bytearray | memoryview,
+        leader_epoch: int,
+        *,
+        allow_transactional: bool = False,
+        verification_guard: VerificationGuard | None = None,
     ) -> LogAppendInfo:
         """Validates a producer's batches, assigns them offsets from the LEO and appends them.
 
@@ -472,6 +478,12 @@ class Log:
         Records are never re-encoded. A rejected input leaves the log untouched. Control
         batches are refused (markers come through `append_txn_marker`), and transactional
         ones unless `allow_transactional` (the caller checked the transaction).
+
+        Batches with a producer id are checked against the producer state under the lock,
+        right before they are written (`validate_client_batches`: epoch, sequence,
+        transaction state, and for a transaction's first batch here the
+        `verification_guard` the caller took before verifying it). A retry of a remembered
+        batch is not written: the answer carries its original offsets and `duplicate`.
         """
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
@@ -485,6 +497,13 @@ class Log:
                 raise FencedLeaderEpochError(
                     f"append in leader epoch {leader_epoch} after epoch {self.leader_epoch_cache.latest_epoch}"
                 )
+            if any(header.producer_id >= 0 for header in headers):
+                duplicate = self.producer_state.validate_client_batches(headers, verification_guard)
+                if duplicate is not None:
+                    return LogAppendInfo(
+                        duplicate.first_offset, duplicate.last_offset, duplicate.timestamp_ms, -1,
+                        self._log_start_offset, 0, 0, duplicate=True,
+                    )  # fmt: skip
             now_ms = self._clock_ms()
             log_append_time = self.config.message_timestamp_type == TimestampType.LOG_APPEND_TIME
             data = bytearray(records)
@@ -500,6 +519,12 @@ class Log:
             self._append(data, assigned, now_ms)
             self.leader_epoch_cache.assign(leader_epoch, assigned[0].base_offset)
             return self._append_info(assigned, len(data), now_ms if log_append_time else -1)
+
+    def verification_guard(self, producer_id: int) -> VerificationGuard:
+        """The guard a leader takes before it verifies a transaction's first batch here with
+        the transaction coordinator, to append it with (see producer_state.py)."""
+        with self._lock:
+            return self.producer_state.verification_guard(producer_id)
 
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
         """Appends batches copied from the leader; their offsets continue at the LEO, or

@@ -34,6 +34,21 @@ before, since the marker may yet be truncated. `first_unstable_offset` is the fi
 offset of the earliest open or unreplicated transaction, what the LSO stops at. A new
 producer epoch keeps the open transaction (a KIP-890 marker comes with the next epoch).
 
+A producer's batch on the leader is checked against this state by `validate_client_batch`
+(Kafka's ProducerAppendInfo for an append of CLIENT origin), which the Log runs under its
+lock right before it writes, so that nothing that happened while the request waited (a
+retry appended, a marker written) can be missed:
+- its epoch and sequence (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, or the
+  original batch if it is a duplicate);
+- a plain batch while the producer's transaction is open here: INVALID_TXN_STATE ("expected
+  a transactional write"), else anyone who guesses a producer id could bump its epoch and
+  leave its transaction impossible to end;
+- a transaction's first batch here must carry the `VerificationGuard` taken before the
+  leader asked the coordinator (KIP-890), and that guard must still be the producer's: a
+  marker written meanwhile voids it (INVALID_TXN_STATE), so a verification answered late
+  never opens a transaction that the coordinator already ended (a hanging transaction).
+Followers and recovery copy what the leader accepted and check nothing (`record`).
+
 Pure logic, no I/O. Not thread-safe: the Log mutates it under its lock; the leader's
 `check` runs on the same thread as its appends (the replica actor's event loop).
 """
@@ -44,11 +59,14 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from rayk.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from rayk.errors import InvalidProducerEpochError, InvalidRecordError, InvalidTxnStateError, OutOfOrderSequenceError
 from rayk.storage.records import BatchHeader
 
 BATCHES_REMEMBERED = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 in flight
 NO_COORDINATOR_EPOCH = -1
+# Verifications in flight whose guards a partition keeps; past it the oldest guard is
+# dropped, and its verification's append is refused (INVALID_TXN_STATE): never unbounded.
+MAX_VERIFICATION_GUARDS = 10_000
 
 
 class Verdict(enum.Enum):
@@ -89,6 +107,21 @@ class ProducerEntry:
         return self.batches[-1].last_sequence + 1 if self.batches else 0
 
 
+class VerificationGuard:
+    """Taken by a leader before it asks a transaction's coordinator about the producer's
+    first batch here (KIP-890's VerificationGuard); the append succeeds only if the guard
+    is still the producer's then. A marker for the producer, or the transaction opening,
+    ends it. Compared by identity."""
+
+    __slots__ = ("producer_id",)
+
+    def __init__(self, producer_id: int) -> None:
+        self.producer_id = producer_id
+
+    def __repr__(self) -> str:
+        return f"VerificationGuard(producer {self.producer_id}, {id(self):#x})"
+
+
 @dataclass(frozen=True, slots=True)
 class CompletedTxn:
     producer_id: int
@@ -102,6 +135,7 @@ class ProducerStateManager:
         self.producers: dict[int, ProducerEntry] = {}
         self._ongoing: dict[int, int] = {}  # first offset -> producer id, of open transactions
         self._unreplicated: dict[int, CompletedTxn] = {}  # first offset -> completed, marker >= HW
+        self._guards: dict[int, VerificationGuard] = {}  # producer id -> its verification in flight
 
     def check(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int) -> tuple[Verdict, BatchMetadata | None]:
         entry = self.producers.get(producer_id)
@@ -126,6 +160,84 @@ class ProducerStateManager:
             "and is not a recent batch"
         )
 
+    def verification_guard(self, producer_id: int) -> VerificationGuard:
+        """The producer's guard for a verification that starts now: the one in flight if
+        there is one (a retry shares it), else a new one."""
+        guard = self._guards.get(producer_id)
+        if guard is None:
+            if len(self._guards) >= MAX_VERIFICATION_GUARDS:
+                del self._guards[next(iter(self._guards))]  # the oldest
+            guard = self._guards[producer_id] = VerificationGuard(producer_id)
+        return guard
+
+    def validate_client_batches(self, headers: list[BatchHeader], guard: VerificationGuard | None) -> BatchMetadata | None:
+        """`validate_client_batch` for each batch with a producer id of one append, a batch
+        checked against the state as the earlier ones of the append leave it. A retry comes
+        alone (Kafka's Produce carries one batch per partition): its original is returned."""
+        after: dict[int, tuple[int, int, bool]] = {}  # producer id -> (epoch, last sequence, transaction open)
+        for header in headers:
+            producer_id, epoch = header.producer_id, header.producer_epoch
+            if producer_id < 0:
+                continue
+            earlier = after.get(producer_id)
+            if earlier is None:
+                duplicate = self.validate_client_batch(header, guard)
+                if duplicate is not None:
+                    if len(headers) > 1:
+                        raise InvalidRecordError(f"producer {producer_id} retries a batch among {len(headers)} batches")
+                    return duplicate
+                entry = self.producers.get(producer_id)
+                txn_open = header.is_transactional or (entry is not None and entry.current_txn_first_offset is not None)
+            else:
+                earlier_epoch, earlier_last_sequence, txn_open = earlier
+                if epoch < earlier_epoch:
+                    raise InvalidProducerEpochError(f"producer {producer_id} epoch {epoch} is older than {earlier_epoch}")
+                expected = earlier_last_sequence + 1 if epoch == earlier_epoch else 0
+                if header.base_sequence != expected:
+                    raise OutOfOrderSequenceError(
+                        f"producer {producer_id}: sequence {header.base_sequence} after {earlier_last_sequence} "
+                        f"in one append (expected {expected})"
+                    )
+                if txn_open and not header.is_transactional:
+                    raise InvalidTxnStateError(f"expected a transactional write from producer {producer_id}")
+                txn_open = txn_open or header.is_transactional
+            after[producer_id] = (epoch, header.base_sequence + header.last_offset_delta, txn_open)
+        return None
+
+    def validate_client_batch(self, header: BatchHeader, guard: VerificationGuard | None) -> BatchMetadata | None:
+        """Checks a producer's data batch that the leader is about to append (see the
+        module docstring); returns the original batch if it is a duplicate (nothing to
+        append), else None. Raises INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER or
+        INVALID_TXN_STATE. Changes nothing."""
+        assert header.producer_id >= 0 and not header.is_control, "only a producer's data batch is validated"
+        producer_id, epoch = header.producer_id, header.producer_epoch
+        verdict, duplicate = self.check(
+            producer_id, epoch, header.base_sequence, header.base_sequence + header.last_offset_delta
+        )
+        if verdict is Verdict.DUPLICATE:
+            return duplicate
+        entry = self.producers.get(producer_id)
+        if verdict is Verdict.GAP and entry is not None:
+            # (An unknown producer may start anywhere: its earlier batches are beyond what
+            # this partition remembers, as Kafka accepts them.)
+            raise OutOfOrderSequenceError(
+                f"producer {producer_id}: sequence {header.base_sequence} in epoch {epoch} does not continue "
+                f"its last batch here (next: {entry.next_sequence if epoch == entry.epoch else 0})"
+            )
+        open_txn = None if entry is None else entry.current_txn_first_offset
+        if open_txn is not None and not header.is_transactional:
+            raise InvalidTxnStateError(
+                f"expected a transactional write from producer {producer_id}: its transaction is open here "
+                f"since offset {open_txn}"
+            )
+        if header.is_transactional and not (open_txn is not None and entry is not None and entry.epoch == epoch):
+            if guard is None or self._guards.get(producer_id) is not guard:
+                raise InvalidTxnStateError(
+                    f"producer {producer_id}'s first transactional batch here was not verified with its "
+                    "coordinator since the producer's last marker here; the transaction may have ended"
+                )
+        return None
+
     def _entry_for(self, producer_id: int, epoch: int) -> ProducerEntry:
         """The producer's entry, new for a new producer or epoch (which forgets the old
         epoch's sequences but keeps its open transaction and coordinator epoch)."""
@@ -145,6 +257,7 @@ class ProducerStateManager:
         if transactional and entry.current_txn_first_offset is None:
             entry.current_txn_first_offset = batch.first_offset
             self._ongoing[batch.first_offset] = producer_id
+            self._guards.pop(producer_id, None)  # verified: the open transaction is its proof now
 
     def record_batch(self, header: BatchHeader) -> None:
         """`record` for an appended data batch header that carries a producer id."""
@@ -156,6 +269,7 @@ class ProducerStateManager:
         """An appended marker (a control batch, `header`) ends its producer's transaction."""
         assert header.is_control and header.producer_id >= 0, "a transaction marker is a producer's control batch"
         producer_id, marker_offset = header.producer_id, header.base_offset
+        self._guards.pop(producer_id, None)  # a verification in flight was for the transaction this ends
         entry = self.producers.get(producer_id)
         first_offset = marker_offset
         if entry is not None:
@@ -207,8 +321,10 @@ class ProducerStateManager:
                 del self._unreplicated[first]
 
     def replace_with(self, other: ProducerStateManager) -> None:
-        """Takes `other`'s state (a rebuilt one) in place, so references to this stay valid."""
+        """Takes `other`'s state (a rebuilt one) in place, so references to this stay valid.
+        Verifications in flight lose their guards: the log they were taken on went back."""
         self.producers, self._ongoing, self._unreplicated = other.producers, other._ongoing, other._unreplicated
+        self._guards = other._guards
 
     def restore_open_txn(self, producer_id: int, first_offset: int) -> None:
         """A snapshot says the producer's transaction is open from `first_offset`."""
@@ -221,6 +337,7 @@ class ProducerStateManager:
         self.producers.clear()
         self._ongoing.clear()
         self._unreplicated.clear()
+        self._guards.clear()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ProducerStateManager):
