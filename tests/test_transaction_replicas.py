@@ -37,71 +37,7 @@ from rayk.errors import (
 )
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.storage.records import SimpleRecord, build_batch
-
-PID, EPOCH = 40, 0
-
-
-class Handle:
-    """A stand-in for a Ray actor handle: `await handle.method.remote(*args)`."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._target, name)
-
-        class Remote:
-            @staticmethod
-            async def remote(*args: Any, **kwargs: Any) -> Any:
-                result = method(*args, **kwargs)
-                return await result if inspect.isawaitable(result) else result
-
-        return Remote
-
-
-class Coordinator:
-    """What a transaction coordinator answers to a leader's verification."""
-
-    def __init__(self, partitions: set[tuple[str, int]] | None = None, error: Exception | None = None) -> None:
-        self.partitions = partitions or set()
-        self.error = error
-        self.calls = 0
-
-    def verify_partitions(self, transactional_id: str, producer_id: int, epoch: int, partitions: list) -> list:
-        self.calls += 1
-        if self.error is not None:
-            raise self.error
-        return [tp for tp in partitions if tp not in self.partitions]
-
-
-class Controller:
-    def __init__(self, coordinator: Any = None) -> None:
-        self.coordinator = coordinator
-        self.leaders: dict[tuple[str, int], Any] = {}
-        self.next_producer_id = 1000
-
-    def find_transaction_coordinator(self, transactional_id: str) -> tuple[int, Any]:
-        return 0, Handle(self.coordinator)
-
-    def init_producer_id(self) -> int:
-        self.next_producer_id += 1
-        return self.next_producer_id
-
-    def leader(self, topic: str, partition: int) -> Any:
-        return Handle(self.leaders[(topic, partition)])
-
-
-def txn_batch(value: bytes, sequence: int, epoch: int = EPOCH) -> bytes:
-    return build_batch([SimpleRecord(value)], producer_id=PID, producer_epoch=epoch, base_sequence=sequence,
-                       is_transactional=True)
-
-
-async def leader_of(tmp_path: Path, controller: Controller, topic: str = "t", cls: type = PartitionReplica,
-                    epoch: int = 1) -> Any:
-    replica = cls(topic, 0, 0, tmp_path / f"{topic}-0", controller=Handle(controller))
-    await replica.become_leader(epoch, [0], [0])
-    return replica
-
+from tests.transaction_fakes import EPOCH, PID, Controller, Coordinator, Handle, leader_of, txn_batch
 
 # ---------------------------------------------------------------------------- verification (KIP-890)
 

@@ -98,18 +98,18 @@ from rayk.errors import (
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
     OffsetOutOfRangeError,
-    OutOfOrderSequenceError,
     PolicyViolationError,
     RequestTimedOutError,
     StaleBrokerEpochError,
     UnknownLeaderEpochError,
+    UnknownServerError,
 )
 from rayk.metrics import BrokerTopicCounters
 from rayk.storage import Log, LogConfig, log_cleaner, partition_metadata
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_cleaner import CleanableState, CleanResult
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
-from rayk.storage.producer_state import BatchMetadata, Verdict
+from rayk.storage.producer_state import VerificationGuard, Verdict
 from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
 
 
@@ -150,6 +150,25 @@ class ReplicaConfig:
     # The certificate it serves over TLS (the first TLS listener's); None: plain TCP.
     data_plane_keystore: KeyStore | None = None
     share: ShareSettings = ShareSettings()  # KIP-932's group.share.* settings
+
+
+@dataclass(frozen=True, slots=True)
+class _Appended:
+    """A produce's records as the leader appended them: what its acknowledgement waits for."""
+
+    first_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    leader_epoch: int  # appended in: an acknowledgement holds only while this epoch leads
+
+
+# What `_verify_request` found for a request: None (nothing to verify), the guard to append
+# a transaction's first batch with, or the error the request is answered.
+_Verification = VerificationGuard | KafkaError | None
+
+
+def _is_transactional(records: bytes) -> bool:
+    return len(records) >= HEADER_SIZE_BYTES and BatchHeader.parse(records).is_transactional
 
 
 def _now_ms() -> int:
@@ -215,28 +234,27 @@ class PartitionReplica(Supervised):
 
     # ------------------------------------------------------------------ idempotent producers
 
-    async def _await_sequence(self, header: BatchHeader, timeout_ms: int) -> BatchMetadata | None:
-        """Waits until the batch continues its producer's sequence (calls to an async actor
-        may arrive out of order); returns the original batch if it is a duplicate."""
+    async def _await_earlier_batches(self, header: BatchHeader, timeout_ms: int, epoch: int) -> None:
+        """Waits while the batch is ahead of its producer's sequence here, for at most
+        SEQUENCE_GAP_WAIT_MAX_MS: calls to an async actor may arrive out of order, so the
+        producer's earlier batches may be on their way. Decides nothing: the log's append
+        checks the batch against the producer state as it is then (a duplicate, a gap left,
+        an epoch fenced)."""
         last_sequence = header.base_sequence + header.last_offset_delta
         deadline = time.monotonic() + min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS) / 1000
         while True:
             appended = self._change_event(appends=True)  # the producer's earlier batches
-            if self._role != "leader":
-                raise self._not_leader()
-            verdict, duplicate = self._log.producer_state.check(
-                header.producer_id, header.producer_epoch, header.base_sequence, last_sequence
-            )
-            if verdict is not Verdict.GAP:
-                return duplicate
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                if header.producer_id not in self._log.producer_state.producers:
-                    return None  # its earlier batches are beyond what this replica remembers
-                raise OutOfOrderSequenceError(
-                    f"producer {header.producer_id}: batch at sequence {header.base_sequence} waited "
-                    f"{min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS)} ms for the batches before it"
+            if not self._leads_in(epoch):
+                return
+            try:
+                verdict, _ = self._log.producer_state.check(
+                    header.producer_id, header.producer_epoch, header.base_sequence, last_sequence
                 )
+            except KafkaError:
+                return  # refused whatever comes: the append says so
+            remaining_s = deadline - time.monotonic()
+            if verdict is not Verdict.GAP or remaining_s <= 0:
+                return
             await appended.wait(remaining_s)
 
     async def producer_sequence(self, producer_id: int, timeout_ms: int) -> tuple[int, int]:
@@ -396,11 +414,24 @@ class PartitionReplica(Supervised):
         """Several produce requests in one call, as a listener sends the requests for this
         partition that arrived while its call before was in flight
         (rayk/net/produce_coalescer.py): appended in list order, each answered as
-        `produce` answers it; the acknowledgements wait together."""
+        `produce` answers it; the acknowledgements wait together.
+
+        As Kafka's ReplicaManager does, the transactions' first batches are verified with
+        their coordinators before any request of the call is appended, and every request is
+        appended in the leader epoch the call started in or not at all. Each appended
+        request's acknowledgement waits in the epoch it was appended in: if the leadership
+        moves on meanwhile, it is NOT_LEADER_OR_FOLLOWER, never an HW of another epoch's log
+        (which may have truncated the records away). One request's bad input, or a fault in
+        handling it, is that request's error alone."""
         received_s = time.monotonic()
-        appended = [await self._append(*request) for request in requests]
+        requests = [r if isinstance(r, ProduceRequest) else ProduceRequest(*r) for r in requests]
+        epoch = self._leader_epoch if self._role == "leader" else None
+        verified: list[_Verification] = [None] * len(requests)
+        if epoch is not None and any(_is_transactional(request.records) for request in requests):
+            verified = list(await asyncio.gather(*(self._verify_request(request, epoch) for request in requests)))
+        appended = [await self._append_request(request, epoch, v) for request, v in zip(requests, verified)]
         results = list(await asyncio.gather(*(
-            self._answer(done, acks, timeout_ms, received_s) for done, (_, acks, timeout_ms, *_) in zip(appended, requests)
+            self._answer(done, request.acks, request.timeout_ms, received_s) for done, request in zip(appended, requests)
         )))
         counters = self._counters
         counters.produce_requests += len(results)
@@ -409,76 +440,94 @@ class PartitionReplica(Supervised):
         return results
 
     async def _answer(
-        self, appended: ProduceResult | tuple[int, int, int], acks: int, timeout_ms: int, received_s: float
+        self, appended: ProduceResult | _Appended, acks: int, timeout_ms: int, received_s: float
     ) -> ProduceResult:
         if isinstance(appended, ProduceResult):
             return appended
-        first_offset, last_offset, log_append_time_ms = appended
         if self._trace is not None:
-            self._trace.appended(received_s, last_offset + 1)
-        result = await self._acknowledge(first_offset, last_offset, log_append_time_ms, acks, timeout_ms)
+            self._trace.appended(received_s, appended.last_offset + 1)
+        result = await self._acknowledge(appended, acks, timeout_ms)
         if self._trace is not None:
-            self._trace.answered(last_offset + 1)
+            self._trace.answered(appended.last_offset + 1)
         return result
 
+    async def _append_request(
+        self, request: ProduceRequest, epoch: int | None, verification: _Verification
+    ) -> ProduceResult | _Appended:
+        """`_append`, where a fault (a bug: not a KafkaError) fails this request alone,
+        with UNKNOWN_SERVER_ERROR, as Kafka answers an unexpected error per partition."""
+        try:
+            return await self._append(request, epoch, verification)
+        except KafkaError as e:
+            return self._produce_error(e)
+        except Exception as e:
+            logger.exception("%s-%d: appending a produce request failed", self.topic, self.partition)
+            return self._produce_error(UnknownServerError(f"{type(e).__name__}: {e}"))
+
     async def _append(
-        self, records: bytes, acks: int, timeout_ms: int, transactional_id: str | None = None, transaction_version: int = 1
-    ) -> ProduceResult | tuple[int, int, int]:
-        """The checks and the append of one produce: (first offset, last offset, log append
-        time) to acknowledge, or the final answer (an error, or a duplicate's first answer).
-        A transactional batch needs its producer's `transactional_id`, and is verified with
-        the transaction coordinator when it would open the producer's transaction here
-        (with transaction version 2, the coordinator adds the partition then)."""
+        self, request: ProduceRequest, epoch: int | None, verification: _Verification
+    ) -> ProduceResult | _Appended:
+        """The checks and the append of one produce in leader epoch `epoch` (None: this
+        replica did not lead when the call came): what to acknowledge, or the final answer
+        (an error, or a duplicate's first answer). A transactional batch needs its
+        producer's `transactional_id`; `verification` is what `_verify_request` found."""
+        records, acks, timeout_ms = request.records, request.acks, request.timeout_ms
         if acks not in (0, 1, -1):
             return self._produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
-        if self._role != "leader":
+        if epoch is None or not self._leads_in(epoch):
             return self._produce_error(self._not_leader())
-        if acks == -1 and (too_few := self._too_few_in_sync()) is not None:
-            return self._produce_error(too_few)
+        if isinstance(verification, KafkaError):
+            self._counters.bytes_rejected += len(records)
+            return self._produce_error(verification)
         header = BatchHeader.parse(records) if len(records) >= HEADER_SIZE_BYTES else None
         if header is not None and header.producer_id >= 0:
             if header.size_bytes != len(records):
                 self._counters.bytes_rejected += len(records)
                 return self._produce_error(InvalidRecordError("an idempotent produce carries exactly one batch"))
-            try:
-                duplicate = await self._await_sequence(header, timeout_ms)
-            except KafkaError as e:
-                return self._produce_error(e)
-            if duplicate is not None:  # a retry of an appended batch: answer as the first time
-                return duplicate.first_offset, duplicate.last_offset, -1
+            await self._await_earlier_batches(header, timeout_ms, epoch)
+            if not self._leads_in(epoch):
+                return self._produce_error(self._not_leader())
+        if acks == -1 and (too_few := self._too_few_in_sync()) is not None:
+            return self._produce_error(too_few)
         transactional = header is not None and header.is_transactional
-        if transactional:
-            refused = await self._verify_transactional(header, transactional_id, transaction_version)
-            if refused is not None:
-                self._counters.bytes_rejected += len(records)
-                return self._produce_error(refused)
+        if transactional and request.transactional_id is None:
+            return self._produce_error(InvalidRecordError("a transactional batch in a produce request without a transactional id"))
         try:
-            # records the producer's batch
-            info = self._log.append_as_leader(records, self._leader_epoch, allow_transactional=transactional)
+            # No await from here to the append: the epoch checked above is the one written.
+            info = self._log.append_as_leader(records, epoch, allow_transactional=transactional,
+                                              verification_guard=verification)  # fmt: skip
         except KafkaError as e:
-            self._counters.bytes_rejected += len(records)  # too large, corrupt, invalid
+            self._counters.bytes_rejected += len(records)  # too large, corrupt, invalid, out of sequence
             return self._produce_error(e)
-        self._counters.messages_in += info.record_count
-        self._counters.bytes_in += info.size_bytes
-        self._wake_after_append()
-        return info.first_offset, info.last_offset, info.log_append_time_ms
+        if not info.duplicate:  # (a retry of an appended batch is answered as the first time)
+            self._counters.messages_in += info.record_count
+            self._counters.bytes_in += info.size_bytes
+            self._wake_after_append()
+        return _Appended(info.first_offset, info.last_offset, info.log_append_time_ms, epoch)
 
-    async def _verify_transactional(
-        self, header: BatchHeader, transactional_id: str | None, transaction_version: int
-    ) -> KafkaError | None:
-        """Why a transactional batch may not be appended, or None (txn_verification.py)."""
-        if transactional_id is None:
-            return InvalidRecordError("a transactional batch in a produce request without a transactional id")
+    def _leads_in(self, epoch: int) -> bool:
+        return self._role == "leader" and self._leader_epoch == epoch
+
+    async def _verify_request(self, request: ProduceRequest, epoch: int) -> _Verification:
+        """Asks the transaction coordinator about a transactional request whose batch would
+        open its producer's transaction here (txn_verification.py), bounded by the request's
+        timeout: the guard to append with, the refusal, or None (not transactional, or its
+        transaction is open here already: the append checks that it still is)."""
+        records = request.records
+        if not _is_transactional(records) or request.transactional_id is None:
+            return None  # (no transactional id: _append refuses it)
+        header = BatchHeader.parse(records)
         entry = self._log.producer_state.producers.get(header.producer_id)
         if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
-            return None  # the transaction is open here: its first batch was verified
+            return None
+        guard = self._log.verification_guard(header.producer_id)  # taken before asking: a marker meanwhile voids it
         error = await txn_verification.verify_partition(
-            self._txn_coordinators, transactional_id, self.topic, self.partition, header.producer_id, header.producer_epoch,
-            transaction_version,
-        )
-        if error is None and self._role != "leader":  # the leadership moved while the coordinator answered
+            self._txn_coordinators, request.transactional_id, self.topic, self.partition, header.producer_id,
+            header.producer_epoch, request.transaction_version, timeout_ms=request.timeout_ms,
+        )  # fmt: skip
+        if error is None and not self._leads_in(epoch):  # the leadership moved while the coordinator answered
             return self._not_leader()
-        return error
+        return guard if error is None else error
 
     def _too_few_in_sync(self) -> NotEnoughReplicasError | None:
         """What an acks=all write is refused with while the ISR is below min.insync.replicas."""
@@ -508,12 +557,13 @@ class PartitionReplica(Supervised):
             return self._produce_error(self._not_leader())
         if (too_few := self._too_few_in_sync()) is not None:
             return self._produce_error(too_few)
+        epoch = self._leader_epoch
         try:
-            info = self._log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch, self._leader_epoch)
+            info = self._log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch, epoch)
         except KafkaError as e:
             return self._produce_error(e)
         self._wake_after_append()
-        return await self._acknowledge(info.first_offset, info.last_offset, -1, -1, timeout_ms)
+        return await self._acknowledge(_Appended(info.first_offset, info.last_offset, -1, epoch), -1, timeout_ms)
 
     def trace_produce(self, enable: bool) -> list[dict]:
         """Starts noting the stages of each appended batch's acks=all path (ProduceTrace),
@@ -522,15 +572,13 @@ class PartitionReplica(Supervised):
         self._trace = ProduceTrace() if enable else None
         return batches
 
-    async def _acknowledge(
-        self, first_offset: int, last_offset: int, log_append_time_ms: int, acks: int, timeout_ms: int
-    ) -> ProduceResult:
+    async def _acknowledge(self, appended: _Appended, acks: int, timeout_ms: int) -> ProduceResult:
         log = self._log
-        result = ProduceResult(first_offset, log_append_time_ms, log.log_start_offset)
+        result = ProduceResult(appended.first_offset, appended.log_append_time_ms, log.log_start_offset)
         if acks != -1:
             return result
-        error = await self._wait_for_replication(last_offset + 1, self._leader_epoch, timeout_ms)
-        return result if error is None else ProduceResult(first_offset, -1, log.log_start_offset, error)
+        error = await self._wait_for_replication(appended.last_offset + 1, appended.leader_epoch, timeout_ms)
+        return result if error is None else ProduceResult(appended.first_offset, -1, log.log_start_offset, error)
 
     async def _wait_for_replication(self, required_offset: int, epoch: int, timeout_ms: int) -> KafkaError | None:
         """Kafka's DelayedProduce: done when HW >= required_offset, or fails."""

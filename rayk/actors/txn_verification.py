@@ -18,12 +18,15 @@ produce of an ended transaction that lands late is fenced.
 What the produce is answered, as Kafka answers a client of transaction version 1:
 - the partition is not in the transaction: INVALID_TXN_STATE;
 - another producer id or an older epoch: INVALID_PRODUCER_EPOCH (the producer is fenced);
-- the coordinator moving, loading or completing the transaction, or unreachable:
-  NOT_ENOUGH_REPLICAS, which the client retries.
+- the coordinator moving, loading or completing the transaction, unreachable, or not
+  answering within the produce's own timeout: NOT_ENOUGH_REPLICAS, which the client
+  retries. Every call the verification makes is bounded by that timeout, so a coordinator
+  that hangs never holds a produce, nor the requests appended with it, past it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -75,21 +78,29 @@ class CoordinatorHandles:
 
 async def verify_partition(
     coordinators: CoordinatorHandles, transactional_id: str, topic: str, partition: int, producer_id: int,
-    producer_epoch: int, transaction_version: int = 1,
+    producer_epoch: int, transaction_version: int = 1, *, timeout_ms: int,
 ) -> KafkaError | None:
     """None if the producer's open transaction holds `topic-partition` (transaction version
     2: once the coordinator added it), else the error its produce is answered (see the
-    module docstring)."""
+    module docstring), within `timeout_ms`."""
     if coordinators.controller is None:
         return NotEnoughReplicasError("this replica has no Controller to find the transaction coordinator through")
     tp = [(topic, partition)]
     try:
-        coordinator = await coordinators.get(transactional_id)
-        if transaction_version >= 2:
-            await coordinator.add_partitions_to_txn.remote(transactional_id, producer_id, producer_epoch, tp, transaction_version)
-            missing = []
-        else:
-            missing = await coordinator.verify_partitions.remote(transactional_id, producer_id, producer_epoch, tp)
+        async with asyncio.timeout(max(timeout_ms, 0) / 1000):
+            coordinator = await coordinators.get(transactional_id)
+            if transaction_version >= 2:
+                await coordinator.add_partitions_to_txn.remote(
+                    transactional_id, producer_id, producer_epoch, tp, transaction_version
+                )
+                missing = []
+            else:
+                missing = await coordinator.verify_partitions.remote(transactional_id, producer_id, producer_epoch, tp)
+    except TimeoutError:
+        coordinators.forget(transactional_id)  # it may be gone: found again next time
+        return NotEnoughReplicasError(
+            f"the transaction coordinator of {transactional_id!r} did not verify the write within {timeout_ms} ms; retry"
+        )
     except (*_RETRIABLE, RayError) as e:
         coordinators.forget(transactional_id)  # it may have moved: found again next time
         return _retriable(transactional_id, topic, partition, e)

@@ -54,6 +54,10 @@ from rayk.net.entities import ms
 TopicPartition = tuple[str, int]
 _STATE_NAMES = {s.display_name: s for s in TxnState}
 
+# TxnOffsetCommit carries no timeout: the coordinator's answer is awaited as long as a client
+# waits for a request (Kafka's request.timeout.ms), then the client retries.
+ADD_OFFSETS_PARTITION_TIMEOUT_MS = 30_000
+
 
 def _require_write(view: BrokerView, request: Any, transactional_id: str) -> None:
     if not view.authorized(request, WRITE, TRANSACTIONAL_ID, transactional_id):
@@ -198,7 +202,8 @@ async def add_offsets_partition(view: BrokerView, transactional_id: str, produce
     the client retries (txn_verification.py)."""
     partition = await view.group_partition(group_id)
     refused = await txn_verification.verify_partition(
-        view.txn_coordinators, transactional_id, OFFSETS_TOPIC, partition, producer_id, epoch, transaction_version=2
+        view.txn_coordinators, transactional_id, OFFSETS_TOPIC, partition, producer_id, epoch, transaction_version=2,
+        timeout_ms=ADD_OFFSETS_PARTITION_TIMEOUT_MS,
     )
     if refused is not None:
         raise refused

@@ -86,6 +86,7 @@ _UINT32 = struct.Struct(">I")
 
 _LEGACY_MIN_LENGTH = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0: the smallest magic 0 message
 _COMPRESSION_MASK = 0x07
+_MAX_CODEC_ID = max(CompressionType)  # zstd (4); ids 5-7 name no codec
 _TIMESTAMP_TYPE_BIT = 0x08
 _TRANSACTIONAL_BIT = 0x10
 _CONTROL_BIT = 0x20
@@ -146,7 +147,12 @@ class BatchHeader(NamedTuple):
 
     @property
     def compression(self) -> CompressionType:
-        return CompressionType(self.attributes & _COMPRESSION_MASK)
+        """The batch's codec; INVALID_RECORD for an id no codec has (5-7): a header's bytes
+        may be anyone's, and a bad one is its batch's error, never a crash of the reader."""
+        codec_id = self.attributes & _COMPRESSION_MASK
+        if codec_id > _MAX_CODEC_ID:
+            raise InvalidRecordError(f"batch at offset {self.base_offset} names compression codec {codec_id}, which does not exist")
+        return CompressionType(codec_id)
 
     @property
     def timestamp_type(self) -> TimestampType:
