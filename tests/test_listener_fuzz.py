@@ -11,6 +11,7 @@ import os
 import ssl
 import struct
 import time
+from typing import Any
 
 import confluent_kafka
 import kafka
@@ -23,9 +24,9 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 import rayk
 from rayk.client.admin import ScramUpsertion
 from rayk.net import api_versions as keys
-from rayk.storage.records import SimpleRecord, build_batch
+from rayk.storage.records import ATTRIBUTES_POS, CRC_POS, SimpleRecord, build_batch, compute_crc
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
-from tests.protocol_helpers import RawConnection, request_frame, sized
+from tests.protocol_helpers import RawConnection, decode_response, request_frame, sized
 
 UNSUPPORTED_VERSION, INVALID_REQUEST = 35, 42
 KEPT = [f"kept-{i}".encode() for i in range(50)]
@@ -311,3 +312,61 @@ def test_acks_0_gets_no_answer_and_a_failed_one_closes_the_connection(address, c
     finally:
         conn.close()
     assert metadata_ok(address)
+
+
+def _produce_frame(topic: str, records: bytes, correlation_id: int) -> bytes:
+    return sized(request_frame(keys.PRODUCE, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": records}]}]}, correlation_id))
+
+
+def _partition_answer(api_key: int, version: int, conn: RawConnection, correlation_id: int) -> Any:
+    frame = conn.receive()
+    assert frame is not None, "a connection the client did not close was closed"
+    body = decode_response(api_key, version, frame, correlation_id)
+    return body.responses[0].partition_responses[0] if api_key == keys.PRODUCE else body.responses[0].partitions[0]
+
+
+def test_a_mutated_batch_fails_alone_while_other_clients_produce_and_long_poll_the_same_leader(cluster, address):
+    """One client's produces carry mutated batches whose CRC is right again (a codec id
+    that names no codec among them), while another client's long-poll fetch and a third's
+    produce of the same partition are in flight: the listener shares one data-plane
+    connection to the leader between them. The bad batch gets its own error; the others
+    complete as if it were not there (before the fix, the leader's ValueError closed that
+    connection: the fetch and the good produce failed too)."""
+    cluster.create_topic("shared", num_partitions=1, replication_factor=1)
+    good = [SimpleRecord(b"good")]
+    fetcher, bad_client, good_client = RawConnection(address), RawConnection(address), RawConnection(address)
+    counts = {"examples": 0, "refused": 0}
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(codec_id=st.integers(0, 7), mutations=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)),
+                                                          max_size=3))
+    def one_round(codec_id: int, mutations: list[tuple[int, int]]) -> None:
+        n = counts["examples"] = counts["examples"] + 1
+        end = fetcher.call(keys.LIST_OFFSETS, 6, {"topics": [{"name": "shared", "partitions": [
+            {"partition_index": 0, "timestamp": -1}]}]}, 10 * n).topics[0].partitions[0].offset
+        fetcher.send(sized(request_frame(keys.FETCH, 12, {
+            "max_wait": 5000, "min_bytes": 1, "max_bytes": 1 << 16, "session_epoch": -1, "topics": [
+                {"topic": "shared", "partitions": [{"partition": 0, "fetch_offset": end, "partition_max_bytes": 1 << 16}]}]},
+            10 * n + 1)))  # held at the leader until a record comes
+        bad = bytearray(build_batch([SimpleRecord(b"bad-%d" % i, b"k") for i in range(3)]))
+        bad[ATTRIBUTES_POS + 1] = (bad[ATTRIBUTES_POS + 1] & ~0x07) | codec_id
+        for position, value in mutations:
+            bad[ATTRIBUTES_POS + position % (len(bad) - ATTRIBUTES_POS)] = value
+        struct.pack_into(">I", bad, CRC_POS, compute_crc(bad))
+        bad_client.send(_produce_frame("shared", bytes(bad), 10 * n + 2))
+        good_client.send(_produce_frame("shared", build_batch(good), 10 * n + 3))
+        refused = _partition_answer(keys.PRODUCE, 9, bad_client, 10 * n + 2).error_code.value != 0
+        counts["refused"] += refused
+        written = _partition_answer(keys.PRODUCE, 9, good_client, 10 * n + 3)
+        assert written.error_code.value == 0, written
+        fetched = _partition_answer(keys.FETCH, 12, fetcher, 10 * n + 1)
+        assert fetched.error_code.value == 0 and fetched.records, fetched
+
+    try:
+        one_round()
+    finally:
+        for conn in (fetcher, bad_client, good_client):
+            conn.close()
+    assert counts["refused"] > 0, "some batches were bad"
+    assert_serves_and_kept_is_intact(address)
