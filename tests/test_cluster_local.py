@@ -375,3 +375,45 @@ def test_produce_perf_times_every_kth_record_and_counts_them_all(shared):
     assert (every["records"], every["latency_samples"]) == (30, 30)
     with pytest.raises(ValueError, match="latency_sample_every"):
         run_produce_perf(shared, "perf-sampled", 10, 50, latency_sample_every=0, progress=False)
+
+
+def test_a_replica_that_led_an_epoch_without_appending_rejoins_the_isr_once_the_preferred_leader_is_back(shared):
+    """Issue 66's stuck follower, end to end: the leader's replica is SIGKILLed; another ISR
+    member leads epoch 1 and appends nothing; the killed replica comes back, rejoins the ISR
+    and leads again (a preferred election, epoch 2); then acks=all records flow for longer
+    than replica.lag.time.max.ms. The replica that led epoch 1 held an entry (1, LEO) the new
+    leader never had: before the fix it fetched "diverging" for good and the ISR stayed at two."""
+    c = shared
+    c.create_topic("stuck", num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    wait_until(lambda: len(c.describe_topic("stuck")[0]["isr"]) == 3, 60, "every replica in sync")
+    with c.producer(acks="all") as producer:
+        for i in range(100):
+            producer.send("stuck", value=b"before-%d" % i)
+    before = c.describe_topic("stuck")[0]
+    preferred = before["replicas"][0]
+    assert before["leader"] == preferred
+    os.kill(pid_of(c.replica("stuck", 0, preferred)), signal.SIGKILL)
+    moved = wait_until(
+        lambda: (p := c.describe_topic("stuck")[0])["leader"] not in (preferred, -1) and p, 30, "another ISR member to lead"
+    )
+    assert moved["leader_epoch"] > before["leader_epoch"] and moved["log_end_offset"] == 100, "it appended nothing"
+    wait_until(lambda: len(c.describe_topic("stuck")[0]["isr"]) == 3, 60, "the killed replica back in the ISR")
+    assert c.admin().elect_leaders([TopicPartition("stuck", 0)]) == {TopicPartition("stuck", 0): None}
+    back = wait_until(lambda: (p := c.describe_topic("stuck")[0])["leader"] == preferred and p, 30, "the preferred leader")
+    assert back["leader_epoch"] > moved["leader_epoch"]
+    lag_s = FAST_CONFIG["replica.lag.time.max.ms"] / 1000
+    deadline = time.monotonic() + 2 * lag_s
+    sent = 0
+    with c.producer(acks="all", linger_ms=5) as producer:
+        while time.monotonic() < deadline or len(c.describe_topic("stuck")[0]["isr"]) < 3:
+            assert time.monotonic() < deadline + 30, f"the ISR stayed {c.describe_topic('stuck')[0]['isr']}"
+            for i in range(20):
+                producer.send("stuck", value=b"after-%d" % (sent + i))
+            producer.flush()
+            sent += 20
+            time.sleep(0.1)
+    after = c.describe_topic("stuck")[0]
+    assert sorted(after["isr"]) == sorted(before["replicas"]) and after["high_watermark"] == 100 + sent
+    for broker_id in before["replicas"]:  # and every replica holds every record
+        wait_until(lambda b=broker_id: ray.get(c.replica("stuck", 0, b).describe.remote())["log_end_offset"] == 100 + sent,
+                   30, f"broker {broker_id}'s copy")

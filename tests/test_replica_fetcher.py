@@ -136,3 +136,20 @@ def test_a_failing_fetch_call_is_retried(tmp_path):
     fake.fetch = Method(flaky)
     copy_until(ReplicaFetcher(follower, "t-0", 2, fake, 0, ReplicaConfig(), lambda: None), follower, leader)
     assert len(fake.fetch.calls) >= 3
+
+
+def test_a_follower_that_led_an_epoch_without_appending_drops_it_and_catches_up(tmp_path):
+    """Issue 66's stuck follower: broker B led epoch 1 and appended nothing (its cache ends
+    with (1, LEO)); the old leader A leads again in epoch 2 and never had epoch 1. A answers
+    OffsetsForLeaderEpoch(1) with the end of epoch 0, which is B's LEO: no record of B's goes,
+    but its (1, LEO) must, else every fetch names epoch 1, A answers "diverging at epoch 0,
+    LEO" and B never copies a record again (it fell out of the ISR for good)."""
+    leader, follower = leader_and_follower(tmp_path, [(0, 4, "v")], [(0, 4, "v")])
+    follower.assign_leader_epoch(1)  # B led epoch 1 and wrote nothing in it
+    leader.assign_leader_epoch(2)
+    leader.append_as_leader(batch(2, "n"), 2)
+    fake = FakeLeader(leader)
+    fetcher = ReplicaFetcher(follower, "t-0", 2, fake, 2, ReplicaConfig(), lambda: None)
+    copy_until(fetcher, follower, leader)
+    assert values(follower) == [b"v0", b"v1", b"v2", b"v3", b"n0", b"n1"]
+    assert [(e.epoch, e.start_offset) for e in follower.leader_epoch_cache.entries] == [(0, 0), (2, 4)]

@@ -53,7 +53,8 @@ FOLLOWER_ERROR_BACKOFF_MS = 100
 def truncate_to_epoch_end(log: Log, epoch: int, end_offset: int, name: str = "") -> None:
     """Cuts `log` where the leader said `epoch` ends (KIP-279): at the lesser of
     `end_offset` and this log's own end of that epoch; with no epoch in the answer, at
-    this log's high watermark."""
+    this log's high watermark. A cut at the LEO keeps every record and drops the epochs
+    that start there (see Log.truncate_to)."""
     if epoch == UNDEFINED_EPOCH or end_offset == UNDEFINED_EPOCH_OFFSET:
         target = log.high_watermark
     else:
@@ -62,6 +63,10 @@ def truncate_to_epoch_end(log: Log, epoch: int, end_offset: int, name: str = "")
     if target < log.log_end_offset:
         logger.info("%s: truncating divergent log from %d to %d (leader epoch %d ends at %d)",
                     name, log.log_end_offset, target, epoch, end_offset)
+    if target <= log.log_end_offset:
+        # At the LEO too: no record goes, but an epoch this replica led without appending
+        # (an entry starting at the LEO) does. The leader never had it, and kept, it makes
+        # every later fetch look diverging, which no truncation above the LEO ever fixes.
         log.truncate_to(target)
 
 
