@@ -248,3 +248,33 @@ def test_bad_requests_get_kafkas_errors():
         assert c.load([(b"\xc1", b"junk")]) == 1, "a record it cannot read is skipped"
 
     asyncio.run(scenario())
+
+
+def test_the_coordinator_keeps_no_lock_for_ids_it_is_not_serving():
+    """Ids that come and go (Flink makes one per checkpoint), expired ones and unknown ones
+    leave no per-id lock behind; an id's requests still wait for each other."""
+
+    async def scenario():
+        p = Partitions()
+        c = p.coordinator(transactional_id_expiration_ms=10_000)
+        for i in range(200):
+            await c.init_producer_id(f"checkpoint-{i}", 5_000)
+        for i in range(50):
+            with pytest.raises(InvalidProducerIdMappingError):
+                await c.add_partitions(f"unknown-{i}", 1, 0, [A])
+        p.now_ms += 10_001
+        assert len(await c.expire()) == 200
+        assert len(c._locks) == 0
+
+        order = []
+
+        async def hold(name: str) -> None:
+            async with c._lock("tx"):
+                order.append(name)
+                await asyncio.sleep(0.01)
+                order.append(name)
+
+        await asyncio.gather(hold("a"), hold("b"))
+        assert order == ["a", "a", "b", "b"] and len(c._locks) == 0
+
+    asyncio.run(scenario())

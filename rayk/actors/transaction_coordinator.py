@@ -34,6 +34,7 @@ Not thread-safe: the owning actor's event loop calls it.
 from __future__ import annotations
 
 import asyncio
+import weakref
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -84,7 +85,9 @@ class TransactionCoordinator:
         self.config = config or TransactionConfig()
         self._clock_ms = clock_ms
         self._transactions: dict[str, TransactionMetadata] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # An id's lock lives while a request holds or awaits it: ids come and go (one per
+        # checkpoint with Flink), and a lock per id ever seen would grow without bound.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._completing: dict[str, asyncio.Task] = {}  # id -> its markers being written
         self._closed = False
 
@@ -278,7 +281,10 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ helpers
 
     def _lock(self, transactional_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(transactional_id, asyncio.Lock())
+        lock = self._locks.get(transactional_id)
+        if lock is None:
+            lock = self._locks[transactional_id] = asyncio.Lock()
+        return lock
 
     def _known(self, transactional_id: str) -> TransactionMetadata:
         md = self._transactions.get(transactional_id)
