@@ -1,12 +1,12 @@
 """The futures `Producer.send` returns (Kafka's ProduceRequestResult and FutureRecordMetadata).
 
 A batch completes once, for all its records: `BatchResult` holds that outcome (base
-offset and append time, or an error) and the callbacks waiting for it. A batch the leader
+offset and append time, or an error) and the callbacks waiting for it; a batch the leader
 refused for some of its records (KIP-467) fails those with their own errors and the rest
-with another (`fail`'s `named` and `others`). Each record's
-`FutureRecordMetadata` is a few slots pointing at its batch's result and its place in the
-batch, so `send()` does not pay for a lock and a condition per record, as a
-`concurrent.futures.Future` would (that was a third of the time `send()` took).
+with another (`fail`'s `named` and `others`). Each record's `FutureRecordMetadata` is a
+few slots pointing at its batch's result and its place in the batch, so `send()` does not
+pay for a lock and a condition per record, as a `concurrent.futures.Future` would (that
+was a third of the time `send()` took).
 `send_batch` returns one `FutureSendBatch` for all the batches of a call.
 
 A batch waiting for its acknowledgement keeps, per record with a callback, the callable

@@ -27,9 +27,8 @@ answers with the original offsets. Anything else fails the batch with its typed 
 OUT_OF_ORDER_SEQUENCE_NUMBER included (resending could write it twice). An INVALID_RECORD
 that names the records at fault (KIP-467) fails those with it and the batch's other
 records with INVALID_DIFFERENT_RECORD, which the application may send again (librdkafka's
-way; none of them was written). A batch that was
-sent and then fails or expires leaves a hole in its partition's sequence: the epoch is
-bumped once every stamped batch has finished.
+way; none of them was written). A batch that was sent and then fails or expires leaves a
+hole in its partition's sequence: the epoch is bumped once every stamped batch has finished.
 """
 
 from __future__ import annotations
