@@ -73,8 +73,8 @@ def incremental(view: OneTopicView, op: int, value: str) -> dict:
     body = build(request_class(INCREMENTAL_ALTER_CONFIGS, 1), {"validate_only": False, "resources": [{
         "resource_type": TOPIC_RESOURCE, "resource_name": "t",
         "configs": [{"name": "cleanup.policy", "config_operation": op, "value": value}]}]})
-    (answer,) = asyncio.run(incremental_alter_configs(view, Request(RequestHead(INCREMENTAL_ALTER_CONFIGS, 1, 1), "t", body)))[
-        "responses"]
+    request = Request(RequestHead(INCREMENTAL_ALTER_CONFIGS, 1, 1), "t", body)
+    (answer,) = asyncio.run(incremental_alter_configs(view, request))["responses"]
     return answer
 
 

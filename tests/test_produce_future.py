@@ -49,7 +49,8 @@ def test_a_batch_refused_for_named_records_fails_each_record_with_its_own_error(
     futures = futures_of(batch, [1, 2, 3])
     refusal, others = InvalidRecordError("record 1 has no key"), InvalidDifferentRecordError("send it again")
     batch.fail(refusal, {1: InvalidRecordError("no key")}, others)
-    assert [type(f.exception()) for f in futures] == [InvalidDifferentRecordError, InvalidRecordError, InvalidDifferentRecordError]
+    assert [type(f.exception()) for f in futures] == [
+        InvalidDifferentRecordError, InvalidRecordError, InvalidDifferentRecordError]
     assert all(f.failed() for f in futures) and batch.error is refusal
     with pytest.raises(InvalidRecordError, match="no key"):
         futures[1].result()

@@ -266,7 +266,8 @@ def test_a_batch_refused_for_named_records_fails_those_and_the_others_as_differe
     assert [i for i, e in enumerate(errors) if isinstance(e, InvalidRecordError)] == list(range(3, 30, 7))
     assert all(isinstance(e, InvalidDifferentRecordError) for i, e in enumerate(errors) if i % 7 != 3), errors
     assert ray.get(leader.produce_calls.remote()) == 2, "the 30 records went as one batch"
-    again = [producer.send("t", b"%02d" % i, key=b"k") for i, e in enumerate(errors) if isinstance(e, InvalidDifferentRecordError)]
+    resendable = [i for i, e in enumerate(errors) if isinstance(e, InvalidDifferentRecordError)]
+    again = [producer.send("t", b"%02d" % i, key=b"k") for i in resendable]
     assert [f.get(timeout=30).offset for f in again] == list(range(1, 1 + len(again)))
     producer.close()
 
