@@ -7,10 +7,32 @@ speak the same vocabulary. Conditions with no wire code of their own (for exampl
 follower append that does not continue the log) use code -1, UNKNOWN_SERVER_ERROR, which
 is what Kafka sends for an exception it has no mapping for.
 
-The classes take a single message argument so they pickle across Ray actor calls.
+The classes take a single message argument so they pickle across Ray actor calls;
+InvalidRecordError also takes the records at fault as a keyword (`record_errors`, KIP-467),
+which pickling keeps as the instance's state.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Kafka's ProduceResponse names every record at fault; rayk names at most this many per
+# refused batch, which bounds what carries them (a data plane frame, a Ray reply, a
+# ProduceResponse) to about MAX_RECORD_ERRORS x (a message + 6 bytes). It covers a whole
+# batch of librdkafka's default batch.num.messages (10,000); a record at fault beyond it
+# fails as a "different record" with the others and is refused again when resent.
+MAX_RECORD_ERRORS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    """One record that made a leader refuse its batch (KIP-467): the record's index within
+    its batch (0 for the batch's first record) and why."""
+
+    batch_index: int
+    message: str
 
 
 class KafkaError(Exception):
@@ -19,6 +41,8 @@ class KafkaError(Exception):
     code: int = -1
     name: str = "UNKNOWN_SERVER_ERROR"
     retriable: bool = False
+    # The records of a produced batch at fault, if the error names any (see InvalidRecordError).
+    record_errors: tuple[RecordError, ...] = ()
 
     def __str__(self) -> str:
         message = super().__str__()
@@ -345,9 +369,27 @@ class UnsupportedCompressionTypeError(KafkaError):
 
 
 class InvalidRecordError(KafkaError):
-    """A batch's framing or records are malformed although its CRC may be valid."""
+    """A batch's framing or records are malformed although its CRC may be valid.
+
+    When particular records are at fault (Kafka's LogValidator: a record without a key for
+    a compacted topic), `record_errors` names them, the first MAX_RECORD_ERRORS of them,
+    and a Produce v8+ answer carries them (KIP-467): a client fails those records and may
+    send the batch's other records again; nothing of the batch was written."""
 
     code, name = 87, "INVALID_RECORD"
+
+    def __init__(self, *args: object, record_errors: Iterable[RecordError] = ()) -> None:
+        super().__init__(*args)
+        self.record_errors = tuple(itertools.islice(record_errors, MAX_RECORD_ERRORS))
+
+
+class InvalidDifferentRecordError(KafkaError):
+    """The Python producer's: a record that was sound but rode in a batch the leader refused
+    for other records of it (named in the batch's INVALID_RECORD). Nothing of the batch was
+    written; the record may be sent again. librdkafka's _INVALID_DIFFERENT_RECORD (Kafka's
+    Java producer fails it with a plain KafkaException); no wire code."""
+
+    code, name = -1, "INVALID_DIFFERENT_RECORD"
 
 
 class OutOfOrderSequenceError(KafkaError):

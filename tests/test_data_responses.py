@@ -28,7 +28,10 @@ produce_partition = st.one_of(
     st.fixed_dictionaries({"index": int32, "base_offset": offsets, "log_start_offset": offsets,
                            "log_append_time": st.one_of(st.just(-1), st.integers(0, 2**43))}),
     st.fixed_dictionaries({"index": int32, "error_code": st.sampled_from(ERROR_CODES), "error_message": names,
-                           "base_offset": st.just(-1), "log_append_time": st.just(-1), "log_start_offset": st.just(-1)}),
+                           "base_offset": st.just(-1), "log_append_time": st.just(-1), "log_start_offset": st.just(-1),
+                           "record_errors": st.lists(st.fixed_dictionaries({  # KIP-467, an INVALID_RECORD's
+                               "batch_index": st.integers(0, 2**31 - 1), "batch_index_error_message": names}),
+                               max_size=4)}),
 )
 produce_values = st.fixed_dictionaries({"responses": st.lists(
     st.fixed_dictionaries({"name": names, "partition_responses": st.lists(produce_partition, max_size=4)}), max_size=3)})

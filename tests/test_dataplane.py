@@ -61,8 +61,11 @@ def test_a_fetch_request_with_an_unknown_isolation_level_does_not_parse():
 produce_requests = st.lists(st.builds(
     ProduceRequest, st.binary(max_size=200), st.integers(-(2**15), 2**15 - 1), i32, st.none() | st.text(max_size=20),
     st.sampled_from(frames.TRANSACTION_VERSIONS)), max_size=8)
+record_errors = st.lists(st.builds(errors.RecordError, st.integers(0, 2**31 - 1), st.text(max_size=30)), max_size=12)
 produce_results = st.lists(st.builds(
-    ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why"))), max_size=8)
+    ProduceResult, i64, i64, i64, st.none() | st.sampled_from(ERRORS).map(lambda cls: cls("why")) | st.builds(
+        lambda named: errors.InvalidRecordError("some records have no key", record_errors=named), record_errors)),
+    max_size=8)
 
 
 @given(produce_requests)
@@ -82,6 +85,13 @@ def test_produce_answers_decode_to_what_was_encoded(results):
     decoded = frames.decode_produce_answer(frames.encode_produce_answer(results))
     assert [(r.base_offset, r.log_append_time_ms, r.log_start_offset, type(r.error), str(r.error)) for r in decoded] == [
         (r.base_offset, r.log_append_time_ms, r.log_start_offset, type(r.error), str(r.error)) for r in results]
+    assert [r.error and r.error.record_errors for r in decoded] == [r.error and r.error.record_errors for r in results]
+
+
+def test_a_produce_answers_record_error_messages_are_cut_to_their_bound():
+    long = errors.InvalidRecordError("no key", record_errors=[errors.RecordError(4, "x" * 5000)])
+    (decoded,) = frames.decode_produce_answer(frames.encode_produce_answer([ProduceResult(-1, -1, 0, long)]))
+    assert decoded.error.record_errors == (errors.RecordError(4, "x" * frames.RECORD_ERROR_MESSAGE_MAX_BYTES),)
 
 
 @given(produce_requests, st.data())

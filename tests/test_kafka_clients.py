@@ -466,6 +466,25 @@ def test_a_producer_with_many_requests_in_flight_has_them_appended_in_the_order_
     assert by_partition == {p: list(range(p, 3000, 2)) for p in (0, 1)}
 
 
+def test_librdkafka_fails_only_the_keyless_records_of_a_batch_to_a_compacted_topic(cluster, bootstrap):
+    """KIP-467: of a batch of 100 records, 10 without a key, the leader names those 10;
+    librdkafka fails them with INVALID_RECORD and the other 90 with
+    _INVALID_DIFFERENT_RECORD (for the application to send again). Nothing is written."""
+    topic = f"k{next(_names)}"
+    cluster.create_topic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2000,
+                                         "enable.idempotence": False, "message.timeout.ms": 30_000})
+    outcomes: dict[int, int] = {}
+    for i in range(100):
+        producer.produce(topic, value=str(i).encode(), key=None if i % 10 == 7 else b"k%d" % i, partition=0,
+                         on_delivery=lambda err, msg: outcomes.__setitem__(int(msg.value()), err and err.code()))
+    assert producer.flush(60) == 0
+    invalid = {i for i, code in outcomes.items() if code == confluent_kafka.KafkaError.INVALID_RECORD}
+    different = {i for i, code in outcomes.items() if code == confluent_kafka.KafkaError._INVALID_DIFFERENT_RECORD}
+    assert invalid == set(range(7, 100, 10)) and different == set(range(100)) - invalid, outcomes
+    assert cluster.describe_topic(topic)[0]["log_end_offset"] == 0
+
+
 def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster):
     topic = new_topic(cluster, partitions=1)
     leader = cluster.describe_topic(topic)[0]["leader"]

@@ -475,6 +475,42 @@ def test_a_compacted_topic_refuses_records_without_a_key_and_keeps_old_segments(
     assert log.delete_expired_segments(NOW_MS + 10**9) > 0, "compact,delete: retention too"
 
 
+def test_a_log_with_an_empty_cleanup_policy_keeps_every_record_and_takes_keyless_ones(tmp_path):
+    """cleanup.policy "" (neither): retention deletes nothing, however old, and the log is
+    not compacted, so records need no key."""
+    log = Log(tmp_path, LogConfig(cleanup_policy="", retention_ms=1, retention_bytes=1, segment_bytes=200))
+    for i in range(10):
+        append(log, [(None if i % 2 else KEYS[0], b"v")])
+    log.high_watermark = log.log_end_offset
+    assert len(log.segment_base_offsets) > 1 and log.delete_expired_segments(LATER_MS) == 0
+    assert [offset for offset, _, _ in read_all(log)] == list(range(10))
+    assert not log.config.compacts
+
+
+def test_the_records_without_a_key_are_named_by_their_index_in_the_batch(tmp_path):
+    """KIP-467: a batch of 100 records, 10 without a key, is refused naming those 10, so
+    that a client fails them and may send the other 90 again; nothing is written."""
+    log = Log(tmp_path, LogConfig(cleanup_policy="compact"))
+    keyless = set(range(3, 100, 10))
+    with pytest.raises(InvalidRecordError) as refused:
+        append(log, [(None if i in keyless else KEYS[i % 6], b"v%d" % i) for i in range(100)], compression="lz4")
+    assert [e.batch_index for e in refused.value.record_errors] == sorted(keyless)
+    assert all("without a key" in e.message for e in refused.value.record_errors)
+    assert "10 of the 100 records" in str(refused.value)
+    assert log.log_end_offset == 0
+
+
+def test_the_records_without_a_key_are_named_within_the_first_batch_that_has_any(tmp_path):
+    """Indexes count within a batch, as Kafka's do: a request's later batch is named alone."""
+    log = Log(tmp_path, LogConfig(cleanup_policy="compact"))
+    first = build_batch([SimpleRecord(b"v", KEYS[0], (), NOW_MS)] * 3)
+    second = build_batch([SimpleRecord(b"v", None if i in (1, 4) else KEYS[1], (), NOW_MS) for i in range(5)])
+    with pytest.raises(InvalidRecordError) as refused:
+        log.append_as_leader(first + second + second, 0)
+    assert [e.batch_index for e in refused.value.record_errors] == [1, 4]
+    assert log.log_end_offset == 0
+
+
 def test_throttler_holds_the_rate():
     now = [0.0]
     slept = []

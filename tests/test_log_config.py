@@ -41,6 +41,13 @@ def test_compaction_configs_round_trip_and_normalise():
     assert not LogConfig().compacts and LogConfig().deletes
 
 
+def test_an_empty_cleanup_policy_neither_deletes_nor_compacts_and_round_trips():
+    config = LogConfig.from_properties({"cleanup.policy": " "})
+    assert (config.cleanup_policy, config.compacts, config.deletes) == ("", False, False)
+    assert config.to_properties()["cleanup.policy"] == ""
+    assert LogConfig.from_properties(config.to_properties()) == config
+
+
 def test_a_compacted_log_rolls_by_max_compaction_lag():
     """The active segment is never cleaned, so max.compaction.lag.ms bounds how long it stays active."""
     assert LogConfig(segment_ms=10_000, max_compaction_lag_ms=500).roll_ms == 10_000

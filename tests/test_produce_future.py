@@ -9,7 +9,7 @@ import pytest
 
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import RecordMetadata
-from rayk.errors import KafkaTimeoutError, NotEnoughReplicasError
+from rayk.errors import InvalidDifferentRecordError, InvalidRecordError, KafkaTimeoutError, NotEnoughReplicasError
 
 
 def futures_of(batch: BatchResult, timestamps: list[int]) -> list[FutureRecordMetadata]:
@@ -42,6 +42,18 @@ def test_a_failed_batch_raises_its_error_from_every_record():
         assert f.failed() and f.exception() is error
         with pytest.raises(NotEnoughReplicasError):
             f.result()
+
+
+def test_a_batch_refused_for_named_records_fails_each_record_with_its_own_error():
+    batch = BatchResult("t", 0)
+    futures = futures_of(batch, [1, 2, 3])
+    refusal, others = InvalidRecordError("record 1 has no key"), InvalidDifferentRecordError("send it again")
+    batch.fail(refusal, {1: InvalidRecordError("no key")}, others)
+    assert [type(f.exception()) for f in futures] == [
+        InvalidDifferentRecordError, InvalidRecordError, InvalidDifferentRecordError]
+    assert all(f.failed() for f in futures) and batch.error is refusal
+    with pytest.raises(InvalidRecordError, match="no key"):
+        futures[1].result()
 
 
 def test_result_times_out_as_a_timeout_error():

@@ -14,6 +14,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from rayk.client import calls
 from rayk.client.producer import Producer
 from rayk.errors import (
+    InvalidDifferentRecordError,
+    InvalidRecordError,
     KafkaTimeoutError,
     NetworkError,
     NotCoordinatorError,
@@ -220,6 +222,54 @@ def test_out_of_order_sequence_fails_the_batch_then_the_producer_continues_at_ep
     assert refused[1] == 0 and all(c[1] == 0 for c in produce_calls[:6])
     print(f"\n{len(failed)} records failed with OUT_OF_ORDER_SEQUENCE_NUMBER (refused batch at sequence {refused[2]}),"
           f" {len(written)} written, {len(produce_calls)} produce calls")
+
+
+@ray.remote(num_cpus=0)
+class KeyRequiringLeader(FakeReplicaEndpoint):
+    """A leader of a compacted partition: refuses a batch with records without a key,
+    naming them (KIP-467), as Log._require_keys does; answers each call after `delay_s`."""
+
+    def __init__(self, delay_s):
+        self.delay_s, self.calls, self.end_offset = delay_s, 0, 0
+
+    async def produce(self, batch, acks, timeout_ms):
+        from rayk.actors.partition_replica import ProduceResult
+        from rayk.errors import InvalidRecordError, RecordError
+        from rayk.storage.records import iter_batches
+
+        self.calls += 1
+        await asyncio.sleep(self.delay_s)
+        records = [r for b in iter_batches(batch) for r in b.records()]
+        keyless = [i for i, r in enumerate(records) if r.key is None]
+        if keyless:
+            return ProduceResult(-1, -1, 0, InvalidRecordError(
+                f"{len(keyless)} records have no key", record_errors=[RecordError(i, "no key") for i in keyless]))
+        self.end_offset += len(records)
+        return ProduceResult(self.end_offset - len(records), -1, 0)
+
+    def produce_calls(self):
+        return self.calls
+
+
+def test_a_batch_refused_for_named_records_fails_those_and_the_others_as_different_records():
+    """The first record goes alone and is held 0.5 s; the next 30 queue in small batches
+    that then go as one, which the leader refuses naming its keyless records: those fail
+    with INVALID_RECORD, the others with INVALID_DIFFERENT_RECORD (sendable again)."""
+    leader = KeyRequiringLeader.remote(delay_s=0.5)
+    producer = producer_for(leader, linger_ms=0, batch_size=200, max_in_flight_requests_per_connection=1)
+    first = producer.send("t", b"first", key=b"k")
+    time.sleep(0.1)  # in flight
+    later = [producer.send("t", b"%02d" % i, key=None if i % 7 == 3 else b"k") for i in range(30)]
+    producer.flush(timeout_s=30)
+    assert first.get(timeout=0).offset == 0
+    errors = [f.exception(timeout=0) for f in later]
+    assert [i for i, e in enumerate(errors) if isinstance(e, InvalidRecordError)] == list(range(3, 30, 7))
+    assert all(isinstance(e, InvalidDifferentRecordError) for i, e in enumerate(errors) if i % 7 != 3), errors
+    assert ray.get(leader.produce_calls.remote()) == 2, "the 30 records went as one batch"
+    resendable = [i for i, e in enumerate(errors) if isinstance(e, InvalidDifferentRecordError)]
+    again = [producer.send("t", b"%02d" % i, key=b"k") for i in resendable]
+    assert [f.get(timeout=30).offset for f in again] == list(range(1, 1 + len(again)))
+    producer.close()
 
 
 # ---------------------------------------------------------------------- Ray's errors, translated

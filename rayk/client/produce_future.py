@@ -1,10 +1,12 @@
 """The futures `Producer.send` returns (Kafka's ProduceRequestResult and FutureRecordMetadata).
 
 A batch completes once, for all its records: `BatchResult` holds that outcome (base
-offset and append time, or an error) and the callbacks waiting for it. Each record's
-`FutureRecordMetadata` is a few slots pointing at its batch's result and its place in the
-batch, so `send()` does not pay for a lock and a condition per record, as a
-`concurrent.futures.Future` would (that was a third of the time `send()` took).
+offset and append time, or an error) and the callbacks waiting for it; a batch the leader
+refused for some of its records (KIP-467) fails those with their own errors and the rest
+with another (`fail`'s `named` and `others`). Each record's `FutureRecordMetadata` is a
+few slots pointing at its batch's result and its place in the batch, so `send()` does not
+pay for a lock and a condition per record, as a `concurrent.futures.Future` would (that
+was a third of the time `send()` took).
 `send_batch` returns one `FutureSendBatch` for all the batches of a call.
 
 A batch waiting for its acknowledgement keeps, per record with a callback, the callable
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,7 +46,7 @@ class BatchResult:
 
     __slots__ = (
         "topic", "partition", "base_offset", "log_append_time_ms", "error", "finished",
-        "_done", "_callbacks", "_record_callbacks", "_record_places", "_lock",
+        "_named", "_others", "_done", "_callbacks", "_record_callbacks", "_record_places", "_lock",
     )  # fmt: skip
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -52,6 +54,8 @@ class BatchResult:
         self.base_offset = -1
         self.log_append_time_ms = -1
         self.error: BaseException | None = None
+        self._named: Mapping[int, BaseException] | None = None  # see `fail`
+        self._others: BaseException | None = None
         # Set with `_done`: what a record's callback asks first (done? failed?) is then an
         # attribute read, not a call of Event.is_set, once per record.
         self.finished = False
@@ -67,9 +71,21 @@ class BatchResult:
         self.base_offset, self.log_append_time_ms = base_offset, log_append_time_ms
         self._finish()
 
-    def fail(self, error: BaseException) -> None:
-        self.error = error
+    def fail(
+        self, error: BaseException, named: Mapping[int, BaseException] | None = None, others: BaseException | None = None
+    ) -> None:
+        """Fails every record with `error`; or, when the leader named the records at fault
+        (`error`'s record errors), the record at index i with `named[i]` and the others
+        with `others`. `error` stays the batch's (what `send_batch`'s future raises)."""
+        assert (named is None) == (others is None), "named records need an error for the others"
+        self.error, self._named, self._others = error, named, others
         self._finish()
+
+    def error_of(self, index: int) -> BaseException | None:
+        """The error of the batch's record at `index` (None: none, or not finished)."""
+        if self._named is None:
+            return self.error
+        return self._named.get(index, self._others)
 
     def _finish(self) -> None:
         with self._lock:
@@ -132,11 +148,13 @@ class FutureRecordMetadata:
         return self._batch.finished and self._batch.error is not None
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
-        """The record's metadata; raises the batch's error, or KafkaTimeoutError after `timeout` s."""
+        """The record's metadata; raises its error (`BatchResult.error_of`), or
+        KafkaTimeoutError after `timeout` s."""
         batch = self._batch
         batch.wait(timeout)
-        if batch.error is not None:
-            raise batch.error
+        error = batch.error_of(self._index)
+        if error is not None:
+            raise error
         offset = batch.base_offset + self._index if batch.base_offset >= 0 else -1
         timestamp = batch.log_append_time_ms if batch.log_append_time_ms >= 0 else self._timestamp_ms
         return RecordMetadata(batch.topic, batch.partition, offset, timestamp)
@@ -147,7 +165,7 @@ class FutureRecordMetadata:
         batch = self._batch
         if not batch.finished:
             batch.wait(timeout)
-        return batch.error
+        return batch.error_of(self._index)
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(a future equal to this one) once the record is acknowledged or failed

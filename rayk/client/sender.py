@@ -24,9 +24,11 @@ REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a dead or unreachable leader actor...) f
 the partition's leader and puts the batch back at its queue's head for another attempt
 after `retry_backoff_ms`; it keeps its idempotence stamp, so a leader that did append it
 answers with the original offsets. Anything else fails the batch with its typed error,
-OUT_OF_ORDER_SEQUENCE_NUMBER included (resending could write it twice). A batch that was
-sent and then fails or expires leaves a hole in its partition's sequence: the epoch is
-bumped once every stamped batch has finished.
+OUT_OF_ORDER_SEQUENCE_NUMBER included (resending could write it twice). An INVALID_RECORD
+that names the records at fault (KIP-467) fails those with it and the batch's other
+records with INVALID_DIFFERENT_RECORD, which the application may send again (librdkafka's
+way; none of them was written). A batch that was sent and then fails or expires leaves a
+hole in its partition's sequence: the epoch is bumped once every stamped batch has finished.
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from rayk.client.accumulator import BatchState, ProducerBatch, RecordAccumulator
 from rayk.client.data_plane import DataPlaneSession
 from rayk.client.idempotence import IdempotenceManager
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
-from rayk.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceError, RequestTimedOutError, UnknownServerError
+from rayk.errors import (
+    InvalidDifferentRecordError,
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceError,
+    RequestTimedOutError,
+    UnknownServerError,
+)
 from rayk.storage.compression import CompressionType
 from rayk.storage.records import assemble_batch, build_batch
 
@@ -298,12 +307,29 @@ class Sender:
     def _fail(self, batch: ProducerBatch, error: KafkaError) -> None:
         if batch.stamped:  # its sequences may or may not be in the log: the partition's sequence is unknown
             self._idempotence.fate_unknown(f"a batch sent to {batch.tp} failed ({error.name})")
-        batch.result.fail(error)
-        for rider, _ in batch.riders:
-            rider.fail(error)
+        if error.record_errors:
+            self._fail_named_records(batch, error)
+        else:
+            batch.result.fail(error)
+            for rider, _ in batch.riders:
+                rider.fail(error)
         if self._on_failure is not None:
             self._on_failure(error)
         self._finish(batch)
+
+    def _fail_named_records(self, batch: ProducerBatch, error: KafkaError) -> None:
+        """Fails the records `error` names with its class and their message, and the batch's
+        other records with INVALID_DIFFERENT_RECORD. The names index the batch as sent: its
+        own records first, then each rider's from its offset delta on."""
+        named = {e.batch_index: type(error)(e.message) for e in error.record_errors}
+        others = InvalidDifferentRecordError(
+            f"the leader of {batch.tp} refused a batch for {len(named)} other record(s) of it ({error});"
+            " this record was not written and may be sent again"
+        )
+        results = [(batch.result, 0), *batch.riders]
+        ends = [start for _, start in batch.riders] + [batch.record_count]
+        for (result, start), end in zip(results, ends):
+            result.fail(error, {i - start: e for i, e in named.items() if start <= i < end}, others)
 
     def _finish(self, batch: ProducerBatch) -> None:
         self._idempotence.finished(batch.stamped)

@@ -27,7 +27,10 @@ PRODUCE (PartitionReplica.produce_requests: requests appended in order, answered
   (transaction_version as Kafka's: 2 when the client runs transaction version 2, whose
   Produce v12 adds the partition to the transaction at the leader, KIP-890 part 2; else 1)
   answer   count:i32, then per request base_offset:i64 log_append_time_ms:i64
-           log_start_offset:i64 error_size:u16 | error
+           log_start_offset:i64 error_size:u16 record_error_count:i32 | error
+           | record_error_count x (batch_index:i32 message_size:u16 | message)
+  (the record errors are an INVALID_RECORD's, KIP-467: at most MAX_RECORD_ERRORS, each
+  message cut to RECORD_ERROR_MESSAGE_MAX_BYTES, so at most ~10 MiB per request)
 SHARE_FETCH (a share group member's ShareFetch of the partition, KIP-932, PartitionReplica.share_fetch;
   with max_records 0 it acquires nothing: it only acknowledges, as ShareAcknowledge does, or
   with a max_wait_ms it is a probe, answered once records could be acquired or at the wait's end):
@@ -56,7 +59,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from rayk import errors
-from rayk.errors import KafkaError, UnknownServerError
+from rayk.errors import MAX_RECORD_ERRORS, InvalidRecordError, KafkaError, RecordError, UnknownServerError
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT
 
 SIZE = struct.Struct(">I")
@@ -82,7 +85,9 @@ _COUNT = struct.Struct(">i")
 # acks (int16, as Kafka's), timeout_ms, records size, transactional id size, transaction version
 _PRODUCE_REQUEST = struct.Struct(">hiihb")
 TRANSACTION_VERSIONS = (1, 2)
-_PRODUCE_ANSWER = struct.Struct(">qqqH")
+_PRODUCE_ANSWER = struct.Struct(">qqqHi")  # base offset, log append time, log start, error size, record errors
+_RECORD_ERROR = struct.Struct(">iH")  # batch index, message size
+RECORD_ERROR_MESSAGE_MAX_BYTES = 1024  # rayk's own messages are a line; a longer one is cut
 _SHARE_FETCH_REQUEST = struct.Struct(">iiHHi")  # max_records, max_wait_ms, group id size, member id size, ack count
 _SHARE_ACK = struct.Struct(">qqb")  # first offset, last offset, acknowledge type
 _SHARE_FETCH_ANSWER = struct.Struct(">iHH")  # acquired count, acknowledge error size, error size
@@ -285,7 +290,12 @@ def encode_produce_answer(results: list[ProduceResult]) -> bytes:
     parts = [_COUNT.pack(len(results))]
     for r in results:
         error = _encode_error(r.error)
-        parts += [_PRODUCE_ANSWER.pack(r.base_offset, r.log_append_time_ms, r.log_start_offset, len(error)), error]
+        record_errors = r.error.record_errors if r.error is not None else ()
+        parts += [_PRODUCE_ANSWER.pack(r.base_offset, r.log_append_time_ms, r.log_start_offset, len(error),
+                                       len(record_errors)), error]
+        for record_error in record_errors:
+            message = record_error.message.encode()[:RECORD_ERROR_MESSAGE_MAX_BYTES]
+            parts += [_RECORD_ERROR.pack(record_error.batch_index, len(message)), message]
     return b"".join(parts)
 
 
@@ -297,15 +307,39 @@ def decode_produce_answer(body: bytes | memoryview) -> list[ProduceResult]:
     for _ in range(max(count, 0)):
         if len(body) < at + _PRODUCE_ANSWER.size:
             raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its {count} results")
-        base_offset, append_time_ms, log_start, error_size = _PRODUCE_ANSWER.unpack_from(body, at)
+        base_offset, append_time_ms, log_start, error_size, record_error_count = _PRODUCE_ANSWER.unpack_from(body, at)
         at += _PRODUCE_ANSWER.size
         if len(body) < at + error_size:
             raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its errors")
-        results.append(ProduceResult(base_offset, append_time_ms, log_start, _decode_error(body[at:at + error_size])))
+        error = _decode_error(body[at:at + error_size])
         at += error_size
+        if record_error_count:
+            error, at = _decode_record_errors(body, at, error, record_error_count)
+        results.append(ProduceResult(base_offset, append_time_ms, log_start, error))
     if at != len(body):
         raise FrameError(f"a PRODUCE answer has {len(body) - at} bytes after its {count} results")
     return results
+
+
+def _decode_record_errors(
+    body: bytes | memoryview, at: int, error: KafkaError | None, count: int
+) -> tuple[InvalidRecordError, int]:
+    """`error` with the `count` record errors at `at`, and where they end."""
+    if not isinstance(error, InvalidRecordError):
+        raise FrameError(f"a PRODUCE answer names {count} records at fault for an error that is not INVALID_RECORD")
+    if not 0 < count <= MAX_RECORD_ERRORS:
+        raise FrameError(f"a PRODUCE answer names {count} records at fault, not 1 to {MAX_RECORD_ERRORS}")
+    record_errors = []
+    for _ in range(count):
+        if len(body) < at + _RECORD_ERROR.size:
+            raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its {count} record errors")
+        batch_index, message_size = _RECORD_ERROR.unpack_from(body, at)
+        at += _RECORD_ERROR.size
+        if len(body) < at + message_size:
+            raise FrameError(f"a PRODUCE answer of {len(body)} bytes is shorter than its record errors' messages")
+        record_errors.append(RecordError(batch_index, bytes(body[at:at + message_size]).decode(errors="replace")))
+        at += message_size
+    return type(error)(*error.args, record_errors=record_errors), at
 
 
 def encode_fetch_answer_head(a: FetchResult) -> bytes:

@@ -78,7 +78,8 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
             }
         except Exception as e:  # one partition's failure is that partition's error code
             return {"index": index, "error_code": error_code_of(e), "error_message": error_message_of(e),
-                    "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
+                    "base_offset": -1, "log_append_time": -1, "log_start_offset": -1,
+                    "record_errors": _record_errors(e)}
 
     submitted = [[(p.index, submit(t.name, p.index, p.records)) for p in t.partition_data] for t in body.topic_data]
     results = await asyncio.gather(*(answer(index, produced) for partitions in submitted for index, produced in partitions))
@@ -86,6 +87,12 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
         return CLOSE_CONNECTION if any(r.get("error_code") for r in results) else None
     it = iter(results)
     return {"responses": [{"name": t.name, "partition_responses": [next(it) for _ in t.partition_data]} for t in body.topic_data]}
+
+
+def _record_errors(error: Exception) -> list[dict]:
+    """The records an INVALID_RECORD names (KIP-467; Produce v8+ answers them)."""
+    named = error.record_errors if isinstance(error, KafkaError) else ()
+    return [{"batch_index": e.batch_index, "batch_index_error_message": e.message} for e in named]
 
 
 def _failed(error: Exception) -> asyncio.Future:

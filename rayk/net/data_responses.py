@@ -76,8 +76,13 @@ def produce_frame(head: RequestHead, values: dict) -> bytes:
             fields = _PRODUCE_PARTITION.pack(p["index"], p.get("error_code", 0), p["base_offset"],
                                              p["log_append_time"], p["log_start_offset"])
             parts.append(fields if version >= 5 else fields[:-8])
-            if version >= 8:
-                parts.append(_array_length(0, flexible))  # record_errors: rayk refuses a request's batches whole
+            if version >= 8:  # KIP-467: the records an INVALID_RECORD names, and the partition's message
+                record_errors = p.get("record_errors", ())
+                parts.append(_array_length(len(record_errors), flexible))
+                for e in record_errors:
+                    parts += (_I32.pack(e["batch_index"]), _string(e["batch_index_error_message"], flexible))
+                    if flexible:
+                        parts.append(NO_TAGS)
                 parts.append(_string(p.get("error_message"), flexible))
             if flexible:
                 parts.append(NO_TAGS)

@@ -84,6 +84,7 @@ from rayk.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
+    RecordError,
     TransactionCoordinatorFencedError,
     UnexpectedAppendOffsetError,
 )
@@ -1022,11 +1023,22 @@ class Log:
 
 
 def _require_keys(records: bytes | bytearray | memoryview) -> None:
-    """Kafka's LogValidator for compacted topics: every record needs a key."""
-    for batch in iter_batches(records):
+    """Kafka's LogValidator for compacted topics: every record needs a key. The records
+    without one are named by their index in their batch (KIP-467's record errors), those
+    of the first batch that has any, as Kafka refuses a request at its first such batch."""
+    for number, batch in enumerate(iter_batches(records)):
         _header, decoded = decode_record_tuples(batch.data)
-        if any(key is None for _offset, _timestamp, key, _value, _headers in decoded):
-            raise InvalidRecordError("compacted topic cannot accept a record without a key")
+        keyless = [index for index, (_offset, _timestamp, key, _value, _headers) in enumerate(decoded) if key is None]
+        if keyless:
+            shown = ", ".join(map(str, keyless[:3])) + (", ..." if len(keyless) > 3 else "")
+            raise InvalidRecordError(
+                f"{len(keyless)} of the {len(decoded)} records of batch {number} have no key (batch indexes {shown}):"
+                f" {_KEYLESS_RECORD}",
+                record_errors=(RecordError(index, _KEYLESS_RECORD) for index in keyless),
+            )
+
+
+_KEYLESS_RECORD = "a compacted topic cannot accept a record without a key"
 
 
 def _fsync_dir(path: Path) -> None:

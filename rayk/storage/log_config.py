@@ -43,11 +43,16 @@ NO_LIMIT_MS = (1 << 63) - 1  # Kafka's Long.MAX_VALUE: "never"
 
 
 def normalize_cleanup_policy(raw: str | int) -> str:
-    """Kafka's list config: "compact", "delete" or both, in any order and spacing; the
-    normal form lists them sorted, comma-separated ("compact,delete")."""
+    """Kafka's list config: "compact", "delete", both, in any order and spacing, or neither
+    (the empty list, which Kafka's list validator lets through and Kafka 4.2 documents:
+    no retention and no compaction, every record is kept, as with retention.ms and
+    retention.bytes -1). The normal form lists them sorted, comma-separated
+    ("compact,delete"; "" for neither)."""
     names = {part.strip().lower() for part in str(raw).split(",") if part.strip()}
-    if not names or not names <= set(CLEANUP_POLICIES):
-        raise InvalidConfigurationError(f"cleanup.policy = {raw!r}: must be compact, delete or compact,delete")
+    if not names <= set(CLEANUP_POLICIES):
+        raise InvalidConfigurationError(
+            f"cleanup.policy = {raw!r}: must list compact, delete, both, or neither (empty: keep every record)"
+        )
     return ",".join(sorted(names))
 
 
@@ -64,7 +69,8 @@ class LogConfig:
     flush_messages: int | None = None  # None: leave flushing to the OS (fsync on roll/close)
     flush_ms: int | None = None
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
-    # Log compaction (see log_cleaner.py): "delete" (retention only), "compact" or both.
+    # Log compaction (see log_cleaner.py): "delete" (retention only), "compact", both, or
+    # "" (neither: every record is kept, none compacted; DeleteRecords needs delete too).
     cleanup_policy: str = "delete"
     min_cleanable_dirty_ratio: float = 0.5  # clean when dirty bytes are this share of the cleanable
     min_compaction_lag_ms: int = 0  # a record stays uncompacted at least this long
