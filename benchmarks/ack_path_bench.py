@@ -5,7 +5,7 @@ Run:  python benchmarks/ack_path_bench.py [--calls N] [--rate R] [--seconds S]
 
 A local Ray instance and `rayk.start(brokers=3)` in a temporary directory, shut down at
 the end. The leader of a 1-partition topic traces its batches (PartitionReplica.
-trace_produce, see rayk/actors/produce_trace.py): when each produce call started, when
+trace_produce, see rayk/replication/produce_trace.py): when each produce call started, when
 the batch was in its log, when the first follower's fetch was answered with it, when that
 follower's next fetch arrived (it had appended the batch), when the high watermark passed
 it and when the call returned. All on the host's monotonic clock, so the driver's own
@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 import ray  # noqa: E402
 
 import rayk  # noqa: E402
-from rayk.actors.produce_trace import stage_latencies_ms  # noqa: E402
+from rayk.replication.produce_trace import stage_latencies_ms  # noqa: E402
 from rayk.client.metadata import MetadataCache  # noqa: E402
 from rayk.perf import run_produce_perf  # noqa: E402
 from rayk.storage.records import SimpleRecord, build_batch  # noqa: E402

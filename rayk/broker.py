@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
-from rayk.actors.replica_manager import ReplicaManager
+from rayk.server.replica_manager import ReplicaManager
 from rayk.config import BrokerConfig
 
 BrokerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(ReplicaManager)

@@ -460,7 +460,7 @@ def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
 
 
 def cmd_groups_describe(args: argparse.Namespace) -> None:
-    from rayk.client.consumer_protocol import decode_assignment
+    from rayk.consumer_protocol import decode_assignment
 
     info = _connect(args).admin().describe_consumer_groups([args.group])[args.group]  # GROUP_ID_NOT_FOUND if unknown
     owners = {}

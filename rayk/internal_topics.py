@@ -2,10 +2,10 @@
 org.apache.kafka.common.internals.Topic), shared by the actors, the listener and the clients.
 
 `__consumer_offsets` holds the consumer groups and their committed offsets; its only writer
-is the group coordinator inside each partition's leader (actors/offsets_replica.py).
+is the group coordinator inside each partition's leader (coordinator/group/offsets_replica.py).
 `__transaction_state` holds the transactional ids and their transactions; its only writer is
 the transaction coordinator inside each partition's leader
-(actors/transaction_state_replica.py). As in Kafka (ReplicaManager.appendToLocalLog: an
+(coordinator/transaction/transaction_state_replica.py). As in Kafka (ReplicaManager.appendToLocalLog: an
 internal topic and no internalTopicsAllowed), a client's produce to an internal topic is
 INVALID_TOPIC_EXCEPTION, and a Metadata request that auto-creates one creates it with the
 brokers' settings for it (offsets.topic.*, transaction.state.log.*), never the defaults

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from rayk.actors.replica_board import SHM_DIR, candidate_paths
+from rayk.replication.replica_board import SHM_DIR, candidate_paths
 from tests.cluster_helpers import release_shared_local_ray
 from tests.jvm_programs import Jvm, build
 from tests.tls_helpers import TlsFiles, write_tls_files

@@ -19,7 +19,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from rayk.client.assignors import ASSIGNORS, range_assign, round_robin_assign
-from rayk.client.consumer_protocol import encode_assignment
+from rayk.consumer_protocol import encode_assignment
 
 FAST = settings(max_examples=200, deadline=None)
 BOTH = pytest.mark.parametrize("assign", [range_assign, round_robin_assign], ids=["range", "roundrobin"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rayk.actors.broker_health import broker_health
+from rayk.server.broker_health import broker_health
 from rayk.metadata.elections import NO_LEADER, PartitionState
 from rayk.metrics import BrokerHealth
 

@@ -17,7 +17,7 @@ import ray
 
 import rayk
 from rayk.client import TopicPartition
-from rayk.client.consumer_protocol import decode_assignment
+from rayk.consumer_protocol import decode_assignment
 from rayk.client.partitioner import partition_for_key
 from rayk.internal_topics import OFFSETS_TOPIC, coordinator_partition
 from rayk.client.admin import NewTopic
@@ -168,7 +168,7 @@ class HeldLeader(FakeReplicaEndpoint):
         self.calls = 0
 
     async def produce(self, batch, acks, timeout_ms):
-        from rayk.actors.partition_replica import ProduceResult
+        from rayk.replication.partition_replica import ProduceResult
 
         self.calls += 1
         await self._released.wait()
@@ -244,7 +244,7 @@ class CountingLeader(FakeReplicaEndpoint):
         self.records_per_call = []
 
     async def produce(self, batch, acks, timeout_ms):
-        from rayk.actors.partition_replica import ProduceResult
+        from rayk.replication.partition_replica import ProduceResult
         from rayk.storage.records import BatchHeader
 
         count = BatchHeader.parse(batch).record_count

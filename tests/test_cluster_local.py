@@ -95,7 +95,7 @@ def test_replica_processes_load_no_data_libraries(shared):
     produce(cluster.leader("lean", 0), [b"a"])
     handles = [cluster.replica("lean", p, b) for p in range(2) for b in range(3)]
     for handle, modules in zip(handles, ray.get([h.loaded_modules.remote() for h in handles])):
-        assert "rayk.actors.partition_replica" in modules, "the answer comes from a replica's own process"
+        assert "rayk.replication.partition_replica" in modules, "the answer comes from a replica's own process"
         libraries = {name.partition(".")[0] for name in modules}
         assert LIBRARIES_NO_REPLICA_LOADS.isdisjoint(libraries), (handle, LIBRARIES_NO_REPLICA_LOADS & libraries)
 

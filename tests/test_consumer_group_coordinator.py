@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from rayk.actors.consumer_protocol_group import ConsumerHeartbeat
-from rayk.actors.group_coordinator import GroupCoordinator
-from rayk.actors.group_records import consumer_group_key, group_key
-from rayk.client.consumer_protocol import decode_assignment, encode_assignment, encode_subscription
+from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
+from rayk.coordinator.group.group_coordinator import GroupCoordinator
+from rayk.coordinator.group.group_records import consumer_group_key, group_key
+from rayk.consumer_protocol import decode_assignment, encode_assignment, encode_subscription
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorNotAvailableError,
@@ -154,7 +154,7 @@ def test_commits_and_fetches_are_checked_by_member_epoch():
 
 def test_a_silent_member_times_out_and_its_removal_is_written(monkeypatch):
     clock_ms = [1_000]
-    monkeypatch.setattr("rayk.actors.consumer_group_hosting.monotonic_ms", lambda: clock_ms[0])
+    monkeypatch.setattr("rayk.coordinator.group.consumer_group_hosting.monotonic_ms", lambda: clock_ms[0])
 
     async def main() -> None:
         partition = Partition()

@@ -1,4 +1,4 @@
-"""Tests for rayk.client.consumer_protocol: the "consumer" subscription/assignment blobs.
+"""Tests for rayk.consumer_protocol: the "consumer" subscription/assignment blobs.
 
 kafka-python's ConsumerProtocolSubscription / ConsumerProtocolAssignment (generated from
 Kafka's own JSON schemas) are the reference: rayk's v0 encodings must equal theirs byte
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment as KafkaAssignment
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription as KafkaSubscription
 
-from rayk.client.consumer_protocol import (
+from rayk.consumer_protocol import (
     CONSUMER_PROTOCOL_TYPE,
     Assignment,
     Subscription,

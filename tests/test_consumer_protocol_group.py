@@ -1,4 +1,4 @@
-"""KIP-848's group state (rayk.actors.consumer_protocol_group): a state machine of clients
+"""KIP-848's group state (rayk.coordinator.group.consumer_protocol_group): a state machine of clients
 that join, leave, die, heartbeat, read or lose their answers, and rejoin when fenced,
 against one group. Whatever happens, no partition has two owners, a live client consumes
 only what the coordinator counts as its own, and once nothing changes every member holds
@@ -15,9 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayk.actors.consumer_protocol_group import ClassicMembership, ConsumerProtocolGroup, GroupState
-from rayk.actors.group_records import consumer_group_key, consumer_group_value, decode_record
-from rayk.actors.member_reconciliation import MemberState
+from rayk.coordinator.group.consumer_protocol_group import ClassicMembership, ConsumerProtocolGroup, GroupState
+from rayk.coordinator.group.group_records import consumer_group_key, consumer_group_value, decode_record
+from rayk.coordinator.group.member_reconciliation import MemberState
 from rayk.errors import (
     FencedMemberEpochError,
     InvalidRegularExpressionError,

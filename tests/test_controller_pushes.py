@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rayk.actors.controller import Controller
+from rayk.controller.controller import Controller
 
 
 def test_dirty_partitions_are_pushed_in_the_background_one_round_at_a_time():

@@ -152,7 +152,7 @@ def test_a_share_request_decodes_to_what_was_encoded_and_cut_short_or_lengthened
 
 
 def test_a_share_state_writes_record_states_are_the_share_partitions_and_no_other_decodes():
-    from rayk.actors.share_partition import RecordState
+    from rayk.replication.share.share_partition import RecordState
 
     assert frames.SHARE_RECORD_STATES == tuple(state.value for state in RecordState)
     encoded = bytearray(frames.encode_share_state_write(frames.ShareStateWrite("g", "t", 0, 1, 1, 0, ((0, 9, "archived", 5),))))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rayk.actors.partition_replica import FetchResult
+from rayk.replication.partition_replica import FetchResult
 from rayk.net import data_apis
 from rayk.net.api_versions import FETCH
 from rayk.net.codec import Request, RequestHead, request_class

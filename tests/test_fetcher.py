@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayk.actors.partition_replica import FetchResult
+from rayk.replication.partition_replica import FetchResult
 from rayk.client.arrow_batches import SCHEMA
 from rayk.client.fetcher import Fetcher
 from rayk.client.serializers import as_is

@@ -17,8 +17,8 @@ import time
 import msgpack
 import pytest
 
-from rayk.actors.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
-from rayk.actors.group_records import CommittedOffset, MalformedGroupRecordError, decode_record, offset_value
+from rayk.coordinator.group.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
+from rayk.coordinator.group.group_records import CommittedOffset, MalformedGroupRecordError, decode_record, offset_value
 from rayk.config import BrokerConfig
 from rayk.errors import (
     FencedInstanceIdError,
@@ -269,7 +269,7 @@ def test_records_the_coordinator_did_not_write_are_skipped_with_an_error_each_an
         partition.records += BAD_RECORDS.values()
         partition.records.append((offset_key("after", "t", 0), offset_value(CommittedOffset(4))))
 
-        with caplog.at_level(logging.ERROR, logger="rayk.actors.group_coordinator"):
+        with caplog.at_level(logging.ERROR, logger="rayk.coordinator.group.group_coordinator"):
             coordinator = partition.replayed("__consumer_offsets-7")
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == len(BAD_RECORDS), errors
@@ -308,7 +308,7 @@ def test_a_committed_leader_epoch_survives_a_replay_and_a_record_written_without
 
 
 def test_delete_offsets_tombstones_unsubscribed_partitions_and_refuses_subscribed_ones_as_kafka():
-    from rayk.client.consumer_protocol import encode_subscription
+    from rayk.consumer_protocol import encode_subscription
     from rayk.errors import GroupSubscribedToTopicError
 
     async def main() -> None:

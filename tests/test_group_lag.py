@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rayk.actors.group_lag import lags
+from rayk.coordinator.group.group_lag import lags
 
 
 def test_lag_is_the_high_watermark_minus_the_committed_offset_and_never_negative():

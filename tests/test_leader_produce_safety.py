@@ -24,7 +24,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayk.actors.partition_replica import NO_LEADER
+from rayk.replication.partition_replica import NO_LEADER
 from rayk.dataplane.frames import ProduceRequest
 from rayk.errors import (
     InvalidRecordError,

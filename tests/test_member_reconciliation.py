@@ -1,4 +1,4 @@
-"""KIP-848's member reconciliation (rayk.actors.member_reconciliation) in a model group:
+"""KIP-848's member reconciliation (rayk.coordinator.group.member_reconciliation) in a model group:
 members join and leave (each change a new group epoch and a new uniform target
 assignment) and heartbeat in any order, reporting what they own, and read each answer
 whenever they get to it. Whatever the order, no partition is ever owned by two members, a
@@ -11,8 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayk.actors.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
-from rayk.actors.server_assignors import uniform_assign
+from rayk.coordinator.group.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
+from rayk.coordinator.group.server_assignors import uniform_assign
 
 PARTITIONS = {"t": 6, "u": 3}
 NAMES = [f"m{i}" for i in range(5)]

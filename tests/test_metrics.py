@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rayk
 from rayk import metrics
-from rayk.actors.group_coordinator import OFFSETS_TOPIC
+from rayk.coordinator.group.group_coordinator import OFFSETS_TOPIC
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray
 

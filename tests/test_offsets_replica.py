@@ -13,9 +13,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from rayk.actors import coordinator_replica
-from rayk.actors.group_records import CommittedOffset, offset_key, offset_value
-from rayk.actors.offsets_replica import OffsetsPartitionReplica
+from rayk.coordinator import coordinator_replica
+from rayk.coordinator.group.group_records import CommittedOffset, offset_key, offset_value
+from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
 from rayk.errors import InvalidTopicError, NotCoordinatorError
 from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.storage import Log

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 
-from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frames import FetchResult

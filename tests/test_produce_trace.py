@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from rayk.actors.produce_trace import ProduceTrace, stage_latencies_ms
+from rayk.replication.produce_trace import ProduceTrace, stage_latencies_ms
 
 
 def test_each_stage_is_noted_once_for_every_batch_it_reaches():

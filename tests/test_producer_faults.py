@@ -52,7 +52,7 @@ class IdempotentLeader(FakeReplicaEndpoint):
         self.changed = asyncio.Event()
 
     async def produce(self, batch, acks, timeout_ms):
-        from rayk.actors.partition_replica import ProduceResult
+        from rayk.replication.partition_replica import ProduceResult
         from rayk.storage.producer_state import BatchMetadata, Verdict
         from rayk.errors import KafkaError, OutOfOrderSequenceError
         from rayk.storage.records import iter_batches
@@ -233,7 +233,7 @@ class KeyRequiringLeader(FakeReplicaEndpoint):
         self.delay_s, self.calls, self.end_offset = delay_s, 0, 0
 
     async def produce(self, batch, acks, timeout_ms):
-        from rayk.actors.partition_replica import ProduceResult
+        from rayk.replication.partition_replica import ProduceResult
         from rayk.errors import InvalidRecordError, RecordError
         from rayk.storage.records import iter_batches
 

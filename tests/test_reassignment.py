@@ -21,7 +21,7 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
 from rayk.metadata.elections import PartitionState
-from rayk.actors.replica_manager import PartitionAssignment
+from rayk.server.replica_manager import PartitionAssignment
 from rayk.client import PartitionReassignment, TopicPartition
 from rayk.errors import (
     InvalidReplicaAssignmentError,

@@ -1,4 +1,4 @@
-"""The replica board alone (rayk/actors/replica_board.py): what a replica publishes is what
+"""The replica board alone (rayk/replication/replica_board.py): what a replica publishes is what
 its broker reads, a slot given to another replica hides what the last one wrote late, and
 a broker's next incarnation does not see the last one's replicas."""
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayk.actors import replica_board
-from rayk.actors.replica_board import SLOTS_PER_PAGE, ReplicaBoard, SlotWriter
+from rayk.replication import replica_board
+from rayk.replication.replica_board import SLOTS_PER_PAGE, ReplicaBoard, SlotWriter
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
 
 offsets_strategy = st.builds(

@@ -12,7 +12,7 @@ from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
 from kafka.errors import PolicyViolationError as KafkaPolicyViolation
 
 import rayk
-from rayk.actors.replica_capacity import REPLICA_NODE_MEMORY_BYTES, check_replica_caps, derived_cap, replica_caps
+from rayk.server.replica_capacity import REPLICA_NODE_MEMORY_BYTES, check_replica_caps, derived_cap, replica_caps
 from rayk.errors import PolicyViolationError
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
 

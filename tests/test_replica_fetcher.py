@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rayk.actors.partition_replica import ReplicaConfig
-from rayk.actors.replica_fetcher import ReplicaFetcher
+from rayk.replication.partition_replica import ReplicaConfig
+from rayk.replication.replica_fetcher import ReplicaFetcher
 from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.errors import NotLeaderOrFollowerError
 from rayk.storage import Log

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from rayk.actors.replica_manager import ReplicaManager
+from rayk.server.replica_manager import ReplicaManager
 from rayk.errors import StaleBrokerEpochError
 
 

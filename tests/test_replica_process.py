@@ -7,17 +7,17 @@ import sys
 
 import pytest
 
-from rayk.actors.replica_process import is_replica_creation, keep_libraries_out
+from rayk.replication.replica_process import is_replica_creation, keep_libraries_out
 from tests.cluster_helpers import shared_local_ray
 
 
 @pytest.mark.parametrize(
     "name, creating",
     [
-        ("rayk.actors.partition_replica.PartitionReplica.__init__", True),
-        ("rayk.actors.offsets_replica.OffsetsPartitionReplica.__init__", True),
-        ("rayk.actors.partition_replica.PartitionReplica.fetch", False),  # a call, not the creation
-        ("rayk.actors.replica_manager.ReplicaManager.__init__", False),
+        ("rayk.replication.partition_replica.PartitionReplica.__init__", True),
+        ("rayk.coordinator.group.offsets_replica.OffsetsPartitionReplica.__init__", True),
+        ("rayk.replication.partition_replica.PartitionReplica.fetch", False),  # a call, not the creation
+        ("rayk.server.replica_manager.ReplicaManager.__init__", False),
         ("ray.data._internal.execution.operators.map_operator._map_task", False),
         ("mymodule.NotAPartitionReplica.__init__", False),
         ("", False),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayk.actors.replica_state import LeaderReplicaState
+from rayk.replication.replica_state import LeaderReplicaState
 
 LAG_MS = 10_000
 

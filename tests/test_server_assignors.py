@@ -1,4 +1,4 @@
-"""KIP-848's server-side assignors (rayk.actors.server_assignors): every partition of a
+"""KIP-848's server-side assignors (rayk.coordinator.group.server_assignors): every partition of a
 subscribed topic goes to exactly one of its subscribers; "uniform" balances and sticks,
 "range" cuts contiguous ranges."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayk.actors.server_assignors import range_assign, uniform_assign
+from rayk.coordinator.group.server_assignors import range_assign, uniform_assign
 
 TOPICS = ["a", "b", "c"]
 members = st.lists(st.sampled_from([f"m{i}" for i in range(6)]), min_size=1, max_size=6, unique=True)

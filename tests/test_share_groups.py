@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rayk.actors.consumer_protocol_group import ConsumerHeartbeat
-from rayk.actors.group_coordinator import GroupCoordinator
-from rayk.actors.group_records import (
+from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
+from rayk.coordinator.group.group_coordinator import GroupCoordinator
+from rayk.coordinator.group.group_records import (
     ShareGroupRecord,
     ShareMemberRecord,
     ShareStateRecord,
@@ -29,9 +29,9 @@ from rayk.actors.group_records import (
     share_state_key,
     share_state_value,
 )
-from rayk.actors import share_fetch
-from rayk.actors.share_fetch import SharePartitions, ShareSettings
-from rayk.actors.share_partition import AcknowledgeType
+from rayk.replication.share import share_fetch
+from rayk.replication.share.share_fetch import SharePartitions, ShareSettings
+from rayk.replication.share.share_partition import AcknowledgeType
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorNotAvailableError,

@@ -1,4 +1,4 @@
-"""A share-partition's delivery state (rayk.actors.share_partition, KIP-932): a state machine
+"""A share-partition's delivery state (rayk.replication.share.share_partition, KIP-932): a state machine
 of members that acquire, accept, release, reject, die (their locks expire) or leave, over
 a log that grows. Whatever happens, no record is held by two members at once, an accepted
 record is never handed out again, no record is delivered more than the delivery limit,
@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayk.actors.share_partition import AcknowledgeType, RecordState, SharePartition
+from rayk.replication.share.share_partition import AcknowledgeType, RecordState, SharePartition
 from rayk.errors import InvalidRecordStateError
 
 LIMIT = 3

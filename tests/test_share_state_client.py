@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import ray
 
-from rayk.actors.share_state_client import ShareStateClient
+from rayk.replication.share.share_state_client import ShareStateClient
 from rayk.dataplane.frames import ShareStateWrite
 from rayk.errors import (
     CoordinatorNotAvailableError,

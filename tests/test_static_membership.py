@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rayk.actors.consumer_group import ConsumerGroup, GroupState
+from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState
 from rayk.errors import FencedInstanceIdError, RebalanceInProgressError, UnknownMemberIdError
 
 PROTOCOLS = [("range", b"meta")]

@@ -1,4 +1,4 @@
-"""rayk/net/streams.py on asyncio's own loop and on uvloop: TLS opened on an accepted socket
+"""rayk/dataplane/streams.py on asyncio's own loop and on uvloop: TLS opened on an accepted socket
 the peer wrote to at once, refusal unread, closing, abstract Unix sockets."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import pytest
 import trustme
 
-from rayk.net import streams
+from rayk.dataplane import streams
 
 pytestmark = pytest.mark.usefixtures("each_event_loop")
 

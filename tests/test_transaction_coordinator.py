@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from rayk.actors import transaction_coordinator
-from rayk.actors.transaction_coordinator import TransactionConfig, TransactionCoordinator
-from rayk.actors.transaction_metadata import TV2, TxnState
-from rayk.actors.transaction_records import decode_record
+from rayk.coordinator.transaction import transaction_coordinator
+from rayk.coordinator.transaction.transaction_coordinator import TransactionConfig, TransactionCoordinator
+from rayk.coordinator.transaction.transaction_metadata import TV2, TxnState
+from rayk.coordinator.transaction.transaction_records import decode_record
 from rayk.errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,

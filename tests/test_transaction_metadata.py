@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rayk.actors import transaction_metadata as tm
-from rayk.actors.transaction_metadata import S, TV1, TV2, TransactionMetadata
+from rayk.coordinator.transaction import transaction_metadata as tm
+from rayk.coordinator.transaction.transaction_metadata import S, TV1, TV2, TransactionMetadata
 from rayk.errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,
@@ -234,7 +234,7 @@ TestRacingProducers = RacingProducers.TestCase
 
 # ---------------------------------------------------------------------- __transaction_state records
 
-from rayk.actors.transaction_records import (  # noqa: E402
+from rayk.coordinator.transaction.transaction_records import (  # noqa: E402
     MalformedTransactionRecordError,
     decode_record,
     record_key,

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from rayk.actors.offsets_replica import OffsetsPartitionReplica
-from rayk.actors.partition_replica import PartitionReplica
-from rayk.actors.transaction_metadata import TxnState
-from rayk.actors.transaction_state_replica import TransactionStatePartitionReplica
+from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
+from rayk.replication.partition_replica import PartitionReplica
+from rayk.coordinator.transaction.transaction_metadata import TxnState
+from rayk.coordinator.transaction.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.errors import (
     InvalidProducerEpochError,
     InvalidRecordError,

@@ -9,7 +9,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from rayk.actors.partition_replica import PartitionReplica
+from rayk.replication.partition_replica import PartitionReplica
 from rayk.storage.records import SimpleRecord, build_batch
 
 PID, EPOCH = 40, 0

@@ -1,4 +1,6 @@
-"""Ray actors: Controller, ReplicaManager (one per broker) and PartitionReplica.
+"""What every rayk actor shares: its Ray options, supervision (supervision.py), calls to its
+own methods (direct_calls.py) and the event its long polls wait on (wakeup.py). The actors
+themselves live where their concept does: replication/, coordinator/, server/, controller/.
 
 `INTERNAL_ACTOR_OPTIONS` are the Ray options of every actor a rayk cluster runs for
 itself (the Controller, the brokers, their listeners and partition replicas):

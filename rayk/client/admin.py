@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from rayk.actors.consumer_group import GroupState
+from rayk.coordinator.group.consumer_group import GroupState
 from rayk.internal_topics import OFFSETS_TOPIC, is_internal
 from rayk.client import calls
 from rayk.client.deprecation import deprecated

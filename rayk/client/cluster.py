@@ -30,7 +30,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
-from rayk.actors.controller import Controller
+from rayk.controller.controller import Controller
 from rayk.client import calls
 from rayk.client.deprecation import deprecated
 from rayk.client.descriptions import ClusterHealth, PartitionDescription, partition_descriptions

@@ -2,7 +2,7 @@
 (`group_protocol="consumer"`), with GroupMember's interface, so that the Consumer drives
 either one from its `poll`.
 
-The coordinator assigns (rayk.actors.consumer_protocol_group). A heartbeat thread sends
+The coordinator assigns (rayk.coordinator.group.consumer_protocol_group). A heartbeat thread sends
 ConsumerGroupHeartbeat to the group's coordinator replica (over Ray, as GroupMember's
 calls) every heartbeat interval the coordinator answers, and at once when there is news:
 a new subscription, or partitions this member has just released. Each heartbeat says what
@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rayk.actors.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerHeartbeat
+from rayk.coordinator.group.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerHeartbeat
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
 from rayk.errors import FencedMemberEpochError, KafkaError, KafkaTimeoutError, StaleMemberEpochError, UnknownMemberIdError

@@ -47,7 +47,7 @@ from typing import Any
 
 from rayk.client import calls
 from rayk.client.assignors import ASSIGNORS
-from rayk.client.consumer_protocol import decode_assignment, decode_subscription, encode_assignment, encode_subscription
+from rayk.consumer_protocol import decode_assignment, decode_subscription, encode_assignment, encode_subscription
 from rayk.client.coordinator_link import DEFAULT_TIMEOUT_MS, CoordinatorLink
 from rayk.errors import (
     CoordinatorLoadInProgressError,

@@ -44,8 +44,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from rayk.actors.share_group import JOIN_EPOCH, LEAVE_EPOCH
-from rayk.actors.share_partition import AcknowledgeType
+from rayk.coordinator.share.share_group import JOIN_EPOCH, LEAVE_EPOCH
+from rayk.replication.share.share_partition import AcknowledgeType
 from rayk.client import calls
 from rayk.client.coordinator_link import CoordinatorLink
 from rayk.client.data_plane import DataPlaneSession

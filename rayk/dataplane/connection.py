@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from rayk.dataplane import frames, handshake, tls
 from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress, keep_alive
 from rayk.errors import NetworkError
-from rayk.net import streams
+from rayk.dataplane import streams
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rayk.dataplane import frames, handshake, tls
-from rayk.net import streams
+from rayk.dataplane import streams
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
-from rayk.actors.txn_verification import CoordinatorHandles
+from rayk.replication.txn_verification import CoordinatorHandles
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import FetchRequest, FetchResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.endpoint import MAX_IN_FLIGHT_PER_CONNECTION

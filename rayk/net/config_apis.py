@@ -43,7 +43,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from rayk.acls import ALTER_CONFIGS, CLUSTER, DESCRIBE_CONFIGS, GROUP, TOPIC
-from rayk.actors.share_group import GROUP_CONFIGS, check_group_configs
+from rayk.coordinator.share.share_group import GROUP_CONFIGS, check_group_configs
 from rayk.config import LISTENER_PREFIX, BrokerConfig, topic_config_defaults, validate_topic_configs
 from rayk.errors import (
     ClusterAuthorizationFailedError,

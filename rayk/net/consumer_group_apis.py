@@ -1,5 +1,5 @@
 """ConsumerGroupHeartbeat and ConsumerGroupDescribe: KIP-848's consumer group protocol on the
-wire (the group itself is rayk.actors.consumer_protocol_group, hosted by the group
+wire (the group itself is rayk.coordinator.group.consumer_protocol_group, hosted by the group
 coordinator like the classic groups of group_apis.py).
 
 On the wire partitions are named by topic id; the coordinator keeps topic names. Each
@@ -36,7 +36,7 @@ import asyncio
 from typing import Any
 
 from rayk.acls import DESCRIBE, GROUP, READ, TOPIC
-from rayk.actors.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerHeartbeat
+from rayk.coordinator.group.consumer_protocol_group import JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerHeartbeat
 from rayk.errors import GroupAuthorizationFailedError, InvalidRequestError, TopicAuthorizationFailedError
 from rayk.net.admin_apis import NO_AUTHORIZED_OPERATIONS
 from rayk.net.broker_view import BrokerView, error_code_of, error_message_of

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from rayk.acls import DESCRIBE, GROUP, READ, TOPIC
-from rayk.actors.share_group import JOIN_EPOCH, LEAVE_EPOCH
-from rayk.actors.share_partition import AcknowledgeType
+from rayk.coordinator.share.share_group import JOIN_EPOCH, LEAVE_EPOCH
+from rayk.replication.share.share_partition import AcknowledgeType
 from rayk.dataplane.frames import ShareFetchRequest, ShareFetchResult
 from rayk.errors import (
     GroupAuthorizationFailedError,

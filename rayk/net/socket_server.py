@@ -76,7 +76,7 @@ from rayk.errors import (
     SaslAuthenticationFailedError,
     UnsupportedVersionError,
 )
-from rayk.net import streams
+from rayk.dataplane import streams
 from rayk.net.admin_apis import api_versions_body
 from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, client_throttles
 from rayk.net.broker_view import BrokerView

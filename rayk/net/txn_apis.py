@@ -20,7 +20,7 @@ transaction when a Produce v12+ writes its first transactional batch, a TxnOffse
 v5+ adds the group's offsets partition first, and EndTxn v5+ bumps the producer's epoch
 and answers the new one. A client of transaction version 1 (librdkafka) adds them itself,
 and each partition leader verifies its first transactional write with the coordinator
-(KIP-890 part 1, actors/txn_verification.py).
+(KIP-890 part 1, replication/txn_verification.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import time
 from typing import Any
 
 from rayk.acls import CLUSTER, CLUSTER_ACTION, DESCRIBE, GROUP, IDEMPOTENT_WRITE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
-from rayk.actors import txn_verification
-from rayk.actors.transaction_metadata import TransactionMetadata, TxnState
+from rayk.replication import txn_verification
+from rayk.coordinator.transaction.transaction_metadata import TransactionMetadata, TxnState
 from rayk.errors import (
     ClusterAuthorizationFailedError,
     CoordinatorNotAvailableError,

@@ -48,8 +48,8 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from rayk.actors.group_records import ShareStateRecord
-from rayk.actors.share_partition import (
+from rayk.replication.share.share_state import ShareStateRecord
+from rayk.replication.share.share_partition import (
     AcknowledgeType,
     AcquiredRange,
     RecordState,

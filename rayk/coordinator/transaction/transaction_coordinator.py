@@ -40,9 +40,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from rayk.actors import transaction_metadata as tm
-from rayk.actors.transaction_metadata import PREPARE_STATES, TV1, TransactionMetadata, TxnState
-from rayk.actors.transaction_records import MalformedTransactionRecordError, decode_record, record_key, record_value
+from rayk.coordinator.transaction import transaction_metadata as tm
+from rayk.coordinator.transaction.transaction_metadata import PREPARE_STATES, TV1, TransactionMetadata, TxnState
+from rayk.coordinator.transaction.transaction_records import MalformedTransactionRecordError, decode_record, record_key, record_value
 from rayk.errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,

@@ -59,19 +59,19 @@ from typing import Any
 
 import msgpack
 
-from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
-from rayk.actors.consumer_group_hosting import (
+from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
+from rayk.coordinator.group.consumer_group_hosting import (
     CONSUMER_PROTOCOL_TYPE,
     ConsumerGroupHosting,
     PartitionCounts,
     encode_partitions,
     monotonic_ms,
 )
-from rayk.actors.consumer_protocol_group import ConsumerProtocolGroup
-from rayk.actors.share_group import ShareGroup
-from rayk.actors.share_group_hosting import MembersGone, ShareGroupHosting, StatesReset
-from rayk.actors.coordinator_log import LogEntry, TxnMarker, TxnRecords
-from rayk.actors.group_records import (
+from rayk.coordinator.group.consumer_protocol_group import ConsumerProtocolGroup
+from rayk.coordinator.share.share_group import ShareGroup
+from rayk.coordinator.share.share_group_hosting import MembersGone, ShareGroupHosting, StatesReset
+from rayk.coordinator.coordinator_log import LogEntry, TxnMarker, TxnRecords
+from rayk.coordinator.group.group_records import (
     AnyGroupRecord,
     CommittedOffset,
     ConsumerGroupRecord,
@@ -122,7 +122,7 @@ def _subscribed_topics(group: ConsumerGroup) -> frozenset[str] | None:
     """The topics a consumer group's members subscribe to, by the metadata they joined the
     current protocol with; None (all topics, as Kafka's ClassicGroup answers) while no
     protocol is chosen or a member's subscription does not decode."""
-    from rayk.client.consumer_protocol import decode_subscription  # (rayk.client imports this module)
+    from rayk.consumer_protocol import decode_subscription  # (rayk.client imports this module)
 
     if group.protocol is None:
         return None

@@ -50,6 +50,8 @@ from typing import Any
 
 import msgpack
 
+from rayk.replication.share.share_state import ShareStateRecord
+
 OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND = "offset", "group", "consumer_group"
 SHARE_GROUP_KIND, SHARE_STATE_KIND = "share_group", "share_state"
 KINDS = (OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND, SHARE_GROUP_KIND, SHARE_STATE_KIND)
@@ -175,19 +177,6 @@ class ShareGroupRecord:
     members: tuple[ShareMemberRecord, ...] = ()
     configs: dict[str, str] = field(default_factory=dict)
     state_epoch: int = 0  # the epoch of its share-partitions' states (when the group came to be, in ms)
-
-
-@dataclass(frozen=True, slots=True)
-class ShareStateRecord:
-    """A share-partition's durable state, or its deletion (`leader_epoch` None)."""
-
-    group_id: str
-    topic: str
-    partition: int
-    leader_epoch: int | None
-    state_epoch: int = 0
-    start_offset: int = 0
-    batches: tuple[tuple[int, int, str, int], ...] = ()  # (first offset, last offset, state, delivery count)
 
 
 _SHARE_MEMBER_TYPES: dict[str, Any] = {

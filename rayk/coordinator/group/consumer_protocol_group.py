@@ -4,9 +4,9 @@ ConsumerGroupHeartbeat does to it, as pure state (no I/O, no clock of its own).
 The group epoch counts the group's changes: a member joins or leaves, changes its
 subscribed topics or its assignor, or a subscribed topic gains partitions. Whenever the
 group epoch is ahead of the target assignment's epoch, the next heartbeat has the
-server-side assignor (rayk.actors.server_assignors, `uniform` unless the members name
+server-side assignor (rayk.coordinator.group.server_assignors, `uniform` unless the members name
 another) compute the target for the group epoch. Every heartbeat then reconciles its
-member towards its part of the target (rayk.actors.member_reconciliation): partitions
+member towards its part of the target (rayk.coordinator.group.member_reconciliation): partitions
 move one member at a time, only once released, with no group-wide barrier.
 
 A heartbeat's `member_epoch` says who is asking, as in Kafka:
@@ -44,7 +44,7 @@ The group coordinator (group_coordinator.py) hosts these groups: it applies a he
 a `copy()`, writes the copy's `snapshot()` when it differs, and only then keeps it, so a
 failed write changes nothing; a new coordinator rebuilds each group with `restore`.
 
-Not thread-safe (the classic protocol's groups are rayk.actors.consumer_group).
+Not thread-safe (the classic protocol's groups are rayk.coordinator.group.consumer_group).
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ from typing import Any
 
 import re2
 
-from rayk.actors.group_records import ConsumerGroupRecord, ConsumerMemberRecord
-from rayk.actors.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
-from rayk.actors.server_assignors import ASSIGNORS, TopicPartition
+from rayk.coordinator.group.group_records import ConsumerGroupRecord, ConsumerMemberRecord
+from rayk.coordinator.group.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
+from rayk.coordinator.group.server_assignors import ASSIGNORS, TopicPartition
 from rayk.errors import (
     FencedMemberEpochError,
     IllegalGenerationError,

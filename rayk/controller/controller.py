@@ -68,11 +68,11 @@ from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata, LogEnd, P
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition, is_internal
 from rayk.metadata.log import MetadataLog
 from rayk.metadata.records import ClusterIdRecord, PartitionRecord
-from rayk.actors.replica_capacity import check_replica_caps, replica_caps
+from rayk.server.replica_capacity import check_replica_caps, replica_caps
 from rayk.acls import AclBinding, AclFilter
 from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import ScramCredential
-from rayk.actors.replica_manager import PartitionAssignment
+from rayk.server.replica_manager import PartitionAssignment
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs

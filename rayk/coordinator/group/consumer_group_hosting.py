@@ -1,5 +1,5 @@
 """ConsumerGroupHosting: the group coordinator's side of KIP-848's consumer-protocol groups
-(rayk.actors.consumer_protocol_group), a part of GroupCoordinator kept in a module of its own.
+(rayk.coordinator.group.consumer_protocol_group), a part of GroupCoordinator kept in a module of its own.
 
 These groups share the group id namespace with the classic ones, as in Kafka 4:
 - an empty group converts either way: a heartbeat makes an empty classic group a consumer
@@ -38,8 +38,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from rayk.actors.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
-from rayk.actors.consumer_protocol_group import (
+from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
+from rayk.coordinator.group.consumer_protocol_group import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
     ClassicMembership,
@@ -47,9 +47,9 @@ from rayk.actors.consumer_protocol_group import (
     ConsumerProtocolGroup,
     HeartbeatAnswer,
 )
-from rayk.actors.consumer_protocol_group import Member as ConsumerMember
-from rayk.actors.group_records import CommittedOffset, ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
-from rayk.actors.member_reconciliation import MemberAssignment
+from rayk.coordinator.group.consumer_protocol_group import Member as ConsumerMember
+from rayk.coordinator.group.group_records import CommittedOffset, ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
+from rayk.coordinator.group.member_reconciliation import MemberAssignment
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorLoadInProgressError,
@@ -79,7 +79,7 @@ PartitionCounts = Callable[[], Awaitable[dict[str, int]]]  # every topic's parti
 
 def encode_partitions(partitions: Iterable[TopicPartition]) -> bytes:
     """Partitions as the classic consumer protocol's assignment (a classic member's SyncGroup answer)."""
-    from rayk.client.consumer_protocol import encode_assignment  # (rayk.client imports this module)
+    from rayk.consumer_protocol import encode_assignment  # (rayk.client imports this module)
 
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(partitions):
@@ -163,7 +163,7 @@ class ConsumerGroupHosting:
         """A JoinGroup to a consumer-protocol group: with members, the joining consumer
         becomes a classic member of it (a mixed group, Kafka's online migration), answered
         at once; an empty one is tombstoned and gives its id to a classic group (None)."""
-        from rayk.client.consumer_protocol import decode_subscription  # (rayk.client imports this module)
+        from rayk.consumer_protocol import decode_subscription  # (rayk.client imports this module)
 
         async with self._lock(group_id):
             group = self._consumer_groups.get(group_id)
@@ -265,7 +265,7 @@ class ConsumerGroupHosting:
     def _upgraded(self, classic: ConsumerGroup) -> ConsumerProtocolGroup:
         """A classic group with members, as a consumer-protocol group of classic members
         (Kafka's online upgrade): only a Stable group of the consumer protocol type."""
-        from rayk.client.consumer_protocol import decode_assignment, decode_subscription  # (rayk.client imports this module)
+        from rayk.consumer_protocol import decode_assignment, decode_subscription  # (rayk.client imports this module)
 
         if classic.protocol_type != CONSUMER_PROTOCOL_TYPE or classic.protocol is None:
             raise GroupIdNotFoundError(f"group {classic.group_id!r} is a classic group of protocol type "
@@ -355,7 +355,7 @@ class ConsumerGroupHosting:
         }  # fmt: skip
 
     def _describe_as_classic(self, group: ConsumerProtocolGroup) -> dict[str, Any]:
-        from rayk.client.consumer_protocol import encode_subscription  # (rayk.client imports this module)
+        from rayk.consumer_protocol import encode_subscription  # (rayk.client imports this module)
 
         known = tuple(group.subscribed_topics())
         return {

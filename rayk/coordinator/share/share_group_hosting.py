@@ -1,5 +1,5 @@
 """ShareGroupHosting: the group coordinator's side of KIP-932's share groups
-(rayk.actors.share_group) and of their share-partitions' durable state, a part of
+(rayk.coordinator.share.share_group) and of their share-partitions' durable state, a part of
 GroupCoordinator kept in a module of its own.
 
 Membership: a ShareGroupHeartbeat is applied to a copy of its group under the group's
@@ -44,8 +44,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from rayk.actors.consumer_group_hosting import check_max_size
-from rayk.actors.group_records import (
+from rayk.coordinator.group.consumer_group_hosting import check_max_size
+from rayk.coordinator.group.group_records import (
     ShareGroupRecord,
     ShareStateRecord,
     share_group_key,
@@ -53,7 +53,7 @@ from rayk.actors.group_records import (
     share_state_key,
     share_state_value,
 )
-from rayk.actors.share_group import ShareGroup, ShareHeartbeatAnswer, check_group_configs
+from rayk.coordinator.share.share_group import ShareGroup, ShareHeartbeatAnswer, check_group_configs
 from rayk.config import BrokerConfig
 from rayk.errors import (
     FencedLeaderEpochError,

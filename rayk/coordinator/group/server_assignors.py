@@ -2,7 +2,7 @@
 and "range", as pure functions.
 
 The group coordinator runs one whenever the group epoch moves, to get the group's target
-assignment (rayk.actors.member_reconciliation moves each member towards its part). Both take
+assignment (rayk.coordinator.group.member_reconciliation moves each member towards its part). Both take
 
     subscriptions:  member id -> the topics it subscribed to
     partitions:     topic -> its partition count (partitions 0..n-1)

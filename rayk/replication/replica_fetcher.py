@@ -43,7 +43,7 @@ from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFF
 from rayk.storage.records import BatchHeader
 
 if TYPE_CHECKING:
-    from rayk.actors.leader_link import LeaderLink
+    from rayk.replication.leader_link import LeaderLink
 
 logger = logging.getLogger(__name__)
 

@@ -69,15 +69,15 @@ from typing import Any
 
 import ray
 
-from rayk.actors import replica_process, txn_verification
+from rayk.replication import replica_process, txn_verification
 from rayk.actors.direct_calls import call_methods_directly
-from rayk.actors.leader_link import LeaderLink
-from rayk.actors.produce_trace import ProduceTrace
-from rayk.actors.replica_board import BoardSlot, SlotWriter
-from rayk.actors.replica_fetcher import ReplicaFetcher
-from rayk.actors.replica_state import LeaderReplicaState
-from rayk.actors.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
-from rayk.actors.share_state_client import ShareStateClient
+from rayk.replication.leader_link import LeaderLink
+from rayk.replication.produce_trace import ProduceTrace
+from rayk.replication.replica_board import BoardSlot, SlotWriter
+from rayk.replication.replica_fetcher import ReplicaFetcher
+from rayk.replication.replica_state import LeaderReplicaState
+from rayk.replication.share.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions, ShareSettings
+from rayk.replication.share.share_state_client import ShareStateClient
 from rayk.actors.supervision import Supervised
 from rayk.actors.wakeup import Wakeup
 from rayk.dataplane import frames

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from rayk.actors.transaction_metadata import (
+from rayk.coordinator.transaction.transaction_metadata import (
     IDLE_STATES,
     MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,

@@ -80,14 +80,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk import metrics
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
-from rayk.actors.broker_health import broker_health
+from rayk.server.broker_health import broker_health
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
-from rayk.actors.group_lag import group_lags
-from rayk.actors.offsets_replica import OffsetsPartitionReplica
-from rayk.actors.partition_replica import PartitionReplica, ReplicaConfig
-from rayk.actors.replica_board import BoardSlot, ReplicaBoard
-from rayk.actors.share_fetch import ShareSettings
-from rayk.actors.transaction_state_replica import TransactionStatePartitionReplica
+from rayk.coordinator.group.group_lag import group_lags
+from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
+from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
+from rayk.replication.replica_board import BoardSlot, ReplicaBoard
+from rayk.replication.share.share_fetch import ShareSettings
+from rayk.coordinator.transaction.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore

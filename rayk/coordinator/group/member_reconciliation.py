@@ -4,7 +4,7 @@ CurrentAssignmentBuilder), as a pure function.
 In the consumer protocol the group coordinator, not a leader member, owns the assignment.
 Every change of the group (a member joins, leaves, changes its subscription; a topic
 gains partitions) bumps the group epoch, and the server-side assignor
-(rayk.actors.server_assignors) computes a target assignment for that epoch. Each member
+(rayk.coordinator.group.server_assignors) computes a target assignment for that epoch. Each member
 then moves from what it owns towards its target, one heartbeat at a time, without a
 stop-the-world barrier: a partition is handed to its new owner only once the old one has
 said (in a heartbeat's owned partitions) that it let it go. So no partition ever has two

@@ -14,14 +14,14 @@ import logging
 
 from ray.exceptions import RayError
 
-from rayk.actors.consumer_group import JoinResult
-from rayk.actors.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
-from rayk.actors.coordinator_log import LogEntry
-from rayk.actors.coordinator_replica import CoordinatorReplica
-from rayk.actors.group_coordinator import CommittedOffset, GroupCoordinator
-from rayk.actors.group_records import ShareStateRecord
-from rayk.actors.partition_replica import ProduceResult
-from rayk.actors.share_group import ShareHeartbeatAnswer
+from rayk.coordinator.group.consumer_group import JoinResult
+from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
+from rayk.coordinator.coordinator_log import LogEntry
+from rayk.coordinator.coordinator_replica import CoordinatorReplica
+from rayk.coordinator.group.group_coordinator import CommittedOffset, GroupCoordinator
+from rayk.coordinator.group.group_records import ShareStateRecord
+from rayk.replication.partition_replica import ProduceResult
+from rayk.coordinator.share.share_group import ShareHeartbeatAnswer
 from rayk.dataplane import frames
 from rayk.errors import CoordinatorNotAvailableError, KafkaError
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import ray
 
-from rayk.actors.group_records import ShareStateRecord
+from rayk.replication.share.share_state import ShareStateRecord
 from rayk.dataplane.frames import ShareStateWrite
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (

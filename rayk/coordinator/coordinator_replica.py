@@ -28,8 +28,8 @@ import time
 import weakref
 from typing import Any
 
-from rayk.actors.coordinator_log import LogEntry, read_coordinator_log
-from rayk.actors.partition_replica import PartitionReplica, ProduceResult
+from rayk.coordinator.coordinator_log import LogEntry, read_coordinator_log
+from rayk.replication.partition_replica import PartitionReplica, ProduceResult
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import ProduceRequest
 from rayk.errors import InvalidTopicError, NotCoordinatorError

@@ -26,10 +26,10 @@ from typing import Any
 
 from ray.exceptions import RayError
 
-from rayk.actors.coordinator_log import LogEntry
-from rayk.actors.coordinator_replica import CoordinatorReplica
-from rayk.actors.transaction_coordinator import TransactionConfig, TransactionCoordinator
-from rayk.actors.transaction_metadata import TV1, TransactionMetadata
+from rayk.coordinator.coordinator_log import LogEntry
+from rayk.coordinator.coordinator_replica import CoordinatorReplica
+from rayk.coordinator.transaction.transaction_coordinator import TransactionConfig, TransactionCoordinator
+from rayk.coordinator.transaction.transaction_metadata import TV1, TransactionMetadata
 from rayk.errors import CoordinatorNotAvailableError, KafkaError, NotLeaderOrFollowerError
 
 logger = logging.getLogger(__name__)
