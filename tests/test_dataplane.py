@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import socket
 import struct
+import time
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,7 @@ from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
+from rayk.net import streams
 
 # Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.
 pytestmark = pytest.mark.usefixtures("each_event_loop")
@@ -251,20 +253,130 @@ def test_a_failing_request_closes_its_connection_and_frees_the_endpoint_of_it():
     asyncio.run(go())
 
 
+async def strangers(address: EndpointAddress, count: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """`count` TCP sockets to the endpoint, from 127.0.0.1 as every peer here, that never say a word."""
+    return [await asyncio.open_connection(address.host, address.port) for _ in range(count)]
+
+
+async def closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bool:
+    """Whether the endpoint closes the connection within `timeout_s` (what it sent before is skipped)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while await reader.read(1 << 16):
+                pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def close_all(sockets) -> None:
+    for _, writer in sockets:
+        writer.close()
+
+
 @pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
-def test_an_endpoint_closes_connections_past_its_limit_at_once(monkeypatch, keystores, over_tls):
-    """Over TLS too: a connection holds its place from the moment it is accepted, so strangers
-    that never finish a TLS handshake cannot open more than the cap."""
+def test_only_authenticated_connections_count_against_the_cap_and_one_past_it_is_refused(monkeypatch, keystores, over_tls):
     monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
 
     async def go():
         endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if over_tls else opened(Echo()))
-        held = [await asyncio.open_connection(address.host, address.port) for _ in range(2)]
-        reader, writer = await asyncio.open_connection(address.host, address.port)
-        assert await asyncio.wait_for(reader.read(), 5) == b"", "closed without a greeting"
+        idle = await strangers(address, 5)  # more than the cap: they hold none of its places
+        first, second = [await Connection.open(address, "node-b") for _ in range(2)]
+        for connection in (first, second):
+            assert bytes(await connection.request(frames.FETCH, b"in")) == b"in"
+        assert endpoint.authenticated_count == 2
+        with pytest.raises(NetworkError):  # past the cap: closed before the handshake ends
+            await Connection.open(address, "node-b")
+        first.close()
+        async with asyncio.timeout(5):
+            while endpoint.authenticated_count != 1:  # the endpoint reads the close
+                await asyncio.sleep(0.01)
+        third = await Connection.open(address, "node-b")
+        assert bytes(await third.request(frames.FETCH, b"in")) == b"in"
+        second.close(), third.close(), close_all(idle)
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+def test_a_flood_of_idle_sockets_from_the_peers_own_address_does_not_keep_the_peer_out(keystores, over_tls):
+    """The attack on the data plane's old cap (256 places, strangers included, held for 5 s):
+    300 idle sockets, and more all along, from 127.0.0.1, which the peer connects from too."""
+
+    async def go():
+        endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if over_tls else opened(Echo()))
+        flood = await strangers(address, 300)
+
+        async def keep_flooding() -> None:
+            while True:
+                flood.extend(await strangers(address, 1))
+                await asyncio.sleep(0.02)
+
+        flooding = asyncio.create_task(keep_flooding())
+        try:
+            connection = await Connection.open(address, "node-b")
+            bodies = [b"request %d" % i for i in range(20)]
+            answers = await asyncio.gather(*(connection.request(frames.FETCH, body) for body in bodies))
+            assert [bytes(a) for a in answers] == bodies
+            assert endpoint.authenticated_count == 1
+            assert endpoint.unauthenticated_count <= endpoint_module.MAX_UNAUTHENTICATED_PER_ADDRESS
+        finally:
+            flooding.cancel()
+        assert sum([await closed_within(reader, 0.5) for reader, _ in flood[:290]]) == 290, "the oldest were let go"
+        connection.close(), close_all(flood)
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("way", ["unix socket", "tcp", "tls", "tls, then silent"])
+def test_a_silent_stranger_is_closed_within_about_a_second_or_its_tls_handshakes_few(keystores, way):
+    async def go():
+        endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if way.startswith("tls") else opened(Echo()))
+        within_s = 2.0  # about a second, and room for a loaded machine
+        if way == "unix socket":
+            reader, writer = await streams.open_unix_connection(address.unix_path, limit_bytes=1 << 16)
+        elif way == "tls, then silent":  # through TLS, then no proof of the secret
+            reader, writer = await asyncio.open_connection(
+                address.host, address.port, ssl=tls.client_context(address.tls_certificate), server_hostname="")
+        else:
+            reader, writer = await asyncio.open_connection(address.host, address.port)
+            if way == "tls":  # not even a ClientHello: the TLS handshake's own deadline
+                within_s = 4.0
+        started = time.monotonic()
+        assert await closed_within(reader, within_s)
+        deadline_s = endpoint_module.TLS_HANDSHAKE_TIMEOUT_S if way == "tls" else endpoint_module.HANDSHAKE_TIMEOUT_S
+        assert time.monotonic() - started >= deadline_s - 0.1, "not closed before its deadline"
+        async with asyncio.timeout(1):
+            while endpoint.connection_count or endpoint.unauthenticated_count:  # its place is free
+                await asyncio.sleep(0.01)
         writer.close()
-        for _, w in held:
-            w.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_the_oldest_strangers_of_an_address_past_its_bound_are_let_go_and_a_peer_from_it_gets_in(monkeypatch):
+    monkeypatch.setattr(endpoint_module, "HANDSHAKE_TIMEOUT_S", 60.0, raising=False)  # nobody is closed for being slow
+    bound = 4
+    monkeypatch.setattr(endpoint_module, "MAX_UNAUTHENTICATED_PER_ADDRESS", bound, raising=False)
+
+    async def go():
+        endpoint, address = await opened(Echo())
+        flood = await strangers(address, bound + 3)
+        oldest, newest = flood[:3], flood[3:]
+        assert all([await closed_within(reader, 1) for reader, _ in oldest]), "let go at once"
+        assert not any([await closed_within(reader, 0.05) for reader, _ in newest])
+        assert endpoint.unauthenticated_count == bound
+        connection = await Connection.open(address, "node-b")  # from 127.0.0.1 as the flood: it takes a place
+        assert bytes(await connection.request(frames.FETCH, b"served")) == b"served"
+        assert await closed_within(newest[0][0], 1), "the oldest stranger left made room for the peer"
+        assert not any([await closed_within(reader, 0.05) for reader, _ in newest[1:]])
+        assert (endpoint.authenticated_count, endpoint.unauthenticated_count) == (1, bound - 1)
+        connection.close(), close_all(flood)
         await endpoint.close()
 
     asyncio.run(go())
