@@ -162,11 +162,26 @@ def test_an_error_answer_decodes_to_what_was_encoded(error):
     assert type(decoded) is type(error) and str(decoded) == str(error)
 
 
+@given(st.integers(0, 2**31 - 1), st.sampled_from(ERRORS + [errors.InvalidRequestError]), st.text(max_size=30))
+def test_a_failed_answer_carries_its_correlation_id_and_error(correlation_id, error_class, message):
+    frame = frames.failed_answer_frame(correlation_id, error_class(message))
+    assert frames.SIZE.unpack_from(frame)[0] == len(frame) - frames.SIZE.size
+    assert frames.ANSWER_HEADER.unpack_from(frame, frames.SIZE.size) == (correlation_id, frames.FAILED)
+    error = frames.decode_failed_answer(frame[frames.SIZE.size + frames.ANSWER_HEADER.size:])
+    assert type(error) is error_class and str(error) == str(error_class(message))
+
+
+def test_a_failed_answer_that_names_no_error_does_not_parse():
+    with pytest.raises(frames.FrameError):
+        frames.decode_failed_answer(frames.encode_error_answer(None))
+
+
 @given(st.binary(max_size=80))
 def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
     for decode in (frames.decode_fetch_request, frames.decode_fetch_answer, frames.parse_request,
                    frames.decode_produce_request, frames.decode_produce_answer, frames.decode_share_fetch_request,
-                   frames.decode_share_fetch_answer, frames.decode_share_state_write, frames.decode_error_answer):
+                   frames.decode_share_fetch_answer, frames.decode_share_state_write, frames.decode_error_answer,
+                   frames.decode_failed_answer):
         try:
             decode(data)
         except frames.FrameError:
@@ -232,22 +247,82 @@ def test_a_slow_request_holds_up_no_answer_behind_it():
     asyncio.run(go())
 
 
-def test_a_failing_request_closes_its_connection_and_frees_the_endpoint_of_it():
+RAISED_AND_ANSWERED = {  # what a handler raises -> what the peer's request raises
+    "unexpected": (ValueError("a record batch the decoder cannot read"), errors.UnknownServerError),
+    "kafka error": (errors.NotLeaderOrFollowerError("not the leader"), errors.NotLeaderOrFollowerError),
+    "body does not parse": (frames.FrameError("a PRODUCE request of 3 bytes has no count"), errors.InvalidRequestError),
+}
+
+
+@pytest.mark.parametrize("node_id", [NODE, "node-b"], ids=["unix socket", "tcp"])
+@pytest.mark.parametrize("raised", RAISED_AND_ANSWERED)
+def test_a_request_whose_handler_raises_fails_alone_and_its_connection_serves_on(caplog, node_id, raised):
+    exception, answered = RAISED_AND_ANSWERED[raised]
+    release = asyncio.Event()
+
+    async def handler(kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        if bytes(body) == b"long poll":
+            await release.wait()
+            return b"", b"records"
+        if bytes(body) == b"raise":
+            raise exception
+        return b"", bytes(body)
+
     async def go():
-        # Two slots: a slow request (1 s) and one that fails take them; three more wait unread.
-        endpoint, address = await opened(Echo(delay_s=0.1), max_in_flight=2)
+        endpoint, address = await opened(handler)
+        connection = await Connection.open(address, node_id)
+        held = asyncio.ensure_future(connection.request(frames.FETCH, b"long poll"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(answered) as failed:
+            await asyncio.wait_for(connection.request(frames.PRODUCE, b"raise"), 5)
+        assert type(failed.value) is answered
+        if raised == "unexpected":
+            assert "ValueError: a record batch the decoder cannot read" in str(failed.value)
+        assert not held.done() and not connection.closed, "the other request and the connection go on"
+        release.set()
+        assert bytes(await asyncio.wait_for(held, 5)) == b"records"
+        assert bytes(await connection.request(frames.FETCH, b"after")) == b"after"
+        assert endpoint.authenticated_count == 1
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+    logged = [r for r in caplog.records if "failed" in r.getMessage() or "does not parse" in r.getMessage()]
+    assert len(logged) == 1, "logged once"
+    assert (logged[0].exc_info is not None) == (raised == "unexpected"), "with its traceback if unexpected"
+
+
+@pytest.mark.parametrize("damage", ["unknown outcome", "failed answer cut short"])
+def test_an_answer_that_does_not_parse_breaks_the_connection(damage):
+    if damage == "unknown outcome":  # neither ANSWERED nor FAILED
+        answer = frames.ANSWER_HEADER.pack(0, 7)
+    else:  # an error of 5 bytes, 2 of them there
+        answer = frames.ANSWER_HEADER.pack(0, frames.FAILED) + b"\x00\x05ab"
+
+    async def go():
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        connection = Connection(reader, writer, "test", max_in_flight=4)
+        request = asyncio.ensure_future(connection.request(frames.FETCH, b"x"))
+        await asyncio.sleep(0.05)
+        theirs.sendall(frames.SIZE.pack(len(answer)) + answer)
+        with pytest.raises(NetworkError, match="outcome 7|does not parse"):
+            await asyncio.wait_for(request, 5)
+        assert connection.closed
+        theirs.close()
+
+    asyncio.run(go())
+
+
+def test_a_handler_that_raises_frees_its_requests_slot():
+    async def go():
+        endpoint, address = await opened(Echo(), max_in_flight=1)
         connection = await Connection.open(address, NODE)
-        requests = [asyncio.ensure_future(connection.request(frames.FETCH, body))
-                    for body in (b"slow", b"fail", b"x", b"y", b"z")]
-        for request in requests:
-            with pytest.raises(NetworkError):
-                await asyncio.wait_for(request, 5)
-        await asyncio.sleep(0.1)
-        assert endpoint.connection_count == 0, "the endpoint let go of the broken connection, slow request and all"
-        assert not requests[0].cancelled()
-        again = await Connection.open(address, NODE)
-        assert bytes(await again.request(frames.FETCH, b"on")) == b"on"
-        again.close()
+        for _ in range(3):  # one slot: each failure gives it back, or the next request would hang
+            with pytest.raises(errors.UnknownServerError, match="the disk is gone"):
+                await asyncio.wait_for(connection.request(frames.FETCH, b"fail"), 5)
+        assert bytes(await asyncio.wait_for(connection.request(frames.FETCH, b"ok"), 5)) == b"ok"
+        connection.close()
         await endpoint.close()
 
     asyncio.run(go())

@@ -19,17 +19,25 @@ within a round trip.
 
 Per connection, once proven: a reader reads request frames and starts a task for each,
 which writes its answer, with the request's correlation id, the moment it is ready: a
-fetch long-polled at the replica holds up no produce behind it. The requests of one connection start in the order they arrived. At
-most `max_in_flight` of a connection are started and not yet answered; past that the
-reader stops reading and the socket's buffers push back on the peer; an answer's slot is
-free only once the peer has taken it (`drain`), so a slow follower or consumer never
-makes the endpoint buffer without bound. A frame that does not parse, or declares more
-than MAX_FRAME_BYTES, closes the connection, as does a handler that raises (the peer
-sees its requests fail, and retries as after any lost connection). A connection with no
-request in flight that sends nothing for `idle_timeout_s` (Kafka's connections.max.idle.ms,
-10 minutes) is closed, so peers that stopped using an endpoint do not keep its places;
-peers close theirs first (connection.py), so a request never meets that close. Idle, an
-endpoint costs no thread, and each idle connection one timer.
+fetch long-polled at the replica holds up no produce behind it. The requests of one
+connection start in the order they arrived. At most `max_in_flight` of a connection are
+started and not yet answered; past that the reader stops reading and the socket's
+buffers push back on the peer; an answer's slot is free only once the peer has taken it
+(`drain`), so a slow follower or consumer never makes the endpoint buffer without bound.
+
+What a request carries fails that request, never its connection, which may carry many
+clients' requests (Kafka's rule): a handler that raises answers that request FAILED
+(frames.py) with the error, INVALID_REQUEST if its body does not parse, a KafkaError as
+itself, anything else UNKNOWN_SERVER_ERROR (logged with its traceback), and the other
+requests of the connection go on. Only a frame that does not parse at the framing level
+closes the connection: one whose size prefix declares more than MAX_FRAME_BYTES, or whose
+header is short or of an unknown kind. The stream cannot be trusted to be in step then
+(or the peer speaks another protocol), and the connection that closes is that peer's own.
+
+A connection with no request in flight that sends nothing for `idle_timeout_s` (Kafka's
+connections.max.idle.ms, 10 minutes) is closed, so peers that stopped using an endpoint
+do not keep its places; peers close theirs first (connection.py), so a request never
+meets that close. Idle, an endpoint costs no thread, and each idle connection one timer.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rayk.dataplane import admission, frames, handshake, tls
+from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
 from rayk.net import streams
 
 logger = logging.getLogger(__name__)
@@ -334,7 +343,7 @@ class Endpoint:
                 task.add_done_callback(started.discard)
                 task.add_done_callback(answered)
         except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
-            pass  # the peer went away (or broke TLS), or an answer failed and closed the connection
+            pass  # the peer went away (or broke TLS), or an answer could not be written to it
         except frames.FrameError as e:
             logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
         finally:
@@ -347,24 +356,33 @@ class Endpoint:
         reading: asyncio.Task,
     ) -> None:
         """Serves one request and writes its answer as soon as it is ready (answers go by
-        correlation id, so a long-polled fetch holds up no other request). A request that
-        fails closes the connection: the peer sees every request on it fail, and retries."""
+        correlation id, so a long-polled fetch holds up no other request). A handler that
+        raises fails this request alone: it is answered FAILED with the error (frames.py),
+        and the connection, which may carry many clients' requests, serves on."""
         try:
             head, tail = await self._handler(kind, body)
-        except Exception as e:
-            if isinstance(e, frames.FrameError):
-                logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
-            else:
-                logger.exception("%s: a data plane request from %s failed; closing its connection", self.name, peer)
-            writer.close()
-            reading.cancel()  # wherever the reader waits, its connection is done
-            return
-        if len(tail) < SMALL_ANSWER_BYTES:
-            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
+        except Exception as e:  # not a cancellation (a BaseException): the connection is closing then
+            writer.write(frames.failed_answer_frame(correlation_id, self._error_of(e, kind, peer)))
         else:
-            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
-            writer.write(tail)  # its own write: the records are not copied into one buffer
+            if len(tail) < SMALL_ANSWER_BYTES:
+                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
+            else:
+                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
+                writer.write(tail)  # its own write: the records are not copied into one buffer
         try:
             await writer.drain()  # the peer takes the answer before this request's slot is free
         except OSError:
             reading.cancel()
+
+    def _error_of(self, e: Exception, kind: int, peer: object) -> KafkaError:
+        """What a request whose handler raised `e` is answered, logged once: its body does
+        not parse (INVALID_REQUEST; the frame around it did, so the stream is in step), a
+        KafkaError as itself, anything else UNKNOWN_SERVER_ERROR, with its traceback."""
+        if isinstance(e, frames.FrameError):
+            logger.warning("%s: a data plane request (kind %d) from %s does not parse: %s", self.name, kind, peer, e)
+            return InvalidRequestError(f"the request does not parse: {e}")
+        if isinstance(e, KafkaError):
+            logger.warning("%s: a data plane request (kind %d) from %s failed: %s", self.name, kind, peer, e)
+            return e
+        logger.exception("%s: a data plane request (kind %d) from %s failed", self.name, kind, peer)
+        return UnknownServerError(f"{type(e).__name__}: {e}")

@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import secrets
 
-MAGIC = b"rayk-dataplane-1"
+MAGIC = b"rayk-dataplane-2"  # 2: answers carry their outcome (frames.py)
 NONCE_BYTES = 32
 PROOF_BYTES = hashlib.sha256().digest_size
 SECRET_BYTES = 32
