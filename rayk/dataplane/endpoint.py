@@ -146,7 +146,7 @@ class Endpoint:
         self._connections: set[asyncio.StreamWriter | streams.AcceptedSocket] = set()
         self._address: EndpointAddress | None = None
         self._opening = asyncio.Lock()
-        self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
+        self._refused, self._refusal_logged_at = 0, -float(REFUSAL_LOG_INTERVAL_S)
         self._admission = admission.Admission(MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_ADDRESS)
         self._tls: ssl.SSLContext | None = None  # TCP's, once opened with a keystore
 
@@ -309,6 +309,7 @@ class Endpoint:
         in_flight = asyncio.Semaphore(self._max_in_flight)
         started: set[asyncio.Task] = set()
         reading = asyncio.current_task()
+        assert reading is not None, "served in a task of its own"
         last_active_s = time.monotonic()  # the last frame read or answer written
 
         def answered(_: asyncio.Task) -> None:
