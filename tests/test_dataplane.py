@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import socket
 import struct
+import time
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,7 @@ from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
+from rayk.dataplane import streams
 
 # Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.
 pytestmark = pytest.mark.usefixtures("each_event_loop")
@@ -170,11 +172,26 @@ def test_an_error_answer_decodes_to_what_was_encoded(error):
     assert type(decoded) is type(error) and str(decoded) == str(error)
 
 
+@given(st.integers(0, 2**31 - 1), st.sampled_from(ERRORS + [errors.InvalidRequestError]), st.text(max_size=30))
+def test_a_failed_answer_carries_its_correlation_id_and_error(correlation_id, error_class, message):
+    frame = frames.failed_answer_frame(correlation_id, error_class(message))
+    assert frames.SIZE.unpack_from(frame)[0] == len(frame) - frames.SIZE.size
+    assert frames.ANSWER_HEADER.unpack_from(frame, frames.SIZE.size) == (correlation_id, frames.FAILED)
+    error = frames.decode_failed_answer(frame[frames.SIZE.size + frames.ANSWER_HEADER.size:])
+    assert type(error) is error_class and str(error) == str(error_class(message))
+
+
+def test_a_failed_answer_that_names_no_error_does_not_parse():
+    with pytest.raises(frames.FrameError):
+        frames.decode_failed_answer(frames.encode_error_answer(None))
+
+
 @given(st.binary(max_size=80))
 def test_garbage_never_decodes_to_anything_but_a_frame_error(data):
     for decode in (frames.decode_fetch_request, frames.decode_fetch_answer, frames.parse_request,
                    frames.decode_produce_request, frames.decode_produce_answer, frames.decode_share_fetch_request,
-                   frames.decode_share_fetch_answer, frames.decode_share_state_write, frames.decode_error_answer):
+                   frames.decode_share_fetch_answer, frames.decode_share_state_write, frames.decode_error_answer,
+                   frames.decode_failed_answer):
         try:
             decode(data)
         except frames.FrameError:
@@ -240,41 +257,211 @@ def test_a_slow_request_holds_up_no_answer_behind_it():
     asyncio.run(go())
 
 
-def test_a_failing_request_closes_its_connection_and_frees_the_endpoint_of_it():
+RAISED_AND_ANSWERED = {  # what a handler raises -> what the peer's request raises
+    "unexpected": (ValueError("a record batch the decoder cannot read"), errors.UnknownServerError),
+    "kafka error": (errors.NotLeaderOrFollowerError("not the leader"), errors.NotLeaderOrFollowerError),
+    "body does not parse": (frames.FrameError("a PRODUCE request of 3 bytes has no count"), errors.InvalidRequestError),
+}
+
+
+@pytest.mark.parametrize("node_id", [NODE, "node-b"], ids=["unix socket", "tcp"])
+@pytest.mark.parametrize("raised", RAISED_AND_ANSWERED)
+def test_a_request_whose_handler_raises_fails_alone_and_its_connection_serves_on(caplog, node_id, raised):
+    exception, answered = RAISED_AND_ANSWERED[raised]
+    release = asyncio.Event()
+
+    async def handler(kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        if bytes(body) == b"long poll":
+            await release.wait()
+            return b"", b"records"
+        if bytes(body) == b"raise":
+            raise exception
+        return b"", bytes(body)
+
     async def go():
-        # Two slots: a slow request (1 s) and one that fails take them; three more wait unread.
-        endpoint, address = await opened(Echo(delay_s=0.1), max_in_flight=2)
+        endpoint, address = await opened(handler)
+        connection = await Connection.open(address, node_id)
+        held = asyncio.ensure_future(connection.request(frames.FETCH, b"long poll"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(answered) as failed:
+            await asyncio.wait_for(connection.request(frames.PRODUCE, b"raise"), 5)
+        assert type(failed.value) is answered
+        if raised == "unexpected":
+            assert "ValueError: a record batch the decoder cannot read" in str(failed.value)
+        assert not held.done() and not connection.closed, "the other request and the connection go on"
+        release.set()
+        assert bytes(await asyncio.wait_for(held, 5)) == b"records"
+        assert bytes(await connection.request(frames.FETCH, b"after")) == b"after"
+        assert endpoint.authenticated_count == 1
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+    logged = [r for r in caplog.records if "failed" in r.getMessage() or "does not parse" in r.getMessage()]
+    assert len(logged) == 1, "logged once"
+    assert (logged[0].exc_info is not None) == (raised == "unexpected"), "with its traceback if unexpected"
+
+
+@pytest.mark.parametrize("damage", ["unknown outcome", "failed answer cut short"])
+def test_an_answer_that_does_not_parse_breaks_the_connection(damage):
+    if damage == "unknown outcome":  # neither ANSWERED nor FAILED
+        answer = frames.ANSWER_HEADER.pack(0, 7)
+    else:  # an error of 5 bytes, 2 of them there
+        answer = frames.ANSWER_HEADER.pack(0, frames.FAILED) + b"\x00\x05ab"
+
+    async def go():
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        connection = Connection(reader, writer, "test", max_in_flight=4)
+        request = asyncio.ensure_future(connection.request(frames.FETCH, b"x"))
+        await asyncio.sleep(0.05)
+        theirs.sendall(frames.SIZE.pack(len(answer)) + answer)
+        with pytest.raises(NetworkError, match="outcome 7|does not parse"):
+            await asyncio.wait_for(request, 5)
+        assert connection.closed
+        theirs.close()
+
+    asyncio.run(go())
+
+
+def test_a_handler_that_raises_frees_its_requests_slot():
+    async def go():
+        endpoint, address = await opened(Echo(), max_in_flight=1)
         connection = await Connection.open(address, NODE)
-        requests = [asyncio.ensure_future(connection.request(frames.FETCH, body))
-                    for body in (b"slow", b"fail", b"x", b"y", b"z")]
-        for request in requests:
-            with pytest.raises(NetworkError):
-                await asyncio.wait_for(request, 5)
-        await asyncio.sleep(0.1)
-        assert endpoint.connection_count == 0, "the endpoint let go of the broken connection, slow request and all"
-        assert not requests[0].cancelled()
-        again = await Connection.open(address, NODE)
-        assert bytes(await again.request(frames.FETCH, b"on")) == b"on"
-        again.close()
+        for _ in range(3):  # one slot: each failure gives it back, or the next request would hang
+            with pytest.raises(errors.UnknownServerError, match="the disk is gone"):
+                await asyncio.wait_for(connection.request(frames.FETCH, b"fail"), 5)
+        assert bytes(await asyncio.wait_for(connection.request(frames.FETCH, b"ok"), 5)) == b"ok"
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+async def strangers(address: EndpointAddress, count: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """`count` TCP sockets to the endpoint, from 127.0.0.1 as every peer here, that never say a word."""
+    return [await asyncio.open_connection(address.host, address.port) for _ in range(count)]
+
+
+async def closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bool:
+    """Whether the endpoint closes the connection within `timeout_s` (what it sent before is skipped)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while await reader.read(1 << 16):
+                pass
+        return True
+    except TimeoutError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def close_all(sockets) -> None:
+    for _, writer in sockets:
+        writer.close()
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+def test_only_authenticated_connections_count_against_the_cap_and_one_past_it_is_refused(monkeypatch, keystores, over_tls):
+    monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
+
+    async def go():
+        endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if over_tls else opened(Echo()))
+        idle = await strangers(address, 5)  # more than the cap: they hold none of its places
+        first, second = [await Connection.open(address, "node-b") for _ in range(2)]
+        for connection in (first, second):
+            assert bytes(await connection.request(frames.FETCH, b"in")) == b"in"
+        assert endpoint.authenticated_count == 2
+        with pytest.raises(NetworkError):  # past the cap: closed before the handshake ends
+            await Connection.open(address, "node-b")
+        first.close()
+        async with asyncio.timeout(5):
+            while endpoint.authenticated_count != 1:  # the endpoint reads the close
+                await asyncio.sleep(0.01)
+        third = await Connection.open(address, "node-b")
+        assert bytes(await third.request(frames.FETCH, b"in")) == b"in"
+        second.close(), third.close(), close_all(idle)
         await endpoint.close()
 
     asyncio.run(go())
 
 
 @pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
-def test_an_endpoint_closes_connections_past_its_limit_at_once(monkeypatch, keystores, over_tls):
-    """Over TLS too: a connection holds its place from the moment it is accepted, so strangers
-    that never finish a TLS handshake cannot open more than the cap."""
-    monkeypatch.setattr(endpoint_module, "MAX_CONNECTIONS", 2)
+def test_a_flood_of_idle_sockets_from_the_peers_own_address_does_not_keep_the_peer_out(keystores, over_tls):
+    """The attack on the data plane's old cap (256 places, strangers included, held for 5 s):
+    300 idle sockets, and more all along, from 127.0.0.1, which the peer connects from too."""
 
     async def go():
         endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if over_tls else opened(Echo()))
-        held = [await asyncio.open_connection(address.host, address.port) for _ in range(2)]
-        reader, writer = await asyncio.open_connection(address.host, address.port)
-        assert await asyncio.wait_for(reader.read(), 5) == b"", "closed without a greeting"
+        flood = await strangers(address, 300)
+
+        async def keep_flooding() -> None:
+            while True:
+                flood.extend(await strangers(address, 1))
+                await asyncio.sleep(0.02)
+
+        flooding = asyncio.create_task(keep_flooding())
+        try:
+            connection = await Connection.open(address, "node-b")
+            bodies = [b"request %d" % i for i in range(20)]
+            answers = await asyncio.gather(*(connection.request(frames.FETCH, body) for body in bodies))
+            assert [bytes(a) for a in answers] == bodies
+            assert endpoint.authenticated_count == 1
+            assert endpoint.unauthenticated_count <= endpoint_module.MAX_UNAUTHENTICATED_PER_ADDRESS
+        finally:
+            flooding.cancel()
+        assert sum([await closed_within(reader, 0.5) for reader, _ in flood[:290]]) == 290, "the oldest were let go"
+        connection.close(), close_all(flood)
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("way", ["unix socket", "tcp", "tls", "tls, then silent"])
+def test_a_silent_stranger_is_closed_within_about_a_second_or_its_tls_handshakes_few(keystores, way):
+    async def go():
+        endpoint, address = await (opened_over_tls(Echo(), keystores[0]) if way.startswith("tls") else opened(Echo()))
+        within_s = 2.0  # about a second, and room for a loaded machine
+        if way == "unix socket":
+            reader, writer = await streams.open_unix_connection(address.unix_path, limit_bytes=1 << 16)
+        elif way == "tls, then silent":  # through TLS, then no proof of the secret
+            reader, writer = await asyncio.open_connection(
+                address.host, address.port, ssl=tls.client_context(address.tls_certificate), server_hostname="")
+        else:
+            reader, writer = await asyncio.open_connection(address.host, address.port)
+            if way == "tls":  # not even a ClientHello: the TLS handshake's own deadline
+                within_s = 4.0
+        started = time.monotonic()
+        assert await closed_within(reader, within_s)
+        deadline_s = endpoint_module.TLS_HANDSHAKE_TIMEOUT_S if way == "tls" else endpoint_module.HANDSHAKE_TIMEOUT_S
+        assert time.monotonic() - started >= deadline_s - 0.1, "not closed before its deadline"
+        async with asyncio.timeout(1):
+            while endpoint.connection_count or endpoint.unauthenticated_count:  # its place is free
+                await asyncio.sleep(0.01)
         writer.close()
-        for _, w in held:
-            w.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_the_oldest_strangers_of_an_address_past_its_bound_are_let_go_and_a_peer_from_it_gets_in(monkeypatch):
+    monkeypatch.setattr(endpoint_module, "HANDSHAKE_TIMEOUT_S", 60.0, raising=False)  # nobody is closed for being slow
+    bound = 4
+    monkeypatch.setattr(endpoint_module, "MAX_UNAUTHENTICATED_PER_ADDRESS", bound, raising=False)
+
+    async def go():
+        endpoint, address = await opened(Echo())
+        flood = await strangers(address, bound + 3)
+        oldest, newest = flood[:3], flood[3:]
+        assert all([await closed_within(reader, 1) for reader, _ in oldest]), "let go at once"
+        assert not any([await closed_within(reader, 0.05) for reader, _ in newest])
+        assert endpoint.unauthenticated_count == bound
+        connection = await Connection.open(address, "node-b")  # from 127.0.0.1 as the flood: it takes a place
+        assert bytes(await connection.request(frames.FETCH, b"served")) == b"served"
+        assert await closed_within(newest[0][0], 1), "the oldest stranger left made room for the peer"
+        assert not any([await closed_within(reader, 0.05) for reader, _ in newest[1:]])
+        assert (endpoint.authenticated_count, endpoint.unauthenticated_count) == (1, bound - 1)
+        connection.close(), close_all(flood)
         await endpoint.close()
 
     asyncio.run(go())

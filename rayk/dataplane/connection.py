@@ -7,8 +7,10 @@ body; up to `max_in_flight` requests may be in flight (more wait), and a reader 
 hands each answer to its request by correlation id, in whatever order the endpoint
 answers them (a long-polled fetch holds up no other request).
 
-A connection that breaks (the endpoint's process died, the socket closed, an answer to
-no request) fails every request in flight, and every later one, with NETWORK_EXCEPTION:
+A request the endpoint answers as FAILED (its handler raised: frames.py) raises that
+answer's KafkaError, for that request alone. A connection that breaks (the endpoint's
+process died, the socket closed, an answer to no request or that does not parse) fails
+every request in flight, and every later one, with NETWORK_EXCEPTION:
 the caller opens a new connection, as it would call again after a failed Ray call. A
 request cancelled while waiting (a timeout) leaves the connection usable: its answer is
 read and dropped.
@@ -26,10 +28,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from rayk.dataplane import frames, handshake, tls
+from rayk.dataplane import frames, handshake, streams, tls
 from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress, keep_alive
 from rayk.errors import NetworkError
-from rayk.dataplane import streams
 
 logger = logging.getLogger(__name__)
 
@@ -154,15 +155,27 @@ class Connection:
                     reason = f"an answer frame of {size} bytes"
                     return
                 body = await reader.readexactly(size)
-                (correlation_id,) = frames.ANSWER_HEADER.unpack_from(body)
+                correlation_id, outcome = frames.ANSWER_HEADER.unpack_from(body)
+                rest = memoryview(body)[frames.ANSWER_HEADER.size:]
+                if outcome not in (frames.ANSWERED, frames.FAILED):
+                    reason = f"an answer to request {correlation_id} with outcome {outcome}"
+                    return
+                # Parsed while the request is still pending: one that does not parse fails it with the rest.
+                error = frames.decode_failed_answer(rest) if outcome == frames.FAILED else None
                 self._last_active_s = time.monotonic()
                 answer = self._pending.pop(correlation_id, None)
                 if answer is None:
                     reason = f"an answer to request {correlation_id}, which was not sent or was answered already"
                     return
-                if not answer.done():  # else its caller stopped waiting
-                    answer.set_result(memoryview(body)[frames.ANSWER_HEADER.size:])
+                if answer.done():  # its caller stopped waiting
+                    pass
+                elif error is not None:  # that request failed; the connection goes on
+                    answer.set_exception(error)
+                else:
+                    answer.set_result(rest)
         except (asyncio.IncompleteReadError, OSError) as e:  # OSError: ssl.SSLError over TLS too
             reason = f"the connection broke: {e or type(e).__name__}"
+        except frames.FrameError as e:
+            reason = f"an answer that does not parse: {e}"
         finally:
             self._break(reason)

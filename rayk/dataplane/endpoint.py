@@ -7,27 +7,43 @@ listeners bind to), over TLS when the brokers' listeners use it (tls.py). Its se
 is made when it opens; the owner hands `EndpointAddress` (addresses, secret and
 certificate) to its peers through Ray.
 
-Per connection, after TLS (on TCP, if the endpoint has a keystore) and the handshake
-(handshake.py; a stranger is closed before any frame is read, and an endpoint holds at
-most MAX_CONNECTIONS, counted before TLS starts): a reader reads request
-frames and starts a task for each, which writes its answer, with the request's
-correlation id, the moment it is ready: a fetch long-polled at the replica holds up no
-produce behind it. The requests of one connection start in the order they arrived. At
-most `max_in_flight` of a connection are started and not yet answered; past that the
-reader stops reading and the socket's buffers push back on the peer; an answer's slot is
-free only once the peer has taken it (`drain`), so a slow follower or consumer never
-makes the endpoint buffer without bound. A frame that does not parse, or declares more
-than MAX_FRAME_BYTES, closes the connection, as does a handler that raises (the peer
-sees its requests fail, and retries as after any lost connection). A connection with no
-request in flight that sends nothing for `idle_timeout_s` (Kafka's connections.max.idle.ms,
-10 minutes) is closed, so peers that stopped using an endpoint do not keep its places;
-peers close theirs first (connection.py), so a request never meets that close. Idle, an
-endpoint costs no thread, and each idle connection one timer.
+A connection is a stranger until it has proven the endpoint's secret: through TLS (on TCP,
+if the endpoint has a keystore), within TLS_HANDSHAKE_TIMEOUT_S, then the handshake
+(handshake.py), within HANDSHAKE_TIMEOUT_S; it is closed before any frame is read if it
+does not. Only proven connections count against MAX_CONNECTIONS (past it, more are
+refused); strangers are bounded apart, MAX_UNAUTHENTICATED_PER_ADDRESS from one IP
+address and MAX_UNAUTHENTICATED in all, and past a bound the oldest stranger is closed
+to make room for the newcomer (admission.py): idle sockets, however many and from
+wherever (a follower's own node included), do not keep out a peer, which proves itself
+within a round trip.
+
+Per connection, once proven: a reader reads request frames and starts a task for each,
+which writes its answer, with the request's correlation id, the moment it is ready: a
+fetch long-polled at the replica holds up no produce behind it. The requests of one
+connection start in the order they arrived. At most `max_in_flight` of a connection are
+started and not yet answered; past that the reader stops reading and the socket's
+buffers push back on the peer; an answer's slot is free only once the peer has taken it
+(`drain`), so a slow follower or consumer never makes the endpoint buffer without bound.
+
+What a request carries fails that request, never its connection, which may carry many
+clients' requests (Kafka's rule): a handler that raises answers that request FAILED
+(frames.py) with the error, INVALID_REQUEST if its body does not parse, a KafkaError as
+itself, anything else UNKNOWN_SERVER_ERROR (logged with its traceback), and the other
+requests of the connection go on. Only a frame that does not parse at the framing level
+closes the connection: one whose size prefix declares more than MAX_FRAME_BYTES, or whose
+header is short or of an unknown kind. The stream cannot be trusted to be in step then
+(or the peer speaks another protocol), and the connection that closes is that peer's own.
+
+A connection with no request in flight that sends nothing for `idle_timeout_s` (Kafka's
+connections.max.idle.ms, 10 minutes) is closed, so peers that stopped using an endpoint
+do not keep its places; peers close theirs first (connection.py), so a request never
+meets that close. Idle, an endpoint costs no thread, and each idle connection one timer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -39,13 +55,28 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from rayk.dataplane import frames, handshake, tls
-from rayk.dataplane import streams
+from rayk.dataplane import admission, frames, handshake, streams, tls
+from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT_PER_CONNECTION = 16
-MAX_CONNECTIONS = 256  # per endpoint, authenticated or not: more are closed at once
+MAX_CONNECTIONS = 256  # authenticated ones, per endpoint: more are refused
+# Strangers (not yet through TLS and the handshake), per endpoint: past either bound the
+# oldest of that address (or of all) is let go for the newcomer (admission.py says why).
+# A few per address: a node's real peers prove themselves within a round trip of
+# connecting, so only a burst of that many at the same moment from one node meets the bound.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 8
+MAX_UNAUTHENTICATED = 64
+# A stranger has this long to prove the secret after its greeting (its streams open): a
+# peer needs a round trip and an HMAC, milliseconds even on a loaded node, and one that
+# misses it reconnects (connection.py). It bounds what an idle socket costs, not who
+# gets in: admission does that.
+HANDSHAKE_TIMEOUT_S = 1.0
+# Over TLS, the TLS handshake first has this long: a few ms of CPU (a key exchange and a
+# signature) and two round trips, given room for a 2-core node whose event loop a busy
+# actor stalls for a second at times; a real peer cut off here only reconnects.
+TLS_HANDSHAKE_TIMEOUT_S = 3.0
 REFUSAL_LOG_INTERVAL_S = 60
 STREAM_LIMIT_BYTES = 1 << 16
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -71,6 +102,13 @@ class EndpointAddress:
     # The certificate (PEM) its TCP socket presents over TLS, for the peer to pin (tls.py);
     # "": plain TCP.
     tls_certificate: str = field(default="", repr=False)
+
+
+def _expire_now(deadline: asyncio.Timeout) -> None:
+    """Ends a stranger's wait to prove itself at once (Admission let it go for a newer one).
+    A deadline that has passed already is ending it anyway."""
+    if not deadline.expired():
+        deadline.reschedule(-1.0)  # past: it fires at the loop's next turn
 
 
 def _unix_path() -> str:
@@ -107,7 +145,8 @@ class Endpoint:
         self._connections: set[asyncio.StreamWriter | streams.AcceptedSocket] = set()
         self._address: EndpointAddress | None = None
         self._opening = asyncio.Lock()
-        self._refused, self._refusal_logged_at = 0, -REFUSAL_LOG_INTERVAL_S
+        self._refused, self._refusal_logged_at = 0, -float(REFUSAL_LOG_INTERVAL_S)
+        self._admission = admission.Admission(MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_ADDRESS)
         self._tls: ssl.SSLContext | None = None  # TCP's, once opened with a keystore
 
     async def open(
@@ -124,7 +163,7 @@ class Endpoint:
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
                 self._tls, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
-                # TLS starts in _serve_tcp, after the connection cap: a stranger's handshake holds a place.
+                # TLS starts in _serve_tcp, once admitted: a stranger's TLS handshake is bounded as its data plane one.
                 server = await streams.start_server(self._serve_tcp, host or None, 0)
                 self._servers.append(server)
                 self._address = replace(
@@ -138,7 +177,7 @@ class Endpoint:
             server.close()
         for connection in list(self._connections):
             if isinstance(connection, asyncio.StreamWriter):
-                connection.close()  # a handshake under way ends at its timeout, then sees the endpoint closed
+                connection.close()  # a TLS handshake under way ends at its deadline, then sees the endpoint closed
         for server in self._servers:
             await server.wait_closed()
         if self._address is not None and not self._address.unix_path.startswith("\0"):
@@ -151,54 +190,110 @@ class Endpoint:
 
     @property
     def connection_count(self) -> int:
+        """Its connections open, authenticated or not."""
         return len(self._connections)
 
+    @property
+    def authenticated_count(self) -> int:
+        return self._admission.authenticated_count
+
+    @property
+    def unauthenticated_count(self) -> int:
+        return self._admission.unauthenticated_count
+
     async def _serve_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._at_cap("a local process"):
-            writer.close()
-            return
+        # A Unix socket's peer is a process on this node, with no address to tell it from
+        # the others by: a bound per address would put every local peer (the listener's
+        # lanes, each client session on the node, every follower of a one-node cluster)
+        # under one handful, and a burst of them reconnecting at once would evict one
+        # another. So local strangers count against MAX_UNAUTHENTICATED only (address
+        # None), and past it the oldest is let go; a local process that floods could as
+        # well flood over TCP from the node's address, where the bound per address holds.
+        async def opened() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            return reader, writer
+
         self._connections.add(writer)
-        await self._serve(reader, writer, "a local process")
-
-    async def _serve_tcp(self, accepted: streams.AcceptedSocket) -> None:
-        """A TCP connection: counted as it is accepted, then its TLS handshake, if any."""
-        if self._at_cap(accepted.peer):
-            accepted.refuse()
-            return
-        self._connections.add(accepted)  # a stranger's handshake holds a place too
         try:
-            keep_alive(accepted.sock)
-            reader, writer = await accepted.open_streams(
-                self._tls, handshake_timeout_s=tls.HANDSHAKE_TIMEOUT_S, limit_bytes=STREAM_LIMIT_BYTES)
-        except (TimeoutError, OSError) as e:  # OSError: ssl.SSLError, a reset, a handshake past its timeout
-            self._log_refusal(accepted.peer, str(e) or type(e).__name__)
-            return
-        finally:
-            self._connections.discard(accepted)
-        if not self._servers:  # closed during the handshake
-            writer.close()
-            return
-        self._connections.add(writer)
-        await self._serve(reader, writer, accepted.peer)
-
-    def _at_cap(self, peer: object) -> bool:
-        if len(self._connections) < MAX_CONNECTIONS:
-            return False
-        self._log_refusal(peer, f"it has {len(self._connections)} connections, the most it takes")
-        return True
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object) -> None:
-        """One connection, already counted in `_connections`: its handshake, then its requests."""
-        try:
-            try:
-                await handshake.accept(reader, writer, self._secret)
-            except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, OSError) as e:
-                self._log_refusal(peer, str(e) or type(e).__name__)
-                return
-            await self._serve_requests(reader, writer, peer)
+            await self._serve(None, "a local process", opened, over_tls=False)
         finally:
             self._connections.discard(writer)
             writer.close()
+
+    async def _serve_tcp(self, accepted: streams.AcceptedSocket) -> None:
+        """A TCP connection: its TLS handshake, if any, then the data plane's."""
+        handed_over = False  # to the event loop, whose transport closes the socket from then on
+        writers: list[asyncio.StreamWriter] = []
+
+        async def opened() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            nonlocal handed_over
+            keep_alive(accepted.sock)
+            handed_over = True
+            reader, writer = await accepted.open_streams(
+                self._tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S, limit_bytes=STREAM_LIMIT_BYTES)
+            writers.append(writer)
+            self._connections.discard(accepted)
+            self._connections.add(writer)
+            return reader, writer
+
+        self._connections.add(accepted)
+        try:
+            await self._serve(accepted.peer[0], accepted.peer, opened, over_tls=self._tls is not None)
+        finally:
+            self._connections.discard(accepted)
+            for writer in writers:
+                self._connections.discard(writer)
+                writer.close()
+            if not handed_over:
+                accepted.refuse()
+
+    async def _serve(
+        self, address: str | None, peer: object,
+        opened: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]], over_tls: bool,
+    ) -> None:
+        """One connection from `address` (None: a local process), which its caller closes:
+        admitted (admission.py), its streams `opened` (with TLS if `over_tls`) and its
+        handshake done within their deadlines, then its requests served."""
+        loop = asyncio.get_running_loop()
+        ticket: admission.Ticket | None = None
+        try:
+            async with asyncio.timeout(None) as deadline:
+                ticket = self._admission.arrive(address, functools.partial(_expire_now, deadline))
+                if ticket is None:
+                    self._log_refusal(peer, f"it has {self._admission.authenticated_count} authenticated "
+                                            "connections, the most it takes")
+                    return
+                try:
+                    deadline.reschedule(loop.time() + (TLS_HANDSHAKE_TIMEOUT_S if over_tls else HANDSHAKE_TIMEOUT_S))
+                    reader, writer = await opened()
+                    if over_tls:
+                        deadline.reschedule(loop.time() + HANDSHAKE_TIMEOUT_S)
+                    await handshake.accept(reader, writer, self._secret)
+                except BaseException:
+                    # Out of the admission while the deadline is still entered: an eviction
+                    # (which moves the deadline) never meets a finished one.
+                    self._admission.leave(ticket)
+                    raise
+                admitted = self._admission.authenticate(ticket)
+        except (handshake.HandshakeError, TimeoutError, asyncio.IncompleteReadError, OSError) as e:
+            # OSError: ssl.SSLError, a reset, a TLS handshake past its timeout.
+            if ticket is not None and ticket.evicted:
+                why = "it had not proven the secret yet, and a newer unauthenticated connection took its place"
+            elif isinstance(e, TimeoutError):
+                why = "it did not prove the secret in time"
+            else:
+                why = str(e) or type(e).__name__
+            self._log_refusal(peer, why)
+            return
+        try:
+            if not admitted:
+                self._log_refusal(peer, f"it has {self._admission.authenticated_count} authenticated connections, "
+                                        "the most it takes")
+                return
+            if not self._servers:  # closed during the handshake
+                return
+            await self._serve_requests(reader, writer, peer)
+        finally:
+            self._admission.leave(ticket)
 
     def _log_refusal(self, peer: object, why: str) -> None:
         """At most one warning per REFUSAL_LOG_INTERVAL_S: a stranger knocking cannot flood the log."""
@@ -213,6 +308,7 @@ class Endpoint:
         in_flight = asyncio.Semaphore(self._max_in_flight)
         started: set[asyncio.Task] = set()
         reading = asyncio.current_task()
+        assert reading is not None, "served in a task of its own"
         last_active_s = time.monotonic()  # the last frame read or answer written
 
         def answered(_: asyncio.Task) -> None:
@@ -247,7 +343,7 @@ class Endpoint:
                 task.add_done_callback(started.discard)
                 task.add_done_callback(answered)
         except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
-            pass  # the peer went away (or broke TLS), or an answer failed and closed the connection
+            pass  # the peer went away (or broke TLS), or an answer could not be written to it
         except frames.FrameError as e:
             logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
         finally:
@@ -260,24 +356,33 @@ class Endpoint:
         reading: asyncio.Task,
     ) -> None:
         """Serves one request and writes its answer as soon as it is ready (answers go by
-        correlation id, so a long-polled fetch holds up no other request). A request that
-        fails closes the connection: the peer sees every request on it fail, and retries."""
+        correlation id, so a long-polled fetch holds up no other request). A handler that
+        raises fails this request alone: it is answered FAILED with the error (frames.py),
+        and the connection, which may carry many clients' requests, serves on."""
         try:
             head, tail = await self._handler(kind, body)
-        except Exception as e:
-            if isinstance(e, frames.FrameError):
-                logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
-            else:
-                logger.exception("%s: a data plane request from %s failed; closing its connection", self.name, peer)
-            writer.close()
-            reading.cancel()  # wherever the reader waits, its connection is done
-            return
-        if len(tail) < SMALL_ANSWER_BYTES:
-            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
+        except Exception as e:  # not a cancellation (a BaseException): the connection is closing then
+            writer.write(frames.failed_answer_frame(correlation_id, self._error_of(e, kind, peer)))
         else:
-            writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
-            writer.write(tail)  # its own write: the records are not copied into one buffer
+            if len(tail) < SMALL_ANSWER_BYTES:
+                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
+            else:
+                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
+                writer.write(tail)  # its own write: the records are not copied into one buffer
         try:
             await writer.drain()  # the peer takes the answer before this request's slot is free
         except OSError:
             reading.cancel()
+
+    def _error_of(self, e: Exception, kind: int, peer: object) -> KafkaError:
+        """What a request whose handler raised `e` is answered, logged once: its body does
+        not parse (INVALID_REQUEST; the frame around it did, so the stream is in step), a
+        KafkaError as itself, anything else UNKNOWN_SERVER_ERROR, with its traceback."""
+        if isinstance(e, frames.FrameError):
+            logger.warning("%s: a data plane request (kind %d) from %s does not parse: %s", self.name, kind, peer, e)
+            return InvalidRequestError(f"the request does not parse: {e}")
+        if isinstance(e, KafkaError):
+            logger.warning("%s: a data plane request (kind %d) from %s failed: %s", self.name, kind, peer, e)
+            return e
+        logger.exception("%s: a data plane request (kind %d) from %s failed", self.name, kind, peer)
+        return UnknownServerError(f"{type(e).__name__}: {e}")

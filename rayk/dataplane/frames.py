@@ -1,9 +1,12 @@
 """The data plane's frames: a size prefix, a fixed binary header, and record bytes as they are.
 
 Every frame is `size:u32` followed by `size` bytes. A request's body starts with
-`correlation_id:i32` and `kind:i8`, an answer's with the request's `correlation_id`; the
-rest is a fixed `struct` per kind, then a tail whose length is what remains of the frame
-(an incarnation id, record batches). Numbers are big-endian, as in Kafka's protocol.
+`correlation_id:i32` and `kind:i8`, an answer's with the request's `correlation_id` and
+`outcome:i8`; the rest is a fixed `struct` per kind, then a tail whose length is what
+remains of the frame (an incarnation id, record batches). Numbers are big-endian, as in
+Kafka's protocol. An answer's outcome is ANSWERED (the kind's answer below follows) or
+FAILED, whatever the kind: the request failed as a whole, and an error answer follows
+(`error_size:u16 | error`, see the end), which the peer raises for that request alone.
 
 Why not Kafka's own Fetch: an endpoint serves one partition replica, so Fetch's
 topic/partition arrays and tagged fields would be nesting that every frame encodes and
@@ -64,7 +67,8 @@ from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT
 
 SIZE = struct.Struct(">I")
 REQUEST_HEADER = struct.Struct(">ib")  # correlation_id, kind
-ANSWER_HEADER = struct.Struct(">i")  # correlation_id
+ANSWER_HEADER = struct.Struct(">ib")  # correlation_id, outcome
+ANSWERED, FAILED = 0, 1  # an answer's outcomes
 # The most record bytes one frame carries: a fetch answers at most this much (any larger
 # max_bytes is cut to it), and the configs that bound a produce (max.message.bytes,
 # socket.request.max.bytes, a Producer's max_request_size) may not exceed it.
@@ -198,9 +202,24 @@ def request_frame_head(correlation_id: int, kind: int, body_size: int) -> bytes:
 
 
 def answer_frame_head(correlation_id: int, head: bytes, tail_size: int) -> bytes:
-    """The size prefix, correlation id and `head` of an answer whose `tail_size` bytes of
-    tail the caller writes after it (so that records are not copied into one buffer)."""
-    return SIZE.pack(ANSWER_HEADER.size + len(head) + tail_size) + ANSWER_HEADER.pack(correlation_id) + head
+    """The size prefix, header and `head` of an answer whose `tail_size` bytes of tail the
+    caller writes after it (so that records are not copied into one buffer)."""
+    return SIZE.pack(ANSWER_HEADER.size + len(head) + tail_size) + ANSWER_HEADER.pack(correlation_id, ANSWERED) + head
+
+
+def failed_answer_frame(correlation_id: int, error: KafkaError) -> bytes:
+    """The answer to a request of any kind that failed with `error` (its peer's Connection
+    raises `error` for that request)."""
+    body = encode_error_answer(error)
+    return SIZE.pack(ANSWER_HEADER.size + len(body)) + ANSWER_HEADER.pack(correlation_id, FAILED) + body
+
+
+def decode_failed_answer(body: bytes | memoryview) -> KafkaError:
+    """The error of a FAILED answer's body (after its header)."""
+    error = decode_error_answer(body)
+    if error is None:
+        raise FrameError("a failed answer names no error")
+    return error
 
 
 def parse_request(body: bytes | memoryview) -> tuple[int, int, memoryview]:

@@ -4,8 +4,9 @@ The replica's endpoint (addresses and secret) comes from one Ray call to its act
 (`data_endpoint`, which opens TCP only for a peer on another node); the connection is
 opened then and kept, and every fetch, share fetch, produce and share state write goes over it, pipelined.
 Requests may run concurrently, and each is answered when it is ready; one that its
-caller stops waiting for leaves the connection as it is. A connection that breaks fails
-its requests with NETWORK_EXCEPTION and is dropped: the next request asks the replica's
+caller stops waiting for leaves the connection as it is, as does one the replica failed
+(its handler raised), which raises the replica's KafkaError (frames.py: a FAILED answer).
+A connection that breaks fails its requests with NETWORK_EXCEPTION and is dropped: the next request asks the replica's
 actor again (Ray may have restarted it: a new endpoint, a new secret) and reconnects. If the actor is gone for good, that
 call raises Ray's actor error, which the owner of the link turns into its own error.
 """

@@ -25,7 +25,7 @@ from rayk.errors import InvalidConfigurationError
 if TYPE_CHECKING:
     from rayk.config import BrokerConfig
 
-HANDSHAKE_TIMEOUT_S = 5.0
+HANDSHAKE_TIMEOUT_S = 5.0  # a peer's wait for its TLS handshake; the endpoint bounds its side (endpoint.py)
 # A PEM block; OpenSSL takes the first one labelled as a certificate as the leaf it serves.
 _PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----.+?-----END \1-----\s*", re.DOTALL)
 LOAD_ATTEMPTS = 3
