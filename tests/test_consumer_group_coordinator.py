@@ -154,7 +154,7 @@ def test_commits_and_fetches_are_checked_by_member_epoch():
 
 def test_a_silent_member_times_out_and_its_removal_is_written(monkeypatch):
     clock_ms = [1_000]
-    monkeypatch.setattr("rayk.coordinator.group.consumer_group_hosting.monotonic_ms", lambda: clock_ms[0])
+    monkeypatch.setattr("rayk.coordinator.group.consumer_protocol_group_manager.monotonic_ms", lambda: clock_ms[0])
 
     async def main() -> None:
         partition = Partition()

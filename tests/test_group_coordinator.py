@@ -17,8 +17,16 @@ import time
 import msgpack
 import pytest
 
-from rayk.coordinator.group.group_coordinator import RECORDS_PER_APPEND, GroupCoordinator, group_key, offset_key
-from rayk.coordinator.group.group_records import CommittedOffset, MalformedGroupRecordError, decode_record, offset_value
+from rayk.coordinator.group.group_coordinator import GroupCoordinator
+from rayk.coordinator.group.group_records import (
+    RECORDS_PER_APPEND,
+    CommittedOffset,
+    MalformedGroupRecordError,
+    decode_record,
+    group_key,
+    offset_key,
+    offset_value,
+)
 from rayk.config import BrokerConfig
 from rayk.errors import (
     FencedInstanceIdError,
@@ -79,7 +87,7 @@ def test_offsets_expire_by_kip_211s_rules_as_tombstones_a_replay_agrees_with():
         joined = await coordinator.join_group("active", "", "c", 10_000, 10_000, "consumer", PROTOCOLS)
         await coordinator.sync_group("active", joined.generation, joined.member_id, {joined.member_id: b""})
         await coordinator.commit_offsets("active", joined.generation, joined.member_id, {("t", 0): (3, "")})
-        assert coordinator._groups["emptied"].empty_since_ms is not None
+        assert coordinator.classic_groups.groups["emptied"].empty_since_ms is not None
 
         assert await coordinator.expire_offsets(now_ms() + RETENTION_MS - 60_000) == 0, "not yet"
         assert await coordinator.expire_offsets(now_ms() + RETENTION_MS + 1_000) == 3, "standalone 2, emptied 1"
@@ -101,13 +109,13 @@ def test_an_emptied_groups_offsets_count_from_when_it_became_empty_not_from_thei
         coordinator = GroupCoordinator(partition.append, config())
         await join_and_leave(coordinator, "g")
         # Committed long ago (a partition without traffic), but the group only just emptied.
-        committed = coordinator._offsets["g"][("t", 0)]
-        coordinator._offsets["g"][("t", 0)] = dataclasses.replace(
+        committed = coordinator.offsets.committed["g"][("t", 0)]
+        coordinator.offsets.committed["g"][("t", 0)] = dataclasses.replace(
             committed, commit_timestamp_ms=committed.commit_timestamp_ms - 10 * RETENTION_MS)
         assert await coordinator.expire_offsets(now_ms() + 60_000) == 0
         group_record = msgpack.unpackb(next(v for k, v in reversed(partition.records) if k == group_key("g")))
         assert group_record["members"] == [] and group_record["empty_since_ms"] is not None, "a new coordinator knows"
-        assert partition.replayed()._groups["g"].empty_since_ms == group_record["empty_since_ms"]
+        assert partition.replayed().classic_groups.groups["g"].empty_since_ms == group_record["empty_since_ms"]
         coordinator.close()
 
     asyncio.run(main())
@@ -214,10 +222,10 @@ def test_a_group_loaded_from_a_record_with_members_has_its_empty_time_written_do
         first = partition.replayed()
         first.start()
         await asyncio.sleep(0)  # the record is written
-        stamped = first._groups["g"].empty_since_ms
+        stamped = first.classic_groups.groups["g"].empty_since_ms
         first.close()
         again = partition.replayed()
-        assert again._groups["g"].empty_since_ms == stamped, "the next coordinator counts from the same time"
+        assert again.classic_groups.groups["g"].empty_since_ms == stamped, "the next coordinator counts from the same time"
         assert await first.expire_offsets(stamped + RETENTION_MS - 1) == 0
         assert await first.expire_offsets(stamped + RETENTION_MS) == 1
 
@@ -264,7 +272,7 @@ def test_records_the_coordinator_did_not_write_are_skipped_with_an_error_each_an
         await commit_standalone(writer, "before", offset=3)
         await join_and_leave(writer, "emptied")
         writer.close()
-        generation = writer._groups["emptied"].generation
+        generation = writer.classic_groups.groups["emptied"].generation
         first_bad = len(partition.records)
         partition.records += BAD_RECORDS.values()
         partition.records.append((offset_key("after", "t", 0), offset_value(CommittedOffset(4))))
@@ -381,7 +389,7 @@ def test_a_new_coordinator_takes_a_settled_generations_members_over_and_they_go_
             await moved.heartbeat("g", generation, "an-older-process", "s-1")
 
         await asyncio.sleep(0.2)  # past the static member's 100 ms session, not the other's
-        assert moved._groups["g"].expire() == [static.member_id]
+        assert moved.classic_groups.groups["g"].expire() == [static.member_id]
         with pytest.raises(RebalanceInProgressError):
             await moved.heartbeat("g", generation, steady.member_id)
         moved.close()

@@ -1,5 +1,5 @@
 """Share groups (KIP-932) without a cluster: the group coordinator's membership and the
-share-partitions' durable state (share_group_hosting.py), and a partition leader's
+share-partitions' durable state (share_coordinator.py), and a partition leader's
 ShareFetch and ShareAcknowledge (share_fetch.py) over a real log, with the coordinator
 as the place the state is written to. Several members of one partition receive different
 records; what is not acknowledged comes back once its lock expires; a poison record is

@@ -1,5 +1,5 @@
 """Share groups (KIP-932) on the wire: ShareGroupHeartbeat and ShareGroupDescribe (answered
-by the group's coordinator, share_group_hosting.py), ShareFetch and ShareAcknowledge
+by the group's coordinator, share_coordinator.py), ShareFetch and ShareAcknowledge
 (answered by each partition's leader, share_fetch.py, within the listener's share
 sessions, share_sessions.py). Partitions travel by topic id, as in Kafka.
 

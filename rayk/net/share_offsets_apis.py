@@ -1,6 +1,6 @@
 """A share group's offsets on the wire (KIP-932's admin APIs, what Kafka's Admin
 listShareGroupOffsets / alterShareGroupOffsets / deleteShareGroupOffsets and
-kafka-share-groups.sh send), answered by the group's coordinator (share_group_hosting.py):
+kafka-share-groups.sh send), answered by the group's coordinator (share_coordinator.py):
 
 - DescribeShareGroupOffsets: per group, each share-partition's start offset (SPSO); the
   partitions asked for (all the group has a state for when the request names no topics),

@@ -40,9 +40,9 @@ changed, it must revoke, or partitions it waits for were released). An eager cli
 revokes everything before it rejoins; a cooperative one says what it still owns in its
 subscription. `from_classic` makes such a group of a Stable classic group's members.
 
-The group coordinator (group_coordinator.py) hosts these groups: it applies a heartbeat to
-a `copy()`, writes the copy's `snapshot()` when it differs, and only then keeps it, so a
-failed write changes nothing; a new coordinator rebuilds each group with `restore`.
+The group coordinator hosts these groups (consumer_protocol_group_manager.py): it applies a
+heartbeat to a `copy()`, writes the copy's `snapshot()` when it differs, and only then keeps
+it, so a failed write changes nothing; a new coordinator rebuilds each group with `restore`.
 
 Not thread-safe (the classic protocol's groups are rayk.coordinator.group.consumer_group).
 """

@@ -1,6 +1,6 @@
 """The records of `__consumer_offsets` (Kafka's GroupMetadataManager key and value schemas):
 their keys and offset values, as the group coordinator writes them (its group values are
-built from the group, in GroupCoordinator._group_record), and how a new coordinator reads
+built from the group, in ClassicGroupManager._group_record), and how a new coordinator reads
 them back.
 
 Keys and values are msgpack:
@@ -55,6 +55,7 @@ from rayk.replication.share.share_state import ShareStateRecord
 OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND = "offset", "group", "consumer_group"
 SHARE_GROUP_KIND, SHARE_STATE_KIND = "share_group", "share_state"
 KINDS = (OFFSET_KIND, GROUP_KIND, CONSUMER_GROUP_KIND, SHARE_GROUP_KIND, SHARE_STATE_KIND)
+RECORDS_PER_APPEND = 1_000  # tombstones or group records: ~60 KB a batch, well under max.message.bytes
 SHARE_RECORD_STATES = ("available", "acknowledged", "archived")  # share_partition.RecordState values a record stores
 _OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "leader_epoch": int}
 _MEMBER_FIELDS = {"member_id", "group_instance_id", "client_id", "session_timeout_ms", "rebalance_timeout_ms",

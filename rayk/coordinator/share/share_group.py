@@ -1,5 +1,5 @@
-"""ShareGroup: one share group (KIP-932) at its group coordinator, and what a
-ShareGroupHeartbeat does to it, as pure state (no I/O, no clock of its own).
+"""ShareGroup: one share group (KIP-932) at its share coordinator (share_coordinator.py),
+and what a ShareGroupHeartbeat does to it, as pure state (no I/O, no clock of its own).
 
 A share group's members do not own partitions: they consume them together, record by
 record, and each partition's leader hands every record to one member at a time

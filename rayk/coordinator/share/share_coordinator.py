@@ -1,6 +1,21 @@
-"""ShareGroupHosting: the group coordinator's side of KIP-932's share groups
-(rayk.coordinator.share.share_group) and of their share-partitions' durable state, a part of
-GroupCoordinator kept in a module of its own.
+"""ShareCoordinator: the share coordinator of KIP-932. It owns the share groups of one
+`__consumer_offsets` partition (their members and assignments, share_group.py) and the
+durable state of their share-partitions, which those partitions' leaders read and write
+(rayk.replication.share: SharePartition is the leader's state machine, ShareStateRecord
+what it hands over here).
+
+Kafka splits this between the group coordinator (share groups' membership, in its
+GroupMetadataManager) and a share coordinator of its own (ShareCoordinatorShard, the
+states, in `__share_group_state`). Here both sit in the partition of the group they belong
+to, so that a group and its states are deleted together and described by one coordinator:
+the GroupCoordinator of that partition owns this object, which shares its log (writes go
+through its append, acks=all, before a request is answered), its load (it replays the
+share_group and share_state records, group_records.py) and its per-group locks and group
+id namespace.
+
+It maps group id -> ShareGroup, and group id -> (topic, partition) -> ShareStateRecord
+(the start offset, SPSO, and the in-flight batches' states and delivery counts, with the
+leader epoch and state epoch they were written in).
 
 Membership: a ShareGroupHeartbeat is applied to a copy of its group under the group's
 lock; the copy's record is written (acks=all) when anything but heartbeat times changed,
@@ -12,8 +27,7 @@ answers, and the other kinds' requests for a share group's id are refused likewi
 
 State (Kafka's share coordinator, here beside the group, see group_records.py): each
 share-partition's leader reads its state when it starts serving the partition for the
-group (`read_share_state`) and writes it whenever records are settled
-(`write_share_state`). Both carry the leader's epoch: an older leader than the last one
+group (`read_state`) and writes it whenever records are settled (`write_state`). Both carry the leader's epoch: an older leader than the last one
 seen is FENCED_LEADER_EPOCH, so a deposed leader can never overwrite its successor's
 state, and the first read of a new leader writes its epoch down before answering, so
 that fence survives a coordinator move too. Writes also carry the group's state epoch:
@@ -44,7 +58,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from rayk.coordinator.group.consumer_group_hosting import check_max_size
+from rayk.config import BrokerConfig
+from rayk.coordinator.group.consumer_protocol_group_manager import check_max_size, write_group_records
 from rayk.coordinator.group.group_records import (
     ShareGroupRecord,
     ShareStateRecord,
@@ -54,7 +69,6 @@ from rayk.coordinator.group.group_records import (
     share_state_value,
 )
 from rayk.coordinator.share.share_group import ShareGroup, ShareHeartbeatAnswer, check_group_configs
-from rayk.config import BrokerConfig
 from rayk.errors import (
     FencedLeaderEpochError,
     FencedStateEpochError,
@@ -68,6 +82,7 @@ logger = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 Records = list[tuple[bytes, bytes | None]]
+Append = Callable[[Records], Awaitable[None]]
 # (group id, [(member id, its assignment)]) of members that left or timed out
 MembersGone = Callable[[str, list[tuple[str, frozenset[TopicPartition]]]], None]
 # (group id, its share-partitions) whose states were altered or deleted: their leaders read them again
@@ -78,60 +93,65 @@ def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-class ShareGroupHosting:
-    """What GroupCoordinator keeps that this part uses."""
+class ShareCoordinator:
+    """The share groups of one `__consumer_offsets` partition (`groups`, read by the group
+    coordinator, changed only through these methods) and their share-partitions' states
+    (see the module docstring)."""
 
-    config: BrokerConfig
-    _groups: dict[str, Any]
-    _consumer_groups: dict[str, Any]
-    _offsets: dict[str, Any]
-    _share_groups: dict[str, ShareGroup]
-    _share_states: dict[str, dict[TopicPartition, ShareStateRecord]]
-    _share_members_gone: MembersGone | None
-    _share_states_reset: StatesReset | None
-    _share_state_locks: weakref.WeakValueDictionary[tuple[str, str, int], asyncio.Lock]
-    _lock: Callable[[str], asyncio.Lock]
-    _write_group_records: Callable[[str, Records], Awaitable[None]]
-    _partition_counts: Callable[[], Awaitable[dict[str, int]]]
+    def __init__(self, config: BrokerConfig, append: Append, lock: Callable[[str], asyncio.Lock],
+                 partition_counts: Callable[[], Awaitable[dict[str, int]]], other_kind: Callable[[str], bool],
+                 members_gone: MembersGone | None = None, states_reset: StatesReset | None = None) -> None:  # fmt: skip
+        self._config = config
+        self._append = append
+        self._lock = lock  # the group coordinator's lock of a group id, whatever its kind
+        self._partition_counts = partition_counts
+        self._other_kind = other_kind  # whether a group id is held by a classic or consumer group (or its offsets)
+        self._members_gone_to = members_gone
+        self._states_reset = states_reset
+        self.groups: dict[str, ShareGroup] = {}
+        self._states: dict[str, dict[TopicPartition, ShareStateRecord]] = {}
+        self._state_locks: weakref.WeakValueDictionary[tuple[str, str, int], asyncio.Lock] = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ loading
 
-    def _load_share_group(self, record: ShareGroupRecord) -> None:
+    def load_group(self, record: ShareGroupRecord) -> None:
+        """Replays one share group record (a tombstone deletes the group)."""
         if record.group_epoch is None:
-            self._share_groups.pop(record.group_id, None)
+            self.groups.pop(record.group_id, None)
             return
-        self._share_groups[record.group_id] = ShareGroup.restore(record, self.config.group_share_session_timeout_ms,
-                                                                 monotonic_ms())  # fmt: skip
-        self._groups.pop(record.group_id, None)  # the later record decides which kind the group is
-        self._consumer_groups.pop(record.group_id, None)
+        self.groups[record.group_id] = ShareGroup.restore(record, self._config.group_share_session_timeout_ms,
+                                                          monotonic_ms())  # fmt: skip
 
-    def _load_share_state(self, record: ShareStateRecord) -> None:
-        states = self._share_states.setdefault(record.group_id, {})
+    def load_state(self, record: ShareStateRecord) -> None:
+        """Replays one share-partition's state record (a tombstone deletes the state)."""
+        states = self._states.setdefault(record.group_id, {})
         if record.leader_epoch is None:
             states.pop((record.topic, record.partition), None)
         else:
             states[(record.topic, record.partition)] = record
         if not states:
-            del self._share_states[record.group_id]
+            del self._states[record.group_id]
+
+    def discard(self, group_id: str) -> None:
+        """A later record made the id another kind's (during the load: nothing runs yet)."""
+        self.groups.pop(group_id, None)
 
     # ------------------------------------------------------------------ membership
 
     def _refuse_other_kinds(self, group_id: str) -> None:
-        group = self._groups.get(group_id)
-        if (group is not None and (group.generation > 0 or group.members)) or group_id in self._consumer_groups \
-                or self._offsets.get(group_id):  # fmt: skip
+        if self._other_kind(group_id):
             raise GroupIdNotFoundError(f"group {group_id!r} is not a share group")
 
-    def _require_share_group(self, group_id: str) -> ShareGroup:
-        group = self._share_groups.get(group_id)
+    def _require_group(self, group_id: str) -> ShareGroup:
+        group = self.groups.get(group_id)
         if group is None:
             raise GroupIdNotFoundError(f"share group {group_id!r} does not exist")
         return group
 
-    def _new_share_group(self, group_id: str) -> ShareGroup:
-        return ShareGroup(group_id, self.config.group_share_session_timeout_ms, int(time.time() * 1000))
+    def _new_group(self, group_id: str) -> ShareGroup:
+        return ShareGroup(group_id, self._config.group_share_session_timeout_ms, int(time.time() * 1000))
 
-    async def share_heartbeat(
+    async def heartbeat(
         self, group_id: str, member_id: str, member_epoch: int, subscribed_topics: Iterable[str] | None = None,
         client_id: str = "", client_host: str = "", rack_id: str | None = None,
         partition_counts: dict[str, int] | None = None,
@@ -143,36 +163,37 @@ class ShareGroupHosting:
         if partition_counts is None:
             partition_counts = await self._partition_counts()
         async with self._lock(group_id):
-            group = self._share_groups.get(group_id)
+            group = self.groups.get(group_id)
             if group is None:
                 self._refuse_other_kinds(group_id)
-                group = self._new_share_group(group_id)
-            before = group.snapshot() if group_id in self._share_groups else None
+                group = self._new_group(group_id)
+            before = group.snapshot() if group_id in self.groups else None
             trial = group.copy()
             answer = trial.heartbeat(member_id, member_epoch, monotonic_ms(), partition_counts,
                                      None if subscribed_topics is None else list(subscribed_topics),
                                      client_id, client_host, rack_id)  # fmt: skip
-            check_max_size(group, trial, self.config.group_share_max_size, "group.share.max.size")
+            check_max_size(group, trial, self._config.group_share_max_size, "group.share.max.size")
             after = trial.snapshot()
             if after != before:
-                await self._write_group_records(group_id, [(share_group_key(group_id), share_group_value(after))])
-            self._share_groups[group_id] = trial
+                await write_group_records(self._append, group_id, [(share_group_key(group_id), share_group_value(after))])
+            self.groups[group_id] = trial
             if answer.member_epoch < 0:
                 self._members_gone(group_id, [(answer.member_id, group.members[answer.member_id].assignment)])
-            return dataclasses.replace(answer, heartbeat_interval_ms=self.config.group_share_heartbeat_interval_ms)
+            return dataclasses.replace(answer, heartbeat_interval_ms=self._config.group_share_heartbeat_interval_ms)
 
-    async def expire_share_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
+    async def expire_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
         """Removes the share group's members past their session timeout, once the group's
         record without them is written; returns their ids."""
         async with self._lock(group_id):
-            group = self._share_groups.get(group_id)
+            group = self.groups.get(group_id)
             if group is None:
                 return []
             trial = group.copy()
             gone = trial.expire(monotonic_ms() if now_ms is None else now_ms)
             if gone:
-                await self._write_group_records(group_id, [(share_group_key(group_id), share_group_value(trial.snapshot()))])
-                self._share_groups[group_id] = trial
+                await write_group_records(self._append, group_id,
+                                          [(share_group_key(group_id), share_group_value(trial.snapshot()))])  # fmt: skip
+                self.groups[group_id] = trial
                 self._members_gone(group_id, [(m, group.members[m].assignment) for m in gone])
                 for member_id in gone:
                     logger.info("share group %s: member %s timed out", group_id, member_id)
@@ -181,49 +202,51 @@ class ShareGroupHosting:
     def _members_gone(self, group_id: str, gone: list[tuple[str, frozenset[TopicPartition]]]) -> None:
         """Tells the leaders of the members' partitions (through the replica) that their
         records may go to others now, not only when their locks expire."""
-        if self._share_members_gone is not None and gone:
-            self._share_members_gone(group_id, gone)
+        if self._members_gone_to is not None and gone:
+            self._members_gone_to(group_id, gone)
 
-    def share_group_configs(self, group_id: str) -> dict[str, str]:
+    def group_configs(self, group_id: str) -> dict[str, str]:
         """The configs set for the group ({} for a group that is not a share group: every
         config at its default)."""
-        group = self._share_groups.get(group_id)
+        group = self.groups.get(group_id)
         return dict(group.configs) if group is not None else {}
 
-    async def alter_share_group_configs(self, group_id: str, configs: dict[str, str], replace: bool = False) -> None:
+    async def alter_group_configs(self, group_id: str, configs: dict[str, str], replace: bool = False) -> None:
         """Sets the group's configs (INVALID_CONFIG for one a share group has not); with
         `replace`, those not given go back to their defaults. Makes the group, without
         members, if there is none."""
         check_group_configs(configs)
         async with self._lock(group_id):
-            group = self._share_groups.get(group_id)
+            group = self.groups.get(group_id)
             if group is None:
                 self._refuse_other_kinds(group_id)
-                group = self._new_share_group(group_id)
+                group = self._new_group(group_id)
             trial = group.copy()
             if replace:
                 trial.configs.clear()
             trial.configs.update(configs)
-            await self._write_group_records(group_id, [(share_group_key(group_id), share_group_value(trial.snapshot()))])
-            self._share_groups[group_id] = trial
+            await write_group_records(self._append, group_id,
+                                      [(share_group_key(group_id), share_group_value(trial.snapshot()))])  # fmt: skip
+            self.groups[group_id] = trial
 
     # ------------------------------------------------------------------ share-partition state
 
     def _state_lock(self, group_id: str, topic: str, partition: int) -> asyncio.Lock:
         key = (group_id, topic, partition)
-        lock = self._share_state_locks.get(key)
+        lock = self._state_locks.get(key)
         if lock is None:
-            lock = self._share_state_locks[key] = asyncio.Lock()
+            lock = self._state_locks[key] = asyncio.Lock()
         return lock
 
-    async def read_share_state(self, group_id: str, topic: str, partition: int,
-                               leader_epoch: int) -> tuple[ShareStateRecord | None, int, str]:  # fmt: skip
+    async def read_state(self, group_id: str, topic: str, partition: int,
+                         leader_epoch: int) -> tuple[ShareStateRecord | None, int, str]:  # fmt: skip
         """(the share-partition's state or None, the group's state epoch, its
         share.auto.offset.reset) for the partition's leader in `leader_epoch`."""
         async with self._state_lock(group_id, topic, partition):
-            group = self._require_share_group(group_id)
-            state = self._share_states.get(group_id, {}).get((topic, partition))
+            group = self._require_group(group_id)
+            state = self._states.get(group_id, {}).get((topic, partition))
             if state is not None:
+                assert state.leader_epoch is not None, "a tombstone deletes the state it replays"
                 if leader_epoch < state.leader_epoch:
                     raise FencedLeaderEpochError(f"share state of {topic}-{partition} in group {group_id!r} was "
                                                  f"written in leader epoch {state.leader_epoch}, not {leader_epoch}")  # fmt: skip
@@ -232,44 +255,46 @@ class ShareGroupHosting:
                     await self._write_state(state)
             return state, group.state_epoch, group.auto_offset_reset
 
-    async def write_share_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
-                                start_offset: int, batches: list[tuple[int, int, str, int]],
-                                create: bool = False) -> None:  # fmt: skip
+    async def write_state(self, group_id: str, topic: str, partition: int, leader_epoch: int, state_epoch: int,
+                          start_offset: int, batches: list[tuple[int, int, str, int]],
+                          create: bool = False) -> None:  # fmt: skip
         """Writes a leader's state; `create`: a state the leader started (none was there
         when it read), FENCED_STATE_EPOCH if another leader's came meanwhile."""
         async with self._state_lock(group_id, topic, partition):
-            group = self._require_share_group(group_id)
+            group = self._require_group(group_id)
             if state_epoch != group.state_epoch:
                 raise FencedStateEpochError(f"share group {group_id!r} is in state epoch {group.state_epoch}, "
                                             f"not {state_epoch}: read the state again")  # fmt: skip
-            known = self._share_states.get(group_id, {}).get((topic, partition))
+            known = self._states.get(group_id, {}).get((topic, partition))
             if create and known is not None and known.state_epoch == state_epoch:
                 raise FencedStateEpochError(f"share state of {topic}-{partition} in group {group_id!r} was written "
                                             "since it was read: read it again")  # fmt: skip
-            if known is not None and leader_epoch < known.leader_epoch:
-                raise FencedLeaderEpochError(f"share state of {topic}-{partition} in group {group_id!r} was "
-                                             f"written in leader epoch {known.leader_epoch}, not {leader_epoch}")  # fmt: skip
+            if known is not None:
+                assert known.leader_epoch is not None, "a tombstone deletes the state it replays"
+                if leader_epoch < known.leader_epoch:
+                    raise FencedLeaderEpochError(f"share state of {topic}-{partition} in group {group_id!r} was "
+                                                 f"written in leader epoch {known.leader_epoch}, not {leader_epoch}")  # fmt: skip
             await self._write_state(ShareStateRecord(group_id, topic, partition, leader_epoch, state_epoch, start_offset,
                                                      tuple(map(tuple, batches))))  # fmt: skip
 
     async def _write_state(self, state: ShareStateRecord) -> None:
-        await self._write_group_records(state.group_id, [
+        await write_group_records(self._append, state.group_id, [
             (share_state_key(state.group_id, state.topic, state.partition), share_state_value(state))])
-        group = self._share_groups.get(state.group_id)
+        group = self.groups.get(state.group_id)
         if group is None or group.state_epoch != state.state_epoch:  # deleted while it was written: it is stale
             raise FencedStateEpochError(f"share group {state.group_id!r} was deleted meanwhile")
-        self._share_states.setdefault(state.group_id, {})[(state.topic, state.partition)] = state
+        self._states.setdefault(state.group_id, {})[(state.topic, state.partition)] = state
 
     # ------------------------------------------------------------------ admin
 
-    def share_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
+    def group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         """DescribeShareGroupOffsets: each share-partition's start offset (SPSO)."""
-        group = self._require_share_group(group_id)
-        return {tp: s.start_offset for tp, s in self._share_states.get(group_id, {}).items()
+        group = self._require_group(group_id)
+        return {tp: s.start_offset for tp, s in self._states.get(group_id, {}).items()
                 if s.state_epoch == group.state_epoch}  # fmt: skip
 
-    def describe_share_group(self, group_id: str) -> dict[str, Any]:
-        group = self._require_share_group(group_id)
+    def describe_group(self, group_id: str) -> dict[str, Any]:
+        group = self._require_group(group_id)
         return {
             "group_id": group_id,
             "state": group.state,
@@ -283,30 +308,30 @@ class ShareGroupHosting:
             ],  # fmt: skip
         }
 
-    async def alter_share_group_offsets(self, group_id: str, start_offsets: dict[TopicPartition, int]) -> None:
+    async def alter_group_offsets(self, group_id: str, start_offsets: dict[TopicPartition, int]) -> None:
         """AlterShareGroupOffsets: each share-partition starts at its offset, with nothing in
         flight (an empty group only: NON_EMPTY_GROUP)."""
         if any(offset < 0 for offset in start_offsets.values()):
             raise InvalidRequestError("a share group's start offset cannot be negative")
-        await self._reset_share_states(group_id, dict(start_offsets), frozenset())
+        await self._reset_states(group_id, dict(start_offsets), frozenset())
 
-    async def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
+    async def delete_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
         """DeleteShareGroupOffsets: the states of the topics' share-partitions go (an empty
         group only); the group starts them again where share.auto.offset.reset says."""
-        await self._reset_share_states(group_id, {}, frozenset(topics))
+        await self._reset_states(group_id, {}, frozenset(topics))
 
-    async def _reset_share_states(self, group_id: str, start_offsets: dict[TopicPartition, int],
-                                  deleted_topics: frozenset[str]) -> None:  # fmt: skip
+    async def _reset_states(self, group_id: str, start_offsets: dict[TopicPartition, int],
+                            deleted_topics: frozenset[str]) -> None:  # fmt: skip
         """See the module docstring: a new state epoch, the states written again under it."""
         async with self._lock(group_id):
-            group = self._require_share_group(group_id)
+            group = self._require_group(group_id)
             if group.members:
                 raise NonEmptyGroupError(f"share group {group_id!r} has members; its offsets can be changed once "
                                          "they have left")  # fmt: skip
             async with contextlib.AsyncExitStack() as locks:  # no leader's write runs meanwhile
                 locked: set[TopicPartition] = set()
                 while True:  # (each lock may wait for a write that makes a state: lock it too, then read)
-                    stored = self._share_states.get(group_id, {})
+                    stored = self._states.get(group_id, {})
                     wanted = (set(stored) | set(start_offsets)) - locked
                     if not wanted:
                         break
@@ -329,23 +354,23 @@ class ShareGroupHosting:
                 records: Records = [(share_group_key(group_id), share_group_value(trial.snapshot()))]
                 records += [(share_state_key(group_id, *tp), share_state_value(s)) for tp, s in sorted(states.items())]
                 records += [(share_state_key(group_id, *tp), None) for tp in sorted(stored) if tp not in states]
-                await self._write_group_records(group_id, records)
-                self._share_groups[group_id] = trial
+                await write_group_records(self._append, group_id, records)
+                self.groups[group_id] = trial
                 if states:
-                    self._share_states[group_id] = states
+                    self._states[group_id] = states
                 else:
-                    self._share_states.pop(group_id, None)
-        if self._share_states_reset is not None and touched:
-            self._share_states_reset(group_id, touched)
+                    self._states.pop(group_id, None)
+        if self._states_reset is not None and touched:
+            self._states_reset(group_id, touched)
 
-    async def _delete_share_group(self, group_id: str) -> None:
+    async def delete_group(self, group_id: str) -> None:
         """DeleteGroups for a share group (the caller holds the group's lock): its record
         and its states' tombstones."""
-        group = self._share_groups[group_id]
+        group = self.groups[group_id]
         if group.members:
             raise NonEmptyGroupError(f"share group {group_id!r} has members; it can be deleted once they have left")
-        states = self._share_states.get(group_id, {})
-        await self._write_group_records(group_id, [(share_state_key(group_id, t, p), None) for t, p in states] +
-                                        [(share_group_key(group_id), None)])  # fmt: skip
-        self._share_states.pop(group_id, None)
-        del self._share_groups[group_id]
+        states = self._states.get(group_id, {})
+        tombstones: Records = [(share_state_key(group_id, t, p), None) for t, p in states]
+        await write_group_records(self._append, group_id, tombstones + [(share_group_key(group_id), None)])
+        self._states.pop(group_id, None)
+        del self.groups[group_id]

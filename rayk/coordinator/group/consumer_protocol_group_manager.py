@@ -1,5 +1,11 @@
-"""ConsumerGroupHosting: the group coordinator's side of KIP-848's consumer-protocol groups
-(rayk.coordinator.group.consumer_protocol_group), a part of GroupCoordinator kept in a module of its own.
+"""ConsumerProtocolGroupManager: the groups of KIP-848's consumer protocol
+(ConsumerGroupHeartbeat; consumer_protocol_group.py, Kafka's ConsumerGroup) of one
+`__consumer_offsets` partition, a part of the GroupCoordinator that owns it (Kafka keeps
+them in its GroupMetadataManager).
+
+It maps group id -> ConsumerProtocolGroup, rebuilt on load from each group's latest
+record (one record per change: group_records.py), and writes through the coordinator's
+append, under the coordinator's per-group lock.
 
 These groups share the group id namespace with the classic ones, as in Kafka 4:
 - an empty group converts either way: a heartbeat makes an empty classic group a consumer
@@ -38,6 +44,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from rayk.config import BrokerConfig
+from rayk.coordinator.group.classic_group_manager import ClassicGroupManager
 from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
 from rayk.coordinator.group.consumer_protocol_group import (
     JOIN_EPOCH,
@@ -48,9 +56,8 @@ from rayk.coordinator.group.consumer_protocol_group import (
     HeartbeatAnswer,
 )
 from rayk.coordinator.group.consumer_protocol_group import Member as ConsumerMember
-from rayk.coordinator.group.group_records import CommittedOffset, ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
+from rayk.coordinator.group.group_records import ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
 from rayk.coordinator.group.member_reconciliation import MemberAssignment
-from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -73,7 +80,8 @@ logger = logging.getLogger(__name__)
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 TopicPartition = tuple[str, int]
-Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
+Records = list[tuple[bytes, bytes | None]]
+Append = Callable[[Records], Awaitable[None]]
 PartitionCounts = Callable[[], Awaitable[dict[str, int]]]  # every topic's partition count, from the Controller
 
 
@@ -94,40 +102,72 @@ def check_max_size(group: Any, trial: Any, max_size: int, setting: str) -> None:
         raise GroupMaxSizeReachedError(f"group {group.group_id!r} has {len(group.members)} members, its {setting}")
 
 
+async def write_group_records(append: Append, group_id: str, records: Records) -> None:
+    """Writes a group's records before its change is answered: a write the partition could
+    not replicate is COORDINATOR_NOT_AVAILABLE, which clients retry."""
+    try:
+        await append(records)
+    except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
+        raise CoordinatorNotAvailableError(f"the state of group {group_id!r} was not replicated: {e}") from None
+
+
 def monotonic_ms() -> int:
     """The clock of consumer-protocol members' sessions (a restored member's counts from its load)."""
     return int(time.monotonic() * 1000)
 
 
-class ConsumerGroupHosting:
-    """What GroupCoordinator keeps that this part uses."""
+def check_member_epoch(group: ConsumerProtocolGroup, member_id: str, member_epoch: int) -> None:
+    """A consumer-protocol group's check of a commit or fetch (Kafka's
+    ConsumerGroup.validateOffsetCommit / validateOffsetFetch)."""
+    if member_epoch < 0 and not group.members:
+        return  # an admin client, or a consumer outside group management, while the group is empty
+    member = group.members.get(member_id)
+    if member is None:
+        raise UnknownMemberIdError(f"member {member_id!r} is not in group {group.group_id!r}")
+    current = member.assignment.member_epoch
+    if member.classic is not None and member_epoch != current:  # a classic member's epoch is its generation
+        raise IllegalGenerationError(f"generation {member_epoch} is not member {member_id!r}'s {current}")
+    if member_epoch > current:
+        raise FencedMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current}, "
+                                     f"not {member_epoch}")  # fmt: skip
+    if member_epoch < current:
+        raise StaleMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current} "
+                                    f"now, not {member_epoch}: retry with the epoch of its next heartbeat")  # fmt: skip
 
-    config: BrokerConfig
-    _append: Append
-    _lookup_partition_counts: PartitionCounts | None
-    _groups: dict[str, ConsumerGroup]
-    _consumer_groups: dict[str, ConsumerProtocolGroup]
-    _share_groups: dict[str, Any]
-    _offsets: dict[str, dict[TopicPartition, CommittedOffset]]
-    _lock: Callable[[str], asyncio.Lock]
-    _summary: Callable[[str], dict[str, Any]]
-    _persist_group: Callable[[ConsumerGroup], None]
-    _background_writes_landed: Callable[[], Awaitable[None]]
 
-    def _load_consumer_group(self, record: ConsumerGroupRecord) -> None:
+class ConsumerProtocolGroupManager:
+    """The consumer-protocol groups of one `__consumer_offsets` partition (`groups`, read by
+    the coordinator, changed only through these methods), and their conversions to and
+    from the classic groups of its ClassicGroupManager."""
+
+    def __init__(self, config: BrokerConfig, append: Append, lock: Callable[[str], asyncio.Lock],
+                 partition_counts: PartitionCounts, classic: ClassicGroupManager,
+                 is_share_group: Callable[[str], bool]) -> None:  # fmt: skip
+        self._config = config
+        self._append = append
+        self._lock = lock  # the coordinator's lock of a group id, whatever its kind
+        self._partition_counts = partition_counts
+        self._classic = classic
+        self._is_share_group = is_share_group
+        self.groups: dict[str, ConsumerProtocolGroup] = {}
+
+    def load(self, record: ConsumerGroupRecord) -> None:
+        """Replays one consumer group record (a tombstone deletes the group)."""
         if record.group_epoch is None:
-            self._consumer_groups.pop(record.group_id, None)
+            self.groups.pop(record.group_id, None)
             return
-        self._consumer_groups[record.group_id] = ConsumerProtocolGroup.restore(
-            record, self.config.group_consumer_session_timeout_ms, monotonic_ms())
-        self._groups.pop(record.group_id, None)  # the later record decides which kind the group is
-        self._share_groups.pop(record.group_id, None)
+        self.groups[record.group_id] = ConsumerProtocolGroup.restore(
+            record, self._config.group_consumer_session_timeout_ms, monotonic_ms())
 
-    async def expire_consumer_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
+    def discard(self, group_id: str) -> None:
+        """A later record made the id another kind's (during the load: nothing runs yet)."""
+        self.groups.pop(group_id, None)
+
+    async def expire_members(self, group_id: str, now_ms: int | None = None) -> list[str]:
         """Removes the consumer group's members past their session (or rebalance)
         timeout, once the group's record without them is written; returns their ids."""
         async with self._lock(group_id):
-            group = self._consumer_groups.get(group_id)
+            group = self.groups.get(group_id)
             if group is None:
                 return []
             trial = group.copy()
@@ -141,6 +181,16 @@ class ConsumerGroupHosting:
                 for member_id in gone:
                     logger.info("group %s: member %s timed out", group_id, member_id)
             return gone
+
+    async def delete_if_empty(self, group_id: str) -> None:
+        """Deletes the group (its record tombstoned) if it has no members; the caller holds
+        the group's lock and has checked it has no offsets."""
+        group = self.groups.get(group_id)
+        if group is not None and not group.members:
+            await self._append([(consumer_group_key(group_id), None)])
+            del self.groups[group_id]
+
+    # ------------------------------------------------------------------ classic members
 
     @staticmethod
     def _classic_member_id(group: ConsumerProtocolGroup, member_id: str, group_instance_id: str | None) -> str:
@@ -156,22 +206,25 @@ class ConsumerGroupHosting:
                                         f"not {member_id!r}")  # fmt: skip
         return holder
 
-    async def _classic_join_consumer_group(
+    async def classic_join(
         self, group_id: str, member_id: str, client_id: str, session_timeout_ms: int, rebalance_timeout_ms: int,
         protocol_type: str, protocols: list[tuple[str, bytes]], group_instance_id: str | None,
     ) -> JoinResult | None:
-        """A JoinGroup to a consumer-protocol group: with members, the joining consumer
+        """A JoinGroup: to a consumer-protocol group with members, the joining consumer
         becomes a classic member of it (a mixed group, Kafka's online migration), answered
-        at once; an empty one is tombstoned and gives its id to a classic group (None)."""
+        at once; an empty one is tombstoned and gives its id to a classic group (None, as
+        for an id that is no consumer-protocol group's)."""
         from rayk.consumer_protocol import decode_subscription  # (rayk.client imports this module)
 
+        if group_id not in self.groups:
+            return None
         async with self._lock(group_id):
-            group = self._consumer_groups.get(group_id)
+            group = self.groups.get(group_id)
             if group is None:
                 return None
             if not group.members:
-                await self._write_group_records(group_id, [(consumer_group_key(group_id), None)])
-                del self._consumer_groups[group_id]
+                await write_group_records(self._append, group_id, [(consumer_group_key(group_id), None)])
+                del self.groups[group_id]
                 return None
             if protocol_type != CONSUMER_PROTOCOL_TYPE or not protocols:
                 raise InconsistentGroupProtocolError(
@@ -190,19 +243,57 @@ class ConsumerGroupHosting:
                 subscription.topics, owned, rebalance_timeout_ms, ClassicMembership(session_timeout_ms, tuple(protocols)),
                 group_instance_id, client_id,
             )  # fmt: skip
-            check_max_size(group, trial, self.config.group_consumer_max_size, "group.consumer.max.size")
-            await self._write_group_records(group_id, [(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])
-            self._consumer_groups[group_id] = trial
+            check_max_size(group, trial, self._config.group_consumer_max_size, "group.consumer.max.size")
+            await write_group_records(self._append, group_id,
+                                      [(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])  # fmt: skip
+            self.groups[group_id] = trial
             # Never the leader (the coordinator assigns): its SyncGroup carries no assignments.
             return JoinResult(answer.member_epoch, protocols[0][0], "", answer.member_id, [])
 
-    async def _partition_counts(self) -> dict[str, int]:
-        if self._lookup_partition_counts is None:
-            raise CoordinatorNotAvailableError("this coordinator cannot look the topics up")
-        return await self._lookup_partition_counts()
+    async def classic_sync(self, group_id: str, generation: int, member_id: str,
+                           group_instance_id: str | None) -> bytes | None:  # fmt: skip
+        """A classic member's SyncGroup: its assignment; None if the id is no consumer-protocol group's."""
+        if group_id not in self.groups:
+            return None
+        async with self._lock(group_id):
+            mixed = self.groups.get(group_id)
+            if mixed is None:
+                return None
+            return encode_partitions(mixed.classic_sync(self._classic_member_id(mixed, member_id, group_instance_id),
+                                                        generation, monotonic_ms()))  # fmt: skip
 
-    async def consumer_heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
-                                 partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
+    async def classic_heartbeat(self, group_id: str, generation: int, member_id: str,
+                                group_instance_id: str | None) -> bool:  # fmt: skip
+        """A classic member's Heartbeat; False if the id is no consumer-protocol group's."""
+        if group_id not in self.groups:
+            return False
+        async with self._lock(group_id):
+            mixed = self.groups.get(group_id)
+            if mixed is None:
+                return False
+            mixed.classic_heartbeat(self._classic_member_id(mixed, member_id, group_instance_id), generation,
+                                    monotonic_ms())  # fmt: skip
+            return True
+
+    async def classic_leave(self, group_id: str, member_id: str, group_instance_id: str | None) -> bool:
+        """A classic member's LeaveGroup, once written; False if the id is no consumer-protocol group's."""
+        if group_id not in self.groups:
+            return False
+        async with self._lock(group_id):
+            mixed = self.groups.get(group_id)
+            if mixed is None:
+                return False
+            trial = mixed.copy()
+            trial.classic_leave(self._classic_member_id(trial, member_id, group_instance_id))
+            await write_group_records(self._append, group_id,
+                                      [(consumer_group_key(group_id), consumer_group_value(trial.snapshot()))])  # fmt: skip
+            self.groups[group_id] = trial
+            return True
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def heartbeat(self, group_id: str, heartbeat: ConsumerHeartbeat,
+                        partition_counts: dict[str, int] | None = None) -> HeartbeatAnswer:  # fmt: skip
         """One ConsumerGroupHeartbeat (see the module docstring); `partition_counts`: every
         topic's partition count now (None: looked up)."""
         if not group_id:
@@ -210,23 +301,10 @@ class ConsumerGroupHosting:
         if partition_counts is None:
             partition_counts = await self._partition_counts()
         async with self._lock(group_id):
-            records: list[tuple[bytes, bytes | None]] = []
-            group = self._consumer_groups.get(group_id)
+            records: Records = []
+            group = self.groups.get(group_id)
             if group is None:
-                if group_id in self._groups:
-                    # The classic group's record written when it last turned Stable goes
-                    # first: in the log after the records that end the group, it would
-                    # make a replay classic again.
-                    await self._background_writes_landed()
-                if group_id in self._share_groups:
-                    raise GroupIdNotFoundError(f"group {group_id!r} is a share group")
-                if heartbeat.member_epoch != JOIN_EPOCH:
-                    raise UnknownMemberIdError(f"group {group_id!r} has no member {heartbeat.member_id!r} (no such group here)")
-                classic = self._groups.get(group_id)
-                if classic is not None and classic.generation > 0:
-                    records.append((group_key(group_id), None))
-                group = (self._upgraded(classic) if classic is not None and classic.members else
-                         ConsumerProtocolGroup(group_id, self.config.group_consumer_session_timeout_ms))  # fmt: skip
+                group = await self._new_or_upgraded(group_id, heartbeat, records)
             before = group.snapshot()
             trial = group.copy()
             answer = trial.heartbeat(
@@ -236,29 +314,45 @@ class ConsumerGroupHosting:
                 instance_id=heartbeat.instance_id, client_id=heartbeat.client_id, client_host=heartbeat.client_host,
                 rack_id=heartbeat.rack_id,
             )  # fmt: skip
-            check_max_size(group, trial, self.config.group_consumer_max_size, "group.consumer.max.size")
+            check_max_size(group, trial, self._config.group_consumer_max_size, "group.consumer.max.size")
             downgraded = self._downgraded(trial) if heartbeat.member_epoch == LEAVE_EPOCH else None
             after = trial.snapshot()
             if downgraded is not None:
                 records.append((consumer_group_key(group_id), None))
-            elif after != before or group_id not in self._consumer_groups:
+            elif after != before or group_id not in self.groups:
                 records.append((consumer_group_key(group_id), consumer_group_value(after)))
             if records:
-                await self._write_group_records(group_id, records)
+                await write_group_records(self._append, group_id, records)
             self._replace_group(group_id, trial, downgraded)
-            return dataclasses.replace(answer, heartbeat_interval_ms=self.config.group_consumer_heartbeat_interval_ms)
+            return dataclasses.replace(answer, heartbeat_interval_ms=self._config.group_consumer_heartbeat_interval_ms)
+
+    async def _new_or_upgraded(self, group_id: str, heartbeat: ConsumerHeartbeat, records: Records) -> ConsumerProtocolGroup:
+        """The group a joining member's heartbeat makes of an id that is no consumer-protocol
+        group's (the caller holds its lock): a new one, or the classic group's upgrade, whose
+        record's tombstone it adds to `records`."""
+        if group_id in self._classic.groups:
+            # The classic group's record written when it last turned Stable goes first: in
+            # the log after the records that end the group, it would make a replay classic again.
+            await self._classic.background_writes_landed()
+        if self._is_share_group(group_id):
+            raise GroupIdNotFoundError(f"group {group_id!r} is a share group")
+        if heartbeat.member_epoch != JOIN_EPOCH:
+            raise UnknownMemberIdError(f"group {group_id!r} has no member {heartbeat.member_id!r} (no such group here)")
+        classic = self._classic.groups.get(group_id)
+        if classic is not None and classic.generation > 0:
+            records.append((group_key(group_id), None))
+        if classic is not None and classic.members:
+            return self._upgraded(classic)
+        return ConsumerProtocolGroup(group_id, self._config.group_consumer_session_timeout_ms)
 
     def _replace_group(self, group_id: str, consumer_group: ConsumerProtocolGroup, downgraded: ConsumerGroup | None) -> None:
         """The group's new state, once written: a consumer-protocol group (the classic one
         it was, if any, is closed), or the classic group it was downgraded to, rebalancing."""
-        classic = self._groups.pop(group_id, None)
-        if classic is not None:
-            classic.close()
+        self._classic.replace(group_id, downgraded)
         if downgraded is None:
-            self._consumer_groups[group_id] = consumer_group
+            self.groups[group_id] = consumer_group
             return
-        self._consumer_groups.pop(group_id, None)
-        self._groups[group_id] = downgraded
+        self.groups.pop(group_id, None)
         downgraded.rebalance()  # its members rejoin, told by their next heartbeat
         logger.info("group %s: its last consumer-protocol member left; a classic group again", group_id)
 
@@ -289,7 +383,7 @@ class ConsumerGroupHosting:
             ), assigned))  # fmt: skip
         logger.info("group %s: a consumer-protocol member joins; upgraded with its %d classic member(s)",
                     classic.group_id, len(members))
-        return ConsumerProtocolGroup.from_classic(classic.group_id, self.config.group_consumer_session_timeout_ms,
+        return ConsumerProtocolGroup.from_classic(classic.group_id, self._config.group_consumer_session_timeout_ms,
                                                   classic.generation, now_ms, members)  # fmt: skip
 
     def _downgraded(self, group: ConsumerProtocolGroup) -> ConsumerGroup | None:
@@ -298,7 +392,7 @@ class ConsumerGroupHosting:
         generation with their assignments; None if it stays as it is."""
         if not group.members or any(m.classic is None for m in group.members.values()):
             return None
-        classic = ConsumerGroup(group.group_id, self.config.group_initial_rebalance_delay_ms, on_stable=self._persist_group)
+        classic = self._classic.new_group(group.group_id)
         classic.generation = group.group_epoch
         members = [
             Member(m.member_id, m.client_id, m.classic.session_timeout_ms, m.rebalance_timeout_ms, list(m.classic.protocols),
@@ -312,34 +406,10 @@ class ConsumerGroupHosting:
         classic.restore_stable(CONSUMER_PROTOCOL_TYPE, protocol, members[0].member_id, members)
         return classic
 
-    async def _write_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
-        try:
-            await self._append(records)
-        except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
-            raise CoordinatorNotAvailableError(f"the state of group {group_id!r} was not replicated: {e}") from None
-
-    def _check_member_epoch(self, group: ConsumerProtocolGroup, member_id: str, member_epoch: int) -> None:
-        """A consumer-protocol group's check of a commit or fetch (Kafka's
-        ConsumerGroup.validateOffsetCommit / validateOffsetFetch)."""
-        if member_epoch < 0 and not group.members:
-            return  # an admin client, or a consumer outside group management, while the group is empty
-        member = group.members.get(member_id)
-        if member is None:
-            raise UnknownMemberIdError(f"member {member_id!r} is not in group {group.group_id!r}")
-        current = member.assignment.member_epoch
-        if member.classic is not None and member_epoch != current:  # a classic member's epoch is its generation
-            raise IllegalGenerationError(f"generation {member_epoch} is not member {member_id!r}'s {current}")
-        if member_epoch > current:
-            raise FencedMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current}, "
-                                         f"not {member_epoch}")  # fmt: skip
-        if member_epoch < current:
-            raise StaleMemberEpochError(f"member {member_id!r} of group {group.group_id!r} is in epoch {current} "
-                                        f"now, not {member_epoch}: retry with the epoch of its next heartbeat")  # fmt: skip
-
-    async def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
+    def describe(self, group_id: str) -> dict[str, Any]:
         """A consumer-protocol group for ConsumerGroupDescribe: GROUP_ID_NOT_FOUND for any
         other (Kafka's answer, also for a classic group)."""
-        group = self._consumer_groups.get(group_id)
+        group = self.groups.get(group_id)
         if group is None:
             raise GroupIdNotFoundError(f"group {group_id!r} is not a consumer-protocol group here")
         return {
@@ -354,16 +424,19 @@ class ConsumerGroupHosting:
             } for m in group.members.values()],
         }  # fmt: skip
 
-    def _describe_as_classic(self, group: ConsumerProtocolGroup) -> dict[str, Any]:
+    @staticmethod
+    def describe_as_classic(group: ConsumerProtocolGroup) -> dict[str, Any]:
+        """The group as DescribeGroups shows a classic one: its group epoch as the
+        generation, its assignor as the protocol, and each member's subscription and
+        assignment in the classic consumer protocol's encoding."""
         from rayk.consumer_protocol import encode_subscription  # (rayk.client imports this module)
 
         known = tuple(group.subscribed_topics())
         return {
-            **self._summary(group.group_id), "generation": group.group_epoch, "protocol": group.assignor_name,
+            "generation": group.group_epoch, "protocol": group.assignor_name,
             "leader": None,
             "members": [{"member_id": m.member_id, "client_id": m.client_id, "group_instance_id": m.instance_id,
                          "assignment": encode_partitions(m.assignment.assigned),
                          "metadata": encode_subscription(sorted(m.subscription(known)))}
                         for m in group.members.values()],
-            "offsets": {tp: c.offset for tp, c in self._offsets.get(group.group_id, {}).items()},
         }  # fmt: skip
