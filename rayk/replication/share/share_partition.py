@@ -31,6 +31,16 @@ done, so the window slides on.
 What is durable (Kafka's share-group state: a start offset and batches of delivery states
 and counts) is `snapshot`: an ACQUIRED record is stored as AVAILABLE with its count, so a
 new leader hands it out again, and counts the delivery already made.
+
+Invariants, asserted where the state changes: the runs cover [SPSO, SPEO) in order, and
+the record at SPSO is not done; SPSO and SPEO only move forward; an ACQUIRED record has an
+owner, and no other record has an owner or a lock; an AVAILABLE record has been delivered
+fewer than `delivery_count_limit` times, an ACQUIRED one at least once and at most that
+many (a DONE one may have more: a state restored under a lower limit). What a fetch or an
+acknowledgement does (per request) is checked where it changes a run (handed out, settled,
+appended at SPEO) and at both ends of the runs, in constant time; the rarer changes (a
+restore, a start moved by retention, locks expired, a member gone) are followed by
+`_check`, which walks every run.
 """
 
 from __future__ import annotations
@@ -165,11 +175,12 @@ class SharePartition:
 
     def _take_new(self, member_id: str, end_offset: int, now_ms: int) -> AcquiredRange:
         run = Run(self.end_offset, end_offset - 1, RecordState.AVAILABLE, 0)
-        self.runs.append(run)
-        self.end_offset = end_offset
+        self._append_run(run)
         return self._lock(run, member_id, now_ms)
 
     def _lock(self, run: Run, member_id: str, now_ms: int) -> AcquiredRange:
+        assert run.state is RecordState.AVAILABLE and run.delivery_count < self.delivery_count_limit, (
+            f"only an available record below its delivery limit is handed out: {run}")
         run.state, run.member_id = RecordState.ACQUIRED, member_id
         run.delivery_count += 1
         run.lock_deadline_ms = now_ms + self.lock_duration_ms
@@ -179,8 +190,7 @@ class SharePartition:
         """The offsets from SPEO up to `end_offset` hold nothing to deliver (a control
         batch, or a gap that compaction left): they count as done."""
         if end_offset > self.end_offset:
-            self.runs.append(Run(self.end_offset, end_offset - 1, RecordState.ARCHIVED, 0))
-            self.end_offset = end_offset
+            self._append_run(Run(self.end_offset, end_offset - 1, RecordState.ARCHIVED, 0))
         self._advance()
 
     def move_start(self, log_start_offset: int) -> None:
@@ -194,6 +204,7 @@ class SharePartition:
         self.start_offset = log_start_offset
         self.end_offset = max(self.end_offset, log_start_offset)
         self._advance()
+        assert self._check()
 
     # ------------------------------------------------------------------ settling
 
@@ -227,6 +238,7 @@ class SharePartition:
             if last + 1 < self.end_offset:
                 self._split(last + 1)
             for run in self._overlapping(first, last):
+                assert run.state is RecordState.ACQUIRED and run.member_id == member_id, f"checked above: {run}"
                 if kind is AcknowledgeType.ACCEPT:
                     self._settle(run, RecordState.ACKNOWLEDGED)
                 elif kind is AcknowledgeType.REJECT:
@@ -254,6 +266,7 @@ class SharePartition:
         if released:
             self._join()
             self._advance()
+            assert self._check()
         return released
 
     def _make_available(self, run: Run) -> None:
@@ -262,6 +275,7 @@ class SharePartition:
 
     @staticmethod
     def _settle(run: Run, state: RecordState) -> None:
+        assert run.state is RecordState.ACQUIRED and state is not RecordState.ACQUIRED, (run, state)
         run.state, run.member_id, run.lock_deadline_ms = state, None, 0
 
     def _advance(self) -> None:
@@ -271,11 +285,20 @@ class SharePartition:
             done += 1
         if done:
             del self.runs[:done]
-        self.start_offset = self.runs[0].first if self.runs else self.end_offset
-        assert self.start_offset <= self.end_offset
-        assert not self.runs or (self.runs[0].first == self.start_offset and self.runs[-1].last + 1 == self.end_offset)
+        start_offset = self.runs[0].first if self.runs else self.end_offset
+        assert self.start_offset <= start_offset, f"SPSO {self.start_offset} only moves forward, not to {start_offset}"
+        assert not self.runs or self.runs[-1].last + 1 == self.end_offset, f"the runs end at SPEO {self.end_offset}"
+        self.start_offset = start_offset
 
     # ------------------------------------------------------------------ runs
+
+    def _append_run(self, run: Run) -> None:
+        """New records from SPEO on (checked here, not by a walk of every run: a fetch
+        appends once per log batch)."""
+        assert run.first == self.end_offset <= run.last, f"SPEO {self.end_offset} only moves forward, by {run}"
+        assert not self.runs or self.runs[-1].last + 1 == run.first, f"the runs cover [SPSO, SPEO) in order: {run}"
+        self.runs.append(run)
+        self.end_offset = run.last + 1
 
     def _index(self, offset: int) -> int:
         """The index of the run holding `offset` (SPSO <= offset < SPEO)."""
@@ -311,6 +334,27 @@ class SharePartition:
             else:
                 joined.append(run)
         self.runs = joined
+        assert not joined or (joined[0].first == self.start_offset and joined[-1].last + 1 == self.end_offset), (
+            f"the runs cover [SPSO {self.start_offset}, SPEO {self.end_offset})")
+
+    def _check(self) -> bool:
+        """Asserts the invariants (see the module docstring); True, so that callers write
+        `assert self._check()` and `python -O` skips the walk too."""
+        assert 0 <= self.start_offset <= self.end_offset, (self.start_offset, self.end_offset)
+        assert not self.runs or self.runs[0].state not in DONE, f"SPSO is at a record not done: {self.runs[0]}"
+        limit, first = self.delivery_count_limit, self.start_offset
+        for run in self.runs:
+            assert run.first == first <= run.last, f"the runs cover [SPSO, SPEO) in order: {run} where {first} was due"
+            first = run.last + 1
+            if run.state is RecordState.ACQUIRED:
+                assert run.member_id is not None, f"an acquired record has an owner: {run}"
+                assert 1 <= run.delivery_count <= limit, f"an acquired record was delivered 1 to {limit} times: {run}"
+            else:
+                assert run.member_id is None and not run.lock_deadline_ms, f"only acquired records have an owner: {run}"
+                assert run.state is not RecordState.AVAILABLE or 0 <= run.delivery_count < limit, (
+                    f"an available record is below its delivery limit {limit}: {run}")
+        assert first == self.end_offset, f"the runs end at SPEO {self.end_offset}, not {first}"
+        return True
 
     # ------------------------------------------------------------------ inspection
 
@@ -366,4 +410,5 @@ class SharePartition:
             partition.end_offset = batch.last_offset + 1
         partition._join()
         partition._advance()
+        assert partition._check()
         return partition
