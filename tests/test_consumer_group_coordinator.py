@@ -15,7 +15,8 @@ import pytest
 
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
-from rayk.coordinator.group.group_records import consumer_group_key, group_key
+from rayk.coordinator.group.classic_group_records import group_key
+from rayk.coordinator.group.consumer_group_records import consumer_group_key
 from rayk.consumer_protocol import decode_assignment, encode_assignment, encode_subscription
 from rayk.config import BrokerConfig
 from rayk.errors import (

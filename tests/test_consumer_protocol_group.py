@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rayk.coordinator.group.consumer_protocol_group import ClassicMembership, ConsumerProtocolGroup, GroupState
-from rayk.coordinator.group.group_records import consumer_group_key, consumer_group_value, decode_record
+from rayk.coordinator.group.consumer_group_records import consumer_group_key, consumer_group_value
+from rayk.coordinator.group.group_records import decode_record
 from rayk.coordinator.group.member_reconciliation import MemberState
 from rayk.errors import (
     FencedMemberEpochError,

@@ -18,15 +18,10 @@ import msgpack
 import pytest
 
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
-from rayk.coordinator.group.group_records import (
-    RECORDS_PER_APPEND,
-    CommittedOffset,
-    MalformedGroupRecordError,
-    decode_record,
-    group_key,
-    offset_key,
-    offset_value,
-)
+from rayk.coordinator.group.classic_group_records import group_key
+from rayk.coordinator.group.group_records import RECORDS_PER_APPEND, decode_record
+from rayk.coordinator.group.offset_records import CommittedOffset, offset_key, offset_value
+from rayk.coordinator.group.record_schema import MalformedGroupRecordError
 from rayk.config import BrokerConfig
 from rayk.errors import (
     FencedInstanceIdError,

@@ -25,7 +25,7 @@ from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 import rayk
-from rayk.coordinator.group.group_records import CommittedOffset, offset_key, offset_value
+from rayk.coordinator.group.offset_records import CommittedOffset, offset_key, offset_value
 from rayk.client import TopicPartition
 from rayk.client.partitioner import partition_for_key
 from rayk.config import BrokerConfig

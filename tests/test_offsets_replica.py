@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from rayk.coordinator import coordinator_replica
-from rayk.coordinator.group.group_records import CommittedOffset, offset_key, offset_value
+from rayk.coordinator.group.offset_records import CommittedOffset, offset_key, offset_value
 from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
 from rayk.errors import InvalidTopicError, NotCoordinatorError
 from rayk.internal_topics import OFFSETS_TOPIC

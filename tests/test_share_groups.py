@@ -19,11 +19,10 @@ from hypothesis import strategies as st
 
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
-from rayk.coordinator.group.group_records import (
+from rayk.coordinator.group.group_records import decode_record
+from rayk.coordinator.share.share_records import (
     ShareGroupRecord,
     ShareMemberRecord,
-    ShareStateRecord,
-    decode_record,
     share_group_key,
     share_group_value,
     share_state_key,
@@ -32,6 +31,7 @@ from rayk.coordinator.group.group_records import (
 from rayk.replication.share import share_fetch
 from rayk.replication.share.share_fetch import SharePartitions, ShareSettings
 from rayk.replication.share.share_partition import AcknowledgeType
+from rayk.replication.share.share_state import ShareStateRecord
 from rayk.config import BrokerConfig
 from rayk.errors import (
     CoordinatorNotAvailableError,

@@ -33,7 +33,8 @@ import msgpack
 
 from rayk.config import BrokerConfig
 from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
-from rayk.coordinator.group.group_records import RECORDS_PER_APPEND, GroupRecord, MemberState, group_key, member_state_value
+from rayk.coordinator.group.classic_group_records import GroupRecord, MemberState, group_key, member_state_value
+from rayk.coordinator.group.group_records import RECORDS_PER_APPEND
 from rayk.errors import KafkaError, UnknownMemberIdError
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ from typing import Any
 
 import re2
 
-from rayk.coordinator.group.group_records import ConsumerGroupRecord, ConsumerMemberRecord
+from rayk.coordinator.group.consumer_group_records import ConsumerGroupRecord, ConsumerMemberRecord
 from rayk.coordinator.group.member_reconciliation import NOT_OWNED, MemberAssignment, MemberState, reconcile
 from rayk.coordinator.group.server_assignors import ASSIGNORS, TopicPartition
 from rayk.errors import (
@@ -251,7 +251,7 @@ class ConsumerProtocolGroup:
         return twin
 
     def snapshot(self) -> ConsumerGroupRecord:
-        """What survives a coordinator move (group_records.py): all but heartbeat times."""
+        """What survives a coordinator move (consumer_group_records.py): all but heartbeat times."""
         return ConsumerGroupRecord(self.group_id, self.group_epoch, self.target_epoch, dict(self._partition_counts), tuple(
             ConsumerMemberRecord(
                 m.member_id, m.instance_id, m.client_id, m.client_host, m.rack_id, tuple(sorted(m.subscribed_topics)),

@@ -4,7 +4,7 @@
 them in its GroupMetadataManager).
 
 It maps group id -> ConsumerProtocolGroup, rebuilt on load from each group's latest
-record (one record per change: group_records.py), and writes through the coordinator's
+record (one record per change: consumer_group_records.py), and writes through the coordinator's
 append, under the coordinator's per-group lock.
 
 These groups share the group id namespace with the classic ones, as in Kafka 4:
@@ -46,6 +46,7 @@ from typing import Any
 
 from rayk.config import BrokerConfig
 from rayk.coordinator.group.classic_group_manager import ClassicGroupManager
+from rayk.coordinator.group.classic_group_records import group_key
 from rayk.coordinator.group.consumer_group import ConsumerGroup, GroupState, JoinResult, Member
 from rayk.coordinator.group.consumer_protocol_group import (
     JOIN_EPOCH,
@@ -56,7 +57,7 @@ from rayk.coordinator.group.consumer_protocol_group import (
     HeartbeatAnswer,
 )
 from rayk.coordinator.group.consumer_protocol_group import Member as ConsumerMember
-from rayk.coordinator.group.group_records import ConsumerGroupRecord, consumer_group_key, consumer_group_value, group_key
+from rayk.coordinator.group.consumer_group_records import ConsumerGroupRecord, consumer_group_key, consumer_group_value
 from rayk.coordinator.group.member_reconciliation import MemberAssignment
 from rayk.errors import (
     CoordinatorLoadInProgressError,

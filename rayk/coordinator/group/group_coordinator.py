@@ -72,20 +72,15 @@ from rayk.coordinator.group.classic_group_manager import ClassicGroupManager
 from rayk.coordinator.group.consumer_group import GroupState, JoinResult
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
 from rayk.coordinator.group.consumer_protocol_group_manager import Append, ConsumerProtocolGroupManager, PartitionCounts
-from rayk.coordinator.group.group_records import (
-    AnyGroupRecord,
-    CommittedOffset,
-    ConsumerGroupRecord,
-    GroupRecord,
-    MalformedGroupRecordError,
-    OffsetRecord,
-    ShareGroupRecord,
-    ShareStateRecord,
-    decode_record,
-)
+from rayk.coordinator.group.classic_group_records import GroupRecord
+from rayk.coordinator.group.consumer_group_records import ConsumerGroupRecord
+from rayk.coordinator.group.group_records import AnyGroupRecord, decode_record
 from rayk.coordinator.group.offset_metadata_manager import AppendTransactional, OffsetMetadataManager, OffsetsToCommit
+from rayk.coordinator.group.offset_records import CommittedOffset, OffsetRecord
+from rayk.coordinator.group.record_schema import MalformedGroupRecordError
 from rayk.coordinator.share.share_coordinator import MembersGone, ShareCoordinator, StatesReset
 from rayk.coordinator.share.share_group import ShareHeartbeatAnswer
+from rayk.coordinator.share.share_records import ShareGroupRecord
 from rayk.errors import (
     CoordinatorNotAvailableError,
     GroupIdNotFoundError,
@@ -95,6 +90,7 @@ from rayk.errors import (
     NonEmptyGroupError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC
+from rayk.replication.share.share_state import ShareStateRecord
 
 logger = logging.getLogger(__name__)
 

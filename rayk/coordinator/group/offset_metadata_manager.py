@@ -37,13 +37,8 @@ from rayk.coordinator.group.consumer_protocol_group_manager import (
     ConsumerProtocolGroupManager,
     check_member_epoch,
 )
-from rayk.coordinator.group.group_records import (
-    RECORDS_PER_APPEND,
-    CommittedOffset,
-    OffsetRecord,
-    offset_key,
-    offset_value,
-)
+from rayk.coordinator.group.group_records import RECORDS_PER_APPEND
+from rayk.coordinator.group.offset_records import CommittedOffset, OffsetRecord, offset_key, offset_value
 from rayk.errors import (
     CoordinatorNotAvailableError,
     GroupIdNotFoundError,

@@ -18,9 +18,10 @@ from rayk.coordinator.group.consumer_group import JoinResult
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
 from rayk.coordinator.coordinator_log import LogEntry
 from rayk.coordinator.coordinator_replica import CoordinatorReplica
-from rayk.coordinator.group.group_coordinator import CommittedOffset, GroupCoordinator
-from rayk.coordinator.group.group_records import ShareStateRecord
+from rayk.coordinator.group.group_coordinator import GroupCoordinator
+from rayk.coordinator.group.offset_records import CommittedOffset
 from rayk.replication.partition_replica import ProduceResult
+from rayk.replication.share.share_state import ShareStateRecord
 from rayk.coordinator.share.share_group import ShareHeartbeatAnswer
 from rayk.dataplane import frames
 from rayk.errors import CoordinatorNotAvailableError, KafkaError

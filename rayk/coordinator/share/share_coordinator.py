@@ -10,7 +10,7 @@ states, in `__share_group_state`). Here both sit in the partition of the group t
 to, so that a group and its states are deleted together and described by one coordinator:
 the GroupCoordinator of that partition owns this object, which shares its log (writes go
 through its append, acks=all, before a request is answered), its load (it replays the
-share_group and share_state records, group_records.py) and its per-group locks and group
+share_group and share_state records, share_records.py) and its per-group locks and group
 id namespace.
 
 It maps group id -> ShareGroup, and group id -> (topic, partition) -> ShareStateRecord
@@ -25,7 +25,7 @@ Share groups share the group id namespace with the other kinds: a heartbeat for 
 classic or consumer group's id is GROUP_ID_NOT_FOUND ("not a share group"), as Kafka
 answers, and the other kinds' requests for a share group's id are refused likewise.
 
-State (Kafka's share coordinator, here beside the group, see group_records.py): each
+State (Kafka's share coordinator, here beside the group, see share_records.py): each
 share-partition's leader reads its state when it starts serving the partition for the
 group (`read_state`) and writes it whenever records are settled (`write_state`). Both carry the leader's epoch: an older leader than the last one
 seen is FENCED_LEADER_EPOCH, so a deposed leader can never overwrite its successor's
@@ -60,15 +60,14 @@ from typing import Any
 
 from rayk.config import BrokerConfig
 from rayk.coordinator.group.consumer_protocol_group_manager import check_max_size, write_group_records
-from rayk.coordinator.group.group_records import (
+from rayk.coordinator.share.share_group import ShareGroup, ShareHeartbeatAnswer, check_group_configs
+from rayk.coordinator.share.share_records import (
     ShareGroupRecord,
-    ShareStateRecord,
     share_group_key,
     share_group_value,
     share_state_key,
     share_state_value,
 )
-from rayk.coordinator.share.share_group import ShareGroup, ShareHeartbeatAnswer, check_group_configs
 from rayk.errors import (
     FencedLeaderEpochError,
     FencedStateEpochError,
@@ -77,6 +76,7 @@ from rayk.errors import (
     InvalidRequestError,
     NonEmptyGroupError,
 )
+from rayk.replication.share.share_state import ShareStateRecord
 
 logger = logging.getLogger(__name__)
 

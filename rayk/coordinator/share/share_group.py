@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rayk.coordinator.group.group_records import ShareGroupRecord, ShareMemberRecord
+from rayk.coordinator.share.share_records import ShareGroupRecord, ShareMemberRecord
 from rayk.errors import FencedMemberEpochError, InvalidConfigurationError, UnknownMemberIdError
 
 JOIN_EPOCH, LEAVE_EPOCH = 0, -1

@@ -3,7 +3,7 @@ group's coordinator and reads it back (what Kafka's Persister carries between a
 SharePartition and the share coordinator): the epoch of the leader that wrote it, the
 state's epoch, the share-partition start offset and the in-flight batches. The leader
 (share_fetch.py, share_state_client.py) and the coordinator, which stores it in
-`__consumer_offsets` (coordinator/group/group_records.py), both speak it."""
+`__consumer_offsets` (coordinator/share/share_records.py), both speak it."""
 
 from __future__ import annotations
 
