@@ -142,6 +142,7 @@ class LeaderIsr:
     def after_change(self) -> None:
         """The ISR or min.insync.replicas changed: a smaller ISR, or one back at
         min.insync.replicas, may let the HW move; parked acks=-1 produces re-check it."""
+        assert self.state is None or self._ctx.broker_id in self.state.isr, "the ISR holds the leader"
         self.maybe_increment_high_watermark()
         self._ctx.events.notify_change()
 

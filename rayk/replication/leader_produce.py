@@ -263,7 +263,7 @@ class LeaderProduce:
                     f"written, but the ISR shrank below min.insync.replicas = {ctx.config.min_insync_replicas}"
                 )
             if ctx.log.high_watermark >= required_offset:
-                assert ctx.leads_in(epoch), "acknowledged only by the HW of the epoch its records were appended in"
+                assert ctx.leader_epoch == epoch, "acknowledged only by the HW of the epoch its records were appended in"
                 return None
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
