@@ -50,6 +50,7 @@ class CoordinatorReplica(PartitionReplica):
         self._last_load: dict[str, float] = {}  # what the latest coordinator load replayed, and how long it took
         # One transactional write per producer at a time (a lock lives while a write holds it).
         self._producer_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._background: set[asyncio.Task] = set()  # the coordinator's tasks, held until done
 
     # ------------------------------------------------------------------ what a coordinator replica defines
 
@@ -63,7 +64,7 @@ class CoordinatorReplica(PartitionReplica):
     # ------------------------------------------------------------------ leadership
 
     async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0) -> None:
-        was_leading_this_epoch = self._role == "leader" and self._leader_epoch == leader_epoch
+        was_leading_this_epoch = self._ctx.leads_in(leader_epoch)
         await super().become_leader(leader_epoch, replicas, isr, partition_epoch)
         if not was_leading_this_epoch or self._coordinator is None:
             await self._start_coordinator()
@@ -111,12 +112,12 @@ class CoordinatorReplica(PartitionReplica):
 
     async def produce_requests(self, requests: list[ProduceRequest]) -> list[ProduceResult]:
         """A client's produce: refused, INVALID_TOPIC_EXCEPTION (see the module docstring)."""
-        counters = self._counters
+        counters = self._ctx.counters
         counters.produce_requests += len(requests)
         counters.failed_produce_requests += len(requests)
         counters.maybe_flush()
         error = InvalidTopicError(f"{self.topic} is an internal topic: only the {self.coordinator_name} writes to it")
-        return [self._produce_error(error) for _ in requests]
+        return [self._produce.produce_error(error) for _ in requests]
 
     async def _append_records(self, records: list[tuple[bytes, bytes | None]], acks: int = -1) -> None:
         batch = build_batch([SimpleRecord(value, key) for key, value in records])

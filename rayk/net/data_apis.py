@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from rayk.acls import DESCRIBE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
-from rayk.replication.partition_replica import CONSUMER_REPLICA_ID
+from rayk.replication.leader_fetch import CONSUMER_REPLICA_ID
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.net.api_versions import transaction_version_of
 from rayk.errors import (

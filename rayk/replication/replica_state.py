@@ -20,8 +20,8 @@ HW is computed over the *maximal* ISR, the union of the committed and the propos
 so neither a pending expansion nor a pending shrink can let the HW pass a replica the
 Controller might still elect.
 
-Pure logic: no Ray, no I/O, not thread-safe. The PartitionReplica actor owns one and
-calls it from its event loop; it decides what to do with a changed ISR or HW.
+Pure logic: no Ray, no I/O, not thread-safe. A leader's LeaderIsr (leader_isr.py) owns
+one and calls it from the replica's event loop; it decides what to do with a changed ISR or HW.
 """
 
 from __future__ import annotations

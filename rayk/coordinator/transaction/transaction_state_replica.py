@@ -48,7 +48,7 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
     async def _open_coordinator(self, records: list[LogEntry]) -> TransactionCoordinator:
         c = self._broker_config
         coordinator = TransactionCoordinator(
-            self._append_records, self._write_marker, self._new_producer_id, self._leader_epoch,
+            self._append_records, self._write_marker, self._new_producer_id, self._ctx.leader_epoch,
             TransactionConfig(c.transaction_max_timeout_ms, c.transactional_id_expiration_ms),
         )
         # (only the coordinator writes here: no transactional batch or marker is in this log)

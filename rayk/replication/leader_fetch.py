@@ -1,0 +1,198 @@
+"""LeaderFetch: a partition leader's read path (Kafka's Partition.fetchRecords with
+ReplicaManager's DelayedFetch, and the leader's ListOffsets, DeleteRecords and
+OffsetsForLeaderEpoch).
+
+A fetch serves consumers up to the HW (a READ_COMMITTED one up to the LSO, with the
+aborted transactions that overlap what it read) and followers up to the LEO. One that
+finds fewer than `min_bytes` waits up to `max_wait_ms` and is answered the moment an append
+or an HW move satisfies it (replica_events.py; nothing polls).
+
+A follower's fetch offset is its LEO: the leader records it, which may add the follower to
+the ISR and advance the HW (leader_isr.py), then answers. A follower's fetch names the
+epoch of its last batch; if the leader's log went another way after that epoch, the answer
+is the diverging epoch instead of records, and the follower's offset is not counted (it is
+not a position in the leader's log).
+
+It owns no state of its own: the log, role and epoch are the context's
+(replica_context.py), the followers' positions LeaderIsr's. Errors are answered in the
+result, as Kafka answers per partition. Not thread-safe: the replica actor's event loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rayk.dataplane import frames
+from rayk.dataplane.frames import FetchResult
+from rayk.errors import (
+    FencedLeaderEpochError,
+    InconsistentTopicIdError,
+    InvalidTimestampError,
+    KafkaError,
+    NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
+    OffsetOutOfRangeError,
+    PolicyViolationError,
+    UnknownLeaderEpochError,
+)
+from rayk.replication.leader_isr import LeaderIsr
+from rayk.replication.replica_context import ReplicaContext, Role, now_ms
+from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
+from rayk.storage.records import iter_batches
+
+CONSUMER_REPLICA_ID = -1
+LATEST_TIMESTAMP = -1  # ListOffsets sentinels
+EARLIEST_TIMESTAMP = -2
+DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
+
+
+class LeaderFetch:
+    """A leader's fetches, offset lookups and record deletion (see the module docstring)."""
+
+    def __init__(self, ctx: ReplicaContext, isr: LeaderIsr) -> None:
+        self._ctx = ctx
+        self._isr = isr
+
+    def fetch_error(self, error: KafkaError) -> FetchResult:
+        log = self._ctx.log
+        return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, error,
+                           last_stable_offset=log.last_stable_offset)
+
+    async def fetch(
+        self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
+        last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str = "", read_committed: bool = False,
+    ) -> FetchResult:
+        """One fetch, answered now or once it is satisfiable (see PartitionReplica.fetch)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            return self.fetch_error(ctx.not_leader())
+        if topic_id is not None and topic_id != ctx.topic_id:
+            return self.fetch_error(InconsistentTopicIdError(f"{ctx.name} has topic id {ctx.topic_id}, not {topic_id}"))
+        if leader_epoch >= 0 and leader_epoch != ctx.leader_epoch:
+            cls = FencedLeaderEpochError if leader_epoch < ctx.leader_epoch else UnknownLeaderEpochError
+            return self.fetch_error(cls(f"fetch in epoch {leader_epoch}, leader is in epoch {ctx.leader_epoch}"))
+        is_follower = replica_id != CONSUMER_REPLICA_ID
+        if is_follower:
+            refused = self._follower_fetched(offset, replica_id, last_fetched_epoch, replica_incarnation_id)
+            if refused is not None:
+                return refused
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            changed = ctx.events.change_event(appends=is_follower)  # a consumer reads up to the HW
+            result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower)
+            remaining_s = deadline - time.monotonic()
+            if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
+                if ctx.trace is not None and is_follower:
+                    for batch in iter_batches(result.records):
+                        ctx.trace.fetch_answered(replica_id, batch.header.next_offset)
+                return result
+            await changed.wait(remaining_s)
+            if ctx.role is not Role.LEADER:
+                return self.fetch_error(ctx.not_leader())
+
+    def _follower_fetched(
+        self, offset: int, replica_id: int, last_fetched_epoch: int, incarnation_id: str
+    ) -> FetchResult | None:
+        """Records a follower's position, or the answer that refuses it: not a replica,
+        a diverging epoch, an offset past this log's end."""
+        ctx, log = self._ctx, self._ctx.log
+        if replica_id not in self._isr.leading().followers:
+            return self.fetch_error(NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of this partition"))
+        diverging = self._diverging_epoch(offset, last_fetched_epoch)
+        if diverging is not None:
+            return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging,
+                               log.last_stable_offset)
+        if offset > log.log_end_offset:  # not a position in this log: it must truncate first
+            return self.fetch_error(
+                OffsetOutOfRangeError(f"broker {replica_id} fetches at {offset}, past the log end {log.log_end_offset}")
+            )
+        if ctx.trace is not None:
+            ctx.trace.fetch_arrived(replica_id, offset)
+        self._record_follower_position(replica_id, offset, incarnation_id)
+        return None
+
+    def _diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
+        """(epoch, end offset) where this log's history leaves the follower's, if it does:
+        this log has no `last_fetched_epoch`, or it ends before the follower's offset.
+        A log with no epochs at all has nothing to compare: the offset check decides."""
+        log = self._ctx.log
+        if last_fetched_epoch == UNDEFINED_EPOCH or log.latest_epoch == UNDEFINED_EPOCH:
+            return None
+        epoch, end_offset = log.end_offset_for_epoch(last_fetched_epoch)
+        if epoch < last_fetched_epoch or end_offset < fetch_offset:
+            return epoch, end_offset
+        return None
+
+    def _record_follower_position(self, replica_id: int, fetch_offset: int, incarnation_id: str = "") -> None:
+        isr = self._isr
+        leo = self._ctx.log.log_end_offset
+        assert fetch_offset <= leo, f"a follower's position {fetch_offset} is within the leader's log (LEO {leo})"
+        isr.leading().record_follower_fetch(replica_id, fetch_offset, leo, now_ms(), incarnation_id)
+        isr.follower_fetched(replica_id)
+
+    def _read(self, offset: int, max_bytes: int, is_follower: bool, read_committed: bool = False) -> FetchResult:
+        log = self._ctx.log
+        try:
+            if is_follower:
+                max_offset = None
+            else:
+                max_offset = log.last_stable_offset if read_committed else log.high_watermark
+            result = log.read(offset, max_bytes, max_offset=max_offset)
+            aborted: tuple[tuple[int, int], ...] = ()
+            if read_committed and result.records:
+                aborted = tuple(
+                    (t.producer_id, t.first_offset) for t in log.aborted_transactions(offset, result.next_offset)
+                )
+        except KafkaError as e:
+            return self.fetch_error(e)
+        return FetchResult(result.records, result.high_watermark, result.log_end_offset, result.log_start_offset,
+                           last_stable_offset=result.last_stable_offset, aborted_transactions=aborted)
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offset(self, timestamp_ms: int, isolation_level: int) -> tuple[int, int]:
+        """Kafka's ListOffsets for a consumer (see PartitionReplica.list_offset)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            raise ctx.not_leader()
+        log = ctx.log
+        epoch_start_offset = self._isr.leading().leader_epoch_start_offset
+        if log.high_watermark < epoch_start_offset:
+            raise OffsetNotAvailableError(
+                f"the high watermark {log.high_watermark} of {ctx.name} lags the start "
+                f"{epoch_start_offset} of leader epoch {ctx.leader_epoch}"
+            )
+        last_fetchable = log.last_stable_offset if isolation_level == frames.READ_COMMITTED else log.high_watermark
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return last_fetchable, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return log.log_start_offset, -1
+        if timestamp_ms < 0:
+            raise InvalidTimestampError(f"timestamp {timestamp_ms} is neither >= 0 nor -1 (latest) / -2 (earliest)")
+        found = log.offset_for_timestamp(timestamp_ms)
+        if found is None or found.offset >= last_fetchable:
+            return -1, -1
+        return found.offset, found.timestamp_ms
+
+    def delete_records(self, offset: int) -> int:
+        """Kafka's DeleteRecords on the leader (see PartitionReplica.delete_records)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            raise ctx.not_leader()
+        log = ctx.log
+        if not log.config.deletes:
+            raise PolicyViolationError(
+                f"records of {ctx.name} cannot be deleted: cleanup.policy is {log.config.cleanup_policy}"
+            )
+        target = log.high_watermark if offset == DELETE_TO_HIGH_WATERMARK else offset
+        if target < 0:
+            raise OffsetOutOfRangeError(f"the offset {offset} for {ctx.name} is not valid")
+        log.maybe_increment_log_start_offset(target)  # OFFSET_OUT_OF_RANGE above the HW
+        return log.log_start_offset
+
+    def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            raise ctx.not_leader()
+        return ctx.log.end_offset_for_epoch(epoch)

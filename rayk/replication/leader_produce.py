@@ -1,0 +1,313 @@
+"""LeaderProduce: a partition leader's produce path, from a request to its acknowledgement
+(Kafka's Partition.appendRecordsToLeader with ReplicaManager's transaction verification
+and DelayedProduce).
+
+acks must be 0, 1 or -1 (else INVALID_REQUIRED_ACKS); acks=-1 is refused with
+NOT_ENOUGH_REPLICAS before appending when the ISR is smaller than `min.insync.replicas`,
+and otherwise waits until the HW passes the last appended offset, or answers
+REQUEST_TIMED_OUT after `timeout_ms`. Several requests of one call (a listener's, see
+rayk/net/produce_coalescer.py) are appended in list order and their acknowledgements wait
+together:
+- the leader epoch is taken once per call: every request of it is appended in that epoch
+  or not at all;
+- the transactions' first batches are verified with their coordinators
+  (txn_verification.py, KIP-890) before any request of the call is appended;
+- each appended request's acknowledgement waits in the epoch it was appended in: if the
+  leadership moves on meanwhile, it is NOT_LEADER_OR_FOLLOWER, never an HW of another
+  epoch's log (which may have truncated the records away);
+- one request's bad input, or a fault in handling it, is that request's error alone.
+Transaction markers (WriteTxnMarkers) and the producer-state queries (DescribeProducers,
+a resuming writer's next sequence) go the same way.
+
+It owns the handles of the transaction coordinators that verify; the ISR and HW are
+LeaderIsr's (leader_isr.py), the role, epoch, log and counters the context's
+(replica_context.py). Errors are answered in the result, as Kafka answers per partition.
+Not thread-safe: the replica actor's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rayk.dataplane.frames import ProduceRequest, ProduceResult
+from rayk.errors import (
+    InvalidRecordError,
+    InvalidRequiredAcksError,
+    KafkaError,
+    NotEnoughReplicasAfterAppendError,
+    RequestTimedOutError,
+    UnknownServerError,
+)
+from rayk.replication import txn_verification
+from rayk.replication.leader_isr import LeaderIsr
+from rayk.replication.replica_context import ReplicaContext, Role
+from rayk.storage.producer_state import VerificationGuard, Verdict
+from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
+
+logger = logging.getLogger(__name__)
+
+SEQUENCE_GAP_WAIT_MAX_MS = 2_000  # how long a batch ahead of its producer's sequence waits
+
+
+@dataclass(frozen=True, slots=True)
+class _Appended:
+    """A produce's records as the leader appended them: what its acknowledgement waits for."""
+
+    first_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    leader_epoch: int  # appended in: an acknowledgement holds only while this epoch leads
+
+
+# What `_verify_request` found for a request: None (nothing to verify), the guard to append
+# a transaction's first batch with, or the error the request is answered.
+_Verification = VerificationGuard | KafkaError | None
+
+
+def _is_transactional(records: bytes) -> bool:
+    return len(records) >= HEADER_SIZE_BYTES and BatchHeader.parse(records).is_transactional
+
+
+class LeaderProduce:
+    """A leader's produce and acknowledgement path (see the module docstring)."""
+
+    def __init__(self, ctx: ReplicaContext, isr: LeaderIsr, controller: Any) -> None:
+        """`controller`: the Controller's handle, through which the transaction
+        coordinators that verify transactional writes are found."""
+        self._ctx = ctx
+        self._isr = isr
+        self._txn_coordinators = txn_verification.CoordinatorHandles(controller)
+
+    def produce_error(self, error: KafkaError) -> ProduceResult:
+        return ProduceResult(-1, -1, self._ctx.log.log_start_offset, error)
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce_requests(self, requests: list[ProduceRequest]) -> list[ProduceResult]:
+        """Appends and acknowledges the requests of one call (see the module docstring)."""
+        received_s = time.monotonic()
+        ctx = self._ctx
+        requests = [r if isinstance(r, ProduceRequest) else ProduceRequest(*r) for r in requests]
+        epoch = ctx.leader_epoch if ctx.role is Role.LEADER else None
+        verified: list[_Verification] = [None] * len(requests)
+        if epoch is not None and any(_is_transactional(request.records) for request in requests):
+            verified = list(await asyncio.gather(*(self._verify_request(request, epoch) for request in requests)))
+        appended: list[ProduceResult | _Appended] = []
+        for request, verification in zip(requests, verified):
+            try:
+                appended.append(await self._append(request, epoch, verification))
+            except KafkaError as e:
+                appended.append(self.produce_error(e))
+            except Exception as e:  # a bug: this request alone fails, as Kafka answers per partition
+                logger.exception("%s: appending a produce request failed", ctx.name)
+                appended.append(self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")))
+        return list(await asyncio.gather(*(
+            self._answer(done, request.acks, request.timeout_ms, received_s) for done, request in zip(appended, requests)
+        )))
+
+    async def _answer(
+        self, appended: ProduceResult | _Appended, acks: int, timeout_ms: int, received_s: float
+    ) -> ProduceResult:
+        if isinstance(appended, ProduceResult):
+            return appended
+        trace = self._ctx.trace
+        if trace is not None:
+            trace.appended(received_s, appended.last_offset + 1)
+        result = await self._acknowledge(appended, acks, timeout_ms)
+        if self._ctx.trace is not None:
+            self._ctx.trace.answered(appended.last_offset + 1)
+        return result
+
+    async def _append(
+        self, request: ProduceRequest, epoch: int | None, verification: _Verification
+    ) -> ProduceResult | _Appended:
+        """The checks and the append of one produce in leader epoch `epoch` (None: this
+        replica did not lead when the call came): what to acknowledge, or the final answer
+        (an error, or a duplicate's first answer). A transactional batch needs its
+        producer's `transactional_id`; `verification` is what `_verify_request` found."""
+        ctx = self._ctx
+        records, acks, timeout_ms = request.records, request.acks, request.timeout_ms
+        if acks not in (0, 1, -1):
+            return self.produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
+        if epoch is None or not ctx.leads_in(epoch):
+            return self.produce_error(ctx.not_leader())
+        if isinstance(verification, KafkaError):
+            ctx.counters.bytes_rejected += len(records)
+            return self.produce_error(verification)
+        header = BatchHeader.parse(records) if len(records) >= HEADER_SIZE_BYTES else None
+        if header is not None and header.producer_id >= 0:
+            if header.size_bytes != len(records):
+                ctx.counters.bytes_rejected += len(records)
+                return self.produce_error(InvalidRecordError("an idempotent produce carries exactly one batch"))
+            await self._await_earlier_batches(header, timeout_ms, epoch)
+            if not ctx.leads_in(epoch):
+                return self.produce_error(ctx.not_leader())
+        if acks == -1 and (too_few := self._isr.too_few_in_sync()) is not None:
+            return self.produce_error(too_few)
+        transactional = header is not None and header.is_transactional
+        if transactional and request.transactional_id is None:
+            return self.produce_error(InvalidRecordError("a transactional batch in a produce request without a transactional id"))
+        log = ctx.log
+        end_before = log.log_end_offset
+        # No await from here to the append: the epoch checked above is the one written.
+        assert ctx.leads_in(epoch), f"appended as the leader of epoch {epoch}"
+        try:
+            info = log.append_as_leader(records, epoch, allow_transactional=transactional, verification_guard=verification)
+        except KafkaError as e:
+            ctx.counters.bytes_rejected += len(records)  # too large, corrupt, invalid, out of sequence
+            return self.produce_error(e)
+        if not info.duplicate:  # (a retry of an appended batch is answered as the first time)
+            assert end_before <= info.first_offset <= info.last_offset < log.log_end_offset, "offsets only grow"
+            ctx.counters.messages_in += info.record_count
+            ctx.counters.bytes_in += info.size_bytes
+            self._wake_after_append()
+        return _Appended(info.first_offset, info.last_offset, info.log_append_time_ms, epoch)
+
+    async def _verify_request(self, request: ProduceRequest, epoch: int) -> _Verification:
+        """Asks the transaction coordinator about a transactional request whose batch would
+        open its producer's transaction here (txn_verification.py), bounded by the request's
+        timeout: the guard to append with, the refusal, or None (not transactional, or its
+        transaction is open here already: the append checks that it still is)."""
+        records, ctx = request.records, self._ctx
+        if not _is_transactional(records) or request.transactional_id is None:
+            return None  # (no transactional id: _append refuses it)
+        header = BatchHeader.parse(records)
+        entry = ctx.log.producer_state.producers.get(header.producer_id)
+        if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
+            return None
+        guard = ctx.log.verification_guard(header.producer_id)  # taken before asking: a marker meanwhile voids it
+        error = await txn_verification.verify_partition(
+            self._txn_coordinators, request.transactional_id, ctx.topic, ctx.partition, header.producer_id,
+            header.producer_epoch, request.transaction_version, timeout_ms=request.timeout_ms,
+        )  # fmt: skip
+        if error is None and not ctx.leads_in(epoch):  # the leadership moved while the coordinator answered
+            return ctx.not_leader()
+        return guard if error is None else error
+
+    async def _await_earlier_batches(self, header: BatchHeader, timeout_ms: int, epoch: int) -> None:
+        """Waits while the batch is ahead of its producer's sequence here, for at most
+        SEQUENCE_GAP_WAIT_MAX_MS: calls to an async actor may arrive out of order, so the
+        producer's earlier batches may be on their way. Decides nothing: the log's append
+        checks the batch against the producer state as it is then (a duplicate, a gap left,
+        an epoch fenced)."""
+        ctx = self._ctx
+        last_sequence = header.base_sequence + header.last_offset_delta
+        deadline = time.monotonic() + min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS) / 1000
+        while True:
+            appended = ctx.events.change_event(appends=True)  # the producer's earlier batches
+            if not ctx.leads_in(epoch):
+                return
+            try:
+                verdict, _ = ctx.log.producer_state.check(
+                    header.producer_id, header.producer_epoch, header.base_sequence, last_sequence
+                )
+            except KafkaError:
+                return  # refused whatever comes: the append says so
+            remaining_s = deadline - time.monotonic()
+            if verdict is not Verdict.GAP or remaining_s <= 0:
+                return
+            await appended.wait(remaining_s)
+
+    def _wake_after_append(self) -> None:
+        """Wakes what waits for this leader's log: a single-replica ISR moves the HW at once."""
+        if self._isr.maybe_increment_high_watermark():
+            self._ctx.events.notify_change()
+        else:
+            self._ctx.events.notify_append()
+
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, timeout_ms: int
+    ) -> ProduceResult:
+        """The partition leader's side of WriteTxnMarkers: appends a transaction
+        coordinator's COMMIT or ABORT marker for the producer (Log.append_txn_marker: its
+        epoch checks, TRANSACTION_COORDINATOR_FENCED, INVALID_PRODUCER_EPOCH) and answers
+        once the in-sync replicas have it, as an acks=all produce."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            return self.produce_error(ctx.not_leader())
+        if (too_few := self._isr.too_few_in_sync()) is not None:
+            return self.produce_error(too_few)
+        epoch = ctx.leader_epoch
+        try:
+            info = ctx.log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch, epoch)
+        except KafkaError as e:
+            return self.produce_error(e)
+        self._wake_after_append()
+        return await self._acknowledge(_Appended(info.first_offset, info.last_offset, -1, epoch), -1, timeout_ms)
+
+    # ------------------------------------------------------------------ acknowledgement
+
+    async def _acknowledge(self, appended: _Appended, acks: int, timeout_ms: int) -> ProduceResult:
+        log = self._ctx.log
+        result = ProduceResult(appended.first_offset, appended.log_append_time_ms, log.log_start_offset)
+        if acks != -1:
+            return result
+        error = await self._wait_for_replication(appended.last_offset + 1, appended.leader_epoch, timeout_ms)
+        return result if error is None else ProduceResult(appended.first_offset, -1, log.log_start_offset, error)
+
+    async def _wait_for_replication(self, required_offset: int, epoch: int, timeout_ms: int) -> KafkaError | None:
+        """Kafka's DelayedProduce: done when HW >= required_offset in `epoch`, or fails."""
+        ctx = self._ctx
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            changed = ctx.events.change_event()
+            if not ctx.leads_in(epoch):
+                return ctx.not_leader()
+            if len(self._isr.leading().isr) < ctx.config.min_insync_replicas:
+                # The HW stands still below min.insync.replicas (strict min ISR): say so now.
+                return NotEnoughReplicasAfterAppendError(
+                    f"written, but the ISR shrank below min.insync.replicas = {ctx.config.min_insync_replicas}"
+                )
+            if ctx.log.high_watermark >= required_offset:
+                assert ctx.leader_epoch == epoch, "acknowledged only by the HW of the epoch its records were appended in"
+                return None
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return RequestTimedOutError(
+                    f"offset {required_offset - 1} was not replicated to all in-sync replicas within {timeout_ms} ms"
+                )
+            await changed.wait(remaining_s)
+
+    # ------------------------------------------------------------------ producer state
+
+    async def producer_sequence(self, producer_id: int, timeout_ms: int) -> tuple[int, int]:
+        """(epoch, next sequence) of an idempotent producer here, once its last batch is
+        committed (below the HW); (-1, 0) if the partition knows no batch of it (see
+        PartitionReplica.producer_sequence)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            raise ctx.not_leader()
+        entry = ctx.log.producer_state.producers.get(producer_id)
+        if entry is None or not entry.batches:
+            return -1, 0
+        epoch, last = entry.epoch, entry.batches[-1]
+        error = await self._wait_for_replication(last.last_offset + 1, ctx.leader_epoch, timeout_ms)
+        if error is not None:
+            # NOT_ENOUGH_REPLICAS_AFTER_APPEND too: below the HW, but held by fewer than
+            # min.insync.replicas, which is what its producer was told; a resuming writer
+            # that skipped it would report as written what the topic's durability setting
+            # says is not. The error is retriable: the writer asks again as the ISR grows.
+            raise error
+        return epoch, (last.last_sequence + 1) % (1 << 31)  # int32, wraps as the producer's
+
+    def describe_producers(self) -> list[dict]:
+        """Kafka's DescribeProducers for this partition (see PartitionReplica.describe_producers)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            raise ctx.not_leader()
+        out = []
+        for producer_id, entry in sorted(ctx.log.producer_state.producers.items()):
+            last = entry.batches[-1] if entry.batches else None
+            out.append({
+                "producer_id": producer_id,
+                "producer_epoch": entry.epoch,
+                "last_sequence": last.last_sequence if last else -1,
+                "last_timestamp": last.timestamp_ms if last else -1,
+                "coordinator_epoch": entry.coordinator_epoch,
+                "current_txn_start_offset": -1 if entry.current_txn_first_offset is None else entry.current_txn_first_offset,
+            })
+        return out

@@ -1,0 +1,61 @@
+"""ReplicaEvents: what a replica's waiting operations wait on (Kafka keys its delayed
+operations the same way).
+
+Two Wakeups (rayk/actors/wakeup.py), each made when a waiter first asks for it and dropped
+when fired:
+- the append event wakes what waits for new records: a follower's fetch, a batch
+  waiting for its producer's earlier sequence;
+- the change event wakes every waiter: the high watermark, the role or a config moved.
+A consumer's fetch reads only up to the HW and an acks=all produce waits for it, so an
+append that leaves the HW where it was wakes only the first: at RF=3 that is most appends.
+
+A waiter takes its event before it checks its condition, so a change between the check and
+the wait is not missed. `on_change` (while set) is called at every change, before the
+change event fires: the replica's share-partitions (see PartitionReplica) wake or close
+with it.
+
+Not thread-safe: used on the replica actor's event loop only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rayk.actors.wakeup import Wakeup
+
+
+class ReplicaEvents:
+    """The append and change events of one replica (see the module docstring)."""
+
+    __slots__ = ("_appended", "_changed", "on_change")
+
+    def __init__(self) -> None:
+        self._appended: Wakeup | None = None
+        self._changed: Wakeup | None = None
+        self.on_change: Callable[[], None] | None = None
+
+    def change_event(self, appends: bool = False) -> Wakeup:
+        """The event a waiter waits on, taken before it checks its condition; with
+        `appends`, one that new records fire too."""
+        if appends:
+            if self._appended is None:
+                self._appended = Wakeup()
+            return self._appended
+        if self._changed is None:
+            self._changed = Wakeup()
+        return self._changed
+
+    def notify_append(self) -> None:
+        """Records were appended and the HW did not move: wakes the waiters for records."""
+        if self._appended is not None:
+            event, self._appended = self._appended, None
+            event.fire()
+
+    def notify_change(self) -> None:
+        """Wakes every waiting fetch and produce: the HW, the role or a config moved."""
+        self.notify_append()
+        if self.on_change is not None:
+            self.on_change()
+        if self._changed is not None:
+            event, self._changed = self._changed, None
+            event.fire()
