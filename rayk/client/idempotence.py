@@ -28,7 +28,7 @@ rayk.client.resumable_write). It never bumps: a batch whose fate is unknown leav
 waiting (the task fails, and its next attempt resumes from what the leaders hold). Each
 partition's first batch goes alone, so that the leader knows the producer before a
 later batch could arrive first and be appended after a hole (a replica that does not
-know a producer accepts its batch at any sequence, see PartitionReplica._await_sequence).
+know a producer accepts its batch at any sequence, see ProducerStateManager.validate_client_batch).
 
 A transactional producer's manager (`IdempotenceManager.transactional`) takes its id and
 epoch from the transaction coordinator (`reset`, between transactions) and never bumps by
