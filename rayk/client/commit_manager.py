@@ -75,7 +75,9 @@ class CommitManager:
             if not offsets or self.member("auto-commit").commit_async(offsets, now):
                 self.next_auto_commit_s = now + self._auto_commit_interval_s
 
-    def committed(self, partitions: Iterable[TopicPartition | tuple[str, int]], what: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    def committed(
+        self, partitions: Iterable[TopicPartition | tuple[str, int]], what: str
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         """The group's committed offsets and metadata of `partitions` (those with a commit),
         in one lookup within default_api_timeout_ms."""
         group = self.member(what)

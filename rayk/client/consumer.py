@@ -399,7 +399,8 @@ class Consumer:
         self._commits.member("commit_async")  # ValueError without a group_id
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        return self._commits.commit_async(self._consumed_offsets() if offsets is None else commit_payload(offsets), callback)
+        payload = self._consumed_offsets() if offsets is None else commit_payload(offsets)
+        return self._commits.commit_async(payload, callback)
 
     def _consumed_offsets(self) -> dict[tuple[str, int], tuple[int, str]]:
         positions = self._positions.offsets

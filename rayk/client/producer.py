@@ -211,7 +211,7 @@ class Producer:
         leader puts them back in sequence order (and drops retried duplicates)."""
         if config.transactional_id is not None:
             return IdempotenceManager.transactional()  # its id comes with init_transactions()
-        if config.identity is not None:  # continuing a producer id's sequences (a retried write task, see resumable_write)
+        if config.identity is not None:  # continuing a producer id's sequences (a retried write task: resumable_write)
             return IdempotenceManager.pinned(config.identity)
         controller = self._cluster.controller
 
