@@ -372,7 +372,7 @@ def bench_lookup(tmp: Path, args: argparse.Namespace, payload: Payload, totals: 
     totals["rayk"] += log.size_bytes
     segments = len(log.segment_base_offsets)
     try:  # informational only, and reaches into internals: skip it if they change
-        index_entries = str(sum(s.offset_index.entries for s in log._segments))
+        index_entries = str(sum(s.offset_index.entries for s in log._local.segments))
     except AttributeError:
         index_entries = "?"
     print(f"\n3. LOOKUP  log of {segments} segments x {human_bytes(LOOKUP_SEGMENT_BYTES)}, {nbatches} batches of "

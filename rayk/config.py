@@ -45,9 +45,42 @@ MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 REPLICATION_TOPIC_CONFIGS = (MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE)
 
+# BrokerConfig's counts and sizes that must be >= 1.
+POSITIVE_SETTINGS = (
+    "num_partitions",
+    "default_replication_factor",
+    "min_insync_replicas",
+    "replica_fetch_max_bytes",
+    "offsets_topic_num_partitions",
+    "offsets_topic_replication_factor",
+    "offsets_topic_segment_bytes",
+    "transaction_state_log_num_partitions",
+    "transaction_state_log_replication_factor",
+    "transaction_state_log_min_isr",
+    "transaction_state_log_segment_bytes",
+    "queued_max_requests",
+    "socket_request_max_bytes",
+    "max_connections",
+    "sasl_server_max_receive_size",
+    "log_cleaner_io_max_bytes_per_second",
+    "log_cleaner_dedupe_buffer_size",
+    "quota_window_num",
+    "offsets_retention_minutes",
+    "quota_window_size_seconds",
+    "metadata_log_max_record_bytes_between_snapshots",
+    "group_share_delivery_count_limit",
+    "group_share_partition_max_record_locks",
+    "group_share_max_size",
+    "group_consumer_max_size",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
+    """A broker's settings: Kafka's dotted names with underscores, units last (`from_properties`
+    takes the dotted ones). Checked on construction, in named steps: a value out of range or
+    settings that do not fit together raise InvalidConfigurationError."""
+
     broker_session_timeout_ms: int = 9_000  # silent this long -> fenced, leaders moved
     broker_heartbeat_interval_ms: int = 2_000
     replica_lag_time_max_ms: int = 10_000  # isr-expiration runs every half of this
@@ -183,55 +216,8 @@ class BrokerConfig:
     min_incremental_fetch_session_eviction_ms: int = 120_000  # a session idle this long may be evicted
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "broker_replacement_delay_ms" and value == -1:
-                continue  # -1 turns broker replacement off
-            if f.name.endswith("_ms") and value < (0 if f.name in ZERO_ALLOWED_MS else 1):
-                raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
-        if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
-            raise InvalidConfigurationError(
-                "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
-                f"({self.broker_heartbeat_interval_ms} >= {self.broker_session_timeout_ms})"
-            )
-        for name in (
-            "num_partitions",
-            "default_replication_factor",
-            "min_insync_replicas",
-            "replica_fetch_max_bytes",
-            "offsets_topic_num_partitions",
-            "offsets_topic_replication_factor",
-            "offsets_topic_segment_bytes",
-            "transaction_state_log_num_partitions",
-            "transaction_state_log_replication_factor",
-            "transaction_state_log_min_isr",
-            "transaction_state_log_segment_bytes",
-            "queued_max_requests",
-            "socket_request_max_bytes",
-            "max_connections",
-            "sasl_server_max_receive_size",
-            "log_cleaner_io_max_bytes_per_second",
-            "log_cleaner_dedupe_buffer_size",
-            "quota_window_num",
-            "offsets_retention_minutes",
-            "quota_window_size_seconds",
-            "metadata_log_max_record_bytes_between_snapshots",
-            "group_share_delivery_count_limit",
-            "group_share_partition_max_record_locks",
-            "group_share_max_size",
-            "group_consumer_max_size",
-        ):
-            if getattr(self, name) < 1:
-                raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
-        if self.leader_imbalance_check_interval_seconds < 1 or not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
-            raise InvalidConfigurationError(
-                "leader.imbalance.check.interval.seconds must be >= 1 and leader.imbalance.per.broker.percentage "
-                f"0..100, got {self.leader_imbalance_check_interval_seconds} and {self.leader_imbalance_per_broker_percentage}"
-            )
-        if self.max_incremental_fetch_session_cache_slots < 0:
-            raise InvalidConfigurationError(
-                f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"
-            )
+        self._check_times()
+        self._check_counts()
         for listener in self.kafka_listeners():
             self._check_tls(listener)
             if listener.uses_sasl:
@@ -243,6 +229,40 @@ class BrokerConfig:
                 f"authorizer.class.name = {self.authorizer_class_name!r}: rayk has Kafka's StandardAuthorizer "
                 f"({AUTHORIZERS[1]}), or \"\" for none"
             )
+        self._check_request_limits()
+
+    def _check_times(self) -> None:
+        """Every *_ms setting is >= 1 ms (those of ZERO_ALLOWED_MS >= 0); heartbeats come
+        well within the session."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "broker_replacement_delay_ms" and value == -1:
+                continue  # -1 turns broker replacement off
+            if f.name.endswith("_ms") and value < (0 if f.name in ZERO_ALLOWED_MS else 1):
+                raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
+        if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
+            raise InvalidConfigurationError(
+                "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
+                f"({self.broker_heartbeat_interval_ms} >= {self.broker_session_timeout_ms})"
+            )
+
+    def _check_counts(self) -> None:
+        """Counts and sizes are in their ranges (POSITIVE_SETTINGS >= 1)."""
+        for name in POSITIVE_SETTINGS:
+            if getattr(self, name) < 1:
+                raise InvalidConfigurationError(f"{_dotted(name)} must be >= 1, got {getattr(self, name)}")
+        if self.leader_imbalance_check_interval_seconds < 1 or not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
+            raise InvalidConfigurationError(
+                "leader.imbalance.check.interval.seconds must be >= 1 and leader.imbalance.per.broker.percentage "
+                f"0..100, got {self.leader_imbalance_check_interval_seconds} and {self.leader_imbalance_per_broker_percentage}"
+            )
+        if self.max_incremental_fetch_session_cache_slots < 0:
+            raise InvalidConfigurationError(
+                f"max.incremental.fetch.session.cache.slots must be >= 0, got {self.max_incremental_fetch_session_cache_slots}"
+            )
+
+    def _check_request_limits(self) -> None:
+        """The listener's request and connection limits fit together."""
         if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise InvalidConfigurationError(
                 f"queued.max.request.bytes ({self.queued_max_request_bytes}) must be -1 or at least socket.request.max.bytes "

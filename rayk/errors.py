@@ -217,6 +217,12 @@ class InvalidConfigurationError(KafkaError):
     code, name = 40, "INVALID_CONFIG"
 
 
+class InvalidClientConfigError(InvalidConfigurationError, ValueError):
+    """A client's setting out of range (a Producer's, a Consumer's: rayk.client's
+    *_config.py): INVALID_CONFIG, and a ValueError, as the clients raised before their
+    settings were typed."""
+
+
 class PolicyViolationError(KafkaError):
     """A request breaks a limit the cluster sets, e.g. more partition replicas than the
     brokers may hold (Kafka: POLICY_VIOLATION)."""

@@ -200,51 +200,74 @@ def run_produce_perf(
         raise ValueError(f"latency_sample_every must be >= 1, got {latency_sample_every}")
     partitions = len(cluster.describe_topic(topic))  # UNKNOWN_TOPIC_OR_PARTITION before anything else
     payload = os.urandom(record_size)
-    latencies_ms: list[float] = []
-    errors: list[BaseException] = []
-
-    def completed() -> int:  # for the progress bar (exact when every record is timed); list.append is atomic
-        return min(num_records, len(latencies_ms) * latency_sample_every + len(errors))
-
-    def on_done(future: Any) -> None:
-        error = future.exception()
-        if error is not None:
-            errors.append(error)
-
-    def on_timed(sent_at: float, future: Any) -> None:
-        if future.exception() is None:
-            latencies_ms.append((time.perf_counter() - sent_at) * 1000)
-        on_done(future)
-
+    outcomes = _ProduceOutcomes(num_records, latency_sample_every)
     producer = cluster.producer(
         acks=acks, batch_size=batch_size, linger_ms=linger_ms, buffer_memory=buffer_memory, **producer_settings
     )
-    total_bytes = 0
     try:
         if warm_up:
             for future in [producer.send(topic, payload, partition=p) for p in range(partitions)]:
                 future.get(60)
-        with _progress(progress, label, num_records, completed):
+        with _progress(progress, label, num_records, outcomes.completed):
             start = time.perf_counter()
-            for i in range(num_records):
-                if throughput > 0:
-                    _throttle(start, i, throughput)
-                key, value = record_fn(i) if record_fn is not None else (None, payload)
-                total_bytes += len(value) + (len(key) if key else 0)
-                future = producer.send(topic, value, key=key)
-                if i % latency_sample_every:
-                    future.add_done_callback(on_done)
-                else:
-                    future.add_done_callback(functools.partial(on_timed, time.perf_counter()))
+            total_bytes = _send_all(producer, topic, num_records, payload, record_fn, throughput, outcomes, start)
             producer.flush()
             elapsed_s = time.perf_counter() - start
     finally:
         producer.close()
+    latencies_ms, errors = outcomes.latencies_ms, outcomes.errors
     figures = throughput_figures(num_records - len(errors), total_bytes, elapsed_s, latencies_ms)  # flush waited for all
     figures["latency_samples"] = len(latencies_ms)
     figures["errors"] = len(errors)
     figures["first_error"] = str(errors[0]) if errors else None
     return figures
+
+
+class _ProduceOutcomes:
+    """What became of run_produce_perf's records: the latencies of the timed ones (every
+    `sample_every`-th) and the errors of all. Futures' callbacks add to it from the
+    producer's threads; list.append is atomic."""
+
+    def __init__(self, num_records: int, sample_every: int) -> None:
+        self.latencies_ms: list[float] = []
+        self.errors: list[BaseException] = []
+        self._num_records = num_records
+        self.sample_every = sample_every
+
+    def completed(self) -> int:
+        """For the progress bar (exact when every record is timed)."""
+        return min(self._num_records, len(self.latencies_ms) * self.sample_every + len(self.errors))
+
+    def on_done(self, future: Any) -> None:
+        error = future.exception()
+        if error is not None:
+            self.errors.append(error)
+
+    def on_timed(self, sent_at: float, future: Any) -> None:
+        if future.exception() is None:
+            self.latencies_ms.append((time.perf_counter() - sent_at) * 1000)
+        self.on_done(future)
+
+
+def _send_all(
+    producer: Any, topic: str, num_records: int, payload: bytes, record_fn: RecordFn | None, throughput: float,
+    outcomes: _ProduceOutcomes, start: float,
+) -> int:
+    """Sends the records (at most `throughput` a second from `start`, if > 0), each with
+    its callback; returns their bytes."""
+    total_bytes = 0
+    sample_every, on_done, on_timed = outcomes.sample_every, outcomes.on_done, outcomes.on_timed  # bound once, not per record
+    for i in range(num_records):
+        if throughput > 0:
+            _throttle(start, i, throughput)
+        key, value = record_fn(i) if record_fn is not None else (None, payload)
+        total_bytes += len(value) + (len(key) if key else 0)
+        future = producer.send(topic, value, key=key)
+        if i % sample_every:
+            future.add_done_callback(on_done)
+        else:
+            future.add_done_callback(functools.partial(on_timed, time.perf_counter()))
+    return total_bytes
 
 
 # ---------------------------------------------------------------------------- consume
@@ -359,51 +382,75 @@ def run_consume_perf(
     `fetch_*` rates count from then on (Kafka's fetch.MB.sec and fetch.nMsg.sec).
     """
     partitions = len(cluster.describe_topic(topic))  # UNKNOWN_TOPIC_OR_PARTITION before anything else
-    latencies_ms: list[float] = []
-    total_bytes = 0
     consumer = _open_consumer(cluster, topic, partitions, group)
+    run = _ConsumeRun(consumer, messages, on_record)
     try:
-        with _progress(progress, label, messages, lambda: len(latencies_ms)):
-            start = last_record_at = time.perf_counter()
-            first_record_at, positioned = None, False
-            while len(latencies_ms) < messages:
-                if first_record_at is None and not positioned:
-                    # Still joining, or looking up where to start (the group's committed
-                    # offsets, or the reset): setting up, not idle yet.
-                    if assigned := consumer.assignment():
-                        for tp in assigned:
-                            consumer.position(tp)
-                        positioned = True
-                    last_record_at = time.perf_counter()
-                    if (last_record_at - start) * 1000 >= join_timeout_ms:
-                        break
-                idle_s = time.perf_counter() - last_record_at
-                if idle_s * 1000 >= timeout_ms:
-                    break
-                polled = consumer.poll(
-                    timeout_ms=int(min(1000, timeout_ms - idle_s * 1000)) + 1,
-                    max_records=messages - len(latencies_ms),
-                )
-                if not polled:
-                    continue
-                now_ms = time.time() * 1000
-                last_record_at = time.perf_counter()
-                first_record_at = first_record_at or last_record_at
-                for records in polled.values():
-                    for record in records:
-                        latencies_ms.append(now_ms - record.timestamp)
-                        total_bytes += max(record.serialized_value_size, 0) + max(record.serialized_key_size, 0)
-                        if on_record is not None:
-                            on_record(record)
-            elapsed_s = last_record_at - start
+        with _progress(progress, label, messages, lambda: len(run.latencies_ms)):
+            run.run(timeout_ms, join_timeout_ms)
     finally:
         consumer.close()
-    figures = throughput_figures(len(latencies_ms), total_bytes, elapsed_s, latencies_ms)
-    fetch_s = max(last_record_at - (first_record_at or last_record_at), 1e-9)
-    figures.update(
-        timed_out=figures["records"] < messages,
-        first_record_s=(first_record_at or last_record_at) - start,
-        fetch_records_per_s=figures["records"] / fetch_s,
-        fetch_mb_per_s=total_bytes / MB / fetch_s,
-    )
-    return figures
+    return run.figures()
+
+
+class _ConsumeRun:
+    """One run of run_consume_perf: it polls until it has `messages` records or was idle
+    too long, and keeps each record's end-to-end latency and when records came."""
+
+    def __init__(self, consumer: Any, messages: int, on_record: Callable[[ConsumerRecord], None] | None) -> None:
+        self._consumer, self._messages, self._on_record = consumer, messages, on_record
+        self.latencies_ms: list[float] = []
+        self.total_bytes = 0
+        self.start = self.last_record_at = time.perf_counter()
+        self.first_record_at: float | None = None
+
+    def run(self, timeout_ms: int, join_timeout_ms: int) -> None:
+        self.start = self.last_record_at = time.perf_counter()
+        positioned = False
+        while len(self.latencies_ms) < self._messages:
+            if self.first_record_at is None and not positioned:
+                # Still joining, or looking up where to start (the group's committed
+                # offsets, or the reset): setting up, not idle yet.
+                positioned = self._positioned()
+                self.last_record_at = time.perf_counter()
+                if (self.last_record_at - self.start) * 1000 >= join_timeout_ms:
+                    break
+            idle_s = time.perf_counter() - self.last_record_at
+            if idle_s * 1000 >= timeout_ms:
+                break
+            polled = self._consumer.poll(
+                timeout_ms=int(min(1000, timeout_ms - idle_s * 1000)) + 1,
+                max_records=self._messages - len(self.latencies_ms),
+            )
+            if polled:
+                self._take(polled)
+
+    def _positioned(self) -> bool:
+        """Whether the consumer has its partitions, each with its position looked up."""
+        assigned = self._consumer.assignment()
+        for tp in assigned:
+            self._consumer.position(tp)
+        return bool(assigned)
+
+    def _take(self, polled: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        now_ms = time.time() * 1000
+        self.last_record_at = time.perf_counter()
+        self.first_record_at = self.first_record_at or self.last_record_at
+        for records in polled.values():
+            for record in records:
+                self.latencies_ms.append(now_ms - record.timestamp)
+                self.total_bytes += max(record.serialized_value_size, 0) + max(record.serialized_key_size, 0)
+                if self._on_record is not None:
+                    self._on_record(record)
+
+    def figures(self) -> dict[str, Any]:
+        elapsed_s = self.last_record_at - self.start
+        figures = throughput_figures(len(self.latencies_ms), self.total_bytes, elapsed_s, self.latencies_ms)
+        first_record_at = self.first_record_at or self.last_record_at
+        fetch_s = max(self.last_record_at - first_record_at, 1e-9)
+        figures.update(
+            timed_out=figures["records"] < self._messages,
+            first_record_s=first_record_at - self.start,
+            fetch_records_per_s=figures["records"] / fetch_s,
+            fetch_mb_per_s=self.total_bytes / MB / fetch_s,
+        )
+        return figures

@@ -334,7 +334,7 @@ def test_segment_rolls_when_relative_offset_would_overflow(tmp_path):
     log = Log(tmp_path)
     log.truncate_fully_and_start_at(5)
     log.append_as_leader(batch(1), leader_epoch=0)
-    active = log._segments[-1]
+    active = log._local.segments[-1]
     assert active.should_roll(100, 1_000, 5 + (1 << 31), now_ms=0)
     assert not active.should_roll(100, 1_000, 5 + (1 << 31) - 1, now_ms=0)
 
@@ -459,7 +459,7 @@ def test_unclean_shutdown_with_preallocated_index_recovers(tmp_path):
     for _ in range(10):
         log.append_as_leader(batch(2), leader_epoch=0)
     # No close(): the index file stays preallocated with zeros past its entries.
-    log._segments[-1].offset_index._file.flush()
+    log._local.segments[-1].offset_index._file.flush()
     reopened = Log(tmp_path, config)
     assert reopened.log_end_offset == 20
     assert offsets_in(reopened.read(13, 1).records)[0] == 12

@@ -1,6 +1,7 @@
 """Admin: topics, topic configs, records (delete_records), partition reassignments, consumer groups, ACLs and SCRAM
 credentials of a rayk cluster (kafka-python's KafkaAdminClient, over the Controller's and the group
-coordinators' actor handles).
+coordinators' actor handles). The group calls are GroupAdmin's (group_admin.py), which the
+Admin owns with its links to the groups' coordinators.
 
 Every call goes through `rayk.client.calls.ApiCalls`, bounded by `default_api_timeout_ms`
 (Kafka's default.api.timeout.ms, 60 s): a Controller (or coordinator) that Ray is
@@ -22,29 +23,17 @@ from __future__ import annotations
 
 import functools
 import operator
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from rayk.coordinator.group.consumer_group import GroupState
-from rayk.internal_topics import OFFSETS_TOPIC, is_internal
+from rayk.acls import AclBinding, AclFilter
 from rayk.client import calls
 from rayk.client.deprecation import deprecated
-from rayk.client.descriptions import (
-    ConsumerGroupDescription,
-    GroupListing,
-    MemberDescription,
-    PartitionDescription,
-    PartitionLag,
-    partition_descriptions,
-)
-from rayk.client.group_member import CoordinatorLink
-from rayk.client.types import PartitionReassignment, TopicPartition
-from rayk.acls import AclBinding, AclFilter
+from rayk.client.descriptions import ConsumerGroupDescription, GroupListing, PartitionDescription, partition_descriptions
+from rayk.client.group_admin import GroupAdmin
+from rayk.client.types import PartitionReassignment, TopicPartition, topic_partition_of
 from rayk.errors import (
-    GroupIdNotFoundError,
     InvalidPartitionsError,
-    InvalidRequestError,
     InvalidReplicaAssignmentError,
     InvalidTopicError,
     KafkaError,
@@ -54,6 +43,7 @@ from rayk.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from rayk.internal_topics import is_internal
 from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
@@ -87,8 +77,6 @@ class ScramDeletion(NamedTuple):
     mechanism: str
 
 
-MAX_COORDINATOR_LINKS = 256  # groups whose coordinator an Admin remembers
-
 
 class Admin:
     """kafka-python's KafkaAdminClient over a Cluster handle; make one with
@@ -114,10 +102,7 @@ class Admin:
     ) -> None:
         self._controller = cluster.controller
         self._calls = calls.ApiCalls(default_api_timeout_ms, retry_backoff_ms)
-        # Per group, the link to its coordinator (which looks it up again when it moves):
-        # one FindCoordinator per group, not per call, for callers that poll a group.
-        self._coordinator_links: dict[str, CoordinatorLink] = {}
-        self._coordinator_links_lock = threading.Lock()
+        self._groups = GroupAdmin(self._controller, self._calls)  # consumer and share groups, at their coordinators
 
     # ------------------------------------------------------------------ ACLs
 
@@ -327,7 +312,7 @@ class Admin:
         OffsetOutOfRangeError above the high watermark, PolicyViolationError for a topic
         without cleanup.policy delete, InvalidTopicError for an internal topic,
         UnknownTopicOrPartitionError. A moved leader is looked up again."""
-        wanted = {_topic_partition(key): _deletion_offset(key, offset) for key, offset in records_to_delete.items()}
+        wanted = {topic_partition_of(key): _deletion_offset(key, offset) for key, offset in records_to_delete.items()}
         deadline_s = self._calls.deadline_s()
         out: dict[TopicPartition, int] = {}
         first_error: KafkaError | None = None
@@ -365,7 +350,7 @@ class Admin:
         ElectionNotNeededError for a partition its lost attempt elected)."""
         if election_type not in ("preferred", "unclean"):
             raise ValueError(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
-        wanted = None if partitions is None else [tuple(_topic_partition(p)) for p in partitions]
+        wanted = None if partitions is None else [tuple(topic_partition_of(p)) for p in partitions]
         unclean = election_type == "unclean"
         results = self._calls(lambda: self._controller.elect_leaders.remote(wanted, unclean), "ElectLeaders")
         return {TopicPartition(t, p): e for (t, p), e in results.items()}
@@ -397,7 +382,7 @@ class Admin:
         refused: dict[TopicPartition, KafkaError | None] = {}
         targets: dict[tuple[str, int], list[int] | None] = {}
         for key, replicas in reassignments.items():
-            tp = _topic_partition(key)
+            tp = topic_partition_of(key)
             try:
                 targets[(tp.topic, tp.partition)] = None if replicas is None else _broker_ids(tp, replicas)
             except InvalidReplicaAssignmentError as e:
@@ -422,7 +407,7 @@ class Admin:
         partition (None), or of those among `partitions` that have one; partitions and
         topics that do not exist are left out. KafkaTimeoutError when the Controller cannot
         be reached within `timeout_ms` (None: default_api_timeout_ms)."""
-        wanted = None if partitions is None else [tuple(_topic_partition(key)) for key in partitions]
+        wanted = None if partitions is None else [tuple(topic_partition_of(key)) for key in partitions]
         ongoing = self._calls(
             lambda: self._controller.list_partition_reassignments.remote(wanted),
             "ListPartitionReassignments",
@@ -433,34 +418,18 @@ class Admin:
             for tp, r in sorted(ongoing.items())
         }
 
-    # ------------------------------------------------------------------ consumer groups
+    # ------------------------------------------------------------------ consumer groups (GroupAdmin)
 
     def list_consumer_groups(self) -> list[GroupListing]:
         """Every group (GroupListing: group_id, state, protocol_type, group_type), from every
         coordinator (all asked again if one does not answer, as it may have moved)."""
-        listed = self._calls.retry(self._list_groups, "ListGroups")
-        return sorted((GroupListing(**g) for groups in listed for g in groups), key=lambda g: g.group_id)
-
-    def _list_groups(self, deadline_s: float) -> list[list[dict]]:
-        coordinators = calls.get(self._controller.coordinators.remote(), deadline_s, "FindCoordinators")
-        asked = [c.list_groups.remote() for c in coordinators if c is not None]
-        return calls.get_all(asked, deadline_s, "ListGroups")
+        return self._groups.list_consumer_groups()
 
     def delete_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, KafkaError | None]:
         """Kafka's DeleteGroups: deletes each group and its committed offsets (tombstones in
         __consumer_offsets). Per group None, or NON_EMPTY_GROUP while it has members,
         GROUP_ID_NOT_FOUND if there is no such group."""
-        out: dict[str, KafkaError | None] = {}
-        exists = OFFSETS_TOPIC in self.list_topics(include_internal=True)
-        for group_id in group_ids:
-            try:
-                if not exists:
-                    raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
-                self._coordinator(group_id).call("delete_group", group_id, timeout_ms=self._calls.default_api_timeout_ms)
-                out[group_id] = None
-            except KafkaError as e:
-                out[group_id] = e
-        return out
+        return self._groups.delete_consumer_groups(group_ids)
 
     def delete_consumer_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition | tuple[str, int]]
@@ -471,18 +440,7 @@ class Admin:
         members consume, UnknownTopicOrPartitionError for one that does not exist. Raised:
         GroupIdNotFoundError for a group with neither members nor offsets,
         NonEmptyGroupError for a group with members that is not a consumer group."""
-        wanted = [_topic_partition(key) for key in partitions]
-        if OFFSETS_TOPIC not in self.list_topics(include_internal=True):
-            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist: no group has been used yet")
-        missing = set(self._missing_partitions(wanted))
-        results: dict[TopicPartition, KafkaError | None] = {
-            tp: UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist") for tp in missing}
-        existing = [(tp.topic, tp.partition) for tp in wanted if tp not in missing]
-        deleted = self._coordinator(group_id).call(
-            "delete_offsets", group_id, existing, timeout_ms=self._calls.default_api_timeout_ms
-        )
-        results.update({TopicPartition(*tp): error for tp, error in deleted.items()})
-        return {tp: results[tp] for tp in wanted}
+        return self._groups.delete_consumer_group_offsets(group_id, partitions)
 
     def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, ConsumerGroupDescription]:
         """Per group (kafka-python's describe_consumer_groups) its state, members with
@@ -490,44 +448,25 @@ class Admin:
         watermark) and the lag between them (ConsumerGroupDescription). A partition whose
         leader cannot say its end offset (none, or it does not answer in time) shows None.
         GroupIdNotFoundError for a group with neither members nor committed offsets."""
-        group_ids = list(group_ids)
-        if group_ids and OFFSETS_TOPIC not in self.list_topics(include_internal=True):
-            raise GroupIdNotFoundError(f"consumer group {group_ids[0]!r} does not exist: no group has been used yet")
-        return {group_id: self._describe_group(group_id) for group_id in group_ids}
+        return self._groups.describe_consumer_groups(group_ids)
 
     def describe_consumer_group(self, group_id: str) -> ConsumerGroupDescription:
         """Deprecated: `describe_consumer_groups([group_id])[group_id]`."""
         deprecated("describe_consumer_group(group_id)", "describe_consumer_groups([group_id])[group_id]")
         return self.describe_consumer_groups([group_id])[group_id]
 
-    def _describe_group(self, group_id: str) -> ConsumerGroupDescription:
-        info = self._coordinator(group_id).call("describe_group", group_id, True,  # consumer-protocol groups too
-                                                timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
-        if info["state"] == GroupState.DEAD.value:
-            raise GroupIdNotFoundError(f"consumer group {group_id!r} does not exist (no members, no committed offsets)")
-        committed_offsets = sorted(info.pop("offsets").items())
-        ends = self._end_offsets([tp for tp, _ in committed_offsets])
-        lag = {}
-        for ((topic, partition), committed), end in zip(committed_offsets, ends):
-            lag[TopicPartition(topic, partition)] = PartitionLag(committed, end, None if end is None else max(0, end - committed))
-        members = [MemberDescription(**m) for m in info.pop("members")]
-        return ConsumerGroupDescription(**info, members=members, partitions=lag)
-
-    # ------------------------------------------------------------------ share groups (KIP-932)
+    # ------------------------------------------------------------------ share groups (KIP-932, GroupAdmin)
 
     def describe_share_groups(self, group_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Per share group: its state ("Empty", "Stable"), group epoch, configs, and
         members with their subscriptions and assignments. GroupIdNotFoundError for one
         that is not a share group."""
-        return {g: self._coordinator(g).call("describe_share_group", g, timeout_ms=self._calls.default_api_timeout_ms)
-                for g in group_ids}  # fmt: skip
+        return self._groups.describe_share_groups(group_ids)
 
     def list_share_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         """Kafka's listShareGroupOffsets: each share-partition's start offset (SPSO), before
         which every record is done with (accepted, rejected or archived)."""
-        offsets = self._coordinator(group_id).call("share_group_offsets", group_id,
-                                                   timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
-        return {TopicPartition(t, p): o for (t, p), o in sorted(offsets.items())}
+        return self._groups.list_share_group_offsets(group_id)
 
     def alter_share_group_offsets(self, group_id: str, start_offsets: Mapping[tuple[str, int], int]) -> None:
         """Kafka's alterShareGroupOffsets: each share-partition starts at its offset, with
@@ -536,91 +475,20 @@ class Admin:
         (GroupIdNotFoundError). Nothing changes if a partition does not exist
         (UnknownTopicOrPartitionError) or an offset is not an integer >= 0
         (InvalidRequestError)."""
-        wanted = {_topic_partition(key): _share_start_offset(key, offset) for key, offset in start_offsets.items()}
-        self._check_partitions_exist(wanted)
-        self._coordinator(group_id).call("alter_share_group_offsets", group_id,
-                                         {(tp.topic, tp.partition): o for tp, o in wanted.items()},
-                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+        self._groups.alter_share_group_offsets(group_id, start_offsets)
 
     def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]) -> None:
         """Kafka's deleteShareGroupOffsets: the group forgets where it is in these topics,
         and starts them again where its share.auto.offset.reset says. The group must be
         empty and exist; nothing changes if a topic does not exist
         (UnknownTopicOrPartitionError)."""
-        names = sorted(set(topics))
-        self._check_partitions_exist({TopicPartition(name, -1) for name in names})
-        self._coordinator(group_id).call("delete_share_group_offsets", group_id, names,
-                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
+        self._groups.delete_share_group_offsets(group_id, topics)
 
     def alter_share_group_config(self, group_id: str, configs: Mapping[str, str]) -> None:
         """Sets share group configs (`share.auto.offset.reset`: "latest", the default, or
         "earliest": where a partition's consumption starts, fixed when the group first
         fetches it); makes the group, without members, if there is none."""
-        self._coordinator(group_id).call("alter_share_group_configs", group_id, dict(configs),
-                                         timeout_ms=self._calls.default_api_timeout_ms)  # fmt: skip
-
-    def _missing_partitions(self, wanted: Iterable[TopicPartition]) -> list[TopicPartition]:
-        """Those of `wanted` that do not exist, in order (partition -1: the topic only),
-        from one Metadata call to the Controller."""
-        wanted = sorted(wanted)
-        topics = sorted({tp.topic for tp in wanted})
-        described = self._calls(lambda: self._controller.client_metadata.remote(topics), "Metadata")["topics"]
-        return [tp for tp in wanted if (known := described.get(tp.topic)) is None
-                or (tp.partition != -1 and tp.partition not in known["partitions"])]  # fmt: skip
-
-    def _check_partitions_exist(self, wanted: Iterable[TopicPartition]) -> None:
-        """UnknownTopicOrPartitionError naming the first of `wanted` that does not exist."""
-        missing = self._missing_partitions(wanted)
-        if missing:
-            tp = missing[0]
-            raise UnknownTopicOrPartitionError(f"{tp.topic if tp.partition == -1 else f'{tp.topic}-{tp.partition}'} does not exist")
-
-    def _coordinator(self, group_id: str) -> CoordinatorLink:
-        with self._coordinator_links_lock:
-            link = self._coordinator_links.get(group_id)
-            if link is None:
-                while len(self._coordinator_links) >= MAX_COORDINATOR_LINKS:
-                    del self._coordinator_links[next(iter(self._coordinator_links))]  # the oldest
-                link = self._coordinator_links[group_id] = CoordinatorLink(
-                    self._controller, group_id, retry_backoff_ms=self._calls.retry_backoff_ms)
-            return link
-
-    def _end_offsets(self, partitions: list[tuple[str, int]]) -> list[int | None]:
-        """Each partition's high watermark from its leader, asked of all at once; None
-        where there is no leader or it does not answer within default_api_timeout_ms."""
-        deadline_s = self._calls.deadline_s()
-        leaders = [self._controller.leader.remote(t, p) for t, p in partitions]
-        asked = []
-        for (topic, partition), leader in zip(partitions, leaders):
-            try:
-                asked.append(calls.get(leader, deadline_s, f"leader of {topic}-{partition}").list_offset.remote(-1))
-            except KafkaError:
-                asked.append(None)
-        ends: list[int | None] = []
-        for (topic, partition), ref in zip(partitions, asked):
-            try:
-                ends.append(None if ref is None else calls.get(ref, deadline_s, f"end offset of {topic}-{partition}")[0])
-            except KafkaError:
-                ends.append(None)
-        return ends
-
-
-def _topic_partition(key: Any) -> TopicPartition:
-    """`key` as a TopicPartition; INVALID_TOPIC_EXCEPTION if it is not a (topic, partition) pair."""
-    try:
-        topic, partition = key
-        if isinstance(topic, str) and not isinstance(partition, bool):
-            return TopicPartition(topic, operator.index(partition))
-    except (TypeError, ValueError):
-        pass
-    raise InvalidTopicError(f"{key!r} is not a (topic, partition) pair")
-
-
-def _share_start_offset(key: Any, offset: Any) -> int:
-    """A share-partition's new start offset: an integer >= 0."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise InvalidRequestError(f"{key!r}: a share group's start offset must be an integer >= 0, got {offset!r}")
-    return offset
+        self._groups.alter_share_group_config(group_id, configs)
 
 
 def _deletion_offset(key: Any, offset: Any) -> int:

@@ -156,6 +156,24 @@ class MetadataCache:
         """Whether the last lookup of `topic` found that it does not exist."""
         return topic in self._absent
 
+    def partition_counts_nowait(self, topics: list[str]) -> dict[str, int] | None:
+        """The topics' partition counts as a group's leader assigns them, without blocking:
+        0 for a topic known not to exist (deleted, or not created yet: nothing to assign, as
+        in Kafka's assignors; once it exists its count changes and the leader rejoins).
+        None while one was never looked up (its lookup is on its way). Topics whose
+        metadata is stale are looked up again in the background: that is how a group's
+        leader sees a topic grow or go."""
+        self.request_update_if_stale(topics)
+        counts = {t: self.cached_partition_count(t) for t in topics}
+        unknown = [t for t, n in counts.items() if n is None]
+        if unknown:  # looked up again (a topic found absent: every ABSENT_TOPIC_RECHECK_MS, to see it come)
+            self.request_update(unknown)
+        counts = {t: 0 if n is None and self.known_absent(t) else n for t, n in counts.items()}
+        known = {t: n for t, n in counts.items() if n is not None}
+        if len(known) < len(counts):
+            return None  # never looked up yet: its metadata is on its way
+        return known
+
     def leader_nowait(self, topic: str, partition: int) -> Any | None:
         """The leader's handle if known, else None; a background refresh is started if it
         is unknown or the topic's metadata is older than `metadata_max_age_ms`."""

@@ -56,40 +56,23 @@ from rayk.client import calls
 from rayk.client.accumulator import RecordAccumulator
 from rayk.client.columns import RecordColumns, row_partitions
 from rayk.client.idempotence import IdempotenceManager, ProducerIdentity
-from rayk.client.metadata import DEFAULT_METADATA_MAX_AGE_MS, MetadataCache
+from rayk.client.metadata import MetadataCache
 from rayk.client.partitioner import partition_for_key
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata, FutureSendBatch
+from rayk.client.producer_config import (  # noqa: F401  (the defaults, acks_value: imported from here too)
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LINGER_MS,
+    DEFAULTS,
+    ProducerConfig,
+    acks_value,
+)
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
 from rayk.client.transactions import ConsumerGroupMetadata, TransactionManager
 from rayk.client.types import OffsetAndMetadata, TopicPartition
-from rayk.dataplane.frames import MAX_RECORDS_BYTES
 from rayk.errors import InvalidTxnStateError, RecordTooLargeError
-from rayk.storage.compression import CompressionType
-from rayk.storage.records import HEADER_SIZE_BYTES
 
 RECORD_OVERHEAD_BYTES = 21  # varint lengths, attributes and deltas of one record, at most
-# Not Kafka's 16 KiB: over Ray calls (a batch was an actor call, ~3 with its followers'
-# fetches) send() of 100 B records with acks=all, RF=3 ran at 28k rec/s with 16 KiB
-# batches and 160k with 1 MiB on the 2-core benchmark machine. Over the data plane,
-# producer_settings_bench on 2026-11-29 still gave 16 KiB 167k-178k rec/s flat out against
-# 192k-214k for 1 MiB (small batches queued behind a request in flight go merged).
-DEFAULT_BATCH_SIZE = 1_048_576
-# Kafka's default (KIP-1030). Over Ray calls rayk lingered 10 ms: each batch cost ~3 actor
-# calls of ~2 ms of CPU, and at 5 ms that alone kept the 2-core machine 85-95% busy. Over
-# the data plane a batch costs no Ray call, and producer_settings_bench with 5 and 10
-# alternating in one run (4 pairs, 1 MiB batches, 2026-11-29) gave at 6,000 rec/s a p50
-# of 4.9-5.8 ms against 8.2-8.4 and a p99 of 12.5-18.9 against 19.4-21.8, for 2-10 more
-# points of CPU busy; flat out 95k-114k rec/s against 102k-116k (the 5s won one pair).
-DEFAULT_LINGER_MS = 5
-
-
-def acks_value(acks: str | int) -> int:
-    if acks in ("all", -1, "-1"):
-        return -1
-    if acks in (0, 1, "0", "1"):
-        return int(acks)
-    raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
 
 
 class Producer:
@@ -127,32 +110,33 @@ class Producer:
     RecordTooLargeError, BufferExhaustedError or KafkaTimeoutError (metadata not found
     within `max_block_ms`); its future raises what failed the record (NotEnoughReplicasError,
     KafkaTimeoutError past `delivery_timeout_ms`, ...); `flush` and `close` raise
-    KafkaTimeoutError past their timeout. Settings out of range raise ValueError.
+    KafkaTimeoutError past their timeout. Settings out of range raise InvalidClientConfigError
+    (a ValueError; rayk.client.producer_config).
     """
 
     def __init__(
         self,
         cluster: Any,
         *,
-        acks: str | int = "all",
-        linger_ms: int = DEFAULT_LINGER_MS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        compression_type: str | None = None,
-        key_serializer: Any = None,
-        value_serializer: Any = None,
-        max_in_flight_requests_per_connection: int = 5,
-        request_timeout_ms: int = 30_000,
-        delivery_timeout_ms: int = 120_000,
-        retry_backoff_ms: int = 100,
-        max_request_size: int = 1_048_576,
-        buffer_memory: int = 33_554_432,
-        max_block_ms: int = 60_000,
-        metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
-        identity: ProducerIdentity | None = None,
-        transactional_id: str | None = None,
-        transaction_timeout_ms: int = 60_000,
+        acks: str | int = DEFAULTS.acks,
+        linger_ms: int = DEFAULTS.linger_ms,
+        batch_size: int = DEFAULTS.batch_size,
+        compression_type: str | None = DEFAULTS.compression_type,
+        key_serializer: Any = DEFAULTS.key_serializer,
+        value_serializer: Any = DEFAULTS.value_serializer,
+        max_in_flight_requests_per_connection: int = DEFAULTS.max_in_flight_requests_per_connection,
+        request_timeout_ms: int = DEFAULTS.request_timeout_ms,
+        delivery_timeout_ms: int = DEFAULTS.delivery_timeout_ms,
+        retry_backoff_ms: int = DEFAULTS.retry_backoff_ms,
+        max_request_size: int = DEFAULTS.max_request_size,
+        buffer_memory: int = DEFAULTS.buffer_memory,
+        max_block_ms: int = DEFAULTS.max_block_ms,
+        metadata_max_age_ms: int = DEFAULTS.metadata_max_age_ms,
+        identity: ProducerIdentity | None = DEFAULTS.identity,
+        transactional_id: str | None = DEFAULTS.transactional_id,
+        transaction_timeout_ms: int = DEFAULTS.transaction_timeout_ms,
     ) -> None:
-        self._settings = dict(
+        config = ProducerConfig(
             acks=acks,
             linger_ms=linger_ms,
             batch_size=batch_size,
@@ -171,81 +155,78 @@ class Producer:
             transactional_id=transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
         )
-        if min(max_in_flight_requests_per_connection, batch_size, buffer_memory, request_timeout_ms) < 1:
-            raise ValueError(
-                "max_in_flight_requests_per_connection, batch_size, buffer_memory and request_timeout_ms must be >= 1"
-            )
-        if max_request_size > MAX_RECORDS_BYTES:
-            raise ValueError(
-                f"max_request_size ({max_request_size}) must be <= {MAX_RECORDS_BYTES}: a request travels to its "
-                "replica in one data plane frame"
-            )
-        if min(linger_ms, max_block_ms, retry_backoff_ms) < 0:
-            raise ValueError("linger_ms, max_block_ms and retry_backoff_ms must be >= 0")
-        if delivery_timeout_ms < linger_ms + request_timeout_ms:  # Kafka's rule
-            raise ValueError(
-                f"delivery_timeout_ms ({delivery_timeout_ms}) must be >= linger_ms + request_timeout_ms"
-                f" ({linger_ms} + {request_timeout_ms})"
-            )
+        self._start(cluster, config)
+
+    def _start(self, cluster: Any, config: ProducerConfig) -> None:
+        """Builds the producer's parts from its checked config and starts its sender thread."""
+        self._config = config
         self._cluster = cluster
-        acks_number = acks_value(acks)
-        self._key_serializer = serializer(key_serializer)
-        self._value_serializer = serializer(value_serializer)
+        self._key_serializer = serializer(config.key_serializer)
+        self._value_serializer = serializer(config.value_serializer)
         self._plain_keys = self._key_serializer is to_bytes  # bytes go as they are
         self._plain_values = self._value_serializer is to_bytes
-        self._max_request_size = max_request_size
-        self._max_record_bytes = min(max_request_size, buffer_memory) - HEADER_SIZE_BYTES
-        self._buffer_memory = buffer_memory
-        self._max_block_ms = max_block_ms
-        self._metadata = MetadataCache(cluster.controller, request_timeout_ms, retry_backoff_ms, metadata_max_age_ms)
-
-        def new_producer_id(timeout_ms: int = request_timeout_ms) -> int:
-            return calls.call(
-                lambda: cluster.controller.init_producer_id.remote(),
-                time.monotonic() + timeout_ms / 1000,
-                "InitProducerId",
-                retry_backoff_ms=retry_backoff_ms,
-            )
-
-        # Idempotence, always on: Ray may deliver a partition's batches out of order, and the
-        # leader puts them back in sequence order (and drops retried duplicates).
-        self._transactions: TransactionManager | None = None
-        if transactional_id is not None:
-            if identity is not None:
-                raise ValueError("a producer has a transactional_id or an identity to resume, not both")
-            self._transactions = TransactionManager(
-                cluster.controller, transactional_id, transaction_timeout_ms, request_timeout_ms, retry_backoff_ms
-            )
-            self._idempotence = IdempotenceManager.transactional()  # its id comes with init_transactions()
-        elif identity is None:
-            self._idempotence = IdempotenceManager(new_producer_id(max_block_ms), new_producer_id)
-        else:  # continuing a producer id's sequences (a retried write task, see resumable_write)
-            self._idempotence = IdempotenceManager.pinned(identity)
+        self._max_request_size = config.max_request_size
+        self._max_record_bytes = config.max_record_bytes
+        self._buffer_memory = config.buffer_memory
+        self._max_block_ms = config.max_block_ms
+        self._metadata = MetadataCache(
+            cluster.controller, config.request_timeout_ms, config.retry_backoff_ms, config.metadata_max_age_ms
+        )
+        self._transactions = self._transaction_manager(config)
+        self._idempotence = self._idempotence_manager(config)
         self._accumulator = RecordAccumulator(
-            batch_size=min(batch_size, max_request_size),  # a batch is one produce call
-            linger_ms=linger_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            buffer_memory=buffer_memory,
-            max_block_ms=max_block_ms,
-            max_in_flight=max_in_flight_requests_per_connection,
-            max_request_size=max_request_size,
+            batch_size=min(config.batch_size, config.max_request_size),  # a batch is one produce call
+            linger_ms=config.linger_ms,
+            delivery_timeout_ms=config.delivery_timeout_ms,
+            buffer_memory=config.buffer_memory,
+            max_block_ms=config.max_block_ms,
+            max_in_flight=config.max_in_flight_requests_per_connection,
+            max_request_size=config.max_request_size,
         )
         self._sender = Sender(
             self._accumulator,
             self._metadata,
             self._idempotence,
-            acks=acks_number,
-            compression=CompressionType.from_name(compression_type or "none"),
-            request_timeout_ms=request_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            transactional_id=transactional_id,
+            acks=config.acks_number,
+            compression=config.compression,
+            request_timeout_ms=config.request_timeout_ms,
+            retry_backoff_ms=config.retry_backoff_ms,
+            transactional_id=config.transactional_id,
             on_failure=None if self._transactions is None else self._transactions.record_failed,
         )
         self._closed = False
         self._sender.start()
 
+    def _transaction_manager(self, config: ProducerConfig) -> TransactionManager | None:
+        """The transactional producer's side of its transactions (None: not transactional)."""
+        if config.transactional_id is None:
+            return None
+        return TransactionManager(
+            self._cluster.controller, config.transactional_id, config.transaction_timeout_ms,
+            config.request_timeout_ms, config.retry_backoff_ms,
+        )  # fmt: skip
+
+    def _idempotence_manager(self, config: ProducerConfig) -> IdempotenceManager:
+        """Idempotence, always on: Ray may deliver a partition's batches out of order, and the
+        leader puts them back in sequence order (and drops retried duplicates)."""
+        if config.transactional_id is not None:
+            return IdempotenceManager.transactional()  # its id comes with init_transactions()
+        if config.identity is not None:  # continuing a producer id's sequences (a retried write task: resumable_write)
+            return IdempotenceManager.pinned(config.identity)
+        controller = self._cluster.controller
+
+        def new_producer_id(timeout_ms: int = config.request_timeout_ms) -> int:
+            return calls.call(
+                lambda: controller.init_producer_id.remote(),
+                time.monotonic() + timeout_ms / 1000,
+                "InitProducerId",
+                retry_backoff_ms=config.retry_backoff_ms,
+            )
+
+        return IdempotenceManager(new_producer_id(config.max_block_ms), new_producer_id)
+
     def __reduce__(self) -> tuple:
-        return (_rebuild_producer, (self._cluster, self._settings))
+        return (_rebuild_producer, (self._cluster, self._config))
 
     def send(
         self,
@@ -326,7 +307,7 @@ class Producer:
         columns = RecordColumns.of(values, keys, headers, timestamps_ms)
         num_partitions = self._partition_count(topic)
         partitions = row_partitions(columns, partition, num_partitions, topic)
-        max_body_bytes = min(self._max_request_size, self._buffer_memory) - HEADER_SIZE_BYTES
+        max_body_bytes = self._max_record_bytes
         largest = columns.largest_record_bytes()
         if largest > max_body_bytes:  # refused before anything is queued
             raise RecordTooLargeError(
@@ -461,5 +442,5 @@ def _either_timeout_s(timeout_s: float | None, timeout: float | None) -> float |
     return timeout if timeout_s is None else timeout_s
 
 
-def _rebuild_producer(cluster: Any, settings: dict) -> Producer:
-    return Producer(cluster, **settings)
+def _rebuild_producer(cluster: Any, config: ProducerConfig) -> Producer:
+    return Producer(cluster, **config.settings())

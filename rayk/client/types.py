@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
+
+from rayk.errors import InvalidTopicError
 
 
 class TopicPartition(NamedTuple):
@@ -50,3 +53,15 @@ class PartitionReassignment(NamedTuple):
     replicas: list[int]
     adding_replicas: list[int]
     removing_replicas: list[int]
+
+
+def topic_partition_of(key: Any) -> TopicPartition:
+    """`key` as a TopicPartition; InvalidTopicError (INVALID_TOPIC_EXCEPTION) if it is not a
+    (topic, partition) pair."""
+    try:
+        topic, partition = key
+        if isinstance(topic, str) and not isinstance(partition, bool):
+            return TopicPartition(topic, operator.index(partition))
+    except (TypeError, ValueError):
+        pass
+    raise InvalidTopicError(f"{key!r} is not a (topic, partition) pair")

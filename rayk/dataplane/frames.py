@@ -198,12 +198,14 @@ def request_frame(correlation_id: int, kind: int, body: bytes) -> bytes:
 
 def request_frame_head(correlation_id: int, kind: int, body_size: int) -> bytes:
     """The size prefix and header of a request whose `body_size` bytes of body follow."""
+    assert body_size >= 0
     return SIZE.pack(REQUEST_HEADER.size + body_size) + REQUEST_HEADER.pack(correlation_id, kind)
 
 
 def answer_frame_head(correlation_id: int, head: bytes, tail_size: int) -> bytes:
     """The size prefix, header and `head` of an answer whose `tail_size` bytes of tail the
     caller writes after it (so that records are not copied into one buffer)."""
+    assert tail_size >= 0
     return SIZE.pack(ANSWER_HEADER.size + len(head) + tail_size) + ANSWER_HEADER.pack(correlation_id, ANSWERED) + head
 
 
@@ -211,6 +213,7 @@ def failed_answer_frame(correlation_id: int, error: KafkaError) -> bytes:
     """The answer to a request of any kind that failed with `error` (its peer's Connection
     raises `error` for that request)."""
     body = encode_error_answer(error)
+    assert len(body) > _ERROR_ANSWER.size, "a failed answer names its error (decode_failed_answer needs one)"
     return SIZE.pack(ANSWER_HEADER.size + len(body)) + ANSWER_HEADER.pack(correlation_id, FAILED) + body
 
 
@@ -233,6 +236,7 @@ def parse_request(body: bytes | memoryview) -> tuple[int, int, memoryview]:
 
 
 def encode_fetch_request(r: FetchRequest) -> bytes:
+    assert r.isolation_level in (READ_UNCOMMITTED, READ_COMMITTED), f"isolation level {r.isolation_level}"
     incarnation_id = r.incarnation_id.encode()[:0xFFFF]
     return b"".join((
         _FETCH_REQUEST.pack(r.offset, r.max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch,
@@ -267,10 +271,12 @@ def encode_produce_request(requests: list[ProduceRequest]) -> list[bytes]:
     head = [_COUNT.pack(len(requests))]
     parts: list[bytes] = []
     for records, acks, timeout_ms, transactional_id, transaction_version in requests:
+        assert transaction_version in TRANSACTION_VERSIONS, f"transaction version {transaction_version}"
         txn_id = b"" if transactional_id is None else transactional_id.encode()
         txn_id_size = -1 if transactional_id is None else len(txn_id)
         head.append(_PRODUCE_REQUEST.pack(acks, timeout_ms, len(records), txn_id_size, transaction_version))
         parts += (txn_id, records) if txn_id else (records,)
+    assert len(head) == 1 + len(requests) and len(head[0]) == _COUNT.size
     return [b"".join(head), *parts]
 
 
@@ -310,6 +316,9 @@ def encode_produce_answer(results: list[ProduceResult]) -> bytes:
     for r in results:
         error = _encode_error(r.error)
         record_errors = r.error.record_errors if r.error is not None else ()
+        # What decode_produce_answer refuses from a peer, rayk never sends.
+        assert not record_errors or isinstance(r.error, InvalidRecordError), "only INVALID_RECORD names records"
+        assert len(record_errors) <= MAX_RECORD_ERRORS
         parts += [_PRODUCE_ANSWER.pack(r.base_offset, r.log_append_time_ms, r.log_start_offset, len(error),
                                        len(record_errors)), error]
         for record_error in record_errors:
@@ -367,11 +376,13 @@ def encode_fetch_answer_head(a: FetchResult) -> bytes:
     diverging = a.diverging_epoch is not None
     epoch, end = a.diverging_epoch if diverging else (-1, -1)
     aborted = a.aborted_transactions
-    return b"".join((
+    head = b"".join((
         _FETCH_ANSWER.pack(a.high_watermark, a.log_end_offset, a.log_start_offset, a.last_stable_offset, diverging,
                            epoch, end, len(error), len(aborted)),
         error, *(_ABORTED_TXN.pack(*txn) for txn in aborted),
     ))
+    assert len(head) == _FETCH_ANSWER.size + len(error) + len(aborted) * _ABORTED_TXN.size, "the sizes it declares"
+    return head
 
 
 def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
@@ -389,10 +400,13 @@ def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
 
 def encode_share_fetch_request(r: ShareFetchRequest) -> bytes:
     group, member = r.group_id.encode(), r.member_id.encode()  # (an id over 65,535 bytes: struct.error)
-    return b"".join((
+    body = b"".join((
         _SHARE_FETCH_REQUEST.pack(r.max_records, r.max_wait_ms, len(group), len(member), len(r.acknowledgements)),
         group, member, *(_SHARE_ACK.pack(*ack) for ack in r.acknowledgements),
     ))
+    # decode_share_fetch_request takes exactly this many bytes, no more.
+    assert len(body) == _SHARE_FETCH_REQUEST.size + len(group) + len(member) + len(r.acknowledgements) * _SHARE_ACK.size
+    return body
 
 
 def decode_share_fetch_request(body: bytes | memoryview) -> ShareFetchRequest:
@@ -412,10 +426,12 @@ def decode_share_fetch_request(body: bytes | memoryview) -> ShareFetchRequest:
 def encode_share_fetch_answer_head(a: ShareFetchResult) -> bytes:
     """The fixed part, the errors and the acquired ranges of an answer; its records follow as the tail."""
     acknowledge_error, error = _encode_error(a.acknowledge_error), _encode_error(a.error)
-    return b"".join((
+    head = b"".join((
         _SHARE_FETCH_ANSWER.pack(len(a.acquired), len(acknowledge_error), len(error)), acknowledge_error, error,
         *(_ACQUIRED.pack(*r) for r in a.acquired),
     ))
+    assert len(head) == _SHARE_FETCH_ANSWER.size + len(acknowledge_error) + len(error) + len(a.acquired) * _ACQUIRED.size
+    return head
 
 
 def decode_share_fetch_answer(body: bytes | memoryview) -> ShareFetchResult:
@@ -440,11 +456,14 @@ def encode_share_state_write(w: ShareStateWrite) -> bytes:
                    for first, last, state, count in w.batches]  # fmt: skip
     except ValueError as e:  # a state that is none of SHARE_RECORD_STATES
         raise struct.error(str(e)) from None
-    return b"".join((
+    body = b"".join((
         _SHARE_STATE_REQUEST.pack(w.partition, w.leader_epoch, w.state_epoch, w.start_offset, int(w.create),
                                   len(group), len(topic), len(batches)),
         group, topic, *batches,
     ))  # fmt: skip
+    # decode_share_state_write takes exactly this many bytes, no more.
+    assert len(body) == _SHARE_STATE_REQUEST.size + len(group) + len(topic) + len(batches) * _STATE_BATCH.size
+    return body
 
 
 def decode_share_state_write(body: bytes | memoryview) -> ShareStateWrite:
@@ -470,6 +489,7 @@ def decode_share_state_write(body: bytes | memoryview) -> ShareStateWrite:
 def encode_error_answer(error: KafkaError | None) -> bytes:
     """An answer that is only an error (empty: done), as WRITE_SHARE_STATE's."""
     encoded = _encode_error(error)
+    assert len(encoded) <= 0xFFFF, "an error's size is a u16"
     return _ERROR_ANSWER.pack(len(encoded)) + encoded
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from rayk.acls import DESCRIBE, READ, TOPIC, TRANSACTIONAL_ID, WRITE
 from rayk.replication.leader_fetch import CONSUMER_REPLICA_ID
-from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchResult
 from rayk.net.api_versions import transaction_version_of
 from rayk.errors import (
     CorruptRecordError,
@@ -121,30 +121,24 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     the quota window (Kafka's maxValueInQuotaWindow), and what it is answered counts."""
     body = request.body
     uses_topic_ids = request.head.api_version >= 13
-    wanted = [
-        FetchPartition(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p.partition, p.fetch_offset,
-                       max(p.partition_max_bytes, 0), getattr(p, "current_leader_epoch", -1))
-        for t in body.topics for p in t.partitions
-    ]
-    forgotten = [(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p)
-                 for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
+    wanted, forgotten = _fetch_partitions(body, uses_topic_ids)
     if len({p.key for p in wanted}) != len(wanted):  # one partition, one position: else which is the session's?
-        return {"error_code": InvalidRequestError.code, "session_id": 0, "responses": []}
+        return _fetch_refused(InvalidRequestError.code)
     isolation_level = body.isolation_level
     if isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):  # Kafka's IsolationLevel.forId refuses it too
-        return {"error_code": InvalidRequestError.code, "session_id": 0, "responses": []}
+        return _fetch_refused(InvalidRequestError.code)
     try:  # Fetch v4-v6 have no session fields: (0, -1), a sessionless fetch
         context = view.fetch_sessions.new_context(getattr(body, "session_id", 0), getattr(body, "session_epoch", -1),
                                                   wanted, forgotten, uses_topic_ids)
     except KafkaError as e:
-        return {"error_code": e.code, "session_id": 0, "responses": []}
+        return _fetch_refused(e.code)
     quotas, context_of_request = view.quotas, request.context
     throttle_ms = quotas.fetch_throttle_ms(context_of_request, request.client_id)
     if throttle_ms:
         try:
             return {"error_code": 0, "session_id": context.throttled(), "responses": [], "throttle_time": throttle_ms}
         except KafkaError as e:
-            return {"error_code": e.code, "session_id": 0, "responses": [], "throttle_time": throttle_ms}
+            return {**_fetch_refused(e.code), "throttle_time": throttle_ms}
     quota_max_bytes = quotas.fetch_max_bytes(context_of_request, request.client_id)
     max_bytes = max(body.max_bytes, 1) if quota_max_bytes is None else min(max(body.max_bytes, 1), quota_max_bytes)
     wanted = context.partitions
@@ -152,11 +146,58 @@ async def fetch(view: BrokerView, request: Any) -> dict:
     max_wait_ms = min(max(ms(body.max_wait), 0), MAX_FETCH_WAIT_MS)
     deadline = time.monotonic() + max_wait_ms / 1000
     min_bytes = max(body.min_bytes, 1)
+    read = _PartitionReader(view, request, names, isolation_level, uses_topic_ids).read
+    if not wanted:
+        answers = []
+    elif len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
+        answers = [await read(wanted[0], max_wait_ms, min_bytes, max_bytes=min(wanted[0].max_bytes, max_bytes))]
+    else:
+        grants = _fair_shares([p.max_bytes for p in wanted], max_bytes)
+        answers = list(await asyncio.gather(*(read(p, 0, max_bytes=g) for p, g in zip(wanted, grants))))
+        answers = await _top_up(answers, wanted, grants, max_bytes, read)
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if wanted and _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
+            waits = [asyncio.ensure_future(read(p, remaining_ms, max_bytes=g)) for p, g in zip(wanted, grants)]
+            answers = await _wait_for_bytes(answers, waits, min_bytes, remaining_ms)
+        _trim_to(answers, max_bytes)
+    return _fetch_answer(view, request, context, wanted, answers, uses_topic_ids)
 
-    async def one(p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1, max_bytes: int | None = None,
-                  offset: int | None = None) -> dict:
+
+def _fetch_partitions(body: Any, uses_topic_ids: bool) -> tuple[list[FetchPartition], list[tuple[Any, int]]]:
+    """The partitions a Fetch names (by topic id from v13), and those it forgets."""
+    wanted = [
+        FetchPartition(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p.partition, p.fetch_offset,
+                       max(p.partition_max_bytes, 0), getattr(p, "current_leader_epoch", -1))
+        for t in body.topics for p in t.partitions
+    ]
+    forgotten = [(_topic_id(t.topic_id) if uses_topic_ids else t.topic, p)
+                 for t in getattr(body, "forgotten_topics_data", ()) for p in t.partitions]
+    return wanted, forgotten
+
+
+def _fetch_refused(error_code: int) -> dict:
+    """A Fetch answer with a top-level error, outside any session."""
+    return {"error_code": error_code, "session_id": 0, "responses": []}
+
+
+class _PartitionReader:
+    """One Fetch request's reads of its partitions at their replicas: what a read needs
+    that is the same for every partition of the request."""
+
+    __slots__ = ("_view", "_request", "_names", "_isolation_level", "_uses_topic_ids")
+
+    def __init__(self, view: BrokerView, request: Any, names: dict, isolation_level: int, uses_topic_ids: bool) -> None:
+        self._view, self._request, self._names = view, request, names
+        self._isolation_level, self._uses_topic_ids = isolation_level, uses_topic_ids
+
+    async def read(self, p: FetchPartition, wait_ms: int, partition_min_bytes: int = 1, max_bytes: int | None = None,
+                   offset: int | None = None) -> dict:  # fmt: skip
+        """The partition's answer: what its replica read from `offset` (default: the
+        fetch's), at most `max_bytes` (default: the partition's), waiting up to `wait_ms`
+        for `partition_min_bytes`; or its error code."""
+        view, request = self._view, self._request
         try:
-            name = names[p.topic]
+            name = self._names[p.topic]
             if isinstance(name, KafkaError):
                 raise name
             if not view.authorized(request, READ, TOPIC, name):
@@ -165,8 +206,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                 result = await view.fetch(name, p.partition, FetchRequest(
                     p.fetch_offset if offset is None else offset,
                     p.max_bytes if max_bytes is None else max_bytes, partition_min_bytes, granted_wait_ms,
-                    CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH, isolation_level,
-                    topic_id=topic_id_text(p.topic) if uses_topic_ids else None,
+                    CONSUMER_REPLICA_ID, p.current_leader_epoch, UNDEFINED_EPOCH, self._isolation_level,
+                    topic_id=topic_id_text(p.topic) if self._uses_topic_ids else None,
                 ))
             if result.error is not None:
                 raise result.error
@@ -177,39 +218,35 @@ async def fetch(view: BrokerView, request: Any) -> dict:
                 view.forget_topic_id(p.topic)
         except Exception as e:
             error, result = error_code_of(e), None
-        return {
-            "partition_index": p.partition,
-            "error_code": error,
-            "high_watermark": result.high_watermark if result else -1,
-            "last_stable_offset": result.last_stable_offset if result else -1,
-            "log_start_offset": result.log_start_offset if result else -1,
-            "aborted_transactions": [
-                {"producer_id": producer_id, "first_offset": first_offset}
-                for producer_id, first_offset in (result.aborted_transactions if result else ())
-            ],
-            "preferred_read_replica": -1,
-            "records": result.records if result else b"",
-        }
+        return _partition_answer(p, error, result)
 
-    if not wanted:
-        answers = []
-    elif len(wanted) == 1:  # the replica itself waits for min_bytes: one call, not two
-        answers = [await one(wanted[0], max_wait_ms, min_bytes, max_bytes=min(wanted[0].max_bytes, max_bytes))]
-    else:
-        grants = _fair_shares([p.max_bytes for p in wanted], max_bytes)
-        answers = list(await asyncio.gather(*(one(p, 0, max_bytes=g) for p, g in zip(wanted, grants))))
-        answers = await _top_up(answers, wanted, grants, max_bytes, one)
-        remaining_ms = int((deadline - time.monotonic()) * 1000)
-        if wanted and _ready_bytes(answers) < min_bytes and remaining_ms > 0 and not any(a["error_code"] for a in answers):
-            waits = [asyncio.ensure_future(one(p, remaining_ms, max_bytes=g)) for p, g in zip(wanted, grants)]
-            answers = await _wait_for_bytes(answers, waits, min_bytes, remaining_ms)
-        _trim_to(answers, max_bytes)
+
+def _partition_answer(p: FetchPartition, error: int, result: FetchResult | None) -> dict:
+    return {
+        "partition_index": p.partition,
+        "error_code": error,
+        "high_watermark": result.high_watermark if result else -1,
+        "last_stable_offset": result.last_stable_offset if result else -1,
+        "log_start_offset": result.log_start_offset if result else -1,
+        "aborted_transactions": [
+            {"producer_id": producer_id, "first_offset": first_offset}
+            for producer_id, first_offset in (result.aborted_transactions if result else ())
+        ],
+        "preferred_read_replica": -1,
+        "records": result.records if result else b"",
+    }
+
+
+def _fetch_answer(view: BrokerView, request: Any, context: Any, wanted: list[FetchPartition], answers: list[dict],
+                  uses_topic_ids: bool) -> dict:  # fmt: skip
+    """The session's answer (its id, the partitions it answers, by topic) and the time
+    the client's quota makes it wait for what it is answered."""
     try:
         session_id, chosen = context.answer([
             PartitionAnswer(a["error_code"], a["high_watermark"], a["log_start_offset"], len(a["records"])) for a in answers
         ])
     except KafkaError as e:
-        return {"error_code": e.code, "session_id": 0, "responses": []}
+        return _fetch_refused(e.code)
     topic_field = "topic_id" if uses_topic_ids else "topic"
     out: list[dict] = []
     for i in chosen:  # a topic whose partitions the session's order split appears once per run, as in Kafka
@@ -217,7 +254,8 @@ async def fetch(view: BrokerView, request: Any) -> dict:
         if not out or out[-1][topic_field] != topic:
             out.append({topic_field: topic, "partitions": []})
         out[-1]["partitions"].append(answers[i])
-    throttle_ms = quotas.fetch_throttle_ms(context_of_request, request.client_id, sum(len(answers[i]["records"]) for i in chosen))
+    throttle_ms = view.quotas.fetch_throttle_ms(request.context, request.client_id,
+                                                sum(len(answers[i]["records"]) for i in chosen))  # fmt: skip
     return {"error_code": 0, "session_id": session_id, "responses": out, "throttle_time": throttle_ms}
 
 

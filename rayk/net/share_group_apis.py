@@ -27,7 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from rayk.acls import DESCRIBE, GROUP, READ, TOPIC
 from rayk.coordinator.share.share_group import JOIN_EPOCH, LEAVE_EPOCH
@@ -198,6 +198,57 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
         if not view.authorized(request, READ, GROUP, body.group_id):
             raise GroupAuthorizationFailedError(f"{request.context.principal} may not use group {body.group_id!r}")
         names = await _names(view, {t.topic_id for t in body.topics} | {t.topic_id for t in body.forgotten_topics_data})
+        asked = _ShareFetchPartitions.of(body, names)
+        session, ended = view.share_sessions.request(body.group_id, body.member_id, body.share_session_epoch,
+                                                     asked.added, asked.forgotten, asked.ids)  # fmt: skip
+    except Exception as e:
+        return _top_error(e, lock_ms)
+    own = [e for e in ended if (e.group_id, e.member_id) == (body.group_id, body.member_id)]
+    _session_ended(view, [e for e in ended if e not in own])  # evicted: others' sessions
+    if session is not None and own:  # the member opened a new session: its old one's records go back first
+        await _release(view, own)
+    ids = session.topic_ids if session is not None else asked.ids
+    wanted = list(session.partitions) if session is not None else []
+    for tp in asked.acks:
+        if tp not in wanted:
+            wanted.append(tp)  # (a close: acknowledgements only)
+    max_records = body.max_records if getattr(body, "max_records", 0) > 0 else DEFAULT_MAX_RECORDS
+    max_wait_ms = min(max(ms(body.max_wait), 0), MAX_SHARE_FETCH_WAIT_MS)
+    read = _ShareReader(view, request, session, max_records).read
+    deadline = time.monotonic() + max_wait_ms / 1000
+    first_wait = max_wait_ms if len(wanted) == 1 else 0
+    results = list(await asyncio.gather(*(read(tp, first_wait, asked.acks.get(tp, [])) for tp in wanted)))
+    if session is not None and len(wanted) > 1 and not any(r.acquired or r.error for r in results):
+        # Nothing anywhere: wait for the first partition with records to acquire (probes,
+        # which acquire nothing, so those not needed are left to end at their leaders), then
+        # acquire from every partition again. If that finds nothing (another member was
+        # quicker), every partition waits at its leader for what is left of max_wait.
+        if await _first_acquirable(view, body.group_id, body.member_id, session.partitions, deadline):
+            again = await asyncio.gather(*(read(tp, 0, []) for tp in wanted))
+            results = [_merged(r, w) for r, w in zip(results, again)]
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms > 0 and not any(r.acquired or r.error for r in results):
+                again = await asyncio.gather(*(read(tp, remaining_ms, []) for tp in wanted))
+                results = [_merged(r, w) for r, w in zip(results, again)]
+    if session is None:  # closed: what it still holds goes back, once its acknowledgements are applied
+        await _release(view, own)
+    return {"error_code": 0, "responses": _share_fetch_responses(body, asked, ids, wanted, results),
+            "node_endpoints": [], **lock_ms}  # fmt: skip
+
+
+class _ShareFetchPartitions(NamedTuple):
+    """What a ShareFetch names: the partitions it adds to its session and their
+    acknowledgements, those it forgets, and those of topic ids that name no topic."""
+
+    acks: dict[Partition, Acks]
+    unknown: dict[tuple[uuid.UUID, int], KafkaError]
+    added: list[Partition]
+    forgotten: list[Partition]
+    ids: dict[str, uuid.UUID]  # topic -> its id
+
+    @classmethod
+    def of(cls, body: Any, names: dict[uuid.UUID, str | KafkaError]) -> _ShareFetchPartitions:
+        """INVALID_REQUEST for acknowledgements on a request that opens a session."""
         acks: dict[Partition, Acks] = {}
         unknown: dict[tuple[uuid.UUID, int], KafkaError] = {}
         added: list[Partition] = []
@@ -216,24 +267,24 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
                 p.acknowledgement_batches for t in body.topics for p in t.partitions)):  # fmt: skip
             raise InvalidRequestError("Acknowledge data is present on the initial ShareFetch of a share session.")
         ids = {name: tid for tid, name in names.items() if isinstance(name, str)}
-        session, ended = view.share_sessions.request(body.group_id, body.member_id, body.share_session_epoch,
-                                                     added, forgotten, ids)  # fmt: skip
-    except Exception as e:
-        return _top_error(e, lock_ms)
-    own = [e for e in ended if (e.group_id, e.member_id) == (body.group_id, body.member_id)]
-    _session_ended(view, [e for e in ended if e not in own])  # evicted: others' sessions
-    if session is not None and own:  # the member opened a new session: its old one's records go back first
-        await _release(view, own)
-    if session is not None:
-        ids = session.topic_ids
-    wanted = list(session.partitions) if session is not None else []
-    for tp in acks:
-        if tp not in wanted:
-            wanted.append(tp)  # (a close: acknowledgements only)
-    max_records = body.max_records if getattr(body, "max_records", 0) > 0 else DEFAULT_MAX_RECORDS
-    max_wait_ms = min(max(ms(body.max_wait), 0), MAX_SHARE_FETCH_WAIT_MS)
+        return cls(acks, unknown, added, forgotten, ids)
 
-    async def one(tp: Partition, wait_ms: int, partition_acks: Acks) -> ShareFetchResult:
+
+class _ShareReader:
+    """One ShareFetch request's fetches (and acknowledgements) of its partitions at their
+    leaders: what a fetch needs that is the same for every partition of the request."""
+
+    __slots__ = ("_view", "_request", "_session", "_max_records")
+
+    def __init__(self, view: BrokerView, request: Any, session: Any, max_records: int) -> None:
+        self._view, self._request, self._session, self._max_records = view, request, session, max_records
+
+    async def read(self, tp: Partition, wait_ms: int, partition_acks: Acks) -> ShareFetchResult:
+        """The partition's acknowledgements applied, then records acquired (waiting up to
+        `wait_ms`), unless the session no longer has it (closing, or forgotten:
+        acknowledgements only); a failure is that partition's error."""
+        view, request, session = self._view, self._request, self._session
+        body = request.body
         try:
             if not view.authorized(request, READ, TOPIC, tp[0]):
                 raise TopicAuthorizationFailedError(f"{request.context.principal} may not read {tp[0]!r}")
@@ -242,7 +293,7 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
                     return ShareFetchResult()
                 acked = await view.share_fetch(*tp, ShareFetchRequest(body.group_id, body.member_id, 0, 0, tuple(partition_acks)))
                 return ShareFetchResult(acknowledge_error=acked.acknowledge_error)
-            return await view.share_fetch(*tp, ShareFetchRequest(body.group_id, body.member_id, max_records, wait_ms,
+            return await view.share_fetch(*tp, ShareFetchRequest(body.group_id, body.member_id, self._max_records, wait_ms,
                                                                  tuple(partition_acks)))  # fmt: skip
         except KafkaError as e:
             return ShareFetchResult(acknowledge_error=e if partition_acks else None, error=e)
@@ -251,35 +302,22 @@ async def share_fetch(view: BrokerView, request: Any) -> dict:
             error = KafkaError(str(e))
             return ShareFetchResult(acknowledge_error=error if partition_acks else None, error=error)
 
-    deadline = time.monotonic() + max_wait_ms / 1000
-    first_wait = max_wait_ms if len(wanted) == 1 else 0
-    results = list(await asyncio.gather(*(one(tp, first_wait, acks.get(tp, [])) for tp in wanted)))
-    if session is not None and len(wanted) > 1 and not any(r.acquired or r.error for r in results):
-        # Nothing anywhere: wait for the first partition with records to acquire (probes,
-        # which acquire nothing, so those not needed are left to end at their leaders), then
-        # acquire from every partition again. If that finds nothing (another member was
-        # quicker), every partition waits at its leader for what is left of max_wait.
-        if await _first_acquirable(view, body.group_id, body.member_id, session.partitions, deadline):
-            again = await asyncio.gather(*(one(tp, 0, []) for tp in wanted))
-            results = [_merged(r, w) for r, w in zip(results, again)]
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms > 0 and not any(r.acquired or r.error for r in results):
-                again = await asyncio.gather(*(one(tp, remaining_ms, []) for tp in wanted))
-                results = [_merged(r, w) for r, w in zip(results, again)]
-    if session is None:  # closed: what it still holds goes back, once its acknowledgements are applied
-        await _release(view, own)
+
+def _share_fetch_responses(body: Any, asked: _ShareFetchPartitions, ids: dict[str, uuid.UUID],
+                           wanted: list[Partition], results: list[ShareFetchResult]) -> list[dict]:  # fmt: skip
+    """A ShareFetch answer's partitions by topic id: those that acquired, failed, were
+    acknowledged or added, and those of unknown topic ids."""
     responses: dict[uuid.UUID, list[dict]] = {}
     for tp, r in zip(wanted, results):
-        if not (r.acquired or r.error or tp in acks or tp in added):
+        if not (r.acquired or r.error or tp in asked.acks or tp in asked.added):
             continue
         responses.setdefault(ids[tp[0]], []).append(_partition_answer(tp[1], r))
-    for (topic_id, partition), error in unknown.items():
+    for (topic_id, partition), error in asked.unknown.items():
         acked = any(p.acknowledgement_batches for t in body.topics if t.topic_id == topic_id for p in t.partitions
                     if p.partition_index == partition)  # fmt: skip
         responses.setdefault(topic_id, []).append(
             _partition_answer(partition, ShareFetchResult(acknowledge_error=error if acked else None, error=error)))
-    return {"error_code": 0, "responses": [{"topic_id": t, "partitions": ps} for t, ps in responses.items()],
-            "node_endpoints": [], **lock_ms}  # fmt: skip
+    return [{"topic_id": t, "partitions": ps} for t, ps in responses.items()]
 
 
 async def _first_acquirable(view: BrokerView, group_id: str, member_id: str, partitions: Iterable[Partition],

@@ -59,7 +59,13 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from rayk.errors import InvalidProducerEpochError, InvalidRecordError, InvalidTxnStateError, OutOfOrderSequenceError
+from rayk.errors import (
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+)
 from rayk.storage.records import BatchHeader
 
 BATCHES_REMEMBERED = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 in flight
@@ -264,6 +270,27 @@ class ProducerStateManager:
         assert header.producer_id >= 0, "only batches of idempotent producers have a producer state"
         assert not header.is_control, "markers go to complete_txn"
         self.record(header.producer_id, header.producer_epoch, BatchMetadata.of(header), header.is_transactional)
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Refuses a coordinator's marker for `producer_id` before it is written (Kafka's
+        ProducerAppendInfo for an append of COORDINATOR origin): INVALID_PRODUCER_EPOCH if the
+        producer has written with a newer epoch, TRANSACTION_COORDINATOR_FENCED if a newer
+        coordinator already wrote a marker for it."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"marker of producer {producer_id} in epoch {producer_epoch}, which has written in epoch {entry.epoch}"
+            )
+        if entry is not None and coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"marker of producer {producer_id} from coordinator epoch {coordinator_epoch}, after one from "
+                f"epoch {entry.coordinator_epoch}"
+            )
+
+    def batch_offsets(self) -> set[tuple[int, int]]:
+        """(producer id, first offset) of each batch remembered."""
+        return {(producer_id, batch.first_offset) for producer_id, entry in self.producers.items()
+                for batch in entry.batches}  # fmt: skip
 
     def complete_txn(self, header: BatchHeader, commit: bool, coordinator_epoch: int) -> CompletedTxn:
         """An appended marker (a control batch, `header`) ends its producer's transaction."""
