@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -113,7 +113,7 @@ class BrokerHeartbeatManager:
         return "ok"
 
     @asynccontextmanager
-    async def registering(self, broker_id: int) -> Any:
+    async def registering(self, broker_id: int) -> AsyncIterator[None]:
         """While a registration's pushes go out: creating replica actors takes a while and
         the broker cannot heartbeat before its registration returns, so its session is not
         judged until then, and starts when they are done."""

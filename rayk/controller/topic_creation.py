@@ -78,17 +78,9 @@ class TopicCreation:
         self, name: str, num_partitions: int | None = None, replication_factor: int | None = None,
         configs: dict | None = None, validate_only: bool = False, timeout_ms: int | None = None,
     ) -> list[dict]:
-        """Creates a topic, waits until every live replica has its role; returns its description.
-        A count left out (None, or -1 as in Kafka's CreateTopics) takes the brokers' default:
-        `num.partitions`, `default.replication.factor`. POLICY_VIOLATION if a broker would
-        hold more replicas than it may (replica_capacity.py). `validate_only` checks all
-        of that, creates nothing and returns [].
-
-        `timeout_ms` bounds the wait for the replicas, as Kafka's CreateTopics does: the
-        topic exists once its records are committed, and its replicas start in the
-        background; past `timeout_ms` the call raises REQUEST_TIMED_OUT while they go on
-        starting, and with 0 it returns at once (Metadata's auto-creation: a connection is
-        never held up by replica processes starting). None waits for all of them."""
+        """Controller.create_topic: defaults for the counts left out (None or -1), placement,
+        admission (not for internal topics), commit, then the pushes, waited for up to
+        `timeout_ms` (None: all of them; 0: none) while they go on in the background."""
         if num_partitions in (None, -1):
             num_partitions = self._config.num_partitions
         if replication_factor in (None, -1):
@@ -113,9 +105,8 @@ class TopicCreation:
         return await self._view.describe_topic(name)
 
     async def create_partitions(self, name: str, total: int, validate_only: bool = False) -> list[dict]:
-        """Grows the topic to `total` partitions (see ClusterMetadata.plan_create_partitions),
-        waits until every live new replica has its role; returns the topic's description.
-        `validate_only` checks and changes nothing, as Kafka's CreatePartitions does."""
+        """Controller.create_partitions: the new partitions placed, admitted, committed and
+        pushed; the topic's description."""
         if is_internal(name):  # its partition count is what maps a group or a transactional id to its coordinator
             raise InvalidRequestError(f"the partition count of {name} cannot change")
         current = len(self._meta.topics[name].partitions) if name in self._meta.topics else 0
