@@ -20,8 +20,9 @@ import pytest
 
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
+from rayk.net.kafka_channel import KafkaChannel as _Connection
 from rayk.net.request_context import PLAINTEXT_CONTEXT
-from rayk.net.socket_server import SocketServer, _Connection
+from rayk.net.socket_server import SocketServer
 from tests.test_socket_server_backpressure import GATED_FROM, answers, api_versions, run_with_gated_server
 
 # Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.

@@ -65,7 +65,7 @@ def run_sasl_server(body, answer=None, **settings) -> None:
         async def credentials(user: str) -> dict:
             return CREDENTIALS.get(user, {})
 
-        server._scram_credentials = credentials
+        server._sasl.scram_credentials = credentials
         await body(server, connect)
 
     run_with_gated_server(500, with_credentials, answer, **{

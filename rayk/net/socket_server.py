@@ -4,7 +4,9 @@ One actor per broker, on the broker's node (its ReplicaManager creates it, super
 and starts a new one if it dies; see rayk/actors/supervision.py). It serves every
 listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
 gives each connection its RequestContext: the listener, and the principal of a client
-certificate, or of SASL authentication (rayk/net/sasl.py). With an authorizer, the
+certificate, or of SASL authentication (rayk/net/sasl.py; its requests and deadline:
+sasl_requests.py), kept with the rest of the connection's state in its KafkaChannel
+(kafka_channel.py). With an authorizer, the
 listener keeps the Controller's ACLs, taken as they change (a long poll), and
 handlers check each request against them; so it keeps the client quotas, and a
 connection whose client went over its quota starts no further request until its
@@ -58,7 +60,6 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -69,24 +70,20 @@ from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.metrics import RequestTimer
-from rayk.errors import (
-    InvalidConfigurationError,
-    InvalidRequestError,
-    KafkaError,
-    SaslAuthenticationFailedError,
-    UnsupportedVersionError,
-)
+from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.dataplane import streams
 from rayk.net.admin_apis import api_versions_body
-from rayk.net.api_versions import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE, client_throttles
+from rayk.net.api_versions import API_VERSIONS, PRODUCE, client_throttles
 from rayk.net.broker_view import BrokerView
 from rayk.net.client_quotas import measure_child_tasks
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis, Throttle
+from rayk.net.kafka_channel import READING_BODY, READING_SIZE, ConnectionClosed, KafkaChannel
 from rayk.net.memory_pool import MemoryPool
 from rayk.net.request_context import ANONYMOUS, RequestContext, kafka_host
 from rayk.net.sasl import SaslAuthenticator
+from rayk.net.sasl_requests import CloseAfter, SaslRequests
 from rayk.net.tls import certificate_principal, server_context
 from rayk.listeners import Listener, broker_port
 
@@ -96,53 +93,11 @@ QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
-FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
-CREDENTIALS_TIMEOUT_MS = 5_000  # a SASL exchange waits no longer for the Controller
 CHANGE_WAIT_MS = 30_000  # a lookup of the ACLs or client quotas waits this long at the Controller for a change
 REFRESH_RETRY_S = 0.5  # the pause before looking the ACLs or client quotas up again after a lookup that failed or took nothing
 QUOTA_PRUNE_INTERVAL_S = 5.0  # idle clients' quota rates are forgotten (a quota window is 11 s by default)
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
-
-
-class ConnectionClosed(Exception):
-    """Why the listener closes a connection (logged)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _CloseAfter:
-    """An answer after which the connection closes (a failed SASL exchange)."""
-
-    frame: bytes
-    reason: str
-
-
-READING_SIZE, READING_BODY = "size", "body"
-
-
-class _Connection:
-    """What the listener keeps per connection."""
-
-    def __init__(self, context: RequestContext, sasl: SaslAuthenticator | None) -> None:
-        self.context = context  # its principal changes when SASL authenticates the client
-        self.sasl = sasl  # on SASL listeners
-        # Set once the client is authenticated: at once without SASL, else when the SASL
-        # exchange succeeds (then its principal is set). Never cleared: re-authentication
-        # (KIP-368) keeps the principal.
-        self.authenticated = asyncio.Event()
-        self.unauthenticated_max_bytes = 0  # sasl.server.max.receive.size, on SASL listeners
-        self.slots_held = 0  # queued.max.requests slots of frames read and not yet answered
-        self.all_answered = asyncio.Event()  # set exactly while slots_held == 0
-        self.all_answered.set()
-        self.bytes_held = 0  # queued.max.request.bytes reserved for frames not yet answered
-        self.muted_until_s = 0.0  # (monotonic) no request starts before: its client is throttled
-        self.last_active_s = time.monotonic()  # a frame read or an answer written (connections.max.idle.ms)
-        self.reader_done = asyncio.Event()  # set when nothing more will be read (EOF, a bad frame, idle)
-        # What the reader waits for: READING_SIZE, READING_BODY (since body_started_s) or
-        # neither; `_close_when_idle` ends the reading only in those two waits.
-        self.reading: str | None = None
-        self.body_started_s, self.body_bytes = 0.0, 0
-        self.idle_close_reason: str | None = None  # why `_close_when_idle` ended the reading
 
 
 class SocketServer(Supervised):
@@ -151,13 +106,14 @@ class SocketServer(Supervised):
         self.broker_id = broker_id
         self.config = config
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
+        self._sasl = SaslRequests(self.apis.view, self._decode)
         self._servers: list[streams.AcceptingServer] = []
         self._queued = asyncio.Semaphore(config.queued_max_requests)
         self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
         self._memory = MemoryPool(config.queued_max_request_bytes)
         self._per_host: Counter[str] = Counter()  # open connections by client host
         self._host_limits = config.connection_limits_per_ip()
-        self._connections: dict[asyncio.Task, _Connection] = {}
+        self._connections: dict[asyncio.Task, KafkaChannel] = {}
         self._request_timers: dict[str, RequestTimer] = {}  # by listener name
         self.endpoints: dict[str, tuple[str, int]] | None = None
         self._refresher: asyncio.Future | None = None
@@ -311,7 +267,7 @@ class SocketServer(Supervised):
             logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, refusal)
             accepted.refuse()
             return
-        connection = self._connections[task] = _Connection(
+        connection = self._connections[task] = KafkaChannel(
             RequestContext(listener.name, listener.security_protocol, ANONYMOUS, host), None)
         self._per_host[host] += 1
         writer = None
@@ -320,7 +276,7 @@ class SocketServer(Supervised):
                                                          limit_bytes=STREAM_LIMIT_BYTES)
             connection.context = _context_of(listener, self.config, writer)
             if listener.uses_sasl:
-                connection.sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._scram_credentials,
+                connection.sasl = SaslAuthenticator(self.config.sasl_mechanisms(listener.name), self._sasl.scram_credentials,
                                                     self.config.connections_max_reauth_ms)
                 connection.unauthenticated_max_bytes = self.config.sasl_server_max_receive_bytes(listener.name)
             else:  # PLAINTEXT: ANONYMOUS from the start; SSL: its certificate's, by the handshake
@@ -340,7 +296,7 @@ class SocketServer(Supervised):
             if not self._per_host[host]:
                 del self._per_host[host]
 
-    async def _serve(self, connection: _Connection, listener: Listener, reader: asyncio.StreamReader,
+    async def _serve(self, connection: KafkaChannel, listener: Listener, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         """Reads, answers and writes until the connection ends; gives back every slot and
         byte its unanswered requests held."""
@@ -356,7 +312,7 @@ class SocketServer(Supervised):
         parts = [reading, processing, writing]
         if not connection.authenticated.is_set():
             timeout_s = self.config.sasl_server_authentication_timeout_s(listener.name)
-            parts.append(asyncio.ensure_future(self._authentication_deadline(connection, timeout_s)))
+            parts.append(asyncio.ensure_future(self._sasl.authentication_deadline(connection, timeout_s)))
         try:
             # Until every answer is written (processing ended at EOF) or a part fails. `reading`
             # is watched too: a read that failed unexpectedly ends the connection instead of
@@ -384,16 +340,6 @@ class SocketServer(Supervised):
             connection.slots_held = connection.bytes_held = 0
             connection.all_answered.set()
 
-    async def _authentication_deadline(self, connection: _Connection, timeout_s: float) -> None:
-        """Fails with ConnectionClosed unless the connection authenticates within `timeout_s`
-        (sasl.server.authentication.timeout.ms): ApiVersions requests, which keep it from
-        being idle, do not keep an unauthenticated connection open."""
-        try:
-            await asyncio.wait_for(connection.authenticated.wait(), timeout_s)
-        except TimeoutError:
-            raise ConnectionClosed(f"not authenticated within sasl.server.authentication.timeout.ms "
-                                   f"({timeout_s * 1000:.0f} ms)") from None
-
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None (max.connections and
         max.connections.per.ip, as Kafka counts them: over all listeners)."""
@@ -404,7 +350,7 @@ class SocketServer(Supervised):
             return f"max.connections.per.ip ({limit}) reached for {host}"
         return None
 
-    async def _process(self, frames: asyncio.Queue, answers: asyncio.Queue, connection: _Connection) -> None:
+    async def _process(self, frames: asyncio.Queue, answers: asyncio.Queue, connection: KafkaChannel) -> None:
         """Starts answering each frame in arrival order, and queues the answers in that order
         for `_write_answers`. A produce request starts while produce requests before it still
         wait for their high watermark (their appends keep their order: produce_coalescer.py);
@@ -413,12 +359,12 @@ class SocketServer(Supervised):
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
         while (read := await frames.get()) is not None:
             frame, received_s, pool_bytes = read
-            exchanged = None if connection.sasl is None else await self._sasl_exchange(connection, frame, pending)
+            exchanged = None if connection.sasl is None else await self._sasl.exchange(connection, frame, pending)
             if exchanged is not None:
                 answer = asyncio.get_running_loop().create_future()
                 answer.set_result(exchanged)
                 await answers.put((answer, received_s, None, pool_bytes))
-                if isinstance(exchanged, _CloseAfter):
+                if isinstance(exchanged, CloseAfter):
                     break  # nothing after a failed authentication is served
                 continue
             # The thread's CPU clock is a system call (~1 µs): read only for request_percentage quotas.
@@ -447,7 +393,7 @@ class SocketServer(Supervised):
             await answers.put((answer, received_s, name, pool_bytes))
         await answers.put(None)
 
-    async def _wait_out_throttle(self, connection: _Connection, muted_s: float) -> None:
+    async def _wait_out_throttle(self, connection: KafkaChannel, muted_s: float) -> None:
         """The client is throttled (KIP-219): nothing more of it starts for `muted_s`. If
         it leaves meanwhile, the connection closes then, and what it sent is not served
         (the reader keeps reading, at most QUEUED_PER_CONNECTION frames ahead, so that a
@@ -458,76 +404,7 @@ class SocketServer(Supervised):
             return
         raise ConnectionClosed("the client left while throttled")
 
-    async def _sasl_exchange(self, connection: _Connection, frame: bytes, pending: set[asyncio.Future]
-                             ) -> bytes | _CloseAfter | None:
-        """On a SASL listener: the answer to a SASL step (a SaslHandshake or SaslAuthenticate
-        request, or a bare token after a v0 handshake), or None for any other request, which
-        is served as usual; ConnectionClosed for a request the connection may not send yet."""
-        sasl = connection.sasl
-        assert sasl is not None
-        if sasl.raw_tokens:
-            return await self._raw_sasl_answer(connection, frame)
-        if len(frame) < 8:
-            return None  # no header: _decode closes the connection
-        refusal = sasl.refusal(read_head(frame).api_key)
-        if refusal is not None:
-            raise ConnectionClosed(refusal)
-        if read_head(frame).api_key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
-            return None
-        request = self._decode(frame, connection.context)
-        if not isinstance(request, Request):
-            return request  # its error answer
-        if pending:  # authentication changes the principal of every request after it
-            await asyncio.wait(pending)
-        return await self._sasl_answer(connection, request)
-
-    async def _sasl_answer(self, connection: _Connection, request: Request) -> bytes | _CloseAfter:
-        """SaslHandshake or SaslAuthenticate on a SASL listener, answered by the connection's
-        authenticator; a failure is answered, then the connection closed (after
-        FAILED_AUTHENTICATION_DELAY_S, as Kafka slows down guessing)."""
-        head, sasl = request.head, connection.sasl
-        assert sasl is not None
-        cls = response_class(head.api_key, head.api_version)
-        try:
-            if head.api_key == SASL_HANDSHAKE:
-                sasl.handshake(request.body.mechanism, raw_tokens=head.api_version == 0)
-                values: dict[str, Any] = {"mechanisms": list(sasl.mechanisms)}
-            else:
-                token, lifetime_ms = await self._authenticate(connection, request.body.auth_bytes)
-                values = {"auth_bytes": token, "session_lifetime": lifetime_ms}
-            return encode_response(head, build(cls, values))
-        except KafkaError as e:
-            await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
-            values = {"error_code": e.code, "error_message": str(e), "mechanisms": list(sasl.mechanisms)}
-            return _CloseAfter(encode_response(head, build(cls, values)), str(e))
-
-    async def _raw_sasl_answer(self, connection: _Connection, token: bytes) -> bytes | _CloseAfter:
-        """A bare SASL token (after a v0 SaslHandshake): the server's token, bare; a failure
-        cannot be told in this framing, so the connection closes."""
-        try:
-            reply, _ = await self._authenticate(connection, token)
-        except KafkaError as e:
-            await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
-            return _CloseAfter(b"", str(e))
-        return _SIZE.pack(len(reply)) + reply
-
-    async def _authenticate(self, connection: _Connection, token: bytes) -> tuple[bytes, int]:
-        """One SASL step; once it authenticates, every request after it carries the principal."""
-        sasl = connection.sasl
-        assert sasl is not None
-        reply = await sasl.authenticate(token)
-        if sasl.principal is not None:
-            connection.context = replace(connection.context, principal=sasl.principal)
-            connection.authenticated.set()  # its next frame is read from the pool, without the deadline
-        return reply
-
-    async def _scram_credentials(self, user: str) -> dict:
-        try:
-            return await self.apis.view.ask_controller("scram_credentials", user, timeout_ms=CREDENTIALS_TIMEOUT_MS)
-        except KafkaError as e:
-            raise SaslAuthenticationFailedError(f"the credentials of {user!r} could not be read: {e}") from None
-
-    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: _Connection,
+    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: KafkaChannel,
                              timer: RequestTimer) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot and
         its pool bytes (none for a frame read before authentication)."""
@@ -545,7 +422,7 @@ class SocketServer(Supervised):
                 self._memory.release(pool_bytes)
             if response is CLOSE_CONNECTION:
                 raise ConnectionClosed("an acks=0 produce failed")
-            if isinstance(response, _CloseAfter):
+            if isinstance(response, CloseAfter):
                 writer.write(response.frame)
                 await writer.drain()
                 raise ConnectionClosed(response.reason)
@@ -557,7 +434,7 @@ class SocketServer(Supervised):
                 timer.record(name, received_s)
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
-                           connection: _Connection) -> None:
+                           connection: KafkaChannel) -> None:
         """Reads frames into `frames`, each with when it was read and the pool bytes it holds,
         until EOF, a bad size or an idle connection, then puts None. An authenticated
         connection's frame has its bytes reserved at the pool before its body is read; an
@@ -610,7 +487,7 @@ class SocketServer(Supervised):
         connection.reader_done.set()
         await frames.put(None)
 
-    async def _close_when_idle(self, connection: _Connection, idle_s: float, reading: asyncio.Task) -> None:
+    async def _close_when_idle(self, connection: KafkaChannel, idle_s: float, reading: asyncio.Task) -> None:
         """Ends `reading` (connections.max.idle.ms) once the connection waits for its next
         request with none of its requests unanswered and nothing read or written for
         `idle_s`, or once a request's body has taken `idle_s` to arrive. A task of its own,
@@ -646,7 +523,7 @@ class SocketServer(Supervised):
             logger.info("broker %d: %s", self.broker_id, e)
             return encode_response(head, error_response(response_class(head.api_key, head.api_version), InvalidRequestError.code))
 
-    async def _answer(self, request: Request, throttle: Throttle, connection: _Connection) -> bytes | object | None:
+    async def _answer(self, request: Request, throttle: Throttle, connection: KafkaChannel) -> bytes | object | None:
         """The response frame for one request, None for none, or CLOSE_CONNECTION. A
         throttled client's connection starts nothing more until its throttle time has
         passed; to a client that does not wait it out itself, the answer waits instead."""

@@ -16,23 +16,23 @@ replica, each with a `partition.metadata` naming the topic id.
 Lifecycle: at start it consumes the clean-shutdown marker (KIP-966: none means the last
 run crashed and its logs may have lost their unflushed tails), then registers with the
 Controller (a new broker epoch every time) with a new incarnation id, its directory id
-and whether its last shutdown was clean, and starts its loops, each with its period
+and whether its last shutdown was clean, and starts its loops (all in `start`, each a
+task of its own, so that a slow one never delays the heartbeat), each with its period
 named after Kafka's setting:
 - heartbeat every `broker.heartbeat.interval.ms`; a Controller that no longer knows this
   registration (it fenced us, or it restarted) gets a new registration;
 - a probe round every `broker.heartbeat.interval.ms`, which pings those of its replicas and
   its listener that answered nothing for a third of `broker.session.timeout.ms` (a
   replica's publication on the board counts: see supervision.py);
-- offset checkpoints every `replica.high.watermark.checkpoint.interval.ms`, of the offsets
-  the replicas last published on the broker's board (replica_board.py: shared memory each
-  replica writes on a timer of its own, more often than that and than a third of
-  `broker.session.timeout.ms`; no call);
+- the BrokerLogManager's (broker_log_manager.py): offset checkpoints every
+  `replica.high.watermark.checkpoint.interval.ms`, of the offsets the replicas last
+  published on the broker's board (replica_board.py: shared memory each replica writes on
+  a timer of its own, more often than that and than a third of
+  `broker.session.timeout.ms`; no call); retention every
+  `log.retention.check.interval.ms`; the log cleaner (if `log.cleaner.enable`), which
+  waits `log.cleaner.backoff.ms` when no log needs it (see log_cleaner.py);
 - isr-expiration is not among them: each leader runs it in its own event loop (see
   partition_replica.py);
-- retention every `log.retention.check.interval.ms`;
-- the log cleaner (if `log.cleaner.enable`): the filthiest compacted log is cleaned, then
-  the next, one at a time (so `log.cleaner.io.max.bytes.per.second` is the broker's), and
-  when none needs it the cleaner waits `log.cleaner.backoff.ms` (see log_cleaner.py);
 - its metrics every GAUGE_REFRESH_INTERVAL_MS (rayk/metrics.py): Kafka's ReplicaManager
   gauges from the partition states the Controller pushed (broker_health.py, also served
   by `health` for `rayk status`) and each replica's log size as of the last checkpoint;
@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -81,6 +80,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk import metrics
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.server.broker_health import broker_health
+from rayk.server.broker_log_manager import BrokerLogManager
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.coordinator.group.group_lag import group_lags
 from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
@@ -93,10 +93,8 @@ from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore
 from rayk.errors import KafkaError, StaleBrokerEpochError
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from rayk.storage import clean_shutdown, meta_properties, partition_metadata
-from rayk.storage.log_cleaner import CleanableState
-from rayk.storage.log_dir_checkpoints import LogDirCheckpoints, PartitionOffsets
-from rayk.storage.log_manager import partition_dir_name
+from rayk.storage import clean_shutdown, meta_properties
+from rayk.storage.log_dir_checkpoints import PartitionOffsets
 from rayk.storage.meta_properties import MetaProperties
 
 logger = logging.getLogger(__name__)
@@ -147,7 +145,27 @@ def _node_memory_bytes() -> int:
     return int(get_system_memory())
 
 
+def replica_config_of(topic_configs: dict[str, str], c: BrokerConfig) -> ReplicaConfig:
+    """The settings of a replica of a topic with `topic_configs`, on a broker configured so."""
+    return ReplicaConfig(
+        min_insync_replicas=min_insync_replicas_of(topic_configs, c),
+        replica_lag_time_max_ms=c.replica_lag_time_max_ms,
+        replica_fetch_max_bytes=c.replica_fetch_max_bytes,
+        replica_fetch_min_bytes=c.replica_fetch_min_bytes,
+        replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
+        replica_socket_timeout_ms=c.replica_socket_timeout_ms,
+        data_plane_host=next((listener.host for listener in c.kafka_listeners()), ""),
+        data_plane_keystore=data_plane_keystore(c),
+        share=ShareSettings(c.group_share_record_lock_duration_ms, c.group_share_delivery_count_limit,
+                            c.group_share_partition_max_record_locks),
+    )
+
+
 class ReplicaManager(Supervised):
+    """One broker: its registration and heartbeats, its replicas (created, supervised, told
+    their roles, stopped), its listener, and its loops; its logs' checkpoints, retention
+    and cleaning are its BrokerLogManager's."""
+
     def __init__(
         self,
         broker_id: int,
@@ -169,8 +187,6 @@ class ReplicaManager(Supervised):
         # KIP-966: consumed before anything is written, so a crash of this run is seen next time.
         self._clean_shutdown = clean_shutdown.consume(self.dir) is not None
         self._incarnation_id = uuid.uuid4().hex  # this process; the Controller tells restarts apart by it
-        self._checkpoints = LogDirCheckpoints(self.dir)
-        self._checkpoints_lock = asyncio.Lock()  # writes run in a thread; one at a time
         # Replicas publish more often than their broker checkpoints, and than it would ping
         # them (a third of the session timeout): a live replica is pinged only to check that
         # it takes calls (supervision.py, CALL_CHECK_PINGS).
@@ -184,7 +200,7 @@ class ReplicaManager(Supervised):
         # topic was deleted). Bounded: the oldest are forgotten first.
         self._stopped: dict[TopicPartition, tuple[str, int | None]] = {}
         self._pushes_applied = 0  # pushes applied so far: which replicas a stray check may judge
-        self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
+        self._logs = BrokerLogManager(broker_id, self.dir, self._board, self._replicas, self.config)
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
@@ -219,13 +235,13 @@ class ReplicaManager(Supervised):
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
                     self._every(c.broker_heartbeat_interval_ms, self._probe_children),
                     self._every(c.broker_heartbeat_interval_ms * STRAY_CHECK_HEARTBEATS, self._stop_strays),
-                    self._every(c.replica_high_watermark_checkpoint_interval_ms, self._checkpoint),
-                    self._every(c.log_retention_check_interval_ms, self._enforce_retention),
+                    self._every(c.replica_high_watermark_checkpoint_interval_ms, self._logs.checkpoint),
+                    self._every(c.log_retention_check_interval_ms, self._logs.enforce_retention),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_group_lag),
                 ]
                 if c.log_cleaner_enable:
-                    self._loops.append(self._every(c.log_cleaner_backoff_ms, self._clean_logs))
+                    self._loops.append(self._every(c.log_cleaner_backoff_ms, self._logs.clean_logs))
         return self._broker_epoch
 
     async def _start_listener(self) -> None:
@@ -277,21 +293,8 @@ class ReplicaManager(Supervised):
                 await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
         self._broker_epoch = epoch
         self._registered().set()
-        await self._delete_strays(assigned)
+        await self._logs.delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
-
-    async def _delete_strays(self, assigned: dict[TopicPartition, str]) -> None:
-        """Removes partition directories of topics deleted (or re-created) while we were away."""
-        for path in self.dir.iterdir():
-            if not path.is_dir() or (topic_id := partition_metadata.read(path)) is None:
-                continue
-            topic, _, partition = path.name.rpartition("-")
-            if not partition.isdigit():
-                continue
-            tp = (topic, int(partition))
-            if assigned.get(tp) != topic_id and tp not in self._replicas:
-                logger.info("broker %d: deleting stray partition directory %s", self.broker_id, path)
-                await self._delete_partition_dir(tp)
 
     async def _stop_strays(self) -> None:
         """Stops and deletes the replicas whose partition the Controller no longer assigns
@@ -354,7 +357,7 @@ class ReplicaManager(Supervised):
         for tp, _ in items:
             self._children.forget(tp)
         closed = await asyncio.gather(*(r.handle.close.remote() for _, r in items), return_exceptions=True)
-        await self._write_checkpoints({tp: o for (tp, _), o in zip(items, closed) if isinstance(o, PartitionOffsets)})
+        await self._logs.write_checkpoints({tp: o for (tp, _), o in zip(items, closed) if isinstance(o, PartitionOffsets)})
         for _, r in items:
             ray.kill(r.handle)
         unclosed = [tp for (tp, _), o in zip(items, closed) if not isinstance(o, PartitionOffsets)]
@@ -389,33 +392,9 @@ class ReplicaManager(Supervised):
                     self._children.ran(tp, replica.handle, published.at_s)
         self._children.probe()
 
-    async def _checkpoint(self) -> None:
-        """Writes the offsets the replicas last published on the board. Under the lock, so
-        that a partition deleted meanwhile (its replica is forgotten before its directory
-        goes) is not written back."""
-        async with self._checkpoints_lock:
-            published = {
-                tp: p for tp, r in self._replicas.items()
-                if r.handle is not None and r.slot is not None and (p := self._board.read(r.slot)) is not None
-            }  # fmt: skip
-            self._log_sizes = {tp: p.size_bytes for tp, p in published.items()}
-            await asyncio.to_thread(self._checkpoints.write, {tp: p.offsets for tp, p in published.items()})
-
-    async def _write_checkpoints(self, offsets: dict[TopicPartition, PartitionOffsets]) -> None:
-        async with self._checkpoints_lock:
-            # Three fsyncs: off the event loop, so heartbeats and pushes are not held up by the disk.
-            await asyncio.to_thread(self._checkpoints.write, offsets)
-
-    async def _delete_partition_dir(self, tp: TopicPartition) -> None:
-        async with self._checkpoints_lock:
-            shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
-            self._checkpoints.remove(tp)
-
     async def _record_metrics(self) -> None:
         metrics.record_broker_health(self._health())
-        for (topic, partition), size_bytes in self._log_sizes.items():
-            if (topic, partition) in self._replicas:
-                metrics.record_log_size(self.broker_id, topic, partition, size_bytes)
+        self._logs.record_log_sizes()
 
     async def _record_group_lag(self) -> None:
         coordinators = [
@@ -429,47 +408,6 @@ class ReplicaManager(Supervised):
     def _health(self) -> metrics.BrokerHealth:
         held = [r.assignment for r in self._replicas.values()]
         return broker_health(self.broker_id, ((a.state, min_insync_replicas_of(a.configs, self.config)) for a in held))
-
-    async def _enforce_retention(self) -> None:
-        handles = [r.handle for r in self._replicas.values() if r.handle is not None]
-        await asyncio.gather(*(h.enforce_retention.remote() for h in handles), return_exceptions=True)
-
-    async def _clean_logs(self) -> None:
-        """Cleans compacted logs, filthiest first, until none needs it (Kafka's
-        CleanerThread with grabFilthiestCompactedLog); a log cleaned already this round
-        waits for the next, so a log written faster than it is cleaned cannot starve the rest."""
-        c = self.config
-        cleaned: set[TopicPartition] = set()
-        while True:
-            items = [
-                (tp, r.handle)
-                for tp, r in self._replicas.items()
-                if r.handle is not None and tp not in cleaned and log_config_of(r.assignment.configs).compacts
-            ]
-            states = await asyncio.gather(*(h.cleanable_state.remote() for _, h in items), return_exceptions=True)
-            candidates = [
-                (state.max_lag_passed, state.dirty_ratio, tp, handle)
-                for (tp, handle), state in zip(items, states)
-                if isinstance(state, CleanableState)
-                and tp in self._replicas  # not stopped meanwhile
-                and state.needs_cleaning(log_config_of(self._replicas[tp].assignment.configs).min_cleanable_dirty_ratio)
-            ]
-            if not candidates:
-                return
-            _lagging, _ratio, tp, handle = max(candidates, key=lambda c: c[:2])
-            cleaned.add(tp)
-            try:
-                result = await handle.clean_log.remote(
-                    float(c.log_cleaner_io_max_bytes_per_second), c.log_cleaner_dedupe_buffer_size
-                )
-            except Exception as e:  # a dead replica is the supervisor's; the others still get cleaned
-                logger.warning("broker %d: cleaning %s-%d failed: %s", self.broker_id, *tp, e)
-                continue
-            if result is not None:
-                logger.info(
-                    "broker %d: cleaned %s-%d up to offset %d: %d records removed, %d bytes read, %d written",
-                    self.broker_id, *tp, result.end_offset, result.records_removed, result.bytes_read, result.bytes_written,
-                )
 
     # ------------------------------------------------------------------ supervision
 
@@ -552,7 +490,7 @@ class ReplicaManager(Supervised):
                 current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
             elif current.assignment.configs != assignment.configs:
                 await current.handle.update_config.remote(
-                    log_config_of(assignment.configs), self._replica_config(assignment.configs)
+                    log_config_of(assignment.configs), replica_config_of(assignment.configs, self.config)
                 )
             current.assignment = assignment
             self._pushes_applied += 1
@@ -581,18 +519,15 @@ class ReplicaManager(Supervised):
     async def _create_replica(self, a: PartitionAssignment) -> tuple[Any, BoardSlot]:
         """A new replica process, and its slot on the board."""
         tp = (a.topic, a.partition)
-        log_dir = self.dir / partition_dir_name(a.topic, a.partition)
-        if partition_metadata.read(log_dir) not in (None, a.topic_id):
-            await self._delete_partition_dir(tp)  # records of a deleted topic that had the same name
-        partition_metadata.write(log_dir, a.topic_id)
+        log_dir = await self._logs.prepare_dir(tp, a.topic_id)
         args = (
             a.topic,
             a.partition,
             self.broker_id,
             str(log_dir),
             log_config_of(a.configs),
-            self._replica_config(a.configs),
-            self._checkpoints.offsets(tp),
+            replica_config_of(a.configs, self.config),
+            self._logs.offsets(tp),
             ray.get_runtime_context().current_actor,
             self._controller,
         )
@@ -610,21 +545,6 @@ class ReplicaManager(Supervised):
         except BaseException:
             self._board.release(slot)
             raise
-
-    def _replica_config(self, topic_configs: dict[str, str]) -> ReplicaConfig:
-        c = self.config
-        return ReplicaConfig(
-            min_insync_replicas=min_insync_replicas_of(topic_configs, c),
-            replica_lag_time_max_ms=c.replica_lag_time_max_ms,
-            replica_fetch_max_bytes=c.replica_fetch_max_bytes,
-            replica_fetch_min_bytes=c.replica_fetch_min_bytes,
-            replica_fetch_wait_max_ms=c.replica_fetch_wait_max_ms,
-            replica_socket_timeout_ms=c.replica_socket_timeout_ms,
-            data_plane_host=next((listener.host for listener in c.kafka_listeners()), ""),
-            data_plane_keystore=data_plane_keystore(c),
-            share=ShareSettings(c.group_share_record_lock_duration_ms, c.group_share_delivery_count_limit,
-                                c.group_share_partition_max_record_locks),
-        )
 
     async def _make_role(self, replica: _Replica) -> None:
         state = replica.assignment.state
@@ -668,20 +588,20 @@ class ReplicaManager(Supervised):
         replica = self._replicas.pop(tp, None)
         if replica is None or replica.handle is None:
             if delete:
-                await self._delete_partition_dir(tp)
+                await self._logs.delete_partition_dir(tp)
             return
         try:
             if delete:
                 await replica.handle.delete.remote()
             else:
-                await self._write_checkpoints({tp: await replica.handle.close.remote()})
+                await self._logs.write_checkpoints({tp: await replica.handle.close.remote()})
         except RayActorError:
             pass  # already dead: the directory is what remains
         finally:
             ray.kill(replica.handle)
             self._drop_handle(replica)
         if delete:
-            await self._delete_partition_dir(tp)
+            await self._logs.delete_partition_dir(tp)
 
     # ------------------------------------------------------------------ broker -> Controller
 
