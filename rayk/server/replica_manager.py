@@ -32,7 +32,7 @@ named after Kafka's setting:
   `log.retention.check.interval.ms`; the log cleaner (if `log.cleaner.enable`), which
   waits `log.cleaner.backoff.ms` when no log needs it (see log_cleaner.py);
 - isr-expiration is not among them: each leader runs it in its own event loop (see
-  partition_replica.py);
+  leader_isr.py);
 - its metrics every GAUGE_REFRESH_INTERVAL_MS (rayk/metrics.py): Kafka's ReplicaManager
   gauges from the partition states the Controller pushed (broker_health.py, also served
   by `health` for `rayk status`) and each replica's log size as of the last checkpoint;
