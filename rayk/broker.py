@@ -1,7 +1,9 @@
 """A broker as `rayk.start` deploys it: a ReplicaManager (rayk/actors) that runs a Kafka
 listener (rayk/net).
 
-The one module that knows both layers. The ReplicaManager is handed the listener's
+The one module that knows both layers. `BrokerFactory` is how brokers are created, by
+`rayk.start` for the first ones and by the Controller for those added at runtime (it is
+handed the factory, so that rayk/controller never imports the listener either). The ReplicaManager is handed the listener's
 factory instead of importing it, so imports point one way (DESIGN's layers) and the wire
 protocol stays out of every process that merely holds a broker's handle: Ray loads an
 actor handle's class module in each process the handle reaches, and every partition
@@ -11,13 +13,15 @@ would cost each of them ~10 MiB).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
-from rayk.server.replica_manager import ReplicaManager
 from rayk.config import BrokerConfig
+from rayk.server.broker_placement import pinned
+from rayk.server.replica_manager import ReplicaManager
 
 BrokerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(ReplicaManager)
 
@@ -41,3 +45,38 @@ def create_broker(
     return BrokerActor.options(**actor_options).remote(
         broker_id, data_dir, cluster_id, controller, config, listener_factory=create_listener
     )
+
+
+def broker_actor_name(broker_id: int) -> str:
+    return f"rayk-broker-{broker_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerFactory:
+    """Creates one cluster's brokers: each a detached, named ReplicaManager actor pinned to
+    its node with hard affinity, restarted by Ray in place if its process dies (an actor
+    whose node is gone stays dead until it is placed again). Picklable: the Controller
+    keeps it, and a restarted Controller gets it again with its constructor's arguments."""
+
+    data_dir: str
+    namespace: str
+    config: BrokerConfig
+    node_resource: str | None = None  # brokers run only on nodes that offer it
+
+    def create(self, broker_id: int, node_id: str, cluster_id: str, controller: Any) -> Any:
+        """The broker's actor on `node_id`, not started yet (call its `start`)."""
+        return create_broker(
+            broker_id, self.data_dir, cluster_id, controller, self.config,
+            name=broker_actor_name(broker_id),
+            namespace=self.namespace,
+            lifetime="detached",
+            max_restarts=-1,
+            scheduling_strategy=pinned(node_id),
+        )  # fmt: skip
+
+    def find(self, broker_id: int) -> Any | None:
+        """The broker's actor if it exists (alive or restarting), else None."""
+        try:
+            return ray.get_actor(broker_actor_name(broker_id), namespace=self.namespace)
+        except ValueError:
+            return None

@@ -183,10 +183,11 @@ def _nodes() -> dict[str, dict]:
 def _brokers_table(cluster: Any) -> str:
     addresses = {node_id: n["NodeManagerAddress"] for node_id, n in _nodes().items()}
     rows = [
-        (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), _listener(b), b["fenced"], b["connected"])
+        (b["broker_id"], b["node_id"][:12], addresses.get(b["node_id"]), _listener(b), b["fenced"], b["connected"],
+         b["decommissioning"])
         for b in cluster.brokers()
     ]
-    return table(("broker", "node", "address", "kafka listeners", "fenced", "connected"), rows)
+    return table(("broker", "node", "address", "kafka listeners", "fenced", "connected", "leaving"), rows)
 
 
 def _listener(broker: dict) -> str:
@@ -298,6 +299,42 @@ def cmd_stop(args: argparse.Namespace) -> None:
     data_dir = cluster.data_dir()
     cluster.shutdown()
     say(args, f"rayk cluster in Ray namespace {args.namespace!r} stopped; its data stays in {data_dir}")
+
+
+# ---------------------------------------------------------------------------- brokers
+
+
+def cmd_brokers_list(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    held: dict[int, int] = {}
+    leading: dict[int, int] = {}
+    for name in cluster.list_topics(include_internal=True):
+        for p in cluster.describe_topic(name):
+            for b in p["replicas"]:
+                held[b] = held.get(b, 0) + 1
+            leading[p["leader"]] = leading.get(p["leader"], 0) + 1
+    rows = [(b["broker_id"], b["node_id"][:12], _listener(b), held.get(b["broker_id"], 0),
+             leading.get(b["broker_id"], 0), _broker_state(b)) for b in cluster.brokers()]  # fmt: skip
+    say(args, table(("broker", "node", "kafka listeners", "replicas", "leaders", "state"), rows))
+
+
+def _broker_state(broker: dict) -> str:
+    if broker["decommissioning"]:
+        return "leaving"
+    return "fenced" if broker["fenced"] else "live" if broker["connected"] else "away"
+
+
+def cmd_brokers_add(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    broker_id = cluster.add_broker(args.node_id)
+    say(args, f"broker {broker_id} added; the balancer gives it its share of the partitions", _brokers_table(cluster))
+
+
+def cmd_brokers_remove(args: argparse.Namespace) -> None:
+    cluster = _connect(args)
+    cluster.remove_broker(args.broker_id, timeout_ms=int(args.timeout_s * 1000))
+    say(args, f"broker {args.broker_id} decommissioned: its replicas moved to the other brokers, and it left",
+        _brokers_table(cluster))
 
 
 # ---------------------------------------------------------------------------- topics
@@ -982,6 +1019,19 @@ def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     _add(sub, "stop", cmd_stop, "stop the rayk cluster cleanly (its data stays on disk)", [conn])
 
 
+def _add_broker_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    brokers = sub.add_parser("brokers", help="list, add and remove brokers while the cluster runs", description="brokers")
+    bsub = brokers.add_subparsers(dest="brokers_command", required=True, metavar="COMMAND")
+    _add(bsub, "list", cmd_brokers_list, "the brokers: node, listeners, replicas and leaders held, state", [conn])
+    add = _add(bsub, "add", cmd_brokers_add, "start a new broker; the balancer gives it its share of the partitions", [conn])
+    add.add_argument("--node-id", help="the Ray node to run it on (default: the one running the fewest brokers)")
+    remove = _add(bsub, "remove", cmd_brokers_remove,
+                  "decommission a broker: its replicas move to the others first, then it stops and leaves", [conn])
+    remove.add_argument("broker_id", type=_non_negative_int)
+    remove.add_argument("--timeout", dest="timeout_s", type=float, default=600, metavar="SECONDS",
+                        help="give up waiting after this long (the decommission goes on; default 600)")
+
+
 def _add_topic_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     topics = sub.add_parser("topics", help="create, list, describe, alter, delete and reassign topics",
                             description="topics")
@@ -1154,6 +1204,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     conn = _connection_options()
     _add_cluster_commands(sub, conn)
+    _add_broker_commands(sub, conn)
     _add_topic_commands(sub, conn)
     _add_group_commands(sub, conn)
     _add_user_commands(sub, conn)

@@ -600,3 +600,10 @@ class UnexpectedAppendOffsetError(KafkaError):
 
 class LogClosedError(KafkaStorageError):
     """An operation was attempted on a `Log` after `close()`."""
+
+
+class BrokerNotAvailableError(KafkaError):
+    """The broker a request names is not registered (removing or describing a broker id
+    that left the cluster, or never joined it)."""
+
+    code, name = 8, "BROKER_NOT_AVAILABLE"

@@ -60,6 +60,8 @@ RECORDS = st.one_of(
     st.builds(r.ScramCredentialRecord, names, names, blobs, blobs, blobs, ids),
     st.builds(r.RemoveScramCredentialRecord, names, names),
     st.builds(r.ClientQuotaRecord, entity, names, st.none() | st.floats(allow_nan=False)),
+    st.builds(r.DecommissionBrokerRecord, ids, st.booleans()),
+    st.builds(r.UnregisterBrokerRecord, ids),
 )
 
 

@@ -22,11 +22,16 @@ from rayk.metadata.records import (
     TopicRecord,
     pack,
     unpack,
+    DecommissionBrokerRecord,
+    UnregisterBrokerRecord,
 )
 from rayk.metadata import elections
 from rayk.metadata.elections import LogEnd, reconcile
 from rayk.config import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE, BrokerConfig, min_insync_replicas_of
 from rayk.errors import (
+    BrokerNotAvailableError,
+    InvalidRequestError,
+    PolicyViolationError,
     ElectionNotNeededError,
     EligibleLeadersNotAvailableError,
     PreferredLeaderNotAvailableError,
@@ -1613,3 +1618,56 @@ class ClusterMachine(RuleBasedStateMachine):
 
 ClusterMachine.TestCase.settings = settings(max_examples=1000, stateful_step_count=25, deadline=None)
 test_cluster_metadata_state_machine = ClusterMachine.TestCase
+
+
+# --- brokers leaving the cluster --------------------------------------------------------
+
+
+def test_a_decommissioning_broker_gets_no_new_replica_but_keeps_what_it_holds():
+    c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
+    c.create("before", partitions=4, rf=2)
+    held = {p: s.replicas for p, s in c.meta.topics["before"].partitions.items()}
+    c.commit(c.meta.plan_decommission_broker(4))
+    assert c.meta.placeable_brokers == {1, 2, 3} and c.meta.live_brokers == {1, 2, 3, 4}
+    c.create("after", partitions=6, rf=3)
+    c.commit(c.meta.replication.plan_create_partitions("before", 8))
+    assert all(4 not in s.replicas for s in c.meta.topics["after"].partitions.values())
+    assert all(4 not in c.state("before", p).replicas for p in (4, 5, 6, 7))
+    assert {p: c.state("before", p).replicas for p in held} == held
+    assert c.meta.plan_decommission_broker(4) == [], "already leaving"
+
+
+def test_decommissioning_is_refused_when_the_others_cannot_hold_a_partition_on_brokers_apart():
+    c = three_nodes()
+    c.create("t", partitions=2, rf=3)
+    with pytest.raises(PolicyViolationError, match="t-0 has 3 replicas and only 2 other brokers"):
+        c.meta.plan_decommission_broker(1)
+    with pytest.raises(BrokerNotAvailableError):
+        c.meta.plan_decommission_broker(9)
+    c.register(4, "d")
+    assert c.commit(c.meta.plan_decommission_broker(1)) == [DecommissionBrokerRecord(1, decommissioning=True)]
+
+
+def test_a_broker_is_unregistered_only_once_it_holds_nothing_and_a_restart_keeps_it_leaving():
+    c = Cluster({1: "a", 2: "b", 3: "c", 4: "d"})
+    c.create("t", partitions=1, rf=3)  # on 1, 2, 3
+    c.commit(c.meta.plan_decommission_broker(1))
+    c.register(1, "a", incarnation="again")
+    assert c.meta.brokers[1].decommissioning, "a restart does not end a decommission"
+    with pytest.raises(InvalidRequestError, match="still holds replicas of 1 partitions"):
+        c.meta.plan_unregister_broker(1)
+    c.commit(c.meta.replication.plan_reassign("t", 0, [4, 2, 3]))
+    c.alter("t", 0, list(c.state().replicas))  # the new replica caught up: the reassignment completes
+    assert c.state().replicas == (4, 2, 3)
+    assert c.commit(c.meta.plan_unregister_broker(1)) == [UnregisterBrokerRecord(1)]
+    assert 1 not in c.meta.brokers and 1 not in c.meta.attached
+    again = replay(c.log)
+    assert again.brokers == c.meta.brokers and again.placeable_brokers == {2, 3, 4}
+
+
+def test_the_image_keeps_a_decommission():
+    c = Cluster({1: "a", 2: "b"})
+    c.commit(c.meta.plan_decommission_broker(2))
+    restored = ClusterMetadata()
+    restored.restore(c.meta.snapshot())
+    assert restored.brokers[2].decommissioning and restored.placeable_brokers == {1}

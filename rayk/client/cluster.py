@@ -21,13 +21,11 @@ for another), retried across a Controller restart, and raising only rayk's error
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.controller.controller import Controller
@@ -37,7 +35,6 @@ from rayk.client.descriptions import ClusterHealth, PartitionDescription, partit
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, KafkaError, NetworkError
 from rayk.internal_topics import is_internal
-from rayk.storage import meta_properties
 
 if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster needs none of them
     from rayk.client.admin import Admin
@@ -56,7 +53,7 @@ ControllerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(Controller)
 
 
 def broker_actor_name(broker_id: int) -> str:
-    return f"rayk-broker-{broker_id}"
+    return f"rayk-broker-{broker_id}"  # as rayk.broker names them (not imported here: see _factory)
 
 
 def _find_actor(name: str, namespace: str) -> Any | None:
@@ -64,24 +61,6 @@ def _find_actor(name: str, namespace: str) -> Any | None:
         return ray.get_actor(name, namespace=namespace)
     except ValueError:
         return None
-
-
-def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-@ray.remote(num_cpus=0)
-def _broker_dirs_on_this_node(data_dir: str, cluster_id: str) -> list[int]:
-    found = []
-    root = Path(data_dir)
-    for path in root.glob("broker-*") if root.is_dir() else []:
-        try:
-            meta = meta_properties.read(path)
-        except Exception:
-            continue
-        if meta is not None and meta.cluster_id == cluster_id:
-            found.append(meta.node_id)
-    return found
 
 
 def _bootstrap_servers(brokers: list[dict], listener_name: str | None) -> str:
@@ -94,37 +73,12 @@ def _bootstrap_servers(brokers: list[dict], listener_name: str | None) -> str:
     return ",".join(addresses)
 
 
-def _place_brokers(
-    broker_ids: list[int], data_dir: Path, cluster_id: str, node_resource: str | None, deadline_s: float
-) -> dict[int, str]:
-    """broker id -> Ray node id: back where its directory is, else on the least loaded node."""
-    nodes = [
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and (node_resource is None or n["Resources"].get(node_resource, 0) > 0)
-    ]
-    if not nodes:
-        raise InvalidConfigurationError(
-            f"no alive Ray node offers resource {node_resource!r}" if node_resource else "no alive Ray node"
-        )
-    seen: dict[str, set[int]] = {n: set() for n in nodes}
-    if len(nodes) > 1:
-        probes = [
-            _broker_dirs_on_this_node.options(scheduling_strategy=_pinned(n)).remote(str(data_dir), cluster_id)
-            for n in nodes
-        ]
-        found = calls.get_all(probes, deadline_s, "the broker directories on each node")
-        seen = {n: set(f) for n, f in zip(nodes, found)}
-    load: Counter[str] = Counter()
-    placement = {}
-    for b in broker_ids:
-        local = [n for n in nodes if b in seen[n]]
-        # A directory every node sees is on shared storage: any node will do.
-        candidates = local if local and len(local) < len(nodes) else nodes
-        node = min(candidates, key=lambda n: load[n])
-        placement[b] = node
-        load[node] += 1
-    return placement
+def _factory(data_dir: Path, namespace: str, config: BrokerConfig, node_resource: str | None) -> Any:
+    """The cluster's BrokerFactory. Imported here: the processes that only use a Cluster
+    (Ray Data and Spark tasks unpickle one) need not load what a broker brings."""
+    from rayk.broker import BrokerFactory
+
+    return BrokerFactory(str(data_dir), namespace, config, node_resource)
 
 
 def start(
@@ -160,18 +114,21 @@ def start(
             f"a rayk cluster is already running in Ray namespace {namespace!r}: "
             "use rayk.connect(), or shut it down first"
         )
+    from rayk.server.broker_placement import pinned, place_brokers
+
+    factory = _factory(data_dir, namespace, broker_config, node_resource)
     controller = ControllerActor.options(
         name=CONTROLLER_NAME,
         namespace=namespace,
         lifetime="detached",
         max_restarts=-1,
-        scheduling_strategy=_pinned(ray.get_runtime_context().get_node_id()),
-    ).remote(str(data_dir / "controller"), broker_config)
+        scheduling_strategy=pinned(ray.get_runtime_context().get_node_id()),
+    ).remote(str(data_dir / "controller"), broker_config, factory)
     cluster = Cluster(controller, namespace)
     deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
     cluster_id = calls.get(controller.cluster_id.remote(), deadline_s, "the Controller's start")
-    placement = _place_brokers(list(range(brokers)), data_dir, cluster_id, node_resource, deadline_s)
-    managers = [cluster._create_broker(b, node, data_dir, cluster_id, broker_config) for b, node in placement.items()]
+    placement = place_brokers(range(brokers), data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
+    managers = [factory.create(b, node, cluster_id, controller) for b, node in placement.items()]
     calls.get_all([m.start.remote() for m in managers], deadline_s, "the brokers' start")
     calls.get(controller.start.remote(), deadline_s, "the Controller's start")  # session timeouts count from here
     return cluster
@@ -353,15 +310,40 @@ class Cluster:
     def restart_broker(self, broker_id: int, node_id: str | None = None) -> None:
         """Starts a broker that stopped or died (e.g. its node was lost), on `node_id` or
         wherever its data directory is; it recovers its logs and rejoins."""
+        from rayk.server.broker_placement import place_brokers
+
         if self.broker(broker_id) is not None:
             raise InvalidConfigurationError(f"broker {broker_id} is running")
-        data_dir = self.data_dir()
+        factory = self._ask("broker_factory", what="broker_factory")
         cluster_id = self._ask("cluster_id", what="cluster_id")
-        config = self._ask("broker_config", what="broker_config")
         deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
-        node = node_id or _place_brokers([broker_id], data_dir, cluster_id, None, deadline_s)[broker_id]
-        manager = self._create_broker(broker_id, node, data_dir, cluster_id, config)
+        if node_id is None:
+            node_id = place_brokers([broker_id], Path(factory.data_dir), cluster_id, factory.node_resource,
+                                    timeout_s=START_TIMEOUT_MS / 1000)[broker_id]  # fmt: skip
+        manager = factory.create(broker_id, node_id, cluster_id, self.controller)
         calls.get(manager.start.remote(), deadline_s, f"the start of broker {broker_id}")
+
+    def add_broker(self, node_id: str | None = None) -> int:
+        """Starts a new broker, with a new id, on `node_id` or on the node (offering the
+        cluster's `node_resource`, if it has one) that runs the fewest brokers, and returns
+        its id once it has registered. The balancer then gives it its share of the
+        partitions (`auto.balance.enable`). Kafka's clients see it in Metadata. One call,
+        never retried (a retry could start a second broker): NETWORK_EXCEPTION if the
+        Controller went away meanwhile (`brokers()` then tells whether it was added)."""
+        deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
+        return calls.get(self.controller.add_broker.remote(node_id), deadline_s, "add_broker")
+
+    def remove_broker(self, broker_id: int, timeout_ms: int = START_TIMEOUT_MS) -> None:
+        """Decommissions a broker: it takes no new replicas, each of its replicas moves to
+        the others by a KIP-455 reassignment (added and in sync before it is removed, so no
+        partition goes below min.insync.replicas), then it stops, its data directory is
+        deleted and it leaves the cluster. Returns once it is gone; REQUEST_TIMED_OUT after
+        `timeout_ms` (the decommission goes on). POLICY_VIOLATION, changing nothing, if the
+        other brokers cannot hold its replicas; BROKER_NOT_AVAILABLE if no such broker."""
+        # Asked again while unanswered (the Controller restarting): a decommission is
+        # idempotent, and the Controller carries it on from its metadata anyway.
+        self.api_calls(lambda: self.controller.remove_broker.remote(broker_id, timeout_ms), f"remove_broker {broker_id}",
+                       timeout_ms=timeout_ms + self.default_api_timeout_ms)  # fmt: skip
 
     def _controller_gone(self) -> bool:
         """Whether this handle's Controller was killed for good: its name is freed (or
@@ -373,22 +355,6 @@ class Cluster:
         """Ends the retries of a call that only a restarting Controller would answer."""
         if self._controller_gone():
             raise error
-
-    def _create_broker(self, broker_id: int, node_id: str, data_dir: Path, cluster_id: str, config: BrokerConfig) -> Any:
-        # Ray restarts a broker whose process dies on its node (the broker starts itself
-        # again); one whose node is gone cannot be placed anywhere else and stays dead.
-        # Imported here: the processes that only use a Cluster (Ray Data and Spark tasks
-        # unpickle one) need not load the wire protocol that a broker's listener brings.
-        from rayk.broker import create_broker
-
-        return create_broker(
-            broker_id, str(data_dir), cluster_id, self.controller, config,
-            name=broker_actor_name(broker_id),
-            namespace=self.namespace,
-            lifetime="detached",
-            max_restarts=-1,
-            scheduling_strategy=_pinned(node_id),
-        )  # fmt: skip
 
     def shutdown(self) -> None:
         """Stops every broker cleanly (flush, checkpoints) and the Controller; data stays on

@@ -72,6 +72,12 @@ class BrokerHeartbeatManager:
         self._managers.pop(broker_id, None)
         self._cluster.attached.discard(broker_id)
 
+    def forget(self, broker_id: int) -> None:
+        """The broker left the cluster (unregistered): nothing of its session stays."""
+        self.detach(broker_id)
+        for per_broker in (self._last_heartbeat_s, self._fenced_since_s, self.endpoints, self.node_memory_bytes):
+            per_broker.pop(broker_id, None)
+
     def fenced(self, broker_id: int) -> None:
         """The Controller committed the broker's fencing (its replacement clock starts)."""
         self._fenced_since_s[broker_id] = time.monotonic()

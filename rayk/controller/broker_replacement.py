@@ -74,9 +74,9 @@ class BrokerReplacement:
 
 
 def replacement_for(meta: ClusterMetadata, state: PartitionState, lost: set[int]) -> list[int] | None:
-    """The replicas with every lost one swapped for a live attached broker: on a node
-    holding no other replica of the partition if possible, then holding the fewest
-    replicas; None if there is no live broker to take one."""
+    """The replicas with every lost one swapped for a live attached broker that is not
+    being decommissioned: on a node holding no other replica of the partition if
+    possible, then holding the fewest replicas; None if there is no broker to take one."""
     load: dict[int, int] = {}
     for _, _, s in meta.all_partitions():
         for r in s.replicas:
@@ -86,7 +86,7 @@ def replacement_for(meta: ClusterMetadata, state: PartitionState, lost: set[int]
         if r not in lost:
             continue
         nodes_used = {meta.brokers[b].node_id for b in target if b not in lost and b in meta.brokers}
-        candidates = [b for b in sorted(meta.attached & meta.live_brokers) if b not in target]
+        candidates = [b for b in sorted(meta.attached & meta.placeable_brokers) if b not in target]
         if not candidates:
             return None
         best = min(candidates, key=lambda b: (meta.brokers[b].node_id in nodes_used, load.get(b, 0), b))

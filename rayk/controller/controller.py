@@ -52,12 +52,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from rayk import metrics
 from rayk.acls import AclBinding, AclFilter
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
 from rayk.controller.broker_heartbeat_manager import BrokerHeartbeatManager
+from rayk.controller.broker_lifecycle import BrokerLifecycle
 from rayk.controller.broker_replacement import BrokerReplacement
 from rayk.controller.channel_manager import ControllerChannelManager
 from rayk.controller.leader_elections import LeaderElections
@@ -88,7 +91,9 @@ class Controller:
     (`BrokerReplacement`) and the loop they run in (`PeriodicTasks`). Every change of the
     image goes through `_commit`."""
 
-    def __init__(self, directory: str, broker_config: BrokerConfig | None = None) -> None:
+    def __init__(self, directory: str, broker_config: BrokerConfig | None = None, broker_factory: Any = None) -> None:
+        """`broker_factory` (rayk.broker.BrokerFactory) creates the brokers added at runtime;
+        without one, brokers come only from whoever deployed the cluster."""
         self.dir = Path(directory)
         self.config = c = broker_config or BrokerConfig()
         self._log = MetadataLog(
@@ -107,12 +112,15 @@ class Controller:
         self._replacement = BrokerReplacement(
             self._meta, self._commit, self._channels, self._sessions, c.broker_replacement_delay_ms
         )
+        self._lifecycle = BrokerLifecycle(self._meta, self._commit, self._channels, self._sessions, c, broker_factory,
+                                          lambda: self._committed, self._brokers_changed)  # fmt: skip
         self._periodic = PeriodicTasks(min(MAINTENANCE_MAX_INTERVAL_MS, c.broker_session_timeout_ms // 4) / 1000, [
             PeriodicTask("record_metrics", self._record_metrics),
             PeriodicTask("fence_silent_brokers", self._fence_silent_brokers),
             PeriodicTask("push_dirty", self._channels.push_dirty),
             PeriodicTask("recover_leaderless", self._elections.recover_leaderless),
             PeriodicTask("replace_lost_brokers", self._replacement.replace_lost_brokers),
+            PeriodicTask("decommission_brokers", self._lifecycle.decommission),
             *([PeriodicTask("rebalance_leaders", self._elections.rebalance_leaders,
                             c.leader_imbalance_check_interval_seconds)] if c.auto_leader_rebalance_enable else []),
             PeriodicTask("snapshot_if_due", self._snapshot_if_due),
@@ -236,6 +244,24 @@ class Controller:
     async def heartbeat(self, broker_id: int, broker_epoch: int) -> str:
         """Answers "ok", "reregister" (fenced, or unknown to this Controller session) or "stale"."""
         return self._sessions.heartbeat(broker_id, broker_epoch)
+
+    # ------------------------------------------------------------------ brokers at runtime (see BrokerLifecycle)
+
+    async def add_broker(self, node_id: str | None = None) -> int:
+        """Starts a new broker on `node_id` or the least loaded candidate node; its id once
+        it registered (Cluster.add_broker)."""
+        return await self._lifecycle.add_broker(node_id, ray.get_runtime_context().current_actor)
+
+    async def remove_broker(self, broker_id: int, timeout_ms: int) -> None:
+        """Decommissions a broker; returns once it left (Cluster.remove_broker)."""
+        await self._lifecycle.remove_broker(broker_id, timeout_ms)
+
+    async def broker_factory(self) -> Any:
+        """How this cluster creates brokers (Cluster.restart_broker uses it too)."""
+        return self._lifecycle.factory
+
+    def _brokers_changed(self) -> None:
+        """A broker joined, started leaving, or left: where the balancer is told to look again."""
 
     async def _on_broker_death(self, broker_id: int, epoch: int) -> None:
         """Ray reported the broker's actor dead: fenced, unless it registered anew since."""

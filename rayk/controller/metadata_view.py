@@ -162,6 +162,7 @@ class MetadataView:
                 "epoch": b.epoch,
                 "node_id": b.node_id,
                 "fenced": b.fenced,
+                "decommissioning": b.decommissioning,
                 "connected": self._sessions.is_attached(b.broker_id),
                 "endpoints": self._sessions.endpoints.get(b.broker_id, {}),
             }

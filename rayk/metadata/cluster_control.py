@@ -10,6 +10,12 @@ replayed.
 Plans a registration and a fencing as this domain's records; what they mean for the
 broker's partitions is the ReplicationControlManager's (`on_broker_registered`,
 `on_broker_fenced`). Pure: no I/O, no Ray.
+
+Brokers come and go at runtime: a broker being decommissioned (`decommissioning`) keeps
+serving what it holds but takes no new replica (`placeable_brokers` leaves it out), and
+once the others hold its replicas it is unregistered (its registration removed; a
+restart of it would have to register as a new broker). Being decommissioned survives the
+broker's restarts.
 """
 
 from __future__ import annotations
@@ -18,8 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rayk.errors import StaleBrokerEpochError
-from rayk.metadata.records import ClusterIdRecord, FenceBrokerRecord, MetadataRecord, RegisterBrokerRecord
+from rayk.errors import BrokerNotAvailableError, StaleBrokerEpochError
+from rayk.metadata.records import (
+    ClusterIdRecord,
+    DecommissionBrokerRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    RegisterBrokerRecord,
+    UnregisterBrokerRecord,
+)
 
 
 @dataclass(slots=True)
@@ -30,6 +43,7 @@ class BrokerRegistration:
     incarnation_id: str = ""  # the broker process that registered ("" in older records)
     directory_id: str = ""  # its data directory's meta.properties directory.id
     fenced: bool = False
+    decommissioning: bool = False  # takes no new replicas; leaves once it holds none
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,8 @@ class ClusterControlManager:
             ClusterIdRecord: self._replay_cluster_id,
             RegisterBrokerRecord: self._replay_register,
             FenceBrokerRecord: self._replay_fence,
+            DecommissionBrokerRecord: self._replay_decommission,
+            UnregisterBrokerRecord: self._replay_unregister,
         }
 
     def _replay_cluster_id(self, record: ClusterIdRecord, offset: int) -> None:
@@ -58,12 +74,22 @@ class ClusterControlManager:
 
     def _replay_register(self, record: RegisterBrokerRecord, offset: int) -> None:
         epoch = offset if record.epoch < 0 else record.epoch
+        previous = self.brokers.get(record.broker_id)
+        assert previous is None or epoch > previous.epoch, "broker epochs only grow"
         self.brokers[record.broker_id] = BrokerRegistration(
-            record.broker_id, epoch, record.node_id, record.incarnation_id, record.directory_id
+            record.broker_id, epoch, record.node_id, record.incarnation_id, record.directory_id,
+            decommissioning=previous is not None and previous.decommissioning,
         )
 
     def _replay_fence(self, record: FenceBrokerRecord, offset: int) -> None:
         self.brokers[record.broker_id].fenced = record.fenced
+
+    def _replay_decommission(self, record: DecommissionBrokerRecord, offset: int) -> None:
+        self.brokers[record.broker_id].decommissioning = record.decommissioning
+
+    def _replay_unregister(self, record: UnregisterBrokerRecord, offset: int) -> None:
+        del self.brokers[record.broker_id]
+        self.attached.discard(record.broker_id)
 
     def image_records(self) -> list[MetadataRecord]:
         """The cluster id, then each broker's registration with its epoch (and its fencing)."""
@@ -73,11 +99,22 @@ class ClusterControlManager:
                                                 epoch=reg.epoch))
             if reg.fenced:
                 records.append(FenceBrokerRecord(broker_id, fenced=True))
+            if reg.decommissioning:
+                records.append(DecommissionBrokerRecord(broker_id, decommissioning=True))
         return records
 
     @property
     def live_brokers(self) -> set[int]:
         return {b for b, reg in self.brokers.items() if not reg.fenced}
+
+    @property
+    def placeable_brokers(self) -> set[int]:
+        """The brokers new replicas may go to: live and not being decommissioned."""
+        return {b for b, reg in self.brokers.items() if not reg.fenced and not reg.decommissioning}
+
+    @property
+    def decommissioning_brokers(self) -> set[int]:
+        return {b for b, reg in self.brokers.items() if reg.decommissioning}
 
     def node_of(self, broker_ids: set[int]) -> dict[int, str]:
         return {b: self.brokers[b].node_id for b in broker_ids}
@@ -105,3 +142,17 @@ class ClusterControlManager:
         if broker_epoch is not None and broker_epoch != reg.epoch:
             raise StaleBrokerEpochError(f"broker {broker_id} epoch {broker_epoch} is not current ({reg.epoch})")
         return [FenceBrokerRecord(broker_id, fenced=True)]
+
+    def plan_decommission(self, broker_id: int) -> list[MetadataRecord]:
+        """The broker starts leaving the cluster; [] if it is leaving already.
+        BROKER_NOT_AVAILABLE if no broker of that id is registered."""
+        reg = self.brokers.get(broker_id)
+        if reg is None:
+            raise BrokerNotAvailableError(f"no broker {broker_id} is registered")
+        return [] if reg.decommissioning else [DecommissionBrokerRecord(broker_id, decommissioning=True)]
+
+    def plan_unregister(self, broker_id: int) -> list[MetadataRecord]:
+        """The broker's registration goes (the caller checked it holds nothing)."""
+        if broker_id not in self.brokers:
+            raise BrokerNotAvailableError(f"no broker {broker_id} is registered")
+        return [UnregisterBrokerRecord(broker_id)]

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rayk.config import BrokerConfig
+from rayk.errors import InvalidRequestError, PolicyViolationError
 from rayk.metadata.acl_control import AclControlManager
 from rayk.metadata.cluster_control import BrokerRegistration, ClusterControlManager
 from rayk.metadata.config_control import ConfigurationControlManager
@@ -133,6 +134,11 @@ class ClusterMetadata:
         return self.cluster.live_brokers
 
     @property
+    def placeable_brokers(self) -> set[int]:
+        """Live brokers not being decommissioned: where new replicas may go."""
+        return self.cluster.placeable_brokers
+
+    @property
     def attached(self) -> set[int]:
         """Session state: the brokers registered with this Controller session (the
         Controller adds and discards them; never replayed)."""
@@ -163,6 +169,30 @@ class ClusterMetadata:
         records, registration = self.cluster.plan_register(broker_id, node_id, incarnation_id, directory_id,
                                                            clean_shutdown)
         return records + self.replication.on_broker_registered(broker_id, registration, clean_shutdown)
+
+    def plan_decommission_broker(self, broker_id: int) -> list[MetadataRecord]:
+        """The broker starts leaving: it takes no new replicas (its own move by
+        reassignment, see the Controller's BrokerDecommission). POLICY_VIOLATION if the
+        other brokers cannot hold a replica of every partition it holds on brokers apart
+        (a partition needs as many placeable brokers as it has replicas)."""
+        if broker_id in self.cluster.brokers and not self.cluster.brokers[broker_id].decommissioning:
+            others = self.cluster.placeable_brokers - {broker_id}
+            for topic, partition, state in self.replication.partitions_of_broker(broker_id):
+                needed = len(state.target_replicas)
+                if needed > len(others):
+                    raise PolicyViolationError(
+                        f"broker {broker_id} cannot leave: {topic}-{partition} has {needed} replicas and only "
+                        f"{len(others)} other brokers ({sorted(others)}) could hold them; add a broker first"
+                    )
+        return self.cluster.plan_decommission(broker_id)
+
+    def plan_unregister_broker(self, broker_id: int) -> list[MetadataRecord]:
+        """The broker leaves the cluster; INVALID_REQUEST while a partition still names it."""
+        held = self.replication.partitions_of_broker(broker_id)
+        if held:
+            names = ", ".join(f"{t}-{p}" for t, p, _ in held[:5]) + (", ..." if len(held) > 5 else "")
+            raise InvalidRequestError(f"broker {broker_id} still holds replicas of {len(held)} partitions ({names})")
+        return self.cluster.plan_unregister(broker_id)
 
     def plan_fence_broker(self, broker_id: int, broker_epoch: int | None = None) -> list[MetadataRecord]:
         """A broker lost its session: its fencing, then out of every ISR it can leave and

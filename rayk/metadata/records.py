@@ -38,6 +38,7 @@ __all__ = [
     "AclRecord",
     "ClientQuotaRecord",
     "ClusterIdRecord",
+    "DecommissionBrokerRecord",
     "FenceBrokerRecord",
     "MetadataRecord",
     "PartitionRecord",
@@ -50,6 +51,7 @@ __all__ = [
     "ScramCredentialRecord",
     "TopicConfigsRecord",
     "TopicRecord",
+    "UnregisterBrokerRecord",
     "decode",
     "encode",
     "pack",
@@ -101,6 +103,28 @@ class FenceBrokerRecord(MetadataRecord):
     VERSION = 1
     broker_id: int
     fenced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DecommissionBrokerRecord(MetadataRecord):
+    """A broker is being taken out of the cluster (`decommissioning`), or no longer is: it
+    takes no new replicas, its replicas move to the others, and once it holds none it is
+    stopped and unregistered."""
+
+    KIND = "decommission_broker"
+    VERSION = 1
+    broker_id: int
+    decommissioning: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterBrokerRecord(MetadataRecord):
+    """A broker left the cluster (Kafka's UnregisterBrokerRecord): it holds no replica, its
+    registration is gone, and its id may be given to a new broker."""
+
+    KIND = "unregister_broker"
+    VERSION = 1
+    broker_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +284,8 @@ RECORD_KINDS: dict[str, type[MetadataRecord]] = {
     for cls in (
         ClusterIdRecord, RegisterBrokerRecord, FenceBrokerRecord, TopicRecord, TopicConfigsRecord,
         RemoveTopicRecord, PartitionRecord, ProducerIdsRecord, AclRecord, RemoveAclRecord,
-        ScramCredentialRecord, RemoveScramCredentialRecord, ClientQuotaRecord,
+        ScramCredentialRecord, RemoveScramCredentialRecord, ClientQuotaRecord, DecommissionBrokerRecord,
+        UnregisterBrokerRecord,
     )
 }
 _FIELD_NAMES = {cls: {f.name for f in fields(cls)} for cls in RECORD_KINDS.values()}

@@ -239,10 +239,10 @@ class ReplicationControlManager:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
         if num_partitions < 1:
             raise InvalidPartitionsError(f"a topic needs at least one partition, got {num_partitions}")
-        live = self.cluster.live_brokers
+        placeable = self.cluster.placeable_brokers  # not those being decommissioned
         start = sum(len(t.partitions) for t in self.topics.values())
         assignment = assign_replicas(
-            num_partitions, replication_factor, self.cluster.node_of(live), start
+            num_partitions, replication_factor, self.cluster.node_of(placeable), start
         )
         records: list[MetadataRecord] = [TopicRecord(name, topic_id, dict(configs))]
         for p, replicas in enumerate(assignment):
@@ -263,9 +263,9 @@ class ReplicationControlManager:
             )
         replication_factor = len(meta.partitions[0].target_replicas)  # not the replicas a reassignment drops
         start = sum(len(t.partitions) for t in self.topics.values())
-        live = self.cluster.live_brokers
+        placeable = self.cluster.placeable_brokers
         assignment = assign_replicas(
-            total - current, replication_factor, self.cluster.node_of(live), start
+            total - current, replication_factor, self.cluster.node_of(placeable), start
         )
         return [PartitionRecord.of(name, current + i, PartitionState(r, r, r[0], 0, 0)) for i, r in enumerate(assignment)]
 

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -371,6 +372,16 @@ class ReplicaManager(Supervised):
         else:
             await asyncio.to_thread(clean_shutdown.write, self.dir, self._broker_epoch)
         self._stop_supervision()
+
+    async def decommission(self) -> None:
+        """This broker left the cluster (the Controller moved every replica away): it stops
+        as `shutdown` does, and its data directory goes, so nothing of it is left on its
+        node's disk to be mistaken for a broker later."""
+        stray = [tp for tp, r in self._replicas.items() if r.handle is not None]
+        assert not stray, f"broker {self.broker_id} decommissioned while it holds replicas {stray}"
+        await self.shutdown()
+        await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        logger.info("broker %d decommissioned: %s deleted", self.broker_id, self.dir)
 
     # ------------------------------------------------------------------ the loops
 

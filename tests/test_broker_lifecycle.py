@@ -1,0 +1,105 @@
+"""Brokers join and leave a running cluster (Cluster.add_broker / remove_broker, `rayk
+brokers`), on one local Ray node, with acks=all records flowing: a new broker registers
+and Kafka's clients see it in Metadata; a removed broker's replicas move to the others
+first (never below min.insync.replicas), then it stops, its directory goes and it leaves
+Metadata; a removal the others cannot hold is refused, changing nothing."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import confluent_kafka.admin
+import pytest
+
+import rayk
+from rayk.cli import main as cli_main
+from rayk.errors import BrokerNotAvailableError, PolicyViolationError
+from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.faults.harness import PARTITIONS, TOPIC, Traffic, check, run_until_acked
+
+_namespaces = itertools.count()
+CONFIG = FAST_CONFIG
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    shared_local_ray()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=f"lifecycle-{next(_namespaces)}")
+    yield c
+    c.shutdown()
+
+
+def kafka_brokers(cluster) -> set[int]:
+    """The broker ids a Kafka client's Metadata request returns."""
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    return set(admin.list_topics(timeout=20).brokers)
+
+
+class IsrWatch:
+    """The smallest ISR any partition of TOPIC had, sampled until stopped."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster, self.smallest, self._stop = cluster, None, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            sizes = [len(p["isr"]) for p in self.cluster.describe_topic(TOPIC)]
+            self.smallest = min([*sizes, *([self.smallest] if self.smallest is not None else [])])
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        return self.smallest
+
+
+def test_a_broker_added_and_another_removed_while_records_flow_loses_nothing(cluster, tmp_path):
+    cluster.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+    traffic = Traffic(cluster)
+    run_until_acked(traffic, 500)
+
+    added = cluster.add_broker()
+    assert added == 3
+    assert {b["broker_id"] for b in cluster.brokers()} == {0, 1, 2, 3}
+    wait_until(lambda: kafka_brokers(cluster) == {0, 1, 2, 3}, 30, "Kafka's clients to see broker 3")
+
+    watch = IsrWatch(cluster)
+    cluster.remove_broker(0, timeout_ms=120_000)
+    smallest_isr = watch.stop()
+    run_until_acked(traffic, 500)
+    assert {b["broker_id"] for b in cluster.brokers()} == {1, 2, 3}
+    assert all(0 not in p["replicas"] and len(p["replicas"]) == 3 for p in cluster.describe_topic(TOPIC))
+    assert not (Path(tmp_path) / "broker-0").exists(), "its data directory is released"
+    wait_until(lambda: kafka_brokers(cluster) == {1, 2, 3}, 30, "Kafka's clients to stop seeing broker 0")
+    assert smallest_isr >= 2, f"a partition went below min.insync.replicas: ISR of {smallest_isr}"
+    outcome = check(cluster, traffic, "broker 3 added, broker 0 removed", 0.0)
+    assert "NOT_ENOUGH_REPLICAS" not in outcome.failed
+
+
+def test_a_removal_the_other_brokers_cannot_hold_is_refused_and_changes_nothing(cluster):
+    cluster.create_topic("wide", num_partitions=2, replication_factor=3)
+    before = cluster.describe_topic("wide")
+    with pytest.raises(PolicyViolationError, match="add a broker first"):
+        cluster.remove_broker(1)
+    assert not any(b["decommissioning"] for b in cluster.brokers())
+    assert [p["replicas"] for p in cluster.describe_topic("wide")] == [p["replicas"] for p in before]
+    with pytest.raises(BrokerNotAvailableError):
+        cluster.remove_broker(7)
+
+
+def test_the_rayk_command_lists_adds_and_removes_brokers(cluster, capsys):
+    namespace = cluster.namespace
+    assert cli_main(["brokers", "add", "--namespace", namespace]) == 0
+    assert "broker 3 added" in capsys.readouterr().out
+    assert cli_main(["brokers", "remove", "3", "--namespace", namespace]) == 0
+    assert "broker 3 decommissioned" in capsys.readouterr().out
+    assert cli_main(["brokers", "list", "--namespace", namespace]) == 0
+    listed = capsys.readouterr().out
+    assert "live" in listed and not any(line.startswith("3 ") for line in listed.splitlines())
