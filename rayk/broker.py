@@ -62,9 +62,18 @@ class BrokerFactory:
     namespace: str
     config: BrokerConfig
     node_resource: str | None = None  # brokers run only on nodes that offer it
+    # Each broker reserves one unit of `node_resource` (with Ray's autoscaler: a broker node
+    # type offers one), so a node runs one broker at most, and Ray's resource accounting
+    # shows which broker nodes are taken (`ray status`). Its replicas and listener reserve
+    # nothing: they follow it by hard affinity.
+    one_per_node: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.node_resource or not self.one_per_node, "one broker per node is counted by a node resource"
 
     def create(self, broker_id: int, node_id: str, cluster_id: str, controller: Any) -> Any:
         """The broker's actor on `node_id`, not started yet (call its `start`)."""
+        reserved = {"resources": {self.node_resource: 1}} if self.one_per_node and self.node_resource else {}
         return create_broker(
             broker_id, self.data_dir, cluster_id, controller, self.config,
             name=broker_actor_name(broker_id),
@@ -72,6 +81,7 @@ class BrokerFactory:
             lifetime="detached",
             max_restarts=-1,
             scheduling_strategy=pinned(node_id),
+            **reserved,
         )  # fmt: skip
 
     def find(self, broker_id: int) -> Any | None:

@@ -223,14 +223,15 @@ def cmd_start(args: argparse.Namespace) -> None:
     import rayk
 
     _init_ray(args.address, args.namespace)
-    if args.wait_for_nodes_s:
+    if args.wait_for_nodes_s and not args.autoscale:  # with --autoscale, rayk.start asks for the nodes and waits
         _wait_for_broker_nodes(args.brokers, args.node_resource, args.wait_for_nodes_s)
     cluster = rayk.start(
         brokers=args.brokers, data_dir=args.data_dir, config=dict(args.config), namespace=args.namespace,
-        node_resource=args.node_resource,
+        node_resource=args.node_resource, autoscale=args.autoscale,
     )
     data_dir = Path(args.data_dir).resolve()
-    started = f"rayk cluster of {args.brokers} brokers started in Ray namespace {args.namespace!r}"
+    size = f"at least {args.brokers} brokers, following Ray's autoscaler," if args.autoscale else f"{args.brokers} brokers"
+    started = f"rayk cluster of {size} started in Ray namespace {args.namespace!r}"
     say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster), _bootstrap_line(cluster))
 
 
@@ -1013,6 +1014,12 @@ def _add_cluster_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--wait-for-nodes", dest="wait_for_nodes_s", type=float, default=0, metavar="SECONDS",
         help="first wait up to SECONDS for one node per broker (with --node-resource: nodes offering it)",
+    )  # fmt: skip
+    start.add_argument(
+        "--autoscale", action="store_true",
+        help="follow Ray's autoscaler: --brokers is the minimum, one broker per node offering --node-resource "
+             "(default rayk_broker), nodes asked for when a topic does not fit, idle brokers removed "
+             "(broker.idle.removal.ms) so that their nodes can go",
     )  # fmt: skip
     _config_option(start, "broker setting")
     _add(sub, "status", cmd_status, "brokers, topics, under-replicated partitions and health metrics", [conn])

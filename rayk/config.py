@@ -37,6 +37,7 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 AUTHORIZERS = ("", "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
 
+NEVER_ALLOWED_MS = ("broker_replacement_delay_ms", "broker_idle_removal_ms")  # -1 means never
 ZERO_ALLOWED_MS = (  # 0 means none
     "group_initial_rebalance_delay_ms", "connections_max_reauth_ms", "metadata_log_max_snapshot_interval_ms",
 )
@@ -90,6 +91,12 @@ class BrokerConfig:
     replica_socket_timeout_ms: int = 30_000  # bound on one follower fetch call
     # A broker fenced this long has its replicas moved to live brokers; -1: never (rayk's own).
     broker_replacement_delay_ms: int = 300_000
+    # With Ray's autoscaler (rayk.start(autoscale=True)), a broker that holds no replica this
+    # long is decommissioned so that its node can go (rayk/controller/autoscaling.py); -1:
+    # never. Ten minutes, twice Ray's default idle_timeout_minutes: a topic deleted and made
+    # again, or a broker that just joined and waits for the balancer, does not cost a node's
+    # start (minutes on a cloud) and a broker's. rayk's own.
+    broker_idle_removal_ms: int = 600_000
     replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
     log_retention_check_interval_ms: int = 300_000
     # The Controller snapshots its metadata image (rayk/metadata/) once this many bytes of
@@ -236,8 +243,8 @@ class BrokerConfig:
         well within the session."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "broker_replacement_delay_ms" and value == -1:
-                continue  # -1 turns broker replacement off
+            if f.name in NEVER_ALLOWED_MS and value == -1:
+                continue  # -1 turns broker replacement / idle removal off
             if f.name.endswith("_ms") and value < (0 if f.name in ZERO_ALLOWED_MS else 1):
                 raise InvalidConfigurationError(f"{_dotted(f.name)} must be >= 1 ms, got {value}")
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:

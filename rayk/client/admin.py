@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -48,6 +49,15 @@ from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import DEFAULT_ITERATIONS, ScramCredential, credential_from_password
 
 DEFAULT_API_TIMEOUT_MS = calls.DEFAULT_API_TIMEOUT_MS  # Kafka's default.api.timeout.ms
+# Of a creation's time, what is kept for its replicas to start and its answer to come back
+# after a wait for brokers from Ray's autoscaler (rayk/controller/autoscaling.py).
+SCALE_OUT_ANSWER_MARGIN_MS = 10_000
+
+
+def _scale_out_timeout_ms(deadline_s: float) -> int:
+    """How long the Controller may wait for brokers (with Ray's autoscaler) so that its
+    answer, POLICY_VIOLATION naming what was missing, comes before this call's deadline."""
+    return max(int((deadline_s - time.monotonic()) * 1000) - SCALE_OUT_ANSWER_MARGIN_MS, 0)
 
 
 class NewTopic(NamedTuple):
@@ -201,11 +211,14 @@ class Admin:
         created it: a topic of the partition count and replication factor asked for is
         then taken as that attempt's and returned (a concurrent create of the same topic
         with the same counts cannot be told from it), as a retried CreateTopics should
-        answer what the first attempt did."""
+        answer what the first attempt did. On a cluster that follows Ray's autoscaler, a
+        topic that does not fit waits for new brokers within this call's timeout
+        (default_api_timeout_ms), then POLICY_VIOLATION naming what was missing."""
         deadline_s, unanswered = self._calls.deadline_s(), list[KafkaError]()
         try:
             return partition_descriptions(self._calls(
-                lambda: self._controller.create_topic.remote(name, num_partitions, replication_factor, config),
+                lambda: self._controller.create_topic.remote(name, num_partitions, replication_factor, config, False, None,
+                                                             _scale_out_timeout_ms(deadline_s)),
                 f"CreateTopics {name!r}",
                 deadline_s=deadline_s,
                 on_retriable=unanswered.append,
@@ -237,7 +250,8 @@ class Admin:
         deadline_s, unanswered = self._calls.deadline_s(), list[KafkaError]()
         try:
             return partition_descriptions(self._calls(
-                lambda: self._controller.create_partitions.remote(name, count, validate_only),
+                lambda: self._controller.create_partitions.remote(name, count, validate_only,
+                                                                  _scale_out_timeout_ms(deadline_s)),
                 f"CreatePartitions {name!r}",
                 deadline_s=deadline_s,
                 on_retriable=unanswered.append,

@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
+from rayk.controller.autoscaling import DEFAULT_BROKER_RESOURCE, AutoscaleSettings
 from rayk.controller.controller import Controller
 from rayk.client import calls
 from rayk.client.deprecation import deprecated
 from rayk.client.descriptions import ClusterHealth, PartitionDescription, partition_descriptions
 from rayk.config import BrokerConfig
-from rayk.errors import InvalidConfigurationError, KafkaError, NetworkError
+from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError, NetworkError
 from rayk.internal_topics import is_internal
 
 if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster needs none of them
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster ne
 DEFAULT_NAMESPACE = "rayk"
 CONTROLLER_NAME = "rayk-controller"
 HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown without figures
+NODE_POLL_S = 0.5  # how often `start` looks for the broker nodes it asked Ray's autoscaler for
 # For actors to be created and started: a Controller replaying its metadata log, brokers
 # recovering their logs after a crash and registering. Longer than any API call.
 START_TIMEOUT_MS = 600_000
@@ -73,12 +75,29 @@ def _bootstrap_servers(brokers: list[dict], listener_name: str | None) -> str:
     return ",".join(addresses)
 
 
-def _factory(data_dir: Path, namespace: str, config: BrokerConfig, node_resource: str | None) -> Any:
+def _factory(data_dir: Path, namespace: str, config: BrokerConfig, node_resource: str | None, one_per_node: bool) -> Any:
     """The cluster's BrokerFactory. Imported here: the processes that only use a Cluster
     (Ray Data and Spark tasks unpickle one) need not load what a broker brings."""
     from rayk.broker import BrokerFactory
 
-    return BrokerFactory(str(data_dir), namespace, config, node_resource)
+    return BrokerFactory(str(data_dir), namespace, config, node_resource, one_per_node)
+
+
+def _request_broker_nodes(settings: AutoscaleSettings, deadline_s: float) -> None:
+    """Asks Ray's autoscaler for `min_brokers` nodes offering the broker resource (the
+    standing request the Controller then keeps) and waits until they joined."""
+    from ray.autoscaler.sdk import request_resources
+
+    from rayk.server.broker_placement import candidate_nodes
+
+    request_resources(bundles=[{settings.node_resource: 1}] * settings.min_brokers)
+    while len(candidate_nodes(settings.node_resource)) < settings.min_brokers:
+        if time.monotonic() > deadline_s:
+            raise KafkaTimeoutError(
+                f"Ray's autoscaler did not bring {settings.min_brokers} nodes offering {settings.node_resource!r} "
+                f"within {START_TIMEOUT_MS} ms (see `ray status`)"
+            )
+        time.sleep(NODE_POLL_S)
 
 
 def start(
@@ -89,12 +108,20 @@ def start(
     namespace: str = DEFAULT_NAMESPACE,
     node_resource: str | None = None,
     address: str | None = None,
+    autoscale: bool = False,
 ) -> Cluster:
     """Deploys a rayk cluster of `brokers` brokers on the current Ray cluster (starting
     Ray locally, or joining `address`, if this process is not connected yet).
 
     `config` holds broker settings by Kafka name (`broker.session.timeout.ms`, ...). On a
     `data_dir` used before, the cluster comes back with its topics and data.
+
+    With `autoscale`, the brokers follow Ray's autoscaler (rayk/controller/autoscaling.py)
+    and `brokers` is their minimum: one broker runs on each node offering `node_resource`
+    (default "rayk_broker"; each broker reserves one unit of it), Ray's autoscaler is asked
+    for `brokers` such nodes first, a topic that does not fit asks it for more, and a
+    broker that holds nothing for `broker.idle.removal.ms` is decommissioned so that its
+    node can go.
 
     Each partition replica is a Ray actor process, so this driver's console no longer
     prints Ray's "N PYTHON worker processes have been started ..." warning
@@ -108,6 +135,9 @@ def start(
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace)
     broker_config = BrokerConfig.from_properties(config)
+    if autoscale and node_resource is None:
+        node_resource = DEFAULT_BROKER_RESOURCE
+    autoscaling = AutoscaleSettings(brokers, node_resource or "") if autoscale else None
     data_dir = Path(data_dir).resolve()
     if _find_actor(CONTROLLER_NAME, namespace) is not None:
         raise InvalidConfigurationError(
@@ -116,17 +146,19 @@ def start(
         )
     from rayk.server.broker_placement import pinned, place_brokers
 
-    factory = _factory(data_dir, namespace, broker_config, node_resource)
+    factory = _factory(data_dir, namespace, broker_config, node_resource, one_per_node=autoscaling is not None)
     controller = ControllerActor.options(
         name=CONTROLLER_NAME,
         namespace=namespace,
         lifetime="detached",
         max_restarts=-1,
         scheduling_strategy=pinned(ray.get_runtime_context().get_node_id()),
-    ).remote(str(data_dir / "controller"), broker_config, factory)
+    ).remote(str(data_dir / "controller"), broker_config, factory, autoscaling)
     cluster = Cluster(controller, namespace)
     deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
     cluster_id = calls.get(controller.cluster_id.remote(), deadline_s, "the Controller's start")
+    if autoscaling is not None:
+        _request_broker_nodes(autoscaling, deadline_s)
     placement = place_brokers(range(brokers), data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
     managers = [factory.create(b, node, cluster_id, controller) for b, node in placement.items()]
     calls.get_all([m.start.remote() for m in managers], deadline_s, "the brokers' start")

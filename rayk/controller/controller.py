@@ -30,6 +30,9 @@ What it is composed of (rayk/controller/):
   (`metadata.log.max.record.bytes.between.snapshots`, `...max.snapshot.interval.ms`).
 - `TopicCreation` (defaults, admission by replica caps, internal topics) and
   `MetadataView` (the answers that change nothing).
+- `BrokerLifecycle` (brokers added and decommissioned at runtime) and, with Ray's
+  autoscaler, `BrokerAutoscaling`: one broker per node offering the broker resource,
+  brokers asked for when a topic does not fit, idle brokers removed so nodes can go.
 
 A replica process that dies is not a broker failure: its broker reports it
 (`replica_failed`), the partition's leadership moves if it led, and the next push
@@ -59,6 +62,7 @@ from rayk.acls import AclBinding, AclFilter
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
+from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling
 from rayk.controller.broker_heartbeat_manager import BrokerHeartbeatManager
 from rayk.controller.broker_lifecycle import BrokerLifecycle
 from rayk.controller.broker_replacement import BrokerReplacement
@@ -67,7 +71,7 @@ from rayk.controller.leader_elections import LeaderElections
 from rayk.controller.metadata_view import MetadataView
 from rayk.controller.periodic_tasks import PeriodicTask, PeriodicTasks
 from rayk.controller.topic_creation import TopicCreation, new_uuid
-from rayk.errors import ElectionNotNeededError, KafkaError
+from rayk.errors import ElectionNotNeededError, InvalidConfigurationError, KafkaError
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata, Record
 from rayk.metadata.log import MetadataLog
@@ -91,9 +95,14 @@ class Controller:
     (`BrokerReplacement`) and the loop they run in (`PeriodicTasks`). Every change of the
     image goes through `_commit`."""
 
-    def __init__(self, directory: str, broker_config: BrokerConfig | None = None, broker_factory: Any = None) -> None:
+    def __init__(self, directory: str, broker_config: BrokerConfig | None = None, broker_factory: Any = None,
+                 autoscale: AutoscaleSettings | None = None) -> None:  # fmt: skip
         """`broker_factory` (rayk.broker.BrokerFactory) creates the brokers added at runtime;
-        without one, brokers come only from whoever deployed the cluster."""
+        without one, brokers come only from whoever deployed the cluster. With `autoscale`,
+        the brokers follow Ray's autoscaler (BrokerAutoscaling); it needs a factory that
+        places brokers by the same node resource."""
+        if autoscale is not None and (broker_factory is None or broker_factory.node_resource != autoscale.node_resource):
+            raise InvalidConfigurationError("autoscaling needs a broker factory placing brokers by its node resource")
         self.dir = Path(directory)
         self.config = c = broker_config or BrokerConfig()
         self._log = MetadataLog(
@@ -107,13 +116,18 @@ class Controller:
         )
         self._channels = ControllerChannelManager(self._meta, self._sessions, 2 * c.broker_session_timeout_ms / 1000)
         self._view = MetadataView(self._meta, self._channels, self._sessions)
-        self._topics = TopicCreation(self._meta, self._commit, self._channels, self._sessions, self._view, c)
         self._elections = LeaderElections(self._meta, self._commit, self._channels, c)
         self._replacement = BrokerReplacement(
             self._meta, self._commit, self._channels, self._sessions, c.broker_replacement_delay_ms
         )
         self._lifecycle = BrokerLifecycle(self._meta, self._commit, self._channels, self._sessions, c, broker_factory,
                                           lambda: self._committed, self._brokers_changed)  # fmt: skip
+        self._autoscaling = None if autoscale is None else BrokerAutoscaling(
+            autoscale, self._meta, self._lifecycle, lambda: self._committed, c.broker_idle_removal_ms,
+            lambda: ray.get_runtime_context().current_actor,
+        )  # fmt: skip
+        self._topics = TopicCreation(self._meta, self._commit, self._channels, self._sessions, self._view, c,
+                                     self._autoscaling)  # fmt: skip
         self._periodic = PeriodicTasks(min(MAINTENANCE_MAX_INTERVAL_MS, c.broker_session_timeout_ms // 4) / 1000, [
             PeriodicTask("record_metrics", self._record_metrics),
             PeriodicTask("fence_silent_brokers", self._fence_silent_brokers),
@@ -121,6 +135,7 @@ class Controller:
             PeriodicTask("recover_leaderless", self._elections.recover_leaderless),
             PeriodicTask("replace_lost_brokers", self._replacement.replace_lost_brokers),
             PeriodicTask("decommission_brokers", self._lifecycle.decommission),
+            *([PeriodicTask("autoscale_brokers", self._autoscaling.run_round)] if self._autoscaling else []),
             *([PeriodicTask("rebalance_leaders", self._elections.rebalance_leaders,
                             c.leader_imbalance_check_interval_seconds)] if c.auto_leader_rebalance_enable else []),
             PeriodicTask("snapshot_if_due", self._snapshot_if_due),
@@ -182,6 +197,8 @@ class Controller:
     async def shutdown(self) -> None:
         """Cleanly stops every broker (data and metadata stay on disk), then itself."""
         self._periodic.cancel()
+        if self._autoscaling is not None:
+            await self._autoscaling.close()
         managers = self._sessions.close()
         await asyncio.gather(*(m.shutdown.remote() for m in managers), return_exceptions=True)
         self._sessions.cancel_watches()
@@ -262,6 +279,8 @@ class Controller:
 
     def _brokers_changed(self) -> None:
         """A broker joined, started leaving, or left: where the balancer is told to look again."""
+        if self._autoscaling is not None:
+            self._autoscaling.brokers_changed()
 
     async def _on_broker_death(self, broker_id: int, epoch: int) -> None:
         """Ray reported the broker's actor dead: fenced, unless it registered anew since."""
@@ -366,6 +385,7 @@ class Controller:
     async def create_topic(
         self, name: str, num_partitions: int | None = None, replication_factor: int | None = None,
         configs: dict | None = None, validate_only: bool = False, timeout_ms: int | None = None,
+        scale_out_timeout_ms: int | None = None,
     ) -> list[dict]:
         """Creates a topic, waits until every live replica has its role; returns its description.
         A count left out (None, or -1 as in Kafka's CreateTopics) takes the brokers' default:
@@ -377,14 +397,22 @@ class Controller:
         topic exists once its records are committed, and its replicas start in the
         background; past `timeout_ms` the call raises REQUEST_TIMED_OUT while they go on
         starting, and with 0 it returns at once (Metadata's auto-creation: a connection is
-        never held up by replica processes starting). None waits for all of them."""
-        return await self._topics.create_topic(name, num_partitions, replication_factor, configs, validate_only, timeout_ms)
+        never held up by replica processes starting). None waits for all of them.
 
-    async def create_partitions(self, name: str, total: int, validate_only: bool = False) -> list[dict]:
+        With Ray's autoscaler, a topic that does not fit waits for the brokers it lacks
+        (TopicCreation._admitted) up to `scale_out_timeout_ms` (None: `timeout_ms`, or 60 s
+        without one), then POLICY_VIOLATION naming what was missing."""
+        return await self._topics.create_topic(name, num_partitions, replication_factor, configs, validate_only, timeout_ms,
+                                               scale_out_timeout_ms)  # fmt: skip
+
+    async def create_partitions(
+        self, name: str, total: int, validate_only: bool = False, scale_out_timeout_ms: int | None = None
+    ) -> list[dict]:
         """Grows the topic to `total` partitions (see ClusterMetadata.plan_create_partitions),
         waits until every live new replica has its role; returns the topic's description.
-        `validate_only` checks and changes nothing, as Kafka's CreatePartitions does."""
-        return await self._topics.create_partitions(name, total, validate_only)
+        `validate_only` checks and changes nothing, as Kafka's CreatePartitions does. A wait
+        for brokers, with Ray's autoscaler, as for `create_topic`."""
+        return await self._topics.create_partitions(name, total, validate_only, scale_out_timeout_ms)
 
     # ------------------------------------------------------------------ ACLs
 

@@ -254,7 +254,10 @@ async def create_partitions(view: BrokerView, request: Any) -> dict:
             if t.assignments:
                 return {"name": t.name, "error_code": INVALID_REPLICA_ASSIGNMENT,
                         "error_message": "rayk places replicas itself: give the new partition count"}
-            await view.ask_controller("create_partitions", t.name, t.count, body.validate_only, timeout_ms=timeout_ms)
+            # a wait for brokers (Ray's autoscaler) leaves the replicas time to start within the request's timeout
+            scale_out_timeout_ms = max(timeout_ms - CONTROLLER_COMMIT_TIMEOUT_MS, 0)
+            await view.ask_controller("create_partitions", t.name, t.count, body.validate_only, scale_out_timeout_ms,
+                                      timeout_ms=timeout_ms)
         except Exception as e:
             return {"name": t.name, "error_code": error_code_of(e), "error_message": error_message_of(e)}
         return {"name": t.name}
