@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from tests import own_namespaces
+
 REPO = Path(__file__).resolve().parent.parent
 CLUSTERS = REPO / "clusters"
 VENV_BIN = Path(sys.executable).parent
@@ -40,7 +41,7 @@ RAY = str(VENV_BIN / "ray")
 GCS_PORT = 6390  # as clusters/local.yaml starts Ray
 
 
-@pytest.mark.parametrize("name", ["local.yaml", "aws.yaml"])
+@pytest.mark.parametrize("name", ["local.yaml", "aws.yaml", "aws-autoscaling.yaml"])
 def test_cluster_config_passes_rays_validation(name):
     config = yaml.safe_load((CLUSTERS / name).read_text())
     validate_config(prepare_config(config))
@@ -50,13 +51,6 @@ def test_cluster_config_passes_rays_validation(name):
         for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands")
         for command in config.get(key, [])
     )
-
-
-def _missing_tools() -> list[str]:
-    missing = [tool for tool in ("unshare", "rsync", "nc", "ssh", "ssh-keygen") if shutil.which(tool) is None]
-    if not Path("/usr/sbin/sshd").exists():
-        missing.append("sshd")
-    return missing
 
 
 def _free_port() -> int:
@@ -103,10 +97,9 @@ def _node_venv_with_this_environment(home: Path, python_dir: Path) -> None:
 def sshd_in_own_pid_namespace(tmp_path):
     """An sshd on 127.0.0.1:<free port> accepting a throwaway key for this user, whose
     sessions get HOME=<tmp>/home (a node's home) and a PATH with this Python 3.11."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a PID namespace of its own")
-    if missing := _missing_tools():
-        pytest.skip(f"needs {', '.join(missing)} (`.ci/run` installs them)")
+    own_namespaces.skip_unless_root_with("rsync", "nc", "ssh", "ssh-keygen")
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.skip("needs sshd (`.ci/run` installs it)")
     if _port_open(GCS_PORT):
         pytest.fail(f"port {GCS_PORT} is taken; clusters/local.yaml starts Ray's GCS there")
     home = tmp_path / "home"
@@ -141,12 +134,9 @@ def sshd_in_own_pid_namespace(tmp_path):
         )
     )
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-    sshd = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-         "/usr/sbin/sshd", "-D", "-e", "-f", str(tmp_path / "sshd_config")],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "sshd.log", "wb"),
-        start_new_session=True,
+    sshd = own_namespaces.start(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(tmp_path / "sshd_config")],
+        net=False, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sshd.log", "wb"),
     )
     try:
         _wait_for(lambda: _port_open(port), 10, "sshd to listen")
@@ -154,12 +144,7 @@ def sshd_in_own_pid_namespace(tmp_path):
     finally:
         # sshd is the namespace's first process: when it ends, the kernel ends the rest
         # (Ray's GCS, raylet, brokers) too, whatever `ray down` left.
-        os.killpg(sshd.pid, signal.SIGTERM)
-        try:
-            sshd.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(sshd.pid, signal.SIGKILL)
-            sshd.wait()
+        own_namespaces.end(sshd)
 
 
 def _ray_cli(*args: str, cwd: Path, timeout_s: float) -> str:
