@@ -10,6 +10,7 @@ deleting the topic leaves two brokers idle, they are decommissioned, and their n
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections import Counter
@@ -19,9 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rayk
+from rayk.actors.wakeup import Wakeup
 from rayk.config import BrokerConfig
-from rayk.controller.autoscaling import AutoscaleSettings, brokers_short
+from rayk.controller import autoscaling
+from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling, brokers_short
 from rayk.errors import InvalidConfigurationError, InvalidReplicationFactorError, PolicyViolationError
+from rayk.metadata.cluster_metadata import ClusterMetadata
+from rayk.metadata.records import (
+    DecommissionBrokerRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord, UnregisterBrokerRecord,
+)
 from rayk.metadata.replication_control import assign_replicas
 from rayk.server.replica_capacity import check_replica_caps
 from tests import fake_autoscaler, own_namespaces
@@ -80,6 +87,101 @@ def test_autoscale_settings_and_idle_removal_are_checked():
     assert BrokerConfig.from_properties({"broker.idle.removal.ms": "-1"}).broker_idle_removal_ms == -1
     with pytest.raises(InvalidConfigurationError, match="broker.idle.removal.ms"):
         BrokerConfig.from_properties({"broker.idle.removal.ms": "0"})
+
+
+class FakeCluster:
+    """A metadata image and what BrokerAutoscaling asks of Ray and of BrokerLifecycle, recorded:
+    a broker added registers at once, one removed is decommissioned and unregistered at once."""
+
+    def __init__(self, monkeypatch, nodes: list[str], min_brokers: int = 1, idle_removal_ms: int = 0) -> None:
+        self.meta, self.wakeup, self.nodes = ClusterMetadata(BrokerConfig()), Wakeup(), nodes
+        self.added: list[str] = []
+        self.removed: list[int] = []
+        self.requests: list[int] = []
+        monkeypatch.setattr(autoscaling, "candidate_nodes", lambda resource: list(self.nodes))
+        monkeypatch.setattr(autoscaling, "request_resources", lambda bundles: self.requests.append(len(bundles)))
+        settings = AutoscaleSettings(min_brokers, BROKER_RESOURCE)
+        self.autoscaling = BrokerAutoscaling(settings, self.meta, self, lambda: self.wakeup, idle_removal_ms, lambda: None)
+
+    def commit(self, *records) -> None:
+        for record in records:
+            self.meta.apply(record, self.meta.last_offset + 1)
+        self.wakeup, fired = Wakeup(), self.wakeup
+        fired.fire()
+
+    def register(self, broker_id: int, node: str) -> None:
+        self.commit(RegisterBrokerRecord(broker_id, node))
+
+    async def add_broker(self, node: str, controller) -> int:
+        self.added.append(node)
+        broker_id = max(self.meta.brokers, default=-1) + 1
+        self.register(broker_id, node)
+        return broker_id
+
+    async def remove_broker(self, broker_id: int, timeout_ms: int) -> None:
+        self.removed.append(broker_id)
+        self.commit(DecommissionBrokerRecord(broker_id, decommissioning=True))
+        self.autoscaling.brokers_changed()
+        self.commit(UnregisterBrokerRecord(broker_id))
+
+    def run_round(self) -> None:
+        async def round_and_its_tasks() -> None:
+            await self.autoscaling.run_round()
+            await asyncio.sleep(0.01)  # the adoptions and removals it started
+
+        asyncio.run(round_and_its_tasks())
+
+
+def test_each_broker_node_gets_one_broker_and_a_node_whose_broker_left_gets_none(monkeypatch):
+    fake = FakeCluster(monkeypatch, ["node-a", "node-b"], idle_removal_ms=-1)
+    fake.register(0, "node-a")
+    fake.run_round()
+    assert fake.added == ["node-b"] and fake.requests == [1]
+    fake.run_round()
+    assert fake.added == ["node-b"], "a node runs one broker"
+    assert fake.requests == [1, 2], "the standing request follows the brokers"
+    asyncio.run(fake.remove_broker(1, 1000))  # Cluster.remove_broker: its node is the autoscaler's to take
+    fake.run_round()
+    assert fake.added == ["node-b"] and fake.requests == [1, 2, 1]
+
+
+def test_idle_brokers_go_newest_first_never_below_the_minimum_nor_while_a_creation_waits(monkeypatch):
+    fake = FakeCluster(monkeypatch, ["node-a", "node-b", "node-c", "node-d"], min_brokers=2)
+    for b, node in enumerate(["node-a", "node-b", "node-c", "node-d"]):
+        fake.register(b, node)
+    fake.commit(TopicRecord("t", "id", {}), PartitionRecord("t", 0, (0,), (0,), 0, 0, 0))
+    fake.autoscaling._targets.append(5)  # a creation waiting for a fifth broker
+    fake.run_round()
+    assert fake.removed == []
+    fake.autoscaling._targets.clear()
+    fake.run_round()
+    assert fake.removed == [3, 2], "the newest idle brokers, down to min_brokers"
+    fake.run_round()
+    assert sorted(fake.meta.brokers) == [0, 1] and fake.requests == [5, 4, 2], "the request follows them down"
+    assert fake.added == [], "their nodes were not given brokers again"
+
+
+def test_a_creation_waits_for_the_brokers_it_lacks_then_is_refused_naming_them(monkeypatch):
+    fake = FakeCluster(monkeypatch, ["node-a"])
+    fake.register(0, "node-a")
+
+    async def joins_later(broker_id: int, node: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        fake.register(broker_id, node)
+
+    async def scale_out_with_joins() -> None:
+        joining = asyncio.ensure_future(joins_later(1, "node-b", 0.05))
+        await fake.autoscaling.scale_out(1, time.monotonic() + 5, "topic 't'")
+        await joining
+
+    asyncio.run(scale_out_with_joins())
+    assert fake.requests == [2], "asked for one more than the broker there was, once"
+    with pytest.raises(PolicyViolationError, match="topic 'u' needs 2 more brokers than the 2 there are.*0 joined"):
+        asyncio.run(fake.autoscaling.scale_out(2, time.monotonic() + 0.1, "topic 'u'"))
+    assert fake.requests == [2, 4, 2], "asked for them, and no more once refused"
+    with pytest.raises(PolicyViolationError, match="no time to wait"):
+        asyncio.run(fake.autoscaling.scale_out(1, time.monotonic() - 1, "topic 'v'"))
+    assert fake.requests == [2, 4, 2], "nothing asked without time to wait"
 
 
 # ---------------------------------------------------------------------------- on the fake autoscaler
