@@ -24,7 +24,9 @@ from rayk.actors.wakeup import Wakeup
 from rayk.config import BrokerConfig
 from rayk.controller import autoscaling
 from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling, brokers_short
-from rayk.errors import InvalidConfigurationError, InvalidReplicationFactorError, PolicyViolationError
+from rayk.controller import broker_lifecycle
+from rayk.controller.broker_lifecycle import BrokerLifecycle
+from rayk.errors import InvalidConfigurationError, InvalidReplicationFactorError, InvalidRequestError, PolicyViolationError
 from rayk.metadata.cluster_metadata import ClusterMetadata
 from rayk.metadata.records import (
     DecommissionBrokerRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord, UnregisterBrokerRecord,
@@ -182,6 +184,17 @@ def test_a_creation_waits_for_the_brokers_it_lacks_then_is_refused_naming_them(m
     with pytest.raises(PolicyViolationError, match="no time to wait"):
         asyncio.run(fake.autoscaling.scale_out(1, time.monotonic() - 1, "topic 'v'"))
     assert fake.requests == [2, 4, 2], "nothing asked without time to wait"
+
+
+def test_with_one_broker_per_node_a_broker_is_added_only_on_a_node_without_one(monkeypatch):
+    fake = FakeCluster(monkeypatch, ["node-a"])
+    fake.register(0, "node-a")
+    monkeypatch.setattr(broker_lifecycle, "candidate_nodes", lambda resource: ["node-a"])
+    factory = dataclasses.make_dataclass("Factory", ["node_resource", "one_per_node"])(BROKER_RESOURCE, True)
+    lifecycle = BrokerLifecycle(fake.meta, fake.commit, None, None, BrokerConfig(), factory, lambda: fake.wakeup, lambda: None)
+    for node in (None, "node-a"):  # its unit of the resource is taken: the actor would never be placed
+        with pytest.raises(InvalidRequestError, match="runs a broker already"):
+            asyncio.run(lifecycle.add_broker(node, None))
 
 
 # ---------------------------------------------------------------------------- on the fake autoscaler

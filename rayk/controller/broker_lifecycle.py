@@ -86,6 +86,12 @@ class BrokerLifecycle:
         if self.factory is None:
             raise InvalidRequestError("this Controller creates no brokers: it was started without a broker factory")
         nodes = await asyncio.to_thread(candidate_nodes, self.factory.node_resource)
+        if self.factory.one_per_node:  # each broker reserves its node's unit of the resource (autoscaling)
+            taken = {reg.node_id for reg in self._meta.brokers.values()}
+            if node_id in taken or (node_id is None and not set(nodes) - taken):
+                raise InvalidRequestError(f"{f'node {node_id}' if node_id else 'every node'} offering "
+                                          f"{self.factory.node_resource!r} runs a broker already: one per node")  # fmt: skip
+            nodes = [n for n in nodes if n not in taken]
         if node_id is not None and node_id not in nodes:
             offering = f" offering {self.factory.node_resource!r}" if self.factory.node_resource else ""
             raise InvalidRequestError(f"node {node_id} is not an alive Ray node{offering}")
