@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import rayk
 from rayk.actors.wakeup import Wakeup
+from rayk.cli import main as cli_main
 from rayk.config import BrokerConfig
 from rayk.controller import autoscaling
 from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling, brokers_short
@@ -53,6 +54,11 @@ def test_a_replication_factor_above_the_brokers_lacks_the_difference():
     assert brokers_short(3, 3, {0: "a"}, 0, Counter(), {}, configured=False) == 2
     assert brokers_short(3, 3, {0: "a", 1: "b", 2: "c"}, 0, Counter(), {}, configured=False) == 0
     assert brokers_short(1, 0, {0: "a"}, 0, Counter(), {}, configured=False) is None
+
+
+def test_brokers_to_come_are_not_taken_for_a_leaving_one_that_is_full():
+    # broker 1 is being decommissioned (not placeable) and full: a new broker is not it
+    assert brokers_short(2, 2, {0: "a"}, 0, Counter({1: 4}), {0: 4, 1: 4}, configured=True) == 1
 
 
 def test_full_brokers_that_still_get_replicas_are_not_helped_by_more():
@@ -204,9 +210,11 @@ SCENARIO_TIMEOUT_S = 600
 
 
 def grow_and_shrink(data_dir: str) -> None:
-    """The scenario, run inside the namespace by tests/fake_autoscaler.py (`main`)."""
-    config = {**FAST_CONFIG, "broker.idle.removal.ms": IDLE_REMOVAL_MS}
-    cluster = rayk.start(brokers=1, data_dir=data_dir, config=config, autoscale=True, node_resource=BROKER_RESOURCE)
+    """The scenario, run inside the namespace by tests/fake_autoscaler.py (`main`); the
+    cluster started as `rayk start --autoscale` starts it (node resource: its default)."""
+    config = [f"{key}={value}" for key, value in {**FAST_CONFIG, "broker.idle.removal.ms": IDLE_REMOVAL_MS}.items()]
+    assert cli_main(["start", "--brokers", "1", "--autoscale", "--data-dir", data_dir, "--config", *config]) == 0
+    cluster = rayk.connect()
     log(f"rayk started: brokers {[b['broker_id'] for b in cluster.brokers()]}, broker nodes {len(broker_nodes())}")
     assert [b["broker_id"] for b in cluster.brokers()] == [0] and len(broker_nodes()) == 1
 

@@ -103,7 +103,7 @@ def brokers_short(
     if replication_factor < 1 or num_partitions < 1:
         return None
     new_cap = min(caps.values(), default=None)
-    first_new = max(broker_nodes, default=-1) + 1
+    first_new = max([*broker_nodes, *held, *caps], default=-1) + 1  # ids no broker has
     for extra in range(max_extra + 1):
         new = {first_new + i: f"{_NEW_NODE}{i:05d}" for i in range(extra)}
         try:
@@ -134,7 +134,7 @@ class BrokerAutoscaling:
         self._idle_since_s: dict[int, float] = {}  # placeable broker holding nothing -> since when (monotonic)
         self._adopting: set[str] = set()  # nodes whose broker is starting
         self._retry_at_s: dict[str, float] = {}  # nodes whose broker failed to start -> when to try again
-        self._released: set[str] = set()  # nodes whose broker was removed idle: the autoscaler's to take
+        self._released: set[str] = set()  # nodes whose broker left (idle, or removed): the autoscaler's to take
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ the standing request
@@ -200,7 +200,8 @@ class BrokerAutoscaling:
         """One maintenance round: brokers for new broker nodes, idle brokers removed, and
         the standing request brought up to date."""
         nodes = await asyncio.to_thread(candidate_nodes, self.settings.node_resource)
-        self._released &= set(nodes)  # the autoscaler took them
+        self._released &= set(nodes)  # the autoscaler took the others
+        self._retry_at_s = {n: at_s for n, at_s in self._retry_at_s.items() if n in nodes}
         self._adopt(nodes, time.monotonic())
         self._remove_idle(time.monotonic())
         await self.update_request()
