@@ -43,6 +43,7 @@ BROKER_NODE_TYPE = "rayk.broker"
 MAX_BROKER_NODES = 3  # the broker node type's max_workers
 HEAD_START_ATTEMPTS = 2
 FAKE_RAY_ENV = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+STEP_PREFIX = "[step "  # what `log` prints first: a failure shows these lines, whatever else was printed
 _started_s = time.monotonic()
 
 
@@ -89,13 +90,16 @@ def run(target: str, *args: str, timeout_s: float) -> str:
             own_namespaces.end(process)
         out.seek(0)
         output = out.read()
-    assert process.returncode == 0, f"{target} failed (exit status {process.returncode}):\n{output[-12000:]}"
+    if process.returncode != 0:
+        steps = "\n".join(line for line in output.splitlines() if line.startswith(STEP_PREFIX))
+        raise AssertionError(f"{target} failed (exit status {process.returncode}; -9: past {timeout_s} s) after the "
+                             f"steps:\n{steps}\n... output's end:\n{output[-8000:]}")
     return output
 
 
 def log(message: str) -> None:
     """A step of a scenario, with the seconds since the namespace started."""
-    print(f"[{time.monotonic() - _started_s:6.1f} s] {message}", flush=True)
+    print(f"{STEP_PREFIX}{time.monotonic() - _started_s:6.1f} s] {message}", flush=True)
 
 
 def broker_nodes() -> list[str]:
