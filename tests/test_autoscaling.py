@@ -230,7 +230,9 @@ def grow_and_shrink(data_dir: str) -> None:
     log("a record acknowledged by all three replicas of each partition")
 
     hasty = dataclasses.replace(cluster, default_api_timeout_ms=20_000)
-    with pytest.raises(PolicyViolationError, match=f"needs 1 more brokers than the 3 there are.*'{BROKER_RESOURCE}'"):
+    # (counted among the placeable brokers: one fenced for a moment on a loaded machine is not one)
+    with pytest.raises(PolicyViolationError, match=rf"needs \d more brokers than the \d there are, each on a Ray node "
+                                                   rf"offering '{BROKER_RESOURCE}'; \d joined within"):
         hasty.create_topic("wider", num_partitions=1, replication_factor=4)  # the node type's max_workers is 3
     log("a topic needing a fourth broker node refused")
 
