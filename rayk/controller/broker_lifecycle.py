@@ -165,7 +165,7 @@ class BrokerLifecycle:
                 await self._retire(broker_id)
                 continue
             in_flight = sum(1 for _, _, state in held if state.adding or state.removing)
-            moved = []
+            moved: list[tuple[str, int]] = []
             for topic, partition, state in held:
                 if in_flight + len(moved) >= MAX_CONCURRENT_MOVES:
                     break
