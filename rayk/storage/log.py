@@ -356,6 +356,11 @@ class Log:
         with self._lock:
             return self.producer_state.verification_guard(producer_id)
 
+    def holds_verification(self, guard: VerificationGuard) -> bool:
+        """Whether a marker voided `guard` since it was taken (see producer_state.py)."""
+        with self._lock:
+            return self.producer_state.holds_verification(guard)
+
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
         """Appends batches copied from the leader; their offsets continue at the LEO, or
         after it when the leader's log was compacted (offsets only grow, as in Kafka).

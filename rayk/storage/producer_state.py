@@ -193,6 +193,11 @@ class ProducerStateManager:
             guard = self._guards[producer_id] = VerificationGuard(producer_id)
         return guard
 
+    def holds_verification(self, guard: VerificationGuard) -> bool:
+        """Whether `guard` is still its producer's verification in flight: no marker, and no
+        newer verification, voided it since it was taken."""
+        return self._guards.get(guard.producer_id) is guard
+
     def validate_client_batches(self, headers: list[BatchHeader], guard: VerificationGuard | None) -> BatchMetadata | None:
         """`validate_client_batch` for each batch with a producer id of one append, a batch
         checked against the state as the earlier ones of the append leave it. A retry comes
@@ -254,7 +259,7 @@ class ProducerStateManager:
                 f"since offset {open_txn}"
             )
         if header.is_transactional and not (open_txn is not None and entry is not None and entry.epoch == epoch):
-            if guard is None or self._guards.get(producer_id) is not guard:
+            if guard is None or not self.holds_verification(guard):
                 raise InvalidTxnStateError(
                     f"producer {producer_id}'s first transactional batch here was not verified with its "
                     "coordinator since the producer's last marker here; the transaction may have ended"
