@@ -52,6 +52,10 @@ _IMPLIES_DESCRIBE = (READ, WRITE, DELETE, ALTER)
 
 @dataclass(frozen=True, slots=True)
 class AclBinding:
+    """One ACL: `principal` from `host` is ALLOWed or DENYed `operation` on the resources
+    `resource_type` / `resource_name` match (literally, `*`, or by prefix per `pattern_type`),
+    all in Kafka's codes. Immutable; `check` says whether it may be stored."""
+
     resource_type: int
     resource_name: str
     pattern_type: int

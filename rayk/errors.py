@@ -50,34 +50,59 @@ class KafkaError(Exception):
 
 
 class UnknownServerError(KafkaError):
+    """An exception with no Kafka code of its own (a bug in a handler, an actor that raised a
+    plain Python exception or could not start), wrapped so only KafkaErrors escape; not retried."""
+
     code, name = -1, "UNKNOWN_SERVER_ERROR"
 
 
 class OffsetOutOfRangeError(KafkaError):
+    """A read outside the log's [log start, LEO] (or a DeleteRecords above the HW); not
+    retried: a consumer resets its position (auto_offset_reset), a follower truncates to the
+    leader's range."""
+
     code, name = 1, "OFFSET_OUT_OF_RANGE"
 
 
 class CorruptRecordError(KafkaError):
+    """Bytes that do not decode: a batch failing its CRC-32C or framing, an undecompressable body,
+    a malformed control or metadata record. Retriable, as in Kafka (a resend may arrive intact)."""
+
     code, name, retriable = 2, "CORRUPT_MESSAGE", True
 
 
 class UnknownTopicOrPartitionError(KafkaError):
+    """The topic or partition does not exist (or has no log on this broker). Retriable: a topic
+    being created or moved appears once metadata catches up."""
+
     code, name, retriable = 3, "UNKNOWN_TOPIC_OR_PARTITION", True
 
 
 class InvalidFetchSizeError(KafkaError):
+    """A read with a negative `max_bytes`; not retried."""
+
     code, name = 4, "INVALID_FETCH_SIZE"
 
 
 class LeaderNotAvailableError(KafkaError):
+    """The partition has no leader ready (mid-election, or a topic auto-created by this very
+    Metadata request); retriable after a metadata refresh."""
+
     code, name, retriable = 5, "LEADER_NOT_AVAILABLE", True
 
 
 class NotLeaderOrFollowerError(KafkaError):
+    """This replica does not lead the partition (or holds none of it) in the epoch asked for, or
+    its leader could not be reached; retriable after a metadata refresh finds the new leader."""
+
     code, name, retriable = 6, "NOT_LEADER_OR_FOLLOWER", True
 
 
 class RequestTimedOutError(KafkaError):
+    """No answer within the request's timeout: an acks=all write not replicated in time, a
+    leader or the Controller silent, a client call past its deadline. Retriable; the work
+    may still land."""
+
     code, name, retriable = 7, "REQUEST_TIMED_OUT", True
 
 
@@ -114,14 +139,22 @@ class NetworkError(KafkaError):
 
 
 class OffsetMetadataTooLargeError(KafkaError):
+    """An offset commit whose metadata string exceeds offset.metadata.max.bytes; not retried."""
+
     code, name = 12, "OFFSET_METADATA_TOO_LARGE"
 
 
 class CoordinatorLoadInProgressError(KafkaError):
+    """The coordinator cannot answer yet: rayk raises it while a classic group rebalances before
+    its online upgrade to the consumer protocol. Retriable after a backoff."""
+
     code, name, retriable = 14, "COORDINATOR_LOAD_IN_PROGRESS", True
 
 
 class CoordinatorNotAvailableError(KafkaError):
+    """The group's or transactional id's coordinator cannot serve now (its partition's leader
+    unreachable or restarting, its records not replicated); retriable after finding it again."""
+
     code, name, retriable = 15, "COORDINATOR_NOT_AVAILABLE", True
 
 
@@ -132,14 +165,22 @@ class NotCoordinatorError(KafkaError):
 
 
 class NotEnoughReplicasError(KafkaError):
+    """An acks=all write refused before appending: the ISR is below min.insync.replicas (or a
+    transactional write could not be verified with its coordinator, as Kafka maps it). Retriable."""
+
     code, name, retriable = 19, "NOT_ENOUGH_REPLICAS", True
 
 
 class NotEnoughReplicasAfterAppendError(KafkaError):
+    """An acks=all write was appended but the ISR shrank below min.insync.replicas before it was
+    committed; retriable, but a resend without idempotence may duplicate it."""
+
     code, name, retriable = 20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", True
 
 
 class InvalidRequiredAcksError(KafkaError):
+    """A produce with acks other than 0, 1 or -1 (all); not retried."""
+
     code, name = 21, "INVALID_REQUIRED_ACKS"
 
 
@@ -150,10 +191,16 @@ class IllegalGenerationError(KafkaError):
 
 
 class InconsistentGroupProtocolError(KafkaError):
+    """A JoinGroup whose protocol type or protocols do not match the group's members (or whose
+    subscription is malformed for a consumer-protocol group); not retried."""
+
     code, name = 23, "INCONSISTENT_GROUP_PROTOCOL"
 
 
 class InvalidGroupIdError(KafkaError):
+    """A group request with an empty group id (or a group call of a consumer without a
+    group_id); not retried."""
+
     code, name = 24, "INVALID_GROUP_ID"
 
 
@@ -164,6 +211,9 @@ class UnknownMemberIdError(KafkaError):
 
 
 class InvalidSessionTimeoutError(KafkaError):
+    """A JoinGroup whose session timeout is outside the broker's
+    [group.min.session.timeout.ms, group.max.session.timeout.ms]; not retried."""
+
     code, name = 26, "INVALID_SESSION_TIMEOUT"
 
 
@@ -180,10 +230,15 @@ class InvalidTopicError(KafkaError):
 
 
 class InvalidTimestampError(KafkaError):
+    """A ListOffsets timestamp that is neither >= 0 nor -1 (latest) / -2 (earliest); not retried."""
+
     code, name = 32, "INVALID_TIMESTAMP"
 
 
 class UnsupportedVersionError(KafkaError):
+    """A request of an API or version this broker does not serve, or a metadata record of a
+    newer version than this rayk reads (upgrade rayk); not retried."""
+
     code, name = 35, "UNSUPPORTED_VERSION"
 
 
@@ -194,14 +249,23 @@ class NotControllerError(KafkaError):
 
 
 class InvalidRequestError(KafkaError):
+    """A request that parses but makes no sense (an empty transactional id, a key named twice,
+    a field missing that its version requires), or bytes that do not parse; not retried."""
+
     code, name = 42, "INVALID_REQUEST"
 
 
 class TopicAlreadyExistsError(KafkaError):
+    """CreateTopics of a name that exists; not retried (callers that only want the topic to
+    exist treat it as success)."""
+
     code, name = 36, "TOPIC_ALREADY_EXISTS"
 
 
 class InvalidPartitionsError(KafkaError):
+    """A partition count below 1 at creation, or CreatePartitions to a count that is not larger
+    than the current one; not retried."""
+
     code, name = 37, "INVALID_PARTITIONS"
 
 
@@ -306,10 +370,16 @@ class KafkaStorageError(KafkaError):
 
 
 class NonEmptyGroupError(KafkaError):
+    """A group that still has members was asked to be deleted or to have its offsets changed;
+    not retried (it may succeed once the members have left)."""
+
     code, name = 68, "NON_EMPTY_GROUP"
 
 
 class GroupIdNotFoundError(KafkaError):
+    """The group does not exist, or is not of the kind the request is for (a share group asked
+    as a consumer group, a classic group that cannot be upgraded); not retried."""
+
     code, name = 69, "GROUP_ID_NOT_FOUND"
 
 
@@ -356,10 +426,16 @@ class StaleBrokerEpochError(KafkaError):
 
 
 class FencedLeaderEpochError(KafkaError):
+    """A request carries a leader epoch older than the replica's (a stale leader's write, a
+    fetch or state change from an older epoch); retriable after a metadata refresh."""
+
     code, name, retriable = 74, "FENCED_LEADER_EPOCH", True
 
 
 class UnknownLeaderEpochError(KafkaError):
+    """A fetch carries a leader epoch newer than the leader knows yet (it has not heard of its
+    own election); retriable."""
+
     code, name, retriable = 75, "UNKNOWN_LEADER_EPOCH", True
 
 
@@ -371,6 +447,9 @@ class OffsetNotAvailableError(KafkaError):
 
 
 class UnsupportedCompressionTypeError(KafkaError):
+    """An unknown codec name, or a codec whose Python package is not installed (the message
+    names what to pip install); not retried."""
+
     code, name = 76, "UNSUPPORTED_COMPRESSION_TYPE"
 
 

@@ -83,6 +83,9 @@ _QUEUE_TIME_BOUNDARIES_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
+    """How one metric name is made into a Ray metric on first use: its kind, its description,
+    its label names and, for a histogram, its bucket boundaries (in the metric's unit)."""
+
     kind: type  # Counter, Gauge or Histogram
     description: str
     tag_keys: tuple[str, ...] = ()

@@ -37,6 +37,10 @@ DEFAULT_ITERATIONS = 8192
 
 @dataclass(frozen=True, slots=True)
 class ScramCredential:
+    """One user's credential for one mechanism (SCRAM-SHA-256 or -512): the salt, the
+    iteration count, and the StoredKey and ServerKey derived from the salted password, which
+    is never kept. What the Controller stores and a listener checks a login against."""
+
     mechanism: str
     salt: bytes
     stored_key: bytes

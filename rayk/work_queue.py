@@ -64,6 +64,9 @@ DLQ_HEADERS = ("rayk.dlq.topic", "rayk.dlq.partition", "rayk.dlq.offset", "rayk.
 
 @dataclass(frozen=True, slots=True)
 class WorkerStats:
+    """What one worker actor did since it (re)started: its name (new at each restart) and
+    how many records it accepted, released for retry and dead-lettered."""
+
     worker: str
     accepted: int  # records whose function returned
     released: int  # records given back after a retriable error
@@ -183,6 +186,11 @@ class QueueWorker:
 
 
 class WorkQueue:
+    """The driver's handle on a pool of QueueWorker actors of one share group: owns their
+    handles (Ray restarts a dead one; `resize` starts and stops them, killing each it
+    stops) and the stats of those it stopped. Lives until `stop`; not thread-safe (the
+    driver's thread)."""
+
     def __init__(
         self, cluster: Any, topic: str, *, group_id: str, fn: Callable[[Any], Any], num_workers: int = 1,
         batch: bool = False, dead_letter_topic: str | None = None, max_deliveries: int = 5,

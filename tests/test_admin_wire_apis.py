@@ -150,7 +150,7 @@ def test_alter_configs_answers_each_resource_with_kafkas_error_and_changes_nothi
         for configs, code in [
             ([("retention.ms", APPEND, "1")], INVALID_CONFIG),  # not a list config
             ([("no.such.config", SET, "1")], INVALID_CONFIG),
-            ([("cleanup.policy", SUBTRACT, "delete")], INVALID_CONFIG),  # leaves no policy
+            ([("cleanup.policy", APPEND, "shred")], INVALID_CONFIG),  # no such policy
             ([("retention.ms", SET, None)], INVALID_REQUEST),
             ([("retention.ms", 7, "1")], INVALID_REQUEST),
             ([("retention.ms", SET, "1"), ("retention.ms", DELETE, None)], INVALID_REQUEST),

@@ -66,6 +66,59 @@ def test_a_leader_appends_a_transactions_first_batch_only_once_the_coordinator_v
     asyncio.run(main())
 
 
+class MarkerWritingCoordinator(Coordinator):
+    """A coordinator that, as rayk's does, holds a verification until the producer's
+    previous transaction is complete: while `markers_to_write` > 0, a verification first
+    writes a marker (`commit`) to `leader`, then answers."""
+
+    def __init__(self, partitions: set[tuple[str, int]], commit: bool) -> None:
+        super().__init__(partitions)
+        self.leader: Any = None
+        self.commit, self.markers_to_write = commit, 0
+
+    async def verify_partitions(self, transactional_id: str, producer_id: int, epoch: int, partitions: list) -> list:
+        if self.markers_to_write > 0:
+            self.markers_to_write -= 1
+            assert (await self.leader.write_txn_marker(PID, EPOCH, self.commit, 0, 1000)).error is None
+        return await super().verify_partitions(transactional_id, producer_id, epoch, partitions)
+
+
+def test_the_previous_transactions_marker_landing_during_a_verification_does_not_refuse_the_next_one(tmp_path):
+    """Kafka's Java client sends the next transaction's first batch the moment its commit
+    returns, before the commit's markers are written: the coordinator holds the verification
+    until they are, so the marker voids the guard taken for it. The leader asks once more
+    and appends, instead of answering INVALID_TXN_STATE to a transaction that is open."""
+    async def main() -> None:
+        coordinator = MarkerWritingCoordinator({("t", 0)}, commit=True)
+        replica = coordinator.leader = await leader_of(tmp_path, Controller(coordinator))
+        assert (await replica.produce_requests([(txn_batch(b"c0", 0), -1, 1000, "tx")]))[0].error is None
+        coordinator.markers_to_write, calls_before = 1, coordinator.calls
+        [next_first] = await replica.produce_requests([(txn_batch(b"a0", 0, epoch=EPOCH + 1), -1, 1000, "tx")])
+        assert (next_first.error, next_first.base_offset) == (None, 2), next_first
+        assert coordinator.calls - calls_before == 2, "asked again once the marker voided the first answer's guard"
+        await replica.close()
+
+    asyncio.run(main())
+
+
+def test_a_transaction_that_ends_at_every_verification_is_refused_not_appended(tmp_path):
+    """The marker that voids a guard may be the batch's own transaction's: when it lands
+    while the second verification runs too, the write is refused, never appended into no
+    transaction."""
+    async def main() -> None:
+        coordinator = MarkerWritingCoordinator({("t", 0)}, commit=False)
+        replica = coordinator.leader = await leader_of(tmp_path, Controller(coordinator))
+        assert (await replica.produce_requests([(txn_batch(b"c0", 0), -1, 1000, "tx")]))[0].error is None
+        assert (await replica.write_txn_marker(PID, EPOCH, True, 0, 1000)).error is None  # offset 1
+        coordinator.markers_to_write, calls_before = 2, coordinator.calls
+        [late] = await replica.produce_requests([(txn_batch(b"late", 1), -1, 1000, "tx")])
+        assert isinstance(late.error, InvalidTxnStateError) and coordinator.calls - calls_before == 2, late
+        assert (await replica.describe())["log_end_offset"] == 4, "c0 and three markers; the late record not"
+        await replica.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("coordinator_error", "answered"), [
     (NotCoordinatorError("moved"), NotEnoughReplicasError),
     (ProducerFencedError("a newer epoch"), InvalidProducerEpochError),

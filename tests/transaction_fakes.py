@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import traceback
 from pathlib import Path
 from typing import Any
+
+from ray.exceptions import RayTaskError
 
 from rayk.replication.partition_replica import PartitionReplica
 from rayk.storage.records import SimpleRecord, build_batch
@@ -16,7 +19,8 @@ PID, EPOCH = 40, 0
 
 
 class Handle:
-    """A stand-in for a Ray actor handle: `await handle.method.remote(*args)`."""
+    """A stand-in for a Ray actor handle: `await handle.method.remote(*args)`; what the
+    method raises comes wrapped in a RayTaskError, as Ray wraps it."""
 
     def __init__(self, target: Any) -> None:
         self._target = target
@@ -27,8 +31,11 @@ class Handle:
         class Remote:
             @staticmethod
             async def remote(*args: Any, **kwargs: Any) -> Any:
-                result = method(*args, **kwargs)
-                return await result if inspect.isawaitable(result) else result
+                try:
+                    result = method(*args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
+                except Exception as e:
+                    raise RayTaskError(name, traceback.format_exc(), e).as_instanceof_cause() from None
 
         return Remote
 

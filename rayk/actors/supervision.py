@@ -87,6 +87,12 @@ class _Child:
 
 
 class ChildSupervisor:
+    """An owner's half of supervision: owns, per watched child, the held `run_until_stopped`
+    call, the ping in flight and when it last answered, and runs `on_death` once when a
+    child dies, or is killed for leaving its pings unanswered (about `unresponsive_ms` after
+    its last answer). Lives as long as its owner actor; not thread-safe (the owner's event
+    loop)."""
+
     def __init__(self, name: str, on_death: Callable[[Hashable, Any], Awaitable[None]], unresponsive_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.name = name

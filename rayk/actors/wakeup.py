@@ -25,6 +25,10 @@ def _release(waiter: asyncio.Future) -> None:
 
 
 class Wakeup:
+    """One generation of a change signal: its waiters' futures and whether it fired. Fired at
+    most once (then replaced by its owner, a replica or the Controller), after which every
+    `wait` returns at once. Not thread-safe: one event loop's."""
+
     __slots__ = ("_waiters", "_fired")
 
     def __init__(self) -> None:

@@ -59,6 +59,9 @@ SentRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]
 
 
 class BatchState(enum.Enum):
+    """Where a ProducerBatch is between `send` and its end: open to appends, queued for the
+    sender (or a retry), in flight, or done."""
+
     OPEN = "open"  # send() appends to it
     READY = "ready"  # closed, queued for the sender (or for a retry)
     IN_FLIGHT = "in flight"
@@ -67,6 +70,11 @@ class BatchState(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class ProducerBatch:
+    """One batch of a partition's records on its way to the leader: its records or encoded
+    body, its size and state, its idempotence stamp once first sent, the call in flight and
+    its deadline (monotonic s), and the results of the batches riding in it. Guarded by the
+    accumulator's lock."""
+
     tp: TopicPartition
     created_s: float  # time.monotonic(); the delivery timeout counts from here
     num_partitions: int
@@ -94,6 +102,10 @@ class ProducerBatch:
 
 
 class RecordAccumulator:
+    """A producer's batches from `send` until they are done: owns the open batch and the ready
+    queue of each partition, the in-flight counts, the batches by age, and the buffer memory
+    they take. Made with its Producer, which closes it; thread-safe (one lock, see above)."""
+
     def __init__(
         self,
         *,

@@ -83,6 +83,9 @@ class ScramUpsertion(NamedTuple):
 
 
 class ScramDeletion(NamedTuple):
+    """Delete `user`'s credential for `mechanism` (SCRAM-SHA-256 or SCRAM-SHA-512), an
+    alteration for `alter_user_scram_credentials`."""
+
     user: str
     mechanism: str
 

@@ -45,6 +45,11 @@ def stream_transactional_id(group_id: str, topic: str) -> str:
 
 
 class BatchTransactions:
+    """An exactly-once stream's transactions: owns its transactional Producer (initialised, and
+    so fencing an older stream, when constructed) and whether a batch's transaction is open.
+    Made by MicroBatches with `exactly_once`, closed with it; not thread-safe (the driver's
+    thread)."""
+
     def __init__(self, cluster: Any, group_id: str, topic: str, transaction_timeout_ms: int) -> None:
         self.group_id = group_id
         self.producer = cluster.producer(

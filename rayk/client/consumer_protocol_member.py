@@ -55,6 +55,11 @@ EVICTED_ERRORS = (FencedMemberEpochError, UnknownMemberIdError)
 
 
 class ConsumerProtocolMember:
+    """A Consumer's membership of a KIP-848 group: owns its member id and epoch, its
+    subscription, what it was assigned and what it owns, the revocation in progress, the
+    link to the coordinator and the heartbeat thread. Made by the Consumer for
+    `group_protocol="consumer"`, lives until it leaves; thread-safe (see above)."""
+
     def __init__(
         self,
         controller: Any,

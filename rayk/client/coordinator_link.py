@@ -34,6 +34,11 @@ COORDINATOR_ERRORS = (NotCoordinatorError, CoordinatorNotAvailableError, Network
 
 
 class CoordinatorLink:
+    """A client's handle to one group's (or transactional id's) coordinator replica: owns the
+    handle as last found and the FindCoordinator lookup in flight, dropping the handle when
+    the coordinator moved. Each member, share consumer, transaction manager and GroupAdmin
+    keeps its own; thread-safe (one lock)."""
+
     def __init__(
         self,
         controller: Any,

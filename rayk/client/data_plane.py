@@ -55,6 +55,10 @@ class DataPlaneLoop:
 
 
 class DataPlaneSession:
+    """One client's data plane connections: owns a ReplicaLink per replica it talks to, on the
+    process's DataPlaneLoop. Its calls may come from any thread (the links are touched on
+    the loop's thread only) and return futures; `close` with its client."""
+
     def __init__(self, name: str = "client") -> None:
         """`name` says whose links these are, in messages."""
         self._loop = DataPlaneLoop.get()

@@ -104,6 +104,10 @@ class PartitionLag(ReadsAsDict):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ConsumerGroupDescription(ReadsAsDict):
+    """A consumer group as `describe_consumer_groups` shows it: its state (Kafka's name),
+    protocol type and generation, the assignor chosen and the leader, its members, and each
+    partition it committed an offset for with that partition's lag."""
+
     group_id: str
     state: str
     protocol_type: str

@@ -86,6 +86,10 @@ class FetchedChunk:
 
 
 class Fetcher:
+    """A consumer's fetches: owns the next offset to fetch and the fetch in flight of each
+    partition, the chunks fetched and not yet handed out, and the retry times. Made by its
+    Consumer; not thread-safe (the consumer's thread)."""
+
     def __init__(
         self,
         metadata: MetadataCache,

@@ -69,6 +69,10 @@ EVICTED_ERRORS = (UnknownMemberIdError, IllegalGenerationError)
 
 
 class Phase(enum.Enum):
+    """Where a classic member stands in joining its group, the state machine `poll` advances:
+    from no assignment, through the commit before a rejoin, JoinGroup, the leader's
+    assignment and SyncGroup, to stable."""
+
     UNJOINED = "unjoined"  # no assignment; JoinGroup goes out when the coordinator is known
     COMMITTING = "committing"  # the revoked partitions' offsets are being committed before the rejoin
     JOINING = "joining"  # JoinGroup in flight
@@ -78,6 +82,11 @@ class Phase(enum.Enum):
 
 
 class GroupMember:
+    """A Consumer's membership of a classic group: owns its member id, generation and Phase,
+    the call in flight, the assignment, the link to the coordinator and the heartbeat
+    thread. Made by the Consumer for the classic protocol, lives until it leaves;
+    thread-safe (see above)."""
+
     def __init__(
         self,
         controller: Any,

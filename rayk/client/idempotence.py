@@ -64,6 +64,11 @@ class ProducerIdentity:
 
 
 class IdempotenceManager:
+    """An idempotent or transactional producer's identity: owns its producer id and epoch, the
+    next sequence of each partition, the count of stamped batches not finished, and whether
+    a bump is due. Made with its Producer (plain, pinned or transactional); not
+    thread-safe (the sender thread)."""
+
     def __init__(self, producer_id: int, new_producer_id: Callable[[], int] | None, epoch: int = 0) -> None:
         if not 0 <= epoch <= PRODUCER_EPOCH_MAX:
             raise ValueError(f"a producer epoch is 0..{PRODUCER_EPOCH_MAX}, not {epoch}")

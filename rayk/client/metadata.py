@@ -63,6 +63,10 @@ STALE_LEADER_ERRORS = (
 
 
 class MetadataCache:
+    """A client's map of topics to their partitions' leader replica handles (or None, unknown),
+    when each topic was stored, and the background refresh in flight. A Producer or
+    Consumer keeps its own (so do the data readers); thread-safe (one lock)."""
+
     def __init__(
         self,
         controller: Any,

@@ -71,6 +71,11 @@ IDLE_POLL_MS = 100  # after a trigger found nothing new, the soonest the next on
 
 
 class MicroBatches:
+    """One stream's planner of micro-batches: owns the next batch's start per partition, the
+    batch id, a planned batch to hand out again, the stream's last commit, its offsets-only
+    Consumer and, with `exactly_once`, its BatchTransactions. Made by a stream_topic call,
+    closed with it; not thread-safe except `stop`."""
+
     def __init__(
         self,
         cluster: Any,

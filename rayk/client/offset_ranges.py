@@ -37,6 +37,9 @@ LOG_SIZES_TIMEOUT_MS = 30_000  # for the leaders to say their logs' sizes; else 
 
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
+    """One partition's part of a batch read: the offsets [start, end) to read, the leader that
+    held them when the read was planned, and whether to read them read_committed."""
+
     topic: str
     partition: int
     start: int  # first offset read

@@ -61,6 +61,11 @@ logger = logging.getLogger(__name__)
 
 
 class Sender:
+    """A producer's sender thread: owns the thread, the produce calls in flight with their
+    deadlines, the answers waiting to be settled and its DataPlaneSession. Made with its
+    Producer, `start`ed with it and `join`ed at close. Its state is the thread's own or
+    under the accumulator's lock."""
+
     def __init__(
         self,
         accumulator: RecordAccumulator,

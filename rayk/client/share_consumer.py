@@ -69,6 +69,9 @@ class IllegalStateError(RuntimeError):
 
 
 class ShareConsumerRecord(NamedTuple):
+    """One record a share consumer acquired: a ConsumerRecord's fields (timestamp in ms) and
+    how many times it has been delivered, this time included."""
+
     topic: str
     partition: int
     offset: int
@@ -81,6 +84,11 @@ class ShareConsumerRecord(NamedTuple):
 
 
 class ShareConsumer:
+    """One member of a share group: owns its membership (member id, epoch, assignment) and the
+    heartbeat thread, the fetches in flight to each partition's leader, and the records of
+    the last poll with their acknowledgements. Lives until `close` leaves the group; used
+    from one thread (besides its heartbeats)."""
+
     def __init__(
         self,
         cluster: Any,

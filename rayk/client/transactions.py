@@ -54,6 +54,9 @@ class ConsumerGroupMetadata:
 
 
 class TxnState(enum.Enum):
+    """Where a transactional producer stands: not initialised, ready to begin, in a
+    transaction, in one that must be aborted, or fenced for good (every call raises)."""
+
     UNINITIALIZED = "uninitialized"
     READY = "ready"
     IN_TRANSACTION = "in transaction"
@@ -62,6 +65,11 @@ class TxnState(enum.Enum):
 
 
 class TransactionManager:
+    """A transactional Producer's side of its transactions: owns the producer id and epoch the
+    coordinator gave, the TxnState and its error, the partitions added to the open
+    transaction, and the link to the coordinator. Made with its Producer; thread-safe (one
+    lock)."""
+
     def __init__(
         self, controller: Any, transactional_id: str, transaction_timeout_ms: int, request_timeout_ms: int,
         retry_backoff_ms: int,

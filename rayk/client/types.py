@@ -9,6 +9,8 @@ from rayk.errors import InvalidTopicError
 
 
 class TopicPartition(NamedTuple):
+    """A partition of a topic, by name and number."""
+
     topic: str
     partition: int
 
@@ -23,6 +25,10 @@ class RecordMetadata(NamedTuple):
 
 
 class ConsumerRecord(NamedTuple):
+    """One record as a Consumer hands it out: where it is, its timestamp and what kind, its
+    deserialized key and value, its headers, and its key's and value's sizes in bytes as
+    stored (-1 for a null)."""
+
     topic: str
     partition: int
     offset: int
@@ -36,11 +42,17 @@ class ConsumerRecord(NamedTuple):
 
 
 class OffsetAndTimestamp(NamedTuple):
+    """The answer of `offsets_for_times` for a partition: the earliest offset whose timestamp
+    is at or after the one asked for, and that record's timestamp (ms)."""
+
     offset: int
     timestamp: int
 
 
 class OffsetAndMetadata(NamedTuple):
+    """An offset to commit for a partition (the next record to consume), with the client's
+    metadata string."""
+
     offset: int
     metadata: str = ""
 

@@ -33,12 +33,18 @@ Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
 
 @dataclass(frozen=True, slots=True)
 class TxnRecords:
+    """A transactional batch in the coordinator's log: its producer's records, as (offset, key,
+    value), pending until a TxnMarker of that producer commits or drops them."""
+
     producer_id: int
     records: list[Record]
 
 
 @dataclass(frozen=True, slots=True)
 class TxnMarker:
+    """The end of a producer's transaction in the coordinator's log: COMMIT makes its pending
+    TxnRecords count, ABORT drops them."""
+
     producer_id: int
     commit: bool
 

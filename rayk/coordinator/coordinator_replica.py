@@ -41,6 +41,11 @@ COORDINATOR_WRITE_TIMEOUT_MS = 5_000
 
 
 class CoordinatorReplica(PartitionReplica):
+    """Base of the internal topics' replica actors: a PartitionReplica that owns, while it
+    leads, one coordinator loaded from its log, and the locks and tasks of its writes. A
+    subclass says which coordinator (`_open_coordinator`, `_stop_coordinator`). Not
+    thread-safe: the actor's event loop."""
+
     coordinator_name = "coordinator"  # for messages: "group coordinator", "transaction coordinator"
 
     def __init__(self, *args: Any, broker_config: BrokerConfig | None = None, **kwargs: Any) -> None:

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 
 class Stage(enum.Enum):
+    """Where a connection's Ticket stands in admission: still to prove the secret, proven, or
+    holding no place any more."""
+
     UNAUTHENTICATED = "unauthenticated"
     AUTHENTICATED = "authenticated"
     GONE = "gone"  # left, refused or evicted: holds no place
@@ -49,6 +52,10 @@ class Ticket:
 
 
 class Admission:
+    """One Endpoint's count of authenticated connections and its unauthenticated Tickets,
+    oldest first, in all and per address; decides who is taken in and whom to evict. Lives
+    as long as its Endpoint; not thread-safe (the endpoint's event loop)."""
+
     def __init__(self, max_authenticated: int, max_unauthenticated: int, max_unauthenticated_per_address: int) -> None:
         assert max_authenticated >= 1 and max_unauthenticated >= 1 and max_unauthenticated_per_address >= 1
         self.max_authenticated = max_authenticated

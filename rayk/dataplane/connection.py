@@ -41,6 +41,11 @@ IDLE_TIMEOUT_S = 540.0  # Kafka's client connections.max.idle.ms; below the endp
 
 
 class Connection:
+    """One open, authenticated connection to an Endpoint: owns the socket, the requests in
+    flight by correlation id (at most `max_in_flight`), and the reader and idle-watch tasks.
+    Made by `open`; once broken or closed it stays so, and its owner (a ReplicaLink) opens
+    another. Not thread-safe: one event loop's."""
+
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
         idle_timeout_s: float = IDLE_TIMEOUT_S,

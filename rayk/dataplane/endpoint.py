@@ -133,6 +133,11 @@ def reachable_host(bind_host: str, node_ip: str) -> str:
 
 
 class Endpoint:
+    """One partition replica's data plane server: owns its listening sockets (Unix, then TCP
+    once a peer elsewhere asks), its secret, its open connections and their Admission, and
+    hands each request to the replica's handler. Made at the first `data_endpoint` call to
+    the replica, closed with it. Not thread-safe: the replica actor's event loop."""
+
     def __init__(
         self, handler: Handler, name: str, max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
         idle_timeout_s: float = IDLE_TIMEOUT_S,

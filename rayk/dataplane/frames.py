@@ -108,6 +108,10 @@ class FrameError(ValueError):
 
 
 class FetchRequest(NamedTuple):
+    """One FETCH of a partition replica (PartitionReplica.fetch's arguments): `replica_id` -1
+    for a consumer, else the fetching follower's broker id with its `incarnation_id`;
+    `leader_epoch` -1 when the fetcher does not check it."""
+
     offset: int
     max_bytes: int
     min_bytes: int = 1

@@ -33,6 +33,10 @@ from rayk.errors import InvalidRequestError, KafkaError, NetworkError
 
 
 class ReplicaLink:
+    """One process's way to one partition replica over the data plane: owns the replica's actor
+    handle and at most one Connection to it, reopened (after asking the actor again) when it
+    breaks; `close` ends it for good. Not thread-safe: one event loop's."""
+
     def __init__(self, replica: Any, node_id: str, name: str) -> None:
         """`replica` is the replica's actor handle; `node_id` this process's Ray node (a
         replica on the same node is reached over its Unix socket); `name` for messages."""

@@ -17,6 +17,10 @@ from rayk.metadata.records import AclRecord, MetadataRecord, RemoveAclRecord
 
 
 class AclControlManager:
+    """The ACL domain of the Controller's image: owns the bindings and their `version`. The
+    Controller plans CreateAcls / DeleteAcls with it and ClusterMetadata.apply replays the
+    records into it. Pure; the Controller's event loop is its only caller."""
+
     def __init__(self) -> None:
         self.bindings: dict[AclBinding, None] = {}  # in the order they were created
         self.version = -1  # offset of the last ACL change

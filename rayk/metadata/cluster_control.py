@@ -37,6 +37,9 @@ from rayk.metadata.records import (
 
 @dataclass(slots=True)
 class BrokerRegistration:
+    """One broker as its latest registration record left it (plus whether it is fenced now):
+    where and as which process it runs, its data directory's id, and its broker epoch."""
+
     broker_id: int
     epoch: int  # offset of the registration record
     node_id: str  # Ray node id (hex) the broker last ran on
@@ -55,6 +58,10 @@ class Registration:
 
 
 class ClusterControlManager:
+    """The cluster domain of the Controller's image: owns the cluster id, each broker's
+    BrokerRegistration and the session-only `attached` set. Plans registrations and fencings;
+    changes only by replay (ClusterMetadata.apply). Pure; called from the Controller's loop."""
+
     def __init__(self) -> None:
         self.cluster_id: str | None = None
         self.brokers: dict[int, BrokerRegistration] = {}

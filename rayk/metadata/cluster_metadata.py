@@ -58,6 +58,12 @@ Record = MetadataRecord
 
 
 class ClusterMetadata:
+    """The whole metadata image: owns one control manager per domain and the offset of the
+    last record applied, and routes each record to the managers that replay its kind. Built
+    empty, then `load`ed from the MetadataLog (or `restore`d from a snapshot). The
+    Controller actor holds one and changes it only through Controller._commit; not
+    thread-safe (the actor's event loop). Invariant: the offsets applied only grow."""
+
     def __init__(self, broker_config: BrokerConfig | None = None) -> None:
         self.broker_config = broker_config or BrokerConfig()
         self.cluster = ClusterControlManager()

@@ -18,6 +18,10 @@ from rayk.metadata.records import MetadataRecord, RemoveTopicRecord, TopicConfig
 
 
 class ConfigurationControlManager:
+    """The topic-config domain of the Controller's image: owns each topic's explicitly set
+    configs and resolves them over the broker's defaults for elections. Changes only by
+    replay (ClusterMetadata.apply). Pure; called from the Controller's loop."""
+
     def __init__(self, broker_config: BrokerConfig) -> None:
         self.broker_config = broker_config
         self.topic_configs: dict[str, dict[str, str]] = {}

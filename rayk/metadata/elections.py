@@ -66,6 +66,10 @@ NO_LEADER = -1
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
+    """One partition's leadership state as the Controller stores it (a PartitionRecord's
+    fields): replicas in assignment order, ISR, leader (NO_LEADER if none) and epochs, plus
+    the KIP-966 and reassignment sets. Immutable; `check` asserts its invariants."""
+
     replicas: tuple[int, ...]
     isr: tuple[int, ...]  # empty only while leaderless, when every in-sync copy was lost
     leader: int

@@ -59,6 +59,11 @@ ALL_COMMITTED = (1 << 63) - 1
 
 
 class MetadataLog:
+    """Owns the Controller's metadata Log (`__cluster_metadata-0` under its directory) and its
+    snapshot files, and the counters that make a snapshot due. Opened at Controller start,
+    `load`ed once, then appended to (fsynced) for every change. Not thread-safe: the
+    Controller actor's event loop calls it."""
+
     def __init__(
         self,
         directory: str | Path,

@@ -17,6 +17,10 @@ MAX_PRODUCER_IDS_PER_ALLOCATION = 1 << 20
 
 
 class ProducerIdControlManager:
+    """The producer-id domain of the Controller's image: owns `next_producer_id` and plans each
+    allocation of a block as one record. Changes only by replay (ClusterMetadata.apply).
+    Pure; called from the Controller's loop."""
+
     def __init__(self) -> None:
         self.next_producer_id = 0
 

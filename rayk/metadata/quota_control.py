@@ -17,6 +17,10 @@ from rayk.quotas import QuotaEntity, QuotaFilterComponent, check_quota_key, chec
 
 
 class ClientQuotaControlManager:
+    """The client-quota domain of the Controller's image: owns each entity's quota values and
+    their `version`. Plans AlterClientQuotas; changes only by replay (ClusterMetadata.apply).
+    Pure; called from the Controller's loop."""
+
     def __init__(self) -> None:
         self.quotas: dict[QuotaEntity, dict[str, float]] = {}  # entity -> key -> value
         self.version = -1  # offset of the last client quota change

@@ -14,7 +14,7 @@ Versions:
   log is not rewritten, old records are read as what they meant.
 - A new field gets a default and the kind's VERSION goes up by one. A record of a newer
   version than this code knows, of an unknown kind, or with fields its kind and version
-  do not have is refused (CORRUPT_RECORD / UNSUPPORTED_VERSION), never skipped: skipping
+  do not have is refused (CORRUPT_MESSAGE / UNSUPPORTED_VERSION), never skipped: skipping
   one would silently build a different cluster.
 
 `pack` gives the bytes the log and snapshots store (the `encode`d map in msgpack);
@@ -129,6 +129,9 @@ class UnregisterBrokerRecord(MetadataRecord):
 
 @dataclass(frozen=True, slots=True)
 class TopicRecord(MetadataRecord):
+    """A topic was created: its name, its id (a Kafka-style UUID, 22 characters of URL-safe
+    base64) and the configs set on it (what is not named is at its default)."""
+
     KIND = "topic"
     VERSION = 1
     name: str
@@ -148,6 +151,8 @@ class TopicConfigsRecord(MetadataRecord):
 
 @dataclass(frozen=True, slots=True)
 class RemoveTopicRecord(MetadataRecord):
+    """A topic was deleted, with its partitions and configs."""
+
     KIND = "remove_topic"
     VERSION = 1
     name: str
@@ -254,6 +259,8 @@ class ScramCredentialRecord(MetadataRecord):
 
 @dataclass(frozen=True, slots=True)
 class RemoveScramCredentialRecord(MetadataRecord):
+    """A user's SCRAM credential for one mechanism was deleted."""
+
     KIND = "remove_scram_credential"
     VERSION = 1
     user: str

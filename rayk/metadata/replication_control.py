@@ -46,6 +46,9 @@ from rayk.storage.log_manager import is_legal_topic_name
 
 @dataclass(slots=True)
 class TopicMetadata:
+    """One topic in the Controller's image: its name, its id and each partition's state, by
+    partition number."""
+
     name: str
     topic_id: str
     partitions: dict[int, PartitionState] = field(default_factory=dict)
@@ -76,6 +79,11 @@ def assign_replicas(
 
 
 class ReplicationControlManager:
+    """The replication domain of the Controller's image: owns every topic and partition state.
+    Reads the brokers from the ClusterControlManager and the configs from the
+    ConfigurationControlManager; changes only by replay (ClusterMetadata.apply), asserting
+    the partition invariants. Pure; called from the Controller's loop."""
+
     def __init__(self, cluster: ClusterControlManager, configs: ConfigurationControlManager) -> None:
         self.cluster = cluster
         self.configs = configs

@@ -16,6 +16,10 @@ from rayk.scram import ScramCredential
 
 
 class ScramControlManager:
+    """The SCRAM domain of the Controller's image: owns every user's credentials, by mechanism.
+    Plans AlterUserScramCredentials; changes only by replay (ClusterMetadata.apply). Pure;
+    called from the Controller's loop."""
+
     def __init__(self) -> None:
         self.credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
 

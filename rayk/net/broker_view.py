@@ -58,6 +58,11 @@ SHARE_LANES = 4  # connections per replica for share fetches: up to 4 x 16 of th
 
 
 class BrokerView:
+    """One listener's view of its broker, shared by every handler: owns the cached replica
+    handles and data plane links, the Controller's ACLs and client quotas as last taken, the
+    fetch and share sessions, the produce coalescer and the parked-fetch counts. Made with
+    its SocketServer, lives as long as it; not thread-safe (the listener's event loop)."""
+
     def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
         self.broker_id = broker_id
         self.controller = controller

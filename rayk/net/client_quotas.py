@@ -48,6 +48,10 @@ def _monotonic_ms() -> float:
 
 
 class ClientQuotas:
+    """A listener's client quotas: owns the Controller's quota limits as last taken (and their
+    version) and a SampledRate per (quota, user/client) measured. Held by the BrokerView;
+    `prune` bounds it; not thread-safe (the listener's event loop)."""
+
     def __init__(self, window_num: int = 11, window_size_ms: int = 1000, clock_ms: Any = _monotonic_ms) -> None:
         self.window_num = window_num
         self.window_size_ms = window_size_ms

@@ -43,6 +43,9 @@ class RequestHead:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """One decoded Kafka request: its header fields, its kio body of the request's API version,
+    the connection's RequestContext, and the frame's size in bytes."""
+
     head: RequestHead
     client_id: str | None
     body: Any  # the kio request dataclass of (api_key, api_version)

@@ -102,6 +102,10 @@ class _CachedPartition:
 
 @dataclass(slots=True)
 class FetchSession:
+    """One KIP-227 fetch session: its partitions in rotation order, each with the HW and log
+    start offset the client was last told, the epoch its next incremental fetch must
+    carry, and when it was last used (monotonic s), by which the cache evicts."""
+
     id: int
     uses_topic_ids: bool
     partitions: OrderedDict[PartitionKey, _CachedPartition]
@@ -167,6 +171,10 @@ class FetchContext:
 
 
 class FetchSessionCache:
+    """A listener's fetch sessions, least recently used first, bounded by `max_slots`; turns
+    each Fetch's (session id, epoch) into its FetchContext. Held by the BrokerView; not
+    thread-safe (the listener's event loop)."""
+
     def __init__(
         self,
         max_slots: int = 1000,

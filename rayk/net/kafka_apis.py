@@ -106,6 +106,10 @@ class Throttle:
 
 
 class KafkaApis:
+    """A listener's dispatcher from a decoded Request to its handler and back to a response
+    (errors and throttle time included). Holds only the BrokerView it hands every handler;
+    made with its SocketServer; not thread-safe (the listener's event loop)."""
+
     def __init__(self, view: BrokerView) -> None:
         self.view = view
 

@@ -21,6 +21,10 @@ UNBOUNDED = -1  # Kafka's value for no limit
 
 
 class MemoryPool:
+    """A listener's budget of request bytes: owns the bytes available and the reservations
+    waiting, in arrival order; UNBOUNDED leaves it unlimited. Made with its SocketServer;
+    not thread-safe (the listener's event loop)."""
+
     def __init__(self, capacity_bytes: int) -> None:
         assert capacity_bytes == UNBOUNDED or capacity_bytes > 0, capacity_bytes
         self.capacity_bytes = capacity_bytes

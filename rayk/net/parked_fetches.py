@@ -19,6 +19,10 @@ MAX_PARKED_PER_PARTITION = 200  # of the replica's 1000 call slots
 
 
 class ParkedFetches:
+    """A listener's count of consumer fetches waiting at each partition's replica, at most
+    `max_per_partition` each; `wait_ms` hands a fetch its wait and counts it while it lasts.
+    Held by the BrokerView; not thread-safe (the listener's event loop)."""
+
     def __init__(self, max_per_partition: int = MAX_PARKED_PER_PARTITION) -> None:
         self.max_per_partition = max_per_partition
         self._parked: Counter[tuple[str, int]] = Counter()

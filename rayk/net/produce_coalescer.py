@@ -35,6 +35,10 @@ SendCall = Callable[[str, int, list[Request]], Awaitable[list[Any]]]
 
 
 class ProduceCoalescer:
+    """A listener's produce requests on their way to the partition leaders: owns, per partition
+    with a call in flight, the requests waiting for the next call, and the call tasks. Held
+    by the BrokerView; not thread-safe (the listener's event loop)."""
+
     def __init__(self, send: SendCall, call_max_bytes: int = CALL_MAX_BYTES) -> None:
         self._send = send
         self._call_max_bytes = call_max_bytes

@@ -18,6 +18,10 @@ ANONYMOUS = "User:ANONYMOUS"  # Kafka's principal of a client that did not authe
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
+    """Who sent a request and on which listener: the listener's name and security protocol, the
+    client's principal and host, and whether the listener authenticates every client.
+    Immutable: a connection's KafkaChannel holds one, replaced when SASL authenticates."""
+
     listener_name: str
     security_protocol: str
     principal: str  # "User:<name>"

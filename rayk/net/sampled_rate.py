@@ -17,6 +17,10 @@ from collections import deque
 
 
 class SampledRate:
+    """One measured client's rate for one quota: owns its samples ([start ms, sum], oldest
+    first, at most `samples`). The caller passes the clock; not thread-safe (the listener's
+    event loop, through ClientQuotas)."""
+
     def __init__(self, samples: int, sample_ms: int) -> None:
         assert samples >= 1 and sample_ms >= 1
         self.samples = samples

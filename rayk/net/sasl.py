@@ -48,6 +48,11 @@ _UNKNOWN_USER = credential_from_password(SCRAM_SHA_512, "", 8192, b"\0" * 32)
 
 
 class SaslAuthenticator:
+    """One connection's SASL state: the mechanism chosen, a SCRAM exchange between its rounds,
+    and once authenticated the principal and when its session expires. Made by the
+    SocketServer for each connection to a SASL listener, lives as long as the connection;
+    not thread-safe (the listener's event loop)."""
+
     def __init__(self, mechanisms: tuple[str, ...], credentials: Credentials, reauth_ms: int = 0) -> None:
         self.mechanisms = mechanisms
         self._credentials = credentials

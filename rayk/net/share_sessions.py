@@ -32,6 +32,9 @@ SessionKey = tuple[str, str]  # (group id, member id)
 
 @dataclass(slots=True)
 class ShareSession:
+    """One share consumer member's session with this broker: the epoch its next request must
+    carry, the partitions it fetches in the order added, and their topics' ids."""
+
     group_id: str
     member_id: str
     next_epoch: int = 1
@@ -49,6 +52,9 @@ class Ended:
 
 
 class ShareSessions:
+    """A listener's share sessions by (group, member), least recently used first, at most
+    `max_sessions`. Held by the BrokerView; pure, not thread-safe (the listener's event loop)."""
+
     def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         assert max_sessions >= 1
         self._max_sessions = max_sessions

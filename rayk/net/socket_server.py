@@ -101,6 +101,12 @@ _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
 
 
 class SocketServer(Supervised):
+    """The actor serving one broker's Kafka listeners: owns their listening sockets, every
+    client connection's tasks and KafkaChannel, the request limits (queued requests, the
+    MemoryPool, connections per host) and the KafkaApis. Created, supervised and replaced
+    if it dies by its broker's ReplicaManager; `start` binds the listeners. Not thread-safe
+    (the actor's event loop)."""
+
     def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
         call_methods_directly(self)
         self.broker_id = broker_id

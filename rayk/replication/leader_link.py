@@ -14,6 +14,10 @@ from rayk.dataplane.replica_link import ReplicaLink
 
 
 class LeaderLink(ReplicaLink):
+    """A follower's ReplicaLink to its leader's replica, plus the OffsetsForLeaderEpoch Ray
+    call. Owned by one ReplicaFetcher for one leader epoch and closed with it; a fetch that
+    does not complete resets the connection."""
+
     async def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
         return await self.replica.offsets_for_leader_epoch.remote(epoch)
 

@@ -37,6 +37,7 @@ from rayk.dataplane.frames import ProduceRequest, ProduceResult
 from rayk.errors import (
     InvalidRecordError,
     InvalidRequiredAcksError,
+    InvalidTxnStateError,
     KafkaError,
     NotEnoughReplicasAfterAppendError,
     RequestTimedOutError,
@@ -179,14 +180,27 @@ class LeaderProduce:
         entry = ctx.log.producer_state.producers.get(header.producer_id)
         if entry is not None and entry.epoch == header.producer_epoch and entry.current_txn_first_offset is not None:
             return None
-        guard = ctx.log.verification_guard(header.producer_id)  # taken before asking: a marker meanwhile voids it
-        error = await txn_verification.verify_partition(
-            self._txn_coordinators, request.transactional_id, ctx.topic, ctx.partition, header.producer_id,
-            header.producer_epoch, request.transaction_version, timeout_ms=request.timeout_ms,
-        )  # fmt: skip
-        if error is None and not ctx.leads_in(epoch):  # the leadership moved while the coordinator answered
-            return ctx.not_leader()
-        return guard if error is None else error
+        deadline_s = time.monotonic() + request.timeout_ms / 1000
+        for _ in range(2):
+            guard = ctx.log.verification_guard(header.producer_id)  # taken before asking: a marker meanwhile voids it
+            error = await txn_verification.verify_partition(
+                self._txn_coordinators, request.transactional_id, ctx.topic, ctx.partition, header.producer_id,
+                header.producer_epoch, request.transaction_version,
+                timeout_ms=int((deadline_s - time.monotonic()) * 1000),
+            )  # fmt: skip
+            if error is not None:
+                return error
+            if not ctx.leads_in(epoch):  # the leadership moved while the coordinator answered
+                return ctx.not_leader()
+            if ctx.log.holds_verification(guard):
+                return guard
+            # A marker landed while the coordinator answered: the coordinator holds a
+            # verification until the producer's previous transaction is complete, so this is
+            # most often that transaction's marker, not this one's. Asking once more tells them
+            # apart: the transaction this batch is for is fenced or lacks the partition by now.
+        return InvalidTxnStateError(
+            f"producer {header.producer_id}'s transaction ended here while its coordinator verified the write"
+        )
 
     async def _await_earlier_batches(self, header: BatchHeader, timeout_ms: int, epoch: int) -> None:
         """Waits while the batch is ahead of its producer's sequence here, for at most

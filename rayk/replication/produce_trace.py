@@ -27,6 +27,11 @@ STAGES = ("received", "appended", "sent", "acked", "hw", "answered")
 
 
 class ProduceTrace:
+    """A tracing leader's record of when each stage happened to its last `max_batches` batches,
+    keyed by end offset, with a cursor per (stage, follower). Made by
+    PartitionReplica.trace_produce and dropped when tracing stops; not thread-safe (the
+    replica's event loop)."""
+
     def __init__(self, max_batches: int = 100_000) -> None:
         self._batches: deque[dict[str, Any]] = deque(maxlen=max_batches)
         self._by_end: dict[int, dict[str, Any]] = {}

@@ -71,6 +71,11 @@ def truncate_to_epoch_end(log: Log, epoch: int, end_offset: int, name: str = "")
 
 
 class ReplicaFetcher:
+    """One follower's copy loop for one leader epoch: owns the LeaderLink and appends to the
+    follower's Log what the leader sends, after truncating it to where the two agree. Made
+    by the follower side of a replica (replica_follower.py) for each new leader epoch, `run`
+    until cancelled; not thread-safe (the replica's event loop)."""
+
     def __init__(
         self,
         log: Log,

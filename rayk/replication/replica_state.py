@@ -32,6 +32,10 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class FollowerState:
+    """What a leader knows of one follower, from its fetches: its LEO (the fetch offset), when
+    it was last caught up (Kafka's lastCaughtUpTimeMs), its last fetch's time and the
+    leader's LEO then (all times in ms), and the broker process that sent it."""
+
     log_end_offset: int = -1  # unknown until the follower's first fetch
     last_caught_up_time_ms: int = 0
     last_fetch_time_ms: int = 0
@@ -40,6 +44,11 @@ class FollowerState:
 
 
 class LeaderReplicaState:
+    """A leader's view of its partition in one leader epoch: owns the replicas, the committed
+    ISR and any pending change, each follower's FollowerState and the high watermark.
+    Created when the replica becomes leader, dropped when it stops leading; pure, not
+    thread-safe (LeaderIsr calls it from the replica's event loop)."""
+
     def __init__(
         self,
         leader_id: int,

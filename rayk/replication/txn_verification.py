@@ -30,7 +30,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ray.exceptions import RayError
+from ray.exceptions import RayError, RayTaskError
 
 from rayk.errors import (
     ConcurrentTransactionsError,
@@ -44,6 +44,7 @@ from rayk.errors import (
     NotCoordinatorError,
     NotEnoughReplicasError,
     ProducerFencedError,
+    UnknownServerError,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,12 +102,17 @@ async def verify_partition(
         return NotEnoughReplicasError(
             f"the transaction coordinator of {transactional_id!r} did not verify the write within {timeout_ms} ms; retry"
         )
-    except (*_RETRIABLE, RayError) as e:
-        coordinators.forget(transactional_id)  # it may have moved: found again next time
-        return _retriable(transactional_id, topic, partition, e)
-    except (ProducerFencedError, InvalidProducerIdMappingError) as e:
-        return InvalidProducerEpochError(str(e))
-    except KafkaError as e:
+    except (KafkaError, RayError) as raised:
+        # The coordinator's own refusal comes wrapped in a RayTaskError, which is also an
+        # instance of RayError: unwrap it first, or a fenced producer would be told to retry.
+        e = raised.cause if isinstance(raised, RayTaskError) else raised
+        if isinstance(e, (*_RETRIABLE, RayError)):
+            coordinators.forget(transactional_id)  # it may have moved: found again next time
+            return _retriable(transactional_id, topic, partition, e)
+        if not isinstance(e, KafkaError):  # a defect of the coordinator's, not the producer's
+            return UnknownServerError(f"verifying {transactional_id!r}'s write: {type(e).__name__}: {e}")
+        if isinstance(e, (ProducerFencedError, InvalidProducerIdMappingError)):
+            return InvalidProducerEpochError(str(e))
         return e
     if missing:
         return InvalidTxnStateError(

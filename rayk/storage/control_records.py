@@ -32,6 +32,9 @@ _VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
 
 @dataclass(frozen=True, slots=True)
 class EndTxnMarker:
+    """What one COMMIT or ABORT control record says: the transaction's outcome, and the epoch
+    of the coordinator that wrote it (a partition refuses markers from an older one)."""
+
     commit: bool
     coordinator_epoch: int
 

@@ -27,6 +27,10 @@ RETRY_INTERVAL_MS = 50
 
 
 class DirLock:
+    """The held `flock` on one partition directory's `.lock`: constructing it takes the lock
+    (waiting up to `wait_ms`, else KafkaStorageError), `release` or the process's death drops
+    it. One per open Log; not thread-safe."""
+
     def __init__(self, directory: str | Path, wait_ms: int = 0) -> None:
         self.path = Path(directory) / FILE_NAME
         try:

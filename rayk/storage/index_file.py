@@ -21,6 +21,11 @@ from pathlib import Path
 
 
 class IndexFile:
+    """Base of OffsetIndex and TimeIndex: owns the index file, its mmap and the count of valid
+    entries; a subclass sets ENTRY_SIZE_BYTES and the entry layout. Writable and preallocated
+    while its segment is active, trimmed to its entries and read-only after `trim`. Not
+    thread-safe: the owning segment serialises calls."""
+
     ENTRY_SIZE_BYTES: int  # set by each subclass
 
     def __init__(self, path: Path, base_offset: int, max_index_bytes: int, writable: bool) -> None:

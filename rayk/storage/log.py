@@ -26,7 +26,7 @@ there is none; producer_state_loader.py); a damaged snapshot is deleted and an o
 tried. Retention drops the snapshots and the producer batches below the new log start,
 so the state always equals what the remaining log's batches say.
 
-Transactions (KIP-98; the coordinator's side is not built yet): the producer state also
+Transactions (KIP-98; the coordinator's side is coordinator/transaction/): the producer state also
 tracks each producer's open transaction. A marker (a control batch, control_records.py)
 ends it; an ABORT also goes into the active segment's transaction index (`.txnindex`,
 transaction_index.py). `last_stable_offset` (LSO) is the HW, or the first offset of the
@@ -151,6 +151,9 @@ class ReadResult(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class TimestampOffset:
+    """The answer to `Log.offset_for_timestamp`: the earliest record whose timestamp is >= the
+    one asked for, as that record's timestamp (ms) and offset (ListOffsets by time)."""
+
     timestamp_ms: int
     offset: int
 
@@ -352,6 +355,11 @@ class Log:
         the transaction coordinator, to append it with (see producer_state.py)."""
         with self._lock:
             return self.producer_state.verification_guard(producer_id)
+
+    def holds_verification(self, guard: VerificationGuard) -> bool:
+        """Whether a marker voided `guard` since it was taken (see producer_state.py)."""
+        with self._lock:
+            return self.producer_state.holds_verification(guard)
 
     def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
         """Appends batches copied from the leader; their offsets continue at the LEO, or

@@ -127,6 +127,9 @@ class CleanableState:
 
 @dataclass(frozen=True, slots=True)
 class CleanResult:
+    """What one `clean` of a log did: the offsets it covered, the bytes it read and wrote, and
+    how many records it dropped; `completed` is False when the log changed under it."""
+
     first_offset: int  # the log start when the clean began
     end_offset: int  # the new cleaner offset: everything below it was cleaned
     bytes_read: int

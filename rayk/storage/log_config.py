@@ -59,6 +59,10 @@ def normalize_cleanup_policy(raw: str | int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
+    """One topic's storage settings, immutable and checked on construction
+    (InvalidConfigurationError names the Kafka property). A Log holds one; a replica
+    builds it from its topic's configs (`from_properties`, via config.log_config_of)."""
+
     segment_bytes: int = 1 << 30  # roll when the next batch would not fit
     segment_ms: int = 7 * DAY_MS  # roll when the segment's records span longer
     segment_index_bytes: int = 10 * 1024 * 1024  # preallocated size of each index file

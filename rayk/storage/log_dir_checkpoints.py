@@ -34,6 +34,10 @@ class PartitionOffsets:
 
 
 class LogDirCheckpoints:
+    """The four offset checkpoint files of one data directory, read once when constructed and
+    held in memory, one table per file; `offsets` serves a partition's, `write` merges and
+    rewrites all four atomically. Not thread-safe: its owner serialises calls."""
+
     def __init__(self, data_dir: str | Path) -> None:
         data_dir = Path(data_dir)
         self._files = (

@@ -6,7 +6,8 @@ files in Kafka's format (see `checkpoint.py`):
 `log-start-offset-checkpoint` and `replication-offset-checkpoint` (high watermarks).
 Opening a log passes it the checkpointed recovery point, log start and HW, so recovery
 re-reads only what might be torn and the HW survives restarts. `checkpoint()` rewrites
-all three files (atomically); `close()` flushes every log first, so after a clean
+all three files (atomically), and the cleaner's fourth, `cleaner-offset-checkpoint`, as it
+was (nothing here cleans); `close()` flushes every log first, so after a clean
 shutdown the recovery points equal the log end offsets.
 
 The directory also holds Kafka's clean-shutdown marker (`.kafka_cleanshutdown`, see
@@ -52,6 +53,11 @@ def partition_dir_name(topic: str, partition: int) -> str:
 
 
 class LogManager:
+    """Owns the open Logs of one data directory, its checkpoints and its clean-shutdown marker,
+    all in one process: constructed at start (consuming the marker), `close` at shutdown.
+    The broker does not use it (each of its logs lives in its own replica process, managed by
+    server/replica_manager.py and broker_log_manager.py); tests do. Thread-safe."""
+
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)

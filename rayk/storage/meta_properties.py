@@ -80,6 +80,9 @@ def check_directory_id(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class MetaProperties:
+    """The identity a data directory's meta.properties records: the cluster and broker it
+    belongs to, and its own directory id. `parse` and `to_text` are the file's format."""
+
     cluster_id: str
     node_id: int
     directory_id: str | None = None  # None: not known yet (an `expected` value, or a pre-KIP-858 file)
@@ -114,6 +117,9 @@ class MetaProperties:
 
 @dataclass(frozen=True, slots=True)
 class EnsureResult:
+    """What `ensure` found or made: the directory's identity as on disk now, and whether the
+    directory was formatted by this call (a new or replaced disk)."""
+
     meta: MetaProperties  # as on disk now, directory_id included
     formatted: bool  # True: the directory had no meta.properties and was formatted just now
 

@@ -23,6 +23,11 @@ _MAX_RELATIVE_OFFSET = (1 << 31) - 1
 
 
 class OffsetIndex(IndexFile):
+    """A segment's `.index`: a sparse map from an offset to a .log position at or before the
+    batch holding it, to scan forward from (entries of a 4-byte relative offset and a 4-byte
+    position). Owned by its LogSegment; rebuilt from the .log when not trusted; not
+    thread-safe."""
+
     ENTRY_SIZE_BYTES = 8
 
     def _entry(self, n: int) -> tuple[int, int]:

@@ -76,6 +76,9 @@ MAX_VERIFICATION_GUARDS = 10_000
 
 
 class Verdict(enum.Enum):
+    """How `check` classifies an idempotent producer's incoming batch: append it, answer it as
+    a duplicate of a remembered batch, or wait for the batches missing before it."""
+
     APPEND = "append"
     DUPLICATE = "duplicate"
     GAP = "gap"
@@ -83,6 +86,9 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
+    """One producer batch the partition remembers: its sequence range, its offsets in the log
+    and its max timestamp, enough to answer a retry of it with the original offsets."""
+
     first_sequence: int
     last_sequence: int
     first_offset: int
@@ -103,6 +109,10 @@ class BatchMetadata:
 
 @dataclass(slots=True)
 class ProducerEntry:
+    """What a partition knows of one producer id: its latest epoch, its last
+    BATCHES_REMEMBERED batches (the next sequence follows the newest), the coordinator epoch
+    of its last marker, and the first offset of its open transaction."""
+
     epoch: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_REMEMBERED))
     coordinator_epoch: int = NO_COORDINATOR_EPOCH  # of the last marker for this producer
@@ -130,6 +140,9 @@ class VerificationGuard:
 
 @dataclass(frozen=True, slots=True)
 class CompletedTxn:
+    """A transaction a marker just ended in this partition: its offset range, marker included,
+    and whether it aborted (then the Log adds it to the transaction index)."""
+
     producer_id: int
     first_offset: int  # the transaction's first batch; the marker's offset if it wrote none
     last_offset: int  # the marker's offset
@@ -137,6 +150,10 @@ class CompletedTxn:
 
 
 class ProducerStateManager:
+    """Owns one partition's producer state: a ProducerEntry per producer id, the open and
+    not-yet-stable transactions, and the verification guards in flight. Owned by its Log,
+    which rebuilds it on open and truncation; pure, and not thread-safe (the Log's lock)."""
+
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
         self._ongoing: dict[int, int] = {}  # first offset -> producer id, of open transactions
@@ -175,6 +192,11 @@ class ProducerStateManager:
                 del self._guards[next(iter(self._guards))]  # the oldest
             guard = self._guards[producer_id] = VerificationGuard(producer_id)
         return guard
+
+    def holds_verification(self, guard: VerificationGuard) -> bool:
+        """Whether `guard` is still its producer's verification in flight: no marker, and no
+        newer verification, voided it since it was taken."""
+        return self._guards.get(guard.producer_id) is guard
 
     def validate_client_batches(self, headers: list[BatchHeader], guard: VerificationGuard | None) -> BatchMetadata | None:
         """`validate_client_batch` for each batch with a producer id of one append, a batch
@@ -237,7 +259,7 @@ class ProducerStateManager:
                 f"since offset {open_txn}"
             )
         if header.is_transactional and not (open_txn is not None and entry is not None and entry.epoch == epoch):
-            if guard is None or self._guards.get(producer_id) is not guard:
+            if guard is None or not self.holds_verification(guard):
                 raise InvalidTxnStateError(
                     f"producer {producer_id}'s first transactional batch here was not verified with its "
                     "coordinator since the producer's last marker here; the transaction may have ended"

@@ -94,6 +94,9 @@ _DELETE_HORIZON_BIT = 0x40  # Kafka's DELETE_HORIZON_FLAG_MASK: baseTimestamp ho
 
 
 class TimestampType(enum.IntEnum):
+    """Which clock a batch's timestamps are (attributes bit 3, and a topic's
+    message.timestamp.type): the producer's CreateTime, or the leader's LogAppendTime."""
+
     CREATE_TIME = 0
     LOG_APPEND_TIME = 1
 

@@ -72,8 +72,12 @@ class BatchLocation(NamedTuple):
 
 
 class LogSegment:
+    """Owns one segment's .log file descriptor, its three indexes and a cache of its last
+    batches' positions. Active (appended to, indexes writable) until the Log rolls it, then
+    read-only; `recover` rebuilds it after a crash. Not thread-safe: the Log serialises calls."""
+
     def __init__(self, dir_path: Path, base_offset: int, config: LogConfig, active: bool, file_suffix: str = "") -> None:
-        """`file_suffix` is appended to the three file names: the log cleaner writes a
+        """`file_suffix` is appended to the four file names: the log cleaner writes a
         segment as `.cleaned` files and swaps it in through `.swap` (see `rename_files`)."""
         self.base_offset = base_offset
         self._config = config

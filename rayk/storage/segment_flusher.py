@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 class SegmentFlusher:
+    """One log's background fsync of rolled segments (the Log makes it, its LocalLog
+    submits to it): owns the single flush thread (started on the first `submit`, joined by
+    `close`) and the first fsync error, which the Log re-raises. `submit` runs under the
+    Log's lock; the callback runs on the flush thread."""
+
     def __init__(self, name: str, on_flushed: Callable[[int, int], None]) -> None:
         self._name = name
         self._on_flushed = on_flushed  # called with (end offset, tag) of each flushed segment

@@ -22,6 +22,11 @@ _ENTRY = struct.Struct(">qi")
 
 
 class TimeIndex(IndexFile):
+    """A segment's `.timeindex`: maps a timestamp (ms) to the offset from which to scan for the
+    first record at or after it (entries of an 8-byte timestamp and a 4-byte relative offset,
+    timestamps strictly ascending). Owned by its LogSegment; rebuilt from the .log when not
+    trusted; not thread-safe."""
+
     ENTRY_SIZE_BYTES = 12
 
     def _entry(self, n: int) -> tuple[int, int]:

@@ -43,6 +43,9 @@ assert ENTRY_SIZE_BYTES == 34
 
 @dataclass(frozen=True, slots=True)
 class AbortedTxn:
+    """One `.txnindex` entry: an aborted transaction of `producer_id` spanning [first_offset,
+    last_offset] (the marker's offset) and the LSO just after the abort; 34 bytes on disk."""
+
     producer_id: int
     first_offset: int
     last_offset: int
@@ -73,6 +76,10 @@ def decode_entries(data: bytes | bytearray | memoryview) -> tuple[list[AbortedTx
 
 
 class TransactionIndex:
+    """A segment's `.txnindex`: owns the file (created by the first `append`) and its entries in
+    memory. `problem` says why the file on disk cannot be trusted, and the Log then rebuilds
+    it. Not thread-safe: the owning Log serialises calls."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd = -1

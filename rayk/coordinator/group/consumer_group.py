@@ -55,6 +55,9 @@ from rayk.errors import (
 
 
 class GroupState(enum.Enum):
+    """A classic group's state in its rebalance cycle (Kafka's names, as DescribeGroups shows
+    them); DEAD once its coordinator moved away, or for a group that does not exist."""
+
     EMPTY = "Empty"
     PREPARING_REBALANCE = "PreparingRebalance"
     COMPLETING_REBALANCE = "CompletingRebalance"
@@ -64,6 +67,9 @@ class GroupState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class JoinResult:
+    """What a JoinGroup answers one member: the new generation and chosen protocol, who leads,
+    the member's own id, and, for the leader only, every member's metadata."""
+
     generation: int
     protocol: str | None
     leader_id: str
@@ -73,6 +79,10 @@ class JoinResult:
 
 @dataclass(slots=True)
 class Member:
+    """One member of a classic group: its session and rebalance timeouts (ms), the protocols
+    it offers, its last heartbeat (on the group's clock, s), its assignment, and the futures
+    of its JoinGroup or SyncGroup while one waits."""
+
     member_id: str
     client_id: str
     session_timeout_ms: int
@@ -90,6 +100,10 @@ class Member:
 
 @dataclass(slots=True)
 class ConsumerGroup:
+    """One classic group at its coordinator: owns its members, generation, state and the
+    rebalance timer. Made by ClassicGroupManager (`new_group`) when a group is first joined
+    or loaded, `close`d when the coordinator moves; not thread-safe (the coordinator's loop)."""
+
     group_id: str
     initial_rebalance_delay_ms: int = 3000
     clock_s: Callable[[], float] = time.monotonic

@@ -98,6 +98,10 @@ class ClassicMembership:
 
 @dataclass(frozen=True, slots=True)
 class Member:
+    """One member of a consumer-protocol group as of its last heartbeat: what it subscribes to,
+    its assignment and reconciliation state, its timeouts (ms) and the client it runs in.
+    Immutable: a heartbeat replaces it."""
+
     member_id: str
     subscribed_topics: frozenset[str]
     assignor: str | None  # the server assignor the member asked for, if any
@@ -140,6 +144,9 @@ class ConsumerHeartbeat:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatAnswer:
+    """What a ConsumerGroupHeartbeat answers a member: its id and epoch, and the partitions it
+    should own now (None once it left)."""
+
     member_id: str
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member left
@@ -162,6 +169,10 @@ def _compiled(regex: str) -> Any:
 
 
 class ConsumerProtocolGroup:
+    """One KIP-848 group at its coordinator: owns the group epoch, the target assignment and
+    its epoch, and the members. Its manager applies each heartbeat to a `copy()` and keeps
+    the copy once its `snapshot()` is written; pure and not thread-safe."""
+
     def __init__(self, group_id: str, session_timeout_ms: int) -> None:
         self.group_id = group_id
         self.session_timeout_ms = session_timeout_ms

@@ -41,6 +41,9 @@ NO_EPOCH = -1
 
 
 class MemberState(enum.Enum):
+    """Where a consumer-protocol member stands in moving to its target assignment: there, still
+    to revoke partitions, or waiting for partitions other members have yet to release."""
+
     STABLE = "stable"
     UNREVOKED_PARTITIONS = "unrevoked_partitions"
     UNRELEASED_PARTITIONS = "unreleased_partitions"

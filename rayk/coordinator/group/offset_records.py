@@ -23,6 +23,10 @@ _OFFSET_FIELDS = {"offset": int, "metadata": str, "commit_timestamp_ms": int, "l
 
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
+    """One group's committed offset of one partition: the offset, the client's metadata
+    string, when it was committed (wall-clock ms, -1 if unknown) and the leader epoch of the
+    last record consumed, the one before `offset` (-1 if not given)."""
+
     offset: int
     metadata: str = ""
     commit_timestamp_ms: int = -1

@@ -37,6 +37,10 @@ TOPIC_LOOKUP_TIMEOUT_MS = 5_000  # a heartbeat waits no longer for the Controlle
 
 
 class OffsetsPartitionReplica(CoordinatorReplica):
+    """The replica actor of one `__consumer_offsets` partition: while it leads, it owns the
+    GroupCoordinator of the groups mapped to the partition (loaded from its log) and hands it
+    every group, offset and share-state request; otherwise NOT_COORDINATOR."""
+
     coordinator_name = "group coordinator"
 
     async def _open_coordinator(self, records: list[LogEntry]) -> GroupCoordinator:

@@ -47,6 +47,9 @@ TopicPartition = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class ShareMember:
+    """One member of a share group as of its last heartbeat: its epoch and the one before (a
+    lost answer's retry), its subscription, the partitions it fetches from, and its client."""
+
     member_id: str
     member_epoch: int
     previous_epoch: int
@@ -60,6 +63,9 @@ class ShareMember:
 
 @dataclass(frozen=True, slots=True)
 class ShareHeartbeatAnswer:
+    """What a ShareGroupHeartbeat answers a member: its id and epoch, and its assignment when
+    that is new to it (else None)."""
+
     member_id: str
     member_epoch: int
     assignment: frozenset[TopicPartition] | None  # None: the member has it already (or left)
@@ -77,6 +83,10 @@ def check_group_configs(configs: Mapping[str, str]) -> None:
 
 
 class ShareGroup:
+    """One share group at its coordinator: owns the group epoch, the members and their
+    assignments, the group's configs and its share state's epoch. Made by ShareCoordinator;
+    pure and not thread-safe (the coordinator's loop)."""
+
     def __init__(self, group_id: str, session_timeout_ms: int, state_epoch: int = 0) -> None:
         self.group_id = group_id
         self.state_epoch = state_epoch  # its share-partitions' states' (the coordinator's clock when it came to be)

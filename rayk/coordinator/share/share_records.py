@@ -34,6 +34,9 @@ SHARE_RECORD_STATES = ("available", "acknowledged", "archived")  # share_partiti
 
 @dataclass(frozen=True, slots=True)
 class ShareMemberRecord:
+    """One member as a share group's record stores it (see the module docstring): what a new
+    coordinator needs to restore the ShareMember."""
+
     member_id: str
     member_epoch: int
     previous_epoch: int

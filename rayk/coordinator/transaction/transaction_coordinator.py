@@ -64,11 +64,18 @@ COMPLETION_WAIT_MS = 1000  # how long a request waits for its id's completion be
 
 @dataclass(frozen=True, slots=True)
 class TransactionConfig:
+    """The broker settings the transaction coordinator applies: the longest
+    transaction.timeout.ms a producer may ask for, and how long an idle id lives (ms)."""
+
     transaction_max_timeout_ms: int = 900_000  # Kafka's transaction.max.timeout.ms
     transactional_id_expiration_ms: int = 604_800_000  # 7 days
 
 
 class TransactionCoordinator:
+    """The coordinator of one `__transaction_state` partition's ids in one coordinator epoch:
+    owns each id's TransactionMetadata, a lock per id in use and the marker-writing tasks.
+    Loaded by TransactionStatePartitionReplica when it starts leading, `close`d when it stops."""
+
     def __init__(
         self,
         append: Append,

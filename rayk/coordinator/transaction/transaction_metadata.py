@@ -94,6 +94,10 @@ PREPARE_STATES = frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT})  # markers to se
 
 @dataclass(frozen=True, slots=True)
 class TransactionMetadata:
+    """One transactional id's state as its record in `__transaction_state` stores it: its
+    producer id and epoch, its transaction's state, partitions and timeout (ms). Immutable:
+    each transition returns a new one."""
+
     transactional_id: str
     producer_id: int
     producer_epoch: int

@@ -38,6 +38,10 @@ MARKER_TIMEOUT_MS = 30_000  # a marker's acks=all wait at its partition leader (
 
 
 class TransactionStatePartitionReplica(CoordinatorReplica):
+    """The replica actor of one `__transaction_state` partition: while it leads, it owns the
+    TransactionCoordinator of the ids mapped to the partition, its timers, and the handles
+    of the partition leaders its markers go to."""
+
     coordinator_name = "transaction coordinator"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -94,6 +94,10 @@ class ShareStateStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ShareSettings:
+    """A broker's KIP-932 share-group settings, as every share-partition it leads applies
+    them: group.share.record.lock.duration.ms, group.share.delivery.count.limit and
+    group.share.partition.max.record.locks (the most records in flight past SPSO)."""
+
     lock_duration_ms: int = 30_000
     delivery_count_limit: int = 5
     max_in_flight: int = 2_000
@@ -132,6 +136,11 @@ def from_state(state: ShareState) -> list[tuple[int, int, str, int]]:
 
 
 class SharePartitions:
+    """A partition leader's share-partitions in one leader epoch: owns one SharePartition per
+    share group fetching here (loaded from its coordinator on first use), its writes in
+    flight and its waiting fetches. Made when the replica first serves a share fetch as
+    leader, `close`d when the epoch ends; not thread-safe (the replica's event loop)."""
+
     def __init__(self, log: Log, topic: str, partition: int, leader_epoch: int, states: ShareStateStore,
                  settings: ShareSettings) -> None:  # fmt: skip
         self._log = log

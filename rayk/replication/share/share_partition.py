@@ -59,6 +59,9 @@ DEFAULT_MAX_IN_FLIGHT = 2_000  # group.share.partition.max.record.locks
 
 
 class RecordState(enum.Enum):
+    """What has become of one in-flight record of a share-partition: available to hand out,
+    acquired by a member, or done (acknowledged, or archived)."""
+
     AVAILABLE = "available"
     ACQUIRED = "acquired"
     ACKNOWLEDGED = "acknowledged"
@@ -78,6 +81,9 @@ DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
 
 @dataclass(slots=True)
 class InFlightRecord:
+    """One in-flight record's state as `SharePartition.in_flight` shows it (for tests and
+    inspection): the runs it belongs to, one record at a time."""
+
     state: RecordState
     delivery_count: int
     member_id: str | None = None  # who holds it, while ACQUIRED
@@ -133,6 +139,11 @@ class ShareState:
 
 
 class SharePartition:
+    """One share group's delivery state of one partition: owns SPSO, SPEO and the runs of
+    in-flight records between them. Hosted by the leader's SharePartitions, rebuilt from the
+    coordinator's state (`restore`) after a leader move; pure (the caller passes the clock)
+    and not thread-safe."""
+
     def __init__(self, start_offset: int, delivery_count_limit: int = DEFAULT_DELIVERY_COUNT_LIMIT,
                  lock_duration_ms: int = DEFAULT_LOCK_DURATION_MS, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:  # fmt: skip
         assert start_offset >= 0 and delivery_count_limit >= 1 and lock_duration_ms > 0 and max_in_flight > 0

@@ -49,6 +49,11 @@ def _link_to(coordinator: Any) -> ReplicaLink:
 
 
 class ShareStateClient:
+    """A partition replica's client of its share groups' coordinators: owns each group's
+    coordinator handle, as last found through the Controller, and a data plane link per
+    coordinator. Lives as long as the replica (`close` with it); not thread-safe (the
+    replica's event loop)."""
+
     def __init__(self, controller: Any, link_to: Callable[[Any], ReplicaLink] = _link_to) -> None:
         """`controller` finds coordinators; `link_to` opens a data plane link to one."""
         self._controller = controller
