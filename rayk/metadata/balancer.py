@@ -18,7 +18,11 @@ the placement is from meeting it; a placement's score is the tuple of the measur
    of the mean, so a balanced cluster has every count within 1 of the mean
    [ReplicaDistributionGoal];
 4. leaders per broker: the same of preferred leaders (first replicas), changed by
-   reordering replicas only [LeaderReplicaDistributionGoal];
+   reordering replicas only, a chain of them where one is not enough
+   [LeaderReplicaDistributionGoal];
+   a periodic check (`settle` False) starts on goals 3 and 4 only once a broker is
+   outside BALANCE_BAND of the mean (Cruise Control's balance thresholds); a broker
+   joining or leaving, and the plans that follow up on moves under way, settle them;
 5. bytes per broker: the sum of the squares of the bytes each placeable broker holds,
    acted on only once a broker holds DISK_BALANCE_THRESHOLD times the mean and
    DISK_BALANCE_MIN_GAP_BYTES more than the emptiest [DiskUsageDistributionGoal].
@@ -45,7 +49,7 @@ Deterministic: the same input gives the same plan (ties go by topic, partition, 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from rayk.internal_topics import is_internal
@@ -53,6 +57,11 @@ from rayk.metadata.elections import NO_LEADER, PartitionState
 
 DEFAULT_MAX_MOVES_PER_BROKER = 5  # Cruise Control's num.concurrent.partition.movements.per.broker
 MAX_LEADER_MOVES_PER_PLAN = 1000  # Cruise Control's num.concurrent.leader.movements
+# A periodic check leaves counts within the larger of these of the mean (Cruise Control's
+# replica.count.balance.threshold and leader.replica.count.balance.threshold, 1.10; and 1,
+# since its rounding makes small counts as tolerant).
+BALANCE_BAND = 0.10
+BALANCE_BAND_MIN = 1.0
 DISK_BALANCE_THRESHOLD = 1.10  # Cruise Control's disk.balance.threshold
 DISK_BALANCE_MIN_GAP_BYTES = 64 * 2**20  # less than this between brokers is not worth a copy
 DISK_SWAP_CANDIDATES = 32  # partitions of each broker tried for a swap: the largest, the smallest
@@ -144,10 +153,20 @@ def plan_balance(
     brokers: Sequence[BalancerBroker],
     partitions: Iterable[BalancerPartition],
     max_moves_per_broker: int = DEFAULT_MAX_MOVES_PER_BROKER,
+    settle: bool = True,
+    only: Collection[Key] | None = None,
 ) -> BalancePlan:
-    """The moves that bring the placement closer to the goals (see the module docstring)."""
+    """The moves that bring the placement closer to the goals (see the module docstring).
+
+    With `settle` (a broker joined or is leaving, or the moves of an earlier plan are
+    under way) the counts go as close to the mean as the goals allow; without it (a
+    periodic check) the replicas-per-broker and leaders-per-broker goals start moving
+    only once a broker is outside BALANCE_BAND of the mean, so a cluster is not
+    reshuffled for a difference of one or two replicas. With `only`, only those
+    partitions move (a topic being created: its placement polished before it holds data)."""
     assert max_moves_per_broker >= 1, max_moves_per_broker
-    placement = _Placement(brokers, list(partitions), max_moves_per_broker)
+    placement = _Placement(brokers, list(partitions), max_moves_per_broker, only)
+    placement.settle = settle
     before = placement.score
     placement.evacuate()
     for goal in (DIVERSITY, CAPACITY, REPLICAS, LEADERS, DISK):
@@ -163,7 +182,9 @@ def score_of(brokers: Sequence[BalancerBroker], partitions: Iterable[BalancerPar
 
 
 def _deviation(count: int, total: int, brokers: int) -> int:
-    """How far `count` is outside [floor, ceil] of total / brokers."""
+    """How far `count` is outside [floor, ceil] of total / brokers (0 with no brokers)."""
+    if not brokers:
+        return 0
     low, high = total // brokers, -(-total // brokers)
     return max(0, count - high) + max(0, low - count)
 
@@ -172,7 +193,8 @@ class _Placement:
     """The placement being planned: targets per partition, the counts per broker, the
     score (kept as changes are made and undone) and the bound's touches per broker."""
 
-    def __init__(self, brokers: Sequence[BalancerBroker], partitions: list[BalancerPartition], max_moves: int) -> None:
+    def __init__(self, brokers: Sequence[BalancerBroker], partitions: list[BalancerPartition], max_moves: int,
+                 only: Collection[Key] | None = None) -> None:
         self.node = {b.broker_id: b.node_id for b in brokers}
         assert len(self.node) == len(brokers), "each broker once"
         self.placeable = sorted(b.broker_id for b in brokers if not b.leaving)
@@ -183,7 +205,7 @@ class _Placement:
         self.original = {p.key: p.target for p in partitions}
         self.target = dict(self.original)
         self.size = {p.key: p.size_bytes for p in partitions}
-        known = [p for p in partitions if all(r in self.node for r in p.replicas)]
+        known = [p for p in partitions if all(r in self.node for r in p.replicas) and (only is None or p.key in only)]
         self.evacuable = {p.key for p in known if not p.moving and p.leader != NO_LEADER}
         self.movable = {p.key for p in known if p.steady}
         self.movable_order = sorted(self.movable)
@@ -197,6 +219,7 @@ class _Placement:
         self.leader_total = sum(self.leads[b] for b in self.node)
         self.incomplete = any(p.moving for p in partitions)
         self.leader_moves = 0
+        self.settle = True
         self._score = [0] * len(GOALS)
         for b in self.node:
             self._add_terms(self._broker_terms(b), 1)
@@ -313,6 +336,8 @@ class _Placement:
 
     def improve(self, goal: int) -> None:
         """Steps that lower the score for `goal`, best first, until none is left."""
+        if not self.placeable or (goal in (REPLICAS, LEADERS) and not self.settle and self._within_band(goal)):
+            return
         for _ in range(MAX_STEPS_PER_GOAL):
             if self.score[goal] == 0:
                 return
@@ -335,6 +360,13 @@ class _Placement:
         if goal == LEADERS:
             return None if self.leader_moves >= MAX_LEADER_MOVES_PER_PLAN else self._first_pair(goal, self.leads, self._reorders)
         return self._disk_step()
+
+    def _within_band(self, goal: int) -> bool:
+        """Whether every placeable broker's count for `goal` is within BALANCE_BAND of the mean."""
+        counts, total = (self.count, self.replica_total) if goal == REPLICAS else (self.leads, self.leader_total)
+        mean = total / len(self.placeable)
+        slack = max(BALANCE_BAND_MIN, BALANCE_BAND * mean)
+        return all(abs(counts[b] - mean) <= slack for b in self.placeable)
 
     def _takers(self, target: tuple[int, ...]) -> list[int]:
         """Placeable brokers that may take one more replica of a partition with `target`."""
@@ -366,11 +398,33 @@ class _Placement:
         return self._moves_off([source], [destination])
 
     def _reorders(self, source: int, destination: int) -> Iterator[list[Change]]:
-        """Partitions `source` is the preferred leader of and `destination` holds, with the two swapped."""
+        """The shortest chain of reorders that hands one preferred leadership from
+        `source` to `destination`: a partition `source` leads that `destination` holds,
+        or one whose other replica b then hands one of b's on, and so on (each broker in
+        between gives one and takes one). Breadth first, brokers and partitions in order."""
+        led: dict[int, list[Key]] = {}
         for key in self.movable_order:
+            led.setdefault(self.target[key][0], []).append(key)
+        came_from: dict[int, tuple[int, Key] | None] = {source: None}
+        frontier = [source]
+        while frontier and destination not in came_from:
+            following = []
+            for broker in frontier:
+                for key in led.get(broker, ()):
+                    for other in sorted(self.target[key][1:]):
+                        if other not in came_from:
+                            came_from[other] = (broker, key)
+                            following.append(other)
+            frontier = following
+        if destination not in came_from:
+            return
+        chain, broker = [], destination
+        while (step := came_from[broker]) is not None:
+            giver, key = step
             target = self.target[key]
-            if target[0] == source and destination in target:
-                yield [(key, _replaced(_replaced(target, target.index(destination), source), 0, destination))]
+            chain.append((key, _replaced(_replaced(target, target.index(broker), giver), 0, broker)))
+            broker = giver
+        yield chain[::-1]
 
     def _first_pair(self, goal: int, counts: Counter[int],
                     candidates_of: Callable[[int, int], Iterator[list[Change]]]) -> Sequence[Change] | None:
