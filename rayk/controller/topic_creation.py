@@ -131,10 +131,14 @@ class TopicCreation:
         except TopicAlreadyExistsError:
             pass  # a concurrent request created it
 
+    def replica_caps(self) -> dict[int, int]:
+        """Each live broker's cap on the replicas it may hold (replica_capacity.py); a broker
+        without one (it reported no node memory) is left out."""
+        node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
+        return replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
+
     def check_replica_caps(self, records: list[Record]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
         held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
         adding = [b for r in records if isinstance(r, PartitionRecord) for b in r.replicas]
-        node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
-        caps = replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
-        check_replica_caps(held, adding, caps, configured=self._config.max_replicas_per_broker > 0)
+        check_replica_caps(held, adding, self.replica_caps(), configured=self._config.max_replicas_per_broker > 0)

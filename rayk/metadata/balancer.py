@@ -140,8 +140,8 @@ class Move:
 @dataclass(frozen=True, slots=True)
 class BalancePlan:
     """The moves, the scores before and after them (per goal, GOALS order), and whether
-    more would be done once moves under way complete (the bound held some back, or some
-    partitions were being reassigned)."""
+    more may be done later: the bound held moves back, or some partitions could not be
+    considered (being reassigned, leaderless or not in sync)."""
 
     moves: tuple[Move, ...]
     score_before: Score
@@ -217,7 +217,7 @@ class _Placement:
             self._add(key, target, 1)
         self.replica_total = sum(self.count[b] for b in self.node)
         self.leader_total = sum(self.leads[b] for b in self.node)
-        self.incomplete = any(p.moving for p in partitions)
+        self.incomplete = any(not p.steady for p in known)  # once moved or back in sync, they may move
         self.leader_moves = 0
         self.settle = True
         self._score = [0] * len(GOALS)

@@ -643,6 +643,11 @@ class ReplicaManager(Supervised):
         the gauges say; for `rayk status`, which needs no Prometheus)."""
         return self._health()
 
+    async def log_sizes(self) -> dict[TopicPartition, int]:
+        """Each of its replicas' log size in bytes as of the last offset checkpoint (what
+        the Controller's balancer weighs partitions by)."""
+        return self._logs.log_sizes
+
     async def listener(self) -> Any:
         """This broker's Kafka listener actor (a SocketServer), or None (for tools and tests)."""
         return self._listener
