@@ -16,7 +16,7 @@ import pytest
 import ray
 
 import rayk
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, balanced, placement, shared_local_ray, start_new_broker, wait_until
 from tests.faults.harness import Traffic, healthy, lost_and_duplicated, read_partition
 
 TOPIC = "balanced"
@@ -31,36 +31,6 @@ CONFIG = {**FAST_CONFIG, "listeners": "", "broker.session.timeout.ms": 8000}
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
     shared_local_ray()
-
-
-def start_broker(cluster: Any, broker_id: int) -> None:
-    """A broker with a new id on this node, as Cluster.add_broker will start one."""
-    if hasattr(cluster, "add_broker"):
-        cluster.add_broker()
-        return
-    config = ray.get(cluster.controller.broker_config.remote())
-    cluster_id = ray.get(cluster.controller.cluster_id.remote())
-    node = ray.get_runtime_context().get_node_id()
-    manager = cluster._create_broker(broker_id, node, cluster.data_dir(), cluster_id, config)
-    ray.get(manager.start.remote(), timeout=120)
-
-
-def spread(cluster: Any) -> tuple[Counter, Counter, bool]:
-    """Replicas and leaders per broker over every partition, and whether all is steady."""
-    replicas: Counter = Counter()
-    leaders: Counter = Counter()
-    steady = True
-    for topic in cluster.list_topics(include_internal=True):
-        for p in cluster.describe_topic(topic):
-            replicas.update(p["replicas"])
-            leaders[p["leader"]] += 1
-            steady &= not p["adding_replicas"] and not p["removing_replicas"] and sorted(p["isr"]) == sorted(p["replicas"])
-    return replicas, leaders, steady
-
-
-def within_1_of_the_mean(counts: Counter, brokers: int) -> bool:
-    mean = sum(counts.values()) / brokers
-    return all(abs(counts[b] - mean) < 1 for b in range(brokers))
 
 
 class GroupReader(threading.Thread):
@@ -94,20 +64,15 @@ def test_a_new_broker_takes_its_share_within_a_minute_under_traffic_and_nothing_
         wait_until(lambda: traffic.acked_count() >= 500 and sum(reader.seen.values()) >= 100, 120, "traffic")
 
         started = time.monotonic()
-        start_broker(cluster, 3)
-
-        def settled() -> tuple[Counter, Counter] | None:
-            replicas, leaders, steady = spread(cluster)
-            if steady and within_1_of_the_mean(replicas, 4) and within_1_of_the_mean(leaders, 4):
-                return replicas, leaders
-            return None
+        start_new_broker(cluster, 3)
 
         try:
-            replicas, leaders = wait_until(settled, SHARE_S, "broker 3 to hold its share of replicas and leaders")
+            wait_until(lambda: balanced(cluster, 4), SHARE_S, "broker 3 to hold its share of replicas and leaders")
         except AssertionError:
-            print("not settled:", spread(cluster), ray.get(cluster.controller.balancer_status.remote()), cluster.brokers())
+            print("not settled:", placement(cluster), ray.get(cluster.controller.balancer_status.remote()), cluster.brokers())
             raise
         took_s = time.monotonic() - started
+        replicas, leaders, _ = placement(cluster)
         mine = [p for p in cluster.describe_topic(TOPIC) if 3 in p["replicas"]]
         print(f"broker 3 took its share in {took_s:.1f} s: replicas {dict(replicas)}, leaders {dict(leaders)}; "
               f"{len(mine)} of {TOPIC}'s replicas, leading {sum(p['leader'] == 3 for p in mine)}")
@@ -137,10 +102,10 @@ def test_with_auto_balance_off_a_new_broker_stays_empty(tmp_path):
     cluster = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace="balancer-off")
     try:
         cluster.create_topic(TOPIC, num_partitions=3, replication_factor=3)
-        start_broker(cluster, 3)
+        start_new_broker(cluster, 3)
         wait_until(lambda: any(b["broker_id"] == 3 and not b["fenced"] for b in cluster.brokers()), 60, "broker 3")
         time.sleep(3)  # several maintenance ticks and balancer intervals
-        replicas, _, _ = spread(cluster)
+        replicas, _, _ = placement(cluster)
         assert replicas[3] == 0 and ray.get(cluster.controller.balancer_status.remote())["enabled"] is False
     finally:
         cluster.shutdown()

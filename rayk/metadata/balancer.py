@@ -1,5 +1,7 @@
 """The balancer's planner: where partition replicas should be, after Cruise Control's
-goals (pure: no I/O, no Ray; the Controller's Balancer runs it and commits its moves).
+goals (pure: no I/O, no Ray). The Controller's Balancer (controller/balancer.py) runs it
+and commits its moves; new topics' placement (ReplicationControlManager) runs it on the
+new partitions alone, to polish where they go before they hold data.
 
 Input: the brokers (Ray node, replica capacity, whether it is leaving: decommissioning),
 the partitions (replicas in preference order, leader, ISR, a KIP-455 reassignment under
@@ -30,7 +32,9 @@ Every step of a plan (one partition's new replicas, or two partitions swapping r
 for the disk goal) makes the score strictly smaller in that order, so no move for a goal
 makes a higher one worse; and since the placements are finitely many and every plan
 lowers the score, plans applied one after another reach one where no move is left
-(no oscillation). A move never puts a broker past its cap, and never onto a leaving one.
+(no oscillation). A move never puts a broker past its cap, never onto a leaving one, and
+never leaves a partition on fewer nodes than before (only a leaving broker's replicas may
+have to, when no other node can take them).
 
 Which partitions move: partitions under reassignment are left alone (counted by their
 target replicas), and so are those with a replica on a broker not given (fenced or
