@@ -42,6 +42,8 @@ ZERO_ALLOWED_MS = (  # 0 means none
     "group_initial_rebalance_delay_ms", "connections_max_reauth_ms", "metadata_log_max_snapshot_interval_ms",
 )
 
+UNLIMITED_RATE = (1 << 63) - 1  # Kafka's Long.MAX_VALUE: a throttle that is off
+
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 REPLICATION_TOPIC_CONFIGS = (MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE)
@@ -73,6 +75,9 @@ POSITIVE_SETTINGS = (
     "group_share_partition_max_record_locks",
     "group_share_max_size",
     "group_consumer_max_size",
+    "balancer_max_concurrent_moves_per_broker",
+    "leader_replication_throttled_rate",
+    "follower_replication_throttled_rate",
 )
 
 
@@ -164,6 +169,21 @@ class BrokerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 300
     leader_imbalance_per_broker_percentage: int = 10
+    # The balancer (rayk/controller/balancer.py, after Cruise Control's goals). It runs as
+    # soon as a broker registers for the first time or starts leaving, follows up as its
+    # moves complete, and checks the cluster every balancer.interval.ms: Cruise Control's
+    # anomaly.detection.interval.ms, 5 minutes, since joins and leaves do not wait for it
+    # (a new broker takes its share within a minute) and the check only catches drift.
+    # At most balancer.max.concurrent.moves.per.broker reassignments touch a broker at a
+    # time (Cruise Control's num.concurrent.partition.movements.per.broker).
+    auto_balance_enable: bool = True
+    balancer_interval_ms: int = 300_000
+    balancer_max_concurrent_moves_per_broker: int = 5
+    # Bytes/s of replication traffic for replicas a reassignment adds, per broker: what its
+    # leaders send to adding followers, and what its adding followers fetch (Kafka's names;
+    # Long.MAX_VALUE: no limit). See rayk/replication/replication_throttle.py.
+    leader_replication_throttled_rate: int = UNLIMITED_RATE
+    follower_replication_throttled_rate: int = UNLIMITED_RATE
     # The Kafka listeners (rayk/listeners.py, rayk/net). Each broker listens on the port plus
     # its broker id (port 0: any free port); an empty host is the node's IP address. ""
     # turns the listeners off.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -92,6 +93,41 @@ def wait_for_live_brokers(cluster: Any, count: int, timeout_s: float = 60) -> No
     """Until `count` brokers are registered and unfenced: a broker killed by an earlier test
     is fenced until its restarted process registers again, later on a busy machine."""
     wait_until(lambda: sum(not b["fenced"] for b in cluster.brokers()) >= count, timeout_s, f"{count} live brokers")
+
+
+def start_new_broker(cluster: Any, broker_id: int) -> None:
+    """A broker with a new id on this node, as Cluster.add_broker starts one (that call, once
+    the cluster has it)."""
+    if hasattr(cluster, "add_broker"):
+        cluster.add_broker()
+        return
+    config = ray.get(cluster.controller.broker_config.remote())
+    cluster_id = ray.get(cluster.controller.cluster_id.remote())
+    node = ray.get_runtime_context().get_node_id()
+    manager = cluster._create_broker(broker_id, node, cluster.data_dir(), cluster_id, config)
+    ray.get(manager.start.remote(), timeout=300)
+
+
+def placement(cluster: Any) -> tuple[Counter, Counter, bool]:
+    """Replicas and leaders per broker over every partition (internal topics too), and
+    whether every partition is steady: nothing moving, every replica in sync."""
+    replicas: Counter = Counter()
+    leaders: Counter = Counter()
+    steady = True
+    for topic in cluster.list_topics(include_internal=True):
+        for p in cluster.describe_topic(topic):
+            replicas.update(p["replicas"])
+            leaders[p["leader"]] += 1
+            steady &= not p["adding_replicas"] and not p["removing_replicas"] and sorted(p["isr"]) == sorted(p["replicas"])
+    return replicas, leaders, steady
+
+
+def balanced(cluster: Any, brokers: int) -> bool:
+    """Steady, with every broker's replicas and leaders within 1 of the mean."""
+    replicas, leaders, steady = placement(cluster)
+    return steady and all(
+        abs(counts[b] - sum(counts.values()) / brokers) < 1 for counts in (replicas, leaders) for b in range(brokers)
+    )
 
 
 def assert_lookup_is_a_long_poll(controller: Any, method: str, change: Callable[[], Any]) -> Any:

@@ -20,7 +20,7 @@ from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.faults.harness import PARTITIONS, TOPIC, Traffic, check, run_until_acked
 
 _namespaces = itertools.count()
-CONFIG = FAST_CONFIG
+CONFIG = {**FAST_CONFIG, "auto.balance.enable": "false"}  # the moves counted here are the decommissioning's alone
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -154,9 +154,17 @@ def test_assign_replicas_property_distinct_nodes_and_distinct_brokers(nodes, per
 
 
 def test_assign_replicas_interleaves_nodes_in_a_fixed_order():
-    # Nodes a: 1, 2; b: 3, 4; c: 5, 6 -> cyclic order 1, 3, 5, 2, 4, 6.
+    # Nodes a: 1, 2; b: 3, 4; c: 5, 6 -> cyclic order 1, 3, 5, 2, 4, 6. Partition 1 goes to
+    # brokers that hold nothing yet (5, 2) rather than on round robin (3, 5): a topic of two
+    # partitions would otherwise leave broker 3 with two replicas and brokers 2, 4, 6 none.
     broker_nodes = {1: "a", 2: "a", 3: "b", 4: "b", 5: "c", 6: "c"}
-    assert assign_replicas(6, 2, broker_nodes, 0) == [(1, 3), (3, 5), (5, 2), (2, 4), (4, 6), (6, 1)]
+    assert assign_replicas(6, 2, broker_nodes, 0) == [(1, 3), (5, 2), (4, 6), (2, 4), (6, 1), (3, 5)]
+
+
+def test_assign_replicas_on_an_empty_cluster_with_rf_equal_to_the_brokers_is_the_round_robin():
+    broker_nodes = {b: f"node-{b}" for b in range(4)}
+    assert assign_replicas(5, 4, broker_nodes, 0) == [
+        (0, 1, 2, 3), (1, 2, 3, 0), (2, 3, 0, 1), (3, 0, 1, 2), (0, 1, 2, 3)]
 
 
 def test_assign_replicas_starts_at_the_start_index():

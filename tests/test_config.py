@@ -93,11 +93,25 @@ def test_from_properties_parses_booleans(raw, expected):
         {"socket.request.max.bytes": str(128 * 1024 * 1024), "queued.max.request.bytes": "-1"},  # over a frame
         {"metadata.log.max.record.bytes.between.snapshots": "0"},
         {"metadata.log.max.snapshot.interval.ms": "-1"},
+        {"auto.balance.enable": "sometimes"},
+        {"balancer.interval.ms": "0"},
+        {"balancer.max.concurrent.moves.per.broker": "0"},
+        {"leader.replication.throttled.rate": "0"},
+        {"follower.replication.throttled.rate": "-1"},
     ],
 )
 def test_from_properties_rejects_invalid_broker_configs(props):
     with pytest.raises(InvalidConfigurationError):
         BrokerConfig.from_properties(props)
+
+
+def test_balancer_and_throttle_settings_have_cruise_controls_and_kafkas_defaults():
+    c = BrokerConfig()
+    assert c.auto_balance_enable is True and c.balancer_interval_ms == 300_000
+    assert c.balancer_max_concurrent_moves_per_broker == 5  # num.concurrent.partition.movements.per.broker
+    assert c.leader_replication_throttled_rate == c.follower_replication_throttled_rate == 2**63 - 1  # Long.MAX_VALUE
+    set_ = BrokerConfig.from_properties({"auto.balance.enable": "false", "follower.replication.throttled.rate": "1048576"})
+    assert set_.auto_balance_enable is False and set_.follower_replication_throttled_rate == 1 << 20
 
 
 def test_metadata_snapshot_settings_have_krafts_defaults_and_an_interval_of_0_is_off():

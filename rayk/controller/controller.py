@@ -25,8 +25,9 @@ What it is composed of (rayk/controller/):
   OfflinePartitionsCount, EventQueueTimeMs), fencing silent brokers, dirty pushes,
   leaderless partitions and KIP-966 unclean recovery (`LeaderElections`), the
   replacement of brokers fenced for `broker.replacement.delay.ms` by KIP-455
-  reassignments (`BrokerReplacement`), preferred leaders back
-  (`auto.leader.rebalance.enable`), and a metadata snapshot when one is due
+  reassignments (`BrokerReplacement`), the balancer (`Balancer`: Cruise Control's goals,
+  run when a broker joins or leaves and every `balancer.interval.ms`), preferred leaders
+  back (`auto.leader.rebalance.enable`), and a metadata snapshot when one is due
   (`metadata.log.max.record.bytes.between.snapshots`, `...max.snapshot.interval.ms`).
 - `TopicCreation` (defaults, admission by replica caps, internal topics) and
   `MetadataView` (the answers that change nothing).
@@ -63,6 +64,7 @@ from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
 from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling
+from rayk.controller.balancer import Balancer
 from rayk.controller.broker_heartbeat_manager import BrokerHeartbeatManager
 from rayk.controller.broker_lifecycle import BrokerLifecycle
 from rayk.controller.broker_replacement import BrokerReplacement
@@ -128,6 +130,9 @@ class Controller:
         )  # fmt: skip
         self._topics = TopicCreation(self._meta, self._commit, self._channels, self._sessions, self._view, c,
                                      self._autoscaling)  # fmt: skip
+        self._balancer = Balancer(
+            self._meta, self._commit, self._channels, self._sessions, self._elections, self._topics.replica_caps, c
+        )
         self._periodic = PeriodicTasks(min(MAINTENANCE_MAX_INTERVAL_MS, c.broker_session_timeout_ms // 4) / 1000, [
             PeriodicTask("record_metrics", self._record_metrics),
             PeriodicTask("fence_silent_brokers", self._fence_silent_brokers),
@@ -136,6 +141,7 @@ class Controller:
             PeriodicTask("replace_lost_brokers", self._replacement.replace_lost_brokers),
             PeriodicTask("decommission_brokers", self._lifecycle.decommission),
             *([PeriodicTask("autoscale_brokers", self._autoscaling.run_round)] if self._autoscaling else []),
+            PeriodicTask("balance", self._balancer.maintain),
             *([PeriodicTask("rebalance_leaders", self._elections.rebalance_leaders,
                             c.leader_imbalance_check_interval_seconds)] if c.auto_leader_rebalance_enable else []),
             PeriodicTask("snapshot_if_due", self._snapshot_if_due),
@@ -231,6 +237,8 @@ class Controller:
             self._detach(broker_id)  # a new process: the old one's replica handles are dead
         records = self._meta.plan_register_broker(broker_id, node_id, incarnation_id, directory_id, clean_shutdown)
         self._commit(records)
+        if previous is None:
+            self._balancer.request_run()  # a new broker: it takes its share
         changed = _partitions_in(records)
         epoch = self._meta.brokers[broker_id].epoch
         self._sessions.attach(broker_id, manager)
@@ -278,7 +286,9 @@ class Controller:
         return self._lifecycle.factory
 
     def _brokers_changed(self) -> None:
-        """A broker joined, started leaving, or left: where the balancer is told to look again."""
+        """A broker joined, started leaving, or left: the balancer settles the cluster again,
+        and the autoscaler counts its brokers again."""
+        self._balancer.request_run()
         if self._autoscaling is not None:
             self._autoscaling.brokers_changed()
 
@@ -608,6 +618,21 @@ class Controller:
 
     async def cluster_id(self) -> str:
         return self._meta.cluster_id
+
+    async def balancer_status(self) -> dict[str, Any]:
+        """The balancer's state: `enabled`; `busy` while a run is requested, its moves are
+        under way or their preferred leaders are still to be elected; and its last plan:
+        the moves (topic, partition, replicas), the score per goal before and after, and
+        whether more is to follow (for tools, tests and benchmarks)."""
+        plan, balancer = self._balancer.last_plan, self._balancer
+        return {
+            "enabled": balancer.enabled,
+            "busy": balancer.busy,
+            "last_moves": [(m.topic, m.partition, list(m.replicas)) for m in plan.moves] if plan else [],
+            "score_before": list(plan.score_before) if plan else [],
+            "score_after": list(plan.score_after) if plan else [],
+            "incomplete": plan.incomplete if plan else False,
+        }
 
     async def health(self) -> dict[str, int]:
         """The Controller's gauges, for `rayk status` (which needs no Prometheus)."""

@@ -198,10 +198,15 @@ class TopicCreation:
                              configured=self._config.max_replicas_per_broker > 0)  # fmt: skip
 
     def _replica_caps(self) -> tuple[Counter[int], dict[int, int]]:
-        """The replicas each broker holds, and each live broker's cap (replica_capacity.py)."""
+        """The replicas each broker holds, and each live broker's cap."""
         held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
+        return held, self.replica_caps()
+
+    def replica_caps(self) -> dict[int, int]:
+        """Each live broker's cap on the replicas it may hold (replica_capacity.py); a broker
+        without one (it reported no node memory) is left out."""
         node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
-        return held, replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
+        return replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
 
     def check_replica_caps(self, records: list[Record]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""

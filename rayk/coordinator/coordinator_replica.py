@@ -30,6 +30,7 @@ from typing import Any
 
 from rayk.coordinator.coordinator_log import LogEntry, read_coordinator_log
 from rayk.replication.partition_replica import PartitionReplica, ProduceResult
+from rayk.replication.replication_throttle import UNTHROTTLED, ThrottleSetting
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import ProduceRequest
 from rayk.errors import InvalidTopicError, NotCoordinatorError
@@ -68,9 +69,10 @@ class CoordinatorReplica(PartitionReplica):
 
     # ------------------------------------------------------------------ leadership
 
-    async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0) -> None:
+    async def become_leader(self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0,
+                            throttle: ThrottleSetting = UNTHROTTLED) -> None:
         was_leading_this_epoch = self._ctx.leads_in(leader_epoch)
-        await super().become_leader(leader_epoch, replicas, isr, partition_epoch)
+        await super().become_leader(leader_epoch, replicas, isr, partition_epoch, throttle)
         if not was_leading_this_epoch or self._coordinator is None:
             await self._start_coordinator()
 
@@ -93,8 +95,9 @@ class CoordinatorReplica(PartitionReplica):
         records (bounded by compaction) and the milliseconds it took."""
         return {**await super().describe(), "coordinator_load": dict(self._last_load)}
 
-    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
-        await super().become_follower(leader_epoch, leader_id, leader, incarnation_id)
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "",
+                              throttle: ThrottleSetting = UNTHROTTLED) -> None:
+        await super().become_follower(leader_epoch, leader_id, leader, incarnation_id, throttle)
         await self._close_coordinator()
 
     async def close(self) -> Any:

@@ -19,6 +19,7 @@ every change. Pure: no I/O, no Ray.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +38,7 @@ from rayk.errors import (
     UnknownTopicOrPartitionError,
 )
 from rayk.metadata import elections
+from rayk.metadata.balancer import BalancerBroker, BalancerPartition, partitions_of, plan_balance
 from rayk.metadata.cluster_control import ClusterControlManager, Registration
 from rayk.metadata.config_control import ConfigurationControlManager
 from rayk.metadata.elections import LogEnd, PartitionState
@@ -55,15 +57,24 @@ class TopicMetadata:
 
 
 def assign_replicas(
-    num_partitions: int, replication_factor: int, broker_nodes: Mapping[int, str], start_index: int
+    num_partitions: int,
+    replication_factor: int,
+    broker_nodes: Mapping[int, str],
+    start_index: int,
+    replicas_held: Mapping[int, int] | None = None,
+    leaders_held: Mapping[int, int] | None = None,
 ) -> list[tuple[int, ...]]:
-    """Round-robin assignment that puts a partition's replicas on distinct nodes first.
+    """Placement that puts a partition's replicas on distinct nodes first, then on the
+    brokers holding the fewest replicas (of those, leading the fewest partitions), and
+    makes the one of them leading the fewest its preferred leader (its first replica).
 
-    Brokers are ordered by interleaving the nodes (first broker of each node, then the
-    second of each, ...), so any `replication_factor` consecutive brokers in that cyclic
-    order sit on distinct nodes whenever the nodes hold equal numbers of brokers.
-    Partition p gets the brokers at positions start_index + p, + 1, ...; its first
-    replica is its preferred leader, so leaders spread too.
+    `replicas_held` and `leaders_held` are what each broker holds already (replicas, and
+    partitions it is the first replica of), so a new topic keeps a balanced cluster
+    balanced as the balancer measures it (metadata/balancer.py: counts within 1 of the
+    mean), and fills a broker that joined empty. Ties go round-robin: brokers are ordered
+    by interleaving the nodes (first broker of each node, then the second of each, ...),
+    and partition p prefers the brokers from position start_index + p on; on an empty
+    cluster whose brokers spread evenly over nodes that is the plain round robin.
     """
     by_node: dict[str, list[int]] = {}
     for broker_id in sorted(broker_nodes):
@@ -75,7 +86,31 @@ def assign_replicas(
         raise InvalidReplicationFactorError(
             f"replication factor {replication_factor} needs that many live brokers; {n} are live"
         )
-    return [tuple(ordered[(start_index + p + j) % n] for j in range(replication_factor)) for p in range(num_partitions)]
+    position = {b: i for i, b in enumerate(ordered)}
+    held = Counter({b: (replicas_held or {}).get(b, 0) for b in ordered})
+    leading = Counter({b: (leaders_held or {}).get(b, 0) for b in ordered})
+    node_held = Counter({node: sum(held[b] for b in brokers) for node, brokers in by_node.items()})
+    out = []
+    for p in range(num_partitions):
+        anchor = start_index + p
+
+        def rank(b: int, used: set[str], first: bool) -> tuple:
+            """The first pick, which leads, prefers a broker leading few; the others do
+            not, keeping those for the partitions after (one leader each)."""
+            node = broker_nodes[b]
+            return node in used, held[b], node_held[node], leading[b] if first else 0, (position[b] - anchor) % n
+
+        chosen: list[int] = []
+        for _ in range(replication_factor):
+            used = {broker_nodes[b] for b in chosen}
+            chosen.append(min((b for b in ordered if b not in chosen), key=lambda b: rank(b, used, not chosen)))
+        leader = min(chosen, key=lambda b: (leading[b], (position[b] - anchor) % n))
+        followers = sorted((b for b in chosen if b != leader), key=lambda b: (position[b] - position[leader]) % n)
+        held.update(chosen)
+        node_held.update(broker_nodes[b] for b in chosen)
+        leading[leader] += 1
+        out.append((leader, *followers))
+    return out
 
 
 class ReplicationControlManager:
@@ -139,6 +174,12 @@ class ReplicationControlManager:
 
     def all_partitions(self) -> list[tuple[str, int, PartitionState]]:
         return [(name, p, state) for name, meta in self.topics.items() for p, state in meta.partitions.items()]
+
+    def held_by_broker(self) -> tuple[Counter[int], Counter[int]]:
+        """Per broker, the replicas it holds and the partitions it is the preferred leader
+        of, once the reassignments under way complete (what new partitions are placed by)."""
+        targets = [state.target_replicas for meta in self.topics.values() for state in meta.partitions.values()]
+        return Counter(b for target in targets for b in target), Counter(target[0] for target in targets)
 
     def needs_log_comparison(self, topic: str, partition: int) -> bool:
         """Leaderless with every live in-sync copy back but recovering (see `elections`)."""
@@ -233,6 +274,21 @@ class ReplicationControlManager:
         elect = elections.elect_unclean if unclean else elections.elect_preferred
         return [self._changed(topic, partition, state, elect(state, self.cluster.live_brokers, self.cluster.attached))]
 
+    def _place(self, name: str, first: int, count: int, replication_factor: int) -> list[tuple[int, ...]]:
+        """Where `count` new partitions of `name`, from `first` on, go among the placeable
+        brokers (live, not being decommissioned): `assign_replicas`' placement, polished by the balancer's planner
+        (metadata/balancer.py) moving only the new partitions, which hold no data yet: a
+        new topic leaves the cluster as balanced as its own replicas can make it."""
+        nodes = self.cluster.node_of(self.cluster.placeable_brokers)
+        start = sum(len(t.partitions) for t in self.topics.values())
+        assignment = assign_replicas(count, replication_factor, nodes, start, *self.held_by_broker())
+        new = [BalancerPartition(name, first + i, r, r[0], r) for i, r in enumerate(assignment)]
+        brokers = [BalancerBroker(b, node) for b, node in sorted(nodes.items())]
+        plan = plan_balance(brokers, partitions_of(self.all_partitions()) + new, max_moves_per_broker=count * len(nodes),
+                            only={p.key for p in new})
+        moved = {m.partition: m.replicas for m in plan.moves}
+        return [moved.get(first + i, replicas) for i, replicas in enumerate(assignment)]
+
     def plan_create_topic(
         self,
         name: str,
@@ -247,11 +303,7 @@ class ReplicationControlManager:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
         if num_partitions < 1:
             raise InvalidPartitionsError(f"a topic needs at least one partition, got {num_partitions}")
-        placeable = self.cluster.placeable_brokers  # not those being decommissioned
-        start = sum(len(t.partitions) for t in self.topics.values())
-        assignment = assign_replicas(
-            num_partitions, replication_factor, self.cluster.node_of(placeable), start
-        )
+        assignment = self._place(name, 0, num_partitions, replication_factor)
         records: list[MetadataRecord] = [TopicRecord(name, topic_id, dict(configs))]
         for p, replicas in enumerate(assignment):
             records.append(PartitionRecord.of(name, p, PartitionState(replicas, replicas, replicas[0], 0, 0)))
@@ -270,11 +322,7 @@ class ReplicationControlManager:
                 f"topic {name!r} has {current} partitions; the new count must be larger, got {total}"
             )
         replication_factor = len(meta.partitions[0].target_replicas)  # not the replicas a reassignment drops
-        start = sum(len(t.partitions) for t in self.topics.values())
-        placeable = self.cluster.placeable_brokers
-        assignment = assign_replicas(
-            total - current, replication_factor, self.cluster.node_of(placeable), start
-        )
+        assignment = self._place(name, current, total - current, replication_factor)
         return [PartitionRecord.of(name, current + i, PartitionState(r, r, r[0], 0, 0)) for i, r in enumerate(assignment)]
 
     def plan_delete_topic(self, name: str) -> list[MetadataRecord]:

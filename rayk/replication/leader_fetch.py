@@ -5,7 +5,9 @@ OffsetsForLeaderEpoch).
 A fetch serves consumers up to the HW (a READ_COMMITTED one up to the LSO, with the
 aborted transactions that overlap what it read) and followers up to the LEO. One that
 finds fewer than `min_bytes` waits up to `max_wait_ms` and is answered the moment an append
-or an HW move satisfies it (replica_events.py; nothing polls).
+or an HW move satisfies it (replica_events.py; nothing polls). Answers to the followers
+a reassignment adds go at this replica's share of leader.replication.throttled.rate
+(replication_throttle.py).
 
 A follower's fetch offset is its LEO: the leader records it, which may add the follower to
 the ISR and advance the HW (leader_isr.py), then answers. A follower's fetch names the
@@ -37,6 +39,7 @@ from rayk.errors import (
 )
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
+from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.records import iter_batches
 
@@ -52,6 +55,13 @@ class LeaderFetch:
     def __init__(self, ctx: ReplicaContext, isr: LeaderIsr) -> None:
         self._ctx = ctx
         self._isr = isr
+        self._throttle = ReplicationThrottle()  # this replica's share of leader.replication.throttled.rate
+        self._throttled_followers: frozenset[int] = frozenset()  # the followers a reassignment adds
+
+    def set_throttle(self, rate_bytes_per_s: int | None, adding: tuple[int, ...]) -> None:
+        """Answers to the `adding` followers' fetches go at most at this rate (None: no limit)."""
+        self._throttle.set_rate(rate_bytes_per_s)
+        self._throttled_followers = frozenset(adding)
 
     def fetch_error(self, error: KafkaError) -> FetchResult:
         log = self._ctx.log
@@ -76,12 +86,20 @@ class LeaderFetch:
             refused = self._follower_fetched(offset, replica_id, last_fetched_epoch, replica_incarnation_id)
             if refused is not None:
                 return refused
+        throttled = is_follower and replica_id in self._throttled_followers and self._throttle.active
+        if throttled:
+            max_bytes = self._throttle.max_bytes(max_bytes)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             changed = ctx.events.change_event(appends=is_follower)  # a consumer reads up to the HW
             result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
+                if throttled and result.records:
+                    epoch = ctx.leader_epoch
+                    await self._throttle.pace(len(result.records))  # a reassignment's copy, at its rate
+                    if not ctx.leads_in(epoch):
+                        return self.fetch_error(ctx.not_leader())
                 if ctx.trace is not None and is_follower:
                     for batch in iter_batches(result.records):
                         ctx.trace.fetch_answered(replica_id, batch.header.next_offset)

@@ -60,6 +60,7 @@ from rayk.replication.produce_trace import ProduceTrace
 from rayk.replication.replica_board import BoardSlot
 from rayk.replication.replica_context import ReplicaConfig, ReplicaContext, Role
 from rayk.replication.replica_follower import NO_LEADER, ReplicaFollower
+from rayk.replication.replication_throttle import UNTHROTTLED, ThrottleSetting
 from rayk.replication.share.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions
 from rayk.replication.share.share_state_client import ShareStateClient
 from rayk.storage import Log, LogConfig, partition_metadata
@@ -125,14 +126,18 @@ class PartitionReplica(Supervised):
     # ------------------------------------------------------------------ role changes
 
     async def become_leader(
-        self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0
+        self, leader_epoch: int, replicas: list[int], isr: list[int], partition_epoch: int = 0,
+        throttle: ThrottleSetting = UNTHROTTLED,
     ) -> None:
         """Leads for `leader_epoch`. The same epoch again with a newer `partition_epoch` only
         updates the replicas and the ISR (the Controller changed them: it fenced a
-        follower's broker, or a reassignment added or removed replicas)."""
+        follower's broker, or a reassignment added or removed replicas). `throttle`: the
+        followers a reassignment adds and this replica's share of its broker's
+        leader.replication.throttled.rate for them (replication_throttle.py)."""
         ctx = self._ctx
         if leader_epoch < ctx.leader_epoch:
             raise FencedLeaderEpochError(f"become_leader for epoch {leader_epoch} after epoch {ctx.leader_epoch}")
+        await self.throttle_replication(throttle)
         if ctx.leads_in(leader_epoch):
             self._isr.update(replicas, isr, partition_epoch)
             return
@@ -143,13 +148,16 @@ class PartitionReplica(Supervised):
         ctx.events.notify_change()
         self._lifecycle.start_publishing()
 
-    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "") -> None:
+    async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "",
+                              throttle: ThrottleSetting = UNTHROTTLED) -> None:
         """Follows `leader` (an actor handle of the leader's PartitionReplica), or waits for
         one when `leader_id` is NO_LEADER (-1) and `leader` None. `incarnation_id` names
-        this broker's process, which every fetch carries (KIP-903)."""
+        this broker's process, which every fetch carries (KIP-903); `throttle` its share of
+        its broker's follower.replication.throttled.rate while a reassignment adds it."""
         ctx = self._ctx
         if leader_epoch < ctx.leader_epoch:
             raise FencedLeaderEpochError(f"become_follower for epoch {leader_epoch} after epoch {ctx.leader_epoch}")
+        await self.throttle_replication(throttle)
         if (ctx.role, ctx.leader_epoch, ctx.leader_id) == (Role.FOLLOWER, leader_epoch, leader_id) and self._follower.fetching:
             return  # already following this leader in this epoch
         await self._follower.stop()
@@ -158,6 +166,12 @@ class PartitionReplica(Supervised):
         ctx.events.notify_change()  # parked produces learn they are no longer on the leader
         self._lifecycle.start_publishing()
         self._follower.start(leader_epoch, leader_id, leader, incarnation_id)
+
+    async def throttle_replication(self, setting: ThrottleSetting) -> None:
+        """This replica's share of its broker's replication throttles changed (a reassignment
+        it takes part in, or another of its broker's, started or completed)."""
+        self._fetches.set_throttle(setting.leader_rate_bytes_per_s, setting.adding)
+        self._follower.throttle.set_rate(setting.follower_rate_bytes_per_s)
 
     # ------------------------------------------------------------------ leader: produce
 

@@ -22,6 +22,10 @@ moves up to the leader's (as far as its HW) when that is higher. An out-of-range
 log starts past ours (retention: start over at its log start) or ends before ours (cut
 ours back to its end).
 
+While a reassignment adds this replica, what it copies is paced to its share of
+follower.replication.throttled.rate (replication_throttle.py): it appends a fetch's bytes
+once they fit the rate, and each fetch asks for at most a quantum of it.
+
 The loop ends only when cancelled (closing its connection): the replica starts a new
 fetcher for every new leader epoch and cancels the old one. A failed fetch (the leader's
 process died, the connection broke, a timeout, the leader no longer leads) is retried,
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.errors import KafkaError, OffsetOutOfRangeError
+from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage import Log
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from rayk.storage.records import BatchHeader
@@ -86,14 +91,17 @@ class ReplicaFetcher:
         config: Any,
         on_progress: Callable[[], None],
         incarnation_id: str = "",
+        throttle: ReplicationThrottle | None = None,
     ) -> None:
         """`leader` reaches the leader's replica (OffsetsForLeaderEpoch, fetches); `config` a ReplicaConfig;
         `on_progress` is called after every append or high watermark move; `incarnation_id`
-        names this broker's process, sent with every fetch (KIP-903)."""
+        names this broker's process, sent with every fetch (KIP-903); `throttle` paces
+        what it copies while a reassignment adds this replica (replication_throttle.py)."""
         self._log, self.name, self.broker_id = log, name, broker_id
         self._leader, self._epoch, self._config = leader, leader_epoch, config
         self._on_progress = on_progress
         self._incarnation_id = incarnation_id
+        self._throttle = throttle or ReplicationThrottle()
         self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
 
     async def run(self) -> None:
@@ -137,6 +145,8 @@ class ReplicaFetcher:
                 self._handle_error(result)
                 await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
                 continue
+            if result.records:
+                await self._throttle.pace(len(result.records))  # at the follower's share of its throttle, if any
             try:
                 self._append(result)
             except KafkaError as e:
@@ -166,7 +176,7 @@ class ReplicaFetcher:
         c = self._config
         return self._leader.fetch(FetchRequest(
             self._log.log_end_offset,
-            c.replica_fetch_max_bytes,
+            self._throttle.max_bytes(c.replica_fetch_max_bytes),
             c.replica_fetch_min_bytes,
             c.replica_fetch_wait_max_ms,
             replica_id=self.broker_id,

@@ -23,6 +23,7 @@ import ray
 from rayk.replication.leader_link import LeaderLink
 from rayk.replication.replica_context import ReplicaContext
 from rayk.replication.replica_fetcher import ReplicaFetcher
+from rayk.replication.replication_throttle import ReplicationThrottle
 
 NO_LEADER = -1
 
@@ -34,6 +35,9 @@ class ReplicaFollower:
         self._ctx = ctx
         self._on_progress = on_progress
         self._fetcher: asyncio.Task | None = None
+        # Its share of follower.replication.throttled.rate while a reassignment adds it; the
+        # fetchers of every epoch pace by it, so a new share applies at once.
+        self.throttle = ReplicationThrottle()
 
     @property
     def fetching(self) -> bool:
@@ -49,7 +53,8 @@ class ReplicaFollower:
         ctx = self._ctx
         link = LeaderLink(leader, ray.get_runtime_context().get_node_id(), ctx.name)
         fetcher = ReplicaFetcher(
-            ctx.log, ctx.name, ctx.broker_id, link, leader_epoch, ctx.config, self._on_progress, incarnation_id
+            ctx.log, ctx.name, ctx.broker_id, link, leader_epoch, ctx.config, self._on_progress, incarnation_id,
+            self.throttle,
         )
         self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 

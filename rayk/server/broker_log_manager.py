@@ -92,6 +92,11 @@ class BrokerLogManager:
             # Three fsyncs: off the event loop, so heartbeats and pushes are not held up by the disk.
             await asyncio.to_thread(self._checkpoints.write, offsets)
 
+    @property
+    def log_sizes(self) -> dict[TopicPartition, int]:
+        """Each hosted replica's log size in bytes as of the last checkpoint."""
+        return {tp: size for tp, size in self._log_sizes.items() if tp in self._replicas}
+
     def record_log_sizes(self) -> None:
         """Each hosted replica's log size as of the last checkpoint (Kafka's LogSize gauge)."""
         for (topic, partition), size_bytes in self._log_sizes.items():

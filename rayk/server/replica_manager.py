@@ -42,7 +42,9 @@ A clean `shutdown` closes every replica (flushing its log), checkpoints and writ
 marker last.
 
 The Controller pushes partition states with `apply_partition` (leader, ISR, epochs, and the
-leader replica's handle for followers). Pushes may arrive out of order; each carries its
+leader replica's handle for followers); a replica is told its role with its share of the
+broker's replication throttles while a reassignment it takes part in adds replicas
+(broker_throttles.py), and the others their new shares as such moves start and complete. Pushes may arrive out of order; each carries its
 epochs, and an older one than the replica has seen is ignored. Replicas send ISR changes
 back through `alter_partition`, which adds this broker's epoch so a fenced or replaced
 incarnation cannot change an ISR, and counts the changes the Controller commits (Kafka's
@@ -82,11 +84,13 @@ from rayk import metrics
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.server.broker_health import broker_health
 from rayk.server.broker_log_manager import BrokerLogManager
+from rayk.server.broker_throttles import BrokerThrottles
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.coordinator.group.group_lag import group_lags
 from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
 from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.replication.replica_board import BoardSlot, ReplicaBoard
+from rayk.replication.replication_throttle import ThrottleSetting
 from rayk.replication.share.share_fetch import ShareSettings
 from rayk.coordinator.transaction.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
@@ -136,6 +140,13 @@ class _Replica:
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
     last_push: int = 0  # the number of the last push applied to it (ReplicaManager._pushes_applied)
     slot: BoardSlot | None = None  # where its process publishes its offsets, while handle is set
+
+
+async def _tell_throttle(handle: Any, setting: ThrottleSetting) -> None:
+    try:
+        await handle.throttle_replication.remote(setting)
+    except RayActorError:
+        pass  # it died: the push that re-creates it tells it its share
 
 
 def _node_memory_bytes() -> int:
@@ -202,6 +213,7 @@ class ReplicaManager(Supervised):
         self._stopped: dict[TopicPartition, tuple[str, int | None]] = {}
         self._pushes_applied = 0  # pushes applied so far: which replicas a stray check may judge
         self._logs = BrokerLogManager(broker_id, self.dir, self._board, self._replicas, self.config)
+        self._throttles = BrokerThrottles(broker_id, self.config)
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
         self._loops: list[asyncio.Task] = []
@@ -518,6 +530,7 @@ class ReplicaManager(Supervised):
                 return None  # else its supervisor reports it
             if self._children.watching(tp) is not handle:
                 self._children.watch(tp, handle)  # it answered: from now on it is probed
+            self._retell_throttles()
             return handle
 
     def _drop_handle(self, replica: _Replica) -> None:
@@ -558,14 +571,29 @@ class ReplicaManager(Supervised):
             raise
 
     async def _make_role(self, replica: _Replica) -> None:
+        """Tells the replica its role, with its share of the broker's replication throttles."""
         state = replica.assignment.state
+        tp = (replica.assignment.topic, replica.assignment.partition)
+        throttle = self._throttles.setting_for(tp, self._partition_states())
         if state.leader == self.broker_id:
             await replica.handle.become_leader.remote(
-                state.leader_epoch, list(state.replicas), list(state.isr), state.partition_epoch
+                state.leader_epoch, list(state.replicas), list(state.isr), state.partition_epoch, throttle
             )
         else:
             leader = replica.assignment.leader_handle if state.leader != NO_LEADER else None
-            await replica.handle.become_follower.remote(state.leader_epoch, state.leader, leader, self._incarnation_id)
+            await replica.handle.become_follower.remote(
+                state.leader_epoch, state.leader, leader, self._incarnation_id, throttle
+            )
+
+    def _partition_states(self) -> dict[TopicPartition, PartitionState]:
+        return {tp: r.assignment.state for tp, r in self._replicas.items()}
+
+    def _retell_throttles(self) -> None:
+        """The moves this broker takes part in changed: each replica whose share of the
+        replication throttles changed is told its new one (in the background)."""
+        handles = {tp: r.handle for tp, r in self._replicas.items() if r.handle is not None}
+        for handle, setting in self._throttles.changed(self._partition_states(), handles):
+            self._spawn(_tell_throttle(handle, setting))
 
     async def stop_replica(
         self, topic: str, partition: int, delete: bool, topic_id: str = "", partition_epoch: int | None = None
@@ -582,6 +610,7 @@ class ReplicaManager(Supervised):
                 while len(self._stopped) > MAX_STOPPED_REMEMBERED:
                     del self._stopped[next(iter(self._stopped))]
             await self._stop_replica(tp, delete)
+        self._retell_throttles()
 
     def _stopped_before(self, assignment: PartitionAssignment) -> bool:
         """Whether `assignment` was pushed before the Controller stopped this replica."""
@@ -653,6 +682,11 @@ class ReplicaManager(Supervised):
         """Leader and partition counts, under-replicated and under-min-ISR partitions (what
         the gauges say; for `rayk status`, which needs no Prometheus)."""
         return self._health()
+
+    async def log_sizes(self) -> dict[TopicPartition, int]:
+        """Each of its replicas' log size in bytes as of the last offset checkpoint (what
+        the Controller's balancer weighs partitions by)."""
+        return self._logs.log_sizes
 
     async def listener(self) -> Any:
         """This broker's Kafka listener actor (a SocketServer), or None (for tools and tests)."""

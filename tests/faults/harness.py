@@ -86,6 +86,7 @@ class Traffic:
     sent_at: dict[bytes, float] = field(default_factory=dict)
     acked_at: dict[bytes, float] = field(default_factory=dict)
     rate_per_s: float = SEND_RATE_PER_S  # the nemesis sends slower: its consumers share the driver's CPU
+    partitions: int = PARTITIONS  # sent to round-robin
 
     def __post_init__(self) -> None:
         self.producer = self.cluster.producer(acks="all", linger_ms=5, delivery_timeout_ms=120_000)
@@ -101,7 +102,7 @@ class Traffic:
             if self._halt.is_set():
                 return
             value = b"record-%09d" % i
-            partition = i % PARTITIONS
+            partition = i % self.partitions
             with self._lock:
                 self.sent_at[value] = time.monotonic()
             future = self.producer.send(self.topic, value=value, partition=partition)
@@ -137,7 +138,7 @@ class Traffic:
         Take `t0` once the fault is done, not before the lookups it starts with (a pid, a
         handle: long on loaded cores): a write the victim still took in between would count
         as resumed before the fault."""
-        wait_until(lambda: len(self.resumed_after(t0)) == PARTITIONS, RESUME_BOUND_S + 20, "writes on every partition")
+        wait_until(lambda: len(self.resumed_after(t0)) == self.partitions, RESUME_BOUND_S + 20, "writes on every partition")
         slowest = max(self.resumed_after(t0).values())
         assert slowest <= RESUME_BOUND_S, f"writes resumed after {slowest:.1f} s, bound {RESUME_BOUND_S} s"
         return slowest

@@ -125,6 +125,9 @@ NEMESIS_CONFIG = {
     "offsets.topic.num.partitions": 1,  # one coordinator: fewer processes on 2 cores
     "offsets.topic.replication.factor": REPLICATION_FACTOR,
     "group.share.record.lock.duration.ms": SHARE_LOCK_MS,
+    # Its own reassignments and rotations (then waiting for their preferred leaders) are the
+    # schedule; a balancer check evening them out meanwhile would undo what it waits for.
+    "auto.balance.enable": False,
 }
 TOPIC_CONFIG = {"min.insync.replicas": str(MIN_INSYNC_REPLICAS)}
 
