@@ -6,7 +6,7 @@ fencing, replayed from the log); this owns what lives only as long as this Contr
 process: per broker, the handle of the ReplicaManager that registered with this session
 (`attached`; elections read the set from `ClusterControlManager.attached`, which this
 keeps), when it last heartbeat, since when it is fenced, the Kafka listeners it
-advertises, its node's memory as it registered, and a call held open on its actor
+advertises, its node's memory and cores as it registered, and a call held open on its actor
 (`run_until_stopped`) that fails the moment Ray reports it dead.
 
 It decides nothing: it tells the Controller which brokers are silent for longer than
@@ -50,6 +50,7 @@ class BrokerHeartbeatManager:
         self._registering: set[int] = set()  # brokers whose registration's pushes are under way
         self.endpoints: dict[int, Endpoints] = {}
         self.node_memory_bytes: dict[int, int] = {}  # broker id -> its node's memory, as it registered
+        self.node_cpus: dict[int, float] = {}  # broker id -> its node's cores, as it registered
         self._watches: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ the session's brokers

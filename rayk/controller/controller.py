@@ -192,15 +192,18 @@ class Controller:
         directory_id: str = "",
         clean_shutdown: bool = True,
         node_memory_bytes: int = 0,
+        node_cpus: float = 0,
     ) -> tuple[int, dict]:
         """A ReplicaManager (re)starts, or registers again. Returns its broker epoch and the
         partitions assigned to it (topic, partition) -> topic id, after pushing their states
         to it. `endpoints` are its Kafka listeners' advertised (host, port) by listener name;
         `incarnation_id` names its process, `directory_id` its data directory, and
         `clean_shutdown` says whether its last run ended with the clean-shutdown marker, and
-        `node_memory_bytes` is its node's memory (what caps its replicas: replica_capacity.py)."""
+        `node_memory_bytes` and `node_cpus` are its node's memory and cores (what cap its
+        replicas: replica_capacity.py)."""
         self._sessions.set_endpoints(broker_id, endpoints)
         self._sessions.node_memory_bytes[broker_id] = node_memory_bytes
+        self._sessions.node_cpus[broker_id] = node_cpus
         previous = self._meta.brokers.get(broker_id)
         if previous is not None and previous.incarnation_id != incarnation_id:
             self._detach(broker_id)  # a new process: the old one's replica handles are dead

@@ -5,7 +5,7 @@ internal topics).
 A creation takes the brokers' defaults for what it leaves out (`num.partitions`,
 `default.replication.factor`), has the ReplicationControlManager place its replicas,
 is admitted only if no broker then holds more replicas than it may (`max.replicas.per.
-broker`, or what its node's memory holds: replica_capacity.py; POLICY_VIOLATION,
+broker`, or what its node's memory and cores hold: replica_capacity.py; POLICY_VIOLATION,
 never a node that then starves), is committed, and its replicas are pushed: the call
 waits for them up to `timeout_ms`, the replicas go on starting in the background after.
 The internal topics (`__consumer_offsets`, `__transaction_state`) are created on first
@@ -13,8 +13,9 @@ use with their own settings, and are never refused by the cap: groups and transa
 must work whatever users have filled.
 
 Admission is the seam where capacity decisions belong (asking Ray's autoscaler for nodes
-when a topic does not fit). Holds no state: it reads the image and the brokers' node
-memory as they registered (BrokerHeartbeatManager), commits through the Controller's
+when a topic does not fit: `replicas_over` says how many replicas past their caps a plan
+puts each broker). Holds no state: it reads the image and the brokers' node memory and
+cores as they registered (BrokerHeartbeatManager), commits through the Controller's
 `commit` and pushes through the ControllerChannelManager. Runs on the Controller's
 event loop: a plan, its admission and its commit never await between them.
 """
@@ -35,7 +36,7 @@ from rayk.errors import InvalidRequestError, RequestTimedOutError, TopicAlreadyE
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal
 from rayk.metadata.cluster_metadata import ClusterMetadata, Record
 from rayk.metadata.records import PartitionRecord
-from rayk.server.replica_capacity import check_replica_caps, replica_caps
+from rayk.server.replica_capacity import check_replica_caps, node_capacity, replica_caps, replicas_over
 
 Commit = Callable[[list[Record]], None]
 
@@ -131,10 +132,25 @@ class TopicCreation:
         except TopicAlreadyExistsError:
             pass  # a concurrent request created it
 
+    def replicas_over(self, records: list[Record]) -> dict[int, int]:
+        """Per broker that the new partitions of `records` put past its cap, by how many
+        replicas (replica_capacity.replicas_over); {} when they fit."""
+        held, adding, caps = self._placement(records)
+        return replicas_over(held, adding, caps)
+
     def check_replica_caps(self, records: list[Record]) -> None:
         """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
+        held, adding, caps = self._placement(records)
+        mem, cpus = self._sessions.node_memory_bytes, self._sessions.node_cpus
+        bounds = {b: node_capacity(mem[b], cpus.get(b, 0)) for b in caps if mem.get(b, 0) > 0}
+        check_replica_caps(held, adding, caps, configured=self._config.max_replicas_per_broker > 0, bounds=bounds)
+
+    def _placement(self, records: list[Record]) -> tuple[Counter[int], list[int], dict[int, int]]:
+        """The replicas each broker holds, the brokers of the new replicas in `records`, and
+        each live broker's cap."""
         held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
         adding = [b for r in records if isinstance(r, PartitionRecord) for b in r.replicas]
         node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
-        caps = replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
-        check_replica_caps(held, adding, caps, configured=self._config.max_replicas_per_broker > 0)
+        caps = replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of,
+                            self._sessions.node_cpus)
+        return held, adding, caps

@@ -145,6 +145,14 @@ def _node_memory_bytes() -> int:
     return int(get_system_memory())
 
 
+def _node_cpus() -> float:
+    """This node's cores as Ray counts them by default: a cgroup's CPU quota where one is
+    set (a container), else the host's."""
+    from ray._private.utils import get_num_cpus
+
+    return float(get_num_cpus())
+
+
 def replica_config_of(topic_configs: dict[str, str], c: BrokerConfig) -> ReplicaConfig:
     """The settings of a replica of a topic with `topic_configs`, on a broker configured so."""
     return ReplicaConfig(
@@ -286,6 +294,7 @@ class ReplicaManager(Supervised):
                     self._directory_id,
                     self._clean_shutdown,
                     _node_memory_bytes(),
+                    _node_cpus(),
                 )
                 break
             except RayActorError as e:
