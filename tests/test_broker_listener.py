@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from rayk.actors.supervision import ProcessProgress
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError
 from rayk.server import broker_listener
@@ -107,10 +108,11 @@ def test_a_port_taken_for_good_gives_way_to_a_free_one_after_the_attempts(monkey
 def test_it_runs_while_its_process_spends_cpu(monkeypatch):
     supervisor = Supervisor()
     listener = BrokerListener(0, None, None, BrokerConfig(), "node", supervisor)
-    listener.handle, listener._pid = object(), os.getpid()
+    listener.handle, listener._process = object(), ProcessProgress(os.getpid())
     listener.probe(1.0)  # the first reading
     sum(range(3_000_000))  # this process spends CPU
     listener.probe(2.0)
-    listener._pid = 999_999_999  # gone
+    listener._process = ProcessProgress(999_999_999)  # gone
     listener.probe(3.0)
+    listener.probe(4.0)
     assert supervisor.seen_running == [(LISTENER, 2.0)]

@@ -160,3 +160,30 @@ def test_a_late_child_that_answers_in_the_end_was_never_killed(monkeypatch):
 
     pings, kills = scenario(monkeypatch, {"slow": "later"}, steps)
     assert kills == [] and pings == {"slow": 1}
+
+
+def test_a_process_that_runs_or_waits_for_a_cpu_moves_and_a_stopped_or_sleeping_one_does_not():
+    import signal
+    import subprocess
+    import sys
+
+    from rayk.actors.supervision import ProcessProgress
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    asleep = subprocess.Popen(["sleep", "60"])
+    try:
+        watched = {"busy": ProcessProgress(busy.pid), "asleep": ProcessProgress(asleep.pid)}
+        assert not any(p.moved() for p in watched.values()), "the first look compares nothing"
+        import time
+
+        time.sleep(0.3)
+        assert {k: p.moved() for k, p in watched.items()} == {"busy": True, "asleep": False}
+        busy.send_signal(signal.SIGSTOP)
+        time.sleep(0.1)
+        watched["busy"].moved()
+        time.sleep(0.3)
+        assert not watched["busy"].moved(), "stopped (SIGSTOP): not running, whatever its counters"
+        assert not ProcessProgress(2**22 + 12345).moved(), "gone"
+    finally:
+        busy.kill()
+        asleep.kill()

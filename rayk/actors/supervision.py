@@ -11,8 +11,8 @@ third of `unresponsive_ms`. A ping with no answer for the other two thirds makes
 *late*, and late is not dead: on a node short of CPU every process answers late, and
 killing the slow ones only adds the load of starting them again (a metastable failure). So
 a late child is killed only if the owner has not seen it run since its ping went out
-(`ran`: a replica's publication on its broker's board, a process whose CPU time moved),
-which is how a stopped or wedged process looks; one that runs but has answered no ping for
+(`ran`: a replica's publication on its broker's board, or its process running or waiting
+for a CPU: `ProcessProgress`), which is how a stopped or wedged process looks; one that runs but has answered no ping for
 LATE_KILL_FACTOR times `unresponsive_ms` cannot be managed, and is killed all the same.
 Killing fails the held call too. A wedged child goes ~`unresponsive_ms` after its last
 sign of life, while a stall of the owner's own event loop kills nothing (a ping out during
@@ -157,6 +157,11 @@ class ChildSupervisor:
         if child is not None and child.handle is handle:
             child.answered_at_s = max(child.answered_at_s, min(at_s, self._clock()))
 
+    def unanswered(self) -> list[Hashable]:
+        """The children with a ping out not answered yet (those whose owner may look for
+        other signs that they run: `ran`)."""
+        return [key for key, child in self._children.items() if child.unanswered_since_s is not None]
+
     def watching(self, key: Hashable) -> Any:
         child = self._children.get(key)
         return None if child is None else child.handle
@@ -237,18 +242,42 @@ class ChildSupervisor:
             child.late = False
 
 
-def process_cpu_ticks(pid: int) -> int | None:
-    """The CPU time (user and system, in clock ticks) a process on this node has spent, from
-    /proc; None if it is gone or stopped (SIGSTOP, or traced): such a process does not run,
-    whatever its counters say."""
+def process_progress_ns(pid: int) -> int | None:
+    """How long a process on this node has run and waited for a CPU to run, over all its
+    threads (ns, /proc/<pid>/task/*/schedstat); None if it is gone or stopped (SIGSTOP, or
+    traced): such a process does not run, whatever its counters say. A process starved of
+    CPU still waits on a run queue, so this moves while it is alive and wants to run; one
+    blocked for good (every thread asleep) or stopped does not move it."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        if state in (b"T", b"t", b"Z", b"X"):
+            return None
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                on_cpu_ns, waiting_ns = f.read().split()[:2]
+            total += int(on_cpu_ns) + int(waiting_ns)
+        return total
+    except (OSError, IndexError, ValueError):
         return None
-    if fields[0] in (b"T", b"t", b"Z", b"X"):
-        return None
-    return int(fields[11]) + int(fields[12])
+
+
+class ProcessProgress:
+    """Whether a child's process, on its owner's node, ran or wanted to run since the last
+    look (`process_progress_ns`): what tells a starved child from a stopped one when its
+    ping is late. Not thread-safe."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._last_ns: int | None = None
+
+    def moved(self) -> bool:
+        """Whether it moved since the previous call (False at the first: nothing to compare)."""
+        now_ns = process_progress_ns(self.pid)
+        moved = now_ns is not None and self._last_ns is not None and now_ns > self._last_ns
+        self._last_ns = now_ns
+        return moved
 
 
 def start_again_if_restarted(method: str = "start", retry_backoff_ms: int = 50) -> bool:

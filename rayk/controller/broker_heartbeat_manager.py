@@ -98,6 +98,7 @@ class BrokerHeartbeatManager:
         self._late: set[int] = set()  # brokers silent past the session timeout, not fenced for it (logged once)
         self._fenced_late_at_s = float("-inf")  # when a broker Ray reports alive was last fenced for silence
         self.counts: Counter[str] = Counter()  # "registrations", and fencings: "fenced_dead", "fenced_silent", "fenced_late"
+        self.longest_silence_s = 0.0  # the longest gap between two heartbeats of a broker in session, since start
 
     # ------------------------------------------------------------------ the session's brokers
 
@@ -158,10 +159,12 @@ class BrokerHeartbeatManager:
         if broker_epoch != registration.epoch:
             return "stale"
         now = self._clock()
+        silent_s = now - self._last_heartbeat_s.get(broker_id, now)
+        self.longest_silence_s = max(self.longest_silence_s, silent_s)
         if broker_id in self._late:
             self._late.discard(broker_id)
             logger.info("broker %d heard from again, %.1f s after its last heartbeat: it was late, not fenced",
-                        broker_id, now - self._last_heartbeat_s.get(broker_id, now))  # fmt: skip
+                        broker_id, silent_s)  # fmt: skip
         self._last_heartbeat_s[broker_id] = now
         return "ok"
 

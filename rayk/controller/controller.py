@@ -570,12 +570,14 @@ class Controller:
         return {"active_controller_count": 1, "offline_partitions_count": self._view.offline_partitions_count()}
 
     async def session_counts(self) -> dict[str, int]:
-        """Since this Controller started: broker registrations, and fencings by reason
+        """Since this Controller started: broker registrations, fencings by reason
         (fenced_dead: Ray reported the process dead; fenced_silent: past the session, with
-        no process Ray has alive; fenced_late: alive per Ray, silent past the bound); and
-        the brokers late right now (for tools and overload tests)."""
+        no process Ray has alive; fenced_late: alive per Ray, silent past the bound), and
+        the longest gap between two heartbeats of a broker; and the brokers late right now
+        (for tools and overload tests)."""
         counts = {k: self._sessions.counts[k] for k in ("registrations", "fenced_dead", "fenced_silent", "fenced_late")}
-        return counts | {"late_brokers": len(self._sessions.late_brokers())}
+        return counts | {"late_brokers": len(self._sessions.late_brokers()),
+                         "longest_silence_ms": int(self._sessions.longest_silence_s * 1000)}
 
     async def data_dir(self) -> str:
         return str(self.dir)

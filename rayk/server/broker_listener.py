@@ -10,9 +10,10 @@ the advertised endpoints, the ports it listens on and its process id, and:
   reaped) is tried again, with backoff (restart_backoff.py), as are restarts after
   restarts; only after `PORT_ATTEMPTS` attempts does it take any free port, since a
   listener on a new port that Metadata advertises beats none;
-- tells the supervisor when it runs (`probe`): its process's CPU time moved since the last
-  round (/proc, on this node), so that a listener slow to answer a ping on a starved node
-  is late, not dead; a stopped or wedged one spends no CPU and is killed as before.
+- tells the supervisor when it runs (`probe`): its process ran or waited for a CPU since
+  the last round (/proc, on this node: supervision.ProcessProgress), so that a listener
+  slow to answer a ping on a starved node is late, not dead; a stopped or wedged one does
+  neither and is killed as before.
 
 Not thread-safe: the ReplicaManager's event loop calls it.
 """
@@ -28,7 +29,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rayk.actors.restart_backoff import BackoffPolicy, RestartBackoff
-from rayk.actors.supervision import ChildSupervisor, process_cpu_ticks
+from rayk.actors.supervision import ChildSupervisor, ProcessProgress
 from rayk.config import BrokerConfig
 from rayk.errors import KafkaError, StaleBrokerEpochError
 
@@ -59,8 +60,7 @@ class BrokerListener:
         self.handle: Any = None  # the SocketServer actor, while one runs
         self.endpoints: Endpoints | None = None
         self._ports: dict[str, int] = {}  # listener name -> the port it listened on, kept across restarts
-        self._pid = 0
-        self._cpu_ticks: int | None = None
+        self._process: ProcessProgress | None = None
         self._restarts = RestartBackoff(LISTENER_RESTARTS)
         self.restarted = 0  # restarts after a death, for the broker's description
 
@@ -74,11 +74,12 @@ class BrokerListener:
             return
         try:
             self.endpoints = await listener.start.remote(ports)
-            self._ports, self._pid = await asyncio.gather(listener.bound_ports.remote(), listener.pid.remote())
+            ports_and_pid: tuple[Any, Any] = await asyncio.gather(listener.bound_ports.remote(), listener.pid.remote())
         except BaseException:
             ray.kill(listener)  # it could not bind (a port in use, a keystore that does not load)
             raise
-        self.handle, self._cpu_ticks = listener, None
+        self._ports = ports_and_pid[0]
+        self.handle, self._process = listener, ProcessProgress(ports_and_pid[1])
         self._children.watch(LISTENER, listener)
 
     async def restart(self, publish: Callable[[], Awaitable[None]]) -> None:
@@ -114,14 +115,10 @@ class BrokerListener:
                 await asyncio.sleep(PUBLISH_RETRY_S)
 
     def probe(self, now_s: float) -> None:
-        """Tells the supervisor the listener ran at `now_s` if its process spent CPU since
-        the last probe (a stopped or gone process does not count)."""
-        if self.handle is None or not self._pid:
-            return
-        ticks = process_cpu_ticks(self._pid)
-        if ticks is not None and self._cpu_ticks is not None and ticks > self._cpu_ticks:
+        """Tells the supervisor the listener ran at `now_s` if its process ran or waited for
+        a CPU since the last probe (a stopped or gone process does not count)."""
+        if self.handle is not None and self._process is not None and self._process.moved():
             self._children.ran(LISTENER, self.handle, now_s)
-        self._cpu_ticks = ticks
 
     async def stop(self) -> None:
         """Stops it for good (the broker's clean shutdown)."""

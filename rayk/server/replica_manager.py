@@ -98,7 +98,7 @@ from rayk.replication.replica_board import BoardSlot, ReplicaBoard
 from rayk.replication.share.share_fetch import ShareSettings
 from rayk.coordinator.transaction.transaction_state_replica import TransactionStatePartitionReplica
 from rayk.actors.restart_backoff import BackoffPolicy, RestartBackoff
-from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
+from rayk.actors.supervision import ChildSupervisor, ProcessProgress, Supervised, start_again_if_restarted
 from rayk.server.broker_listener import LISTENER, BrokerListener, Endpoints, ListenerFactory
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore
@@ -151,6 +151,7 @@ class _Replica:
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
     last_push: int = 0  # the number of the last push applied to it (ReplicaManager._pushes_applied)
     slot: BoardSlot | None = None  # where its process publishes its offsets, while handle is set
+    process: ProcessProgress | None = None  # its process on this node, once it told its pid
 
 
 def _node_memory_bytes() -> int:
@@ -410,12 +411,17 @@ class ReplicaManager(Supervised):
             raise StaleBrokerEpochError(f"broker {self.broker_id} epoch {self._broker_epoch} was replaced")
 
     async def _probe_children(self) -> None:
-        self._listener.probe(time.monotonic())
+        now_s = time.monotonic()
+        self._listener.probe(now_s)
         for tp, replica in self._replicas.items():
             if replica.handle is not None and replica.slot is not None:
                 published = self._board.read(replica.slot)
                 if published is not None:  # it ran then: no ping needed for a while
                     self._children.ran(tp, replica.handle, published.at_s)
+        for key in self._children.unanswered():  # a late ping: does its process run, or want to?
+            late = self._replicas.get(key) if isinstance(key, tuple) else None
+            if late is not None and late.handle is not None and late.process is not None and late.process.moved():
+                self._children.ran(key, late.handle, now_s)
         self._children.probe()
 
     async def _record_metrics(self) -> None:
@@ -441,6 +447,7 @@ class ReplicaManager(Supervised):
         if key == LISTENER:
             await self._listener.restart(self._publish_listener)
         else:
+            assert isinstance(key, tuple), key  # replicas are keyed by (topic, partition)
             await self._on_replica_death(key, handle)
 
     async def _publish_listener(self) -> None:
@@ -531,7 +538,19 @@ class ReplicaManager(Supervised):
             return None  # else its supervisor reports it
         if self._children.watching(tp) is not handle:
             self._children.watch(tp, handle)  # it answered: from now on it is probed
+            self._spawn(self._learn_process(tp, handle))
         return handle
+
+    async def _learn_process(self, tp: TopicPartition, handle: Any) -> None:
+        """Asks a new replica its pid: when a ping of it is late, its process's progress
+        tells a starved replica from a stopped one (supervision.py)."""
+        try:
+            pid = await handle.pid.remote()
+        except RayActorError:
+            return  # died meanwhile: its supervisor reports it
+        replica = self._replicas.get(tp)
+        if replica is not None and replica.handle is handle:
+            replica.process = ProcessProgress(pid)
 
     async def _restart_pause(self, tp: TopicPartition) -> None:
         """Before a replica whose process died is created again: at once the first time,
@@ -548,6 +567,7 @@ class ReplicaManager(Supervised):
     def _drop_handle(self, replica: _Replica) -> None:
         """Its process died or was stopped: its slot on the board is free again."""
         replica.handle = None
+        replica.process = None
         if replica.slot is not None:
             self._board.release(replica.slot)
             replica.slot = None
@@ -673,6 +693,11 @@ class ReplicaManager(Supervised):
             "clean_shutdown": self._clean_shutdown,
             "replicas": sorted(self._replicas),
             "failed_replicas": sorted(tp for tp, r in self._replicas.items() if r.handle is None),
+            # Since this process started: children found late (slow, not killed) and killed
+            # for answering nothing (supervision.py), and listener restarts.
+            "children_late": self._children.late,
+            "children_killed": self._children.killed,
+            "listener_restarts": self._listener.restarted,
         }
 
     async def health(self) -> metrics.BrokerHealth:
