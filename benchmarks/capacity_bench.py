@@ -111,6 +111,9 @@ def measure(classes: dict[int, str], window_s: float) -> tuple[dict, dict, dict,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--step", type=int, default=10, help="partitions per topic while filling the node")
+    parser.add_argument("--fill", type=int, default=0,
+                        help="partitions to fill the node with (default: the capacity; past it, set "
+                             "--config max.replicas.per.broker=N too)")
     parser.add_argument("--bare", type=int, default=20)
     parser.add_argument("--warmup-s", type=float, default=15)
     parser.add_argument("--window-s", type=float, default=30)
@@ -132,10 +135,11 @@ def main() -> None:
     cluster = rayk.start(brokers=BROKERS, data_dir=tempfile.mkdtemp(prefix="rayk-capacity-"), config=config)
     try:
         print(f"1. replicas per node before refusal: {BROKERS * cap} ({refusal_point(cluster, cap)})")
-        topics, fill_s = fill(cluster, cap, args.step, args.healthy_timeout_s)
+        partitions = args.fill or cap
+        topics, fill_s = fill(cluster, partitions, args.step, args.healthy_timeout_s)
         sessions = ray.get(cluster.controller.session_counts.remote())
         ok = all(healthy(cluster, t) for t in topics)
-        print(f"2. {cap} partitions x RF 3 = {BROKERS * cap} replicas in topics of {args.step}: "
+        print(f"2. {partitions} partitions x RF 3 = {BROKERS * partitions} replicas in topics of {args.step}: "
               f"{'every ISR full' if ok else 'NOT every ISR full'} after {fill_s:.0f} s; longest heartbeat gap "
               f"{sessions['longest_silence_ms'] / 1000:.1f} s (session timeout "
               f"{ray.get(cluster.controller.broker_config.remote()).broker_session_timeout_ms / 1000:.0f} s); registrations "
@@ -144,7 +148,7 @@ def main() -> None:
         bare = [BareActor.remote() for _ in range(args.bare)]
         bare_pids = set(ray.get([b.pid.remote() for b in bare]))
         time.sleep(args.warmup_s)
-        used_per_replica = (used_memory_bytes() - used_before) / (BROKERS * cap + args.bare)
+        used_per_replica = (used_memory_bytes() - used_before) / (BROKERS * partitions + args.bare)
         classes = {**processes(), **replica_roles(cluster, topics)}
         classes.update({pid: "bare async Ray actor" for pid in bare_pids})
         cpu, count, uss, busy = measure(classes, args.window_s)
