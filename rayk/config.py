@@ -162,7 +162,7 @@ class BrokerConfig:
     unclean_leader_election_enable: bool = False
     auto_create_topics_enable: bool = True  # a Metadata request for a missing topic creates it
     # Partition replicas a broker may hold (each is a process: rayk/server/replica_capacity.py);
-    # -1: derived from its node's memory. rayk's own setting.
+    # -1: derived from its node's memory and cores. rayk's own setting.
     max_replicas_per_broker: int = -1
     # Preferred leaders (Kafka's names and defaults): a broker whose share of the partitions
     # it should lead but does not is over the percentage gets them back, checked this often.

@@ -38,15 +38,16 @@ class StubController:
 
 
 def broker(controller: StubController, epoch: int):
-    manager = types.SimpleNamespace(_controller=controller, broker_id=1, _broker_epoch=epoch,
-                                    _endpoints={"PLAINTEXT": ("127.0.0.1", 9092)}, registrations=0)  # fmt: skip
+    listener = types.SimpleNamespace(endpoints={"PLAINTEXT": ("127.0.0.1", 9092)})
+    manager = types.SimpleNamespace(_controller=controller, broker_id=1, _broker_epoch=epoch, _listener=listener,
+                                    registrations=0)  # fmt: skip
 
     async def register():  # as the Controller would: a new epoch, unfenced, with the endpoints
         manager.registrations += 1
-        controller.epoch, controller.fenced, controller.endpoints = controller.epoch + 1, False, manager._endpoints
+        controller.epoch, controller.fenced, controller.endpoints = controller.epoch + 1, False, listener.endpoints
         manager._broker_epoch = controller.epoch
 
-    manager._register = register
+    manager._register_again = register
     return manager
 
 

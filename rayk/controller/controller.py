@@ -133,7 +133,8 @@ class Controller:
         self._balancer = Balancer(
             self._meta, self._commit, self._channels, self._sessions, self._elections, self._topics.replica_caps, c
         )
-        self._periodic = PeriodicTasks(min(MAINTENANCE_MAX_INTERVAL_MS, c.broker_session_timeout_ms // 4) / 1000, [
+        tick_s = min(MAINTENANCE_MAX_INTERVAL_MS, c.broker_session_timeout_ms // 4) / 1000
+        self._periodic = PeriodicTasks(tick_s, on_late=self._sessions.credit_stall, tasks=[
             PeriodicTask("record_metrics", self._record_metrics),
             PeriodicTask("fence_silent_brokers", self._fence_silent_brokers),
             PeriodicTask("push_dirty", self._channels.push_dirty),
@@ -223,15 +224,18 @@ class Controller:
         directory_id: str = "",
         clean_shutdown: bool = True,
         node_memory_bytes: int = 0,
+        node_cpus: float = 0,
     ) -> tuple[int, dict]:
         """A ReplicaManager (re)starts, or registers again. Returns its broker epoch and the
         partitions assigned to it (topic, partition) -> topic id, after pushing their states
         to it. `endpoints` are its Kafka listeners' advertised (host, port) by listener name;
         `incarnation_id` names its process, `directory_id` its data directory, and
         `clean_shutdown` says whether its last run ended with the clean-shutdown marker, and
-        `node_memory_bytes` is its node's memory (what caps its replicas: replica_capacity.py)."""
+        `node_memory_bytes` and `node_cpus` are its node's memory and cores (what cap its
+        replicas: replica_capacity.py)."""
         self._sessions.set_endpoints(broker_id, endpoints)
         self._sessions.node_memory_bytes[broker_id] = node_memory_bytes
+        self._sessions.node_cpus[broker_id] = node_cpus
         previous = self._meta.brokers.get(broker_id)
         if previous is not None and previous.incarnation_id != incarnation_id:
             self._detach(broker_id)  # a new process: the old one's replica handles are dead
@@ -243,7 +247,8 @@ class Controller:
         epoch = self._meta.brokers[broker_id].epoch
         self._sessions.attach(broker_id, manager)
         self._replacement.broker_back(broker_id)
-        self._sessions.watch(broker_id, epoch, manager, self._on_broker_death)
+        self._sessions.watch(broker_id, epoch, manager, self._on_broker_death, incarnation_id)
+        self._sessions.counts["registrations"] += 1
         mine = {(t, p) for t, p, _ in self._meta.replication.partitions_of_broker(broker_id)}
         async with self._sessions.registering(broker_id):
             await self._channels.push_all(mine | changed)
@@ -297,14 +302,16 @@ class Controller:
         registration = self._meta.brokers.get(broker_id)
         if registration is not None and registration.epoch == epoch and not registration.fenced:
             logger.warning("broker %d died: fencing it", broker_id)
-            await self._fence_and_push(broker_id)
+            await self._fence_and_push(broker_id, "dead")
 
-    async def _fence_and_push(self, broker_id: int) -> None:
+    async def _fence_and_push(self, broker_id: int, why: str) -> None:
+        """Fences a broker (`why`: dead, silent or late, for the counts), moving its leaderships."""
         records = self._meta.plan_fence_broker(broker_id)
         self._commit(records)
         self._detach(broker_id)
         if records:
             self._sessions.fenced(broker_id)
+            self._sessions.counts[f"fenced_{why}"] += 1
         await self._channels.push_all(_partitions_in(records))
 
     # ------------------------------------------------------------------ maintenance (see PeriodicTasks)
@@ -313,9 +320,12 @@ class Controller:
         metrics.record_controller(self._view.offline_partitions_count())
 
     async def _fence_silent_brokers(self) -> None:
-        for broker_id, silent_s in self._sessions.silent_brokers():
-            logger.warning("broker %d silent for %.1f s: fencing it", broker_id, silent_s)
-            await self._fence_and_push(broker_id)
+        """Fences the brokers silent past their session that Ray does not have alive, and
+        late ones past the bound, one at a time (BrokerHeartbeatManager.brokers_to_fence)."""
+        for broker_id, silent_s, why in self._sessions.brokers_to_fence():
+            logger.warning("broker %d silent for %.1f s%s: fencing it", broker_id, silent_s,
+                           "" if why == "silent" else ", although Ray has its process alive")  # fmt: skip
+            await self._fence_and_push(broker_id, why)
 
     async def _snapshot_if_due(self) -> None:
         """Snapshots the metadata image once enough was appended since the last one (or
@@ -637,6 +647,16 @@ class Controller:
     async def health(self) -> dict[str, int]:
         """The Controller's gauges, for `rayk status` (which needs no Prometheus)."""
         return {"active_controller_count": 1, "offline_partitions_count": self._view.offline_partitions_count()}
+
+    async def session_counts(self) -> dict[str, int]:
+        """Since this Controller started: broker registrations, fencings by reason
+        (fenced_dead: Ray reported the process dead; fenced_silent: past the session, with
+        no process Ray has alive; fenced_late: alive per Ray, silent past the bound), and
+        the longest gap between two heartbeats of a broker; and the brokers late right now
+        (for tools and overload tests)."""
+        counts = {k: self._sessions.counts[k] for k in ("registrations", "fenced_dead", "fenced_silent", "fenced_late")}
+        return counts | {"late_brokers": len(self._sessions.late_brokers()),
+                         "longest_silence_ms": int(self._sessions.longest_silence_s * 1000)}
 
     async def data_dir(self) -> str:
         return str(self.dir)

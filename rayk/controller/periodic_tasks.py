@@ -10,7 +10,8 @@ pushes of dirty partitions) starts its own background task and returns.
 
 Each tick also records how late its timer fired, as Kafka's EventQueueTimeMs: how long a
 ready event waited for the Controller's event loop, where every call and push answer
-queues (rayk/metrics.py).
+queues (rayk/metrics.py); and tells `on_late` by how much, before the round's tasks run,
+so that what judges the brokers' silence does not count time it could not hear them.
 
 A new kind of maintenance (a balancer, say) is one more `PeriodicTask`, not a new loop.
 `start` is idempotent; `cancel` stops the loop. Not thread-safe: one event loop.
@@ -42,9 +43,10 @@ class PeriodicTask:
 class PeriodicTasks:
     """The maintenance loop: runs each task when due, in order, one round at a time."""
 
-    def __init__(self, tick_s: float, tasks: Sequence[PeriodicTask]) -> None:
+    def __init__(self, tick_s: float, tasks: Sequence[PeriodicTask], on_late: Callable[[float], None] | None = None) -> None:
         assert tick_s > 0 and all(t.period_s >= 0 for t in tasks), (tick_s, tasks)
         self.tick_s = tick_s
+        self._on_late = on_late
         self.tasks = list(tasks)
         now = time.monotonic()
         for task in self.tasks:
@@ -67,7 +69,10 @@ class PeriodicTasks:
         while True:
             slept_from_s = time.monotonic()
             await asyncio.sleep(self.tick_s)
-            metrics.record_event_queue_time((time.monotonic() - slept_from_s - self.tick_s) * 1000)
+            late_s = time.monotonic() - slept_from_s - self.tick_s
+            metrics.record_event_queue_time(late_s * 1000)
+            if self._on_late is not None:
+                self._on_late(late_s)
             await self.run_due()
 
     async def run_due(self) -> None:

@@ -5,7 +5,7 @@ internal topics).
 A creation takes the brokers' defaults for what it leaves out (`num.partitions`,
 `default.replication.factor`), has the ReplicationControlManager place its replicas,
 is admitted only if no broker then holds more replicas than it may (`max.replicas.per.
-broker`, or what its node's memory holds: replica_capacity.py; POLICY_VIOLATION,
+broker`, or what its node's memory and cores hold: replica_capacity.py; POLICY_VIOLATION,
 never a node that then starves), is committed, and its replicas are pushed: the call
 waits for them up to `timeout_ms`, the replicas go on starting in the background after.
 The internal topics (`__consumer_offsets`, `__transaction_state`) are created on first
@@ -18,11 +18,11 @@ replication factor or past their caps, is not refused at once: it asks for the b
 lacks (BrokerAutoscaling.scale_out), waits for them up to the request's timeout, and is
 planned again; POLICY_VIOLATION, naming what was missing, if they did not come in time.
 
-Holds no state: it reads the image and the brokers' node memory as they registered
-(BrokerHeartbeatManager), commits through the Controller's `commit` and pushes through
-the ControllerChannelManager. Runs on the Controller's event loop: a plan, its admission
-and its commit never await between them (a wait for brokers comes before the plan that
-is committed).
+Holds no state: it reads the image and the brokers' node memory and cores as they
+registered (BrokerHeartbeatManager), commits through the Controller's `commit` and pushes
+through the ControllerChannelManager. Runs on the Controller's event loop: a plan, its
+admission and its commit never await between them (a wait for brokers comes before the
+plan that is committed).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from rayk.errors import (
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal
 from rayk.metadata.cluster_metadata import ClusterMetadata, Record
 from rayk.metadata.records import PartitionRecord
-from rayk.server.replica_capacity import check_replica_caps, replica_caps
+from rayk.server.replica_capacity import check_replica_caps, node_capacity, replica_caps
 
 Commit = Callable[[list[Record]], None]
 
@@ -203,13 +203,18 @@ class TopicCreation:
         return held, self.replica_caps()
 
     def replica_caps(self) -> dict[int, int]:
-        """Each live broker's cap on the replicas it may hold (replica_capacity.py); a broker
-        without one (it reported no node memory) is left out."""
+        """Each live broker's cap on the replicas it may hold (replica_capacity.py: its
+        node's memory and cores); a broker without one (it reported no node memory) is left
+        out."""
         node_of = {b: self._meta.brokers[b].node_id for b in self._meta.live_brokers}
-        return replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
+        return replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of,
+                            self._sessions.node_cpus)
 
     def check_replica_caps(self, records: list[Record]) -> None:
-        """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap."""
+        """POLICY_VIOLATION if the new partitions of `records` put a broker past its cap,
+        naming what bounds each cap (memory or cores)."""
         held, caps = self._replica_caps()
         adding = [b for r in records if isinstance(r, PartitionRecord) for b in r.replicas]
-        check_replica_caps(held, adding, caps, configured=self._config.max_replicas_per_broker > 0)
+        mem, cpus = self._sessions.node_memory_bytes, self._sessions.node_cpus
+        bounds = {b: node_capacity(mem[b], cpus.get(b, 0)) for b in caps if mem.get(b, 0) > 0}
+        check_replica_caps(held, adding, caps, configured=self._config.max_replicas_per_broker > 0, bounds=bounds)

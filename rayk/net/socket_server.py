@@ -122,11 +122,15 @@ class SocketServer(Supervised):
         self._connections: dict[asyncio.Task, KafkaChannel] = {}
         self._request_timers: dict[str, RequestTimer] = {}  # by listener name
         self.endpoints: dict[str, tuple[str, int]] | None = None
+        self._bound_ports: dict[str, int] = {}  # listener name -> the port it listens on
         self._refresher: asyncio.Future | None = None
 
-    async def start(self) -> dict[str, tuple[str, int]]:
+    async def start(self, ports: dict[str, int] | None = None) -> dict[str, tuple[str, int]]:
         """Binds every listener; returns their advertised (host, port) by listener name, in
-        `listeners` order. Idempotent."""
+        `listeners` order. `ports` (by listener name) are the ports a listener of the same
+        broker had before it died: a restarted listener binds them again, so that clients'
+        bootstrap lists still reach it (with port 0 in `listeners` it would get new ones).
+        Idempotent."""
         if self.endpoints is not None:
             return self.endpoints
         if self.config.authorizes:  # the ACLs first: no listener opens before they are loaded
@@ -138,7 +142,7 @@ class SocketServer(Supervised):
         endpoints: dict[str, tuple[str, int]] = {}
         try:
             for listener in self.config.kafka_listeners():
-                endpoints[listener.name] = await self._bind(listener, node_ip)
+                endpoints[listener.name] = await self._bind(listener, node_ip, (ports or {}).get(listener.name))
         except BaseException:
             await self._close_servers()
             self._refresher.cancel()
@@ -192,10 +196,12 @@ class SocketServer(Supervised):
             await asyncio.sleep(QUOTA_PRUNE_INTERVAL_S)
             self.apis.view.quotas.prune()
 
-    async def _bind(self, listener: Listener, node_ip: str) -> tuple[str, int]:
-        """Starts serving one listener; its advertised (host, port)."""
+    async def _bind(self, listener: Listener, node_ip: str, port: int | None = None) -> tuple[str, int]:
+        """Starts serving one listener (on `port` if given, else its configured one); its
+        advertised (host, port)."""
         host = listener.host or node_ip
-        port = broker_port(listener.base_port, self.broker_id)
+        if port is None:
+            port = broker_port(listener.base_port, self.broker_id)
         tls = server_context(self.config, listener.name) if listener.uses_tls else None
         on_connection = functools.partial(self._on_connection, listener, tls)
         try:
@@ -207,6 +213,7 @@ class SocketServer(Supervised):
         self._servers.append(server)
         self._request_timers[listener.name] = RequestTimer(self.broker_id, listener.name)
         bound_port = server.sockets[0].getsockname()[1]
+        self._bound_ports[listener.name] = bound_port
         if listener.advertised_host is None:
             endpoint = (node_ip if host in ("0.0.0.0", "::") else host, bound_port)
         else:
@@ -231,6 +238,10 @@ class SocketServer(Supervised):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         self._stop_supervision()
+
+    async def bound_ports(self) -> dict[str, int]:
+        """The port each listener listens on, by name (what a restart binds again)."""
+        return dict(self._bound_ports)
 
     async def connections(self) -> int:
         return len(self._connections)

@@ -3,9 +3,9 @@ plus its BrokerLifecycleManager and LogManager's startup and shutdown).
 
 A broker is this actor, the PartitionReplica actors it creates, and its Kafka listener (a
 SocketServer actor on the same node, started while the broker registers; its address
-then goes to the Controller, which tells clients where the broker listens). The listener
-comes from a `listener_factory` that whoever deploys the broker hands in (rayk/broker.py):
-this module never imports rayk/net, so the wire protocol stays out of the processes that
+then goes to the Controller, which tells clients where the broker listens; kept by a
+BrokerListener, broker_listener.py). The listener comes from a `listener_factory` that
+whoever deploys the broker hands in (rayk/broker.py): this module never imports rayk/net, so the wire protocol stays out of the processes that
 only hold a broker's handle. Every replica holds one, and Ray loads a handle's class
 module in the process that receives it.
 It owns `<data_dir>/broker-<id>` on its node's disk: `meta.properties` (broker and
@@ -20,7 +20,9 @@ and whether its last shutdown was clean, and starts its loops (all in `start`, e
 task of its own, so that a slow one never delays the heartbeat), each with its period
 named after Kafka's setting:
 - heartbeat every `broker.heartbeat.interval.ms`; a Controller that no longer knows this
-  registration (it fenced us, or it restarted) gets a new registration;
+  registration (it fenced us, or it restarted) gets a new registration, at once the first
+  time and backing off if it keeps happening (each registration has every partition of the
+  broker pushed again);
 - a probe round every `broker.heartbeat.interval.ms`, which pings those of its replicas and
   its listener that answered nothing for a third of `broker.session.timeout.ms` (a
   replica's publication on the board counts: see supervision.py);
@@ -44,7 +46,10 @@ marker last.
 The Controller pushes partition states with `apply_partition` (leader, ISR, epochs, and the
 leader replica's handle for followers); a replica is told its role with its share of the
 broker's replication throttles while a reassignment it takes part in adds replicas
-(broker_throttles.py), and the others their new shares as such moves start and complete. Pushes may arrive out of order; each carries its
+(broker_throttles.py), and the others their new shares as such moves start and complete.
+A push that needs a new replica process waits for one of REPLICA_STARTS_IN_FLIGHT start
+slots, held until the process's first answer, so creating many partitions never takes
+every core of the node at once. Pushes may arrive out of order; each carries its
 epochs, and an older one than the replica has seen is ignored. Replicas send ISR changes
 back through `alter_partition`, which adds this broker's epoch so a fenced or replaced
 incarnation cannot change an ISR, and counts the changes the Controller commits (Kafka's
@@ -52,12 +57,15 @@ IsrShrinksPerSec and IsrExpandsPerSec).
 
 Supervision (see supervision.py). Replicas and the listener are created on this node
 (hard node affinity) and owned by this actor: if the broker dies, they die with it.
-- A replica that dies (or stops answering for `broker.session.timeout.ms`, and is then
-  killed) is a replica failure, not a broker failure: this broker reports it to the
-  Controller (`replica_failed`), which moves its leadership and takes it out of the ISR,
-  then pushes the partition again; that push re-creates the replica from its log on disk.
-  Until then, a push that would have it lead in the epoch it failed in is not applied.
-- A listener that dies is started again and its address sent to the Controller.
+- A replica that dies (or stops answering for `broker.session.timeout.ms` without being
+  seen running, and is then killed; a slow one is late, not dead) is a replica failure,
+  not a broker failure: this broker reports it to the Controller (`replica_failed`), which
+  moves its leadership and takes it out of the ISR, then pushes the partition again; that
+  push re-creates the replica from its log on disk, at once the first time and backing off
+  (REPLICA_RESTARTS) if it keeps dying. Until then, a push that would have it lead in the
+  epoch it failed in is not applied.
+- A listener that dies is started again on the ports it had, backing off, and its address
+  sent to the Controller (broker_listener.py).
 - This actor itself is created with `max_restarts=-1`: if its process dies while its node
   lives, Ray starts it again on the same node, where it starts itself (recovering its
   logs, registering as a new incarnation). If the node is gone, it stays dead until the
@@ -68,10 +76,12 @@ Supervision (see supervision.py). Replicas and the listener are created on this 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
+import time
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +103,9 @@ from rayk.replication.replica_board import BoardSlot, ReplicaBoard
 from rayk.replication.replication_throttle import ThrottleSetting
 from rayk.replication.share.share_fetch import ShareSettings
 from rayk.coordinator.transaction.transaction_state_replica import TransactionStatePartitionReplica
-from rayk.actors.supervision import ChildSupervisor, Supervised, start_again_if_restarted
+from rayk.actors.restart_backoff import BackoffPolicy, RestartBackoff
+from rayk.actors.supervision import ChildSupervisor, ProcessProgress, Supervised, start_again_if_restarted
+from rayk.server.broker_listener import LISTENER, BrokerListener, Endpoints, ListenerFactory
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore
 from rayk.errors import KafkaError, StaleBrokerEpochError
@@ -111,10 +123,15 @@ TransactionStateReplicaActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(TransactionS
 CONTROLLER_RETRY_BACKOFF_MS = 200
 MAX_STOPPED_REMEMBERED = 100_000  # stopped partitions whose late pushes a broker ignores
 STRAY_CHECK_HEARTBEATS = 10  # how often (in heartbeat intervals) a broker looks for replicas nobody assigns it
-LISTENER = "listener"  # the supervisor's key for the Kafka listener; replicas are keyed by TopicPartition
-# (broker id, Controller handle, config, node id) -> the broker's listener actor, created on
-# that node, or None when the config's `listeners` names none.
-ListenerFactory = Callable[[int, Any, BrokerConfig, str], Any]
+# Replica processes a broker starts at a time (from creation to its first answer): each
+# start costs ~0.35 CPU-s of Ray's worker before rayk's own, so a topic of a hundred
+# partitions started at once took every core of a 2-core node for a minute, heartbeats
+# included. A start waiting for its turn holds no core. See benchmarks/capacity_bench.py.
+REPLICA_STARTS_IN_FLIGHT = 2
+# A replica's re-creation after its process died: the first at once, then 1 s doubling to
+# 30 s with jitter, at most 10 in 10 minutes (restart_backoff.py).
+REPLICA_RESTARTS = BackoffPolicy(first_delay_s=1, max_delay_s=30, budget=10, window_s=600)
+REGISTRATION = "registration"  # the backoff's key for registering again
 
 
 def broker_dir(data_dir: str | Path, broker_id: int) -> Path:
@@ -140,6 +157,7 @@ class _Replica:
     failed_in_epoch: int = -1  # the leader epoch it died in, while handle is None
     last_push: int = 0  # the number of the last push applied to it (ReplicaManager._pushes_applied)
     slot: BoardSlot | None = None  # where its process publishes its offsets, while handle is set
+    process: ProcessProgress | None = None  # its process on this node, once it told its pid
 
 
 async def _tell_throttle(handle: Any, setting: ThrottleSetting) -> None:
@@ -155,6 +173,14 @@ def _node_memory_bytes() -> int:
     from ray._private.utils import get_system_memory  # what Ray's own memory monitor reads
 
     return int(get_system_memory())
+
+
+def _node_cpus() -> float:
+    """This node's cores as Ray counts them by default: a cgroup's CPU quota where one is
+    set (a container), else the host's."""
+    from ray._private.utils import get_num_cpus
+
+    return float(get_num_cpus())
 
 
 def replica_config_of(topic_configs: dict[str, str], c: BrokerConfig) -> ReplicaConfig:
@@ -220,10 +246,16 @@ class ReplicaManager(Supervised):
         self._tasks: set[asyncio.Task] = set()
         self._start_lock: asyncio.Lock | None = None
         self._registered_event: asyncio.Event | None = None
-        self._listener_factory = listener_factory
-        self._listener: Any = None  # this broker's SocketServer actor, if it runs one
-        self._endpoints: dict[str, tuple[str, int]] | None = None  # advertised, by listener name
         self._children = ChildSupervisor(f"broker {broker_id}", self._on_child_death, self.config.broker_session_timeout_ms)
+        self._listener = BrokerListener(broker_id, listener_factory, controller, self.config, self._node_id, self._children)
+        self._starts = asyncio.Semaphore(REPLICA_STARTS_IN_FLIGHT)  # replica processes starting (bounded)
+        self._replica_restarts = RestartBackoff(REPLICA_RESTARTS)
+        # Registering again after the Controller fenced this broker: at once the first time,
+        # then from a heartbeat interval doubling to twice the session timeout, with jitter.
+        c = self.config
+        self._registrations = RestartBackoff(BackoffPolicy(
+            c.broker_heartbeat_interval_ms / 1000, 2 * c.broker_session_timeout_ms / 1000, budget=10,
+            window_s=max(600, 2 * c.broker_session_timeout_ms / 1000)))  # fmt: skip
         if start_again_if_restarted():  # Ray restarted this broker after its process died
             logger.warning("broker %d restarted by Ray after its process died; starting again", broker_id)
 
@@ -238,10 +270,10 @@ class ReplicaManager(Supervised):
             if self._broker_epoch < 0:
                 # The listener's process starts while the broker registers: a restarted
                 # broker's partitions should not wait for it. Its address follows.
-                listener = asyncio.get_running_loop().create_task(self._start_listener())
+                listener = asyncio.get_running_loop().create_task(self._listener.start())
                 await self._register()
                 await listener
-                if self._endpoints is not None:
+                if self._listener.endpoints is not None:
                     await self._publish_endpoints()
                 c = self.config
                 self._loops = [
@@ -257,33 +289,18 @@ class ReplicaManager(Supervised):
                     self._loops.append(self._every(c.log_cleaner_backoff_ms, self._logs.clean_logs))
         return self._broker_epoch
 
-    async def _start_listener(self) -> None:
-        """The broker's Kafka listener, on this node, when `listeners` names one."""
-        if self._listener is not None or self._listener_factory is None:
-            return
-        listener = self._listener_factory(self.broker_id, self._controller, self.config, self._node_id)
-        if listener is None:
-            return
-        try:
-            self._endpoints = await listener.start.remote()
-        except BaseException:
-            ray.kill(listener)  # it could not bind (a port in use, a keystore that does not load)
-            raise
-        self._listener = listener
-        self._children.watch(LISTENER, listener)
-
     async def _publish_endpoints(self) -> None:
         """The listener's address, to the Controller. If the broker's session lapsed while
         the listener started (no heartbeat goes before the listener is up; on a loaded
         machine that start can outlast broker.session.timeout.ms), the Controller fenced
         it: it registers again, with the address, as a heartbeat told "reregister" does."""
         try:
-            await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
+            await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._listener.endpoints)
         except StaleBrokerEpochError:
             if await self._controller.heartbeat.remote(self.broker_id, self._broker_epoch) != "reregister":
                 raise  # replaced by another registration of this broker, not fenced
             logger.warning("broker %d: fenced while its listener started; registering again", self.broker_id)
-            await self._register()
+            await self._register_again()
 
     async def _register(self) -> None:
         """Registers (again), retrying while the Controller is unreachable (restarting)."""
@@ -294,11 +311,12 @@ class ReplicaManager(Supervised):
                     self.broker_id,
                     self._node_id,
                     me,
-                    self._endpoints,
+                    self._listener.endpoints,
                     self._incarnation_id,
                     self._directory_id,
                     self._clean_shutdown,
                     _node_memory_bytes(),
+                    _node_cpus(),
                 )
                 break
             except RayActorError as e:
@@ -308,6 +326,19 @@ class ReplicaManager(Supervised):
         self._registered().set()
         await self._logs.delete_strays(assigned)
         logger.info("broker %d registered with epoch %d", self.broker_id, epoch)
+
+    async def _register_again(self) -> None:
+        """Registers again after the Controller fenced this broker, backing off when it
+        keeps doing so: each registration has the Controller push every partition this
+        broker holds, which on a starved node is more of what made it late."""
+        delay_s = self._registrations.delay_s(REGISTRATION)
+        if delay_s > 0:
+            logger.warning("broker %d: fenced again; registering again in %.1f s (%d registrations in the last %.0f s)",
+                           self.broker_id, delay_s, self._registrations.recent(REGISTRATION),
+                           self._registrations.policy.window_s)  # fmt: skip
+            await asyncio.sleep(delay_s)
+        self._registrations.restarted(REGISTRATION)
+        await self._register()
 
     async def _stop_strays(self) -> None:
         """Stops and deletes the replicas whose partition the Controller no longer assigns
@@ -361,11 +392,7 @@ class ReplicaManager(Supervised):
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
-        if self._listener is not None:
-            self._children.forget(LISTENER)
-            await asyncio.gather(self._listener.stop.remote(), return_exceptions=True)
-            ray.kill(self._listener)
-            self._listener = None
+        await self._listener.stop()
         items = [(tp, r) for tp, r in self._replicas.items() if r.handle is not None]
         for tp, _ in items:
             self._children.forget(tp)
@@ -403,16 +430,22 @@ class ReplicaManager(Supervised):
         except RayActorError:
             return  # the Controller is restarting; the next beat will reach it
         if status == "reregister":
-            await self._register()
+            await self._register_again()
         elif status == "stale":
             raise StaleBrokerEpochError(f"broker {self.broker_id} epoch {self._broker_epoch} was replaced")
 
     async def _probe_children(self) -> None:
+        now_s = time.monotonic()
+        self._listener.probe(now_s)
         for tp, replica in self._replicas.items():
             if replica.handle is not None and replica.slot is not None:
                 published = self._board.read(replica.slot)
                 if published is not None:  # it ran then: no ping needed for a while
                     self._children.ran(tp, replica.handle, published.at_s)
+        for key in self._children.unanswered():  # a late ping: does its process run, or want to?
+            late = self._replicas.get(key) if isinstance(key, tuple) else None
+            if late is not None and late.handle is not None and late.process is not None and late.process.moved():
+                self._children.ran(key, late.handle, now_s)
         self._children.probe()
 
     async def _record_metrics(self) -> None:
@@ -436,25 +469,14 @@ class ReplicaManager(Supervised):
 
     async def _on_child_death(self, key: Hashable, handle: Any) -> None:
         if key == LISTENER:
-            await self._restart_listener()
+            await self._listener.restart(self._publish_listener)
         else:
+            assert isinstance(key, tuple), key  # replicas are keyed by (topic, partition)
             await self._on_replica_death(key, handle)
 
-    async def _restart_listener(self) -> None:
-        self._listener = None
-        while True:
-            try:
-                await self._start_listener()
-                await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._endpoints)
-                return
-            except StaleBrokerEpochError:
-                return  # this broker registers again, with the new listener's address
-            except KafkaError as e:  # the port is not free yet
-                logger.warning("broker %d: cannot restart the Kafka listener yet: %s", self.broker_id, e)
-            except RayActorError as e:
-                logger.warning("broker %d: listener restart: %s", self.broker_id, e)
-            self._listener = None
-            await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
+    async def _publish_listener(self) -> None:
+        """A restarted listener's address, to the Controller."""
+        await self._controller.update_endpoints.remote(self.broker_id, self._broker_epoch, self._listener.endpoints)
 
     async def _on_replica_death(self, tp: TopicPartition, handle: Any) -> None:
         async with self._locks.setdefault(tp, asyncio.Lock()):
@@ -507,35 +529,70 @@ class ReplicaManager(Supervised):
                 if state.leader == self.broker_id and state.leader_epoch <= current.failed_in_epoch:
                     current.assignment = assignment
                     return None  # it would lead in the epoch it died in: wait for the Controller's move
-                current.handle, current.slot = await self._create_replica(assignment)
-            elif current is None:
-                handle, slot = await self._create_replica(assignment)
-                current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
-            elif current.assignment.configs != assignment.configs:
-                await current.handle.update_config.remote(
-                    log_config_of(assignment.configs), replica_config_of(assignment.configs, self.config)
-                )
-            current.assignment = assignment
-            self._pushes_applied += 1
-            current.last_push = self._pushes_applied
-            handle = current.handle
-            try:
-                await self._make_role(current)
-            except RayActorError as e:
-                if self._children.watching(tp) is not handle:  # died before its first answer
-                    logger.warning("broker %d: new replica of %s-%d died: %s", self.broker_id, *tp, e)
-                    self._drop_handle(current)
-                    current.failed_in_epoch = assignment.state.leader_epoch
-                    self._spawn(self._report_replica_failure(tp))
-                return None  # else its supervisor reports it
-            if self._children.watching(tp) is not handle:
-                self._children.watch(tp, handle)  # it answered: from now on it is probed
-            self._retell_throttles()
-            return handle
+                await self._restart_pause(tp)
+            # A new process takes one of the broker's start slots until its first answer.
+            starting = current is None or current.handle is None
+            async with self._starts if starting else contextlib.nullcontext():
+                if current is None:
+                    handle, slot = await self._create_replica(assignment)
+                    current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
+                elif current.handle is None:
+                    current.handle, current.slot = await self._create_replica(assignment)
+                elif current.assignment.configs != assignment.configs:
+                    await current.handle.update_config.remote(
+                        log_config_of(assignment.configs), replica_config_of(assignment.configs, self.config)
+                    )
+                current.assignment = assignment
+                self._pushes_applied += 1
+                current.last_push = self._pushes_applied
+                return await self._take_role(tp, current)
+
+    async def _take_role(self, tp: TopicPartition, replica: _Replica) -> Any:
+        """Tells the replica its role; its handle, or None if it died (a new one that dies
+        before its first answer is reported here, a watched one by its supervisor)."""
+        handle = replica.handle
+        try:
+            await self._make_role(replica)
+        except RayActorError as e:
+            if self._children.watching(tp) is not handle:  # died before its first answer
+                logger.warning("broker %d: new replica of %s-%d died: %s", self.broker_id, *tp, e)
+                self._drop_handle(replica)
+                replica.failed_in_epoch = replica.assignment.state.leader_epoch
+                self._spawn(self._report_replica_failure(tp))
+            return None  # else its supervisor reports it
+        if self._children.watching(tp) is not handle:
+            self._children.watch(tp, handle)  # it answered: from now on it is probed
+            self._spawn(self._learn_process(tp, handle))
+        self._retell_throttles()
+        return handle
+
+    async def _learn_process(self, tp: TopicPartition, handle: Any) -> None:
+        """Asks a new replica its pid: when a ping of it is late, its process's progress
+        tells a starved replica from a stopped one (supervision.py)."""
+        try:
+            pid = await handle.pid.remote()
+        except RayActorError:
+            return  # died meanwhile: its supervisor reports it
+        replica = self._replicas.get(tp)
+        if replica is not None and replica.handle is handle:
+            replica.process = ProcessProgress(pid)
+
+    async def _restart_pause(self, tp: TopicPartition) -> None:
+        """Before a replica whose process died is created again: at once the first time,
+        then backing off (REPLICA_RESTARTS), so that a replica that keeps dying, or a node
+        whose replicas all do, does not turn into a storm of process starts."""
+        delay_s = self._replica_restarts.delay_s(tp)
+        if delay_s > 0:
+            logger.warning("broker %d: re-creating the replica of %s-%d in %.1f s (%d re-creations in the last %.0f s)",
+                           self.broker_id, *tp, delay_s, self._replica_restarts.recent(tp),
+                           self._replica_restarts.policy.window_s)  # fmt: skip
+            await asyncio.sleep(delay_s)
+        self._replica_restarts.restarted(tp)
 
     def _drop_handle(self, replica: _Replica) -> None:
         """Its process died or was stopped: its slot on the board is free again."""
         replica.handle = None
+        replica.process = None
         if replica.slot is not None:
             self._board.release(replica.slot)
             replica.slot = None
@@ -625,6 +682,7 @@ class ReplicaManager(Supervised):
 
     async def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
         self._children.forget(tp)
+        self._replica_restarts.forget(tp)
         replica = self._replicas.pop(tp, None)
         if replica is None or replica.handle is None:
             if delete:
@@ -676,6 +734,11 @@ class ReplicaManager(Supervised):
             "clean_shutdown": self._clean_shutdown,
             "replicas": sorted(self._replicas),
             "failed_replicas": sorted(tp for tp, r in self._replicas.items() if r.handle is None),
+            # Since this process started: children found late (slow, not killed) and killed
+            # for answering nothing (supervision.py), and listener restarts.
+            "children_late": self._children.late,
+            "children_killed": self._children.killed,
+            "listener_restarts": self._listener.restarted,
         }
 
     async def health(self) -> metrics.BrokerHealth:
@@ -690,7 +753,7 @@ class ReplicaManager(Supervised):
 
     async def listener(self) -> Any:
         """This broker's Kafka listener actor (a SocketServer), or None (for tools and tests)."""
-        return self._listener
+        return self._listener.handle
 
     async def replica_handles(self) -> dict[TopicPartition, Any]:
         """The live replica actors of this broker (for tools and fault tests)."""

@@ -68,6 +68,7 @@ from typing import Any
 
 import ray
 
+from rayk.controller.broker_heartbeat_manager import LATE_FENCE_SESSIONS
 from rayk.storage.checkpoint import OffsetCheckpointFile
 from rayk.storage.log_manager import partition_dir_name
 from tests.cluster_helpers import BROKER_RESOURCE
@@ -110,8 +111,12 @@ SHARE_LOCK_MS = 5_000  # group.share.record.lock.duration.ms: what a lost acknow
 LEADER_IMBALANCE_CHECK_S = 5  # the automatic leader rebalance runs this often during a schedule
 REPLACEMENT_DELAY_MS = 20_000  # a node not replaced by then has its replicas moved (KIP-455)
 SEND_RATE_PER_S = 500  # the driver also runs two consumers, an observer and the pipeline
-# A fault's own wait: SIGSTOP lasts past the session timeout, so that the broker is fenced.
+# A fault's own wait: a paused replica's SIGSTOP lasts past the session timeout, so that its
+# broker kills it (a stopped process is not running: not late, wedged); a paused broker's
+# past LATE_FENCE_SESSIONS session timeouts, since Ray has its process alive (late, not
+# dead) and the Controller fences it only then: it wakes up as a zombie all the same.
 PAUSE_S = SESSION_TIMEOUT_MS / 1000 + 3
+PAUSE_BROKER_S = SESSION_TIMEOUT_MS / 1000 * LATE_FENCE_SESSIONS + 3
 # How long the cluster may take to heal from one fault (every copy back in the ISR): a broker
 # fenced after the session timeout, a node's replicas moved after the replacement delay, then
 # each copy catching up under load on 2 busy cores; and the same again for the last fault.
@@ -138,7 +143,7 @@ KILL_FOLLOWER = "kill-follower-replica"  # SIGKILL of one of its followers
 KILL_BROKER = "kill-broker"  # SIGKILL of a ReplicaManager (Ray restarts it on its node)
 KILL_CONTROLLER = "kill-controller"  # SIGKILL of the Controller (Ray restarts it)
 PAUSE_LEADER = "pause-leader-replica"  # SIGSTOP past the session timeout, then SIGCONT
-PAUSE_BROKER = "pause-broker"  # the same, of a ReplicaManager
+PAUSE_BROKER = "pause-broker"  # the same, of a ReplicaManager, past the bound of a late broker (fenced)
 REPLACE_NODE = "replace-node"  # a broker's node removed; a new node takes the broker and its disk
 LOSE_NODE = "lose-node"  # a broker's node removed for good: the Controller moves its replicas
 ELECT_PREFERRED = "elect-preferred"  # Admin.elect_leaders() of every partition
@@ -796,10 +801,11 @@ class Nemesis:
                 handle, what = ask(lambda: c.leader(TOPIC, p), "a leader"), f"partition {p}'s leader replica on broker {state['leader']}"
             else:
                 handle, what = ask(lambda: present(c.broker(broker), "broker"), f"broker {broker}"), f"broker {broker}'s ReplicaManager"
+            pause_s = PAUSE_S if fault.kind == PAUSE_LEADER else PAUSE_BROKER_S
             pid = signal_actor(handle, signal.SIGSTOP)
-            time.sleep(PAUSE_S)
+            time.sleep(pause_s)
             signal_all([pid], signal.SIGCONT)
-            return f"SIGSTOP of {what} for {PAUSE_S:.0f} s, then SIGCONT"
+            return f"SIGSTOP of {what} for {pause_s:.0f} s, then SIGCONT"
         if fault.kind in (REPLACE_NODE, LOSE_NODE):
             node = broker_node(self.ray_cluster, c, broker)
             self.ray_cluster.remove_node(node)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -152,23 +153,36 @@ def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     check(c, traffic, "kill -9 of every rayk process", resume_s)
 
 
+def accepts(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def live_listener_pids() -> set[int]:
+    return {info["Pid"] for info in ray._private.state.actors().values()
+            if info["ActorClassName"] == "SocketServer" and info["State"] == "ALIVE" and info["Pid"]}  # fmt: skip
+
+
 @pytest.mark.parametrize("rayk_cluster", [WITH_LISTENERS], indirect=True, ids=["listeners"])
-def test_sigkill_of_a_brokers_kafka_listener_starts_a_new_one_that_clients_reach(rayk_cluster):
+def test_sigkill_of_a_brokers_kafka_listener_brings_it_back_on_its_port_for_clients_bootstrapped_before(rayk_cluster):
+    """Listeners on port 0 (any free port): a restarted one used to come back on a new port,
+    and clients' bootstrap lists pointed at a closed one."""
     import confluent_kafka
 
     c = rayk_cluster
     before = {b["broker_id"]: b["endpoints"] for b in c.brokers()}
-    listener = next(
-        info for info in ray._private.state.actors().values()
-        if info["ActorClassName"] == "SocketServer" and info["State"] == "ALIVE"
-    )
-    os.kill(listener["Pid"], signal.SIGKILL)
-    wait_until(
-        lambda: sorted(b["endpoints"] != before[b["broker_id"]] for b in c.brokers()) == [False, False, True],
-        30,
-        "a new listener's address",
-    )
-    producer = confluent_kafka.Producer({"bootstrap.servers": c.bootstrap_servers, "acks": "all"})
+    bootstrap = c.bootstrap_servers  # what clients were handed before the fault
+    pids = wait_until(lambda: found if len(found := live_listener_pids()) == 3 else None, 30, "3 listeners")
+    killed = sorted(pids)[0]
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: len(live_listener_pids() - pids) == 1 and len(live_listener_pids()) == 3, 60, "a new listener")
+    addresses = [address for endpoints in before.values() for address in endpoints.values()]
+    wait_until(lambda: all(accepts(address) for address in addresses), 60, "every listener back on the port it had")
+    wait_until(lambda: {b["broker_id"]: b["endpoints"] for b in c.brokers()} == before, 30, "the same addresses advertised")
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     delivered = []
     for p in range(PARTITIONS):  # every broker leads a partition: every listener is used
         producer.produce(TOPIC, value=b"after", partition=p, on_delivery=lambda err, msg: delivered.append(err))
