@@ -4,6 +4,7 @@ which it kills. Pure asyncio: the children are stand-ins for actor handles."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from rayk.actors import supervision
 from rayk.actors.supervision import ChildSupervisor
@@ -172,10 +173,13 @@ def test_a_process_that_runs_or_waits_for_a_cpu_moves_and_a_stopped_or_sleeping_
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     asleep = subprocess.Popen(["sleep", "60"])
     try:
+        # Until `sleep` has started and sleeps (on a loaded machine its start runs after Popen returns).
+        deadline_s = time.monotonic() + 10
+        while open(f"/proc/{asleep.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "S" and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        time.sleep(0.2)
         watched = {"busy": ProcessProgress(busy.pid), "asleep": ProcessProgress(asleep.pid)}
         assert not any(p.moved() for p in watched.values()), "the first look compares nothing"
-        import time
-
         time.sleep(0.3)
         assert {k: p.moved() for k, p in watched.items()} == {"busy": True, "asleep": False}
         busy.send_signal(signal.SIGSTOP)
