@@ -96,16 +96,8 @@ def wait_for_live_brokers(cluster: Any, count: int, timeout_s: float = 60) -> No
 
 
 def start_new_broker(cluster: Any, broker_id: int) -> None:
-    """A broker with a new id on this node, as Cluster.add_broker starts one (that call, once
-    the cluster has it)."""
-    if hasattr(cluster, "add_broker"):
-        cluster.add_broker()
-        return
-    config = ray.get(cluster.controller.broker_config.remote())
-    cluster_id = ray.get(cluster.controller.cluster_id.remote())
-    node = ray.get_runtime_context().get_node_id()
-    manager = cluster._create_broker(broker_id, node, cluster.data_dir(), cluster_id, config)
-    ray.get(manager.start.remote(), timeout=300)
+    """Cluster.add_broker, which must start broker `broker_id` (the next id)."""
+    assert cluster.add_broker() == broker_id
 
 
 def placement(cluster: Any) -> tuple[Counter, Counter, bool]:

@@ -16,10 +16,12 @@ import pytest
 import rayk
 from rayk.cli import main as cli_main
 from rayk.errors import BrokerNotAvailableError, PolicyViolationError
+from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
 from tests.faults.harness import PARTITIONS, TOPIC, Traffic, check, run_until_acked
 
 _namespaces = itertools.count()
+README_BROKERS = "rayk brokers add        # a new broker joins; the balancer moves its share of the replicas and leaders to it"
 CONFIG = {**FAST_CONFIG, "auto.balance.enable": "false"}  # the moves counted here are the decommissioning's alone
 
 
@@ -94,12 +96,22 @@ def test_a_removal_the_other_brokers_cannot_hold_is_refused_and_changes_nothing(
         cluster.remove_broker(7)
 
 
-def test_the_rayk_command_lists_adds_and_removes_brokers(cluster, capsys):
-    namespace = cluster.namespace
-    assert cli_main(["brokers", "add", "--namespace", namespace]) == 0
-    assert "broker 3 added" in capsys.readouterr().out
-    assert cli_main(["brokers", "remove", "3", "--namespace", namespace]) == 0
-    assert "broker 3 decommissioned" in capsys.readouterr().out
-    assert cli_main(["brokers", "list", "--namespace", namespace]) == 0
-    listed = capsys.readouterr().out
-    assert "live" in listed and not any(line.startswith("3 ") for line in listed.splitlines())
+def test_the_quickstart_s_broker_commands_run_as_written(cluster, capsys):
+    """README's Quickstart grows a cluster in three lines: `rayk brokers add`, `list`,
+    `remove 0`, each run as written against this test's cluster (its Ray namespace added)."""
+    commands = readme.shell_commands(readme.block(README_BROKERS))
+    assert [c[:3] for c in commands] == [["rayk", "brokers", "add"], ["rayk", "brokers", "list"],
+                                         ["rayk", "brokers", "remove"]]
+    cluster.create_topic(TOPIC, num_partitions=3, replication_factor=3, config={"min.insync.replicas": "2"})
+    said = []
+    for command in commands:
+        assert cli_main([*command[1:], "--namespace", cluster.namespace]) == 0, command
+        said.append(capsys.readouterr().out)
+    added, listed, removed = said
+    assert "broker 3 added" in added
+    assert [line.split()[0] for line in listed.splitlines()[1:] if line.strip()] == ["0", "1", "2", "3"], listed
+    assert "broker 0 decommissioned" in removed
+    assert {b["broker_id"] for b in cluster.brokers()} == {1, 2, 3}
+    assert all(0 not in p["replicas"] and len(p["isr"]) == 3 for p in cluster.describe_topic(TOPIC))
+    assert cli_main(["brokers", "remove", "7", "--namespace", cluster.namespace]) == 1
+    assert "BROKER_NOT_AVAILABLE" in capsys.readouterr().err, "a mistake is one line on stderr"
