@@ -43,7 +43,7 @@ from tests.fake_autoscaler import BROKER_RESOURCE, broker_nodes, log
 
 def fits(num_partitions: int, rf: int, nodes: dict[int, str], start: int, held: Counter[int], caps: dict[int, int]) -> bool:
     try:
-        assignment = assign_replicas(num_partitions, rf, nodes, start)
+        assignment = assign_replicas(num_partitions, rf, nodes, start, held)  # as the Controller places
         check_replica_caps(held, [b for r in assignment for b in r], caps, configured=True)
     except (InvalidReplicationFactorError, PolicyViolationError):
         return False
@@ -59,6 +59,12 @@ def test_a_replication_factor_above_the_brokers_lacks_the_difference():
 def test_brokers_to_come_are_not_taken_for_a_leaving_one_that_is_full():
     # broker 1 is being decommissioned (not placeable) and full: a new broker is not it
     assert brokers_short(2, 2, {0: "a"}, 0, Counter({1: 4}), {0: 4, 1: 4}, configured=True) == 1
+
+
+def test_the_brokers_short_are_counted_as_placement_places_by_the_replicas_each_holds():
+    # broker 0 is full (10 of 10), broker 1 has room for 7: placement fills the emptiest
+    # first, so 4 partitions x RF 2 need one broker more (not the round-robin's 7 or 8)
+    assert brokers_short(4, 2, {0: "a", 1: "b"}, 0, Counter({0: 10, 1: 3}), {0: 10, 1: 10}, configured=True) == 1
 
 
 def test_full_brokers_that_still_get_replicas_are_not_helped_by_more():
@@ -197,7 +203,8 @@ def test_with_one_broker_per_node_a_broker_is_added_only_on_a_node_without_one(m
     fake.register(0, "node-a")
     monkeypatch.setattr(broker_lifecycle, "candidate_nodes", lambda resource: ["node-a"])
     factory = dataclasses.make_dataclass("Factory", ["node_resource", "one_per_node"])(BROKER_RESOURCE, True)
-    lifecycle = BrokerLifecycle(fake.meta, fake.commit, None, None, BrokerConfig(), factory, lambda: fake.wakeup, lambda: None)
+    lifecycle = BrokerLifecycle(fake.meta, fake.commit, None, None, BrokerConfig(), factory, lambda: fake.wakeup, lambda: None,
+                                dict)
     for node in (None, "node-a"):  # its unit of the resource is taken: the actor would never be placed
         with pytest.raises(InvalidRequestError, match="runs a broker already"):
             asyncio.run(lifecycle.add_broker(node, None))

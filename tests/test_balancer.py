@@ -291,3 +291,18 @@ def test_topics_placed_by_rayks_own_assignment_leave_the_balancer_nothing_to_do(
         assert not any(m.moves_data for m in plan.moves), f"after topic t{i}: {plan.moves}"
         if one_rf and brokers <= 4:
             assert plan.moves == (), f"after topic t{i}: {plan.score_before}, {plan.moves}"
+
+
+def test_a_leaving_broker_is_never_made_a_preferred_leader_while_leaders_are_spread():
+    """Reorders hand preferred leaderships along chains of brokers; a leaving broker must not
+    be one of them, or the balancer's preferred election would make it lead."""
+    brokers = [BalancerBroker(0, "0"), BalancerBroker(1, "1"), BalancerBroker(2, "2"), BalancerBroker(3, "3", leaving=True)]
+    layout = [(3, 2), (2, 3), (0, 3), (0, 3), (1, 3), (0, 3), (3, 0), (3, 1)]
+    partitions = [steady("t", i, replicas) for i, replicas in enumerate(layout)]
+    for _ in range(MAX_ROUNDS):
+        plan = plan_balance(brokers, partitions, max_moves_per_broker=1)
+        assert not any(m.replicas[0] == 3 != m.previous[0] for m in plan.moves), plan.moves
+        if not plan.moves:
+            break
+        partitions = applied(partitions, plan.moves)
+    assert all(3 not in p.replicas for p in partitions), "and it ends holding nothing"

@@ -107,7 +107,7 @@ def brokers_short(
     for extra in range(max_extra + 1):
         new = {first_new + i: f"{_NEW_NODE}{i:05d}" for i in range(extra)}
         try:
-            assignment = assign_replicas(num_partitions, replication_factor, {**broker_nodes, **new}, start_index)
+            assignment = assign_replicas(num_partitions, replication_factor, {**broker_nodes, **new}, start_index, held)
             new_caps = {b: new_cap for b in new} if new_cap is not None else {}
             check_replica_caps(held, [b for replicas in assignment for b in replicas], {**caps, **new_caps}, configured)
         except (InvalidReplicationFactorError, PolicyViolationError):

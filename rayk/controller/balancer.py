@@ -114,8 +114,9 @@ class Balancer:
                 logger.info("balancer: check skipped: %s", why_not)
             return  # a request or a follow-up waits for the cluster to be whole again
         settle = self._requested or bool(self._follow_up)
-        self._requested = False
-        await self.run(settle)
+        requested, self._requested = self._requested, False
+        if await self.run(settle) is None:
+            self._requested = self._requested or requested  # the image changed meanwhile: kept for the next tick
 
     async def run(self, settle: bool = True) -> BalancePlan | None:
         """Plans and starts moves now; None if the cluster is not steady (see `maintain`)."""
@@ -149,8 +150,7 @@ class Balancer:
         caps = self._replica_caps()
         live, attached = self._meta.live_brokers, self._meta.attached
         return [
-            # `decommissioning`: the registration's flag of a broker being removed (Cluster.remove_broker)
-            BalancerBroker(b, reg.node_id, caps.get(b), bool(getattr(reg, "decommissioning", False)))
+            BalancerBroker(b, reg.node_id, caps.get(b), reg.decommissioning)  # (being removed: Cluster.remove_broker)
             for b, reg in sorted(self._meta.brokers.items())
             if b in live and b in attached
         ]

@@ -123,8 +123,13 @@ class BrokerHeartbeatManager:
     def forget(self, broker_id: int) -> None:
         """The broker left the cluster (unregistered): nothing of its session stays."""
         self.detach(broker_id)
-        for per_broker in (self._last_heartbeat_s, self._fenced_since_s, self.endpoints, self.node_memory_bytes):
+        for per_broker in (self._last_heartbeat_s, self._fenced_since_s, self.endpoints, self.node_memory_bytes,
+                           self.node_cpus):  # fmt: skip
             per_broker.pop(broker_id, None)
+        self._late.discard(broker_id)
+        watch = self._watches.pop(broker_id, None)
+        if watch is not None and watch.task is not None:
+            watch.task.cancel()  # its process is being killed for good: no death to report
 
     def fenced(self, broker_id: int) -> None:
         """The Controller committed the broker's fencing (its replacement clock starts)."""

@@ -15,15 +15,20 @@ restarted Controller goes on with it:
    no new replica (`placeable_brokers`). Refused with POLICY_VIOLATION, changing nothing,
    if the other brokers cannot hold its replicas: too few brokers for a partition's
    replicas to stay on brokers apart, or more replicas than their capacity leaves room for;
-2. each maintenance round (`decommission`), a bounded number of its partitions at a time
-   (MAX_CONCURRENT_MOVES) get a KIP-455 reassignment that swaps it for another broker,
-   placed as a lost broker's replicas are (broker_replacement.py). A reassignment removes
-   the old replica only once its replacement is in the ISR, so no partition goes below
-   min.insync.replicas, and a leader on the broker hands over with a new epoch then;
-3. once it holds nothing, the broker is asked to `decommission` itself (a clean stop that
-   deletes its data directory), its actor is killed for good, and an
-   UnregisterBrokerRecord ends its registration. A broker that died meanwhile is
-   unregistered all the same; its directory then stays on its node's disk.
+2. its partitions move off it as KIP-455 reassignments, a bounded number at a time. With
+   the balancer on (`auto.balance.enable`, the default) the balancer moves them (its first
+   goal: the broker is leaving), placed by its goals, so that nothing is copied twice;
+   with it off, each maintenance round (`decommission`) swaps the broker for another in
+   at most MAX_CONCURRENT_MOVES of its partitions, placed as a lost broker's replicas are
+   (broker_replacement.py). Either way a reassignment removes the old replica only once
+   its replacement is in the ISR, so no partition goes below min.insync.replicas, and a
+   leader on the broker hands over with a new epoch then;
+3. once it holds nothing, the broker is retired, in a task of its own so that the
+   maintenance round goes on: asked to `decommission` itself (a clean stop that deletes
+   its data directory), its actor killed for good, and an UnregisterBrokerRecord ends its
+   registration. A broker that died meanwhile is unregistered all the same; its directory
+   then stays on its node's disk. An id retired in this Controller session is never given
+   to a new broker (its actor's name may outlive the kill for a moment).
 
 Not thread-safe: the Controller's event loop calls it. Plans and commits never await
 between them, as everywhere in the Controller.
@@ -35,7 +40,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -49,7 +54,6 @@ from rayk.controller.channel_manager import ControllerChannelManager
 from rayk.errors import InvalidRequestError, KafkaError, PolicyViolationError, RequestTimedOutError
 from rayk.metadata.cluster_metadata import ClusterMetadata, Record
 from rayk.server.broker_placement import candidate_nodes, least_loaded_node
-from rayk.server.replica_capacity import replica_caps
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +70,8 @@ class BrokerLifecycle:
 
     def __init__(self, meta: ClusterMetadata, commit: Commit, channels: ControllerChannelManager,
                  sessions: BrokerHeartbeatManager, config: BrokerConfig, broker_factory: Any,
-                 committed: Callable[[], Wakeup], on_brokers_changed: Callable[[], None]) -> None:  # fmt: skip
+                 committed: Callable[[], Wakeup], on_brokers_changed: Callable[[], None],
+                 replica_caps: Callable[[], Mapping[int, int]]) -> None:  # fmt: skip
         self._meta = meta
         self._commit = commit
         self._channels = channels
@@ -75,7 +80,10 @@ class BrokerLifecycle:
         self.factory = broker_factory  # rayk.broker.BrokerFactory, or None: brokers only by rayk.start
         self._committed = committed
         self._on_brokers_changed = on_brokers_changed
+        self._replica_caps = replica_caps  # each live broker's cap (TopicCreation.replica_caps)
         self._adding: set[int] = set()  # ids of brokers being started
+        self._retiring: set[int] = set()  # ids of brokers being retired now
+        self._retired: set[int] = set()  # ids retired in this session: never given again
         self._stuck: set[tuple[int, str, int]] = set()  # (broker, topic, partition) with nowhere to go, logged once
 
     # ------------------------------------------------------------------ adding
@@ -97,12 +105,15 @@ class BrokerLifecycle:
             raise InvalidRequestError(f"node {node_id} is not an alive Ray node{offering}")
         if not nodes:
             raise InvalidRequestError(f"no alive Ray node offers {self.factory.node_resource!r}")
-        broker_id = max([*self._meta.brokers, *self._adding, -1]) + 1
+        broker_id = max([*self._meta.brokers, *self._adding, *self._retiring, *self._retired, -1]) + 1
         brokers_per_node = Counter(reg.node_id for reg in self._meta.brokers.values())
         node = node_id or least_loaded_node(nodes, brokers_per_node)
         self._adding.add(broker_id)
         try:
-            manager = self.factory.create(broker_id, node, self._meta.cluster_id, controller)
+            try:
+                manager = self.factory.create(broker_id, node, self._meta.cluster_id, controller)
+            except ValueError as e:  # Ray refused the actor (its name taken)
+                raise InvalidRequestError(f"broker {broker_id} could not be created on node {node}: {e}") from None
             try:
                 async with asyncio.timeout(BROKER_START_TIMEOUT_MS / 1000):
                     await manager.start.remote()
@@ -143,13 +154,12 @@ class BrokerLifecycle:
         """POLICY_VIOLATION if the placeable brokers other than `broker_id` have less room
         for replicas, under their capacity, than it holds."""
         others = self._meta.placeable_brokers - {broker_id}
-        node_of = {b: self._meta.brokers[b].node_id for b in others}
-        caps = replica_caps(self._config.max_replicas_per_broker, self._sessions.node_memory_bytes, node_of)
+        caps = {b: cap for b, cap in self._replica_caps().items() if b in others}
         if not caps:
             return  # no broker reported a capacity: nothing to check against
         held = Counter(b for _, _, state in self._meta.all_partitions() for b in state.replicas)
         room = sum(max(caps[b] - held[b], 0) for b in caps)
-        moving = held[broker_id]
+        moving = sum(held[b] for b in self._meta.cluster.decommissioning_brokers | {broker_id})  # all that must move
         if moving > room:
             raise PolicyViolationError(
                 f"broker {broker_id} cannot leave: it holds {moving} replicas and the other brokers have room for "
@@ -157,13 +167,17 @@ class BrokerLifecycle:
             )
 
     async def decommission(self) -> None:
-        """One maintenance round: moves the decommissioning brokers' partitions, a bounded
-        number at a time, and retires those that hold nothing."""
-        for broker_id in sorted(self._meta.cluster.decommissioning_brokers):
+        """One maintenance round: retires the decommissioning brokers that hold nothing (each
+        in a task of its own) and, with the balancer off, moves the others' partitions, a
+        bounded number at a time."""
+        for broker_id in sorted(self._meta.cluster.decommissioning_brokers - self._retiring):
             held = self._meta.replication.partitions_of_broker(broker_id)
             if not held:
-                await self._retire(broker_id)
+                self._retiring.add(broker_id)
+                self._channels.spawn(self._retire(broker_id))
                 continue
+            if self._config.auto_balance_enable:
+                continue  # the balancer moves them (see the module docstring)
             in_flight = sum(1 for _, _, state in held if state.adding or state.removing)
             moved: list[tuple[str, int]] = []
             for topic, partition, state in held:
@@ -181,27 +195,31 @@ class BrokerLifecycle:
                 moved.append((topic, partition))
             if moved:
                 logger.info("decommissioning broker %d: moving %s", broker_id, ", ".join(f"{t}-{p}" for t, p in moved))
-                await self._channels.push_all(moved)
+                self._channels.spawn(self._channels.push_marking_failures(moved))
 
     async def _retire(self, broker_id: int) -> None:
         """The broker holds nothing: it stops and deletes its directory, its actor goes for
-        good, and its registration ends."""
-        assert not self._meta.replication.partitions_of_broker(broker_id), "a retired broker holds no replica"
-        manager = self._sessions.manager(broker_id)
-        if manager is not None:
-            try:
-                async with asyncio.timeout(BROKER_STOP_TIMEOUT_MS / 1000):
-                    await manager.decommission.remote()
-            except (TimeoutError, RayError, KafkaError) as e:
-                logger.warning("broker %d did not stop cleanly (%s): its directory may stay on its node", broker_id, e)
-        self._sessions.detach(broker_id)
-        self._channels.forget_broker(broker_id)
-        self._commit(self._meta.plan_unregister_broker(broker_id))
-        self._sessions.forget(broker_id)
-        self._stuck = {s for s in self._stuck if s[0] != broker_id}
-        if self.factory is not None:
-            handle = await asyncio.to_thread(self.factory.find, broker_id)
-            if handle is not None:
-                ray.kill(handle, no_restart=True)
+        good, and its registration ends (once: `_retiring` holds its id meanwhile)."""
+        try:
+            manager = self._sessions.manager(broker_id)
+            if manager is not None:
+                try:
+                    async with asyncio.timeout(BROKER_STOP_TIMEOUT_MS / 1000):
+                        await manager.decommission.remote()
+                except (TimeoutError, RayError, KafkaError) as e:
+                    logger.warning("broker %d did not stop cleanly (%s): its directory may stay on its node", broker_id, e)
+            self._sessions.forget(broker_id)  # from here its death is no failure to report
+            self._channels.forget_broker(broker_id)
+            if self.factory is not None:  # its actor goes before its registration: no process serves an unknown id
+                handle = await asyncio.to_thread(self.factory.find, broker_id)
+                if handle is not None:
+                    ray.kill(handle, no_restart=True)
+            # INVALID_REQUEST if a partition names it again (a user's reassignment onto it meanwhile):
+            # it is then a broker that died, and its replicas move as a lost broker's do.
+            self._commit(self._meta.plan_unregister_broker(broker_id))
+            self._retired.add(broker_id)
+            self._stuck = {s for s in self._stuck if s[0] != broker_id}
+        finally:
+            self._retiring.discard(broker_id)
         logger.info("broker %d decommissioned: it left the cluster", broker_id)
         self._on_brokers_changed()

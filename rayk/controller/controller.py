@@ -123,7 +123,8 @@ class Controller:
             self._meta, self._commit, self._channels, self._sessions, c.broker_replacement_delay_ms
         )
         self._lifecycle = BrokerLifecycle(self._meta, self._commit, self._channels, self._sessions, c, broker_factory,
-                                          lambda: self._committed, self._brokers_changed)  # fmt: skip
+                                          lambda: self._committed, self._brokers_changed,
+                                          lambda: self._topics.replica_caps())  # fmt: skip
         self._autoscaling = None if autoscale is None else BrokerAutoscaling(
             autoscale, self._meta, self._lifecycle, lambda: self._committed, c.broker_idle_removal_ms,
             lambda: ray.get_runtime_context().current_actor,

@@ -155,7 +155,7 @@ class TopicCreation:
         `create_topic`)."""
         if name in self._meta.topics:
             return
-        partitions, rf, configs = internal_topic_settings(name, self._config, len(self._meta.live_brokers))
+        partitions, rf, configs = internal_topic_settings(name, self._config, len(self._meta.placeable_brokers))
         try:
             await self.create_topic(name, partitions, rf, configs, timeout_ms=timeout_ms)
         except TopicAlreadyExistsError:

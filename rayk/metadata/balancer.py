@@ -416,7 +416,7 @@ class _Placement:
             for broker in frontier:
                 for key in led.get(broker, ()):
                     for other in sorted(self.target[key][1:]):
-                        if other not in came_from:
+                        if other not in came_from and other not in self.leaving:  # a leaving broker leads nothing new
                             came_from[other] = (broker, key)
                             following.append(other)
             frontier = following
