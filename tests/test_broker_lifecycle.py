@@ -31,8 +31,9 @@ def local_ray():
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=f"lifecycle-{next(_namespaces)}")
+def cluster(tmp_path, request):
+    config = getattr(request, "param", CONFIG)  # (a test may ask for its own: parametrize indirectly)
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace=f"lifecycle-{next(_namespaces)}")
     yield c
     c.shutdown()
 
@@ -96,9 +97,12 @@ def test_a_removal_the_other_brokers_cannot_hold_is_refused_and_changes_nothing(
         cluster.remove_broker(7)
 
 
+@pytest.mark.parametrize("cluster", [FAST_CONFIG], indirect=True, ids=["balancer on"])
 def test_the_quickstart_s_broker_commands_run_as_written(cluster, capsys):
     """README's Quickstart grows a cluster in three lines: `rayk brokers add`, `list`,
-    `remove 0`, each run as written against this test's cluster (its Ray namespace added)."""
+    `remove 0`, each run as written against this test's cluster (its Ray namespace added),
+    with the balancer on, as by default: it gives the new broker its share and moves the
+    leaving one's replicas."""
     commands = readme.shell_commands(readme.block(README_BROKERS))
     assert [c[:3] for c in commands] == [["rayk", "brokers", "add"], ["rayk", "brokers", "list"],
                                          ["rayk", "brokers", "remove"]]
