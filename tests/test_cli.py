@@ -325,7 +325,7 @@ def test_status_lists_brokers_topics_and_under_replicated_partitions(run, cluste
     cluster.create_topic("status-topic", num_partitions=1, replication_factor=3)
     status = ok(run("status"))
     brokers = rows(status.split("\n\n")[1])
-    assert [r[0] for r in brokers] == ["0", "1", "2"] and all(r[-2:] == ["no", "yes"] for r in brokers)
+    assert [r[0] for r in brokers] == ["0", "1", "2"] and all(r[-3:] == ["no", "yes", "no"] for r in brokers)  # fenced, connected, leaving
     assert all(r[3].startswith("PLAINTEXT://127.0.0.1:") for r in brokers), "each broker's Kafka listener"
     assert status.split("\n\n")[2] == f"bootstrap.servers={cluster.bootstrap_servers}"
     assert cluster.bootstrap_servers.count("127.0.0.1:") == 3

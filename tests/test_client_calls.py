@@ -96,7 +96,8 @@ class ForgetfulController:
         self._save(state)
         return state, lose
 
-    async def create_topic(self, name, num_partitions, replication_factor, config):
+    async def create_topic(self, name, num_partitions, replication_factor, config, validate_only=False, timeout_ms=None,
+                           scale_out_timeout_ms=None):  # (the Controller's signature)
         state, lose = self._called("create", name)
         if name not in state["topics"]:
             state["topics"][name] = [num_partitions, replication_factor]

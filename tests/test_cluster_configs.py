@@ -208,13 +208,13 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
 
 def _live_brokers(status: str) -> int:
     """The brokers `rayk status` lists as not fenced: its brokers table's rows (broker,
-    node, address, kafka listeners, fenced, connected) until the first blank line."""
+    node, address, kafka listeners, fenced, connected, leaving) until the first blank line."""
     lines = status.splitlines()
     header = next((i for i, line in enumerate(lines) if line.split()[:2] == ["broker", "node"]), None)
     if header is None:
         return 0
-    rows = itertools.takewhile(str.strip, lines[header + 1:])
-    return sum(1 for row in rows if len(row.split()) == 6 and row.split()[4] == "no")
+    rows = [row.split() for row in itertools.takewhile(str.strip, lines[header + 1:])]
+    return sum(1 for row in rows if len(row) == 7 and row[-3] == "no")  # ("kafka listeners" is one column)
 
 
 def _status_or_empty(config_path: Path) -> str:

@@ -28,6 +28,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 
+WINDOW_MARGIN_S = 0.001
+
+
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
     """Delays and budget of one kind of restart (see the module docstring)."""
@@ -66,8 +69,9 @@ class RestartBackoff:
             return 0.0
         backoff_s = min(p.max_delay_s, p.first_delay_s * 2 ** (len(restarts) - 1))
         delay_s = backoff_s * (0.5 + 0.5 * self._uniform())
-        if len(restarts) >= p.budget:  # spent: wait for the oldest to leave the window
-            delay_s = max(delay_s, restarts[-p.budget] + p.window_s - self._clock())
+        if len(restarts) >= p.budget:  # spent: wait for the oldest to leave the window (a ms past it:
+            # `now + delay` in floats may fall short of the oldest restart + the window by an ulp)
+            delay_s = max(delay_s, restarts[-p.budget] + p.window_s - self._clock() + WINDOW_MARGIN_S)
         assert delay_s >= 0, delay_s
         return delay_s
 
