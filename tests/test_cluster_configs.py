@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -147,13 +148,16 @@ def sshd_in_own_pid_namespace(tmp_path):
         own_namespaces.end(sshd)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _ray_cli(*args: str, cwd: Path, timeout_s: float) -> str:
     result = subprocess.run(
         [RAY, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
         env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
     )
     assert result.returncode == 0, f"ray {args[0]} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    return result.stdout
+    return ANSI_ESCAPE.sub("", result.stdout)  # Ray's CLI colours its own lines, and may leave a reset before ours
 
 
 @pytest.mark.slow
