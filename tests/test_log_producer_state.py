@@ -289,9 +289,12 @@ class LogProducerStateMachine(RuleBasedStateMachine):
             # The leader checks sequences: a producer whose last batches a crash or a
             # truncation took goes on from the partition's last one, as after Kafka's
             # OUT_OF_ORDER_SEQUENCE_NUMBER (test_leader_refuses_... pin that answer).
+            # A producer whose new epoch's batches were all taken starts that epoch again at 0.
             entry = self.expected_state().producers.get(producer)
             if entry is not None and entry.epoch == self.producer_epochs[producer]:
                 self.next_sequences[producer] = entry.next_sequence
+            elif entry is not None and entry.epoch < self.producer_epochs[producer]:
+                self.next_sequences[producer] = 0
         data, batch = self._build(producer, count, 0, -1)
         info = self.log.append_as_leader(data, self.leader_epoch)
         batch.base_offset = info.first_offset
@@ -386,3 +389,19 @@ LogProducerStateMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_log_producer_state_against_a_model = LogProducerStateMachine.TestCase
+
+
+def test_a_new_epoch_whose_first_batch_a_crash_took_starts_again_at_sequence_0():
+    """The case the model once got wrong (found by the state machine above): the log then
+    knows the producer's old epoch only, so the new epoch's next batch starts at 0."""
+    state = LogProducerStateMachine()
+    try:
+        state.open_log(segment_bytes=250)
+        state.append_as_follower(count=1, producers=[None, 1])
+        state.producer_restarts_with_a_new_epoch(producer=1)
+        state.append_as_leader(count=1, producer=1)
+        state.crash_and_reopen(fraction=0.0, tear=True)
+        state.append_as_leader(count=1, producer=1)
+        state.check_producer_state()
+    finally:
+        state.teardown()

@@ -214,9 +214,13 @@ class BrokerLifecycle:
                 handle = await asyncio.to_thread(self.factory.find, broker_id)
                 if handle is not None:
                     ray.kill(handle, no_restart=True)
-            # INVALID_REQUEST if a partition names it again (a user's reassignment onto it meanwhile):
-            # it is then a broker that died, and its replicas move as a lost broker's do.
-            self._commit(self._meta.plan_unregister_broker(broker_id))
+            try:
+                records = self._meta.plan_unregister_broker(broker_id)
+            except KafkaError as e:  # a partition names it again (a user's reassignment onto it meanwhile)
+                logger.error("broker %d was stopped but cannot leave (%s): its replicas move as a lost broker's do",
+                             broker_id, e)  # fmt: skip
+                return
+            self._commit(records)
             self._retired.add(broker_id)
             self._stuck = {s for s in self._stuck if s[0] != broker_id}
         finally:
