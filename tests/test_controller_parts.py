@@ -184,3 +184,42 @@ def test_a_commit_that_left_a_fenced_broker_leading_fails_its_consistency_check(
         assert_consistent(meta, [fence], epochs)
     with pytest.raises(AssertionError, match="a fenced leader"):
         assert_consistent(meta, [PartitionRecord.of("t", 0, meta.partition("t", 0))], epochs)
+
+
+class _Leader:
+    """A leader replica stand-in whose `describe` answers at once, or never (a leader the
+    network cut off, which Ray has alive)."""
+
+    def __init__(self, answers: bool) -> None:
+        self.describe = self
+        self._answers = answers
+
+    async def remote(self) -> dict:
+        if not self._answers:
+            await asyncio.Event().wait()
+        return {"high_watermark": 7, "log_end_offset": 9, "log_start_offset": 0}
+
+
+class _Channels:
+    def __init__(self, leaders: dict) -> None:
+        self._leaders = leaders
+
+    def handle(self, topic: str, partition: int, broker_id: int):
+        return self._leaders.get(broker_id)
+
+
+def test_describe_topic_answers_within_its_bound_when_a_leader_never_does(monkeypatch):
+    from rayk.controller import metadata_view
+    from rayk.metadata.records import PartitionRecord, TopicRecord
+
+    monkeypatch.setattr(metadata_view, "DESCRIBE_OFFSETS_TIMEOUT_S", 0.2)
+    meta = cluster(2)
+    for offset, record in enumerate([TopicRecord("t", "id", {}), PartitionRecord("t", 0, (0, 1), (0, 1), 0, 0, 0),
+                                     PartitionRecord("t", 1, (1, 0), (1, 0), 1, 0, 0)], start=100):  # fmt: skip
+        meta.apply(record, offset)
+    view = metadata_view.MetadataView(meta, _Channels({0: _Leader(answers=False), 1: _Leader(answers=True)}), None)
+    started = time.monotonic()
+    parts = asyncio.run(asyncio.wait_for(view.describe_topic("t"), 5))
+    assert time.monotonic() - started < 1.5, "one silent leader held the whole answer"
+    assert [(p["leader"], p["high_watermark"], p["log_end_offset"]) for p in parts] == [(0, None, None), (1, 7, 9)]
+    assert [p["isr"] for p in parts] == [[0, 1], [1, 0]]

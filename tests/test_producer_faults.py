@@ -118,6 +118,23 @@ class OnePartitionController:
         return {t: {"partitions": {0: {"leader_handle": self._leader}}} for t in topics}
 
 
+@ray.remote(num_cpus=0)
+class MovingController:
+    """A Controller whose partition's leader moves when told (an election)."""
+
+    def __init__(self, leader):
+        self._leader = leader
+
+    def init_producer_id(self):
+        return 7
+
+    def metadata(self, topics):
+        return {t: {"partitions": {0: {"leader_handle": self._leader}}} for t in topics}
+
+    def move_leader(self, leader):
+        self._leader = leader
+
+
 class FakeCluster:
     def __init__(self, controller):
         self.controller = controller
@@ -164,6 +181,26 @@ def test_an_unanswered_call_is_cancelled_after_request_timeout_and_its_retry_get
     produce_calls = ray.get(leader.produce_calls.remote())
     assert produce_calls[1][:3] == produce_calls[2][:3], "the retry kept its producer id, epoch and sequence"
     assert elapsed >= 0.8, "the held call was given request_timeout_ms"
+
+
+def test_calls_unanswered_by_a_leader_that_lost_its_leadership_go_to_the_new_one_before_request_timeout():
+    # The old leader is cut off (it never answers); the Controller elects another. The
+    # producer, which keeps looking at a partition with calls unanswered for 2 s, sends them
+    # there, in order and once each, long before request_timeout_ms (60 s) would.
+    old, new = IdempotentLeader.remote(hang_all=True), IdempotentLeader.remote()
+    controller = MovingController.remote(old)
+    producer = Producer(FakeCluster(controller), request_timeout_ms=60_000, delivery_timeout_ms=120_000, linger_ms=5)
+    futures = [producer.send("t", b"%d" % i) for i in range(20)]
+    wait_until(lambda: ray.get(old.produce_calls.remote()), 30, "a call to the old leader")
+    ray.get(controller.move_leader.remote(new))
+    moved_s = time.monotonic()
+    futures += [producer.send("t", b"%d" % i) for i in range(20, 40)]
+    producer.flush(timeout_s=30)
+    elapsed_s = time.monotonic() - moved_s
+    producer.close()
+    assert [f.get().offset for f in futures] == list(range(40))
+    assert [v for *_, v in ray.get(new.written.remote())] == [b"%d" % i for i in range(40)], "each once, in order"
+    assert elapsed_s < 15, f"the calls went to the new leader {elapsed_s:.1f} s after it was elected"
 
 
 def test_records_fail_with_kafka_timeout_at_delivery_timeout_and_free_the_buffer():

@@ -90,6 +90,7 @@ class ProducerBatch:
     producer_epoch: int = -1
     base_sequence: int = -1
     ref: Any = None  # the produce call in flight
+    leader: Any = None  # the leader replica it went to
     request_deadline_s: float = 0.0
     last_error: BaseException | None = None  # why its last attempt failed, if it is being retried
     # The results of batches merged into this one by `drain`, with the offset delta of

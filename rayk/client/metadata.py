@@ -178,6 +178,11 @@ class MetadataCache:
             return None  # never looked up yet: its metadata is on its way
         return known
 
+    def cached_leader(self, topic: str, partition: int) -> Any | None:
+        """The leader's handle as last stored (None if unknown); starts nothing."""
+        with self._lock:
+            return self._topics.get(topic, {}).get(partition)
+
     def leader_nowait(self, topic: str, partition: int) -> Any | None:
         """The leader's handle if known, else None; a background refresh is started if it
         is unknown or the topic's metadata is older than `metadata_max_age_ms`."""

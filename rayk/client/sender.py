@@ -8,6 +8,12 @@ Each pass of its loop:
   and their bytes leave `buffer_memory`;
 - settles the answered calls, and cancels those unanswered `request_timeout_ms` after
   they were made, which then count as a retriable REQUEST_TIMED_OUT;
+- looks up again, every LEADER_RECHECK_INTERVAL_S, the leaders of the partitions with a
+  call unanswered for LEADER_RECHECK_AFTER_S, and cancels those calls once the metadata
+  names another leader, which then count as a retriable NOT_LEADER_OR_FOLLOWER: a leader
+  cut off by the network answers nothing, and waiting out `request_timeout_ms` for it,
+  then perhaps again if the Controller had not moved its leadership yet, would hold the
+  partition's writes for twice that after the Controller elected another;
 - bumps the producer epoch when the idempotence state asks for it (IdempotenceManager),
   or, for a pinned producer id, which cannot bump, fails the batches not sent yet;
 - drains the batches that may go now (a partition's small queued batches merged into
@@ -50,6 +56,7 @@ from rayk.errors import (
     InvalidDifferentRecordError,
     KafkaError,
     KafkaTimeoutError,
+    NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
     UnknownServerError,
@@ -58,6 +65,11 @@ from rayk.storage.compression import CompressionType
 from rayk.storage.records import assemble_batch, build_batch
 
 logger = logging.getLogger(__name__)
+
+# A call unanswered this long has its partition's leader looked up again, at most every
+# LEADER_RECHECK_INTERVAL_S while it lasts (one Controller call per producer per interval).
+LEADER_RECHECK_AFTER_S = 2.0
+LEADER_RECHECK_INTERVAL_S = 1.0
 
 
 class Sender:
@@ -98,6 +110,7 @@ class Sender:
         self._calls: collections.deque[tuple[float, ProducerBatch, int]] = collections.deque()
         self._awaiting_leader = False
         self._bump_retry_at_s = 0.0
+        self._leader_recheck_at_s = 0.0
         metadata.on_update(self._wake)
         self._thread = threading.Thread(target=self._run, name="rayk-producer-sender", daemon=True)
 
@@ -150,6 +163,9 @@ class Sender:
             for batch, attempt in self._timed_out_calls(now):
                 error = RequestTimedOutError(f"no answer from the leader of {batch.tp} within {self._request_timeout_ms} ms")
                 self._complete(batch, attempt, error)
+            for batch, attempt in self._calls_to_moved_leaders(now):
+                self._complete(batch, attempt, NotLeaderOrFollowerError(
+                    f"the leader of {batch.tp} changed while a produce call to the previous one went unanswered"))
             self._maybe_bump_epoch(now)
             with acc.lock:
                 now = time.monotonic()
@@ -173,6 +189,9 @@ class Sender:
         times = [self._acc.wake_at_s(now)]
         if self._calls:
             times.append(self._calls[0][0])
+        if self._calls:
+            times.append(max(self._calls[0][0] - self._request_timeout_ms / 1000 + LEADER_RECHECK_AFTER_S,
+                             self._leader_recheck_at_s))  # fmt: skip
         if self._awaiting_leader:
             times.append(self._metadata.wake_at_s())
         if self._idempotence.bump_needed and self._bump_retry_at_s > now:
@@ -192,6 +211,31 @@ class Sender:
                 out.append((batch, attempt))
             self._calls.popleft()
         return out
+
+    def _calls_to_moved_leaders(self, now: float) -> list[tuple[ProducerBatch, int]]:
+        """Cancels the calls unanswered for LEADER_RECHECK_AFTER_S whose partition the
+        metadata now says another replica leads; returns their (batch, attempt). For those
+        still waiting, asks for fresh metadata at most every LEADER_RECHECK_INTERVAL_S.
+        Call after `_timed_out_calls`, which drops the settled calls at the head."""
+        sent_before_s = now - LEADER_RECHECK_AFTER_S + self._request_timeout_ms / 1000  # as a deadline
+        if not self._calls or self._calls[0][0] > sent_before_s:
+            return []
+        moved, waiting = [], set()
+        for deadline, batch, attempt in self._calls:
+            if deadline > sent_before_s:
+                break
+            if batch.state is not BatchState.IN_FLIGHT or batch.attempts != attempt:
+                continue
+            leader = self._metadata.cached_leader(batch.tp.topic, batch.tp.partition)
+            if leader is not None and not _same_actor(leader, batch.leader):
+                calls.cancel(batch.ref)
+                moved.append((batch, attempt))
+            else:
+                waiting.add(batch.tp.topic)
+        if waiting and now >= self._leader_recheck_at_s:
+            self._leader_recheck_at_s = now + LEADER_RECHECK_INTERVAL_S
+            self._metadata.request_update(sorted(waiting))
+        return moved
 
     def _maybe_bump_epoch(self, now: float) -> None:
         if not self._idempotence.bump_needed or now < self._bump_retry_at_s:
@@ -230,7 +274,7 @@ class Sender:
             return
         # With acks=0 the request is done once it is written (DataPlaneSession.produce): the
         # offsets are unknown (-1), as Kafka answers nothing; close() waits for that much.
-        batch.ref = ref
+        batch.ref, batch.leader = ref, leader
         batch.request_deadline_s = time.monotonic() + self._request_timeout_ms / 1000
         self._calls.append((batch.request_deadline_s, batch, attempt))
         ref.add_done_callback(lambda f: self._on_done(batch, attempt, f))
@@ -339,3 +383,11 @@ class Sender:
     def _finish(self, batch: ProducerBatch) -> None:
         self._idempotence.finished(batch.stamped)
         self._acc.finished(batch)
+
+
+def _same_actor(a: Any, b: Any) -> bool:
+    """Whether two actor handles (each refresh of the metadata makes new ones) are one actor."""
+    if a is b:
+        return True
+    actor_id = getattr(a, "_actor_id", None)
+    return actor_id is not None and actor_id == getattr(b, "_actor_id", None)

@@ -12,6 +12,7 @@ coordinators' handles. Holds no state; each answer is as of the moment it is bui
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -23,6 +24,23 @@ from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.metadata.cluster_metadata import NO_LEADER, ClusterMetadata
 
 TopicPartition = tuple[str, int]
+
+
+DESCRIBE_OFFSETS_TIMEOUT_S = 5.0
+_NO_OFFSETS = {"high_watermark": None, "log_end_offset": None, "log_start_offset": None}
+
+
+async def _offsets_of(leader: Any) -> dict[str, int | None]:
+    """A leader replica's HW, LEO and log start; None each if there is no leader, or it is
+    dead or did not answer within DESCRIBE_OFFSETS_TIMEOUT_S."""
+    if leader is None:
+        return _NO_OFFSETS
+    try:
+        async with asyncio.timeout(DESCRIBE_OFFSETS_TIMEOUT_S):
+            info = await leader.describe.remote()
+    except (TimeoutError, RayActorError):
+        return _NO_OFFSETS
+    return {k: info[k] for k in _NO_OFFSETS}
 
 
 class MetadataView:
@@ -53,38 +71,33 @@ class MetadataView:
         return [self._channels.handle(topic, p, s.leader) for p, s in sorted(meta.partitions.items())]
 
     async def describe_topic(self, name: str) -> list[dict]:
-        """Per partition: leader, replicas, isr, epochs, and the leader's HW and LEO."""
+        """Per partition: leader, replicas, isr, epochs (as of the call), and the leader's HW,
+        LEO and log start, asked of every leader at once for at most DESCRIBE_OFFSETS_TIMEOUT_S
+        (None from a leader that is dead or did not answer: a leader cut off by the network
+        is alive for Ray until it declares its node dead, a minute later)."""
         meta = self._meta.topics.get(name)
         if meta is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        out = []
-        for p, state in sorted(meta.partitions.items()):
-            handle = self._channels.handle(name, p, state.leader)
-            offsets = {"high_watermark": None, "log_end_offset": None, "log_start_offset": None}
-            if handle is not None:
-                try:
-                    info = await handle.describe.remote()
-                    offsets = {k: info[k] for k in offsets}
-                except RayActorError:
-                    pass
-            out.append(
-                {
-                    "topic": name,
-                    "topic_id": meta.topic_id,
-                    "partition": p,
-                    "leader": state.leader,
-                    "replicas": list(state.replicas),
-                    "isr": list(state.isr),
-                    "leader_epoch": state.leader_epoch,
-                    "partition_epoch": state.partition_epoch,
-                    "recovering": list(state.recovering),
-                    "adding_replicas": list(state.adding),
-                    "removing_replicas": list(state.removing),
-                    "eligible_leader_replicas": list(state.eligible),
-                    **offsets,
-                }
-            )
-        return out
+        out = [
+            {
+                "topic": name,
+                "topic_id": meta.topic_id,
+                "partition": p,
+                "leader": state.leader,
+                "replicas": list(state.replicas),
+                "isr": list(state.isr),
+                "leader_epoch": state.leader_epoch,
+                "partition_epoch": state.partition_epoch,
+                "recovering": list(state.recovering),
+                "adding_replicas": list(state.adding),
+                "removing_replicas": list(state.removing),
+                "eligible_leader_replicas": list(state.eligible),
+            }
+            for p, state in sorted(meta.partitions.items())
+        ]
+        handles = [self._channels.handle(name, d["partition"], d["leader"]) for d in out]
+        infos = await asyncio.gather(*(_offsets_of(h) for h in handles))
+        return [{**d, **info} for d, info in zip(out, infos)]
 
     def topic_configs(self, name: str) -> dict[str, str]:
         if name not in self._meta.topics:
