@@ -29,21 +29,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tests import own_namespaces
+from tests.own_namespaces import STEP_PREFIX
 
-REPO = Path(__file__).resolve().parent.parent
 BROKER_RESOURCE = "rayk_broker"
 HEAD_NODE_TYPE = "ray.head.default"  # the fake provider's name for the head's type
 BROKER_NODE_TYPE = "rayk.broker"
 MAX_BROKER_NODES = 3  # the broker node type's max_workers
 HEAD_START_ATTEMPTS = 2
 FAKE_RAY_ENV = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
-STEP_PREFIX = "[step "  # what `log` prints first: a failure shows these lines, whatever else was printed
 _started_s = time.monotonic()
 
 
@@ -77,24 +75,7 @@ def run(target: str, *args: str, timeout_s: float) -> str:
     """Runs `target` ("module:function") with `args` in a fake autoscaling Ray of its own
     (see the module docstring); its output (stdout and stderr). Needs root and TOOLS
     (tests skip without them: own_namespaces.skip_unless_root_with(*TOOLS))."""
-    with tempfile.TemporaryFile("w+") as out:
-        process = own_namespaces.start(
-            [sys.executable, "-m", "tests.fake_autoscaler", target, *args],
-            net=True, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            own_namespaces.end(process)
-        out.seek(0)
-        output = out.read()
-    if process.returncode != 0:
-        steps = "\n".join(line for line in output.splitlines() if line.startswith(STEP_PREFIX))
-        raise AssertionError(f"{target} failed (exit status {process.returncode}; -9: past {timeout_s} s) after the "
-                             f"steps:\n{steps}\n... output's end:\n{output[-8000:]}")
-    return output
+    return own_namespaces.run_module("tests.fake_autoscaler", target, *args, timeout_s=timeout_s)
 
 
 def log(message: str) -> None:

@@ -20,7 +20,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -56,3 +59,29 @@ def end(process: subprocess.Popen, timeout_s: float = 10) -> None:
         except subprocess.TimeoutExpired:
             continue
     process.wait()
+
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_PREFIX = "[step "  # what a scenario's `log` lines start with: a failure shows them, whatever else was printed
+
+
+def run_module(module: str, target: str, *args: str, timeout_s: float) -> str:
+    """Runs `python -m module target args...` as the first process of PID, mount and
+    network namespaces of its own; its output (stdout and stderr). AssertionError with the
+    scenario's steps and the output's end if it failed or ran past `timeout_s`."""
+    with tempfile.TemporaryFile("w+") as out:
+        process = start([sys.executable, "-m", module, target, *args], net=True, stdout=out,
+                        stderr=subprocess.STDOUT, cwd=REPO)  # fmt: skip
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            end(process)
+        out.seek(0)
+        output = out.read()
+    if process.returncode != 0:
+        steps = "\n".join(line for line in output.splitlines() if line.startswith(STEP_PREFIX))
+        raise AssertionError(f"{target} failed (exit status {process.returncode}; -9: past {timeout_s} s) after the "
+                             f"steps:\n{steps}\n... output's end:\n{output[-8000:]}")
+    return output

@@ -279,3 +279,36 @@ def test_a_mutated_batch_with_a_valid_crc_gets_a_kafka_error_and_leaves_the_log_
     except KafkaError:
         assert log.log_end_offset == 0
     log.close()
+
+
+# ---------------------------------------------------------------------------- a failing disk
+
+
+def test_a_write_to_a_full_disk_is_a_retriable_storage_error_and_ends_the_replicas_process(tmp_path, monkeypatch):
+    """Kafka's LogDirFailureChannel, per replica: the failed request and every later one
+    are KAFKA_STORAGE_ERROR (retriable: the producer looks the leader up again; it was
+    UNKNOWN_SERVER_ERROR, which failed the records), and the process is told to end so that
+    its broker reports it and the Controller moves its leadership."""
+    import errno
+
+    from rayk.errors import KafkaStorageError
+    from rayk.replication import storage_failure
+
+    ended = []
+    monkeypatch.setattr(storage_failure, "end_process", lambda name, error: ended.append((name, error.errno)))
+
+    async def main() -> None:
+        replica = await leader_of(tmp_path, Controller(), epoch=0, replicas=(0,))
+        assert (await replica.produce(plain(b"before"), -1, 5_000)).error is None
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(replica._log, "append_as_leader", full)
+        answers = [await replica.produce(plain(b"full-%d" % i), -1, 5_000) for i in range(2)]
+        assert all(isinstance(a.error, KafkaStorageError) and a.error.retriable for a in answers), answers
+        assert ended == [("t-0", errno.ENOSPC)], "ended once, for the first failure"
+        assert values_in(replica) == [(0, b"before")]
+        await replica.close()
+
+    asyncio.run(main())

@@ -15,7 +15,9 @@ together:
 - each appended request's acknowledgement waits in the epoch it was appended in: if the
   leadership moves on meanwhile, it is NOT_LEADER_OR_FOLLOWER, never an HW of another
   epoch's log (which may have truncated the records away);
-- one request's bad input, or a fault in handling it, is that request's error alone.
+- one request's bad input, or a fault in handling it, is that request's error alone; a
+  write to the log that fails (a full or failing disk) is KAFKA_STORAGE_ERROR for it and
+  every request after it, and ends the replica's process (storage_failure.py).
 Transaction markers (WriteTxnMarkers) and the producer-state queries (DescribeProducers,
 a resuming writer's next sequence) go the same way.
 
@@ -39,11 +41,12 @@ from rayk.errors import (
     InvalidRequiredAcksError,
     InvalidTxnStateError,
     KafkaError,
+    KafkaStorageError,
     NotEnoughReplicasAfterAppendError,
     RequestTimedOutError,
     UnknownServerError,
 )
-from rayk.replication import txn_verification
+from rayk.replication import storage_failure, txn_verification
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role
 from rayk.storage.producer_state import VerificationGuard, Verdict
@@ -82,6 +85,7 @@ class LeaderProduce:
         self._ctx = ctx
         self._isr = isr
         self._txn_coordinators = txn_verification.CoordinatorHandles(controller)
+        self._storage_error: OSError | None = None  # a write to the log failed: this process is ending
 
     def produce_error(self, error: KafkaError) -> ProduceResult:
         return ProduceResult(-1, -1, self._ctx.log.log_start_offset, error)
@@ -99,10 +103,18 @@ class LeaderProduce:
             verified = list(await asyncio.gather(*(self._verify_request(request, epoch) for request in requests)))
         appended: list[ProduceResult | _Appended] = []
         for request, verification in zip(requests, verified):
+            if self._storage_error is not None:
+                appended.append(self.produce_error(KafkaStorageError(f"{ctx.name}: its log's disk failed: "
+                                                                     f"{self._storage_error}")))  # fmt: skip
+                continue
             try:
                 appended.append(await self._append(request, epoch, verification))
             except KafkaError as e:
                 appended.append(self.produce_error(e))
+            except OSError as e:  # the log's disk is full or failing: storage_failure.py
+                self._storage_error = e
+                appended.append(self.produce_error(KafkaStorageError(f"{ctx.name}: a write to its log failed: {e}")))
+                storage_failure.end_process(ctx.name, e)
             except Exception as e:  # a bug: this request alone fails, as Kafka answers per partition
                 logger.exception("%s: appending a produce request failed", ctx.name)
                 appended.append(self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")))

@@ -133,14 +133,14 @@ class Traffic:
                     out[p] = min(out.get(p, float("inf")), self.acked_at[value] - t0)
         return out
 
-    def wait_resumed(self, t0: float) -> float:
+    def wait_resumed(self, t0: float, bound_s: float = RESUME_BOUND_S) -> float:
         """Waits until every partition took a write sent after `t0`; returns the slowest's delay (s).
         Take `t0` once the fault is done, not before the lookups it starts with (a pid, a
         handle: long on loaded cores): a write the victim still took in between would count
         as resumed before the fault."""
-        wait_until(lambda: len(self.resumed_after(t0)) == self.partitions, RESUME_BOUND_S + 20, "writes on every partition")
+        wait_until(lambda: len(self.resumed_after(t0)) == self.partitions, bound_s + 20, "writes on every partition")
         slowest = max(self.resumed_after(t0).values())
-        assert slowest <= RESUME_BOUND_S, f"writes resumed after {slowest:.1f} s, bound {RESUME_BOUND_S} s"
+        assert slowest <= bound_s, f"writes resumed after {slowest:.1f} s, bound {bound_s} s"
         return slowest
 
     def stop(self) -> None:
