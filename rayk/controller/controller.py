@@ -60,6 +60,7 @@ import ray
 
 from rayk import metrics
 from rayk.acls import AclBinding, AclFilter
+from rayk.actors import raylet_watch
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
 from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
@@ -103,6 +104,7 @@ class Controller:
         without one, brokers come only from whoever deployed the cluster. With `autoscale`,
         the brokers follow Ray's autoscaler (BrokerAutoscaling); it needs a factory that
         places brokers by the same node resource."""
+        raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         if autoscale is not None and (broker_factory is None or broker_factory.node_resource != autoscale.node_resource):
             raise InvalidConfigurationError("autoscaling needs a broker factory placing brokers by its node resource")
         self.dir = Path(directory)

@@ -65,7 +65,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayk.actors import INTERNAL_ACTOR_OPTIONS
+from rayk.actors import INTERNAL_ACTOR_OPTIONS, raylet_watch
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
@@ -108,6 +108,7 @@ class SocketServer(Supervised):
     (the actor's event loop)."""
 
     def __init__(self, broker_id: int, controller: Any, config: BrokerConfig) -> None:
+        raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         call_methods_directly(self)
         self.broker_id = broker_id
         self.config = config

@@ -45,6 +45,7 @@ from typing import Any
 
 import ray
 
+from rayk.actors import raylet_watch
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
@@ -98,6 +99,7 @@ class PartitionReplica(Supervised):
         `controller` the Controller's, through which a leader finds the transaction
         coordinators that verify transactional writes (txn_verification.py); `board_slot`
         where this replica publishes its offsets to its broker (replica_board.py)."""
+        raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         call_methods_directly(self)
         self.topic, self.partition, self.broker_id = topic, partition, broker_id
         topic_id = partition_metadata.read(log_dir)  # None for a log without partition.metadata

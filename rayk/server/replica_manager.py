@@ -91,7 +91,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk import metrics
-from rayk.actors import INTERNAL_ACTOR_OPTIONS
+from rayk.actors import INTERNAL_ACTOR_OPTIONS, raylet_watch
 from rayk.server.broker_health import broker_health
 from rayk.server.broker_log_manager import BrokerLogManager
 from rayk.server.broker_throttles import BrokerThrottles
@@ -215,6 +215,7 @@ class ReplicaManager(Supervised):
     ) -> None:
         """`listener_factory` starts the broker's Kafka listener; without one the broker
         serves only actor handles."""
+        raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         self.broker_id = broker_id
         self.config = broker_config or BrokerConfig()
         self.dir = broker_dir(data_dir, broker_id)
