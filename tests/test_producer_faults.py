@@ -117,21 +117,8 @@ class OnePartitionController:
     def metadata(self, topics):
         return {t: {"partitions": {0: {"leader_handle": self._leader}}} for t in topics}
 
-
-@ray.remote(num_cpus=0)
-class MovingController:
-    """A Controller whose partition's leader moves when told (an election)."""
-
-    def __init__(self, leader):
-        self._leader = leader
-
-    def init_producer_id(self):
-        return 7
-
-    def metadata(self, topics):
-        return {t: {"partitions": {0: {"leader_handle": self._leader}}} for t in topics}
-
     def move_leader(self, leader):
+        """The partition's leader moves (an election)."""
         self._leader = leader
 
 
@@ -188,7 +175,7 @@ def test_calls_unanswered_by_a_leader_that_lost_its_leadership_go_to_the_new_one
     # producer, which keeps looking at a partition with calls unanswered for 2 s, sends them
     # there, in order and once each, long before request_timeout_ms (60 s) would.
     old, new = IdempotentLeader.remote(hang_all=True), IdempotentLeader.remote()
-    controller = MovingController.remote(old)
+    controller = OnePartitionController.remote(old)
     producer = Producer(FakeCluster(controller), request_timeout_ms=60_000, delivery_timeout_ms=120_000, linger_ms=5)
     futures = [producer.send("t", b"%d" % i) for i in range(20)]
     wait_until(lambda: ray.get(old.produce_calls.remote()), 30, "a call to the old leader")

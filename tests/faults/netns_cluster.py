@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from tests import own_namespaces
-from tests.faults.harness import CONFIG, PARTITIONS, TOPIC, Traffic, run_until_acked
+from tests.cluster_helpers import wait_until
+from tests.faults.harness import CONFIG, PARTITIONS, TOPIC, Traffic, healthy, run_until_acked
 from tests.own_namespaces import STEP_PREFIX
 
 TOOLS = ("ip", "nft", "mount")  # besides unshare, and root
@@ -277,6 +278,28 @@ def leader_node(c: Any) -> tuple[int, str]:
     return leader, broker_node_of(c, leader)
 
 
+def wait_whole(c: Any, bound_s: float, since: str) -> float:
+    """Waits until every partition is led with its full ISR (harness.healthy); the seconds
+    it took. On a timeout, prints the Controller's and the brokers' logs, then fails."""
+    started = time.monotonic()
+    try:
+        wait_until(lambda: healthy(c), bound_s, f"every partition led, with its full ISR, {since}")
+    except AssertionError:
+        print(actor_logs(), flush=True)
+        raise
+    return time.monotonic() - started
+
+
+def longest_ack_gap_s(traffic: Traffic, since: float, until: float) -> float:
+    """The longest time, on any partition, between acknowledgements in [since, until]."""
+    with traffic._lock:
+        times = {p: [since, until] for p in range(traffic.partitions)}
+        for value, at in traffic.acked_at.items():
+            if since <= at <= until:
+                times[traffic.acked[value][0]].append(at)
+    return max(max(b - a for a, b in zip(sorted(ts), sorted(ts)[1:])) for ts in times.values())
+
+
 def fenced(c: Any, broker_id: int) -> bool:
     return next(b for b in c.brokers() if b["broker_id"] == broker_id)["fenced"]
 
@@ -376,8 +399,6 @@ def restart_node(node: str, timeout_s: float = 120) -> None:
     """Starts Ray on `node` again once its raylet ended (Ray declared the node dead while it
     was cut off: the raylet exits on reaching the GCS again), as its supervisor would;
     returns when the new node is alive."""
-    from tests.cluster_helpers import wait_until
-
     wait_until(lambda: not _raylet_running(node), timeout_s, f"the raylet of {node}, declared dead, to end")
     start_node(node)
     wait_until(lambda: node in node_ids(), timeout_s, f"{node} alive again")

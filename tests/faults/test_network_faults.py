@@ -31,7 +31,7 @@ import ray
 from rayk.controller.broker_heartbeat_manager import LATE_FENCE_SESSIONS
 from tests.cluster_helpers import batch_of, wait_until
 from tests.faults import netns_cluster as nc
-from tests.faults.harness import SESSION_TIMEOUT_MS, TOPIC, Traffic, check, healthy, run_until_acked
+from tests.faults.harness import SESSION_TIMEOUT_MS, TOPIC, Traffic, check, run_until_acked
 
 SCENARIO_TIMEOUT_S = 420
 # A broker cut off by the network is silent but alive for Ray (its node is declared dead
@@ -47,15 +47,9 @@ PROBE_TIMEOUT_MS = 2_000
 
 def _heal_and_check(c, traffic: Traffic, net: nc.Network, fault: str, resume_s: float) -> None:
     """The link back, then the cluster whole within WHOLE_BOUND_S, and the harness's checks."""
-    healed = time.monotonic()
     net.heal_all()
     nc.log("link back")
-    try:
-        wait_until(lambda: healthy(c), WHOLE_BOUND_S, "every partition led, with its full ISR, after the link came back")
-    except AssertionError:
-        print(nc.actor_logs(), flush=True)
-        raise
-    whole_s = time.monotonic() - healed
+    whole_s = nc.wait_whole(c, WHOLE_BOUND_S, "after the link came back")
     run_until_acked(traffic, 500)
     check(c, traffic, fault, resume_s)
     print(f"MEASURED {fault}: writes resumed after {resume_s:.1f} s; whole again {whole_s:.1f} s after the link came back",
@@ -132,16 +126,6 @@ def one_way() -> None:
 FLAP_DOWN_S, FLAP_UP_S, FLAP_FOR_S = 5.0, 2.0, 35.0
 
 
-def _longest_ack_gap_s(traffic: Traffic, since: float, until: float) -> float:
-    """The longest time, on any partition, between acknowledgements in [since, until]."""
-    with traffic._lock:
-        times = {p: [since, until] for p in range(traffic.partitions)}
-        for value, at in traffic.acked_at.items():
-            if since <= at <= until:
-                times[traffic.acked[value][0]].append(at)
-    return max(max(b - a for a, b in zip(sorted(ts), sorted(ts)[1:])) for ts in times.values())
-
-
 def flapping_link() -> None:
     """The leader's link to the head and the other brokers down FLAP_DOWN_S, up FLAP_UP_S,
     for FLAP_FOR_S: each outage is shorter than the session timeout, so nothing is fenced;
@@ -157,7 +141,7 @@ def flapping_link() -> None:
         time.sleep(FLAP_DOWN_S)
         net.heal(node)
         time.sleep(FLAP_UP_S)
-    gap_s = _longest_ack_gap_s(traffic, t0, time.monotonic())
+    gap_s = nc.longest_ack_gap_s(traffic, t0, time.monotonic())
     nc.log(f"broker {victim} ({node})'s link flapped for {FLAP_FOR_S:.0f} s; longest stall of a partition {gap_s:.1f} s")
     assert gap_s <= RESUME_BOUND_S, f"a partition took no write for {gap_s:.1f} s"
     assert not nc.fenced(c, victim) and {b["broker_id"]: b["epoch"] for b in c.brokers()} == epochs, \
@@ -210,11 +194,7 @@ def node_declared_dead() -> None:
     nc.log(f"Ray started again on {node}")
     c.restart_broker(victim)
     nc.log(f"broker {victim} restarted")
-    try:
-        wait_until(lambda: healthy(c), WHOLE_BOUND_S, "every partition led, with its full ISR")
-    except AssertionError:
-        print(nc.actor_logs(), flush=True)
-        raise
+    nc.wait_whole(c, WHOLE_BOUND_S, "once the broker was restarted")
     whole_s = time.monotonic() - healed
     timeline.stop()
     run_until_acked(traffic, 500)
