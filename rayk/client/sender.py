@@ -187,9 +187,8 @@ class Sender:
 
     def _wait_s(self, now: float) -> float | None:
         times = [self._acc.wake_at_s(now)]
-        if self._calls:
+        if self._calls:  # the oldest call's deadline, and when its leader is looked at again
             times.append(self._calls[0][0])
-        if self._calls:
             times.append(max(self._calls[0][0] - self._request_timeout_ms / 1000 + LEADER_RECHECK_AFTER_S,
                              self._leader_recheck_at_s))  # fmt: skip
         if self._awaiting_leader:

@@ -9,9 +9,9 @@ Layout (addresses exist only inside the namespaces this module makes):
       rk-b1..b3  10.77.0.11- a broker node each: 1 CPU, one unit of BROKER_RESOURCE
       rk-client  10.77.0.21  the driver: the scenario, its producer and consumers
 
-Outside, a test calls `run("module:function", *args)`: `python -m
-tests.faults.netns_cluster module:function args...` starts as the first process of PID,
-mount and network namespaces of its own (tests/own_namespaces.py), so the bridge, the
+Outside, a test calls `run_scenario("module:function")` (or `run`, with arguments):
+`python -m tests.faults.netns_cluster module:function args...` starts as the first
+process of PID, mount and network namespaces of its own (tests/own_namespaces.py), so the bridge, the
 veth pairs, the node namespaces, /tmp/ray and every process go with it when it ends,
 whatever the test did. Inside, `main` makes the network, starts the Ray nodes, then runs
 the scenario as the driver in rk-client (`ip netns exec`, a process of its own), which
@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,6 @@ TOOLS = ("ip", "nft", "mount")  # besides unshare, and root
 SUBNET = "10.77.0"
 BRIDGE = "rk-br"
 HEAD = "rk-head"
-BROKER_NODES = ("rk-b1", "rk-b2", "rk-b3")
 CLIENT = "rk-client"
 ADDRESSES = {HEAD: f"{SUBNET}.1", "rk-b1": f"{SUBNET}.11", "rk-b2": f"{SUBNET}.12", "rk-b3": f"{SUBNET}.13",
              CLIENT: f"{SUBNET}.21"}  # fmt: skip
@@ -309,7 +308,7 @@ class Network:
     """The faults of the network, by node: nftables rules in a node's namespace (table
     `inet rayk_fault`), latency through delay_link.py."""
 
-    delays: dict[str, subprocess.Popen] | None = None
+    delays: dict[str, subprocess.Popen] = field(default_factory=dict)  # "node->peer": its delay_link process
 
     def cut(self, node: str, peers: list[str], *, inbound: bool = True, outbound: bool = True) -> None:
         """Drops `node`'s packets from (inbound) and to (outbound) `peers`, silently, as a
@@ -340,14 +339,13 @@ class Network:
     def heal_all(self) -> None:
         for node in ADDRESSES:
             self.heal(node)
-        for process in (self.delays or {}).values():
+        for process in self.delays.values():
             process.terminate()
             process.wait(10)
-        self.delays = {}
+        self.delays.clear()
 
     def delay(self, node: str, peer: str, delay_ms: int) -> None:
         """`node`'s packets to `peer` arrive `delay_ms` later (delay_link.py in `node`'s namespace)."""
-        self.delays = self.delays or {}
         process = subprocess.Popen(
             ["ip", "netns", "exec", node, sys.executable, "-m", "tests.faults.delay_link", ADDRESSES[node],
              ADDRESSES[peer], str(delay_ms)], cwd=own_namespaces.REPO, stdout=subprocess.PIPE, text=True,

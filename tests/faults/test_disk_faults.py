@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.cluster_helpers import wait_until
 from tests.faults import netns_cluster as nc
 from tests.faults.harness import TOPIC, check, run_until_acked
@@ -55,6 +57,7 @@ def full_disk() -> None:
     c.shutdown()
 
 
+@pytest.mark.chaos  # 70-100 s, as each scenario on a netns cluster: in `make chaos`
 def test_a_full_disk_takes_its_broker_out_of_the_isrs_and_it_rejoins_once_there_is_room():
     output = nc.run_scenario("tests.faults.test_disk_faults:full_disk", SCENARIO_TIMEOUT_S)
     assert "MEASURED disk full" in output

@@ -208,6 +208,7 @@ def _run(scenario: str) -> str:
     return nc.run_scenario(f"tests.faults.test_network_faults:{scenario}", SCENARIO_TIMEOUT_S)
 
 
+@pytest.mark.chaos
 def test_a_leader_cut_from_its_followers_and_the_controller_acknowledges_nothing_alone():
     assert "MEASURED" in _run("split_brain")
 
