@@ -25,7 +25,7 @@ import asyncio
 import logging
 
 from rayk.replication.replica_board import BoardSlot, SlotWriter
-from rayk.replication.replica_context import ReplicaContext, now_ms
+from rayk.replication.replica_context import ReplicaContext, wall_clock_ms
 from rayk.storage import Log, log_cleaner
 from rayk.storage.log_cleaner import CleanableState, CleanResult
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
@@ -111,7 +111,7 @@ class LogLifecycle:
         log = self._ctx.log
         if not log.config.compacts:
             return None
-        return await asyncio.to_thread(log_cleaner.cleanable_state, log, now_ms())
+        return await asyncio.to_thread(log_cleaner.cleanable_state, log, wall_clock_ms())
 
     async def clean_log(self, max_bytes_per_second: float, dedupe_buffer_bytes: int) -> CleanResult | None:
         """Compacts this log in a thread (see PartitionReplica.clean_log); None: it does not
@@ -121,7 +121,8 @@ class LogLifecycle:
             return None
         throttler = log_cleaner.Throttler(max_bytes_per_second)
         self._cleaning = asyncio.ensure_future(
-            asyncio.to_thread(log_cleaner.clean, log, now_ms(), dedupe_buffer_bytes=dedupe_buffer_bytes, throttler=throttler)
+            asyncio.to_thread(log_cleaner.clean, log, wall_clock_ms(), dedupe_buffer_bytes=dedupe_buffer_bytes,
+                              throttler=throttler)
         )
         try:
             return await asyncio.shield(self._cleaning)

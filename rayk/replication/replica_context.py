@@ -59,7 +59,17 @@ class Role(enum.Enum):
 
 
 def now_ms() -> int:
-    """Wall-clock milliseconds, as Kafka's lastCaughtUpTimeMs and the cleaner's clock."""
+    """Monotonic milliseconds: the leader's clock of its followers' lag (lastCaughtUpTimeMs
+    against replica.lag.time.max.ms). A lag is an elapsed time inside this process, so a
+    step of the wall clock must not move it: on the wall clock, a leader whose clock
+    stepped an hour back kept a silent follower in the ISR for an hour, and one that
+    stepped an hour forward dropped every follower at once."""
+    return int(time.monotonic() * 1000)
+
+
+def wall_clock_ms() -> int:
+    """Wall-clock milliseconds: the log cleaner's clock, compared with record timestamps
+    (min/max compaction lag, the tombstone horizon), as Kafka's."""
     return int(time.time() * 1000)
 
 

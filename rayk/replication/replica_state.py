@@ -34,7 +34,8 @@ from dataclasses import dataclass
 class FollowerState:
     """What a leader knows of one follower, from its fetches: its LEO (the fetch offset), when
     it was last caught up (Kafka's lastCaughtUpTimeMs), its last fetch's time and the
-    leader's LEO then (all times in ms), and the broker process that sent it."""
+    leader's LEO then (times in monotonic ms: replica_context.now_ms), and the broker process
+    that sent it."""
 
     log_end_offset: int = -1  # unknown until the follower's first fetch
     last_caught_up_time_ms: int = 0
