@@ -39,7 +39,13 @@ class Partitions:
         self.refusals: dict[tuple[str, int], list[Exception]] = {}
         self.fail_appends = False
         self.next_id = 100
-        self.now_ms = 1_000
+        self.now_ms = 1_000  # the coordinator's wall clock
+        self.monotonic_ms = 50  # and its monotonic one
+
+    def advance(self, ms: int) -> None:
+        """Time passes: both clocks move."""
+        self.now_ms += ms
+        self.monotonic_ms += ms
 
     async def append(self, records: list[tuple[bytes, bytes | None]], acks: int = -1) -> None:
         if self.fail_appends:
@@ -60,7 +66,8 @@ class Partitions:
 
     def coordinator(self, epoch: int = 3, **config) -> TransactionCoordinator:
         return TransactionCoordinator(self.append, self.write_marker, self.new_producer_id, epoch,
-                                      TransactionConfig(**config), clock_ms=lambda: self.now_ms)  # fmt: skip
+                                      TransactionConfig(**config), clock_ms=lambda: self.now_ms,
+                                      monotonic_ms=lambda: self.monotonic_ms)  # fmt: skip
 
     def states(self) -> list[tuple[str, str | None]]:
         """(id, state name) of each record written, in order."""
@@ -222,7 +229,7 @@ def test_timed_out_transactions_are_aborted_and_idle_ids_expire():
             await c.init_producer_id(name, 5_000)
         pid, _ = c.metadata("slow").producer_id, 0
         await c.add_partitions("slow", pid, 0, [A])
-        p.now_ms += 5_001
+        p.advance(5_001)
         assert await c.abort_timed_out() == ["slow"]
         await settle(c)
         assert c.metadata("slow").state is TxnState.COMPLETE_ABORT and p.markers == [("orders", 0, pid, 1, False, 3)]

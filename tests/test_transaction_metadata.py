@@ -142,7 +142,8 @@ def test_tv2_moves_to_its_next_producer_id_when_the_bump_takes_the_last_epoch():
 
 def test_timeouts_and_expiration():
     md = tm.add_partitions(initialized(), 7, 0, frozenset({A}), now_ms=1_000)
-    assert not tm.timed_out(md, 61_000) and tm.timed_out(md, 61_001)
+    assert [tm.remaining_timeout_ms(md, now) for now in (1_000, 31_000, 61_001)] == [60_000, 30_000, 0]
+    assert tm.remaining_timeout_ms(md, 1_000 - 3_600_000) == 60_000, "a start ahead of this clock: never past the timeout"
     assert not tm.expired(md, 10**12, 1000), "an open transaction never expires"
     idle = tm.complete(tm.end_transaction(md, 7, 0, False, 2_000), 3_000)
     assert tm.expired(idle, 3_000 + 7 * 86_400_000 + 1, 7 * 86_400_000) and not tm.expired(idle, 4_000, 7 * 86_400_000)

@@ -28,6 +28,15 @@ interval.ms`) fences and aborts an open transaction past its `transaction.timeou
 `expire` (every `transactional.id.expiration.ms`'s check) deletes idle ids unused that
 long (a tombstone). `close` stops the marker tasks when the replica stops leading.
 
+Clocks: what is written is wall time (`clock_ms`: a transaction's start and last update,
+which the next coordinator reads after a failover, and by which idle ids expire, as
+offsets do), but a timeout is an elapsed time inside this process: each open
+transaction's deadline is held on the monotonic clock (`monotonic_ms`), from its start
+here or, for one loaded, from what the wall clocks say is left of it
+(transaction_metadata.remaining_timeout_ms). A step of this broker's wall clock neither
+aborts a live transaction (an hour forward) nor keeps one past its timeout (an hour
+back). Kafka compares the start with its wall clock; this is the stricter rule.
+
 Not thread-safe: the owning actor's event loop calls it.
 """
 
@@ -84,14 +93,17 @@ class TransactionCoordinator:
         coordinator_epoch: int,
         config: TransactionConfig | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        monotonic_ms: Callable[[], int] = lambda: int(time.monotonic() * 1000),
     ) -> None:
         self._append = append
         self._write_marker = write_marker
         self._new_producer_id = new_producer_id
         self.coordinator_epoch = coordinator_epoch
         self.config = config or TransactionConfig()
-        self._clock_ms = clock_ms
+        self._clock_ms = clock_ms  # wall: the timestamps written
+        self._monotonic_ms = monotonic_ms  # the timeouts' deadlines
         self._transactions: dict[str, TransactionMetadata] = {}
+        self._deadlines_ms: dict[str, int] = {}  # open transaction's id -> its timeout's deadline (monotonic)
         # An id's lock lives while a request holds or awaits it: ids come and go (one per
         # checkpoint with Flink), and a lock per id ever seen would grow without bound.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -115,6 +127,9 @@ class TransactionCoordinator:
                 self._transactions.pop(transactional_id, None)
             else:
                 self._transactions[transactional_id] = md
+        wall_now_ms, now_ms = self._clock_ms(), self._monotonic_ms()
+        self._deadlines_ms = {t: now_ms + tm.remaining_timeout_ms(md, wall_now_ms)
+                              for t, md in self._transactions.items() if md.state is TxnState.ONGOING}  # fmt: skip
         return skipped
 
     def resume(self) -> None:
@@ -213,12 +228,11 @@ class TransactionCoordinator:
 
     async def abort_timed_out(self) -> list[str]:
         """Fences and aborts every open transaction past its timeout; returns their ids."""
-        now_ms = self._clock_ms()
         aborted = []
-        for transactional_id in [t for t, md in self._transactions.items() if tm.timed_out(md, now_ms)]:
+        for transactional_id in [t for t in self._deadlines_ms if self._timed_out(t)]:
             async with self._lock(transactional_id):
                 md = self._transactions.get(transactional_id)
-                if md is None or not tm.timed_out(md, self._clock_ms()):
+                if md is None or not self._timed_out(transactional_id):
                     continue  # ended meanwhile
                 await self._write(tm.fence_and_abort(md, self._clock_ms()))
                 self._start_completing(transactional_id)
@@ -287,6 +301,10 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ helpers
 
+    def _timed_out(self, transactional_id: str) -> bool:
+        deadline_ms = self._deadlines_ms.get(transactional_id)
+        return deadline_ms is not None and self._monotonic_ms() > deadline_ms
+
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
         if lock is None:
@@ -312,6 +330,13 @@ class TransactionCoordinator:
 
     async def _write(self, md: TransactionMetadata, acks: int = -1) -> None:
         """Writes `md` (acks=all unless told), then makes it the id's state: a failed write
-        changes nothing."""
+        changes nothing. A transaction that opens with it times out `txn_timeout_ms` after
+        (monotonic), counted from before the write as its start timestamp is."""
+        now_ms = self._monotonic_ms()
         await self._append([(record_key(md.transactional_id), record_value(md))], acks=acks)
+        previous = self._transactions.get(md.transactional_id)
         self._transactions[md.transactional_id] = md
+        if md.state is not TxnState.ONGOING:
+            self._deadlines_ms.pop(md.transactional_id, None)
+        elif previous is None or previous.state is not TxnState.ONGOING:
+            self._deadlines_ms[md.transactional_id] = now_ms + md.txn_timeout_ms

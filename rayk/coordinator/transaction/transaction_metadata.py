@@ -303,9 +303,16 @@ def complete(md: TransactionMetadata, now_ms: int) -> TransactionMetadata:
 # ---------------------------------------------------------------------------- the coordinator's clock
 
 
-def timed_out(md: TransactionMetadata, now_ms: int) -> bool:
-    """An open transaction past its timeout (the coordinator aborts it: `fence_and_abort`)."""
-    return md.state is S.ONGOING and md.txn_start_timestamp_ms >= 0 and now_ms > md.txn_start_timestamp_ms + md.txn_timeout_ms
+def remaining_timeout_ms(md: TransactionMetadata, wall_now_ms: int) -> int:
+    """What is left of an open transaction's timeout by the wall clock, within [0, its
+    timeout]: a coordinator that loads it (a failover) counts that long on its monotonic
+    clock. Its start is wall time, written by another process, perhaps with another clock:
+    the clamp bounds what a step between the two can do to the timeout by the timeout itself."""
+    assert md.state is S.ONGOING, md.state
+    if md.txn_start_timestamp_ms < 0:  # no start written: the whole timeout from now
+        return md.txn_timeout_ms
+    elapsed_ms = wall_now_ms - md.txn_start_timestamp_ms
+    return min(max(md.txn_timeout_ms - elapsed_ms, 0), md.txn_timeout_ms)
 
 
 def expired(md: TransactionMetadata, now_ms: int, expiration_ms: int) -> bool:
