@@ -8,6 +8,7 @@ clock, decide only retention and the time index.
 - Transactions: the start is written as wall time, the timeout's deadline is held on the
   monotonic clock, also for a transaction loaded after a failover.
 - Group members' sessions (consumer and share groups) are monotonic.
+- The Controller's metadata snapshot interval is monotonic.
 - Retention and the time index follow record timestamps against the wall clock, as
   Kafka's: a segment goes when its largest timestamp is older than now - retention.ms,
   the time index only grows, and a lookup by timestamp is right whatever order the
@@ -28,6 +29,8 @@ from rayk.config import BrokerConfig
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
 from rayk.coordinator.transaction.transaction_metadata import TxnState
+from rayk.metadata.log import MetadataLog
+from rayk.metadata.records import ClusterIdRecord
 from rayk.replication.leader_fetch import LeaderFetch
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaConfig, ReplicaContext
@@ -182,6 +185,24 @@ def test_group_members_expire_by_their_session_timeout_not_by_the_wall_clock(wal
         assert await c.expire_share_members("s") == [share.member_id]
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- the Controller's snapshots
+
+
+@pytest.mark.parametrize("step_ms", [HOUR_MS, -HOUR_MS])
+def test_the_metadata_snapshot_interval_is_an_elapsed_time(tmp_path, wall, step_ms):
+    """metadata.log.max.snapshot.interval.ms: a step forward takes no snapshot early, a
+    step back holds none off."""
+    interval_ms = 200
+    log = MetadataLog(tmp_path, max_snapshot_interval_ms=interval_ms)
+    log.load()
+    log.append([ClusterIdRecord("cluster")])
+    wall.step(step_ms)
+    assert not log.snapshot_due(), "no time has passed"
+    time.sleep(interval_ms / 1000 * 1.5)
+    assert log.snapshot_due(), "the interval has passed"
+    log.close()
 
 
 # ---------------------------------------------------------------------- retention, the time index

@@ -51,8 +51,11 @@ _REPLAY_CHUNK_BYTES = 1 << 20
 _METADATA_LOG_CONFIG = LogConfig(segment_bytes=64 << 20, retention_ms=-1, segment_index_bytes=1 << 20)
 
 
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
+def _monotonic_ms() -> int:
+    """The clock of `max_snapshot_interval_ms`: an elapsed time in this process, which a
+    step of the wall clock must not move (an hour back held time-based snapshots off for
+    an hour)."""
+    return int(time.monotonic() * 1000)
 
 
 ALL_COMMITTED = (1 << 63) - 1
@@ -69,7 +72,7 @@ class MetadataLog:
         directory: str | Path,
         max_bytes_between_snapshots: int = 20 * 1024 * 1024,
         max_snapshot_interval_ms: int = 3_600_000,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = _monotonic_ms,
     ) -> None:
         self.dir = Path(directory) / TOPIC_PARTITION_DIR
         # A single replica: all of it is committed (the Log cuts the HW to its LEO; so told,
