@@ -153,3 +153,34 @@ def test_a_follower_that_led_an_epoch_without_appending_drops_it_and_catches_up(
     copy_until(fetcher, follower, leader)
     assert values(follower) == [b"v0", b"v1", b"v2", b"v3", b"n0", b"n1"]
     assert [(e.epoch, e.start_offset) for e in follower.leader_epoch_cache.entries] == [(0, 0), (2, 4)]
+
+
+def test_a_follower_whose_disk_fails_an_append_ends_its_process_and_appends_nothing_more(tmp_path, monkeypatch):
+    """A failed write leaves the log in memory unlike the one on disk: the replica's process
+    ends (storage_failure.py) and its next life recovers the log from the disk; the fetcher
+    does not go on appending over it, as it does after other errors."""
+    import errno
+
+    from rayk.replication import storage_failure
+
+    ended = []
+    monkeypatch.setattr(storage_failure, "end_process", lambda name, error: ended.append((name, error.errno)))
+    leader, follower = leader_and_follower(tmp_path, [(0, 4, "v")], [])
+    appends = []
+
+    def failing_append(records: bytes) -> None:
+        appends.append(records)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(follower, "append_as_follower", failing_append)
+    fetcher = ReplicaFetcher(follower, "t-0", 2, FakeLeader(leader), 0, ReplicaConfig(), lambda: None)
+
+    async def go() -> None:
+        task = asyncio.get_running_loop().create_task(fetcher.run())
+        while not ended:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # several fetch backoffs: no append comes after the failure
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(go(), 10))
+    assert ended == [("t-0", errno.EIO)] and len(appends) == 1

@@ -377,6 +377,20 @@ class Controller:
                        f"now {self._meta.partition(topic, partition)}" if records else "no change")
         await self._channels.push(topic, partition)
 
+    async def replicas_ready(self, broker_id: int, broker_epoch: int, partitions: list[TopicPartition]) -> None:
+        """A broker's data directory works again after it was offline (log_dir_health.py):
+        its partitions are pushed to it again, which creates their replicas there."""
+        self._sessions.check_epoch(broker_id, broker_epoch)
+        known = [(t, p) for t, p in partitions if t in self._meta.topics]
+        logger.warning("broker %d's data directory is online again: pushing its %d partitions", broker_id, len(known))
+        await self._channels.push_all(known)
+
+    async def broker_log_dirs(self, broker_id: int) -> dict[str, Any] | None:
+        """A broker's data directory, as it describes it (ReplicaManager.describe_log_dirs);
+        None if the broker is not attached to this Controller."""
+        manager = self._sessions.manager(broker_id)
+        return None if manager is None else await manager.describe_log_dirs.remote()
+
     # ------------------------------------------------------------------ reassignments (KIP-455)
 
     async def alter_partition_reassignments(

@@ -6,7 +6,7 @@ exception into that response with the error code set, so a request is always ans
 with something its client can read. Produce and Fetch answers skip the message: their
 frames are written straight from the handler's values (data_responses.py). Handlers live by topic in `data_apis`, `group_apis`,
 `admin_apis`, `config_apis`, `records_apis`, `consumer_group_apis`, `reassignment_apis`, `election_apis`, `scram_apis`, `acl_apis` and
-`quota_apis` and `txn_apis`; each checks the request's principal against the ACLs
+`quota_apis`, `txn_apis` and `log_dir_apis`; each checks the request's principal against the ACLs
 (broker_view.authorized) where Kafka does.
 
 Every answer carries the throttle time its client's quotas call for (client_quotas.py), as
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rayk.net import acl_apis, admin_apis, config_apis, data_apis, election_apis, group_apis, quota_apis, reassignment_apis, scram_apis
-from rayk.net import consumer_group_apis, records_apis, share_group_apis, share_offsets_apis, txn_apis
+from rayk.net import consumer_group_apis, log_dir_apis, records_apis, share_group_apis, share_offsets_apis, txn_apis
 from rayk.net import api_versions as keys
 from rayk.net.broker_view import BrokerView, error_code_of
 from rayk.net.client_quotas import ThreadCost, ThreadTimed
@@ -46,6 +46,7 @@ HANDLERS: dict[int, Handler] = {
     keys.METADATA: admin_apis.metadata,
     keys.API_VERSIONS: admin_apis.api_versions,
     keys.DESCRIBE_CLUSTER: admin_apis.describe_cluster,
+    keys.DESCRIBE_LOG_DIRS: log_dir_apis.describe_log_dirs,
     keys.CREATE_TOPICS: admin_apis.create_topics,
     keys.CREATE_PARTITIONS: admin_apis.create_partitions,
     keys.ELECT_LEADERS: election_apis.elect_leaders,

@@ -17,7 +17,9 @@ not a position in the leader's log).
 
 It owns no state of its own: the log, role and epoch are the context's
 (replica_context.py), the followers' positions LeaderIsr's. Errors are answered in the
-result, as Kafka answers per partition. Not thread-safe: the replica actor's event loop.
+result, as Kafka answers per partition; a read that the disk fails is answered
+KAFKA_STORAGE_ERROR and ends the replica's process (storage_failure.py). Not
+thread-safe: the replica actor's event loop.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from rayk.errors import (
     InconsistentTopicIdError,
     InvalidTimestampError,
     KafkaError,
+    KafkaStorageError,
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
     OffsetOutOfRangeError,
     PolicyViolationError,
     UnknownLeaderEpochError,
 )
+from rayk.replication import storage_failure
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
 from rayk.replication.replication_throttle import ReplicationThrottle
@@ -161,6 +165,9 @@ class LeaderFetch:
                 aborted = tuple(
                     (t.producer_id, t.first_offset) for t in log.aborted_transactions(offset, result.next_offset)
                 )
+        except (OSError, KafkaStorageError) as e:  # the log's disk fails reads: storage_failure.py
+            storage_failure.end_process(self._ctx.name, e)
+            return self.fetch_error(KafkaStorageError(f"{self._ctx.name}: a read of its log failed: {e}"))
         except KafkaError as e:
             return self.fetch_error(e)
         return FetchResult(result.records, result.high_watermark, result.log_end_offset, result.log_start_offset,

@@ -85,7 +85,7 @@ class LeaderProduce:
         self._ctx = ctx
         self._isr = isr
         self._txn_coordinators = txn_verification.CoordinatorHandles(controller)
-        self._storage_error: OSError | None = None  # a write to the log failed: this process is ending
+        self._storage_error: Exception | None = None  # a write to the log failed: this process is ending
 
     def produce_error(self, error: KafkaError) -> ProduceResult:
         return ProduceResult(-1, -1, self._ctx.log.log_start_offset, error)
@@ -109,12 +109,12 @@ class LeaderProduce:
                 continue
             try:
                 appended.append(await self._append(request, epoch, verification))
-            except KafkaError as e:
-                appended.append(self.produce_error(e))
-            except OSError as e:  # the log's disk is full or failing: storage_failure.py
+            except (OSError, KafkaStorageError) as e:  # the log's disk is full or failing: storage_failure.py
                 self._storage_error = e
                 appended.append(self.produce_error(KafkaStorageError(f"{ctx.name}: a write to its log failed: {e}")))
                 storage_failure.end_process(ctx.name, e)
+            except KafkaError as e:
+                appended.append(self.produce_error(e))
             except Exception as e:  # a bug: this request alone fails, as Kafka answers per partition
                 logger.exception("%s: appending a produce request failed", ctx.name)
                 appended.append(self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")))

@@ -52,7 +52,7 @@ from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
 from rayk.errors import FencedLeaderEpochError, KafkaError, NotCoordinatorError
-from rayk.replication import replica_process
+from rayk.replication import replica_process, storage_failure
 from rayk.replication.leader_fetch import CONSUMER_REPLICA_ID, LeaderFetch
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.leader_produce import LeaderProduce
@@ -112,6 +112,7 @@ class PartitionReplica(Supervised):
             high_watermark=offsets.high_watermark,
             cleaner_offset=offsets.cleaner_offset,
             lock_wait_ms=LOG_LOCK_WAIT_MS,
+            on_storage_error=lambda error: storage_failure.end_process(f"{topic}-{partition}", error),
         )
         self._ctx = ctx = ReplicaContext(topic, partition, broker_id, topic_id, self._log,
                                          replica_config or ReplicaConfig())  # fmt: skip

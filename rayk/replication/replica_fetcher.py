@@ -41,7 +41,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from rayk.dataplane.frames import FetchRequest, FetchResult
-from rayk.errors import KafkaError, OffsetOutOfRangeError
+from rayk.errors import KafkaError, KafkaStorageError, OffsetOutOfRangeError
+from rayk.replication import storage_failure
 from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage import Log
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -107,13 +108,17 @@ class ReplicaFetcher:
     async def run(self) -> None:
         """Copies until cancelled. Nothing but a cancellation ends it: an error a step
         raises is logged and the step tried again after a backoff, since a fetcher that
-        stopped quietly would leave its partition under-replicated for good."""
+        stopped quietly would leave its partition under-replicated for good; an error of
+        the log's disk ends the replica's process instead (storage_failure.py)."""
         try:
             while True:
                 try:
                     await self._run()
                 except asyncio.CancelledError:
                     raise
+                except (OSError, KafkaStorageError) as e:  # its log's disk failed: storage_failure.py
+                    storage_failure.end_process(self.name, e)
+                    await asyncio.Event().wait()  # appends nothing more while the process ends
                 except Exception:
                     logger.exception("%s: the follower's copy loop failed; starting it again", self.name)
                     await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
@@ -149,6 +154,8 @@ class ReplicaFetcher:
                 await self._throttle.pace(len(result.records))  # at the follower's share of its throttle, if any
             try:
                 self._append(result)
+            except KafkaStorageError:
+                raise
             except KafkaError as e:
                 logger.error("%s: cannot append what the leader sent: %s", self.name, e)
                 await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)

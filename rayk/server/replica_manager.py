@@ -94,6 +94,7 @@ from rayk import metrics
 from rayk.actors import INTERNAL_ACTOR_OPTIONS, raylet_watch
 from rayk.server.broker_health import broker_health
 from rayk.server.broker_log_manager import BrokerLogManager
+from rayk.server.log_dir_health import LogDirHealth
 from rayk.server.broker_throttles import BrokerThrottles
 from rayk.metadata.cluster_metadata import NO_LEADER, PartitionState
 from rayk.coordinator.group.group_lag import group_lags
@@ -108,7 +109,7 @@ from rayk.actors.supervision import ChildSupervisor, ProcessProgress, Supervised
 from rayk.server.broker_listener import LISTENER, BrokerListener, Endpoints, ListenerFactory
 from rayk.config import BrokerConfig, log_config_of, min_insync_replicas_of
 from rayk.dataplane.tls import data_plane_keystore
-from rayk.errors import KafkaError, StaleBrokerEpochError
+from rayk.errors import KafkaError, KafkaStorageError, StaleBrokerEpochError
 from rayk.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from rayk.storage import clean_shutdown, meta_properties
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
@@ -240,6 +241,7 @@ class ReplicaManager(Supervised):
         self._stopped: dict[TopicPartition, tuple[str, int | None]] = {}
         self._pushes_applied = 0  # pushes applied so far: which replicas a stray check may judge
         self._logs = BrokerLogManager(broker_id, self.dir, self._board, self._replicas, self.config)
+        self._log_dir = LogDirHealth(self.dir, self.config.broker_heartbeat_interval_ms / 1000)
         self._throttles = BrokerThrottles(broker_id, self.config)
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._broker_epoch = -1
@@ -281,13 +283,13 @@ class ReplicaManager(Supervised):
                     self._every(c.broker_heartbeat_interval_ms, self._heartbeat),
                     self._every(c.broker_heartbeat_interval_ms, self._probe_children),
                     self._every(c.broker_heartbeat_interval_ms * STRAY_CHECK_HEARTBEATS, self._stop_strays),
-                    self._every(c.replica_high_watermark_checkpoint_interval_ms, self._logs.checkpoint),
-                    self._every(c.log_retention_check_interval_ms, self._logs.enforce_retention),
+                    self._every(c.replica_high_watermark_checkpoint_interval_ms, self._on_disk(self._logs.checkpoint)),
+                    self._every(c.log_retention_check_interval_ms, self._on_disk(self._logs.enforce_retention)),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_metrics),
                     self._every(metrics.GAUGE_REFRESH_INTERVAL_MS, self._record_group_lag),
                 ]
                 if c.log_cleaner_enable:
-                    self._loops.append(self._every(c.log_cleaner_backoff_ms, self._logs.clean_logs))
+                    self._loops.append(self._every(c.log_cleaner_backoff_ms, self._on_disk(self._logs.clean_logs)))
         return self._broker_epoch
 
     async def _publish_endpoints(self) -> None:
@@ -380,6 +382,22 @@ class ReplicaManager(Supervised):
                     logger.exception("broker %d: %s failed", self.broker_id, step.__name__)
 
         return asyncio.get_running_loop().create_task(loop())
+
+    def _on_disk(self, step: Any) -> Any:
+        """`step`, skipped while the data directory is offline (its replicas are stopped); one
+        that the disk fails (a checkpoint's write or fsync) has the directory checked."""
+
+        async def unless_offline() -> None:
+            if self._log_dir.offline:
+                return
+            try:
+                await step()
+            except (OSError, KafkaStorageError):
+                self._spawn(self._check_log_dir())
+                raise
+
+        unless_offline.__name__ = step.__name__
+        return unless_offline
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -487,6 +505,7 @@ class ReplicaManager(Supervised):
                 return  # stopped or replaced on purpose meanwhile
             self._drop_handle(replica)
             replica.failed_in_epoch = replica.assignment.state.leader_epoch
+        self._spawn(self._check_log_dir())  # did its disk fail?
         await self._report_replica_failure(tp)
 
     async def _report_replica_failure(self, tp: TopicPartition) -> None:
@@ -503,6 +522,54 @@ class ReplicaManager(Supervised):
             except (RayActorError, KafkaError) as e:
                 logger.warning("broker %d: reporting the failed replica of %s-%d: %s", self.broker_id, *tp, e)
                 await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
+
+    # ------------------------------------------------------------------ the data directory (log_dir_health.py)
+
+    async def _check_log_dir(self) -> None:
+        """A replica died: if the data directory fails its probe, it goes offline: every
+        replica in it is stopped and reported, and none is created there until it works."""
+        if self._log_dir.offline or await self._log_dir.check():
+            return
+        for tp, replica in list(self._replicas.items()):
+            async with self._locks.setdefault(tp, asyncio.Lock()):
+                if replica.handle is None or self._replicas.get(tp) is not replica:
+                    continue
+                self._children.forget(tp)
+                ray.kill(replica.handle, no_restart=True)
+                self._drop_handle(replica)
+                replica.failed_in_epoch = replica.assignment.state.leader_epoch
+            self._spawn(self._report_replica_failure(tp))
+        logger.error("broker %d: its data directory %s is offline (%s): its replicas are stopped until it works",
+                     self.broker_id, self.dir, self._log_dir.error)  # fmt: skip
+        self._spawn(self._log_dir.wait_online(self._log_dir_online))
+
+    async def _log_dir_online(self) -> None:
+        """The directory works again: the Controller pushes the partitions of the replicas
+        that wait here, which creates them again (apply_partition)."""
+        waiting = sorted(tp for tp, r in self._replicas.items() if r.handle is None)
+        logger.warning("broker %d: its data directory is online again; starting its %d replicas", self.broker_id,
+                       len(waiting))  # fmt: skip
+        while waiting:
+            try:
+                await self._controller.replicas_ready.remote(self.broker_id, self._broker_epoch, waiting)
+                return
+            except (RayActorError, KafkaError) as e:  # restarting, or this broker registering again
+                logger.warning("broker %d: asking for its partitions again: %s", self.broker_id, e)
+                await asyncio.sleep(CONTROLLER_RETRY_BACKOFF_MS / 1000)
+
+    async def describe_log_dirs(self) -> dict[str, Any]:
+        """The data directory as Kafka's DescribeLogDirs describes a log directory: its path,
+        its error (None while online), its volume's total and usable bytes, and its
+        replicas' log sizes as of the last checkpoint (none while offline, as in Kafka)."""
+        total_bytes, usable_bytes = self._log_dir.usage_bytes()
+        sizes = {} if self._log_dir.offline else self._logs.log_sizes
+        return {
+            "path": str(self.dir),
+            "error": self._log_dir.error,
+            "total_bytes": total_bytes,
+            "usable_bytes": usable_bytes,
+            "partitions": {tp: sizes.get(tp, 0) for tp, r in self._replicas.items() if r.handle is not None},
+        }
 
     # ------------------------------------------------------------------ Controller -> broker
 
@@ -531,15 +598,21 @@ class ReplicaManager(Supervised):
                 if state.leader == self.broker_id and state.leader_epoch <= current.failed_in_epoch:
                     current.assignment = assignment
                     return None  # it would lead in the epoch it died in: wait for the Controller's move
+            starting = current is None or current.handle is None
+            if starting and self._log_dir.offline:  # created once the directory is back (_log_dir_online)
+                if current is None:
+                    self._replicas[tp] = _Replica(None, assignment)
+                else:
+                    current.assignment = assignment
+                return None
+            if current is not None and current.handle is None:
                 await self._restart_pause(tp)
             # A new process takes one of the broker's start slots until its first answer.
-            starting = current is None or current.handle is None
             async with self._starts if starting else contextlib.nullcontext():
-                if current is None:
-                    handle, slot = await self._create_replica(assignment)
-                    current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
-                elif current.handle is None:
-                    current.handle, current.slot = await self._create_replica(assignment)
+                if starting:
+                    current = await self._start_process(tp, current, assignment)
+                    if current is None:
+                        return None
                 elif current.assignment.configs != assignment.configs:
                     await current.handle.update_config.remote(
                         log_config_of(assignment.configs), replica_config_of(assignment.configs, self.config)
@@ -548,6 +621,25 @@ class ReplicaManager(Supervised):
                 self._pushes_applied += 1
                 current.last_push = self._pushes_applied
                 return await self._take_role(tp, current)
+
+    async def _start_process(
+        self, tp: TopicPartition, current: _Replica | None, assignment: PartitionAssignment
+    ) -> _Replica | None:
+        """A new process for a new replica (`current` None) or one whose process died; None
+        if its directory could not be made (the disk is checked: _check_log_dir)."""
+        try:
+            handle, slot = await self._create_replica(assignment)
+        except OSError as e:
+            logger.error("broker %d: cannot create the replica of %s-%d: %s", self.broker_id, *tp, e)
+            if current is None:
+                self._replicas[tp] = _Replica(None, assignment)
+            self._spawn(self._check_log_dir())
+            return None
+        if current is None:
+            current = self._replicas[tp] = _Replica(handle, assignment, slot=slot)
+        else:
+            current.handle, current.slot = handle, slot
+        return current
 
     async def _take_role(self, tp: TopicPartition, replica: _Replica) -> Any:
         """Tells the replica its role; its handle, or None if it died (a new one that dies
@@ -560,6 +652,7 @@ class ReplicaManager(Supervised):
                 logger.warning("broker %d: new replica of %s-%d died: %s", self.broker_id, *tp, e)
                 self._drop_handle(replica)
                 replica.failed_in_epoch = replica.assignment.state.leader_epoch
+                self._spawn(self._check_log_dir())
                 self._spawn(self._report_replica_failure(tp))
             return None  # else its supervisor reports it
         if self._children.watching(tp) is not handle:

@@ -178,9 +178,12 @@ class Log:
         cleaner_offset: int | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         lock_wait_ms: int | None = None,
+        on_storage_error: Callable[[OSError], None] | None = None,
     ) -> None:
         """`lock_wait_ms`: take the directory's `.lock` (see dir_lock.py), waiting up to this
         long for a dying previous owner; None (tools, tests) takes no lock.
+        `on_storage_error`: told, from the background flush's thread, of an fsync of a
+        rolled segment that failed (the log fails every append after it).
         `cleaner_offset`: the cleaner's checkpoint (None: nothing cleaned yet)."""
         self.dir_path = Path(dir_path)
         self.config = config or LogConfig()
@@ -188,7 +191,7 @@ class Log:
         self._lock = threading.RLock()
         self._closed = False
         self._cleaning_aborted = False
-        self._flusher = SegmentFlusher(self.dir_path.name, self._rolled_segment_flushed)
+        self._flusher = SegmentFlusher(self.dir_path.name, self._rolled_segment_flushed, on_storage_error)
         self.dir_path.mkdir(parents=True, exist_ok=True)
         self._dir_lock = None if lock_wait_ms is None else DirLock(self.dir_path, lock_wait_ms)
         try:

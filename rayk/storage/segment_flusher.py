@@ -9,7 +9,9 @@ segment's file descriptors; one background thread fsyncs and closes them, in rol
 then calls back with the offset the segment ended at, and the log moves its recovery
 point there unless it was truncated in between. A crash before that only means more
 segments are re-read on recovery, as in Kafka. An fsync that fails is kept and
-re-raised (as KafkaStorageError) by the log's next append or flush.
+re-raised (as KafkaStorageError) by the log's next append or flush, and reported at once
+to `on_failed` (the replica ends its process: rayk/replication/storage_failure.py); it is
+never tried again.
 
 The thread starts with the first roll and stops at `close`, which waits for it.
 """
@@ -31,9 +33,11 @@ class SegmentFlusher:
     `close`) and the first fsync error, which the Log re-raises. `submit` runs under the
     Log's lock; the callback runs on the flush thread."""
 
-    def __init__(self, name: str, on_flushed: Callable[[int, int], None]) -> None:
+    def __init__(self, name: str, on_flushed: Callable[[int, int], None],
+                 on_failed: Callable[[OSError], None] | None = None) -> None:
         self._name = name
         self._on_flushed = on_flushed  # called with (end offset, tag) of each flushed segment
+        self._on_failed = on_failed  # called, on the flush thread, with the first failed fsync
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.error: OSError | None = None  # the first failed fsync
@@ -52,7 +56,10 @@ class SegmentFlusher:
                 os.fsync(fd)
         except OSError as e:
             logger.error("fsync of a rolled segment of %s failed: %s", self._name, e)
+            first = self.error is None
             self.error = self.error or e
+            if first and self._on_failed is not None:
+                self._on_failed(e)
             return
         finally:
             for fd in fds:
