@@ -186,8 +186,10 @@ def test_a_broker_whose_directory_fails_its_probe_stops_its_replicas_and_starts_
                 not ray.get(c.broker(0).replica_handles.remote())  # fmt: skip
 
         wait_until(offline, 60, "broker 0's replicas stopped, out of every ISR and leadership")
-        described = ray.get(c.broker(0).describe_log_dirs.remote())
-        assert described["error"] is not None and described["partitions"] == {}, described
+        described = c.admin().describe_log_dirs()
+        assert sorted(described) == [0, 1, 2] and isinstance(described[0].error, KafkaStorageError), described
+        assert described[0].replica_sizes == {} and described[0].path == str(tmp_path / "broker-0")
+        assert described[1].error is None and len(described[1].replica_sizes) == 3
         admin = KafkaAdminClient(bootstrap_servers=c.bootstrap_servers)
         [answer] = admin.describe_log_dirs(brokers=[0])  # over the wire, as kafka-log-dirs.sh asks
         assert [(d["error_code"], d["log_dir"], d["topics"]) for d in answer["log_dirs"]] == \
@@ -198,8 +200,8 @@ def test_a_broker_whose_directory_fails_its_probe_stops_its_replicas_and_starts_
         blocker.rmdir()
         wait_until(lambda: all(sorted(p["isr"]) == [0, 1, 2] for p in c.describe_topic("d")), 90,
                    "broker 0 back in every ISR once its directory works")  # fmt: skip
-        described = ray.get(c.broker(0).describe_log_dirs.remote())
-        assert described["error"] is None and sorted(described["partitions"]) == [("d", 0), ("d", 1), ("d", 2)]
+        described = c.admin().describe_log_dirs([0])[0]
+        assert described.error is None and sorted(described.replica_sizes) == [("d", 0), ("d", 1), ("d", 2)]
         [answer] = admin.describe_log_dirs(brokers=[0])
         [log_dir] = answer["log_dirs"]
         assert log_dir["error_code"] == 0 and log_dir["total_bytes"] > 0, answer

@@ -30,7 +30,13 @@ from typing import Any, NamedTuple
 from rayk.acls import AclBinding, AclFilter
 from rayk.client import calls
 from rayk.client.deprecation import deprecated
-from rayk.client.descriptions import ConsumerGroupDescription, GroupListing, PartitionDescription, partition_descriptions
+from rayk.client.descriptions import (
+    ConsumerGroupDescription,
+    GroupListing,
+    LogDirDescription,
+    PartitionDescription,
+    partition_descriptions,
+)
 from rayk.client.group_admin import GroupAdmin
 from rayk.client.types import PartitionReassignment, TopicPartition, topic_partition_of
 from rayk.errors import (
@@ -38,6 +44,7 @@ from rayk.errors import (
     InvalidReplicaAssignmentError,
     InvalidTopicError,
     KafkaError,
+    KafkaStorageError,
     LeaderNotAvailableError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
@@ -434,6 +441,31 @@ class Admin:
             TopicPartition(*tp): PartitionReassignment(r["replicas"], r["adding"], r["removing"])
             for tp, r in sorted(ongoing.items())
         }
+
+    # ------------------------------------------------------------------ log directories
+
+    def describe_log_dirs(
+        self, broker_ids: Iterable[int] | None = None, timeout_ms: int | None = None
+    ) -> dict[int, LogDirDescription]:
+        """Each broker's data directory (Kafka's Admin.describeLogDirs; a rayk broker has
+        one): of every registered broker (None) or of `broker_ids`; a broker that is not
+        registered with the Controller now (restarting, or unknown) is left out. An offline
+        directory has `error` KafkaStorageError. KafkaTimeoutError when the Controller
+        cannot be reached within `timeout_ms` (None: default_api_timeout_ms)."""
+        wanted = (sorted(b["broker_id"] for b in self._calls(lambda: self._controller.brokers.remote(), "DescribeCluster",
+                                                             timeout_ms=timeout_ms))
+                  if broker_ids is None else sorted(set(broker_ids)))  # fmt: skip
+        out: dict[int, LogDirDescription] = {}
+        for broker_id in wanted:
+            described = self._calls(
+                functools.partial(self._controller.broker_log_dirs.remote, broker_id), "DescribeLogDirs", timeout_ms=timeout_ms
+            )
+            if described is not None:
+                error = None if described["error"] is None else KafkaStorageError(described["error"])
+                sizes = {TopicPartition(*tp): size for tp, size in sorted(described["partitions"].items())}
+                out[broker_id] = LogDirDescription(described["path"], error, described["total_bytes"],
+                                                   described["usable_bytes"], sizes)  # fmt: skip
+        return out
 
     # ------------------------------------------------------------------ consumer groups (GroupAdmin)
 

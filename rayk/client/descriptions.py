@@ -1,7 +1,7 @@
 """What the admin calls describe, as typed records: a topic's partitions
 (PartitionDescription), a consumer group (ConsumerGroupDescription, with its members and
-each partition's lag), a group in a listing (GroupListing) and the cluster's health
-(ClusterHealth).
+each partition's lag), a group in a listing (GroupListing), a broker's data directory
+(LogDirDescription) and the cluster's health (ClusterHealth).
 
 Each is a frozen dataclass read by attribute (`p.leader`, `group.partitions`), as
 kafka-python's and confluent-kafka's results are, and still reads as the dict it
@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rayk.client.types import TopicPartition
+from rayk.errors import KafkaError
 from rayk.metrics import BrokerHealth
 
 
@@ -116,6 +117,21 @@ class ConsumerGroupDescription(ReadsAsDict):
     leader: str | None  # the leader's member id
     members: list[MemberDescription]
     partitions: dict[TopicPartition, PartitionLag]  # every partition with a committed offset
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LogDirDescription(ReadsAsDict):
+    """A broker's data directory as `describe_log_dirs` shows it (Kafka's
+    LogDirDescription): its path, its error (KAFKA_STORAGE_ERROR while its disk fails and
+    it is offline; None online), its volume's total and usable bytes (-1 unknown), and the
+    size in bytes of each replica's log in it as of the broker's last offset checkpoint
+    (none while offline)."""
+
+    path: str
+    error: KafkaError | None
+    total_bytes: int
+    usable_bytes: int
+    replica_sizes: dict[TopicPartition, int]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
