@@ -20,7 +20,9 @@ calls `function(*args)` with every node's Ray already joined.
 Each node runs in a mount namespace of its own (what `ip netns exec` makes), where
 `DATA_DIR` is that node's own disk (NODE_ROOT/<node>, a tmpfs of NODE_DISK_BYTES that
 `resize_disk` can shrink to fill it): as on real hosts, a broker's disk is seen only by
-the processes on its node. rayk's Controller is pinned to the head
+the processes on its node. With `failing_disk`, FAILING_DISK_NODE's disk is that tmpfs
+seen through failing_fs.py (a FUSE file system in the hub namespace), which fails the
+reads, writes or fsyncs `fail_disk` names with EIO, as a failing device does. rayk's Controller is pinned to the head
 (`start_rayk` starts it from a task there), so a client is not where the Controller is.
 
 Faults (`Network`), each in the namespace of the node it concerns, with nftables: a
@@ -63,6 +65,12 @@ GCS_PORT = 6379
 NODE_ROOT = Path("/tmp/rayk-netns")  # a tmpfs of the hub's mount namespace
 DATA_DIR = NODE_ROOT / "data"  # in each node's mount namespace: NODE_ROOT/<node>
 NODE_DISK_BYTES = 4 << 30  # each node's disk: a tmpfs of its own (pages taken as written), resizable (`resize_disk`)
+FAILING_DISK_NODE = "rk-b1"  # with `failing_disk`: its disk through failing_fs.py
+FAILING_DISK_VAR = "RAYK_NETNS_FAILING_DISK"  # set by `run`, read by `main`
+DISK_FAULT_CONTROL = NODE_ROOT / "disk-fault.json"
+# Every file of the broker's directory but its replica board (shared memory its replicas and
+# broker map: a page of it that cannot be read would be a SIGBUS in the broker itself).
+DISK_FAULT_PATHS = r"^/broker-\d+/(?!replica-board$)"
 BROKER_RESOURCE = "rayk_broker"
 # Ray's GCS declares a node dead once HEALTH_CHECK_FAILURES health checks in a row failed
 # (Ray's defaults: 5 checks 3 s apart, each failing at a 10 s timeout or at once on a
@@ -83,21 +91,37 @@ RAY_ENV = {
     "RAY_health_check_timeout_ms": "3000",
     "RAY_health_check_failure_threshold": str(HEALTH_CHECK_FAILURES),
 }
+# Extra environment of some nodes' Ray processes, {node: {name: value}} in JSON (`run`'s
+# `node_env`): inherited by `main`, applied by `start_node` (fake_clock.py's libfaketime).
+NODE_ENV_VAR = "RAYK_NETNS_NODE_ENV"
 _started_s = time.monotonic()
 
 
-def run(target: str, *args: str, timeout_s: float) -> str:
+def run(target: str, *args: str, timeout_s: float, node_env: dict[str, dict[str, str]] | None = None,
+        failing_disk: bool = False) -> str:
     """Runs `target` ("module:function") with `args` as the driver of a netns cluster of
-    its own (see the module docstring); its output. Needs root and TOOLS (tests skip
-    without them: own_namespaces.skip_unless_root_with(*TOOLS))."""
-    return own_namespaces.run_module("tests.faults.netns_cluster", target, *args, timeout_s=timeout_s)
+    its own (see the module docstring); its output. `node_env`: more environment for the
+    Ray processes of some nodes ({node: {name: value}}); `failing_disk`: FAILING_DISK_NODE's
+    disk through failing_fs.py (needs /dev/fuse and libfuse2). Needs root and TOOLS (tests
+    skip without them: own_namespaces.skip_unless_root_with(*TOOLS))."""
+    os.environ[NODE_ENV_VAR] = json.dumps(node_env or {})
+    os.environ[FAILING_DISK_VAR] = "1" if failing_disk else ""
+    try:
+        return own_namespaces.run_module("tests.faults.netns_cluster", target, *args, timeout_s=timeout_s)
+    finally:
+        del os.environ[NODE_ENV_VAR], os.environ[FAILING_DISK_VAR]
 
 
-def run_scenario(target: str, timeout_s: float) -> str:
-    """A test's call of `run`: skips without root or TOOLS, prints the scenario's FAULT and
-    MEASURED lines (its figures), returns its output."""
+def run_scenario(target: str, *args: str, timeout_s: float, node_env: dict[str, dict[str, str]] | None = None,
+                 failing_disk: bool = False) -> str:
+    """A test's call of `run`: skips without root or TOOLS (or /dev/fuse for `failing_disk`),
+    prints the scenario's FAULT and MEASURED lines (its figures), returns its output."""
     own_namespaces.skip_unless_root_with(*TOOLS)
-    output = run(target, timeout_s=timeout_s)
+    if failing_disk and not os.path.exists("/dev/fuse"):
+        import pytest
+
+        pytest.skip("needs /dev/fuse for a disk that fails on demand (tests/faults/failing_fs.py)")
+    output = run(target, *args, timeout_s=timeout_s, node_env=node_env, failing_disk=failing_disk)
     print("\n".join(line for line in output.splitlines() if line.startswith(("MEASURED", "FAULT"))))
     return output
 
@@ -153,16 +177,41 @@ def _ray_start_argv(node: str) -> list[str]:
     return [ray_command, "start", address, "--num-cpus=1", f"--resources={json.dumps({BROKER_RESOURCE: 1})}", *common]
 
 
+def _failing_disk_of(node: str) -> Path:
+    return NODE_ROOT / f"{node}-failing"
+
+
+def _mount_failing_disk(node: str, timeout_s: float = 30) -> None:
+    """`node`'s disk seen through failing_fs.py, at _failing_disk_of(node), served by a
+    process of the hub namespace (it goes with the namespace)."""
+    mountpoint = _failing_disk_of(node)
+    mountpoint.mkdir()
+    with Path(f"/tmp/ray/failing-fs-{node}.log").open("a") as out:
+        subprocess.Popen([sys.executable, "-m", "tests.faults.failing_fs", str(NODE_ROOT / node), str(mountpoint),
+                          str(DISK_FAULT_CONTROL)], stdout=out, stderr=subprocess.STDOUT, cwd=own_namespaces.REPO)  # fmt: skip
+    wait_until(lambda: os.path.ismount(mountpoint), timeout_s, f"the failing disk of {node} mounted")
+
+
+def fail_disk(ops: tuple[str, ...] = ("read", "write", "fsync")) -> None:
+    """FAILING_DISK_NODE's disk fails `ops` ("read", "write", "fsync") with EIO from now on,
+    on every file of the broker's directory (DISK_FAULT_PATHS); none: it works again."""
+    from tests.faults.failing_fs import set_fault
+
+    set_fault(DISK_FAULT_CONTROL, ops, DISK_FAULT_PATHS)
+
+
 def start_node(node: str, timeout_s: float = 180) -> None:
     """Starts Ray on `node`, in its namespace, with its own directory as DATA_DIR. Its output
     goes to a file, not a pipe: the processes `ray start` leaves running would hold a pipe
     open, and reading it to its end would wait for them."""
-    script = f'mount --bind "{NODE_ROOT / node}" "{DATA_DIR}" && exec "$@"'
+    disk = _failing_disk_of(node) if os.path.ismount(_failing_disk_of(node)) else NODE_ROOT / node
+    script = f'mount --bind "{disk}" "{DATA_DIR}" && exec "$@"'
     output = Path(f"/tmp/ray/start-{node}.log")
+    env = {**os.environ, **json.loads(os.environ.get(NODE_ENV_VAR, "{}")).get(node, {})}
     with output.open("a") as out:
         try:
             started = subprocess.run(["ip", "netns", "exec", node, "sh", "-c", script, "sh", *_ray_start_argv(node)],
-                                     stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)  # fmt: skip
+                                     stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, env=env)  # fmt: skip
             failure = "" if started.returncode == 0 else f"exit status {started.returncode}"
         except subprocess.TimeoutExpired:
             failure = f"timed out after {timeout_s} s"
@@ -175,6 +224,9 @@ def main(argv: list[str]) -> None:
     the network, the Ray nodes, then the scenario as a driver in rk-client."""
     os.environ.update(RAY_ENV)  # the nodes', and the driver's
     _make_network()
+    if os.environ.get(FAILING_DISK_VAR):
+        _mount_failing_disk(FAILING_DISK_NODE)
+        log(f"{FAILING_DISK_NODE}'s disk through failing_fs.py")
     for node in ADDRESSES:
         start_node(node)
         log(f"Ray started on {node} ({ADDRESSES[node]})")

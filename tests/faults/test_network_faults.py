@@ -205,7 +205,7 @@ def node_declared_dead() -> None:
 
 
 def _run(scenario: str) -> str:
-    return nc.run_scenario(f"tests.faults.test_network_faults:{scenario}", SCENARIO_TIMEOUT_S)
+    return nc.run_scenario(f"tests.faults.test_network_faults:{scenario}", timeout_s=SCENARIO_TIMEOUT_S)
 
 
 @pytest.mark.chaos
