@@ -64,6 +64,13 @@ Supervision (see supervision.py). Replicas and the listener are created on this 
   push re-creates the replica from its log on disk, at once the first time and backing off
   (REPLICA_RESTARTS) if it keeps dying. Until then, a push that would have it lead in the
   epoch it failed in is not applied.
+- A replica that died may have met a failing disk (storage_failure.py): the broker then
+  probes its data directory, and one that fails the probe goes offline
+  (log_dir_health.py, Kafka's KIP-112): every replica in it is stopped and reported as
+  failed, none is created there while it is offline (DescribeLogDirs says
+  KAFKA_STORAGE_ERROR), and once a probe passes the Controller pushes the broker's
+  partitions again (`replicas_ready`), which creates them. So does a broker loop that the
+  disk fails (an offset checkpoint's write or fsync).
 - A listener that dies is started again on the ports it had, backing off, and its address
   sent to the Controller (broker_listener.py).
 - This actor itself is created with `max_restarts=-1`: if its process dies while its node
