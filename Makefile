@@ -27,11 +27,17 @@ test: bytecode
 
 # Randomized fault schedules (tests/faults/nemesis.py) with seeds SEED, SEED+1, ... for
 # MINUTES minutes; a failed seed prints the command that replays it.
+# Then ENV_COUNT environment schedules (tests/faults/env_nemesis.py: network, disk and clock
+# faults on a netns cluster, needs root) from ENV_SEED, ~5 minutes each; 169-171 draw every
+# kind of environment fault between them.
 SEED ?= 1
 MINUTES ?= 10
+ENV_SEED ?= 169
+ENV_COUNT ?= 3
 chaos: bytecode
 	$(PY) -m pytest -q -m chaos tests
 	$(PY) -m tests.faults.chaos --seed $(SEED) --minutes $(MINUTES)
+	$(PY) -m tests.faults.env_nemesis --seed $(ENV_SEED) --count $(ENV_COUNT)
 
 demo: bytecode
 	$(VENV)/bin/rayk demo

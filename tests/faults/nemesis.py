@@ -686,6 +686,7 @@ class Nemesis:
         self.applied: list[str] = []
         self.notes: list[str] = []
         self.cluster: Any = None
+        self.workload: Workload | None = None
 
     # ------------------------------------------------------------------ the run
 
@@ -693,13 +694,12 @@ class Nemesis:
         t0 = time.monotonic()
         failures: list[str] = []
         acknowledged = checked = 0
-        self.cluster = c = start_rayk(self.data_dir, brokers=BROKERS, config=NEMESIS_CONFIG,
-                                      namespace=f"nemesis-{self.schedule.seed}-{os.getpid()}-{int(t0)}")  # fmt: skip
+        self.cluster = c = self.start_cluster(f"nemesis-{self.schedule.seed}-{os.getpid()}-{int(t0)}")
         workload = None
         try:
             for topic, partitions in ((TOPIC, PARTITIONS), (COPY_TOPIC, 1), (TXN_TOPIC, PARTITIONS)):
                 c.create_topic(topic, num_partitions=partitions, replication_factor=REPLICATION_FACTOR, config=TOPIC_CONFIG)
-            workload = Workload(c)
+            self.workload = workload = Workload(c)
             workload.wait_started()
             for i, fault in enumerate(self.schedule.faults):
                 time.sleep(fault.gap_ms / 1000)
@@ -730,6 +730,10 @@ class Nemesis:
                 pass
         return Report(self.schedule, tuple(self.applied), acknowledged, checked, tuple(failures),
                       time.monotonic() - t0, tuple(self.notes))  # fmt: skip
+
+    def start_cluster(self, namespace: str) -> Any:
+        """The rayk cluster the schedule runs on (env_nemesis.py deploys it on a netns cluster)."""
+        return start_rayk(self.data_dir, brokers=BROKERS, config=NEMESIS_CONFIG, namespace=namespace)
 
     def live_brokers(self) -> set[int]:
         return set(range(BROKERS)) - self.gone
