@@ -23,8 +23,10 @@ group's, the pipeline's, the transactions' and the share group's checks) and the
 healthy within nemesis.HEAL_BOUND_S of the last fault. Each network or disk fault notes
 how long after its heal the cluster was whole again.
 
-A seed's whole output (its steps and a Timeline line a second) is kept in
-LOG_DIR/env-nemesis-seed-<seed>.log; a failed seed prints the command that replays it.
+A seed's whole output (its steps, a Timeline line a second and, if it failed, the end of
+the Controller's and the brokers' logs) is kept in LOG_DIR/env-nemesis-seed-<seed>.log; a
+failed seed prints the command that replays it. A netns cluster that does not start (Ray's
+fixed 30 s for a node, on a busy machine) is started again, as chaos.py does.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 
 from tests.faults import nemesis as nm
 from tests.faults import netns_cluster as nc
+from tests.faults.chaos import STARTUP_ATTEMPTS, STARTUP_RETRY_S
 from tests.faults.env_schedule import (
     CLOCK_STEP, CUT_LEADER, DISK_FAILING, DISK_FULL, ENV_BROKERS, ENV_CONTROL, ENV_DOWN, FLAP_DOWN_S,
     FLAP_LINK, FLAP_UP_S, ISOLATE_BROKER, MAX_ENV_FAULTS, MIN_ENV_FAULTS, ONE_WAY, SLOW_LINK, SLOW_LINK_MS, EnvFault,
@@ -56,6 +59,7 @@ SEED_TIMEOUT_S = 15 * 60  # a seed takes 4-7 minutes; past this its namespace is
 LOG_DIR = Path(tempfile.gettempdir())
 REPORT_PREFIX = "ENV-NEMESIS| "  # the driver's report lines, for the runner outside to print
 RESULT_PREFIX = "ENV-NEMESIS-RESULT "  # then its figures, in JSON
+RUNNING_STEP = "env nemesis: running "  # the driver's first step: the cluster started
 
 
 class EnvNemesis(nm.Nemesis):
@@ -152,9 +156,11 @@ class EnvNemesis(nm.Nemesis):
             from tests.faults import fake_clock
 
             fake_clock.step(node, fault.variant)
+            read_s = wall_clock_offset_s(node)
             time.sleep(hold_s)
             fake_clock.step(node, "+0")
-            return f"broker {broker}'s wall clock ({node}) stepped {fault.variant} for {hold_s:.0f} s, then back"
+            return (f"broker {broker}'s wall clock ({node}) stepped {fault.variant} (a task there read {read_s:+.0f} s) "
+                    f"for {hold_s:.0f} s, then back")  # fmt: skip
         raise AssertionError(f"unknown fault {fault.kind}")
 
     def fail_disk(self, ops: str, hold_s: float) -> str:
@@ -224,6 +230,21 @@ class WholeAgain(threading.Thread):
             time.sleep(0.5)
 
 
+def wall_clock_offset_s(node: str) -> float:
+    """How far ahead of the driver's wall clock a Ray task on `node` reads it: that a step
+    took (a task runs under the node's libfaketime as its broker does)."""
+    import ray
+
+    from rayk.server.broker_placement import pinned
+
+    @ray.remote(num_cpus=0)
+    def read_clock() -> float:
+        return time.time()
+
+    before = time.time()
+    return ray.get(read_clock.options(scheduling_strategy=pinned(nc.node_ids()[node])).remote(), timeout=60) - before
+
+
 def flap(net: nc.Network, node: str, peers: list[str], for_s: float) -> int:
     """`node`'s link to `peers` down FLAP_DOWN_S, up FLAP_UP_S, for `for_s`; the outages."""
     t0, flaps = time.monotonic(), 0
@@ -244,8 +265,10 @@ def run_seed(seed: str, max_faults: str = str(MAX_ENV_FAULTS), only: str = "") -
     schedule = draw_env_schedule(int(seed), int(max_faults))
     if only:
         schedule = schedule.reduced(tuple(int(n) for n in only.split(",")))
-    nc.log(f"env nemesis: running {schedule}")
+    nc.log(f"{RUNNING_STEP}{schedule}")
     report = EnvNemesis(schedule).run()
+    if not report.ok:  # what the Controller and the brokers said, for the seed's log
+        print(nc.actor_logs(tail_chars=20_000), flush=True)
     for line in report.lines():
         print(REPORT_PREFIX + line, flush=True)
     figures = {"ok": report.ok, "faults": len(schedule.faults), "acknowledged": report.acknowledged,
@@ -277,16 +300,30 @@ def clock_env(directory: Path) -> dict[str, dict[str, str]] | None:
     return fake_clock.node_env(BROKER_NODES, directory)
 
 
+def run_in_netns(seed: int, max_faults: int, only: str, node_env: dict | None) -> str:
+    """`run_seed` as the driver of a netns cluster of its own; its output. A cluster that did
+    not start (Ray's fixed 30 s for a node to start, on a busy machine) is started again,
+    up to STARTUP_ATTEMPTS times, as chaos.py does."""
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        try:
+            return nc.run("tests.faults.env_nemesis:run_seed", str(seed), str(max_faults), only,
+                          timeout_s=SEED_TIMEOUT_S, node_env=node_env, failing_disk=True)  # fmt: skip
+        except AssertionError as e:  # the driver crashed or ran out of time: no report
+            output = str(e)
+        if RUNNING_STEP in output or attempt == STARTUP_ATTEMPTS:
+            return output
+        print(f"env nemesis: the netns cluster did not start (attempt {attempt}); again in {STARTUP_RETRY_S} s",
+              flush=True)  # fmt: skip
+        time.sleep(STARTUP_RETRY_S)
+    raise AssertionError("unreachable")
+
+
 def run_one(seed: int, max_faults: int, only: str, node_env: dict | None) -> dict:
     """Runs seed `seed` on a netns cluster of its own; prints its report; its figures."""
     replay = draw_env_schedule(seed, max_faults)
     replay = replay.reduced(tuple(int(n) for n in only.split(","))) if only else replay
     print(f"env nemesis: running {replay}", flush=True)
-    try:
-        output = nc.run("tests.faults.env_nemesis:run_seed", str(seed), str(max_faults), only,
-                        timeout_s=SEED_TIMEOUT_S, node_env=node_env, failing_disk=True)  # fmt: skip
-    except AssertionError as e:  # the driver crashed or ran out of time: no report
-        output = str(e)
+    output = run_in_netns(seed, max_faults, only, node_env)
     log = LOG_DIR / f"env-nemesis-seed-{seed}.log"
     log.write_text(output)
     print("\n".join(line.removeprefix(REPORT_PREFIX) for line in output.splitlines() if line.startswith(REPORT_PREFIX)))
