@@ -17,6 +17,7 @@ import org.apache.kafka.clients.admin.ConsumerGroupDescription;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
 import org.apache.kafka.clients.admin.GroupListing;
 import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.ListShareGroupOffsetsSpec;
 import org.apache.kafka.clients.admin.NewPartitions;
 import org.apache.kafka.clients.admin.NewTopic;
@@ -127,9 +128,17 @@ public final class AdminCheck {
         failure("describe_deleted", admin.deleteConsumerGroups(List.of(group)).all());
     }
 
-    /** APIs that rayk does not serve: the client learns it from ApiVersions and fails the call itself. */
+    /**
+     * DescribeLogDirs, which rayk serves (a broker's one data directory), and an API it does not:
+     * the client learns that from ApiVersions and fails the call itself.
+     */
     static void unsupported(Admin admin, String topic) throws Exception {
-        failure("describe_log_dirs", admin.describeLogDirs(List.of(0)).allDescriptions());
+        Map<String, LogDirDescription> dirs = admin.describeLogDirs(List.of(0)).allDescriptions().get().get(0);
+        String path = dirs.keySet().iterator().next();
+        LogDirDescription dir = dirs.get(path);
+        Events.emit("described_log_dirs", "path", path, "dirs", dirs.size(),
+                "error", dir.error() == null ? "" : dir.error().getClass().getSimpleName(),
+                "replicas", dir.replicaInfos().size(), "total_bytes", dir.totalBytes().orElse(-1));
         failure("alter_replica_log_dirs", admin.alterReplicaLogDirs(Map.of(new TopicPartitionReplica(topic, 0, 0), "/tmp")).all());
         Events.emit("still_usable", "topics", admin.listTopics().names().get().size());
     }
