@@ -1,18 +1,26 @@
-# Both targets work on a fresh machine with only Python 3.11 and Java 17:
-# they create .venv and install the pinned dependencies on first use.
+# Both targets work on a fresh machine with only Python 3.11 and Java 17: they create .venv
+# and install into it, on first use, exactly the dependency tree pinned in uv.lock, with uv
+# (fetched from PyPI into .uv; it installs in parallel, ~1 min here where pip took ~5).
+# `uv lock` after a change to pyproject.toml's dependencies; `pip install rayk` still works.
 PYTHON ?= python3.11
+UV_VERSION := 0.13.9
+UV := .uv/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+EXTRAS := --extra test --extra spark --extra docs
 
-.PHONY: test demo bench bytecode clean chaos
+.PHONY: test demo bench bytecode clean chaos docs docs-serve
 
-# Everything the targets use: the tests, and Spark (rayk's `spark` extra) for the demo's
-# pipeline and tests/test_spark.py. A change to pyproject.toml installs again.
-$(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark]'
+$(UV):
+	$(PYTHON) -m venv .uv
+	.uv/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# Everything the targets use: the tests, Spark (rayk's `spark` extra) for the demo's
+# pipeline and tests/test_spark.py, and the documentation site's tools. --frozen: the lock
+# is installed as it is, never re-resolved; a change to it or to the C sources installs again.
+$(STAMP): $(UV) pyproject.toml uv.lock setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h
+	$(UV) sync --quiet --frozen --python $(PYTHON) $(EXTRAS)
 	touch $(STAMP)
 
 # Every partition replica is a Ray worker process that imports rayk: with bytecode compiled
@@ -21,7 +29,7 @@ $(STAMP): pyproject.toml setup.py rayk/storage/_records.c rayk/storage/_columns.
 bytecode: $(STAMP)
 	$(PY) -m compileall -q rayk
 
-test: bytecode
+test: bytecode docs
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=30
 
@@ -39,13 +47,21 @@ chaos: bytecode
 	$(PY) -m tests.faults.chaos --seed $(SEED) --minutes $(MINUTES)
 	$(PY) -m tests.faults.env_nemesis --seed $(ENV_SEED) --count $(ENV_COUNT)
 
+# The documentation site, built into site/ with --strict: a broken link, a page missing from
+# the navigation or an API reference that does not resolve fails the build.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
 demo: bytecode
 	$(VENV)/bin/rayk demo
 	$(PY) examples/spark_pipeline.py
 	$(PY) examples/work_queue.py
 
 bench: bytecode
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(UV) sync --quiet --frozen --python $(PYTHON) $(EXTRAS) --extra bench
 	$(PY) benchmarks/storage_bench.py
 	$(PY) benchmarks/client_bench.py
 	$(PY) benchmarks/send_gc_bench.py
@@ -65,4 +81,4 @@ bench: bytecode
 	$(PY) benchmarks/share_group_bench.py
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) .uv site *.egg-info

@@ -5,13 +5,19 @@
 The entry points load lazily, so `rayk.storage` stays usable without importing Ray.
 """
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["Cluster", "connect", "start"]
+__all__ = ["Cluster", "__version__", "connect", "start"]
+
+try:
+    __version__ = version("rayk")  # pyproject.toml's, as installed
+except PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in ("Cluster", "connect", "start"):
         import rayk.client
 
         return getattr(rayk.client, name)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import rayk
 from rayk.errors import KafkaError
 
 PROG = "rayk"
@@ -1208,6 +1209,7 @@ def _add_perf_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="rayk: a Kafka-style replicated log on Ray.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {rayk.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     conn = _connection_options()
     _add_cluster_commands(sub, conn)

@@ -126,6 +126,15 @@ def test_every_command_has_help(command, capsys):
     assert "usage: rayk" in capsys.readouterr().out
 
 
+def test_version_prints_the_installed_distribution_s(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"rayk {version('rayk')}\n" == f"rayk {rayk.__version__}\n"
+
+
 def test_perf_produce_defaults_are_the_producer_s():
     from rayk.client.producer import DEFAULT_BATCH_SIZE, DEFAULT_LINGER_MS
 
