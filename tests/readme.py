@@ -1,7 +1,8 @@
-"""README.md's fenced blocks, for the tests that run them as written: tests/test_readme.py
+"""The fenced blocks of README.md and of the documentation site's pages (docs/, in the order
+of mkdocs.yml's navigation), for the tests that run them as written: tests/test_readme.py
 runs the Python examples that need only a cluster, and the modules whose setting a block
 needs run the others (a Spark session, certificates, the `rayk` command, Ray's metrics
-port). Each block is found by its first line."""
+port). Each block is found by its first line, on whichever page it is."""
 
 from __future__ import annotations
 
@@ -9,13 +10,27 @@ import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+NAV_PAGE = re.compile(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w/.-]+\.md)\s*$", re.MULTILINE)
+
+
+def pages() -> list[Path]:
+    """README.md, then every page of the site in the order of mkdocs.yml's navigation (the
+    order a reader meets them in)."""
+    return [README] + [DOCS / page for page in NAV_PAGE.findall((ROOT / "mkdocs.yml").read_text())]
+
+
+def page_blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block of one page, in order."""
+    return FENCE.findall(page.read_text())
 
 
 def readme_blocks() -> list[tuple[str, str]]:
-    """(language, code) of every fenced block, in order."""
-    return FENCE.findall(README.read_text())
+    """(language, code) of every fenced block of the README and the pages, in order."""
+    return [found for page in pages() for found in page_blocks(page)]
 
 
 def first_line(code: str) -> str:
@@ -25,7 +40,7 @@ def first_line(code: str) -> str:
 def block(start: str) -> str:
     """The code of the one block that starts with `start`."""
     found = [code for _language, code in readme_blocks() if code.startswith(start)]
-    assert len(found) == 1, f"{len(found)} README blocks start with {start!r}"
+    assert len(found) == 1, f"{len(found)} blocks of the README and the pages start with {start!r}"
     return found[0]
 
 

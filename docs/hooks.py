@@ -1,0 +1,1 @@
+"""MkDocs hooks: the reference pages' generated parts (see mkdocs.yml `hooks`)."""
