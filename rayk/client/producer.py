@@ -1,5 +1,5 @@
 """Producer: batches records per partition and sends each batch to its leader replica
-in one actor call (Kafka's KafkaProducer, over Ray instead of sockets).
+in one produce request over the data plane (Kafka's KafkaProducer; rayk/client/data_plane.py).
 
 `send` serializes the record, picks its partition (explicit; Kafka's murmur2 of the key;
 or the sticky partitioner for unkeyed records), appends it to that partition's open
@@ -8,7 +8,8 @@ RecordMetadata(topic, partition, offset, timestamp)). A batch closes when it rea
 `batch_size` bytes or has waited `linger_ms`; the Sender thread then encodes it as one
 Kafka v2 record batch (compressed if asked), so the broker only validates and appends
 it, and sends it, at most `max_in_flight_requests_per_connection` per partition at a
-time. Nothing polls: answers come through the ObjectRefs' future callbacks.
+time. Nothing polls: the Sender waits on the accumulator until a send, an answer or a
+deadline wakes it (sender.py).
 
 `send_batch` is the columnar form for what Ray users hold (arrays, Arrow tables, Dataset
 blocks): one call queues many records, encoded from the columns' buffers by compiled code

@@ -21,7 +21,8 @@ An earlier attempt that is still running (an executor that lost contact, a specu
 copy) sends the same records under the same sequences. The leaders' sequence checks let
 one copy of each into the log; the attempt that comes second gets
 OUT_OF_ORDER_SEQUENCE_NUMBER and fails, and the task's next attempt resumes again.
-(Kafka would fence it with transactions, which rayk does not have.)
+(Kafka would fence it with a transactional id; a task's write is not a transaction, so
+its sequences are what let one copy in.)
 
 Limits: a partition remembers a producer while the log holds one of its batches, so
 retention that deletes all of a task's batches to a partition while the job runs makes a

@@ -868,7 +868,7 @@ def validate_batches(
             if header.is_control:
                 raise InvalidRecordError("producers may not write control batches")
             if header.is_transactional and not allow_transactional:  # no coordinator vouched for it
-                raise InvalidRecordError("a transactional batch needs a transactional producer, which rayk does not have")
+                raise InvalidRecordError("a transactional batch needs an ongoing transaction that its coordinator added this partition to")
             if header.record_count != header.last_offset_delta + 1:  # a producer's offsets are 0..n-1
                 raise InvalidRecordError(
                     f"batch has {header.record_count} records but lastOffsetDelta {header.last_offset_delta}"

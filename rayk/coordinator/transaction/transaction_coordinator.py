@@ -2,7 +2,7 @@
 (Kafka's TransactionCoordinator + TransactionStateManager + TransactionMarkerChannelManager).
 
 As with groups, transactional id `t` belongs to partition `coordinator_partition(t, n)` of
-`__transaction_state` (`transaction.state.log.num.partitions`, 50), and that partition's
+`__transaction_state` (`transaction.state.log.num.partitions`, 3: Kafka's 50 would be 50 replica actors), and that partition's
 leader coordinates it: the coordinator lives in the leader replica, loads the partition's
 records when it starts leading, and its `coordinator_epoch` is that leader epoch, which
 every marker it writes carries (a partition refuses a marker of an older coordinator:
