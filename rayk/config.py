@@ -46,7 +46,13 @@ UNLIMITED_RATE = (1 << 63) - 1  # Kafka's Long.MAX_VALUE: a throttle that is off
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
-REPLICATION_TOPIC_CONFIGS = (MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE)
+# The topic configs the replication layer reads (LogConfig has the others), and what each
+# does; a topic without its own takes the broker's setting of the same name.
+REPLICATION_TOPIC_CONFIGS = {
+    MIN_INSYNC_REPLICAS: "In-sync replicas an acks=all produce needs; below it, NOT_ENOUGH_REPLICAS.",
+    UNCLEAN_LEADER_ELECTION_ENABLE: "Whether a replica out of the ISR may become leader when no replica in it is "
+                                    "live (losing what it lacks).",
+}
 
 # BrokerConfig's counts and sizes that must be >= 1.
 POSITIVE_SETTINGS = (
@@ -85,90 +91,146 @@ POSITIVE_SETTINGS = (
 class BrokerConfig:
     """A broker's settings: Kafka's dotted names with underscores, units last (`from_properties`
     takes the dotted ones). Checked on construction, in named steps: a value out of range or
-    settings that do not fit together raise InvalidConfigurationError."""
+    settings that do not fit together raise InvalidConfigurationError. Each field's docstring
+    says what the setting does; the documentation's configuration reference is generated from
+    them (docs/hooks.py)."""
 
-    broker_session_timeout_ms: int = 9_000  # silent this long -> fenced, leaders moved
+    broker_session_timeout_ms: int = 9_000
+    """A broker that sends no heartbeat to the Controller this long is fenced, and its partitions'
+    leadership moves to other replicas."""
     broker_heartbeat_interval_ms: int = 2_000
-    replica_lag_time_max_ms: int = 10_000  # isr-expiration runs every half of this
+    """How often a broker heartbeats to the Controller; below broker.session.timeout.ms."""
+    replica_lag_time_max_ms: int = 10_000
+    """A follower that has not caught up to the leader's log end for this long leaves the ISR (checked
+    every half of it)."""
     replica_fetch_max_bytes: int = 1 << 20
+    """Bytes a follower asks for per partition in one fetch from its leader."""
     replica_fetch_min_bytes: int = 1
+    """Bytes a follower's fetch waits for before the leader answers it."""
     replica_fetch_wait_max_ms: int = 500
-    replica_socket_timeout_ms: int = 30_000  # bound on one follower fetch call
-    # A broker fenced this long has its replicas moved to live brokers; -1: never (rayk's own).
+    """Longest a leader holds a follower's fetch while fewer than replica.fetch.min.bytes are there."""
+    replica_socket_timeout_ms: int = 30_000
+    """Bound on one follower fetch call to its leader."""
     broker_replacement_delay_ms: int = 300_000
-    # With Ray's autoscaler (rayk.start(autoscale=True)), a broker that holds no replica this
-    # long is decommissioned so that its node can go (rayk/controller/autoscaling.py); -1:
-    # never. Ten minutes, twice Ray's default idle_timeout_minutes: a topic deleted and made
-    # again, or a broker that just joined and waits for the balancer, does not cost a node's
-    # start (minutes on a cloud) and a broker's. rayk's own.
+    """A broker fenced this long has its replicas moved to live brokers; -1: never. rayk's own."""
+    # rayk/controller/autoscaling.py. Ten minutes, twice Ray's default idle_timeout_minutes: a
+    # topic deleted and made again, or a broker that just joined and waits for the balancer,
+    # does not cost a node's start (minutes on a cloud) and a broker's.
     broker_idle_removal_ms: int = 600_000
-    replica_high_watermark_checkpoint_interval_ms: int = 5_000  # all three offset checkpoints
+    """With Ray's autoscaler (`rayk.start(autoscale=True)`), a broker that holds no replica this long
+    is decommissioned so that its node can go; -1: never. rayk's own."""
+    replica_high_watermark_checkpoint_interval_ms: int = 5_000
+    """How often a broker writes its offset checkpoints (high watermark, log start offset, cleaner
+    offsets)."""
     log_retention_check_interval_ms: int = 300_000
+    """How often retention (retention.ms, retention.bytes) deletes old segments."""
     # The Controller snapshots its metadata image (rayk/metadata/) once this many bytes of
     # records were appended since the last snapshot, or this long after it if any were
     # (KRaft's names and defaults; an interval of 0 snapshots by bytes only).
     metadata_log_max_record_bytes_between_snapshots: int = 20 * 1024 * 1024
+    """The Controller snapshots its metadata image once this many bytes of records were appended since
+    the last snapshot."""
     metadata_log_max_snapshot_interval_ms: int = 3_600_000
+    """The Controller snapshots its metadata image this long after the last snapshot if any record was
+    appended since; 0: by bytes only."""
     # The log cleaner (compaction), one per broker: it cleans the filthiest compacted log,
     # then the next, and waits this long when none needs it.
     log_cleaner_enable: bool = True
+    """Whether each broker runs a log cleaner, which compacts topics with cleanup.policy compact."""
     log_cleaner_backoff_ms: int = 15_000
-    log_cleaner_io_max_bytes_per_second: int = (1 << 63) - 1  # Kafka's default: no limit
-    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024  # bytes for one clean's key -> offset map
+    """How long the log cleaner waits when no log needs cleaning."""
+    log_cleaner_io_max_bytes_per_second: int = (1 << 63) - 1
+    """The log cleaner's read and write rate; Long.MAX_VALUE: no limit."""
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
+    """Memory for one clean's key -> offset map."""
     # Consumer groups (Kafka's group.* and offsets.* names).
     group_initial_rebalance_delay_ms: int = 3_000
+    """How long a new classic group's coordinator waits for more members before its first rebalance; 0:
+    none."""
     group_min_session_timeout_ms: int = 6_000
+    """The shortest session.timeout.ms a classic group's member may ask for."""
     group_max_session_timeout_ms: int = 1_800_000
+    """The longest session.timeout.ms a classic group's member may ask for."""
     offset_metadata_max_bytes: int = 4096
+    """The longest metadata string a committed offset may carry."""
     # KIP-848's consumer protocol groups: a member is removed after this long without a
     # heartbeat, and is told to heartbeat this often.
     group_consumer_session_timeout_ms: int = 45_000
+    """A member of a consumer protocol group (KIP-848) is removed after this long without a heartbeat."""
     group_consumer_heartbeat_interval_ms: int = 5_000
-    group_consumer_max_size: int = 2**31 - 1  # members; one more is GROUP_MAX_SIZE_REACHED
+    """How often a member of a consumer protocol group is told to heartbeat."""
+    group_consumer_max_size: int = 2**31 - 1
+    """Members of a consumer protocol group; one more is GROUP_MAX_SIZE_REACHED."""
     # KIP-932's share groups: member sessions as above; a record a member acquired comes back
     # after the lock duration, and is archived once delivered the count limit times; a
     # share-partition holds at most this many records in flight.
     group_share_session_timeout_ms: int = 45_000
+    """A member of a share group (KIP-932) is removed after this long without a heartbeat."""
     group_share_heartbeat_interval_ms: int = 5_000
+    """How often a member of a share group is told to heartbeat."""
     group_share_record_lock_duration_ms: int = 30_000
+    """A record a share group member acquired and did not acknowledge comes back for delivery after
+    this long."""
     group_share_delivery_count_limit: int = 5
+    """A record delivered this many times without being accepted is archived."""
     group_share_partition_max_record_locks: int = 2_000
-    group_share_max_size: int = 200  # members, as Kafka's default
-    # Committed offsets of a group without members expire this long after it became empty
-    # (a standalone consumer's: after their commit), checked this often (KIP-211).
+    """Records a share-partition holds in flight (acquired, not yet acknowledged)."""
+    group_share_max_size: int = 200
+    """Members of a share group."""
     offsets_retention_minutes: int = 10_080
+    """Committed offsets of a group without members expire this long after it became empty (a
+    standalone consumer's: after their commit), as KIP-211."""
     offsets_retention_check_interval_ms: int = 600_000
-    # Kafka uses 50 partitions; each rayk partition replica is a process, so fewer by default.
+    """How often expired committed offsets are looked for."""
     offsets_topic_num_partitions: int = 3
+    """Partitions of __consumer_offsets (Kafka has 50; each rayk partition replica is a process, so fewer)."""
     offsets_topic_replication_factor: int = 3
-    # Kafka's offsets.topic.segment.bytes: small segments, since the active one is never compacted.
+    """Replication factor of __consumer_offsets (at most the brokers there are when it is created)."""
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    """Segment size of __consumer_offsets: small, since the active segment is never compacted."""
     # Transactions (Kafka's transaction.* names). __transaction_state has 3 partitions, not
     # Kafka's 50, for the reason __consumer_offsets has; min.insync.replicas of the topic is
     # transaction.state.log.min.isr, at most its replication factor (a 1-broker cluster).
     transaction_state_log_num_partitions: int = 3
+    """Partitions of __transaction_state (Kafka has 50)."""
     transaction_state_log_replication_factor: int = 3
+    """Replication factor of __transaction_state."""
     transaction_state_log_min_isr: int = 2
+    """min.insync.replicas of __transaction_state, at most its replication factor."""
     transaction_state_log_segment_bytes: int = 100 * 1024 * 1024
-    transaction_max_timeout_ms: int = 900_000  # the longest transaction.timeout.ms a producer may ask for
-    transactional_id_expiration_ms: int = 604_800_000  # an id idle this long is forgotten (7 days)
-    # How often each coordinator aborts transactions past their timeout, and expires idle ids.
+    """Segment size of __transaction_state."""
+    transaction_max_timeout_ms: int = 900_000
+    """The longest transaction.timeout.ms a producer may ask for."""
+    transactional_id_expiration_ms: int = 604_800_000
+    """A transactional id idle this long is forgotten."""
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    """How often each transaction coordinator aborts transactions past their timeout."""
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
+    """How often each transaction coordinator forgets expired transactional ids."""
     # Topic defaults (Kafka's broker-level names: num.partitions, default.replication.factor, ...).
     num_partitions: int = 1
+    """Partitions of a topic created without a count (also by auto-creation)."""
     default_replication_factor: int = 1
+    """Replication factor of a topic created without one."""
     min_insync_replicas: int = 1
+    """In-sync replicas an acks=all produce needs; the default of each topic's min.insync.replicas."""
     unclean_leader_election_enable: bool = False
-    auto_create_topics_enable: bool = True  # a Metadata request for a missing topic creates it
-    # Partition replicas a broker may hold (each is a process: rayk/server/replica_capacity.py);
-    # -1: derived from its node's memory and cores. rayk's own setting.
+    """Whether a replica out of the ISR may become leader when none in it is live (losing what it
+    lacks); the default of each topic's unclean.leader.election.enable."""
+    auto_create_topics_enable: bool = True
+    """A Metadata request for a missing topic creates it (never on a listener whose clients authenticate)."""
+    # rayk/server/replica_capacity.py.
     max_replicas_per_broker: int = -1
+    """Partition replicas a broker may hold (each is a process); -1: derived from its node's memory and
+    cores. rayk's own."""
     # Preferred leaders (Kafka's names and defaults): a broker whose share of the partitions
     # it should lead but does not is over the percentage gets them back, checked this often.
     auto_leader_rebalance_enable: bool = True
+    """Whether the Controller gives partitions back to their preferred leader."""
     leader_imbalance_check_interval_seconds: int = 300
+    """How often the preferred leaders are checked."""
     leader_imbalance_per_broker_percentage: int = 10
+    """A broker that does not lead more than this share of the partitions it prefers gets them back."""
     # The balancer (rayk/controller/balancer.py, after Cruise Control's goals). It runs as
     # soon as a broker registers for the first time or starts leaving, follows up as its
     # moves complete, and checks the cluster every balancer.interval.ms: Cruise Control's
@@ -177,33 +239,53 @@ class BrokerConfig:
     # At most balancer.max.concurrent.moves.per.broker reassignments touch a broker at a
     # time (Cruise Control's num.concurrent.partition.movements.per.broker).
     auto_balance_enable: bool = True
+    """Whether the balancer moves replicas and leaders to even out brokers (after Cruise Control's
+    goals). rayk's own."""
     balancer_interval_ms: int = 300_000
+    """How often the balancer checks the cluster (joins and leaves do not wait for it)."""
     balancer_max_concurrent_moves_per_broker: int = 5
+    """Reassignments the balancer runs at once that touch one broker."""
     # Bytes/s of replication traffic for replicas a reassignment adds, per broker: what its
     # leaders send to adding followers, and what its adding followers fetch (Kafka's names;
     # Long.MAX_VALUE: no limit). See rayk/replication/replication_throttle.py.
     leader_replication_throttled_rate: int = UNLIMITED_RATE
+    """Bytes/s a broker's leaders send to followers a reassignment adds; Long.MAX_VALUE: no limit."""
     follower_replication_throttled_rate: int = UNLIMITED_RATE
+    """Bytes/s a broker's followers that a reassignment adds fetch; Long.MAX_VALUE: no limit."""
     # The Kafka listeners (rayk/listeners.py, rayk/net). Each broker listens on the port plus
     # its broker id (port 0: any free port); an empty host is the node's IP address. ""
     # turns the listeners off.
     listeners: str = "PLAINTEXT://:9092"
-    advertised_listeners: str = ""  # "": what each listener is bound to
+    """The Kafka listeners, NAME://host:port,...: each broker listens on the port plus its broker id
+    (port 0: any free port); an empty host is the node's IP address; "" turns the listeners off."""
+    advertised_listeners: str = ""
+    """The addresses clients are given for each listener; "": what each listener is bound to."""
     listener_security_protocol_map: str = DEFAULT_SECURITY_PROTOCOL_MAP
+    """Each listener name's security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)."""
     # TLS on SSL and SASL_SSL listeners (rayk/net/tls.py). rayk reads PEM files only: the
     # keystore holds the private key and its certificate chain, the truststore the CAs that
     # client certificates must chain to. Each can be set per listener as
     # listener.name.<name>.ssl.<setting>, as in Kafka.
     ssl_keystore_type: str = "PEM"
+    """PEM only: rayk reads PEM files."""
     ssl_keystore_location: str = ""
-    ssl_key_password: str = field(default="", repr=False)  # of an encrypted private key
+    """A PEM file holding the broker's private key and certificate chain, for SSL and SASL_SSL listeners."""
+    ssl_key_password: str = field(default="", repr=False)
+    """The password of an encrypted private key."""
     ssl_truststore_type: str = "PEM"
+    """PEM only."""
     ssl_truststore_location: str = ""
-    ssl_client_auth: str = "none"  # none, requested or required (mTLS)
+    """A PEM file of the CAs that client certificates must chain to."""
+    ssl_client_auth: str = "none"
+    """none, requested or required (mutual TLS)."""
     # SASL on SASL_PLAINTEXT and SASL_SSL listeners (rayk/net/sasl.py); per listener as
     # listener.name.<name>.sasl.enabled.mechanisms. Kafka's default is GSSAPI, which rayk lacks.
     sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
-    connections_max_reauth_ms: int = 0  # a SASL session's lifetime (KIP-368); 0: for the connection's life
+    """Mechanisms served on SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (Kafka's default,
+    GSSAPI, rayk lacks)."""
+    connections_max_reauth_ms: int = 0
+    """A SASL session's lifetime, after which the client authenticates again (KIP-368); 0: the
+    connection's life."""
     # Before a connection on a SASL listener has authenticated, its frames are read outside
     # queued.max.request.bytes, one at a time, so an unauthenticated client can neither take
     # the listener's shared request memory nor hold more than this much of its own: a
@@ -212,35 +294,52 @@ class BrokerConfig:
     # and ApiVersions are some hundred bytes), so 64 KiB: GSSAPI's own limit, and what the
     # listener's stream buffer holds anyway.
     sasl_server_max_receive_size: int = 65_536
-    # rayk's own: a connection on a SASL listener that has not authenticated this long after
-    # its TLS handshake (if any) is closed. Kafka bounds it only by connections.max.idle.ms,
+    """The largest frame a connection on a SASL listener may send before it has authenticated; a larger
+    one closes it."""
+    # Kafka bounds it only by connections.max.idle.ms,
     # which a client keeps resetting with ApiVersions; a real exchange is a few round trips
     # and a credential lookup (at most 5 s), 30 s is Kafka's request.timeout.ms.
     sasl_server_authentication_timeout_ms: int = 30_000
-    super_users: str = ""  # "User:a;User:b": may do anything (without an authorizer: manage SCRAM credentials)
-    # ACLs (rayk/acls.py): Kafka's StandardAuthorizer by its class name; "" checks nothing.
+    """A connection on a SASL listener that has not authenticated this long after its TLS handshake (if
+    any) is closed. rayk's own."""
+    super_users: str = ""
+    """Principals that may do anything, "User:a;User:b" (without an authorizer: manage SCRAM credentials)."""
+    # ACLs: rayk/acls.py.
     authorizer_class_name: str = ""
+    """The ACL authorizer: Kafka's StandardAuthorizer by its class name
+    (org.apache.kafka.metadata.authorizer.StandardAuthorizer); "": no ACL checks."""
     allow_everyone_if_no_acl_found: bool = False
-    # listener.name.<name>.<setting> -> value: per-listener settings over the broker's own.
+    """With an authorizer, whether a resource that no ACL names is open to everyone."""
     listener_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    queued_max_requests: int = 500  # requests read but not answered, over all connections
-    socket_request_max_bytes: int = 100 * 1024 * 1024  # larger request frames close the connection
-    # Request bytes a listener holds read (reserved at the size prefix) and not yet answered;
-    # -1: no limit, Kafka's default. rayk bounds it so a listener's memory is bounded.
+    """Per-listener settings over the broker's own, as listener.name.<name>.<setting> -> value."""
+    queued_max_requests: int = 500
+    """Requests read and not yet answered, over all of a listener's connections."""
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    """A larger request frame closes its connection."""
     queued_max_request_bytes: int = 200 * 1024 * 1024
+    """Request bytes a listener holds read (reserved at the size prefix) and not yet answered; -1: no
+    limit (Kafka's default; rayk bounds it so that a listener's memory is bounded)."""
     # Connections over all listeners, and from one client host (Kafka's defaults: no
     # limit); a connection past either is closed at once. Overrides: host:count,...
     max_connections: int = 2**31 - 1
+    """Connections over all listeners; one more is closed at once."""
     max_connections_per_ip: int = 2**31 - 1
+    """Connections from one client host."""
     max_connections_per_ip_overrides: str = ""
-    connections_max_idle_ms: int = 600_000  # a connection that sends nothing this long is closed
+    """Per-host limits over max.connections.per.ip: host:count,..."""
+    connections_max_idle_ms: int = 600_000
+    """A connection that sends nothing this long is closed."""
     # Client quotas (rayk/net/client_quotas.py) measure each client over this many samples
     # of this many seconds, as Kafka's.
     quota_window_num: int = 11
+    """Samples over which client quotas measure each client."""
     quota_window_size_seconds: int = 1
+    """Length of each client quota sample."""
     # Fetch sessions (KIP-227) per listener; 0 slots: every fetch is a full one.
     max_incremental_fetch_session_cache_slots: int = 1000
-    min_incremental_fetch_session_eviction_ms: int = 120_000  # a session idle this long may be evicted
+    """Fetch sessions (KIP-227) a listener keeps; 0: every fetch is a full one."""
+    min_incremental_fetch_session_eviction_ms: int = 120_000
+    """A fetch session idle this long may be evicted for a new one."""
 
     def __post_init__(self) -> None:
         self._check_times()

@@ -61,25 +61,46 @@ def normalize_cleanup_policy(raw: str | int) -> str:
 class LogConfig:
     """One topic's storage settings, immutable and checked on construction
     (InvalidConfigurationError names the Kafka property). A Log holds one; a replica
-    builds it from its topic's configs (`from_properties`, via config.log_config_of)."""
+    builds it from its topic's configs (`from_properties`, via config.log_config_of). Each
+    field's docstring says what its topic config does (the documentation's configuration
+    reference is generated from them, docs/hooks.py)."""
 
-    segment_bytes: int = 1 << 30  # roll when the next batch would not fit
-    segment_ms: int = 7 * DAY_MS  # roll when the segment's records span longer
-    segment_index_bytes: int = 10 * 1024 * 1024  # preallocated size of each index file
-    index_interval_bytes: int = 4096  # bytes between offset index entries
-    max_message_bytes: int = 1048588  # largest batch accepted
-    retention_ms: int = 7 * DAY_MS  # -1: keep forever
-    retention_bytes: int = -1  # -1: no size limit
-    flush_messages: int | None = None  # None: leave flushing to the OS (fsync on roll/close)
+    segment_bytes: int = 1 << 30
+    """A segment rolls when the next batch would not fit in this many bytes."""
+    segment_ms: int = 7 * DAY_MS
+    """A segment rolls when its records span longer than this."""
+    segment_index_bytes: int = 10 * 1024 * 1024
+    """Preallocated size of each segment's index files."""
+    index_interval_bytes: int = 4096
+    """Bytes of records between offset index entries."""
+    max_message_bytes: int = 1048588
+    """The largest record batch the topic accepts (at most 127 MiB: a batch travels between rayk's
+    processes in one frame)."""
+    retention_ms: int = 7 * DAY_MS
+    """Segments whose records are all older than this are deleted (with cleanup.policy delete); -1:
+    kept forever."""
+    retention_bytes: int = -1
+    """A partition's log is cut to this many bytes by deleting its oldest segments (with cleanup.policy
+    delete); -1: no size limit."""
+    flush_messages: int | None = None
+    """The log is fsynced every this many records; None (as a topic config, Long.MAX_VALUE): flushing
+    is left to the OS (fsync on roll and close)."""
     flush_ms: int | None = None
+    """The log is fsynced this long after its last flush; None (Long.MAX_VALUE): left to the OS."""
     message_timestamp_type: TimestampType = TimestampType.CREATE_TIME
-    # Log compaction (see log_cleaner.py): "delete" (retention only), "compact", both, or
-    # "" (neither: every record is kept, none compacted; DeleteRecords needs delete too).
+    """CreateTime (the producer's timestamp) or LogAppendTime (the leader's clock when it appends)."""
+    # Log compaction: log_cleaner.py.
     cleanup_policy: str = "delete"
-    min_cleanable_dirty_ratio: float = 0.5  # clean when dirty bytes are this share of the cleanable
-    min_compaction_lag_ms: int = 0  # a record stays uncompacted at least this long
-    max_compaction_lag_ms: int = NO_LIMIT_MS  # ... and at most this long, whatever the dirty ratio
-    delete_retention_ms: int = DAY_MS  # tombstones outlive their first clean by this long
+    """delete (retention only), compact (the log cleaner keeps each key's latest record), both
+    (compact,delete), or "" (neither: every record is kept; DeleteRecords needs delete)."""
+    min_cleanable_dirty_ratio: float = 0.5
+    """A compacted log is cleaned when its dirty bytes are this share of its cleanable bytes."""
+    min_compaction_lag_ms: int = 0
+    """A record stays uncompacted at least this long."""
+    max_compaction_lag_ms: int = NO_LIMIT_MS
+    """A record is compacted at most this long after it was written, whatever the dirty ratio."""
+    delete_retention_ms: int = DAY_MS
+    """Tombstones outlive the clean that first reached them by this long."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
