@@ -1,5 +1,5 @@
 """Imports only point down: every module of rayk, its function-level imports too, imports
-only modules of its own layer or of the layers below (the order in the README's "Layout").
+only modules of its own layer or of the layers below (the order in docs/design-notes/layout.md).
 
 Kafka keeps its modules apart the same way (clients and common at the bottom, storage,
 metadata, the coordinators, server on top); a cycle between layers is what makes a
@@ -43,7 +43,7 @@ def layer_of(module: str) -> int:
             return rank
     if module == "rayk":
         return len(LAYERS) - 1
-    raise AssertionError(f"{module} is in no layer: give it one in LAYERS (and the README's Layout)")
+    raise AssertionError(f"{module} is in no layer: give it one in LAYERS (and in docs/design-notes/layout.md)")
 
 
 def modules() -> dict[str, Path]:

@@ -1,10 +1,14 @@
-"""The README's examples run here as written, so that the README cannot drift from the code.
+"""The examples of the README and of the documentation site's pages run here as written, so
+that neither can drift from the code.
 
-Every fenced block of README.md is either run by `test_the_readme_python_examples_run_as_written`
-(in order, each in the namespace the ones before it left, as a reader would type them into
-one session) or listed in RUN_ELSEWHERE with the tests that run it where its setting is (a
-Spark session, certificates, the `rayk` command, Ray's metrics port), so a new block fails
+Every fenced block of README.md and of the pages in mkdocs.yml's navigation is either run
+by `test_the_readme_python_examples_run_as_written` (in the order a reader meets them, each
+in the namespace the ones before it left, as a reader would type them into one session),
+or is the README's own example (run alone, as a new user would), or is listed in
+RUN_ELSEWHERE with the tests that run it where its setting is (a Spark session,
+certificates, the `rayk` command, Ray's metrics port), so a new block fails
 `test_every_readme_block_is_run_here_or_by_a_test_named_for_it` until it is placed.
+Diagrams (```mermaid) and illustrations (```text, or no language) are not code.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import pytest
 import rayk
 import rayk.client
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray
-from tests.readme import README, first_line, readme_blocks
+from tests.readme import README, block, first_line, page_blocks, readme_blocks
 
+# The README's example, run alone in a fresh directory, as a new user would.
+README_EXAMPLE = "import rayk, rayk.data"
 # Blocks run here, by their first line.
 RUN_HERE = (
-    "import rayk",  # Using rayk from Python
+    "import rayk",  # Getting started: a first producer and consumer
     "import numpy as np, pyarrow as pa",  # send_batch
     'producer = cluster.producer(transactional_id="etl-1")      # transaction_timeout_ms=60_000',  # transactions
     'consumer = cluster.consumer(auto_offset_reset="earliest")',  # poll_batch
@@ -62,12 +68,14 @@ def test_every_readme_block_is_run_here_or_by_a_test_named_for_it():
     unplaced = []
     for language, code in readme_blocks():
         line = first_line(code)
-        if language in ("", "text") or line in RUN_HERE or line in RUN_ELSEWHERE:
+        if language in ("", "text", "mermaid") or line in {README_EXAMPLE, *RUN_HERE, *RUN_ELSEWHERE}:
             continue
         unplaced.append(line)
-    assert not unplaced, f"README blocks neither run by this module nor listed in RUN_ELSEWHERE: {unplaced}"
+    assert not unplaced, f"blocks neither run by this module nor listed in RUN_ELSEWHERE: {unplaced}"
     present = {first_line(code) for _language, code in readme_blocks()}
-    assert not (set(RUN_HERE) | set(RUN_ELSEWHERE)) - present, "a listed block is gone from the README"
+    assert not ({README_EXAMPLE, *RUN_HERE, *RUN_ELSEWHERE}) - present, "a listed block is gone from the pages"
+    python = [code for language, code in page_blocks(README) if language == "python"]
+    assert first_line(python[0]) == README_EXAMPLE, "the README's first Python block is its example"
     for test_id in {t for tests in RUN_ELSEWHERE.values() for t in tests}:
         path, name = test_id.split("::")
         assert f"def {name}(" in (README.parent / path).read_text(), f"{test_id} does not exist"
@@ -89,8 +97,18 @@ def readme_session(tmp_path, monkeypatch):
     shared_local_ray()
 
 
+def test_the_readme_s_example_runs_alone_as_written(readme_session, capsys):
+    namespace: dict = {"__name__": "readme"}
+    try:
+        exec(compile(block(README_EXAMPLE), "README: the example", "exec"), namespace)
+        assert capsys.readouterr().out.splitlines()[-2:] == ["['ann', 'bob', 'cy']", "3"]
+    finally:
+        if "cluster" in namespace:
+            namespace["cluster"].shutdown()
+
+
 def test_the_readme_python_examples_run_as_written(readme_session, capsys):
-    blocks = [code for _language, code in readme_blocks() if first_line(code) in RUN_HERE]  # README's order
+    blocks = [code for _language, code in readme_blocks() if first_line(code) in RUN_HERE]  # a reader's order
     assert len(blocks) == len(RUN_HERE)
     namespace: dict = {"__name__": "readme"}
     try:

@@ -6,7 +6,7 @@ rayk's Controller on the head, a broker on each of three nodes, RF=3 and
 min.insync.replicas=2. After each fault, the harness's checks (every acknowledged record
 read back once at its offset, none twice, writes resumed within the bound) and the
 cluster whole again (every partition led, with its full ISR) within WHOLE_BOUND_S of the
-link coming back. The figures (`MEASURED` lines) are in the README's "Faults" table.
+link coming back. The figures (`MEASURED` lines) are in the "Faults" table of docs/operations/faults.md.
 
 What Ray does, and how rayk rides on it: Ray's GCS declares a node it cannot reach dead
 after its health checks fail (netns_cluster.HEALTH_CHECK_FAILURES in a row: 60-120 s
