@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import re
 import struct
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,14 +41,6 @@ def test_every_served_version_decodes_and_its_response_encodes(api_key, version)
 def test_every_served_api_has_a_handler_and_the_floor_is_kafka_4():
     assert set(HANDLERS) == set(keys.SUPPORTED_VERSIONS)
     assert keys.SUPPORTED_VERSIONS[keys.PRODUCE][0] == 3 and keys.SUPPORTED_VERSIONS[keys.FETCH][0] == 4
-
-
-def test_the_readmes_table_of_apis_gives_the_versions_served():
-    """README "Kafka clients": one row per served API, `| Name (key) | lo-hi | ...`."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    rows = re.findall(r"^\| [A-Za-z]+ \((\d+)\) \| (\d+)-(\d+) \|", readme, re.MULTILINE)
-    assert {int(key): (int(lo), int(hi)) for key, lo, hi in rows} == keys.SUPPORTED_VERSIONS
-    assert len(rows) == len(keys.SUPPORTED_VERSIONS)
 
 
 def test_header_versions_follow_flexible_versions():
