@@ -39,6 +39,7 @@ from ray._private.utils import get_num_cpus, get_system_memory
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from idle_replica_cpu_bench import BareActor, healthy, replica_roles  # noqa: E402
 from latency_cpu_bench import machine_busy_s, process_cpu_s, processes  # noqa: E402
+from results import record  # noqa: E402  (beside this script)
 
 import rayk  # noqa: E402
 from rayk.errors import KafkaError, PolicyViolationError  # noqa: E402
@@ -168,6 +169,25 @@ def main() -> None:
         by_memory = int(memory * rc.REPLICA_MEMORY_SHARE / used_per_replica) if used_per_replica > 0 else 0
         print(f"   with the figures measured here: {by_cpu} replicas by CPU, {by_memory} by memory (the constants give "
               f"{node.by_cpu} and {node.by_memory})")  # fmt: skip
+        # For benchmarks/plot.py: replicas per node against idle CPU and memory.
+        shown = ("PartitionReplica (follower)", "PartitionReplica (leader)", "bare async Ray actor")
+        record("capacity_bench", {
+            "node": {"memory_gib": memory / 2**30, "cores": cores, "brokers": BROKERS},
+            "capacity": {"replicas_per_node": BROKERS * cap, "by_cpu": node.by_cpu, "by_memory": node.by_memory,
+                         "by_cpu_measured": by_cpu, "by_memory_measured": by_memory},
+            "budget": {"cpu_share": rc.REPLICA_CPU_SHARE, "memory_share": rc.REPLICA_MEMORY_SHARE,
+                       "replica_idle_cpu_cores": rc.REPLICA_IDLE_CPU_CORES,
+                       "replica_node_memory_mib": rc.REPLICA_NODE_MEMORY_BYTES / MiB},
+            "fill": {"replicas": BROKERS * partitions, "every_isr_full": ok, "seconds": fill_s,
+                     "longest_heartbeat_gap_s": sessions["longest_silence_ms"] / 1000},
+            "idle_cpu_pct_of_core": {**{cls: 100 * cpu[cls] / args.window_s / count[cls] for cls in shown if count[cls]},
+                                     "replica at RF 3": 100 * replica_cpu},
+            "uss_mib": {cls: uss[cls] / count[cls] / MiB for cls in shown if count[cls]},
+            "processes": {cls: count[cls] for cls in shown},
+            "node_memory_used_per_process_mib": used_per_replica / MiB,
+            "machine_busy_cores": busy,
+            "window_s": args.window_s,
+        })
     finally:
         cluster.shutdown()
         ray.shutdown()

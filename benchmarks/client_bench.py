@@ -72,6 +72,7 @@ from ray.util.queue import Queue  # noqa: E402
 
 import rayk  # noqa: E402
 from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
+from results import record  # noqa: E402  (beside this script)
 from rayk.client import TopicPartition  # noqa: E402
 from rayk.perf import (  # noqa: E402
     MB,
@@ -332,6 +333,21 @@ def main() -> None:
         print(line)
     print(f"  at 10% load: acknowledgement p50 {low_p['latency_p50_ms']:.1f} ms p99 {low_p['latency_p99_ms']:.1f} ms; "
           f"end to end p50 {low_e2e['latency_p50_ms']:.1f} ms p99 {low_e2e['latency_p99_ms']:.1f} ms")
+    # For benchmarks/plot.py: records/s of each way to produce and to consume, the
+    # low-load latency percentiles.
+    percentiles = ("p50", "p95", "p99", "p99.9")
+    record("client_bench", {
+        "records": records, "record_bytes": RECORD_BYTES, "partitions": args.partitions,
+        "produce_rec_s": {"rayk send()": sent["records_per_s"], "rayk send_batch()": batched["records_per_s"],
+                          **({"confluent-kafka -> Tansu": tansu["records_per_s"]} if tansu else {}),
+                          "Ray Queue, batched": queue_p["records_per_s"]},
+        "consume_rec_s": {**{f"rayk {how}": figures["records_per_s"] for how, figures in consumed.items()},
+                          **({"Tansu -> confluent-kafka": tansu_consume["records_per_s"]} if tansu_consume else {}),
+                          "Ray Queue, batched": queue_c["records_per_s"]},
+        "low_load_rate": low_rate,
+        "low_load_ack_ms": {q: low_p[f"latency_{q}_ms"] for q in percentiles},
+        "low_load_e2e_ms": {q: low_e2e[f"latency_{q}_ms"] for q in percentiles},
+    })
 
 
 if __name__ == "__main__":

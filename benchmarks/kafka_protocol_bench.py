@@ -47,6 +47,7 @@ import rayk
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
+from results import record  # noqa: E402  (beside this script)
 
 PARTITIONS = 3
 
@@ -374,6 +375,16 @@ def main() -> None:
     for r in rows:
         print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
               f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f}")
+    # For benchmarks/plot.py: each printed column as a series over the brokers.
+    columns = {"produce_rec_s": "produce", "produce_mb_s": "produce_mb", "consume_rec_s": "consume",
+               "consume_mb_s": "consume_mb", "cold_consume_rec_s": "cold_consume", "ack_p50_ms": "ack_p50",
+               "ack_p99_ms": "ack_p99", "e2e_p50_ms": "e2e_p50", "e2e_p99_ms": "e2e_p99",
+               "single_p50_ms": "single_p50", "single_p99_ms": "single_p99"}
+    record("kafka_protocol_bench", {
+        "records": args.records, "value_bytes": args.value_bytes, "rate": args.rate,
+        "latency_records": args.latency_records, "single_requests": args.single_requests,
+        **{series: {r["broker"]: r[key] for r in rows} for series, key in columns.items()},
+    })
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import ray
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kafka_protocol_bench as kpb  # noqa: E402
 from latency_cpu_bench import process_cpu_s  # noqa: E402
+from results import record  # noqa: E402  (beside this script)
 
 import rayk  # noqa: E402
 
@@ -119,6 +120,7 @@ def main() -> None:
         print(f"{9 * (args.idle_topics + 2)} replica processes; paused in alternate rounds: {', '.join(sorted(paused_kinds))}")
         agent = CpuTimeline(paused_kinds[AGENT].pid) if AGENT in paused_kinds else None
         pooled: dict[bool, list[float]] = {False: [], True: []}
+        per_round: dict[str, dict[str, float]] = {"round_e2e_p50_ms": {}, "round_e2e_p99_ms": {}}
         arrivals: list[tuple[float, float]] = []  # the running rounds'
         running_spans: list[tuple[float, float]] = []
         for n in range(args.rounds):
@@ -138,6 +140,8 @@ def main() -> None:
             if not paused:
                 running_spans.append((started, time.perf_counter()))
             pooled[paused] += e2e
+            per_round["round_e2e_p50_ms"][f"{n} {'paused' if paused else 'running'}"] = kpb.percentile(e2e, 0.5)
+            per_round["round_e2e_p99_ms"][f"{n} {'paused' if paused else 'running'}"] = kpb.percentile(e2e, 0.99)
             print(f"round {n}, Ray's node processes {'paused ' if paused else 'running'}: e2e p50 "
                   f"{kpb.percentile(e2e, 0.5):.1f} p99 {kpb.percentile(e2e, 0.99):.1f} ms", flush=True)
         print(f"{'pooled end to end, ms':44} {'records':>8} {'p50':>6} {'p99':>6} {'p99.9':>6}")
@@ -145,6 +149,16 @@ def main() -> None:
             label = "Ray's node processes " + ("paused" if paused else "running")
             print(f"{label:44} {len(values):8,} {kpb.percentile(values, 0.5):6.1f} {kpb.percentile(values, 0.99):6.1f}"
                   f" {kpb.percentile(values, 0.999):6.1f}")
+        # For benchmarks/plot.py: the pooled percentiles per condition, and each round's.
+        labels = {False: "Ray's node processes running", True: "Ray's node processes paused"}
+        record("tail_bench", {
+            "rounds": args.rounds, "round_records": args.round_records, "rate": args.rate,
+            "replica_processes": 9 * (args.idle_topics + 2),
+            **{f"e2e_{name}_ms": {labels[paused]: kpb.percentile(values, q) for paused, values in pooled.items()}
+               for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))},
+            "records": {labels[paused]: len(values) for paused, values in pooled.items()},
+            **per_round,
+        })
         if agent is not None:
             agent.stop()
             show_agent_bursts(agent.windows(running_spans), running_spans, arrivals, args.spike_ms)
