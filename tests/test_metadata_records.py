@@ -52,7 +52,7 @@ def test_an_unversioned_record_reads_as_version_0_with_the_fields_it_lacked_at_t
 @pytest.mark.parametrize(
     ("stored_value", "error", "says"),
     [
-        ({"type": "nonsense", "x": 1}, CorruptRecordError, "unknown metadata record kind 'nonsense'"),
+        ({"type": "nonsense", "x": 1}, UnsupportedVersionError, "unknown metadata record kind 'nonsense'"),
         ({"type": "fence_broker", "version": 2, "broker_id": 1, "fenced": True}, UnsupportedVersionError,
          "version 2; this rayk reads up to 1"),
         ({"type": "fence_broker", "version": -1, "broker_id": 1, "fenced": True}, CorruptRecordError, "invalid version"),

@@ -187,23 +187,30 @@ def test_without_a_readable_snapshot_for_the_deleted_records_the_start_fails_lou
     log.close()
 
 
-def test_a_snapshot_from_a_newer_rayk_stops_the_start_and_is_kept(tmp_path: Path):
-    """A downgrade: refusing to start is right; setting the snapshot aside as corrupt is not."""
+@pytest.mark.parametrize(
+    "snapshot_version, newer, error",
+    [(1, {"type": "cluster", "version": 99, "cluster_id": "cluster", "region": "eu"}, "version 99"),
+     (1, {"type": "tiered_segment", "segment": 7}, "unknown metadata record kind 'tiered_segment'"),
+     (2, {"type": "cluster", "cluster_id": "cluster"}, "snapshot version 2")],
+    ids=["a newer record version", "a record kind added later", "a newer snapshot version"],
+)  # fmt: skip
+def test_a_snapshot_from_a_newer_rayk_stops_the_start_and_is_kept(tmp_path: Path, snapshot_version, newer, error):
+    """A downgrade: refusing to start is right; setting the snapshot aside as corrupt is not
+    (the newer rayk, started again, would then find no snapshot of its own)."""
     c = Controller(tmp_path)
     c.changes(2)
     c.close()
     end = c.meta.last_offset + 1
-    header = {"snapshot_version": 1, "end_offset": end, "epoch": 0, "acl_version": -1, "quota_version": -1,
-              "record_count": 1}
-    newer = {"type": "cluster", "version": 99, "cluster_id": "cluster", "region": "eu"}
+    header = {"snapshot_version": snapshot_version, "end_offset": end, "epoch": 0, "acl_version": -1,
+              "quota_version": -1, "record_count": 1}  # fmt: skip
     path = tmp_path / TOPIC_PARTITION_DIR / snapshot.file_name(end, 0)
     path.write_bytes(build_batch([SimpleRecord(msgpack.packb(header))])
                      + build_batch([SimpleRecord(msgpack.packb(newer))], base_offset=1))
     log = MetadataLog(tmp_path)
-    with pytest.raises(UnsupportedVersionError, match="version 99"):
+    with pytest.raises(UnsupportedVersionError, match=error):
         log.load()
     log.close()
-    assert path.exists()
+    assert path.exists() and not list(path.parent.glob("*.corrupt"))
 
 
 def test_a_leftover_temporary_snapshot_is_deleted_and_never_read(tmp_path: Path):

@@ -330,8 +330,8 @@ def decode(stored: Any) -> MetadataRecord:
     kind = values.pop("type")
     version = values.pop("version", 0)
     cls = RECORD_KINDS.get(kind)
-    if cls is None:
-        raise CorruptRecordError(f"unknown metadata record kind {kind!r}")
+    if cls is None:  # a well-formed record of a kind added later: a newer rayk wrote it
+        raise UnsupportedVersionError(f"unknown metadata record kind {kind!r}: a newer rayk wrote it; upgrade rayk")
     if type(version) is not int or version < 0:
         raise CorruptRecordError(f"metadata record {kind!r} has an invalid version {version!r}")
     if version > cls.VERSION:

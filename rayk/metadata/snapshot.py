@@ -96,11 +96,17 @@ def to_bytes(snapshot: MetadataSnapshot) -> bytes:
 
 def from_bytes(data: bytes, name: str = "snapshot") -> MetadataSnapshot:
     """The snapshot `data` holds; CORRUPT_RECORD if it is not whole, UNSUPPORTED_VERSION if
-    a newer rayk wrote a record in it."""
+    a newer rayk wrote it (a newer snapshot version, or a record of a newer version or of a
+    kind this rayk does not know): a downgrade must not rename a good snapshot as corrupt."""
     try:
         validate_batches(data, None, leader_checks=False)
         values = [r[3] for batch in iter_batches(data) for r in decode_record_tuples(batch.data)[1]]
         header = msgpack.unpackb(values[0]) if values else None
+        newer = isinstance(header, dict) and type(header.get("snapshot_version")) is int
+        if newer and header["snapshot_version"] > SNAPSHOT_VERSION:  # not damage: kept as it is, for that rayk
+            raise UnsupportedVersionError(
+                f"{name} is snapshot version {header['snapshot_version']}; this rayk reads {SNAPSHOT_VERSION}: upgrade rayk"
+            )
         if not isinstance(header, dict) or header.get("snapshot_version") != SNAPSHOT_VERSION:
             raise CorruptRecordError(f"no snapshot header of version {SNAPSHOT_VERSION}")
         body = values[1:]
