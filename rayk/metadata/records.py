@@ -322,7 +322,7 @@ def unpack(data: bytes) -> MetadataRecord:
 
 
 def decode(stored: Any) -> MetadataRecord:
-    """The record a stored map holds (its arrays as tuples); CORRUPT_RECORD or
+    """The record a stored map holds (its arrays as tuples); CORRUPT_MESSAGE or
     UNSUPPORTED_VERSION if this code cannot read it as what it was written as."""
     if not isinstance(stored, dict) or not isinstance(stored.get("type"), str):
         raise CorruptRecordError(f"a metadata record is a map with a string 'type', got {stored!r:.200}")

@@ -16,7 +16,7 @@ writes its snapshots. The first batch holds one record, the header: a msgpack ma
 stores them (`rayk/metadata/records.py`), `RECORDS_PER_BATCH` per batch. A snapshot is
 whole only if every batch passes its CRC, the file ends exactly after the last one, and
 it holds `record_count` records: a file that fails any of this is refused with
-CORRUPT_RECORD, and the MetadataLog falls back to the snapshot before it.
+CORRUPT_MESSAGE, and the MetadataLog falls back to the snapshot before it.
 
 Writing goes through `write_atomically` (`<name>.tmp`, fsync, rename, fsync of the
 directory), so the `.checkpoint` name only ever names a complete file. A `.tmp` left by a
@@ -95,7 +95,7 @@ def to_bytes(snapshot: MetadataSnapshot) -> bytes:
 
 
 def from_bytes(data: bytes, name: str = "snapshot") -> MetadataSnapshot:
-    """The snapshot `data` holds; CORRUPT_RECORD if it is not whole, UNSUPPORTED_VERSION if
+    """The snapshot `data` holds; CORRUPT_MESSAGE if it is not whole, UNSUPPORTED_VERSION if
     a newer rayk wrote it (a newer snapshot version, or a record of a newer version or of a
     kind this rayk does not know): a downgrade must not rename a good snapshot as corrupt."""
     try:
