@@ -182,6 +182,8 @@ def client(run: dict[str, Any], out: Path) -> Path:
         for bar, value in zip(bars, values):
             ax.annotate("n/a" if value is None else thousands(value), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                         xytext=(2, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set_xlim(0, 1.2 * max([v for v in values if v is not None] or [1]))  # room for the labels
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: thousands(v) if v else "0"))
         ax.set_xlabel("records/s")
         ax.set_title(title)
