@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,7 +85,7 @@ def caption(run: dict[str, Any]) -> str:
     date = run.get("date", "?").replace("T", " ").replace("Z", " UTC")
     load_avg = m.get("load_average") or []
     options = " ".join(run.get("argv") or []) or "default options"
-    commit = (run.get("commit") or "?")[:9]
+    commit = (run.get("commit") or "?")[:9] + (" + uncommitted changes" if run.get("rayk_uncommitted_changes") else "")
     return (f"{run.get('bench', '?')}, run of {date} (commit {commit}; {options})\n"
             f"{m.get('cpus', '?')} x {m.get('cpu_model', '?')}, {m.get('memory_gib', '?')} GiB, {m.get('kernel', '?')}, "
             f"Python {m.get('python', '?')}; load average {' / '.join(f'{x:g}' for x in load_avg) or '?'} "
@@ -314,4 +313,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

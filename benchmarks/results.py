@@ -9,6 +9,7 @@ bench; an earlier one is in git's history):
       "machine": {"cpus": 2, "cpu_model": "...", "memory_gib": 23.5, "kernel": "...",
                   "python": "3.11.2", "load_average": [1.2, 0.9, 0.7]},
       "commit": "c97d290...",                    # git HEAD of the checkout that ran it
+      "rayk_uncommitted_changes": false,         # whether rayk/ differed from it
       "argv": ["--records", "1000000"],          # the options of the run
       "figures": {"produce_rec_s": {"Tansu": 597000.0, "rayk, 3 brokers, RF=3": 421767.0}, ...}
     }
@@ -72,12 +73,22 @@ def machine() -> dict[str, Any]:
     }
 
 
-def commit() -> str | None:
+def git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def commit() -> str | None:
+    return git("rev-parse", "HEAD")
+
+
+def rayk_changed() -> bool | None:
+    """Whether rayk/ had changes not committed (the run measured more than the commit)."""
+    status = git("status", "--porcelain", "--", "rayk")
+    return None if status is None else bool(status)
 
 
 def _plain(value: Any) -> Any:
@@ -104,6 +115,7 @@ def record(bench: str, figures: dict, *, directory: Path | str | None = None) ->
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "machine": machine(),
         "commit": commit(),
+        "rayk_uncommitted_changes": rayk_changed(),
         "argv": sys.argv[1:],
         "figures": _plain(figures),
     }

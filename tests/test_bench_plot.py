@@ -93,6 +93,7 @@ def test_record_writes_what_plot_reads(tmp_path: Path) -> None:
     assert run["date"].endswith("Z") and run["date"][:4].isdigit()
     assert run["machine"]["cpus"] >= 1 and run["machine"]["cpu_model"] and run["machine"]["python"]
     assert run["figures"]["consume_rec_s"]["rayk, 1 broker, RF=1"] is None
+    assert run["rayk_uncommitted_changes"] in (True, False, None)
     assert run["figures"]["produce_rec_s"]["rayk, 3 brokers, RF=3"] == 400e3
     assert plot.load(tmp_path)["kafka_protocol_bench"] == run
     assert "kafka_protocol_bench, run of" in plot.caption(run)
