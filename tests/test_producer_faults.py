@@ -352,3 +352,29 @@ def test_a_call_past_its_deadline_is_cancelled_and_times_out():
         calls.get(ref, time.monotonic() + 0.3, "slow")
     assert time.monotonic() - started < 2
     wait_until(lambda: ray.wait([ref], timeout=0)[0], 10, "the cancelled call to end")
+
+
+def test_later_batches_wait_while_an_earlier_one_is_unanswered_so_its_retry_is_still_a_duplicate():
+    # Call 1 is appended but its answer never comes (a lost answer; under load, or from a
+    # leader cut off after replicating it); the calls after it are answered at once. The
+    # leader remembers a producer's last 5 batches only (Kafka's NUM_BATCHES_TO_RETAIN),
+    # so the producer must not get more than 5 batches ahead of a batch whose outcome is
+    # open: else that batch's retry, after request_timeout_ms, is OUT_OF_ORDER_SEQUENCE_NUMBER
+    # ("behind the expected ... and is not a recent batch") and its records are lost.
+    leader = IdempotentLeader.remote(hang_after_append_calls={1})
+    producer = producer_for(leader, request_timeout_ms=1000, delivery_timeout_ms=30_000, linger_ms=0,
+                            batch_size=200, max_request_size=200, max_in_flight_requests_per_connection=5)
+    futures = [producer.send("t", b"0000")]
+    futures[0].get(timeout=30)  # call 0; the next call (1) hangs after its append
+    futures += [producer.send("t", b"%04d" % i) for i in range(1, 1500)]
+    producer.flush(timeout_s=60)
+    producer.close()
+    results = outcomes(futures)
+    assert [e for _, e in results if e is not None] == [], "no record fails"
+    written = ray.get(leader.written.remote())
+    assert [v for *_, v in written] == [b"%04d" % i for i in range(1500)], "each record written once, in order"
+    assert [offset for offset, _ in results] == list(range(1500)), "the retried batch got its first offsets"
+    produce_calls = ray.get(leader.produce_calls.remote())
+    retry = next(i for i, c in enumerate(produce_calls) if i > 1 and c[:3] == produce_calls[1][:3])
+    ahead = {c[2] for c in produce_calls[:retry] if c[1] == produce_calls[1][1] and c[2] > produce_calls[1][2]}
+    assert len(ahead) <= 4, f"{len(ahead)} batches went ahead of the unanswered one before its retry"

@@ -6,8 +6,10 @@ closed batches ready to go. A batch closes when it reaches `batch_size` bytes, o
 lingered `linger_ms` and its partition could send it at once (else it stays open and
 keeps filling, as Kafka's does, instead of queueing as a small batch), or when the
 producer flushes or closes. The sender takes ready batches (`drain`), at most
-`max_in_flight` per partition in flight; a batch to retry goes back to the head of its
-queue in sequence order (`reenqueue`) and its partition waits `retry_backoff_ms`.
+`max_in_flight` per partition in flight, and a partition's new batch only while its
+batches from the oldest one sent and unsettled on number fewer than that (at most the
+leader's 5 remembered batches, see `drain`); a batch to retry goes back to the head of
+its queue in sequence order (`reenqueue`) and its partition waits `retry_backoff_ms`.
 
 Calls are sized for Ray, not TCP: when `drain` takes a batch of `send()` records that was
 never sent, the batches of the same kind queued behind it ride along in it, up to
@@ -18,8 +20,9 @@ partition whose calls are all in flight gathers its small batches (Kafka's 16 Ki
 `batch_size`, or batches closed by linger) into one call instead of one call each, while
 the leader still sees at most `max_in_flight` batches of the producer at once: it
 remembers only the last five for duplicates (Kafka's NUM_BATCHES_TO_RETAIN), which is why
-the window stays counted in calls. Its byte size is then up to `max_in_flight` x
-`max_request_size` per partition, and `buffer_memory` bounds it for the whole producer.
+the window stays counted in calls, from the oldest one unsettled. Its byte size is then
+up to `max_in_flight` x `max_request_size` per partition, and `buffer_memory` bounds it
+for the whole producer.
 Batches that `send_batch` encoded are already up to `max_request_size` and go as they are.
 
 Every batch, open, queued or in flight, is due by `delivery_timeout_ms` after its
@@ -52,6 +55,7 @@ from rayk.client.partitioner import StickyPartitioner
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import TopicPartition
 from rayk.errors import BufferExhaustedError, KafkaError, KafkaTimeoutError
+from rayk.storage.producer_state import BATCHES_REMEMBERED
 from rayk.storage.records import HEADER_SIZE_BYTES, EncodedRecords, RecordToWrite
 
 # What send() appends: (value, key, headers, timestamp_ms), a RecordToWrite with its timestamp.
@@ -126,6 +130,8 @@ class RecordAccumulator:
         self._buffer_memory = buffer_memory
         self._max_block_s = max_block_ms / 1000
         self.max_in_flight = max_in_flight
+        # How many batches a partition's sent-but-unsettled window may span (see `drain`).
+        self._window_max = min(max_in_flight, BATCHES_REMEMBERED)
         self._partitioner = StickyPartitioner()
         self._mutex = threading.RLock()
         self.lock = threading.Condition(self._mutex)
@@ -135,6 +141,11 @@ class RecordAccumulator:
         self._open: dict[tuple[str, int], ProducerBatch] = {}
         self._ready: dict[TopicPartition, collections.deque[ProducerBatch]] = collections.defaultdict(collections.deque)
         self.in_flight: collections.Counter[TopicPartition] = collections.Counter()
+        # Per partition, its batches sent at least once, in sequence order, from the oldest
+        # one not finished on (finished ones leave from the head, lazily): `drain`'s window.
+        self._sent: dict[TopicPartition, collections.deque[ProducerBatch]] = collections.defaultdict(
+            collections.deque
+        )
         self._blocked_until_s: dict[TopicPartition, float] = {}
         self._by_age: collections.deque[ProducerBatch] = collections.deque()
         self.unfinished = 0  # records appended and not yet acknowledged, failed or expired
@@ -265,6 +276,7 @@ class RecordAccumulator:
             self._by_age.clear()
             self._open.clear()
             self._ready.clear()
+            self._sent.clear()
             return batches
 
     # ------------------------------------------------------------------ the sender's side
@@ -284,7 +296,21 @@ class RecordAccumulator:
                 self._close(batch)
 
     def _can_send_now(self, tp: TopicPartition) -> bool:
-        return not self._ready.get(tp) and self.in_flight[tp] < self.max_in_flight
+        return not self._ready.get(tp) and self.in_flight[tp] < self.max_in_flight and self._window_open(tp)
+
+    def sent_batches(self, tp: TopicPartition) -> collections.deque[ProducerBatch]:
+        """The partition's batches sent at least once and not all settled: from its oldest
+        unfinished one, in sequence order, each in flight, waiting to retry or done (lock held)."""
+        sent = self._sent.get(tp)
+        if sent is None:
+            return collections.deque()
+        while sent and sent[0].state is BatchState.DONE:
+            sent.popleft()
+        return sent
+
+    def _window_open(self, tp: TopicPartition) -> bool:
+        """Whether a batch never sent may be sent to `tp` now (lock held; see `drain`)."""
+        return len(self.sent_batches(tp)) < self._window_max
 
     def expire(self, now: float) -> list[ProducerBatch]:
         """Takes out every batch past its delivery timeout, oldest first (lock held); those
@@ -305,21 +331,37 @@ class RecordAccumulator:
         self, now: float, route: Callable[[ProducerBatch], Any | None], may_pipeline: Callable[[TopicPartition], bool]
     ) -> list[tuple[ProducerBatch, Any]]:
         """Takes the batches to send now with their leaders' handles (lock held). `route`
-        gives a batch's leader, or None to hold it back (leader unknown, or the producer
-        may not stamp new batches yet); `may_pipeline(tp)` whether a batch may follow
-        another one in flight to `tp`."""
+        gives a batch's leader, or None to hold it back (leader unknown, the producer
+        may not stamp new batches yet, or the partition has calls to another leader in
+        flight); `may_pipeline(tp)` whether a batch may follow another one in flight to `tp`.
+
+        A batch never sent goes only while the partition's window, its batches from the
+        oldest one sent and not finished to the newest, spans fewer than `max_in_flight`
+        (at most the leader's BATCHES_REMEMBERED) batches. Counting the calls in flight is
+        not enough: answers come in any order, so while one call goes unanswered (its
+        answer lost, or held up), the calls after it could be answered and new ones sent
+        without end, and once its retry comes after the leader appended 5 batches of the
+        producer behind it, the leader no longer knows it for a duplicate and refuses it
+        (OUT_OF_ORDER_SEQUENCE_NUMBER) although it holds its records. Kafka's answers come
+        in order on a connection, which keeps its producer within 5 batches of the oldest."""
         out = []
         for tp, queue in self._ready.items():
             if not queue or self._blocked_until_s.get(tp, 0) > now:
                 continue
             while queue and self.in_flight[tp] < self.max_in_flight and (not self.in_flight[tp] or may_pipeline(tp)):
+                first_send = not queue[0].stamped
+                if first_send and not self._window_open(tp):
+                    break
                 leader = route(queue[0])
                 if leader is None:
                     break
                 batch = queue.popleft()
                 if batch.encoded is None and batch.body is None:
                     self._merge_queued(batch, queue)
+                if first_send:  # it is stamped when sent, after those drained before it
+                    self._sent[tp].append(batch)
                 batch.state = BatchState.IN_FLIGHT
+                batch.leader = leader
                 self.in_flight[tp] += 1
                 out.append((batch, leader))
         return out

@@ -7,18 +7,23 @@ Each pass of its loop:
   retry, in flight: the call is cancelled). Their records fail with KafkaTimeoutError
   and their bytes leave `buffer_memory`;
 - settles the answered calls, and cancels those unanswered `request_timeout_ms` after
-  they were made, which then count as a retriable REQUEST_TIMED_OUT;
+  they were made, with the other calls in flight to their partitions (Kafka drops the
+  connection), which then count as a retriable REQUEST_TIMED_OUT;
 - looks up again, every LEADER_RECHECK_INTERVAL_S, the leaders of the partitions with a
-  call unanswered for LEADER_RECHECK_AFTER_S, and cancels those calls once the metadata
-  names another leader, which then count as a retriable NOT_LEADER_OR_FOLLOWER: a leader
+  call unanswered for LEADER_RECHECK_AFTER_S, and cancels the partition's calls to the
+  previous leader once the metadata names another, which then count as a retriable
+  NOT_LEADER_OR_FOLLOWER (a partition's batches go to its new leader only once no call
+  to the previous one is unsettled, so they reach it in sequence order): a leader
   cut off by the network answers nothing, and waiting out `request_timeout_ms` for it,
   then perhaps again if the Controller had not moved its leadership yet, would hold the
   partition's writes for twice that after the Controller elected another;
 - bumps the producer epoch when the idempotence state asks for it (IdempotenceManager),
   or, for a pinned producer id, which cannot bump, fails the batches not sent yet;
 - drains the batches that may go now (a partition's small queued batches merged into
-  one, see accumulator.py) and sends each as one request to its leader over the data
-  plane (rayk.client.data_plane: the records are never pickled nor a Ray call).
+  one; a new batch only within 5 batches of the partition's oldest unsettled one, which
+  the leader must still know for a duplicate when it is retried: see accumulator.py)
+  and sends each as one request to its leader over the data plane
+  (rayk.client.data_plane: the records are never pickled nor a Ray call).
 Then it waits on the accumulator's condition (nothing polls) until the earliest of a
 linger, a retry backoff, a delivery or request deadline or a metadata refresh ends,
 unless a send, an answer, a flush or a refresh notifies it first. It never blocks on a
@@ -160,8 +165,7 @@ class Sender:
                 self._expire(batch)
             for batch, attempt, outcome in completions:
                 self._complete(batch, attempt, outcome)
-            for batch, attempt in self._timed_out_calls(now):
-                error = RequestTimedOutError(f"no answer from the leader of {batch.tp} within {self._request_timeout_ms} ms")
+            for batch, attempt, error in self._timed_out_calls(now):
                 self._complete(batch, attempt, error)
             for batch, attempt in self._calls_to_moved_leaders(now):
                 self._complete(batch, attempt, NotLeaderOrFollowerError(
@@ -177,12 +181,21 @@ class Sender:
                 self._submit(batch, leader)
 
     def _route(self, batch: ProducerBatch) -> Any | None:
-        """The batch's leader if it may go now, else None (accumulator lock held)."""
+        """The batch's leader if it may go now, else None (accumulator lock held). Not
+        while calls of its partition to another leader are unsettled: the new leader
+        would see this batch before (or without) theirs, and refuse it once its gap wait
+        ends, or append batches enough past theirs that their retries are no longer known
+        for duplicates. Those calls are settled by their answers, or cancelled at the
+        leader recheck (`_calls_to_moved_leaders`), and then go first."""
         if not batch.stamped and not self._idempotence.may_stamp():
             return None  # no new sequences until the epoch is bumped
         leader = self._metadata.leader_nowait(batch.tp.topic, batch.tp.partition)
         if leader is None:
             self._awaiting_leader = True
+            return None
+        for sent in self._acc.sent_batches(batch.tp):
+            if sent.state is BatchState.IN_FLIGHT and not _same_actor(sent.leader, leader):
+                return None
         return leader
 
     def _wait_s(self, now: float) -> float | None:
@@ -198,17 +211,33 @@ class Sender:
         known = [t for t in times if t is not None]
         return max(0.0, min(known) - now) if known else None
 
-    def _timed_out_calls(self, now: float) -> list[tuple[ProducerBatch, int]]:
-        """Cancels the calls past their request deadline; returns their (batch, attempt)."""
-        out = []
+    def _timed_out_calls(self, now: float) -> list[tuple[ProducerBatch, int, KafkaError]]:
+        """Cancels the calls past their request deadline, and with each the other calls in
+        flight to its partition, as Kafka's client drops the connection of a request that
+        timed out and every request on it fails: they go again behind its retry, in
+        sequence order, rather than reach the leader before it (a call abandoned before
+        it was written would leave them a gap there). Returns (batch, attempt, error)."""
+        out: list[tuple[ProducerBatch, int, KafkaError]] = []
+        timed_out: set[Any] = set()
         while self._calls:
             deadline, batch, attempt = self._calls[0]
             if batch.state is BatchState.IN_FLIGHT and batch.attempts == attempt:
                 if deadline > now:
                     break
-                calls.cancel(batch.ref)
-                out.append((batch, attempt))
+                timed_out.add(batch)
+                out.append((batch, attempt, RequestTimedOutError(
+                    f"no answer from the leader of {batch.tp} within {self._request_timeout_ms} ms")))
             self._calls.popleft()
+        if out:
+            with self._acc.lock:
+                for tp in {batch.tp for batch, _, _ in out}:
+                    for other in self._acc.sent_batches(tp):
+                        if other.state is BatchState.IN_FLIGHT and other not in timed_out:
+                            out.append((other, other.attempts, RequestTimedOutError(
+                                f"abandoned with an earlier produce call to the leader of {tp} that went unanswered "
+                                f"for {self._request_timeout_ms} ms")))
+        for batch, _, _ in out:
+            calls.cancel(batch.ref)
         return out
 
     def _calls_to_moved_leaders(self, now: float) -> list[tuple[ProducerBatch, int]]:
@@ -219,7 +248,7 @@ class Sender:
         sent_before_s = now - LEADER_RECHECK_AFTER_S + self._request_timeout_ms / 1000  # as a deadline
         if not self._calls or self._calls[0][0] > sent_before_s:
             return []
-        moved, waiting = [], set()
+        moved_to, waiting = {}, set()
         for deadline, batch, attempt in self._calls:
             if deadline > sent_before_s:
                 break
@@ -227,13 +256,22 @@ class Sender:
                 continue
             leader = self._metadata.cached_leader(batch.tp.topic, batch.tp.partition)
             if leader is not None and not _same_actor(leader, batch.leader):
-                calls.cancel(batch.ref)
-                moved.append((batch, attempt))
+                moved_to[batch.tp] = leader
             else:
                 waiting.add(batch.tp.topic)
         if waiting and now >= self._leader_recheck_at_s:
             self._leader_recheck_at_s = now + LEADER_RECHECK_INTERVAL_S
             self._metadata.request_update(sorted(waiting))
+        # Every call of a moved partition to another leader goes, the recent ones too: the
+        # new leader gets none of the partition's batches while any is unsettled (`_route`).
+        moved = []
+        if moved_to:
+            with self._acc.lock:
+                for tp, leader in moved_to.items():
+                    moved += [(b, b.attempts) for b in self._acc.sent_batches(tp)
+                              if b.state is BatchState.IN_FLIGHT and not _same_actor(b.leader, leader)]  # fmt: skip
+        for batch, _ in moved:
+            calls.cancel(batch.ref)
         return moved
 
     def _maybe_bump_epoch(self, now: float) -> None:
