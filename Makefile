@@ -1,6 +1,7 @@
 # Both targets work on a fresh machine with only Python 3.11 and Java 17: they create .venv
 # and install into it, on first use, exactly the dependency tree pinned in uv.lock, with uv
-# (fetched from PyPI into .uv; it installs in parallel, ~1 min here where pip took ~5).
+# (fetched from PyPI into .uv; it installs in parallel: ~30 s here on a quiet machine with
+# nothing cached, where pip took ~5 min).
 # `uv lock` after a change to pyproject.toml's dependencies; `pip install rayk` still works.
 PYTHON ?= python3.11
 UV_VERSION := 0.13.9
@@ -12,9 +13,11 @@ EXTRAS := --extra test --extra spark --extra docs
 
 .PHONY: test demo bench bytecode clean chaos docs docs-serve
 
+# uv is one binary: pip puts it in .uv/bin (a venv of its own, where this Python's pip is
+# missing, as on Debian without python3-pip).
 $(UV):
-	$(PYTHON) -m venv .uv
-	.uv/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target .uv uv==$(UV_VERSION) \
+	  || { $(PYTHON) -m venv .uv/venv && .uv/venv/bin/pip install --quiet --target .uv uv==$(UV_VERSION); }
 
 # Everything the targets use: the tests, Spark (rayk's `spark` extra) for the demo's
 # pipeline and tests/test_spark.py, and the documentation site's tools. --frozen: the lock
@@ -56,10 +59,10 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
+# rayk demo's run, then the Spark and work-queue examples, on one local Ray and one cluster
+# (examples/demo.py; each also runs alone: `rayk demo`, `python examples/spark_pipeline.py`).
 demo: bytecode
-	$(VENV)/bin/rayk demo
-	$(PY) examples/spark_pipeline.py
-	$(PY) examples/work_queue.py
+	$(PY) examples/demo.py
 
 bench: bytecode
 	$(UV) sync --quiet --frozen --python $(PYTHON) $(EXTRAS) --extra bench

@@ -163,20 +163,28 @@ def main() -> None:
         )
         data_dir = tempfile.mkdtemp(prefix="rayk-pipeline-")
         cluster = rayk.start(brokers=3, data_dir=data_dir)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    suffix = "" if data_dir else f"-{int(time.time())}"  # fresh topics on a long-running cluster
-    source, target = f"clicks{suffix}", f"clicks-per-user{suffix}"
-    spark = None
     try:
-        spark = rayk_spark.session("click-aggregation", executors=1, executor_cores=1, executor_memory="1g")
-        run_pipeline(spark, cluster, source, target, args.events, args.users, args.stream_events)
+        suffix = "" if data_dir else f"-{int(time.time())}"  # fresh topics on a long-running cluster
+        run(cluster, args.events, args.users, args.stream_events, suffix)
     finally:
-        if spark is not None:
-            rayk_spark.stop()
         if data_dir is not None:
             cluster.shutdown()
             shutil.rmtree(data_dir, ignore_errors=True)
         ray.shutdown()
+
+
+def run(cluster, events: int = 20_000, users: int = 25, stream_events: int = 10_000, suffix: str = "",
+        **partitions: int) -> None:  # fmt: skip
+    """The pipeline on `cluster`, in a Spark session of its own (examples/demo.py runs it on
+    the cluster it shares with the other demos); `partitions`: run_pipeline's
+    `source_partitions` and `target_partitions`."""
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    source, target = f"clicks{suffix}", f"clicks-per-user{suffix}"
+    spark = rayk_spark.session("click-aggregation", executors=1, executor_cores=1, executor_memory="1g")
+    try:
+        run_pipeline(spark, cluster, source, target, events, users, stream_events, **partitions)
+    finally:
+        rayk_spark.stop()
 
 
 if __name__ == "__main__":

@@ -457,7 +457,7 @@ def test_the_demo_checks_what_it_produced_and_consumed(cluster, capsys):
     readme.block(README_DEMO)
     args = cli.build_parser().parse_args(["demo", "--records", "20000"])
     args.out = sys.stdout
-    assert cli._run_demo(args, cluster, time.monotonic()) == 0
+    assert cli.run_demo(args, cluster, time.monotonic()) == 0
     summary = capsys.readouterr().out
     assert "exactly once" in summary and "20,000 x" in summary
 
