@@ -17,6 +17,7 @@ from rayk.errors import InvalidConfigurationError
 from rayk.listeners import DEFAULT_SECURITY_PROTOCOL_MAP, Listener, parse_listeners
 from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
+from rayk.storage.remote.remote_log_storage import RemoteStorageSettings
 
 # For a Ray that rayk starts on its own (`rayk demo`, the examples): every replica is an
 # actor process, and Ray starts at most as many worker processes at once as the node has
@@ -340,6 +341,35 @@ class BrokerConfig:
     """Fetch sessions (KIP-227) a listener keeps; 0: every fetch is a full one."""
     min_incremental_fetch_session_eviction_ms: int = 120_000
     """A fetch session idle this long may be evicted for a new one."""
+    # Tiered storage (KIP-405; rayk/storage/remote/, rayk/replication/remote_log_manager.py).
+    remote_log_storage_system_enable: bool = False
+    """Whether topics may set remote.storage.enable: their rolled segments go to remote.log.storage.uri."""
+    remote_log_storage_uri: str = ""
+    """Where remote log segments go: any pyarrow filesystem URI (s3://bucket/prefix, gs://bucket/prefix,
+    file:///path). rayk's own (Kafka names a RemoteStorageManager class)."""
+    remote_log_storage_s3_endpoint: str = ""
+    """For s3://: the S3 API's endpoint (host:port), for an S3-compatible store; "": AWS."""
+    remote_log_storage_s3_region: str = ""
+    """For s3://: the bucket's region."""
+    remote_log_storage_s3_scheme: str = "https"
+    """For s3://: http or https."""
+    remote_log_storage_s3_access_key: str = field(default="", repr=False)
+    """For s3://: the access key; "": the environment's credentials (AWS_* variables, instance profile)."""
+    remote_log_storage_s3_secret_key: str = field(default="", repr=False)
+    """For s3://: the secret key. Never logged."""
+    remote_log_manager_task_interval_ms: int = 30_000
+    """How often a leader of a tiered topic copies its rolled segments and applies remote and local retention."""
+
+    def remote_storage(self) -> RemoteStorageSettings | None:
+        """The store tiered topics' replicas use; None unless remote.log.storage.system.enable."""
+        if not self.remote_log_storage_system_enable:
+            return None
+        s3 = {"endpoint": self.remote_log_storage_s3_endpoint, "region": self.remote_log_storage_s3_region,
+              "scheme": self.remote_log_storage_s3_scheme, "access.key": self.remote_log_storage_s3_access_key,
+              "secret.key": self.remote_log_storage_s3_secret_key}  # fmt: skip
+        if not self.remote_log_storage_uri.startswith("s3://"):
+            s3 = {}
+        return RemoteStorageSettings(self.remote_log_storage_uri, {k: v for k, v in s3.items() if v})
 
     def __post_init__(self) -> None:
         self._check_times()
@@ -356,6 +386,14 @@ class BrokerConfig:
                 f"({AUTHORIZERS[1]}), or \"\" for none"
             )
         self._check_request_limits()
+        if self.remote_log_storage_system_enable and not self.remote_log_storage_uri:
+            raise InvalidConfigurationError(
+                "remote.log.storage.system.enable = true needs remote.log.storage.uri (s3://..., gs://..., file:///...)"
+            )
+        if self.remote_log_storage_s3_scheme not in ("http", "https"):
+            raise InvalidConfigurationError(
+                f"remote.log.storage.s3.scheme = {self.remote_log_storage_s3_scheme!r}: http or https"
+            )
 
     def _check_times(self) -> None:
         """Every *_ms setting is >= 1 ms (those of ZERO_ALLOWED_MS >= 0); heartbeats come
@@ -545,11 +583,18 @@ def _parse_bool(name: str, raw: object) -> bool:
     return text == "true"
 
 
-def validate_topic_configs(configs: Mapping[str, object] | None) -> dict[str, str]:
-    """Checks a topic's configs (Kafka names) and returns them normalised to strings."""
+def validate_topic_configs(configs: Mapping[str, object] | None, broker: BrokerConfig | None = None) -> dict[str, str]:
+    """Checks a topic's configs (Kafka names) and returns them normalised to strings; with
+    `broker`, also against the brokers' settings (remote.storage.enable needs their store)."""
     configs = dict(configs or {})
     log_part = {k: v for k, v in configs.items() if k in LOG_PROPERTY_FIELDS}
-    max_message_bytes = LogConfig.from_properties(log_part).max_message_bytes  # raises INVALID_CONFIG on a bad value
+    log_config = LogConfig.from_properties(log_part)  # raises INVALID_CONFIG on a bad value
+    if log_config.remote_storage_enable and broker is not None and not broker.remote_log_storage_system_enable:
+        raise InvalidConfigurationError(
+            "remote.storage.enable = true: the brokers have no remote log storage (set "
+            "remote.log.storage.system.enable and remote.log.storage.uri)"
+        )
+    max_message_bytes = log_config.max_message_bytes
     if max_message_bytes > MAX_MESSAGE_BYTES_LIMIT:
         raise InvalidConfigurationError(
             f"max.message.bytes = {max_message_bytes}: must be <= {MAX_MESSAGE_BYTES_LIMIT} (a batch travels between "

@@ -369,6 +369,14 @@ class KafkaStorageError(KafkaError):
     code, name, retriable = 56, "KAFKA_STORAGE_ERROR", True
 
 
+class OffsetMovedToTieredStorageError(KafkaError):
+    """A follower fetched below its leader's local log start, where the records are only in
+    remote storage (KIP-405): it rebuilds its log's start from the remote copy and fetches
+    from the leader's local log start (Kafka: OFFSET_MOVED_TO_TIERED_STORAGE)."""
+
+    code, name = 109, "OFFSET_MOVED_TO_TIERED_STORAGE"
+
+
 class NonEmptyGroupError(KafkaError):
     """A group that still has members was asked to be deleted or to have its offsets changed;
     not retried (it may succeed once the members have left)."""

@@ -63,7 +63,7 @@ from rayk.acls import AclBinding, AclFilter
 from rayk.actors import raylet_watch
 from rayk.actors.supervision import start_again_if_restarted
 from rayk.actors.wakeup import Wakeup
-from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, validate_topic_configs
+from rayk.config import MIN_INSYNC_REPLICAS, BrokerConfig, log_config_of, validate_topic_configs
 from rayk.controller.autoscaling import AutoscaleSettings, BrokerAutoscaling
 from rayk.controller.balancer import Balancer
 from rayk.controller.broker_heartbeat_manager import BrokerHeartbeatManager
@@ -81,6 +81,8 @@ from rayk.metadata.log import MetadataLog
 from rayk.metadata.records import ClusterIdRecord, FenceBrokerRecord, PartitionRecord, RegisterBrokerRecord
 from rayk.quotas import QuotaEntity, QuotaFilterComponent
 from rayk.scram import ScramCredential
+from rayk.storage.remote.remote_log_storage import delete_remote_partitions
+from rayk.storage.remote.remote_segment import partition_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -550,14 +552,25 @@ class Controller:
     async def delete_topic(self, name: str) -> None:
         meta = self._meta.topics.get(name)
         partitions = dict(meta.partitions) if meta is not None else {}
+        tiered = meta is not None and log_config_of(self._meta.configs.of(name)).remote_storage_enable
         self._commit(self._meta.replication.plan_delete_topic(name))
         if meta is not None:
             await self._channels.stop_topic(name, meta.topic_id, partitions)
+        settings = self.config.remote_storage()
+        if tiered and settings is not None and meta is not None:
+            # Its remote segments go with it, as Kafka's RemoteLogManager deletes a deleted
+            # topic's (after its replicas stopped: no copy is under way). A store that fails
+            # now leaves them, logged: the topic's id names them, no new topic reuses them.
+            prefixes = [partition_prefix(name, p, meta.topic_id) for p in partitions]
+            try:
+                await asyncio.to_thread(delete_remote_partitions, settings, prefixes)
+            except KafkaError as e:
+                logger.warning("deleted topic %s: its remote segments stay in %s: %s", name, settings.uri, e)
 
     async def alter_topic_configs(self, name: str, configs: dict) -> dict[str, str]:
         """Replaces the topic's configs (Kafka names); replicas pick them up as they are
         recreated (min.insync.replicas, retention, segment settings)."""
-        checked = validate_topic_configs(configs)
+        checked = validate_topic_configs(configs, self.config)
         records = self._meta.configs.plan_alter_topic_configs(name, checked)
         if self._meta.configs.of(name).get(MIN_INSYNC_REPLICAS) != checked.get(MIN_INSYNC_REPLICAS):
             records += self._meta.replication.plan_min_insync_change(name)

@@ -101,7 +101,7 @@ class TopicCreation:
             num_partitions = self._config.num_partitions
         if replication_factor in (None, -1):
             replication_factor = self._config.default_replication_factor
-        checked = validate_topic_configs(configs)
+        checked = validate_topic_configs(configs, self._config)
         topic_id = new_uuid()
         scale_out_ms = next(t for t in (scale_out_timeout_ms, timeout_ms, DEFAULT_SCALE_OUT_TIMEOUT_MS) if t is not None)
         records = await self._admitted(

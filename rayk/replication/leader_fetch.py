@@ -35,6 +35,7 @@ from rayk.errors import (
     KafkaError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
+    OffsetMovedToTieredStorageError,
     OffsetNotAvailableError,
     OffsetOutOfRangeError,
     PolicyViolationError,
@@ -43,6 +44,7 @@ from rayk.errors import (
 from rayk.replication import storage_failure
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
+from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.records import iter_batches
@@ -50,15 +52,18 @@ from rayk.storage.records import iter_batches
 CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1  # ListOffsets sentinels
 EARLIEST_TIMESTAMP = -2
+EARLIEST_LOCAL_TIMESTAMP = -4  # KIP-1005: the local log's start, with tiered storage
+LATEST_TIERED_TIMESTAMP = -5  # KIP-1005: the last offset in remote storage (-1: none)
 DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
 
 
 class LeaderFetch:
     """A leader's fetches, offset lookups and record deletion (see the module docstring)."""
 
-    def __init__(self, ctx: ReplicaContext, isr: LeaderIsr) -> None:
+    def __init__(self, ctx: ReplicaContext, isr: LeaderIsr, remote: RemoteLogManager | None = None) -> None:
         self._ctx = ctx
         self._isr = isr
+        self._remote = remote  # tiered storage: reads below the local log start
         self._throttle = ReplicationThrottle()  # this replica's share of leader.replication.throttled.rate
         self._throttled_followers: frozenset[int] = frozenset()  # the followers a reassignment adds
 
@@ -86,6 +91,9 @@ class LeaderFetch:
             cls = FencedLeaderEpochError if leader_epoch < ctx.leader_epoch else UnknownLeaderEpochError
             return self.fetch_error(cls(f"fetch in epoch {leader_epoch}, leader is in epoch {ctx.leader_epoch}"))
         is_follower = replica_id != CONSUMER_REPLICA_ID
+        remote = self._remote
+        if not is_follower and remote is not None and offset < ctx.log.log_start_offset and remote.holds(offset):
+            return await self._remote_read(remote, offset, max_bytes, read_committed)
         if is_follower:
             refused = self._follower_fetched(offset, replica_id, last_fetched_epoch, replica_incarnation_id)
             if refused is not None:
@@ -107,19 +115,39 @@ class LeaderFetch:
                 if ctx.trace is not None and is_follower:
                     for batch in iter_batches(result.records):
                         ctx.trace.fetch_answered(replica_id, batch.header.next_offset)
+                if not is_follower and remote is not None and remote.enabled:  # the whole log's start
+                    result = result._replace(log_start_offset=remote.log_start_offset())
                 return result
             await changed.wait(remaining_s)
             if ctx.role is not Role.LEADER:
                 return self.fetch_error(ctx.not_leader())
 
+    async def _remote_read(self, remote: RemoteLogManager, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
+        """A consumer's fetch below the local log start, from the remote segment holding it
+        (everything remote is below the HW and the LSO)."""
+        log = self._ctx.log
+        try:
+            records, next_offset = await remote.read(offset, max_bytes, log.high_watermark)
+            aborted: tuple[tuple[int, int], ...] = ()
+            if read_committed and records:
+                aborted = await remote.aborted_transactions(offset, next_offset)
+        except KafkaError as e:
+            return self.fetch_error(e)._replace(log_start_offset=remote.log_start_offset())
+        return FetchResult(records, log.high_watermark, log.log_end_offset, remote.log_start_offset(),
+                           last_stable_offset=log.last_stable_offset, aborted_transactions=aborted)
+
     def _follower_fetched(
         self, offset: int, replica_id: int, last_fetched_epoch: int, incarnation_id: str
     ) -> FetchResult | None:
         """Records a follower's position, or the answer that refuses it: not a replica,
-        a diverging epoch, an offset past this log's end."""
+        below this tiered log's local start, a diverging epoch, an offset past this log's end."""
         ctx, log = self._ctx, self._ctx.log
         if replica_id not in self._isr.leading().followers:
             return self.fetch_error(NotLeaderOrFollowerError(f"broker {replica_id} is not a replica of this partition"))
+        if self._remote is not None and self._remote.enabled and offset < log.log_start_offset:
+            return self.fetch_error(OffsetMovedToTieredStorageError(
+                f"broker {replica_id} fetches {ctx.name} at {offset}, below the local log start {log.log_start_offset}:"
+                " start there from the remote copy"))  # fmt: skip
         diverging = self._diverging_epoch(offset, last_fetched_epoch)
         if diverging is not None:
             return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, diverging,
@@ -190,10 +218,19 @@ class LeaderFetch:
         last_fetchable = log.last_stable_offset if isolation_level == frames.READ_COMMITTED else log.high_watermark
         if timestamp_ms == LATEST_TIMESTAMP:
             return last_fetchable, -1
+        remote = self._remote if self._remote is not None and self._remote.enabled else None
         if timestamp_ms == EARLIEST_TIMESTAMP:
+            return (log.log_start_offset if remote is None else remote.log_start_offset()), -1
+        if timestamp_ms == EARLIEST_LOCAL_TIMESTAMP:
             return log.log_start_offset, -1
+        if timestamp_ms == LATEST_TIERED_TIMESTAMP:
+            end = None if remote is None else remote.remote_end_offset
+            return (-1 if end is None else end - 1), -1
         if timestamp_ms < 0:
-            raise InvalidTimestampError(f"timestamp {timestamp_ms} is neither >= 0 nor -1 (latest) / -2 (earliest)")
+            raise InvalidTimestampError(
+                f"timestamp {timestamp_ms} is neither >= 0 nor -1 (latest), -2 (earliest), -4 (earliest local) or "
+                "-5 (latest tiered)"
+            )
         found = log.offset_for_timestamp(timestamp_ms)
         if found is None or found.offset >= last_fetchable:
             return -1, -1

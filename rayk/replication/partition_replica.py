@@ -39,6 +39,7 @@ extend the role changes and the produce path, and reach the parts through `_ctx`
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.leader_produce import LeaderProduce
 from rayk.replication.log_lifecycle import LogLifecycle
 from rayk.replication.produce_trace import ProduceTrace
+from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replica_board import BoardSlot
 from rayk.replication.replica_context import ReplicaConfig, ReplicaContext, Role
 from rayk.replication.replica_follower import NO_LEADER, ReplicaFollower
@@ -119,9 +121,10 @@ class PartitionReplica(Supervised):
         self._controller = controller
         self._isr = LeaderIsr(ctx, isr_manager)
         self._produce = LeaderProduce(ctx, self._isr, controller)
-        self._fetches = LeaderFetch(ctx, self._isr)
+        self._remote = RemoteLogManager(ctx)
+        self._fetches = LeaderFetch(ctx, self._isr, self._remote)
         self._lifecycle = LogLifecycle(ctx, board_slot)
-        self._follower = ReplicaFollower(ctx, self._lifecycle.after_follower_progress)
+        self._follower = ReplicaFollower(ctx, self._lifecycle.after_follower_progress, self._remote)
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
         self._share_states = ShareStateClient(controller)  # the share groups' coordinators (no I/O until used)
@@ -150,6 +153,7 @@ class PartitionReplica(Supervised):
         self._isr.lead(replicas, isr, partition_epoch)
         ctx.events.notify_change()
         self._lifecycle.start_publishing()
+        self._remote.start()
 
     async def become_follower(self, leader_epoch: int, leader_id: int, leader: Any, incarnation_id: str = "",
                               throttle: ThrottleSetting = UNTHROTTLED) -> None:
@@ -164,6 +168,7 @@ class PartitionReplica(Supervised):
         if (ctx.role, ctx.leader_epoch, ctx.leader_id) == (Role.FOLLOWER, leader_epoch, leader_id) and self._follower.fetching:
             return  # already following this leader in this epoch
         await self._follower.stop()
+        await self._remote.stop()
         ctx.follow(leader_epoch, leader_id)
         self._isr.stop()
         ctx.events.notify_change()  # parked produces learn they are no longer on the leader
@@ -436,8 +441,23 @@ class PartitionReplica(Supervised):
     # ------------------------------------------------------------------ the log's lifecycle
 
     async def enforce_retention(self) -> int:
-        """Deletes whole segments past retention.ms / retention.bytes; returns how many."""
+        """Deletes whole segments past retention.ms / retention.bytes; returns how many. A
+        tiered log's leader applies its retention in its remote log task instead
+        (remote_log_manager.py), after copying; a follower's keeps what is above the
+        leader's local log start."""
+        if self._remote.enabled and self._ctx.role is Role.LEADER:
+            return 0
         return self._lifecycle.enforce_retention()
+
+    async def copy_to_remote(self) -> int:
+        """Runs the tiered storage task's pass now (copy, remote and local retention), as
+        its timer would; returns how many segments it copied (for tools and tests)."""
+        return await self._remote.run_once()
+
+    async def remote_segments(self) -> list[dict[str, Any]]:
+        """The remote segments this replica knows of (its last listing), oldest first."""
+        await self._remote.refresh()
+        return [dataclasses.asdict(s) for s in self._remote.segments]
 
     async def cleanable_state(self) -> CleanableState | None:
         """How dirty this log is, for the broker's cleaner to choose the filthiest (None:
@@ -467,6 +487,7 @@ class PartitionReplica(Supervised):
     async def _stop(self) -> None:
         """Before the log closes: neither leads nor follows again; waiters learn it."""
         await self._follower.stop()
+        await self._remote.stop()
         await self._close_endpoint()
         self._ctx.stop()
         self._isr.stop()

@@ -31,6 +31,7 @@ from rayk.replication.produce_trace import ProduceTrace
 from rayk.replication.replica_events import ReplicaEvents
 from rayk.replication.share.share_fetch import ShareSettings
 from rayk.storage import Log
+from rayk.storage.remote.remote_log_storage import RemoteStorageSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,10 @@ class ReplicaConfig:
     # The certificate it serves over TLS (the first TLS listener's); None: plain TCP.
     data_plane_keystore: KeyStore | None = None
     share: ShareSettings = ShareSettings()  # KIP-932's group.share.* settings
+    # Tiered storage (remote_log_manager.py): the brokers' store, None unless
+    # remote.log.storage.system.enable; how often a leader copies and expires.
+    remote_storage: RemoteStorageSettings | None = None
+    remote_log_manager_task_interval_ms: int = 30_000
 
 
 class Role(enum.Enum):

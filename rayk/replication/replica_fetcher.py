@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from rayk.dataplane.frames import FetchRequest, FetchResult
-from rayk.errors import KafkaError, KafkaStorageError, OffsetOutOfRangeError
+from rayk.errors import KafkaError, KafkaStorageError, OffsetMovedToTieredStorageError, OffsetOutOfRangeError
 from rayk.replication import storage_failure
 from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage import Log
@@ -93,6 +93,7 @@ class ReplicaFetcher:
         on_progress: Callable[[], None],
         incarnation_id: str = "",
         throttle: ReplicationThrottle | None = None,
+        remote_start_state: Callable[[int], Awaitable[tuple[bytes | None, tuple[tuple[int, int], ...]]]] | None = None,
     ) -> None:
         """`leader` reaches the leader's replica (OffsetsForLeaderEpoch, fetches); `config` a ReplicaConfig;
         `on_progress` is called after every append or high watermark move; `incarnation_id`
@@ -103,6 +104,9 @@ class ReplicaFetcher:
         self._on_progress = on_progress
         self._incarnation_id = incarnation_id
         self._throttle = throttle or ReplicationThrottle()
+        # Tiered storage: the producer snapshot and leader epochs of the remote copy that
+        # ends at an offset, for a log that starts there (OFFSET_MOVED_TO_TIERED_STORAGE).
+        self._remote_start_state = remote_start_state
         self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
 
     async def run(self) -> None:
@@ -145,6 +149,9 @@ class ReplicaFetcher:
                 self._on_progress()
                 if self._log.log_end_offset == end_before:  # nothing left to cut: do not spin
                     await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                continue
+            if isinstance(result.error, OffsetMovedToTieredStorageError):
+                await self._start_from_remote(result.log_start_offset)
                 continue
             if result.error is not None:
                 self._handle_error(result)
@@ -207,6 +214,24 @@ class ReplicaFetcher:
             truncate_to_epoch_end(self._log, epoch, end_offset, self.name)
             self._on_progress()
             return
+
+    async def _start_from_remote(self, local_log_start: int) -> None:
+        """Our log ends below the leader's local log start, and what lies between is only in
+        remote storage (KIP-405's follower): start our log at the leader's local log start
+        with the producer state and leader epochs of the remote copy that ends there, as
+        Kafka's follower rebuilds its state from the remote segment's producer snapshot and
+        leader-epoch checkpoint. Retried after a backoff while the store cannot be read."""
+        snapshot, epochs = None, ()
+        if self._remote_start_state is not None:
+            try:
+                snapshot, epochs = await self._remote_start_state(local_log_start)
+            except KafkaError as e:
+                logger.warning("%s: cannot read the remote copy's state to start at %d: %s", self.name, local_log_start, e)
+                await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
+                return
+        logger.info("%s: starting the log at the leader's local log start %d from its remote copy", self.name, local_log_start)
+        self._log.truncate_fully_and_start_at(local_log_start, snapshot, epochs)
+        self._on_progress()
 
     def _handle_error(self, result: Any) -> None:
         log = self._log

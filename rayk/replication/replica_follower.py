@@ -22,6 +22,7 @@ import ray
 
 from rayk.replication.leader_link import LeaderLink
 from rayk.replication.replica_context import ReplicaContext
+from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replica_fetcher import ReplicaFetcher
 from rayk.replication.replication_throttle import ReplicationThrottle
 
@@ -31,8 +32,9 @@ NO_LEADER = -1
 class ReplicaFollower:
     """The fetcher task of the epoch this replica follows in (see the module docstring)."""
 
-    def __init__(self, ctx: ReplicaContext, on_progress: Callable[[], None]) -> None:
+    def __init__(self, ctx: ReplicaContext, on_progress: Callable[[], None], remote: RemoteLogManager | None = None) -> None:
         self._ctx = ctx
+        self._remote = remote  # tiered storage: where a log that starts over past the leader's gets its state
         self._on_progress = on_progress
         self._fetcher: asyncio.Task | None = None
         # Its share of follower.replication.throttled.rate while a reassignment adds it; the
@@ -54,7 +56,7 @@ class ReplicaFollower:
         link = LeaderLink(leader, ray.get_runtime_context().get_node_id(), ctx.name)
         fetcher = ReplicaFetcher(
             ctx.log, ctx.name, ctx.broker_id, link, leader_epoch, ctx.config, self._on_progress, incarnation_id,
-            self.throttle,
+            self.throttle, None if self._remote is None else self._remote.remote_start_state,
         )
         self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
 

@@ -45,3 +45,11 @@ def keep_libraries_out() -> bool:
     for name in KEPT_OUT:
         sys.modules.setdefault(name, None)
     return True
+
+
+def let_library_in(name: str) -> None:
+    """Undoes `keep_libraries_out` for `name`, which this replica does need after all (a
+    tiered replica's remote storage is a pyarrow filesystem): its next import loads it. Ray
+    has skipped its serializers already, which a replica still never uses."""
+    if name in sys.modules and sys.modules[name] is None:
+        del sys.modules[name]

@@ -204,6 +204,8 @@ def replica_config_of(topic_configs: dict[str, str], c: BrokerConfig) -> Replica
         data_plane_keystore=data_plane_keystore(c),
         share=ShareSettings(c.group_share_record_lock_duration_ms, c.group_share_delivery_count_limit,
                             c.group_share_partition_max_record_locks),
+        remote_storage=c.remote_storage(),
+        remote_log_manager_task_interval_ms=c.remote_log_manager_task_interval_ms,
     )
 
 

@@ -84,7 +84,7 @@ from rayk.errors import (
     UnexpectedAppendOffsetError,
 )
 from rayk.storage import producer_snapshot
-from rayk.storage.checkpoint import LeaderEpochCheckpointFile
+from rayk.storage.checkpoint import LeaderEpochCheckpointFile, write_atomically
 from rayk.storage.control_records import EndTxnMarker, build_end_txn_marker, read_end_txn_marker
 from rayk.storage.dir_lock import DirLock
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
@@ -101,7 +101,7 @@ from rayk.storage.segment_flusher import SegmentFlusher
 from rayk.storage.segment_swap import new_cleaned_segment
 from rayk.storage.transaction_index import AbortedTxn
 
-__all__ = ["ClosedSegment", "Log", "LogAppendInfo", "ReadResult", "TimestampOffset"]
+__all__ = ["ClosedSegment", "Log", "LogAppendInfo", "ReadResult", "SegmentToCopy", "TimestampOffset"]
 
 
 class LogAppendInfo(NamedTuple):
@@ -136,6 +136,17 @@ class LogAppendInfo(NamedTuple):
     def of_duplicate(cls, batch: BatchMetadata, log_start_offset: int) -> LogAppendInfo:
         """A retry of `batch`, appended before: its original offsets, nothing written."""
         return cls(batch.first_offset, batch.last_offset, batch.timestamp_ms, -1, log_start_offset, 0, 0, duplicate=True)
+
+
+class SegmentToCopy(NamedTuple):
+    """A closed segment that tiered storage copies (see `Log.segments_to_copy`)."""
+
+    base_offset: int
+    end_offset: int  # exclusive: the next segment's base
+    max_timestamp_ms: int
+    size_bytes: int
+    files: dict[str, Path]  # kind (log, index, timeindex, txnindex, snapshot) -> file
+    leader_epochs: tuple[tuple[int, int], ...]  # (epoch, first offset) of its batches
 
 
 class ReadResult(NamedTuple):
@@ -507,12 +518,24 @@ class Log:
             self.leader_epoch_cache.truncate_from_end(leo)
             self._rebuild_producer_state()
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
+    def truncate_fully_and_start_at(self, offset: int, producer_snapshot_bytes: bytes | None = None,
+                                    leader_epochs: tuple[tuple[int, int], ...] = ()) -> None:  # fmt: skip
         """Deletes every segment and restarts the log empty at `offset` (a follower whose
-        LEO fell below the leader's log start)."""
+        LEO fell below the leader's log start). A tiered log's follower passes the state of
+        the remote copy that ends at `offset`: its producer snapshot (kept as this log's
+        snapshot at `offset`, so the producers' sequences go on) and its leader epochs
+        ((epoch, start offset), ascending; the one in force at `offset` starts there)."""
         with self._lock:
             self._check_open()
             self._truncate_fully_and_start_at(offset)
+            if producer_snapshot_bytes is not None:
+                path = self.dir_path / producer_snapshot.snapshot_file_name(offset)
+                write_atomically(path, producer_snapshot_bytes)
+                self.producer_state.replace_with(producer_snapshot.read(self.dir_path, offset))  # KafkaStorageError if damaged
+                self.producer_state.on_high_watermark_updated(offset)
+            in_force = [epoch for epoch, start in leader_epochs if start <= offset]
+            if in_force:
+                self.leader_epoch_cache.assign(in_force[-1], offset)
 
     def _truncate_fully_and_start_at(self, offset: int) -> None:
         self._local.truncate_fully_and_start_at(offset)
@@ -582,15 +605,24 @@ class Log:
         self.producer_state.remove_batches_below(offset)
         producer_snapshot.delete(self.dir_path, [o for o in producer_snapshot.snapshot_offsets(self.dir_path) if o < offset])
 
-    def delete_expired_segments(self, now_ms: int | None = None) -> int:
+    def delete_expired_segments(self, now_ms: int | None = None, copied_end_offset: int | None = None) -> int:
         """Deletes the oldest segments retention says (log_retention.py: those wholly below
         the log start, and with cleanup.policy delete those past `retention.ms` or beyond
-        `retention.bytes`, never one holding offsets at or above the HW); returns how many."""
+        `retention.bytes`, never one holding offsets at or above the HW); returns how many.
+
+        A tiered log (remote.storage.enable) is held to its local retention instead, and
+        keeps every segment not wholly below `copied_end_offset`, the end of what its
+        remote storage holds (None: unknown here, as on a follower: only the segments
+        below the log start go, which follows the leader's)."""
         with self._lock:
             self._check_open()
             now_ms = self._clock_ms() if now_ms is None else now_ms
             segments = self._local.segments
-            doomed = deletable_segment_count(segments, self.config, self._log_start_offset, self._high_watermark,
+            config, bound = self.config, self._high_watermark
+            if config.remote_storage_enable:
+                config = config.local_retention()
+                bound = min(bound, self._log_start_offset if copied_end_offset is None else copied_end_offset)
+            doomed = deletable_segment_count(segments, config, self._log_start_offset, bound,
                                              self._local.log_end_offset, now_ms)  # fmt: skip
             if doomed == 0:
                 return 0
@@ -600,6 +632,38 @@ class Log:
             self._advance_log_start(max(self._log_start_offset, segments[0].base_offset))
             assert self._log_start_offset <= self._high_watermark <= self._local.log_end_offset
             return doomed
+
+    # ------------------------------------------------------------------ tiered storage (rayk/storage/remote/)
+
+    def segments_to_copy(self, below_offset: int, from_offset: int) -> list[SegmentToCopy]:
+        """The closed segments wholly below `below_offset` that end past `from_offset`,
+        oldest first, with what a remote copy of each holds: its files, the producer
+        snapshot at its end and its leader epochs. The files are read by the caller
+        without the lock: a closed segment below the HW is only ever deleted by retention,
+        which keeps it until its copy is confirmed, or by a full truncation (this replica
+        became a follower that starts over), which the copy then fails on."""
+        with self._lock:
+            self._check_open()
+            out = []
+            epochs = self.leader_epoch_cache.entries
+            for closed in self._local.closed_segments_below(below_offset):
+                if closed.end_offset <= from_offset or closed.size_bytes == 0:
+                    continue
+                segment = closed.segment
+                files = {"log": segment.log_path, "index": segment.offset_index.path,
+                         "timeindex": segment.time_index.path}  # fmt: skip
+                if segment.txn_index.path.exists():
+                    files["txnindex"] = segment.txn_index.path
+                snapshot = self.dir_path / producer_snapshot.snapshot_file_name(closed.end_offset)
+                if snapshot.exists():  # written at the roll (a crash right before it may have lost it)
+                    files["snapshot"] = snapshot
+                # The epochs of its batches: the one in force at its base, and those begun in it.
+                in_segment = [e for e in epochs if e.start_offset < closed.end_offset]
+                first = max((i for i, e in enumerate(in_segment) if e.start_offset <= segment.base_offset), default=0)
+                segment_epochs = tuple((e.epoch, max(e.start_offset, segment.base_offset)) for e in in_segment[first:])
+                out.append(SegmentToCopy(segment.base_offset, closed.end_offset, closed.max_timestamp_ms,
+                                         closed.size_bytes, files, segment_epochs))  # fmt: skip
+            return out
 
     # ------------------------------------------------------------------ compaction (the cleaner's interface)
 

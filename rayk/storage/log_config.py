@@ -37,7 +37,12 @@ PROPERTY_FIELDS = {
     "min.compaction.lag.ms": "min_compaction_lag_ms",
     "max.compaction.lag.ms": "max_compaction_lag_ms",
     "delete.retention.ms": "delete_retention_ms",
+    "remote.storage.enable": "remote_storage_enable",
+    "local.retention.ms": "local_retention_ms",
+    "local.retention.bytes": "local_retention_bytes",
 }
+# local.retention.ms / .bytes: Kafka's -2, "the same as retention.ms / retention.bytes".
+SAME_AS_RETENTION = -2
 CLEANUP_POLICIES = ("compact", "delete")
 NO_LIMIT_MS = (1 << 63) - 1  # Kafka's Long.MAX_VALUE: "never"
 
@@ -101,6 +106,18 @@ class LogConfig:
     """A record is compacted at most this long after it was written, whatever the dirty ratio."""
     delete_retention_ms: int = DAY_MS
     """Tombstones outlive the clean that first reached them by this long."""
+    # Tiered storage (KIP-405): rayk/storage/remote/.
+    remote_storage_enable: bool = False
+    """Rolled segments are copied to the broker's remote log storage (remote.log.storage.uri) once
+    below the high watermark and the last stable offset, and local disk keeps only the local
+    retention; fetches below it are served from the remote copy. Needs cleanup.policy delete and
+    remote.log.storage.system.enable on the brokers."""
+    local_retention_ms: int = SAME_AS_RETENTION
+    """With remote.storage.enable, local segments already copied are deleted once all their records
+    are older than this; -2: retention.ms. retention.ms still bounds the whole log, local and remote."""
+    local_retention_bytes: int = SAME_AS_RETENTION
+    """With remote.storage.enable, local segments already copied are deleted while the local log
+    without them is still at least this many bytes; -2: retention.bytes."""
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, rule: str) -> None:
@@ -120,8 +137,40 @@ class LogConfig:
         require(self.min_compaction_lag_ms >= 0, "min.compaction.lag.ms", "must be >= 0")
         require(self.max_compaction_lag_ms >= 1, "max.compaction.lag.ms", "must be >= 1")
         require(self.delete_retention_ms >= 0, "delete.retention.ms", "must be >= 0")
+        require(self.local_retention_ms >= SAME_AS_RETENTION, "local.retention.ms", "must be >= -2")
+        require(self.local_retention_bytes >= SAME_AS_RETENTION, "local.retention.bytes", "must be >= -2")
+        if self.remote_storage_enable:
+            # Kafka's rules (LogConfig.validateRemoteStorageRetentionSize/Time, checked for a
+            # tiered topic): the local part of a log cannot outlast the whole.
+            require(self.retention_ms == -1 or -1 < self.effective_local_retention_ms <= self.retention_ms,
+                    "local.retention.ms", f"must be <= retention.ms ({self.retention_ms}) and not -1 while it is not")
+            require(self.retention_bytes == -1 or -1 < self.effective_local_retention_bytes <= self.retention_bytes,
+                    "local.retention.bytes",
+                    f"must be <= retention.bytes ({self.retention_bytes}) and not -1 while it is not")
         object.__setattr__(self, "message_timestamp_type", TimestampType(self.message_timestamp_type))
         object.__setattr__(self, "cleanup_policy", normalize_cleanup_policy(self.cleanup_policy))
+        if self.remote_storage_enable and self.compacts:  # Kafka's rule, as its message says
+            raise InvalidConfigurationError(
+                f"remote.storage.enable = true: remote log storage is only supported for topics with "
+                f"cleanup.policy=delete, not {self.cleanup_policy!r}"
+            )
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        """local.retention.ms, or retention.ms where it is -2."""
+        return self.retention_ms if self.local_retention_ms == SAME_AS_RETENTION else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        """local.retention.bytes, or retention.bytes where it is -2."""
+        return self.retention_bytes if self.local_retention_bytes == SAME_AS_RETENTION else self.local_retention_bytes
+
+    def local_retention(self) -> LogConfig:
+        """This config with the local retention as its retention: what a tiered log's local
+        segments are held to (log_retention.py), once copied."""
+        return replace(self, retention_ms=self.effective_local_retention_ms,
+                       retention_bytes=self.effective_local_retention_bytes,
+                       local_retention_ms=SAME_AS_RETENTION, local_retention_bytes=SAME_AS_RETENTION)
 
     @property
     def compacts(self) -> bool:
@@ -154,6 +203,8 @@ class LogConfig:
                     changes[field] = normalize_cleanup_policy(raw)
                 elif field == "min_cleanable_dirty_ratio":
                     changes[field] = float(raw)
+                elif field == "remote_storage_enable":
+                    changes[field] = _parse_bool(name, raw)
                 else:
                     value = int(raw)
                     # Kafka spells "no limit" for flush.* as Long.MAX_VALUE.
@@ -171,5 +222,15 @@ class LogConfig:
                 value = "LogAppendTime" if value == TimestampType.LOG_APPEND_TIME else "CreateTime"
             elif value is None:
                 value = NO_LIMIT_MS
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
             out[name] = str(value)
         return out
+
+
+def _parse_bool(name: str, raw: str | int | bool) -> bool:
+    """Kafka's boolean configs: true or false, in any case."""
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidConfigurationError(f"{name} = {raw!r}: must be true or false")
+    return text == "true"
