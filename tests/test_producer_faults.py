@@ -37,8 +37,8 @@ class IdempotentLeader(FakeReplicaEndpoint):
     """A one-partition leader that checks producer sequences as PartitionReplica does
     (ProducerStateManager: append, answer a duplicate with its first offsets, wait for a
     gap, refuse what is behind) and can misbehave on chosen calls (numbered from 0 in
-    arrival order): answer OUT_OF_ORDER_SEQUENCE_NUMBER, or never answer, before or
-    after appending."""
+    arrival order): answer OUT_OF_ORDER_SEQUENCE_NUMBER (to that batch's retries too), or
+    never answer, before or after appending."""
 
     def __init__(self, oos_calls=(), hang_calls=(), hang_after_append_calls=(), hang_all=False, gap_wait_s=0.5):
         from rayk.storage.producer_state import ProducerStateManager
@@ -47,6 +47,7 @@ class IdempotentLeader(FakeReplicaEndpoint):
         self.oos_calls, self.hang_calls = set(oos_calls), set(hang_calls)
         self.hang_after_append_calls, self.hang_all = set(hang_after_append_calls), hang_all
         self.gap_wait_s = gap_wait_s
+        self.refused = set()  # (producer id, epoch, base sequence) of the batches refused
         self.log = []  # (offset, producer id, epoch, sequence, value)
         self.calls = []  # (producer id, epoch, base sequence, record count, acks)
         self.changed = asyncio.Event()
@@ -63,7 +64,8 @@ class IdempotentLeader(FakeReplicaEndpoint):
         self.calls.append((h.producer_id, h.producer_epoch, h.base_sequence, h.last_offset_delta + 1, acks))
         if self.hang_all or n in self.hang_calls:
             await asyncio.Event().wait()  # until the producer cancels the call
-        if n in self.oos_calls:
+        if n in self.oos_calls or (h.producer_id, h.producer_epoch, h.base_sequence) in self.refused:  # (a retry of a refused batch is refused too)
+            self.refused.add((h.producer_id, h.producer_epoch, h.base_sequence))
             return ProduceResult(-1, -1, 0, OutOfOrderSequenceError(f"call {n} refused (injected)"))
         last = h.base_sequence + h.last_offset_delta
         deadline = time.monotonic() + self.gap_wait_s
@@ -214,7 +216,8 @@ def test_records_fail_with_kafka_timeout_at_delivery_timeout_and_free_the_buffer
 
 def test_out_of_order_sequence_fails_the_batch_then_the_producer_continues_at_epoch_plus_one():
     leader = IdempotentLeader.remote(oos_calls={5}, gap_wait_s=0.5)
-    producer = producer_for(leader, linger_ms=0, batch_size=250, max_in_flight_requests_per_connection=5)
+    producer = producer_for(leader, linger_ms=0, batch_size=250, max_request_size=250,
+                            max_in_flight_requests_per_connection=5)
     futures = []
     for i in range(300):
         futures.append(producer.send("t", b"%04d" % i))

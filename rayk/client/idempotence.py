@@ -15,10 +15,19 @@ by one, every partition's sequence restarts at 0, and the leader accepts the hig
 from sequence 0. At the int16 epoch limit a new producer id is taken instead
 (`new_producer_id`, the Controller's InitProducerId) and the epoch restarts at 0.
 
-Ray does not deliver calls to an async actor in order, and a leader answers a higher
-epoch that does not start at sequence 0 with OUT_OF_ORDER_SEQUENCE_NUMBER instead of
-waiting for the batch before it; so after a bump a partition sends its first batch alone
-and pipelines again once that batch is acknowledged (`may_pipeline`).
+A partition's first batch of an epoch goes alone, and the partition pipelines only once
+one batch of the epoch is acknowledged there (`may_pipeline`). Until then its leader may
+not know the producer (in this epoch): a leader that does not know a producer accepts its
+batch at any sequence once its gap wait ends (its earlier batches may be beyond what the
+partition remembers, see ProducerStateManager.validate_client_batch), and a leader
+answers a higher epoch that does not start at sequence 0 with OUT_OF_ORDER_SEQUENCE_NUMBER.
+Were a second batch in flight while the first one is refused retriably before it is
+appended (NOT_LEADER_OR_FOLLOWER from a replica the metadata names before it knows that
+it leads, NOT_ENOUGH_REPLICAS, a timeout), the second could be appended across the hole
+once the leader's gap wait ends, and the first one's retry then be refused, its records
+lost ("sequence ... is behind the expected ... and is not a recent batch"). An
+acknowledged batch (acks=all) is on every replica that can lead next, so from then on
+every leader knows the producer, and a batch ahead of a hole waits or is refused.
 
 A pinned manager (`IdempotenceManager.pinned`) continues the sequences of a producer id
 that an earlier process used, from where that producer's committed batches end (a
@@ -78,7 +87,7 @@ class IdempotenceManager:
         self._new_producer_id = new_producer_id
         self._next_sequence: collections.Counter[TopicPartition] = collections.Counter()
         self._stamped_unfinished = 0  # batches stamped (sent at least once) and not finished
-        self._first_batch_unacked: set[TopicPartition] = set()  # after a bump: send one batch, then pipeline
+        self._acknowledged: set[TopicPartition] = set()  # a batch of this epoch acknowledged: may pipeline
         self.bump_needed = False
         self.is_pinned = False
         self.is_transactional = False
@@ -91,7 +100,6 @@ class IdempotenceManager:
             if not 0 <= sequence < 1 << 31:
                 raise ValueError(f"a sequence is 0..2**31-1, not {sequence} (for {tp})")
             manager._next_sequence[tp] = sequence
-        manager._first_batch_unacked = set(identity.next_sequences)
         manager.is_pinned = True
         return manager
 
@@ -114,7 +122,7 @@ class IdempotenceManager:
         assert self.is_transactional and not self._stamped_unfinished, "reset only between transactions"
         self.producer_id, self.epoch = producer_id, epoch
         self._next_sequence.clear()
-        self._first_batch_unacked = set()
+        self._acknowledged = set()
         self.bump_needed = False
 
     def may_stamp(self) -> bool:
@@ -123,7 +131,7 @@ class IdempotenceManager:
 
     def may_pipeline(self, tp: TopicPartition) -> bool:
         """Whether a second batch may follow one in flight to `tp`."""
-        return tp not in self._first_batch_unacked
+        return tp in self._acknowledged
 
     def stamp(self, tp: TopicPartition, record_count: int) -> tuple[int, int, int]:
         """(producer id, epoch, base sequence) for a batch sent for the first time."""
@@ -135,7 +143,7 @@ class IdempotenceManager:
         return self.producer_id, self.epoch, base_sequence
 
     def acknowledged(self, tp: TopicPartition) -> None:
-        self._first_batch_unacked.discard(tp)
+        self._acknowledged.add(tp)
 
     def finished(self, stamped: bool) -> None:
         """A batch was acknowledged, failed or expired."""
@@ -161,7 +169,7 @@ class IdempotenceManager:
         else:
             assert self._new_producer_id is not None
             self.producer_id, self.epoch = self._new_producer_id(), 0
-        self._first_batch_unacked = set(self._next_sequence)
+        self._acknowledged = set()
         self._next_sequence.clear()
         self.bump_needed = False
         logger.info("producer %d now at epoch %d; sequences restart at 0", self.producer_id, self.epoch)

@@ -34,8 +34,11 @@ Answers: success resolves the batch's futures. A retriable error (NOT_LEADER_OR_
 REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, a dead or unreachable leader actor...) forgets
 the partition's leader and puts the batch back at its queue's head for another attempt
 after `retry_backoff_ms`; it keeps its idempotence stamp, so a leader that did append it
-answers with the original offsets. Anything else fails the batch with its typed error,
-OUT_OF_ORDER_SEQUENCE_NUMBER included (resending could write it twice). An INVALID_RECORD
+answers with the original offsets. OUT_OF_ORDER_SEQUENCE_NUMBER for a batch behind an
+earlier unsettled one of its partition is retried too (the leader's gap wait ended before
+the earlier one's retry came: nothing was written; Kafka's canRetry). Anything else fails
+the batch with its typed error, OUT_OF_ORDER_SEQUENCE_NUMBER of the partition's oldest
+unsettled batch included (resending could write it twice). An INVALID_RECORD
 that names the records at fault (KIP-467) fails those with it and the batch's other
 records with INVALID_DIFFERENT_RECORD, which the application may send again (librdkafka's
 way; none of them was written). A batch that was sent and then fails or expires leaves a
@@ -151,34 +154,40 @@ class Sender:
             self._acc.finished(batch)
 
     def _loop(self) -> None:
+        while self._step():
+            pass
+
+    def _step(self, wait: bool = True) -> bool:
+        """One pass of the loop (see the module docstring); False once the sender is done.
+        With `wait`, it then waits for work (a test steps it without)."""
         acc = self._acc
-        while True:
-            with acc.lock:
-                if acc.closed and (not acc.unfinished or acc.abandoned):
-                    return
-                now = time.monotonic()
-                acc.close_lingering(now)
-                expired = acc.expire(now)
-                completions = list(self._completions)
-                self._completions.clear()
-            for batch in expired:
-                self._expire(batch)
-            for batch, attempt, outcome in completions:
-                self._complete(batch, attempt, outcome)
-            for batch, attempt, error in self._timed_out_calls(now):
-                self._complete(batch, attempt, error)
-            for batch, attempt in self._calls_to_moved_leaders(now):
-                self._complete(batch, attempt, NotLeaderOrFollowerError(
-                    f"the leader of {batch.tp} changed while a produce call to the previous one went unanswered"))
-            self._maybe_bump_epoch(now)
-            with acc.lock:
-                now = time.monotonic()
-                self._awaiting_leader = False
-                sendable = acc.drain(now, self._route, self._idempotence.may_pipeline)
-                if not sendable and not self._completions:
-                    acc.lock.wait(self._wait_s(now))
-            for batch, leader in sendable:
-                self._submit(batch, leader)
+        with acc.lock:
+            if acc.closed and (not acc.unfinished or acc.abandoned):
+                return False
+            now = time.monotonic()
+            acc.close_lingering(now)
+            expired = acc.expire(now)
+            completions = list(self._completions)
+            self._completions.clear()
+        for batch in expired:
+            self._expire(batch)
+        for batch, attempt, outcome in completions:
+            self._complete(batch, attempt, outcome)
+        for batch, attempt, error in self._timed_out_calls(now):
+            self._complete(batch, attempt, error)
+        for batch, attempt in self._calls_to_moved_leaders(now):
+            self._complete(batch, attempt, NotLeaderOrFollowerError(
+                f"the leader of {batch.tp} changed while a produce call to the previous one went unanswered"))
+        self._maybe_bump_epoch(now)
+        with acc.lock:
+            now = time.monotonic()
+            self._awaiting_leader = False
+            sendable = acc.drain(now, self._route, self._idempotence.may_pipeline)
+            if wait and not sendable and not self._completions:
+                acc.lock.wait(self._wait_s(now))
+        for batch, leader in sendable:
+            self._submit(batch, leader)
+        return True
 
     def _route(self, batch: ProducerBatch) -> Any | None:
         """The batch's leader if it may go now, else None (accumulator lock held). Not
@@ -356,7 +365,9 @@ class Sender:
         if not isinstance(error, KafkaError):
             error = UnknownServerError(f"produce to {tp} failed: {type(error).__name__}: {error}")
         now = time.monotonic()
-        retriable = error.retriable and now < batch.created_s + self._acc.delivery_timeout_s
+        retriable = (error.retriable or self._behind_an_unsettled_batch(batch, error)) and (
+            now < batch.created_s + self._acc.delivery_timeout_s
+        )
         if retriable:
             logger.debug("retrying %s after %s", tp, error)
             batch.last_error = error
@@ -370,6 +381,20 @@ class Sender:
         if error.retriable:  # out of time
             error = self._expiry_error(batch, f"; last error {error}")
         self._fail(batch, error)
+
+    def _behind_an_unsettled_batch(self, batch: ProducerBatch, error: KafkaError) -> bool:
+        """Whether `error` is OUT_OF_ORDER_SEQUENCE_NUMBER for a batch that is not its
+        partition's oldest unsettled one: it was not appended, and goes again behind the
+        earlier one (Kafka's TransactionManager.canRetry retries it so too). The leader
+        waits SEQUENCE_GAP_WAIT_MAX_MS for the batches missing before a batch, then refuses
+        it; a batch refused retriably before it was appended (NOT_LEADER_OR_FOLLOWER,
+        NOT_ENOUGH_REPLICAS...) whose retry comes later than that, as under load, left the
+        batches sent behind it refused, and their records lost."""
+        if not isinstance(error, OutOfOrderSequenceError):
+            return False
+        with self._acc.lock:
+            sent = self._acc.sent_batches(batch.tp)
+            return bool(sent) and sent[0] is not batch
 
     def _expire(self, batch: ProducerBatch) -> None:
         if batch.state is BatchState.IN_FLIGHT:
