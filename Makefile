@@ -84,6 +84,7 @@ bench: bytecode
 	$(PY) benchmarks/metadata_bench.py
 	$(PY) benchmarks/share_group_bench.py
 	$(PY) benchmarks/capacity_bench.py
+	$(PY) benchmarks/tiered_storage_bench.py
 	$(PY) benchmarks/plot.py
 
 clean:

@@ -85,6 +85,7 @@ from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS
 from rayk.client.metadata import MetadataCache
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, log_sizes, plan_read_ranges, split_for_tasks
+from rayk.client.remote_slices import RemotePlanner, RemoteSlice
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED, FetchRequest
 from rayk.errors import InvalidConfigurationError, InvalidTxnStateError, KafkaError, KafkaTimeoutError
@@ -130,10 +131,13 @@ def cluster_or_connect(cluster: Any) -> Any:
 # ---------------------------------------------------------------------------- reading
 
 
-def read_range(cluster: Any, r: OffsetRange, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
+def read_range(cluster: Any, r: OffsetRange | RemoteSlice, fetch_max_bytes: int = FETCH_MAX_BYTES) -> pa.Table:
     """The records of one offset range as an Arrow table of SCHEMA (in this process),
-    fetched from the partition's leader over the data plane and decoded by compiled code
+    fetched from the partition's leader over the data plane, or for a tiered topic's
+    remote slice from the store with no broker involved, and decoded by compiled code
     (arrow_batches)."""
+    if isinstance(r, RemoteSlice):
+        return records_table(r.read(), r.topic, r.partition, r.start, r.end)
     tables = list(iter_range(cluster, r, fetch_max_bytes))
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
@@ -253,6 +257,7 @@ class TopicDatasource(Datasource):
         schema: str = "spark",
         num_blocks: int | None = None,
         isolation_level: str = "read_uncommitted",
+        from_store: bool = True,
     ) -> None:
         _check_read_settings(fetch_max_bytes, schema, num_blocks)
         cluster = cluster_or_connect(cluster)
@@ -260,7 +265,7 @@ class TopicDatasource(Datasource):
             cluster, topic, starting_offsets, ending_offsets, starting_timestamp, records_per_task, bytes_per_task,
             isolation_level,
         )
-        self._setup(cluster, ranges, fetch_max_bytes, schema, num_blocks)
+        self._setup(cluster, ranges, fetch_max_bytes, schema, num_blocks, from_store)
 
     @classmethod
     def of_ranges(cls, cluster: Any, ranges: list[OffsetRange], *, fetch_max_bytes: int = FETCH_MAX_BYTES,
@@ -272,10 +277,12 @@ class TopicDatasource(Datasource):
         return source
 
     def _setup(self, cluster: Any, ranges: list[OffsetRange], fetch_max_bytes: int, schema: str,
-               num_blocks: int | None) -> None:  # fmt: skip
+               num_blocks: int | None, from_store: bool = True) -> None:  # fmt: skip
         super().__init__()
         self._cluster, self._fetch_max_bytes, self._schema = cluster, fetch_max_bytes, schema
-        self.tasks = (cut_into_tasks(ranges, num_blocks) if num_blocks else [[r] for r in ranges]) or [[]]
+        tasks: list[list[Any]] = (cut_into_tasks(ranges, num_blocks) if num_blocks else [[r] for r in ranges]) or [[]]
+        planner = RemotePlanner.for_topic(cluster, ranges[0].topic) if ranges and from_store else None
+        self.tasks = tasks if planner is None else planner.split_tasks(tasks)  # tiered: history from the store
         self._bytes_per_record = _bytes_per_record(cluster, ranges)
 
     @property
@@ -384,6 +391,7 @@ def read_topic(
     ray_remote_args: dict[str, Any] | None = None,
     concurrency: int | None = None,
     isolation_level: str = "read_uncommitted",
+    from_store: bool = True,
 ) -> ray.data.Dataset:
     """A lazy Dataset of the topic's records in the given offsets, as of this call (see
     the module docstring). `schema` is "spark" (Spark's Kafka source's columns) or "ray"
@@ -392,12 +400,16 @@ def read_topic(
     `ray_remote_args` Ray options for every read task; `concurrency` the most read tasks
     at a time; `isolation_level` "read_committed" reads what committed transactions wrote
     (and records written outside transactions), up to the last stable offset, as Kafka's
-    read_committed consumers. `cluster` defaults to `rayk.connect()`."""
+    read_committed consumers. For a tiered topic (remote.storage.enable), the part of the
+    range in remote storage is read by tasks straight from the store, one task per remote
+    segment, with no broker involved (rayk.client.remote_slices); `from_store=False` reads
+    it through the leaders instead (for tasks that cannot reach the store). `cluster`
+    defaults to `rayk.connect()`."""
     _check_task_options(ray_remote_args, concurrency)
     source = TopicDatasource(
         topic, starting_offsets, ending_offsets, starting_timestamp=starting_timestamp, cluster=cluster,
         records_per_task=records_per_task, bytes_per_task=bytes_per_task, fetch_max_bytes=fetch_max_bytes,
-        schema=schema, num_blocks=override_num_blocks, isolation_level=isolation_level,
+        schema=schema, num_blocks=override_num_blocks, isolation_level=isolation_level, from_store=from_store,
     )  # fmt: skip
     return _dataset(source, ray_remote_args, concurrency)
 

@@ -40,6 +40,8 @@ RUN_HERE = (
 # Blocks run by the tests whose setting they need (a Spark session, certificates, the
 # `rayk` command, Ray's metrics port), by their first line.
 RUN_ELSEWHERE = {
+    'cluster.create_topic("clickstream", num_partitions=1, replication_factor=3, config={': (
+        "tests/test_tiered_storage.py::test_the_tiered_storage_guide_runs_as_written",),
     "import ray, rayk": ("tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
     "def enrich(df, batch_id):                            # returns the batch's output": (
         "tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),

@@ -20,7 +20,10 @@ from kafka.structs import TopicPartition as KafkaTopicPartition
 import rayk
 import rayk.data
 from rayk.client import TopicPartition
+from rayk.client.offset_ranges import OffsetRange
+from rayk.client.remote_slices import RemoteSlice
 from rayk.replication.leader_fetch import EARLIEST_LOCAL_TIMESTAMP, LATEST_TIERED_TIMESTAMP
+from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_until
 
 SEGMENT_BYTES = 16384
@@ -176,3 +179,30 @@ def test_deleting_a_tiered_topic_deletes_its_remote_segments(cluster, store):
     wait_until(lambda: prefix.is_dir() and any(prefix.iterdir()), 60, "a remote segment")
     cluster.delete_topic("gone")
     wait_until(lambda: not prefix.exists(), 30, "the remote segments to go")
+
+
+def test_the_tiered_storage_guide_runs_as_written(cluster, capsys):
+    """The guide's example on this module's cluster, whose brokers have a store."""
+    readme.run('cluster.create_topic("clickstream", num_partitions=1, replication_factor=3, config={',
+               {"cluster": cluster, "rayk": rayk})
+    assert capsys.readouterr().out.split() == ["1000"]
+
+
+def test_ray_data_reads_the_remote_history_from_the_store_with_no_broker_running(cluster):
+    """Last in the module: it shuts the cluster down. The read is planned while it runs; by
+    the time its tasks run, no broker, replica or Controller is left to serve a record."""
+    cluster.create_topic("offline", num_partitions=1, replication_factor=3, config=TOPIC_CONFIG)
+    produce(cluster, "offline", values(0, RECORDS))
+    tiered_down(cluster, "offline", [0, 1, 2])
+    remote = ray.get(cluster.leader("offline", 0).remote_segments.remote())
+    remote_end = remote[-1]["end_offset"]
+    source = rayk.data.TopicDatasource("offline", ending_offsets={"offline": {"0": remote_end}}, cluster=cluster)
+    assert len(source.tasks) == len(remote) and all(
+        isinstance(piece, RemoteSlice) for task in source.tasks for piece in task)  # fmt: skip
+    full = rayk.data.TopicDatasource("offline", cluster=cluster)  # the local tail stays the leaders'
+    assert isinstance(full.tasks[-1][-1], OffsetRange) and full.tasks[-1][-1].end == RECORDS
+    dataset = rayk.data.read_topic("offline", ending_offsets={"offline": {"0": remote_end}}, cluster=cluster)
+    cluster.shutdown()
+    rows = dataset.take_all()
+    assert [bytes(r["value"]) for r in sorted(rows, key=lambda r: r["offset"])] == values(0, remote_end)
+    assert [r["offset"] for r in sorted(rows, key=lambda r: r["offset"])] == list(range(remote_end))

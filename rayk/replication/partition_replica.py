@@ -454,6 +454,15 @@ class PartitionReplica(Supervised):
         its timer would; returns how many segments it copied (for tools and tests)."""
         return await self._remote.run_once()
 
+    async def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping
+        [start_offset, upper_bound_offset), from the remote transaction indexes and the local
+        ones: what a read_committed reader of remote segments leaves out (rayk.data)."""
+        if self._ctx.role is not Role.LEADER:
+            raise self._ctx.not_leader()
+        await self._remote.refresh()
+        return list(await self._remote.aborted_transactions(start_offset, upper_bound_offset))
+
     async def remote_segments(self) -> list[dict[str, Any]]:
         """The remote segments this replica knows of (its last listing), oldest first."""
         await self._remote.refresh()

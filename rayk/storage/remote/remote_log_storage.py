@@ -19,6 +19,7 @@ thread, never on its event loop.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,11 @@ class RemoteLogStorage:
         self.settings = settings
         try:
             if settings.uri.startswith("s3://"):
+                # The AWS SDK's default since 2025 sends every upload with a trailing CRC in
+                # aws-chunked encoding, without a Content-Length, which S3-compatible stores
+                # that predate it refuse (411 MissingContentLength); checksums only where the
+                # operation requires one is what AWS documents for them, and AWS takes it too.
+                os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
                 kwargs: dict[str, Any] = {}
                 for name, value in settings.s3_options.items():
                     if name not in S3_OPTIONS:
@@ -107,6 +113,9 @@ class RemoteLogStorage:
             if self._local:
                 self._fs.create_dir(self._path(prefix), recursive=True)
             for kind, source in files.items():
+                if (len(source) if isinstance(source, bytes) else os.path.getsize(source)) == 0:
+                    sizes[kind] = 0  # no object: an empty upload is refused by some S3 APIs; it reads as b""
+                    continue
                 with self._fs.open_output_stream(self._path(prefix, metadata.object_name(kind))) as out:
                     if isinstance(source, bytes):
                         out.write(source)
@@ -144,7 +153,9 @@ class RemoteLogStorage:
         """Un-lists the segment (its metadata goes first), then deletes its objects."""
         try:
             self._fs.delete_file(self._path(prefix, metadata.metadata_name))
-            for kind in metadata.object_bytes:
+            for kind, size in metadata.object_bytes.items():
+                if size == 0:
+                    continue  # never written
                 try:
                     self._fs.delete_file(self._path(prefix, metadata.object_name(kind)))
                 except FileNotFoundError:
