@@ -66,6 +66,7 @@ from rayk.child_stderr import filtered_stderr
 from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
+from rayk.client.remote_slices import RemotePlanner, RemoteSlice
 from rayk.client.resumable_write import reserve_task_producer_ids, write_task
 from rayk.errors import InvalidConfigurationError
 from rayk.spark_daemon import holds_no_python
@@ -276,10 +277,15 @@ def read_topic(
 
 
 def _read_ranges(spark: Any, cluster: Any, ranges: list[OffsetRange]) -> Any:
-    """A DataFrame of these ranges' records, a Spark partition per range."""
+    """A DataFrame of these ranges' records, a Spark partition per range, and for a tiered
+    topic one per remote segment of a range, which its task reads straight from the store
+    (rayk.client.remote_slices), as rayk.data's read tasks do."""
     schema = spark_schema()
     if not ranges:
         return spark.createDataFrame([], schema)
+    planner = RemotePlanner.for_topic(cluster, ranges[0].topic)
+    pieces: list[OffsetRange | RemoteSlice] = (
+        list(ranges) if planner is None else [piece for r in ranges for piece in planner.split(r)])
     address, namespace = _ray_address(), cluster.namespace
 
     def read(range_ids: Any) -> Any:
@@ -289,12 +295,15 @@ def _read_ranges(spark: Any, cluster: Any, ranges: list[OffsetRange]) -> Any:
         for ids in range_ids:
             for i in ids.column(0).to_pylist():
                 # A table per fetch, so Spark takes one while the next is on its way.
-                for table in rayk_data.iter_range(worker_cluster, ranges[i]):
+                piece = pieces[i]
+                tables = [rayk_data.read_range(worker_cluster, piece)] if isinstance(piece, RemoteSlice) else \
+                    rayk_data.iter_range(worker_cluster, piece)
+                for table in tables:
                     # Spark's TimestampType travels as microseconds in Arrow.
                     stamps = table.column("timestamp").cast(pa.timestamp("us", tz="UTC"))
                     yield from table.set_column(5, "timestamp", stamps).to_batches()
 
-    return spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(read, schema)
+    return spark.range(0, len(pieces), 1, len(pieces)).mapInArrow(read, schema)
 
 
 def write_topic(df: Any, topic: str, acks: str | int = "all", *, cluster: Any = None, **producer_settings: Any) -> int:

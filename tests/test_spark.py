@@ -32,7 +32,10 @@ def cluster(tmp_path_factory):
     release_shared_local_ray()  # a Ray of its own: what it starts dies with it
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("spark"), config=FAST_CONFIG, namespace="spark")
+    store = tmp_path_factory.mktemp("spark-remote-store")  # for the tiered topic's test
+    config = {**FAST_CONFIG, "remote.log.storage.system.enable": True, "remote.log.storage.uri": f"file://{store}",
+              "remote.log.manager.task.interval.ms": 300}  # fmt: skip
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("spark"), config=config, namespace="spark")
     yield c
     c.shutdown()
     ray.shutdown()
@@ -394,6 +397,25 @@ def test_spark_kafka_source_reads_what_a_rayk_producer_wrote_in_json_offset_boun
     ]  # fmt: skip
     assert got == expected
     assert {r.topic for r in rows} == {topic} and {r.timestampType for r in rows} == {0}
+
+
+def test_a_tiered_topic_s_history_reads_from_offset_0_with_rayk_spark_and_spark_s_kafka_source(cluster, spark):
+    """rayk.spark reads the remote segments straight from the store (a Spark task each);
+    Spark's own Kafka source reads them through the listener, not knowing they are remote."""
+    from rayk.client.offset_ranges import OffsetRange
+    from rayk.client.remote_slices import RemotePlanner
+    from tests.test_tiered_storage import RECORDS, TOPIC_CONFIG, produce, tiered_down, values
+
+    cluster.create_topic("tiered-spark", num_partitions=1, replication_factor=3, config=TOPIC_CONFIG)
+    produce(cluster, "tiered-spark", values(0, RECORDS))
+    tiered_down(cluster, "tiered-spark", [0, 1, 2])
+    planner = RemotePlanner.for_topic(cluster, "tiered-spark")
+    assert planner is not None and len(planner.split(OffsetRange("tiered-spark", 0, 0, RECORDS, 0))) > 2
+    ours = rayk_spark.read_topic(spark, "tiered-spark", cluster=cluster).orderBy("offset").collect()
+    assert [bytes(r.value) for r in ours] == values(0, RECORDS) and [r.offset for r in ours] == list(range(RECORDS))
+    theirs = (spark.read.format("kafka").options(**rayk_spark.kafka_options(cluster, subscribe="tiered-spark"))
+              .option("startingOffsets", "earliest").load().orderBy("offset").collect())  # fmt: skip
+    assert [bytes(r.value) for r in theirs] == values(0, RECORDS)
 
 
 def test_spark_kafka_sink_writes_what_rayk_consumer_reads_back(cluster, spark):

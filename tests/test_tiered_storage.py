@@ -52,7 +52,6 @@ def cluster(tmp_path_factory, store):
         "remote.log.storage.system.enable": True,
         "remote.log.storage.uri": f"file://{store}",
         "remote.log.manager.task.interval.ms": 300,
-        "log.retention.check.interval.ms": 500,
     }
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("tiered"), config=config, namespace="tiered")
     yield c

@@ -31,7 +31,7 @@ def s3(tmp_path_factory):
 def cluster(tmp_path_factory, s3):
     shared_local_ray()
     config = {**FAST_CONFIG, **s3.settings("tiered"), "auto.leader.rebalance.enable": False,
-              "remote.log.manager.task.interval.ms": 300, "log.retention.check.interval.ms": 500}  # fmt: skip
+              "remote.log.manager.task.interval.ms": 300}  # fmt: skip
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("tiered-s3"), config=config, namespace="tiered-s3")
     yield c
     c.shutdown()

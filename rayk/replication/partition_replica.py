@@ -174,6 +174,7 @@ class PartitionReplica(Supervised):
         ctx.events.notify_change()  # parked produces learn they are no longer on the leader
         self._lifecycle.start_publishing()
         self._follower.start(leader_epoch, leader_id, leader, incarnation_id)
+        self._remote.start()
 
     async def throttle_replication(self, setting: ThrottleSetting) -> None:
         """This replica's share of its broker's replication throttles changed (a reassignment

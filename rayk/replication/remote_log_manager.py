@@ -2,7 +2,8 @@
 RLMTask, per partition; the objects themselves are rayk/storage/remote/).
 
 While this replica leads a topic with remote.storage.enable on a broker with remote log
-storage, a task runs every `remote.log.manager.task.interval.ms`:
+storage, a task runs every `remote.log.manager.task.interval.ms` (on a follower it only
+deletes the local segments below the log start, which follows the leader's local start):
 1. it lists what the store holds for the partition (a new leader learns what its
    predecessors copied: the listing is the metadata, see remote_segment.py);
 2. remote retention: the oldest remote segments past retention.ms, or beyond
@@ -80,7 +81,7 @@ class RemoteLogManager:
     # ------------------------------------------------------------------ the leader's task
 
     def start(self) -> None:
-        """This replica leads now: its task starts (if the log is tiered)."""
+        """This replica leads or follows now: its task starts (if the log is tiered)."""
         if self._task is None and self._settings is not None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"remote-log-{self._ctx.name}")
 
@@ -92,9 +93,16 @@ class RemoteLogManager:
 
     async def _run(self) -> None:
         while True:
-            if self.enabled and self._ctx.role is Role.LEADER:
+            role = self._ctx.role
+            if self.enabled and role is not None:
                 try:
-                    await self.run_once()
+                    if role is Role.LEADER:
+                        await self.run_once()
+                    else:
+                        # A follower's local log follows its leader's local start (the
+                        # fetches say it); what falls below goes at this pace, not at the
+                        # retention check's.
+                        self._ctx.log.delete_expired_segments()
                 except asyncio.CancelledError:
                     raise
                 except KafkaError as e:
