@@ -14,6 +14,7 @@ from rayk.errors import InvalidConfigurationError, KafkaStorageError, OutOfOrder
 from rayk.storage import Log, LogConfig
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 from rayk.storage.remote import RemoteSegmentMetadata, RemoteStorageSettings
+from rayk.storage.remote.remote_read import offset_for_timestamp as remote_offset_for_timestamp
 from rayk.storage.remote.remote_read import read_batches
 from rayk.storage.remote.remote_segment import newest_per_offset, partition_prefix
 
@@ -72,6 +73,20 @@ def test_copied_segments_list_back_from_the_store_alone_and_read_as_the_local_lo
     assert len(list(iter_batches(first))) == 1
     # The epochs each copy holds are those of its batches.
     assert listed[0].leader_epochs[0] == (0, 0)
+    log.close()
+
+
+def test_a_timestamp_finds_the_same_record_in_the_remote_copy_as_in_the_local_log(tmp_path, store):
+    log = filled_log(tmp_path / "log")
+    copied = copy_all(log, store)
+    for timestamp_ms in range(990, 1000 + copied[-1].end_offset + 5, 7):
+        local = log.offset_for_timestamp(timestamp_ms)
+        segment = next((s for s in copied if s.max_timestamp_ms >= timestamp_ms), None)
+        remote = None if segment is None else remote_offset_for_timestamp(store, PREFIX, segment, timestamp_ms)
+        if local is not None and local.offset < copied[-1].end_offset:
+            assert remote == (local.timestamp_ms, local.offset)
+        else:
+            assert remote is None
     log.close()
 
 

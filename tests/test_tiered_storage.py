@@ -101,6 +101,7 @@ def test_the_whole_history_stays_readable_from_offset_0_while_disks_keep_the_loc
     local = ray.get(leader.list_offset.remote(EARLIEST_LOCAL_TIMESTAMP))[0]
     assert local == local_start(cluster, "history", description.leader) > 0
     assert ray.get(leader.list_offset.remote(LATEST_TIERED_TIMESTAMP))[0] == remote[-1]["end_offset"] - 1
+    assert ray.get(leader.list_offset.remote(0))[0] == 0  # by time: the remote segments' time indexes first
     expected = values(0, RECORDS)
     # rayk's consumer, from the beginning.
     assert consumed_values(cluster, "history", RECORDS) == expected
@@ -178,6 +179,38 @@ def test_deleting_a_tiered_topic_deletes_its_remote_segments(cluster, store):
     wait_until(lambda: prefix.is_dir() and any(prefix.iterdir()), 60, "a remote segment")
     cluster.delete_topic("gone")
     wait_until(lambda: not prefix.exists(), 30, "the remote segments to go")
+
+
+def test_read_committed_readers_leave_out_aborted_transactions_in_remote_segments(cluster):
+    """Transactions whose records and markers are in remote segments: rayk's read_committed
+    consumer (served by the leader from the store) and Ray Data's read_committed slices (the
+    remote transaction indexes, through the leader's list) see only the committed ones."""
+    cluster.create_topic("txns", num_partitions=1, replication_factor=3, config=TOPIC_CONFIG)
+    producer = cluster.producer(transactional_id="tiered-txns", batch_size=4096, max_request_size=8192)
+    producer.init_transactions()
+    committed: list[bytes] = []
+    for t in range(10):
+        batch = values(t * 100, 100)
+        producer.begin_transaction()
+        for v in batch:
+            producer.send("txns", v, partition=0)
+        if t % 3 == 1:
+            producer.abort_transaction()
+        else:
+            producer.commit_transaction()
+            committed += batch
+    producer.close()
+    produce(cluster, "txns", values(5000, RECORDS))  # enough after them that they all go remote
+    committed += values(5000, RECORDS)
+    tiered_down(cluster, "txns", [0, 1, 2])
+    leader = cluster.leader("txns", 0)
+    remote = ray.get(leader.remote_segments.remote())
+    assert any("txnindex" in s["object_bytes"] and s["object_bytes"]["txnindex"] for s in remote)
+    consumer_values = [r.value for r in consume_topic(cluster, "txns", len(committed), timeout_s=60,
+                                                      isolation_level="read_committed")]  # fmt: skip
+    assert consumer_values == committed
+    rows = rayk.data.read_topic("txns", cluster=cluster, isolation_level="read_committed").take_all()
+    assert [bytes(r["value"]) for r in sorted(rows, key=lambda r: r["offset"])] == committed
 
 
 def test_the_tiered_storage_guide_runs_as_written(cluster, capsys):

@@ -9,7 +9,8 @@ objects, see rayk/storage/remote/remote_segment.py) says which segments are remo
 part of a range below the remote end becomes slices, the rest stays a range the leaders
 serve. A read_committed range asks its leader once for the aborted transactions over the
 remote part (metadata, no records: KIP-405's remote transaction index and the local one
-behind it), and each slice drops their batches as a read_committed fetch would.
+behind it), and each slice drops the batches of those over it, as a read_committed fetch
+of its offsets would.
 
 A slice whose segment retention deleted after planning fails its task with a retriable
 KAFKA_STORAGE_ERROR, as an unreadable store does; the records are gone from the leader too.
@@ -100,17 +101,20 @@ class RemotePlanner:
         segments = self._segments(r.partition)
         start = r.start
         out: list[OffsetRange | RemoteSlice] = []
-        aborted: tuple[tuple[int, int], ...] = ()
+        spans: list[tuple[int, int, int]] = []
         remote_end = min(r.end, max((s.end_offset for s in segments), default=r.start))
         if r.read_committed and remote_end > start:
             leader = self._cluster.leader(self._topic, r.partition)
-            aborted = tuple(ray.get(leader.aborted_transactions.remote(start, remote_end)))
+            spans = ray.get(leader.aborted_transactions.remote(start, remote_end))
         for segment in segments:
             if start >= r.end or segment.base_offset > start:
                 break  # a gap (retention at work): the leaders say what is there
             if segment.end_offset <= start:
                 continue
             end = min(segment.end_offset, r.end)
+            # Only the transactions over this slice: one whose marker came before it would
+            # otherwise mark its producer's later, committed batches aborted.
+            aborted = tuple((pid, first) for pid, first, last in spans if last >= start and first < end)
             out.append(RemoteSlice(self._settings, self._prefix(r.partition), segment, self._topic, r.partition, start,
                                    end, r.read_committed, aborted))  # fmt: skip
             start = end

@@ -264,6 +264,11 @@ class PartitionReplica(Supervised):
         again under its name. `replica_incarnation_id`: a follower's broker process
         (KIP-903, see LeaderReplicaState). A consumer's READ_COMMITTED fetch reads below the
         LSO, not the HW, and is answered the aborted transactions that overlap what it read."""
+        if replica_id == CONSUMER_REPLICA_ID and offset < self._log.log_start_offset:
+            try:
+                await self._remote.ensure_listed()  # a new leader of a tiered log: what is remote
+            except KafkaError as e:
+                return self._fetches.fetch_error(e)
         result = await self._fetches.fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
                                            last_fetched_epoch, topic_id, replica_incarnation_id,
                                            isolation_level == frames.READ_COMMITTED)  # fmt: skip
@@ -283,7 +288,16 @@ class PartitionReplica(Supervised):
         the LSO where the others say the HW.
         OFFSET_NOT_AVAILABLE (retriable) while this leader's HW is below the start of its
         epoch: until its followers fetch from it, a new leader's HW may lag its
-        predecessor's, and an end offset a client saw must not go back (KIP-207)."""
+        predecessor's, and an end offset a client saw must not go back (KIP-207).
+        A tiered log (remote_log_manager.py) answers the whole log's start for EARLIEST,
+        the local one for EARLIEST_LOCAL (-4), and its last offset in remote storage for
+        LATEST_TIERED (-5)."""
+        if self._ctx.role is Role.LEADER and self._remote.enabled:
+            await self._remote.ensure_listed()  # a new leader of a tiered log: what is remote
+            if timestamp_ms >= 0:
+                answer = self._fetches.list_offset(timestamp_ms, isolation_level)  # its checks, and the local answer
+                found = await self._remote.offset_for_timestamp(timestamp_ms)
+                return answer if found is None else (found[1], found[0])
         return self._fetches.list_offset(timestamp_ms, isolation_level)
 
     async def delete_records(self, offset: int) -> int:
@@ -455,14 +469,14 @@ class PartitionReplica(Supervised):
         its timer would; returns how many segments it copied (for tools and tests)."""
         return await self._remote.run_once()
 
-    async def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[tuple[int, int]]:
-        """(producer id, first offset) of the aborted transactions overlapping
+    async def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, last offset) of the aborted transactions overlapping
         [start_offset, upper_bound_offset), from the remote transaction indexes and the local
         ones: what a read_committed reader of remote segments leaves out (rayk.data)."""
         if self._ctx.role is not Role.LEADER:
             raise self._ctx.not_leader()
         await self._remote.refresh()
-        return list(await self._remote.aborted_transactions(start_offset, upper_bound_offset))
+        return await self._remote.aborted_transaction_spans(start_offset, upper_bound_offset)
 
     async def remote_segments(self) -> list[dict[str, Any]]:
         """The remote segments this replica knows of (its last listing), oldest first."""

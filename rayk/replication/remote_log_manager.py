@@ -40,6 +40,7 @@ from rayk.replication import replica_process
 from rayk.replication.replica_context import ReplicaContext, Role
 from rayk.storage.log import SegmentToCopy
 from rayk.storage.remote import RemoteLogStorage, RemoteSegmentMetadata, RemoteStorageSettings
+from rayk.storage.remote.remote_read import offset_for_timestamp as remote_offset_for_timestamp
 from rayk.storage.remote.remote_read import read_batches
 from rayk.storage.remote.remote_segment import new_segment_id, partition_prefix
 from rayk.storage.transaction_index import decode_entries
@@ -60,6 +61,7 @@ class RemoteLogManager:
         self._task: asyncio.Task | None = None
         self._indexes: dict[str, bytes] = {}
         self._pass_lock = asyncio.Lock()  # one pass at a time (the timer's, or copy_to_remote's)
+        self._listed_in_epoch = -1  # the leader epoch of the last listing: a new leader lists before it answers
 
     @property
     def _settings(self) -> RemoteStorageSettings | None:
@@ -123,6 +125,7 @@ class RemoteLogManager:
             return 0
         store = self._store()
         self.segments = await asyncio.to_thread(store.list_segments, self._prefix)
+        self._listed_in_epoch = epoch
         await self._expire_remote()
         log = ctx.log
         copied = 0
@@ -199,9 +202,19 @@ class RemoteLogManager:
     # ------------------------------------------------------------------ reads
 
     async def refresh(self) -> None:
-        """Lists the store again (a new leader, before its task's first pass)."""
+        """Lists the store again."""
         if self.enabled:
+            epoch = self._ctx.leader_epoch
             self.segments = await asyncio.to_thread(self._store().list_segments, self._prefix)
+            self._listed_in_epoch = epoch
+
+    async def ensure_listed(self) -> None:
+        """Lists the store if this leader has not since it began leading: what it answers
+        about the log's start (ListOffsets EARLIEST, a fetch below its local start) must
+        count what its predecessors copied. KAFKA_STORAGE_ERROR (retriable) if the store
+        cannot be listed."""
+        if self.enabled and self._listed_in_epoch != self._ctx.leader_epoch:
+            await self.refresh()
 
     async def read(self, offset: int, max_bytes: int, max_offset: int) -> tuple[bytes, int]:
         """(batches, next offset) from the remote segment holding `offset`; OFFSET_OUT_OF_RANGE
@@ -218,24 +231,45 @@ class RemoteLogManager:
             self._indexes[segment.segment_id] = index
         return await asyncio.to_thread(read_batches, store, self._prefix, segment, offset, max_bytes, max_offset, index)
 
+    async def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(timestamp, offset) of the earliest remote record below the local log with a
+        timestamp >= `timestamp_ms`, or None (then the local log answers)."""
+        local_start = self._ctx.log.log_start_offset
+        for segment in self.segments:
+            if segment.base_offset >= local_start:
+                return None
+            if segment.max_timestamp_ms >= timestamp_ms:
+                found = await asyncio.to_thread(remote_offset_for_timestamp, self._store(), self._prefix, segment,
+                                                timestamp_ms)  # fmt: skip
+                if found is not None:
+                    return found
+        return None
+
     async def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> tuple[tuple[int, int], ...]:
         """(producer id, first offset) of the aborted transactions overlapping a range read
-        from remote segments: their remote transaction indexes from the one holding
-        `start_offset` on, then the local log's, until one says no later one can hold more."""
-        found: list[tuple[int, int]] = []
+        from remote segments: what a read_committed fetch of it is answered beside its records."""
+        return tuple((pid, first) for pid, first, _last in await self.aborted_transaction_spans(start_offset,
+                                                                                              upper_bound_offset))
+
+    async def aborted_transaction_spans(self, start_offset: int, upper_bound_offset: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, last offset) of the aborted transactions overlapping
+        [start_offset, upper_bound_offset): their remote transaction indexes from the one
+        holding `start_offset` on, then the local log's, until one says no later one can
+        hold more."""
+        found: list[tuple[int, int, int]] = []
         store = self._store()
         for segment in self.segments:
-            if segment.end_offset <= start_offset or "txnindex" not in segment.object_bytes:
+            if segment.end_offset <= start_offset or not segment.object_bytes.get("txnindex"):
                 continue
             entries, _damage = decode_entries(await asyncio.to_thread(store.read, self._prefix, segment, "txnindex"))
             for txn in entries:
                 if txn.last_offset >= start_offset and txn.first_offset < upper_bound_offset:
-                    found.append((txn.producer_id, txn.first_offset))
+                    found.append((txn.producer_id, txn.first_offset, txn.last_offset))
                 if txn.last_stable_offset >= upper_bound_offset:
-                    return tuple(found)
+                    return found
         log = self._ctx.log
         local = log.aborted_transactions(max(start_offset, log.log_start_offset), upper_bound_offset)
-        return tuple(found + [(t.producer_id, t.first_offset) for t in local])
+        return found + [(t.producer_id, t.first_offset, t.last_offset) for t in local]
 
     async def remote_start_state(self, offset: int) -> tuple[bytes | None, tuple[tuple[int, int], ...]]:
         """For a follower starting its log at `offset` (its leader's local log start): the

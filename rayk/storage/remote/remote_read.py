@@ -15,11 +15,12 @@ import bisect
 import struct
 
 from rayk.errors import CorruptRecordError
-from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
+from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader, iter_batches
 from rayk.storage.remote.remote_log_storage import RemoteLogStorage
 from rayk.storage.remote.remote_segment import RemoteSegmentMetadata
 
 _INDEX_ENTRY = struct.Struct(">ii")
+_TIME_INDEX_ENTRY = struct.Struct(">qi")  # Kafka's .timeindex: timestamp, relative offset
 READ_CHUNK_BYTES = 256 * 1024
 
 
@@ -88,3 +89,27 @@ def read_batches(storage: RemoteLogStorage, prefix: str, segment: RemoteSegmentM
         if len(out) >= max_bytes:
             break
     return bytes(out), next_offset
+
+
+def offset_for_timestamp(storage: RemoteLogStorage, prefix: str, segment: RemoteSegmentMetadata,
+                         timestamp_ms: int) -> tuple[int, int] | None:  # fmt: skip
+    """(timestamp, offset) of the segment's earliest record with a timestamp >= `timestamp_ms`
+    (ListOffsets by time below the local log), found as the local segment finds it: the
+    time index's last entry below the target gives an offset, the offset index a position
+    at or before it, and the batches from there are scanned."""
+    if segment.max_timestamp_ms < timestamp_ms:
+        return None
+    times = storage.read(prefix, segment, "timeindex")
+    hint = segment.base_offset
+    for i in range(len(times) // _TIME_INDEX_ENTRY.size):
+        entry_ms, relative = _TIME_INDEX_ENTRY.unpack_from(times, i * _TIME_INDEX_ENTRY.size)
+        if entry_ms >= timestamp_ms:
+            break
+        hint = segment.base_offset + relative
+    position = index_position(storage.read(prefix, segment, "index"), segment.base_offset, hint)
+    for batch in iter_batches(storage.read(prefix, segment, "log", position)):
+        if batch.header.max_timestamp >= timestamp_ms:
+            for record in batch.records():
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.timestamp_ms, record.offset
+    return None
