@@ -12,8 +12,9 @@ directory, topics of 1 partition, RF=3, 16 MiB segments:
    deleted locally but for the local retention, read three ways, the better of two runs
    each: `rayk.data.read_topic(topic).materialize()` reading the remote segments straight
    from the store (one task per segment); the same rows as Parquet files in the same
-   store, `ray.data.read_parquet(...).materialize()` (target: rayk >= 0.5x); and
-   `read_topic(topic, from_store=False)`, every record through the leaders as before.
+   store, `ray.data.read_parquet(...).materialize()` (target: rayk >= 0.5x);
+   `read_topic(topic, from_store=False)`, every record through the leaders as before; and,
+   for scale, `pyarrow.parquet.read_table` of the files in this process, without Ray.
 Nothing asserts anything about speed: the script prints figures.
 """
 
@@ -120,11 +121,15 @@ def main() -> None:
         store_s = best_of_two(lambda: rayk.data.read_topic("history", ending_offsets=ending, cluster=cluster).materialize())
         files = sorted(str(p) for p in parquet_dir.iterdir())
         parquet_s = best_of_two(lambda: ray.data.read_parquet(files).materialize())
+        import pyarrow.parquet as pq
+
+        pyarrow_s = best_of_two(lambda: pq.read_table(files))  # no Ray: what the files cost to decode
         brokers_s = best_of_two(lambda: rayk.data.read_topic("history", ending_offsets=ending, cluster=cluster,
                                                             from_store=False).materialize())  # fmt: skip
         mb = args.mb * remote_rows / rows
         for name, seconds in (("read_topic, from the store", store_s), ("read_parquet, same rows", parquet_s),
-                              ("read_topic, through the brokers", brokers_s)):  # fmt: skip
+                              ("read_topic, through the brokers", brokers_s),
+                              ("pyarrow read_table, in this process", pyarrow_s)):  # fmt: skip
             print(f"   {name:<34} {seconds:>7.2f} s  {mb / seconds:>8.1f} MB/s")
         print(f"   from the store / Parquet {parquet_s / store_s:.2f}x   from the store / through the brokers "
               f"{brokers_s / store_s:.2f}x")
