@@ -21,7 +21,7 @@ import rayk
 import rayk.data
 from rayk.client import TopicPartition
 from rayk.client.offset_ranges import OffsetRange
-from rayk.client.remote_slices import RemoteSlice
+from rayk.client.remote_slices import RemotePlanner, RemoteSlice
 from rayk.replication.leader_fetch import EARLIEST_LOCAL_TIMESTAMP, LATEST_TIERED_TIMESTAMP
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, shared_local_ray, wait_until
@@ -211,6 +211,26 @@ def test_read_committed_readers_leave_out_aborted_transactions_in_remote_segment
     assert consumer_values == committed
     rows = rayk.data.read_topic("txns", cluster=cluster, isolation_level="read_committed").take_all()
     assert [bytes(r["value"]) for r in sorted(rows, key=lambda r: r["offset"])] == committed
+
+
+def test_delete_records_below_the_local_log_deletes_remote_records_for_every_reader(cluster):
+    cluster.create_topic("trimmed", num_partitions=1, replication_factor=3, config=TOPIC_CONFIG)
+    produce(cluster, "trimmed", values(0, RECORDS))
+    tiered_down(cluster, "trimmed", [0, 1, 2])
+    leader = cluster.leader("trimmed", 0)
+    remote = ray.get(leader.remote_segments.remote())
+    target = remote[1]["base_offset"] + 5  # inside the second remote segment
+    assert target < local_start(cluster, "trimmed", cluster.describe_topic("trimmed")[0].leader)
+    admin = cluster.admin()
+    assert admin.delete_records({TopicPartition("trimmed", 0): target}) == {TopicPartition("trimmed", 0): target}
+    assert ray.get(leader.list_offset.remote(-2))[0] == target
+    assert consumed_values(cluster, "trimmed", RECORDS - target) == values(target, RECORDS - target)
+    rows = rayk.data.read_topic("trimmed", cluster=cluster).take_all()
+    assert sorted(r["offset"] for r in rows) == list(range(target, RECORDS))
+    planner = RemotePlanner.for_topic(cluster, "trimmed")  # a plan made before it knew: the store says
+    assert planner is not None and planner.split(OffsetRange("trimmed", 0, 0, RECORDS, 0))[0].start == target
+    wait_until(lambda: ray.get(leader.remote_segments.remote())[0]["base_offset"] > 0, 30,
+               "the remote segment wholly below the new start to go")  # fmt: skip
 
 
 def test_the_tiered_storage_guide_runs_as_written(cluster, capsys):

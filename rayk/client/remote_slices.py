@@ -76,6 +76,7 @@ class RemotePlanner:
         self._topic_ids = {p.partition: p.topic_id for p in cluster.describe_topic(topic)}
         self._storage = settings.open()
         self._listings: dict[int, list[RemoteSegmentMetadata]] = {}
+        self._log_starts: dict[int, int] = {}  # a DeleteRecords' offset the store records
 
     @classmethod
     def for_topic(cls, cluster: Any, topic: str) -> RemotePlanner | None:
@@ -91,6 +92,7 @@ class RemotePlanner:
     def _segments(self, partition: int) -> list[RemoteSegmentMetadata]:
         if partition not in self._listings:
             self._listings[partition] = self._storage.list_segments(self._prefix(partition))
+            self._log_starts[partition] = self._storage.read_log_start(self._prefix(partition))
         return self._listings[partition]
 
     def _prefix(self, partition: int) -> str:
@@ -99,7 +101,7 @@ class RemotePlanner:
     def split(self, r: OffsetRange) -> list[OffsetRange | RemoteSlice]:
         """`r`'s remote part as slices, one per remote segment, then the rest as a range."""
         segments = self._segments(r.partition)
-        start = r.start
+        start = max(r.start, min(self._log_starts[r.partition], r.end))  # nothing below a DeleteRecords
         out: list[OffsetRange | RemoteSlice] = []
         spans: list[tuple[int, int, int]] = []
         remote_end = min(r.end, max((s.end_offset for s in segments), default=r.start))

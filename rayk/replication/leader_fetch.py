@@ -238,6 +238,14 @@ class LeaderFetch:
 
     def delete_records(self, offset: int) -> int:
         """Kafka's DeleteRecords on the leader (see PartitionReplica.delete_records)."""
+        target = self.delete_records_target(offset)
+        log = self._ctx.log
+        log.maybe_increment_log_start_offset(target)
+        return log.log_start_offset
+
+    def delete_records_target(self, offset: int) -> int:
+        """The offset a DeleteRecords moves the log start to (-1: the HW), checked: NOT_LEADER,
+        POLICY_VIOLATION without cleanup.policy delete, OFFSET_OUT_OF_RANGE below 0 or above the HW."""
         ctx = self._ctx
         if ctx.role is not Role.LEADER:
             raise ctx.not_leader()
@@ -249,8 +257,11 @@ class LeaderFetch:
         target = log.high_watermark if offset == DELETE_TO_HIGH_WATERMARK else offset
         if target < 0:
             raise OffsetOutOfRangeError(f"the offset {offset} for {ctx.name} is not valid")
-        log.maybe_increment_log_start_offset(target)  # OFFSET_OUT_OF_RANGE above the HW
-        return log.log_start_offset
+        if target > log.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"cannot move the log start offset of {ctx.name} to {target}: above the high watermark {log.high_watermark}"
+            )
+        return target
 
     def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""

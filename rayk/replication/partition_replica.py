@@ -306,8 +306,15 @@ class PartitionReplica(Supervised):
         Consumers fetching below it get OFFSET_OUT_OF_RANGE, retention deletes the segments
         wholly below it, the broker's log-start-offset checkpoint keeps it, and followers
         take it from their next fetch's answer. OFFSET_OUT_OF_RANGE for an offset above the
-        HW (or below -1), POLICY_VIOLATION unless cleanup.policy includes delete."""
-        return self._fetches.delete_records(offset)
+        HW (or below -1), POLICY_VIOLATION unless cleanup.policy includes delete. On a
+        tiered log the store records it too, so what is remote below it is not read again
+        (remote_log_manager.py), and the whole log's new start is returned."""
+        if not (self._remote.enabled and self._ctx.role is Role.LEADER):
+            return self._fetches.delete_records(offset)
+        target = self._fetches.delete_records_target(offset)  # its checks, and -1 as the HW
+        await self._remote.delete_records(target)
+        self._fetches.delete_records(max(target, self._log.log_start_offset))
+        return self._remote.log_start_offset()
 
     async def offsets_for_leader_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset): where the leader's log ends for `epoch` (OffsetsForLeaderEpoch)."""

@@ -58,6 +58,7 @@ class RemoteLogManager:
         self._storage: RemoteLogStorage | None = None  # opened at first use (imports pyarrow)
         self._prefix = partition_prefix(ctx.topic, ctx.partition, ctx.topic_id)
         self.segments: list[RemoteSegmentMetadata] = []  # as last listed, oldest first
+        self.log_start_floor = 0  # a DeleteRecords' offset recorded in the store: nothing below is read
         self._task: asyncio.Task | None = None
         self._indexes: dict[str, bytes] = {}
         self._pass_lock = asyncio.Lock()  # one pass at a time (the timer's, or copy_to_remote's)
@@ -124,7 +125,7 @@ class RemoteLogManager:
         if not (self.enabled and ctx.leads_in(epoch)):
             return 0
         store = self._store()
-        self.segments = await asyncio.to_thread(store.list_segments, self._prefix)
+        await self._list(store)
         self._listed_in_epoch = epoch
         await self._expire_remote()
         log = ctx.log
@@ -170,7 +171,8 @@ class RemoteLogManager:
         for s in self.segments:
             expired = config.retention_ms >= 0 and now_ms - s.max_timestamp_ms > config.retention_ms
             oversize = config.retention_bytes >= 0 and excess - s.size_bytes >= 0
-            if not (expired or oversize) or s.end_offset > log.high_watermark:
+            deleted = s.end_offset <= self.log_start_floor  # below a DeleteRecords
+            if not (expired or oversize or deleted) or s.end_offset > log.high_watermark:
                 break
             doomed.append(s)
             if s.base_offset < local_start:
@@ -194,10 +196,10 @@ class RemoteLogManager:
         local_start = self._ctx.log.log_start_offset
         if not self.enabled or not self.segments or self.segments[-1].end_offset < local_start:
             return local_start
-        return min(self.segments[0].base_offset, local_start)
+        return min(max(self.segments[0].base_offset, self.log_start_floor), local_start)
 
     def holds(self, offset: int) -> bool:
-        return self.enabled and any(s.holds(offset) for s in self.segments)
+        return self.enabled and offset >= self.log_start_floor and any(s.holds(offset) for s in self.segments)
 
     # ------------------------------------------------------------------ reads
 
@@ -205,8 +207,21 @@ class RemoteLogManager:
         """Lists the store again."""
         if self.enabled:
             epoch = self._ctx.leader_epoch
-            self.segments = await asyncio.to_thread(self._store().list_segments, self._prefix)
+            await self._list(self._store())
             self._listed_in_epoch = epoch
+
+    async def _list(self, store: RemoteLogStorage) -> None:
+        self.segments = await asyncio.to_thread(store.list_segments, self._prefix)
+        self.log_start_floor = await asyncio.to_thread(store.read_log_start, self._prefix)
+
+    async def delete_records(self, offset: int) -> None:
+        """DeleteRecords up to `offset` on a tiered log: the store records it as the log's
+        start (every leader, follower and Ray Data plan reads it there), the remote
+        segments wholly below it go at the next pass."""
+        await self.ensure_listed()
+        if offset > self.log_start_floor:
+            await asyncio.to_thread(self._store().write_log_start, self._prefix, offset)
+            self.log_start_floor = offset
 
     async def ensure_listed(self) -> None:
         """Lists the store if this leader has not since it began leading: what it answers
@@ -219,7 +234,7 @@ class RemoteLogManager:
     async def read(self, offset: int, max_bytes: int, max_offset: int) -> tuple[bytes, int]:
         """(batches, next offset) from the remote segment holding `offset`; OFFSET_OUT_OF_RANGE
         if none does, KAFKA_STORAGE_ERROR if the store cannot be read."""
-        segment = next((s for s in self.segments if s.holds(offset)), None)
+        segment = next((s for s in self.segments if s.holds(offset)), None) if offset >= self.log_start_floor else None
         if segment is None:
             raise OffsetOutOfRangeError(f"offset {offset} of {self._ctx.name} is in no remote segment")
         store = self._store()
@@ -238,10 +253,10 @@ class RemoteLogManager:
         for segment in self.segments:
             if segment.base_offset >= local_start:
                 return None
-            if segment.max_timestamp_ms >= timestamp_ms:
+            if segment.max_timestamp_ms >= timestamp_ms and segment.end_offset > self.log_start_floor:
                 found = await asyncio.to_thread(remote_offset_for_timestamp, self._store(), self._prefix, segment,
                                                 timestamp_ms)  # fmt: skip
-                if found is not None:
+                if found is not None and found[1] >= self.log_start_floor:
                     return found
         return None
 

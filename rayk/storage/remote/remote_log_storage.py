@@ -42,6 +42,7 @@ S3_OPTIONS = {
 }
 SECRET_OPTIONS = frozenset({"secret.key", "access.key"})
 COPY_CHUNK_BYTES = 8 << 20
+LOG_START_OBJECT = "log-start-offset"  # a DeleteRecords' offset, when it is below the local log
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,27 @@ class RemoteLogStorage:
             return  # deleted already (another leader's retention)
         except Exception as e:
             raise self._failed(f"deleting {prefix}/{metadata.name}", e) from None
+
+    def write_log_start(self, prefix: str, offset: int) -> None:
+        """Records the partition's log start offset (a DeleteRecords below what is local):
+        remote records below it are no longer read, whoever leads or plans a read."""
+        try:
+            if self._local:
+                self._fs.create_dir(self._path(prefix), recursive=True)
+            self._put(self._path(prefix, LOG_START_OBJECT), str(offset).encode())
+        except Exception as e:
+            raise self._failed(f"writing {prefix}/{LOG_START_OBJECT}", e) from None
+
+    def read_log_start(self, prefix: str) -> int:
+        """The log start offset `write_log_start` recorded, or 0."""
+        try:
+            return int(self._read_all(self._path(prefix, LOG_START_OBJECT)))
+        except FileNotFoundError:
+            return 0
+        except ValueError as e:
+            raise KafkaStorageError(f"remote log storage {self.settings.uri}: {prefix}/{LOG_START_OBJECT}: {e}") from None
+        except Exception as e:
+            raise self._failed(f"reading {prefix}/{LOG_START_OBJECT}", e) from None
 
     def delete_partition(self, prefix: str) -> None:
         """Everything of a partition (its topic was deleted)."""
