@@ -159,7 +159,7 @@ async def _alter_topic(view: BrokerView, request: Any, r: Any, validate_only: bo
     if not view.authorized(request, ALTER_CONFIGS, TOPIC, name):
         raise TopicAuthorizationFailedError(f"{request.context.principal} may not alter the configs of topic {name!r}")
     explicit = await view.ask_controller("topic_configs", name, timeout_ms=ALTER_TIMEOUT_MS)  # UNKNOWN_TOPIC_OR_PARTITION
-    configs = validate_topic_configs(plan(r, explicit, topic_config_defaults(view.config)))
+    configs = validate_topic_configs(plan(r, explicit, topic_config_defaults(view.config)), view.config)
     if not validate_only:
         await view.ask_controller("alter_topic_configs", name, configs, timeout_ms=ALTER_TIMEOUT_MS)
 
