@@ -159,6 +159,14 @@ def test_a_follower_starts_its_log_from_a_remote_copy_s_producer_snapshot_and_ep
     leader.close()
 
 
+def test_a_damaged_remote_producer_snapshot_starts_the_follower_without_it_not_as_a_disk_failure(tmp_path):
+    follower = Log(tmp_path / "follower", tiered())
+    follower.truncate_fully_and_start_at(100, b"not a producer snapshot", ((3, 40),))
+    assert (follower.log_start_offset, follower.latest_epoch, follower.producer_state.producers) == (100, 3, {})
+    follower.append_as_leader(producer_batch(0), leader_epoch=3)  # an unknown producer starts anywhere
+    follower.close()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30), st.integers(0, 5)), max_size=12))
 def test_one_copy_per_stretch_of_offsets_covers_every_offset_copied(spans):

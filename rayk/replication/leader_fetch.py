@@ -52,7 +52,7 @@ from rayk.storage.records import iter_batches
 CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1  # ListOffsets sentinels
 EARLIEST_TIMESTAMP = -2
-EARLIEST_LOCAL_TIMESTAMP = -4  # KIP-1005: the local log's start, with tiered storage
+EARLIEST_LOCAL_TIMESTAMP = -4  # KIP-405 (ListOffsets v8): the local log's start, with tiered storage
 LATEST_TIERED_TIMESTAMP = -5  # KIP-1005: the last offset in remote storage (-1: none)
 DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
 

@@ -67,6 +67,7 @@ composed of are not thread-safe: they run under that lock, called from the Log.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -100,6 +101,8 @@ from rayk.storage.segment import LogSegment
 from rayk.storage.segment_flusher import SegmentFlusher
 from rayk.storage.segment_swap import new_cleaned_segment
 from rayk.storage.transaction_index import AbortedTxn
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ClosedSegment", "Log", "LogAppendInfo", "ReadResult", "SegmentToCopy", "TimestampOffset"]
 
@@ -531,7 +534,12 @@ class Log:
             if producer_snapshot_bytes is not None:
                 path = self.dir_path / producer_snapshot.snapshot_file_name(offset)
                 write_atomically(path, producer_snapshot_bytes)
-                self.producer_state.replace_with(producer_snapshot.read(self.dir_path, offset))  # KafkaStorageError if damaged
+                try:
+                    self.producer_state.replace_with(producer_snapshot.read(self.dir_path, offset))
+                except KafkaStorageError as e:  # a damaged remote object: not this disk's failure
+                    logger.warning("%s: the remote producer snapshot at %d is unusable, starting without it: %s",
+                                   self.dir_path, offset, e)  # fmt: skip
+                    producer_snapshot.delete(self.dir_path, [offset])
                 self.producer_state.on_high_watermark_updated(offset)
             in_force = [epoch for epoch, start in leader_epochs if start <= offset]
             if in_force:
