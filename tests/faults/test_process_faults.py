@@ -16,6 +16,7 @@ import ray
 from tests.cluster_helpers import broker_node_cluster, wait_until
 from tests.faults.harness import (
     PARTITIONS,
+    RESUME_BOUND_S,
     SESSION_TIMEOUT_MS,
     TOPIC,
     WITH_LISTENERS,
@@ -140,6 +141,15 @@ def test_sigstop_of_a_leader_replica_past_the_session_timeout_then_sigcont(rayk_
     check(c, traffic, "SIGSTOP of a leader replica, then SIGCONT", resume_s)
 
 
+# Everything killed at once is not one failure for the session timeout to cover: Ray starts
+# every rayk process again (the Controller, which replays its metadata, 3 brokers, their
+# listeners and ~16 replicas, 1-2 s of imports each on 2 cores), and a partition takes
+# acks=all writes only once a follower is back in its ISR. Measured here on 2026-12-03:
+# 26.7-34.4 s at every commit back to before that day's changes (the single-failure bound,
+# 18 s, had passed by luck); a hang still fails it.
+KILL_ALL_RESUME_BOUND_S = RESUME_BOUND_S + 30
+
+
 def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     c = rayk_cluster
     traffic = Traffic(c)
@@ -148,7 +158,7 @@ def test_kill_9_of_every_rayk_process_at_once(rayk_cluster):
     assert len(pids) >= 1 + 3 + 3 * PARTITIONS, pids  # Controller, brokers, listeners, replicas
     kill_all(pids)
     t0 = time.monotonic()  # after the fault (see wait_resumed)
-    resume_s = traffic.wait_resumed(t0)
+    resume_s = traffic.wait_resumed(t0, KILL_ALL_RESUME_BOUND_S)
     run_until_acked(traffic, 1_000)
     check(c, traffic, "kill -9 of every rayk process", resume_s)
 
