@@ -3,7 +3,7 @@ path: the remote part of a batch read's offset ranges as `RemoteSlice`s, one rem
 segment each, that a task reads with one GET of the segment's .log object and decodes to
 Arrow where it runs.
 
-Planning (`plan_remote_slices`, in the driver): the topic's configs and the brokers' store
+Planning (`RemotePlanner`, in the driver): the topic's configs and the brokers' store
 settings come from the Controller; the store's listing of each partition (its metadata
 objects, see rayk/storage/remote/remote_segment.py) says which segments are remote; the
 part of a range below the remote end becomes slices, the rest stays a range the leaders
