@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 
 from rayk.client.offset_ranges import OffsetRange
 from rayk.config import log_config_of
@@ -81,9 +80,9 @@ class RemotePlanner:
     @classmethod
     def for_topic(cls, cluster: Any, topic: str) -> RemotePlanner | None:
         """A planner if `topic` is tiered on brokers with remote storage, else None."""
-        topic_configs, broker_config = ray.get(
-            [cluster.controller.topic_configs.remote(topic), cluster.controller.broker_config.remote()]
-        )
+        api = cluster.api_calls
+        topic_configs = api(lambda: cluster.controller.topic_configs.remote(topic), f"DescribeConfigs {topic!r}")
+        broker_config = api(lambda: cluster.controller.broker_config.remote(), "the brokers' configuration")
         settings = broker_config.remote_storage()
         if settings is None or not log_config_of(topic_configs).remote_storage_enable:
             return None
@@ -107,7 +106,10 @@ class RemotePlanner:
         remote_end = min(r.end, max((s.end_offset for s in segments), default=r.start))
         if r.read_committed and remote_end > start:
             leader = self._cluster.leader(self._topic, r.partition)
-            spans = ray.get(leader.aborted_transactions.remote(start, remote_end))
+            spans = self._cluster.api_calls(
+                lambda: leader.aborted_transactions.remote(start, remote_end),
+                f"aborted transactions of {self._topic}-{r.partition}",
+            )
         for segment in segments:
             if start >= r.end or segment.base_offset > start:
                 break  # a gap (retention at work): the leaders say what is there
