@@ -873,7 +873,12 @@ def test_a_commit_whose_marker_is_pending_when_its_partition_leader_is_killed_co
     producer.send_batch(topic, [b"t0", b"t1", b"t2"])
     producer.flush()  # acks=all: every replica has the records
     partition = cluster.describe_topic(topic)[0]
-    followers = [cluster.replica(topic, 0, b) for b in partition["replicas"] if b != partition["leader"]]
+
+    def followers_known() -> list | None:  # a handle is None until its broker answered the Controller's push
+        handles = [cluster.replica(topic, 0, b) for b in partition["replicas"] if b != partition["leader"]]
+        return handles if all(handles) else None
+
+    followers = wait_until(followers_known, 30, "the followers' handles")
     for follower in followers:
         os.kill(pid_of(follower), signal.SIGSTOP)
     try:

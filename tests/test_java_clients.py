@@ -47,7 +47,7 @@ CONFIG = {
     "default.replication.factor": 3,
     "auto.leader.rebalance.enable": False,
     "group.consumer.heartbeat.interval.ms": 500,  # KIP-848 members' (the broker's setting)
-    "group.consumer.session.timeout.ms": 6000,
+    "group.consumer.session.timeout.ms": 30000,  # outlasts a static member's JVM restart on a busy machine
 }
 TOPICS_TOOL = "org.apache.kafka.tools.TopicCommand"  # kafka-topics.sh
 GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"  # kafka-consumer-groups.sh
@@ -114,7 +114,9 @@ def test_a_java_group_moves_only_what_must_and_keeps_static_members(cluster, boo
     Every record is consumed, and the group commits to the end."""
     topic, group = new_topic(cluster, partitions=4, replication_factor=1), f"java-{protocol}-{uuid.uuid4().hex[:6]}"
     partitions = [f"{topic}-{p}" for p in range(4)]
-    settings = [f"group.protocol={protocol}"]
+    # A static member's session outlasts its restart: a JVM's start can take more than 6 s
+    # on a busy machine (with consumer, the broker's group.consumer.session.timeout.ms).
+    settings = [f"group.protocol={protocol}"] + (["session.timeout.ms=30000"] if protocol == "classic" else [])
     a = member(jvm, bootstrap, topic, group, "a", *settings)
     b = b_again = None
     try:

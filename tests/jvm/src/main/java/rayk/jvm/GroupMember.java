@@ -29,6 +29,7 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * leave at once) and "halt" (the process dies without a word).
  *
  * Usage: GroupMember bootstrap topic group instance-id|- [consumer property=value ...]
+ * (classic: session.timeout.ms 6000 and heartbeat.interval.ms 500 unless given)
  */
 public final class GroupMember {
     public static void main(String[] args) throws Exception {
@@ -48,8 +49,8 @@ public final class GroupMember {
             // The classic protocol's settings; with group.protocol=consumer (KIP-848) the
             // broker assigns and sets the session and heartbeat times.
             props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
-            props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
-            props.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
+            props.putIfAbsent(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
+            props.putIfAbsent(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
         }
         LinkedBlockingQueue<String> commands = new LinkedBlockingQueue<>();
         Thread stdin = new Thread(() -> {
