@@ -57,6 +57,8 @@ class GroupReader(threading.Thread):
         self.consumer.close()
 
 
+@pytest.mark.chaos  # 3-4 minutes on 2 busy cores, in `make chaos`; make test keeps a broker added under
+# traffic (test_broker_lifecycle), the balancer's moves (test_balancer_controller) and its planner
 def test_a_new_broker_takes_its_share_under_traffic_and_nothing_is_lost(tmp_path):
     cluster = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace="balancer-join")
     traffic = reader = None

@@ -261,6 +261,7 @@ def test_a_stream_runs_micro_batches_through_spark_commits_after_each_and_stops_
     assert committed() == [9, 8]
 
 
+@pytest.mark.chaos  # ~24 s, in `make chaos`; make test keeps resumable writes (test_resumable_write) and a stream's commits
 def test_a_stream_with_write_topic_as_sink_writes_no_record_twice_when_spark_retries_a_write_task(
     cluster, spark, tmp_path
 ):
@@ -330,6 +331,7 @@ def consume_all(cluster, topic, timeout_s=60):
     return sorted(got, key=lambda r: (r.partition, r.offset))
 
 
+@pytest.mark.chaos  # ~24 s, in `make chaos`; make test keeps exactly-once streams on Ray Data (test_data.py), whose transactions it shares
 def test_an_exactly_once_stream_aborts_a_batch_whose_output_failed_midway_and_writes_each_record_once(cluster, spark):
     """exactly_once=True: process_batch returns the batch's output, written to sink_topic in
     one transaction with the batch's offsets. Here the first stream's output fails after

@@ -27,6 +27,7 @@ def ray_cluster():
         yield cluster
 
 
+@pytest.mark.chaos  # ~55 s, in `make chaos`; make test keeps the lost node without a replacement (below)
 def test_a_lost_node_comes_back_as_a_replacement_node_with_the_brokers_disk(ray_cluster, tmp_path):
     c = start_rayk(tmp_path)
     try:
