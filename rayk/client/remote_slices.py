@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from rayk.client.offset_ranges import OffsetRange
 from rayk.config import log_config_of
 from rayk.storage.read_committed import committed_batches
