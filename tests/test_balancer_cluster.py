@@ -1,9 +1,9 @@
 """The balancer on a real cluster (rayk.start on the shared local Ray), issue 67's case: a
 fourth broker joins three holding 12 partitions x RF 3 while an idempotent acks=all
 producer and a consumer group run; it comes to hold its share of the replicas and of the
-leaders (how fast: benchmarks/balance_bench.py), and every acknowledged record is read back exactly once, from the
-logs and by the group. And a cluster with auto.balance.enable=false leaves the new broker
-empty."""
+leaders (how fast: benchmarks/balance_bench.py), and every acknowledged record is read
+back exactly once, from the logs and by the group. And a cluster with
+auto.balance.enable=false leaves the new broker empty."""
 
 from __future__ import annotations
 
