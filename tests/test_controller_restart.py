@@ -165,6 +165,8 @@ class CallLoop(threading.Thread):
         assert not self.is_alive(), f"{self.name}: a call did not end"
 
 
+@pytest.mark.chaos  # ~37 s, in `make chaos`; make test keeps a Controller killed for good (below) and
+# killed under traffic (faults/test_process_faults.py), which check the same typed errors
 def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restarts(cluster):
     cluster.create_topic("steady", num_partitions=2, replication_factor=3)
     admin = cluster.admin()
