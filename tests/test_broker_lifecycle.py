@@ -2,7 +2,8 @@
 brokers`), on one local Ray node, with acks=all records flowing: a new broker registers
 and Kafka's clients see it in Metadata; a removed broker's replicas move to the others
 first (never below min.insync.replicas), then it stops, its directory goes and it leaves
-Metadata; a removal the others cannot hold is refused, changing nothing."""
+Metadata; a removal the others cannot hold is refused, changing nothing; started again
+on its directory, the cluster has the brokers it stopped with."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ import pytest
 
 import rayk
 from rayk.cli import main as cli_main
+from rayk.client.cluster import brokers_to_start
 from rayk.errors import BrokerNotAvailableError, PolicyViolationError
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
-from tests.faults.harness import PARTITIONS, TOPIC, Traffic, check, run_until_acked
+from tests.faults.harness import (
+    PARTITIONS, TOPIC, Traffic, check, healthy, lost_and_duplicated, read_partition, run_until_acked,
+)
 
 _namespaces = itertools.count()
 README_BROKERS = "rayk brokers add        # a new broker joins; the balancer moves its share of the replicas and leaders to it"
@@ -84,6 +88,30 @@ def test_a_broker_added_and_another_removed_while_records_flow_loses_nothing(clu
     assert smallest_isr >= 2, f"a partition went below min.insync.replicas: ISR of {smallest_isr}"
     outcome = check(cluster, traffic, "broker 3 added, broker 0 removed", 0.0)
     assert "NOT_ENOUGH_REPLICAS" not in outcome.failed
+
+    # Started again on its directory, the cluster has the brokers it stopped with: 3, not 0.
+    cluster.shutdown()
+    again = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=cluster.namespace)
+    try:
+        assert {b["broker_id"] for b in again.brokers()} == {1, 2, 3}
+        assert not (Path(tmp_path) / "broker-0").exists(), "no broker 0 formatted anew"
+        wait_until(lambda: healthy(again), 90, "every partition led, with its full ISR")
+        stored = {p: read_partition(again, p) for p in range(PARTITIONS)}
+        lost, duplicated = lost_and_duplicated(traffic, stored)
+        assert not lost and not duplicated, f"after the restart: {len(lost)} lost, {len(duplicated)} duplicated"
+    finally:
+        again.shutdown()
+
+
+@pytest.mark.parametrize("registered, brokers, started", [
+    ([], 3, [0, 1, 2]),  # a new data directory
+    ([0, 1, 2], 3, [0, 1, 2]),
+    ([1, 2, 3], 3, [1, 2, 3]),  # 3 added, 0 removed
+    ([1, 2, 3], 4, [1, 2, 3, 4]),  # one more
+    ([0, 2, 5, 7], 3, [0, 2, 5, 7]),  # more registered than asked for: all of them
+])
+def test_start_brings_back_every_registered_broker_then_adds_new_ids(registered, brokers, started):
+    assert brokers_to_start(registered, brokers) == started
 
 
 def test_a_removal_the_other_brokers_cannot_hold_is_refused_and_changes_nothing(cluster):

@@ -20,7 +20,9 @@ for another), retried across a Controller restart, and raising only rayk's error
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +38,8 @@ from rayk.client.descriptions import ClusterHealth, PartitionDescription, partit
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError, NetworkError
 from rayk.internal_topics import is_internal
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster needs none of them
     from rayk.client.admin import Admin
@@ -83,18 +87,28 @@ def _factory(data_dir: Path, namespace: str, config: BrokerConfig, node_resource
     return BrokerFactory(str(data_dir), namespace, config, node_resource, one_per_node)
 
 
-def _request_broker_nodes(settings: AutoscaleSettings, deadline_s: float) -> None:
-    """Asks Ray's autoscaler for `min_brokers` nodes offering the broker resource (the
-    standing request the Controller then keeps) and waits until they joined."""
+def brokers_to_start(registered: Iterable[int], brokers: int) -> list[int]:
+    """The broker ids `start` starts: every broker the cluster's metadata has registered
+    (on a data_dir used before, each comes back with its id and its directory, whatever
+    brokers were added or removed since), then new ids above theirs, up to `brokers` in all."""
+    ids = sorted(registered)
+    next_id = max(ids, default=-1) + 1
+    ids += range(next_id, next_id + brokers - len(ids))
+    return ids
+
+
+def _request_broker_nodes(node_resource: str, count: int, deadline_s: float) -> None:
+    """Asks Ray's autoscaler for `count` nodes offering the broker resource (the Controller
+    then keeps its own standing request, for the minimum) and waits until they joined."""
     from ray.autoscaler.sdk import request_resources
 
     from rayk.server.broker_placement import candidate_nodes
 
-    request_resources(bundles=[{settings.node_resource: 1}] * settings.min_brokers)
-    while len(candidate_nodes(settings.node_resource)) < settings.min_brokers:
+    request_resources(bundles=[{node_resource: 1}] * count)
+    while len(candidate_nodes(node_resource)) < count:
         if time.monotonic() > deadline_s:
             raise KafkaTimeoutError(
-                f"Ray's autoscaler did not bring {settings.min_brokers} nodes offering {settings.node_resource!r} "
+                f"Ray's autoscaler did not bring {count} nodes offering {node_resource!r} "
                 f"within {START_TIMEOUT_MS} ms (see `ray status`)"
             )
         time.sleep(NODE_POLL_S)
@@ -114,7 +128,11 @@ def start(
     Ray locally, or joining `address`, if this process is not connected yet).
 
     `config` holds broker settings by Kafka name (`broker.session.timeout.ms`, ...). On a
-    `data_dir` used before, the cluster comes back with its topics and data.
+    `data_dir` used before, the cluster comes back with its topics and data: every broker
+    registered there starts again with its id (those `add_broker` added included, those
+    `remove_broker` removed not), and new brokers are added up to `brokers` in all; with
+    more registered than `brokers`, all of them start (a broker leaves by remove_broker,
+    not by starting fewer).
 
     With `autoscale`, the brokers follow Ray's autoscaler (rayk/controller/autoscaling.py)
     and `brokers` is their minimum: one broker runs on each node offering `node_resource`
@@ -157,9 +175,14 @@ def start(
     cluster = Cluster(controller, namespace)
     deadline_s = time.monotonic() + START_TIMEOUT_MS / 1000
     cluster_id = calls.get(controller.cluster_id.remote(), deadline_s, "the Controller's start")
+    registered = [b["broker_id"] for b in calls.get(controller.brokers.remote(), deadline_s, "the registered brokers")]
+    broker_ids = brokers_to_start(registered, brokers)
+    if len(registered) > brokers:
+        logger.info("brokers %s are registered in %s: all of them start (a broker leaves with remove_broker)",
+                    registered, data_dir)  # fmt: skip
     if autoscaling is not None:
-        _request_broker_nodes(autoscaling, deadline_s)
-    placement = place_brokers(range(brokers), data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
+        _request_broker_nodes(autoscaling.node_resource, len(broker_ids), deadline_s)
+    placement = place_brokers(broker_ids, data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
     managers = [factory.create(b, node, cluster_id, controller) for b, node in placement.items()]
     calls.get_all([m.start.remote() for m in managers], deadline_s, "the brokers' start")
     calls.get(controller.start.remote(), deadline_s, "the Controller's start")  # session timeouts count from here
