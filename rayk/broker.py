@@ -6,9 +6,9 @@ The one module that knows both layers. `BrokerFactory` is how brokers are create
 handed the factory, so that rayk/controller never imports the listener either). The ReplicaManager is handed the listener's
 factory instead of importing it, so imports point one way (DESIGN's layers) and the wire
 protocol stays out of every process that merely holds a broker's handle: Ray loads an
-actor handle's class module in each process the handle reaches, and every partition
-replica holds its broker's (a replica is a process per partition; the protocol's schemas
-would cost each of them ~10 MiB).
+actor handle's class module in each process the handle reaches. (Partition replicas, a
+process per partition, hold no broker handle at all: they reach their broker by name,
+rayk/actors/named_actor.py.)
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_
 
 
 def create_broker(
-    broker_id: int, data_dir: str, cluster_id: str, controller: Any, config: BrokerConfig, **actor_options: Any
+    broker_id: int, data_dir: str, cluster_id: str, controller: Any, config: BrokerConfig, namespace: str,
+    **actor_options: Any,
 ) -> Any:
-    """A broker's actor (not started yet: call its `start`), with Ray `actor_options`
-    (name, lifetime, scheduling strategy, ...)."""
-    return BrokerActor.options(**actor_options).remote(
-        broker_id, data_dir, cluster_id, controller, config, listener_factory=create_listener
+    """A broker's actor (not started yet: call its `start`), named broker_actor_name in Ray
+    `namespace` (where the Controller is named too), with Ray `actor_options` (lifetime,
+    scheduling strategy, ...)."""
+    return BrokerActor.options(name=broker_actor_name(broker_id), namespace=namespace, **actor_options).remote(
+        broker_id, data_dir, cluster_id, controller, config, listener_factory=create_listener, namespace=namespace
     )
 
 
@@ -75,9 +77,7 @@ class BrokerFactory:
         """The broker's actor on `node_id`, not started yet (call its `start`)."""
         reserved = {"resources": {self.node_resource: 1}} if self.one_per_node and self.node_resource else {}
         return create_broker(
-            broker_id, self.data_dir, cluster_id, controller, self.config,
-            name=broker_actor_name(broker_id),
-            namespace=self.namespace,
+            broker_id, self.data_dir, cluster_id, controller, self.config, self.namespace,
             lifetime="detached",
             max_restarts=-1,
             scheduling_strategy=pinned(node_id),

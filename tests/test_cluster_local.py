@@ -87,9 +87,13 @@ def test_topic_has_a_leader_and_a_full_isr_on_three_brokers(shared):
 # A replica is a process per partition: a data library in it would cost its memory hundreds
 # of times over on a node (pyarrow alone adds tens of MiB to a process).
 LIBRARIES_NO_REPLICA_LOADS = {"pyarrow", "pandas", "pyspark", "kio", "raydp"}
+# Nor the broker's, the Controller's, the listener's or the coordinators' modules: a replica
+# reaches its broker and the Controller by name (rayk/actors/named_actor.py), since an
+# actor handle in its creation arguments made its process load the handle's class.
+RAYK_PACKAGES_NO_REPLICA_LOADS = ("rayk.server", "rayk.controller", "rayk.net", "rayk.coordinator")
 
 
-def test_replica_processes_load_no_data_libraries(shared):
+def test_replica_processes_load_no_data_libraries_and_none_of_the_broker_s_modules(shared):
     cluster = shared
     cluster.create_topic("lean", num_partitions=2, replication_factor=3)
     produce(cluster.leader("lean", 0), [b"a"])
@@ -98,6 +102,8 @@ def test_replica_processes_load_no_data_libraries(shared):
         assert "rayk.replication.partition_replica" in modules, "the answer comes from a replica's own process"
         libraries = {name.partition(".")[0] for name in modules}
         assert LIBRARIES_NO_REPLICA_LOADS.isdisjoint(libraries), (handle, LIBRARIES_NO_REPLICA_LOADS & libraries)
+        loaded = sorted(m for m in modules if m.startswith(RAYK_PACKAGES_NO_REPLICA_LOADS))
+        assert not loaded, (handle, loaded)
 
 
 def test_starting_a_cluster_leaves_the_wire_protocol_out_of_the_callers_process():

@@ -15,3 +15,5 @@ itself (the Controller, the brokers, their listeners and partition replicas):
 """
 
 INTERNAL_ACTOR_OPTIONS = {"num_cpus": 0, "enable_task_events": False}
+
+CONTROLLER_NAME = "rayk-controller"  # the Controller's actor name in its cluster's Ray namespace

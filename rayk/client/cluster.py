@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rayk.actors import INTERNAL_ACTOR_OPTIONS
+from rayk.actors import CONTROLLER_NAME, INTERNAL_ACTOR_OPTIONS
 from rayk.controller.autoscaling import DEFAULT_BROKER_RESOURCE, AutoscaleSettings
 from rayk.controller.controller import Controller
 from rayk.client import calls
@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # imported where used: a Ray task that unpickles a Cluster ne
     from rayk.client.share_consumer import ShareConsumer
 
 DEFAULT_NAMESPACE = "rayk"
-CONTROLLER_NAME = "rayk-controller"
 HEALTH_TIMEOUT_S = 10  # a broker that does not answer `health` by then is shown without figures
 NODE_POLL_S = 0.5  # how often `start` looks for the broker nodes it asked Ray's autoscaler for
 # For actors to be created and started: a Controller replaying its metadata log, brokers

@@ -38,6 +38,7 @@ import logging
 import time
 from typing import Any
 
+from rayk.actors.named_actor import handle_of
 from rayk.errors import IneligibleReplicaError, KafkaError, NotEnoughReplicasError, StaleBrokerEpochError
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
 from rayk.replication.replica_state import LeaderReplicaState
@@ -216,7 +217,8 @@ class LeaderIsr:
         while not self._settled(proposal, epoch):
             try:
                 async with asyncio.timeout(ISR_CHANGE_TIMEOUT_MS / 1000):
-                    isr, partition_epoch = await self._isr_manager.alter_partition.remote(
+                    manager = await handle_of(self._isr_manager)
+                    isr, partition_epoch = await manager.alter_partition.remote(
                         ctx.topic, ctx.partition, ctx.broker_id, epoch, partition_epoch_sent, sorted(proposal),
                         added_incarnations,
                     )

@@ -97,9 +97,10 @@ class PartitionReplica(Supervised):
         board_slot: BoardSlot | None = None,
     ) -> None:
         """`offsets` are the broker's checkpointed recovery point, log start and HW for this
-        log; `isr_manager` is an actor handle with `alter_partition` (the ReplicaManager);
-        `controller` the Controller's, through which a leader finds the transaction
-        coordinators that verify transactional writes (txn_verification.py); `board_slot`
+        log; `isr_manager` is an actor with `alter_partition` (the ReplicaManager);
+        `controller` the Controller, through which a leader finds the transaction
+        coordinators that verify transactional writes (txn_verification.py): each a
+        NamedActor (rayk/actors/named_actor.py) or a handle; `board_slot`
         where this replica publishes its offsets to its broker (replica_board.py)."""
         raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         call_methods_directly(self)

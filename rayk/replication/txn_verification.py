@@ -32,6 +32,7 @@ from typing import Any
 
 from ray.exceptions import RayError, RayTaskError
 
+from rayk.actors.named_actor import handle_of
 from rayk.errors import (
     ConcurrentTransactionsError,
     CoordinatorLoadInProgressError,
@@ -67,7 +68,8 @@ class CoordinatorHandles:
     async def get(self, transactional_id: str) -> Any:
         handle = self._handles.get(transactional_id)
         if handle is None:
-            _, handle = await self.controller.find_transaction_coordinator.remote(transactional_id)
+            controller = await handle_of(self.controller)
+            _, handle = await controller.find_transaction_coordinator.remote(transactional_id)
             if len(self._handles) >= self.MAX_REMEMBERED:
                 del self._handles[next(iter(self._handles))]
             self._handles[transactional_id] = handle

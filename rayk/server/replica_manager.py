@@ -98,7 +98,8 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayk import metrics
-from rayk.actors import INTERNAL_ACTOR_OPTIONS, raylet_watch
+from rayk.actors import CONTROLLER_NAME, INTERNAL_ACTOR_OPTIONS, raylet_watch
+from rayk.actors.named_actor import NamedActor
 from rayk.server.broker_health import broker_health
 from rayk.server.broker_log_manager import BrokerLogManager
 from rayk.server.log_dir_health import LogDirHealth
@@ -222,9 +223,12 @@ class ReplicaManager(Supervised):
         controller: Any,
         broker_config: BrokerConfig | None = None,
         listener_factory: ListenerFactory | None = None,
+        namespace: str | None = None,
     ) -> None:
         """`listener_factory` starts the broker's Kafka listener; without one the broker
-        serves only actor handles."""
+        serves only actor handles. `namespace`: the Ray namespace this actor and the
+        Controller are named in (a Ray actor's runtime context tells its job's namespace,
+        not the one it was named in); its replicas reach both by name (NamedActor)."""
         raylet_watch.start()  # this process goes with its node's raylet (raylet_watch.py)
         self.broker_id = broker_id
         self.config = broker_config or BrokerConfig()
@@ -242,6 +246,7 @@ class ReplicaManager(Supervised):
         self._board = ReplicaBoard(self.dir, max(1, min(self.config.replica_high_watermark_checkpoint_interval_ms,
                                                         self.config.broker_session_timeout_ms // 4)))  # fmt: skip
         self._controller = controller
+        self._namespace = namespace if namespace is not None else ray.get_runtime_context().namespace
         self._node_id = ray.get_runtime_context().get_node_id()
         self._replicas: dict[TopicPartition, _Replica] = {}
         # Partitions whose replica the Controller stopped and deleted here: (topic id, the
@@ -713,8 +718,10 @@ class ReplicaManager(Supervised):
             log_config_of(a.configs),
             replica_config_of(a.configs, self.config),
             self._logs.offsets(tp),
-            ray.get_runtime_context().current_actor,
-            self._controller,
+            # By name, not by handle: a handle would make the replica's process load this
+            # module's and the Controller's (rayk/actors/named_actor.py).
+            NamedActor(ray.get_runtime_context().get_actor_name(), self._namespace),
+            NamedActor(CONTROLLER_NAME, self._namespace),
         )
         # On this node: the board is shared memory, and its times are this node's clock.
         pinned = NodeAffinitySchedulingStrategy(self._node_id, soft=False)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ray.exceptions import RayError
 
+from rayk.actors.named_actor import handle_of
 from rayk.coordinator.coordinator_log import LogEntry
 from rayk.coordinator.coordinator_replica import CoordinatorReplica
 from rayk.coordinator.transaction.transaction_coordinator import TransactionConfig, TransactionCoordinator
@@ -94,7 +95,7 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
 
     async def _new_producer_id(self) -> int:
         try:
-            return await self._controller.init_producer_id.remote()
+            return await (await handle_of(self._controller)).init_producer_id.remote()
         except RayError as e:  # the Controller restarting: the client retries
             raise CoordinatorNotAvailableError(f"no producer id from the Controller: {e}") from None
 
@@ -108,7 +109,7 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
         try:
             leader = self._leaders.get(tp)
             if leader is None:
-                leader = self._leaders[tp] = await self._controller.leader.remote(topic, partition)
+                leader = self._leaders[tp] = await (await handle_of(self._controller)).leader.remote(topic, partition)
             result = await leader.write_txn_marker.remote(producer_id, producer_epoch, commit, coordinator_epoch, MARKER_TIMEOUT_MS)
         except KafkaError:
             self._leaders.pop(tp, None)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from rayk.actors.named_actor import handle_of
 from rayk.replication.share.share_state import ShareStateRecord
 from rayk.dataplane.frames import ShareStateWrite
 from rayk.dataplane.replica_link import ReplicaLink
@@ -106,7 +107,8 @@ class ShareStateClient:
             try:
                 coordinator = self._coordinators.get(group_id)
                 if coordinator is None:
-                    _, coordinator = await self._controller.find_coordinator.remote(group_id)
+                    controller = await handle_of(self._controller)
+                    _, coordinator = await controller.find_coordinator.remote(group_id)
                     self._coordinators[group_id] = coordinator
                 return await call(coordinator)
             except _Answered as e:
