@@ -43,7 +43,8 @@ class NamedActor:
             try:
                 handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=self.namespace)
             except ValueError:
-                raise ActorUnavailableError(f"no actor is named {self.name!r} in namespace {self.namespace!r}", None) from None
+                missing = f"no actor is named {self.name!r} in namespace {self.namespace!r}"
+                raise ActorUnavailableError(missing, None) from None
             _handles[self] = handle
         return handle
 

@@ -137,7 +137,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         """Every topic's partition count, from the Controller (COORDINATOR_NOT_AVAILABLE if
         it does not answer in time: the member retries)."""
         try:
-            described = await asyncio.wait_for((await handle_of(self._controller)).client_metadata.remote(None), TOPIC_LOOKUP_TIMEOUT_MS / 1000)
+            controller = await handle_of(self._controller)
+            described = await asyncio.wait_for(controller.client_metadata.remote(None), TOPIC_LOOKUP_TIMEOUT_MS / 1000)
         except (asyncio.TimeoutError, RayError) as e:
             raise CoordinatorNotAvailableError(f"could not look the topics up: {e!r}") from None
         return {name: len(t["partitions"]) for name, t in described["topics"].items()}
@@ -219,7 +220,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         for topic, partition in partitions:
             for attempt in range(1, FORGET_SHARE_STATE_ATTEMPTS + 1):
                 try:
-                    leader = await (await handle_of(self._controller)).leader.remote(topic, partition)
+                    controller = await handle_of(self._controller)
+                    leader = await controller.leader.remote(topic, partition)
                     await leader.share_forget_group.remote(group_id)
                     break
                 except Exception as e:  # no leader now (moving), or it died: a new one reads the state anyway
@@ -232,7 +234,8 @@ class OffsetsPartitionReplica(CoordinatorReplica):
         for member_id, partitions in gone:
             for topic, partition in sorted(partitions):
                 try:
-                    leader = await (await handle_of(self._controller)).leader.remote(topic, partition)
+                    controller = await handle_of(self._controller)
+                    leader = await controller.leader.remote(topic, partition)
                     await leader.share_release_member.remote(group_id, member_id)
                 except Exception as e:  # a leader gone or moving: the locks expire there
                     logger.info("share group %s: %s-%d did not release member %s: %r", group_id, topic, partition,

@@ -95,7 +95,8 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
 
     async def _new_producer_id(self) -> int:
         try:
-            return await (await handle_of(self._controller)).init_producer_id.remote()
+            controller = await handle_of(self._controller)
+            return await controller.init_producer_id.remote()
         except RayError as e:  # the Controller restarting: the client retries
             raise CoordinatorNotAvailableError(f"no producer id from the Controller: {e}") from None
 
@@ -109,7 +110,8 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
         try:
             leader = self._leaders.get(tp)
             if leader is None:
-                leader = self._leaders[tp] = await (await handle_of(self._controller)).leader.remote(topic, partition)
+                controller = await handle_of(self._controller)
+                leader = self._leaders[tp] = await controller.leader.remote(topic, partition)
             result = await leader.write_txn_marker.remote(producer_id, producer_epoch, commit, coordinator_epoch, MARKER_TIMEOUT_MS)
         except KafkaError:
             self._leaders.pop(tp, None)
