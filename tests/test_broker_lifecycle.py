@@ -108,7 +108,8 @@ def test_a_broker_added_and_another_removed_while_records_flow_loses_nothing(clu
     ([0, 1, 2], 3, [0, 1, 2]),
     ([1, 2, 3], 3, [1, 2, 3]),  # 3 added, 0 removed
     ([1, 2, 3], 4, [1, 2, 3, 4]),  # one more
-    ([0, 2, 5, 7], 3, [0, 2, 5, 7]),  # more registered than asked for: all of them
+    ([0, 2, 5, 7], 3, [0, 2, 5]),  # more registered than asked for: the lowest ids (the rest stay down)
+    ([4], 3, [4, 5, 6]),
 ])
 def test_start_brings_back_every_registered_broker_then_adds_new_ids(registered, brokers, started):
     assert brokers_to_start(registered, brokers) == started

@@ -87,11 +87,11 @@ def _factory(data_dir: Path, namespace: str, config: BrokerConfig, node_resource
 
 
 def brokers_to_start(registered: Iterable[int], brokers: int) -> list[int]:
-    """The broker ids `start` starts: every broker the cluster's metadata has registered
-    (on a data_dir used before, each comes back with its id and its directory, whatever
-    brokers were added or removed since), then new ids above theirs, up to `brokers` in all."""
-    ids = sorted(registered)
-    next_id = max(ids, default=-1) + 1
+    """The `brokers` broker ids `start` starts: the brokers the cluster's metadata has
+    registered, lowest ids first (on a data_dir used before, each comes back with its id and
+    its directory, whatever brokers were added or removed since), then new ids above theirs."""
+    ids = sorted(registered)[:brokers]
+    next_id = max(registered, default=-1) + 1
     ids += range(next_id, next_id + brokers - len(ids))
     return ids
 
@@ -130,8 +130,8 @@ def start(
     `data_dir` used before, the cluster comes back with its topics and data: every broker
     registered there starts again with its id (those `add_broker` added included, those
     `remove_broker` removed not), and new brokers are added up to `brokers` in all; with
-    more registered than `brokers`, all of them start (a broker leaves by remove_broker,
-    not by starting fewer).
+    more registered than `brokers`, the lowest ids start and the others stay down (a
+    warning names them: a broker leaves by remove_broker, not by starting fewer).
 
     With `autoscale`, the brokers follow Ray's autoscaler (rayk/controller/autoscaling.py)
     and `brokers` is their minimum: one broker runs on each node offering `node_resource`
@@ -176,9 +176,10 @@ def start(
     cluster_id = calls.get(controller.cluster_id.remote(), deadline_s, "the Controller's start")
     registered = [b["broker_id"] for b in calls.get(controller.brokers.remote(), deadline_s, "the registered brokers")]
     broker_ids = brokers_to_start(registered, brokers)
-    if len(registered) > brokers:
-        logger.info("brokers %s are registered in %s: all of them start (a broker leaves with remove_broker)",
-                    registered, data_dir)  # fmt: skip
+    if left_down := sorted(set(registered) - set(broker_ids)):
+        logger.warning("brokers %s are registered in %s but not started (brokers=%d): their replicas stay "
+                       "offline until they are (Cluster.restart_broker); a broker leaves by remove_broker",
+                       left_down, data_dir, brokers)  # fmt: skip
     if autoscaling is not None:
         _request_broker_nodes(autoscaling.node_resource, len(broker_ids), deadline_s)
     placement = place_brokers(broker_ids, data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
