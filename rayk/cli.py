@@ -231,8 +231,7 @@ def cmd_start(args: argparse.Namespace) -> None:
         node_resource=args.node_resource, autoscale=args.autoscale,
     )
     data_dir = Path(args.data_dir).resolve()
-    running = len(cluster.brokers())  # more than --brokers where more were registered in the data directory
-    size = f"{running} brokers (at least {args.brokers}, following Ray's autoscaler)" if args.autoscale else f"{running} brokers"
+    size = f"at least {args.brokers} brokers, following Ray's autoscaler," if args.autoscale else f"{args.brokers} brokers"
     started = f"rayk cluster of {size} started in Ray namespace {args.namespace!r}"
     say(args, f"{started}, data in {data_dir}", _brokers_table(cluster), _nodes_table(cluster), _bootstrap_line(cluster))
 

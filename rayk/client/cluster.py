@@ -96,18 +96,18 @@ def brokers_to_start(registered: Iterable[int], brokers: int) -> list[int]:
     return ids
 
 
-def _request_broker_nodes(node_resource: str, count: int, deadline_s: float) -> None:
-    """Asks Ray's autoscaler for `count` nodes offering the broker resource (the Controller
-    then keeps its own standing request, for the minimum) and waits until they joined."""
+def _request_broker_nodes(settings: AutoscaleSettings, deadline_s: float) -> None:
+    """Asks Ray's autoscaler for `min_brokers` nodes offering the broker resource (the
+    standing request the Controller then keeps) and waits until they joined."""
     from ray.autoscaler.sdk import request_resources
 
     from rayk.server.broker_placement import candidate_nodes
 
-    request_resources(bundles=[{node_resource: 1}] * count)
-    while len(candidate_nodes(node_resource)) < count:
+    request_resources(bundles=[{settings.node_resource: 1}] * settings.min_brokers)
+    while len(candidate_nodes(settings.node_resource)) < settings.min_brokers:
         if time.monotonic() > deadline_s:
             raise KafkaTimeoutError(
-                f"Ray's autoscaler did not bring {count} nodes offering {node_resource!r} "
+                f"Ray's autoscaler did not bring {settings.min_brokers} nodes offering {settings.node_resource!r} "
                 f"within {START_TIMEOUT_MS} ms (see `ray status`)"
             )
         time.sleep(NODE_POLL_S)
@@ -181,7 +181,7 @@ def start(
                        "offline until they are (Cluster.restart_broker); a broker leaves by remove_broker",
                        left_down, data_dir, brokers)  # fmt: skip
     if autoscaling is not None:
-        _request_broker_nodes(autoscaling.node_resource, len(broker_ids), deadline_s)
+        _request_broker_nodes(autoscaling, deadline_s)
     placement = place_brokers(broker_ids, data_dir, cluster_id, node_resource, timeout_s=START_TIMEOUT_MS / 1000)
     managers = [factory.create(b, node, cluster_id, controller) for b, node in placement.items()]
     calls.get_all([m.start.remote() for m in managers], deadline_s, "the brokers' start")
