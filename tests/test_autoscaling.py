@@ -35,7 +35,7 @@ from rayk.metadata.records import (
 from rayk.metadata.replication_control import assign_replicas
 from rayk.server.replica_capacity import check_replica_caps
 from tests import fake_autoscaler, own_namespaces
-from tests.cluster_helpers import FAST_CONFIG, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, wait_until
 from tests.fake_autoscaler import BROKER_RESOURCE, broker_nodes, log
 
 # ---------------------------------------------------------------------------- pure parts
@@ -219,7 +219,7 @@ SCENARIO_TIMEOUT_S = 600
 def grow_and_shrink(data_dir: str) -> None:
     """The scenario, run inside the namespace by tests/fake_autoscaler.py (`main`); the
     cluster started as `rayk start --autoscale` starts it (node resource: its default)."""
-    config = [f"{key}={value}" for key, value in {**FAST_CONFIG, "broker.idle.removal.ms": IDLE_REMOVAL_MS}.items()]
+    config = [f"{key}={value}" for key, value in {**FAST_CONFIG, **NO_LISTENERS, "broker.idle.removal.ms": IDLE_REMOVAL_MS}.items()]
     assert cli_main(["start", "--brokers", "1", "--autoscale", "--data-dir", data_dir, "--config", *config]) == 0
     cluster = rayk.connect()
     log(f"rayk started: brokers {[b['broker_id'] for b in cluster.brokers()]}, broker nodes {len(broker_nodes())}")

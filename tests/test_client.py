@@ -35,11 +35,12 @@ from rayk.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from tests.cluster_helpers import FAST_CONFIG, consume_topic, pid_of, read_replica, release_shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, consume_topic, pid_of, read_replica, release_shared_local_ray, wait_until
 from tests.dataplane_fakes import FakeReplicaEndpoint
 
 CONFIG = {
     **FAST_CONFIG,
+    **NO_LISTENERS,  # the Python API's tests: no Kafka protocol
     "group.initial.rebalance.delay.ms": 0,
     "group.min.session.timeout.ms": 1000,
     "num.partitions": 2,

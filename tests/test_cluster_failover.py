@@ -23,6 +23,7 @@ from rayk.storage.log_manager import partition_dir_name
 from tests.cluster_helpers import (
     BROKER_RESOURCE,
     FAST_CONFIG,
+    NO_LISTENERS,
     Writer,
     assert_acked_records_present,
     batch_of,
@@ -49,7 +50,8 @@ def node_id_here() -> str:
 
 
 def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_cluster, tmp_path):
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace="spread", node_resource=BROKER_RESOURCE)
+    c = rayk.start(brokers=3, data_dir=tmp_path, config={**FAST_CONFIG, **NO_LISTENERS}, namespace="spread",
+                   node_resource=BROKER_RESOURCE)
     try:
         node_of = {b["broker_id"]: b["node_id"] for b in c.brokers()}
         assert len(set(node_of.values())) == 3

@@ -30,6 +30,7 @@ from rayk.errors import (
 from rayk.storage import meta_properties
 from tests.cluster_helpers import (
     FAST_CONFIG,
+    NO_LISTENERS,
     pid_of,
     produce,
     produce_to_leader,
@@ -40,6 +41,7 @@ from tests.cluster_helpers import (
 )
 
 _namespaces = itertools.count()
+CONFIG = {**FAST_CONFIG, **NO_LISTENERS}  # these tests speak no Kafka protocol
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,14 +58,14 @@ def shared_dir(tmp_path_factory):
 def shared(shared_dir):
     """One cluster for the tests that neither stop brokers nor count on a fresh cluster
     (each of them uses topics of its own): a cluster start is ~5 s of the suite."""
-    c = rayk.start(brokers=3, data_dir=shared_dir, config=FAST_CONFIG, namespace=f"local-{next(_namespaces)}")
+    c = rayk.start(brokers=3, data_dir=shared_dir, config=CONFIG, namespace=f"local-{next(_namespaces)}")
     yield c
     c.shutdown()
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = rayk.start(brokers=3, data_dir=tmp_path, config=FAST_CONFIG, namespace=f"local-{next(_namespaces)}")
+    c = rayk.start(brokers=3, data_dir=tmp_path, config=CONFIG, namespace=f"local-{next(_namespaces)}")
     yield c
     try:
         c.shutdown()
@@ -208,7 +210,7 @@ def test_leadership_returns_to_the_preferred_replica_by_itself_after_a_failover(
     """auto.leader.rebalance.enable: broker 0 prefers partition 0; while it is away another
     broker leads (an explicit election is refused), and once it is back in sync the
     Controller's imbalance check gives partition 0 back to it."""
-    config = {**FAST_CONFIG, "leader.imbalance.check.interval.seconds": 1}
+    config = {**CONFIG, "leader.imbalance.check.interval.seconds": 1}
     c = rayk.start(brokers=3, data_dir=tmp_path, config=config, namespace=f"local-{next(_namespaces)}")
     try:
         c.create_topic("t", num_partitions=3, replication_factor=3)
@@ -283,7 +285,7 @@ def test_whole_cluster_restart_keeps_topics_leaders_and_data(cluster, tmp_path):
     # then rightly shrink its ISR. And a session long enough for a ping: while the 12
     # processes start, a replica or a listener can answer no ping for 4-6 s (a CI machine,
     # Ray calls 1.4 ms), and its broker, past FAST_CONFIG's 4 s, would replace it as hung.
-    restart_config = {**FAST_CONFIG, "replica.lag.time.max.ms": 30_000, "broker.session.timeout.ms": 30_000}
+    restart_config = {**CONFIG, "replica.lag.time.max.ms": 30_000, "broker.session.timeout.ms": 30_000}
     again = rayk.start(brokers=3, data_dir=tmp_path, config=restart_config, namespace=cluster.namespace)
     try:
         after = again.describe_topic("keep")

@@ -16,10 +16,11 @@ import ray
 import rayk
 from rayk.client import TopicPartition
 from rayk.client.arrow_batches import SCHEMA
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, shared_local_ray, wait_until
 
 CONFIG = {
     **FAST_CONFIG,
+    **NO_LISTENERS,  # the Python consumer's tests: no Kafka protocol
     "group.initial.rebalance.delay.ms": 0,
     "group.min.session.timeout.ms": 1000,
 }

@@ -18,7 +18,7 @@ import ray
 import rayk
 from rayk.client import TopicPartition
 from rayk.errors import KafkaError, TopicAlreadyExistsError
-from tests.cluster_helpers import FAST_CONFIG, is_dead, pid_of, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, is_dead, pid_of, shared_local_ray, wait_until
 
 PARTITIONS = 3
 
@@ -30,7 +30,8 @@ def ray_local():
 
 # Snapshots every 4 KiB of metadata records: a few changes each, so every restart below
 # restores a snapshot and replays only what followed it.
-SNAPSHOTTING_CONFIG = {**FAST_CONFIG, "metadata.log.max.record.bytes.between.snapshots": 4096}
+CONFIG = {**FAST_CONFIG, **NO_LISTENERS}  # these tests speak no Kafka protocol
+SNAPSHOTTING_CONFIG = {**CONFIG, "metadata.log.max.record.bytes.between.snapshots": 4096}
 
 
 @pytest.fixture
@@ -213,7 +214,7 @@ def test_admin_and_cluster_calls_raise_only_rayk_errors_across_controller_restar
 def test_client_calls_raise_only_rayk_errors_while_the_controller_is_away(tmp_path):
     """With the Controller gone for good (killed, no restart), calls that need it fail
     with typed errors within their timeouts instead of Ray's."""
-    c = rayk.start(brokers=1, data_dir=tmp_path, config=FAST_CONFIG, namespace="controller-gone")
+    c = rayk.start(brokers=1, data_dir=tmp_path, config=CONFIG, namespace="controller-gone")
     try:
         c.create_topic("gone", num_partitions=1, replication_factor=1)
         ray.kill(c.controller, no_restart=True)

@@ -25,7 +25,7 @@ from rayk.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, shared_local_ray, wait_until
 
 
 pytestmark = pytest.mark.usefixtures("delete_topics_after_test")
@@ -39,7 +39,8 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("data"), config=FAST_CONFIG, namespace="data")
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("data"), config={**FAST_CONFIG, **NO_LISTENERS},
+                   namespace="data")
     yield c
     c.shutdown()
 

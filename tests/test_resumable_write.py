@@ -25,7 +25,7 @@ from rayk.client.resumable_write import (
 )
 from rayk.client.types import TopicPartition
 from rayk.errors import InvalidConfigurationError, KafkaError, OutOfOrderSequenceError
-from tests.cluster_helpers import FAST_CONFIG, read_partition, shared_local_ray
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, read_partition, shared_local_ray
 
 # ---------------------------------------------------------------------------- TaskRows, no Ray
 
@@ -117,7 +117,8 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("resume"), config=FAST_CONFIG, namespace="resume")
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("resume"), config={**FAST_CONFIG, **NO_LISTENERS},
+                   namespace="resume")
     yield c
     c.shutdown()
 

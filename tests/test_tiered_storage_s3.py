@@ -13,7 +13,7 @@ import ray
 import rayk
 import rayk.data
 from rayk.client.remote_slices import RemoteSlice
-from tests.cluster_helpers import FAST_CONFIG, shared_local_ray, wait_until
+from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, shared_local_ray, wait_until
 from tests.s3_server import S3Server
 from tests.test_tiered_storage import LOCAL_RETENTION_BYTES, RECORDS, SEGMENT_BYTES, TOPIC_CONFIG, consumed_values, \
     produce, tiered_down, values
@@ -30,7 +30,7 @@ def s3(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3):
     shared_local_ray()
-    config = {**FAST_CONFIG, **s3.settings("tiered"), "auto.leader.rebalance.enable": False,
+    config = {**FAST_CONFIG, **NO_LISTENERS, **s3.settings("tiered"), "auto.leader.rebalance.enable": False,
               "remote.log.manager.task.interval.ms": 300}  # fmt: skip
     c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("tiered-s3"), config=config, namespace="tiered-s3")
     yield c
