@@ -200,6 +200,45 @@ def test_checkpoints_go_to_kafkas_four_files(tmp_path: Path):
     assert LogDirCheckpoints(tmp_path).offsets(("a", 0)).cleaner_offset == 6
 
 
+def _inodes(data_dir: Path) -> dict[str, int]:
+    names = ("recovery-point-offset-checkpoint", "log-start-offset-checkpoint", "replication-offset-checkpoint",
+             "cleaner-offset-checkpoint")  # fmt: skip
+    return {name: (data_dir / name).stat().st_ino for name in names}
+
+
+def test_a_checkpoint_rewrites_only_the_files_whose_offsets_changed(tmp_path: Path):
+    """A broker checkpoints on a timer, moved or not: an unchanged file is not written again
+    (each write is a new file renamed over the old, so a rewrite shows as a new inode)."""
+    cps = LogDirCheckpoints(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8)})
+    first = _inodes(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8)})
+    assert _inodes(tmp_path) == first, "nothing changed: nothing rewritten"
+    cps.write({("a", 0): PartitionOffsets(10, 2, 9)})  # the high watermark moved
+    after = _inodes(tmp_path)
+    assert {name for name in first if after[name] != first[name]} == {"replication-offset-checkpoint"}
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(10, 2, 9)
+
+
+def test_the_first_checkpoint_of_an_instance_writes_every_file_even_unchanged(tmp_path: Path):
+    LogDirCheckpoints(tmp_path).write({})
+    assert all(inode > 0 for inode in _inodes(tmp_path).values()), "all four files exist, empty"
+    LogDirCheckpoints(tmp_path).write({("a", 0): PartitionOffsets(1, 0, 1)})
+    before = _inodes(tmp_path)
+    LogDirCheckpoints(tmp_path).write({})  # a new broker process: what it read is written once
+    assert all(inode != before[name] for name, inode in _inodes(tmp_path).items())
+
+
+def test_a_removed_partition_leaves_the_files_at_the_next_checkpoint(tmp_path: Path):
+    cps = LogDirCheckpoints(tmp_path)
+    cps.write({("a", 0): PartitionOffsets(10, 2, 8, 6), ("b", 0): PartitionOffsets(1, 0, 1)})
+    cps.remove(("a", 0))
+    cps.write({})
+    assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(None, None, None)
+    assert OffsetCheckpointFile(tmp_path / "cleaner-offset-checkpoint").read() == {}
+    assert LogDirCheckpoints(tmp_path).offsets(("b", 0)) == PartitionOffsets(1, 0, 1)
+
+
 def test_unknown_partition_has_no_offsets(tmp_path: Path):
     assert LogDirCheckpoints(tmp_path).offsets(("a", 0)) == PartitionOffsets(None, None, None)
 
