@@ -90,7 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     data_dir = tempfile.mkdtemp(prefix="rayk-ack-bench-")
     namespace = f"rayk-ack-{uuid.uuid4().hex[:8]}"
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
+             log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=Path(data_dir) / "cluster", namespace=namespace)
     try:
         print(f"acks=all round trip, 3 brokers, RF=3, min.insync.replicas=2; {os.cpu_count()} CPUs; "

@@ -131,7 +131,7 @@ def main() -> None:
 
     config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2}
     config.update(setting.split("=", 1) for setting in args.config)
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     used_before = used_memory_bytes()
     cluster = rayk.start(brokers=BROKERS, data_dir=tempfile.mkdtemp(prefix="rayk-capacity-"), config=config)
     try:

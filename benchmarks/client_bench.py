@@ -296,7 +296,8 @@ def main() -> None:
     namespace = f"rayk-bench-{uuid.uuid4().hex[:8]}"
     cluster = None
     try:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
+                 log_to_driver=False)
         cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
         sent, consumed = rayk_send(cluster, records, args.partitions)
         show("rayk send() (Producer defaults, acks=all, RF=3)", sent)

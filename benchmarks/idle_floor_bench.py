@@ -173,7 +173,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"rayk idle floor benchmark: {os.cpu_count()} CPUs, Ray {ray.__version__}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
     periodic_calls(args.window_s)
     with contextlib.ExitStack() as stack:
         if not args.skip_tansu:

@@ -113,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2}
     config.update(setting.split("=", 1) for setting in args.config)
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-idle-"), config=config)
     t0 = time.monotonic()
     topics = [f"{TOPIC}-{i}" for i in range(-(-args.partitions // args.partitions_per_topic))]

@@ -64,7 +64,7 @@ def main() -> None:
     results = {}
 
     print(f"rayk: 3 brokers, RF=3, {args.records:,} x {args.record_bytes} B, acks=all")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as data_dir:
         # group.initial.rebalance.delay.ms 0, as apache_kafka.py sets it for Kafka
         config = {"listeners": "PLAINTEXT://127.0.0.1:0", "group.initial.rebalance.delay.ms": 0}

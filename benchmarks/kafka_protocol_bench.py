@@ -352,7 +352,7 @@ def main() -> None:
     print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions, batch.size 1 MiB, "
           f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0, 5 in flight; "
           f"{args.warmup_records:,} records of warm-up per broker", flush=True)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     rows = [tansu_row(args.records, value, args)]
     kafka = None if args.skip_kafka else kafka_row(args.records, value, args)
     rows += [kafka] if kafka else []

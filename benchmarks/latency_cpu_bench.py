@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--no-consumer", action="store_true",
                         help="the producer alone: the CPU of the acks=all requests (the followers' fetches included), without a consumer's")
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-cpu-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     cluster.create_topic("latency", num_partitions=3, replication_factor=3)

@@ -145,7 +145,7 @@ def main() -> None:
         if not args.no_ray:
             import ray
 
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
         print(f"{'metadata dir':<12} {'size MB':>8} {'snapshots':>9} {'in-process start s':>19} {'actor to describe_topic s':>26}")
         results = {}
         for name, path in dirs.items():

@@ -96,7 +96,8 @@ def main() -> None:
     args = parser.parse_args()
     data_dir = tempfile.mkdtemp(prefix="rayk-settings-bench-")
     namespace = f"rayk-settings-{uuid.uuid4().hex[:8]}"
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
+             log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=Path(data_dir) / "cluster", namespace=namespace)
     print(f"send() of 100 B records, acks=all, 3 partitions, RF=3; flat out {args.records:,} records; "
           f"steady {args.rate:,.0f} rec/s for {args.seconds:g} s; load average "

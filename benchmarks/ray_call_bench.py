@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     caller = Caller.remote(Callee.remote())
     ray.get(caller.run.remote(300, 1))  # warm both workers
     print(f"Ray {ray.__version__}, {os.cpu_count()} CPUs; {args.calls:,} calls of an async actor by an async actor")

@@ -4,7 +4,7 @@ machine, against the bare cost of a Ray actor call, and the footprint of replica
 Run:  python benchmarks/replication_bench.py [--quick] [--duration S] [--window N] [--partitions N]
                                            [--parts produce,replicas,capacity] [--capacity-replicas N]
 
-Everything runs on this machine: a local Ray instance (ray.init(num_cpus=os.cpu_count(),
+Everything runs on this machine: a local Ray instance (ray.init(address="local", num_cpus=os.cpu_count(),
 include_dashboard=False) in a Ray namespace of its own) and `rayk.start(brokers=3)` with its
 data directory in a temporary directory that is removed at the end. The script ends with
 `cluster.shutdown()` and `ray.shutdown()`. Nothing here asserts anything about speed: the
@@ -694,7 +694,7 @@ def main() -> None:
                                   for b, n in batches.values()))
     cluster = None
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace=namespace)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace=namespace)
         if args.parts & {"produce", "replicas"}:
             t0 = ns()
             cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)

@@ -110,7 +110,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000, help="records per case; default 300,000")
     args = parser.parse_args()
     namespace = f"rayk-bench-{uuid.uuid4().hex[:8]}"
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
+             log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=Path(tempfile.mkdtemp(prefix="rayk-send-gc-")), namespace=namespace)
     try:
         topic = "send-gc"

@@ -115,7 +115,8 @@ def main() -> None:
     parser.add_argument("--max-poll-records", type=int, default=2_000, help="each share consumer's")
     parser.add_argument("--config", nargs="*", default=[], help="broker settings, name=value (Kafka's names)")
     args = parser.parse_args()
-    ray.init(include_dashboard=False, log_to_driver=False, namespace=f"share-bench-{uuid.uuid4().hex[:6]}")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             namespace=f"share-bench-{uuid.uuid4().hex[:6]}")
     data_dir = tempfile.mkdtemp(prefix="rayk-share-bench-")
     cluster = rayk.start(brokers=3, data_dir=data_dir, config={"group.initial.rebalance.delay.ms": 0, **dict(c.split("=", 1) for c in args.config)})
     try:

@@ -150,7 +150,7 @@ def main() -> None:
     cluster = spark = None
     results = []
     try:
-        ray.init(include_dashboard=False, namespace=namespace, log_to_driver=False)
+        ray.init(address="local", include_dashboard=False, namespace=namespace, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         cluster = rayk.start(brokers=3, data_dir=work / "cluster", namespace=namespace)
         topic = "bench"

@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--spike-ms", type=float, default=15.0)
     args = parser.parse_args()
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-tail-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     try:

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"{args.records:,} x {args.value_bytes} B, acks=all, idempotent, transactions of {args.txn_ms} ms", flush=True)
     rows = [rayk_row(args)]
     if not args.skip_kafka:
