@@ -219,7 +219,8 @@ SCENARIO_TIMEOUT_S = 600
 def grow_and_shrink(data_dir: str) -> None:
     """The scenario, run inside the namespace by tests/fake_autoscaler.py (`main`); the
     cluster started as `rayk start --autoscale` starts it (node resource: its default)."""
-    config = [f"{key}={value}" for key, value in {**FAST_CONFIG, **NO_LISTENERS, "broker.idle.removal.ms": IDLE_REMOVAL_MS}.items()]
+    settings = {**FAST_CONFIG, **NO_LISTENERS, "broker.idle.removal.ms": IDLE_REMOVAL_MS}
+    config = [f"{key}={value}" for key, value in settings.items()]
     assert cli_main(["start", "--brokers", "1", "--autoscale", "--data-dir", data_dir, "--config", *config]) == 0
     cluster = rayk.connect()
     log(f"rayk started: brokers {[b['broker_id'] for b in cluster.brokers()]}, broker nodes {len(broker_nodes())}")

@@ -35,7 +35,15 @@ from rayk.errors import (
     RecordTooLargeError,
     UnknownTopicOrPartitionError,
 )
-from tests.cluster_helpers import FAST_CONFIG, NO_LISTENERS, consume_topic, pid_of, read_replica, release_shared_local_ray, wait_until
+from tests.cluster_helpers import (
+    FAST_CONFIG,
+    NO_LISTENERS,
+    consume_topic,
+    pid_of,
+    read_replica,
+    release_shared_local_ray,
+    wait_until,
+)
 from tests.dataplane_fakes import FakeReplicaEndpoint
 
 CONFIG = {
