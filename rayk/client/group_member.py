@@ -19,8 +19,9 @@ is stable. What it learns takes effect at the next `poll`:
 - UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION (from a heartbeat, a commit or a sync): the
   member was evicted, so its partitions already belong to someone else: they are dropped
   at once without a commit (`on_revoke(lost=True)`) before rejoining. The member also
-  counts itself evicted when no heartbeat has been answered for `session_timeout_ms`
-  (the coordinator has evicted it by then; a stopped process learns it this way).
+  counts itself evicted when no heartbeat sent in the last `session_timeout_ms` has been
+  answered (the coordinator has evicted it by then; a stopped process learns it this way,
+  even if a heartbeat sent before it stopped is answered OK as it resumes).
 If the application does not poll for `max_poll_interval_ms` (the rebalance timeout), the
 member leaves the group, as a Java consumer does, so its partitions go to members that
 make progress.
@@ -410,6 +411,12 @@ class GroupMember:
 
     def _heartbeat(self, member_id: str, generation: int) -> None:
         timeout_ms = min(self._request_timeout_ms, self._session_timeout_ms)
+        # The coordinator's session for this member restarts when it handles the heartbeat,
+        # which is after it was sent and may be long before its answer is read here: a
+        # process stopped (SIGSTOP, a long pause) with a heartbeat in flight reads an OK
+        # answer on resuming, when the coordinator has evicted it since. Counting the
+        # session from the send errs early, by a round trip, never late.
+        sent_s = time.monotonic()
         try:
             self._coordinator.call("heartbeat", self.group_id, generation, member_id, self.instance_id,
                                    timeout_ms=timeout_ms)  # fmt: skip
@@ -420,7 +427,7 @@ class GroupMember:
             if (self.member_id, self.generation) != (member_id, generation) or self._phase is not Phase.STABLE:
                 return  # a rebalance started meanwhile; this answer is about the old generation
             if error is None or isinstance(error, RebalanceInProgressError):
-                self._last_answer_s = time.monotonic()
+                self._last_answer_s = max(self._last_answer_s, sent_s)
             if isinstance(error, RebalanceInProgressError):
                 logger.info("group %s: rebalance in progress; rejoining at the next poll", self.group_id)
                 self._rejoin_requested = True
@@ -432,7 +439,7 @@ class GroupMember:
             elif isinstance(error, FencedInstanceIdError):  # another process has this instance id now
                 self._fenced = error
             elif isinstance(error, CoordinatorLoadInProgressError):
-                self._last_answer_s = time.monotonic()
+                self._last_answer_s = max(self._last_answer_s, sent_s)
             elif error is not None:  # keep beating; the session check in poll catches a lasting silence
                 logger.warning("group %s: heartbeat failed: %s", self.group_id, error)
 
