@@ -519,6 +519,8 @@ def test_an_exactly_once_stream_commits_each_batch_s_output_with_its_offsets_and
     zombie = rayk_data.stream_topic(source, "eos", **settings)
     zombie_batches = iter(zombie)
     zombie.write_topic(output(next(zombie_batches)), sink)  # then it stalls, its batch open
+    # write_topic queues: the zombie's records are in the log before its successor fences it
+    wait_until(lambda: len(values_of(sink, cluster, "read_uncommitted")) >= 12 + 12, 30, "the zombie's writes")
     with pytest.raises(InvalidTxnStateError), rayk_data.stream_topic(source, "eos-idle", **settings) as idle:
         idle.write_topic(output(ds), sink)  # no batch handed out
 

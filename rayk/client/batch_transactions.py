@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from rayk.client.resumable_write import send_table
 from rayk.client.types import OffsetAndMetadata, TopicPartition
-from rayk.errors import InvalidProducerEpochError, InvalidTxnStateError, KafkaError, ProducerFencedError
+from rayk.errors import InvalidTxnStateError, KafkaError, ProducerFencedError
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class BatchTransactions:
         self._open = False
         try:
             self.producer.abort_transaction()
-        except (ProducerFencedError, InvalidProducerEpochError):
+        except ProducerFencedError:
             pass  # a newer stream took over: it aborted this one's batch
         except KafkaError as e:
             logger.warning("stream %s: aborting a batch's transaction failed (%s); its timeout aborts it", self.group_id, e)

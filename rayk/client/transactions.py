@@ -10,8 +10,11 @@ older producer with the id, and aborting its open transaction); then each transa
           -> send_offsets (the group's offsets, committed with the transaction)
           -> commit or abort (EndTxn; the coordinator writes the markers)
 
-A producer fenced by a newer one (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is in a fatal
-state: every later call raises that error. A record that failed in a transaction makes it
+A producer fenced by a newer one is in a fatal state: every later call raises
+ProducerFencedError. Partition leaders say INVALID_PRODUCER_EPOCH where the coordinator
+says PRODUCER_FENCED (a Produce's answer has no other code for it); both mean the same to
+this producer, so it raises one type whichever request found out first, as Kafka's client
+treats INVALID_PRODUCER_EPOCH like PRODUCER_FENCED in its coordinator requests. A record that failed in a transaction makes it
 abortable: `commit` raises the failure and the caller must `abort`. An abort after a batch
 whose fate is unknown bumps the epoch at the coordinator (InitProducerId with the current
 producer id and epoch, KIP-360), since the partitions' sequences can no longer be trusted.
@@ -40,6 +43,15 @@ from rayk.errors import (
 from rayk.internal_topics import OFFSETS_TOPIC
 
 _FENCED = (ProducerFencedError, InvalidProducerEpochError)
+
+
+def _as_fenced(error: KafkaError) -> ProducerFencedError:
+    """The fatal error a fenced producer raises from then on, whichever code said so."""
+    if isinstance(error, ProducerFencedError):
+        return error
+    fenced = ProducerFencedError(*error.args)
+    fenced.__cause__ = error
+    return fenced
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +123,7 @@ class TransactionManager:
         """A record of the open transaction failed (the Sender says so)."""
         with self._lock:
             if isinstance(error, _FENCED):
-                self._state, self._error = TxnState.FATAL_ERROR, error
+                self._state, self._error = TxnState.FATAL_ERROR, _as_fenced(error)
             elif self._state is TxnState.IN_TRANSACTION:
                 self._state, self._error = TxnState.ABORTABLE_ERROR, error
 
@@ -119,9 +131,12 @@ class TransactionManager:
         try:
             return self._coordinator.call(method, self.transactional_id, *args, timeout_ms=timeout_ms)
         except _FENCED as e:
+            fenced = _as_fenced(e)
             with self._lock:
-                self._state, self._error = TxnState.FATAL_ERROR, e
-            raise
+                self._state, self._error = TxnState.FATAL_ERROR, fenced
+            if fenced is e:
+                raise
+            raise fenced from e
 
     # ------------------------------------------------------------------ the API
 

@@ -114,7 +114,7 @@ async def verify_partition(
         if not isinstance(e, KafkaError):  # a defect of the coordinator's, not the producer's
             return UnknownServerError(f"verifying {transactional_id!r}'s write: {type(e).__name__}: {e}")
         if isinstance(e, (ProducerFencedError, InvalidProducerIdMappingError)):
-            return InvalidProducerEpochError(str(e))
+            return InvalidProducerEpochError(*e.args)
         return e
     if missing:
         return InvalidTxnStateError(
