@@ -156,7 +156,7 @@ def main() -> None:
         print(f"3. idle, no traffic, over {args.window_s:.0f} s (machine {busy:.2f} of {cores:g} cores busy):")
         print(f"   {'process class':30} {'processes':>9} {'% of a core each':>17} {'USS MiB each':>13}")
         for cls in ("PartitionReplica (follower)", "PartitionReplica (leader)", "bare async Ray actor",
-                    "ReplicaManager", "SocketServer", "Controller"):  # fmt: skip
+                    "ReplicaManager", "SocketServerActor", "Controller"):  # fmt: skip
             if count[cls]:
                 print(f"   {cls:30} {count[cls]:9d} {100 * cpu[cls] / args.window_s / count[cls]:17.2f} "
                       f"{uss[cls] / count[cls] / MiB:13.1f}")  # fmt: skip

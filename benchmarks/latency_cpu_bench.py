@@ -105,7 +105,7 @@ def data_path_actors(cluster: rayk.Cluster) -> dict[int, tuple[str, object]]:
     for broker in cluster.brokers():
         manager = cluster.broker(broker["broker_id"])
         handles += [("PartitionReplica", h) for h in ray.get(manager.replica_handles.remote()).values()]
-        handles.append(("SocketServer", ray.get(manager.listener.remote())))
+        handles.append(("SocketServerActor", ray.get(manager.listener.remote())))
     pids = ray.get([h.__ray_call__.remote(lambda actor: os.getpid()) for _, h in handles])
     return {pid: entry for pid, entry in zip(pids, handles)}
 
@@ -215,7 +215,7 @@ def main() -> None:
         spies = [(pid, subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(args.window_s)), "-r", "100",
                                          "-f", "raw", "-o", f"/tmp/rayk-spy-{pid}.txt", "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                 for pid, cls in procs.items() if cls in ("SocketServer", "PartitionReplica")]
+                 for pid, cls in procs.items() if cls in ("SocketServerActor", "PartitionReplica")]
         for _, p in spies:
             p.wait()
     else:
@@ -247,7 +247,7 @@ def main() -> None:
     for cls, cpu_s in used.most_common():
         print(f"{cls:44} {cpu_s / wall_s:6.2f} {cpu_s / max(records, 1) * 1e6:16.1f}")
     print(f"{'by thread, CPU µs / record':44} {'event loop':>10} {'Ray main':>10} {'Ray other':>10}")
-    for cls in ("PartitionReplica", "SocketServer"):
+    for cls in ("PartitionReplica", "SocketServerActor"):
         row = [by_thread[(cls, kind)] / max(records, 1) * 1e6 for kind in ("event loop", "Ray's main thread", "Ray's other threads")]
         print(f"{cls:44} {row[0]:10.1f} {row[1]:10.1f} {row[2]:10.1f}")
     for label, ((calls, top), share) in profiles.items():

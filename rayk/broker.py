@@ -20,21 +20,11 @@ import ray
 
 from rayk.actors import INTERNAL_ACTOR_OPTIONS
 from rayk.config import BrokerConfig
+from rayk.net.socket_server_actor import create_listener
 from rayk.server.broker_placement import pinned
 from rayk.server.replica_manager import ReplicaManager
 
 BrokerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS)(ReplicaManager)
-
-
-def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:
-    """The listener factory handed to the ReplicaManager: rayk.net's, imported when the
-    broker calls it. Handing rayk.net's function itself made the process that starts the
-    cluster, the user's, load the listener, the wire protocol's schemas and what they
-    import (kio, hypothesis): ~26,000 objects and ~18 MiB, which every full collection
-    of the user's garbage collector then walks."""
-    from rayk.net.socket_server import create_listener as create_socket_server
-
-    return create_socket_server(broker_id, controller, config, node_id)
 
 
 def create_broker(

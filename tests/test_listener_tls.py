@@ -182,6 +182,18 @@ def test_an_mtls_client_is_named_by_its_certificate_and_one_without_is_refused(c
     with_certificate.close()
 
 
+def test_each_broker_s_process_leaves_the_wire_protocol_s_modules_to_its_listener_s(cluster):
+    # A broker creates its listener's actor (socket_server_actor.py) without importing the
+    # listener's modules: kio's schemas cost ~0.5 CPU-s of each broker's start.
+    for b in cluster.brokers():
+        manager = cluster.broker(b["broker_id"])
+        listener = ray.get(manager.listener.remote())
+        assert ray.get(listener.bound_ports.remote()), "its listener runs"
+        modules = set(ray.get(manager.loaded_modules.remote()))
+        assert "rayk.server.replica_manager" in modules, "the answer comes from the broker's own process"
+        assert not {"kio", "rayk.net.socket_server", "rayk.net.codec", "rayk.net.kafka_apis"} & modules
+
+
 def test_a_plaintext_client_on_a_tls_port_and_a_tls_client_on_a_plaintext_port_are_cut_cleanly(cluster, tls):
     ssl_address = cluster.bootstrap_servers_for("SSL").split(",")[0]
     plaintext_address = cluster.bootstrap_servers_for("PLAINTEXT").split(",")[0]

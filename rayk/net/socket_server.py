@@ -1,7 +1,8 @@
 """SocketServer: a broker's Kafka listeners, the reactor of Kafka's SocketServer on asyncio.
 
-One actor per broker, on the broker's node (its ReplicaManager creates it, supervises it
-and starts a new one if it dies; see rayk/actors/supervision.py). It serves every
+One actor per broker, on the broker's node, inside a SocketServerActor
+(socket_server_actor.py: its ReplicaManager creates it, supervises it and starts a new
+one if it dies; see rayk/actors/supervision.py). It serves every
 listener of `listeners` (rayk/listeners.py), TLS on SSL ones (rayk/net/tls.py), and
 gives each connection its RequestContext: the listener, and the principal of a client
 certificate, or of SASL authentication (rayk/net/sasl.py; its requests and deadline:
@@ -63,9 +64,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayk.actors import INTERNAL_ACTOR_OPTIONS, raylet_watch
+from rayk.actors import raylet_watch
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
@@ -583,16 +583,3 @@ def _context_of(listener: Listener, config: BrokerConfig, writer: asyncio.Stream
     )
     return RequestContext(listener.name, listener.security_protocol, principal, kafka_host(peer[0]) if peer else "",
                           authenticates)
-
-
-SocketServerActor = ray.remote(**INTERNAL_ACTOR_OPTIONS, max_restarts=0)(SocketServer)
-
-
-def create_listener(broker_id: int, controller: Any, config: BrokerConfig, node_id: str) -> Any:
-    """A broker's listener factory (see ReplicaManager): its SocketServer actor, created on
-    the broker's node, or None when `listeners` names no listener."""
-    if not config.kafka_listeners():
-        return None
-    return SocketServerActor.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-    ).remote(broker_id, controller, config)

@@ -86,6 +86,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Hashable
@@ -863,8 +864,13 @@ class ReplicaManager(Supervised):
         return self._logs.log_sizes
 
     async def listener(self) -> Any:
-        """This broker's Kafka listener actor (a SocketServer), or None (for tools and tests)."""
+        """This broker's Kafka listener actor (a SocketServerActor), or None (for tools and tests)."""
         return self._listener.handle
+
+    async def loaded_modules(self) -> list[str]:
+        """The modules this broker's process has imported (for tests and diagnosis): the
+        wire protocol's are its listener's process's alone."""
+        return sorted(name for name, module in sys.modules.items() if module is not None)
 
     async def replica_handles(self) -> dict[TopicPartition, Any]:
         """The live replica actors of this broker (for tools and fault tests)."""

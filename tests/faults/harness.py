@@ -41,7 +41,9 @@ CONFIG = {**FAST_CONFIG, "broker.session.timeout.ms": SESSION_TIMEOUT_MS, "broke
 WITH_LISTENERS = {"listeners": FAST_CONFIG["listeners"]}
 RESUME_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 10  # the issue's bound on writes resuming
 SEND_RATE_PER_S = 1_500  # enough to keep every partition busy, little enough for 2 cores
-RAYK_ACTOR_CLASSES = {"Controller", "ReplicaManager", "PartitionReplica", "OffsetsPartitionReplica", "SocketServer"}
+RAYK_ACTOR_CLASSES = {
+    "Controller", "ReplicaManager", "PartitionReplica", "OffsetsPartitionReplica", "SocketServerActor",
+}
 _namespaces = itertools.count()
 
 

@@ -173,7 +173,7 @@ def accepts(address: tuple[str, int]) -> bool:
 
 def live_listener_pids() -> set[int]:
     return {info["Pid"] for info in ray._private.state.actors().values()
-            if info["ActorClassName"] == "SocketServer" and info["State"] == "ALIVE" and info["Pid"]}  # fmt: skip
+            if info["ActorClassName"] == "SocketServerActor" and info["State"] == "ALIVE" and info["Pid"]}  # fmt: skip
 
 
 @pytest.mark.parametrize("rayk_cluster", [WITH_LISTENERS], indirect=True, ids=["listeners"])
