@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 
 from rayk.client.transactions import TransactionManager
-from rayk.errors import InvalidProducerEpochError, InvalidTxnStateError, KafkaError, NotEnoughReplicasError, ProducerFencedError
+from rayk.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    KafkaError,
+    NotEnoughReplicasError,
+    ProducerFencedError,
+)
 
 
 def _manager() -> TransactionManager:

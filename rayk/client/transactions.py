@@ -14,8 +14,9 @@ A producer fenced by a newer one is in a fatal state: every later call raises
 ProducerFencedError. Partition leaders say INVALID_PRODUCER_EPOCH where the coordinator
 says PRODUCER_FENCED (a Produce's answer has no other code for it); both mean the same to
 this producer, so it raises one type whichever request found out first, as Kafka's client
-treats INVALID_PRODUCER_EPOCH like PRODUCER_FENCED in its coordinator requests. A record that failed in a transaction makes it
-abortable: `commit` raises the failure and the caller must `abort`. An abort after a batch
+treats INVALID_PRODUCER_EPOCH like PRODUCER_FENCED in its coordinator requests. A record
+that failed in a transaction makes it abortable: `commit` raises the failure and the
+caller must `abort`. An abort after a batch
 whose fate is unknown bumps the epoch at the coordinator (InitProducerId with the current
 producer id and epoch, KIP-360), since the partitions' sequences can no longer be trusted.
 
