@@ -710,3 +710,36 @@ def test_every_offset_reads_from_its_own_batch_however_far_from_an_index_entry(t
         for offset in range(first_offsets[i], first_offsets[i] + count):
             assert offsets_in(log.read(offset, 1).records)[0] == first_offsets[i]  # the batch holding it, whole
     log.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    gaps=st.lists(st.integers(0, 5), min_size=1, max_size=25),
+    index_interval_bytes=st.integers(0, 600),
+    max_bytes=st.integers(1, 3000),
+    max_offset_back=st.integers(0, 30),
+)
+def test_a_sliced_read_of_a_compacted_log_names_the_bytes_a_read_returns(
+    tmp_path_factory, gaps, index_interval_bytes, max_bytes, max_offset_back
+):
+    """Offsets a compaction removed (gaps between batches) do not move where a sliced read
+    (what a data plane answer sends by sendfile) ends, nor the offset after it."""
+    from rayk.storage.file_slice import FileSlice
+
+    log = Log(tmp_path_factory.mktemp("log"), LogConfig(index_interval_bytes=index_interval_bytes))
+    offset = 0
+    for i, gap in enumerate(gaps):
+        offset += gap
+        log.append_as_follower(build_batch([SimpleRecord(b"v" * (20 + 7 * i))] * (1 + i % 3), base_offset=offset))
+        offset = log.log_end_offset
+    max_offset = max(0, log.log_end_offset - max_offset_back)
+    for start in range(log.log_end_offset):
+        read = log.read(start, max_bytes, max_offset=max_offset)
+        sliced = log.read(start, max_bytes, max_offset=max_offset, slice_min_bytes=1)
+        assert sliced.next_offset == read.next_offset
+        if isinstance(sliced.records, FileSlice):
+            assert sliced.records.read() == read.records
+            sliced.records.close()
+        else:
+            assert sliced.records == read.records == b""
+    log.close()

@@ -23,6 +23,7 @@ import pytest
 
 from rayk.errors import RecordBatchTooLargeError
 from rayk.storage import Log, LogConfig
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 
 
@@ -156,6 +157,24 @@ class LogMachine(RuleBasedStateMachine):
             for offset in {b.base_offset, b.next_offset - 1}:
                 first = next(iter_batches(self.log.read(offset, 1).records)).header
                 assert first.base_offset == b.base_offset
+
+    @invariant()
+    def a_sliced_read_names_the_bytes_a_read_returns(self) -> None:
+        """Log.read with slice_min_bytes (what a data plane answer sends by sendfile) finds
+        the same batches as a read, from the index and the headers alone."""
+        log = self.log
+        offsets = {b.base_offset for b in self.batches[-6:]} | {b.next_offset - 1 for b in self.batches[:3]}
+        for offset in sorted(offsets):
+            for max_bytes in (1, 70, 333, 1500):
+                for max_offset in (None, self.leo - 1, offset + 2):
+                    read = log.read(offset, max_bytes, max_offset=max_offset)
+                    sliced = log.read(offset, max_bytes, max_offset=max_offset, slice_min_bytes=1)
+                    assert sliced.next_offset == read.next_offset
+                    if isinstance(sliced.records, FileSlice):
+                        assert sliced.records.read() == read.records and sliced.records.unchanged()
+                        sliced.records.close()
+                    else:
+                        assert sliced.records == read.records == b""
 
     @invariant()
     def segments_start_where_the_previous_ended(self) -> None:

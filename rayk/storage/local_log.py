@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayk.errors import KafkaStorageError, LogClosedError, RecordBatchTooLargeError
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.log_config import LogConfig
 from rayk.storage.log_segments import LogSegments
 from rayk.storage.records import BatchHeader
@@ -149,16 +150,32 @@ class LocalLog:
 
     # ------------------------------------------------------------------ read
 
-    def read(self, start_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool) -> tuple[bytes, int]:
+    def read(
+        self, start_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool,
+        slice_min_bytes: int | None = None,
+    ) -> tuple[bytes | FileSlice, int]:
         """Whole batches from the one holding `start_offset` (in [first base, LEO]) and the
-        offset after them (see Log.read)."""
+        offset after them (see Log.read); as a FileSlice of the segment's file instead of
+        bytes when `slice_min_bytes` is given and they are at least that many."""
         if start_offset >= self.log_end_offset or (max_offset is not None and start_offset >= max_offset):
             return b"", start_offset
         for segment in self.segments.from_offset(start_offset):
+            if slice_min_bytes is not None and min(max_bytes, segment.size_bytes) >= slice_min_bytes:
+                located = segment.locate(start_offset, max_bytes, max_offset, min_one_batch)
+                if located is None:
+                    continue
+                position, size_bytes, next_offset = located
+                if size_bytes < slice_min_bytes:
+                    return segment.read_bytes(position, size_bytes), next_offset
+                found = FileSlice(segment.fd, position, size_bytes, next_offset, self.truncations, self._truncations)
+                return found, next_offset
             found = segment.read(start_offset, max_bytes, max_offset, min_one_batch)
             if found is not None:
                 return found
         return b"", self.log_end_offset  # no batch at or after start_offset: the rest was compacted away
+
+    def _truncations(self) -> int:
+        return self.truncations
 
     def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
         """The aborted transactions whose ranges overlap [start_offset, upper_bound_offset)."""

@@ -88,6 +88,7 @@ from rayk.storage import producer_snapshot
 from rayk.storage.checkpoint import LeaderEpochCheckpointFile, write_atomically
 from rayk.storage.control_records import EndTxnMarker, build_end_txn_marker, read_end_txn_marker
 from rayk.storage.dir_lock import DirLock
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.leader_epoch_cache import LeaderEpochCache
 from rayk.storage.local_log import ClosedSegment, LocalLog
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
@@ -155,7 +156,7 @@ class SegmentToCopy(NamedTuple):
 class ReadResult(NamedTuple):
     """Whole batches read from the log, with the log's bounds taken before the read."""
 
-    records: bytes
+    records: bytes | FileSlice  # a FileSlice only when the read asked for one (slice_min_bytes)
     next_offset: int  # offset after the last batch returned; the start offset if none
     high_watermark: int
     log_start_offset: int
@@ -457,6 +458,7 @@ class Log:
         max_bytes: int,
         max_offset: int | None = None,
         min_one_batch: bool = True,
+        slice_min_bytes: int | None = None,
     ) -> ReadResult:
         """Whole batches starting with the one that holds `start_offset`.
 
@@ -464,6 +466,8 @@ class Log:
         `min_one_batch` (so a consumer can always make progress). Batches reaching
         `max_offset` or beyond are left out (consumers pass the HW). Offsets outside
         [log start, LEO] raise OffsetOutOfRangeError; at the LEO the result is empty.
+        With `slice_min_bytes`, batches of at least that many bytes come as a FileSlice of
+        the segment's file, not read (for an answer sent by `sendfile`: file_slice.py).
         """
         if max_bytes < 0:
             raise InvalidFetchSizeError(f"max_bytes must be >= 0, got {max_bytes}")
@@ -472,7 +476,7 @@ class Log:
             hw, start, leo = self._high_watermark, self._log_start_offset, self._local.log_end_offset
             if not start <= start_offset <= leo:
                 raise OffsetOutOfRangeError(f"offset {start_offset} is outside the log's range [{start}, {leo}]")
-            data, next_offset = self._local.read(start_offset, max_bytes, max_offset, min_one_batch)
+            data, next_offset = self._local.read(start_offset, max_bytes, max_offset, min_one_batch, slice_min_bytes)
             return ReadResult(data, next_offset, hw, start, leo, self._last_stable_offset())
 
     def aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:

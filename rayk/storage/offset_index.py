@@ -63,6 +63,11 @@ class OffsetIndex(IndexFile):
         n = self._largest_lower_bound(offset - self.base_offset, self._relative)
         return (self.base_offset, 0) if n < 0 else self._entry(n)
 
+    def position_at_or_below(self, position: int) -> int:
+        """The position of the last entry at or below `position` (a batch's start); 0 if none."""
+        n = self._largest_lower_bound(position, lambda i: self._entry(i)[1])
+        return 0 if n < 0 else self._entry(n)[1]
+
     def truncate_to(self, offset: int) -> None:
         """Removes every entry whose offset is >= `offset` (the log is cut there)."""
         n = self._largest_lower_bound(offset - self.base_offset - 1, self._relative)

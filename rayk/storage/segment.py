@@ -109,6 +109,11 @@ class LogSegment:
         return self._size
 
     @property
+    def fd(self) -> int:
+        """The .log's descriptor (a FileSlice takes a duplicate of it)."""
+        return self._fd
+
+    @property
     def is_empty(self) -> bool:
         return self._size == 0
 
@@ -241,6 +246,47 @@ class LogSegment:
             end += header.size_bytes
             next_offset = header.next_offset
         return (chunk[:end] if end < len(chunk) else chunk), next_offset
+
+    def locate(
+        self, start_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool
+    ) -> tuple[int, int, int] | None:
+        """Where `read` with the same arguments would read, without reading the batches:
+        (position, size in bytes, offset after the last batch), or None when this segment
+        holds nothing at or after `start_offset`. It finds the last whole batch within
+        `max_bytes` from the offset index (by position) and the batch headers after that
+        entry, as Kafka's LogSegment.read finds its slice, so a large read costs a few
+        header reads, not its bytes."""
+        location = self.translate_offset(start_offset)
+        if location is None:
+            return None
+        first, position = location.header, location.position
+        if max_offset is not None and first.last_offset >= max_offset:
+            return position, 0, start_offset
+        if first.size_bytes > max_bytes:
+            return (position, first.size_bytes, first.next_offset) if min_one_batch else (position, 0, start_offset)
+        limit = min(self._size, position + max_bytes)
+        if max_offset is not None:
+            stop = self.translate_offset(max_offset)  # batches before it all end below max_offset
+            if stop is not None:
+                limit = min(limit, stop.position)
+        # Walk the headers from the last batch start known to be at or below the limit: a
+        # kept location whose batch fits, or an index entry (where the walk starts again
+        # from the entry before if the batch there does not fit, to learn where the last
+        # one that does ends).
+        start = max(position, self.offset_index.position_at_or_below(limit))
+        recent = self._recent
+        i = bisect.bisect_right(recent, limit, key=lambda r: r.position + r.header.size_bytes) - 1
+        if i >= 0:
+            start = max(start, recent[i].position)
+        while True:
+            end, next_offset = position, start_offset
+            for batch in self._batches_from(start, OFFSET_SCAN_CHUNK_BYTES):
+                if batch.position + batch.header.size_bytes > limit:
+                    break
+                end, next_offset = batch.position + batch.header.size_bytes, batch.header.next_offset
+            if end > position or start == position:
+                return position, end - position, next_offset
+            start = max(position, self.offset_index.position_at_or_below(start - 1))
 
     def read_bytes(self, position: int, max_bytes: int) -> bytes:
         """Up to `max_bytes` of the .log from `position` (the log cleaner's sequential read)."""
