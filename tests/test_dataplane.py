@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import socket
 import struct
 import time
@@ -756,5 +757,83 @@ def test_both_ends_of_a_tcp_connection_keep_it_alive_so_a_vanished_node_is_found
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == endpoint_module.KEEPALIVE_IDLE_S
         connection.close()
         await endpoint.close()
+
+    asyncio.run(go())
+
+
+# ---------------------------------------------------------------------------- sendfile (answer_writer.py)
+
+
+class SlicedLog:
+    """A handler that answers like a leader's fetch: a slice of a real log's file (b"cut":
+    and then truncates the log, as a leader stepping down does), or a few bytes (b"small")."""
+
+    def __init__(self, directory, megabytes: int) -> None:
+        from rayk.storage import Log
+        from rayk.storage.records import SimpleRecord, build_batch
+
+        self.log = Log(directory)
+        value = bytes(range(256)) * 64
+        for _ in range(megabytes * 64):
+            self.log.append_as_leader(build_batch([SimpleRecord(value)]), 0)
+        self.whole = self.log.read(0, megabytes << 21).records
+
+    async def __call__(self, kind: int, body: memoryview) -> tuple[bytes, object]:
+        if bytes(body) == b"small":
+            return b"head", b"small answer"
+        found = self.log.read(0, len(self.whole), slice_min_bytes=1)
+        if bytes(body) == b"cut":
+            self.log.truncate_to(self.log.log_end_offset // 2)
+        return b"head", found.records
+
+
+@pytest.mark.parametrize("way", ["unix socket", "tcp", "tls", "sendfile off"])
+def test_a_log_slice_is_sent_from_the_file_by_sendfile_and_read_where_it_cannot_be(
+    tmp_path, keystores, monkeypatch, way
+):
+    sendfile_calls = []
+    real_sendfile = os.sendfile
+    monkeypatch.setattr(os, "sendfile", lambda *args: sendfile_calls.append(args[3]) or real_sendfile(*args))
+
+    async def go():
+        handler = SlicedLog(tmp_path, megabytes=4)
+        if way == "tls":
+            endpoint, address = await opened_over_tls(handler, keystores[0])
+        else:
+            endpoint = Endpoint(handler, "test", sendfile=way != "sendfile off")
+            address = await endpoint.open(NODE, "127.0.0.1")
+        connection = await Connection.open(address, "node-b" if way in ("tcp", "tls") else NODE)
+        answers = await asyncio.gather(*(connection.request(frames.FETCH, b) for b in [b"all", b"small"] * 3))
+        assert [bytes(a) for a in answers] == [b"head" + handler.whole, b"headsmall answer"] * 3
+        connection.close()
+        await endpoint.close()
+        handler.log.close()
+
+    asyncio.run(go())
+    assert bool(sendfile_calls) == (way in ("unix socket", "tcp"))
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["sendfile", "tls"])
+def test_a_slice_its_log_truncated_before_it_was_sent_fails_and_the_endpoint_serves_on(tmp_path, keystores, over_tls):
+    """Sent by sendfile, the peer may have bytes no longer the log's: its connection is
+    aborted (NETWORK_EXCEPTION), never handed a frame of them. Read (TLS), the request alone
+    fails NOT_LEADER_OR_FOLLOWER."""
+
+    async def go():
+        handler = SlicedLog(tmp_path, megabytes=1)
+        endpoint, address = await (opened_over_tls(handler, keystores[0]) if over_tls else opened(handler))
+        node = "node-b" if over_tls else NODE
+        connection = await Connection.open(address, node)
+        expected = NetworkError if not over_tls else errors.NotLeaderOrFollowerError
+        with pytest.raises(expected):
+            await connection.request(frames.FETCH, b"cut")
+        if not over_tls:
+            connection.close()
+            connection = await Connection.open(address, node)
+        answer = await connection.request(frames.FETCH, b"all")
+        assert bytes(answer) == b"head" + handler.log.read(0, len(handler.whole)).records
+        connection.close()
+        await endpoint.close()
+        handler.log.close()
 
     asyncio.run(go())

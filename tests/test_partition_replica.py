@@ -222,6 +222,20 @@ def test_follower_catches_up_from_empty_and_follows_the_high_watermark(tmp_path)
     assert describe(r[1])["data_plane_connections"] == 1  # the records came over it, not over Ray
 
 
+def test_a_follower_catching_up_on_megabytes_gets_the_leaders_bytes_sent_from_its_log_file(tmp_path):
+    """Catch-up answers are ~1 MiB (replica.fetch.max.bytes), above SENDFILE_MIN_BYTES: the
+    leader's endpoint sends them by sendfile from its segment files (answer_writer.py),
+    on the uvloop Ray runs the actor on."""
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1]))
+    big = build_batch([SimpleRecord(bytes([i % 251]) * 1000) for i in range(100)])  # ~100 KB
+    for _ in range(40):
+        ray.get(r[1].produce.remote(big, 1, 1000))
+    ray.get(r[2].become_follower.remote(0, 1, r[1]))
+    wait_until(lambda: describe(r[2])["log_end_offset"] == 4000, timeout_s=30)
+    assert stored_bytes(r[2], tmp_path, 2) == stored_bytes(r[1], tmp_path, 1)
+
+
 def test_a_replicas_data_plane_admits_no_stranger(tmp_path):
     """A raw socket on a replica's TCP endpoint, or one with a made-up secret, gets no records
     and puts none: the connection is closed before a frame is read."""

@@ -24,6 +24,9 @@ connection start in the order they arrived. At most `max_in_flight` of a connect
 started and not yet answered; past that the reader stops reading and the socket's
 buffers push back on the peer; an answer's slot is free only once the peer has taken it
 (`drain`), so a slow follower or consumer never makes the endpoint buffer without bound.
+A fetch answer's records of SENDFILE_MIN_BYTES or more go from the log file to the
+socket by sendfile, without entering the process, where the connection is not TLS
+(answer_writer.py).
 
 What a request carries fails that request, never its connection, which may carry many
 clients' requests (Kafka's rule): a handler that raises answers that request FAILED
@@ -55,8 +58,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from rayk.dataplane import admission, frames, handshake, streams, tls
+from rayk.dataplane import admission, answer_writer, frames, handshake, streams, tls
 from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
+from rayk.storage.file_slice import FileSlice
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +87,16 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 # TCP keepalive: a peer node that vanished without closing is found out in ~2 minutes
 # (Linux's defaults take over 2 hours).
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 6
-SMALL_ANSWER_BYTES = 16 * 1024  # records this small are joined to their answer's head: one write
 IDLE_TIMEOUT_S = 600.0  # Kafka's broker connections.max.idle.ms
 
-# (kind, the request's body after its header) -> (answer head, answer tail)
-Handler = Callable[[int, memoryview], Awaitable[tuple[bytes, bytes]]]
+# A fetch answer's records of at least this many bytes are sent from the log file by
+# sendfile (answer_writer.py); below it, reading them costs less than the extra turns of
+# the event loop sendfile takes (benchmarks/sendfile_bench.py: the two cross near 100 KiB).
+SENDFILE_MIN_BYTES = 128 * 1024
+
+# (kind, the request's body after its header) -> (answer head, answer tail: records, or a
+# slice of the log file for the answer to send by sendfile)
+Handler = Callable[[int, memoryview], Awaitable[tuple[bytes, bytes | FileSlice]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +149,12 @@ class Endpoint:
 
     def __init__(
         self, handler: Handler, name: str, max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S, sendfile: bool = True,
     ) -> None:
-        """`name` is for the logs (the partition, say)."""
+        """`name` is for the logs (the partition, say). `sendfile` False reads the log
+        slices a handler answers instead of sending them from the file (for comparison)."""
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
+        self._sendfile = sendfile
         self._idle_timeout_s = idle_timeout_s
         self._secret = handshake.new_secret()
         self._servers: list[asyncio.AbstractServer | streams.AcceptingServer] = []
@@ -334,6 +345,7 @@ class Endpoint:
                     return
                 await asyncio.sleep(self._idle_timeout_s - idle_s if idle_s < self._idle_timeout_s else self._idle_timeout_s)
 
+        answers = answer_writer.AnswerWriter(writer, self._sendfile)
         idle_watch = asyncio.create_task(close_when_idle())
         try:
             while True:
@@ -343,7 +355,7 @@ class Endpoint:
                     raise frames.FrameError(f"a frame of {size} bytes is over the limit of {frames.MAX_FRAME_BYTES}")
                 correlation_id, kind, body = frames.parse_request(await reader.readexactly(size))
                 last_active_s = time.monotonic()
-                task = asyncio.create_task(self._answer(correlation_id, kind, body, writer, peer, reading))
+                task = asyncio.create_task(self._answer(correlation_id, kind, body, answers, peer, reading))
                 started.add(task)
                 task.add_done_callback(started.discard)
                 task.add_done_callback(answered)
@@ -357,7 +369,7 @@ class Endpoint:
                 task.cancel()
 
     async def _answer(
-        self, correlation_id: int, kind: int, body: memoryview, writer: asyncio.StreamWriter, peer: object,
+        self, correlation_id: int, kind: int, body: memoryview, answers: answer_writer.AnswerWriter, peer: object,
         reading: asyncio.Task,
     ) -> None:
         """Serves one request and writes its answer as soon as it is ready (answers go by
@@ -367,15 +379,11 @@ class Endpoint:
         try:
             head, tail = await self._handler(kind, body)
         except Exception as e:  # not a cancellation (a BaseException): the connection is closing then
-            writer.write(frames.failed_answer_frame(correlation_id, self._error_of(e, kind, peer)))
+            written = answers.write_frame(frames.failed_answer_frame(correlation_id, self._error_of(e, kind, peer)))
         else:
-            if len(tail) < SMALL_ANSWER_BYTES:
-                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
-            else:
-                writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
-                writer.write(tail)  # its own write: the records are not copied into one buffer
+            written = answers.write(correlation_id, head, tail)
         try:
-            await writer.drain()  # the peer takes the answer before this request's slot is free
+            await written  # the peer takes the answer before this request's slot is free
         except OSError:
             reading.cancel()
 

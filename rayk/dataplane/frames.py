@@ -63,6 +63,7 @@ from typing import NamedTuple
 
 from rayk import errors
 from rayk.errors import MAX_RECORD_ERRORS, InvalidRecordError, KafkaError, RecordError, UnknownServerError
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT
 
 SIZE = struct.Struct(">I")
@@ -127,7 +128,7 @@ class FetchRequest(NamedTuple):
 class FetchResult(NamedTuple):
     """What a fetch of one partition replica answers (PartitionReplica.fetch's result)."""
 
-    records: bytes
+    records: bytes | FileSlice  # a FileSlice only on the leader, for its data plane answer (endpoint.py)
     high_watermark: int
     log_end_offset: int
     log_start_offset: int

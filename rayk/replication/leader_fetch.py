@@ -46,6 +46,7 @@ from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
 from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replication_throttle import ReplicationThrottle
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.records import iter_batches
 
@@ -80,8 +81,10 @@ class LeaderFetch:
     async def fetch(
         self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
         last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str = "", read_committed: bool = False,
+        slice_min_bytes: int | None = None,
     ) -> FetchResult:
-        """One fetch, answered now or once it is satisfiable (see PartitionReplica.fetch)."""
+        """One fetch, answered now or once it is satisfiable (see PartitionReplica.fetch);
+        records of at least `slice_min_bytes` as a FileSlice of the log (Log.read)."""
         ctx = self._ctx
         if ctx.role is not Role.LEADER:
             return self.fetch_error(ctx.not_leader())
@@ -104,7 +107,7 @@ class LeaderFetch:
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             changed = ctx.events.change_event(appends=is_follower)  # a consumer reads up to the HW
-            result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower)
+            result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower, slice_min_bytes)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
                 if throttled and result.records:
@@ -113,7 +116,8 @@ class LeaderFetch:
                     if not ctx.leads_in(epoch):
                         return self.fetch_error(ctx.not_leader())
                 if ctx.trace is not None and is_follower:
-                    for batch in iter_batches(result.records):
+                    records = result.records
+                    for batch in iter_batches(records.read() if isinstance(records, FileSlice) else records):
                         ctx.trace.fetch_answered(replica_id, batch.header.next_offset)
                 if not is_follower and remote is not None and remote.enabled:  # the whole log's start
                     result = result._replace(log_start_offset=remote.log_start_offset())
@@ -180,14 +184,17 @@ class LeaderFetch:
         isr.leading().record_follower_fetch(replica_id, fetch_offset, leo, now_ms(), incarnation_id)
         isr.follower_fetched(replica_id)
 
-    def _read(self, offset: int, max_bytes: int, is_follower: bool, read_committed: bool = False) -> FetchResult:
+    def _read(
+        self, offset: int, max_bytes: int, is_follower: bool, read_committed: bool = False,
+        slice_min_bytes: int | None = None,
+    ) -> FetchResult:
         log = self._ctx.log
         try:
             if is_follower:
                 max_offset = None
             else:
                 max_offset = log.last_stable_offset if read_committed else log.high_watermark
-            result = log.read(offset, max_bytes, max_offset=max_offset)
+            result = log.read(offset, max_bytes, max_offset=max_offset, slice_min_bytes=slice_min_bytes)
             aborted: tuple[tuple[int, int], ...] = ()
             if read_committed and result.records:
                 aborted = tuple(

@@ -50,7 +50,7 @@ from rayk.actors import raylet_watch
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.dataplane import frames
-from rayk.dataplane.endpoint import Endpoint, EndpointAddress
+from rayk.dataplane.endpoint import SENDFILE_MIN_BYTES, Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
 from rayk.errors import FencedLeaderEpochError, KafkaError, NotCoordinatorError
 from rayk.replication import replica_process, storage_failure
@@ -67,6 +67,7 @@ from rayk.replication.replication_throttle import UNTHROTTLED, ThrottleSetting
 from rayk.replication.share.share_fetch import Acknowledgement, ShareFetchResult, SharePartitions
 from rayk.replication.share.share_state_client import ShareStateClient
 from rayk.storage import Log, LogConfig, partition_metadata
+from rayk.storage.file_slice import FileSlice
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.log_cleaner import CleanableState, CleanResult
 from rayk.storage.log_dir_checkpoints import PartitionOffsets
@@ -265,6 +266,16 @@ class PartitionReplica(Supervised):
         again under its name. `replica_incarnation_id`: a follower's broker process
         (KIP-903, see LeaderReplicaState). A consumer's READ_COMMITTED fetch reads below the
         LSO, not the HW, and is answered the aborted transactions that overlap what it read."""
+        return await self._fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
+                                 last_fetched_epoch, topic_id, replica_incarnation_id, isolation_level)  # fmt: skip
+
+    async def _fetch(
+        self, offset: int, max_bytes: int, min_bytes: int, max_wait_ms: int, replica_id: int, leader_epoch: int,
+        last_fetched_epoch: int, topic_id: str | None, replica_incarnation_id: str, isolation_level: int,
+        slice_min_bytes: int | None = None,
+    ) -> FetchResult:
+        """`fetch`; with `slice_min_bytes`, records of at least that many bytes come as a
+        FileSlice of the log (a data plane answer sends them by sendfile), never through Ray."""
         if replica_id == CONSUMER_REPLICA_ID and offset < self._log.log_start_offset:
             try:
                 await self._remote.ensure_listed()  # a new leader of a tiered log: what is remote
@@ -272,7 +283,7 @@ class PartitionReplica(Supervised):
                 return self._fetches.fetch_error(e)
         result = await self._fetches.fetch(offset, max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch,
                                            last_fetched_epoch, topic_id, replica_incarnation_id,
-                                           isolation_level == frames.READ_COMMITTED)  # fmt: skip
+                                           isolation_level == frames.READ_COMMITTED, slice_min_bytes)  # fmt: skip
         counters = self._ctx.counters
         counters.fetch_requests += 1
         if result.error is not None:
@@ -390,8 +401,10 @@ class PartitionReplica(Supervised):
             node_id, host, tcp=peer_node_id != node_id, node_ip=node_ip, keystore=config.data_plane_keystore
         )
 
-    async def _serve_data_plane(self, kind: int, body: memoryview) -> tuple[bytes, bytes]:
-        """A data plane request: (answer head, records)."""
+    async def _serve_data_plane(self, kind: int, body: memoryview) -> tuple[bytes, bytes | FileSlice]:
+        """A data plane request: (answer head, records); a fetch's records of at least
+        SENDFILE_MIN_BYTES come as a slice of the log file, which the endpoint sends by
+        sendfile (or reads, on a TLS connection)."""
         if kind == frames.PRODUCE:
             return frames.encode_produce_answer(await self.produce_requests(frames.decode_produce_request(body))), b""
         if kind == frames.WRITE_SHARE_STATE:
@@ -404,9 +417,9 @@ class PartitionReplica(Supervised):
         assert kind == frames.FETCH, kind  # frames.parse_request lets no other kind through
         r = frames.decode_fetch_request(body)
         max_bytes = min(r.max_bytes, frames.MAX_RECORDS_BYTES)  # the answer fits one frame
-        result = await self.fetch(
+        result = await self._fetch(
             r.offset, max_bytes, r.min_bytes, r.max_wait_ms, r.replica_id, r.leader_epoch, r.last_fetched_epoch,
-            r.topic_id, r.incarnation_id, r.isolation_level,
+            r.topic_id, r.incarnation_id, r.isolation_level, slice_min_bytes=SENDFILE_MIN_BYTES,
         )
         return frames.encode_fetch_answer_head(result), result.records
 
