@@ -73,6 +73,7 @@ bench: bytecode
 	$(PY) benchmarks/decode_bench.py
 	$(PY) benchmarks/read_path_bench.py
 	$(PY) benchmarks/tail_read_bench.py
+	$(PY) benchmarks/sendfile_bench.py
 	$(PY) benchmarks/ray_call_bench.py
 	$(PY) benchmarks/dataplane_turn_bench.py
 	$(PY) benchmarks/response_encoding_bench.py
