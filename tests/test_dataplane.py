@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import socket
 import struct
@@ -765,25 +766,40 @@ def test_both_ends_of_a_tcp_connection_keep_it_alive_so_a_vanished_node_is_found
 
 
 class SlicedLog:
-    """A handler that answers like a leader's fetch: a slice of a real log's file (b"cut":
-    and then truncates the log, as a leader stepping down does), or a few bytes (b"small")."""
+    """A handler that answers like a leader's fetch: a slice of a real log's file, or a few
+    bytes (b"small"). b"cut": the log is then truncated and grown again with other batches,
+    as a leader stepping down does (b"cut later": once the answer's send has begun)."""
 
     def __init__(self, directory, megabytes: int) -> None:
         from rayk.storage import Log
-        from rayk.storage.records import SimpleRecord, build_batch
 
         self.log = Log(directory)
-        value = bytes(range(256)) * 64
         for _ in range(megabytes * 64):
-            self.log.append_as_leader(build_batch([SimpleRecord(value)]), 0)
+            self.log.append_as_leader(self.batch(b"old"), 0)
         self.whole = self.log.read(0, megabytes << 21).records
+        self.slices: list = []
+
+    @staticmethod
+    def batch(tag: bytes) -> bytes:
+        from rayk.storage.records import SimpleRecord, build_batch
+
+        return build_batch([SimpleRecord(tag * (16384 // len(tag)))])
+
+    def cut_and_grow(self) -> None:
+        end = self.log.log_end_offset
+        self.log.truncate_to(end // 2)
+        while self.log.log_end_offset <= end:  # a file longer than before: no short read gives it away
+            self.log.append_as_leader(self.batch(b"new leader"), 1)
 
     async def __call__(self, kind: int, body: memoryview) -> tuple[bytes, object]:
         if bytes(body) == b"small":
             return b"head", b"small answer"
         found = self.log.read(0, len(self.whole), slice_min_bytes=1)
+        self.slices.append(found.records)
         if bytes(body) == b"cut":
-            self.log.truncate_to(self.log.log_end_offset // 2)
+            self.cut_and_grow()
+        elif bytes(body) == b"cut later":
+            asyncio.get_running_loop().call_soon(self.cut_and_grow)
         return b"head", found.records
 
 
@@ -814,26 +830,75 @@ def test_a_log_slice_is_sent_from_the_file_by_sendfile_and_read_where_it_cannot_
 
 
 @pytest.mark.parametrize("over_tls", [False, True], ids=["sendfile", "tls"])
-def test_a_slice_its_log_truncated_before_it_was_sent_fails_and_the_endpoint_serves_on(tmp_path, keystores, over_tls):
-    """Sent by sendfile, the peer may have bytes no longer the log's: its connection is
-    aborted (NETWORK_EXCEPTION), never handed a frame of them. Read (TLS), the request alone
-    fails NOT_LEADER_OR_FOLLOWER."""
+def test_a_slice_its_log_truncated_before_it_was_sent_fails_alone_and_the_connection_serves_on(
+    tmp_path, keystores, over_tls
+):
+    """Truncated and grown again with another leader's batches before its send began: the
+    request alone fails NOT_LEADER_OR_FOLLOWER, never answered with those batches."""
 
     async def go():
         handler = SlicedLog(tmp_path, megabytes=1)
         endpoint, address = await (opened_over_tls(handler, keystores[0]) if over_tls else opened(handler))
-        node = "node-b" if over_tls else NODE
-        connection = await Connection.open(address, node)
-        expected = NetworkError if not over_tls else errors.NotLeaderOrFollowerError
-        with pytest.raises(expected):
-            await connection.request(frames.FETCH, b"cut")
-        if not over_tls:
-            connection.close()
-            connection = await Connection.open(address, node)
+        connection = await Connection.open(address, "node-b" if over_tls else NODE)
+        with pytest.raises(errors.NotLeaderOrFollowerError):
+            await asyncio.wait_for(connection.request(frames.FETCH, b"cut"), 10)
         answer = await connection.request(frames.FETCH, b"all")
         assert bytes(answer) == b"head" + handler.log.read(0, len(handler.whole)).records
+        assert b"new leader" in bytes(answer)
         connection.close()
         await endpoint.close()
         handler.log.close()
 
     asyncio.run(go())
+
+
+def test_a_slice_its_log_truncated_while_it_was_sent_aborts_the_connection_and_nothing_follows_it(tmp_path):
+    """Cut part way, the frame is left short and the connection aborted: neither it nor the
+    answer queued behind it reaches the peer as a whole frame, and a new connection serves."""
+
+    async def go():
+        handler = SlicedLog(tmp_path, megabytes=4)
+        endpoint, address = await opened(handler)
+        connection = await Connection.open(address, NODE)
+        big = asyncio.ensure_future(connection.request(frames.FETCH, b"cut later"))
+        await asyncio.sleep(0)
+        small = asyncio.ensure_future(connection.request(frames.FETCH, b"small"))
+        for request in (big, small):
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(request, 10)
+        connection.close()
+        connection = await Connection.open(address, NODE)
+        assert bytes(await connection.request(frames.FETCH, b"small")) == b"headsmall answer"
+        connection.close()
+        await endpoint.close()
+        handler.log.close()
+        assert all(s.fd == -1 for s in handler.slices), "every slice's descriptor was given back"
+
+    asyncio.run(go())
+
+
+def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_the_connection(tmp_path, monkeypatch):
+    failures = []
+
+    def failing_sendfile(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def go():
+        handler = SlicedLog(tmp_path, megabytes=1)
+
+        async def reporting(kind, body):
+            head, records = await handler(kind, body)
+            records.read_failed = failures.append
+            return head, records
+
+        endpoint, address = await opened(reporting)
+        connection = await Connection.open(address, NODE)
+        with pytest.raises(NetworkError):
+            await asyncio.wait_for(connection.request(frames.FETCH, b"all"), 10)
+        connection.close()
+        await endpoint.close()
+        handler.log.close()
+
+    monkeypatch.setattr(os, "sendfile", failing_sendfile)
+    asyncio.run(go())
+    assert [e.errno for e in failures] == [errno.EIO]

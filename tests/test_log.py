@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -742,4 +743,22 @@ def test_a_sliced_read_of_a_compacted_log_names_the_bytes_a_read_returns(
             sliced.records.close()
         else:
             assert sliced.records == read.records == b""
+    log.close()
+
+
+def test_a_sliced_read_with_no_descriptor_to_spare_reads_the_batches_instead(tmp_path, monkeypatch):
+    """EMFILE from the slice's dup is not a failed disk: the read returns the bytes."""
+    from rayk.storage import file_slice
+
+    log = Log(tmp_path)
+    for _ in range(5):
+        log.append_as_leader(batch(20), leader_epoch=0)
+    expected = log.read(0, 1 << 20)
+
+    def no_descriptors(fd):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(file_slice.os, "dup", no_descriptors)
+    sliced = log.read(0, 1 << 20, slice_min_bytes=1)
+    assert (sliced.records, sliced.next_offset) == (expected.records, expected.next_offset)
     log.close()

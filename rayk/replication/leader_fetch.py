@@ -24,6 +24,7 @@ thread-safe: the replica actor's event loop.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from rayk.dataplane import frames
@@ -114,6 +115,7 @@ class LeaderFetch:
                     epoch = ctx.leader_epoch
                     await self._throttle.pace(len(result.records))  # a reassignment's copy, at its rate
                     if not ctx.leads_in(epoch):
+                        _close_slice(result)
                         return self.fetch_error(ctx.not_leader())
                 if ctx.trace is not None and is_follower:
                     records = result.records
@@ -122,6 +124,7 @@ class LeaderFetch:
                 if not is_follower and remote is not None and remote.enabled:  # the whole log's start
                     result = result._replace(log_start_offset=remote.log_start_offset())
                 return result
+            _close_slice(result)  # too little: read again once more arrives
             await changed.wait(remaining_s)
             if ctx.role is not Role.LEADER:
                 return self.fetch_error(ctx.not_leader())
@@ -195,6 +198,8 @@ class LeaderFetch:
             else:
                 max_offset = log.last_stable_offset if read_committed else log.high_watermark
             result = log.read(offset, max_bytes, max_offset=max_offset, slice_min_bytes=slice_min_bytes)
+            if isinstance(result.records, FileSlice):  # an EIO when it is sent is a failed read too
+                result.records.read_failed = functools.partial(storage_failure.end_process, self._ctx.name)
             aborted: tuple[tuple[int, int], ...] = ()
             if read_committed and result.records:
                 aborted = tuple(
@@ -276,3 +281,9 @@ class LeaderFetch:
         if ctx.role is not Role.LEADER:
             raise ctx.not_leader()
         return ctx.log.end_offset_for_epoch(epoch)
+
+
+def _close_slice(result: FetchResult) -> None:
+    """Gives back the descriptor of a slice a fetch read and will not answer."""
+    if isinstance(result.records, FileSlice):
+        result.records.close()

@@ -24,14 +24,18 @@ class FileSlice:
     """`size_bytes` bytes of whole batches at `position` of a .log file, through a
     descriptor of its own; `len()` is its size, as `len()` of the bytes it stands for."""
 
-    __slots__ = ("fd", "position", "size_bytes", "next_offset", "_truncations", "_truncations_now")
+    __slots__ = ("fd", "position", "size_bytes", "next_offset", "read_failed", "_truncations", "_truncations_now")
 
     def __init__(
         self, segment_fd: int, position: int, size_bytes: int, next_offset: int, truncations: int,
         truncations_now: Callable[[], int],
     ) -> None:
         assert position >= 0 and size_bytes > 0, (position, size_bytes)
-        self.fd = os.dup(segment_fd)
+        self.fd = -1
+        self.fd = os.dup(segment_fd)  # OSError (EMFILE) to the caller, which reads instead
+        # Told of an I/O error of the file when the slice is read or sent: its owner (a
+        # leader) treats it as a failed read of its log.
+        self.read_failed: Callable[[OSError], None] = _ignore
         self.position, self.size_bytes, self.next_offset = position, size_bytes, next_offset
         self._truncations, self._truncations_now = truncations, truncations_now
 
@@ -58,3 +62,7 @@ class FileSlice:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _ignore(error: OSError) -> None:
+    pass

@@ -167,7 +167,10 @@ class LocalLog:
                 position, size_bytes, next_offset = located
                 if size_bytes < slice_min_bytes:
                     return segment.read_bytes(position, size_bytes), next_offset
-                found = FileSlice(segment.fd, position, size_bytes, next_offset, self.truncations, self._truncations)
+                try:
+                    found = FileSlice(segment.fd, position, size_bytes, next_offset, self.truncations, self._truncations)
+                except OSError:  # no descriptor to spare (EMFILE): read them
+                    return segment.read_bytes(position, size_bytes), next_offset
                 return found, next_offset
             found = segment.read(start_offset, max_bytes, max_offset, min_one_batch)
             if found is not None:
