@@ -168,7 +168,9 @@ class LocalLog:
                 if size_bytes < slice_min_bytes:
                     return segment.read_bytes(position, size_bytes), next_offset
                 try:
-                    found = FileSlice(segment.fd, position, size_bytes, next_offset, self.truncations, self._truncations)
+                    found = FileSlice(
+                        segment.fd, position, size_bytes, next_offset, self.truncations, self._truncations
+                    )
                 except OSError:  # no descriptor to spare (EMFILE): read them
                     return segment.read_bytes(position, size_bytes), next_offset
                 return found, next_offset
