@@ -37,6 +37,7 @@ def gofakes3_binary() -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run([go, "install", f"{GOFAKES3_MODULE}@{GOFAKES3_VERSION}"], check=True,
                    env={**os.environ, "GOBIN": str(build_dir)}, timeout=900)  # fmt: skip
+    binary.parent.mkdir(parents=True, exist_ok=True)  # a fresh machine has no cache yet
     (build_dir / "gofakes3").rename(binary)
     return binary
 
