@@ -8,8 +8,8 @@ does not take its bytes away: they stay readable until the slice is closed. Only
 truncation changes bytes already written (a leader that becomes a follower cuts its log
 at the high watermark and appends its new leader's batches in the same place), so a
 slice remembers the log's truncation count when it was made and `unchanged()` tells
-whether it still holds the batches it was made of; whoever sends it checks that after the
-send and does not let a peer keep what it sent if not.
+whether it still holds the batches it was made of; whoever sends it checks that before
+writing anything of its answer and before each part it sends (answer_writer.py).
 
 Closed by whoever sends it (`close()`), or when the last reference goes away.
 """
