@@ -56,19 +56,19 @@ class AnswerWriter:
         if isinstance(tail, FileSlice):
             try:
                 await self._wait_for_sendfile()
-                if tail.unchanged() and self.sendfile:
+                if not tail.unchanged():
+                    error: KafkaError = NotLeaderOrFollowerError(
+                        "this replica's log was truncated (it is no longer the leader) before the answer was sent")
+                    await self.write_frame(frames.failed_answer_frame(correlation_id, error))
+                    return
+                if self.sendfile:
                     await self._send_file(correlation_id, head, tail)
                     return
                 try:
-                    data = tail.read() if tail.unchanged() else b""
+                    data = tail.read()  # no truncation meanwhile: those run on this thread too
                 except OSError as e:
                     tail.read_failed(e)
-                    error: KafkaError = KafkaStorageError(f"a read of the log failed: {e}")
-                    await self.write_frame(frames.failed_answer_frame(correlation_id, error))
-                    return
-                if not tail.unchanged():
-                    error = NotLeaderOrFollowerError("this replica's log was truncated (it is no longer the leader) "
-                                                     "before the answer was sent")  # fmt: skip
+                    error = KafkaStorageError(f"a read of the log failed: {e}")
                     await self.write_frame(frames.failed_answer_frame(correlation_id, error))
                     return
             finally:
