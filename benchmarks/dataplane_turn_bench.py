@@ -14,6 +14,11 @@ this is the floor under rayk's CPU per record at 100-1,000 records/s with linger
     .venv/bin/python benchmarks/dataplane_turn_bench.py [--requests N] [--rates 100,300,1000,3000,0]
 
 Rate 0: back to back. No Ray instance. It prints figures and asserts nothing.
+
+With a C compiler (`cc`) on the machine it then measures the same exchange in C: two
+processes, a Unix socket pair, each side waiting in epoll_wait and the client sleeping
+until each request is due, so the figures are what a turn costs the kernel and the VM
+with no interpreter, the floor a compiled per-request path would stand on.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import asyncio
 import multiprocessing
 import os
 import pickle
+import shutil
+import subprocess
+import tempfile
 import time
 
 from latency_cpu_bench import process_cpu_s as cpu_s  # (a script's own directory is on its path)
@@ -73,6 +81,82 @@ async def run(server_pid: int, address: object, rates: list[float], requests: in
     connection.close()
 
 
+# The C exchange: argv = requests, rate (0: back to back). The endpoint prints its CPU µs per
+# request (getrusage), then the client its own and the median round trip in µs.
+C_TURNS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static double cpu_s(void) {
+    struct rusage r; getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec / 1e6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec / 1e6;
+}
+static int poller(int fd) {
+    int ep = epoll_create1(0); struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e); return ep;
+}
+static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    int n = atoi(argv[1]); double rate = atof(argv[2]); int sv[2]; char buf[256] = {0}; struct epoll_event out;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 1;
+    if (fork() == 0) {
+        int ep = poller(sv[1]); double c0 = cpu_s();
+        for (int i = 0; i < n; i++) {
+            epoll_wait(ep, &out, 1, -1);
+            if (read(sv[1], buf, 100) <= 0 || write(sv[1], buf, 8) != 8) return 1;
+        }
+        printf("%.1f\n", (cpu_s() - c0) / n * 1e6); return 0;
+    }
+    int ep = poller(sv[0]); double *trips = malloc(n * sizeof(double)), c0 = cpu_s(), t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        double sent = now_s();
+        if (write(sv[0], buf, 100) != 100) return 1;
+        epoll_wait(ep, &out, 1, -1);
+        if (read(sv[0], buf, 8) <= 0) return 1;
+        trips[i] = now_s() - sent;
+        double wait_s = t0 + (i + 1) / rate - now_s();
+        if (rate > 0 && wait_s > 0) {
+            struct timespec ts = {(time_t)wait_s, (long)((wait_s - (time_t)wait_s) * 1e9)};
+            nanosleep(&ts, 0);
+        }
+    }
+    double client_us = (cpu_s() - c0) / n * 1e6;
+    int status; wait(&status);
+    qsort(trips, n, sizeof(double), cmp);
+    printf("%.1f %.1f\n", client_us, trips[n / 2] * 1e6); return 0;
+}
+"""
+
+
+def c_turns(rates: list[float], requests: int) -> None:
+    """The same exchange in C (see the module docstring), if a compiler is there."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        print("(no C compiler: the C floor is not measured)")
+        return
+    with tempfile.TemporaryDirectory(prefix="rayk-turns-") as work:
+        source, binary = os.path.join(work, "turns.c"), os.path.join(work, "turns")
+        with open(source, "w") as f:
+            f.write(C_TURNS)
+        subprocess.run([compiler, "-O2", "-o", binary, source], check=True)
+        print()
+        print("the same exchange in C (epoll, no interpreter):")
+        print(f"{'requests':>14} {'client CPU µs/req':>16} {'endpoint CPU µs/req':>18} {'round trip p50 µs':>15}")
+        for rate in rates:
+            count = max(200, requests if not rate else min(requests, int(rate * 10)))
+            server_us, client_us, trip_us = (float(x) for x in subprocess.run(
+                [binary, str(count), str(rate)], check=True, capture_output=True, text=True).stdout.split())
+            label = f"{rate:,.0f}/s" if rate else "back to back"
+            print(f"{label:>14} {client_us:16.0f} {server_us:18.0f} {trip_us:15.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3_000)
@@ -89,6 +173,7 @@ def main() -> None:
     finally:
         server.kill()
         server.join()
+    c_turns([float(r) for r in args.rates.split(",")], args.requests)
 
 
 if __name__ == "__main__":
