@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -63,6 +64,21 @@ def _build(*args: str | Path) -> None:
         [sys.executable, "-m", "build", "--no-isolation", *map(str, args)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_environment_make_installs_has_its_dependencies_bytecode():
+    """Every Ray worker process, each partition replica among them, imports Ray at its start:
+    where PYTHONDONTWRITEBYTECODE is set (CI's machines) and the install wrote no bytecode
+    (uv's default), each compiled Ray's sources again, three times the CPU of its imports
+    (benchmarks/bytecode_bench.py). `make` installs with `--compile-bytecode`."""
+    if not (Path(sys.prefix) / ".installed").exists():
+        pytest.skip(f"{sys.prefix} was not installed by `make`")
+    site = Path(sysconfig.get_paths()["purelib"])
+    tag = sys.implementation.cache_tag
+    sources = list(site.rglob("*.py"))
+    without = [s for s in sources if not (s.parent / "__pycache__" / f"{s.stem}.{tag}.pyc").exists()]
+    assert len(sources) > 1000, f"{site} holds only {len(sources)} modules"
+    assert not without, f"{len(without)} of {len(sources)} modules have no bytecode, e.g. {without[:5]}"
 
 
 @pytest.fixture(scope="module")
