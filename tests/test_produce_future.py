@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 
 import pytest
@@ -77,6 +78,27 @@ def test_callbacks_run_once_in_send_order_and_late_ones_at_once():
     assert calls[-1] == ("late", 11)
     with pytest.raises(AssertionError):
         batch.complete(20, -1)  # a batch completes once
+
+
+def test_callbacks_added_while_the_batch_completes_run_once_each_in_order():
+    """add_done_callback takes no lock: one added while the sender completes the batch is
+    run by whichever thread gets to it, once, and the order holds. The switch interval is
+    made tiny so that the threads change places between any two bytecodes."""
+    switch_interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(200):
+            batch = BatchResult("t", 0)
+            calls: list[int] = []
+            adding = threading.Thread(target=lambda b=batch: [
+                FutureRecordMetadata(b, i, 0).add_done_callback(lambda f: calls.append(f._index)) for i in range(300)
+            ])  # fmt: skip
+            adding.start()
+            batch.complete(0, -1)
+            adding.join(timeout=10)
+            assert calls == list(range(300))
+    finally:
+        sys.setswitchinterval(switch_interval_s)
 
 
 def test_waiters_in_other_threads_wake_on_completion():
