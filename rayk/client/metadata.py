@@ -116,8 +116,17 @@ class MetadataCache:
                 self._stored_at_s[topic] = now
 
     def _partitions(self, topic: str, timeout_ms: int) -> dict[int, Any]:
+        """The topic's partitions as stored, looked up (blocking) if it is not known. What
+        is older than `metadata_max_age_ms` is answered as it is and looked up again in
+        the background, as `leader_nowait` does: a leader that answers without an error
+        but leads no more (a replica cut off from the Controller while the others elected
+        another) is then asked no longer than that."""
+        now = time.monotonic()
         with self._lock:
             known = self._topics.get(topic)
+            stale = known is not None and now - self._stored_at_s.get(topic, now) > self._max_age_s
+        if stale:
+            self.request_update([topic])
         if known is None:
             self.refresh([topic], timeout_ms)
             with self._lock:
