@@ -209,6 +209,8 @@ class MicroBatches:
             for p in range(len(self._positions), partitions):
                 self._positions[p] = self._log_start(p)
         ends = self._ends()
+        logger.debug("%s/%s: planning batch %d at positions %s, ends %s", self.group_id, self.topic, self.batch_id,
+                     self._positions, ends)
         self._check_positions(ends)
         lags = {p: ends[p] - self._positions[p] for p in self._positions}
         budget = _share(lags, self._max_records) if self._max_records is not None else lags

@@ -24,8 +24,9 @@ healthy within nemesis.HEAL_BOUND_S of the last fault. Each network or disk faul
 how long after its heal the cluster was whole again.
 
 A seed's whole output (its steps, a Timeline line a second and, if it failed, the end of
-the Controller's and the brokers' logs) is kept in LOG_DIR/env-nemesis-seed-<seed>.log; a
-failed seed prints the command that replays it. A netns cluster that does not start (Ray's
+the Controller's and the brokers' logs) is kept in LOG_DIR/env-nemesis-seed-<seed>.log, and a
+failed one's also under a name of its own that its replays do not overwrite
+(env-nemesis-seed-<seed>-failed-<time>.log); a failed seed prints the command that replays it. A netns cluster that does not start (Ray's
 fixed 30 s for a node, on a busy machine) is started again, as chaos.py does.
 """
 
@@ -332,6 +333,10 @@ def run_one(seed: int, max_faults: int, only: str, node_env: dict | None) -> dic
     if result is None:
         result = {"ok": False, "faults": len(replay.faults), "acknowledged": 0, "records_checked": 0, "seconds": 0,
                   "first_failure": f"no report: {output[-300:]}"}  # fmt: skip
+    if not result["ok"]:  # a rare failure's log outlives the replays that look for it
+        kept = LOG_DIR / f"env-nemesis-seed-{seed}-failed-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        kept.write_text(output)
+        log = kept
     print(f"  output: {log}", flush=True)
     return {**result, "seed": seed, "replay": replay.replay()}
 

@@ -60,7 +60,7 @@ import signal
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +122,7 @@ PAUSE_BROKER_S = SESSION_TIMEOUT_MS / 1000 * LATE_FENCE_SESSIONS + 3
 # each copy catching up under load on 2 busy cores; and the same again for the last fault.
 HEAL_BOUND_S = SESSION_TIMEOUT_MS / 1000 + REPLACEMENT_DELAY_MS / 1000 + 90
 CATCH_UP_BOUND_S = 120  # the group and the pipeline reach the end of every partition after the traffic stops
+PIPELINE_PLANS_KEPT = 12  # the stream's last plans a stalled pipeline's failure shows
 CALL_TIMEOUT_S = 60  # a query of the cluster (the Controller may be restarting)
 NEMESIS_CONFIG = {
     **CONFIG,
@@ -484,10 +485,22 @@ class Observer(threading.Thread):
             self.consumer.close(autocommit=False, timeout_ms=5_000)
 
 
+class _LastLines(logging.Handler):
+    """Keeps a logger's last `count` lines in memory, for a report."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: deque[str] = deque(maxlen=count)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.getMessage()}")
+
+
 class Pipeline(threading.Thread):
     """A rayk.data.stream_topic pipeline copying TOPIC into COPY_TOPIC with write_topic,
     started again from its committed progress whenever it fails (as a user's job would be
-    by its supervisor)."""
+    by its supervisor). It keeps the stream's last plans (positions and the ends its
+    ListOffsets answered) for `diagnosis`, should it stop making progress."""
 
     def __init__(self, cluster: Any) -> None:
         super().__init__(daemon=True, name="nemesis-pipeline")
@@ -497,11 +510,33 @@ class Pipeline(threading.Thread):
         self.restarts: Counter = Counter()  # why the stream failed -> times
         self.read: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value, as each batch read it
         self._stream: Any = None
+        self._plans = _LastLines(PIPELINE_PLANS_KEPT)
+        self._last_stream: Any = None  # the last stream started, kept for `diagnosis` after it ended
+
+    def diagnosis(self) -> str:
+        """What the stream saw last: its last plans, and what each leader replica it asks
+        for the partitions' ends (its consumer's metadata cache) says of itself now."""
+        lines = [f"the stream's last plans: {list(self._plans.lines) or 'none'}"]
+        stream = self._last_stream
+        cached = getattr(getattr(getattr(stream, "_batches", None), "_consumer", None), "_metadata", None)
+        leaders = dict(getattr(cached, "_topics", {}).get(TOPIC, {})) if cached is not None else {}
+        for partition, handle in sorted(leaders.items()):
+            try:
+                d = ray.get(handle.describe.remote(), timeout=10) if handle is not None else None
+                seen = "none cached" if d is None else (
+                    f"broker {d['broker_id']} {d['role']} in epoch {d['leader_epoch']}, hw {d['high_watermark']}")
+            except Exception as e:  # gone: what the stream asked is what matters
+                seen = f"unreachable ({type(e).__name__})"
+            lines.append(f"partition {partition}'s cached leader: {seen}")
+        return "; ".join(lines)
 
     def run(self) -> None:
         import rayk.data
 
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # a line per micro-batch otherwise
+        planner = logging.getLogger("rayk.client.micro_batches")
+        planner.setLevel(logging.DEBUG)
+        planner.addHandler(self._plans)
         ray.data.DataContext.get_current().enable_progress_bars = False
         while not self.halt.is_set():
             try:
@@ -509,7 +544,7 @@ class Pipeline(threading.Thread):
                     TOPIC, STREAM_GROUP, cluster=self.cluster, trigger_ms=2_000, starting_offsets="earliest",
                     max_records_per_batch=20_000,
                 ) as stream:  # fmt: skip
-                    self._stream = stream
+                    self._stream = self._last_stream = stream
                     if self.halt.is_set():
                         stream.stop()
                     for ds in stream:
@@ -1012,7 +1047,7 @@ class Workload:
             wait_for(lambda: committed_of(c, STREAM_GROUP, TOPIC, PARTITIONS) == ends, CATCH_UP_BOUND_S,
                      "the pipeline to commit the end of every partition")  # fmt: skip
         except AssertionError as e:
-            failures.append(str(e))
+            failures.append(f"{e} ({self.pipeline.diagnosis()})")
         self.pipeline.stop()
         if self.pipeline.is_alive():
             failures.append("the pipeline did not stop within 120 s")
