@@ -57,6 +57,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -496,6 +498,32 @@ class _LastLines(logging.Handler):
         self.lines.append(f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.getMessage()}")
 
 
+def _running_reads() -> list[str]:
+    """Where each process running a stream's read task (a Ray worker titled
+    "ray::ReadTopic", on any node: the netns cluster is one PID namespace) is now, by
+    py-spy if it is installed."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            title = cmdline.read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # it ended meanwhile
+            continue
+        if "ReadTopic" not in title:
+            continue
+        pid = cmdline.parent.name
+        line = f"{title} (pid {pid})"
+        if os.path.exists(py_spy):  # with its native frames where py-spy can unwind them (a call into Ray's core)
+            for native in (["--native"], []):
+                dump = subprocess.run([py_spy, "dump", *native, "--pid", pid], capture_output=True, text=True, timeout=60)
+                if dump.returncode == 0:
+                    break
+            frames = [f.strip()[:100] for f in dump.stdout.splitlines() if "(" in f and not f.strip().startswith("std::")]
+            line += " at: " + " | ".join(frames)[:6000]
+        lines.append(line)
+    return lines or ["no read task running"]
+
+
 class Pipeline(threading.Thread):
     """A rayk.data.stream_topic pipeline copying TOPIC into COPY_TOPIC with write_topic,
     started again from its committed progress whenever it fails (as a user's job would be
@@ -528,6 +556,11 @@ class Pipeline(threading.Thread):
             except Exception as e:  # gone: what the stream asked is what matters
                 seen = f"unreachable ({type(e).__name__})"
             lines.append(f"partition {partition}'s cached leader: {seen}")
+        frame = sys._current_frames().get(self.ident) if self.is_alive() and self.ident is not None else None
+        if frame is not None:  # where its thread waits now
+            lines.append("the pipeline's thread at: " + " < ".join(
+                f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(traceback.extract_stack(frame)[-12:])))
+        lines += _running_reads()
         return "; ".join(lines)
 
     def run(self) -> None:
