@@ -47,7 +47,7 @@ class BatchResult:
 
     __slots__ = (
         "topic", "partition", "base_offset", "log_append_time_ms", "error", "finished",
-        "_named", "_others", "_done", "_callbacks", "_record_callbacks", "_record_places", "_lock", "_running",
+        "_named", "_others", "_done", "_callbacks", "_record_callbacks", "_lock", "_running",
     )  # fmt: skip
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -62,11 +62,13 @@ class BatchResult:
         self.finished = False
         self._done = threading.Event()
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
-        # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
-        # Python's collector stops tracking the first time it sees them. Queued without a
-        # lock (see `add_done_callback`); `_running` is held by the one thread running them.
-        self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any]] = collections.deque()
-        self._record_places: collections.deque[tuple[int, int]] = collections.deque()
+        # Record callbacks, each followed by the (index, timestamp_ms) of its record: a
+        # tuple of ints, which Python's collector stops tracking the first time it sees it.
+        # Queued without a lock (see `add_done_callback`); `_running` is held by the one
+        # thread running them.
+        self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any] | tuple[int, int]] = (
+            collections.deque()
+        )
         self._lock = threading.Lock()
         self._running = threading.Lock()
 
@@ -108,21 +110,33 @@ class BatchResult:
         has finished; one thread at a time (`_running`). A thread that finds another
         running them leaves what it queued to that one, which looks at the queue again
         after letting go of `_running`, so no callback is left behind. No lambda or call
-        per record beyond the callback's own: a batch may carry 10,000."""
-        fns, places, running = self._record_callbacks, self._record_places, self._running
-        while fns:
+        per record beyond the callback's own: a batch may carry 10,000.
+
+        A KeyboardInterrupt or SystemExit (in a callback, or between taking a callable and
+        its place, when the user's thread runs the queue) is raised once the rest of the
+        queue has run, so the callbacks other threads queued are not stranded; a place
+        left at the head by such an interruption is dropped (a callable is never a tuple)."""
+        queue, running = self._record_callbacks, self._running
+        interrupted: BaseException | None = None
+        while queue:
             if not running.acquire(blocking=False):
-                return
+                break
             try:
-                while fns:
-                    fn = fns.popleft()
-                    index, timestamp_ms = places.popleft()  # queued before its callable: it is there
+                while queue:
                     try:
-                        fn(FutureRecordMetadata(self, index, timestamp_ms))
+                        fn = queue.popleft()
+                        if fn.__class__ is tuple:  # the place of a callable an interruption took
+                            continue
+                        index, timestamp_ms = queue.popleft()  # put in with its callable: it is there
+                        fn(FutureRecordMetadata(self, index, timestamp_ms))  # type: ignore[operator]
                     except Exception:
                         logger.exception("a send() callback raised")
+                    except BaseException as e:  # noqa: B036 - raised below, once the queue has run
+                        interrupted = interrupted or e
             finally:
                 running.release()
+        if interrupted is not None:
+            raise interrupted
 
     def done(self) -> bool:
         return self.finished
@@ -188,15 +202,16 @@ class FutureRecordMetadata:
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(a future equal to this one) once the record is acknowledged or failed
         (at once if it has been). Once per record for many callers, so without a lock: a
-        lock per record was a tenth of `send()`'s time with a callback each. The record's
-        place is queued first and its callable last, each append atomic under the GIL, and
-        the batch's `finished` is looked at after them: the sender sets it before it runs
-        the queue, so if it was not set yet, the sender's run finds this callback; if it
-        was, this thread runs the queue itself, unless the sender is still running it
-        (one thread at a time: the order holds)."""
+        lock per record was a tenth of `send()`'s time with a callback each. The callable
+        and its record's place go in together, in one `deque.extend` of a pair, which
+        CPython does without another thread running in between (the GIL is not let go
+        inside it: a tuple's items, deque blocks from PyMem), so concurrent callers'
+        pairs never interleave. Then the batch's `finished` is looked at: the sender sets
+        it before it runs the queue, so if it was not set yet, the sender's run finds this
+        callback; if it was, this thread runs the queue itself, unless the sender is still
+        running it (one thread at a time: the order holds)."""
         batch = self._batch
-        batch._record_places.append((self._index, self._timestamp_ms))
-        batch._record_callbacks.append(fn)
+        batch._record_callbacks.extend((fn, (self._index, self._timestamp_ms)))
         if batch.finished:
             batch._run_record_callbacks()
 
