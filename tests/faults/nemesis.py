@@ -683,15 +683,23 @@ class Transactions(threading.Thread):
 
 
 def read_committed_values(cluster: Any, topic: str, partitions: int) -> list[bytes]:
-    """Every value a read_committed consumer reads from the topic's start to its LSO."""
+    """Every value a read_committed consumer reads from the topic's start to its LSO, once
+    no transaction is open on any partition (every LSO at its high watermark). A commit
+    returns once the coordinator wrote its decision, and the markers follow (Kafka's
+    EndTxn does the same), so a reader right after the last commit could see its
+    records on the partitions whose marker landed and not yet on the others; and a
+    transaction left open (none is, past the producer's transaction timeout) fails the
+    wait."""
     from rayk.client.types import TopicPartition
 
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer = cluster.consumer(isolation_level="read_committed", enable_auto_commit=False, default_api_timeout_ms=30_000)
+    uncommitted = cluster.consumer(enable_auto_commit=False, default_api_timeout_ms=30_000)
     try:
         consumer.assign(tps)
         consumer.seek_to_beginning()
-        ends = consumer.end_offsets(tps)
+        ends = wait_for(lambda: (lso := consumer.end_offsets(tps)) == uncommitted.end_offsets(tps) and lso,
+                        CATCH_UP_BOUND_S, f"every transaction on {topic} to be complete (each LSO at its high watermark)")
         values: list[bytes] = []
         deadline = time.monotonic() + CATCH_UP_BOUND_S
         while any(consumer.position(tp) < ends[tp] for tp in tps):
@@ -701,6 +709,7 @@ def read_committed_values(cluster: Any, topic: str, partitions: int) -> list[byt
         return values
     finally:
         consumer.close(autocommit=False)
+        uncommitted.close(autocommit=False)
 
 
 def committed_of(cluster: Any, group: str, topic: str, partitions: int) -> dict[int, int]:
