@@ -19,8 +19,9 @@ replication factor 3, min.insync.replicas 2; records of 100 random bytes, no key
 1. Tansu: a confluent-kafka producer (acks=all, linger.ms 5, batch.size 1 MiB) sends
    `--records` records (default 1,000,000) to a 3-partition topic.
 2. rayk `send()`: one `cluster.producer(acks="all")` with its defaults sends them one by
-   one (rayk.perf.run_produce_perf). Every record gets a callback that keeps its error, as
-   every record of run 1 gets an `on_delivery` that does; latency, from `send()` until the
+   one (rayk.perf.run_produce_perf). Every record gets a callback that keeps its error
+   (`send(..., callback=)`), as every record of run 1 gets an `on_delivery` that does;
+   latency, from `send()` until the
    record's future completes (the leader answered after every in-sync replica had the
    batch), is taken for every 100th record only: timing each one (the time, a callable
    bound to it, a list entry) cost 1.3 us a record here, more than `send()`'s own

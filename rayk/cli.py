@@ -729,7 +729,7 @@ def cmd_produce(args: argparse.Namespace) -> None:
         for sent, line in enumerate(sys.stdin.buffer, 1):
             line = line.removesuffix(b"\n").removesuffix(b"\r")
             key, value = _split_key(line, separator, sent) if separator else (None, line)
-            producer.send(args.topic, value, key=key).add_done_callback(on_done)
+            producer.send(args.topic, value, key=key, callback=on_done)
     failures = [e for e in completed if e is not None]
     if failures:
         raise CliError(f"{len(failures)} of {sent} records failed: {_error_message(failures[0])}")

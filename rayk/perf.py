@@ -190,11 +190,12 @@ def run_produce_perf(
     which is not what a latency at a steady rate is about. The dict also holds `errors`
     (records that failed) and `first_error`.
 
-    Every record gets a callback that keeps its error, if any. `latency_sample_every` = K
-    times only every K-th record (Kafka's ProducerPerformance samples what it keeps too):
-    taking the time and binding it to a callback costs more per record than `send()`'s own
-    bookkeeping, which a throughput comparison with a client whose harness does not time
-    each record should not count against rayk (benchmarks/client_bench.py).
+    Every record gets a callback (`send(..., callback=)`) that keeps its error, if any.
+    `latency_sample_every` = K times only every K-th record (Kafka's ProducerPerformance
+    samples what it keeps too): taking the time and binding it to a callback costs more
+    per record than `send()`'s own bookkeeping, which a throughput comparison with a
+    client whose harness does not time each record should not count against rayk
+    (benchmarks/client_bench.py).
     """
     if latency_sample_every < 1:
         raise ValueError(f"latency_sample_every must be >= 1, got {latency_sample_every}")
@@ -262,11 +263,10 @@ def _send_all(
             _throttle(start, i, throughput)
         key, value = record_fn(i) if record_fn is not None else (None, payload)
         total_bytes += len(value) + (len(key) if key else 0)
-        future = producer.send(topic, value, key=key)
         if i % sample_every:
-            future.add_done_callback(on_done)
+            producer.send(topic, value, key=key, callback=on_done)
         else:
-            future.add_done_callback(functools.partial(on_timed, time.perf_counter()))
+            producer.send(topic, value, key=key, callback=functools.partial(on_timed, time.perf_counter()))
     return total_bytes
 
 

@@ -123,6 +123,21 @@ def test_records_of_a_partition_arrive_in_send_order(cluster):
     assert [r.offset for r in records] == list(range(3000))
 
 
+def test_a_callback_given_to_send_gets_its_own_record_once_acknowledged_in_send_order(cluster):
+    """send(..., callback=fn), Kafka's send(record, callback): fn gets the record's future
+    once the batch is acknowledged, in the order the records were sent, across batches
+    and with add_done_callback on the same records."""
+    topic = new_topic(cluster, partitions=1, replication_factor=3)
+    given, added = [], []
+    with cluster.producer(acks="all", linger_ms=1, batch_size=2048) as producer:
+        for i in range(3000):
+            future = producer.send(topic, value=b"%06d" % i, callback=lambda f, i=i: given.append((i, f.get(0).offset)))
+            if i % 7 == 0:
+                future.add_done_callback(lambda f, i=i: added.append((i, f.get(0).offset)))
+    assert given == [(i, i) for i in range(3000)], "each its own record's offset, in send order"
+    assert added == [(i, i) for i in range(0, 3000, 7)]
+
+
 def test_small_batches_queued_behind_a_call_are_merged_up_to_max_request_size(cluster):
     topic = new_topic(cluster, partitions=1, replication_factor=3)
     settings = dict(batch_size=1024, max_request_size=65_536, max_in_flight_requests_per_connection=1)

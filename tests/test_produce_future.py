@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -80,63 +81,6 @@ def test_callbacks_run_once_in_send_order_and_late_ones_at_once():
         batch.complete(20, -1)  # a batch completes once
 
 
-def test_callbacks_added_while_the_batch_completes_run_once_each_in_order_with_their_own_record():
-    """add_done_callback takes no lock: a callback added while the sender completes the
-    batch is run by whichever thread gets to it, once, in order, and gets its own record
-    though two threads add to the batch at once. The switch interval is made tiny so that
-    the threads change places between almost any two bytecodes; the sender's run is seen
-    to overlap the adding in most rounds (else the test would prove nothing)."""
-    switch_interval_s = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    overlapped = 0
-    try:
-        for _ in range(200):
-            batch = BatchResult("t", 0)
-            calls: dict[int, list[int]] = {0: [], 1: []}  # by adding thread: the record each callback got
-
-            def add(thread: int, batch: BatchResult = batch) -> None:
-                for i in range(thread, 600, 2):
-                    FutureRecordMetadata(batch, i, i).add_done_callback(
-                        lambda f, i=i: calls[thread].append(f._index) if f._index == i else calls[thread].append(-i))
-
-            adding = [threading.Thread(target=add, args=(t,)) for t in (0, 1)]
-            for t in adding:
-                t.start()
-            batch.complete(0, -1)
-            overlapped += any(t.is_alive() for t in adding)
-            for t in adding:
-                t.join(timeout=10)
-                assert not t.is_alive()
-            assert calls == {0: list(range(0, 600, 2)), 1: list(range(1, 600, 2))}
-    finally:
-        sys.setswitchinterval(switch_interval_s)
-    assert overlapped > 20, f"the completion overlapped the adding in only {overlapped} of 200 rounds"
-
-
-def test_an_interrupted_run_of_the_callbacks_strands_none_and_raises_after_them():
-    """A KeyboardInterrupt in a callback (the user's thread runs the queue when the batch
-    finished meanwhile) is raised once the others have run; a place left at the head of
-    the queue by an interruption between a callable and its place is dropped."""
-    batch = BatchResult("t", 0)
-    calls = []
-
-    def interrupt(f: FutureRecordMetadata) -> None:
-        raise KeyboardInterrupt
-
-    futures = futures_of(batch, [1, 2, 3])
-    futures[0].add_done_callback(lambda f: calls.append(f._index))
-    futures[1].add_done_callback(interrupt)
-    futures[2].add_done_callback(lambda f: calls.append(f._index))
-    with pytest.raises(KeyboardInterrupt):
-        batch.complete(0, -1)
-    assert calls == [0, 2]
-    batch = BatchResult("t", 0)
-    batch._record_callbacks.append((0, 1))  # the place of a callable an interruption took
-    futures_of(batch, [1, 2])[1].add_done_callback(lambda f: calls.append(("after", f._index)))
-    batch.complete(0, -1)
-    assert calls[-1] == ("after", 1)
-
-
 def test_waiters_in_other_threads_wake_on_completion():
     batch = BatchResult("t", 0)
     (future,) = futures_of(batch, [1])
@@ -176,3 +120,32 @@ def test_a_callback_does_not_keep_its_records_future_alive():
     assert live_futures() == 0
     batch.complete(0, -1)
     assert [f.result().offset for f in calls] == list(range(100))
+
+
+def test_callbacks_queued_with_the_record_and_added_later_each_get_their_own_record():
+    """`send(callback=)` queues under the accumulator's lock, add_done_callback under the
+    batch's, so the two may queue at once: each pair goes in whole, and every callback
+    gets its own record. The switch interval is made tiny so that the threads change
+    places between almost any two bytecodes."""
+    switch_interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(50):
+            batch = BatchResult("t", 0)
+            wrong: list[tuple[int, int]] = []
+            ran = []
+
+            def check(i: int) -> Callable[[FutureRecordMetadata], None]:
+                return lambda f: (ran.append(i), f._index != i and wrong.append((i, f._index)))
+
+            later = threading.Thread(target=lambda b=batch: [
+                FutureRecordMetadata(b, i, i).add_done_callback(check(i)) for i in range(1, 1000, 2)
+            ])  # fmt: skip
+            later.start()
+            for i in range(0, 1000, 2):
+                batch.add_record_callback_while_open(check(i), i, i)
+            later.join(timeout=10)
+            batch.complete(0, -1)
+            assert not wrong and sorted(ran) == list(range(1000))
+    finally:
+        sys.setswitchinterval(switch_interval_s)

@@ -197,10 +197,13 @@ def test_records_fail_with_kafka_timeout_at_delivery_timeout_and_free_the_buffer
     producer = producer_for(leader, request_timeout_ms=400, delivery_timeout_ms=1500, linger_ms=0,
                             buffer_memory=2000, max_block_ms=10_000, batch_size=300)
     started = time.monotonic()
-    first = [producer.send("t", b"x" * 100) for _ in range(15)]  # 15 x 121 bytes: the buffer is full
+    failed = []  # what a callback given to send() gets for an expired record
+    first = [producer.send("t", b"x" * 100, callback=lambda f: failed.append(type(f.exception(0))))
+             for _ in range(15)]  # 15 x 121 bytes: the buffer is full
     producer.flush(timeout_s=10)
     flushed_s = time.monotonic() - started
     assert all(isinstance(e, KafkaTimeoutError) for _, e in outcomes(first))
+    assert failed == [KafkaTimeoutError] * 15
     assert 1.5 <= flushed_s < 5, f"flush returned after {flushed_s:.2f} s; delivery_timeout_ms is 1500"
 
     ray.get(leader.stop_hanging.remote())

@@ -158,11 +158,12 @@ class RecordAccumulator:
     # ------------------------------------------------------------------ the user's side
 
     def append(
-        self, topic: str, partition: int | None, num_partitions: int, record: SentRecord, size: int
+        self, topic: str, partition: int | None, num_partitions: int, record: SentRecord, size: int,
+        callback: Callable[[FutureRecordMetadata], Any] | None = None,
     ) -> FutureRecordMetadata:
         """Adds a record, a (value, key, headers, timestamp_ms) tuple, to its partition's open
-        batch (the sticky partition's if `partition` is None); blocks while the buffer is
-        full. The hot path of send(): kept to dict lookups and counters."""
+        batch (the sticky partition's if `partition` is None), and its `callback`; blocks
+        while the buffer is full. The hot path of send(): kept to dict lookups and counters."""
         with self._mutex:
             if self._failure is not None or self.closed:
                 self._refuse()
@@ -181,6 +182,8 @@ class RecordAccumulator:
                 self.lock.notify()  # the sender learns the new batch's linger deadline
             index = batch.record_count
             batch.records.append(record)
+            if callback is not None:  # the batch is open: it cannot finish while this lock is held
+                batch.result.add_record_callback_while_open(callback, index, record[3])
             batch.record_count = index + 1
             batch.size_bytes += size
             self.unfinished += 1

@@ -18,12 +18,15 @@ walks all of them: with a producer's buffer full of records, a future and a
 (callable, future) pair kept per record were two thirds of the objects those collections
 walked, and the collections were more than half of `send()`'s CPU
 (`benchmarks/send_gc_bench.py`). The user's callable is the one object per record left.
+A callback given to `send` itself (`callback=`, Kafka's send(record, callback)) is queued
+as the record is appended, under the accumulator's lock, with no lock of the batch's: one
+lock per record less than `send(...).add_done_callback(fn)`.
 
 FutureRecordMetadata answers like a concurrent.futures.Future (`result`, `exception`,
 `done`, `add_done_callback`), plus kafka-python's `get(timeout)`, `succeeded()`, `failed()`.
 Callbacks run in the producer's sender thread when the batch completes, in the order the
-records were sent (or at once, in the caller's thread, if it already completed and its
-callbacks have run); one that raises is logged and does not stop the others.
+records were sent (or at once, in the caller's thread, if it already completed); one that
+raises is logged and does not stop the others.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,7 +50,7 @@ class BatchResult:
 
     __slots__ = (
         "topic", "partition", "base_offset", "log_append_time_ms", "error", "finished",
-        "_named", "_others", "_done", "_callbacks", "_record_callbacks", "_lock", "_running",
+        "_named", "_others", "_done", "_callbacks", "_record_callbacks", "_lock",
     )  # fmt: skip
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -62,15 +65,15 @@ class BatchResult:
         self.finished = False
         self._done = threading.Event()
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
-        # Record callbacks, each followed by the (index, timestamp_ms) of its record: a
-        # tuple of ints, which Python's collector stops tracking the first time it sees it.
-        # Queued without a lock (see `add_done_callback`); `_running` is held by the one
-        # thread running them.
+        # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
+        # Python's collector stops tracking the first time it sees them.
+        # Each queued by one `deque.extend` of the pair, so pairs queued by two threads at
+        # once (a send's callback under the accumulator's lock, a later add_done_callback
+        # under `_lock`) never interleave: CPython lets no other thread run inside it.
         self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any] | tuple[int, int]] = (
             collections.deque()
         )
         self._lock = threading.Lock()
-        self._running = threading.Lock()
 
     def complete(self, base_offset: int, log_append_time_ms: int) -> None:
         self.base_offset, self.log_append_time_ms = base_offset, log_append_time_ms
@@ -98,45 +101,27 @@ class BatchResult:
             self.finished = True
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
-        for callback, arg in callbacks:
+            record_callbacks, self._record_callbacks = self._record_callbacks, collections.deque()
+        for callback, arg in callbacks:  # no lambda or call per record: a batch may carry 10,000
             try:
                 callback(arg)
             except Exception:
                 logger.exception("a send() callback raised")
-        self._run_record_callbacks()
-
-    def _run_record_callbacks(self) -> None:
-        """Runs the queued record callbacks, in the order they were added, once the batch
-        has finished; one thread at a time (`_running`). A thread that finds another
-        running them leaves what it queued to that one, which looks at the queue again
-        after letting go of `_running`, so no callback is left behind. No lambda or call
-        per record beyond the callback's own: a batch may carry 10,000.
-
-        A KeyboardInterrupt or SystemExit (in a callback, or between taking a callable and
-        its place, when the user's thread runs the queue) is raised once the rest of the
-        queue has run, so the callbacks other threads queued are not stranded; a place
-        left at the head by such an interruption is dropped (a callable is never a tuple)."""
-        queue, running = self._record_callbacks, self._running
-        interrupted: BaseException | None = None
-        while queue:
-            if not running.acquire(blocking=False):
-                break
+        pairs: Iterator[Any] = iter(record_callbacks)  # a callable, then its record's place
+        for fn in pairs:
+            index, timestamp_ms = next(pairs)
             try:
-                while queue:
-                    try:
-                        fn = queue.popleft()
-                        if fn.__class__ is tuple:  # the place of a callable an interruption took
-                            continue
-                        index, timestamp_ms = queue.popleft()  # put in with its callable: it is there
-                        fn(FutureRecordMetadata(self, index, timestamp_ms))  # type: ignore[operator]
-                    except Exception:
-                        logger.exception("a send() callback raised")
-                    except BaseException as e:  # noqa: B036 - raised below, once the queue has run
-                        interrupted = interrupted or e
-            finally:
-                running.release()
-        if interrupted is not None:
-            raise interrupted
+                fn(FutureRecordMetadata(self, index, timestamp_ms))
+            except Exception:
+                logger.exception("a send() callback raised")
+
+    def add_record_callback_while_open(self, fn: Callable[[FutureRecordMetadata], Any], index: int,
+                                       timestamp_ms: int) -> None:  # fmt: skip
+        """Queues a record's callback as the accumulator appends the record (`send`'s
+        `callback`), under the accumulator's lock, to its partition's open batch: such a
+        batch cannot finish before it is closed, which takes that lock too, so no lock of
+        the batch's own is needed (a lock per record was a tenth of `send()`'s time)."""
+        self._record_callbacks.extend((fn, (index, timestamp_ms)))
 
     def done(self) -> bool:
         return self.finished
@@ -201,19 +186,15 @@ class FutureRecordMetadata:
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(a future equal to this one) once the record is acknowledged or failed
-        (at once if it has been). Once per record for many callers, so without a lock: a
-        lock per record was a tenth of `send()`'s time with a callback each. The callable
-        and its record's place go in together, in one `deque.extend` of a pair, which
-        CPython does without another thread running in between (the GIL is not let go
-        inside it: a tuple's items, deque blocks from PyMem), so concurrent callers'
-        pairs never interleave. Then the batch's `finished` is looked at: the sender sets
-        it before it runs the queue, so if it was not set yet, the sender's run finds this
-        callback; if it was, this thread runs the queue itself, unless the sender is still
-        running it (one thread at a time: the order holds)."""
+        (at once if it has been). Once per record for many callers: the batch's queue is
+        appended to here rather than through a method of BatchResult. A callback known
+        when the record is sent costs less given to `send` (`callback=`): no lock."""
         batch = self._batch
-        batch._record_callbacks.extend((fn, (self._index, self._timestamp_ms)))
-        if batch.finished:
-            batch._run_record_callbacks()
+        with batch._lock:
+            if not batch.finished:
+                batch._record_callbacks.extend((fn, (self._index, self._timestamp_ms)))
+                return
+        _run(lambda: fn(FutureRecordMetadata(batch, self._index, self._timestamp_ms)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FutureRecordMetadata):
