@@ -10,7 +10,8 @@ a callback is added (see rayk/client/produce_future.py); what is left is the cal
 The cases, one run, one cluster (3 brokers, RF=3, acks=all, 100 B records):
 
 1. `add_done_callback` with one callable for every record: no object kept per record;
-2. the same with a `functools.partial` per record (what `rayk perf`, `run_produce_perf`,
+   and the same callable given to `send` itself (`callback=`), which takes no lock;
+2. a `functools.partial` per record given to `send` (what `rayk perf`, `run_produce_perf`,
    does to time each record): one object per record, as confluent-kafka's `on_delivery`
    with a lambda per record;
 3. every future kept in a list and read at the end (kafka-python's idiom);
@@ -90,6 +91,21 @@ def one_callable(cluster: Any, topic: str, records: int) -> None:
     assert outcomes == {True: records}, outcomes
 
 
+def one_callable_given_to_send(cluster: Any, topic: str, records: int) -> None:
+    producer = cluster.producer(acks="all")
+    outcomes: collections.Counter[bool] = collections.Counter()
+
+    def on_done(future: Any) -> None:
+        outcomes[future.exception() is None] += 1
+
+    payload = os.urandom(RECORD_BYTES)
+    for _ in range(records):
+        producer.send(topic, payload, callback=on_done)
+    producer.flush()
+    producer.close()
+    assert outcomes == {True: records}, outcomes
+
+
 def futures_kept(cluster: Any, topic: str, records: int) -> None:
     producer = cluster.producer(acks="all")
     payload = os.urandom(RECORD_BYTES)
@@ -122,7 +138,8 @@ def main() -> None:
         print(f"{'case':<52} {'rec/s':>10} {'CPU us':>8} {'GC us':>9} {'fulls':>5} {'ms each':>8}")
         cases = [
             ("1. add_done_callback, one callable for all", one_callable),
-            ("2. add_done_callback, a partial per record", partial_per_record),
+            ("1b. send(callback=), one callable for all", one_callable_given_to_send),
+            ("2. send(callback=), a partial per record", partial_per_record),
             ("3. every future kept, read at the end", futures_kept),
         ]
         for what, case in cases:
