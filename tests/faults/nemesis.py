@@ -125,6 +125,11 @@ PAUSE_BROKER_S = SESSION_TIMEOUT_MS / 1000 * LATE_FENCE_SESSIONS + 3
 HEAL_BOUND_S = SESSION_TIMEOUT_MS / 1000 + REPLACEMENT_DELAY_MS / 1000 + 90
 CATCH_UP_BOUND_S = 120  # the group and the pipeline reach the end of every partition after the traffic stops
 PIPELINE_PLANS_KEPT = 12  # the stream's last plans a stalled pipeline's failure shows
+# A batch that neither completed nor failed for this long is stuck where nothing of rayk's
+# waits (each read gives up after 60 s without progress, a write after the producer's
+# delivery timeout, 120 s): the pipeline starts its stream again, as a supervisor would.
+BATCH_STALL_S = 180
+STOP_WAIT_S = 115  # how long `stop` waits for the stream to end at its next step
 CALL_TIMEOUT_S = 60  # a query of the cluster (the Controller may be restarting)
 NEMESIS_CONFIG = {
     **CONFIG,
@@ -526,9 +531,13 @@ def _running_reads() -> list[str]:
 
 class Pipeline(threading.Thread):
     """A rayk.data.stream_topic pipeline copying TOPIC into COPY_TOPIC with write_topic,
-    started again from its committed progress whenever it fails (as a user's job would be
-    by its supervisor). It keeps the stream's last plans (positions and the ends its
-    ListOffsets answered) for `diagnosis`, should it stop making progress."""
+    started again from its committed progress whenever it fails, or when a batch has made
+    no progress for BATCH_STALL_S (as a user's job would be by its supervisor). The stream
+    runs in a thread of its own, so that a batch stuck where nothing of rayk's waits (a
+    Ray task that Ray never runs, across a flapping link) can be left behind: a new stream
+    replays the batch, and the one left behind is fenced at its next commit, if it ever
+    makes one. It keeps the stream's last plans (positions and the ends its ListOffsets
+    answered) for `diagnosis`, should it stop making progress."""
 
     def __init__(self, cluster: Any) -> None:
         super().__init__(daemon=True, name="nemesis-pipeline")
@@ -537,7 +546,7 @@ class Pipeline(threading.Thread):
         self.batches = 0
         self.restarts: Counter = Counter()  # why the stream failed -> times
         self.read: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value, as each batch read it
-        self._stream: Any = None
+        self._attempt: _StreamAttempt | None = None  # the stream running now
         self._plans = _LastLines(PIPELINE_PLANS_KEPT)
         self._last_stream: Any = None  # the last stream started, kept for `diagnosis` after it ended
 
@@ -556,51 +565,90 @@ class Pipeline(threading.Thread):
             except Exception as e:  # gone: what the stream asked is what matters
                 seen = f"unreachable ({type(e).__name__})"
             lines.append(f"partition {partition}'s cached leader: {seen}")
-        frame = sys._current_frames().get(self.ident) if self.is_alive() and self.ident is not None else None
+        attempt = self._attempt
+        frame = sys._current_frames().get(attempt.ident) if attempt is not None and attempt.ident is not None else None
         if frame is not None:  # where its thread waits now
-            lines.append("the pipeline's thread at: " + " < ".join(
+            lines.append("the stream's thread at: " + " < ".join(
                 f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(traceback.extract_stack(frame)[-12:])))
         lines += _running_reads()
         return "; ".join(lines)
 
     def run(self) -> None:
-        import rayk.data
-
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # a line per micro-batch otherwise
         planner = logging.getLogger("rayk.client.micro_batches")
         planner.setLevel(logging.DEBUG)
         planner.addHandler(self._plans)
         ray.data.DataContext.get_current().enable_progress_bars = False
         while not self.halt.is_set():
-            try:
-                with rayk.data.stream_topic(
-                    TOPIC, STREAM_GROUP, cluster=self.cluster, trigger_ms=2_000, starting_offsets="earliest",
-                    max_records_per_batch=20_000,
-                ) as stream:  # fmt: skip
-                    self._stream = self._last_stream = stream
-                    if self.halt.is_set():
-                        stream.stop()
-                    for ds in stream:
-                        table = ds.to_arrow_refs()
-                        for t in ray.get(table):
-                            for p, o, v in zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()):
-                                self.read.setdefault((p, o), v)
-                        rayk.data.write_topic(ray.data.from_arrow_refs(table).select_columns(["value"]), COPY_TOPIC,
-                                              cluster=self.cluster)  # fmt: skip
-                        self.batches += 1
-            except Exception as e:
-                self.restarts[type(e).__name__] += 1
-                logger.info("pipeline failed, starting it again: %r", e)
-                time.sleep(1)
-            finally:
-                self._stream = None
+            attempt = self._attempt = _StreamAttempt(self)
+            attempt.start()
+            while attempt.is_alive() and not self.halt.is_set():
+                attempt.join(timeout=1)
+                started = attempt.batch_started_s
+                if started is not None and time.monotonic() - started > BATCH_STALL_S:
+                    self.restarts[f"a batch made no progress for {BATCH_STALL_S} s"] += 1
+                    logger.warning("pipeline: a batch made no progress for %d s (%s); starting the stream again",
+                                   BATCH_STALL_S, self.diagnosis())  # fmt: skip
+                    attempt.abandon()
+                    break
+        attempt = self._attempt
+        if attempt is not None and not attempt.abandoned:
+            attempt.join(timeout=STOP_WAIT_S)  # a stream stops at its next step
 
     def stop(self) -> None:
         self.halt.set()
-        stream = self._stream
-        if stream is not None:
-            stream.stop()
-        self.join(timeout=120)
+        attempt = self._attempt
+        if attempt is not None and attempt.stream is not None:
+            attempt.stream.stop()
+        self.join(timeout=STOP_WAIT_S + 5)
+
+
+class _StreamAttempt(threading.Thread):
+    """One stream of the Pipeline, from its start to its end or failure; `batch_started_s`
+    says since when the batch it has out is being processed (None: none is)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        super().__init__(daemon=True, name="nemesis-pipeline-stream")
+        self.pipeline = pipeline
+        self.stream: Any = None
+        self.batch_started_s: float | None = None
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        """Left behind stuck: its stream is told to stop, and what it does from now on
+        (should it ever go on) is not counted."""
+        self.abandoned = True
+        if self.stream is not None:
+            self.stream.stop()
+
+    def run(self) -> None:
+        import rayk.data
+
+        pipeline = self.pipeline
+        try:
+            with rayk.data.stream_topic(
+                TOPIC, STREAM_GROUP, cluster=pipeline.cluster, trigger_ms=2_000, starting_offsets="earliest",
+                max_records_per_batch=20_000,
+            ) as stream:  # fmt: skip
+                self.stream = pipeline._last_stream = stream
+                if pipeline.halt.is_set():
+                    stream.stop()
+                for ds in stream:
+                    self.batch_started_s = time.monotonic()
+                    table = ds.to_arrow_refs()
+                    for t in ray.get(table):
+                        for p, o, v in zip(t["partition"].to_pylist(), t["offset"].to_pylist(), t["value"].to_pylist()):
+                            pipeline.read.setdefault((p, o), v)
+                    rayk.data.write_topic(ray.data.from_arrow_refs(table).select_columns(["value"]), COPY_TOPIC,
+                                          cluster=pipeline.cluster)  # fmt: skip
+                    self.batch_started_s = None
+                    if not self.abandoned:
+                        pipeline.batches += 1
+        except Exception as e:
+            if not self.abandoned:
+                pipeline.restarts[type(e).__name__] += 1
+                logger.info("pipeline failed, starting it again: %r", e)
+                time.sleep(1)
 
 
 class Transactions(threading.Thread):
