@@ -602,6 +602,12 @@ class Pipeline(threading.Thread):
             attempt.stream.stop()
         self.join(timeout=STOP_WAIT_S + 5)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether it ended, its stream too (one left behind stuck does not count)."""
+        attempt = self._attempt
+        return not self.is_alive() and (attempt is None or attempt.abandoned or not attempt.is_alive())
+
 
 class _StreamAttempt(threading.Thread):
     """One stream of the Pipeline, from its start to its end or failure; `batch_started_s`
@@ -1139,7 +1145,7 @@ class Workload:
         except AssertionError as e:
             failures.append(f"{e} ({self.pipeline.diagnosis()})")
         self.pipeline.stop()
-        if self.pipeline.is_alive():
+        if not self.pipeline.stopped:
             failures.append("the pipeline did not stop within 120 s")
         copy = ask(lambda: read_partition(c, 0, COPY_TOPIC), "reading the copy")
         copied = Counter(copy.values())
