@@ -571,6 +571,10 @@ class Pipeline(threading.Thread):
             lines.append("the stream's thread at: " + " < ".join(
                 f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(traceback.extract_stack(frame)[-12:])))
         lines += _running_reads()
+        try:  # a read task that never runs: is there a CPU for it anywhere?
+            lines.append(f"resources available: {ray.available_resources()} of {ray.cluster_resources()}")
+        except Exception as e:
+            lines.append(f"resources: not read ({type(e).__name__})")
         return "; ".join(lines)
 
     def run(self) -> None:
