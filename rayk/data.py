@@ -564,12 +564,19 @@ def stream_topic(
 
 def leader_node_affinity(cluster: Any) -> Callable[[OffsetRange], dict[str, Any]]:
     """Task options that run the read of a range on the node of its partition's leader
-    (soft: elsewhere when that node is gone)."""
+    (soft: elsewhere when that node is gone, and when it has no CPU free: a read fetches
+    over the data plane from anywhere, the leader's node only saves the copy across the
+    network. Ray's soft affinity alone waits for the node's resources indefinitely, and
+    a stream's reads then waited for good behind a worker lease Ray lost across a
+    flapping link, which held that node's one CPU)."""
     nodes = {b["broker_id"]: b["node_id"] for b in cluster.brokers()}
 
     def options(r: OffsetRange) -> dict[str, Any]:
         node_id = nodes.get(r.leader)
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=True)} if node_id else {}
+        if not node_id:
+            return {}
+        # `_spill_on_unavailable` is Ray's (private, as Ray Serve uses it): spill when busy.
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=True, _spill_on_unavailable=True)}
 
     return options
 

@@ -13,6 +13,7 @@ import socket
 
 import pytest
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import rayk
 from rayk import data as rayk_data
@@ -49,6 +50,19 @@ def node_id_here() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+@ray.remote(num_cpus=1)
+def node_id_with_a_cpu() -> str:  # as a read task: Ray Data's take a CPU each
+    return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=1)
+class CpuHolder:
+    """Takes its node's one CPU for as long as it lives."""
+
+    def ready(self) -> bool:
+        return True
+
+
 def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_cluster, tmp_path):
     c = rayk.start(brokers=3, data_dir=tmp_path, config={**FAST_CONFIG, **NO_LISTENERS}, namespace="spread",
                    node_resource=BROKER_RESOURCE)
@@ -67,6 +81,13 @@ def test_brokers_spread_one_per_node_and_dataset_reads_run_on_leader_nodes(ray_c
         on_leader = rayk_data.leader_node_affinity(c)
         for r in ranges:
             assert ray.get(node_id_here.options(**on_leader(r)).remote()) == node_of[r.leader]
+        # The leader's node is preferred, not waited for: with its CPU taken (a job of the
+        # user's; a worker lease Ray lost across a flapping link), a read runs elsewhere.
+        busy = node_of[ranges[0].leader]
+        holder = CpuHolder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(busy, soft=False)).remote()
+        ray.get(holder.ready.remote())
+        assert ray.get(node_id_with_a_cpu.options(**on_leader(ranges[0])).remote(), timeout=30) != busy
+        ray.kill(holder)
         # Ray Data gives all the tasks of one read the same options: a read per leader node.
         ds = rayk_data.read_topic("spread", cluster=c)
         placed = {
