@@ -10,15 +10,28 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from rayk.replication.partition_replica import FetchResult
 from rayk.client.arrow_batches import SCHEMA
+import rayk.client.fetcher as fetcher_module
 from rayk.client.fetcher import Fetcher
+from rayk.client.hand_out import hand_out_reference
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
 from rayk.storage.records import SimpleRecord, build_batch
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "reference"])
+def hand_out_implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every test runs with the compiled HandOut and with its Python reference."""
+    if request.param == "reference":
+        monkeypatch.setattr(fetcher_module, "HandOut", hand_out_reference)
+    else:
+        assert fetcher_module.HandOut is not hand_out_reference, "rayk.client._hand_out is not built"
+    return fetcher_module.HandOut
 
 
 def batch(base_offset: int, count: int, control: bool = False) -> bytes:
@@ -211,7 +224,7 @@ def test_hand_out_gives_what_drain_of_one_does_with_the_same_positions():
     assert steps[1][1][1][A] == 5, "A's last record moves its position past the control batch"
 
 
-def test_hand_out_stops_within_a_chunk_when_its_partition_is_forgotten_sought_or_the_fetcher_closes():
+def test_hand_out_leaves_a_chunk_when_its_partition_is_forgotten_sought_or_the_fetcher_closes():
     def handing_out() -> tuple[Fetcher, dict[TopicPartition, int], Any]:
         fetcher, positions = fetcher_for({A: ScriptedLeader({0: batch(0, 5)})}), {A: 0}
         fetch_round(fetcher, positions)
@@ -224,9 +237,12 @@ def test_hand_out_stops_within_a_chunk_when_its_partition_is_forgotten_sought_or
     assert list(handing) == [] and positions == {A: 1}
     assert list(fetcher.hand_out(positions)) == []
     fetcher, positions, handing = handing_out()
-    positions[A] = 3  # a seek (which forgets too) or a poll in between moved the position
-    assert list(handing) == [] and positions == {A: 3}
-    assert [r.offset for r in fetcher.hand_out(positions)] == [3, 4], "a new hand-out starts at the position"
+    positions[A] = 3  # a poll in between (or a seek, which forgets too) moved the position
+    assert [r.offset for r in handing] == [3, 4], "the hand-out goes on from the position"
+    assert positions == {A: 5}
+    fetcher, positions, handing = handing_out()
+    del positions[A]  # unassigned
+    assert list(handing) == [] and positions == {}
     fetcher, positions, handing = handing_out()
     fetcher.close()
     assert list(handing) == [] and positions == {A: 1}

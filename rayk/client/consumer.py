@@ -38,14 +38,14 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from rayk.client import calls
 from rayk.client.commit_manager import CommitManager, commit_payload
 from rayk.client.consumer_config import DEFAULTS, ConsumerConfig
 from rayk.client.consumer_protocol_member import ConsumerProtocolMember
-from rayk.client.fetcher import Fetcher
+from rayk.client.fetcher import FetchedChunk, Fetcher
 from rayk.client.group_member import GroupMember
 from rayk.client.metadata import MetadataCache
 from rayk.client.positions import EARLIEST, LATEST, Positions
@@ -446,7 +446,7 @@ class Consumer:
             raise ValueError(f"max_records must be >= 1, got {max_records}")
         return self._poll(timeout_ms, lambda: self._fetcher.drain_columns(self._positions.offsets, max_records))
 
-    def _poll(self, timeout_ms: int, drain: Callable[[], dict]) -> dict:
+    def _poll(self, timeout_ms: int, drain: Callable[[], Any]) -> Any:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if timeout_ms < 0:
@@ -515,27 +515,31 @@ class Consumer:
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one at a time; each moves the position (and what auto-commit commits)
         past itself as it is handed out. Stops after `consumer_timeout_ms` without records."""
-        hand_out, positions = self._fetcher.hand_out, self._positions.offsets
+        # The records already fetched go out one at a time by compiled code
+        # (rayk.client.hand_out), without poll's pass over the group, lookups and fetches,
+        # which runs once nothing is buffered at the positions, as Kafka's iterator polls.
+        return self._fetcher.hand_out(self._positions.offsets, self._chunks_to_hand_out())
+
+    def _chunks_to_hand_out(self) -> Generator[FetchedChunk, int | None, None]:
+        """The fetched chunks the iteration hands out, polling while none is buffered at a
+        position; sent how many records each one gave (rayk.client.hand_out's contract)."""
+        fetcher, positions = self._fetcher, self._positions.offsets
         idle_since: float | None = None  # since when it has waited for a record
         while True:
             if self._closed:
                 raise RuntimeError("the consumer is closed")
-            # Records already fetched go out one at a time, without poll's pass over the
-            # group, lookups and fetches (it runs once the buffer is empty, as Kafka's
-            # iterator polls), and without a call per record.
-            if (yield from hand_out(positions)):
-                idle_since = None
+            chunk = fetcher.chunk_at_position(positions)
+            if chunk is not None:
+                if (yield chunk):  # the number of its records handed out
+                    idle_since = None
                 continue
             if idle_since is None:
                 idle_since = time.monotonic()
-            batch = self.poll(timeout_ms=int(min(1.0, self._consumer_timeout_s) * 1000), max_records=1)
-            if not batch:
+            # poll's pass without handing anything out: it stops once a chunk is buffered
+            waited_ms = int(min(1.0, self._consumer_timeout_s) * 1000)
+            if not self._poll(waited_ms, lambda: fetcher.chunk_at_position(positions)):
                 if time.monotonic() - idle_since >= self._consumer_timeout_s:
                     return
-                continue
-            idle_since = None
-            for records in batch.values():
-                yield from records
 
     def close(self, autocommit: bool = True, timeout_ms: int | None = CLOSE_TIMEOUT_MS) -> None:
         """Waits for the commits of `commit_async` under way, commits the consumed

@@ -37,6 +37,7 @@ import numpy as np
 
 from rayk.client import calls
 from rayk.client.data_plane import DataPlaneSession
+from rayk.client.hand_out import HandOut
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
@@ -121,11 +122,12 @@ class Fetcher:
         self._buffer: deque[FetchedChunk] = deque()
         self._chunks: Counter[TopicPartition] = Counter()  # chunks in _buffer per partition
         self._retry_at_s: dict[TopicPartition, float] = {}
-        self._changes = 0  # forgets and the close: hand_out's sign to stop
+        self._changes = 0  # forgets and the close: HandOut's sign to leave the chunk it hands out
+        self._closed = False
 
     def forget(self, tp: TopicPartition) -> None:
         """Drops what was fetched or is being fetched for `tp` (a seek, a revocation)."""
-        self._changes += 1  # hand_out stops handing out a chunk it took before
+        self._changes += 1  # HandOut leaves a chunk it took before
         self._fetch_offsets.pop(tp, None)
         self._retry_at_s.pop(tp, None)
         self._buffer = deque(chunk for chunk in self._buffer if chunk.tp != tp)
@@ -137,6 +139,7 @@ class Fetcher:
 
     def close(self) -> None:
         self._changes += 1
+        self._closed = True
         for ref in self._in_flight:
             calls.cancel(ref)
         self._in_flight.clear()
@@ -261,37 +264,21 @@ class Fetcher:
                 self._pop_chunk()
         return out
 
-    def hand_out(self, positions: dict[TopicPartition, int]) -> Generator[ConsumerRecord, None, bool]:
+    def hand_out(self, positions: dict[TopicPartition, int],
+                 chunks: Generator[FetchedChunk, int | None, None] | None = None) -> Iterator[ConsumerRecord]:
         """The buffered records at the positions, one at a time, as `drain(positions, 1)`
         over and over would give them, each moving its partition's position past itself as
-        it goes out; returns whether it gave any (the consumer's iteration). A chunk's
-        records go out in one loop, without a call per record. It stops when nothing is
-        buffered at a position, and before the next record when a position moved or a
-        partition was forgotten while a record was out (a seek, a pause, a new
-        assignment, a poll in between) or the fetcher closed."""
-        handed = False
-        while (chunk := self._chunk_at_position(positions)) is not None:
-            tp, records, end, changes = chunk.tp, chunk.records, chunk.end, self._changes
-            assert records is not None
-            position = positions[tp]
-            popleft = records.popleft
-            while records:
-                record = popleft()
-                offset = record[2]  # ConsumerRecord.offset
-                if offset < position:
-                    continue  # a batch that starts before the position
-                if records:
-                    position = positions[tp] = offset + 1
-                else:  # the chunk's last record: past its tail of control batches, and the chunk is done
-                    position = positions[tp] = max(offset + 1, end)
-                    self._drop_if_first(chunk)  # so the next fetch of its partition may go out at once
-                handed = True
-                yield record
-                if positions.get(tp) != position or self._changes != changes:
-                    return handed
-            positions[tp] = max(position, end)  # past a tail of control batches
-            self._drop_if_first(chunk)
-        return handed
+        it goes out (rayk.client.hand_out: a chunk's records go out with no Python step per
+        record). A position moved or a partition forgotten while a record was out (a seek,
+        a pause, a new assignment, a poll in between) is seen before the next record, which
+        then comes from the position as it is. The chunks come from `chunks` (HandOut's
+        source: the consumer's, which polls for more); by default, the buffered ones,
+        stopping when nothing is buffered at a position or once the fetcher is closed."""
+        return HandOut(self._chunks_at_positions(positions) if chunks is None else chunks, positions, self)
+
+    def _chunks_at_positions(self, positions: dict[TopicPartition, int]) -> Generator[FetchedChunk, int | None, None]:
+        while not self._closed and (chunk := self.chunk_at_position(positions)) is not None:
+            yield chunk
 
     def _drop_if_first(self, chunk: FetchedChunk) -> None:
         """Pops `chunk` if it still heads the buffer: a poll while one of its records was
@@ -299,9 +286,9 @@ class Fetcher:
         if self._buffer and self._buffer[0] is chunk:
             self._pop_chunk()
 
-    def _chunk_at_position(self, positions: dict[TopicPartition, int]) -> FetchedChunk | None:
-        """The first buffered chunk of a partition with a position, decoded; the chunks of
-        partitions without one are dropped."""
+    def chunk_at_position(self, positions: dict[TopicPartition, int]) -> FetchedChunk | None:
+        """The first buffered chunk of a partition with a position, decoded into its
+        `records`; the chunks of partitions without one are dropped."""
         buffer = self._buffer
         while buffer:
             chunk = buffer[0]

@@ -1,0 +1,283 @@
+/* The consumer's iteration, compiled: rayk.client.hand_out.HandOut without a Python frame
+   per record. `for record in consumer` spent ~40% of its time in the two generators that
+   handed each record out (py-spy, 1 M records of 100 B); this is the same loop in C, and
+   rayk.client.hand_out.hand_out_reference stays as the reference the tests hold it to.
+
+   HandOut(source, positions, fetcher) -> iterator of records
+
+   Hands out the records of the fetched chunks that `source` (a generator) yields, one at
+   a time, each moving its partition's position in `positions` (a dict) past itself:
+
+   - A chunk (a rayk.client.fetcher.FetchedChunk, decoded: `records` is a deque of
+     ConsumerRecords) is handed out from the position of its partition (`chunk.tp`) as it
+     is when the chunk comes; records before it are skipped. Each record sets the position
+     to its offset + 1; the chunk's last one to at least `chunk.end` (past a tail of
+     control batches), and calls `fetcher._drop_if_first(chunk)`.
+   - Before each further record of a chunk, if the partition's position is no longer the
+     one the last record set (a seek, a poll in between, the partition unassigned) or
+     `fetcher._changes` is no longer what it was when the chunk came (a forget, the
+     fetcher closed), the chunk is left as it is and `source` is asked for the next one.
+   - A chunk whose records are all out moves the position to at least its end, calls
+     `fetcher._drop_if_first(chunk)` again (a no-op if its last record did) and `source` is
+     asked for the next one.
+   - `source` is sent the number of records the last chunk handed out (None the first
+     time); when it returns, the iteration ends. What it raises propagates.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *source;    /* the generator of chunks */
+    PyObject *positions; /* dict: TopicPartition -> next offset to hand out */
+    PyObject *fetcher;   /* its _changes and _drop_if_first */
+    /* The chunk being handed out (NULL: none). */
+    PyObject *chunk;
+    PyObject *tp;
+    PyObject *records;   /* the chunk's deque */
+    PyObject *popleft;   /* records.popleft */
+    PyObject *changes;   /* fetcher._changes when the chunk came */
+    long long position;  /* what the last record set (or the position when the chunk came) */
+    long long end;       /* chunk.end */
+    Py_ssize_t handed;   /* records of this chunk handed out */
+    int asked;           /* the source was asked at least once: send it a count, not None */
+    int done;            /* the source returned */
+} HandOut;
+
+static PyObject *str_tp, *str_records, *str_end, *str_popleft, *str_changes, *str_drop_if_first;
+
+static void end_chunk(HandOut *self) {
+    Py_CLEAR(self->chunk);
+    Py_CLEAR(self->tp);
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->popleft);
+    Py_CLEAR(self->changes);
+}
+
+static int long_long_of(PyObject *value, const char *what, long long *out) {
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Takes `chunk` as the one to hand out. */
+static int begin_chunk(HandOut *self, PyObject *chunk) {
+    PyObject *end = NULL, *position;
+    self->handed = 0;
+    self->chunk = Py_NewRef(chunk);
+    if (!(self->tp = PyObject_GetAttr(chunk, str_tp))) goto error;
+    if (!(self->records = PyObject_GetAttr(chunk, str_records))) goto error;
+    if (!(self->popleft = PyObject_GetAttr(self->records, str_popleft))) goto error;
+    if (!(end = PyObject_GetAttr(chunk, str_end))) goto error;
+    if (long_long_of(end, "chunk.end", &self->end) < 0) goto error;
+    Py_CLEAR(end);
+    if (!(self->changes = PyObject_GetAttr(self->fetcher, str_changes))) goto error;
+    position = PyDict_GetItemWithError(self->positions, self->tp); /* borrowed */
+    if (position == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, self->tp);
+        goto error;
+    }
+    if (long_long_of(position, "a position", &self->position) < 0) goto error;
+    return 0;
+error:
+    Py_XDECREF(end);
+    end_chunk(self);
+    return -1;
+}
+
+/* 1 if nothing moved the position or changed the fetcher since the last record, 0 if
+   something did, -1 on error. */
+static int chunk_still_current(HandOut *self) {
+    PyObject *position = PyDict_GetItemWithError(self->positions, self->tp); /* borrowed */
+    long long value;
+    PyObject *changes;
+    int same;
+    if (position == NULL) return PyErr_Occurred() ? -1 : 0; /* the partition left the positions */
+    if (!PyLong_Check(position)) return 0;
+    value = PyLong_AsLongLong(position);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (value != self->position) return 0;
+    if (!(changes = PyObject_GetAttr(self->fetcher, str_changes))) return -1;
+    same = changes == self->changes ? 1 : PyObject_RichCompareBool(changes, self->changes, Py_EQ);
+    Py_DECREF(changes);
+    return same;
+}
+
+static int set_position(HandOut *self, long long position) {
+    PyObject *value = PyLong_FromLongLong(position);
+    int failed;
+    if (value == NULL) return -1;
+    failed = PyDict_SetItem(self->positions, self->tp, value);
+    Py_DECREF(value);
+    self->position = position;
+    return failed;
+}
+
+static int drop_if_first(HandOut *self) {
+    PyObject *result = PyObject_CallMethodOneArg(self->fetcher, str_drop_if_first, self->chunk);
+    if (result == NULL) return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+/* The chunk's next record at or after the position (a new reference), NULL with no error
+   when its records are all out (the chunk is then ended), NULL with an error. */
+static PyObject *next_of_chunk(HandOut *self) {
+    for (;;) {
+        Py_ssize_t left = PyObject_Length(self->records);
+        PyObject *record, *offset_object;
+        long long offset;
+        if (left < 0) return NULL;
+        if (left == 0) { /* past a tail of control batches; done with the chunk */
+            if (set_position(self, self->end > self->position ? self->end : self->position) < 0) return NULL;
+            if (drop_if_first(self) < 0) return NULL;
+            end_chunk(self);
+            return NULL;
+        }
+        if (!(record = PyObject_CallNoArgs(self->popleft))) return NULL;
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
+            PyErr_Format(PyExc_TypeError, "a chunk's records must be ConsumerRecords, not %.100s",
+                         Py_TYPE(record)->tp_name);
+            Py_DECREF(record);
+            return NULL;
+        }
+        offset_object = PyTuple_GET_ITEM(record, 2); /* ConsumerRecord.offset */
+        if (long_long_of(offset_object, "a record's offset", &offset) < 0) {
+            Py_DECREF(record);
+            return NULL;
+        }
+        if (offset < self->position) { /* a batch that starts before the position */
+            Py_DECREF(record);
+            continue;
+        }
+        if (left > 1) {
+            if (set_position(self, offset + 1) < 0) goto error;
+        } else { /* the chunk's last record: past its tail of control batches */
+            if (set_position(self, self->end > offset + 1 ? self->end : offset + 1) < 0) goto error;
+            if (drop_if_first(self) < 0) goto error; /* its partition's next fetch may go at once */
+        }
+        self->handed++;
+        return record;
+    error:
+        Py_DECREF(record);
+        return NULL;
+    }
+}
+
+static PyObject *hand_out_next(HandOut *self) {
+    for (;;) {
+        PyObject *sent, *result;
+        PySendResult status;
+        if (self->done) return NULL;
+        if (self->chunk != NULL) {
+            int current = self->handed ? chunk_still_current(self) : 1;
+            if (current < 0) return NULL;
+            if (current) {
+                PyObject *record = next_of_chunk(self);
+                if (record != NULL || PyErr_Occurred()) return record;
+            }
+        }
+        sent = self->asked ? PyLong_FromSsize_t(self->handed) : Py_NewRef(Py_None);
+        if (sent == NULL) return NULL;
+        end_chunk(self);
+        self->asked = 1;
+        status = PyIter_Send(self->source, sent, &result);
+        Py_DECREF(sent);
+        if (status == PYGEN_ERROR) return NULL;
+        if (status == PYGEN_RETURN) {
+            Py_DECREF(result);
+            self->done = 1;
+            return NULL;
+        }
+        if (begin_chunk(self, result) < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        Py_DECREF(result);
+    }
+}
+
+static PyObject *hand_out_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"source", "positions", "fetcher", NULL};
+    PyObject *source, *positions, *fetcher;
+    HandOut *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O:HandOut", keywords, &source, &PyDict_Type, &positions,
+                                     &fetcher))
+        return NULL;
+    if (!PyGen_Check(source)) { /* it is sent the counts */
+        PyErr_Format(PyExc_TypeError, "source must be a generator, not %.100s", Py_TYPE(source)->tp_name);
+        return NULL;
+    }
+    if (!(self = (HandOut *)type->tp_alloc(type, 0))) return NULL;
+    self->source = Py_NewRef(source);
+    self->positions = Py_NewRef(positions);
+    self->fetcher = Py_NewRef(fetcher);
+    return (PyObject *)self;
+}
+
+static int hand_out_traverse(HandOut *self, visitproc visit, void *arg) {
+    Py_VISIT(self->source);
+    Py_VISIT(self->positions);
+    Py_VISIT(self->fetcher);
+    Py_VISIT(self->chunk);
+    Py_VISIT(self->tp);
+    Py_VISIT(self->records);
+    Py_VISIT(self->popleft);
+    Py_VISIT(self->changes);
+    return 0;
+}
+
+static int hand_out_clear(HandOut *self) {
+    Py_CLEAR(self->source);
+    Py_CLEAR(self->positions);
+    Py_CLEAR(self->fetcher);
+    end_chunk(self);
+    return 0;
+}
+
+static void hand_out_dealloc(HandOut *self) {
+    PyObject_GC_UnTrack(self);
+    hand_out_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject HandOutType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rayk.client._hand_out.HandOut",
+    .tp_doc = PyDoc_STR("HandOut(source, positions, fetcher): the records of the chunks `source` yields, one at a "
+                        "time, each moving its partition's position past itself (rayk.client.hand_out)."),
+    .tp_basicsize = sizeof(HandOut),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = hand_out_new,
+    .tp_dealloc = (destructor)hand_out_dealloc,
+    .tp_traverse = (traverseproc)hand_out_traverse,
+    .tp_clear = (inquiry)hand_out_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)hand_out_next,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rayk.client._hand_out",
+    .m_doc = "The consumer's iteration, compiled (rayk.client.hand_out).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__hand_out(void) {
+    PyObject *m;
+    if (!(str_tp = PyUnicode_InternFromString("tp")) || !(str_records = PyUnicode_InternFromString("records")) ||
+        !(str_end = PyUnicode_InternFromString("end")) || !(str_popleft = PyUnicode_InternFromString("popleft")) ||
+        !(str_changes = PyUnicode_InternFromString("_changes")) ||
+        !(str_drop_if_first = PyUnicode_InternFromString("_drop_if_first")))
+        return NULL;
+    if (PyType_Ready(&HandOutType) < 0) return NULL;
+    if (!(m = PyModule_Create(&module))) return NULL;
+    if (PyModule_AddObjectRef(m, "HandOut", (PyObject *)&HandOutType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

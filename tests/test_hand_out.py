@@ -1,0 +1,173 @@
+"""The compiled HandOut (rayk/client/_hand_out.c) against its Python reference
+(rayk.client.hand_out.hand_out_reference): the same records, the same positions, the same
+calls to the fetcher and the same counts sent to the source, whatever the program does
+between two records (polls, seeks, pauses, closes); and its errors."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rayk.client.fetcher as fetcher_module
+from rayk.client.hand_out import HandOut, hand_out_reference
+from rayk.client.types import ConsumerRecord, TopicPartition
+from tests.test_fetcher import ScriptedLeader, batch, fetch_round, fetcher_for
+
+IMPLEMENTATIONS = {"compiled": HandOut, "reference": hand_out_reference}
+PARTITIONS = [TopicPartition("t", p) for p in range(3)]
+
+
+def test_the_compiled_hand_out_is_built():
+    assert HandOut is not hand_out_reference, "rayk.client._hand_out is not built: `make` builds it"
+
+
+def record(offset: int) -> ConsumerRecord:
+    return ConsumerRecord("t", 0, offset, 0, 0, None, b"v", [], -1, 1)
+
+
+class Chunk:
+    def __init__(self, offsets: list[int], end: int) -> None:
+        self.tp, self.records, self.end = PARTITIONS[0], deque(record(o) for o in offsets), end
+
+
+class RecordingFetcher:
+    """A fetcher as HandOut sees it: `_changes`, and `_drop_if_first` recorded."""
+
+    def __init__(self) -> None:
+        self._changes = 0
+        self.dropped: list[Any] = []
+
+    def _drop_if_first(self, chunk: Any) -> None:
+        self.dropped.append(chunk)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_the_source_is_sent_each_chunks_count_and_records_before_the_position_are_skipped(implementation):
+    chunks = [Chunk([0, 1, 2, 3], end=6), Chunk([], end=8), Chunk([8, 9], end=10)]
+    sent: list[int | None] = []
+
+    def source():
+        for chunk in chunks:
+            sent.append((yield chunk))
+
+    fetcher, positions = RecordingFetcher(), {PARTITIONS[0]: 2}
+    handed = [r.offset for r in IMPLEMENTATIONS[implementation](source(), positions, fetcher)]
+    assert handed == [2, 3, 8, 9]
+    assert sent == [2, 0, 2], "how many records each chunk gave"
+    assert positions[PARTITIONS[0]] == 10
+    # each chunk is dropped at its last record and again once found empty (a no-op for the fetcher)
+    assert [chunks.index(c) for c in fetcher.dropped] == [0, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_what_the_source_raises_comes_out_of_the_iteration_and_bad_chunks_are_type_errors(implementation):
+    def failing():
+        yield Chunk([0], end=1)
+        raise RuntimeError("the consumer is closed")
+
+    handing = IMPLEMENTATIONS[implementation](failing(), {PARTITIONS[0]: 0}, RecordingFetcher())
+    assert next(handing).offset == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        next(handing)
+
+    bad = Chunk([0], end=1)
+    bad.records = deque([("not", "a record")])
+    with pytest.raises((TypeError, IndexError)):
+        list(IMPLEMENTATIONS[implementation]((c for c in [bad]), {PARTITIONS[0]: 0}, RecordingFetcher()))
+    with pytest.raises(KeyError):
+        list(IMPLEMENTATIONS[implementation]((c for c in [Chunk([0], end=1)]), {}, RecordingFetcher()))
+
+
+def test_the_compiled_hand_out_refuses_bad_arguments_and_is_collected_in_a_cycle():
+    with pytest.raises(TypeError):
+        HandOut(iter(()), {}, RecordingFetcher())  # not a generator: it could not be sent the counts
+    with pytest.raises(TypeError):
+        HandOut((c for c in ()), [], RecordingFetcher())  # positions must be a dict
+    fetcher = RecordingFetcher()
+    handing = HandOut((c for c in ()), {}, fetcher)
+    fetcher.handing = handing  # a cycle through the fetcher
+    alive = weakref.ref(fetcher)
+    del fetcher, handing
+    gc.collect()
+    assert alive() is None
+
+
+# -------------------------------------------------------------- the model: compiled == reference
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("next"), st.integers(1, 6)),
+        st.tuples(st.just("drain"), st.integers(1, 5)),
+        st.tuples(st.just("fetch"), st.just(0)),
+        st.tuples(st.just("forget"), st.integers(0, 2)),
+        st.tuples(st.just("seek"), st.integers(0, 2), st.integers(0, 20)),
+        st.tuples(st.just("unassign"), st.integers(0, 2)),
+        st.tuples(st.just("restart"), st.just(0)),
+        st.tuples(st.just("close"), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+def scripted_fetcher() -> tuple[Any, dict[TopicPartition, int]]:
+    """Three partitions, each answering in batches of a few records with control batches
+    between, a fetch at every offset a batch starts (so a seek can fetch again)."""
+    leaders = {}
+    for p, tp in enumerate(PARTITIONS):
+        answers, offset = {}, 0
+        while offset < 20:
+            count = 2 + (offset + p) % 3
+            data = batch(offset, count) + (batch(offset + count, 1, control=True) if (offset + p) % 2 else b"")
+            end = offset + count + (1 if (offset + p) % 2 else 0)
+            for o in range(offset, end):
+                answers[o] = data
+            offset = end
+        leaders[tp] = ScriptedLeader(answers)
+    return fetcher_for(leaders), {tp: 0 for tp in PARTITIONS}
+
+
+def run(implementation: Any, operations: list[tuple]) -> list[Any]:
+    """What the program sees, step by step, under `operations`."""
+    fetcher_module.HandOut = implementation
+    try:
+        fetcher, positions = scripted_fetcher()
+        fetch_round(fetcher, positions)
+        handing = fetcher.hand_out(positions)
+        seen: list[Any] = []
+        for op in operations:
+            kind = op[0]
+            if kind == "next":
+                seen.append([(r.partition, r.offset) for _, r in zip(range(op[1]), handing)])
+            elif kind == "drain":
+                seen.append({tp.partition: [r.offset for r in rs] for tp, rs in fetcher.drain(positions, op[1]).items()})
+            elif kind == "fetch" and not fetcher._closed:
+                fetch_round(fetcher, positions)
+            elif kind in ("forget", "seek", "unassign"):
+                tp = PARTITIONS[op[1]]
+                fetcher.forget(tp)
+                if kind == "seek":
+                    positions[tp] = op[2]
+                elif kind == "unassign":
+                    positions.pop(tp, None)
+            elif kind == "restart":
+                handing = fetcher.hand_out(positions)
+            elif kind == "close":
+                fetcher.close()
+            seen.append(dict(positions))
+        seen.append([(r.partition, r.offset) for r in handing])
+        seen.append(dict(positions))
+        return seen
+    finally:
+        fetcher_module.HandOut = HandOut
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPERATIONS)
+def test_the_compiled_hand_out_gives_what_the_reference_gives(operations):
+    assert run(HandOut, operations) == run(hand_out_reference, operations)
