@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS := --extra test --extra spark --extra docs
 
-.PHONY: test demo bench bytecode clean chaos docs docs-serve
+.PHONY: test demo bench bytecode clean chaos fuzz docs docs-serve
 
 # uv is one binary: pip puts it in .uv/bin (a venv of its own, where this Python's pip is
 # missing, as on Debian without python3-pip).
@@ -52,10 +52,16 @@ SEED ?= 1
 MINUTES ?= 10
 ENV_SEED ?= 169
 ENV_COUNT ?= 3
-chaos: bytecode
+chaos: bytecode fuzz
 	$(PY) -m pytest -q -m chaos tests
 	$(PY) -m tests.faults.chaos --seed $(SEED) --minutes $(MINUTES)
 	$(PY) -m tests.faults.env_nemesis --seed $(ENV_SEED) --count $(ENV_COUNT)
+
+# libFuzzer over the compiled record codec, the native code that meets clients' bytes, then
+# every input it kept through a build with AddressSanitizer and UBSan (tests/fuzz/).
+FUZZ_SECONDS ?= 300
+fuzz: bytecode
+	$(PY) -m tests.fuzz.compiled_records --seconds $(FUZZ_SECONDS)
 
 # The documentation site, built into site/ with --strict: a broken link, a page missing from
 # the navigation or an API reference that does not resolve fails the build.
