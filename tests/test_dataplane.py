@@ -650,6 +650,45 @@ def test_a_peer_closes_its_idle_connection_first_and_a_link_opens_a_new_one_when
     asyncio.run(go())
 
 
+def test_an_endpoint_lookup_that_never_returns_is_given_up_and_the_next_request_asks_again(monkeypatch):
+    # The replica's actor never answers the first data_endpoint call (a lost reply, a node
+    # cut off that Ray has not declared dead): requests queued behind that lookup must not
+    # wait on it for good.
+    from rayk.dataplane import replica_link
+
+    monkeypatch.setattr(replica_link, "ENDPOINT_LOOKUP_TIMEOUT_MS", 200)
+    empty = FetchResult(b"", 0, 0, 0, None, None)
+
+    async def fetch_handler(kind: int, body: memoryview) -> tuple[bytes, bytes]:
+        return frames.encode_fetch_answer_head(empty), b""
+
+    class Replica:  # the first lookup hangs, later ones answer
+        def __init__(self, address):
+            self.data_endpoint = type("Method", (), {"remote": staticmethod(self._address)})()
+            self._value, self.lookups = address, 0
+
+        async def _address(self, node_id):
+            self.lookups += 1
+            if self.lookups == 1:
+                await asyncio.Event().wait()
+            return self._value
+
+    async def go():
+        endpoint, address = await opened(fetch_handler)
+        replica = Replica(address)
+        link = ReplicaLink(replica, NODE, "test-partition")
+        request = FetchRequest(0, 1 << 20)
+        first, queued = link.fetch(request), link.fetch(request)
+        outcomes = await asyncio.wait_for(asyncio.gather(first, queued, return_exceptions=True), 5)
+        assert isinstance(outcomes[0], NetworkError) and "did not give its data plane endpoint" in str(outcomes[0])
+        assert outcomes[1].high_watermark == 0, "the queued request asked again and got through"
+        assert replica.lookups == 2
+        link.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
 def test_an_endpoint_bound_to_every_address_is_given_out_at_the_nodes_ip():
     assert [reachable_host(h, "10.0.0.7") for h in ("", "0.0.0.0", "::", "127.0.0.1")] == [
         "10.0.0.7", "10.0.0.7", "10.0.0.7", "127.0.0.1"]

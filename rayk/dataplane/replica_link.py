@@ -8,7 +8,10 @@ caller stops waiting for leaves the connection as it is, as does one the replica
 (its handler raised), which raises the replica's KafkaError (frames.py: a FAILED answer).
 A connection that breaks fails its requests with NETWORK_EXCEPTION and is dropped: the next request asks the replica's
 actor again (Ray may have restarted it: a new endpoint, a new secret) and reconnects. If the actor is gone for good, that
-call raises Ray's actor error, which the owner of the link turns into its own error.
+call raises Ray's actor error, which the owner of the link turns into its own error. One the actor does not answer
+within ENDPOINT_LOOKUP_TIMEOUT_MS (its node cut off without Ray having declared it dead, a lost reply) is
+NETWORK_EXCEPTION too: requests wait for the lookup under way, so the link asks again at the next request
+rather than waiting on a call that may never return.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from rayk.dataplane.frames import (
     ShareStateWrite,
 )
 from rayk.errors import InvalidRequestError, KafkaError, NetworkError
+
+# A live replica answers its data_endpoint call in milliseconds, a restarted one once Ray has
+# started it again (seconds; more on a loaded node): past this the lookup is given up.
+ENDPOINT_LOOKUP_TIMEOUT_MS = 30_000
 
 
 class ReplicaLink:
@@ -111,7 +118,12 @@ class ReplicaLink:
                 raise NetworkError(f"the data plane link to {self.name} was closed")
             if self._connection is None or self._connection.closed:
                 self.reset()
-                address = await self.replica.data_endpoint.remote(self._node_id)
+                try:
+                    async with asyncio.timeout(ENDPOINT_LOOKUP_TIMEOUT_MS / 1000):
+                        address = await self.replica.data_endpoint.remote(self._node_id)
+                except TimeoutError:
+                    raise NetworkError(f"{self.name} did not give its data plane endpoint within "
+                                       f"{ENDPOINT_LOOKUP_TIMEOUT_MS} ms") from None
                 connection = await Connection.open(address, self._node_id, self.name)
                 if self._closed:  # closed while connecting
                     connection.close()
