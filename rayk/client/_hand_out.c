@@ -26,6 +26,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* The dict calls taking a hash computed once per chunk (_PyDict_*_KnownHash: CPython's
+   own, declared in cpython/dictobject.h since 3.6): a TopicPartition is a tuple, whose hash
+   is computed again at every lookup, and the position is read and written per record. */
+
 typedef struct {
     PyObject_HEAD
     PyObject *source;    /* the generator of chunks */
@@ -34,6 +38,7 @@ typedef struct {
     /* The chunk being handed out (NULL: none). */
     PyObject *chunk;
     PyObject *tp;
+    Py_hash_t tp_hash;   /* hash(tp), taken once: a position is read and written per record */
     PyObject *records;   /* the chunk's deque */
     PyObject *popleft;   /* records.popleft */
     PyObject *changes;   /* fetcher._changes when the chunk came */
@@ -75,7 +80,8 @@ static int begin_chunk(HandOut *self, PyObject *chunk) {
     if (long_long_of(end, "chunk.end", &self->end) < 0) goto error;
     Py_CLEAR(end);
     if (!(self->changes = PyObject_GetAttr(self->fetcher, str_changes))) goto error;
-    position = PyDict_GetItemWithError(self->positions, self->tp); /* borrowed */
+    if ((self->tp_hash = PyObject_Hash(self->tp)) == -1) goto error;
+    position = _PyDict_GetItem_KnownHash(self->positions, self->tp, self->tp_hash); /* borrowed */
     if (position == NULL) {
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, self->tp);
         goto error;
@@ -91,7 +97,7 @@ error:
 /* 1 if nothing moved the position or changed the fetcher since the last record, 0 if
    something did, -1 on error. */
 static int chunk_still_current(HandOut *self) {
-    PyObject *position = PyDict_GetItemWithError(self->positions, self->tp); /* borrowed */
+    PyObject *position = _PyDict_GetItem_KnownHash(self->positions, self->tp, self->tp_hash); /* borrowed */
     long long value;
     PyObject *changes;
     int same;
@@ -110,7 +116,7 @@ static int set_position(HandOut *self, long long position) {
     PyObject *value = PyLong_FromLongLong(position);
     int failed;
     if (value == NULL) return -1;
-    failed = PyDict_SetItem(self->positions, self->tp, value);
+    failed = _PyDict_SetItem_KnownHash(self->positions, self->tp, value, self->tp_hash);
     Py_DECREF(value);
     self->position = position;
     return failed;
