@@ -183,6 +183,25 @@ def test_iteration_times_out_consumer_timeout_ms_after_it_started_waiting_not_af
     assert 1.5 <= waited_s < 3.5, waited_s
 
 
+def test_iteration_stops_with_the_consumers_close_and_picks_up_a_seek_between_records(cluster):
+    import numpy as np
+
+    topic = new_topic(cluster, partitions=1, records=10)
+    tp = TopicPartition(topic, 0)
+    consumer = cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=5_000)
+    consumer.assign([tp])
+    records = iter(consumer)
+    assert [next(records).offset for _ in range(2)] == [0, 1]
+    consumer.seek(tp, np.int64(6))  # any integer type, as kafka-python takes
+    assert next(records).offset == 6 and consumer.position(tp) == 7
+    assert consumer.poll(timeout_ms=5_000, max_records=1)[tp][0].offset == 7
+    assert next(records).offset == 8, "a poll between two records moves the iteration on too"
+    consumer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        next(records)
+    assert list(records) == []
+
+
 def test_poll_batch_hands_out_every_record_as_arrow_and_a_new_member_resumes_from_its_commit(cluster):
     topic = new_topic(cluster, partitions=2, records=5_000)
     with cluster.producer() as producer:  # keys and headers too, as Spark's Kafka source has them

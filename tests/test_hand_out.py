@@ -5,6 +5,7 @@ between two records (polls, seeks, pauses, closes); and its errors."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import weakref
 from collections import deque
@@ -84,11 +85,45 @@ def test_what_the_source_raises_comes_out_of_the_iteration_and_bad_chunks_are_ty
         list(IMPLEMENTATIONS[implementation]((c for c in [Chunk([0], end=1)]), {}, RecordingFetcher()))
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_once_it_raised_it_is_over_and_a_nested_next_is_refused(implementation):
+    class DropFails(RecordingFetcher):
+        def _drop_if_first(self, chunk):
+            raise OSError("the fetcher broke")
+
+    handing = IMPLEMENTATIONS[implementation]((c for c in [Chunk([0], end=1), Chunk([1, 2], end=3)]),
+                                              {PARTITIONS[0]: 0}, DropFails())
+    with pytest.raises(OSError):
+        next(handing)  # the chunk's last record drops the chunk, which raises
+    assert list(handing) == [], "as a generator: over once it raised"
+
+    class Nested(RecordingFetcher):
+        def _drop_if_first(self, chunk):
+            next(self.handing)  # Python code the iteration runs, stepping the same iteration
+
+    fetcher = Nested()
+    fetcher.handing = IMPLEMENTATIONS[implementation]((c for c in [Chunk([0], end=1)]), {PARTITIONS[0]: 0}, fetcher)
+    with pytest.raises(ValueError, match="already executing"):
+        next(fetcher.handing)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_position_may_be_any_integer_type(implementation):
+    np = pytest.importorskip("numpy")
+    positions = {PARTITIONS[0]: np.int64(1)}  # as Consumer.seek stores what it is given
+    handing = IMPLEMENTATIONS[implementation]((c for c in [Chunk([0, 1, 2, 3], end=4)]), positions, RecordingFetcher())
+    assert next(handing).offset == 1
+    positions[PARTITIONS[0]] = np.int64(2)  # unchanged, as a numpy integer
+    assert [r.offset for r in handing] == [2, 3] and positions[PARTITIONS[0]] == 4
+
+
 def test_the_compiled_hand_out_refuses_bad_arguments_and_is_collected_in_a_cycle():
     with pytest.raises(TypeError):
         HandOut(iter(()), {}, RecordingFetcher())  # not a generator: it could not be sent the counts
     with pytest.raises(TypeError):
         HandOut((c for c in ()), [], RecordingFetcher())  # positions must be a dict
+    with pytest.raises(TypeError):
+        HandOut((c for c in ()), collections.OrderedDict(), RecordingFetcher())  # exactly a dict
     fetcher = RecordingFetcher()
     handing = HandOut((c for c in ()), {}, fetcher)
     fetcher.handing = handing  # a cycle through the fetcher
@@ -132,13 +167,30 @@ def scripted_fetcher() -> tuple[Any, dict[TopicPartition, int]]:
     return fetcher_for(leaders), {tp: 0 for tp in PARTITIONS}
 
 
+def recording(source: Any, sent: list[Any]) -> Any:
+    """`source`, passing on (and keeping) what HandOut sends it."""
+    value = None
+    while True:
+        try:
+            chunk = source.send(value)
+        except StopIteration:
+            return
+        value = yield chunk
+        sent.append(value)
+
+
 def run(implementation: Any, operations: list[tuple]) -> list[Any]:
-    """What the program sees, step by step, under `operations`."""
+    """What the program sees, step by step, under `operations`: the records, the
+    positions, what the iteration sent its source and which chunks it dropped."""
     fetcher_module.HandOut = implementation
     try:
         fetcher, positions = scripted_fetcher()
         fetch_round(fetcher, positions)
-        handing = fetcher.hand_out(positions)
+        sent: list[Any] = []
+        drops: list[Any] = []
+        drop = fetcher._drop_if_first
+        fetcher._drop_if_first = lambda chunk: (drops.append((chunk.tp.partition, chunk.start)), drop(chunk))[1]
+        handing = fetcher.hand_out(positions, recording(fetcher._chunks_at_positions(positions), sent))
         seen: list[Any] = []
         for op in operations:
             kind = op[0]
@@ -156,13 +208,13 @@ def run(implementation: Any, operations: list[tuple]) -> list[Any]:
                 elif kind == "unassign":
                     positions.pop(tp, None)
             elif kind == "restart":
-                handing = fetcher.hand_out(positions)
+                handing = fetcher.hand_out(positions, recording(fetcher._chunks_at_positions(positions), sent))
             elif kind == "close":
                 fetcher.close()
             seen.append(dict(positions))
         seen.append([(r.partition, r.offset) for r in handing])
         seen.append(dict(positions))
-        return seen
+        return seen + [sent, drops]
     finally:
         fetcher_module.HandOut = HandOut
 

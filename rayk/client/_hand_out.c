@@ -22,6 +22,9 @@
      asked for the next one.
    - `source` is sent the number of records the last chunk handed out (None the first
      time); when it returns, the iteration ends. What it raises propagates.
+   - As a generator: once it raised or ended it stays ended, and a __next__ from Python
+     code it runs meanwhile (a callback, a finalizer) raises ValueError. Positions are ints,
+     or anything with __index__ (a numpy integer given to seek).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -46,7 +49,8 @@ typedef struct {
     long long end;       /* chunk.end */
     Py_ssize_t handed;   /* records of this chunk handed out */
     int asked;           /* the source was asked at least once: send it a count, not None */
-    int done;            /* the source returned */
+    int done;            /* the source returned, or the iteration raised: as a generator, it is over */
+    int running;         /* inside __next__: a nested call (from Python code it runs) is refused */
 } HandOut;
 
 static PyObject *str_tp, *str_records, *str_end, *str_popleft, *str_changes, *str_drop_if_first;
@@ -59,12 +63,19 @@ static void end_chunk(HandOut *self) {
     Py_CLEAR(self->changes);
 }
 
+/* An int, or anything with __index__ (a numpy integer given to seek), as a C long long. */
 static int long_long_of(PyObject *value, const char *what, long long *out) {
-    if (!PyLong_Check(value)) {
+    PyObject *index;
+    if (PyLong_CheckExact(value)) {
+        *out = PyLong_AsLongLong(value);
+        return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    }
+    if (!(index = PyNumber_Index(value))) {
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(value)->tp_name);
         return -1;
     }
-    *out = PyLong_AsLongLong(value);
+    *out = PyLong_AsLongLong(index);
+    Py_DECREF(index);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
@@ -102,9 +113,7 @@ static int chunk_still_current(HandOut *self) {
     PyObject *changes;
     int same;
     if (position == NULL) return PyErr_Occurred() ? -1 : 0; /* the partition left the positions */
-    if (!PyLong_Check(position)) return 0;
-    value = PyLong_AsLongLong(position);
-    if (value == -1 && PyErr_Occurred()) return -1;
+    if (long_long_of(position, "a position", &value) < 0) return -1;
     if (value != self->position) return 0;
     if (!(changes = PyObject_GetAttr(self->fetcher, str_changes))) return -1;
     same = changes == self->changes ? 1 : PyObject_RichCompareBool(changes, self->changes, Py_EQ);
@@ -173,7 +182,7 @@ static PyObject *next_of_chunk(HandOut *self) {
     }
 }
 
-static PyObject *hand_out_next(HandOut *self) {
+static PyObject *next_record(HandOut *self) {
     for (;;) {
         PyObject *sent, *result;
         PySendResult status;
@@ -206,13 +215,30 @@ static PyObject *hand_out_next(HandOut *self) {
     }
 }
 
+/* __next__: like a generator's, over for good once it raised, and not re-entered. */
+static PyObject *hand_out_next(HandOut *self) {
+    PyObject *record;
+    if (self->running) {
+        PyErr_SetString(PyExc_ValueError, "HandOut already executing");
+        return NULL;
+    }
+    self->running = 1;
+    record = next_record(self);
+    self->running = 0;
+    if (record == NULL) self->done = 1; /* the source returned, or an error: as a generator, it is over */
+    return record;
+}
+
 static PyObject *hand_out_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"source", "positions", "fetcher", NULL};
     PyObject *source, *positions, *fetcher;
     HandOut *self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O:HandOut", keywords, &source, &PyDict_Type, &positions,
-                                     &fetcher))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:HandOut", keywords, &source, &positions, &fetcher))
         return NULL;
+    if (!PyDict_CheckExact(positions)) { /* the _PyDict_ calls would bypass a subclass's methods */
+        PyErr_Format(PyExc_TypeError, "positions must be a dict, not %.100s", Py_TYPE(positions)->tp_name);
+        return NULL;
+    }
     if (!PyGen_Check(source)) { /* it is sent the counts */
         PyErr_Format(PyExc_TypeError, "source must be a generator, not %.100s", Py_TYPE(source)->tp_name);
         return NULL;
@@ -237,6 +263,7 @@ static int hand_out_traverse(HandOut *self, visitproc visit, void *arg) {
 }
 
 static int hand_out_clear(HandOut *self) {
+    self->done = 1;
     Py_CLEAR(self->source);
     Py_CLEAR(self->positions);
     Py_CLEAR(self->fetcher);
