@@ -1,8 +1,9 @@
 """The compiled modules (everything else is in pyproject.toml): the per-record halves of
 the record codec, rayk/storage/_records.c (records from objects, the leader's walk) and
-rayk/storage/_columns.c (records from Arrow columns, murmur2), and the consumer's
-iteration, rayk/client/_hand_out.c. pip builds them with the machine's C compiler; where
-there is none the install still succeeds and rayk runs the same code in Python."""
+rayk/storage/_columns.c (records from Arrow columns, murmur2), the consumer's iteration,
+rayk/client/_hand_out.c, and the producer's send, rayk/client/_send.c. pip builds them
+with the machine's C compiler; where there is none the install still succeeds and rayk
+runs the same code in Python."""
 
 from setuptools import Extension, setup
 
@@ -19,6 +20,7 @@ def extension(package: str, name: str, depends: tuple[str, ...] = ()) -> Extensi
 
 setup(ext_modules=[
     extension("storage", "_records", depends=("rayk/storage/_varint.h",)),
-    extension("storage", "_columns", depends=("rayk/storage/_varint.h",)),
+    extension("storage", "_columns", depends=("rayk/storage/_varint.h", "rayk/storage/_murmur2.h")),
     extension("client", "_hand_out"),
+    extension("client", "_send", depends=("rayk/storage/_murmur2.h",)),
 ])

@@ -44,7 +44,8 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 SPARK_EXTRA = ("pyspark", "py4j", "raydp")  # `rayk[spark]` and what it brings
-CODEC = ("rayk/storage/_records.c", "rayk/storage/_columns.c", "rayk/storage/_varint.h", "rayk/client/_hand_out.c")
+CODEC = ("rayk/storage/_records.c", "rayk/storage/_columns.c", "rayk/storage/_varint.h", "rayk/storage/_murmur2.h",
+         "rayk/client/_hand_out.c", "rayk/client/_send.c")
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -116,7 +117,7 @@ def test_the_wheel_has_the_compiled_codec_and_spark_only_as_an_extra(dists):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     meta = _wheel_metadata(wheel)
-    for module in ("storage/_records", "storage/_columns", "client/_hand_out"):
+    for module in ("storage/_records", "storage/_columns", "client/_hand_out", "client/_send"):
         assert [n for n in names if n.startswith(f"rayk/{module}.cpython-") and n.endswith(".so")], module
     assert {"rayk/py.typed", "rayk/spark_log4j2.properties", "rayk/__init__.py", "rayk/spark.py"} <= names
     assert not [n for n in names if n.endswith((".c", ".h", ".pyc"))]
@@ -187,6 +188,8 @@ seen["rayk"] = rayk.__file__
 seen["codec"] = records._records.__file__ if isinstance(records._records, types.ModuleType) else None
 from rayk.client import hand_out
 seen["hand_out"] = getattr(hand_out.HandOut, "__module__", None)
+from rayk.client import send_path
+seen["send_path"] = getattr(send_path.SendPath, "__module__", None)
 try:
     import rayk.spark
     seen["spark"] = "imported"
@@ -263,6 +266,7 @@ def test_the_wheel_runs_a_cluster_without_spark(dists, tmp_path):
     assert seen["rayk"].startswith(site + os.sep), seen["rayk"]
     assert seen["codec"] and seen["codec"].startswith(site + os.sep), seen["codec"]
     assert seen["hand_out"] == "rayk.client._hand_out", "the consumer's iteration compiled"
+    assert seen["send_path"] == "rayk.client._send", "the producer's send compiled"
     assert "pip install 'rayk[spark]'" in seen["spark"], seen["spark"]
     assert seen["consumed"] == [["k", "from the wheel"]]
     worker = seen["worker"]

@@ -39,6 +39,14 @@ waits on `_space`, flush on `_done`, separate conditions on the same lock, so a 
 meant for the sender never wakes a user thread instead. Methods marked "(lock held)" are
 the sender's and expect it to hold `lock`. `append`, once per record, takes the
 Condition's RLock itself (`_mutex`): entering a Condition is a Python call around that.
+
+`append` has a compiled twin for its common case, send()'s (rayk.client.send_path,
+rayk/client/_send.c): it appends to an open batch that stays under `batch_size`, under
+`_mutex` taken without waiting, and reads and writes the attributes `append` does
+(`_open`, `_partitioner`'s sticky partitions, `unfinished`, `_buffered_bytes`, a batch's
+`records`, `record_count`, `size_bytes` and its result's `_record_callbacks`). A change to
+what `append` does to them changes `send_path_reference` and _send.c too;
+tests/test_send_path.py holds the three together.
 """
 
 from __future__ import annotations

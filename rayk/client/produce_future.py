@@ -146,14 +146,33 @@ def _run(callback: Callable[[], None]) -> None:
         logger.exception("a send() callback raised")
 
 
-class FutureRecordMetadata:
-    """One record's place in a batch; resolves to its RecordMetadata. Two futures of the
-    same record are equal (a callback gets one of its own; see the module docstring)."""
+class _RecordPlaceReference:
+    """A record's place in its batch, FutureRecordMetadata's three slots: compiled as
+    rayk.client._send.RecordPlace (no Python __init__ per record), this where it is not."""
 
     __slots__ = ("_batch", "_index", "_timestamp_ms")
 
     def __init__(self, batch: BatchResult, index: int, timestamp_ms: int) -> None:
         self._batch, self._index, self._timestamp_ms = batch, index, timestamp_ms
+
+
+try:
+    from rayk.client._send import RecordPlace as _RecordPlace  # built from _send.c by pip install
+except ImportError:  # pragma: no cover - no C compiler at install time (send_path.py says so)
+    _RecordPlace = _RecordPlaceReference
+
+
+class FutureRecordMetadata(_RecordPlace):
+    """One record's place in a batch; resolves to its RecordMetadata. Two futures of the
+    same record are equal (a callback gets one of its own; see the module docstring)."""
+
+    __slots__ = ()
+    _batch: BatchResult
+    _index: int
+    _timestamp_ms: int
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy.copy, as with the slots of a Python class
+        return (FutureRecordMetadata, (self._batch, self._index, self._timestamp_ms))
 
     def done(self) -> bool:
         return self._batch.finished

@@ -4,7 +4,9 @@ in one produce request over the data plane (Kafka's KafkaProducer; rayk/client/d
 `send` serializes the record, picks its partition (explicit; Kafka's murmur2 of the key;
 or the sticky partitioner for unkeyed records), appends it to that partition's open
 batch in the RecordAccumulator and returns a Future (FutureRecordMetadata, resolving to
-RecordMetadata(topic, partition, offset, timestamp)). A batch closes when it reaches
+RecordMetadata(topic, partition, offset, timestamp)). The common case, bytes to a
+partition whose open batch has room, is compiled (rayk.client.send_path, a third more
+records a second); every other record takes the Python path. A batch closes when it reaches
 `batch_size` bytes or has waited `linger_ms`; the Sender thread then encodes it as one
 Kafka v2 record batch (compressed if asked), so the broker only validates and appends
 it, and sends it, at most `max_in_flight_requests_per_connection` per partition at a
@@ -68,13 +70,13 @@ from rayk.client.producer_config import (  # noqa: F401  (the defaults, acks_val
     ProducerConfig,
     acks_value,
 )
+from rayk.client.send_path import RECORD_OVERHEAD_BYTES, SendPath
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
 from rayk.client.transactions import ConsumerGroupMetadata, TransactionManager
 from rayk.client.types import OffsetAndMetadata, TopicPartition
 from rayk.errors import InvalidTxnStateError, RecordTooLargeError
 
-RECORD_OVERHEAD_BYTES = 21  # varint lengths, attributes and deltas of one record, at most
 
 
 class Producer:
@@ -196,6 +198,13 @@ class Producer:
             transactional_id=config.transactional_id,
             on_failure=None if self._transactions is None else self._transactions.record_failed,
         )
+        # send()'s common case, compiled (rayk.client.send_path); a transaction's first
+        # record of a partition adds it to the transaction, which is Python's.
+        self._send_path = (
+            None if SendPath is None or self._transactions is not None else SendPath(
+                self._accumulator, self._metadata, self._plain_keys, self._plain_values, self._max_record_bytes
+            )
+        )  # fmt: skip
         self._closed = False
         self._sender.start()
 
@@ -248,6 +257,11 @@ class Producer:
         Blocks while the buffer is full (up to `max_block_ms`, then BufferExhaustedError)
         or the topic's metadata is not known yet (up to `max_block_ms`, then KafkaTimeoutError).
         """
+        path = self._send_path
+        if path is not None:  # bytes to a partition whose open batch has room: appended in C
+            future = path(self, topic, value, key, headers, partition, timestamp_ms, callback)
+            if future is not None:
+                return future
         if self._closed:
             raise RuntimeError("the producer is closed")
         # The hot path: a plain tuple for the record, no call for bytes with no serializer.

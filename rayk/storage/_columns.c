@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "_varint.h"
+#include "_murmur2.h"
 
 typedef struct {
     Py_buffer validity, offsets, data;
@@ -366,34 +367,6 @@ done:
     return result;
 }
 
-static int32_t murmur2_of(const uint8_t *data, Py_ssize_t length)
-{
-    const uint32_t m = 0x5bd1e995;
-    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
-    Py_ssize_t tail = length & ~(Py_ssize_t)3;
-    for (Py_ssize_t i = 0; i < tail; i += 4) {
-        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16) |
-                     ((uint32_t)data[i + 3] << 24);
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        h = (h * m) ^ k;
-    }
-    switch (length & 3) { /* Java's fall-through */
-    case 3:
-        h ^= (uint32_t)data[tail + 2] << 16; /* fall through */
-    case 2:
-        h ^= (uint32_t)data[tail + 1] << 8; /* fall through */
-    case 1:
-        h ^= (uint32_t)data[tail];
-        h *= m;
-    }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
-    return (int32_t)h;
-}
-
 static PyObject *murmur2(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -434,7 +407,7 @@ static PyObject *murmur2_partitions(PyObject *module, PyObject *args)
         Py_ssize_t len;
         if (column_get(&keys, i, "keys", &key, &len) < 0)
             goto done;
-        partitions[i] = len < 0 ? -1 : (int32_t)((uint32_t)(murmur2_of(key, len) & 0x7fffffff) % (uint32_t)num_partitions);
+        partitions[i] = len < 0 ? -1 : (int32_t)murmur2_partition(key, len, num_partitions);
     }
     result = Py_None;
     Py_INCREF(result);
