@@ -47,7 +47,7 @@
 #include "../storage/_murmur2.h"
 #include "structmember.h"
 
-#define RECORD_OVERHEAD_BYTES 21 /* rayk.client.producer.RECORD_OVERHEAD_BYTES */
+#define RECORD_OVERHEAD_BYTES 21 /* rayk.client.send_path.RECORD_OVERHEAD_BYTES */
 
 typedef struct {
     PyObject_HEAD
@@ -65,9 +65,9 @@ typedef struct {
     Py_ssize_t max_record_bytes, batch_size, buffer_memory;
 } SendPath;
 
-static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished, *str_topics, *str_size_bytes,
-    *str_record_count, *str_records, *str_result, *str_record_callbacks, *str_extend, *str_acquire, *str_release,
-    *empty_tuple;
+static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished,
+    *str_topics, *str_size_bytes, *str_record_count, *str_records, *str_result, *str_record_callbacks, *str_extend,
+    *str_acquire, *str_release, *empty_tuple;
 
 /* An attribute that must be a Python int fitting a Py_ssize_t; -1 with an error set otherwise. */
 static Py_ssize_t ssize_attr(PyObject *obj, PyObject *name)
