@@ -143,7 +143,7 @@ def test_callbacks_queued_with_the_record_and_added_later_each_get_their_own_rec
             ])  # fmt: skip
             later.start()
             for i in range(0, 1000, 2):
-                batch.add_record_callback_while_open(check(i), i, i)
+                batch.add_record_callback_while_open(check(i), (i, i))
             later.join(timeout=10)
             batch.complete(0, -1)
             assert not wrong and sorted(ran) == list(range(1000))

@@ -443,6 +443,51 @@ def test_a_send_from_a_collection_does_not_nest_inside_another(callback):
         assert len(indexes) == 200 and len(set(indexes)) == 200
 
 
+@pytest.mark.parametrize("kind", ["python", "compiled"])
+@pytest.mark.parametrize("callback", [None, print])
+def test_a_send_nested_in_an_append_by_a_collection_keeps_the_counts(kind, callback):
+    """The Python append cannot turn the collector off (it is global), so a collection
+    while it allocates under the lock (opening or closing a batch, a callback's place) can
+    run a send() nested in it, Python or compiled. Small batches make it open and close
+    them all the time; every count must still add up, every record's place be its own and
+    in order, and no batch be lost between the open ones and the queues."""
+    p = producer(kind, FakeMetadata(), batch_size=300, buffer_memory=10_000_000, seed=0)
+    acc = p._accumulator
+    busy, nested, inside_the_lock = [False], [0], [0]
+
+    def on_collection(phase: str, info: dict) -> None:
+        if phase == "start" and not busy[0]:
+            busy[0] = True
+            try:
+                inside_the_lock[0] += acc._mutex._is_owned()
+                p.send("t1", "nested %d" % nested[0] if kind == "python" else b"nested", partition=0,
+                       timestamp_ms=2, callback=callback)  # fmt: skip
+                nested[0] += 1
+            finally:
+                busy[0] = False
+
+    kept = [(i, object()) for i in range(3000)]  # empties the tuple free lists (see above)
+    threshold = gc.get_threshold()
+    gc.callbacks.append(on_collection)
+    gc.set_threshold(1)
+    try:
+        for i in range(400):
+            kept.append([object()])
+            p._accumulator.append("t1", 0, 2, ("v%d" % i, None, (), 3), 40, callback)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(on_collection)
+    assert nested[0] > 50 and inside_the_lock[0] > (10 if kind == "python" else -1)
+    batches = list(acc._open.values()) + [b for queue in acc._ready.values() for b in queue]
+    assert sorted(map(id, batches)) == sorted(map(id, acc._by_age)), "a batch left out of the queues"
+    assert all(len(b.records) == b.record_count and b.size_bytes <= 300 + 61 for b in batches)
+    assert sum(b.record_count for b in batches) == acc.unfinished == 400 + nested[0]
+    if callback is not None:
+        for b in batches:
+            places = [x for x in b.result._record_callbacks if type(x) is tuple]
+            assert [index for index, _ in places] == list(range(b.record_count))
+
+
 def test_a_future_of_the_compiled_path_copies():
     import copy
 

@@ -171,35 +171,62 @@ class RecordAccumulator:
     ) -> FutureRecordMetadata:
         """Adds a record, a (value, key, headers, timestamp_ms) tuple, to its partition's open
         batch (the sticky partition's if `partition` is None), and its `callback`; blocks
-        while the buffer is full. The hot path of send(): kept to dict lookups and counters."""
+        while the buffer is full. The hot path of send(): kept to dict lookups and counters.
+
+        A send can nest inside another on the same thread, the lock being an RLock: an
+        allocation under it can run a collection, whose finalizers and gc.callbacks may
+        send (a logging handler that produces, say). So whatever allocates (opening or
+        closing a batch, the callback's place) comes before the record's slot is taken,
+        which is re-checked after it, and from the check to the counts nothing allocates:
+        a nested send finds consistent counts and the outer one never writes stale ones."""
         with self._mutex:
             if self._failure is not None or self.closed:
                 self._refuse()
-            if self._buffered_bytes + size > self._buffer_memory:
-                self._wait_for_room(size)
             if partition is None:
                 partition = self._partitioner.partition(topic, num_partitions)
-            batch = self._open.get((topic, partition))  # a TopicPartition is that tuple
-            if batch is not None and batch.size_bytes + size > self._batch_size:
-                self._close(batch)
-                batch = None
-            if batch is None:
-                tp = TopicPartition(topic, partition)
-                batch = self._open[tp] = ProducerBatch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
-                self._by_age.append(batch)
-                self.lock.notify()  # the sender learns the new batch's linger deadline
-            index = batch.record_count
-            batch.records.append(record)
-            if callback is not None:  # the batch is open: it cannot finish while this lock is held
-                batch.result.add_record_callback_while_open(callback, index, record[3])
-            batch.record_count = index + 1
-            batch.size_bytes += size
-            self.unfinished += 1
-            self._buffered_bytes += size
+            key = (topic, partition)  # a TopicPartition is that tuple
+            while True:
+                if self._buffered_bytes + size > self._buffer_memory:
+                    self._wait_for_room(size)
+                    if self._failure is not None or self.closed:  # while it waited
+                        self._refuse()
+                    continue
+                batch = self._open.get(key)
+                if batch is None:
+                    self._open_batch(topic, partition, num_partitions)
+                    continue
+                index = batch.record_count
+                if index and batch.size_bytes + size > self._batch_size:  # an empty batch takes any record
+                    self._close(batch)
+                    continue
+                place = None if callback is None else (index, record[3])
+                if self._open.get(key) is not batch or batch.record_count != index:
+                    continue  # a send nested in the allocation above took the slot or closed the batch
+                # from here to the counts nothing allocates a tracked object, which
+                # test_a_send_nested_in_an_append_by_a_collection_keeps_the_counts holds it to
+                batch.records.append(record)
+                if callback is not None and place is not None:
+                    batch.result.add_record_callback_while_open(callback, place)
+                batch.record_count = index + 1
+                batch.size_bytes += size
+                self.unfinished += 1
+                self._buffered_bytes += size
+                break
             if batch.size_bytes >= self._batch_size:
                 self._close(batch)
                 self.lock.notify()
         return FutureRecordMetadata(batch.result, index, record[3])
+
+    def _open_batch(self, topic: str, partition: int, num_partitions: int) -> None:
+        """Opens the partition's batch, unless a send nested in its allocation did (lock
+        held)."""
+        tp = TopicPartition(topic, partition)
+        batch = ProducerBatch(tp, time.monotonic(), num_partitions, BatchResult(topic, partition))
+        if tp in self._open:
+            return
+        self._open[tp] = batch
+        self._by_age.append(batch)
+        self.lock.notify()  # the sender learns the new batch's linger deadline
 
     def _refuse(self) -> None:
         if self._failure is not None:

@@ -67,9 +67,9 @@ class BatchResult:
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
         # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
         # Python's collector stops tracking the first time it sees them.
-        # Each queued by one `deque.extend` of the pair, so pairs queued by two threads at
-        # once (a send's callback under the accumulator's lock, a later add_done_callback
-        # under `_lock`) never interleave: CPython lets no other thread run inside it.
+        # Each pair queued under `_lock`, or by one `deque.extend` of it (the compiled send
+        # path's, under the accumulator's lock: CPython lets no other thread run inside
+        # it), so pairs queued by two threads at once never interleave.
         self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any] | tuple[int, int]] = (
             collections.deque()
         )
@@ -115,13 +115,21 @@ class BatchResult:
             except Exception:
                 logger.exception("a send() callback raised")
 
-    def add_record_callback_while_open(self, fn: Callable[[FutureRecordMetadata], Any], index: int,
-                                       timestamp_ms: int) -> None:  # fmt: skip
-        """Queues a record's callback as the accumulator appends the record (`send`'s
-        `callback`), under the accumulator's lock, to its partition's open batch: such a
-        batch cannot finish before it is closed, which takes that lock too, so no lock of
-        the batch's own is needed (a lock per record was a tenth of `send()`'s time)."""
-        self._record_callbacks.extend((fn, (index, timestamp_ms)))
+    def add_record_callback_while_open(self, fn: Callable[[FutureRecordMetadata], Any], place: tuple[int, int]) -> None:
+        """Queues a record's callback and its place, (index, timestamp_ms), as the
+        accumulator appends the record (`send`'s `callback`), under the accumulator's lock,
+        to its partition's open batch: such a batch cannot finish before it is closed, which
+        takes that lock too. Two appends under `_lock`, not one `extend` of a pair: these
+        allocate no object the collector tracks (an extend makes an iterator), which the
+        accumulator's append relies on (see RecordAccumulator.append); the lock keeps a
+        later add_done_callback on another thread from coming between them."""
+        lock, queue = self._lock, self._record_callbacks
+        lock.acquire()
+        try:
+            queue.append(fn)
+            queue.append(place)
+        finally:
+            lock.release()
 
     def done(self) -> bool:
         return self.finished
