@@ -29,7 +29,8 @@ import time
 from collections.abc import Sequence
 
 from rayk.dataplane import frames, handshake, streams, tls
-from rayk.dataplane.endpoint import STREAM_LIMIT_BYTES, EndpointAddress, keep_alive
+from rayk.dataplane.endpoint import EndpointAddress, keep_alive
+from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import NetworkError
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Connection:
     another. Not thread-safe: one event loop's."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
+        self, reader: FrameReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self._reader, self._writer, self.name = reader, writer, name
@@ -74,14 +75,11 @@ class Connection:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
                 if local:
-                    reader, writer = await streams.open_unix_connection(address.unix_path, limit_bytes=STREAM_LIMIT_BYTES)
+                    reader, writer = await streams.open_unix_frame_streams(address.unix_path)
                 else:
                     context = tls.client_context(address.tls_certificate) if address.tls_certificate else None
-                    reader, writer = await asyncio.open_connection(
-                        address.host, address.port, limit=STREAM_LIMIT_BYTES, ssl=context,
-                        server_hostname="" if context else None,
-                        ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT_S if context else None,
-                    )  # fmt: skip
+                    reader, writer = await streams.open_tcp_frame_streams(
+                        address.host, address.port, context, handshake_timeout_s=tls.HANDSHAKE_TIMEOUT_S)
                     keep_alive(writer.get_extra_info("socket"))  # a vanished node is found out, not only by a timeout
                 await handshake.connect(reader, writer, address.secret)
         except BaseException as e:

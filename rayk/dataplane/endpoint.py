@@ -59,6 +59,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from rayk.dataplane import admission, answer_writer, frames, handshake, streams, tls
+from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
 from rayk.storage.file_slice import FileSlice
 
@@ -82,7 +83,6 @@ HANDSHAKE_TIMEOUT_S = 1.0
 # actor stalls for a second at times; a real peer cut off here only reconnects.
 TLS_HANDSHAKE_TIMEOUT_S = 3.0
 REFUSAL_LOG_INTERVAL_S = 60
-STREAM_LIMIT_BYTES = 1 << 16
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 # TCP keepalive: a peer node that vanished without closing is found out in ~2 minutes
 # (Linux's defaults take over 2 hours).
@@ -175,7 +175,7 @@ class Endpoint:
         async with self._opening:  # a failure leaves what was open before as it was
             if self._address is None:
                 unix_path = _unix_path()
-                self._servers.append(await asyncio.start_unix_server(self._serve_unix, unix_path, limit=STREAM_LIMIT_BYTES))
+                self._servers.append(await streams.start_unix_frame_server(self._serve_unix, unix_path))
                 self._address = EndpointAddress(node_id, unix_path, reachable_host(host, node_ip), 0, self._secret)
             if tcp and self._address.port == 0:
                 self._tls, certificate = tls.server_context(keystore) if keystore is not None else (None, "")
@@ -217,7 +217,7 @@ class Endpoint:
     def unauthenticated_count(self) -> int:
         return self._admission.unauthenticated_count
 
-    async def _serve_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_unix(self, reader: FrameReader, writer: asyncio.StreamWriter) -> None:
         # A Unix socket's peer is a process on this node, with no address to tell it from
         # the others by: a bound per address would put every local peer (the listener's
         # lanes, each client session on the node, every follower of a one-node cluster)
@@ -225,7 +225,7 @@ class Endpoint:
         # another. So local strangers count against MAX_UNAUTHENTICATED only (address
         # None), and past it the oldest is let go; a local process that floods could as
         # well flood over TCP from the node's address, where the bound per address holds.
-        async def opened() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async def opened() -> tuple[FrameReader, asyncio.StreamWriter]:
             return reader, writer
 
         self._connections.add(writer)
@@ -240,12 +240,11 @@ class Endpoint:
         handed_over = False  # to the event loop, whose transport closes the socket from then on
         writers: list[asyncio.StreamWriter] = []
 
-        async def opened() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async def opened() -> tuple[FrameReader, asyncio.StreamWriter]:
             nonlocal handed_over
             keep_alive(accepted.sock)
             handed_over = True
-            reader, writer = await accepted.open_streams(
-                self._tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S, limit_bytes=STREAM_LIMIT_BYTES)
+            reader, writer = await accepted.open_frame_streams(self._tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S)
             writers.append(writer)
             self._connections.discard(accepted)
             self._connections.add(writer)
@@ -264,7 +263,7 @@ class Endpoint:
 
     async def _serve(
         self, address: str | None, peer: object,
-        opened: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]], over_tls: bool,
+        opened: Callable[[], Awaitable[tuple[FrameReader, asyncio.StreamWriter]]], over_tls: bool,
     ) -> None:
         """One connection from `address` (None: a local process), which its caller closes:
         admitted (admission.py), its streams `opened` (with TLS if `over_tls`) and its
@@ -320,7 +319,7 @@ class Endpoint:
                            self.name, peer, why, self._refused)
             self._refusal_logged_at, self._refused = now, 0
 
-    async def _serve_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object) -> None:
+    async def _serve_requests(self, reader: FrameReader, writer: asyncio.StreamWriter, peer: object) -> None:
         in_flight = asyncio.Semaphore(self._max_in_flight)
         started: set[asyncio.Task] = set()
         reading = asyncio.current_task()

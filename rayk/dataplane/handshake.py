@@ -22,6 +22,8 @@ import hashlib
 import hmac
 import secrets
 
+from rayk.dataplane.frame_reader import FrameReader
+
 MAGIC = b"rayk-dataplane-2"  # 2: answers carry their outcome (frames.py)
 NONCE_BYTES = 32
 PROOF_BYTES = hashlib.sha256().digest_size
@@ -41,27 +43,27 @@ def _proof(secret: bytes, role: bytes, endpoint_nonce: bytes, peer_nonce: bytes)
     return hmac.new(secret, role + endpoint_nonce + peer_nonce, hashlib.sha256).digest()
 
 
-async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
+async def accept(reader: asyncio.StreamReader | FrameReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
     """The endpoint's side; raises HandshakeError (or a connection error). Unbounded: the
     endpoint bounds it (its HANDSHAKE_TIMEOUT_S, and sooner if it lets the stranger go)."""
     endpoint_nonce = secrets.token_bytes(NONCE_BYTES)
     writer.write(MAGIC + endpoint_nonce)
-    answer = await reader.readexactly(NONCE_BYTES + PROOF_BYTES)
+    answer = bytes(await reader.readexactly(NONCE_BYTES + PROOF_BYTES))
     peer_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
     if not hmac.compare_digest(proof, _proof(secret, b"peer", endpoint_nonce, peer_nonce)):
         raise HandshakeError("the peer's proof of the data plane secret is wrong")
     writer.write(_proof(secret, b"endpoint", endpoint_nonce, peer_nonce))
 
 
-async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
+async def connect(reader: asyncio.StreamReader | FrameReader, writer: asyncio.StreamWriter, secret: bytes) -> None:
     """The connecting peer's side; raises HandshakeError (or a timeout / connection error)."""
     async with asyncio.timeout(HANDSHAKE_TIMEOUT_MS / 1000):
-        greeting = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
+        greeting = bytes(await reader.readexactly(len(MAGIC) + NONCE_BYTES))
         if greeting[: len(MAGIC)] != MAGIC:
             raise HandshakeError("the endpoint does not speak rayk's data plane")
         endpoint_nonce = greeting[len(MAGIC):]
         peer_nonce = secrets.token_bytes(NONCE_BYTES)
         writer.write(peer_nonce + _proof(secret, b"peer", endpoint_nonce, peer_nonce))
-        proof = await reader.readexactly(PROOF_BYTES)
+        proof = bytes(await reader.readexactly(PROOF_BYTES))
     if not hmac.compare_digest(proof, _proof(secret, b"endpoint", endpoint_nonce, peer_nonce)):
         raise HandshakeError("the endpoint's proof of the data plane secret is wrong")

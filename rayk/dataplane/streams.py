@@ -20,8 +20,11 @@ import errno
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
+
+from rayk.dataplane import frame_reader
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +52,21 @@ class AcceptedSocket:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=limit_bytes, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        timeout = {"ssl_handshake_timeout": handshake_timeout_s} if tls is not None else {}
-        transport, _ = await loop.connect_accepted_socket(lambda: protocol, self.sock, ssl=tls, **timeout)
+        transport = await self._connect(protocol, tls, handshake_timeout_s)
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def open_frame_streams(
+        self, tls: ssl.SSLContext | None, *, handshake_timeout_s: float
+    ) -> tuple[frame_reader.FrameReader, asyncio.StreamWriter]:
+        """As `open_streams`, read by a FrameReader (frame_reader.py)."""
+        protocol = frame_reader.new_protocol()
+        return frame_reader.streams_of(await self._connect(protocol, tls, handshake_timeout_s), protocol)
+
+    async def _connect(self, protocol: asyncio.BaseProtocol, tls: ssl.SSLContext | None,
+                       handshake_timeout_s: float) -> asyncio.Transport:  # fmt: skip
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: protocol, self.sock, ssl=tls, ssl_handshake_timeout=handshake_timeout_s if tls is not None else None)
+        return transport
 
 
 class AcceptingServer:
@@ -133,3 +148,42 @@ async def open_unix_connection(
     except BaseException:
         sock.close()
         raise
+
+
+async def open_unix_frame_streams(path: str) -> tuple[frame_reader.FrameReader, asyncio.StreamWriter]:
+    """As `open_unix_connection`, read by a FrameReader (frame_reader.py)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, path)
+        transport, protocol = await loop.create_unix_connection(frame_reader.new_protocol, sock=sock)
+        return frame_reader.streams_of(transport, protocol)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def open_tcp_frame_streams(
+    host: str, port: int, tls: ssl.SSLContext | None, *, handshake_timeout_s: float
+) -> tuple[frame_reader.FrameReader, asyncio.StreamWriter]:
+    """`asyncio.open_connection` (TLS with no host name check if `tls`: the data plane pins
+    the endpoint's certificate instead), read by a FrameReader (frame_reader.py)."""
+    transport, protocol = await asyncio.get_running_loop().create_connection(
+        frame_reader.new_protocol, host, port, ssl=tls, server_hostname="" if tls else None,
+        ssl_handshake_timeout=handshake_timeout_s if tls else None)
+    return frame_reader.streams_of(transport, protocol)
+
+
+async def start_unix_frame_server(
+    client_connected: Callable[[frame_reader.FrameReader, asyncio.StreamWriter], Coroutine[Any, Any, None]], path: str
+) -> asyncio.AbstractServer:
+    """`asyncio.start_unix_server`, its connections read by FrameReaders (frame_reader.py):
+    `client_connected(reader, writer)` runs as a task per connection."""
+    loop = asyncio.get_running_loop()
+
+    def connected(transport: asyncio.BaseTransport, protocol: frame_reader.FrameProtocol) -> None:
+        reader, writer = frame_reader.streams_of(transport, protocol)
+        protocol.task = loop.create_task(client_connected(reader, writer))  # the task's reference, as asyncio's
+
+    return await loop.create_unix_server(lambda: frame_reader.FrameProtocol(frame_reader.FrameReader(), connected), path)
