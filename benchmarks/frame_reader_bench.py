@@ -6,11 +6,11 @@ fast as it can; the reader, on uvloop as in Ray's actors, reads each frame's siz
 its body with `readexactly`, as the data plane's Connection and Endpoint do, and touches
 nothing else. Printed: the reader process's CPU per MB (user + system, so the kernel's
 copy out of the socket is in both), each reader's turn alternating, and StreamReader's over
-FrameReader's.
+FrameReader's; recorded in benchmarks/results/frame_reader_bench.json.
 
     .venv/bin/python benchmarks/frame_reader_bench.py [--sizes 16384,262144,1048576] [--mb 1024] [--rounds 2]
 
-It prints figures and asserts nothing.
+It prints and records figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import socket
 import struct
 
 import uvloop
+from results import record  # (beside this script)
 
 from rayk.dataplane.frame_reader import new_protocol
 
@@ -71,6 +72,7 @@ async def one_pass(kind: str, frame_bytes: int, count: int) -> float:
 
 async def main(sizes: list[int], megabytes: int, rounds: int) -> None:
     print(f"{'frame':>10} {'StreamReader µs/MB':>19} {'FrameReader µs/MB':>18} {'ratio':>6}")
+    figures: dict[str, dict[str, float]] = {"StreamReader": {}, "FrameReader": {}}
     for frame_bytes in sizes:
         count = max(50, megabytes * (1 << 20) // frame_bytes)
         spent = {"StreamReader": 0.0, "FrameReader": 0.0}
@@ -80,6 +82,9 @@ async def main(sizes: list[int], megabytes: int, rounds: int) -> None:
         mb = rounds * count * frame_bytes / (1 << 20)
         stream_us, frame_us = spent["StreamReader"] / mb * 1e6, spent["FrameReader"] / mb * 1e6
         print(f"{frame_bytes // 1024:>7} KiB {stream_us:19.0f} {frame_us:18.0f} {stream_us / frame_us:5.2f}x")
+        figures["StreamReader"][f"{frame_bytes // 1024} KiB frames"] = stream_us
+        figures["FrameReader"][f"{frame_bytes // 1024} KiB frames"] = frame_us
+    record("frame_reader_bench", {f"reader_cpu_us_per_mb_{kind}": points for kind, points in figures.items()})
 
 
 if __name__ == "__main__":
