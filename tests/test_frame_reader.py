@@ -8,12 +8,15 @@ uvloop and asyncio's transports do; the data plane's tests run it over real sock
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import tempfile
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rayk.dataplane import streams
 from rayk.dataplane.frame_reader import OWN_BUFFER_FROM_BYTES, STAGING_BYTES, FrameProtocol, FrameReader
 
 
@@ -29,6 +32,9 @@ class FakeTransport:
     def resume_reading(self) -> None:
         assert not self.reading, "resumed while reading"
         self.reading = True
+
+    def get_extra_info(self, name: str) -> None:
+        return None
 
 
 def connected() -> tuple[FrameProtocol, FakeTransport]:
@@ -150,8 +156,9 @@ def test_a_read_cancelled_part_way_through_its_own_buffer_leaves_the_stream_brok
         reading.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reading
+        deliver(protocol, b"the rest of the cancelled frame")
         with pytest.raises(ConnectionAbortedError):
-            await protocol.reader.readexactly(1)
+            await protocol.reader.readexactly(4)
 
     asyncio.run(main())
 
@@ -201,3 +208,39 @@ def test_two_readers_at_once_is_a_bug_as_in_asyncio():
         first.cancel()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_peer_that_shuts_its_sending_side_still_gets_its_answers(loop):
+    """As with StreamReaderProtocol: the end of a plain connection's stream leaves it open
+    for writing (uvloop would raise on a write to a transport that closed itself)."""
+
+    async def main() -> bytes:
+        answered = asyncio.Event()
+
+        async def serve(reader: FrameReader, writer: asyncio.StreamWriter) -> None:
+            request = await reader.readexactly(4)
+            await asyncio.sleep(0.01)  # the peer's end of stream has come by now
+            writer.write(b"re:" + bytes(request))
+            await writer.drain()
+            writer.close()
+            answered.set()
+
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "s")
+            server = await streams.start_unix_frame_server(serve, path)
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(b"ping")
+            writer.write_eof()
+            answer = await asyncio.wait_for(reader.read(), 5)
+            await asyncio.wait_for(answered.wait(), 5)
+            writer.close()
+            server.close()
+            return answer
+
+    if loop == "uvloop":
+        import uvloop
+
+        assert uvloop.run(main()) == b"re:ping"
+    else:
+        assert asyncio.run(main()) == b"re:ping"

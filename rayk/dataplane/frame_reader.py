@@ -19,7 +19,16 @@ Unix sockets: the event loop reads into a buffer the protocol hands it.
 Flow control as StreamReader's: while the staging buffer is full and nobody reads, the
 transport stops reading (the peer's writes then wait on TCP's window); a read resumes it.
 A frame's own buffer is never more than the caller asked for, which the callers bound by
-`frames.MAX_FRAME_BYTES` before they ask.
+`frames.MAX_FRAME_BYTES` before they ask; it is made (zero-filled) when its size is read,
+where StreamReader grew as bytes came, and only after the handshake, whose reads are
+small. Each connection holds its 64 KiB of staging, from its first read; the endpoint's
+admission bounds how many connections there are.
+
+Where StreamReader differs: it buffers up to 128 KiB before it pauses, this 64 KiB, so
+a TLS peer that dies without closing TLS while reading is paused leaves less of its
+last bytes read (a peer gone that way has no use for its answers). A read cancelled part
+way through its own buffer loses those bytes: every later read raises
+ConnectionAbortedError (the data plane closes a connection whose read it cancels).
 
 `FrameReader` keeps StreamReader's contract for what the data plane uses: `readexactly`
 (raising IncompleteReadError at the end of the stream, or the connection's error),
@@ -51,6 +60,7 @@ class FrameReader:
         self._waiter: asyncio.Future[None] | None = None
         self._eof = False
         self._exception: BaseException | None = None
+        self._out_of_step: ConnectionAbortedError | None = None  # set once a read lost part of a frame
         self._transport: asyncio.BaseTransport | None = None
         self._paused = False
         self._into_own = False  # where the loop's last buffer came from
@@ -70,6 +80,8 @@ class FrameReader:
             raise ValueError("readexactly size can not be less than zero")
         if self._waiter is not None:
             raise RuntimeError("readexactly() called while another coroutine is already waiting for incoming data")
+        if self._out_of_step is not None:
+            raise self._out_of_step
         if n >= OWN_BUFFER_FROM_BYTES and self._end - self._start < n:
             return await self._read_into_own(n)
         while self._end - self._start < n:
@@ -92,7 +104,7 @@ class FrameReader:
     async def _read_into_own(self, n: int) -> memoryview:
         own = bytearray(n)
         staged = self._end - self._start
-        own[:staged] = self._staging[self._start:self._end]
+        own[:staged] = memoryview(self._staging)[self._start:self._end]
         self._start = self._end = 0
         self._own, self._own_filled = own, staged
         self._maybe_resume()
@@ -106,7 +118,7 @@ class FrameReader:
         except asyncio.CancelledError:
             # Part of a frame is gone with its buffer: the stream is out of step from here
             # (the data plane closes a connection whose read it cancels).
-            self._exception = ConnectionAbortedError("a read was cancelled part way through a frame")
+            self._out_of_step = ConnectionAbortedError("a read was cancelled part way through a frame")
             raise
         finally:
             self._own = None
@@ -195,10 +207,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._closed: asyncio.Future[None] = self._loop.create_future()
         self._writing_paused = False
         self._connection_lost = False
+        self._over_tls = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.reader._transport = transport
+        self._over_tls = transport.get_extra_info("sslcontext") is not None
         if self._connected is not None:
             self._connected(transport, self)
 
@@ -210,7 +224,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self.reader.feed_eof()
-        return False  # the transport closes: a data plane peer that stops sending is gone
+        # As StreamReaderProtocol: a plain connection stays open for writing (the answers to
+        # what the peer sent before it shut its side), TLS closes (it has no half-close).
+        return not self._over_tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is None:
