@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from rayk import errors
 from rayk.dataplane import endpoint as endpoint_module
-from rayk.dataplane import frames, handshake, tls
+from rayk.dataplane import frame_reader, frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
@@ -313,8 +313,8 @@ def test_an_answer_that_does_not_parse_breaks_the_connection(damage):
 
     async def go():
         ours, theirs = socket.socketpair()
-        reader, writer = await asyncio.open_connection(sock=ours)
-        connection = Connection(reader, writer, "test", max_in_flight=4)
+        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
+        connection = Connection(*frame_reader.streams_of(transport, protocol), "test", max_in_flight=4)
         request = asyncio.ensure_future(connection.request(frames.FETCH, b"x"))
         await asyncio.sleep(0.05)
         theirs.sendall(frames.SIZE.pack(len(answer)) + answer)

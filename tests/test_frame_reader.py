@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayk.dataplane import streams
+from rayk.dataplane import frames, streams
 from rayk.dataplane.frame_reader import OWN_BUFFER_FROM_BYTES, STAGING_BYTES, FrameProtocol, FrameReader
 
 
@@ -244,3 +244,63 @@ def test_a_peer_that_shuts_its_sending_side_still_gets_its_answers(loop):
         assert uvloop.run(main()) == b"re:ping"
     else:
         assert asyncio.run(main()) == b"re:ping"
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), bodies=st.lists(sizes, min_size=0, max_size=10),
+       chunks=st.lists(st.integers(1, 3 * STAGING_BYTES), min_size=1, max_size=6),
+       yields=st.lists(st.booleans(), min_size=1, max_size=6), staged_first=st.integers(0, 100),
+       ending=st.sampled_from(["eof", "cut", "oversize", "broken"]))  # fmt: skip
+def test_frames_pushed_as_they_come_are_the_frames_sent(seed, bodies, chunks, yields, staged_first, ending):
+    """deliver_frames: every whole frame to on_frame, in order, then on_end once: at the
+    end of the stream, part way through a frame, at a frame over the bound (nothing after
+    it), or when the connection breaks."""
+    rng = random.Random(seed)
+    sent = [rng.randbytes(n) for n in bodies]
+    limit = 3 * STAGING_BYTES
+    data = b"".join(frames.SIZE.pack(len(b)) + b for b in sent)
+    if ending == "cut":
+        data += frames.SIZE.pack(100) + b"part"
+    elif ending == "oversize":
+        data += frames.SIZE.pack(limit + 1) + b"never read" + frames.SIZE.pack(1) + b"x"
+
+    async def main() -> tuple[list[bytes], list[str]]:
+        protocol, transport = connected()
+        got: list[bytes] = []
+        ended: list[str] = []
+        first = min(staged_first, len(data))  # some of it staged before push mode starts
+        if first:
+            deliver(protocol, data[:first])
+        protocol.reader.deliver_frames(lambda body: got.append(bytes(body)), ended.append, limit)
+        await feed(protocol, transport, data[first:], chunks, yields, eof=False)
+        if ending == "broken":
+            protocol.connection_lost(ConnectionResetError("reset"))
+        elif ending != "oversize":
+            protocol.eof_received()
+        return got, ended
+
+    got, ended = asyncio.run(main())
+    assert got == sent
+    assert ended == [{"eof": "the peer closed the connection", "cut": "the peer closed the connection",
+                      "oversize": f"a frame of {limit + 1} bytes",
+                      "broken": "the connection broke: reset"}[ending]]  # fmt: skip
+
+
+def test_a_frame_callback_that_raises_ends_the_delivery_logged(caplog):
+    async def main() -> tuple[list[bytes], list[str]]:
+        protocol, _ = connected()
+        got: list[bytes] = []
+        ended: list[str] = []
+
+        def take(body: bytes | memoryview) -> None:
+            if bytes(body) == b"bad":
+                raise ValueError("a bug")
+            got.append(bytes(body))
+
+        protocol.reader.deliver_frames(take, ended.append, 1000)
+        deliver(protocol, b"".join(frames.SIZE.pack(len(b)) + b for b in [b"one", b"bad", b"never"]))
+        return got, ended
+
+    got, ended = asyncio.run(main())
+    assert got == [b"one"] and ended == ["a frame that could not be taken: ValueError: a bug"]
+    assert "callback raised" in caplog.text

@@ -3,9 +3,10 @@
 `open` picks the endpoint's Unix socket when both are on the same node and TCP
 otherwise (TLS, pinned to the endpoint's certificate, if it has one: tls.py), and proves
 the endpoint's secret (handshake.py). `request` sends a frame and returns its answer's
-body; up to `max_in_flight` requests may be in flight (more wait), and a reader task
-hands each answer to its request by correlation id, in whatever order the endpoint
-answers them (a long-polled fetch holds up no other request).
+body; up to `max_in_flight` requests may be in flight (more wait), and each answer goes
+to its request by correlation id as it comes (the FrameReader hands it over in the event
+loop's callback: no reader task), in whatever order the endpoint answers them (a
+long-polled fetch holds up no other request).
 
 A request the endpoint answers as FAILED (its handler raised: frames.py) raises that
 answer's KafkaError, for that request alone. A connection that breaks (the endpoint's
@@ -59,7 +60,7 @@ class Connection:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._broken: NetworkError | None = None
         self._last_active_s = time.monotonic()  # the last request sent or answer read
-        self._reading = asyncio.create_task(self._read_answers())
+        reader.deliver_frames(self._on_answer, self._on_end, frames.MAX_FRAME_BYTES)
         self._idle_watch = asyncio.create_task(self._close_when_idle(idle_timeout_s))
 
     @classmethod
@@ -127,7 +128,6 @@ class Connection:
 
     def close(self) -> None:
         self._break("the connection was closed")
-        self._reading.cancel()
 
     def _break(self, reason: str) -> None:
         if self._broken is None:
@@ -148,37 +148,35 @@ class Connection:
             # In use (a request in flight, a long poll say) or not idle long enough yet.
             await asyncio.sleep(idle_timeout_s - idle_s if idle_s < idle_timeout_s else idle_timeout_s)
 
-    async def _read_answers(self) -> None:
-        reader = self._reader
-        reason = "the endpoint closed the connection"
-        try:
-            while True:
-                size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
-                if size > frames.MAX_FRAME_BYTES or size < frames.ANSWER_HEADER.size:
-                    reason = f"an answer frame of {size} bytes"
-                    return
-                body = await reader.readexactly(size)
-                correlation_id, outcome = frames.ANSWER_HEADER.unpack_from(body)
-                rest = memoryview(body)[frames.ANSWER_HEADER.size:]
-                if outcome not in (frames.ANSWERED, frames.FAILED):
-                    reason = f"an answer to request {correlation_id} with outcome {outcome}"
-                    return
-                # Parsed while the request is still pending: one that does not parse fails it with the rest.
-                error = frames.decode_failed_answer(rest) if outcome == frames.FAILED else None
-                self._last_active_s = time.monotonic()
-                answer = self._pending.pop(correlation_id, None)
-                if answer is None:
-                    reason = f"an answer to request {correlation_id}, which was not sent or was answered already"
-                    return
-                if answer.done():  # its caller stopped waiting
-                    pass
-                elif error is not None:  # that request failed; the connection goes on
-                    answer.set_exception(error)
-                else:
-                    answer.set_result(rest)
-        except (asyncio.IncompleteReadError, OSError) as e:  # OSError: ssl.SSLError over TLS too
-            reason = f"the connection broke: {e or type(e).__name__}"
+    def _on_answer(self, body: bytes | memoryview) -> None:
+        """An answer frame, handed over by the reader as it comes (FrameReader's push
+        mode: no task is woken to read it). One that is not an answer to a request in
+        flight, or does not parse, breaks the connection."""
+        if self._broken is not None:
+            return
+        if len(body) < frames.ANSWER_HEADER.size:
+            self._break(f"an answer frame of {len(body)} bytes")
+            return
+        correlation_id, outcome = frames.ANSWER_HEADER.unpack_from(body)
+        rest = memoryview(body)[frames.ANSWER_HEADER.size:]
+        if outcome not in (frames.ANSWERED, frames.FAILED):
+            self._break(f"an answer to request {correlation_id} with outcome {outcome}")
+            return
+        try:  # parsed while the request is still pending: one that does not parse fails it with the rest
+            error = frames.decode_failed_answer(rest) if outcome == frames.FAILED else None
         except frames.FrameError as e:
-            reason = f"an answer that does not parse: {e}"
-        finally:
-            self._break(reason)
+            self._break(f"an answer that does not parse: {e}")
+            return
+        self._last_active_s = time.monotonic()
+        answer = self._pending.pop(correlation_id, None)
+        if answer is None:
+            self._break(f"an answer to request {correlation_id}, which was not sent or was answered already")
+        elif answer.done():  # its caller stopped waiting
+            pass
+        elif error is not None:  # that request failed; the connection goes on
+            answer.set_exception(error)
+        else:
+            answer.set_result(rest)
+
+    def _on_end(self, why: str) -> None:
+        self._break("the endpoint closed the connection" if why == "the peer closed the connection" else why)

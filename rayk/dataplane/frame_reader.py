@@ -40,9 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Callable
 import typing
 from typing import Any
+
+from rayk.dataplane import frames
+
+logger = logging.getLogger(__name__)
 
 STAGING_BYTES = 64 * 1024  # the loop's reads of small frames; a read larger than a quarter of it gets its own buffer
 OWN_BUFFER_FROM_BYTES = STAGING_BYTES // 4
@@ -64,6 +69,10 @@ class FrameReader:
         self._transport: asyncio.BaseTransport | None = None
         self._paused = False
         self._into_own = False  # where the loop's last buffer came from
+        # Push mode (deliver_frames): whole frames handed to a callback as they come.
+        self._on_frame: Callable[[bytes | memoryview], None] | None = None
+        self._on_end: Callable[[str], None] | None = None
+        self._max_frame_bytes = 0
 
     # ------------------------------------------------------------------ the reading side
 
@@ -100,6 +109,71 @@ class FrameReader:
         if self._paused:
             self._maybe_resume()
         return data
+
+    def deliver_frames(self, on_frame: Callable[[bytes | memoryview], None], on_end: Callable[[str], None],
+                       max_frame_bytes: int) -> None:  # fmt: skip
+        """From now on, hands each whole frame (its body, after its 4-byte size) to
+        `on_frame` in the event loop's callback as soon as it has come, with no task woken
+        to read it; `readexactly` is done with. `on_end(why)`, once, when the stream ends,
+        breaks or sends a frame whose size is over `max_frame_bytes` (nothing after it is
+        read). What is staged already is delivered at once. A callback must
+        not raise."""
+        assert self._waiter is None and self._own is None, "a read is under way"
+        self._on_frame, self._on_end, self._max_frame_bytes = on_frame, on_end, max_frame_bytes
+        self._push()
+
+    def _push(self) -> None:
+        """Hands out every whole frame there is (push mode). A callback that raises all the
+        same (a bug) ends the delivery, logged, as a reader task that raised would end."""
+        try:
+            self._push_frames()
+        except Exception as e:
+            logger.exception("a data plane frame's callback raised")
+            self._end_push(f"a frame that could not be taken: {type(e).__name__}: {e}")
+
+    def _push_frames(self) -> None:
+        on_frame = self._on_frame
+        while on_frame is not None:
+            own = self._own
+            if own is not None:
+                if self._own_filled < len(own):
+                    break
+                self._own = None
+                on_frame(memoryview(own).toreadonly())
+                continue
+            start = self._start
+            staged = self._end - start
+            if staged < frames.SIZE.size:
+                break
+            size = frames.SIZE.unpack_from(self._staging, start)[0]
+            if size > self._max_frame_bytes:
+                self._end_push(f"a frame of {size} bytes")
+                return
+            if staged - frames.SIZE.size >= size:
+                body_start = start + frames.SIZE.size
+                self._start = body_start + size
+                if self._start == self._end:
+                    self._start = self._end = 0
+                on_frame(bytes(memoryview(self._staging)[body_start:body_start + size]))
+            elif size >= OWN_BUFFER_FROM_BYTES:
+                own = self._own = bytearray(size)
+                self._own_filled = staged - frames.SIZE.size
+                own[:self._own_filled] = memoryview(self._staging)[start + frames.SIZE.size:self._end]
+                self._start = self._end = 0
+            else:
+                break  # the rest of a small frame is still to come
+        if self._paused:
+            self._maybe_resume()
+        if self._exception is not None:
+            self._end_push(f"the connection broke: {self._exception}")
+        elif self._eof:
+            self._end_push("the peer closed the connection")
+
+    def _end_push(self, why: str) -> None:
+        on_end = self._on_end
+        self._on_frame = self._on_end = None
+        if on_end is not None:
+            on_end(why)
 
     async def _read_into_own(self, n: int) -> memoryview:
         own = bytearray(n)
@@ -146,6 +220,9 @@ class FrameReader:
             self._transport.resume_reading()  # type: ignore[attr-defined]
 
     def _wake(self) -> None:
+        if self._on_frame is not None:
+            self._push()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
