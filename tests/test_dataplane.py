@@ -326,6 +326,31 @@ def test_an_answer_that_does_not_parse_breaks_the_connection(damage):
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("staged", ["end of stream", "an answer to no request"])
+def test_what_came_before_the_connection_was_made_breaks_it_quietly(caplog, staged):
+    """An endpoint that refuses past its cap sends its proof and closes: the end can be
+    staged before the Connection is made, which takes it at once."""
+
+    async def go():
+        ours, theirs = socket.socketpair()
+        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
+        if staged == "end of stream":
+            theirs.close()
+        else:
+            answer = frames.ANSWER_HEADER.pack(7, frames.ANSWERED)
+            theirs.sendall(frames.SIZE.pack(len(answer)) + answer)
+        await asyncio.sleep(0.05)
+        connection = Connection(*frame_reader.streams_of(transport, protocol), "test", max_in_flight=4)
+        assert connection.closed
+        with pytest.raises(NetworkError, match="endpoint closed|request 7"):
+            await connection.request(frames.FETCH, b"x")
+        connection.close()
+        theirs.close()
+
+    asyncio.run(go())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_a_handler_that_raises_frees_its_requests_slot():
     async def go():
         endpoint, address = await opened(Echo(), max_in_flight=1)

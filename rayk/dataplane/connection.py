@@ -44,8 +44,8 @@ IDLE_TIMEOUT_S = 540.0  # Kafka's client connections.max.idle.ms; below the endp
 
 class Connection:
     """One open, authenticated connection to an Endpoint: owns the socket, the requests in
-    flight by correlation id (at most `max_in_flight`), and the reader and idle-watch tasks.
-    Made by `open`; once broken or closed it stays so, and its owner (a ReplicaLink) opens
+    flight by correlation id (at most `max_in_flight`) and the idle-watch task; answers
+    come in its FrameReader's callback. Made by `open`; once broken or closed it stays so, and its owner (a ReplicaLink) opens
     another. Not thread-safe: one event loop's."""
 
     def __init__(
@@ -60,8 +60,9 @@ class Connection:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._broken: NetworkError | None = None
         self._last_active_s = time.monotonic()  # the last request sent or answer read
-        reader.deliver_frames(self._on_answer, self._on_end, frames.MAX_FRAME_BYTES)
         self._idle_watch = asyncio.create_task(self._close_when_idle(idle_timeout_s))
+        # Last: what is staged already (an endpoint's end of stream, say) is handed out at once.
+        reader.deliver_frames(self._on_answer, self._on_end, frames.MAX_FRAME_BYTES)
 
     @classmethod
     async def open(
@@ -179,4 +180,9 @@ class Connection:
             answer.set_result(rest)
 
     def _on_end(self, why: str) -> None:
-        self._break("the endpoint closed the connection" if why == "the peer closed the connection" else why)
+        if why == "the peer closed the connection":
+            self._break("the endpoint closed the connection")
+        elif why.startswith("a frame of "):
+            self._break("an answer " + why[2:])  # "an answer frame of N bytes"
+        else:
+            self._break(why)

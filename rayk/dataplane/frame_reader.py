@@ -165,7 +165,7 @@ class FrameReader:
         if self._paused:
             self._maybe_resume()
         if self._exception is not None:
-            self._end_push(f"the connection broke: {self._exception}")
+            self._end_push(f"the connection broke: {self._exception or type(self._exception).__name__}")
         elif self._eof:
             self._end_push("the peer closed the connection")
 
