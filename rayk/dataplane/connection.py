@@ -45,14 +45,14 @@ IDLE_TIMEOUT_S = 540.0  # Kafka's client connections.max.idle.ms; below the endp
 class Connection:
     """One open, authenticated connection to an Endpoint: owns the socket, the requests in
     flight by correlation id (at most `max_in_flight`) and the idle-watch task; answers
-    come in its FrameReader's callback. Made by `open`; once broken or closed it stays so, and its owner (a ReplicaLink) opens
-    another. Not thread-safe: one event loop's."""
+    come in its FrameReader's callback. Made by `open`; once broken or closed it stays
+    so, and its owner (a ReplicaLink) opens another. Not thread-safe: one event loop's."""
 
     def __init__(
         self, reader: FrameReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
-        self._reader, self._writer, self.name = reader, writer, name
+        self._writer, self.name = writer, name  # the reader hands answers over itself (deliver_frames)
         # Requests sent and not answered yet, by correlation id; one whose caller stopped
         # waiting stays until its answer comes (and is dropped then).
         self._pending: dict[int, asyncio.Future] = {}
