@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from rayk.controller.broker_heartbeat_manager import BrokerHeartbeatManager
@@ -37,8 +37,11 @@ TopicPartition = tuple[str, int]
 class ControllerChannelManager:
     """Pushes of partition states and stops of replicas, with timeouts; the replica handles."""
 
-    def __init__(self, meta: ClusterMetadata, sessions: BrokerHeartbeatManager, push_timeout_s: float) -> None:
+    def __init__(self, meta: ClusterMetadata, sessions: BrokerHeartbeatManager, push_timeout_s: float,
+                 on_leading_change: Callable[[], None] = lambda: None) -> None:
+        """`on_leading_change` is called whenever `leads_in` may answer differently."""
         self._meta = meta
+        self._on_leading_change = on_leading_change
         self._sessions = sessions
         self.push_timeout_s = push_timeout_s
         self._replica_handles: dict[tuple[str, int, int], Any] = {}
@@ -92,7 +95,9 @@ class ControllerChannelManager:
         if state.leader != NO_LEADER and self._sessions.is_attached(state.leader):
             leader_handle = await self._push_to(state.leader, assignment(None))
             if leader_handle is not None and topic in self._meta.topics:
-                self._leading_in[(topic, partition)] = state.leader_epoch
+                if self._leading_in.get((topic, partition)) != state.leader_epoch:
+                    self._leading_in[(topic, partition)] = state.leader_epoch
+                    self._on_leading_change()
         followers = [b for b in state.replicas if b != state.leader and self._sessions.is_attached(b)]
         await asyncio.gather(*(self._push_to(b, assignment(leader_handle)) for b in followers))
 
@@ -173,7 +178,8 @@ class ControllerChannelManager:
         stops = []
         for p, state in partitions.items():
             self.dirty.discard((name, p))
-            self._leading_in.pop((name, p), None)
+            if self._leading_in.pop((name, p), None) is not None:
+                self._on_leading_change()
             for b in state.replicas:
                 self._replica_handles.pop((name, p, b), None)
                 if (manager := self._sessions.manager(b)) is not None:

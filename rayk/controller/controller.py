@@ -88,6 +88,7 @@ logger = logging.getLogger(__name__)
 
 MAINTENANCE_MAX_INTERVAL_MS = 1_000
 PRODUCER_ID_BLOCK_SIZE = 1000  # ids reserved per metadata record
+CLIENT_METADATA_LINGER_MS = 10  # a long poll woken by a change answers this much later, with what followed it
 TopicPartition = tuple[str, int]
 
 
@@ -117,10 +118,17 @@ class Controller:
         self._meta = ClusterMetadata(c)
         self._meta.load(self._log)
         self._committed = Wakeup()  # fired by every commit: the long polls of `acls` and `client_quotas`
+        # What `client_metadata` answers changes with every commit, a leader taking up its
+        # epoch and a broker's listeners: counted here, for the listeners' metadata images
+        # (`client_metadata_image`). The incarnation tells a restarted Controller's count apart.
+        self._client_view_version = 0
+        self._client_view_changed = Wakeup()
+        self._incarnation = new_uuid()
         self._sessions = BrokerHeartbeatManager(
             self._meta.cluster, c.broker_session_timeout_ms, c.broker_heartbeat_interval_ms
         )
-        self._channels = ControllerChannelManager(self._meta, self._sessions, 2 * c.broker_session_timeout_ms / 1000)
+        self._channels = ControllerChannelManager(self._meta, self._sessions, 2 * c.broker_session_timeout_ms / 1000,
+                                                  self._client_view_moved)  # fmt: skip
         self._view = MetadataView(self._meta, self._channels, self._sessions)
         self._elections = LeaderElections(self._meta, self._commit, self._channels, c)
         self._replacement = BrokerReplacement(
@@ -182,12 +190,19 @@ class Controller:
         assert_consistent(self._meta, records, broker_epochs)
         committed, self._committed = self._committed, Wakeup()
         committed.fire()
+        self._client_view_moved()
         for (topic, partition), old in before.items():
             new = self._meta.topics[topic].partitions[partition]
             removed = set(old.replicas) - set(new.replicas) if old is not None else set()
             if removed:  # a reassignment completed: the replicas it dropped go
                 topic_id = self._meta.topics[topic].topic_id
                 self._channels.remove_replicas(topic, partition, removed, topic_id, new.partition_epoch)
+
+    def _client_view_moved(self) -> None:
+        """What `client_metadata` answers may have changed: the listeners' long polls wake."""
+        self._client_view_version += 1
+        changed, self._client_view_changed = self._client_view_changed, Wakeup()
+        changed.fire()
 
     def _detach(self, broker_id: int) -> None:
         self._sessions.detach(broker_id)
@@ -275,6 +290,7 @@ class Controller:
         """A broker restarted its Kafka listeners (they died), maybe on other ports."""
         self._sessions.check_epoch(broker_id, broker_epoch)
         self._sessions.set_endpoints(broker_id, endpoints)
+        self._client_view_moved()
 
     async def heartbeat(self, broker_id: int, broker_epoch: int) -> str:
         """Answers "ok", "reregister" (fenced, or unknown to this Controller session) or "stale"."""
@@ -472,11 +488,13 @@ class Controller:
             self._commit(records)
         return matched
 
-    async def _until_changed(self, version: Callable[[], int], known_version: int, wait_ms: int) -> None:
-        """Returns once `version()` is no longer `known_version`, or after `wait_ms`."""
+    async def _until_changed(self, version: Callable[[], Any], known_version: Any, wait_ms: int,
+                             changed: Callable[[], Wakeup] | None = None) -> None:  # fmt: skip
+        """Returns once `version()` is no longer `known_version`, or after `wait_ms`;
+        `changed` is the Wakeup a change fires (by default the commits')."""
         deadline_s = time.monotonic() + wait_ms / 1000
         while version() == known_version and (remaining_s := deadline_s - time.monotonic()) > 0:
-            await self._committed.wait(remaining_s)
+            await (self._committed if changed is None else changed()).wait(remaining_s)
 
     async def acls(self, known_version: int = -2, wait_ms: int = 0) -> tuple[int, list[AclBinding]] | None:
         """Every ACL binding and the version they are at, for a listener's authorizer; None
@@ -649,6 +667,24 @@ class Controller:
     async def client_metadata(self, topics: list[str] | None = None) -> dict[str, Any]:
         """What Kafka's Metadata answer holds (see MetadataView.client_metadata)."""
         return self._view.client_metadata(topics)
+
+    async def client_metadata_image(
+        self, known_version: tuple[str, int] | None = None, wait_ms: int = 0
+    ) -> tuple[tuple[str, int], dict[str, Any]] | None:
+        """`client_metadata` of every topic and the version it is at, for a listener's image
+        of it (Kafka's MetadataCache on each broker); None when the listener's
+        `known_version` is still current after `wait_ms` (a long poll, as `acls`)."""
+        def version() -> tuple[str, int]:
+            return self._incarnation, self._client_view_version
+
+        if version() == known_version:
+            await self._until_changed(version, known_version, wait_ms, lambda: self._client_view_changed)
+            if version() == known_version:
+                return None
+            # Woken by a change: the changes right behind it (a push of many partitions takes
+            # up their leaders one by one) go into the same answer, not one image each.
+            await asyncio.sleep(CLIENT_METADATA_LINGER_MS / 1000)
+        return version(), self._view.client_metadata(None)
 
     # ------------------------------------------------------------------ brokers
 

@@ -109,7 +109,7 @@ async def metadata(view: BrokerView, request: Any) -> dict:
         by_id = await view.topic_names(ids)
     names = None if requested is None else [t.name for t in requested if t.name is not None] + sorted(
         {n for n in by_id.values() if isinstance(n, str)})
-    described = await view.controller.client_metadata.remote(names)
+    described = await view.client_metadata(names)
     visible = {name: t for name, t in described["topics"].items() if view.authorized(request, DESCRIBE, TOPIC, name)}
     with_operations = getattr(body, "include_topic_authorized_operations", False)  # KIP-430
     topics = [
@@ -195,7 +195,7 @@ async def _missing_topic_code(view: BrokerView, name: str, request: Any) -> int:
 
 
 async def describe_cluster(view: BrokerView, request: Any) -> dict:
-    described = await view.controller.client_metadata.remote([])
+    described = await view.client_metadata([])
     brokers = _brokers(described, request)
     return {
         "endpoint_type": 1,

@@ -44,6 +44,7 @@ from rayk.net.client_quotas import ClientQuotas
 from rayk.net.entities import kafka_uuid
 from rayk.net.share_sessions import ShareSessions
 from rayk.net.fetch_session import FetchSessionCache
+from rayk.net.metadata_image import MetadataImage
 from rayk.net.parked_fetches import ParkedFetches
 from rayk.net.produce_coalescer import ProduceCoalescer
 
@@ -54,6 +55,7 @@ TOPIC_ID_LOOKUP_TIMEOUT_MS = 5_000  # a Fetch waits no longer for the Controller
 UNKNOWN_TOPIC_ID_RETRY_MS = 1_000  # an id no topic has is looked up again no sooner
 ACL_LOOKUP_TIMEOUT_MS = 5_000
 QUOTA_LOOKUP_TIMEOUT_MS = 5_000
+METADATA_LOOKUP_TIMEOUT_MS = 5_000
 SHARE_LANES = 4  # connections per replica for share fetches: up to 4 x 16 of them waiting there at once
 
 
@@ -82,6 +84,7 @@ class BrokerView:
         self._authorizer = Authorizer((), config.super_user_set(), allow_everyone_if_no_acl_found=False)
         self._acl_version = -2
         self.quotas = ClientQuotas(config.quota_window_num, config.quota_window_size_seconds * 1000)
+        self.metadata_image = MetadataImage()
         self.share_sessions = ShareSessions()
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots, config.min_incremental_fetch_session_eviction_ms
@@ -132,6 +135,26 @@ class BrokerView:
             return False
         self.quotas.update(*found)
         return True
+
+    async def refresh_metadata_image(self, wait_ms: int = 0) -> bool:
+        """Takes the Controller's `client_metadata` of every topic if it changed since the
+        image's version; with `wait_ms`, waits that long at the Controller for a change.
+        Whether it took one."""
+        found = await self.ask_controller("client_metadata_image", self.metadata_image.version, wait_ms,
+                                          timeout_ms=wait_ms + METADATA_LOOKUP_TIMEOUT_MS)
+        if found is None:
+            return False
+        self.metadata_image.take(*found)
+        return True
+
+    async def client_metadata(self, topics: list[str] | None) -> dict[str, Any]:
+        """What the Controller's `client_metadata(topics)` answers: from the image where it
+        can answer (named topics, all held and led; MetadataImage.answer), else from the
+        Controller. Every topic (`topics` None, admin tools listing them) is always asked
+        of the Controller, so a listing is never behind a change made through another broker."""
+        if topics is not None and (cached := self.metadata_image.answer(topics)) is not None:
+            return cached
+        return await self.controller.client_metadata.remote(topics)
 
     async def replica(self, topic: str, partition: int) -> Any:
         """This broker's replica of the partition; UNKNOWN_TOPIC_OR_PARTITION if there is no

@@ -87,7 +87,7 @@ async def find_coordinator(view: BrokerView, request: Any) -> dict:
                 topic, partition = TRANSACTION_STATE_TOPIC, await view.transaction_partition(key)
             else:
                 raise InvalidRequestError(f"coordinator key type {body.key_type}: rayk has groups (0) and transactions (1)")
-            described = await view.controller.client_metadata.remote([topic])
+            described = await view.client_metadata([topic])
             leader = described["topics"][topic]["partitions"][partition]["leader"]
             endpoint = described["brokers"].get(leader, {}).get(request.context.listener_name)
             if endpoint is None:

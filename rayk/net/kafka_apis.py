@@ -37,6 +37,24 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[BrokerView, Request], Awaitable[Any]]
 CLOSE_CONNECTION = data_apis.CLOSE_CONNECTION
 
+
+def _then_refresh_metadata(handler: Handler) -> Handler:
+    """`handler`, answered once this listener's metadata image holds what it changed (a
+    client reading Metadata from this listener next sees the topic gone, its new
+    partitions, its new leaders). A failed refresh leaves the image to its long poll."""
+
+    async def handle(view: BrokerView, request: Request) -> Any:
+        try:
+            return await handler(view, request)
+        finally:
+            try:
+                await view.refresh_metadata_image()
+            except Exception as e:
+                logger.debug("the metadata image was not refreshed after %s: %r", handler.__name__, e)
+
+    return handle
+
+
 HANDLERS: dict[int, Handler] = {
     keys.PRODUCE: data_apis.produce,
     keys.FETCH: data_apis.fetch,
@@ -48,9 +66,9 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_CLUSTER: admin_apis.describe_cluster,
     keys.DESCRIBE_LOG_DIRS: log_dir_apis.describe_log_dirs,
     keys.CREATE_TOPICS: admin_apis.create_topics,
-    keys.CREATE_PARTITIONS: admin_apis.create_partitions,
-    keys.ELECT_LEADERS: election_apis.elect_leaders,
-    keys.DELETE_TOPICS: admin_apis.delete_topics,
+    keys.CREATE_PARTITIONS: _then_refresh_metadata(admin_apis.create_partitions),
+    keys.ELECT_LEADERS: _then_refresh_metadata(election_apis.elect_leaders),
+    keys.DELETE_TOPICS: _then_refresh_metadata(admin_apis.delete_topics),
     keys.DESCRIBE_CONFIGS: admin_apis.describe_configs,
     keys.ALTER_CONFIGS: config_apis.alter_configs,
     keys.INCREMENTAL_ALTER_CONFIGS: config_apis.incremental_alter_configs,
@@ -62,7 +80,7 @@ HANDLERS: dict[int, Handler] = {
     keys.DESCRIBE_TRANSACTIONS: txn_apis.describe_transactions,
     keys.LIST_TRANSACTIONS: txn_apis.list_transactions,
     keys.DESCRIBE_PRODUCERS: txn_apis.describe_producers,
-    keys.ALTER_PARTITION_REASSIGNMENTS: reassignment_apis.alter_partition_reassignments,
+    keys.ALTER_PARTITION_REASSIGNMENTS: _then_refresh_metadata(reassignment_apis.alter_partition_reassignments),
     keys.LIST_PARTITION_REASSIGNMENTS: reassignment_apis.list_partition_reassignments,
     keys.FIND_COORDINATOR: group_apis.find_coordinator,
     keys.JOIN_GROUP: group_apis.join_group,

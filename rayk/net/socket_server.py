@@ -93,8 +93,8 @@ QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
-CHANGE_WAIT_MS = 30_000  # a lookup of the ACLs or client quotas waits this long at the Controller for a change
-REFRESH_RETRY_S = 0.5  # the pause before looking the ACLs or client quotas up again after a lookup that failed or took nothing
+CHANGE_WAIT_MS = 30_000  # a lookup of the ACLs, client quotas or metadata waits this long at the Controller for a change
+REFRESH_RETRY_S = 0.5  # the pause before looking them up again after a lookup that failed or took nothing
 QUOTA_PRUNE_INTERVAL_S = 5.0  # idle clients' quota rates are forgotten (a quota window is 11 s by default)
 _SIZE = struct.Struct(">i")
 _BARE_ERROR = struct.Struct(">iih")  # size, correlation id, error code
@@ -163,26 +163,29 @@ class SocketServer(Supervised):
                 await asyncio.sleep(REFRESH_RETRY_S)
 
     async def _refresh_forever(self) -> None:
-        """ACL and quota changes reach this listener as the Controller commits them: each
+        """ACL, quota and metadata changes reach this listener as the Controller makes them: each
         is looked up with a long poll (CHANGE_WAIT_MS) that the Controller answers when
         they change, so an idle cluster makes no calls for them. A failed lookup keeps the
         last ones and is tried again after REFRESH_RETRY_S; it is logged once until one
-        succeeds. The two are looked up independently, and idle clients' quota state is
+        succeeds. Each is looked up independently, and idle clients' quota state is
         forgotten every QUOTA_PRUNE_INTERVAL_S."""
         view = self.apis.view
-        refreshes = [self._refresh("client quotas", view.refresh_quotas), self._prune_quotas()]
+        refreshes = [self._refresh("client quotas", view.refresh_quotas), self._prune_quotas(),
+                     self._refresh("metadata image", view.refresh_metadata_image, at_once_if_unchanged=True)]
         if self.config.authorizes:
             refreshes.append(self._refresh("ACLs", view.refresh_acls))
         await asyncio.gather(*refreshes)
 
-    async def _refresh(self, what: str, lookup: Callable[..., Awaitable[bool]]) -> None:
+    async def _refresh(self, what: str, lookup: Callable[..., Awaitable[bool]], at_once_if_unchanged: bool = False) -> None:
         """Asks again at once after taking a change; after a lookup that took nothing (the
         wait ran out, or the Controller's were not newer: one that restarted from a log that
-        lost its tail) or failed, after REFRESH_RETRY_S, so it never spins."""
+        lost its tail) or failed, after REFRESH_RETRY_S, so it never spins. With
+        `at_once_if_unchanged` (a lookup that takes nothing only once its wait ran out at
+        the Controller), only a failed lookup waits before the next."""
         failing = False
         while True:
             try:
-                took = await lookup(wait_ms=CHANGE_WAIT_MS)
+                took = await lookup(wait_ms=CHANGE_WAIT_MS) or at_once_if_unchanged
                 failing = False
             except Exception as e:
                 if not failing:

@@ -156,7 +156,10 @@ async def _unaddable(view: BrokerView, request: Any, topics: set[str], wanted: l
     """The partitions that may not join a transaction: topics the principal may not write
     (TOPIC_AUTHORIZATION_FAILED), partitions that do not exist (UNKNOWN_TOPIC_OR_PARTITION)."""
     denied = {t for t in topics if not view.authorized(request, WRITE, TOPIC, t)}
-    described = await view.controller.client_metadata.remote(sorted(topics - denied))
+    allowed = sorted(topics - denied)
+    described = view.metadata_image.answer(allowed)
+    if described is None or any(p not in described["topics"][t]["partitions"] for t, p in wanted if t not in denied):
+        described = await view.controller.client_metadata.remote(allowed)  # not held, or partitions added since
     errors = {}
     for topic, partition in wanted:
         if topic in denied:
