@@ -98,6 +98,7 @@ bench: bytecode
 	$(PY) benchmarks/java_client_bench.py
 	$(PY) benchmarks/transactions_bench.py
 	$(PY) benchmarks/metadata_bench.py
+	$(PY) benchmarks/metadata_request_bench.py
 	$(PY) benchmarks/share_group_bench.py
 	$(PY) benchmarks/capacity_bench.py
 	$(PY) benchmarks/tiered_storage_bench.py

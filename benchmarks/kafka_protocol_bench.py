@@ -18,7 +18,11 @@ engine does (one node, no replicas). Per broker it prints:
   requests in flight per connection as the Java client sends them) for
   `--latency-records` records: the producer's acknowledgement (send to delivery report)
   and end to end (send to a consumer's poll, same process and clock), p50 and p99;
-- one request at a time: a one-record produce and a flush, repeated, p50 and p99.
+- one request at a time: a one-record produce and a flush, repeated, p50 and p99;
+- a new producer's first acknowledgement: `--new-producers` producers made one after
+  another, each sending one record to every partition, timed from the first send to the
+  last delivery report (bootstrap connection, ApiVersions, Metadata, the leaders'
+  connections and the produce requests), p50 and p99.
 
     .venv/bin/python benchmarks/kafka_protocol_bench.py [--records N] [--value-bytes B] [--rate R]
 """
@@ -210,6 +214,25 @@ def one_at_a_time(bootstrap: str, topic: str, requests: int) -> list[float]:
     return times
 
 
+def new_producers(bootstrap: str, topic: str, producers: int) -> list[float]:
+    """ms from a new producer's first send to its last delivery report, one record to each
+    partition, for `producers` producers made one after another."""
+    times = []
+    for _ in range(producers):
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+                                             **LATENCY_PRODUCER})
+        delivered: list[float] = []
+        start = time.perf_counter()
+        for p in range(PARTITIONS):
+            producer.produce(topic, value=bytes(100), partition=p,
+                             on_delivery=lambda err, _: delivered.append(time.perf_counter()) if err is None else None)
+        producer.flush(30)
+        if len(delivered) != PARTITIONS:
+            raise RuntimeError(f"a new producer had {len(delivered)} of {PARTITIONS} records delivered")
+        times.append((max(delivered) - start) * 1000)
+    return times
+
+
 def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
     """Waits until the machine is quiet (under `busy_below` of its cores busy) or `max_s`
     passed, so that what a broker still does after a phase (processes starting, replicas
@@ -257,16 +280,19 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     with frozen_heap():
         acks, end_to_end = latency_at_rate(bootstrap, topic + "-latency", args.latency_records, args.rate)
         single = one_at_a_time(bootstrap, topic + "-latency", args.single_requests)
+        first_acks = new_producers(bootstrap, topic + "-latency", args.new_producers)
     row = {"broker": name, "produce": records / produce_s, "produce_mb": mb / produce_s,
            "consume": records / consume_s, "consume_mb": mb / consume_s, "cold_consume": warmup_records / cold_consume_s,
            "ack_p50": percentile(acks, 0.5), "ack_p99": percentile(acks, 0.99),
            "e2e_p50": percentile(end_to_end, 0.5), "e2e_p99": percentile(end_to_end, 0.99),
-           "single_p50": percentile(single, 0.5), "single_p99": percentile(single, 0.99)}
+           "single_p50": percentile(single, 0.5), "single_p99": percentile(single, 0.99),
+           "new_p50": percentile(first_acks, 0.5), "new_p99": percentile(first_acks, 0.99)}
     if len(end_to_end) < args.latency_records:
         print(f"  {name}: only {len(end_to_end)} of {args.latency_records} records reached the consumer", flush=True)
     print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s "
           f"(cold: {row['cold_consume']:,.0f}), "
-          f"end to end p99 {row['e2e_p99']:.1f} ms, one request p50 {row['single_p50']:.2f} ms", flush=True)
+          f"end to end p99 {row['e2e_p99']:.1f} ms, one request p50 {row['single_p50']:.2f} ms, "
+          f"a new producer's first acknowledgement p50 {row['new_p50']:.1f} ms", flush=True)
     return row
 
 
@@ -339,6 +365,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1_000, help="records/s of the latency phase")
     parser.add_argument("--latency-records", type=int, default=2_000)
     parser.add_argument("--single-requests", type=int, default=300)
+    parser.add_argument("--new-producers", type=int, default=20)
     parser.add_argument("--warmup-records", type=int, default=200_000,
                         help="records produced to, and read once from, every broker before it is timed")
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
@@ -371,18 +398,20 @@ def main() -> None:
               f"{r['cold_consume']:>13,.0f} {r['cold_consume'] / kafka['cold_consume']:>8.2f}")
     print()
     print(f"{'broker':<28} {'ack p50 ms':>11} {'ack p99':>8} {'e2e p50 ms':>11} {'e2e p99':>8} "
-          f"{'one request p50 ms':>19} {'p99':>6}")
+          f"{'one request p50 ms':>19} {'p99':>6} {'new producer p50 ms':>20} {'p99':>6}")
     for r in rows:
         print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
-              f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f}")
+              f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f} {r['new_p50']:>20.1f} {r['new_p99']:>6.1f}")
     # For benchmarks/plot.py: each printed column as a series over the brokers.
     columns = {"produce_rec_s": "produce", "produce_mb_s": "produce_mb", "consume_rec_s": "consume",
                "consume_mb_s": "consume_mb", "cold_consume_rec_s": "cold_consume", "ack_p50_ms": "ack_p50",
                "ack_p99_ms": "ack_p99", "e2e_p50_ms": "e2e_p50", "e2e_p99_ms": "e2e_p99",
-               "single_p50_ms": "single_p50", "single_p99_ms": "single_p99"}
+               "single_p50_ms": "single_p50", "single_p99_ms": "single_p99",
+               "new_producer_p50_ms": "new_p50", "new_producer_p99_ms": "new_p99"}
     record("kafka_protocol_bench", {
         "records": args.records, "value_bytes": args.value_bytes, "rate": args.rate,
         "latency_records": args.latency_records, "single_requests": args.single_requests,
+        "new_producers": args.new_producers,
         **{series: {r["broker"]: r[key] for r in rows} for series, key in columns.items()},
     })
 
