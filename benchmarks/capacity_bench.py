@@ -30,7 +30,6 @@ import argparse
 import collections
 import os
 import sys
-import tempfile
 import time
 
 import ray
@@ -44,6 +43,7 @@ from results import record  # noqa: E402  (beside this script)
 import rayk  # noqa: E402
 from rayk.errors import KafkaError, PolicyViolationError  # noqa: E402
 from rayk.server import replica_capacity as rc  # noqa: E402
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 BROKERS = 3
 MiB = 1 << 20
@@ -133,7 +133,7 @@ def main() -> None:
     config.update(setting.split("=", 1) for setting in args.config)
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     used_before = used_memory_bytes()
-    cluster = rayk.start(brokers=BROKERS, data_dir=tempfile.mkdtemp(prefix="rayk-capacity-"), config=config)
+    cluster = rayk.start(brokers=BROKERS, data_dir=scratch_dir(prefix="rayk-capacity-"), config=config)
     try:
         print(f"1. replicas per node before refusal: {BROKERS * cap} ({refusal_point(cluster, cap)})")
         partitions = args.fill or cap

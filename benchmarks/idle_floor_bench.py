@@ -28,7 +28,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import ray
@@ -38,6 +37,7 @@ import kafka_protocol_bench as kpb  # noqa: E402
 from latency_cpu_bench import machine_busy_s, process_cpu_s, processes  # noqa: E402
 
 import rayk  # noqa: E402
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 BARE_ACTORS = 4
 CALLED_ACTORS = 20
@@ -122,7 +122,7 @@ def periodic_calls(window_s: float) -> None:
 
 
 def start_bench_cluster() -> rayk.Cluster:
-    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-idle-floor-"),
+    cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-idle-floor-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     for topic in BENCH_TOPICS:
         cluster.create_topic(topic, num_partitions=kpb.PARTITIONS, replication_factor=3)

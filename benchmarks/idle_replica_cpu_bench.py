@@ -26,7 +26,6 @@ import collections
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import ray
@@ -37,6 +36,7 @@ from latency_cpu_bench import machine_busy_s, process_cpu_s, processes  # noqa: 
 
 import rayk  # noqa: E402
 from rayk.errors import KafkaTimeoutError  # noqa: E402
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 TOPIC = "idle"
 
@@ -114,7 +114,7 @@ def main() -> None:
     config = {"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2}
     config.update(setting.split("=", 1) for setting in args.config)
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-idle-"), config=config)
+    cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-idle-"), config=config)
     t0 = time.monotonic()
     topics = [f"{TOPIC}-{i}" for i in range(-(-args.partitions // args.partitions_per_topic))]
     for i, topic in enumerate(topics):  # in steps: ~200 replica processes starting at once swamp 2 cores

@@ -38,7 +38,6 @@ import os
 import pstats
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -47,6 +46,7 @@ import ray
 from ray._private.state import actors as actor_table
 
 import rayk
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -166,7 +166,7 @@ def main() -> None:
                         help="the producer alone: the CPU of the acks=all requests (the followers' fetches included), without a consumer's")
     args = parser.parse_args()
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-cpu-"),
+    cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-cpu-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     cluster.create_topic("latency", num_partitions=3, replication_factor=3)
     bootstrap, stop, sent = cluster.bootstrap_servers, threading.Event(), [0]

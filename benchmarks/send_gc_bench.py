@@ -32,7 +32,6 @@ import collections
 import functools
 import gc
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +41,7 @@ import ray
 
 import rayk
 from rayk.perf import run_produce_perf
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 RECORD_BYTES = 100
 
@@ -128,7 +128,7 @@ def main() -> None:
     namespace = f"rayk-bench-{uuid.uuid4().hex[:8]}"
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
              log_to_driver=False)
-    cluster = rayk.start(brokers=3, data_dir=Path(tempfile.mkdtemp(prefix="rayk-send-gc-")), namespace=namespace)
+    cluster = rayk.start(brokers=3, data_dir=Path(scratch_dir(prefix="rayk-send-gc-")), namespace=namespace)
     try:
         topic = "send-gc"
         cluster.create_topic(topic, 3, 3, {"min.insync.replicas": "2"})

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +39,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
 import rayk  # noqa: E402
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 VALUE_BYTES = 100
 
@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     ray.init(address="local", include_dashboard=False, log_to_driver=False,
              namespace=f"share-bench-{uuid.uuid4().hex[:6]}")
-    data_dir = tempfile.mkdtemp(prefix="rayk-share-bench-")
+    data_dir = scratch_dir(prefix="rayk-share-bench-")
     cluster = rayk.start(brokers=3, data_dir=data_dir, config={"group.initial.rebalance.delay.ms": 0, **dict(c.split("=", 1) for c in args.config)})
     try:
         topic = "share-bench"

@@ -30,7 +30,6 @@ import collections
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 
@@ -43,6 +42,7 @@ from latency_cpu_bench import process_cpu_s  # noqa: E402
 from results import record  # noqa: E402  (beside this script)
 
 import rayk  # noqa: E402
+from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 WINDOW_S = 0.1
 BUSY_WINDOW_CPU_S = 0.02  # a window where the agent took a fifth of a core or more
@@ -108,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    cluster = rayk.start(brokers=3, data_dir=tempfile.mkdtemp(prefix="rayk-tail-"),
+    cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-tail-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     try:
         for n in range(args.idle_topics):
