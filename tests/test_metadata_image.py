@@ -51,6 +51,19 @@ def test_the_image_answers_only_for_topics_it_holds_with_every_partition_led():
     assert image.answer([]) == {"cluster_id": "c", "brokers": {0: {"PLAINTEXT": ("127.0.0.1", 9092)}}, "topics": {}}
 
 
+def test_an_image_older_than_the_one_held_is_not_taken():
+    """The long poll and a refresh after a change made through the listener can answer out
+    of order: the later-arriving older one must not replace the newer image (the long
+    poll would then wait on the newer version while the image stays behind)."""
+    image = MetadataImage()
+    assert image.take(("a", 2), described({"new": [0]}))
+    assert not image.take(("a", 1), described({"old": [0]})), "an older answer that arrived late"
+    assert not image.take(("a", 2), described({"old": [0]}))
+    assert image.version == ("a", 2) and image.answer(["new"]) is not None and image.answer(["old"]) is None
+    assert image.take(("b", 0), described({"old": [0]})), "a restarted Controller counts again"
+    assert image.answer(["old"]) is not None
+
+
 class FakeController:
     """Answers `client_metadata` and `client_metadata_image` as the Controller, counting calls."""
 
@@ -130,6 +143,14 @@ def test_a_change_made_through_a_listener_is_answered_once_its_image_holds_it():
     assert held is not None and answer == {"responses": []} and gone is None
     assert answer_without_refresh == {"responses": ["kept"]}
 
+    async def cancelled(view: BrokerView, request: Any) -> dict:
+        raise asyncio.CancelledError  # the client's connection went while it ran
+
+    lookups = controller.calls["client_metadata_image"]
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_then_refresh_metadata(cancelled)(view, None))
+    assert controller.calls["client_metadata_image"] == lookups, "a cancelled request refreshes nothing"
+
 
 # ---------------------------------------------------------------------------- on a cluster
 
@@ -158,19 +179,32 @@ def partition_counts(connection: RawConnection, names: list[str]) -> dict[str, t
     return {t.name: (t.error_code.value, len(t.partitions)) for t in metadata_of(connection, names).topics}
 
 
+def settled(controller: Any) -> bool:
+    """Whether what Metadata answers stayed the same for a second (leaders taking up their
+    epochs after the cluster started move it too)."""
+    version, _ = ray.get(controller.client_metadata_image.remote())
+    return ray.get(controller.client_metadata_image.remote(version, 1_000)) is None
+
+
 def test_the_image_lookup_is_a_long_poll_woken_by_commits_and_by_a_broker_s_listeners(cluster):
     controller = cluster.controller
+    wait_until(lambda: settled(controller), 60, "the cluster's metadata to settle")
     image = assert_lookup_is_a_long_poll(controller, "client_metadata_image",
                                          lambda: cluster.create_topic("long-poll", num_partitions=1, replication_factor=3))
     assert "long-poll" in image["topics"]
     # A broker's listeners moving is no commit (update_endpoints), and still wakes it.
+    wait_until(lambda: settled(controller), 60, "the new topic's leader to take up its epoch")
     version, _ = ray.get(controller.client_metadata_image.remote())
     held = controller.client_metadata_image.remote(version, 60_000)
     assert ray.wait([held], timeout=0.5)[0] == []
     broker = next(b for b in cluster.brokers() if b["broker_id"] == 0)
-    ray.get(controller.update_endpoints.remote(0, broker["epoch"], broker["endpoints"]))
-    new_version, _ = ray.get(held, timeout=30)
-    assert new_version > version
+    moved = {name: (host, port + 1) for name, (host, port) in broker["endpoints"].items()}
+    try:
+        ray.get(controller.update_endpoints.remote(0, broker["epoch"], moved))
+        new_version, image = ray.get(held, timeout=30)
+        assert new_version > version and image["brokers"][0] == moved
+    finally:
+        ray.get(controller.update_endpoints.remote(0, broker["epoch"], broker["endpoints"]))
 
 
 def test_a_change_made_through_a_listener_is_in_its_next_metadata_answer(cluster):

@@ -80,8 +80,11 @@ class BrokerHeartbeatManager:
     """Sessions, heartbeats and liveness of the brokers registered with this Controller."""
 
     def __init__(self, cluster: ClusterControlManager, session_timeout_ms: int, heartbeat_interval_ms: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 on_endpoints_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+        """`on_endpoints_change` is called whenever `endpoints` changes."""
         self._cluster = cluster
+        self._on_endpoints_change = on_endpoints_change
         self._session_timeout_s = session_timeout_ms / 1000
         self._late_fence_s = self._session_timeout_s * LATE_FENCE_SESSIONS
         self._heartbeat_interval_s = heartbeat_interval_ms / 1000
@@ -126,6 +129,7 @@ class BrokerHeartbeatManager:
         for per_broker in (self._last_heartbeat_s, self._fenced_since_s, self.endpoints, self.node_memory_bytes,
                            self.node_cpus):  # fmt: skip
             per_broker.pop(broker_id, None)
+        self._on_endpoints_change()
         self._late.discard(broker_id)
         watch = self._watches.pop(broker_id, None)
         if watch is not None and watch.task is not None:
@@ -146,6 +150,7 @@ class BrokerHeartbeatManager:
             self.endpoints.pop(broker_id, None)
         else:
             self.endpoints[broker_id] = {str(name): (str(host), int(port)) for name, (host, port) in endpoints.items()}
+        self._on_endpoints_change()
 
     # ------------------------------------------------------------------ heartbeats and sessions
 

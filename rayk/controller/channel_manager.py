@@ -94,10 +94,14 @@ class ControllerChannelManager:
         leader_handle = None
         if state.leader != NO_LEADER and self._sessions.is_attached(state.leader):
             leader_handle = await self._push_to(state.leader, assignment(None))
-            if leader_handle is not None and topic in self._meta.topics:
-                if self._leading_in.get((topic, partition)) != state.leader_epoch:
-                    self._leading_in[(topic, partition)] = state.leader_epoch
-                    self._on_leading_change()
+            # Only forward, and only for the topic still there (not one made again since): a
+            # slower push of an older epoch answering after a newer one must not leave
+            # Metadata naming no leader (nothing would push the partition again).
+            current = self._meta.topics.get(topic)
+            newer = state.leader_epoch > self._leading_in.get((topic, partition), -1)
+            if leader_handle is not None and current is not None and current.topic_id == meta.topic_id and newer:
+                self._leading_in[(topic, partition)] = state.leader_epoch
+                self._on_leading_change()
         followers = [b for b in state.replicas if b != state.leader and self._sessions.is_attached(b)]
         await asyncio.gather(*(self._push_to(b, assignment(leader_handle)) for b in followers))
 

@@ -123,9 +123,11 @@ class Controller:
         # (`client_metadata_image`). The incarnation tells a restarted Controller's count apart.
         self._client_view_version = 0
         self._client_view_changed = Wakeup()
+        self._client_view_built: tuple[tuple[str, int], dict[str, Any]] | None = None
         self._incarnation = new_uuid()
         self._sessions = BrokerHeartbeatManager(
-            self._meta.cluster, c.broker_session_timeout_ms, c.broker_heartbeat_interval_ms
+            self._meta.cluster, c.broker_session_timeout_ms, c.broker_heartbeat_interval_ms,
+            on_endpoints_change=self._client_view_moved,
         )
         self._channels = ControllerChannelManager(self._meta, self._sessions, 2 * c.broker_session_timeout_ms / 1000,
                                                   self._client_view_moved)  # fmt: skip
@@ -290,7 +292,6 @@ class Controller:
         """A broker restarted its Kafka listeners (they died), maybe on other ports."""
         self._sessions.check_epoch(broker_id, broker_epoch)
         self._sessions.set_endpoints(broker_id, endpoints)
-        self._client_view_moved()
 
     async def heartbeat(self, broker_id: int, broker_epoch: int) -> str:
         """Answers "ok", "reregister" (fenced, or unknown to this Controller session) or "stale"."""
@@ -677,14 +678,18 @@ class Controller:
         def version() -> tuple[str, int]:
             return self._incarnation, self._client_view_version
 
+        await self._until_changed(version, known_version, wait_ms, lambda: self._client_view_changed)
         if version() == known_version:
-            await self._until_changed(version, known_version, wait_ms, lambda: self._client_view_changed)
-            if version() == known_version:
-                return None
-            # Woken by a change: the changes right behind it (a push of many partitions takes
-            # up their leaders one by one) go into the same answer, not one image each.
+            return None
+        if wait_ms > 0:
+            # A long poll answers a little late, so the changes right behind this one (a push
+            # of many partitions takes up their leaders one by one) go into the same answer,
+            # and a listener behind a burst fetches at most one image per linger.
             await asyncio.sleep(CLIENT_METADATA_LINGER_MS / 1000)
-        return version(), self._view.client_metadata(None)
+        current = version()
+        if self._client_view_built is None or self._client_view_built[0] != current:
+            self._client_view_built = current, self._view.client_metadata(None)  # one build for every listener
+        return self._client_view_built
 
     # ------------------------------------------------------------------ brokers
 

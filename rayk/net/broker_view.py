@@ -139,13 +139,10 @@ class BrokerView:
     async def refresh_metadata_image(self, wait_ms: int = 0) -> bool:
         """Takes the Controller's `client_metadata` of every topic if it changed since the
         image's version; with `wait_ms`, waits that long at the Controller for a change.
-        Whether it took one."""
+        Whether it took one (not an answer older than the image: MetadataImage.take)."""
         found = await self.ask_controller("client_metadata_image", self.metadata_image.version, wait_ms,
                                           timeout_ms=wait_ms + METADATA_LOOKUP_TIMEOUT_MS)
-        if found is None:
-            return False
-        self.metadata_image.take(*found)
-        return True
+        return found is not None and self.metadata_image.take(*found)
 
     async def client_metadata(self, topics: list[str] | None) -> dict[str, Any]:
         """What the Controller's `client_metadata(topics)` answers: from the image where it

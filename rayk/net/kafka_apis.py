@@ -18,6 +18,7 @@ request_percentage (not an acks=0 Produce, as in Kafka).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -36,21 +37,30 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[BrokerView, Request], Awaitable[Any]]
 CLOSE_CONNECTION = data_apis.CLOSE_CONNECTION
+METADATA_REFRESH_TIMEOUT_MS = 1_000  # an admin change's answer waits no longer for the listener's image
 
 
 def _then_refresh_metadata(handler: Handler) -> Handler:
     """`handler`, answered once this listener's metadata image holds what it changed (a
     client reading Metadata from this listener next sees the topic gone, its new
-    partitions, its new leaders). A failed refresh leaves the image to its long poll."""
+    partitions, its new leaders), also after an error (a change may have been made). A
+    refresh that fails or takes over METADATA_REFRESH_TIMEOUT_MS leaves the image to its
+    long poll; a cancelled handler (its connection went) refreshes nothing."""
 
     async def handle(view: BrokerView, request: Request) -> Any:
+        cancelled = False
         try:
             return await handler(view, request)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
-            try:
-                await view.refresh_metadata_image()
-            except Exception as e:
-                logger.debug("the metadata image was not refreshed after %s: %r", handler.__name__, e)
+            if not cancelled:
+                try:
+                    async with asyncio.timeout(METADATA_REFRESH_TIMEOUT_MS / 1000):
+                        await view.refresh_metadata_image()
+                except Exception as e:
+                    logger.debug("the metadata image was not refreshed after %s: %r", handler.__name__, e)
 
     return handle
 

@@ -28,10 +28,16 @@ class MetadataImage:
         self.version: tuple[str, int] | None = None
         self._described: dict[str, Any] | None = None
 
-    def take(self, version: tuple[str, int], described: dict[str, Any]) -> None:
-        """A newer image from the Controller (a restarted one counts again: its version
-        names its incarnation, so any version other than the one held is taken)."""
+    def take(self, version: tuple[str, int], described: dict[str, Any]) -> bool:
+        """Takes an image from the Controller unless it is older than the one held (two
+        lookups can answer out of order: the long poll and a refresh after a change made
+        here); whether it took it. A restarted Controller counts again under a new
+        incarnation, so an image of another incarnation is always taken."""
+        held = self.version
+        if held is not None and held[0] == version[0] and version[1] <= held[1]:
+            return False
         self.version, self._described = version, described
+        return True
 
     def answer(self, topics: list[str]) -> dict[str, Any] | None:
         """`client_metadata(topics)` as the image has it, or None when the image cannot
