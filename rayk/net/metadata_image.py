@@ -4,9 +4,8 @@ MetadataCache, which every broker keeps from the metadata log).
 The listener takes it with a long poll (`Controller.client_metadata_image`), which the
 Controller answers when a commit, a leader taking up its epoch or a broker's listeners
 change it, so a client's Metadata request is answered in the listener's own process
-instead of by a Ray call to the Controller (2.4-7.6 ms of a new producer's first
-acknowledgement on this machine, and every client's Metadata went through the one
-Controller actor).
+instead of by a Ray call to the one Controller actor (one topic's Metadata: 200 µs
+instead of 1,760, and no Controller CPU instead of ~700 µs; metadata_request_bench.py).
 
 Like Kafka's brokers, the image may be a little behind the Controller: a client sent to
 a leader that moved meanwhile gets NOT_LEADER_OR_FOLLOWER and asks again. What a client
