@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import pytest
 
 from rayk.errors import RecordBatchTooLargeError
-from rayk.storage import Log, LogConfig
+from rayk.storage import Log, LogConfig, segment
 from rayk.storage.file_slice import FileSlice
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
 
@@ -177,6 +177,50 @@ class LogMachine(RuleBasedStateMachine):
                         assert sliced.records == read.records == b""
 
     @invariant()
+    def reads_return_the_batches_the_model_says(self) -> None:
+        """Log.read, plain and sliced, against the model itself: whole batches from the one
+        holding the offset, within `max_bytes` (the first whatever its size), each ending
+        below `max_offset`. The tail's reads come from the segment's kept locations, the
+        rest from its index and headers: both are held to this."""
+        log = self.log
+        offsets = {b.base_offset for b in self.batches[-5:]} | {b.next_offset - 1 for b in self.batches[:3]}
+        offsets |= {self.batches[len(self.batches) // 2].base_offset + 1} if self.batches else set()
+        for offset in sorted(o for o in offsets | {self.leo} if o <= self.leo):
+            for max_bytes in (1, 70, 333, 1500):
+                for max_offset in (None, self.leo - 1, offset + 2):
+                    expected_values, expected_next, expected_bytes = self.model_read(offset, max_bytes, max_offset)
+                    for slice_min_bytes in (None, 1):
+                        result = log.read(offset, max_bytes, max_offset=max_offset, slice_min_bytes=slice_min_bytes)
+                        records = result.records
+                        data = records.read() if isinstance(records, FileSlice) else records
+                        if isinstance(records, FileSlice):
+                            records.close()
+                        values = [r.value for batch in iter_batches(data) for r in batch.records()]
+                        assert (values, result.next_offset, len(data)) == (
+                            expected_values, expected_next, expected_bytes), (offset, max_bytes, max_offset, slice_min_bytes)
+
+    def model_read(self, offset: int, max_bytes: int, max_offset: int | None) -> tuple[list[bytes], int, int]:
+        """What Log.read(offset, max_bytes, max_offset) returns by the model: values, next
+        offset, size in bytes. A read ends with the segment that holds its first batch, as Kafka's does."""
+        following = [b for b in self.batches if b.next_offset > offset]
+        if following:
+            later_segments = [base for base in self.log.segment_base_offsets if base > following[0].base_offset]
+            if later_segments:
+                following = [b for b in following if b.base_offset < later_segments[0]]
+        values: list[bytes] = []
+        next_offset, total_bytes = offset, 0
+        for i, b in enumerate(following):
+            if max_offset is not None and b.next_offset - 1 >= max_offset:
+                break
+            if i > 0 and total_bytes + b.size_bytes > max_bytes:
+                break
+            values += b.values
+            next_offset, total_bytes = b.next_offset, total_bytes + b.size_bytes
+            if total_bytes >= max_bytes:
+                break
+        return values, next_offset, total_bytes
+
+    @invariant()
     def segments_start_where_the_previous_ended(self) -> None:
         bases = self.log.segment_base_offsets
         assert bases == sorted(set(bases))
@@ -191,3 +235,23 @@ LogMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_log_against_model = LogMachine.TestCase
+
+
+class ShortMemoryLogMachine(LogMachine):
+    """The same, with an active segment that keeps the locations of its last one or two
+    batches (RECENT_BATCHES 1), so reads start in the kept tail, before it and across it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kept = segment.RECENT_BATCHES
+        segment.RECENT_BATCHES = 1
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            segment.RECENT_BATCHES = self._kept
+
+
+ShortMemoryLogMachine.TestCase.settings = LogMachine.TestCase.settings
+test_log_against_model_with_a_short_memory = ShortMemoryLogMachine.TestCase

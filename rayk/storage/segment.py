@@ -98,9 +98,11 @@ class LogSegment:
         self._first_batch_timestamp_ms: int | None = None
         self._next_offset: int | None = None  # cached end of the segment; None: not read yet
         # The last appended batches (at most 2 x RECENT_BATCHES, the newest RECENT_BATCHES
-        # after a trim), in order and up to the end of the file, and their last offsets.
+        # after a trim), in order and up to the end of the file, their last offsets and
+        # where each ends (plain ints, so bisect needs no key function).
         self._recent: list[BatchLocation] = []
         self._recent_last_offsets: list[int] = []
+        self._recent_ends: list[int] = []
 
     # ------------------------------------------------------------------ properties
 
@@ -158,14 +160,15 @@ class LogSegment:
         written = 0
         while written < len(view):
             written += os.pwrite(self._fd, view[written:], position + written)
-        recent, recent_last_offsets = self._recent, self._recent_last_offsets
+        recent, recent_last_offsets, recent_ends = self._recent, self._recent_last_offsets, self._recent_ends
         for header in headers:
             self._index_batch(header, position)
             recent.append(BatchLocation(position, header))
             recent_last_offsets.append(header.last_offset)
             position += header.size_bytes
+            recent_ends.append(position)
         if len(recent) > 2 * RECENT_BATCHES:
-            del recent[:-RECENT_BATCHES], recent_last_offsets[:-RECENT_BATCHES]
+            del recent[:-RECENT_BATCHES], recent_last_offsets[:-RECENT_BATCHES], recent_ends[:-RECENT_BATCHES]
         self._size = position
         self._next_offset = headers[-1].next_offset
 
@@ -216,6 +219,19 @@ class LogSegment:
                 return location
         return None
 
+    def _kept_extent(self, position: int, limit: int) -> tuple[int, int] | None:
+        """(end, offset after it) of the last whole batch between `position` (a batch's
+        start) and `limit`, from the kept locations alone, when they reach back to
+        `position` and at least its batch fits; None otherwise (walk the file). The kept
+        batches run to the end of the file, so none is missed between them."""
+        recent = self._recent
+        if not recent or position < recent[0].position:
+            return None
+        i = bisect.bisect_right(self._recent_ends, limit) - 1
+        if i < 0 or recent[i].position < position:
+            return None
+        return self._recent_ends[i], recent[i].header.next_offset
+
     def read(
         self, start_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool
     ) -> tuple[bytes, int] | None:
@@ -234,6 +250,13 @@ class LogSegment:
             if not min_one_batch:
                 return b"", start_offset
             return os.pread(self._fd, first.size_bytes, location.position), first.next_offset
+        if self._recent and location.position >= self._recent[0].position:  # the tail: no header walk
+            limit = min(self._size, location.position + max_bytes)
+            if max_offset is not None and (stop := self.translate_offset(max_offset)) is not None:
+                limit = min(limit, stop.position)
+            kept = self._kept_extent(location.position, limit)
+            if kept is not None:
+                return os.pread(self._fd, kept[0] - location.position, location.position), kept[1]
         chunk = os.pread(self._fd, min(max_bytes, self._size - location.position), location.position)
         # Keep only whole batches below max_offset: walk the headers inside the chunk.
         end, next_offset = 0, start_offset
@@ -269,15 +292,17 @@ class LogSegment:
             stop = self.translate_offset(max_offset)  # batches before it all end below max_offset
             if stop is not None:
                 limit = min(limit, stop.position)
+        kept = self._kept_extent(position, limit)
+        if kept is not None:  # the tail, where followers and consumers read: no header walk
+            return position, kept[0] - position, kept[1]
         # Walk the headers from the last batch start known to be at or below the limit: a
         # kept location whose batch fits, or an index entry (where the walk starts again
         # from the entry before if the batch there does not fit, to learn where the last
         # one that does ends).
         start = max(position, self.offset_index.position_at_or_below(limit))
-        recent = self._recent
-        i = bisect.bisect_right(recent, limit, key=lambda r: r.position + r.header.size_bytes) - 1
+        i = bisect.bisect_right(self._recent_ends, limit) - 1
         if i >= 0:
-            start = max(start, recent[i].position)
+            start = max(start, self._recent[i].position)
         while True:
             end, next_offset = position, start_offset
             for batch in self._batches_from(start, OFFSET_SCAN_CHUNK_BYTES):
@@ -419,7 +444,7 @@ class LogSegment:
     def _forget_recent(self) -> None:
         """The file changed other than by an append (the kept locations may be gone), or
         the segment stopped being active."""
-        self._recent, self._recent_last_offsets = [], []
+        self._recent, self._recent_last_offsets, self._recent_ends = [], [], []
 
     # ------------------------------------------------------------------ lifecycle
 
