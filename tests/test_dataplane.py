@@ -556,7 +556,7 @@ def test_an_endpoint_that_cannot_prove_the_secret_is_refused():
     asyncio.run(go())
 
 
-def test_an_oversized_or_unknown_frame_closes_the_connection_and_the_endpoint_serves_on():
+def test_an_oversized_or_unknown_frame_closes_the_connection_and_the_endpoint_serves_on(caplog):
     async def go():
         echo = Echo()
         endpoint, address = await opened(echo)
@@ -572,6 +572,10 @@ def test_an_oversized_or_unknown_frame_closes_the_connection_and_the_endpoint_se
         await endpoint.close()
 
     asyncio.run(go())
+    warned = [r.getMessage() for r in caplog.records if "closing the data plane connection" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert f"a frame of {frames.MAX_FRAME_BYTES + 1} bytes, over the limit of {frames.MAX_FRAME_BYTES}" in warned[0]
+    assert "99" in warned[1]  # the unknown kind
 
 
 def test_requests_in_flight_fail_with_network_error_when_the_endpoint_goes():

@@ -304,3 +304,54 @@ def test_a_frame_callback_that_raises_ends_the_delivery_logged(caplog):
     got, ended = asyncio.run(main())
     assert got == [b"one"] and ended == ["a frame that could not be taken: ValueError: a bug"]
     assert "callback raised" in caplog.text
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), bodies=st.lists(sizes, min_size=0, max_size=10),
+       chunks=st.lists(st.integers(1, 3 * STAGING_BYTES), min_size=1, max_size=6),
+       yields=st.lists(st.booleans(), min_size=1, max_size=6), ending=st.sampled_from(["eof", "broken"]))  # fmt: skip
+def test_frames_held_back_come_in_order_once_released_and_the_end_after_them(seed, bodies, chunks, yields, ending):
+    """hold_frames / release_frames (the endpoint's bound on requests in flight): nothing is
+    handed out while held, every frame comes in order once released (the transport pausing
+    while staging is full meanwhile), and the end of the stream is told only once released,
+    after the frames that came before it."""
+    rng = random.Random(seed)
+    sent = [rng.randbytes(n) for n in bodies]
+    data = b"".join(frames.SIZE.pack(len(b)) + b for b in sent)
+
+    async def main() -> tuple[list[bytes], list[str]]:
+        protocol, transport = connected()
+        reader = protocol.reader
+        got: list[bytes] = []
+        ended: list[str] = []
+        held = False
+
+        def take(body: bytes | memoryview) -> None:
+            nonlocal held
+            assert not held, "a frame handed out while held"
+            got.append(bytes(body))
+            if rng.random() < 0.5:
+                held = True
+                reader.hold_frames()
+
+        reader.deliver_frames(take, ended.append, 3 * STAGING_BYTES)
+        feeding = asyncio.ensure_future(feed(protocol, transport, data, chunks, yields, eof=False))
+        while not feeding.done():  # answers written now and then, each releasing the frames
+            await asyncio.sleep(0)
+            if held and rng.random() < 0.3:
+                held = False
+                reader.release_frames()
+        await feeding
+        if ending == "broken":
+            protocol.connection_lost(ConnectionResetError("reset"))
+        else:
+            protocol.eof_received()
+        while held:
+            assert ended == [], "the end told while frames are held back"
+            held = False
+            reader.release_frames()
+        return got, ended
+
+    got, ended = asyncio.run(main())
+    assert got == sent
+    assert ended == ["the connection broke: reset" if ending == "broken" else "the peer closed the connection"]

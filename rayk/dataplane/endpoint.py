@@ -17,13 +17,15 @@ to make room for the newcomer (admission.py): idle sockets, however many and fro
 wherever (a follower's own node included), do not keep out a peer, which proves itself
 within a round trip.
 
-Per connection, once proven: a reader reads request frames and starts a task for each,
-which writes its answer, with the request's correlation id, the moment it is ready: a
-fetch long-polled at the replica holds up no produce behind it. The requests of one
-connection start in the order they arrived. At most `max_in_flight` of a connection are
-started and not yet answered; past that the reader stops reading and the socket's
-buffers push back on the peer; an answer's slot is free only once the peer has taken it
-(`drain`), so a slow follower or consumer never makes the endpoint buffer without bound.
+Per connection, once proven: each request frame starts a task as the event loop reads it
+(FrameReader's push mode, no reading task woken per frame), which writes its answer, with
+the request's correlation id, the moment it is ready: a fetch long-polled at the replica
+holds up no produce behind it. The requests of one connection start in the order they
+arrived. At most `max_in_flight` of a connection are started and not yet answered; past
+that the frames are held back (staged, and the transport stops reading once the staging
+buffer is full) and the socket's buffers push back on the peer; an answer's slot is free
+only once the peer has taken it (`drain`), so a slow follower or consumer never makes the
+endpoint buffer without bound.
 A fetch answer's records of SENDFILE_MIN_BYTES or more go from the log file to the
 socket by sendfile, without entering the process, where the connection is not TLS
 (answer_writer.py).
@@ -320,19 +322,51 @@ class Endpoint:
             self._refusal_logged_at, self._refused = now, 0
 
     async def _serve_requests(self, reader: FrameReader, writer: asyncio.StreamWriter, peer: object) -> None:
-        in_flight = asyncio.Semaphore(self._max_in_flight)
+        """Starts a task for each request frame as the event loop reads it (FrameReader's
+        push mode: no reading task woken per frame), holding the frames back while
+        `max_in_flight` are started and not answered; returns when the connection ends,
+        is idle too long, or sends a frame that does not parse."""
+        loop = asyncio.get_running_loop()
+        max_in_flight = self._max_in_flight
         started: set[asyncio.Task] = set()
+        ended: asyncio.Future[str | None] = loop.create_future()  # why, if it is worth a warning
         reading = asyncio.current_task()
         assert reading is not None, "served in a task of its own"
         last_active_s = time.monotonic()  # the last frame read or answer written
+        answers = answer_writer.AnswerWriter(writer, self._sendfile)
 
-        def answered(_: asyncio.Task) -> None:
+        def answered(task: asyncio.Task) -> None:
             nonlocal last_active_s
+            started.discard(task)
             last_active_s = time.monotonic()
-            in_flight.release()
+            if len(started) < max_in_flight:
+                reader.release_frames()
+
+        def on_frame(frame: bytes | memoryview) -> None:
+            nonlocal last_active_s
+            try:
+                correlation_id, kind, body = frames.parse_request(frame)
+            except frames.FrameError as e:
+                reader.hold_frames()  # nothing after it is served
+                if not ended.done():
+                    ended.set_result(str(e))
+                return
+            last_active_s = time.monotonic()
+            task = loop.create_task(self._answer(correlation_id, kind, body, answers, peer, reading))
+            started.add(task)
+            task.add_done_callback(answered)
+            if len(started) >= max_in_flight:
+                reader.hold_frames()  # released when an answer is written
+
+        def on_end(why: str) -> None:
+            """The reader's: the stream ended or broke (the peer went away: nothing to warn
+            of), or a frame's size is over the bound."""
+            if not ended.done():
+                oversize = why.startswith("a frame of ")
+                ended.set_result(f"{why}, over the limit of {frames.MAX_FRAME_BYTES}" if oversize else None)
 
         async def close_when_idle() -> None:
-            """Ends the reading once no request is in flight and nothing was read or
+            """Ends the serving once no request is in flight and nothing was read or
             answered for the idle timeout. A task of its own, as Connection's: a timeout
             around each read cost a timer per frame."""
             while True:
@@ -344,25 +378,16 @@ class Endpoint:
                     return
                 await asyncio.sleep(self._idle_timeout_s - idle_s if idle_s < self._idle_timeout_s else self._idle_timeout_s)
 
-        answers = answer_writer.AnswerWriter(writer, self._sendfile)
         idle_watch = asyncio.create_task(close_when_idle())
         try:
-            while True:
-                await in_flight.acquire()  # released when the request's answer is written
-                size = frames.SIZE.unpack(await reader.readexactly(frames.SIZE.size))[0]
-                if size > frames.MAX_FRAME_BYTES:
-                    raise frames.FrameError(f"a frame of {size} bytes is over the limit of {frames.MAX_FRAME_BYTES}")
-                correlation_id, kind, body = frames.parse_request(await reader.readexactly(size))
-                last_active_s = time.monotonic()
-                task = asyncio.create_task(self._answer(correlation_id, kind, body, answers, peer, reading))
-                started.add(task)
-                task.add_done_callback(started.discard)
-                task.add_done_callback(answered)
-        except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
-            pass  # the peer went away (or broke TLS), or an answer could not be written to it
-        except frames.FrameError as e:
-            logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, e)
+            reader.deliver_frames(on_frame, on_end, frames.MAX_FRAME_BYTES)
+            why = await ended
+            if why is not None:
+                logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, why)
+        except asyncio.CancelledError:
+            pass  # idle, the endpoint closing, or an answer that could not be written to the peer
         finally:
+            reader.hold_frames()  # nothing more starts
             idle_watch.cancel()
             for task in started:
                 task.cancel()

@@ -30,6 +30,11 @@ last bytes read (a peer gone that way has no use for its answers). A read cancel
 way through its own buffer loses those bytes: every later read raises
 ConnectionAbortedError (the data plane closes a connection whose read it cancels).
 
+Push mode (`deliver_frames`), what the Connection and the Endpoint use after the
+handshake: each whole frame is handed to a callback in the event loop's own callback, as
+it comes, with no task woken to read it; `hold_frames` / `release_frames` hold them back
+meanwhile (the Endpoint's bound on requests in flight), with the same flow control.
+
 `FrameReader` keeps StreamReader's contract for what the data plane uses: `readexactly`
 (raising IncompleteReadError at the end of the stream, or the connection's error),
 `exception`, one waiting reader at a time; `FrameProtocol` keeps StreamReaderProtocol's
@@ -73,6 +78,7 @@ class FrameReader:
         self._on_frame: Callable[[bytes | memoryview], None] | None = None
         self._on_end: Callable[[str], None] | None = None
         self._max_frame_bytes = 0
+        self._held = False  # push mode: hand out nothing until release_frames
 
     # ------------------------------------------------------------------ the reading side
 
@@ -122,6 +128,20 @@ class FrameReader:
         self._on_frame, self._on_end, self._max_frame_bytes = on_frame, on_end, max_frame_bytes
         self._push()
 
+    def hold_frames(self) -> None:
+        """Push mode: hands out nothing more until `release_frames` (the caller's bound on
+        frames in flight). What comes meanwhile is staged, and once the staging buffer is
+        full the transport stops reading, as when nobody reads; the end of the stream is
+        told after the frames before it."""
+        self._held = True
+
+    def release_frames(self) -> None:
+        """Push mode: hands out what came while held, then goes on as it came."""
+        if self._held:
+            self._held = False
+            if self._on_frame is not None:
+                self._push()
+
     def _push(self) -> None:
         """Hands out every whole frame there is (push mode). A callback that raises all the
         same (a bug) ends the delivery, logged, as a reader task that raised would end."""
@@ -132,8 +152,7 @@ class FrameReader:
             self._end_push(f"a frame that could not be taken: {type(e).__name__}: {e}")
 
     def _push_frames(self) -> None:
-        on_frame = self._on_frame
-        while on_frame is not None:
+        while (on_frame := self._on_frame) is not None and not self._held:
             own = self._own
             if own is not None:
                 if self._own_filled < len(own):
@@ -164,6 +183,8 @@ class FrameReader:
                 break  # the rest of a small frame is still to come
         if self._paused:
             self._maybe_resume()
+        if self._held:
+            return  # the end, if it came, is told once what came before it is handed out
         if self._exception is not None:
             self._end_push(f"the connection broke: {self._exception or type(self._exception).__name__}")
         elif self._eof:
