@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from rayk import errors
 from rayk.dataplane import endpoint as endpoint_module
-from rayk.dataplane import frame_reader, frames, handshake, tls
+from rayk.dataplane import answer_writer, frame_reader, frames, handshake, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
@@ -324,6 +325,77 @@ def test_an_answer_that_does_not_parse_breaks_the_connection(damage):
         theirs.close()
 
     asyncio.run(go())
+
+
+class CountingTransport:
+    """A transport that counts the writes it is asked for (each is a send of its own on
+    uvloop, and a wake-up of the peer), passing everything on."""
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self._transport, self.writes = transport, 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self._transport.write(data)  # type: ignore[attr-defined]
+
+    def writelines(self, parts: Any) -> None:
+        self.writes += 1
+        self._transport.writelines(parts)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+@pytest.mark.parametrize("record_bytes", [10, 64 * 1024])
+def test_a_request_of_several_parts_goes_to_the_socket_in_one_write(record_bytes):
+    """A PRODUCE request's parts (its head, its records) are written in one call: one
+    buffer when small, the parts as they are (not copied) when large."""
+    records = os.urandom(record_bytes)
+
+    async def go() -> bytes:
+        ours, theirs = socket.socketpair()
+        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
+        counting = CountingTransport(transport)
+        connection = Connection(*frame_reader.streams_of(counting, protocol), "test", max_in_flight=4)  # type: ignore[arg-type]
+        parts = frames.encode_produce_request([ProduceRequest(records, -1, 1000)])
+        assert len(parts) == 2
+        await connection.request(frames.PRODUCE, parts, answered=False)
+        assert counting.writes == 1
+        theirs.setblocking(True)
+        expected = frames.request_frame_head(0, frames.PRODUCE, sum(map(len, parts))) + b"".join(parts)
+        got = b""
+        while len(got) < len(expected):
+            got += theirs.recv(1 << 20)
+        connection.close()
+        theirs.close()
+        return got, expected
+
+    got, expected = asyncio.run(go())
+    assert got == expected
+
+
+@pytest.mark.parametrize("record_bytes", [10, 64 * 1024])
+def test_an_answer_and_its_records_go_to_the_socket_in_one_write(record_bytes):
+    records = os.urandom(record_bytes)
+
+    async def go() -> tuple[bytes, bytes]:
+        ours, theirs = socket.socketpair()
+        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
+        counting = CountingTransport(transport)
+        _, writer = frame_reader.streams_of(counting, protocol)  # type: ignore[arg-type]
+        await answer_writer.AnswerWriter(writer).write(7, b"head", records)
+        assert counting.writes == 1
+        expected = frames.answer_frame_head(7, b"head", len(records)) + records
+        theirs.setblocking(True)
+        got = b""
+        while len(got) < len(expected):
+            got += theirs.recv(1 << 20)
+        writer.close()
+        theirs.close()
+        return got, expected
+
+    got, expected = asyncio.run(go())
+    assert got == expected
 
 
 @pytest.mark.parametrize("staged", ["end of stream", "an answer to no request"])

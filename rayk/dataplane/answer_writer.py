@@ -78,8 +78,9 @@ class AnswerWriter:
             await self.write_frame(frames.answer_frame_head(correlation_id, head, len(tail)) + tail)  # one syscall
         else:
             await self._wait_for_sendfile()
-            self._writer.write(frames.answer_frame_head(correlation_id, head, len(tail)))
-            self._writer.write(tail)  # its own write: the records are not copied into one buffer
+            # The records are not copied into one buffer with the head, and go in the same
+            # syscall (a write each would send, and wake the peer, twice).
+            self._writer.writelines((frames.answer_frame_head(correlation_id, head, len(tail)), tail))
             await self._writer.drain()
 
     async def write_frame(self, frame: bytes) -> None:

@@ -109,13 +109,12 @@ class Connection:
             self._last_active_s = time.monotonic()
             answer = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = answer
-            head = frames.request_frame_head(correlation_id, kind, sum(map(len, parts)))
-            if len(parts) == 1 and len(parts[0]) < SMALL_FRAME_BYTES:
-                self._writer.write(head + parts[0])  # one write, one syscall
-            else:
-                self._writer.write(head)
-                for part in parts:
-                    self._writer.write(part)
+            size = sum(map(len, parts))
+            head = frames.request_frame_head(correlation_id, kind, size)
+            if size < SMALL_FRAME_BYTES:
+                self._writer.write(b"".join((head, *parts)))  # one buffer, one syscall
+            else:  # the parts as they are (not copied), still in one syscall: a write each
+                self._writer.writelines((head, *parts))  # would wake the endpoint for each
             try:
                 await self._writer.drain()
             except OSError as e:  # ConnectionError, or ssl.SSLError over TLS
