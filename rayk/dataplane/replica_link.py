@@ -113,6 +113,9 @@ class ReplicaLink:
             raise
 
     async def _connect(self) -> Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed and not self._closed:
+            return connection  # the common case: no lock taken
         async with self._connecting:
             if self._closed:
                 raise NetworkError(f"the data plane link to {self.name} was closed")

@@ -82,7 +82,16 @@ async def produce(view: BrokerView, request: Any) -> dict | object | None:
                     "record_errors": _record_errors(e)}
 
     submitted = [[(p.index, submit(t.name, p.index, p.records)) for p in t.partition_data] for t in body.topic_data]
-    results = await asyncio.gather(*(answer(index, produced) for partitions in submitted for index, produced in partitions))
+    # Every partition's produce is under way: awaited in turn, they take as long as the
+    # slowest, with no task per partition (asyncio.gather's). Cancelled (the connection
+    # closed), the ones not awaited yet are cancelled too, as gather's would be.
+    try:
+        results = [await answer(index, produced) for partitions in submitted for index, produced in partitions]
+    except BaseException:
+        for partitions in submitted:
+            for _, produced in partitions:
+                produced.cancel()
+        raise
     if acks == 0:
         return CLOSE_CONNECTION if any(r.get("error_code") for r in results) else None
     it = iter(results)

@@ -78,6 +78,7 @@ from rayk.net.broker_view import BrokerView
 from rayk.net.client_quotas import measure_child_tasks
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
 from rayk.net.entities import build, error_response
+from rayk.net.handoff import Handoff
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis, Throttle
 from rayk.net.kafka_channel import READING_BODY, READING_SIZE, ConnectionClosed, KafkaChannel
 from rayk.net.memory_pool import MemoryPool
@@ -325,8 +326,8 @@ class SocketServer(Supervised):
         timer = self._request_timers[listener.name]
         # Frames carry when they were read and the pool bytes they hold; answers, those and
         # the request's API name (None for a frame that did not decode), for TotalTimeMs.
-        frames: asyncio.Queue[tuple[bytes, float, int] | None] = asyncio.Queue(QUEUED_PER_CONNECTION)
-        answers: asyncio.Queue[tuple[asyncio.Future, float, str | None, int] | None] = asyncio.Queue(STARTED_PER_CONNECTION)
+        frames: Handoff[tuple[bytes, float, int] | None] = Handoff(QUEUED_PER_CONNECTION)
+        answers: Handoff[tuple[asyncio.Future, float, str | None, int] | None] = Handoff(STARTED_PER_CONNECTION)
         reading = asyncio.ensure_future(self._read_frames(reader, frames, peer, connection))
         writing = asyncio.ensure_future(self._write_answers(answers, writer, connection, timer))
         processing = asyncio.ensure_future(self._process(frames, answers, connection))
@@ -371,7 +372,7 @@ class SocketServer(Supervised):
             return f"max.connections.per.ip ({limit}) reached for {host}"
         return None
 
-    async def _process(self, frames: asyncio.Queue, answers: asyncio.Queue, connection: KafkaChannel) -> None:
+    async def _process(self, frames: Handoff, answers: Handoff, connection: KafkaChannel) -> None:
         """Starts answering each frame in arrival order, and queues the answers in that order
         for `_write_answers`. A produce request starts while produce requests before it still
         wait for their high watermark (their appends keep their order: produce_coalescer.py);
@@ -425,7 +426,7 @@ class SocketServer(Supervised):
             return
         raise ConnectionClosed("the client left while throttled")
 
-    async def _write_answers(self, answers: asyncio.Queue, writer: asyncio.StreamWriter, connection: KafkaChannel,
+    async def _write_answers(self, answers: Handoff, writer: asyncio.StreamWriter, connection: KafkaChannel,
                              timer: RequestTimer) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot and
         its pool bytes (none for a frame read before authentication)."""
@@ -454,7 +455,7 @@ class SocketServer(Supervised):
             if name is not None:
                 timer.record(name, received_s)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any,
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: Handoff, peer: Any,
                            connection: KafkaChannel) -> None:
         """Reads frames into `frames`, each with when it was read and the pool bytes it holds,
         until EOF, a bad size or an idle connection, then puts None. An authenticated
