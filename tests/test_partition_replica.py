@@ -190,6 +190,27 @@ def test_consumer_fetch_answers_empty_after_max_wait(tmp_path):
     assert 0.29 < elapsed < 3
 
 
+def test_a_follower_fetching_at_the_log_end_waits_for_records_or_answers_empty_after_max_wait(tmp_path):
+    """The leader reads nothing for a follower at its log end until records come (each
+    follower is there after each record); the answer is as a read would make it."""
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))
+    started = time.monotonic()
+    empty = ray.get(r[1].fetch.remote(2, 1 << 20, 1, 300, 2, 0))
+    elapsed = time.monotonic() - started
+    assert (empty.records, empty.error, empty.log_end_offset) == (b"", None, 2) and 0.29 < elapsed < 3
+    assert empty.high_watermark == 2  # the follower's fetch at 2 moved it
+    at_once = ray.get(r[1].fetch.remote(2, 1 << 20, 1, 0, 2, 0))  # no wait asked: read and answered at once
+    assert (at_once.records, at_once.error, at_once.high_watermark) == (b"", None, 2)
+    pending = r[1].fetch.remote(2, 1 << 20, 1, 10_000, 2, 0)
+    time.sleep(0.3)
+    started = time.monotonic()
+    ray.get(r[1].produce.remote(batch(3), 1, 1000))
+    assert offsets(ray.get(pending).records) == [2, 3, 4]
+    assert time.monotonic() - started < 3
+
+
 def test_consumers_never_see_above_the_high_watermark(tmp_path):
     r = replicas(tmp_path, ids=(1, 2))
     ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # follower stalled: HW stays 0

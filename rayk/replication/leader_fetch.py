@@ -108,6 +108,15 @@ class LeaderFetch:
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             changed = ctx.events.change_event(appends=is_follower)  # a consumer reads up to the HW
+            if is_follower and min_bytes > 0 and offset == ctx.log.log_end_offset:
+                # A follower at the log end (each one, after each record, at RF > 1): there
+                # is nothing to read until records come, so no read is made to find that.
+                remaining_s = deadline - time.monotonic()
+                if remaining_s > 0:
+                    await changed.wait(remaining_s)
+                    if ctx.role is not Role.LEADER:
+                        return self.fetch_error(ctx.not_leader())
+                    continue
             result = self._read(offset, max_bytes, is_follower, read_committed and not is_follower, slice_min_bytes)
             remaining_s = deadline - time.monotonic()
             if result.error is not None or len(result.records) >= min_bytes or remaining_s <= 0:
