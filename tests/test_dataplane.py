@@ -650,6 +650,31 @@ def test_an_oversized_or_unknown_frame_closes_the_connection_and_the_endpoint_se
     assert "99" in warned[1]  # the unknown kind
 
 
+@pytest.mark.parametrize("max_in_flight", [1, 16])
+def test_nothing_after_a_frame_that_does_not_parse_is_served_even_once_the_requests_before_it_end(max_in_flight):
+    """The frames behind a bad one are never handed to the handler: not when the request
+    in flight before it is answered or cancelled (which frees a slot), nor later."""
+    async def go():
+        echo = Echo(delay_s=0.1)
+        endpoint, address = await opened(echo, max_in_flight=max_in_flight)
+        connection = await Connection.open(address, NODE)
+        in_flight = asyncio.ensure_future(connection.request(frames.FETCH, b"before"))
+        await asyncio.sleep(0.02)  # started at the endpoint
+        connection._writer.write(frames.request_frame(1, 99, b"") + frames.request_frame(2, frames.FETCH, b"after 1")
+                                 + frames.request_frame(3, frames.FETCH, b"after 2"))  # fmt: skip
+        if max_in_flight == 1:  # the bad frame is held back until the request before it is answered
+            assert bytes(await asyncio.wait_for(in_flight, 5)) == b"before"
+        else:  # read at once: the connection closes, the request in flight with it
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(in_flight, 5)
+        await asyncio.sleep(0.3)  # what the end of the request before would have released
+        assert echo.calls == 1, f"{echo.calls - 1} request(s) after the bad frame were served"
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
 def test_requests_in_flight_fail_with_network_error_when_the_endpoint_goes():
     async def go():
         endpoint, address = await opened(Echo(delay_s=10))

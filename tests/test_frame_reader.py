@@ -355,3 +355,28 @@ def test_frames_held_back_come_in_order_once_released_and_the_end_after_them(see
     got, ended = asyncio.run(main())
     assert got == sent
     assert ended == ["the connection broke: reset" if ending == "broken" else "the peer closed the connection"]
+
+
+def test_a_reader_stopped_hands_out_nothing_more_even_when_released():
+    """stop_frames (the endpoint stopped serving the connection): the frames staged behind
+    it and those that come after are never handed out, a release_frames (an answer the
+    endpoint was still writing) included, and no end is told."""
+    async def main() -> tuple[list[bytes], list[str]]:
+        protocol, _ = connected()
+        reader = protocol.reader
+        got: list[bytes] = []
+        ended: list[str] = []
+
+        def take(body: bytes | memoryview) -> None:
+            got.append(bytes(body))
+            reader.hold_frames()
+
+        reader.deliver_frames(take, ended.append, 1000)
+        deliver(protocol, b"".join(frames.SIZE.pack(len(b)) + b for b in [b"one", b"two"]))
+        reader.stop_frames()
+        reader.release_frames()
+        deliver(protocol, frames.SIZE.pack(5) + b"three")
+        protocol.eof_received()
+        return got, ended
+
+    assert asyncio.run(main()) == ([b"one"], [])

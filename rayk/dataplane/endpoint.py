@@ -347,7 +347,7 @@ class Endpoint:
             try:
                 correlation_id, kind, body = frames.parse_request(frame)
             except frames.FrameError as e:
-                reader.hold_frames()  # nothing after it is served
+                reader.stop_frames()  # nothing after it is served, whatever is answered meanwhile
                 if not ended.done():
                     ended.set_result(str(e))
                 return
@@ -387,7 +387,7 @@ class Endpoint:
         except asyncio.CancelledError:
             pass  # idle, the endpoint closing, or an answer that could not be written to the peer
         finally:
-            reader.hold_frames()  # nothing more starts
+            reader.stop_frames()  # nothing more starts, not even as the tasks cancelled below end
             idle_watch.cancel()
             for task in started:
                 task.cancel()

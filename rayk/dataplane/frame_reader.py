@@ -33,7 +33,8 @@ ConnectionAbortedError (the data plane closes a connection whose read it cancels
 Push mode (`deliver_frames`), what the Connection and the Endpoint use after the
 handshake: each whole frame is handed to a callback in the event loop's own callback, as
 it comes, with no task woken to read it; `hold_frames` / `release_frames` hold them back
-meanwhile (the Endpoint's bound on requests in flight), with the same flow control.
+meanwhile (the Endpoint's bound on requests in flight), with the same flow control, and
+`stop_frames` ends the delivery for good (the Endpoint stopped serving the connection).
 
 `FrameReader` keeps StreamReader's contract for what the data plane uses: `readexactly`
 (raising IncompleteReadError at the end of the stream, or the connection's error),
@@ -142,6 +143,12 @@ class FrameReader:
             if self._on_frame is not None:
                 self._push()
 
+    def stop_frames(self) -> None:
+        """Push mode: hands out nothing more, for good, and tells no end (the caller has
+        stopped serving the connection): a `release_frames` after it delivers nothing."""
+        self._on_frame = self._on_end = None
+        self._held = True
+
     def _push(self) -> None:
         """Hands out every whole frame there is (push mode). A callback that raises all the
         same (a bug) ends the delivery, logged, as a reader task that raised would end."""
@@ -235,7 +242,8 @@ class FrameReader:
 
     def _maybe_resume(self) -> None:
         if self._paused and self._transport is not None and (
-            self._own is not None or self._start > 0 or self._end < len(self._staging)
+            (self._own is not None and self._own_filled < len(self._own))  # reads go into it, bounded
+            or self._start > 0 or self._end < len(self._staging)
         ):
             self._paused = False
             self._transport.resume_reading()  # type: ignore[attr-defined]
