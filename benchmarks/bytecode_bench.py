@@ -43,7 +43,7 @@ import rayk
 IMPORTS = "import ray, rayk.replication.partition_replica"
 
 CLUSTER_LIFE = """
-import tempfile, ray, rayk
+import shutil, tempfile, ray, rayk
 ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 data_dir = tempfile.mkdtemp(prefix="rayk-bytecode-bench-")
 cluster = rayk.start(brokers=3, data_dir=data_dir, namespace="bytecode-bench")
@@ -53,6 +53,7 @@ producer.send("t", b"x").get(60)
 producer.close()
 cluster.shutdown()
 ray.shutdown()
+shutil.rmtree(data_dir, ignore_errors=True)
 """
 
 
