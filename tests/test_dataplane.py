@@ -346,26 +346,37 @@ class CountingTransport:
         return getattr(self._transport, name)
 
 
+async def counted_socket_pair() -> tuple[CountingTransport, frame_reader.FrameProtocol, socket.socket]:
+    """A FrameProtocol connection over a socket pair, its transport's writes counted, and
+    the other end (blocking) to read what was written."""
+    ours, theirs = socket.socketpair()
+    transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
+    theirs.setblocking(True)
+    return CountingTransport(transport), protocol, theirs
+
+
+def received(sock: socket.socket, size: int) -> bytes:
+    got = b""
+    while len(got) < size:
+        got += sock.recv(1 << 20)
+    return got
+
+
 @pytest.mark.parametrize("record_bytes", [10, 64 * 1024])
 def test_a_request_of_several_parts_goes_to_the_socket_in_one_write(record_bytes):
     """A PRODUCE request's parts (its head, its records) are written in one call: one
     buffer when small, the parts as they are (not copied) when large."""
     records = os.urandom(record_bytes)
 
-    async def go() -> bytes:
-        ours, theirs = socket.socketpair()
-        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
-        counting = CountingTransport(transport)
+    async def go() -> tuple[bytes, bytes]:
+        counting, protocol, theirs = await counted_socket_pair()
         connection = Connection(*frame_reader.streams_of(counting, protocol), "test", max_in_flight=4)  # type: ignore[arg-type]
         parts = frames.encode_produce_request([ProduceRequest(records, -1, 1000)])
         assert len(parts) == 2
         await connection.request(frames.PRODUCE, parts, answered=False)
         assert counting.writes == 1
-        theirs.setblocking(True)
         expected = frames.request_frame_head(0, frames.PRODUCE, sum(map(len, parts))) + b"".join(parts)
-        got = b""
-        while len(got) < len(expected):
-            got += theirs.recv(1 << 20)
+        got = received(theirs, len(expected))
         connection.close()
         theirs.close()
         return got, expected
@@ -379,17 +390,12 @@ def test_an_answer_and_its_records_go_to_the_socket_in_one_write(record_bytes):
     records = os.urandom(record_bytes)
 
     async def go() -> tuple[bytes, bytes]:
-        ours, theirs = socket.socketpair()
-        transport, protocol = await asyncio.get_running_loop().create_unix_connection(frame_reader.new_protocol, sock=ours)
-        counting = CountingTransport(transport)
+        counting, protocol, theirs = await counted_socket_pair()
         _, writer = frame_reader.streams_of(counting, protocol)  # type: ignore[arg-type]
         await answer_writer.AnswerWriter(writer).write(7, b"head", records)
         assert counting.writes == 1
         expected = frames.answer_frame_head(7, b"head", len(records)) + records
-        theirs.setblocking(True)
-        got = b""
-        while len(got) < len(expected):
-            got += theirs.recv(1 << 20)
+        got = received(theirs, len(expected))
         writer.close()
         theirs.close()
         return got, expected
