@@ -176,3 +176,55 @@ def test_produce_requests_are_pipelined_answered_in_order_and_other_requests_wai
         writer.close()
 
     run_with_gated_server(500, body, answer)
+
+
+def metadata(correlation_id: int, topics: tuple[str, ...] = ()) -> bytes:
+    return sized(request_frame(keys.METADATA, 12, {"topics": [{"name": t} for t in topics],
+                                                    "allow_auto_topic_creation": False,
+                                                    "include_topic_authorized_operations": False}, correlation_id))
+
+
+def test_metadata_requests_start_together_but_wait_for_any_other_request_before_them():
+    """A new librdkafka client asks for the brokers, then for its topic, on one connection,
+    and may close it on the first answer: the second starts without waiting for it."""
+    started: list[int] = []
+    release: dict[int, asyncio.Event] = {}
+
+    async def answer(request, handle):
+        cid = request.head.correlation_id
+        started.append(cid)
+        await release.setdefault(cid, asyncio.Event()).wait()
+        if request.head.api_key == keys.METADATA:
+            return build(response_class(keys.METADATA, 12), {"brokers": [], "topics": [], "controller_id": -1})
+        return await handle(request)
+
+    async def body(server, gate, connect):
+        reader, writer = await connect()
+        writer.write(metadata(1) + metadata(2, ("t",)) + api_versions(3) + metadata(4) + produce(5) + metadata(6))
+        await asyncio.sleep(0.3)
+        assert started == [1, 2]  # both Metadata requests started; ApiVersions waits for them
+
+        release.setdefault(2, asyncio.Event()).set()  # the second finishes first ...
+        await asyncio.sleep(0.1)
+        assert started == [1, 2]
+        release.setdefault(1, asyncio.Event()).set()
+        assert await answers(reader, 2) == [1, 2]  # ... but answers go in request order
+        await asyncio.sleep(0.1)
+        assert started == [1, 2, 3]  # the Metadata after ApiVersions waits for it
+        release.setdefault(3, asyncio.Event()).set()
+        assert await answers(reader, 1) == [3]
+        await asyncio.sleep(0.1)
+        assert started == [1, 2, 3, 4]  # a produce waits for the Metadata before it, as before
+        release.setdefault(4, asyncio.Event()).set()
+        assert await answers(reader, 1) == [4]
+        await asyncio.sleep(0.1)
+        assert started == [1, 2, 3, 4, 5]  # and a Metadata waits for the produce before it
+        release.setdefault(5, asyncio.Event()).set()
+        await asyncio.sleep(0.1)
+        assert started == [1, 2, 3, 4, 5, 6]
+        release.setdefault(6, asyncio.Event()).set()
+        assert await answers(reader, 2) == [5, 6]
+        assert await server.queued_requests() == 0
+        writer.close()
+
+    run_with_gated_server(500, body, answer)

@@ -73,7 +73,7 @@ from rayk.metrics import RequestTimer
 from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
 from rayk.dataplane import streams
 from rayk.net.admin_apis import api_versions_body
-from rayk.net.api_versions import API_VERSIONS, PRODUCE, client_throttles
+from rayk.net.api_versions import API_VERSIONS, METADATA, PRODUCE, client_throttles
 from rayk.net.broker_view import BrokerView
 from rayk.net.client_quotas import measure_child_tasks
 from rayk.net.codec import Request, RequestHead, decode_request, encode_response, has_response_schema, read_head, response_class
@@ -376,9 +376,13 @@ class SocketServer(Supervised):
         """Starts answering each frame in arrival order, and queues the answers in that order
         for `_write_answers`. A produce request starts while produce requests before it still
         wait for their high watermark (their appends keep their order: produce_coalescer.py);
+        a Metadata request starts while only Metadata requests are before it (a new client's
+        brokers-only Metadata and its first topic's come back to back: librdkafka may close
+        the connection on the first answer, and the second was lost with it while it waited);
         any other request starts once everything before it is answered, as in Kafka."""
         pending: set[asyncio.Future] = set()  # started, not answered
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
+        pending_metadata: set[asyncio.Future] = set()  # those of them that are Metadata requests
         while (read := await frames.get()) is not None:
             frame, received_s, pool_bytes = read
             exchanged = None if connection.sasl is None else await self._sasl.exchange(connection, frame, pending)
@@ -394,8 +398,11 @@ class SocketServer(Supervised):
             decode_started_ns = time.thread_time_ns() if measured else 0
             request = self._decode(frame, connection.context)
             throttle = Throttle(thread_ns=time.thread_time_ns() - decode_started_ns if measured else 0)
-            is_produce = isinstance(request, Request) and request.head.api_key == PRODUCE
-            if pending_other or (pending and not is_produce):
+            api_key = request.head.api_key if isinstance(request, Request) else None
+            is_produce = api_key == PRODUCE
+            if (pending_other or (pending and not is_produce)) and not (
+                api_key == METADATA and len(pending_metadata) == len(pending)
+            ):
                 await asyncio.wait(pending)
             if (muted_s := connection.muted_until_s - time.monotonic()) > 0:
                 await self._wait_out_throttle(connection, muted_s)
@@ -406,6 +413,9 @@ class SocketServer(Supervised):
                 if not is_produce:
                     pending_other.add(answer)
                     answer.add_done_callback(pending_other.discard)
+                if api_key == METADATA:
+                    pending_metadata.add(answer)
+                    answer.add_done_callback(pending_metadata.discard)
                 pending.add(answer)
                 answer.add_done_callback(pending.discard)
             else:  # the request did not decode: its error answer is ready
