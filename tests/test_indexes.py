@@ -141,3 +141,22 @@ def test_first_entry_of_a_preallocated_index_brings_one_page_into_memory(tmp_pat
         index.maybe_append(1_000, 5)
     assert _resident_pages(index._mmap) == 1
     index.trim()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) and read-around are Linux's")
+def test_an_index_reopened_writable_reads_its_tail_a_page_at_a_time(tmp_path):
+    """A restarted broker's active segment: its entries are read as before, and the
+    preallocated tail after them is not read around the next entry's page fault."""
+    path = tmp_path / "x.index"
+    index = OffsetIndex(path, base_offset=0, max_index_bytes=10 * MIB, writable=True)
+    entries = 3 * mmap.PAGESIZE // OffsetIndex.ENTRY_SIZE_BYTES  # three whole pages
+    for n in range(entries):
+        index.append(n + 1, 4096 * (n + 1))
+    index.trim()
+    index.close()
+    index = OffsetIndex(path, base_offset=0, max_index_bytes=10 * MIB, writable=True)
+    assert index.entries == entries and index.lookup(10**9) == (entries, 4096 * entries)
+    before = _resident_pages(index._mmap)
+    index.append(entries + 1, 4096 * (entries + 1))
+    assert _resident_pages(index._mmap) == before + 1
+    index.trim()
