@@ -6,14 +6,15 @@ down to a whole number of entries) and mapped read-write; entries are appended i
 and `entries` counts the valid ones. `trim()` (on roll and on close) cuts the file to the
 valid entries, after which it is read-only.
 
-The preallocated file is sparse, and the writable mapping's tail past the entries is
-advised MADV_RANDOM: without it, the first entry's page fault read around it as the device's read-ahead allows (8 MiB
-on this project's VMs), and the kernel zeroed that much of the hole into the page cache
-for each index, ~16 MiB per partition replica as its first records arrived. On a fresh VM,
-whose memory the host backs on first touch, that was ~30 ms of CPU per replica, all of a
-new topic's replicas at once (a 3-partition RF=3 topic's first acks=all records waited
-~100-250 ms; `perf` put 47% of those replicas' CPU in the kernel's memset). An index has no checksum: after a crash the
-segment rebuilds it from the .log file, so nothing here needs to survive a torn write.
+The preallocated file is sparse, and the writable mapping is advised MADV_RANDOM (its
+lookups are binary searches; the sanity check scans only the read-only mappings of loaded
+segments, before the last one is made active). Without the advice, the first entry's
+page fault read around it as far as the device reads ahead (8 MiB on this project's VMs),
+and the kernel zeroed that much of the hole into the page cache for each index, ~16 MiB
+per partition replica as its first records arrived. On a fresh VM, whose memory the host
+backs on first touch, that was ~30 ms of CPU per replica, all of a new topic's replicas
+at once (a 3-partition RF=3 topic's first acks=all records waited ~100-250 ms; `perf` put
+47% of those replicas' CPU in the kernel's memset).
 
 Entries are sorted by their key (relative offset, or timestamp); `_largest_lower_bound`
 is the binary search both indexes use. Not thread-safe: the owning segment serialises
@@ -67,12 +68,8 @@ class IndexFile:
         if length_bytes > 0:
             access = mmap.ACCESS_WRITE if self._writable else mmap.ACCESS_READ
             self._mmap = mmap.mmap(self._file.fileno(), length_bytes, access=access)
-            if self._writable and MADV_RANDOM is not None:
-                # No read-around in the sparse tail (see above); the entries before it keep
-                # the kernel's read-ahead, for the sanity check's scan of a reopened index.
-                tail_start = self._entries * self.ENTRY_SIZE_BYTES // mmap.PAGESIZE * mmap.PAGESIZE
-                if tail_start < length_bytes:
-                    self._mmap.madvise(MADV_RANDOM, tail_start, length_bytes - tail_start)
+            if self._writable and MADV_RANDOM is not None:  # no read-around into the sparse tail (see above)
+                self._mmap.madvise(MADV_RANDOM)
 
     def make_writable(self) -> None:
         """Preallocates the file to its maximum size so entries can be appended in place."""
