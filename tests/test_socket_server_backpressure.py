@@ -6,7 +6,8 @@ waiting for it, one read and waiting for queue room) ahead on that connection an
 
 Produce requests are pipelined: one starts while those before it are unanswered, but
 they are answered in request order, and any other request waits until all before it are
-answered."""
+answered, except a Metadata request behind fewer than METADATA_TOGETHER Metadata
+requests and nothing else."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from rayk.config import BrokerConfig
 from rayk.net import api_versions as keys
 from rayk.net.codec import response_class
 from rayk.net.entities import build
-from rayk.net.socket_server import QUEUED_PER_CONNECTION, SocketServer
+from rayk.net.socket_server import METADATA_TOGETHER, QUEUED_PER_CONNECTION, SocketServer
 from tests.protocol_helpers import request_frame, sized
 
 GATED_FROM = 1000  # requests with a correlation id from here on wait for the gate
@@ -186,7 +187,9 @@ def metadata(correlation_id: int, topics: tuple[str, ...] = ()) -> bytes:
 
 def test_metadata_requests_start_together_but_wait_for_any_other_request_before_them():
     """A new librdkafka client asks for the brokers, then for its topic, on one connection,
-    and may close it on the first answer: the second starts without waiting for it."""
+    and may close it on the first answer: the second starts without waiting for it. At
+    most METADATA_TOGETHER run at once."""
+    assert METADATA_TOGETHER == 2  # the sequence below is written for two
     started: list[int] = []
     release: dict[int, asyncio.Event] = {}
 
@@ -196,34 +199,39 @@ def test_metadata_requests_start_together_but_wait_for_any_other_request_before_
         await release.setdefault(cid, asyncio.Event()).wait()
         if request.head.api_key == keys.METADATA:
             return build(response_class(keys.METADATA, 12), {"brokers": [], "topics": [], "controller_id": -1})
+        if request.head.api_key == keys.PRODUCE:
+            return build(response_class(keys.PRODUCE, 9), {"responses": []})
         return await handle(request)
+
+    async def started_now(expected: list[int]) -> None:
+        await asyncio.sleep(0.1)
+        assert started == expected
 
     async def body(server, gate, connect):
         reader, writer = await connect()
-        writer.write(metadata(1) + metadata(2, ("t",)) + api_versions(3) + metadata(4) + produce(5) + metadata(6))
-        await asyncio.sleep(0.3)
-        assert started == [1, 2]  # both Metadata requests started; ApiVersions waits for them
+        writer.write(metadata(1) + metadata(2, ("t",)) + metadata(3) + api_versions(4) + metadata(5) + produce(6)
+                     + metadata(7))
+        await asyncio.sleep(0.2)
+        assert started == [1, 2]  # two Metadata requests started; the third waits for one of them
 
         release.setdefault(2, asyncio.Event()).set()  # the second finishes first ...
-        await asyncio.sleep(0.1)
-        assert started == [1, 2]
+        await started_now([1, 2])  # (the third waits for both before it)
         release.setdefault(1, asyncio.Event()).set()
         assert await answers(reader, 2) == [1, 2]  # ... but answers go in request order
-        await asyncio.sleep(0.1)
-        assert started == [1, 2, 3]  # the Metadata after ApiVersions waits for it
+        await started_now([1, 2, 3])  # ApiVersions waits for the Metadata before it
         release.setdefault(3, asyncio.Event()).set()
         assert await answers(reader, 1) == [3]
-        await asyncio.sleep(0.1)
-        assert started == [1, 2, 3, 4]  # a produce waits for the Metadata before it, as before
+        await started_now([1, 2, 3, 4])  # and the Metadata after ApiVersions waits for it
         release.setdefault(4, asyncio.Event()).set()
         assert await answers(reader, 1) == [4]
-        await asyncio.sleep(0.1)
-        assert started == [1, 2, 3, 4, 5]  # and a Metadata waits for the produce before it
+        await started_now([1, 2, 3, 4, 5])  # a produce waits for the Metadata before it, as before
         release.setdefault(5, asyncio.Event()).set()
-        await asyncio.sleep(0.1)
-        assert started == [1, 2, 3, 4, 5, 6]
+        assert await answers(reader, 1) == [5]
+        await started_now([1, 2, 3, 4, 5, 6])  # and a Metadata waits for the produce before it
         release.setdefault(6, asyncio.Event()).set()
-        assert await answers(reader, 2) == [5, 6]
+        await started_now([1, 2, 3, 4, 5, 6, 7])
+        release.setdefault(7, asyncio.Event()).set()
+        assert await answers(reader, 2) == [6, 7]
         assert await server.queued_requests() == 0
         writer.close()
 

@@ -40,7 +40,8 @@ Back-pressure, limits and bad input, as in Kafka:
 - at most `queued.max.requests` requests are read but not yet answered (written) over
   all connections, and per connection at most QUEUED_PER_CONNECTION waiting to start
   and STARTED_PER_CONNECTION started (only produce requests start while others are
-  unanswered: a producer with `linger.ms` 0 and acks=all has many in flight); past that,
+  unanswered: a producer with `linger.ms` 0 and acks=all has many in flight; and up to
+  METADATA_TOGETHER Metadata requests while only Metadata requests are); past that,
   reading stops and TCP pushes back on the clients;
 - a request that does not parse gets INVALID_REQUEST, an API or version this broker does
   not serve gets UNSUPPORTED_VERSION (ApiVersions always answers in v0 so any client can
@@ -92,6 +93,11 @@ logger = logging.getLogger(__name__)
 
 QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
+# Metadata requests of one connection that may run at once (while nothing else is before
+# them): a new librdkafka client's brokers-only and topic requests need two; a client
+# pipelining Metadata for every topic would otherwise hold that many Controller calls,
+# and their answers, each.
+METADATA_TOGETHER = 2
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
 CHANGE_WAIT_MS = 30_000  # a lookup of the ACLs, client quotas or metadata waits this long at the Controller for a change
@@ -376,9 +382,10 @@ class SocketServer(Supervised):
         """Starts answering each frame in arrival order, and queues the answers in that order
         for `_write_answers`. A produce request starts while produce requests before it still
         wait for their high watermark (their appends keep their order: produce_coalescer.py);
-        a Metadata request starts while only Metadata requests are before it (a new client's
-        brokers-only Metadata and its first topic's come back to back: librdkafka may close
-        the connection on the first answer, and the second was lost with it while it waited);
+        a Metadata request starts while only Metadata requests, fewer than METADATA_TOGETHER,
+        are before it (a new client's brokers-only Metadata and its first topic's come back
+        to back: librdkafka may close the connection on the first answer, and the second
+        was lost with it while it waited);
         any other request starts once everything before it is answered, as in Kafka."""
         pending: set[asyncio.Future] = set()  # started, not answered
         pending_other: set[asyncio.Future] = set()  # those of them that are not produce requests
@@ -401,7 +408,7 @@ class SocketServer(Supervised):
             api_key = request.head.api_key if isinstance(request, Request) else None
             is_produce = api_key == PRODUCE
             if (pending_other or (pending and not is_produce)) and not (
-                api_key == METADATA and len(pending_metadata) == len(pending)
+                api_key == METADATA and len(pending_metadata) == len(pending) < METADATA_TOGETHER
             ):
                 await asyncio.wait(pending)
             if (muted_s := connection.muted_until_s - time.monotonic()) > 0:
