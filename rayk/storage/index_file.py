@@ -4,7 +4,8 @@ index and the time index (Kafka's AbstractIndex).
 While its segment is active an index file is preallocated to `max_index_bytes` (rounded
 down to a whole number of entries) and mapped read-write; entries are appended in place
 and `entries` counts the valid ones. `trim()` (on roll and on close) cuts the file to the
-valid entries, after which it is read-only.
+valid entries, after which it is read-only. An index has no checksum: after a crash the
+segment rebuilds it from the .log file, so nothing here needs to survive a torn write.
 
 The preallocated file is sparse, and the writable mapping is advised MADV_RANDOM (its
 lookups are binary searches; the sanity check scans only the read-only mappings of loaded
