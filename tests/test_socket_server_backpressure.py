@@ -204,6 +204,11 @@ def test_metadata_requests_start_together_but_wait_for_any_other_request_before_
         return await handle(request)
 
     async def started_now(expected: list[int]) -> None:
+        """Those have started (waiting for a loaded machine to get there), and no more."""
+        for _ in range(200):
+            if len(started) >= len(expected):
+                break
+            await asyncio.sleep(0.05)
         await asyncio.sleep(0.1)
         assert started == expected
 
@@ -211,8 +216,7 @@ def test_metadata_requests_start_together_but_wait_for_any_other_request_before_
         reader, writer = await connect()
         writer.write(metadata(1) + metadata(2, ("t",)) + metadata(3) + api_versions(4) + metadata(5) + produce(6)
                      + metadata(7))
-        await asyncio.sleep(0.2)
-        assert started == [1, 2]  # two Metadata requests started; the third waits for one of them
+        await started_now([1, 2])  # two Metadata requests started; the third waits for them
 
         release.setdefault(2, asyncio.Event()).set()  # the second finishes first ...
         await started_now([1, 2])  # (the third waits for both before it)
