@@ -94,9 +94,9 @@ logger = logging.getLogger(__name__)
 QUEUED_PER_CONNECTION = 16  # frames read, waiting to start
 STARTED_PER_CONNECTION = 256  # requests started, not yet answered: pipelined produce requests
 # Metadata requests of one connection that may run at once (while nothing else is before
-# them): a new librdkafka client's brokers-only and topic requests need two; a client
-# pipelining Metadata for every topic would otherwise hold that many Controller calls,
-# and their answers, each.
+# them): a new librdkafka client's brokers-only and topic requests need two; unbounded, a
+# client pipelining Metadata for every topic would hold up to STARTED_PER_CONNECTION
+# Controller calls of one connection, and their answers, at once.
 METADATA_TOGETHER = 2
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that has not finished its TLS handshake by then is cut
 STREAM_LIMIT_BYTES = 1 << 16  # a connection's StreamReader buffer
