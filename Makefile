@@ -29,7 +29,7 @@ $(UV):
 # at each start: 1.2 CPU-s of imports per replica instead of 0.4 (benchmarks/bytecode_bench.py),
 # and `make test` took 37 minutes instead of 22.
 SYNC := $(UV) sync --quiet --frozen --compile-bytecode --python $(PYTHON) $(EXTRAS)
-$(STAMP): $(UV) Makefile pyproject.toml uv.lock setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h rayk/storage/_murmur2.h rayk/client/_hand_out.c rayk/client/_send.c
+$(STAMP): $(UV) Makefile pyproject.toml uv.lock setup.py rayk/storage/_records.c rayk/storage/_columns.c rayk/storage/_varint.h rayk/storage/_murmur2.h rayk/client/_hand_out.c rayk/client/_send.c native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	$(SYNC)
 	touch $(STAMP)
 

@@ -20,7 +20,7 @@ driver sees; the driver checks that in a Ray task.
 
 The driver in that environment (cwd: a directory without rayk in it) imports rayk from
 the wheel, starts a 1-broker cluster on a Ray of its own, produces and consumes a record,
-checks the compiled codec loaded, and that `import rayk.spark` says how to get Spark.
+checks the compiled codec (and, where cargo is installed, the native produce path) loaded, and that `import rayk.spark` says how to get Spark.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 SPARK_EXTRA = ("pyspark", "py4j", "raydp")  # `rayk[spark]` and what it brings
 CODEC = ("rayk/storage/_records.c", "rayk/storage/_columns.c", "rayk/storage/_varint.h", "rayk/storage/_murmur2.h",
          "rayk/client/_hand_out.c", "rayk/client/_send.c")
+NATIVE = ("native/Cargo.toml", "native/Cargo.lock", *(f"native/src/{p.name}" for p in (REPO / "native" / "src").glob("*.rs")))
+CARGO = shutil.which("cargo") is not None  # setup.py leaves rayk._native out without it
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -57,12 +59,17 @@ def _copy_checkout(dst: Path) -> Path:
         if path.is_file():
             shutil.copy2(path, dst)
     shutil.copytree(REPO / "rayk", dst / "rayk", ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
+    shutil.copytree(REPO / "native", dst / "native", ignore=shutil.ignore_patterns("target"))
     return dst
 
 
 def _build(*args: str | Path) -> None:
+    # The crate compiles into the checkout's cargo target directory, which `make` filled:
+    # its dependencies are not compiled again (nor fetched: cargo's registry cache has them).
+    env = {**os.environ, "CARGO_TARGET_DIR": str(REPO / "native" / "target")}
     done = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "build", "--no-isolation", *map(str, args)], capture_output=True, text=True, timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -107,7 +114,9 @@ def test_the_sdist_has_the_codecs_sources_and_the_package_data(dists):
     sdist, _ = dists
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    assert {*CODEC, "rayk/spark_log4j2.properties", "rayk/py.typed", "setup.py", "pyproject.toml", "MANIFEST.in"} <= names
+    assert {*CODEC, *NATIVE, "rayk/spark_log4j2.properties", "rayk/py.typed", "setup.py", "pyproject.toml",
+            "MANIFEST.in"} <= names
+    assert not [n for n in names if n.startswith("native/target")]
     assert not [n for n in names if n.endswith((".so", ".pyc")) or n.startswith("tests/")]
 
 
@@ -117,10 +126,10 @@ def test_the_wheel_has_the_compiled_codec_and_spark_only_as_an_extra(dists):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     meta = _wheel_metadata(wheel)
-    for module in ("storage/_records", "storage/_columns", "client/_hand_out", "client/_send"):
+    for module in ("storage/_records", "storage/_columns", "client/_hand_out", "client/_send", *(["_native"] if CARGO else [])):
         assert [n for n in names if n.startswith(f"rayk/{module}.cpython-") and n.endswith(".so")], module
     assert {"rayk/py.typed", "rayk/spark_log4j2.properties", "rayk/__init__.py", "rayk/spark.py"} <= names
-    assert not [n for n in names if n.endswith((".c", ".h", ".pyc"))]
+    assert not [n for n in names if n.endswith((".c", ".h", ".rs", ".pyc"))]
 
     requires = meta.get_all("Requires-Dist")
     core = [r for r in requires if "extra ==" not in r]
@@ -190,6 +199,8 @@ from rayk.client import hand_out
 seen["hand_out"] = getattr(hand_out.HandOut, "__module__", None)
 from rayk.client import send_path
 seen["send_path"] = getattr(send_path.SendPath, "__module__", None)
+from rayk.net import native_produce
+seen["native"] = native_produce.available()
 try:
     import rayk.spark
     seen["spark"] = "imported"
@@ -267,6 +278,7 @@ def test_the_wheel_runs_a_cluster_without_spark(dists, tmp_path):
     assert seen["codec"] and seen["codec"].startswith(site + os.sep), seen["codec"]
     assert seen["hand_out"] == "rayk.client._hand_out", "the consumer's iteration compiled"
     assert seen["send_path"] == "rayk.client._send", "the producer's send compiled"
+    assert seen["native"] == CARGO, "the native produce path built where cargo is"
     assert "pip install 'rayk[spark]'" in seen["spark"], seen["spark"]
     assert seen["consumed"] == [["k", "from the wheel"]]
     worker = seen["worker"]

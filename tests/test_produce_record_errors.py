@@ -26,6 +26,9 @@ class RefusingView:
     def authorized(self, *_: object) -> bool:
         return True
 
+    def native_produce(self) -> None:
+        return None  # the Python path (tests/test_native_produce.py holds the native one to it)
+
     def produce(self, *_: object) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         future.set_result(ProduceResult(-1, -1, 0, REFUSAL))

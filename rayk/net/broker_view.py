@@ -29,7 +29,8 @@ from rayk.replication.txn_verification import CoordinatorHandles
 from rayk.config import BrokerConfig
 from rayk.dataplane.frames import FetchRequest, FetchResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.endpoint import MAX_IN_FLIGHT_PER_CONNECTION
-from rayk.dataplane.replica_link import ReplicaLink
+from rayk.dataplane.replica_link import ENDPOINT_LOOKUP_TIMEOUT_MS, ReplicaLink
+from rayk.dataplane.endpoint import EndpointAddress
 from rayk.errors import (
     KafkaError,
     NetworkError,
@@ -45,6 +46,8 @@ from rayk.net.entities import kafka_uuid
 from rayk.net.share_sessions import ShareSessions
 from rayk.net.fetch_session import FetchSessionCache
 from rayk.net.metadata_image import MetadataImage
+from rayk.net import native_produce
+from rayk.net.native_produce import NativeProduce
 from rayk.net.parked_fetches import ParkedFetches
 from rayk.net.produce_coalescer import ProduceCoalescer
 
@@ -75,6 +78,8 @@ class BrokerView:
         self._node_id: str | None = None  # this process's Ray node, looked up at the first link
         self._internal_partitions: dict[str, int] = {}  # internal topic -> its partition count (fixed once created)
         self._produce = ProduceCoalescer(self._produce_requests)
+        self._native_produce: NativeProduce | None = None  # made at the first Produce, where built
+        self._native_tried = False
         self._topic_names: dict[uuid.UUID, str] = {}
         self._unknown_ids: dict[uuid.UUID, float] = {}  # id -> when it may be looked up again
         self.parked_fetches = ParkedFetches()
@@ -252,9 +257,7 @@ class BrokerView:
         if link is None or link.replica is not handle:
             if link is not None:
                 link.close()
-            if self._node_id is None:
-                self._node_id = ray.get_runtime_context().get_node_id()
-            link = self._links[(tp, lane)] = ReplicaLink(handle, self._node_id, f"the replica of {topic}-{partition}")
+            link = self._links[(tp, lane)] = ReplicaLink(handle, self._this_node_id(), f"the replica of {topic}-{partition}")
         try:
             return await send(link)
         except (RayActorError, NetworkError) as e:
@@ -265,6 +268,40 @@ class BrokerView:
                     self._links.pop((tp, lane)).close()
             raise NotLeaderOrFollowerError(
                 f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({e})"
+            ) from None
+
+    def native_produce(self) -> NativeProduce | None:
+        """The native produce path (native_produce.py), made at the first call on the
+        listener's event loop; None where it is not built or turned off, or once it died."""
+        if not self._native_tried:
+            self._native_tried = True
+            if native_produce.available():
+                self._native_produce = NativeProduce(self.broker_id, self._this_node_id(), self._replica_endpoint)
+        native = self._native_produce
+        return native if native is not None and native.alive else None
+
+    def close(self) -> None:
+        """Ends what runs beside the event loop (the native produce path's thread)."""
+        if self._native_produce is not None:
+            self._native_produce.close()
+
+    def _this_node_id(self) -> str:
+        if self._node_id is None:
+            self._node_id = ray.get_runtime_context().get_node_id()
+        return self._node_id
+
+    async def _replica_endpoint(self, topic: str, partition: int) -> EndpointAddress:
+        """The data plane address of this broker's replica of the partition, for the
+        native produce path; errors as `_over_data_plane` turns them."""
+        handle = await self.replica(topic, partition)
+        try:
+            async with asyncio.timeout(ENDPOINT_LOOKUP_TIMEOUT_MS / 1000):
+                return await handle.data_endpoint.remote(self._this_node_id())
+        except (RayActorError, TimeoutError) as e:
+            if isinstance(e, RayActorError) and self._replicas.get((topic, partition)) is handle:
+                self.forget(topic, partition)
+            raise NotLeaderOrFollowerError(
+                f"the replica of {topic}-{partition} on broker {self.broker_id} is restarting ({type(e).__name__})"
             ) from None
 
     def produce(self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int,

@@ -32,6 +32,7 @@ from rayk.net.client_quotas import ThreadCost, ThreadTimed
 from rayk.net.codec import Request, response_class
 from rayk.net.data_responses import FRAME_WRITERS
 from rayk.net.entities import build, error_response
+from rayk.net.native_produce import with_throttle
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ class KafkaApis:
         throttle.ms = self._throttle_ms(request, values, cost)
         if values is None or values is CLOSE_CONNECTION:
             return values
+        if isinstance(values, data_apis.NativeProduceFrame):
+            return with_throttle(values.frame, values.api_version, throttle.ms)
         values["throttle_time"] = throttle.ms
         write_frame = FRAME_WRITERS.get(head.api_key)
         building_started_ns = time.thread_time_ns() if cost is not None else 0  # a system call: only if measured

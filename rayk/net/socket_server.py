@@ -248,6 +248,7 @@ class SocketServer(Supervised):
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        self.apis.view.close()
         self._stop_supervision()
 
     async def bound_ports(self) -> dict[str, int]:
