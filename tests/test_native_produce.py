@@ -314,10 +314,11 @@ async def _requests_not_answered_when_the_path_closes_are_cancelled():
     native.close()  # twice is fine
 
 
-def test_turned_off_by_the_environment(monkeypatch):
+def test_off_unless_the_environment_turns_it_on(monkeypatch):
+    monkeypatch.delenv(native_produce.ENABLED_ENV, raising=False)
+    assert native_produce.built() and not native_produce.available()
+    monkeypatch.setenv(native_produce.ENABLED_ENV, "1")
     assert native_produce.available()
-    monkeypatch.setenv(native_produce.ENABLED_ENV, "0")
-    assert not native_produce.available()
 
 
 async def _a_native_thread_that_dies_fails_its_requests_and_turns_itself_off():

@@ -200,7 +200,7 @@ seen["hand_out"] = getattr(hand_out.HandOut, "__module__", None)
 from rayk.client import send_path
 seen["send_path"] = getattr(send_path.SendPath, "__module__", None)
 from rayk.net import native_produce
-seen["native"] = native_produce.available()
+seen["native"] = native_produce.built()
 try:
     import rayk.spark
     seen["spark"] = "imported"

@@ -272,7 +272,8 @@ class BrokerView:
 
     def native_produce(self) -> NativeProduce | None:
         """The native produce path (native_produce.py), made at the first call on the
-        listener's event loop; None where it is not built or turned off, or once it died."""
+        listener's event loop where it is built and turned on (RAYK_NATIVE=1); None
+        otherwise, or once it died."""
         if not self._native_tried:
             self._native_tried = True
             if native_produce.available():

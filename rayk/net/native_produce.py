@@ -1,7 +1,14 @@
 """NativeProduce: a listener's Produce requests from their decoded form to their response
-frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), where rayk
-was built with cargo; without it, or with RAYK_NATIVE=0, `data_apis.produce` takes the
+frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), with
+RAYK_NATIVE=1 where rayk was built with cargo; otherwise `data_apis.produce` takes the
 Python path (ProduceCoalescer, ReplicaLink), which does the same.
+
+Off by default, because measured it does not pay yet (docs/design-notes/
+2026-12-03-native-request-path.md, 2026-12-06): the listener's Python still reads each
+request, and the hand-offs to and from the native thread cost two more wake-ups per
+request than the Python path's, ~100-150 µs of CPU per record at 1,000 records/s, with
+no gain at throughput. It is the first use of the crate that step 2 (a native listener
+owning its clients' sockets, where no request wakes Python) builds on.
 
 Python keeps the decisions: the request is decoded (kio) and authorized here, each
 partition goes to the native path with its records or the error already decided, and the
@@ -37,7 +44,7 @@ except ImportError:  # built without cargo: the Python path serves every Produce
 
 logger = logging.getLogger(__name__)
 
-ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python path, even where the native one is built
+ENABLED_ENV = "RAYK_NATIVE"  # "1": the native path, where it is built
 MIN_VERSION, MAX_VERSION = 3, 12  # the Produce versions the native response is written for
 
 # topic, partition -> the address of this broker's replica of it (raises its KafkaError)
@@ -46,9 +53,14 @@ ResolveEndpoint = Callable[[str, int], Awaitable[EndpointAddress]]
 Topics = list[tuple[str, list[tuple[int, bytes | None, int, str | None]]]]
 
 
+def built() -> bool:
+    """Whether rayk._native was built (setup.py, where cargo is installed)."""
+    return _native is not None
+
+
 def available() -> bool:
-    """Whether the native path is built and not turned off."""
-    return _native is not None and os.environ.get(ENABLED_ENV, "1") != "0"
+    """Whether the native path is built and turned on (RAYK_NATIVE=1)."""
+    return _native is not None and os.environ.get(ENABLED_ENV, "0") == "1"
 
 
 def error_table() -> dict[str, tuple[int, str]]:
