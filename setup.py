@@ -24,7 +24,7 @@ def extension(package: str, name: str, depends: tuple[str, ...] = ()) -> Extensi
 
 
 setup(
-    rust_extensions=[RustExtension("rayk._native", path="native/Cargo.toml", binding=Binding.PyO3, optional=True)],
+    rust_extensions=[RustExtension("rayk._native", path="native/Cargo.toml", binding=Binding.PyO3, optional=True, debug=False)],
     ext_modules=[
         extension("storage", "_records", depends=("rayk/storage/_varint.h",)),
         extension("storage", "_columns", depends=("rayk/storage/_varint.h", "rayk/storage/_murmur2.h")),

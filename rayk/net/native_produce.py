@@ -6,9 +6,10 @@ Python path (ProduceCoalescer, ReplicaLink), which does the same.
 Off by default, because measured it does not pay yet (docs/design-notes/
 2026-12-03-native-request-path.md, 2026-12-06): the listener's Python still reads each
 request, and the hand-offs to and from the native thread cost two more wake-ups per
-request than the Python path's, ~100-150 µs of CPU per record at 1,000 records/s, with
-no gain at throughput. It is the first use of the crate that step 2 (a native listener
-owning its clients' sockets, where no request wakes Python) builds on.
+request than the Python path's (the thread's ~40 µs of CPU per request at 1,000
+records/s), and the event loop did not get cheaper. It is the first use of the crate that
+step 2 (a native listener owning its clients' sockets, where no request wakes Python)
+builds on.
 
 Python keeps the decisions: the request is decoded (kio) and authorized here, each
 partition goes to the native path with its records or the error already decided, and the
