@@ -159,7 +159,8 @@ class FakeReplica:
         self.frames: list[int] = []  # requests per PRODUCE frame
         self.hold = asyncio.Event()
         self.hold.set()
-        self.fail_with: KafkaError | None = None
+        self.fail_with: KafkaError | None = None  # each request's result
+        self.raise_with: KafkaError | None = None  # the whole frame's (a FAILED answer)
         self.endpoint = Endpoint(self.serve, "fake")
         self.lookups = 0
 
@@ -168,6 +169,8 @@ class FakeReplica:
         requests = frames.decode_produce_request(body)
         self.frames.append(len(requests))
         await self.hold.wait()
+        if self.raise_with is not None:
+            raise self.raise_with
         results = []
         for r in requests:
             if self.fail_with is not None:
@@ -340,3 +343,36 @@ async def _a_native_thread_that_dies_fails_its_requests_and_turns_itself_off():
 
 def test_a_native_thread_that_dies_fails_its_requests_and_turns_itself_off(each_event_loop):
     asyncio.run(_a_native_thread_that_dies_fails_its_requests_and_turns_itself_off())
+
+
+async def _a_transactional_id_too_long_for_the_data_plane_is_refused_before_any_replica():
+    replica = FakeReplica()
+    native = await started({("t", 0): replica})
+    try:
+        frame, failed = await native.submit(12, 1, -1, 5000, "x" * 40_000, 2, [("t", [(0, b"a", 0, None)])])
+        assert failed and partition_answer(frame, 12)[0][2] == rayk.errors.InvalidRequestError.code
+        assert replica.frames == [] and replica.lookups == 0
+    finally:
+        native.close()
+
+
+def test_a_transactional_id_too_long_for_the_data_plane_is_refused_before_any_replica(each_event_loop):
+    asyncio.run(_a_transactional_id_too_long_for_the_data_plane_is_refused_before_any_replica())
+
+
+async def _a_replica_answering_a_network_error_is_connected_to_again_as_the_python_path_does():
+    replica = FakeReplica()
+    replica.raise_with = rayk.errors.NetworkError("its own link broke")
+    native = await started({("t", 0): replica})
+    try:
+        frame, failed = await native.submit(9, 1, -1, 5000, None, 1, [("t", [(0, b"a", 0, None)])])
+        assert failed and partition_answer(frame)[0][2] == NotLeaderOrFollowerError.code
+        replica.raise_with = None
+        frame, failed = await native.submit(9, 2, -1, 5000, None, 1, [("t", [(0, b"b", 0, None)])])
+        assert not failed and replica.log == [b"b"] and replica.lookups == 2
+    finally:
+        native.close()
+
+
+def test_a_replica_answering_a_network_error_is_connected_to_again_as_the_python_path_does(each_event_loop):
+    asyncio.run(_a_replica_answering_a_network_error_is_connected_to_again_as_the_python_path_does())

@@ -38,6 +38,8 @@ pub const CALL_MAX_BYTES: usize = 8 << 20;
 /// connection.IDLE_TIMEOUT_S: below the endpoint's 10 minutes, so no frame meets its close.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(540);
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const NETWORK_EXCEPTION: i16 = 13;
+const INVALID_REQUEST: i16 = 42;
 
 pub type Key = (String, i32);
 
@@ -174,6 +176,7 @@ impl State {
                         if matches!(p.conn, Conn::Ready { generation: g, .. } if g == generation) {
                             p.conn = Conn::None;
                             self.dispatch(&key);
+                            self.forget_if_unused(&key);
                         }
                     }
                 }
@@ -191,6 +194,15 @@ impl State {
 
     fn submit(&mut self, s: Submit) {
         let total: usize = s.topics.iter().map(|(_, ps)| ps.len()).sum();
+        // The data plane carries a transactional id's size as an int16 (frames.py): a longer
+        // one is refused here, as the Python path's frame encoder refuses it.
+        let refused = match &s.transactional_id {
+            Some(id) if id.len() > i16::MAX as usize => Some((
+                INVALID_REQUEST,
+                format!("INVALID_REQUEST: a data plane request out of range: a transactional id of {} bytes", id.len()),
+            )),
+            _ => None,
+        };
         let mut state = RequestState {
             version: s.version,
             correlation_id: s.correlation_id,
@@ -205,7 +217,7 @@ impl State {
             for p in partitions {
                 let slot = state.answers.len();
                 state.indexes.push(p.index);
-                match (p.error, p.records) {
+                match (p.error.or_else(|| refused.clone()), p.records) {
                     (Some((code, message)), _) => state.answers.push(Some(PartitionAnswer::failed(p.index, code, message, Vec::new()))),
                     (None, None) => state.answers.push(Some(PartitionAnswer::failed(
                         p.index,
@@ -282,6 +294,9 @@ impl State {
     }
 
     fn connected(&mut self, key: Key, stream: Stream) {
+        if matches!(self.partition(&key).conn, Conn::Ready { .. }) {
+            return; // one is open already (an endpoint handed over twice): the new one is dropped
+        }
         let generation = self.next_generation;
         self.next_generation += 1;
         let (frames, inbox) = unbounded_channel();
@@ -290,11 +305,11 @@ impl State {
             Stream::Unix(s) => s
                 .set_nonblocking(true)
                 .and_then(|()| tokio::net::UnixStream::from_std(s))
-                .map(|s| tokio::spawn(serve(key.clone(), generation, s, inbox, messages, errors))),
+                .map(|s| supervised(key.clone(), generation, serve(key.clone(), generation, s, inbox, messages.clone(), errors), messages)),
             Stream::Tcp(s) => s
                 .set_nonblocking(true)
                 .and_then(|()| tokio::net::TcpStream::from_std(s))
-                .map(|s| tokio::spawn(serve(key.clone(), generation, s, inbox, messages, errors))),
+                .map(|s| supervised(key.clone(), generation, serve(key.clone(), generation, s, inbox, messages.clone(), errors), messages)),
         };
         if let Err(e) = spawned {
             self.partition(&key).conn = Conn::Resolving;
@@ -302,11 +317,7 @@ impl State {
             self.endpoint_failed(key, NOT_LEADER_OR_FOLLOWER, message);
             return;
         }
-        let p = self.partition(&key);
-        if matches!(p.conn, Conn::Ready { .. }) {
-            return; // one is open already (an endpoint handed over twice): the new one is dropped
-        }
-        p.conn = Conn::Ready { frames, generation };
+        self.partition(&key).conn = Conn::Ready { frames, generation };
         self.dispatch(&key);
     }
 
@@ -320,6 +331,17 @@ impl State {
         let error = KafkaError { code, message, record_errors: Vec::new() };
         for (id, slot) in failed {
             self.settle(id, slot, Err(error.clone()));
+        }
+        self.forget_if_unused(&key);
+    }
+
+    /// Drops a partition's entry once it has no connection and nothing waits or is in
+    /// flight (a client naming partitions that do not exist does not grow the table).
+    fn forget_if_unused(&mut self, key: &Key) {
+        if let Some(p) = self.partitions.get(key) {
+            if matches!(p.conn, Conn::None) && p.waiting.is_empty() && p.in_flight.is_none() {
+                self.partitions.remove(key);
+            }
         }
     }
 
@@ -366,6 +388,7 @@ impl State {
             self.settle(id, slot, Err(error.clone()));
         }
         self.dispatch(&key);
+        self.forget_if_unused(&key);
     }
 
     fn settle(&mut self, id: u64, slot: usize, result: ProduceResult) {
@@ -407,6 +430,24 @@ impl State {
     }
 }
 
+/// Runs a connection's task; if it panics (a bug), its partition hears of a broken
+/// connection, so the frame in flight is answered and the next request connects again.
+fn supervised<F: std::future::Future<Output = ()> + Send + 'static>(
+    key: Key,
+    generation: u64,
+    task: F,
+    messages: UnboundedSender<Message>,
+) {
+    let handle = tokio::spawn(task);
+    tokio::spawn(async move {
+        if let Err(e) = handle.await {
+            if e.is_panic() {
+                let _ = messages.send(Message::Broken { key, generation, reason: "its task failed".into() });
+            }
+        }
+    });
+}
+
 /// One partition replica's connection: a frame at a time, its answer read before the next.
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     key: Key,
@@ -439,12 +480,16 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
         };
-        correlation_id = (correlation_id + 1) & 0x7FFF_FFFF;
+        correlation_id = correlation_id.wrapping_add(1) & 0x7FFF_FFFF;
         let count = batch.len();
         let frame = dataplane::produce_frame(correlation_id, &batch);
         drop(batch);
         let outcome = exchange(&mut stream, &frame, correlation_id, count, &errors).await;
         drop(frame);
+        let outcome = match outcome {
+            Ok(Err(e)) if e.code == NETWORK_EXCEPTION => Err(format!("the replica answered {}", e.message)),
+            other => other,
+        };
         match outcome {
             Ok(outcome) => {
                 if messages.send(Message::Answered { key: key.clone(), generation, outcome }).is_err() {

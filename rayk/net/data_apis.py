@@ -124,8 +124,13 @@ async def _produce_natively(native: NativeProduce, view: BrokerView, request: An
             else:
                 partitions.append((p.index, native_produce.records_of(p.records), 0, None))
         topics.append((t.name, partitions))
-    frame, failed = await native.submit(request.head.api_version, request.head.correlation_id, body.acks,
-                                        ms(body.timeout), body.transactional_id, transaction_version, topics)
+    try:
+        frame, failed = await native.submit(request.head.api_version, request.head.correlation_id, body.acks,
+                                            ms(body.timeout), body.transactional_id, transaction_version, topics)
+    except Exception:  # the native thread died: an acks=0 client is not answered, its connection closes
+        if body.acks == 0:
+            return CLOSE_CONNECTION
+        raise
     if body.acks == 0:
         return CLOSE_CONNECTION if failed else None
     return NativeProduceFrame(frame, request.head.api_version)

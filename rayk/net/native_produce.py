@@ -101,10 +101,10 @@ class NativeProduce:
         throttle time of 0, whether a partition failed)."""
         assert self.alive and MIN_VERSION <= api_version <= MAX_VERSION
         request_id = next(self._ids)
-        future = self._loop.create_future()
-        self._futures[request_id] = future
         self._path.submit(request_id, api_version, correlation_id, acks, timeout_ms, transactional_id,
                           transaction_version, topics)
+        future = self._loop.create_future()  # answered in a later turn of the loop: held in time
+        self._futures[request_id] = future
         return future
 
     def close(self) -> None:
@@ -158,9 +158,9 @@ class NativeProduce:
             fd, unix = await self._open(address, f"the replica of {topic}-{partition}")
         except KafkaError as e:
             code, message = e.code, str(e)
-        except Exception as e:  # a bug: the requests still get an answer
+        except Exception as e:  # a bug: the requests still get an answer (as broker_view.error_message_of words it)
             logger.error("looking up the endpoint of %s-%d failed", topic, partition, exc_info=e)
-            code, message = UnknownServerError.code, str(UnknownServerError(f"{type(e).__name__}: {e}"))
+            code, message = UnknownServerError.code, f"{type(e).__name__}: {e}"
         else:
             if self.alive:
                 self._path.set_endpoint(topic, partition, fd, unix)
