@@ -317,14 +317,14 @@ async def _requests_not_answered_when_the_path_closes_are_cancelled():
     native.close()  # twice is fine
 
 
-def test_off_unless_the_environment_turns_it_on(monkeypatch):
+def test_on_where_built_unless_the_environment_turns_it_off(monkeypatch):
     monkeypatch.delenv(native_produce.ENABLED_ENV, raising=False)
-    assert native_produce.built() and not native_produce.available()
-    monkeypatch.setenv(native_produce.ENABLED_ENV, "1")
-    assert native_produce.available()
+    assert native_produce.built() and native_produce.available()
+    monkeypatch.setenv(native_produce.ENABLED_ENV, "0")
+    assert not native_produce.available()
 
 
-async def _a_native_thread_that_dies_fails_its_requests_and_turns_itself_off():
+async def _a_native_path_that_panics_fails_its_requests_and_turns_itself_off():
     replica = FakeReplica()
     replica.hold.clear()
     native = await started({("t", 0): replica})
@@ -332,17 +332,20 @@ async def _a_native_thread_that_dies_fails_its_requests_and_turns_itself_off():
         pending = native.submit(9, 1, -1, 5000, None, 1, [("t", [(0, b"a", 0, None)])])
         while not replica.frames:
             await asyncio.sleep(0.01)
-        native._path._crash_for_tests()
+        with pytest.raises(rayk.errors.UnknownServerError, match="native produce path stopped"):
+            native._call(native._path._crash_for_tests)
         with pytest.raises(rayk.errors.UnknownServerError, match="native produce path stopped"):
             await pending
-        assert not native.alive
+        assert not native.alive and not native._fds, "its sockets were closed"
+        with pytest.raises(rayk.errors.UnknownServerError):
+            native._call(native._path.on_readable, 0)
     finally:
         replica.hold.set()
         native.close()
 
 
-def test_a_native_thread_that_dies_fails_its_requests_and_turns_itself_off(each_event_loop):
-    asyncio.run(_a_native_thread_that_dies_fails_its_requests_and_turns_itself_off())
+def test_a_native_path_that_panics_fails_its_requests_and_turns_itself_off(each_event_loop):
+    asyncio.run(_a_native_path_that_panics_fails_its_requests_and_turns_itself_off())
 
 
 async def _a_transactional_id_too_long_for_the_data_plane_is_refused_before_any_replica():
@@ -376,3 +379,20 @@ async def _a_replica_answering_a_network_error_is_connected_to_again_as_the_pyth
 
 def test_a_replica_answering_a_network_error_is_connected_to_again_as_the_python_path_does(each_event_loop):
     asyncio.run(_a_replica_answering_a_network_error_is_connected_to_again_as_the_python_path_does())
+
+
+async def _frames_larger_than_the_sockets_buffer_are_written_as_it_drains():
+    replica = FakeReplica()
+    native = await started({("t", 0): replica})
+    try:
+        big = [bytes([i]) * (3 << 20) for i in range(3)]  # 3 MiB each: the socket takes a part at a time
+        answers = [native.submit(9, i, -1, 5000, None, 1, [("t", [(0, records, 0, None)])]) for i, records in enumerate(big)]
+        results = [partition_answer((await a)[0]) for a in answers]
+        assert results == [[("t", 0, 0, i, None)] for i in range(3)]
+        assert replica.log == big
+    finally:
+        native.close()
+
+
+def test_frames_larger_than_the_sockets_buffer_are_written_as_it_drains(each_event_loop):
+    asyncio.run(_frames_larger_than_the_sockets_buffer_are_written_as_it_drains())

@@ -1,7 +1,8 @@
 //! rayk._native: the per-request path in native code (see
 //! docs/design-notes/2026-12-03-native-request-path.md). So far: the listener's Produce
-//! from its decoded request to the Kafka response frame (produce_path.rs), with the data
-//! plane's PRODUCE exchange (dataplane.rs) and the Produce response (produce_response.rs).
+//! from its decoded request to the Kafka response frame (produce_path.rs), driven by the
+//! listener's event loop, with the data plane's PRODUCE exchange (dataplane.rs) and the
+//! Produce response (produce_response.rs).
 //! rayk runs without this module (a machine without cargo): the same path is Python's.
 
 mod dataplane;
@@ -9,85 +10,60 @@ mod produce_path;
 mod produce_response;
 
 use std::collections::HashMap;
-use std::os::fd::FromRawFd;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use dataplane::{ErrorTable, ProduceRequest};
-use produce_path::{Completion, Message, Outbox, PartitionIn, State, Stream, Submit};
+use produce_path::{Completion, PartitionIn, Path, Submit};
 use produce_response::PartitionAnswer;
 
 const ANSWERED: u8 = 0;
 const NEED_ENDPOINT: u8 = 1;
-const DIED: u8 = 2;
+const RELEASE: u8 = 2;
+const WANT_WRITE: u8 = 3;
 
 type PartitionArg<'py> = (i32, Option<Bound<'py, PyBytes>>, i16, Option<String>);
 
-/// A listener's produce path (produce_path.rs): one thread, started here, ended by `close`.
-#[pyclass(module = "rayk._native", frozen)]
+/// A listener's produce path (produce_path.rs), driven by its event loop's thread: every
+/// method returns what Python is to do next, as tuples: (0, id, frame, failed) a request
+/// answered, (1, topic, partition) an endpoint to look up, (2, fd) a descriptor to stop
+/// watching and close, (3, fd, on) a descriptor to watch for writability or not.
+#[pyclass(module = "rayk._native", unsendable)]
 struct ProducePath {
-    messages: UnboundedSender<Message>,
-    outbox: Arc<Outbox>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    path: Path,
 }
 
 fn error_table(errors: HashMap<String, (i16, String)>, max_record_errors: i32, max_frame_bytes: usize) -> ErrorTable {
     ErrorTable { by_class: errors, max_record_errors, max_frame_bytes }
 }
 
+fn completions<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    done.into_iter()
+        .map(|completion| match completion {
+            Completion::Answered { id, frame, failed } => (ANSWERED, id, PyBytes::new(py, &frame), failed).into_pyobject(py),
+            Completion::NeedEndpoint { topic, partition } => (NEED_ENDPOINT, topic, partition).into_pyobject(py),
+            Completion::Release { fd } => (RELEASE, fd).into_pyobject(py),
+            Completion::WantWrite { fd, on } => (WANT_WRITE, fd, on).into_pyobject(py),
+        })
+        .collect()
+}
+
 #[pymethods]
 impl ProducePath {
-    /// `event_fd`: an eventfd (the caller's, kept open until after `close`) written when
-    /// completions wait; `errors`: rayk.errors' class names -> (code, Kafka name).
+    /// `errors`: rayk.errors' class names -> (code, Kafka name).
     #[new]
-    fn new(
-        event_fd: i32,
-        broker_id: i32,
-        errors: HashMap<String, (i16, String)>,
-        max_record_errors: i32,
-        max_frame_bytes: usize,
-    ) -> PyResult<Self> {
-        let (messages, inbox) = unbounded_channel();
-        let outbox = Arc::new(Outbox::new(event_fd));
-        let state = State::new(
-            broker_id,
-            outbox.clone(),
-            Arc::new(error_table(errors, max_record_errors, max_frame_bytes)),
-            messages.clone(),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| PyRuntimeError::new_err(format!("the produce path's runtime: {e}")))?;
-        let thread_outbox = outbox.clone();
-        let thread = std::thread::Builder::new()
-            .name("rayk-produce".into())
-            .spawn(move || {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(state.run(inbox))));
-                if let Err(panic) = ran {
-                    let reason = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "a panic".into());
-                    thread_outbox.push(Completion::Died { reason });
-                }
-            })
-            .map_err(|e| PyRuntimeError::new_err(format!("the produce path's thread: {e}")))?;
-        Ok(ProducePath { messages, outbox, thread: Mutex::new(Some(thread)) })
+    fn new(broker_id: i32, errors: HashMap<String, (i16, String)>, max_record_errors: i32, max_frame_bytes: usize) -> Self {
+        ProducePath { path: Path::new(broker_id, error_table(errors, max_record_errors, max_frame_bytes)) }
     }
 
     /// One decoded Produce request: per topic, per partition (index, records or None,
-    /// error code (0: none), error message). Answered by a completion with `id`.
+    /// error code (0: none), error message), answered by a completion with `id`.
     #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &self,
+    fn submit<'py>(
+        &mut self,
+        py: Python<'py>,
         id: u64,
         version: i16,
         correlation_id: i32,
@@ -95,8 +71,8 @@ impl ProducePath {
         timeout_ms: i32,
         transactional_id: Option<String>,
         transaction_version: i8,
-        topics: Vec<(String, Vec<PartitionArg<'_>>)>,
-    ) -> PyResult<()> {
+        topics: Vec<(String, Vec<PartitionArg<'py>>)>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         if !(produce_response::MIN_VERSION..=produce_response::MAX_VERSION).contains(&version) {
             return Err(PyValueError::new_err(format!("Produce v{version} is not answered here")));
         }
@@ -114,65 +90,50 @@ impl ProducePath {
                 (name, partitions)
             })
             .collect();
-        let submit = Submit { id, version, correlation_id, acks, timeout_ms, transactional_id, transaction_version, topics };
-        self.send(Message::Submit(submit))
+        self.path.submit(Submit { id, version, correlation_id, acks, timeout_ms, transactional_id, transaction_version, topics });
+        completions(py, self.path.take())
     }
 
-    /// Hands over a connected socket to the partition's replica that has passed the data
-    /// plane's handshake (`fd` is owned from here on, also if this raises).
-    fn set_endpoint(&self, topic: String, partition: i32, fd: i32, unix: bool) -> PyResult<()> {
-        let stream = if unix {
-            Stream::Unix(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
-        } else {
-            Stream::Tcp(unsafe { std::net::TcpStream::from_raw_fd(fd) })
-        };
-        self.send(Message::Endpoint { key: (topic, partition), stream })
+    /// A connected, non-blocking socket to the partition's replica that has passed the data
+    /// plane's handshake. The descriptor stays Python's: it watches it and closes it when a
+    /// completion releases it (also at once, if the partition has a connection already).
+    fn set_endpoint<'py>(&mut self, py: Python<'py>, topic: String, partition: i32, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.path.set_endpoint((topic, partition), fd);
+        completions(py, self.path.take())
     }
 
     /// The partition's endpoint cannot be had: its waiting requests fail with this error.
-    fn fail_endpoint(&self, topic: String, partition: i32, code: i16, message: String) -> PyResult<()> {
-        self.send(Message::EndpointFailed { key: (topic, partition), code, message })
+    fn fail_endpoint<'py>(
+        &mut self,
+        py: Python<'py>,
+        topic: String,
+        partition: i32,
+        code: i16,
+        message: String,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.path.fail_endpoint((topic, partition), code, message);
+        completions(py, self.path.take())
     }
 
-    /// What completed since the last call: (0, id, frame, failed), (1, topic, partition)
-    /// for an endpoint to look up, (2, reason) if the thread died.
-    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.outbox
-            .take()
-            .into_iter()
-            .map(|completion| match completion {
-                Completion::Answered { id, frame, failed } => {
-                    (ANSWERED, id, PyBytes::new(py, &frame), failed).into_pyobject(py)
-                }
-                Completion::NeedEndpoint { topic, partition } => (NEED_ENDPOINT, topic, partition).into_pyobject(py),
-                Completion::Died { reason } => (DIED, reason).into_pyobject(py),
-            })
-            .collect()
+    fn on_readable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.path.on_readable(fd);
+        completions(py, self.path.take())
     }
 
-    /// Makes the thread panic, as a bug would: tests check that the listener answers and goes on.
+    fn on_writable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.path.on_writable(fd);
+        completions(py, self.path.take())
+    }
+
+    /// Forgets every request and connection; returns the descriptors it held (Python closes them).
+    fn close(&mut self) -> Vec<i32> {
+        self.path.close()
+    }
+
+    /// Panics, as a bug would: tests check that the listener answers and goes on.
     #[doc(hidden)]
-    fn _crash_for_tests(&self) -> PyResult<()> {
-        self.send(Message::Panic)
-    }
-
-    /// Ends the thread (its connections close, requests not answered are dropped) and waits for it.
-    fn close(&self, py: Python<'_>) {
-        let _ = self.messages.send(Message::Stop);
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = thread {
-            py.allow_threads(|| {
-                let _ = thread.join();
-            });
-        }
-    }
-}
-
-impl ProducePath {
-    fn send(&self, message: Message) -> PyResult<()> {
-        self.messages
-            .send(message)
-            .map_err(|_| PyRuntimeError::new_err("the produce path is closed"))
+    fn _crash_for_tests(&mut self) {
+        panic!("asked to, by a test");
     }
 }
 
@@ -263,6 +224,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_produce_answer, m)?)?;
     m.add("ANSWERED", ANSWERED)?;
     m.add("NEED_ENDPOINT", NEED_ENDPOINT)?;
-    m.add("DIED", DIED)?;
+    m.add("RELEASE", RELEASE)?;
+    m.add("WANT_WRITE", WANT_WRITE)?;
     Ok(())
 }

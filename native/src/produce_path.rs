@@ -1,5 +1,6 @@
 //! ProducePath: a listener's Kafka produce requests on their way to this broker's partition
-//! replicas, and their answers back, on a thread of their own with the GIL released.
+//! replicas, and their answers back, driven by the listener's event loop: no thread of its
+//! own, so a request costs no wake-up beyond the client's and the replica's, as in Python.
 //!
 //! What `rayk/net/produce_coalescer.py` and `rayk/dataplane/replica_link.py` do in Python,
 //! per request: per partition, one PRODUCE frame in flight on the replica's data plane
@@ -10,25 +11,22 @@
 //!
 //! Python keeps every decision: it decodes the request (kio), checks the ACLs, and submits
 //! each partition's records or the error it already decided; it looks up a replica's
-//! endpoint when asked (`NeedEndpoint`: it calls the replica's actor, opens the Unix socket,
-//! does the handshake, and hands the proven socket over) or answers why it cannot
-//! (`fail_endpoint`). A connection that breaks fails the frame in flight with
-//! NOT_LEADER_OR_FOLLOWER, as the Python path does, and the next request asks Python again
-//! (Ray may have restarted the replica: a new endpoint, a new secret).
-//!
-//! Completions go to Python through a queue and an eventfd its event loop watches: this
-//! thread never takes the GIL.
+//! endpoint when asked (`NeedEndpoint`: it calls the replica's actor, opens the socket, does
+//! the handshake, and hands the proven, non-blocking socket over) or answers why it cannot
+//! (`fail_endpoint`). Python owns the sockets' descriptors: it watches them
+//! (`on_readable` / `on_writable` are its event loop's callbacks) and closes one when told
+//! (`Release`); this module only reads and writes them. A connection that breaks fails the
+//! frame in flight with NOT_LEADER_OR_FOLLOWER, as the Python path does, and the next
+//! request asks Python again (Ray may have restarted the replica: a new endpoint, a new
+//! secret). One idle for IDLE_TIMEOUT is released before it is used again, before the
+//! endpoint's own idle close could meet a frame.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use std::time::{Duration, Instant};
 
 use crate::dataplane::{self, ErrorTable, KafkaError, ProduceRequest, ProduceResult};
 use crate::produce_response::{self, PartitionAnswer};
@@ -40,6 +38,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(540);
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const NETWORK_EXCEPTION: i16 = 13;
 const INVALID_REQUEST: i16 = 42;
+const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 pub type Key = (String, i32);
 
@@ -61,63 +60,17 @@ pub struct Submit {
     pub topics: Vec<(String, Vec<PartitionIn>)>,
 }
 
+/// What Python is to do after a call.
 pub enum Completion {
     /// The request's Produce response frame (size prefix included, throttle time 0), and
     /// whether a partition failed (an acks=0 request then closes its connection).
     Answered { id: u64, frame: Vec<u8>, failed: bool },
-    /// Python is to look up this partition's replica endpoint (set_endpoint / fail_endpoint).
+    /// Look up this partition's replica endpoint (set_endpoint / fail_endpoint).
     NeedEndpoint { topic: String, partition: i32 },
-    /// The thread ended with a panic: every request it held is lost, and Python answers them.
-    Died { reason: String },
-}
-
-pub enum Stream {
-    Unix(std::os::unix::net::UnixStream),
-    Tcp(std::net::TcpStream),
-}
-
-pub enum Message {
-    Submit(Submit),
-    Endpoint { key: Key, stream: Stream },
-    EndpointFailed { key: Key, code: i16, message: String },
-    Answered { key: Key, generation: u64, outcome: Result<Vec<ProduceResult>, KafkaError> },
-    Broken { key: Key, generation: u64, reason: String },
-    Idle { key: Key, generation: u64 },
-    Stop,
-    /// Tests' way to see the thread die (ProducePath._crash_for_tests).
-    Panic,
-}
-
-/// Completions waiting for Python, and the eventfd that wakes its event loop.
-pub struct Outbox {
-    done: Mutex<Vec<Completion>>,
-    event_fd: RawFd,
-}
-
-impl Outbox {
-    pub fn new(event_fd: RawFd) -> Self {
-        Outbox { done: Mutex::new(Vec::new()), event_fd }
-    }
-
-    /// Queues `completion`; wakes Python if the queue was empty (Python reads the eventfd
-    /// before it drains, so a completion queued after its drain wakes it again).
-    pub fn push(&self, completion: Completion) {
-        let was_empty = {
-            let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
-            let was_empty = done.is_empty();
-            done.push(completion);
-            was_empty
-        };
-        if was_empty {
-            // The eventfd is Python's (it closes it after close()): borrowed, never closed here.
-            let mut fd = ManuallyDrop::new(unsafe { File::from_raw_fd(self.event_fd) });
-            let _ = fd.write(&1u64.to_ne_bytes());
-        }
-    }
-
-    pub fn take(&self) -> Vec<Completion> {
-        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
-    }
+    /// Stop watching this descriptor and close it: its connection is done with.
+    Release { fd: RawFd },
+    /// Watch this descriptor for writability (true: a frame waits for room) or stop (false).
+    WantWrite { fd: RawFd, on: bool },
 }
 
 struct Waiting {
@@ -126,10 +79,21 @@ struct Waiting {
     request: ProduceRequest,
 }
 
+/// A proven connection to one partition replica's endpoint (its descriptor is Python's).
+struct Link {
+    fd: RawFd,
+    out: Vec<u8>,
+    out_at: usize,
+    wants_write: bool,
+    inbuf: Vec<u8>,
+    correlation_id: i32,
+    last_active: Instant,
+}
+
 enum Conn {
     None,
     Resolving,
-    Ready { frames: UnboundedSender<Vec<ProduceRequest>>, generation: u64 },
+    Ready(Box<Link>),
 }
 
 struct Partition {
@@ -147,43 +111,37 @@ struct RequestState {
     remaining: usize,
 }
 
-pub struct State {
+pub struct Path {
     broker_id: i32,
     partitions: HashMap<Key, Partition>,
+    by_fd: HashMap<RawFd, Key>,
     requests: HashMap<u64, RequestState>,
-    outbox: Arc<Outbox>,
-    errors: Arc<ErrorTable>,
-    messages: UnboundedSender<Message>,
-    next_generation: u64,
+    errors: ErrorTable,
+    done: Vec<Completion>,
 }
 
-impl State {
-    pub fn new(broker_id: i32, outbox: Arc<Outbox>, errors: Arc<ErrorTable>, messages: UnboundedSender<Message>) -> Self {
-        State { broker_id, partitions: HashMap::new(), requests: HashMap::new(), outbox, errors, messages, next_generation: 0 }
+/// A borrowed descriptor: read and written, never closed here.
+fn borrowed(fd: RawFd) -> ManuallyDrop<File> {
+    ManuallyDrop::new(unsafe { File::from_raw_fd(fd) })
+}
+
+impl Path {
+    pub fn new(broker_id: i32, errors: ErrorTable) -> Self {
+        Path { broker_id, partitions: HashMap::new(), by_fd: HashMap::new(), requests: HashMap::new(), errors, done: Vec::new() }
     }
 
-    /// Serves messages until Stop (or every sender is gone).
-    pub async fn run(mut self, mut inbox: UnboundedReceiver<Message>) {
-        while let Some(message) = inbox.recv().await {
-            match message {
-                Message::Submit(submit) => self.submit(submit),
-                Message::Endpoint { key, stream } => self.connected(key, stream),
-                Message::EndpointFailed { key, code, message } => self.endpoint_failed(key, code, message),
-                Message::Answered { key, generation, outcome } => self.answered(key, generation, outcome),
-                Message::Broken { key, generation, reason } => self.broken(key, generation, reason),
-                Message::Idle { key, generation } => {
-                    if let Some(p) = self.partitions.get_mut(&key) {
-                        if matches!(p.conn, Conn::Ready { generation: g, .. } if g == generation) {
-                            p.conn = Conn::None;
-                            self.dispatch(&key);
-                            self.forget_if_unused(&key);
-                        }
-                    }
-                }
-                Message::Stop => return,
-                Message::Panic => panic!("asked to, by a test"),
-            }
-        }
+    /// What the last call left for Python to do.
+    pub fn take(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// Every descriptor held (Python closes them): the path is closing.
+    pub fn close(&mut self) -> Vec<RawFd> {
+        let fds = self.by_fd.keys().copied().collect();
+        self.by_fd.clear();
+        self.partitions.clear();
+        self.requests.clear();
+        fds
     }
 
     fn partition(&mut self, key: &Key) -> &mut Partition {
@@ -192,7 +150,7 @@ impl State {
             .or_insert_with(|| Partition { conn: Conn::None, waiting: VecDeque::new(), in_flight: None })
     }
 
-    fn submit(&mut self, s: Submit) {
+    pub fn submit(&mut self, s: Submit) {
         let total: usize = s.topics.iter().map(|(_, ps)| ps.len()).sum();
         // The data plane carries a transactional id's size as an int16 (frames.py): a longer
         // one is refused here, as the Python path's frame encoder refuses it.
@@ -258,13 +216,23 @@ impl State {
         if p.in_flight.is_some() || p.waiting.is_empty() {
             return;
         }
-        match &p.conn {
+        if let Conn::Ready(link) = &p.conn {
+            if link.last_active.elapsed() >= IDLE_TIMEOUT {
+                // Idle past the client's bound: closed before the endpoint's close could meet a frame.
+                let fd = link.fd;
+                p.conn = Conn::None;
+                self.by_fd.remove(&fd);
+                self.done.push(Completion::Release { fd });
+            }
+        }
+        let Some(p) = self.partitions.get_mut(key) else { return };
+        match &mut p.conn {
             Conn::Resolving => {}
             Conn::None => {
                 p.conn = Conn::Resolving;
-                self.outbox.push(Completion::NeedEndpoint { topic: key.0.clone(), partition: key.1 });
+                self.done.push(Completion::NeedEndpoint { topic: key.0.clone(), partition: key.1 });
             }
-            Conn::Ready { frames, .. } => {
+            Conn::Ready(link) => {
                 let mut size = 0usize;
                 let mut batch = Vec::new();
                 let mut flights = Vec::new();
@@ -277,51 +245,138 @@ impl State {
                     flights.push((w.id, w.slot));
                     batch.push(w.request);
                 }
-                match frames.send(batch) {
-                    Ok(()) => p.in_flight = Some(flights),
-                    Err(returned) => {
-                        // The connection closed itself (idle) before it took this frame: the
-                        // requests go back in front, in order, and the endpoint is asked again.
-                        for ((id, slot), request) in flights.into_iter().zip(returned.0).rev() {
-                            p.waiting.push_front(Waiting { id, slot, request });
-                        }
-                        p.conn = Conn::None;
-                        self.dispatch(key);
-                    }
-                }
+                link.correlation_id = link.correlation_id.wrapping_add(1) & 0x7FFF_FFFF;
+                link.out = dataplane::produce_frame(link.correlation_id, &batch);
+                link.out_at = 0;
+                link.last_active = Instant::now();
+                p.in_flight = Some(flights);
+                let fd = link.fd;
+                self.flush(key, fd);
             }
         }
     }
 
-    fn connected(&mut self, key: Key, stream: Stream) {
-        if matches!(self.partition(&key).conn, Conn::Ready { .. }) {
-            return; // one is open already (an endpoint handed over twice): the new one is dropped
+    /// Writes what the partition's link has to write, as far as the socket takes it.
+    fn flush(&mut self, key: &Key, fd: RawFd) {
+        let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(key) else { return };
+        let mut file = borrowed(fd);
+        while link.out_at < link.out.len() {
+            match file.write(&link.out[link.out_at..]) {
+                Ok(n) => link.out_at += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if !link.wants_write {
+                        link.wants_write = true;
+                        self.done.push(Completion::WantWrite { fd, on: true });
+                    }
+                    return;
+                }
+                Err(e) => {
+                    let reason = format!("the connection broke: {e}");
+                    self.broken(key.clone(), reason);
+                    return;
+                }
+            }
         }
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        let (frames, inbox) = unbounded_channel();
-        let (messages, errors) = (self.messages.clone(), self.errors.clone());
-        let spawned = match stream {
-            Stream::Unix(s) => s
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::UnixStream::from_std(s))
-                .map(|s| supervised(key.clone(), generation, serve(key.clone(), generation, s, inbox, messages.clone(), errors), messages)),
-            Stream::Tcp(s) => s
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpStream::from_std(s))
-                .map(|s| supervised(key.clone(), generation, serve(key.clone(), generation, s, inbox, messages.clone(), errors), messages)),
+        link.out = Vec::new();
+        link.out_at = 0;
+        if link.wants_write {
+            link.wants_write = false;
+            self.done.push(Completion::WantWrite { fd, on: false });
+        }
+    }
+
+    pub fn on_writable(&mut self, fd: RawFd) {
+        if let Some(key) = self.by_fd.get(&fd).cloned() {
+            self.flush(&key, fd);
+        }
+    }
+
+    /// Reads what the socket holds; an answer read whole settles its frame's requests.
+    pub fn on_readable(&mut self, fd: RawFd) {
+        let Some(key) = self.by_fd.get(&fd).cloned() else { return };
+        let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(&key) else { return };
+        let mut file = borrowed(fd);
+        let mut chunk = [0u8; READ_CHUNK_BYTES];
+        let failure = loop {
+            match file.read(&mut chunk) {
+                Ok(0) => break Some("the endpoint closed the connection".to_string()),
+                Ok(n) => {
+                    link.inbuf.extend_from_slice(&chunk[..n]);
+                    if n < chunk.len() {
+                        break None;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break None,
+                Err(e) => break Some(format!("the connection broke: {e}")),
+            }
         };
-        if let Err(e) = spawned {
-            self.partition(&key).conn = Conn::Resolving;
-            let message = format!("NOT_LEADER_OR_FOLLOWER: the replica of {}-{} is unreachable: {e}", key.0, key.1);
-            self.endpoint_failed(key, NOT_LEADER_OR_FOLLOWER, message);
+        let answer = self.take_answer(&key);
+        if let Some(answer) = answer {
+            match answer {
+                Ok(outcome) => self.answered(&key, outcome),
+                Err(reason) => return self.broken(key, reason),
+            }
+        }
+        if let Some(reason) = failure {
+            self.broken(key, reason);
+        }
+    }
+
+    /// The answer to the frame in flight, once its bytes are all read (Err: the connection
+    /// is broken: an answer too large, to nothing in flight, or that does not parse).
+    fn take_answer(&mut self, key: &Key) -> Option<Result<Result<Vec<ProduceResult>, KafkaError>, String>> {
+        let Some(Partition { conn: Conn::Ready(link), in_flight, .. }) = self.partitions.get_mut(key) else { return None };
+        if link.inbuf.len() < 4 {
+            return None;
+        }
+        let size = u32::from_be_bytes(link.inbuf[..4].try_into().unwrap()) as usize;
+        if size > self.errors.max_frame_bytes {
+            return Some(Err(format!("an answer frame of {size} bytes")));
+        }
+        if link.inbuf.len() < 4 + size {
+            return None;
+        }
+        let Some(flights) = in_flight.as_ref() else {
+            return Some(Err("an answer to a request that was not sent".into()));
+        };
+        if link.inbuf.len() > 4 + size {
+            return Some(Err("bytes after the answer to the one request in flight".into()));
+        }
+        let body = std::mem::take(&mut link.inbuf);
+        link.last_active = Instant::now();
+        let read = dataplane::read_produce_answer(&body[4..], link.correlation_id, flights.len(), &self.errors);
+        Some(match read {
+            Err(e) => Err(format!("an answer that does not parse: {}", e.0)),
+            // A FAILED answer naming NETWORK_EXCEPTION: the replica's side broke; the
+            // connection is dropped, as ReplicaLink does.
+            Ok(Err(e)) if e.code == NETWORK_EXCEPTION => Err(format!("the replica answered {}", e.message)),
+            Ok(outcome) => Ok(outcome),
+        })
+    }
+
+    /// Hands over a proven, non-blocking socket to the partition's replica (Python watches it).
+    pub fn set_endpoint(&mut self, key: Key, fd: RawFd) {
+        if matches!(self.partition(&key).conn, Conn::Ready(_)) {
+            self.done.push(Completion::Release { fd }); // one is open already: the new one goes
             return;
         }
-        self.partition(&key).conn = Conn::Ready { frames, generation };
+        let link = Link {
+            fd,
+            out: Vec::new(),
+            out_at: 0,
+            wants_write: false,
+            inbuf: Vec::new(),
+            correlation_id: 0,
+            last_active: Instant::now(),
+        };
+        self.partition(&key).conn = Conn::Ready(Box::new(link));
+        self.by_fd.insert(fd, key.clone());
         self.dispatch(&key);
     }
 
-    fn endpoint_failed(&mut self, key: Key, code: i16, message: String) {
+    pub fn fail_endpoint(&mut self, key: Key, code: i16, message: String) {
         let p = self.partition(&key);
         if !matches!(p.conn, Conn::Resolving) {
             return;
@@ -345,11 +400,8 @@ impl State {
         }
     }
 
-    fn answered(&mut self, key: Key, generation: u64, outcome: Result<Vec<ProduceResult>, KafkaError>) {
-        let Some(p) = self.partitions.get_mut(&key) else { return };
-        if !matches!(p.conn, Conn::Ready { generation: g, .. } if g == generation) {
-            return;
-        }
+    fn answered(&mut self, key: &Key, outcome: Result<Vec<ProduceResult>, KafkaError>) {
+        let Some(p) = self.partitions.get_mut(key) else { return };
         let flights = p.in_flight.take().unwrap_or_default();
         match outcome {
             Ok(results) => {
@@ -364,15 +416,14 @@ impl State {
                 }
             }
         }
-        self.dispatch(&key);
+        self.dispatch(key);
     }
 
-    fn broken(&mut self, key: Key, generation: u64, reason: String) {
+    fn broken(&mut self, key: Key, reason: String) {
         let Some(p) = self.partitions.get_mut(&key) else { return };
-        if !matches!(p.conn, Conn::Ready { generation: g, .. } if g == generation) {
-            return;
-        }
-        p.conn = Conn::None;
+        let Conn::Ready(link) = std::mem::replace(&mut p.conn, Conn::None) else { return };
+        self.by_fd.remove(&link.fd);
+        self.done.push(Completion::Release { fd: link.fd });
         let flights = p.in_flight.take().unwrap_or_default();
         let (topic, partition) = &key;
         let error = KafkaError {
@@ -426,105 +477,6 @@ impl State {
             })
             .collect();
         let frame = produce_response::encode(state.version, state.correlation_id, &topics);
-        self.outbox.push(Completion::Answered { id, frame, failed });
+        self.done.push(Completion::Answered { id, frame, failed });
     }
-}
-
-/// Runs a connection's task; if it panics (a bug), its partition hears of a broken
-/// connection, so the frame in flight is answered and the next request connects again.
-fn supervised<F: std::future::Future<Output = ()> + Send + 'static>(
-    key: Key,
-    generation: u64,
-    task: F,
-    messages: UnboundedSender<Message>,
-) {
-    let handle = tokio::spawn(task);
-    tokio::spawn(async move {
-        if let Err(e) = handle.await {
-            if e.is_panic() {
-                let _ = messages.send(Message::Broken { key, generation, reason: "its task failed".into() });
-            }
-        }
-    });
-}
-
-/// One partition replica's connection: a frame at a time, its answer read before the next.
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
-    key: Key,
-    generation: u64,
-    mut stream: S,
-    mut frames: UnboundedReceiver<Vec<ProduceRequest>>,
-    messages: UnboundedSender<Message>,
-    errors: Arc<ErrorTable>,
-) {
-    let mut correlation_id: i32 = 0;
-    let mut closing = false;
-    loop {
-        let batch = if closing {
-            match frames.recv().await {
-                Some(batch) => batch,
-                None => {
-                    let _ = messages.send(Message::Idle { key, generation });
-                    return;
-                }
-            }
-        } else {
-            match tokio::time::timeout(IDLE_TIMEOUT, frames.recv()).await {
-                Ok(Some(batch)) => batch,
-                Ok(None) => return, // the path stopped
-                Err(_) => {
-                    // Idle: no frame is taken after this, but one sent before it still is.
-                    frames.close();
-                    closing = true;
-                    continue;
-                }
-            }
-        };
-        correlation_id = correlation_id.wrapping_add(1) & 0x7FFF_FFFF;
-        let count = batch.len();
-        let frame = dataplane::produce_frame(correlation_id, &batch);
-        drop(batch);
-        let outcome = exchange(&mut stream, &frame, correlation_id, count, &errors).await;
-        drop(frame);
-        let outcome = match outcome {
-            Ok(Err(e)) if e.code == NETWORK_EXCEPTION => Err(format!("the replica answered {}", e.message)),
-            other => other,
-        };
-        match outcome {
-            Ok(outcome) => {
-                if messages.send(Message::Answered { key: key.clone(), generation, outcome }).is_err() {
-                    return;
-                }
-            }
-            Err(reason) => {
-                let _ = messages.send(Message::Broken { key, generation, reason });
-                return;
-            }
-        }
-    }
-}
-
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    frame: &[u8],
-    correlation_id: i32,
-    count: usize,
-    errors: &ErrorTable,
-) -> Result<Result<Vec<ProduceResult>, KafkaError>, String> {
-    stream.write_all(frame).await.map_err(|e| format!("the connection broke: {e}"))?;
-    let mut size = [0u8; 4];
-    stream.read_exact(&mut size).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => "the endpoint closed the connection".to_string(),
-        _ => format!("the connection broke: {e}"),
-    })?;
-    let size = u32::from_be_bytes(size) as usize;
-    if size > errors.max_frame_bytes {
-        return Err(format!("an answer frame of {size} bytes"));
-    }
-    let mut body = vec![0u8; size];
-    stream.read_exact(&mut body).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => "the endpoint closed the connection".to_string(),
-        _ => format!("the connection broke: {e}"),
-    })?;
-    dataplane::read_produce_answer(&body, correlation_id, count, errors).map_err(|e| format!("an answer that does not parse: {}", e.0))
 }

@@ -272,8 +272,8 @@ class BrokerView:
 
     def native_produce(self) -> NativeProduce | None:
         """The native produce path (native_produce.py), made at the first call on the
-        listener's event loop where it is built and turned on (RAYK_NATIVE=1); None
-        otherwise, or once it died."""
+        listener's event loop where it is built and not turned off (RAYK_NATIVE=0); None
+        otherwise, or once it stopped."""
         if not self._native_tried:
             self._native_tried = True
             if native_produce.available():
@@ -282,7 +282,7 @@ class BrokerView:
         return native if native is not None and native.alive else None
 
     def close(self) -> None:
-        """Ends what runs beside the event loop (the native produce path's thread)."""
+        """Ends the native produce path (its replica sockets close)."""
         if self._native_produce is not None:
             self._native_produce.close()
 

@@ -127,7 +127,7 @@ async def _produce_natively(native: NativeProduce, view: BrokerView, request: An
     try:
         frame, failed = await native.submit(request.head.api_version, request.head.correlation_id, body.acks,
                                             ms(body.timeout), body.transactional_id, transaction_version, topics)
-    except Exception:  # the native thread died: an acks=0 client is not answered, its connection closes
+    except Exception:  # the native path stopped: an acks=0 client is not answered, its connection closes
         if body.acks == 0:
             return CLOSE_CONNECTION
         raise

@@ -1,31 +1,25 @@
 """NativeProduce: a listener's Produce requests from their decoded form to their response
-frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), with
-RAYK_NATIVE=1 where rayk was built with cargo; otherwise `data_apis.produce` takes the
+frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), where rayk
+was built with cargo; without it, or with RAYK_NATIVE=0, `data_apis.produce` takes the
 Python path (ProduceCoalescer, ReplicaLink), which does the same.
-
-Off by default, because measured it does not pay yet (docs/design-notes/
-2026-12-03-native-request-path.md, 2026-12-06): the listener's Python still reads each
-request, and the hand-offs to and from the native thread cost two more wake-ups per
-request than the Python path's (the thread's ~40 µs of CPU per request at 1,000
-records/s), and the event loop did not get cheaper. It is the first use of the crate that
-step 2 (a native listener owning its clients' sockets, where no request wakes Python)
-builds on.
 
 Python keeps the decisions: the request is decoded (kio) and authorized here, each
 partition goes to the native path with its records or the error already decided, and the
-native thread does what each request costs (per partition one PRODUCE frame in flight to
-this broker's replica, the requests that wait meanwhile coalesced into the next one, the
-answers read back, the Kafka response written) with the GIL released. It asks for a
+native code does what each request costs in Python (per partition one PRODUCE frame in
+flight to this broker's replica, the requests that wait meanwhile coalesced into the next
+one, the answers read back, the Kafka response written). It runs on the listener's event
+loop, called when a request is submitted and when a replica's socket is readable: no
+thread of its own, so a request wakes the listener no more often than on the Python path
+(a first version with a thread of its own cost two more wake-ups per request, more than
+it saved: docs/design-notes/2026-12-03-native-request-path.md, 2026-12-06). It asks for a
 replica's endpoint when it needs one: this owns that lookup (the replica's actor, its Unix
 socket, the data plane handshake), and hands the proven socket over.
-
-Completions come back through an eventfd the listener's event loop watches: one wake per
-batch of completions, no thread of rayk's taking the GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -45,7 +39,7 @@ except ImportError:  # built without cargo: the Python path serves every Produce
 
 logger = logging.getLogger(__name__)
 
-ENABLED_ENV = "RAYK_NATIVE"  # "1": the native path, where it is built
+ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python path, even where the native one is built
 MIN_VERSION, MAX_VERSION = 3, 12  # the Produce versions the native response is written for
 
 # topic, partition -> the address of this broker's replica of it (raises its KafkaError)
@@ -60,8 +54,8 @@ def built() -> bool:
 
 
 def available() -> bool:
-    """Whether the native path is built and turned on (RAYK_NATIVE=1)."""
-    return _native is not None and os.environ.get(ENABLED_ENV, "0") == "1"
+    """Whether the native path is built and not turned off (RAYK_NATIVE=0)."""
+    return _native is not None and os.environ.get(ENABLED_ENV, "1") != "0"
 
 
 def error_table() -> dict[str, tuple[int, str]]:
@@ -75,24 +69,23 @@ def error_table() -> dict[str, tuple[int, str]]:
 
 
 class NativeProduce:
-    """One listener's native produce path: owns the ProducePath (its thread), the eventfd it
-    wakes the event loop with, the futures of the requests submitted and the endpoint
-    lookups under way. Made on the listener's event loop, by its BrokerView; `close` ends
-    it. If the native thread dies (a panic), its requests fail with UNKNOWN_SERVER_ERROR,
-    `alive` turns False, and the BrokerView serves Produce the Python way from then on."""
+    """One listener's native produce path: owns the ProducePath, the futures of the requests
+    submitted, the endpoint lookups under way and the replica sockets it watches for the
+    path (their descriptors: the path reads and writes them, this closes them). Made on the
+    listener's event loop, by its BrokerView; `close` ends it. If a native call raises (a
+    bug, a panic), every request it held fails with UNKNOWN_SERVER_ERROR, `alive` turns
+    False, and the BrokerView serves Produce the Python way from then on."""
 
     def __init__(self, broker_id: int, node_id: str, resolve: ResolveEndpoint) -> None:
         assert _native is not None, "rayk._native is not built"
         self._loop = asyncio.get_running_loop()
         self._node_id, self._resolve = node_id, resolve
-        self._event_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._path = _native.ProducePath(self._event_fd, broker_id, error_table(), MAX_RECORD_ERRORS,
-                                         frames.MAX_FRAME_BYTES)
+        self._path = _native.ProducePath(broker_id, error_table(), MAX_RECORD_ERRORS, frames.MAX_FRAME_BYTES)
         self._futures: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._lookups: set[asyncio.Task] = set()
+        self._fds: set[int] = set()  # the replica sockets watched for the path
         self.alive = True
-        self._loop.add_reader(self._event_fd, self._on_completions)
 
     def submit(self, api_version: int, correlation_id: int, acks: int, timeout_ms: int,
                transactional_id: str | None, transaction_version: int, topics: Topics) -> asyncio.Future:
@@ -101,33 +94,47 @@ class NativeProduce:
         throttle time of 0, whether a partition failed)."""
         assert self.alive and MIN_VERSION <= api_version <= MAX_VERSION
         request_id = next(self._ids)
-        self._path.submit(request_id, api_version, correlation_id, acks, timeout_ms, transactional_id,
-                          transaction_version, topics)
-        future = self._loop.create_future()  # answered in a later turn of the loop: held in time
-        self._futures[request_id] = future
+        future = self._loop.create_future()
+        self._futures[request_id] = future  # before the call: a request of decided errors is answered by it
+        try:
+            self._call(self._path.submit, request_id, api_version, correlation_id, acks, timeout_ms,
+                       transactional_id, transaction_version, topics)
+        except UnknownServerError:
+            if future.done() and not future.cancelled():
+                future.exception()  # raised here instead, not left unretrieved
+            raise
         return future
 
     def close(self) -> None:
-        """Ends the native thread; requests not answered yet are cancelled."""
-        if self._event_fd < 0:
+        """Ends the path: its sockets close, requests not answered yet are cancelled."""
+        if not self.alive and not self._fds and not self._futures:
             return
         self.alive = False
-        self._loop.remove_reader(self._event_fd)
-        self._path.close()
-        os.close(self._event_fd)
-        self._event_fd = -1
+        try:
+            self._path.close()
+        except BaseException as e:  # a panic: the descriptors are closed below all the same
+            logger.error("closing the native produce path failed: %r", e)
+        for fd in list(self._fds):
+            self._release(fd)
         for lookup in self._lookups:
             lookup.cancel()
         futures, self._futures = self._futures, {}
         for future in futures.values():
             future.cancel()
 
-    def _on_completions(self) -> None:
-        try:  # first: a completion queued after the drain below writes the eventfd again
-            os.eventfd_read(self._event_fd)
-        except BlockingIOError:
-            pass
-        for completion in self._path.drain():
+    def _call(self, method: Callable[..., list[tuple]], *args: Any) -> None:
+        """`method(*args)` on the path, then what it says to do. A native call that raises
+        (a panic is PyO3's PanicException, a BaseException) stops the path."""
+        if not self.alive:
+            raise UnknownServerError("the native produce path stopped")
+        try:
+            completions = method(*args)
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self._died(repr(e))
+            raise UnknownServerError(f"the native produce path stopped: {e!r}") from None
+        for completion in completions:
             kind = completion[0]
             if kind == _native.ANSWERED:
                 _, request_id, frame, failed = completion
@@ -138,12 +145,41 @@ class NativeProduce:
                 lookup = self._loop.create_task(self._connect(completion[1], completion[2]))
                 self._lookups.add(lookup)
                 lookup.add_done_callback(self._lookups.discard)
+            elif kind == _native.RELEASE:
+                self._release(completion[1])
+            elif completion[2]:  # WANT_WRITE: a frame waits for room in the socket
+                self._loop.add_writer(completion[1], self._on_writable, completion[1])
             else:
-                self._died(completion[1])
+                self._loop.remove_writer(completion[1])
+
+    def _on_readable(self, fd: int) -> None:
+        try:
+            self._call(self._path.on_readable, fd)
+        except UnknownServerError:
+            pass  # the path stopped: _died answered its requests
+
+    def _on_writable(self, fd: int) -> None:
+        try:
+            self._call(self._path.on_writable, fd)
+        except UnknownServerError:
+            pass
+
+    def _watch(self, fd: int) -> None:
+        self._fds.add(fd)
+        self._loop.add_reader(fd, self._on_readable, fd)
+
+    def _release(self, fd: int) -> None:
+        if fd in self._fds:
+            self._fds.discard(fd)
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+            os.close(fd)
 
     def _died(self, reason: str) -> None:
         logger.error("the native produce path stopped (%s): Produce is served in Python from now on", reason)
         self.alive = False
+        for fd in list(self._fds):
+            self._release(fd)
         futures, self._futures = self._futures, {}
         for future in futures.values():
             if not future.done():
@@ -151,29 +187,32 @@ class NativeProduce:
 
     async def _connect(self, topic: str, partition: int) -> None:
         """Looks up the replica's endpoint, opens and proves a connection to it, and hands
-        the socket to the native path; or tells it why not (its waiting requests fail with
-        that error, the next request asks again)."""
+        the socket to the path; or tells it why not (its waiting requests fail with that
+        error, the next request asks again)."""
         try:
             address = await self._resolve(topic, partition)
-            fd, unix = await self._open(address, f"the replica of {topic}-{partition}")
+            fd = await self._open(address, f"the replica of {topic}-{partition}")
         except KafkaError as e:
             code, message = e.code, str(e)
         except Exception as e:  # a bug: the requests still get an answer (as broker_view.error_message_of words it)
             logger.error("looking up the endpoint of %s-%d failed", topic, partition, exc_info=e)
             code, message = UnknownServerError.code, f"{type(e).__name__}: {e}"
         else:
-            if self.alive:
-                self._path.set_endpoint(topic, partition, fd, unix)
-            else:
+            if not self.alive:
                 os.close(fd)
+                return
+            self._watch(fd)  # before the call: what it writes is answered on a later turn of the loop
+            with contextlib.suppress(UnknownServerError):
+                self._call(self._path.set_endpoint, topic, partition, fd)
             return
         if self.alive:
-            self._path.fail_endpoint(topic, partition, code, message)
+            with contextlib.suppress(UnknownServerError):
+                self._call(self._path.fail_endpoint, topic, partition, code, message)
 
-    async def _open(self, address: EndpointAddress, name: str) -> tuple[int, bool]:
+    async def _open(self, address: EndpointAddress, name: str) -> int:
         """A connection to the endpoint through its handshake, as connection.Connection
-        opens one, detached from the event loop: (its descriptor, whether it is a Unix
-        socket). NOT_LEADER_OR_FOLLOWER if it cannot be had, as for a broken link."""
+        opens one, detached from asyncio's transport: its descriptor (non-blocking, as the
+        transport's socket was). NOT_LEADER_OR_FOLLOWER if it cannot be had, as for a broken link."""
         local = address.node_id == self._node_id
         if not local and address.tls_certificate:
             # A broker's replicas run on its node (hard node affinity), so its listener
@@ -197,8 +236,9 @@ class NativeProduce:
             ) from None
         finally:
             if writer is not None:
-                writer.close()  # the transport's descriptor; the duplicate is the native path's
-        return fd, local
+                writer.close()  # the transport's descriptor; the duplicate is the path's
+        os.set_blocking(fd, False)
+        return fd
 
 
 def with_throttle(frame: bytes, api_version: int, throttle_ms: int) -> bytes:

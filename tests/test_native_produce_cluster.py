@@ -1,0 +1,85 @@
+"""The listener's native produce path on a 3-broker cluster, as Kafka clients meet it: an
+idempotent acks=all producer keeps producing through the listeners while the leader
+replica of a partition is killed (SIGKILL, by the pid in Ray's actor table) and Ray
+restarts it. The listener's connection to that replica breaks, its frame in flight is
+answered NOT_LEADER_OR_FOLLOWER, the client moves to the new leader, and once the replica
+is back its listener connects to the restarted one again. Every record is delivered, and
+read back once, in order per partition."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import rayk
+from rayk.net import native_produce
+from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+pytestmark = pytest.mark.skipif(not native_produce.available(), reason="the native produce path is not built here")
+
+TOPIC = "native-failover"
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    shared_local_ray()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = rayk.start(brokers=3, data_dir=tmp_path_factory.mktemp("native-produce"),
+                   config={**FAST_CONFIG, "auto.leader.rebalance.enable": False}, namespace="native-produce")
+    c.create_topic(TOPIC, num_partitions=PARTITIONS, replication_factor=3, config={"min.insync.replicas": "2"})
+    yield c
+    c.shutdown()
+
+
+def produce(producer, start: int, count: int, errors: list) -> None:
+    for i in range(start, start + count):
+        producer.produce(TOPIC, value=b"%06d" % i, partition=i % PARTITIONS,
+                         on_delivery=lambda err, msg: errors.append(err) if err is not None else None)
+        producer.poll(0)
+        time.sleep(0.002)
+
+
+def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_path(cluster):
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
+                                         "enable.idempotence": True, "linger.ms": 0,
+                                         "message.timeout.ms": 120_000})
+    errors: list = []
+    produce(producer, 0, 300, errors)
+    assert producer.flush(60) == 0 and not errors
+    leader = cluster.leader(TOPIC, 0)
+    before = cluster.describe_topic(TOPIC)[0]
+    os.kill(pid_of(leader), signal.SIGKILL)
+    produce(producer, 300, 600, errors)
+    assert producer.flush(120) == 0, "every record delivered"
+    assert not errors, errors[:3]
+    wait_until(lambda: len(cluster.describe_topic(TOPIC)[0]["isr"]) == 3, 60, "the restarted replica back in the ISR")
+    assert cluster.describe_topic(TOPIC)[0]["leader_epoch"] > before["leader_epoch"]
+    # Leadership back on the restarted replica (the preferred one): its broker's listener
+    # reaches the restarted process anew.
+    assert before["leader"] == before["replicas"][0]
+    admin = cluster.admin()
+    assert admin.elect_leaders([(TOPIC, 0)]) == {(TOPIC, 0): None}
+    wait_until(lambda: cluster.describe_topic(TOPIC)[0]["leader"] == before["leader"], 30, "the preferred leader back")
+    produce(producer, 900, 100, errors)
+    assert producer.flush(60) == 0 and not errors
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": "native-check",
+                                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([TOPIC])
+    got: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    deadline = time.monotonic() + 60
+    while sum(map(len, got.values())) < 1000 and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is not None and message.error() is None:
+            got[message.partition()].append(int(message.value()))
+    consumer.close()
+    for p in range(PARTITIONS):
+        assert got[p] == list(range(p, 1000, PARTITIONS)), f"partition {p}: each record once, in order"
