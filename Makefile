@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXTRAS := --extra test --extra spark --extra docs
 
-.PHONY: test demo bench bytecode clean chaos fuzz docs docs-serve
+.PHONY: test demo bench bytecode clean chaos fuzz fuzz-native docs docs-serve
 
 # uv is one binary: pip puts it in .uv/bin (a venv of its own, where this Python's pip is
 # missing, as on Debian without python3-pip).
@@ -59,9 +59,22 @@ chaos: bytecode fuzz
 
 # libFuzzer over the compiled record codec, the native code that meets clients' bytes, then
 # every input it kept through a build with AddressSanitizer and UBSan (tests/fuzz/).
+# Then, where cargo is installed, cargo-fuzz (libFuzzer with AddressSanitizer, on rustup's
+# nightly toolchain) over the native produce path's reading of replicas' answers
+# (native/fuzz/), for FUZZ_NATIVE_SECONDS.
 FUZZ_SECONDS ?= 300
+FUZZ_NATIVE_SECONDS ?= 120
+CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
 fuzz: bytecode
 	$(PY) -m tests.fuzz.compiled_records --seconds $(FUZZ_SECONDS)
+	if command -v cargo >/dev/null; then $(MAKE) fuzz-native; else echo "no cargo: native/ is not built, nothing to fuzz"; fi
+
+$(CARGO_FUZZ):
+	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
+
+fuzz-native: $(CARGO_FUZZ)
+	cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run produce_answer -- \
+	  -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1
 
 # The documentation site, built into site/ with --strict: a broken link, a page missing from
 # the navigation or an API reference that does not resolve fails the build.

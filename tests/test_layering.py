@@ -19,7 +19,8 @@ PACKAGE_DIR = Path(rayk.__file__).parent
 # Bottom to top. A module belongs to the first entry that is it or a package holding it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("common", ("rayk.errors", "rayk.listeners", "rayk.acls", "rayk.quotas", "rayk.scram", "rayk.metrics",
-                "rayk.internal_topics", "rayk.consumer_protocol", "rayk.ray_console", "rayk.child_stderr")),
+                "rayk.internal_topics", "rayk.consumer_protocol", "rayk.ray_console", "rayk.child_stderr",
+                "rayk._native")),  # compiled (native/): imports nothing of rayk
     ("storage", ("rayk.storage",)),
     ("config", ("rayk.config",)),
     ("metadata", ("rayk.metadata",)),

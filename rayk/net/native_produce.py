@@ -33,7 +33,7 @@ from rayk.dataplane.endpoint import EndpointAddress, keep_alive
 from rayk.errors import KafkaError, NetworkError, NotLeaderOrFollowerError, UnknownServerError, MAX_RECORD_ERRORS
 
 try:
-    from rayk import _native
+    import rayk._native as _native
 except ImportError:  # built without cargo: the Python path serves every Produce
     _native = None
 
