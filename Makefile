@@ -67,7 +67,9 @@ FUZZ_NATIVE_SECONDS ?= 120
 CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
 fuzz: bytecode
 	$(PY) -m tests.fuzz.compiled_records --seconds $(FUZZ_SECONDS)
-	if command -v cargo >/dev/null; then $(MAKE) fuzz-native; else echo "no cargo: native/ is not built, nothing to fuzz"; fi
+	if ! command -v cargo >/dev/null; then echo "no cargo: native/ is not built, nothing to fuzz"; \
+	elif ! cargo +nightly --version >/dev/null 2>&1; then echo "no nightly toolchain (rustup toolchain install nightly): native/ not fuzzed"; \
+	else $(MAKE) fuzz-native; fi
 
 $(CARGO_FUZZ):
 	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
