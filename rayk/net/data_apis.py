@@ -45,9 +45,10 @@ CLOSE_CONNECTION = object()  # an acks=0 produce that failed: Kafka closes the c
 
 
 async def produce(view: BrokerView, request: Any) -> dict | object | None:
-    """Queues every partition's records at the listener's ProduceCoalescer before anything
-    awaits (so a connection's requests are queued in the order they arrived), then
-    answers each partition with its result or its error code."""
+    """Queues every partition's records at the listener's ProduceCoalescer, or on the
+    native produce path where it is built (native_produce.py), before anything awaits (so
+    a connection's requests are queued in the order they arrived), then answers each
+    partition with its result or its error code."""
     body = request.body
     acks, timeout_ms, transactional_id = body.acks, ms(body.timeout), body.transactional_id
     transaction_version = transaction_version_of(request)  # 2: the leaders add the partitions (KIP-890)
