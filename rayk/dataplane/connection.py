@@ -71,26 +71,12 @@ class Connection:
     ) -> Connection:
         """Connects to `address` from a process on node `node_id`. NETWORK_EXCEPTION if the
         endpoint cannot be reached within CONNECT_TIMEOUT_MS or fails the handshake."""
-        local = address.node_id == node_id
-        where = "its Unix socket" if local else f"{address.host}:{address.port}"
-        writer = None
+        where = "its Unix socket" if address.node_id == node_id else f"{address.host}:{address.port}"
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
-                if local:
-                    reader, writer = await streams.open_unix_frame_streams(address.unix_path)
-                else:
-                    context = tls.client_context(address.tls_certificate) if address.tls_certificate else None
-                    reader, writer = await streams.open_tcp_frame_streams(
-                        address.host, address.port, context, handshake_timeout_s=tls.HANDSHAKE_TIMEOUT_S)
-                    keep_alive(writer.get_extra_info("socket"))  # a vanished node is found out, not only by a timeout
-                await handshake.connect(reader, writer, address.secret)
-        except BaseException as e:
-            if writer is not None:
-                writer.close()
-            if isinstance(e, (OSError, TimeoutError, asyncio.IncompleteReadError)):
-                raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
-                                   f"{e or type(e).__name__}") from None
-            raise
+            reader, writer = await open_proven_streams(address, node_id)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
+                               f"{e or type(e).__name__}") from None
         return cls(reader, writer, name, max_in_flight, idle_timeout_s)
 
     @property
@@ -185,3 +171,26 @@ class Connection:
             self._break("an answer " + why[2:])  # "an answer frame of N bytes"
         else:
             self._break(why)
+
+
+async def open_proven_streams(address: EndpointAddress, node_id: str) -> tuple[FrameReader, asyncio.StreamWriter]:
+    """The streams of a new connection to `address` from a process on node `node_id`, the
+    endpoint's secret proven both ways (handshake.py): its Unix socket on the same node, TCP
+    otherwise (TLS pinned to its certificate, if it has one). Raises OSError (HandshakeError
+    is one), TimeoutError past CONNECT_TIMEOUT_MS, or IncompleteReadError; nothing is left open."""
+    writer = None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
+            if address.node_id == node_id:
+                reader, writer = await streams.open_unix_frame_streams(address.unix_path)
+            else:
+                context = tls.client_context(address.tls_certificate) if address.tls_certificate else None
+                reader, writer = await streams.open_tcp_frame_streams(
+                    address.host, address.port, context, handshake_timeout_s=tls.HANDSHAKE_TIMEOUT_S)
+                keep_alive(writer.get_extra_info("socket"))  # a vanished node is found out, not only by a timeout
+            await handshake.connect(reader, writer, address.secret)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    return reader, writer

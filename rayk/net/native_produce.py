@@ -27,9 +27,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rayk import errors
-from rayk.dataplane import frames, handshake, streams
-from rayk.dataplane.connection import CONNECT_TIMEOUT_MS
-from rayk.dataplane.endpoint import EndpointAddress, keep_alive
+from rayk.dataplane import connection, frames
+from rayk.dataplane.endpoint import EndpointAddress
 from rayk.errors import KafkaError, NetworkError, NotLeaderOrFollowerError, UnknownServerError, MAX_RECORD_ERRORS
 
 try:
@@ -210,24 +209,16 @@ class NativeProduce:
                 self._call(self._path.fail_endpoint, topic, partition, code, message)
 
     async def _open(self, address: EndpointAddress, name: str) -> int:
-        """A connection to the endpoint through its handshake, as connection.Connection
-        opens one, detached from asyncio's transport: its descriptor (non-blocking, as the
+        """A connection to the endpoint through its handshake (connection.open_proven_streams,
+        as a Connection's), detached from asyncio's transport: its descriptor (non-blocking, as the
         transport's socket was). NOT_LEADER_OR_FOLLOWER if it cannot be had, as for a broken link."""
-        local = address.node_id == self._node_id
-        if not local and address.tls_certificate:
+        if address.node_id != self._node_id and address.tls_certificate:
             # A broker's replicas run on its node (hard node affinity), so its listener
             # reaches them over Unix sockets; TLS is for replicas of other nodes.
             raise NotLeaderOrFollowerError(f"{name} is on another node, behind TLS: not served natively")
         writer = None
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
-                if local:
-                    reader, writer = await streams.open_unix_frame_streams(address.unix_path)
-                else:
-                    reader, writer = await streams.open_tcp_frame_streams(
-                        address.host, address.port, None, handshake_timeout_s=CONNECT_TIMEOUT_MS / 1000)
-                    keep_alive(writer.get_extra_info("socket"))
-                await handshake.connect(reader, writer, address.secret)
+            _, writer = await connection.open_proven_streams(address, self._node_id)
             # The endpoint writes nothing after its proof until a request: nothing is staged.
             fd = os.dup(writer.get_extra_info("socket").fileno())
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
