@@ -60,8 +60,8 @@ chaos: bytecode fuzz
 # libFuzzer over the compiled record codec, the native code that meets clients' bytes, then
 # every input it kept through a build with AddressSanitizer and UBSan (tests/fuzz/).
 # Then, where cargo is installed, cargo-fuzz (libFuzzer with AddressSanitizer, on rustup's
-# nightly toolchain) over the native produce path's reading of replicas' answers
-# (native/fuzz/), for FUZZ_NATIVE_SECONDS.
+# nightly toolchain) over the native produce path's reading of replicas' answers and a
+# replica endpoint's reading of request frames (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
 FUZZ_SECONDS ?= 300
 FUZZ_NATIVE_SECONDS ?= 120
 CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
@@ -75,8 +75,10 @@ $(CARGO_FUZZ):
 	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
 
 fuzz-native: $(CARGO_FUZZ)
-	cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run produce_answer -- \
-	  -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1
+	for target in produce_answer endpoint_frames; do \
+	  (cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run $$target -- \
+	    -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1) || exit 1; \
+	done
 
 # The documentation site, built into site/ with --strict: a broken link, a page missing from
 # the navigation or an API reference that does not resolve fails the build.

@@ -19,16 +19,31 @@ from hypothesis import strategies as st
 
 from rayk import errors
 from rayk.dataplane import endpoint as endpoint_module
-from rayk.dataplane import answer_writer, frame_reader, frames, handshake, tls
+from rayk.dataplane import answer_writer, frame_reader, frames, handshake, native_endpoint, tls
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress, reachable_host
 from rayk.dataplane.frames import FetchRequest, FetchResult, ProduceRequest, ProduceResult, ShareFetchRequest, ShareFetchResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import NetworkError
+from rayk.storage.file_slice import FileSlice
 from rayk.dataplane import streams
 
-# Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both loops.
-pytestmark = pytest.mark.usefixtures("each_event_loop")
+# Ray runs the actors that hold endpoints and listeners on uvloop; these run them on both
+# loops, and every endpoint both ways: its connections served in Python and natively.
+pytestmark = pytest.mark.usefixtures("each_event_loop", "endpoint_path")
+
+
+@pytest.fixture(params=["python", "native"])
+def endpoint_path(request, monkeypatch):
+    """Endpoints serve their plain connections natively (native_endpoint.py) where the
+    crate is built, in Python with RAYK_NATIVE=0 (or without it)."""
+    if request.param == "native":
+        if native_endpoint._native is None:
+            pytest.skip("rayk._native is not built (no cargo): endpoints serve every connection in Python")
+        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "1")
+    else:
+        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "0")
+    return request.param
 
 NODE = "node-a"
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -976,11 +991,12 @@ class SlicedLog:
 
 @pytest.mark.parametrize("way", ["unix socket", "tcp", "tls", "sendfile off"])
 def test_a_log_slice_is_sent_from_the_file_by_sendfile_and_read_where_it_cannot_be(
-    tmp_path, keystores, monkeypatch, way
+    tmp_path, keystores, monkeypatch, way, endpoint_path
 ):
-    sendfile_calls = []
-    real_sendfile = os.sendfile
+    sendfile_calls, slices_read = [], []
+    real_sendfile, real_read = os.sendfile, FileSlice.read
     monkeypatch.setattr(os, "sendfile", lambda *args: sendfile_calls.append(args[3]) or real_sendfile(*args))
+    monkeypatch.setattr(FileSlice, "read", lambda self: slices_read.append(len(self)) or real_read(self))
 
     async def go():
         handler = SlicedLog(tmp_path, megabytes=4)
@@ -997,7 +1013,10 @@ def test_a_log_slice_is_sent_from_the_file_by_sendfile_and_read_where_it_cannot_
         handler.log.close()
 
     asyncio.run(go())
-    assert bool(sendfile_calls) == (way in ("unix socket", "tcp"))
+    by_sendfile = way in ("unix socket", "tcp")
+    assert bool(slices_read) != by_sendfile  # never read into the process where sendfile can send it
+    if endpoint_path == "python":
+        assert bool(sendfile_calls) == by_sendfile  # the native side calls sendfile(2) itself
 
 
 @pytest.mark.parametrize("over_tls", [False, True], ids=["sendfile", "tls"])
@@ -1048,7 +1067,13 @@ def test_a_slice_its_log_truncated_while_it_was_sent_aborts_the_connection_and_n
     asyncio.run(go())
 
 
-def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_the_connection(tmp_path, monkeypatch):
+def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_the_connection(
+    tmp_path, monkeypatch, endpoint_path
+):
+    """In Python, os.sendfile made to fail with EIO. The native side calls sendfile(2)
+    itself, which nothing here can make fail with EIO without a failing device: there, a
+    slice of a file sendfile cannot read from (EINVAL) aborts the connection the same way,
+    and is no I/O error of the log to report."""
     failures = []
 
     def failing_sendfile(*args):
@@ -1060,6 +1085,9 @@ def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_th
         async def reporting(kind, body):
             head, records = await handler(kind, body)
             records.read_failed = failures.append
+            if endpoint_path == "native":
+                os.close(records.fd)
+                records.fd = os.open("/proc/self/mem", os.O_RDONLY)
             return head, records
 
         endpoint, address = await opened(reporting)
@@ -1072,4 +1100,4 @@ def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_th
 
     monkeypatch.setattr(os, "sendfile", failing_sendfile)
     asyncio.run(go())
-    assert [e.errno for e in failures] == [errno.EIO]
+    assert [e.errno for e in failures] == ([errno.EIO] if endpoint_path == "python" else [])

@@ -2,10 +2,12 @@
 //! docs/design-notes/2026-12-03-native-request-path.md). So far: the listener's Produce
 //! from its decoded request to the Kafka response frame (produce_path.rs), driven by the
 //! listener's event loop, with the data plane's PRODUCE exchange (dataplane.rs) and the
-//! Produce response (produce_response.rs).
+//! Produce response (produce_response.rs); and the connections a replica's data plane
+//! endpoint serves (endpoint_conns.rs), driven by the replica's event loop.
 //! rayk runs without this module (a machine without cargo): the same path is Python's.
 
 mod dataplane;
+mod endpoint_conns;
 mod produce_path;
 mod produce_response;
 
@@ -16,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use dataplane::{ErrorTable, ProduceRequest};
+use endpoint_conns::{EndpointConns, Event, Slice};
 use produce_path::{Completion, PartitionIn, Path, Submit};
 use produce_response::PartitionAnswer;
 
@@ -23,6 +26,9 @@ const ANSWERED: u8 = 0;
 const NEED_ENDPOINT: u8 = 1;
 const RELEASE: u8 = 2;
 const WANT_WRITE: u8 = 3;
+const REQUEST: u8 = 4;
+const END: u8 = 5;
+const HOLD: u8 = 6;
 
 type PartitionArg<'py> = (i32, Option<Bound<'py, PyBytes>>, i16, Option<String>);
 
@@ -137,6 +143,160 @@ impl ProducePath {
     }
 }
 
+/// A replica endpoint's proven connections (endpoint_conns.rs), driven by its event loop's
+/// thread: every method returns what Python is to do next, as tuples: (4, fd,
+/// correlation id, kind, body) a request to serve, (5, fd, why or None) a connection over,
+/// (3, fd, on) a descriptor to watch for writability or not, (6, fd, on) one to stop
+/// watching for reading (on) or to watch again.
+#[pyclass(module = "rayk._native", unsendable)]
+struct EndpointConnections {
+    conns: EndpointConns,
+}
+
+/// rayk.storage.file_slice.FileSlice, asked through Python (the loop's thread holds the GIL).
+struct PySlice {
+    slice: Py<PyAny>,
+    fd: i32,
+    position: i64,
+    len: usize,
+}
+
+impl Slice for PySlice {
+    fn fd(&self) -> i32 {
+        self.fd
+    }
+    fn position(&self) -> i64 {
+        self.position
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn unchanged(&self) -> bool {
+        Python::with_gil(|py| {
+            self.slice.bind(py).call_method0("unchanged").and_then(|r| r.is_truthy()).unwrap_or(false)
+        })
+    }
+    fn read_failed(&self, error: &std::io::Error) {
+        Python::with_gil(|py| {
+            let code = error.raw_os_error().unwrap_or(0);
+            let exc = pyo3::exceptions::PyOSError::new_err((code, error.to_string()));
+            if let Ok(callback) = self.slice.bind(py).getattr("read_failed") {
+                if let Err(e) = callback.call1((exc.value(py),)) {
+                    e.print(py);
+                }
+            }
+        })
+    }
+    fn close(&self) {
+        Python::with_gil(|py| {
+            if let Err(e) = self.slice.bind(py).call_method0("close") {
+                e.print(py);
+            }
+        })
+    }
+}
+
+fn events<'py>(py: Python<'py>, done: Vec<Event>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    done.into_iter()
+        .map(|event| match event {
+            Event::Request { fd, correlation_id, kind, body } => {
+                (REQUEST, fd, correlation_id, kind, PyBytes::new(py, &body)).into_pyobject(py)
+            }
+            Event::End { fd, why } => (END, fd, why).into_pyobject(py),
+            Event::WantWrite { fd, on } => (WANT_WRITE, fd, on).into_pyobject(py),
+            Event::Hold { fd, on } => (HOLD, fd, on).into_pyobject(py),
+        })
+        .collect()
+}
+
+#[pymethods]
+impl EndpointConnections {
+    #[new]
+    fn new(max_in_flight: usize, max_frame_bytes: usize) -> PyResult<Self> {
+        if max_in_flight == 0 {
+            return Err(PyValueError::new_err("max_in_flight must be at least 1"));
+        }
+        Ok(EndpointConnections { conns: EndpointConns::new(max_in_flight, max_frame_bytes) })
+    }
+
+    /// A proven, non-blocking socket (its descriptor stays Python's) and what its reader staged.
+    fn adopt<'py>(&mut self, py: Python<'py>, fd: i32, staged: &[u8]) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.adopt(fd, staged);
+        events(py, self.conns.take())
+    }
+
+    fn on_readable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.on_readable(fd);
+        events(py, self.conns.take())
+    }
+
+    fn on_writable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.on_writable(fd);
+        events(py, self.conns.take())
+    }
+
+    /// The answer to request `correlation_id`: `head` then the records `tail`.
+    fn answer<'py>(
+        &mut self,
+        py: Python<'py>,
+        fd: i32,
+        correlation_id: i32,
+        head: &[u8],
+        tail: &[u8],
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.answer(fd, correlation_id, head, tail);
+        events(py, self.conns.take())
+    }
+
+    /// A whole answer frame (a FAILED one).
+    fn answer_frame<'py>(&mut self, py: Python<'py>, fd: i32, frame: &[u8]) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.answer_frame(fd, frame);
+        events(py, self.conns.take())
+    }
+
+    /// An answer whose records are `slice` (a FileSlice), sent by sendfile and closed once
+    /// sent; `stale` (a FAILED answer) goes instead if its log is truncated before any of it does.
+    fn answer_file<'py>(
+        &mut self,
+        py: Python<'py>,
+        fd: i32,
+        correlation_id: i32,
+        head: &[u8],
+        slice: Bound<'py, PyAny>,
+        stale: Vec<u8>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let slice = PySlice {
+            fd: slice.getattr("fd")?.extract()?,
+            position: slice.getattr("position")?.extract()?,
+            len: slice.len()?,
+            slice: slice.unbind(),
+        };
+        self.conns.answer_file(fd, correlation_id, head, Box::new(slice), stale);
+        events(py, self.conns.take())
+    }
+
+    /// Seconds since the connection last read a frame or wrote an answer; None while a
+    /// request of it is out (or it is not served here).
+    fn idle_s(&self, fd: i32) -> Option<f64> {
+        self.conns.idle_s(fd)
+    }
+
+    /// Forgets a connection that ended (Python closes its descriptor).
+    fn forget(&mut self, fd: i32) {
+        self.conns.forget(fd);
+    }
+
+    /// Forgets every connection; returns their descriptors (Python closes them).
+    fn close(&mut self) -> Vec<i32> {
+        self.conns.close()
+    }
+
+    #[doc(hidden)]
+    fn _crash_for_tests(&mut self) {
+        panic!("asked to, by a test");
+    }
+}
+
 type AnswerArg = (i32, i16, Option<String>, i64, i64, i64, Vec<(i32, String)>);
 
 /// The Produce response frame (tests hold it to data_responses.produce_frame).
@@ -219,6 +379,7 @@ fn read_produce_answer<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ProducePath>()?;
+    m.add_class::<EndpointConnections>()?;
     m.add_function(wrap_pyfunction!(encode_produce_response, m)?)?;
     m.add_function(wrap_pyfunction!(encode_produce_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_produce_answer, m)?)?;
@@ -226,5 +387,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NEED_ENDPOINT", NEED_ENDPOINT)?;
     m.add("RELEASE", RELEASE)?;
     m.add("WANT_WRITE", WANT_WRITE)?;
+    m.add("REQUEST", REQUEST)?;
+    m.add("END", END)?;
+    m.add("HOLD", HOLD)?;
     Ok(())
 }

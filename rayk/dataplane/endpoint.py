@@ -39,6 +39,11 @@ closes the connection: one whose size prefix declares more than MAX_FRAME_BYTES,
 header is short or of an unknown kind. The stream cannot be trusted to be in step then
 (or the peer speaks another protocol), and the connection that closes is that peer's own.
 
+Where rayk._native is built (and RAYK_NATIVE is not "0"), a proven connection that is not
+TLS is read and written by native code once its handshake is done (native_endpoint.py):
+the same framing, bounds, answers, sendfile and ends as described here, with the requests
+still served by the replica's handler in Python; TLS connections stay in Python.
+
 A connection with no request in flight that sends nothing for `idle_timeout_s` (Kafka's
 connections.max.idle.ms, 10 minutes) is closed, so peers that stopped using an endpoint
 do not keep its places; peers close theirs first (connection.py), so a request never
@@ -60,7 +65,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from rayk.dataplane import admission, answer_writer, frames, handshake, streams, tls
+from rayk.dataplane import admission, answer_writer, frames, handshake, native_endpoint, streams, tls
 from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
 from rayk.storage.file_slice import FileSlice
@@ -166,6 +171,7 @@ class Endpoint:
         self._refused, self._refusal_logged_at = 0, -float(REFUSAL_LOG_INTERVAL_S)
         self._admission = admission.Admission(MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_ADDRESS)
         self._tls: ssl.SSLContext | None = None  # TCP's, once opened with a keystore
+        self._native: native_endpoint.NativeConnections | None = None  # made at the first connection it serves
 
     async def open(
         self, node_id: str, host: str, tcp: bool = True, node_ip: str = "", keystore: tls.KeyStore | None = None
@@ -193,6 +199,8 @@ class Endpoint:
         """Stops listening and closes every connection."""
         for server in self._servers:
             server.close()
+        if self._native is not None:
+            self._native.close()
         for connection in list(self._connections):
             if isinstance(connection, asyncio.StreamWriter):
                 connection.close()  # a TLS handshake under way ends at its deadline, then sees the endpoint closed
@@ -308,9 +316,35 @@ class Endpoint:
                 return
             if not self._servers:  # closed during the handshake
                 return
-            await self._serve_requests(reader, writer, peer)
+            native = self._native_connections() if not over_tls and self._sendfile else None
+            if native is None:
+                await self._serve_requests(reader, writer, peer)
+            elif (ended := await native.serve(reader, writer, peer)) is not None:
+                logger.warning("%s: closing the data plane connection from %s: %s", self.name, peer, ended)
         finally:
             self._admission.leave(ticket)
+
+    def _native_connections(self) -> native_endpoint.NativeConnections | None:
+        """Where this endpoint's connections are served natively (native_endpoint.py), the
+        object that serves them; None: in Python (not built, RAYK_NATIVE=0, or it failed)."""
+        if self._native is None and native_endpoint.available():
+            self._native = native_endpoint.NativeConnections(
+                self.name, self._answer_natively, self._max_in_flight, self._idle_timeout_s)
+        return self._native if self._native is not None and self._native.alive else None
+
+    async def _answer_natively(
+        self, served: native_endpoint.Served, correlation_id: int, kind: int, body: memoryview
+    ) -> None:
+        """`_answer`, for a connection served natively: the answer goes to the native side,
+        which writes it once the earlier ones are (and frees the request's place then)."""
+        native = self._native
+        assert native is not None
+        try:
+            head, tail = await self._handler(kind, body)
+        except Exception as e:  # not a cancellation (a BaseException): the connection is closing then
+            native.answer_frame(served, frames.failed_answer_frame(correlation_id, self._error_of(e, kind, served.peer)))
+        else:
+            native.answer(served, correlation_id, head, tail)
 
     def _log_refusal(self, peer: object, why: str) -> None:
         """At most one warning per REFUSAL_LOG_INTERVAL_S: a stranger knocking cannot flood the log."""

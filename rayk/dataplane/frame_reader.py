@@ -149,6 +149,16 @@ class FrameReader:
         self._on_frame = self._on_end = None
         self._held = True
 
+    def detach(self) -> bytes:
+        """Ends this reader for good and returns what it staged and nobody read: whoever
+        takes the socket over (the native endpoint, native_endpoint.py) reads on from there.
+        Called with no read under way and no frames being delivered."""
+        assert self._waiter is None and self._own is None and self._on_frame is None, "a read is under way"
+        staged = bytes(memoryview(self._staging)[self._start:self._end])
+        self._start = self._end = 0
+        self._out_of_step = ConnectionAbortedError("the connection was taken over by another reader")
+        return staged
+
     def _push(self) -> None:
         """Hands out every whole frame there is (push mode). A callback that raises all the
         same (a bug) ends the delivery, logged, as a reader task that raised would end."""

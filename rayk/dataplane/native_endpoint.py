@@ -1,0 +1,210 @@
+"""NativeConnections: an Endpoint's proven connections read and written by native code.
+
+`rayk._native.EndpointConnections` (native/src/endpoint_conns.rs) does for a connection
+what FrameReader's push mode, the Endpoint's request framing and AnswerWriter do in
+Python: it reads the request frames as they come, holds reading back while
+`max_in_flight` requests are out, and writes each answer whole as it is given, the records
+of a log slice by sendfile. It has no thread: this module drives it from the replica's
+event loop (the sockets' readiness callbacks call into it) and does what each call
+returns: serve a request (a task running the Endpoint's handler, whose answer goes back
+to it), watch a socket for writing or stop reading it, end a connection.
+
+The Endpoint decides which connections come here: every proven connection that is not
+TLS, where the module is built and RAYK_NATIVE is not "0" (`available`). The socket is
+taken from its asyncio transport once the handshake is done, with what the transport had
+read beyond it (the transport stays open, paused, until the connection ends, so the
+Endpoint's bookkeeping of its connections is as for any other). A connection ends as in Python: the peer closed it or it broke (no
+warning), a frame that does not parse at the framing level (a warning, as the Endpoint
+logs it), idle for the idle timeout, or the endpoint closing; its requests still being
+served are cancelled then. A native call that raises (a panic: a bug) ends every
+connection served here, logged, and the Endpoint serves later ones in Python: peers
+reconnect, as after any broken connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from rayk.dataplane import frames
+from rayk.dataplane.frame_reader import FrameReader
+from rayk.errors import NotLeaderOrFollowerError
+from rayk.storage.file_slice import FileSlice
+
+try:
+    import rayk._native as _native
+except ImportError:  # built without cargo: the Python endpoint serves every connection
+    _native = None
+
+logger = logging.getLogger(__name__)
+
+ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python paths, even where the native ones are built
+
+
+def available() -> bool:
+    return _native is not None and os.environ.get(ENABLED_ENV, "1") != "0"
+
+
+class Served:
+    """One connection served natively: its descriptor, its requests being served, and the
+    future its serving task waits on (set to why it ended, None: nothing to warn of)."""
+
+    __slots__ = ("fd", "peer", "tasks", "ended", "idle_watch")
+
+    def __init__(self, fd: int, peer: object, ended: asyncio.Future[str | None]) -> None:
+        self.fd, self.peer, self.ended = fd, peer, ended
+        self.tasks: set[asyncio.Task] = set()
+        self.idle_watch: asyncio.Task | None = None
+
+    @property
+    def open(self) -> bool:
+        return not self.ended.done()
+
+    def end(self, why: str | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(why)
+
+
+# (the connection, correlation id, kind, body) -> the coroutine that serves the request and answers it
+ServeRequest = Callable[[Served, int, int, memoryview], Coroutine[Any, Any, None]]
+
+
+class NativeConnections:
+    """The native connections of one Endpoint: owns the native object and the Served
+    connections by descriptor. Not thread-safe: the replica's event loop."""
+
+    def __init__(self, name: str, serve_request: ServeRequest, max_in_flight: int, idle_timeout_s: float) -> None:
+        assert _native is not None, "rayk._native is not built"
+        self.name = name
+        self._loop = asyncio.get_running_loop()
+        self._conns = _native.EndpointConnections(max_in_flight, frames.MAX_FRAME_BYTES)
+        self._serve_request = serve_request
+        self._idle_timeout_s = idle_timeout_s
+        self._served: dict[int, Served] = {}
+        self.alive = True
+
+    async def serve(self, reader: FrameReader, writer: asyncio.StreamWriter, peer: object) -> str | None:
+        """Takes the proven connection over from its streams and serves it until it ends;
+        returns why it ended if that is worth a warning."""
+        if writer.transport.is_closing() or reader.exception() is not None:
+            return None  # gone already: its descriptor may not be its own any more
+        staged = reader.detach()
+        writer.transport.pause_reading()  # for good; its owner closes it when the serving ends
+        fd = os.dup(writer.get_extra_info("socket").fileno())
+        os.set_blocking(fd, False)
+        served = Served(fd, peer, self._loop.create_future())
+        self._served[fd] = served
+        self._loop.add_reader(fd, self._on_readable, fd)
+        try:
+            served.idle_watch = asyncio.create_task(self._close_when_idle(served))
+            self._call(self._conns.adopt, fd, staged)
+            return await served.ended
+        finally:
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+            if served.idle_watch is not None:
+                served.idle_watch.cancel()
+            for task in served.tasks:
+                task.cancel()
+            del self._served[fd]
+            if self.alive:
+                self._conns.forget(fd)
+            os.close(fd)
+
+    def answer(self, served: Served, correlation_id: int, head: bytes, tail: bytes | FileSlice) -> None:
+        """The answer to a request of `served`, written as soon as the earlier ones are."""
+        if not served.open or not self.alive:
+            if isinstance(tail, FileSlice):
+                tail.close()
+            return
+        if isinstance(tail, FileSlice):
+            stale = frames.failed_answer_frame(correlation_id, NotLeaderOrFollowerError(
+                "this replica's log was truncated (it is no longer the leader) before the answer was sent"))
+            self._call(self._conns.answer_file, served.fd, correlation_id, head, tail, stale)
+        else:
+            self._call(self._conns.answer, served.fd, correlation_id, head, tail)
+
+    def answer_frame(self, served: Served, frame: bytes) -> None:
+        """A whole answer frame (a FAILED one) to a request of `served`."""
+        if served.open and self.alive:
+            self._call(self._conns.answer_frame, served.fd, frame)
+
+    def close(self) -> None:
+        """Ends every connection (the endpoint closes): their serving tasks close them."""
+        for served in list(self._served.values()):
+            served.end(None)
+
+    # ------------------------------------------------------------------ the native side's calls
+
+    def _call(self, method: Callable[..., list[tuple]], *args: Any) -> None:
+        """Calls into the native side and does what it returns. One that raises (a
+        panic: a bug) ends every connection served here; the Endpoint then serves new ones in Python."""
+        if not self.alive:
+            return
+        try:
+            events = method(*args)
+        except BaseException as e:
+            if not _native_failure(e):
+                raise
+            logger.exception("%s: the native data plane connections failed; serving new ones in Python", self.name)
+            self.alive = False
+            try:
+                self._conns.close()  # the log slices of answers it still held go back
+            except BaseException as again:
+                if not _native_failure(again):
+                    raise
+            for served in list(self._served.values()):
+                served.end("the native data plane connections failed")
+            return
+        for event in events:
+            self._on_event(event)
+
+    def _on_event(self, event: tuple) -> None:
+        tag, fd = event[0], event[1]
+        served = self._served.get(fd)
+        if served is None:
+            return
+        if tag == _native.REQUEST:
+            _, _, correlation_id, kind, body = event
+            task = self._loop.create_task(self._serve_request(served, correlation_id, kind, memoryview(body)))
+            served.tasks.add(task)
+            task.add_done_callback(served.tasks.discard)
+        elif tag == _native.END:
+            served.end(event[2])
+        elif tag == _native.WANT_WRITE:
+            if event[2]:
+                self._loop.add_writer(fd, self._on_writable, fd)
+            else:
+                self._loop.remove_writer(fd)
+        elif tag == _native.HOLD:
+            if event[2]:
+                self._loop.remove_reader(fd)
+            else:
+                self._loop.add_reader(fd, self._on_readable, fd)
+
+    def _on_readable(self, fd: int) -> None:
+        self._call(self._conns.on_readable, fd)
+
+    def _on_writable(self, fd: int) -> None:
+        self._call(self._conns.on_writable, fd)
+
+    async def _close_when_idle(self, served: Served) -> None:
+        """Ends the connection once no request of it is out and nothing was read or
+        answered for the idle timeout (as the Python endpoint's watch does)."""
+        timeout_s = self._idle_timeout_s
+        while served.open:
+            idle_s = self._conns.idle_s(served.fd) if self.alive else None
+            if idle_s is not None and idle_s >= timeout_s:
+                logger.debug("%s: closing the data plane connection from %s: idle for %.0f s",
+                             self.name, served.peer, idle_s)
+                served.end(None)
+                return
+            await asyncio.sleep(timeout_s - idle_s if idle_s is not None else timeout_s)
+
+
+def _native_failure(e: BaseException) -> bool:
+    """An exception of a native call: an Exception, or PyO3's PanicException (a BaseException)."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
