@@ -60,8 +60,9 @@ chaos: bytecode fuzz
 # libFuzzer over the compiled record codec, the native code that meets clients' bytes, then
 # every input it kept through a build with AddressSanitizer and UBSan (tests/fuzz/).
 # Then, where cargo is installed, cargo-fuzz (libFuzzer with AddressSanitizer, on rustup's
-# nightly toolchain) over the native produce path's reading of replicas' answers and a
-# replica endpoint's reading of request frames (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
+# nightly toolchain) over the native produce path's reading of replicas' answers, and the
+# native data plane's reading of request frames (an endpoint's) and of answer frames (a
+# connection's) (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
 FUZZ_SECONDS ?= 300
 FUZZ_NATIVE_SECONDS ?= 120
 CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
@@ -75,7 +76,7 @@ $(CARGO_FUZZ):
 	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
 
 fuzz-native: $(CARGO_FUZZ)
-	for target in produce_answer endpoint_frames; do \
+	for target in produce_answer endpoint_frames client_frames; do \
 	  (cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run $$target -- \
 	    -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1) || exit 1; \
 	done

@@ -6,6 +6,7 @@
 //! endpoint serves (endpoint_conns.rs), driven by the replica's event loop.
 //! rayk runs without this module (a machine without cargo): the same path is Python's.
 
+mod client_conns;
 mod dataplane;
 mod endpoint_conns;
 mod produce_path;
@@ -14,9 +15,11 @@ mod produce_response;
 use std::collections::HashMap;
 
 use pyo3::exceptions::PyValueError;
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
+use client_conns::{ClientConns, ClientEvent};
 use dataplane::{ErrorTable, ProduceRequest};
 use endpoint_conns::{EndpointConns, Event, Slice};
 use produce_path::{Completion, PartitionIn, Path, Submit};
@@ -29,6 +32,7 @@ const WANT_WRITE: u8 = 3;
 const REQUEST: u8 = 4;
 const END: u8 = 5;
 const HOLD: u8 = 6;
+const ANSWER: u8 = 7;
 
 type PartitionArg<'py> = (i32, Option<Bound<'py, PyBytes>>, i16, Option<String>);
 
@@ -297,6 +301,85 @@ impl EndpointConnections {
     }
 }
 
+/// A process's connections to data plane endpoints (client_conns.rs), driven by its event
+/// loop's thread: every method returns what Python is to do next, as tuples: (7, fd, body)
+/// an answer frame's body, (5, fd, why) a connection over, (3, fd, on) a descriptor to
+/// watch for writability or not.
+#[pyclass(module = "rayk._native", unsendable)]
+struct ClientConnections {
+    conns: ClientConns,
+}
+
+fn client_events<'py>(py: Python<'py>, done: Vec<ClientEvent>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    done.into_iter()
+        .map(|event| match event {
+            ClientEvent::Answer { fd, body } => (ANSWER, fd, PyBytes::new(py, &body)).into_pyobject(py),
+            ClientEvent::End { fd, why } => (END, fd, why).into_pyobject(py),
+            ClientEvent::WantWrite { fd, on } => (WANT_WRITE, fd, on).into_pyobject(py),
+        })
+        .collect()
+}
+
+#[pymethods]
+impl ClientConnections {
+    #[new]
+    fn new(max_frame_bytes: usize) -> Self {
+        ClientConnections { conns: ClientConns::new(max_frame_bytes) }
+    }
+
+    /// A proven, non-blocking socket (its descriptor stays Python's) and what its reader staged.
+    fn adopt<'py>(&mut self, py: Python<'py>, fd: i32, staged: &[u8]) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.adopt(fd, staged);
+        client_events(py, self.conns.take())
+    }
+
+    /// A request frame of `kind` whose body is `parts` (bytes-like objects, written as they are).
+    fn send<'py>(
+        &mut self,
+        py: Python<'py>,
+        fd: i32,
+        correlation_id: i32,
+        kind: i8,
+        parts: Vec<PyBuffer<u8>>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(parts.len());
+        for part in &parts {
+            if !part.is_c_contiguous() {
+                return Err(PyValueError::new_err("a request's parts must be contiguous buffers"));
+            }
+            // The buffers are held (and the GIL) for the whole call: nothing frees or resizes them.
+            slices.push(unsafe { std::slice::from_raw_parts(part.buf_ptr() as *const u8, part.len_bytes()) });
+        }
+        self.conns.send(fd, correlation_id, kind, &slices);
+        client_events(py, self.conns.take())
+    }
+
+    /// Whether requests written wait for the socket to take them.
+    fn queued(&self, fd: i32) -> bool {
+        self.conns.queued(fd)
+    }
+
+    fn on_readable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.on_readable(fd);
+        client_events(py, self.conns.take())
+    }
+
+    fn on_writable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.conns.on_writable(fd);
+        client_events(py, self.conns.take())
+    }
+
+    /// Forgets a connection that ended (Python closes its descriptor).
+    fn forget(&mut self, fd: i32) {
+        self.conns.forget(fd);
+    }
+
+    #[doc(hidden)]
+    fn _crash_for_tests(&mut self) {
+        panic!("asked to, by a test");
+    }
+}
+
 type AnswerArg = (i32, i16, Option<String>, i64, i64, i64, Vec<(i32, String)>);
 
 /// The Produce response frame (tests hold it to data_responses.produce_frame).
@@ -380,6 +463,7 @@ fn read_produce_answer<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ProducePath>()?;
     m.add_class::<EndpointConnections>()?;
+    m.add_class::<ClientConnections>()?;
     m.add_function(wrap_pyfunction!(encode_produce_response, m)?)?;
     m.add_function(wrap_pyfunction!(encode_produce_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_produce_answer, m)?)?;
@@ -390,5 +474,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("REQUEST", REQUEST)?;
     m.add("END", END)?;
     m.add("HOLD", HOLD)?;
+    m.add("ANSWER", ANSWER)?;
     Ok(())
 }

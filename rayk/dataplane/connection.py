@@ -52,7 +52,14 @@ class Connection:
         self, reader: FrameReader, writer: asyncio.StreamWriter, name: str, max_in_flight: int,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
-        self._writer, self.name = writer, name  # the reader hands answers over itself (deliver_frames)
+        self._writer = writer  # the reader hands answers over itself (deliver_frames)
+        self._start(name, max_in_flight, idle_timeout_s)
+        # Last: what is staged already (an endpoint's end of stream, say) is handed out at once.
+        reader.deliver_frames(self._on_answer, self._on_end, frames.MAX_FRAME_BYTES)
+
+    def _start(self, name: str, max_in_flight: int, idle_timeout_s: float) -> None:
+        """What every connection keeps, however its bytes are read and written."""
+        self.name = name
         # Requests sent and not answered yet, by correlation id; one whose caller stopped
         # waiting stays until its answer comes (and is dropped then).
         self._pending: dict[int, asyncio.Future] = {}
@@ -61,8 +68,6 @@ class Connection:
         self._broken: NetworkError | None = None
         self._last_active_s = time.monotonic()  # the last request sent or answer read
         self._idle_watch = asyncio.create_task(self._close_when_idle(idle_timeout_s))
-        # Last: what is staged already (an endpoint's end of stream, say) is handed out at once.
-        reader.deliver_frames(self._on_answer, self._on_end, frames.MAX_FRAME_BYTES)
 
     @classmethod
     async def open(
@@ -77,6 +82,11 @@ class Connection:
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
             raise NetworkError(f"cannot open a data plane connection to {name or 'an endpoint'} at {where}: "
                                f"{e or type(e).__name__}") from None
+        if cls is Connection and (address.node_id == node_id or not address.tls_certificate):
+            from rayk.dataplane import native_connection  # it subclasses this one
+
+            if native_connection.available():  # read and written by rayk._native, where built
+                return native_connection.NativeConnection.adopting(reader, writer, name, max_in_flight, idle_timeout_s)
         return cls(reader, writer, name, max_in_flight, idle_timeout_s)
 
     @property
@@ -95,16 +105,7 @@ class Connection:
             self._last_active_s = time.monotonic()
             answer = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = answer
-            size = sum(map(len, parts))
-            head = frames.request_frame_head(correlation_id, kind, size)
-            if size < SMALL_FRAME_BYTES:
-                self._writer.write(b"".join((head, *parts)))  # one buffer, one syscall
-            else:  # the parts as they are (not copied), still in one syscall: a write each
-                self._writer.writelines((head, *parts))  # would wake the endpoint for each
-            try:
-                await self._writer.drain()
-            except OSError as e:  # ConnectionError, or ssl.SSLError over TLS
-                self._break(f"the connection broke: {e}")
+            await self._send(correlation_id, kind, parts)
             if not answered:
                 if self._broken is not None:
                     raise self._broken
@@ -112,13 +113,29 @@ class Connection:
                 return None
             return await answer
 
+    async def _send(self, correlation_id: int, kind: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Writes the request frame; returns once the socket took it (or the connection broke)."""
+        size = sum(map(len, parts))
+        head = frames.request_frame_head(correlation_id, kind, size)
+        if size < SMALL_FRAME_BYTES:
+            self._writer.write(b"".join((head, *parts)))  # one buffer, one syscall
+        else:  # the parts as they are (not copied), still in one syscall: a write each
+            self._writer.writelines((head, *parts))  # would wake the endpoint for each
+        try:
+            await self._writer.drain()
+        except OSError as e:  # ConnectionError, or ssl.SSLError over TLS
+            self._break(f"the connection broke: {e}")
+
+    def _close_socket(self) -> None:
+        self._writer.close()
+
     def close(self) -> None:
         self._break("the connection was closed")
 
     def _break(self, reason: str) -> None:
         if self._broken is None:
             self._broken = NetworkError(f"data plane connection to {self.name or 'an endpoint'}: {reason}")
-            self._writer.close()
+            self._close_socket()
             self._idle_watch.cancel()
         pending, self._pending = self._pending, {}
         for answer in pending.values():

@@ -1,8 +1,8 @@
-"""The native side of a replica endpoint's connections (native_endpoint.py,
-native/src/endpoint_conns.rs), where tests/test_dataplane.py's endpoint tests, which run
-on both sides, do not reach: request frames cut anywhere by the socket, requests that came
-with the handshake's last bytes, answers larger than the socket takes at once, malformed
-frames at any point, and a native call that fails."""
+"""Both native ends of the data plane (native_endpoint.py with native/src/endpoint_conns.rs,
+native_connection.py with native/src/client_conns.rs), where tests/test_dataplane.py's
+tests, which run on both sides, do not reach: frames cut anywhere by the socket, requests
+that came with the handshake's last bytes, frames larger than the socket takes at once,
+malformed frames at any point, and a native call that fails."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayk import errors
-from rayk.dataplane import frames, handshake, native_endpoint
+from rayk.dataplane import frames, handshake, native_connection, native_endpoint
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
 from rayk.errors import NetworkError
@@ -259,3 +259,135 @@ def test_an_endpoint_closing_ends_its_native_connections_and_closes_their_descri
         assert len(os.listdir("/proc/self/fd")) <= open_before  # nothing of the 3 connections left open
 
     asyncio.run(go())
+
+
+# ---------------------------------------------------------------------------- the connecting side
+
+
+async def fake_endpoint(answer_stream: bytes, cut: list[int], requests_expected: int):
+    """A Unix server that proves the secret by hand, reads `requests_expected` request
+    frames and then writes `answer_stream` in pieces of the sizes in `cut`; returns
+    (address, the server, the request frames it read)."""
+    secret, seen = os.urandom(handshake.SECRET_BYTES), []
+
+    async def serve(reader, writer):
+        nonce = os.urandom(handshake.NONCE_BYTES)
+        writer.write(handshake.MAGIC + nonce)
+        answer = await reader.readexactly(handshake.NONCE_BYTES + handshake.PROOF_BYTES)
+        writer.write(handshake._proof(secret, b"endpoint", nonce, answer[:handshake.NONCE_BYTES]))
+        for _ in range(requests_expected):
+            (size,) = frames.SIZE.unpack(await reader.readexactly(4))
+            seen.append(await reader.readexactly(size))
+        at, pieces = 0, iter(cut * (len(answer_stream) // min(cut) + 1))
+        while at < len(answer_stream):
+            piece = answer_stream[at:at + next(pieces)]
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0)
+            at += len(piece)
+        await reader.read()  # until the peer closes
+
+    path = "\0rayk-test-%s" % os.urandom(6).hex()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    server = await asyncio.start_unix_server(serve, sock=sock)
+    return EndpointAddress(NODE, path, "127.0.0.1", 0, secret), server, seen
+
+
+def test_a_connection_is_native_where_it_is_plain_and_python_where_native_is_off(monkeypatch):
+    async def go():
+        endpoint, address = await opened(Recorder())
+        native = await Connection.open(address, NODE)
+        assert isinstance(native, native_connection.NativeConnection)
+        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "0")
+        python = await Connection.open(address, NODE)
+        assert type(python) is Connection
+        for c in (native, python):
+            assert bytes(await c.request(frames.PRODUCE, b"p")) == bytes([frames.PRODUCE]) + b"p"
+            c.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.one_of(st.binary(max_size=64), st.builds(
+        lambda n, seed: random.Random(seed).randbytes(n), st.integers(16 * 1024, 80 * 1024), st.integers())),
+        min_size=1, max_size=6),
+    cut=st.lists(st.integers(min_value=1, max_value=40_000), min_size=1, max_size=20),
+    order=st.randoms(use_true_random=False),
+)
+def test_answer_frames_cut_anywhere_each_reach_their_request(bodies, cut, order):
+    async def go():
+        ids = list(range(len(bodies)))
+        order.shuffle(ids)  # answered in any order, as an endpoint does
+        stream = b"".join(frames.answer_frame_head(i, b"", len(bodies[i])) + bodies[i] for i in ids)
+        address, server, seen = await fake_endpoint(stream, cut, len(bodies))
+        connection = await Connection.open(address, NODE)
+        assert isinstance(connection, native_connection.NativeConnection)
+        answers = await asyncio.wait_for(asyncio.gather(*(
+            connection.request(frames.FETCH, b"q%d" % i) for i in range(len(bodies)))), 10)
+        assert [bytes(a) for a in answers] == bodies
+        assert sorted(frames.parse_request(f)[0] for f in seen) == list(range(len(bodies)))
+        connection.close()
+        server.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("answer", ["oversized", "to no request", "unknown outcome"])
+def test_an_answer_that_cannot_be_taken_breaks_the_connection(answer):
+    async def go():
+        stream = {
+            "oversized": frames.SIZE.pack(frames.MAX_FRAME_BYTES + 1),
+            "to no request": frames.answer_frame_head(77, b"", 0),
+            "unknown outcome": frames.SIZE.pack(5) + frames.ANSWER_HEADER.pack(0, 9),
+        }[answer]
+        address, server, _ = await fake_endpoint(stream, [1000], 1)
+        connection = await Connection.open(address, NODE)
+        with pytest.raises(NetworkError):
+            await asyncio.wait_for(connection.request(frames.FETCH, b"q"), 10)
+        assert connection.closed
+        with pytest.raises(NetworkError):
+            await connection.request(frames.FETCH, b"again")
+        connection.close()
+        server.close()
+
+    asyncio.run(go())
+
+
+def test_requests_larger_than_the_socket_takes_wait_their_turn_whole():
+    async def go():
+        handler = Recorder()
+        endpoint, address = await opened(handler, max_in_flight=8)
+        connection = await Connection.open(address, NODE)
+        bodies = [random.randbytes(n) for n in (3 << 20, 5, 2 << 20, 9, 1 << 20)]
+        answers = await asyncio.wait_for(asyncio.gather(*(
+            connection.request(frames.PRODUCE, [b[:100], memoryview(b)[100:]]) for b in bodies)), 30)
+        assert [bytes(a) for a in answers] == [bytes([frames.PRODUCE]) + b for b in bodies]
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_failing_native_client_breaks_its_connections_and_later_ones_are_python(caplog):
+    async def go():
+        endpoint, address = await opened(Recorder())
+        first = await Connection.open(address, NODE)
+        assert isinstance(first, native_connection.NativeConnection)
+        client = native_connection.NativeClient.of_running_loop()
+        with caplog.at_level(logging.ERROR):
+            client.call(client._conns._crash_for_tests)
+        with pytest.raises(NetworkError):
+            await first.request(frames.FETCH, b"a")
+        second = await Connection.open(address, NODE)
+        assert type(second) is Connection
+        assert bytes(await second.request(frames.FETCH, b"b")) == bytes([frames.FETCH]) + b"b"
+        first.close()
+        second.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+    assert any("native data plane connections of this process failed" in r.getMessage() for r in caplog.records)
