@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import ray
 
+from rayk import errors
 from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
@@ -209,6 +210,51 @@ def test_a_follower_fetching_at_the_log_end_waits_for_records_or_answers_empty_a
     ray.get(r[1].produce.remote(batch(3), 1, 1000))
     assert offsets(ray.get(pending).records) == [2, 3, 4]
     assert time.monotonic() - started < 3
+
+
+def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_records_time_or_a_role_change(tmp_path):
+    """Where the endpoint is native, a follower's fetch at the log end waits in the leader's
+    list of parked fetches (no task), and is answered as the async path answers: by the
+    records appended, empty after its wait (its position recorded all the same), fenced by
+    epoch, NOT_LEADER_OR_FOLLOWER once the replica stops leading."""
+    from rayk.dataplane import native_endpoint
+
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))
+    node = ray.get_runtime_context().get_node_id()
+    address = ray.get(r[1].data_endpoint.remote(node))
+    native = native_endpoint._native is not None  # the replica's process has the same build
+
+    def parked() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked)))
+
+    async def go() -> None:
+        connection = await Connection.open(address, node)
+
+        async def fetch(offset: int, wait_ms: int, epoch: int = 0) -> FetchResult:
+            request = frames.FetchRequest(offset, 1 << 20, 1, wait_ms, replica_id=2, leader_epoch=epoch)
+            return frames.decode_fetch_answer(await connection.request(frames.FETCH, frames.encode_fetch_request(request)))
+
+        started = time.monotonic()
+        empty = await fetch(2, 300)
+        assert (empty.records, empty.error, empty.log_end_offset, empty.high_watermark) == (b"", None, 2, 2)
+        assert 0.29 < time.monotonic() - started < 3
+        pending = asyncio.ensure_future(fetch(2, 10_000))
+        await asyncio.sleep(0.3)
+        assert not pending.done() and parked() == (1 if native else 0)
+        await r[1].produce.remote(batch(3), 1, 1000)
+        assert offsets((await asyncio.wait_for(pending, 5)).records) == [2, 3, 4]
+        assert isinstance((await fetch(5, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
+        pending = asyncio.ensure_future(fetch(5, 10_000))
+        await asyncio.sleep(0.3)
+        assert parked() == (1 if native else 0)
+        await r[1].become_follower.remote(1, 2, r[2])
+        assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
+        assert parked() == 0
+        connection.close()
+
+    asyncio.run(go())
 
 
 def test_consumers_never_see_above_the_high_watermark(tmp_path):

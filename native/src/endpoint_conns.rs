@@ -35,7 +35,7 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 const OWN_BUFFER_FROM_BYTES: usize = 16 * 1024;
 
 /// A log slice an answer sends from its file: Python's FileSlice, asked before each send.
-pub trait Slice {
+pub trait Slice: Send + Sync {
     fn fd(&self) -> RawFd;
     fn position(&self) -> i64;
     fn len(&self) -> usize;

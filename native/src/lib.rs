@@ -40,7 +40,7 @@ type PartitionArg<'py> = (i32, Option<Bound<'py, PyBytes>>, i16, Option<String>)
 /// method returns what Python is to do next, as tuples: (0, id, frame, failed) a request
 /// answered, (1, topic, partition) an endpoint to look up, (2, fd) a descriptor to stop
 /// watching and close, (3, fd, on) a descriptor to watch for writability or not.
-#[pyclass(module = "rayk._native", unsendable)]
+#[pyclass(module = "rayk._native")]
 struct ProducePath {
     path: Path,
 }
@@ -152,7 +152,7 @@ impl ProducePath {
 /// correlation id, kind, body) a request to serve, (5, fd, why or None) a connection over,
 /// (3, fd, on) a descriptor to watch for writability or not, (6, fd, on) one to stop
 /// watching for reading (on) or to watch again.
-#[pyclass(module = "rayk._native", unsendable)]
+#[pyclass(module = "rayk._native")]
 struct EndpointConnections {
     conns: EndpointConns,
 }
@@ -305,7 +305,7 @@ impl EndpointConnections {
 /// loop's thread: every method returns what Python is to do next, as tuples: (7, fd, body)
 /// an answer frame's body, (5, fd, why) a connection over, (3, fd, on) a descriptor to
 /// watch for writability or not.
-#[pyclass(module = "rayk._native", unsendable)]
+#[pyclass(module = "rayk._native")]
 struct ClientConnections {
     conns: ClientConns,
 }

@@ -104,6 +104,9 @@ SENDFILE_MIN_BYTES = 128 * 1024
 # (kind, the request's body after its header) -> (answer head, answer tail: records, or a
 # slice of the log file for the answer to send by sendfile)
 Handler = Callable[[int, memoryview], Awaitable[tuple[bytes, bytes | FileSlice]]]
+# The same request served without a task where it can be: (kind, body, reply(head, tail))
+# -> True if it took the request (and calls `reply` once, now or later), False: the Handler serves it.
+ServeNow = Callable[[int, memoryview, Callable[[bytes, bytes | FileSlice], None]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +159,15 @@ class Endpoint:
 
     def __init__(
         self, handler: Handler, name: str, max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
-        idle_timeout_s: float = IDLE_TIMEOUT_S, sendfile: bool = True,
+        idle_timeout_s: float = IDLE_TIMEOUT_S, sendfile: bool = True, serve_now: ServeNow | None = None,
     ) -> None:
         """`name` is for the logs (the partition, say). `sendfile` False reads the log
-        slices a handler answers instead of sending them from the file (for comparison)."""
+        slices a handler answers instead of sending them from the file (for comparison).
+        `serve_now`, if given, is asked first for each request of a connection served
+        natively, and serves without a task the requests it takes (a leader's followers'
+        fetches)."""
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
+        self._serve_now = serve_now
         self._sendfile = sendfile
         self._idle_timeout_s = idle_timeout_s
         self._secret = handshake.new_secret()
@@ -329,7 +336,8 @@ class Endpoint:
         object that serves them; None: in Python (not built, RAYK_NATIVE=0, or it failed)."""
         if self._native is None and native_endpoint.available():
             self._native = native_endpoint.NativeConnections(
-                self.name, self._answer_natively, self._max_in_flight, self._idle_timeout_s)
+                self.name, self._answer_natively, self._max_in_flight, self._idle_timeout_s,
+                self._answer_now if self._serve_now is not None else None)
         return self._native if self._native is not None and self._native.alive else None
 
     async def _answer_natively(
@@ -345,6 +353,17 @@ class Endpoint:
             native.answer_frame(served, frames.failed_answer_frame(correlation_id, self._error_of(e, kind, served.peer)))
         else:
             native.answer(served, correlation_id, head, tail)
+
+    def _answer_now(self, served: native_endpoint.Served, correlation_id: int, kind: int, body: memoryview) -> bool:
+        """`serve_now` for a request of a connection served natively: True if it took it.
+        One that raises is answered FAILED, as a handler's (`_answer`)."""
+        native = self._native
+        assert native is not None and self._serve_now is not None
+        try:
+            return self._serve_now(kind, body, functools.partial(native.answer, served, correlation_id))
+        except Exception as e:
+            native.answer_frame(served, frames.failed_answer_frame(correlation_id, self._error_of(e, kind, served.peer)))
+            return True
 
     def _log_refusal(self, peer: object, why: str) -> None:
         """At most one warning per REFUSAL_LOG_INTERVAL_S: a stranger knocking cannot flood the log."""

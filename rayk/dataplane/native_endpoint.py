@@ -6,7 +6,8 @@ Python: it reads the request frames as they come, holds reading back while
 `max_in_flight` requests are out, and writes each answer whole as it is given, the records
 of a log slice by sendfile. It has no thread: this module drives it from the replica's
 event loop (the sockets' readiness callbacks call into it) and does what each call
-returns: serve a request (a task running the Endpoint's handler, whose answer goes back
+returns: serve a request (the Endpoint's `serve_now` first, which serves a leader's
+followers' fetches without a task; else a task running its handler, whose answer goes back
 to it), watch a socket for writing or stop reading it, end a connection.
 
 The Endpoint decides which connections come here: every proven connection that is not
@@ -70,18 +71,21 @@ class Served:
 
 # (the connection, correlation id, kind, body) -> the coroutine that serves the request and answers it
 ServeRequest = Callable[[Served, int, int, memoryview], Coroutine[Any, Any, None]]
+# The same, without a task where it can: True if it took the request (and answers it, now or later)
+ServeNow = Callable[[Served, int, int, memoryview], bool]
 
 
 class NativeConnections:
     """The native connections of one Endpoint: owns the native object and the Served
     connections by descriptor. Not thread-safe: the replica's event loop."""
 
-    def __init__(self, name: str, serve_request: ServeRequest, max_in_flight: int, idle_timeout_s: float) -> None:
+    def __init__(self, name: str, serve_request: ServeRequest, max_in_flight: int, idle_timeout_s: float,
+                 serve_now: ServeNow | None = None) -> None:  # fmt: skip
         assert _native is not None, "rayk._native is not built"
         self.name = name
         self._loop = asyncio.get_running_loop()
         self._conns = _native.EndpointConnections(max_in_flight, frames.MAX_FRAME_BYTES)
-        self._serve_request = serve_request
+        self._serve_request, self._serve_now = serve_request, serve_now
         self._idle_timeout_s = idle_timeout_s
         self._served: dict[int, Served] = {}
         self.alive = True
@@ -169,7 +173,10 @@ class NativeConnections:
             return
         if tag == _native.REQUEST:
             _, _, correlation_id, kind, body = event
-            task = self._loop.create_task(self._serve_request(served, correlation_id, kind, memoryview(body)))
+            body = memoryview(body)
+            if self._serve_now is not None and self._serve_now(served, correlation_id, kind, body):
+                return  # served without a task (answered, or to be answered later)
+            task = self._loop.create_task(self._serve_request(served, correlation_id, kind, body))
             served.tasks.add(task)
             task.add_done_callback(served.tasks.discard)
         elif tag == _native.END:

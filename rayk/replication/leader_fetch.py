@@ -15,7 +15,15 @@ epoch of its last batch; if the leader's log went another way after that epoch, 
 is the diverging epoch instead of records, and the follower's offset is not counted (it is
 not a position in the leader's log).
 
-It owns no state of its own: the log, role and epoch are the context's
+A follower's fetch that comes through the native endpoint (rayk/dataplane/native_endpoint.py)
+is served without a task (`fetch_or_park`): checked and recorded at once, answered at once
+if it can be, else parked until an append or a change satisfies it or its wait is over
+(one timer), answered then through a callback. It is the same fetch as above, without the
+task, the wakeup and the turns of the loop each costs; at RF=3 two of them wait at the
+leader after each record. A consumer's fetch, a throttled follower's or a traced one take
+the async path.
+
+It owns no state beyond those parked fetches: the log, role and epoch are the context's
 (replica_context.py), the followers' positions LeaderIsr's. Errors are answered in the
 result, as Kafka answers per partition; a read that the disk fails is answered
 KAFKA_STORAGE_ERROR and ends the replica's process (storage_failure.py). Not
@@ -24,8 +32,11 @@ thread-safe: the replica actor's event loop.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import time
+from collections.abc import Callable
 
 from rayk.dataplane import frames
 from rayk.dataplane.frames import FetchResult
@@ -41,6 +52,7 @@ from rayk.errors import (
     OffsetOutOfRangeError,
     PolicyViolationError,
     UnknownLeaderEpochError,
+    UnknownServerError,
 )
 from rayk.replication import storage_failure
 from rayk.replication.leader_isr import LeaderIsr
@@ -51,12 +63,26 @@ from rayk.storage.file_slice import FileSlice
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH
 from rayk.storage.records import iter_batches
 
+logger = logging.getLogger(__name__)
+
 CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1  # ListOffsets sentinels
 EARLIEST_TIMESTAMP = -2
 EARLIEST_LOCAL_TIMESTAMP = -4  # KIP-405 (ListOffsets v8): the local log's start, with tiered storage
 LATEST_TIERED_TIMESTAMP = -5  # KIP-1005: the last offset in remote storage (-1: none)
 DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
+
+
+class ParkedFetch:
+    """A follower's fetch waiting at the leader without a task (`LeaderFetch.fetch_or_park`)."""
+
+    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "timer")
+
+    def __init__(self, offset: int, max_bytes: int, min_bytes: int, slice_min_bytes: int | None,
+                 answer: Callable[[FetchResult], None]) -> None:  # fmt: skip
+        self.offset, self.max_bytes, self.min_bytes, self.slice_min_bytes = offset, max_bytes, min_bytes, slice_min_bytes
+        self.answer = answer
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class LeaderFetch:
@@ -68,6 +94,8 @@ class LeaderFetch:
         self._remote = remote  # tiered storage: reads below the local log start
         self._throttle = ReplicationThrottle()  # this replica's share of leader.replication.throttled.rate
         self._throttled_followers: frozenset[int] = frozenset()  # the followers a reassignment adds
+        self._parked: list[ParkedFetch] = []  # followers' fetches waiting without a task
+        ctx.events.on_append = self._wake_parked
 
     def set_throttle(self, rate_bytes_per_s: int | None, adding: tuple[int, ...]) -> None:
         """Answers to the `adding` followers' fetches go at most at this rate (None: no limit)."""
@@ -137,6 +165,87 @@ class LeaderFetch:
             await changed.wait(remaining_s)
             if ctx.role is not Role.LEADER:
                 return self.fetch_error(ctx.not_leader())
+
+    def fetch_or_park(
+        self, r: frames.FetchRequest, max_bytes: int, answer: Callable[[FetchResult], None],
+        slice_min_bytes: int | None = None,
+    ) -> bool:
+        """A follower's fetch served without a task: answered through `answer` now, or
+        parked until it can be (see the module docstring). False, having done nothing, for a
+        fetch the async path serves (`fetch`): a consumer's, a throttled follower's, a
+        traced one, one that does not wait, or on a replica that is not the leader."""
+        ctx = self._ctx
+        replica_id = r.replica_id
+        if (replica_id == CONSUMER_REPLICA_ID or ctx.role is not Role.LEADER or ctx.trace is not None
+                or r.min_bytes <= 0 or r.max_wait_ms <= 0 or replica_id in self._throttled_followers):
+            return False
+        if r.topic_id is not None and r.topic_id != ctx.topic_id:
+            answer(self.fetch_error(InconsistentTopicIdError(f"{ctx.name} has topic id {ctx.topic_id}, not {r.topic_id}")))
+            return True
+        if r.leader_epoch >= 0 and r.leader_epoch != ctx.leader_epoch:
+            cls = FencedLeaderEpochError if r.leader_epoch < ctx.leader_epoch else UnknownLeaderEpochError
+            answer(self.fetch_error(cls(f"fetch in epoch {r.leader_epoch}, leader is in epoch {ctx.leader_epoch}")))
+            return True
+        refused = self._follower_fetched(r.offset, replica_id, r.last_fetched_epoch, r.incarnation_id)
+        if refused is not None:
+            answer(refused)
+            return True
+        parked = ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer)
+        if not self._try_answer(parked, timed_out=False):
+            parked.timer = asyncio.get_running_loop().call_later(r.max_wait_ms / 1000, self._expire, parked)
+            self._parked.append(parked)
+        return True
+
+    def _try_answer(self, parked: ParkedFetch, timed_out: bool) -> bool:
+        """Answers a parked fetch if it can be now (as an iteration of `fetch`'s loop does)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            parked.answer(self.fetch_error(ctx.not_leader()))
+            return True
+        if not timed_out and parked.offset == ctx.log.log_end_offset:
+            return False  # nothing to read until records come, so no read is made to find that
+        result = self._read(parked.offset, parked.max_bytes, True, False, parked.slice_min_bytes)
+        if result.error is not None or len(result.records) >= parked.min_bytes or timed_out:
+            parked.answer(result)
+            return True
+        _close_slice(result)
+        return False
+
+    def _wake_parked(self) -> None:
+        """Records were appended, or the HW, the role or a config moved: the parked fetches
+        that can be answered are. Called by whatever appended or changed (a produce, say),
+        which a fetch's failure must not fail: one that raises is answered
+        UNKNOWN_SERVER_ERROR, logged, as its task would have been."""
+        if not self._parked:
+            return
+        parked, self._parked = self._parked, []
+        for fetch in parked:
+            if self._answered(fetch, timed_out=False):
+                if fetch.timer is not None:
+                    fetch.timer.cancel()
+            else:
+                self._parked.append(fetch)
+
+    def _expire(self, fetch: ParkedFetch) -> None:
+        if fetch in self._parked:
+            self._parked.remove(fetch)
+            self._answered(fetch, timed_out=True)
+
+    def _answered(self, fetch: ParkedFetch, timed_out: bool) -> bool:
+        try:
+            return self._try_answer(fetch, timed_out)
+        except Exception as e:
+            logger.exception("%s: a parked follower fetch failed", self._ctx.name)
+            fetch.answer(self.fetch_error(UnknownServerError(f"{type(e).__name__}: {e}")))
+            return True
+
+    def drop_parked(self) -> None:
+        """The replica closes: its parked fetches are dropped unanswered (their connections
+        close with its endpoint), and no timer of theirs reads the closed log."""
+        parked, self._parked = self._parked, []
+        for fetch in parked:
+            if fetch.timer is not None:
+                fetch.timer.cancel()
 
     async def _remote_read(self, remote: RemoteLogManager, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """A consumer's fetch below the local log start, from the remote segment holding it

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -393,7 +394,8 @@ class PartitionReplica(Supervised):
         another node than this one (`peer_node_id`; None: unknown) asks. Only Ray hands it
         out, so only the cluster's own processes can connect."""
         if self._endpoint is None:
-            self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}")
+            self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}",
+                                      serve_now=self._serve_data_plane_now)
         config = self._ctx.config
         node_id, node_ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         host = config.data_plane_host or node_ip
@@ -423,8 +425,27 @@ class PartitionReplica(Supervised):
         )
         return frames.encode_fetch_answer_head(result), result.records
 
+    def _serve_data_plane_now(self, kind: int, body: memoryview, reply: Callable[[bytes, bytes | FileSlice], None]) -> bool:
+        """A data plane request served without a task, where it can be (the native endpoint
+        asks first): a follower's fetch, answered now or parked (LeaderFetch.fetch_or_park),
+        its answer given to `reply`. False for anything else: `_serve_data_plane` serves it."""
+        if kind != frames.FETCH or self._ctx.role is not Role.LEADER:
+            return False
+        r = frames.decode_fetch_request(body)
+        counters = self._ctx.counters
+
+        def answer(result: FetchResult) -> None:
+            counters.fetch_requests += 1
+            if result.error is not None:
+                counters.failed_fetch_requests += 1
+            counters.maybe_flush()
+            reply(frames.encode_fetch_answer_head(result), result.records)
+
+        return self._fetches.fetch_or_park(r, min(r.max_bytes, frames.MAX_RECORDS_BYTES), answer, SENDFILE_MIN_BYTES)
+
     async def _close_endpoint(self) -> None:
         self._share_states.close()
+        self._fetches.drop_parked()  # their connections close with the endpoint
         if self._endpoint is not None:
             await self._endpoint.close()
             self._endpoint = None

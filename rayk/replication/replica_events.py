@@ -27,12 +27,13 @@ from rayk.actors.wakeup import Wakeup
 class ReplicaEvents:
     """The append and change events of one replica (see the module docstring)."""
 
-    __slots__ = ("_appended", "_changed", "on_change")
+    __slots__ = ("_appended", "_changed", "on_change", "on_append")
 
     def __init__(self) -> None:
         self._appended: Wakeup | None = None
         self._changed: Wakeup | None = None
         self.on_change: Callable[[], None] | None = None
+        self.on_append: Callable[[], None] | None = None
 
     def change_event(self, appends: bool = False) -> Wakeup:
         """The event a waiter waits on, taken before it checks its condition; with
@@ -47,6 +48,8 @@ class ReplicaEvents:
 
     def notify_append(self) -> None:
         """Records were appended and the HW did not move: wakes the waiters for records."""
+        if self.on_append is not None:
+            self.on_append()
         if self._appended is not None:
             event, self._appended = self._appended, None
             event.fire()
