@@ -11,9 +11,13 @@ consumer's listener) takes ~10 such turns, and at a low rate each of them starts
 this is the floor under rayk's CPU per record at 100-1,000 records/s with linger.ms 0
 (README, "Where the CPU of a record goes").
 
-    .venv/bin/python benchmarks/dataplane_turn_bench.py [--requests N] [--rates 100,300,1000,3000,0]
+    .venv/bin/python benchmarks/dataplane_turn_bench.py [--requests N] [--rates 100,300,1000,3000,0] [--uvloop] [--compare-native N]
 
-Rate 0: back to back. No Ray instance. It prints figures and asserts nothing.
+Rate 0: back to back. `--uvloop` runs both processes on uvloop, as Ray runs actors (the
+default is asyncio's own loop). `--compare-native N` runs N rounds each of the Python data
+plane (RAYK_NATIVE=0) and the native one (rayk._native's endpoint and connection,
+native_endpoint.py and native_connection.py), alternating. No Ray instance. It prints
+figures and asserts nothing.
 
 With a C compiler (`cc`) on the machine it then measures the same exchange in C: two
 processes, a Unix socket pair, each side waiting in epoll_wait and the client sleeping
@@ -33,15 +37,17 @@ import subprocess
 import tempfile
 import time
 
+import uvloop
+
 from latency_cpu_bench import process_cpu_s as cpu_s  # (a script's own directory is on its path)
-from rayk.dataplane import frames
+from rayk.dataplane import frames, native_endpoint
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint
 
 NODE = "this-node"
 
 
-def serve(addresses: multiprocessing.Queue) -> None:
+def serve(addresses: multiprocessing.Queue, on_uvloop: bool) -> None:
     async def answer(kind: int, body: memoryview) -> tuple[bytes, bytes]:
         return bytes(body[:8]), b""
 
@@ -50,6 +56,8 @@ def serve(addresses: multiprocessing.Queue) -> None:
         addresses.put(pickle.dumps(await endpoint.open(NODE, "127.0.0.1", tcp=False)))
         await asyncio.Event().wait()
 
+    if on_uvloop:
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     asyncio.run(main())
 
 
@@ -74,7 +82,6 @@ async def measure(connection: Connection, server_pid: int, rate: float, requests
 
 async def run(server_pid: int, address: object, rates: list[float], requests: int) -> None:
     connection = await Connection.open(address, NODE, "bench")
-    print(f"{'requests':>14} {'client CPU µs/req':>16} {'endpoint CPU µs/req':>18} {'round trip p50 µs':>15}")
     for rate in rates:
         count = requests if not rate else min(requests, int(rate * 10))  # at most 10 s per rate
         print(await measure(connection, server_pid, rate, max(count, 200)))
@@ -157,23 +164,47 @@ def c_turns(rates: list[float], requests: int) -> None:
             print(f"{label:>14} {client_us:16.0f} {server_us:18.0f} {trip_us:15.0f}")
 
 
+def python_turns(rates: list[float], requests: int, on_uvloop: bool) -> None:
+    """The exchange between an Endpoint in a child process and a Connection in this one."""
+    context = multiprocessing.get_context("spawn")  # the child takes RAYK_NATIVE from this one's environment
+    addresses = context.Queue()
+    server = context.Process(target=serve, args=(addresses, on_uvloop), daemon=True)
+    server.start()
+    try:
+        if on_uvloop:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        asyncio.run(run(server.pid, pickle.loads(addresses.get(timeout=30)), rates, requests))
+    finally:
+        asyncio.set_event_loop_policy(None)
+        server.kill()
+        server.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3_000)
     parser.add_argument("--rates", default="100,300,1000,3000,0", help="requests/s, 0: back to back")
+    parser.add_argument("--uvloop", action="store_true", help="both processes on uvloop, as Ray runs actors")
+    parser.add_argument("--compare-native", type=int, default=0, metavar="N",
+                        help="N rounds each of the Python data plane (RAYK_NATIVE=0) and the native one, alternating")
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    context = multiprocessing.get_context("spawn")
-    addresses = context.Queue()
-    server = context.Process(target=serve, args=(addresses,), daemon=True)
-    server.start()
-    try:
-        asyncio.run(run(server.pid, pickle.loads(addresses.get(timeout=30)), [float(r) for r in args.rates.split(",")],
-                        args.requests))  # fmt: skip
-    finally:
-        server.kill()
-        server.join()
-    c_turns([float(r) for r in args.rates.split(",")], args.requests)
+    rates = [float(r) for r in args.rates.split(",")]
+    print(f"machine: {os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"{'uvloop' if args.uvloop else 'asyncio'}")
+    header = f"{'requests':>14} {'client CPU µs/req':>16} {'endpoint CPU µs/req':>18} {'round trip p50 µs':>15}"
+    if not args.compare_native:
+        print(header)
+        python_turns(rates, args.requests, args.uvloop)
+    elif not native_endpoint.available():
+        raise SystemExit("--compare-native: rayk._native is not built here (or RAYK_NATIVE=0)")
+    else:
+        for i in range(args.compare_native):
+            for enabled in ("0", "1"):
+                os.environ[native_endpoint.ENABLED_ENV] = enabled
+                print(f"round {i + 1}, {'native' if enabled == '1' else 'Python'} data plane (RAYK_NATIVE={enabled}):")
+                print(header)
+                python_turns(rates, args.requests, args.uvloop)
+    c_turns(rates, args.requests)
 
 
 if __name__ == "__main__":
