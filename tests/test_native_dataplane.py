@@ -79,12 +79,21 @@ def served_natively(endpoint: Endpoint) -> int:
     return len(endpoint._native._served) if endpoint._native is not None else 0
 
 
-def test_requests_that_came_with_the_handshakes_last_bytes_are_served():
+@pytest.mark.parametrize("answered", ["by a task", "at once"])
+def test_requests_that_came_with_the_handshakes_last_bytes_are_served_after_its_proof(answered):
+    """Answered at once (`serve_now`), their answers still come after the endpoint's proof
+    of the secret, which the transport may not have written yet when the socket is taken over."""
+
+    def serve_now(kind, body, reply) -> bool:
+        reply(bytes([kind]), bytes(body))
+        return True
+
     async def go():
         handler = Recorder()
-        endpoint, address = await opened(handler)
+        endpoint = Endpoint(handler, "test", serve_now=serve_now if answered == "at once" else None)
+        address = await endpoint.open(NODE, "127.0.0.1", tcp=False)
         requests = b"".join(frames.request_frame(i, frames.FETCH, b"req%d" % i) for i in range(3))
-        reader, writer = await raw_connection(address, then=requests)
+        reader, writer = await raw_connection(address, then=requests)  # checks the proof comes first
         answers = sorted([await read_answer(reader) for _ in range(3)])
         assert answers == [(i, frames.ANSWERED, bytes([frames.FETCH]) + b"req%d" % i) for i in range(3)]
         assert served_natively(endpoint) == 1
@@ -188,6 +197,47 @@ def test_answers_larger_than_the_socket_takes_go_whole_and_in_turn_to_a_slow_rea
         answers = await asyncio.gather(*(
             asyncio.wait_for(connection.request(frames.FETCH, b"big:%d" % n), 30) for n in sizes))
         assert [len(a) for a in answers] == [len(b"head") + n for n in sizes]
+        connection.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_requests_answered_as_they_are_handed_out_leave_no_connection_held():
+    """One request in flight at most, each answered at once by `serve_now` (as a leader
+    answers a follower's fetch it can answer): the connection is let go of its hold as each
+    answer goes, and reads on, however the events of one read interleave with the answers."""
+
+    def serve_now(kind, body, reply) -> bool:
+        reply(b"now", bytes(body))
+        return True
+
+    async def go():
+        endpoint = Endpoint(Recorder(), "test", 1, serve_now=serve_now)
+        address = await endpoint.open(NODE, "127.0.0.1", tcp=False)
+        reader, writer = await raw_connection(address)
+        n = 3000  # more than Python's recursion limit: each served in turn, not one call inside another
+        writer.write(b"".join(frames.request_frame(i, frames.FETCH, b"r%d" % i) for i in range(n)))
+        answers = [await asyncio.wait_for(read_answer(reader), 5) for _ in range(n)]
+        assert answers == [(i, frames.ANSWERED, b"now" + b"r%d" % i) for i in range(n)]
+        assert endpoint._native.alive
+        writer.write(frames.request_frame(n, frames.FETCH, b"later"))  # read only if the socket is watched
+        assert await asyncio.wait_for(read_answer(reader), 5) == (n, frames.ANSWERED, b"nowlater")
+        writer.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
+def test_a_handlers_bytes_like_answer_is_written_as_bytes():
+    async def handler(kind, body):
+        return bytearray(b"head"), memoryview(b"tail")
+
+    async def go():
+        endpoint, address = await opened(handler)
+        connection = await Connection.open(address, NODE)
+        assert bytes(await connection.request(frames.FETCH, b"x")) == b"headtail"
+        assert served_natively(endpoint) == 1 and endpoint._native.alive
         connection.close()
         await endpoint.close()
 

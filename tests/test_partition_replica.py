@@ -224,7 +224,7 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
     ray.get(r[1].produce.remote(batch(2), 1, 1000))
     node = ray.get_runtime_context().get_node_id()
     address = ray.get(r[1].data_endpoint.remote(node))
-    native = native_endpoint._native is not None  # the replica's process has the same build
+    native = native_endpoint.available()  # the replica's process has the same build and environment
 
     def parked() -> int:
         return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked)))

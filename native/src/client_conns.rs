@@ -14,13 +14,15 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, IoSlice, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
 
 const REQUEST_HEADER_BYTES: usize = 5; // correlation id (int32), kind (int8)
 const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// An answer at least this large is read into a buffer of its own size, not through the chunk.
+/// A buffer larger than this, once empty, is let go rather than kept for the next frame.
+const SHRINK_ABOVE_BYTES: usize = 1 << 20;
+/// An answer at least this large is read up to its end at once, not a chunk at a time.
 const OWN_BUFFER_FROM_BYTES: usize = 16 * 1024;
 
 /// What Python is to do after a call.
@@ -46,7 +48,6 @@ struct Conn {
 pub struct ClientConns {
     max_frame_bytes: usize,
     conns: HashMap<RawFd, Conn>,
-    chunk: Vec<u8>,
     events: Vec<ClientEvent>,
 }
 
@@ -61,7 +62,7 @@ fn frame_size(staged: &[u8]) -> Option<usize> {
 
 impl ClientConns {
     pub fn new(max_frame_bytes: usize) -> Self {
-        ClientConns { max_frame_bytes, conns: HashMap::new(), chunk: vec![0; READ_CHUNK_BYTES], events: Vec::new() }
+        ClientConns { max_frame_bytes, conns: HashMap::new(), events: Vec::new() }
     }
 
     /// What the last call left for Python to do.
@@ -168,30 +169,19 @@ impl ClientConns {
         if conn.ended {
             return;
         }
-        let mut file = borrowed(fd);
         let failure = loop {
             let staged = conn.inbuf.len() - conn.in_at;
             let want = match frame_size(&conn.inbuf[conn.in_at..]) {
                 Some(size) if size <= max_frame_bytes && size >= OWN_BUFFER_FROM_BYTES && staged < 4 + size => 4 + size - staged,
                 _ => 0,
             };
-            let result = if want > 0 {
-                let filled = conn.inbuf.len();
-                conn.inbuf.resize(filled + want, 0);
-                let result = file.read(&mut conn.inbuf[filled..]);
-                conn.inbuf.truncate(filled + *result.as_ref().unwrap_or(&0));
-                result
-            } else {
-                let result = file.read(&mut self.chunk);
-                if let Ok(n) = result {
-                    conn.inbuf.extend_from_slice(&self.chunk[..n]);
-                }
-                result
-            };
+            // Into the buffer's spare room, never zero-filled: a large frame whose size is known
+            // up to its end (no byte of the next frame lands there), anything else a chunk at a time.
+            let result = read_into_spare(fd, &mut conn.inbuf, if want > 0 { want } else { READ_CHUNK_BYTES });
             match result {
                 Ok(0) => break Some("the endpoint closed the connection".to_string()),
                 Ok(n) => {
-                    if want == 0 && n < self.chunk.len() {
+                    if want == 0 && n < READ_CHUNK_BYTES {
                         break None;
                     }
                     if let Some(size) = frame_size(&conn.inbuf[conn.in_at..]) {
@@ -232,6 +222,9 @@ impl ClientConns {
         if conn.in_at == conn.inbuf.len() {
             conn.inbuf.clear();
             conn.in_at = 0;
+            if conn.inbuf.capacity() > SHRINK_ABOVE_BYTES {
+                conn.inbuf = Vec::new(); // a large frame's room is not kept for the connection's life
+            }
         } else if conn.in_at > READ_CHUNK_BYTES {
             conn.inbuf.drain(..conn.in_at);
             conn.in_at = 0;
@@ -263,4 +256,17 @@ fn remaining<'a>(head: &'a [u8], parts: &[&'a [u8]], mut written: usize) -> Vec<
         written = 0;
     }
     out
+}
+
+/// Reads at most `max` bytes from `fd` into the spare capacity of `buf`, which grows by them.
+fn read_into_spare(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    // The kernel writes the bytes it reports; only those become part of the vector.
+    let n = unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, max.min(spare.len())) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    unsafe { buf.set_len(buf.len() + n as usize) };
+    Ok(n as usize)
 }

@@ -21,7 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, IoSlice, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
 use std::time::Instant;
@@ -31,7 +31,9 @@ const KINDS: [i8; 4] = [1, 2, 3, 4];
 const ANSWERED: i8 = 0;
 const REQUEST_HEADER_BYTES: usize = 5; // correlation id (int32), kind (int8)
 const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// A frame at least this large is read into a buffer of its own size, not through the chunk.
+/// A buffer larger than this, once empty, is let go rather than kept for the next frame.
+const SHRINK_ABOVE_BYTES: usize = 1 << 20;
+/// A frame at least this large is read up to its end at once, not a chunk at a time.
 const OWN_BUFFER_FROM_BYTES: usize = 16 * 1024;
 
 /// A log slice an answer sends from its file: Python's FileSlice, asked before each send.
@@ -83,7 +85,6 @@ pub struct EndpointConns {
     max_in_flight: usize,
     max_frame_bytes: usize,
     conns: HashMap<RawFd, Conn>,
-    chunk: Vec<u8>,
     events: Vec<Event>,
 }
 
@@ -105,7 +106,7 @@ fn answer_head(correlation_id: i32, head: &[u8], tail_bytes: usize) -> Vec<u8> {
 impl EndpointConns {
     pub fn new(max_in_flight: usize, max_frame_bytes: usize) -> Self {
         assert!(max_in_flight > 0);
-        EndpointConns { max_in_flight, max_frame_bytes, conns: HashMap::new(), chunk: vec![0; READ_CHUNK_BYTES], events: Vec::new() }
+        EndpointConns { max_in_flight, max_frame_bytes, conns: HashMap::new(), events: Vec::new() }
     }
 
     /// What the last call left for Python to do.
@@ -162,7 +163,6 @@ impl EndpointConns {
         if conn.ended || conn.held {
             return;
         }
-        let mut file = borrowed(fd);
         let failure = loop {
             // A large frame whose size is known is read straight into its place.
             let staged = conn.inbuf.len() - conn.in_at;
@@ -172,26 +172,16 @@ impl EndpointConns {
             } else {
                 0
             };
-            let result = if want > 0 {
-                let filled = conn.inbuf.len();
-                conn.inbuf.resize(filled + want, 0);
-                let result = file.read(&mut conn.inbuf[filled..]);
-                conn.inbuf.truncate(filled + *result.as_ref().unwrap_or(&0));
-                result
-            } else {
-                let result = file.read(&mut self.chunk);
-                if let Ok(n) = result {
-                    conn.inbuf.extend_from_slice(&self.chunk[..n]);
-                }
-                result
-            };
+            // Into the buffer's spare room, never zero-filled: a large frame whose size is known
+            // up to its end (no byte of the next frame lands there), anything else a chunk at a time.
+            let result = read_into_spare(fd, &mut conn.inbuf, if want > 0 { want } else { READ_CHUNK_BYTES });
             match result {
                 Ok(0) => break Some(None),
                 Ok(n) => {
                     // Stop at a whole frame, to hand it out: the socket is read again on the
                     // loop's next turn, unless requests are held back meanwhile (what the peer
                     // sends then waits in the kernel's buffers, pushing back on it).
-                    if (want == 0 && n < self.chunk.len()) || to_parse(&conn.inbuf[conn.in_at..], max_frame_bytes) {
+                    if (want == 0 && n < READ_CHUNK_BYTES) || to_parse(&conn.inbuf[conn.in_at..], max_frame_bytes) {
                         break None;
                     }
                 }
@@ -244,6 +234,9 @@ impl EndpointConns {
         if conn.in_at == conn.inbuf.len() {
             conn.inbuf.clear();
             conn.in_at = 0;
+            if conn.inbuf.capacity() > SHRINK_ABOVE_BYTES {
+                conn.inbuf = Vec::new(); // a large frame's room is not kept for the connection's life
+            }
         } else if conn.in_at > READ_CHUNK_BYTES {
             conn.inbuf.drain(..conn.in_at);
             conn.in_at = 0;
@@ -419,10 +412,14 @@ impl EndpointConns {
                             ErrorKind::Interrupted => {}
                             ErrorKind::WouldBlock => break,
                             _ => {
-                                if e.raw_os_error() == Some(libc::EIO) {
+                                // The file's I/O error is worth a warning (and its owner's
+                                // handling); the peer gone (EPIPE, a reset) is not, as for a write.
+                                failure = Some(if e.raw_os_error() == Some(libc::EIO) {
                                     slice.read_failed(&e);
-                                }
-                                failure = Some(Some(format!("a send from the log file failed: {e}")));
+                                    Some(format!("a send from the log file failed: {e}"))
+                                } else {
+                                    None
+                                });
                                 break;
                             }
                         }
@@ -477,4 +474,17 @@ fn close_slices(out: VecDeque<Out>) {
             slice.close();
         }
     }
+}
+
+/// Reads at most `max` bytes from `fd` into the spare capacity of `buf`, which grows by them.
+fn read_into_spare(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    // The kernel writes the bytes it reports; only those become part of the vector.
+    let n = unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, max.min(spare.len())) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    unsafe { buf.set_len(buf.len() + n as usize) };
+    Ok(n as usize)
 }

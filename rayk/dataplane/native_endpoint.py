@@ -25,6 +25,7 @@ reconnect, as after any broken connection.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -88,6 +89,8 @@ class NativeConnections:
         self._serve_request, self._serve_now = serve_request, serve_now
         self._idle_timeout_s = idle_timeout_s
         self._served: dict[int, Served] = {}
+        self._batches: collections.deque[list[tuple]] = collections.deque()  # events not done yet, per call
+        self._draining = False
         self.alive = True
 
     async def serve(self, reader: FrameReader, writer: asyncio.StreamWriter, peer: object) -> str | None:
@@ -95,6 +98,12 @@ class NativeConnections:
         returns why it ended if that is worth a warning."""
         if writer.transport.is_closing() or reader.exception() is not None:
             return None  # gone already: its descriptor may not be its own any more
+        # The handshake's proof may still wait in the transport's buffer (uvloop writes at the
+        # end of the loop's turn): no answer written natively may overtake it.
+        while writer.transport.get_write_buffer_size() and not writer.transport.is_closing():
+            await asyncio.sleep(0)
+        if writer.transport.is_closing():
+            return None
         staged = reader.detach()
         writer.transport.pause_reading()  # for good; its owner closes it when the serving ends
         fd = os.dup(writer.get_extra_info("socket").fileno())
@@ -124,12 +133,13 @@ class NativeConnections:
             if isinstance(tail, FileSlice):
                 tail.close()
             return
+        head = head if type(head) is bytes else bytes(head)  # the native side takes bytes; handlers may give any bytes-like
         if isinstance(tail, FileSlice):
             stale = frames.failed_answer_frame(correlation_id, NotLeaderOrFollowerError(
                 "this replica's log was truncated (it is no longer the leader) before the answer was sent"))
             self._call(self._conns.answer_file, served.fd, correlation_id, head, tail, stale)
         else:
-            self._call(self._conns.answer, served.fd, correlation_id, head, tail)
+            self._call(self._conns.answer, served.fd, correlation_id, head, tail if type(tail) is bytes else bytes(tail))
 
     def answer_frame(self, served: Served, frame: bytes) -> None:
         """A whole answer frame (a FAILED one) to a request of `served`."""
@@ -163,8 +173,25 @@ class NativeConnections:
             for served in list(self._served.values()):
                 served.end("the native data plane connections failed")
             return
-        for event in events:
-            self._on_event(event)
+        # Serving a request may answer it at once: a native call in turn, whose events (a
+        # connection no longer held, more requests handed out) must come after these, and
+        # not as a recursion as deep as the requests a peer pipelined. So each call's events
+        # wait their turn here, and of each call's, what to watch comes before the requests.
+        self._batches.append(events)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._batches:
+                batch = self._batches.popleft()
+                for event in batch:
+                    if event[0] != _native.REQUEST:
+                        self._on_event(event)
+                for event in batch:
+                    if event[0] == _native.REQUEST:
+                        self._on_event(event)
+        finally:
+            self._draining = False
 
     def _on_event(self, event: tuple) -> None:
         tag, fd = event[0], event[1]
@@ -172,6 +199,8 @@ class NativeConnections:
         if served is None:
             return
         if tag == _native.REQUEST:
+            if not served.open:
+                return  # ended meanwhile: nothing more of it is served
             _, _, correlation_id, kind, body = event
             body = memoryview(body)
             if self._serve_now is not None and self._serve_now(served, correlation_id, kind, body):

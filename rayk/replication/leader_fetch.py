@@ -232,11 +232,16 @@ class LeaderFetch:
             self._answered(fetch, timed_out=True)
 
     def _answered(self, fetch: ParkedFetch, timed_out: bool) -> bool:
+        """`_try_answer`, raising nothing: a fetch that fails is answered UNKNOWN_SERVER_ERROR
+        (or, if even that cannot be written, dropped: its connection's peer times it out)."""
         try:
             return self._try_answer(fetch, timed_out)
         except Exception as e:
             logger.exception("%s: a parked follower fetch failed", self._ctx.name)
-            fetch.answer(self.fetch_error(UnknownServerError(f"{type(e).__name__}: {e}")))
+            try:
+                fetch.answer(self.fetch_error(UnknownServerError(f"{type(e).__name__}: {e}")))
+            except Exception:
+                logger.exception("%s: a parked follower fetch could not be answered", self._ctx.name)
             return True
 
     def drop_parked(self) -> None:
