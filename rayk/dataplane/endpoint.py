@@ -208,6 +208,7 @@ class Endpoint:
             server.close()
         if self._native is not None:
             self._native.close()
+            self._native = None  # opened again, it serves with a new one
         for connection in list(self._connections):
             if isinstance(connection, asyncio.StreamWriter):
                 connection.close()  # a TLS handshake under way ends at its deadline, then sees the endpoint closed
@@ -345,8 +346,7 @@ class Endpoint:
     ) -> None:
         """`_answer`, for a connection served natively: the answer goes to the native side,
         which writes it once the earlier ones are (and frees the request's place then)."""
-        native = self._native
-        assert native is not None
+        native = served.native
         try:
             head, tail = await self._handler(kind, body)
         except Exception as e:  # not a cancellation (a BaseException): the connection is closing then
@@ -357,8 +357,8 @@ class Endpoint:
     def _answer_now(self, served: native_endpoint.Served, correlation_id: int, kind: int, body: memoryview) -> bool:
         """`serve_now` for a request of a connection served natively: True if it took it.
         One that raises is answered FAILED, as a handler's (`_answer`)."""
-        native = self._native
-        assert native is not None and self._serve_now is not None
+        native = served.native
+        assert self._serve_now is not None
         try:
             return self._serve_now(kind, body, functools.partial(native.answer, served, correlation_id))
         except Exception as e:

@@ -44,6 +44,7 @@ except ImportError:  # built without cargo: the Python endpoint serves every con
 logger = logging.getLogger(__name__)
 
 ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python paths, even where the native ones are built
+PROOF_FLUSH_TURNS = 100  # turns of the loop the handshake's last write has to leave the transport
 
 
 def available() -> bool:
@@ -51,13 +52,14 @@ def available() -> bool:
 
 
 class Served:
-    """One connection served natively: its descriptor, its requests being served, and the
-    future its serving task waits on (set to why it ended, None: nothing to warn of)."""
+    """One connection served natively: its descriptor, its requests being served, the
+    future its serving task waits on (set to why it ended, None: nothing to warn of), and
+    the NativeConnections that serves it (its answers go there)."""
 
-    __slots__ = ("fd", "peer", "tasks", "ended", "idle_watch")
+    __slots__ = ("fd", "peer", "tasks", "ended", "idle_watch", "native")
 
-    def __init__(self, fd: int, peer: object, ended: asyncio.Future[str | None]) -> None:
-        self.fd, self.peer, self.ended = fd, peer, ended
+    def __init__(self, fd: int, peer: object, ended: asyncio.Future[str | None], native: NativeConnections) -> None:
+        self.fd, self.peer, self.ended, self.native = fd, peer, ended, native
         self.tasks: set[asyncio.Task] = set()
         self.idle_watch: asyncio.Task | None = None
 
@@ -91,6 +93,7 @@ class NativeConnections:
         self._served: dict[int, Served] = {}
         self._batches: collections.deque[list[tuple]] = collections.deque()  # events not done yet, per call
         self._draining = False
+        self._closed = False
         self.alive = True
 
     async def serve(self, reader: FrameReader, writer: asyncio.StreamWriter, peer: object) -> str | None:
@@ -100,15 +103,17 @@ class NativeConnections:
             return None  # gone already: its descriptor may not be its own any more
         # The handshake's proof may still wait in the transport's buffer (uvloop writes at the
         # end of the loop's turn): no answer written natively may overtake it.
-        while writer.transport.get_write_buffer_size() and not writer.transport.is_closing():
+        for _ in range(PROOF_FLUSH_TURNS):
+            if not writer.transport.get_write_buffer_size() or writer.transport.is_closing():
+                break
             await asyncio.sleep(0)
-        if writer.transport.is_closing():
-            return None
+        if writer.transport.get_write_buffer_size() or writer.transport.is_closing() or self._closed or not self.alive:
+            return None  # not flushed (a peer that reads nothing), gone, or the endpoint closed meanwhile
         staged = reader.detach()
         writer.transport.pause_reading()  # for good; its owner closes it when the serving ends
         fd = os.dup(writer.get_extra_info("socket").fileno())
         os.set_blocking(fd, False)
-        served = Served(fd, peer, self._loop.create_future())
+        served = Served(fd, peer, self._loop.create_future(), self)
         self._served[fd] = served
         self._loop.add_reader(fd, self._on_readable, fd)
         try:
@@ -148,6 +153,7 @@ class NativeConnections:
 
     def close(self) -> None:
         """Ends every connection (the endpoint closes): their serving tasks close them."""
+        self._closed = True
         for served in list(self._served.values()):
             served.end(None)
 
