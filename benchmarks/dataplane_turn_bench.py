@@ -40,6 +40,7 @@ import time
 import uvloop
 
 from latency_cpu_bench import process_cpu_s as cpu_s  # (a script's own directory is on its path)
+from rayk import native_paths
 from rayk.dataplane import frames, native_endpoint
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint
@@ -200,7 +201,7 @@ def main() -> None:
     else:
         for i in range(args.compare_native):
             for enabled in ("0", "1"):
-                os.environ[native_endpoint.ENABLED_ENV] = enabled
+                os.environ[native_paths.ENV] = enabled
                 print(f"round {i + 1}, {'native' if enabled == '1' else 'Python'} data plane (RAYK_NATIVE={enabled}):")
                 print(header)
                 python_turns(rates, args.requests, args.uvloop)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rayk import errors
+from rayk import errors, native_paths
 from rayk.dataplane import endpoint as endpoint_module
 from rayk.dataplane import answer_writer, frame_reader, frames, handshake, native_endpoint, tls
 from rayk.dataplane.connection import Connection
@@ -38,11 +38,11 @@ def endpoint_path(request, monkeypatch):
     """Endpoints serve their plain connections natively (native_endpoint.py) where the
     crate is built, in Python with RAYK_NATIVE=0 (or without it)."""
     if request.param == "native":
-        if native_endpoint._native is None:
+        if native_paths._native is None:
             pytest.skip("rayk._native is not built (no cargo): endpoints serve every connection in Python")
-        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "1")
+        monkeypatch.setenv(native_paths.ENV, "1")
     else:
-        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "0")
+        monkeypatch.setenv(native_paths.ENV, "0")
     return request.param
 
 NODE = "node-a"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rayk import errors
+from rayk import errors, native_paths
 from rayk.dataplane import frames, handshake, native_connection, native_endpoint
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.endpoint import Endpoint, EndpointAddress
@@ -25,7 +25,7 @@ from rayk.errors import NetworkError
 
 pytestmark = [
     pytest.mark.usefixtures("each_event_loop"),
-    pytest.mark.skipif(native_endpoint._native is None, reason="rayk._native is not built (no cargo)"),
+    pytest.mark.skipif(native_paths._native is None, reason="rayk._native is not built (no cargo)"),
 ]
 
 NODE = "node-a"
@@ -33,7 +33,7 @@ NODE = "node-a"
 
 @pytest.fixture(autouse=True)
 def native_on(monkeypatch):
-    monkeypatch.setenv(native_endpoint.ENABLED_ENV, "1")
+    monkeypatch.setenv(native_paths.ENV, "1")
 
 
 class Recorder:
@@ -350,7 +350,7 @@ def test_a_connection_is_native_where_it_is_plain_and_python_where_native_is_off
         endpoint, address = await opened(Recorder())
         native = await Connection.open(address, NODE)
         assert isinstance(native, native_connection.NativeConnection)
-        monkeypatch.setenv(native_endpoint.ENABLED_ENV, "0")
+        monkeypatch.setenv(native_paths.ENV, "0")
         python = await Connection.open(address, NODE)
         assert type(python) is Connection
         for c in (native, python):

@@ -19,6 +19,7 @@ from rayk.dataplane import frames
 from rayk.dataplane.endpoint import Endpoint
 from rayk.dataplane.frames import ProduceRequest, ProduceResult
 from rayk.errors import InvalidRecordError, KafkaError, NotLeaderOrFollowerError, RecordError, UnknownTopicOrPartitionError
+from rayk import native_paths
 from rayk.net import native_produce
 from rayk.net.api_versions import PRODUCE
 from rayk.net.codec import RequestHead
@@ -318,10 +319,13 @@ async def _requests_not_answered_when_the_path_closes_are_cancelled():
 
 
 def test_on_where_built_unless_the_environment_turns_it_off(monkeypatch):
-    monkeypatch.delenv(native_produce.ENABLED_ENV, raising=False)
-    assert native_produce.built() and native_produce.available()
-    monkeypatch.setenv(native_produce.ENABLED_ENV, "0")
-    assert not native_produce.available()
+    monkeypatch.delenv(native_paths.ENV, raising=False)
+    assert native_paths.built() and native_produce.available()
+    for off in ("0", "endpoint,client", "-produce"):
+        monkeypatch.setenv(native_paths.ENV, off)
+        assert not native_produce.available()
+    monkeypatch.setenv(native_paths.ENV, "produce")
+    assert native_produce.available()
 
 
 async def _a_native_path_that_panics_fails_its_requests_and_turns_itself_off():

@@ -199,8 +199,8 @@ from rayk.client import hand_out
 seen["hand_out"] = getattr(hand_out.HandOut, "__module__", None)
 from rayk.client import send_path
 seen["send_path"] = getattr(send_path.SendPath, "__module__", None)
-from rayk.net import native_produce
-seen["native"] = native_produce.built()
+from rayk import native_paths
+seen["native"] = native_paths.built()
 try:
     import rayk.spark
     seen["spark"] = "imported"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 
-from rayk import errors
+from rayk import errors, native_paths
 from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
@@ -217,14 +217,13 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
     list of parked fetches (no task), and is answered as the async path answers: by the
     records appended, empty after its wait (its position recorded all the same), fenced by
     epoch, NOT_LEADER_OR_FOLLOWER once the replica stops leading."""
-    from rayk.dataplane import native_endpoint
 
     r = replicas(tmp_path, ids=(1, 2))
     ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))
     ray.get(r[1].produce.remote(batch(2), 1, 1000))
     node = ray.get_runtime_context().get_node_id()
     address = ray.get(r[1].data_endpoint.remote(node))
-    native = native_endpoint.available()  # the replica's process has the same build and environment
+    native = native_paths.enabled("fetch")  # the replica's process has the same build and environment
 
     def parked() -> int:
         return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked)))

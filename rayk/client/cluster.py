@@ -21,6 +21,7 @@ for another), retried across a Controller restart, and raising only rayk's error
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from rayk import native_paths
 from rayk.actors import CONTROLLER_NAME, INTERNAL_ACTOR_OPTIONS
 from rayk.controller.autoscaling import DEFAULT_BROKER_RESOURCE, AutoscaleSettings
 from rayk.controller.controller import Controller
@@ -148,6 +150,7 @@ def start(
 
     if brokers < 1:
         raise InvalidConfigurationError(f"a cluster needs at least one broker, got {brokers}")
+    native_paths.chosen(os.environ.get(native_paths.ENV, ""))  # a misspelt RAYK_NATIVE fails here, not in a replica
     hide_worker_pool_warning()
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace)

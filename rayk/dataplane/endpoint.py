@@ -39,7 +39,7 @@ closes the connection: one whose size prefix declares more than MAX_FRAME_BYTES,
 header is short or of an unknown kind. The stream cannot be trusted to be in step then
 (or the peer speaks another protocol), and the connection that closes is that peer's own.
 
-Where rayk._native is built (and RAYK_NATIVE is not "0"), a proven connection that is not
+Where rayk._native is built (and its "endpoint" path is on: rayk/native_paths.py), a proven connection that is not
 TLS is read and written by native code once its handshake is done (native_endpoint.py):
 the same framing, bounds, answers, sendfile and ends as described here, with the requests
 still served by the replica's handler in Python; TLS connections stay in Python.
@@ -65,6 +65,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
+from rayk import native_paths
 from rayk.dataplane import admission, answer_writer, frames, handshake, native_endpoint, streams, tls
 from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
@@ -164,8 +165,8 @@ class Endpoint:
         """`name` is for the logs (the partition, say). `sendfile` False reads the log
         slices a handler answers instead of sending them from the file (for comparison).
         `serve_now`, if given, is asked first for each request of a connection served
-        natively, and serves without a task the requests it takes (a leader's followers'
-        fetches)."""
+        natively (where the "fetch" path is on), and serves without a task the requests it
+        takes (a leader's followers' fetches)."""
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
         self._serve_now = serve_now
         self._sendfile = sendfile
@@ -334,11 +335,12 @@ class Endpoint:
 
     def _native_connections(self) -> native_endpoint.NativeConnections | None:
         """Where this endpoint's connections are served natively (native_endpoint.py), the
-        object that serves them; None: in Python (not built, RAYK_NATIVE=0, or it failed)."""
+        object that serves them; None: in Python (not built, its path off (rayk/native_paths.py),
+        or it failed). `serve_now` is asked only where the "fetch" path is on."""
         if self._native is None and native_endpoint.available():
             self._native = native_endpoint.NativeConnections(
                 self.name, self._answer_natively, self._max_in_flight, self._idle_timeout_s,
-                self._answer_now if self._serve_now is not None else None)
+                self._answer_now if self._serve_now is not None and native_paths.enabled("fetch") else None)
         return self._native if self._native is not None and self._native.alive else None
 
     async def _answer_natively(

@@ -9,7 +9,8 @@ connection's `_on_answer`, and each end to `_on_end`, as the FrameReader does. E
 else is the Connection's: requests by correlation id, their futures and bound, what an
 answer means, breaking, the idle close.
 
-Connection.open makes one, where rayk._native is built and RAYK_NATIVE is not "0", for
+Connection.open makes one, where rayk._native is built and its "client" path is on
+(rayk/native_paths.py), for
 every connection that is not TLS, once the handshake is done: the socket is taken from its
 asyncio transport with what the transport had read beyond the handshake (the transport
 stays open, paused, until the connection breaks). A native call that raises (a panic: a
@@ -25,10 +26,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rayk import native_paths
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frame_reader import FrameReader
-from rayk.dataplane.native_endpoint import ENABLED_ENV, _native, native_failure
+from rayk.dataplane.native_endpoint import native_failure
+from rayk.native_paths import _native
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ _clients: dict[asyncio.AbstractEventLoop, NativeClient] = {}
 
 
 def available() -> bool:
-    if _native is None or os.environ.get(ENABLED_ENV, "1") == "0":
+    if not native_paths.enabled("client"):
         return False
     client = _clients.get(asyncio.get_running_loop())
     return client is None or client.alive

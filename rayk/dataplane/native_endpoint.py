@@ -11,7 +11,8 @@ followers' fetches without a task; else a task running its handler, whose answer
 to it), watch a socket for writing or stop reading it, end a connection.
 
 The Endpoint decides which connections come here: every proven connection that is not
-TLS, where the module is built and RAYK_NATIVE is not "0" (`available`). The socket is
+TLS, where the module is built and the "endpoint" path is on (`available`,
+rayk/native_paths.py). The socket is
 taken from its asyncio transport once the handshake is done, with what the transport had
 read beyond it (the transport stays open, paused, until the connection ends, so the
 Endpoint's bookkeeping of its connections is as for any other). A connection ends as in Python: the peer closed it or it broke (no
@@ -31,24 +32,21 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from rayk import native_paths
 from rayk.dataplane import frames
 from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import NotLeaderOrFollowerError
 from rayk.storage.file_slice import FileSlice
 
-try:
-    import rayk._native as _native
-except ImportError:  # built without cargo: the Python endpoint serves every connection
-    _native = None
+from rayk.native_paths import _native
 
 logger = logging.getLogger(__name__)
 
-ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python paths, even where the native ones are built
 PROOF_FLUSH_TURNS = 100  # turns of the loop the handshake's last write has to leave the transport
 
 
 def available() -> bool:
-    return _native is not None and os.environ.get(ENABLED_ENV, "1") != "0"
+    return native_paths.enabled("endpoint")
 
 
 class Served:

@@ -272,7 +272,7 @@ class BrokerView:
 
     def native_produce(self) -> NativeProduce | None:
         """The native produce path (native_produce.py), made at the first call on the
-        listener's event loop where it is built and not turned off (RAYK_NATIVE=0); None
+        listener's event loop where it is built and on (rayk/native_paths.py); None
         otherwise, or once it stopped."""
         if not self._native_tried:
             self._native_tried = True

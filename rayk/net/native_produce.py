@@ -1,6 +1,7 @@
 """NativeProduce: a listener's Produce requests from their decoded form to their response
 frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), where rayk
-was built with cargo; without it, or with RAYK_NATIVE=0, `data_apis.produce` takes the
+was built with cargo; without it, or with its "produce" path off (RAYK_NATIVE,
+rayk/native_paths.py), `data_apis.produce` takes the
 Python path (ProduceCoalescer, ReplicaLink), which does the same.
 
 Python keeps the decisions: the request is decoded (kio) and authorized here, each
@@ -26,19 +27,15 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rayk import errors
+from rayk import errors, native_paths
 from rayk.dataplane import connection, frames
 from rayk.dataplane.endpoint import EndpointAddress
 from rayk.errors import KafkaError, NetworkError, NotLeaderOrFollowerError, UnknownServerError, MAX_RECORD_ERRORS
 
-try:
-    import rayk._native as _native
-except ImportError:  # built without cargo: the Python path serves every Produce
-    _native = None
+from rayk.native_paths import _native
 
 logger = logging.getLogger(__name__)
 
-ENABLED_ENV = "RAYK_NATIVE"  # "0": the Python path, even where the native one is built
 MIN_VERSION, MAX_VERSION = 3, 12  # the Produce versions the native response is written for
 
 # topic, partition -> the address of this broker's replica of it (raises its KafkaError)
@@ -47,14 +44,9 @@ ResolveEndpoint = Callable[[str, int], Awaitable[EndpointAddress]]
 Topics = list[tuple[str, list[tuple[int, bytes | None, int, str | None]]]]
 
 
-def built() -> bool:
-    """Whether rayk._native was built (setup.py, where cargo is installed)."""
-    return _native is not None
-
-
 def available() -> bool:
-    """Whether the native path is built and not turned off (RAYK_NATIVE=0)."""
-    return _native is not None and os.environ.get(ENABLED_ENV, "1") != "0"
+    """Whether the native path is built and on (rayk/native_paths.py)."""
+    return native_paths.enabled("produce")
 
 
 def error_table() -> dict[str, tuple[int, str]]:

@@ -1,0 +1,68 @@
+"""Which of the native per-request paths (rayk._native, built from native/) a process uses.
+
+RAYK_NATIVE, read each time a path is chosen (a process takes its environment from the one
+that started it: the Ray cluster's, for actors):
+- unset, "1" or "all": every path that is built;
+- "0" or "none": none (the Python paths; as on a machine without cargo);
+- a comma-separated list of path names: those only, e.g. "produce,client";
+- "-name" entries: every path but those, e.g. "-endpoint,-fetch".
+
+The paths, each of which can be measured against the Python one alone:
+- "produce": the listener's Produce (rayk/net/native_produce.py);
+- "endpoint": a replica endpoint's plain connections (rayk/dataplane/native_endpoint.py);
+- "client": every plain Connection to an endpoint (rayk/dataplane/native_connection.py);
+- "fetch": a leader answering its followers' fetches without a task
+  (LeaderFetch.fetch_or_park); it needs "endpoint", whose connections it answers on.
+
+A value naming a path that does not exist raises InvalidConfigurationError, naming the ones
+that do: a misspelt switch would otherwise measure something else than was asked for.
+`rayk.start` checks the driver's value before it deploys anything.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rayk.errors import InvalidConfigurationError
+
+try:
+    import rayk._native as _native
+except ImportError:  # built without cargo: every path is Python's
+    _native = None
+
+ENV = "RAYK_NATIVE"
+PATHS = ("produce", "endpoint", "client", "fetch")
+_ALL, _NONE = ("", "1", "all"), ("0", "none")
+
+
+def built() -> bool:
+    """Whether rayk._native was built (setup.py, where cargo is installed)."""
+    return _native is not None
+
+
+def chosen(value: str) -> frozenset[str]:
+    """The paths a value of RAYK_NATIVE turns on (before asking whether they are built)."""
+    value = value.strip().lower()
+    if value in _ALL:
+        return frozenset(PATHS)
+    if value in _NONE:
+        return frozenset()
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = sorted({name.lstrip("-") for name in names} - set(PATHS))
+    if unknown:
+        raise InvalidConfigurationError(f"{ENV}={value!r} names no native path {', '.join(unknown)}: the paths are "
+                         f"{', '.join(PATHS)} (or 1/all, 0/none)")
+    excluded = {name[1:] for name in names if name.startswith("-")}
+    included = {name for name in names if not name.startswith("-")}
+    if included and excluded:
+        raise InvalidConfigurationError(f"{ENV}={value!r} both names paths and excludes some: give one or the other")
+    return frozenset(included) if included else frozenset(PATHS) - excluded
+
+
+def enabled(path: str) -> bool:
+    """Whether `path` (one of PATHS) runs natively in this process: built, and chosen."""
+    assert path in PATHS, path
+    if _native is None:
+        return False
+    on = chosen(os.environ.get(ENV, ""))
+    return path in on and (path != "fetch" or "endpoint" in on)

@@ -1,0 +1,59 @@
+"""RAYK_NATIVE: which native paths a process uses (rayk/native_paths.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayk import native_paths
+from rayk.errors import InvalidConfigurationError
+
+ALL = frozenset(native_paths.PATHS)
+
+
+@pytest.mark.parametrize("value", ["", "1", "all", " ALL "])
+def test_unset_or_all_turns_every_path_on(value):
+    assert native_paths.chosen(value) == ALL
+
+
+@pytest.mark.parametrize("value", ["0", "none"])
+def test_zero_or_none_turns_every_path_off(value):
+    assert native_paths.chosen(value) == frozenset()
+
+
+def test_a_list_turns_on_those_only_and_minus_entries_all_but_those():
+    assert native_paths.chosen("produce, client") == {"produce", "client"}
+    assert native_paths.chosen("-endpoint,-fetch") == {"produce", "client"}
+    assert native_paths.chosen("-fetch") == ALL - {"fetch"}
+
+
+@pytest.mark.parametrize("value", ["produce,endpont", "-sendfile", "2"])
+def test_a_path_that_does_not_exist_is_invalid_config_naming_the_ones_that_do(value):
+    with pytest.raises(InvalidConfigurationError, match="produce, endpoint, client, fetch"):
+        native_paths.chosen(value)
+
+
+def test_naming_and_excluding_at_once_is_invalid_config():
+    with pytest.raises(InvalidConfigurationError, match="one or the other"):
+        native_paths.chosen("produce,-fetch")
+
+
+@pytest.mark.skipif(not native_paths.built(), reason="rayk._native is not built (no cargo)")
+def test_the_task_less_fetches_need_the_native_endpoint(monkeypatch):
+    monkeypatch.setenv(native_paths.ENV, "fetch")
+    assert not native_paths.enabled("fetch")
+    monkeypatch.setenv(native_paths.ENV, "endpoint,fetch")
+    assert native_paths.enabled("fetch") and native_paths.enabled("endpoint") and not native_paths.enabled("client")
+
+
+def test_nothing_is_native_where_it_is_not_built(monkeypatch):
+    monkeypatch.setattr(native_paths, "_native", None)
+    monkeypatch.setenv(native_paths.ENV, "1")
+    assert not any(native_paths.enabled(path) for path in native_paths.PATHS)
+
+
+def test_rayk_start_refuses_a_misspelt_switch_before_it_deploys_anything(monkeypatch):
+    import rayk
+
+    monkeypatch.setenv(native_paths.ENV, "produce,endpont")
+    with pytest.raises(InvalidConfigurationError, match="endpont"):
+        rayk.start(brokers=1, data_dir="/nonexistent/never-made")
