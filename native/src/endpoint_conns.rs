@@ -20,21 +20,16 @@
 //! does an answer that cannot be written, or a log slice truncated part way through its send.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::io::{ErrorKind, IoSlice, Write};
-use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, RawFd};
+use std::io::ErrorKind;
+use std::os::fd::RawFd;
 use std::time::Instant;
+
+use crate::socket_io::{self, Frame, FrameBuf, ReadEnd};
 
 /// frames.KINDS: FETCH, PRODUCE, SHARE_FETCH, WRITE_SHARE_STATE
 const KINDS: [i8; 4] = [1, 2, 3, 4];
 const ANSWERED: i8 = 0;
 const REQUEST_HEADER_BYTES: usize = 5; // correlation id (int32), kind (int8)
-const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// A buffer larger than this, once empty, is let go rather than kept for the next frame.
-const SHRINK_ABOVE_BYTES: usize = 1 << 20;
-/// A frame at least this large is read up to its end at once, not a chunk at a time.
-const OWN_BUFFER_FROM_BYTES: usize = 16 * 1024;
 
 /// A log slice an answer sends from its file: Python's FileSlice, asked before each send.
 pub trait Slice: Send + Sync {
@@ -71,8 +66,7 @@ enum Out {
 }
 
 struct Conn {
-    inbuf: Vec<u8>,
-    in_at: usize,
+    frames: FrameBuf,
     out: VecDeque<Out>,
     wants_write: bool,
     in_flight: usize,
@@ -86,11 +80,6 @@ pub struct EndpointConns {
     max_frame_bytes: usize,
     conns: HashMap<RawFd, Conn>,
     events: Vec<Event>,
-}
-
-/// A borrowed descriptor: read and written, never closed here.
-fn borrowed(fd: RawFd) -> ManuallyDrop<File> {
-    ManuallyDrop::new(unsafe { File::from_raw_fd(fd) })
 }
 
 fn answer_head(correlation_id: i32, head: &[u8], tail_bytes: usize) -> Vec<u8> {
@@ -118,8 +107,7 @@ impl EndpointConns {
     /// requests among them are handed out at once. Python watches it for reading.
     pub fn adopt(&mut self, fd: RawFd, staged: &[u8]) {
         let conn = Conn {
-            inbuf: staged.to_vec(),
-            in_at: 0,
+            frames: FrameBuf::new(staged),
             out: VecDeque::new(),
             wants_write: false,
             in_flight: 0,
@@ -158,41 +146,15 @@ impl EndpointConns {
     }
 
     pub fn on_readable(&mut self, fd: RawFd) {
-        let max_frame_bytes = self.max_frame_bytes;
         let Some(conn) = self.conns.get_mut(&fd) else { return };
         if conn.ended || conn.held {
             return;
         }
-        let failure = loop {
-            // A large frame whose size is known is read straight into its place.
-            let staged = conn.inbuf.len() - conn.in_at;
-            let want = if staged >= 4 {
-                let size = u32::from_be_bytes(conn.inbuf[conn.in_at..conn.in_at + 4].try_into().unwrap()) as usize;
-                if size <= max_frame_bytes && size >= OWN_BUFFER_FROM_BYTES { 4 + size - staged.min(4 + size) } else { 0 }
-            } else {
-                0
-            };
-            // Into the buffer's spare room, never zero-filled: a large frame whose size is known
-            // up to its end (no byte of the next frame lands there), anything else a chunk at a time.
-            let result = read_into_spare(fd, &mut conn.inbuf, if want > 0 { want } else { READ_CHUNK_BYTES });
-            match result {
-                Ok(0) => break Some(None),
-                Ok(n) => {
-                    // Stop at a whole frame, to hand it out: the socket is read again on the
-                    // loop's next turn, unless requests are held back meanwhile (what the peer
-                    // sends then waits in the kernel's buffers, pushing back on it).
-                    if (want == 0 && n < READ_CHUNK_BYTES) || to_parse(&conn.inbuf[conn.in_at..], max_frame_bytes) {
-                        break None;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break None,
-                Err(_) => break Some(None), // reset: the peer went away, nothing to warn of
-            }
-        };
+        // A closed or broken connection: the peer went away, nothing to warn of.
+        let gone = !matches!(conn.frames.read(fd, self.max_frame_bytes), ReadEnd::Paused);
         self.parse(fd);
-        if let Some(why) = failure {
-            self.end(fd, why);
+        if gone {
+            self.end(fd, None);
         }
     }
 
@@ -202,19 +164,14 @@ impl EndpointConns {
         let Some(conn) = self.conns.get_mut(&fd) else { return };
         let mut bad: Option<String> = None;
         while !conn.ended && conn.in_flight < max_in_flight {
-            let staged = &conn.inbuf[conn.in_at..];
-            if staged.len() < 4 {
-                break;
-            }
-            let size = u32::from_be_bytes(staged[..4].try_into().unwrap()) as usize;
-            if size > max_frame_bytes {
-                bad = Some(format!("a frame of {size} bytes, over the limit of {max_frame_bytes}"));
-                break;
-            }
-            if staged.len() - 4 < size {
-                break;
-            }
-            let frame = &staged[4..4 + size];
+            let frame = match conn.frames.next(max_frame_bytes) {
+                Frame::Partial => break,
+                Frame::Oversized(size) => {
+                    bad = Some(format!("a frame of {size} bytes, over the limit of {max_frame_bytes}"));
+                    break;
+                }
+                Frame::Whole(frame) => frame,
+            };
             if frame.len() < REQUEST_HEADER_BYTES {
                 bad = Some(format!("a request frame of {} bytes has no header", frame.len()));
                 break;
@@ -226,21 +183,11 @@ impl EndpointConns {
                 break;
             }
             let body = frame[REQUEST_HEADER_BYTES..].to_vec();
-            conn.in_at += 4 + size;
             conn.in_flight += 1;
             conn.last_active = Instant::now();
             self.events.push(Event::Request { fd, correlation_id, kind, body });
         }
-        if conn.in_at == conn.inbuf.len() {
-            conn.inbuf.clear();
-            conn.in_at = 0;
-            if conn.inbuf.capacity() > SHRINK_ABOVE_BYTES {
-                conn.inbuf = Vec::new(); // a large frame's room is not kept for the connection's life
-            }
-        } else if conn.in_at > READ_CHUNK_BYTES {
-            conn.inbuf.drain(..conn.in_at);
-            conn.in_at = 0;
-        }
+        conn.frames.compact();
         let hold = conn.in_flight >= max_in_flight;
         if hold != conn.held && !conn.ended && bad.is_none() {
             conn.held = hold;
@@ -267,40 +214,21 @@ impl EndpointConns {
             return;
         }
         let frame_head = answer_head(correlation_id, head, tail.len());
-        if conn.out.is_empty() {
-            // Straight to the socket, head and records in one syscall; what it does not take is queued.
-            let mut file = borrowed(fd);
-            let total = frame_head.len() + tail.len();
-            let mut written = 0;
-            while written < total {
-                let result = if written < frame_head.len() {
-                    file.write_vectored(&[IoSlice::new(&frame_head[written..]), IoSlice::new(tail)])
-                } else {
-                    file.write(&tail[written - frame_head.len()..])
-                };
-                match result {
-                    Ok(n) => written += n,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(_) => return self.end(fd, None),
-                }
-            }
-            if written == total {
-                return self.answered(fd);
-            }
-            let mut rest = Vec::with_capacity(total - written);
-            if written < frame_head.len() {
-                rest.extend_from_slice(&frame_head[written..]);
-                rest.extend_from_slice(tail);
-            } else {
-                rest.extend_from_slice(&tail[written - frame_head.len()..]);
-            }
-            conn.out.push_back(Out::Bytes { data: rest, at: 0, ends_answer: true });
-            return self.flush(fd);
+        let pieces = [frame_head.as_slice(), tail];
+        if !conn.out.is_empty() {
+            // Behind other answers: the records are copied into the queue.
+            conn.out.push_back(Out::Bytes { data: socket_io::rest(&pieces, 0), at: 0, ends_answer: true });
+            return;
         }
-        let mut data = frame_head; // behind other answers: the records are copied into the queue
-        data.extend_from_slice(tail);
-        conn.out.push_back(Out::Bytes { data, at: 0, ends_answer: true });
+        // Straight to the socket, head and records in one syscall; what it does not take is queued.
+        match socket_io::write_now(fd, &pieces) {
+            Ok(n) if n == frame_head.len() + tail.len() => self.answered(fd),
+            Ok(n) => {
+                conn.out.push_back(Out::Bytes { data: socket_io::rest(&pieces, n), at: 0, ends_answer: true });
+                self.flush(fd);
+            }
+            Err(_) => self.end(fd, None),
+        }
     }
 
     /// A whole answer frame built by Python (a FAILED answer).
@@ -335,30 +263,26 @@ impl EndpointConns {
         if conn.ended {
             return;
         }
-        let mut file = borrowed(fd);
         let mut answers_done = 0;
         let mut failure: Option<Option<String>> = None;
         while let Some(front) = conn.out.front_mut() {
             match front {
-                Out::Bytes { data, at, ends_answer } => {
-                    match file.write(&data[*at..]) {
-                        Ok(n) => {
-                            *at += n;
-                            if *at == data.len() {
-                                if *ends_answer {
-                                    answers_done += 1;
-                                }
-                                conn.out.pop_front();
-                            }
+                Out::Bytes { data, at, ends_answer } => match socket_io::write_now(fd, &[&data[*at..]]) {
+                    Ok(n) => {
+                        *at += n;
+                        if *at < data.len() {
+                            break; // the socket is full
                         }
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(_) => {
-                            failure = Some(None);
-                            break;
+                        if *ends_answer {
+                            answers_done += 1;
                         }
+                        conn.out.pop_front();
                     }
-                }
+                    Err(_) => {
+                        failure = Some(None);
+                        break;
+                    }
+                },
                 Out::File { head, head_at, slice, sent, stale } => {
                     if *head_at == 0 && !slice.unchanged() {
                         // Truncated before any of it went: the FAILED answer instead.
@@ -370,14 +294,15 @@ impl EndpointConns {
                         continue;
                     }
                     if *head_at < head.len() {
-                        match file.write(&head[*head_at..]) {
+                        match socket_io::write_now(fd, &[&head[*head_at..]]) {
                             Ok(n) => *head_at += n,
-                            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                             Err(_) => {
                                 failure = Some(None);
                                 break;
                             }
+                        }
+                        if *head_at < head.len() {
+                            break; // the socket is full
                         }
                         continue;
                     }
@@ -458,33 +383,10 @@ impl EndpointConns {
     }
 }
 
-/// Whether what is staged starts with a whole frame, or a size over the bound: either way
-/// the parse has something to do.
-fn to_parse(staged: &[u8], max_frame_bytes: usize) -> bool {
-    if staged.len() < 4 {
-        return false;
-    }
-    let size = u32::from_be_bytes(staged[..4].try_into().unwrap()) as usize;
-    size > max_frame_bytes || staged.len() - 4 >= size
-}
-
 fn close_slices(out: VecDeque<Out>) {
     for item in out {
         if let Out::File { slice, .. } = item {
             slice.close();
         }
     }
-}
-
-/// Reads at most `max` bytes from `fd` into the spare capacity of `buf`, which grows by them.
-fn read_into_spare(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
-    buf.reserve(max);
-    let spare = buf.spare_capacity_mut();
-    // The kernel writes the bytes it reports; only those become part of the vector.
-    let n = unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, max.min(spare.len())) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    unsafe { buf.set_len(buf.len() + n as usize) };
-    Ok(n as usize)
 }

@@ -11,6 +11,7 @@ mod dataplane;
 mod endpoint_conns;
 mod produce_path;
 mod produce_response;
+mod socket_io;
 
 use std::collections::HashMap;
 

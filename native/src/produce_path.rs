@@ -22,14 +22,12 @@
 //! endpoint's own idle close could meet a frame.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::io::{ErrorKind, Read, Write};
-use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::dataplane::{self, ErrorTable, KafkaError, ProduceRequest, ProduceResult};
 use crate::produce_response::{self, PartitionAnswer};
+use crate::socket_io::{self, Frame, FrameBuf};
 
 /// produce_coalescer.CALL_MAX_BYTES
 pub const CALL_MAX_BYTES: usize = 8 << 20;
@@ -38,7 +36,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(540);
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const NETWORK_EXCEPTION: i16 = 13;
 const INVALID_REQUEST: i16 = 42;
-const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 pub type Key = (String, i32);
 
@@ -85,7 +82,7 @@ struct Link {
     out: Vec<u8>,
     out_at: usize,
     wants_write: bool,
-    inbuf: Vec<u8>,
+    frames: FrameBuf,
     correlation_id: i32,
     last_active: Instant,
 }
@@ -120,10 +117,6 @@ pub struct Path {
     done: Vec<Completion>,
 }
 
-/// A borrowed descriptor: read and written, never closed here.
-fn borrowed(fd: RawFd) -> ManuallyDrop<File> {
-    ManuallyDrop::new(unsafe { File::from_raw_fd(fd) })
-}
 
 impl Path {
     pub fn new(broker_id: i32, errors: ErrorTable) -> Self {
@@ -259,30 +252,18 @@ impl Path {
     /// Writes what the partition's link has to write, as far as the socket takes it.
     fn flush(&mut self, key: &Key, fd: RawFd) {
         let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(key) else { return };
-        let mut file = borrowed(fd);
-        while link.out_at < link.out.len() {
-            match file.write(&link.out[link.out_at..]) {
-                Ok(n) => link.out_at += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if !link.wants_write {
-                        link.wants_write = true;
-                        self.done.push(Completion::WantWrite { fd, on: true });
-                    }
-                    return;
-                }
-                Err(e) => {
-                    let reason = format!("the connection broke: {e}");
-                    self.broken(key.clone(), reason);
-                    return;
-                }
-            }
+        match socket_io::write_now(fd, &[&link.out[link.out_at..]]) {
+            Ok(n) => link.out_at += n,
+            Err(e) => return self.broken(key.clone(), format!("the connection broke: {e}")),
         }
-        link.out = Vec::new();
-        link.out_at = 0;
-        if link.wants_write {
-            link.wants_write = false;
-            self.done.push(Completion::WantWrite { fd, on: false });
+        let wants_write = link.out_at < link.out.len();
+        if !wants_write {
+            link.out = Vec::new();
+            link.out_at = 0;
+        }
+        if wants_write != link.wants_write {
+            link.wants_write = wants_write;
+            self.done.push(Completion::WantWrite { fd, on: wants_write });
         }
     }
 
@@ -296,22 +277,7 @@ impl Path {
     pub fn on_readable(&mut self, fd: RawFd) {
         let Some(key) = self.by_fd.get(&fd).cloned() else { return };
         let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(&key) else { return };
-        let mut file = borrowed(fd);
-        let mut chunk = [0u8; READ_CHUNK_BYTES];
-        let failure = loop {
-            match file.read(&mut chunk) {
-                Ok(0) => break Some("the endpoint closed the connection".to_string()),
-                Ok(n) => {
-                    link.inbuf.extend_from_slice(&chunk[..n]);
-                    if n < chunk.len() {
-                        break None;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break None,
-                Err(e) => break Some(format!("the connection broke: {e}")),
-            }
-        };
+        let failure = link.frames.read(fd, self.errors.max_frame_bytes).why("endpoint");
         let answer = self.take_answer(&key);
         if let Some(answer) = answer {
             match answer {
@@ -328,25 +294,20 @@ impl Path {
     /// is broken: an answer too large, to nothing in flight, or that does not parse).
     fn take_answer(&mut self, key: &Key) -> Option<Result<Result<Vec<ProduceResult>, KafkaError>, String>> {
         let Some(Partition { conn: Conn::Ready(link), in_flight, .. }) = self.partitions.get_mut(key) else { return None };
-        if link.inbuf.len() < 4 {
-            return None;
-        }
-        let size = u32::from_be_bytes(link.inbuf[..4].try_into().unwrap()) as usize;
-        if size > self.errors.max_frame_bytes {
-            return Some(Err(format!("an answer frame of {size} bytes")));
-        }
-        if link.inbuf.len() < 4 + size {
-            return None;
-        }
+        let body = match link.frames.next(self.errors.max_frame_bytes) {
+            Frame::Partial => return None,
+            Frame::Oversized(size) => return Some(Err(format!("an answer frame of {size} bytes"))),
+            Frame::Whole(body) => body.to_vec(), // a few bytes a partition
+        };
+        link.frames.compact();
         let Some(flights) = in_flight.as_ref() else {
             return Some(Err("an answer to a request that was not sent".into()));
         };
-        if link.inbuf.len() > 4 + size {
+        if !link.frames.is_empty() {
             return Some(Err("bytes after the answer to the one request in flight".into()));
         }
-        let body = std::mem::take(&mut link.inbuf);
         link.last_active = Instant::now();
-        let read = dataplane::read_produce_answer(&body[4..], link.correlation_id, flights.len(), &self.errors);
+        let read = dataplane::read_produce_answer(&body, link.correlation_id, flights.len(), &self.errors);
         Some(match read {
             Err(e) => Err(format!("an answer that does not parse: {}", e.0)),
             // A FAILED answer naming NETWORK_EXCEPTION: the replica's side broke; the
@@ -367,7 +328,7 @@ impl Path {
             out: Vec::new(),
             out_at: 0,
             wants_write: false,
-            inbuf: Vec::new(),
+            frames: FrameBuf::new(&[]),
             correlation_id: 0,
             last_active: Instant::now(),
         };

@@ -9,6 +9,9 @@
 #[path = "../../src/client_conns.rs"]
 #[allow(dead_code)]
 mod client_conns;
+#[path = "../../src/socket_io.rs"]
+#[allow(dead_code)]
+mod socket_io;
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;

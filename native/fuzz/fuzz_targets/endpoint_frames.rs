@@ -10,6 +10,9 @@
 #[path = "../../src/endpoint_conns.rs"]
 #[allow(dead_code)]
 mod endpoint_conns;
+#[path = "../../src/socket_io.rs"]
+#[allow(dead_code)]
+mod socket_io;
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
