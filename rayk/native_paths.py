@@ -59,6 +59,13 @@ def chosen(value: str) -> frozenset[str]:
     return frozenset(included) if included else frozenset(PATHS) - excluded
 
 
+def failure(e: BaseException) -> bool:
+    """Whether an exception out of a native call is its failure (a bug), which ends that
+    path in its process: an Exception, or PyO3's PanicException (a BaseException, so that
+    a panic is not caught as an ordinary error); not a cancellation or an interrupt."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+
+
 def enabled(path: str) -> bool:
     """Whether `path` (one of PATHS) runs natively in this process: built, and chosen."""
     assert path in PATHS, path

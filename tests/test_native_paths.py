@@ -57,3 +57,13 @@ def test_rayk_start_refuses_a_misspelt_switch_before_it_deploys_anything(monkeyp
     monkeypatch.setenv(native_paths.ENV, "produce,endpont")
     with pytest.raises(InvalidConfigurationError, match="endpont"):
         rayk.start(brokers=1, data_dir="/nonexistent/never-made")
+
+
+def test_a_native_failure_is_an_exception_or_a_panic_never_an_interrupt_or_a_cancellation():
+    import asyncio
+
+    class PanicException(BaseException):  # PyO3's, by name: it is not importable from Python
+        pass
+
+    assert native_paths.failure(RuntimeError("bug")) and native_paths.failure(PanicException("bug"))
+    assert not native_paths.failure(KeyboardInterrupt()) and not native_paths.failure(asyncio.CancelledError())

@@ -30,7 +30,6 @@ from rayk import native_paths
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frame_reader import FrameReader
-from rayk.dataplane.native_endpoint import native_failure
 from rayk.native_paths import _native
 
 logger = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ class NativeClient:
         try:
             events = method(*args)
         except BaseException as e:
-            if not native_failure(e):
+            if not native_paths.failure(e):
                 raise
             logger.exception("the native data plane connections of this process failed; opening new ones in Python")
             self.alive = False

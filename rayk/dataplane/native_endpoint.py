@@ -165,14 +165,14 @@ class NativeConnections:
         try:
             events = method(*args)
         except BaseException as e:
-            if not native_failure(e):
+            if not native_paths.failure(e):
                 raise
             logger.exception("%s: the native data plane connections failed; serving new ones in Python", self.name)
             self.alive = False
             try:
                 self._conns.close()  # the log slices of answers it still held go back
             except BaseException as again:
-                if not native_failure(again):
+                if not native_paths.failure(again):
                     raise
             for served in list(self._served.values()):
                 served.end("the native data plane connections failed")
@@ -243,8 +243,3 @@ class NativeConnections:
                 served.end(None)
                 return
             await asyncio.sleep(timeout_s - idle_s if idle_s is not None else timeout_s)
-
-
-def native_failure(e: BaseException) -> bool:
-    """An exception of a native call: an Exception, or PyO3's PanicException (a BaseException)."""
-    return isinstance(e, Exception) or type(e).__name__ == "PanicException"

@@ -103,8 +103,10 @@ class NativeProduce:
         self.alive = False
         try:
             self._path.close()
-        except BaseException as e:  # a panic: the descriptors are closed below all the same
-            logger.error("closing the native produce path failed: %r", e)
+        except BaseException as e:
+            if not native_paths.failure(e):
+                raise
+            logger.error("closing the native produce path failed: %r", e)  # the descriptors close below all the same
         for fd in list(self._fds):
             self._release(fd)
         for lookup in self._lookups:
@@ -121,7 +123,7 @@ class NativeProduce:
         try:
             completions = method(*args)
         except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            if not native_paths.failure(e):
                 raise
             self._died(repr(e))
             raise UnknownServerError(f"the native produce path stopped: {e!r}") from None
