@@ -4,15 +4,19 @@ RAYK_NATIVE, read each time a path is chosen (a process takes its environment fr
 that started it: the Ray cluster's, for actors):
 - unset, "1" or "all": every path that is built;
 - "0" or "none": none (the Python paths; as on a machine without cargo);
-- a comma-separated list of path names: those only, e.g. "produce,client";
-- "-name" entries: every path but those, e.g. "-endpoint,-fetch".
+- a comma-separated list of path names: those only, e.g. "listener,client";
+- "-name" entries: every path but those, e.g. "-parked_fetch,-parked_produce".
 
 The paths, each of which can be measured against the Python one alone:
-- "produce": the listener's Produce (rayk/net/native_produce.py);
+- "listener": the listener's Produce (rayk/net/native_produce.py);
 - "endpoint": a replica endpoint's plain connections (rayk/dataplane/native_endpoint.py);
 - "client": every plain Connection to an endpoint (rayk/dataplane/native_connection.py);
-- "fetch": a leader answering its followers' fetches without a task
-  (LeaderFetch.fetch_or_park); it needs "endpoint", whose connections it answers on.
+- "parked_fetch": a leader answering its followers' fetches without a task
+  (LeaderFetch.fetch_or_park);
+- "parked_produce": a leader answering produce calls without a task, its acks=-1 ones once
+  replicated (LeaderProduce.produce_or_park, delayed_produce.py).
+The two parked paths are Python, not native code, but they serve the requests the native
+endpoint hands over, so they need "endpoint".
 
 A value naming a path that does not exist raises InvalidConfigurationError, naming the ones
 that do: a misspelt switch would otherwise measure something else than was asked for.
@@ -31,7 +35,7 @@ except ImportError:  # built without cargo: every path is Python's
     _native = None
 
 ENV = "RAYK_NATIVE"
-PATHS = ("produce", "endpoint", "client", "fetch")
+PATHS = ("listener", "endpoint", "client", "parked_fetch", "parked_produce")
 _ALL, _NONE = ("", "1", "all"), ("0", "none")
 
 
@@ -72,4 +76,4 @@ def enabled(path: str) -> bool:
     if _native is None:
         return False
     on = chosen(os.environ.get(ENV, ""))
-    return path in on and (path != "fetch" or "endpoint" in on)
+    return path in on and (not path.startswith("parked_") or "endpoint" in on)

@@ -21,28 +21,29 @@ def test_zero_or_none_turns_every_path_off(value):
 
 
 def test_a_list_turns_on_those_only_and_minus_entries_all_but_those():
-    assert native_paths.chosen("produce, client") == {"produce", "client"}
-    assert native_paths.chosen("-endpoint,-fetch") == {"produce", "client"}
-    assert native_paths.chosen("-fetch") == ALL - {"fetch"}
+    assert native_paths.chosen("listener, client") == {"listener", "client"}
+    assert native_paths.chosen("-endpoint,-parked_fetch,-parked_produce") == {"listener", "client"}
+    assert native_paths.chosen("-parked_fetch") == ALL - {"parked_fetch"}
 
 
-@pytest.mark.parametrize("value", ["produce,endpont", "-sendfile", "2"])
+@pytest.mark.parametrize("value", ["listener,endpont", "-sendfile", "2"])
 def test_a_path_that_does_not_exist_is_invalid_config_naming_the_ones_that_do(value):
-    with pytest.raises(InvalidConfigurationError, match="produce, endpoint, client, fetch"):
+    with pytest.raises(InvalidConfigurationError, match="listener, endpoint, client, parked_fetch, parked_produce"):
         native_paths.chosen(value)
 
 
 def test_naming_and_excluding_at_once_is_invalid_config():
     with pytest.raises(InvalidConfigurationError, match="one or the other"):
-        native_paths.chosen("produce,-fetch")
+        native_paths.chosen("listener,-parked_fetch")
 
 
 @pytest.mark.skipif(not native_paths.built(), reason="rayk._native is not built (no cargo)")
-def test_the_task_less_fetches_need_the_native_endpoint(monkeypatch):
-    monkeypatch.setenv(native_paths.ENV, "fetch")
-    assert not native_paths.enabled("fetch")
-    monkeypatch.setenv(native_paths.ENV, "endpoint,fetch")
-    assert native_paths.enabled("fetch") and native_paths.enabled("endpoint") and not native_paths.enabled("client")
+def test_the_parked_paths_need_the_native_endpoint(monkeypatch):
+    monkeypatch.setenv(native_paths.ENV, "parked_fetch,parked_produce")
+    assert not native_paths.enabled("parked_fetch") and not native_paths.enabled("parked_produce")
+    monkeypatch.setenv(native_paths.ENV, "endpoint,parked_fetch")
+    assert native_paths.enabled("parked_fetch") and native_paths.enabled("endpoint")
+    assert not native_paths.enabled("client") and not native_paths.enabled("parked_produce")
 
 
 def test_nothing_is_native_where_it_is_not_built(monkeypatch):
@@ -54,7 +55,7 @@ def test_nothing_is_native_where_it_is_not_built(monkeypatch):
 def test_rayk_start_refuses_a_misspelt_switch_before_it_deploys_anything(monkeypatch):
     import rayk
 
-    monkeypatch.setenv(native_paths.ENV, "produce,endpont")
+    monkeypatch.setenv(native_paths.ENV, "listener,endpont")
     with pytest.raises(InvalidConfigurationError, match="endpont"):
         rayk.start(brokers=1, data_dir="/nonexistent/never-made")
 

@@ -321,10 +321,10 @@ async def _requests_not_answered_when_the_path_closes_are_cancelled():
 def test_on_where_built_unless_the_environment_turns_it_off(monkeypatch):
     monkeypatch.delenv(native_paths.ENV, raising=False)
     assert native_paths.built() and native_produce.available()
-    for off in ("0", "endpoint,client", "-produce"):
+    for off in ("0", "endpoint,client", "-listener"):
         monkeypatch.setenv(native_paths.ENV, off)
         assert not native_produce.available()
-    monkeypatch.setenv(native_paths.ENV, "produce")
+    monkeypatch.setenv(native_paths.ENV, "listener")
     assert native_produce.available()
 
 

@@ -15,7 +15,7 @@ from rayk import errors, native_paths
 from rayk.replication.partition_replica import PartitionReplica, ReplicaConfig
 from rayk.dataplane import frames, handshake
 from rayk.dataplane.connection import Connection
-from rayk.dataplane.frames import FetchResult
+from rayk.dataplane.frames import FetchResult, ProduceResult
 from rayk.dataplane.replica_link import ReplicaLink
 from rayk.errors import (
     InconsistentTopicIdError,
@@ -223,7 +223,7 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
     ray.get(r[1].produce.remote(batch(2), 1, 1000))
     node = ray.get_runtime_context().get_node_id()
     address = ray.get(r[1].data_endpoint.remote(node))
-    native = native_paths.enabled("fetch")  # the replica's process has the same build and environment
+    native = native_paths.enabled("parked_fetch")  # the replica's process has the same build and environment
 
     def parked() -> int:
         return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked)))
@@ -250,6 +250,70 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
         assert parked() == (1 if native else 0)
         await r[1].become_follower.remote(1, 2, r[2])
         assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
+        assert parked() == 0
+        connection.close()
+
+    asyncio.run(go())
+
+
+def test_a_produce_call_over_the_data_plane_waits_for_replication_without_a_task(tmp_path):
+    """Where the endpoint is native, a PRODUCE frame is appended at once and its acks=-1
+    requests wait in the leader's parked calls (no task), answered as the async path
+    answers: once a follower's fetch moves the HW past them (the call's acks=1 request in
+    the same answer), REQUEST_TIMED_OUT after their timeout, NOT_LEADER_OR_FOLLOWER once
+    the replica stops leading; and a batch ahead of its producer's sequence waits for the
+    earlier one (the async way) without failing the call."""
+
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))  # follower 2 is played by this test
+    node = ray.get_runtime_context().get_node_id()
+    address = ray.get(r[1].data_endpoint.remote(node))
+    native = native_paths.enabled("parked_produce")  # the replica's process has the same build and environment
+
+    def parked() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._produce._delayed)))
+
+    def follower_fetches(offset: int) -> None:
+        ray.get(r[1].fetch.remote(offset, 1 << 20, 1, 0, 2, 0))
+
+    async def go() -> None:
+        connection = await Connection.open(address, node)
+
+        async def produce(*requests: frames.ProduceRequest) -> list[ProduceResult]:
+            body = frames.encode_produce_request(list(requests))
+            return frames.decode_produce_answer(await connection.request(frames.PRODUCE, body))
+
+        call = asyncio.ensure_future(produce(frames.ProduceRequest(batch(2), 1, 10_000),
+                                             frames.ProduceRequest(batch(3), -1, 10_000)))  # fmt: skip
+        await asyncio.sleep(0.3)
+        assert not call.done() and parked() == (1 if native else 0)
+        assert describe(r[1])["log_end_offset"] == 5  # appended before it waits
+        follower_fetches(2)  # the HW moves to 2: not yet past the acks=-1 request's records
+        await asyncio.sleep(0.2)
+        assert not call.done()
+        follower_fetches(5)
+        assert [(res.base_offset, res.error) for res in await asyncio.wait_for(call, 5)] == [(0, None), (2, None)]
+        assert parked() == 0
+
+        started = time.monotonic()
+        (timed_out,) = await produce(frames.ProduceRequest(batch(1), -1, 300))
+        assert isinstance(timed_out.error, errors.RequestTimedOutError) and timed_out.base_offset == 5
+        assert 0.29 < time.monotonic() - started < 3 and parked() == 0
+
+        pid_batch = build_batch([SimpleRecord(b"p1")], producer_id=7, producer_epoch=0, base_sequence=1)
+        ahead = asyncio.ensure_future(produce(frames.ProduceRequest(pid_batch, 1, 10_000)))
+        await asyncio.sleep(0.2)
+        assert not ahead.done()  # waiting for sequence 0, the async way
+        first = build_batch([SimpleRecord(b"p0")], producer_id=7, producer_epoch=0, base_sequence=0)
+        (earlier,) = await produce(frames.ProduceRequest(first, 1, 10_000))
+        (later,) = await asyncio.wait_for(ahead, 5)
+        assert (earlier.error, later.error) == (None, None) and later.base_offset == earlier.base_offset + 1
+
+        pending = asyncio.ensure_future(produce(frames.ProduceRequest(batch(1), -1, 10_000)))
+        await asyncio.sleep(0.3)
+        assert parked() == (1 if native else 0)
+        await r[1].become_follower.remote(1, 2, r[2])
+        assert isinstance((await asyncio.wait_for(pending, 5))[0].error, NotLeaderOrFollowerError)
         assert parked() == 0
         connection.close()
 

@@ -65,7 +65,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from rayk import native_paths
 from rayk.dataplane import admission, answer_writer, frames, handshake, native_endpoint, streams, tls
 from rayk.dataplane.frame_reader import FrameReader
 from rayk.errors import InvalidRequestError, KafkaError, UnknownServerError
@@ -165,8 +164,8 @@ class Endpoint:
         """`name` is for the logs (the partition, say). `sendfile` False reads the log
         slices a handler answers instead of sending them from the file (for comparison).
         `serve_now`, if given, is asked first for each request of a connection served
-        natively (where the "fetch" path is on), and serves without a task the requests it
-        takes (a leader's followers' fetches)."""
+        natively, and serves without a task the requests it takes (a leader's followers'
+        fetches and produce calls)."""
         self._handler, self.name, self._max_in_flight = handler, name, max_in_flight
         self._serve_now = serve_now
         self._sendfile = sendfile
@@ -336,11 +335,11 @@ class Endpoint:
     def _native_connections(self) -> native_endpoint.NativeConnections | None:
         """Where this endpoint's connections are served natively (native_endpoint.py), the
         object that serves them; None: in Python (not built, its path off (rayk/native_paths.py),
-        or it failed). `serve_now` is asked only where the "fetch" path is on."""
+        or it failed)."""
         if self._native is None and native_endpoint.available():
             self._native = native_endpoint.NativeConnections(
                 self.name, self._answer_natively, self._max_in_flight, self._idle_timeout_s,
-                self._answer_now if self._serve_now is not None and native_paths.enabled("fetch") else None)
+                self._answer_now if self._serve_now is not None else None)
         return self._native if self._native is not None and self._native.alive else None
 
     async def _answer_natively(

@@ -1,6 +1,6 @@
 """NativeProduce: a listener's Produce requests from their decoded form to their response
 frame in native code (rayk._native's ProducePath, native/src/produce_path.rs), where rayk
-was built with cargo; without it, or with its "produce" path off (RAYK_NATIVE,
+was built with cargo; without it, or with its "listener" path off (RAYK_NATIVE,
 rayk/native_paths.py), `data_apis.produce` takes the
 Python path (ProduceCoalescer, ReplicaLink), which does the same.
 
@@ -46,7 +46,7 @@ Topics = list[tuple[str, list[tuple[int, bytes | None, int, str | None]]]]
 
 def available() -> bool:
     """Whether the native path is built and on (rayk/native_paths.py)."""
-    return native_paths.enabled("produce")
+    return native_paths.enabled("listener")
 
 
 def error_table() -> dict[str, tuple[int, str]]:

@@ -43,10 +43,10 @@ from rayk.errors import (
     KafkaError,
     KafkaStorageError,
     NotEnoughReplicasAfterAppendError,
-    RequestTimedOutError,
     UnknownServerError,
 )
 from rayk.replication import storage_failure, txn_verification
+from rayk.replication.delayed_produce import DelayedProduces, ParkedCall, Pending, Reply, replication_timed_out
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role
 from rayk.storage.producer_state import VerificationGuard, Verdict
@@ -65,6 +65,13 @@ class _Appended:
     last_offset: int
     log_append_time_ms: int
     leader_epoch: int  # appended in: an acknowledgement holds only while this epoch leads
+
+
+class _Replicating:
+    """The acknowledgement is still waiting for the in-sync replicas."""
+
+
+REPLICATING = _Replicating()
 
 
 # What `_verify_request` found for a request: None (nothing to verify), the guard to append
@@ -86,6 +93,10 @@ class LeaderProduce:
         self._isr = isr
         self._txn_coordinators = txn_verification.CoordinatorHandles(controller)
         self._storage_error: Exception | None = None  # a write to the log failed: this process is ending
+        # Calls of the data plane waiting for replication without a task (produce_or_park)
+        self._delayed = DelayedProduces(ctx.name, self.replication_outcome, self._failed_after_append)
+        self._finishing: set[asyncio.Task] = set()  # such calls that went on the async way
+        ctx.events.on_change_produce = self._delayed.on_change
 
     def produce_error(self, error: KafkaError) -> ProduceResult:
         return ProduceResult(-1, -1, self._ctx.log.log_start_offset, error)
@@ -101,26 +112,108 @@ class LeaderProduce:
         verified: list[_Verification] = [None] * len(requests)
         if epoch is not None and any(_is_transactional(request.records) for request in requests):
             verified = list(await asyncio.gather(*(self._verify_request(request, epoch) for request in requests)))
-        appended: list[ProduceResult | _Appended] = []
-        for request, verification in zip(requests, verified):
-            if self._storage_error is not None:
-                appended.append(self.produce_error(KafkaStorageError(f"{ctx.name}: its log's disk failed: "
-                                                                     f"{self._storage_error}")))  # fmt: skip
-                continue
-            try:
-                appended.append(await self._append(request, epoch, verification))
-            except (OSError, KafkaStorageError) as e:  # the log's disk is full or failing: storage_failure.py
-                self._storage_error = e
-                appended.append(self.produce_error(KafkaStorageError(f"{ctx.name}: a write to its log failed: {e}")))
-                storage_failure.end_process(ctx.name, e)
-            except KafkaError as e:
-                appended.append(self.produce_error(e))
-            except Exception as e:  # a bug: this request alone fails, as Kafka answers per partition
-                logger.exception("%s: appending a produce request failed", ctx.name)
-                appended.append(self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")))
+        appended = await self._append_from(requests, verified, epoch, [])
         return list(await asyncio.gather(*(
             self._answer(done, request.acks, request.timeout_ms, received_s) for done, request in zip(appended, requests)
         )))
+
+    async def _append_from(
+        self, requests: list[ProduceRequest], verified: list[_Verification], epoch: int | None,
+        appended: list[ProduceResult | _Appended],
+    ) -> list[ProduceResult | _Appended]:
+        """Appends the requests after the first len(`appended`) (done already), in order:
+        what to acknowledge of each, or its answer."""
+        for request, verification in zip(requests[len(appended):], verified[len(appended):]):
+            done = self._append_guarded(request, epoch, verification, may_wait=True)
+            if done is None:  # ahead of its producer's sequence: its earlier batches may be on their way
+                await self._await_earlier_batches(request, epoch)
+                done = self._append_guarded(request, epoch, verification, may_wait=False)
+            assert done is not None
+            appended.append(done)
+        return appended
+
+    def _append_guarded(
+        self, request: ProduceRequest, epoch: int | None, verification: _Verification, may_wait: bool
+    ) -> ProduceResult | _Appended | None:
+        """`_append`, with what it raises answered: a failed write to the log is
+        KAFKA_STORAGE_ERROR for this request and every one after it (and ends the process),
+        a KafkaError is the request's error, a bug is UNKNOWN_SERVER_ERROR for it alone."""
+        ctx = self._ctx
+        if self._storage_error is not None:
+            return self.produce_error(KafkaStorageError(f"{ctx.name}: its log's disk failed: {self._storage_error}"))
+        try:
+            return self._append(request, epoch, verification, may_wait)
+        except (OSError, KafkaStorageError) as e:  # the log's disk is full or failing: storage_failure.py
+            self._storage_error = e
+            storage_failure.end_process(ctx.name, e)
+            return self.produce_error(KafkaStorageError(f"{ctx.name}: a write to its log failed: {e}"))
+        except KafkaError as e:
+            return self.produce_error(e)
+        except Exception as e:  # a bug: this request alone fails, as Kafka answers per partition
+            logger.exception("%s: appending a produce request failed", ctx.name)
+            return self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}"))
+
+    def produce_or_park(self, requests: list[ProduceRequest], reply: Reply) -> bool:
+        """The requests of one data plane call served without a task where they can be:
+        appended now, as `produce_requests` appends them, then answered through `reply` at
+        once or parked until the in-sync replicas have their acks=-1 records
+        (delayed_produce.py). False, having done nothing, for a call the async path serves:
+        one with a transactional batch (verified with its coordinator first), a traced one,
+        or on a replica that is not the leader. If a batch is found ahead of its producer's
+        sequence, that request and the rest go on the async way, in a task that answers
+        through `reply` all the same."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER or ctx.trace is not None or any(_is_transactional(r.records) for r in requests):
+            return False
+        received_s, epoch = time.monotonic(), ctx.leader_epoch
+        appended: list[ProduceResult | _Appended] = []
+        for request in requests:
+            done = self._append_guarded(request, epoch, None, may_wait=True)
+            if done is None:
+                task = asyncio.get_running_loop().create_task(self._finish(requests, epoch, appended, reply, received_s))
+                self._finishing.add(task)
+                task.add_done_callback(self._finishing.discard)
+                return True
+            appended.append(done)
+        results: list[ProduceResult | None] = []
+        pending: list[Pending] = []
+        for slot, (done, request) in enumerate(zip(appended, requests)):
+            if isinstance(done, ProduceResult):
+                results.append(done)
+                continue
+            replicated = ProduceResult(done.first_offset, done.log_append_time_ms, ctx.log.log_start_offset)
+            results.append(replicated if request.acks != -1 else None)
+            if request.acks == -1:
+                pending.append(Pending(slot, done.last_offset + 1, done.leader_epoch,
+                                       self._delayed.deadline(request.timeout_ms), request.timeout_ms, replicated))
+        self._delayed.add(ParkedCall(results, pending, reply))
+        return True
+
+    async def _finish(
+        self, requests: list[ProduceRequest], epoch: int, appended: list[ProduceResult | _Appended], reply: Reply,
+        received_s: float,
+    ) -> None:
+        """The rest of a call `produce_or_park` began, the async way (a batch of it waits
+        for its producer's earlier ones), answered through `reply`."""
+        try:
+            done = await self._append_from(requests, [None] * len(requests), epoch, appended)
+            results = list(await asyncio.gather(*(
+                self._answer(d, request.acks, request.timeout_ms, received_s) for d, request in zip(done, requests)
+            )))  # fmt: skip
+        except Exception as e:  # a bug: the call's requests fail, as their task's would
+            logger.exception("%s: a produce call failed", self._ctx.name)
+            results = [self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")) for _ in requests]
+        try:
+            reply(results)
+        except Exception:
+            logger.exception("%s: a produce call's answer could not be given", self._ctx.name)
+
+    def drop_parked(self) -> None:
+        """The replica closes: the parked calls are dropped (their connections close)."""
+        self._delayed.drop()
+
+    def _failed_after_append(self, base_offset: int, error: KafkaError) -> ProduceResult:
+        return ProduceResult(base_offset, -1, self._ctx.log.log_start_offset, error)
 
     async def _answer(
         self, appended: ProduceResult | _Appended, acks: int, timeout_ms: int, received_s: float
@@ -135,15 +228,18 @@ class LeaderProduce:
             self._ctx.trace.answered(appended.last_offset + 1)
         return result
 
-    async def _append(
-        self, request: ProduceRequest, epoch: int | None, verification: _Verification
-    ) -> ProduceResult | _Appended:
+    def _append(
+        self, request: ProduceRequest, epoch: int | None, verification: _Verification, may_wait: bool
+    ) -> ProduceResult | _Appended | None:
         """The checks and the append of one produce in leader epoch `epoch` (None: this
         replica did not lead when the call came): what to acknowledge, or the final answer
         (an error, or a duplicate's first answer). A transactional batch needs its
-        producer's `transactional_id`; `verification` is what `_verify_request` found."""
+        producer's `transactional_id`; `verification` is what `_verify_request` found.
+        None, having done nothing, if `may_wait` and an idempotent batch is ahead of its
+        producer's sequence here: the caller waits for the earlier batches
+        (`_await_earlier_batches`) and calls again with `may_wait` False."""
         ctx = self._ctx
-        records, acks, timeout_ms = request.records, request.acks, request.timeout_ms
+        records, acks = request.records, request.acks
         if acks not in (0, 1, -1):
             return self.produce_error(InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}"))
         if epoch is None or not ctx.leads_in(epoch):
@@ -156,9 +252,8 @@ class LeaderProduce:
             if header.size_bytes != len(records):
                 ctx.counters.bytes_rejected += len(records)
                 return self.produce_error(InvalidRecordError("an idempotent produce carries exactly one batch"))
-            await self._await_earlier_batches(header, timeout_ms, epoch)
-            if not ctx.leads_in(epoch):
-                return self.produce_error(ctx.not_leader())
+            if may_wait and self._ahead_of_sequence(header):
+                return None
         if acks == -1 and (too_few := self._isr.too_few_in_sync()) is not None:
             return self.produce_error(too_few)
         transactional = header is not None and header.is_transactional
@@ -214,27 +309,32 @@ class LeaderProduce:
             f"producer {header.producer_id}'s transaction ended here while its coordinator verified the write"
         )
 
-    async def _await_earlier_batches(self, header: BatchHeader, timeout_ms: int, epoch: int) -> None:
-        """Waits while the batch is ahead of its producer's sequence here, for at most
-        SEQUENCE_GAP_WAIT_MAX_MS: calls to an async actor may arrive out of order, so the
-        producer's earlier batches may be on their way. Decides nothing: the log's append
-        checks the batch against the producer state as it is then (a duplicate, a gap left,
-        an epoch fenced)."""
+    def _ahead_of_sequence(self, header: BatchHeader) -> bool:
+        """Whether an idempotent batch is ahead of its producer's sequence here (a gap)."""
+        try:
+            verdict, _ = self._ctx.log.producer_state.check(
+                header.producer_id, header.producer_epoch, header.base_sequence,
+                header.base_sequence + header.last_offset_delta,
+            )  # fmt: skip
+        except KafkaError:
+            return False  # refused whatever comes: the append says so
+        return verdict is Verdict.GAP
+
+    async def _await_earlier_batches(self, request: ProduceRequest, epoch: int | None) -> None:
+        """Waits while the request's batch is ahead of its producer's sequence here, for at
+        most SEQUENCE_GAP_WAIT_MAX_MS: calls to an async actor may arrive out of order, so
+        the producer's earlier batches may be on their way. Decides nothing: the log's
+        append checks the batch against the producer state as it is then (a duplicate, a
+        gap left, an epoch fenced), and the epoch again."""
         ctx = self._ctx
-        last_sequence = header.base_sequence + header.last_offset_delta
-        deadline = time.monotonic() + min(timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS) / 1000
+        header = BatchHeader.parse(request.records)
+        deadline = time.monotonic() + min(request.timeout_ms, SEQUENCE_GAP_WAIT_MAX_MS) / 1000
         while True:
             appended = ctx.events.change_event(appends=True)  # the producer's earlier batches
-            if not ctx.leads_in(epoch):
+            if epoch is None or not ctx.leads_in(epoch):
                 return
-            try:
-                verdict, _ = ctx.log.producer_state.check(
-                    header.producer_id, header.producer_epoch, header.base_sequence, last_sequence
-                )
-            except KafkaError:
-                return  # refused whatever comes: the append says so
             remaining_s = deadline - time.monotonic()
-            if verdict is not Verdict.GAP or remaining_s <= 0:
+            if not self._ahead_of_sequence(header) or remaining_s <= 0:
                 return
             await appended.wait(remaining_s)
 
@@ -273,30 +373,39 @@ class LeaderProduce:
         if acks != -1:
             return result
         error = await self._wait_for_replication(appended.last_offset + 1, appended.leader_epoch, timeout_ms)
-        return result if error is None else ProduceResult(appended.first_offset, -1, log.log_start_offset, error)
+        return result if error is None else self._failed_after_append(appended.first_offset, error)
 
     async def _wait_for_replication(self, required_offset: int, epoch: int, timeout_ms: int) -> KafkaError | None:
         """Kafka's DelayedProduce: done when HW >= required_offset in `epoch`, or fails."""
-        ctx = self._ctx
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            changed = ctx.events.change_event()
-            if not ctx.leads_in(epoch):
-                return ctx.not_leader()
-            if len(self._isr.leading().isr) < ctx.config.min_insync_replicas:
-                # The HW stands still below min.insync.replicas (strict min ISR): say so now.
-                return NotEnoughReplicasAfterAppendError(
-                    f"written, but the ISR shrank below min.insync.replicas = {ctx.config.min_insync_replicas}"
-                )
-            if ctx.log.high_watermark >= required_offset:
-                assert ctx.leader_epoch == epoch, "acknowledged only by the HW of the epoch its records were appended in"
-                return None
+            changed = self._ctx.events.change_event()
+            outcome = self.replication_outcome(required_offset, epoch)
+            if not isinstance(outcome, _Replicating):
+                return outcome
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
-                return RequestTimedOutError(
-                    f"offset {required_offset - 1} was not replicated to all in-sync replicas within {timeout_ms} ms"
-                )
+                return replication_timed_out(required_offset, timeout_ms)
             await changed.wait(remaining_s)
+
+    def replication_outcome(self, required_offset: int, epoch: int) -> KafkaError | None | _Replicating:
+        """Where an acks=-1 acknowledgement of the records below `required_offset`, appended
+        in `epoch`, stands now: None (the HW passed them in that epoch), the error it is
+        answered (the leadership moved on, the ISR is below min.insync.replicas), or
+        REPLICATING."""
+        ctx = self._ctx
+        if not ctx.leads_in(epoch):
+            return ctx.not_leader()
+        if len(self._isr.leading().isr) < ctx.config.min_insync_replicas:
+            # The HW stands still below min.insync.replicas (strict min ISR): say so now.
+            return NotEnoughReplicasAfterAppendError(
+                f"written, but the ISR shrank below min.insync.replicas = {ctx.config.min_insync_replicas}"
+            )
+        if ctx.log.high_watermark >= required_offset:
+            assert ctx.leader_epoch == epoch, "acknowledged only by the HW of the epoch its records were appended in"
+            return None
+        return REPLICATING
+
 
     # ------------------------------------------------------------------ producer state
 

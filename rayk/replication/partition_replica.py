@@ -50,6 +50,7 @@ import ray
 from rayk.actors import raylet_watch
 from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
+from rayk import native_paths
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import SENDFILE_MIN_BYTES, Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
@@ -129,6 +130,7 @@ class PartitionReplica(Supervised):
         self._lifecycle = LogLifecycle(ctx, board_slot)
         self._follower = ReplicaFollower(ctx, self._lifecycle.after_follower_progress, self._remote)
         self._endpoint: Endpoint | None = None  # the data plane's, opened at the first data_endpoint call
+        self._parked_fetch = self._parked_produce = False  # served without a task (native_paths.py)
         self._shares: SharePartitions | None = None  # while leading, once a share group fetched here
         self._share_states = ShareStateClient(controller)  # the share groups' coordinators (no I/O until used)
 
@@ -203,7 +205,9 @@ class PartitionReplica(Supervised):
         moves on meanwhile, it is NOT_LEADER_OR_FOLLOWER, never an HW of another epoch's log
         (which may have truncated the records away). One request's bad input, or a fault in
         handling it, is that request's error alone (see leader_produce.py)."""
-        results = await self._produce.produce_requests(requests)
+        return self._counted(await self._produce.produce_requests(requests))
+
+    def _counted(self, results: list[ProduceResult]) -> list[ProduceResult]:
         counters = self._ctx.counters
         counters.produce_requests += len(results)
         counters.failed_produce_requests += sum(1 for r in results if r.error is not None)
@@ -394,6 +398,10 @@ class PartitionReplica(Supervised):
         another node than this one (`peer_node_id`; None: unknown) asks. Only Ray hands it
         out, so only the cluster's own processes can connect."""
         if self._endpoint is None:
+            self._parked_fetch = native_paths.enabled("parked_fetch")
+            # Never past a subclass's own produce_requests (CoordinatorReplica refuses clients' writes).
+            self._parked_produce = (native_paths.enabled("parked_produce")
+                                    and type(self).produce_requests is PartitionReplica.produce_requests)
             self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}",
                                       serve_now=self._serve_data_plane_now)
         config = self._ctx.config
@@ -427,9 +435,20 @@ class PartitionReplica(Supervised):
 
     def _serve_data_plane_now(self, kind: int, body: memoryview, reply: Callable[[bytes, bytes | FileSlice], None]) -> bool:
         """A data plane request served without a task, where it can be (the native endpoint
-        asks first): a follower's fetch, answered now or parked (LeaderFetch.fetch_or_park),
-        its answer given to `reply`. False for anything else: `_serve_data_plane` serves it."""
-        if kind != frames.FETCH or self._ctx.role is not Role.LEADER:
+        asks first), its answer given to `reply`: a follower's fetch, answered now or parked
+        (LeaderFetch.fetch_or_park), or a produce call, appended now and answered now or
+        once replicated (LeaderProduce.produce_or_park), each where its native path is on
+        (rayk/native_paths.py). False for anything else: `_serve_data_plane` serves it."""
+        if self._ctx.role is not Role.LEADER:
+            return False
+        if kind == frames.PRODUCE:
+            if not self._parked_produce:
+                return False
+            return self._produce.produce_or_park(
+                frames.decode_produce_request(body),
+                lambda results: reply(frames.encode_produce_answer(self._counted(results)), b""),
+            )
+        if kind != frames.FETCH or not self._parked_fetch:
             return False
         r = frames.decode_fetch_request(body)
         counters = self._ctx.counters
@@ -446,6 +465,7 @@ class PartitionReplica(Supervised):
     async def _close_endpoint(self) -> None:
         self._share_states.close()
         self._fetches.drop_parked()  # their connections close with the endpoint
+        self._produce.drop_parked()
         if self._endpoint is not None:
             await self._endpoint.close()
             self._endpoint = None

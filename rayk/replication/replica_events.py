@@ -10,9 +10,11 @@ A consumer's fetch reads only up to the HW and an acks=all produce waits for it,
 append that leaves the HW where it was wakes only the first: at RF=3 that is most appends.
 
 A waiter takes its event before it checks its condition, so a change between the check and
-the wait is not missed. `on_change` (while set) is called at every change, before the
-change event fires: the replica's share-partitions (see PartitionReplica) wake or close
-with it.
+the wait is not missed. Waiters without a task are called instead, before the events fire:
+`on_append` at every append and change (a leader's parked follower fetches, leader_fetch.py),
+`on_change_produce` at every change (its parked acks=-1 produce calls, delayed_produce.py),
+and `on_change` (while set) at every change (the replica's share-partitions, which wake or
+close with it: see PartitionReplica).
 
 Not thread-safe: used on the replica actor's event loop only.
 """
@@ -27,13 +29,14 @@ from rayk.actors.wakeup import Wakeup
 class ReplicaEvents:
     """The append and change events of one replica (see the module docstring)."""
 
-    __slots__ = ("_appended", "_changed", "on_change", "on_append")
+    __slots__ = ("_appended", "_changed", "on_change", "on_append", "on_change_produce")
 
     def __init__(self) -> None:
         self._appended: Wakeup | None = None
         self._changed: Wakeup | None = None
         self.on_change: Callable[[], None] | None = None
         self.on_append: Callable[[], None] | None = None
+        self.on_change_produce: Callable[[], None] | None = None
 
     def change_event(self, appends: bool = False) -> Wakeup:
         """The event a waiter waits on, taken before it checks its condition; with
@@ -57,6 +60,8 @@ class ReplicaEvents:
     def notify_change(self) -> None:
         """Wakes every waiting fetch and produce: the HW, the role or a config moved."""
         self.notify_append()
+        if self.on_change_produce is not None:
+            self.on_change_produce()
         if self.on_change is not None:
             self.on_change()
         if self._changed is not None:
