@@ -13,8 +13,11 @@ import signal
 import time
 
 import pytest
+import ray
 
 import rayk
+from rayk import native_paths
+from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.net import native_produce
 from tests.cluster_helpers import FAST_CONFIG, pid_of, shared_local_ray, wait_until
 
@@ -47,6 +50,12 @@ def produce(producer, start: int, count: int, errors: list) -> None:
         time.sleep(0.002)
 
 
+def parks_produce_calls(cluster, topic: str, partition: int) -> tuple[bool, bool]:
+    """(whether the leader's endpoint is open, whether it serves produce calls without a task)."""
+    leader = cluster.leader(topic, partition)  # the leader replica's actor handle
+    return ray.get(leader.__ray_call__.remote(lambda r: (r._endpoint is not None, r._parked_produce)))
+
+
 def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_path(cluster):
     producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
                                          "enable.idempotence": True, "linger.ms": 0,
@@ -54,6 +63,7 @@ def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_
     errors: list = []
     produce(producer, 0, 300, errors)
     assert producer.flush(60) == 0 and not errors
+    assert parks_produce_calls(cluster, TOPIC, 0) == (True, native_paths.enabled("parked_produce"))
     leader = cluster.leader(TOPIC, 0)
     before = cluster.describe_topic(TOPIC)[0]
     os.kill(pid_of(leader), signal.SIGKILL)
@@ -70,6 +80,7 @@ def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_
     wait_until(lambda: cluster.describe_topic(TOPIC)[0]["leader"] == before["leader"], 30, "the preferred leader back")
     produce(producer, 900, 100, errors)
     assert producer.flush(60) == 0 and not errors
+    assert parks_produce_calls(cluster, TOPIC, 0) == (True, native_paths.enabled("parked_produce"))  # the restarted one
 
     consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": "native-check",
                                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -83,3 +94,13 @@ def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_
     consumer.close()
     for p in range(PARTITIONS):
         assert got[p] == list(range(p, 1000, PARTITIONS)), f"partition {p}: each record once, in order"
+
+
+def test_an_internal_topics_leader_never_serves_clients_produce_calls_past_its_refusal(cluster):
+    """__consumer_offsets' replicas answer clients' writes INVALID_TOPIC_EXCEPTION in their
+    own produce_requests (CoordinatorReplica): the task-less produce path, which would
+    append them, is off there, though their endpoints are open for their followers."""
+    wait_until(lambda: any(parks_produce_calls(cluster, OFFSETS_TOPIC, p)[0] for p in range(3)), 30,
+               "an offsets partition's endpoint open")
+    for p in range(len(cluster.describe_topic(OFFSETS_TOPIC))):
+        assert not parks_produce_calls(cluster, OFFSETS_TOPIC, p)[1]

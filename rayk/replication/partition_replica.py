@@ -399,9 +399,10 @@ class PartitionReplica(Supervised):
         out, so only the cluster's own processes can connect."""
         if self._endpoint is None:
             self._parked_fetch = native_paths.enabled("parked_fetch")
-            # Never past a subclass's own produce_requests (CoordinatorReplica refuses clients' writes).
+            # Never past a subclass's own produce_requests (CoordinatorReplica refuses clients'
+            # writes). By name: Ray's worker may hold another copy of this class than the actor's.
             self._parked_produce = (native_paths.enabled("parked_produce")
-                                    and type(self).produce_requests is PartitionReplica.produce_requests)
+                                    and type(self).produce_requests.__qualname__ == "PartitionReplica.produce_requests")
             self._endpoint = Endpoint(self._serve_data_plane, f"{self.topic}-{self.partition}",
                                       serve_now=self._serve_data_plane_now)
         config = self._ctx.config
