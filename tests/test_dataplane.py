@@ -1067,37 +1067,71 @@ def test_a_slice_its_log_truncated_while_it_was_sent_aborts_the_connection_and_n
     asyncio.run(go())
 
 
-def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_the_connection(
-    tmp_path, monkeypatch, endpoint_path
-):
-    """In Python, os.sendfile made to fail with EIO. The native side calls sendfile(2)
-    itself, which nothing here can make fail with EIO without a failing device: there, a
-    slice of a file sendfile cannot read from (EINVAL) aborts the connection the same way,
-    and is no I/O error of the log to report."""
-    failures = []
+@pytest.fixture(scope="module")
+def failing_disk(tmp_path_factory):
+    """A directory on a disk that fails reads with EIO on demand (tests/faults/failing_fs.py,
+    FUSE): (mount point, control file). Needs root and /dev/fuse."""
+    import subprocess
+    import sys
 
-    def failing_sendfile(*args):
-        raise OSError(errno.EIO, "Input/output error")
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse for a disk that fails on demand (tests/faults/failing_fs.py)")
+    pytest.importorskip("mfusepy")
+    base = tmp_path_factory.mktemp("failing-disk")
+    backing, mountpoint, control = base / "backing", base / "mnt", base / "control"
+    backing.mkdir()
+    mountpoint.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "tests.faults.failing_fs", str(backing), str(mountpoint),
+                               str(control)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            assert server.poll() is None and time.monotonic() < deadline, "the failing disk did not mount"
+            time.sleep(0.05)
+        yield mountpoint, control
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        server.terminate()
+        server.wait(10)
+
+
+def test_an_io_error_of_the_log_file_during_a_sendfile_is_reported_and_aborts_the_connection(
+    tmp_path, failing_disk, endpoint_path
+):
+    """A log file whose device fails reads (EIO) while its slice is sent: the error is the
+    log's to handle (`FileSlice.read_failed`), and the connection is aborted (the answer's
+    size is written already). Both the Python and the native sendfile meet a real EIO here:
+    the slice's records are on failing_fs.py's disk, in a file it serves with direct I/O
+    (".probe"), so that no page cache answers the read in its place."""
+    from tests.faults.failing_fs import set_fault
+
+    mountpoint, control = failing_disk
+    failures: list[OSError] = []
 
     async def go():
         handler = SlicedLog(tmp_path, megabytes=1)
+        on_disk = mountpoint / f"{endpoint_path}-segment.probe"
+        on_disk.write_bytes(handler.log.read(0, 1 << 30).records)  # the slice's bytes at their offsets, and more
 
         async def reporting(kind, body):
             head, records = await handler(kind, body)
             records.read_failed = failures.append
-            if endpoint_path == "native":
-                os.close(records.fd)
-                records.fd = os.open("/proc/self/mem", os.O_RDONLY)
+            os.close(records.fd)
+            records.fd = os.open(on_disk, os.O_RDONLY)
             return head, records
 
         endpoint, address = await opened(reporting)
         connection = await Connection.open(address, NODE)
-        with pytest.raises(NetworkError):
-            await asyncio.wait_for(connection.request(frames.FETCH, b"all"), 10)
+        set_fault(control, ["read"], on_disk.name)
+        await asyncio.sleep(0.3)  # the file system reads its control file every 50 ms
+        try:
+            with pytest.raises(NetworkError):
+                await asyncio.wait_for(connection.request(frames.FETCH, b"all"), 10)
+        finally:
+            set_fault(control)
         connection.close()
         await endpoint.close()
         handler.log.close()
 
-    monkeypatch.setattr(os, "sendfile", failing_sendfile)
     asyncio.run(go())
-    assert [e.errno for e in failures] == ([errno.EIO] if endpoint_path == "python" else [])
+    assert [e.errno for e in failures] == [errno.EIO]
