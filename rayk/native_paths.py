@@ -18,13 +18,17 @@ The paths, each of which can be measured against the Python one alone:
 The two parked paths are Python, not native code, but they serve the requests the native
 endpoint hands over, so they need "endpoint".
 
-A value naming a path that does not exist raises InvalidConfigurationError, naming the ones
+A value naming a path that does not exist is InvalidConfigurationError, naming the ones
 that do: a misspelt switch would otherwise measure something else than was asked for.
-`rayk.start` checks the driver's value before it deploys anything.
+`rayk.start` checks the driver's value before it deploys anything (where the Ray cluster
+it starts takes it from). A process that meets one anyway (its Ray cluster was started
+with another environment) logs it once as an error and uses the Python paths: its data
+plane keeps serving.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from rayk.errors import InvalidConfigurationError
@@ -34,9 +38,12 @@ try:
 except ImportError:  # built without cargo: every path is Python's
     _native = None
 
+logger = logging.getLogger(__name__)
+
 ENV = "RAYK_NATIVE"
 PATHS = ("listener", "endpoint", "client", "parked_fetch", "parked_produce")
 _ALL, _NONE = ("", "1", "all"), ("0", "none")
+_reported: set[str] = set()  # the invalid values logged already
 
 
 def built() -> bool:
@@ -75,5 +82,12 @@ def enabled(path: str) -> bool:
     assert path in PATHS, path
     if _native is None:
         return False
-    on = chosen(os.environ.get(ENV, ""))
+    value = os.environ.get(ENV, "")
+    try:
+        on = chosen(value)
+    except InvalidConfigurationError as e:
+        if value not in _reported:
+            _reported.add(value)
+            logger.error("%s; this process uses the Python paths", e)
+        return False
     return path in on and (not path.startswith("parked_") or "endpoint" in on)

@@ -68,3 +68,14 @@ def test_a_native_failure_is_an_exception_or_a_panic_never_an_interrupt_or_a_can
 
     assert native_paths.failure(RuntimeError("bug")) and native_paths.failure(PanicException("bug"))
     assert not native_paths.failure(KeyboardInterrupt()) and not native_paths.failure(asyncio.CancelledError())
+
+
+@pytest.mark.skipif(not native_paths.built(), reason="rayk._native is not built (no cargo)")
+def test_a_process_meeting_a_misspelt_switch_logs_it_once_and_uses_the_python_paths(monkeypatch, caplog):
+    """A replica of a Ray cluster started with another environment than the driver's: its
+    data plane keeps serving, in Python."""
+    monkeypatch.setenv(native_paths.ENV, "endpont")
+    monkeypatch.setattr(native_paths, "_reported", set())
+    with caplog.at_level("ERROR", logger="rayk.native_paths"):
+        assert not any(native_paths.enabled(path) for path in native_paths.PATHS)
+    assert [r.levelname for r in caplog.records] == ["ERROR"] and "endpont" in caplog.text

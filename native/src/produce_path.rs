@@ -273,7 +273,10 @@ impl Path {
         }
     }
 
-    /// Reads what the socket holds; an answer read whole settles its frame's requests.
+    /// Reads the socket up to a whole answer (or what it holds); an answer read whole
+    /// settles its frame's requests. Bytes the endpoint sent after it are read on the next
+    /// call, as the start of another answer: one to no request in flight, or with another
+    /// correlation id than the frame in flight, breaks the connection.
     pub fn on_readable(&mut self, fd: RawFd) {
         let Some(key) = self.by_fd.get(&fd).cloned() else { return };
         let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(&key) else { return };
@@ -299,7 +302,7 @@ impl Path {
             Frame::Oversized(size) => return Some(Err(format!("an answer frame of {size} bytes"))),
             Frame::Whole(body) => body.to_vec(), // a few bytes a partition
         };
-        link.frames.compact();
+        link.frames.release_if_empty();
         let Some(flights) = in_flight.as_ref() else {
             return Some(Err("an answer to a request that was not sent".into()));
         };

@@ -120,6 +120,14 @@ impl FrameBuf {
         Frame::Whole(&self.buf[start..start + size])
     }
 
+    /// Lets the buffer go if every byte was handed out: for a connection that reads one
+    /// answer now and then (the produce path's link), no room kept between them.
+    pub fn release_if_empty(&mut self) {
+        if self.is_empty() {
+            *self = FrameBuf::new(&[]);
+        }
+    }
+
     /// Drops the bytes handed out; a large frame's room is not kept for the connection's life.
     pub fn compact(&mut self) {
         if self.is_empty() {
@@ -148,8 +156,9 @@ fn read_into_spare(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> std::io::Result<
     Ok(n as usize)
 }
 
-/// Writes `pieces`, in order, as far as the socket takes them now (one writev a call):
-/// how many bytes went. Fewer than all of them: the socket is full (watch it for writing).
+/// Writes `pieces`, in order, as far as the socket takes them now (writev, again until all
+/// went or the socket is full): how many bytes went. Fewer than all of them: the socket is
+/// full (watch it for writing).
 pub fn write_now(fd: RawFd, pieces: &[&[u8]]) -> std::io::Result<usize> {
     // A borrowed descriptor: written, never closed here.
     let mut file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
@@ -157,6 +166,7 @@ pub fn write_now(fd: RawFd, pieces: &[&[u8]]) -> std::io::Result<usize> {
     let mut written = 0;
     while written < total {
         match file.write_vectored(&remaining(pieces, written)) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()), // never for a socket: not a loop forever
             Ok(n) => written += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,

@@ -150,7 +150,7 @@ def start(
 
     if brokers < 1:
         raise InvalidConfigurationError(f"a cluster needs at least one broker, got {brokers}")
-    native_paths.chosen(os.environ.get(native_paths.ENV, ""))  # a misspelt RAYK_NATIVE fails here, not in a replica
+    native_paths.chosen(os.environ.get(native_paths.ENV, ""))  # this driver's RAYK_NATIVE, checked before anything starts
     hide_worker_pool_warning()
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace)

@@ -2,15 +2,16 @@
 replicas without a task (Kafka's DelayedProduce in its purgatory), for the PRODUCE frames
 the native data plane endpoint hands the replica (LeaderProduce.produce_or_park).
 
-A call (one frame: the requests a listener coalesced) is parked with the answers it has
-and, per acks=-1 request appended, the offset the HW must pass in the epoch it was appended
-in, and its deadline. Every change of the replica (ReplicaEvents.notify_change: the HW, the
-role, the ISR or a config moved) checks the parked calls again, with the same check as the
-async path's wait (LeaderProduce.replication_outcome); a timer at a call's earliest deadline
-answers REQUEST_TIMED_OUT for what is past it. A call is answered once every request of it
-is, in one reply. A reply that raises is logged: it never fails the change that completed
-it (a follower's fetch, say). On close the parked calls are dropped unanswered: their
-connections close with the endpoint.
+A call (one frame: the requests a listener coalesced) is parked (parked_requests.py) with
+the answers it has and, per acks=-1 request appended, the offset the HW must pass in the
+epoch it was appended in, and its deadline. Every change of the replica
+(ReplicaEvents.notify_change: the HW, the role, the ISR or a config moved) checks the parked
+calls again, with the same check as the async path's wait (LeaderProduce.replication_outcome);
+at a call's earliest deadline what is past it is answered REQUEST_TIMED_OUT, and the call
+waits on for the rest. A call is answered once every request of it is, in one reply. A
+check or a reply that raises is answered UNKNOWN_SERVER_ERROR for every request of the call
+and never fails the change that woke it (a follower's fetch, say). On close the parked
+calls are dropped unanswered: their connections close with the endpoint.
 
 Not thread-safe: the replica actor's event loop.
 """
@@ -18,13 +19,11 @@ Not thread-safe: the replica actor's event loop.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from rayk.dataplane.frames import ProduceResult
 from rayk.errors import KafkaError, RequestTimedOutError
-
-logger = logging.getLogger(__name__)
+from rayk.replication.parked_requests import ParkedRequests
 
 # (required offset, epoch) -> None (replicated), the error to answer, or anything else: waiting
 Outcome = Callable[[int, int], object]
@@ -51,11 +50,10 @@ class Pending:
 class ParkedCall:
     """A produce call waiting for its acks=-1 requests' replication."""
 
-    __slots__ = ("results", "pending", "reply", "timer")
+    __slots__ = ("results", "pending", "reply")
 
     def __init__(self, results: list[ProduceResult | None], pending: list[Pending], reply: Reply) -> None:
         self.results, self.pending, self.reply = results, pending, reply
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class DelayedProduces:
@@ -64,8 +62,11 @@ class DelayedProduces:
     def __init__(self, name: str, outcome: Outcome, failed: Callable[[int, KafkaError], ProduceResult]) -> None:
         """`outcome` says where a request's replication stands; `failed(base offset, error)`
         is the answer of one that failed after its append."""
-        self._name, self._outcome, self._failed = name, outcome, failed
-        self._parked: list[ParkedCall] = []
+        self._outcome, self._failed = outcome, failed
+        self._parked: ParkedRequests[ParkedCall] = ParkedRequests(
+            name, "a produce call waiting for replication", self._settled, self._fail_all,
+            lambda call: min(p.deadline for p in call.pending),
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._parked)
@@ -76,41 +77,15 @@ class DelayedProduces:
 
     def add(self, call: ParkedCall) -> None:
         """Answers the call now if it can be, else parks it until it can."""
-        if not self._settled(call, timed_out=False):
-            self._parked.append(call)
-            self._arm(call)
+        self._parked.answer_or_park(call)
 
     def on_change(self) -> None:
         """The HW, the role, the ISR or a config moved: answers the calls that can be."""
-        if not self._parked:
-            return
-        parked, self._parked = self._parked, []
-        for call in parked:
-            if self._settled(call, timed_out=False):
-                if call.timer is not None:
-                    call.timer.cancel()
-            else:
-                self._parked.append(call)
+        self._parked.wake()
 
     def drop(self) -> None:
         """The replica closes: the parked calls go unanswered, and no timer of theirs runs."""
-        parked, self._parked = self._parked, []
-        for call in parked:
-            if call.timer is not None:
-                call.timer.cancel()
-
-    def _arm(self, call: ParkedCall) -> None:
-        deadline = min(p.deadline for p in call.pending)
-        call.timer = asyncio.get_running_loop().call_at(deadline, self._expire, call)
-
-    def _expire(self, call: ParkedCall) -> None:
-        call.timer = None
-        if call not in self._parked:
-            return
-        if self._settled(call, timed_out=True):
-            self._parked.remove(call)
-        else:
-            self._arm(call)
+        self._parked.drop()
 
     def _settled(self, call: ParkedCall, timed_out: bool) -> bool:
         """Settles what of the call can be, and answers it once all of it is: True then."""
@@ -130,10 +105,10 @@ class DelayedProduces:
         call.pending = still
         if still:
             return False
-        results = call.results
-        assert all(r is not None for r in results), "every request of a call answered"
-        try:
-            call.reply(results)  # type: ignore[arg-type]
-        except Exception:
-            logger.exception("%s: a produce call's answer could not be given", self._name)
+        results = [r for r in call.results if r is not None]
+        assert len(results) == len(call.results), "every request of a call answered"
+        call.reply(results)
         return True
+
+    def _fail_all(self, call: ParkedCall, error: KafkaError) -> None:
+        call.reply([self._failed(-1, error) for _ in call.results])

@@ -56,6 +56,7 @@ from rayk.errors import (
 )
 from rayk.replication import storage_failure
 from rayk.replication.leader_isr import LeaderIsr
+from rayk.replication.parked_requests import ParkedRequests
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
 from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replication_throttle import ReplicationThrottle
@@ -76,13 +77,12 @@ DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the
 class ParkedFetch:
     """A follower's fetch waiting at the leader without a task (`LeaderFetch.fetch_or_park`)."""
 
-    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "timer")
+    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "deadline")
 
     def __init__(self, offset: int, max_bytes: int, min_bytes: int, slice_min_bytes: int | None,
-                 answer: Callable[[FetchResult], None]) -> None:  # fmt: skip
+                 answer: Callable[[FetchResult], None], deadline: float) -> None:  # fmt: skip
         self.offset, self.max_bytes, self.min_bytes, self.slice_min_bytes = offset, max_bytes, min_bytes, slice_min_bytes
-        self.answer = answer
-        self.timer: asyncio.TimerHandle | None = None
+        self.answer, self.deadline = answer, deadline  # on the loop's clock
 
 
 class LeaderFetch:
@@ -94,8 +94,11 @@ class LeaderFetch:
         self._remote = remote  # tiered storage: reads below the local log start
         self._throttle = ReplicationThrottle()  # this replica's share of leader.replication.throttled.rate
         self._throttled_followers: frozenset[int] = frozenset()  # the followers a reassignment adds
-        self._parked: list[ParkedFetch] = []  # followers' fetches waiting without a task
-        ctx.events.on_append = self._wake_parked
+        self._parked: ParkedRequests[ParkedFetch] = ParkedRequests(  # followers' fetches waiting without a task
+            ctx.name, "a parked follower fetch", self._try_answer,
+            lambda fetch, error: fetch.answer(self.fetch_error(error)), lambda fetch: fetch.deadline,
+        )  # fmt: skip
+        ctx.events.on_append = self._parked.wake
 
     def set_throttle(self, rate_bytes_per_s: int | None, adding: tuple[int, ...]) -> None:
         """Answers to the `adding` followers' fetches go at most at this rate (None: no limit)."""
@@ -190,10 +193,8 @@ class LeaderFetch:
         if refused is not None:
             answer(refused)
             return True
-        parked = ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer)
-        if not self._try_answer(parked, timed_out=False):
-            parked.timer = asyncio.get_running_loop().call_later(r.max_wait_ms / 1000, self._expire, parked)
-            self._parked.append(parked)
+        deadline = asyncio.get_running_loop().time() + r.max_wait_ms / 1000
+        self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline))
         return True
 
     def _try_answer(self, parked: ParkedFetch, timed_out: bool) -> bool:
@@ -211,46 +212,10 @@ class LeaderFetch:
         _close_slice(result)
         return False
 
-    def _wake_parked(self) -> None:
-        """Records were appended, or the HW, the role or a config moved: the parked fetches
-        that can be answered are. Called by whatever appended or changed (a produce, say),
-        which a fetch's failure must not fail: one that raises is answered
-        UNKNOWN_SERVER_ERROR, logged, as its task would have been."""
-        if not self._parked:
-            return
-        parked, self._parked = self._parked, []
-        for fetch in parked:
-            if self._answered(fetch, timed_out=False):
-                if fetch.timer is not None:
-                    fetch.timer.cancel()
-            else:
-                self._parked.append(fetch)
-
-    def _expire(self, fetch: ParkedFetch) -> None:
-        if fetch in self._parked:
-            self._parked.remove(fetch)
-            self._answered(fetch, timed_out=True)
-
-    def _answered(self, fetch: ParkedFetch, timed_out: bool) -> bool:
-        """`_try_answer`, raising nothing: a fetch that fails is answered UNKNOWN_SERVER_ERROR
-        (or, if even that cannot be written, dropped: its connection's peer times it out)."""
-        try:
-            return self._try_answer(fetch, timed_out)
-        except Exception as e:
-            logger.exception("%s: a parked follower fetch failed", self._ctx.name)
-            try:
-                fetch.answer(self.fetch_error(UnknownServerError(f"{type(e).__name__}: {e}")))
-            except Exception:
-                logger.exception("%s: a parked follower fetch could not be answered", self._ctx.name)
-            return True
-
     def drop_parked(self) -> None:
         """The replica closes: its parked fetches are dropped unanswered (their connections
         close with its endpoint), and no timer of theirs reads the closed log."""
-        parked, self._parked = self._parked, []
-        for fetch in parked:
-            if fetch.timer is not None:
-                fetch.timer.cancel()
+        self._parked.drop()
 
     async def _remote_read(self, remote: RemoteLogManager, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """A consumer's fetch below the local log start, from the remote segment holding it

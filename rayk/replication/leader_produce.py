@@ -66,6 +66,10 @@ class _Appended:
     log_append_time_ms: int
     leader_epoch: int  # appended in: an acknowledgement holds only while this epoch leads
 
+    def acknowledged(self, log_start_offset: int) -> ProduceResult:
+        """Its answer once acknowledged."""
+        return ProduceResult(self.first_offset, self.log_append_time_ms, log_start_offset)
+
 
 class _Replicating:
     """The acknowledgement is still waiting for the in-sync replicas."""
@@ -112,7 +116,12 @@ class LeaderProduce:
         verified: list[_Verification] = [None] * len(requests)
         if epoch is not None and any(_is_transactional(request.records) for request in requests):
             verified = list(await asyncio.gather(*(self._verify_request(request, epoch) for request in requests)))
-        appended = await self._append_from(requests, verified, epoch, [])
+        return await self._answers(requests, await self._append_from(requests, verified, epoch, []), received_s)
+
+    async def _answers(
+        self, requests: list[ProduceRequest], appended: list[ProduceResult | _Appended], received_s: float
+    ) -> list[ProduceResult]:
+        """Each appended request's answer, once acknowledged; the acknowledgements wait together."""
         return list(await asyncio.gather(*(
             self._answer(done, request.acks, request.timeout_ms, received_s) for done, request in zip(appended, requests)
         )))
@@ -126,8 +135,13 @@ class LeaderProduce:
         for request, verification in zip(requests[len(appended):], verified[len(appended):]):
             done = self._append_guarded(request, epoch, verification, may_wait=True)
             if done is None:  # ahead of its producer's sequence: its earlier batches may be on their way
-                await self._await_earlier_batches(request, epoch)
-                done = self._append_guarded(request, epoch, verification, may_wait=False)
+                try:
+                    await self._await_earlier_batches(request, epoch)
+                except Exception as e:  # a bug: this request alone fails, as in `_append_guarded`
+                    logger.exception("%s: waiting for a producer's earlier batches failed", self._ctx.name)
+                    done = self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}"))
+                else:
+                    done = self._append_guarded(request, epoch, verification, may_wait=False)
             assert done is not None
             appended.append(done)
         return appended
@@ -181,7 +195,7 @@ class LeaderProduce:
             if isinstance(done, ProduceResult):
                 results.append(done)
                 continue
-            replicated = ProduceResult(done.first_offset, done.log_append_time_ms, ctx.log.log_start_offset)
+            replicated = done.acknowledged(ctx.log.log_start_offset)
             results.append(replicated if request.acks != -1 else None)
             if request.acks == -1:
                 pending.append(Pending(slot, done.last_offset + 1, done.leader_epoch,
@@ -194,23 +208,21 @@ class LeaderProduce:
         received_s: float,
     ) -> None:
         """The rest of a call `produce_or_park` began, the async way (a batch of it waits
-        for its producer's earlier ones), answered through `reply`."""
+        for its producer's earlier ones), answered through `reply` as a parked call is."""
         try:
             done = await self._append_from(requests, [None] * len(requests), epoch, appended)
-            results = list(await asyncio.gather(*(
-                self._answer(d, request.acks, request.timeout_ms, received_s) for d, request in zip(done, requests)
-            )))  # fmt: skip
+            results: list[ProduceResult | None] = list(await self._answers(requests, done, received_s))
         except Exception as e:  # a bug: the call's requests fail, as their task's would
             logger.exception("%s: a produce call failed", self._ctx.name)
             results = [self.produce_error(UnknownServerError(f"{type(e).__name__}: {e}")) for _ in requests]
-        try:
-            reply(results)
-        except Exception:
-            logger.exception("%s: a produce call's answer could not be given", self._ctx.name)
+        self._delayed.add(ParkedCall(results, [], reply))  # answered at once, a reply that raises as a parked one's
 
     def drop_parked(self) -> None:
-        """The replica closes: the parked calls are dropped (their connections close)."""
+        """The replica closes: the parked calls are dropped, and the calls that went on the
+        async way cancelled, unanswered (their connections close)."""
         self._delayed.drop()
+        for task in list(self._finishing):
+            task.cancel()
 
     def _failed_after_append(self, base_offset: int, error: KafkaError) -> ProduceResult:
         return ProduceResult(base_offset, -1, self._ctx.log.log_start_offset, error)
@@ -369,7 +381,7 @@ class LeaderProduce:
 
     async def _acknowledge(self, appended: _Appended, acks: int, timeout_ms: int) -> ProduceResult:
         log = self._ctx.log
-        result = ProduceResult(appended.first_offset, appended.log_append_time_ms, log.log_start_offset)
+        result = appended.acknowledged(log.log_start_offset)
         if acks != -1:
             return result
         error = await self._wait_for_replication(appended.last_offset + 1, appended.leader_epoch, timeout_ms)
@@ -405,7 +417,6 @@ class LeaderProduce:
             assert ctx.leader_epoch == epoch, "acknowledged only by the HW of the epoch its records were appended in"
             return None
         return REPLICATING
-
 
     # ------------------------------------------------------------------ producer state
 
