@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 
-use crate::socket_io::{self, Frame, FrameBuf};
+use crate::socket_io::{Frame, FrameBuf, OutBuf};
 
 const REQUEST_HEADER_BYTES: usize = 5; // correlation id (int32), kind (int8)
 
@@ -32,9 +32,7 @@ pub enum ClientEvent {
 
 struct Conn {
     frames: FrameBuf,
-    out: Vec<u8>,
-    out_at: usize,
-    wants_write: bool,
+    out: OutBuf,
     ended: bool,
 }
 
@@ -57,7 +55,7 @@ impl ClientConns {
     /// A proven, non-blocking connection, with what its reader had staged (answers among
     /// them are handed out at once).
     pub fn adopt(&mut self, fd: RawFd, staged: &[u8]) {
-        let conn = Conn { frames: FrameBuf::new(staged), out: Vec::new(), out_at: 0, wants_write: false, ended: false };
+        let conn = Conn { frames: FrameBuf::new(staged), out: OutBuf::new(), ended: false };
         assert!(self.conns.insert(fd, conn).is_none(), "descriptor {fd} is connected already");
         self.parse(fd);
     }
@@ -69,7 +67,7 @@ impl ClientConns {
 
     /// Whether requests written wait for the socket to take them.
     pub fn queued(&self, fd: RawFd) -> bool {
-        self.conns.get(&fd).is_some_and(|c| c.out_at < c.out.len())
+        self.conns.get(&fd).is_some_and(|c| c.out.waiting())
     }
 
     /// A request frame: its size prefix and header, then `parts` (its body).
@@ -86,19 +84,8 @@ impl ClientConns {
         let mut pieces = Vec::with_capacity(parts.len() + 1);
         pieces.push(head.as_slice());
         pieces.extend_from_slice(parts);
-        let mut written = 0;
-        if conn.out_at == conn.out.len() {
-            match socket_io::write_now(fd, &pieces) {
-                Ok(n) if n == head.len() + body_bytes => return,
-                Ok(n) => written = n,
-                Err(e) => return self.end(fd, format!("the connection broke: {e}")),
-            }
-            conn.out.clear();
-            conn.out_at = 0;
-        }
-        // What the socket did not take waits, in order, behind what waits already.
-        conn.out.extend_from_slice(&socket_io::rest(&pieces, written));
-        self.flush(fd);
+        let sent = conn.out.send(fd, &pieces);
+        self.after_write(fd, sent);
     }
 
     pub fn on_writable(&mut self, fd: RawFd) {
@@ -110,24 +97,19 @@ impl ClientConns {
         if conn.ended {
             return;
         }
-        let mut failure = None;
-        if conn.out_at < conn.out.len() {
-            match socket_io::write_now(fd, &[&conn.out[conn.out_at..]]) {
-                Ok(n) => conn.out_at += n,
-                Err(e) => failure = Some(format!("the connection broke: {e}")),
-            }
+        let flushed = conn.out.flush(fd);
+        self.after_write(fd, flushed);
+    }
+
+    /// Tells Python to watch for writability, or to stop, when that changed; ends a
+    /// connection whose write failed.
+    fn after_write(&mut self, fd: RawFd, result: std::io::Result<()>) {
+        let Some(conn) = self.conns.get_mut(&fd) else { return };
+        if let Some(on) = conn.out.watch_change(result.is_err()) {
+            self.events.push(ClientEvent::WantWrite { fd, on });
         }
-        if conn.out_at == conn.out.len() {
-            conn.out = Vec::new();
-            conn.out_at = 0;
-        }
-        let wants_write = conn.out_at < conn.out.len() && failure.is_none();
-        if wants_write != conn.wants_write {
-            conn.wants_write = wants_write;
-            self.events.push(ClientEvent::WantWrite { fd, on: wants_write });
-        }
-        if let Some(why) = failure {
-            self.end(fd, why);
+        if let Err(e) = result {
+            self.end(fd, format!("the connection broke: {e}"));
         }
     }
 

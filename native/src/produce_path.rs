@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::dataplane::{self, ErrorTable, KafkaError, ProduceRequest, ProduceResult};
 use crate::produce_response::{self, PartitionAnswer};
-use crate::socket_io::{self, Frame, FrameBuf};
+use crate::socket_io::{Frame, FrameBuf, OutBuf};
 
 /// produce_coalescer.CALL_MAX_BYTES
 pub const CALL_MAX_BYTES: usize = 8 << 20;
@@ -79,9 +79,7 @@ struct Waiting {
 /// A proven connection to one partition replica's endpoint (its descriptor is Python's).
 struct Link {
     fd: RawFd,
-    out: Vec<u8>,
-    out_at: usize,
-    wants_write: bool,
+    out: OutBuf,
     frames: FrameBuf,
     correlation_id: i32,
     last_active: Instant,
@@ -239,12 +237,11 @@ impl Path {
                     batch.push(w.request);
                 }
                 link.correlation_id = link.correlation_id.wrapping_add(1) & 0x7FFF_FFFF;
-                link.out = dataplane::produce_frame(link.correlation_id, &batch);
-                link.out_at = 0;
+                let frame = dataplane::produce_frame(link.correlation_id, &batch);
                 link.last_active = Instant::now();
                 p.in_flight = Some(flights);
-                let fd = link.fd;
-                self.flush(key, fd);
+                let (fd, sent) = (link.fd, link.out.send(link.fd, &[&frame]));
+                self.after_write(key, fd, sent);
             }
         }
     }
@@ -252,18 +249,19 @@ impl Path {
     /// Writes what the partition's link has to write, as far as the socket takes it.
     fn flush(&mut self, key: &Key, fd: RawFd) {
         let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(key) else { return };
-        match socket_io::write_now(fd, &[&link.out[link.out_at..]]) {
-            Ok(n) => link.out_at += n,
-            Err(e) => return self.broken(key.clone(), format!("the connection broke: {e}")),
+        let flushed = link.out.flush(fd);
+        self.after_write(key, fd, flushed);
+    }
+
+    /// Tells Python to watch for writability, or to stop, when that changed; breaks a link
+    /// whose write failed.
+    fn after_write(&mut self, key: &Key, fd: RawFd, result: std::io::Result<()>) {
+        let Some(Partition { conn: Conn::Ready(link), .. }) = self.partitions.get_mut(key) else { return };
+        if let Err(e) = result {
+            return self.broken(key.clone(), format!("the connection broke: {e}"));
         }
-        let wants_write = link.out_at < link.out.len();
-        if !wants_write {
-            link.out = Vec::new();
-            link.out_at = 0;
-        }
-        if wants_write != link.wants_write {
-            link.wants_write = wants_write;
-            self.done.push(Completion::WantWrite { fd, on: wants_write });
+        if let Some(on) = link.out.watch_change(false) {
+            self.done.push(Completion::WantWrite { fd, on });
         }
     }
 
@@ -328,9 +326,7 @@ impl Path {
         }
         let link = Link {
             fd,
-            out: Vec::new(),
-            out_at: 0,
-            wants_write: false,
+            out: OutBuf::new(),
             frames: FrameBuf::new(&[]),
             correlation_id: 0,
             last_active: Instant::now(),

@@ -156,6 +156,62 @@ fn read_into_spare(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> std::io::Result<
     Ok(n as usize)
 }
 
+/// What one connection has to write, in order: written straight to the socket while
+/// nothing waits, queued (whatever the socket did not take) while something does.
+pub struct OutBuf {
+    data: Vec<u8>,
+    at: usize,
+    watching: bool,
+}
+
+impl OutBuf {
+    pub fn new() -> Self {
+        OutBuf { data: Vec::new(), at: 0, watching: false }
+    }
+
+    /// Whether bytes wait for the socket to take them.
+    pub fn waiting(&self) -> bool {
+        self.at < self.data.len()
+    }
+
+    /// `pieces` after whatever waits: as much as the socket takes now if nothing waits,
+    /// the rest queued.
+    pub fn send(&mut self, fd: RawFd, pieces: &[&[u8]]) -> std::io::Result<()> {
+        let written = if self.waiting() { 0 } else { write_now(fd, pieces)? };
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if written < total {
+            if !self.waiting() {
+                self.data.clear();
+                self.at = 0;
+            }
+            self.data.extend_from_slice(&rest(pieces, written));
+        }
+        self.flush(fd)
+    }
+
+    /// Writes what waits, as far as the socket takes it (a buffer emptied is let go).
+    pub fn flush(&mut self, fd: RawFd) -> std::io::Result<()> {
+        if self.waiting() {
+            self.at += write_now(fd, &[&self.data[self.at..]])?;
+        }
+        if !self.waiting() {
+            self.data = Vec::new();
+            self.at = 0;
+        }
+        Ok(())
+    }
+
+    /// Whether the socket is now to be watched for writability, if that changed since
+    /// the last call (Python is told only of changes); never after a failed write.
+    pub fn watch_change(&mut self, failed: bool) -> Option<bool> {
+        let watch = self.waiting() && !failed;
+        (watch != self.watching).then(|| {
+            self.watching = watch;
+            watch
+        })
+    }
+}
+
 /// Writes `pieces`, in order, as far as the socket takes them now (writev, again until all
 /// went or the socket is full): how many bytes went. Fewer than all of them: the socket is
 /// full (watch it for writing).
