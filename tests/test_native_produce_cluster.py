@@ -100,7 +100,8 @@ def test_an_internal_topics_leader_never_serves_clients_produce_calls_past_its_r
     """__consumer_offsets' replicas answer clients' writes INVALID_TOPIC_EXCEPTION in their
     own produce_requests (CoordinatorReplica): the task-less produce path, which would
     append them, is off there, though their endpoints are open for their followers."""
-    wait_until(lambda: any(parks_produce_calls(cluster, OFFSETS_TOPIC, p)[0] for p in range(3)), 30,
+    partitions = range(len(cluster.describe_topic(OFFSETS_TOPIC)))
+    wait_until(lambda: any(parks_produce_calls(cluster, OFFSETS_TOPIC, p)[0] for p in partitions), 30,
                "an offsets partition's endpoint open")
-    for p in range(len(cluster.describe_topic(OFFSETS_TOPIC))):
+    for p in partitions:
         assert not parks_produce_calls(cluster, OFFSETS_TOPIC, p)[1]
