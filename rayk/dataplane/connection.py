@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -188,6 +189,23 @@ class Connection:
             self._break("an answer " + why[2:])  # "an answer frame of N bytes"
         else:
             self._break(why)
+
+
+async def open_proven_socket(address: EndpointAddress, node_id: str) -> int:
+    """A new connection to `address` through its handshake (`open_proven_streams`),
+    detached from asyncio: its descriptor, non-blocking, for native code to read and write
+    (the caller's to close). The endpoint writes nothing after its proof until a request,
+    so nothing was read beyond it. Raises as `open_proven_streams`; ValueError for an
+    endpoint behind TLS, which native code does not speak."""
+    if address.node_id != node_id and address.tls_certificate:
+        raise ValueError("the endpoint is on another node, behind TLS")
+    _, writer = await open_proven_streams(address, node_id)
+    try:
+        fd = os.dup(writer.get_extra_info("socket").fileno())
+    finally:
+        writer.close()  # the transport's descriptor; the duplicate is the caller's
+    os.set_blocking(fd, False)
+    return fd
 
 
 async def open_proven_streams(address: EndpointAddress, node_id: str) -> tuple[FrameReader, asyncio.StreamWriter]:

@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from rayk.dataplane import connection as connection_module
 from rayk.dataplane import frames
 from rayk.dataplane.connection import Connection
 from rayk.dataplane.frames import (
@@ -121,18 +122,35 @@ class ReplicaLink:
                 raise NetworkError(f"the data plane link to {self.name} was closed")
             if self._connection is None or self._connection.closed:
                 self.reset()
-                try:
-                    async with asyncio.timeout(ENDPOINT_LOOKUP_TIMEOUT_MS / 1000):
-                        address = await self.replica.data_endpoint.remote(self._node_id)
-                except TimeoutError:
-                    raise NetworkError(f"{self.name} did not give its data plane endpoint within "
-                                       f"{ENDPOINT_LOOKUP_TIMEOUT_MS} ms") from None
-                connection = await Connection.open(address, self._node_id, self.name)
+                connection = await Connection.open(await self._endpoint(), self._node_id, self.name)
                 if self._closed:  # closed while connecting
                     connection.close()
                     raise NetworkError(f"the data plane link to {self.name} was closed")
                 self._connection = connection
             return self._connection
+
+
+    async def open_socket(self) -> int:
+        """A connection of its own to the replica, outside the link, for native code to
+        read and write: its descriptor (see connection.open_proven_socket), the caller's to
+        close. NETWORK_EXCEPTION if it cannot be had; ValueError if the endpoint is
+        behind TLS."""
+        if self._closed:
+            raise NetworkError(f"the data plane link to {self.name} was closed")
+        address = await self._endpoint()
+        try:
+            return await connection_module.open_proven_socket(address, self._node_id)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            raise NetworkError(f"cannot open a data plane connection to {self.name}: {e or type(e).__name__}") from None
+
+    async def _endpoint(self) -> Any:
+        """The replica's EndpointAddress, from its actor."""
+        try:
+            async with asyncio.timeout(ENDPOINT_LOOKUP_TIMEOUT_MS / 1000):
+                return await self.replica.data_endpoint.remote(self._node_id)
+        except TimeoutError:
+            raise NetworkError(f"{self.name} did not give its data plane endpoint within "
+                               f"{ENDPOINT_LOOKUP_TIMEOUT_MS} ms") from None
 
 
 def _encoded(encode: Callable[[Any], Any], request: Any) -> Any:

@@ -206,24 +206,16 @@ class NativeProduce:
         """A connection to the endpoint through its handshake (connection.open_proven_streams,
         as a Connection's), detached from asyncio's transport: its descriptor (non-blocking, as the
         transport's socket was). NOT_LEADER_OR_FOLLOWER if it cannot be had, as for a broken link."""
-        if address.node_id != self._node_id and address.tls_certificate:
+        try:
+            return await connection.open_proven_socket(address, self._node_id)
+        except ValueError:
             # A broker's replicas run on its node (hard node affinity), so its listener
             # reaches them over Unix sockets; TLS is for replicas of other nodes.
-            raise NotLeaderOrFollowerError(f"{name} is on another node, behind TLS: not served natively")
-        writer = None
-        try:
-            _, writer = await connection.open_proven_streams(address, self._node_id)
-            # The endpoint writes nothing after its proof until a request: nothing is staged.
-            fd = os.dup(writer.get_extra_info("socket").fileno())
+            raise NotLeaderOrFollowerError(f"{name} is on another node, behind TLS: not served natively") from None
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
             raise NotLeaderOrFollowerError(
                 f"{name} is restarting (cannot open a data plane connection: {e or type(e).__name__})"
             ) from None
-        finally:
-            if writer is not None:
-                writer.close()  # the transport's descriptor; the duplicate is the path's
-        os.set_blocking(fd, False)
-        return fd
 
 
 def with_throttle(frame: bytes, api_version: int, throttle_ms: int) -> bytes:

@@ -91,6 +91,11 @@ class IndexFile:
         return self._entries
 
     @property
+    def entries_left(self) -> int:
+        """How many more entries fit."""
+        return max(self._max_entries - self._entries, 0)
+
+    @property
     def is_full(self) -> bool:
         return self._entries >= self._max_entries
 

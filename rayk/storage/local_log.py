@@ -101,12 +101,12 @@ class LocalLog:
         max_timestamp = max(h.max_timestamp for h in chunk)
         return self.segments.active.should_roll(size_bytes, max_timestamp, chunk[-1].last_offset, now_ms)
 
-    def append(self, data: memoryview, chunk: list[BatchHeader]) -> LogSegment:
-        """Writes one run of batches (`data`, from `chunks`) to the active segment, and
-        returns that segment."""
+    def append(self, data: memoryview, chunk: list[BatchHeader], written: bool = False) -> LogSegment:
+        """Writes one run of batches (`data`, from `chunks`) to the active segment (`written`:
+        found there already, see Log.append_as_follower), and returns that segment."""
         assert chunk[-1].next_offset > self.log_end_offset, "offsets only grow"
         active = self.segments.active
-        active.append(data, chunk)
+        active.append(data, chunk, written)
         self.log_end_offset = chunk[-1].next_offset
         self._unflushed_records += sum(h.record_count for h in chunk)
         return active

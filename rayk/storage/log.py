@@ -98,7 +98,7 @@ from rayk.storage.log_validator import assign_offsets, require_keys
 from rayk.storage.producer_state import BatchMetadata, ProducerStateManager, VerificationGuard
 from rayk.storage.producer_state_loader import complete_txn, rebuild_producer_state
 from rayk.storage.records import BatchHeader, TimestampType, validate_batches
-from rayk.storage.segment import LogSegment
+from rayk.storage.segment import AppendWindow, LogSegment
 from rayk.storage.segment_flusher import SegmentFlusher
 from rayk.storage.segment_swap import new_cleaned_segment
 from rayk.storage.transaction_index import AbortedTxn
@@ -204,6 +204,7 @@ class Log:
         self.config = config or LogConfig()
         self._clock_ms = clock_ms
         self._lock = threading.RLock()
+        self._external_writer: Callable[[], None] | None = None  # see set_external_writer
         self._closed = False
         self._cleaning_aborted = False
         self._flusher = SegmentFlusher(self.dir_path.name, self._rolled_segment_flushed, on_storage_error)
@@ -379,12 +380,19 @@ class Log:
         with self._lock:
             return self.producer_state.holds_verification(guard)
 
-    def append_as_follower(self, records: bytes | bytearray | memoryview) -> LogAppendInfo:
+    def append_as_follower(self, records: bytes | bytearray | memoryview,
+                           written_at: tuple[int, int] | None = None) -> LogAppendInfo:
         """Appends batches copied from the leader; their offsets continue at the LEO, or
         after it when the leader's log was compacted (offsets only grow, as in Kafka).
 
         As in Kafka, a follower checks framing and CRCs but not the leader's size limit
         or record contents, which the leader validated.
+
+        `written_at` (descriptor, position): the native copy loop (rayk/replication/native_copy.py)
+        wrote these bytes there already, at the end of the active segment's file, having
+        checked that they need no roll; the rest of the append (indexes, producer state,
+        epochs, LEO) is done here. KAFKA_STORAGE_ERROR if that is not where the active
+        segment ends, or they would need a roll after all (nothing is changed).
         """
         headers = validate_batches(records, None, leader_checks=False)
         with self._lock:
@@ -396,10 +404,39 @@ class Log:
                         f"follower batch starts at offset {header.base_offset} but the log expects {expected} or later"
                     )
                 expected = header.next_offset
-            self._append(records, headers, self._clock_ms())
+            if written_at is not None:
+                active = self._local.segments.active
+                if (active.fd, active.size_bytes) != written_at:
+                    raise KafkaStorageError(f"{self.dir_path}: {len(records)} bytes were written at {written_at}, "
+                                            f"not at the end of the active segment ({active.fd}, {active.size_bytes})")
+            self._append(records, headers, self._clock_ms(), written_at is not None)
             for header in headers:
                 self.leader_epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
             return LogAppendInfo.of(headers, len(records), -1, self._log_start_offset)
+
+    def set_external_writer(self, stop: Callable[[], None] | None) -> None:
+        """While a follower's native copy loop writes at the end of the active segment's
+        file (see `follower_append_window`), `stop` ends it and takes its writes in (None:
+        it ended). Anything else that would change the active segment (an append of its
+        own, a roll, a truncation, close, delete) calls it first."""
+        with self._lock:
+            self._external_writer = stop
+
+    def _stop_external_writer(self) -> None:
+        stop, self._external_writer = self._external_writer, None
+        if stop is not None:
+            stop()
+
+    def follower_append_window(self) -> tuple[AppendWindow, int, int, int] | None:
+        """(the active segment's AppendWindow, LEO, HW, latest leader epoch) for a follower's
+        native copy loop to write at, which then reports with `append_as_follower(...,
+        written=True)`; None when the segment's roll cannot be decided up front."""
+        with self._lock:
+            self._check_open()
+            window = self._local.segments.active.append_window()
+            if window is None:
+                return None
+            return window, self._local.log_end_offset, self._high_watermark, self.leader_epoch_cache.latest_epoch
 
     def append_txn_marker(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, leader_epoch: int
@@ -422,9 +459,11 @@ class Log:
             self.leader_epoch_cache.assign(leader_epoch, header.base_offset)
             return LogAppendInfo.of([header], len(marker), -1, self._log_start_offset)
 
-    def _append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader], now_ms: int) -> None:
+    def _append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader], now_ms: int,
+                written: bool = False) -> None:
         """Writes batches whose offsets are assigned, a segment's worth at a time, rolling
-        where one needs a new segment, and records their producers (lock held)."""
+        where one needs a new segment, and records their producers (lock held). `written`:
+        the bytes are in the active segment's file already (see append_as_follower)."""
         local = self._local
         view = memoryview(data)
         markers: dict[int, EndTxnMarker | None] = {}  # base offset -> what a control batch says
@@ -434,12 +473,17 @@ class Log:
             if header.is_control and header.producer_id >= 0:  # read before anything is written
                 markers[header.base_offset] = read_end_txn_marker(view[position : position + header.size_bytes])
             position += header.size_bytes
+        if not written:
+            self._stop_external_writer()
         position = 0
         producer_state = self.producer_state
-        for chunk, size in local.chunks(headers):
+        chunks = local.chunks(headers)
+        if written and (len(chunks) != 1 or local.should_roll(chunks[0][0], chunks[0][1], now_ms)):
+            raise KafkaStorageError(f"{self.dir_path}: {len(data)} bytes were written to the active segment that need a new one")
+        for chunk, size in chunks:
             if local.should_roll(chunk, size, now_ms):
                 self._roll(chunk[0].base_offset)  # past a compaction gap: the segment starts at the batch
-            active = local.append(view[position : position + size], chunk)
+            active = local.append(view[position : position + size], chunk, written)
             for header in chunk:
                 if header.producer_id < 0:
                     continue
@@ -512,6 +556,7 @@ class Log:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         with self._lock:
             self._check_open()
+            self._stop_external_writer()
             if offset >= self._local.log_end_offset:
                 self.leader_epoch_cache.truncate_from_end(self._local.log_end_offset)
                 return
@@ -534,6 +579,7 @@ class Log:
         ((epoch, start offset), ascending; the one in force at `offset` starts there)."""
         with self._lock:
             self._check_open()
+            self._stop_external_writer()
             self._truncate_fully_and_start_at(offset)
             if producer_snapshot_bytes is not None:
                 path = self.dir_path / producer_snapshot.snapshot_file_name(offset)
@@ -572,6 +618,7 @@ class Log:
     def _roll(self, base: int | None = None) -> None:
         """Starts a new segment at `base` (default: the LEO; a follower copying past a
         compaction gap starts it at its first batch, so relative offsets stay int32)."""
+        self._stop_external_writer()
         base = self._local.roll(base)
         if base is not None:
             # After the new segment exists: if this write fails the log is still consistent,
@@ -749,6 +796,7 @@ class Log:
         with self._lock:
             if self._closed:
                 return
+            self._stop_external_writer()
             self._local.flush()
             producer_snapshot.write(self.dir_path, self._local.log_end_offset, self.producer_state)
             self._local.close()
@@ -764,6 +812,7 @@ class Log:
         """Closes the log and removes its directory (the topic was deleted)."""
         with self._lock:
             if not self._closed:
+                self._stop_external_writer()
                 self._local.close()
                 self._closed = True
         self._flusher.close()

@@ -19,7 +19,7 @@ import struct
 from rayk.storage.index_file import IndexFile
 
 _ENTRY = struct.Struct(">ii")
-_MAX_RELATIVE_OFFSET = (1 << 31) - 1
+MAX_RELATIVE_OFFSET = (1 << 31) - 1
 
 
 class OffsetIndex(IndexFile):
@@ -43,7 +43,7 @@ class OffsetIndex(IndexFile):
         return self._entry(self._entries - 1)[0] if self._entries else self.base_offset
 
     def can_append_offset(self, offset: int) -> bool:
-        return 0 <= offset - self.base_offset <= _MAX_RELATIVE_OFFSET
+        return 0 <= offset - self.base_offset <= MAX_RELATIVE_OFFSET
 
     def append(self, offset: int, position: int) -> None:
         """Adds an entry; offsets and positions must grow (asserted: a bug otherwise)."""

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from rayk.errors import KafkaError
 from rayk.storage.log_config import LogConfig
-from rayk.storage.offset_index import OffsetIndex
+from rayk.storage.offset_index import MAX_RELATIVE_OFFSET, OffsetIndex
 from rayk.storage.records import (
     HEADER_SIZE_BYTES,
     NO_TIMESTAMP,
@@ -57,6 +57,7 @@ OFFSET_SCAN_CHUNK_BYTES = 8 * 1024
 # records). Kafka's fetches at the tail also start from positions it kept (the LEO's and
 # the HW's LogOffsetMetadata).
 RECENT_BATCHES = 256
+_MAX_INT64 = (1 << 63) - 1
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -69,6 +70,19 @@ class BatchLocation(NamedTuple):
 
     position: int
     header: BatchHeader
+
+
+class AppendWindow(NamedTuple):
+    """The end of an active segment and how far it may grow without a roll (see
+    LogSegment.append_window): bytes up to `segment_bytes`, batches whose max timestamp is
+    at most `max_timestamp_ms` and last offset at most `max_last_offset`, `max_batches` of them."""
+
+    fd: int
+    position: int
+    segment_bytes: int
+    max_timestamp_ms: int
+    max_batches: int
+    max_last_offset: int
 
 
 class LogSegment:
@@ -151,15 +165,17 @@ class LogSegment:
             or not self.offset_index.can_append_offset(last_offset)
         )
 
-    def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
-        """Appends whole, validated batches whose offsets continue this segment."""
+    def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader], written: bool = False) -> None:
+        """Appends whole, validated batches whose offsets continue this segment; with
+        `written`, they are at the end of the file already (a follower's native copy loop
+        wrote them) and only the indexes and the cache of positions take them in."""
         view = memoryview(data)
         # >=: a segment written by the log cleaner skips the offsets of removed batches.
         assert headers and headers[0].base_offset >= self.next_offset(), "batches must continue the segment"
         position = self._size
-        written = 0
-        while written < len(view):
-            written += os.pwrite(self._fd, view[written:], position + written)
+        done = len(view) if written else 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], position + done)
         recent, recent_last_offsets, recent_ends = self._recent, self._recent_last_offsets, self._recent_ends
         for header in headers:
             self._index_batch(header, position)
@@ -171,6 +187,25 @@ class LogSegment:
             del recent[:-RECENT_BATCHES], recent_last_offsets[:-RECENT_BATCHES], recent_ends[:-RECENT_BATCHES]
         self._size = position
         self._next_offset = headers[-1].next_offset
+
+    def append_window(self) -> AppendWindow | None:
+        """What may be written at the end of this (active) segment without a roll, for a
+        writer that appends first and tells `append(..., written=True)` after (a follower's
+        native copy loop); None if the roll rules cannot be decided up front (an empty
+        segment, or one whose first batch has no timestamp: they go by the clock)."""
+        first_ts = self.first_batch_timestamp_ms()
+        if self._size == 0 or first_ts < 0:
+            return None
+        entries_left = min(self.offset_index.entries_left, self.time_index.entries_left)
+        return AppendWindow(
+            fd=self._fd,
+            position=self._size,
+            segment_bytes=self._config.segment_bytes,
+            max_timestamp_ms=min(first_ts + self._config.roll_ms, _MAX_INT64),
+            # An index takes at most an entry per batch: one short of full, nothing needs a roll.
+            max_batches=max(entries_left - 1, 0),
+            max_last_offset=self.base_offset + MAX_RELATIVE_OFFSET,
+        )
 
     def _index_batch(self, header: BatchHeader, position: int) -> None:
         if self._first_batch_timestamp_ms is None:
