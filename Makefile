@@ -39,7 +39,9 @@ $(STAMP): $(UV) Makefile pyproject.toml uv.lock setup.py rayk/storage/_records.c
 bytecode: $(STAMP)
 	$(PY) -m compileall -q rayk
 
+# Where cargo is installed, the native crate's own unit tests first (native/src/*.rs).
 test: bytecode docs
+	if command -v cargo >/dev/null; then (cd native && cargo test --release --quiet); fi
 	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=30
 
@@ -62,7 +64,8 @@ chaos: bytecode fuzz
 # Then, where cargo is installed, cargo-fuzz (libFuzzer with AddressSanitizer, on rustup's
 # nightly toolchain) over the native produce path's reading of replicas' answers, and the
 # native data plane's reading of request frames (an endpoint's) and of answer frames (a
-# connection's) (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
+# connection's), and a follower's native copy loop's reading of fetch answers
+# (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
 FUZZ_SECONDS ?= 300
 FUZZ_NATIVE_SECONDS ?= 120
 CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
@@ -76,7 +79,7 @@ $(CARGO_FUZZ):
 	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
 
 fuzz-native: $(CARGO_FUZZ)
-	for target in produce_answer endpoint_frames client_frames; do \
+	for target in produce_answer endpoint_frames client_frames follower_answer; do \
 	  (cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run $$target -- \
 	    -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1) || exit 1; \
 	done

@@ -14,7 +14,9 @@ The paths, each of which can be measured against the Python one alone:
 - "parked_fetch": a leader answering its followers' fetches without a task
   (LeaderFetch.fetch_or_park);
 - "parked_produce": a leader answering produce calls without a task, its acks=-1 ones once
-  replicated (LeaderProduce.produce_or_park, delayed_produce.py).
+  replicated (LeaderProduce.produce_or_park, delayed_produce.py);
+- "follower": a follower's copy loop on a thread of its own, which writes what it fetches
+  to the log before Python takes it in (rayk/replication/native_copy.py).
 The two parked paths are Python, not native code, but they serve the requests the native
 endpoint hands over, so they need "endpoint".
 
@@ -41,7 +43,7 @@ except ImportError:  # built without cargo: every path is Python's
 logger = logging.getLogger(__name__)
 
 ENV = "RAYK_NATIVE"
-PATHS = ("listener", "endpoint", "client", "parked_fetch", "parked_produce")
+PATHS = ("listener", "endpoint", "client", "parked_fetch", "parked_produce", "follower")
 _ALL, _NONE = ("", "1", "all"), ("0", "none")
 _reported: set[str] = set()  # the invalid values logged already
 

@@ -22,13 +22,13 @@ def test_zero_or_none_turns_every_path_off(value):
 
 def test_a_list_turns_on_those_only_and_minus_entries_all_but_those():
     assert native_paths.chosen("listener, client") == {"listener", "client"}
-    assert native_paths.chosen("-endpoint,-parked_fetch,-parked_produce") == {"listener", "client"}
+    assert native_paths.chosen("-endpoint,-parked_fetch,-parked_produce,-follower") == {"listener", "client"}
     assert native_paths.chosen("-parked_fetch") == ALL - {"parked_fetch"}
 
 
 @pytest.mark.parametrize("value", ["listener,endpont", "-sendfile", "2"])
 def test_a_path_that_does_not_exist_is_invalid_config_naming_the_ones_that_do(value):
-    with pytest.raises(InvalidConfigurationError, match="listener, endpoint, client, parked_fetch, parked_produce"):
+    with pytest.raises(InvalidConfigurationError, match="listener, endpoint, client, parked_fetch, parked_produce, follower"):
         native_paths.chosen(value)
 
 

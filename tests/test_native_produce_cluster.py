@@ -56,6 +56,13 @@ def parks_produce_calls(cluster, topic: str, partition: int) -> tuple[bool, bool
     return ray.get(leader.__ray_call__.remote(lambda r: (r._endpoint is not None, r._parked_produce)))
 
 
+def native_copy_runs(cluster, topic: str, partition: int) -> list[int]:
+    """Per follower of the partition, the runs of its native copy loop (native_copy.py)."""
+    described = cluster.describe_topic(topic)[partition]
+    followers = [cluster.replica(topic, partition, b) for b in described["replicas"] if b != described["leader"]]
+    return ray.get([f.__ray_call__.remote(lambda r: r._follower.native_copy_runs) for f in followers])
+
+
 def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_path(cluster):
     producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
                                          "enable.idempotence": True, "linger.ms": 0,
@@ -64,6 +71,8 @@ def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_
     produce(producer, 0, 300, errors)
     assert producer.flush(60) == 0 and not errors
     assert parks_produce_calls(cluster, TOPIC, 0) == (True, native_paths.enabled("parked_produce"))
+    # The followers copy on their native loops (each started at least once).
+    assert all(runs >= 1 if native_paths.enabled("follower") else runs == 0 for runs in native_copy_runs(cluster, TOPIC, 0))
     leader = cluster.leader(TOPIC, 0)
     before = cluster.describe_topic(TOPIC)[0]
     os.kill(pid_of(leader), signal.SIGKILL)
@@ -81,6 +90,7 @@ def test_a_kafka_producer_rides_through_a_leader_replicas_restart_on_the_native_
     produce(producer, 900, 100, errors)
     assert producer.flush(60) == 0 and not errors
     assert parks_produce_calls(cluster, TOPIC, 0) == (True, native_paths.enabled("parked_produce"))  # the restarted one
+    assert all(runs >= 1 if native_paths.enabled("follower") else runs == 0 for runs in native_copy_runs(cluster, TOPIC, 0))
 
     consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": "native-check",
                                          "auto.offset.reset": "earliest", "enable.auto.commit": False})

@@ -1,16 +1,42 @@
-"""ReplicaFetcher without Ray or sockets: a fake LeaderLink answers OffsetsForLeaderEpoch and fetches."""
+"""ReplicaFetcher without Ray: a fake LeaderLink answers OffsetsForLeaderEpoch and fetches.
+Every test runs twice: with the Python loop, and with the native one where it is built
+(its fetches come over a socket the fake serves with the same answers)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import struct
+import threading
+import time
 from collections.abc import Callable
 
+import pytest
+
+from rayk.dataplane import frames
+from rayk.replication import native_copy
 from rayk.replication.partition_replica import ReplicaConfig
 from rayk.replication.replica_fetcher import ReplicaFetcher
 from rayk.dataplane.frames import FetchRequest, FetchResult
-from rayk.errors import NotLeaderOrFollowerError
+from rayk.errors import KafkaError, NotLeaderOrFollowerError, UnknownServerError
 from rayk.storage import Log
 from rayk.storage.records import SimpleRecord, build_batch, iter_batches
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def copy_loop(request, monkeypatch) -> str:
+    """Which copy loop the fetcher runs (RAYK_NATIVE's "follower" path)."""
+    if request.param == "native" and not native_paths_built():
+        pytest.skip("rayk._native is not built")
+    monkeypatch.setenv("RAYK_NATIVE", "all" if request.param == "native" else "-follower")
+    return request.param
+
+
+def native_paths_built() -> bool:
+    from rayk import native_paths
+
+    return native_paths.built()
 
 
 def batch(n: int, tag: str) -> bytes:
@@ -46,6 +72,48 @@ class FakeLeader:
     def close(self) -> None:
         self.closed += 1
 
+    def reset(self) -> None:
+        pass  # the Python loop's connection (a fake has none)
+
+    async def open_socket(self) -> int:
+        """The native loop's connection: a socket whose other end a thread serves, each
+        FETCH answered as `fetch` answers it (a long poll at the log end); a fetch that
+        raises is a FAILED answer."""
+        ours, theirs = socket.socketpair()
+        self.sockets = getattr(self, "sockets", 0) + 1
+        threading.Thread(target=self._serve, args=(ours,), daemon=True).start()
+        fd = os.dup(theirs.fileno())
+        theirs.close()
+        os.set_blocking(fd, False)
+        return fd
+
+    def _serve(self, sock: socket.socket) -> None:
+        with sock:
+            while (size := _recv_exactly(sock, 4)) is not None:
+                body = _recv_exactly(sock, struct.unpack(">I", size)[0])
+                if body is None:
+                    return
+                correlation_id, kind = frames.REQUEST_HEADER.unpack_from(body)
+                assert kind == frames.FETCH
+                request = frames.decode_fetch_request(body[frames.REQUEST_HEADER.size:])
+                deadline = time.monotonic() + request.max_wait_ms / 1000
+                while request.offset == self.log.log_end_offset and time.monotonic() < deadline:
+                    time.sleep(0.002)  # the leader's long poll
+                self.fetch.calls.append((request,))
+                try:
+                    result = self.fetch.fn(request)
+                except Exception as e:
+                    error = e if isinstance(e, KafkaError) else UnknownServerError(str(e))
+                    frame = frames.failed_answer_frame(correlation_id, error)
+                else:
+                    records = bytes(result.records)
+                    frame = frames.answer_frame_head(correlation_id, frames.encode_fetch_answer_head(result),
+                                                     len(records)) + records
+                try:
+                    sock.sendall(frame)
+                except OSError:
+                    return
+
     def _offsets_for_leader_epoch(self, epoch: int):
         if self.unanswered:
             self.unanswered -= 1
@@ -60,6 +128,19 @@ class FakeLeader:
                 return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, (epoch, end))
         read = log.read(request.offset, request.max_bytes)
         return FetchResult(read.records, log.high_watermark, log.log_end_offset, log.log_start_offset)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    out = b""
+    while len(out) < n:
+        try:
+            got = sock.recv(n - len(out))
+        except OSError:
+            return None
+        if not got:
+            return None
+        out += got
+    return out
 
 
 def values(log: Log) -> list[bytes]:

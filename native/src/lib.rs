@@ -3,12 +3,14 @@
 //! from its decoded request to the Kafka response frame (produce_path.rs), driven by the
 //! listener's event loop, with the data plane's PRODUCE exchange (dataplane.rs) and the
 //! Produce response (produce_response.rs); and the connections a replica's data plane
-//! endpoint serves (endpoint_conns.rs), driven by the replica's event loop.
+//! endpoint serves (endpoint_conns.rs), driven by the replica's event loop; and a
+//! follower's copy loop on a thread of its own (follower_copy.rs).
 //! rayk runs without this module (a machine without cargo): the same path is Python's.
 
 mod client_conns;
 mod dataplane;
 mod endpoint_conns;
+mod follower_copy;
 mod produce_path;
 mod produce_response;
 mod socket_io;
@@ -460,11 +462,131 @@ fn read_produce_answer<'py>(
     }
 }
 
+/// A follower's copy loop for one run (follower_copy.rs), on a thread it starts at once.
+/// Python watches `signal_fd` (an eventfd), reads `progress` to bring its Log up to what
+/// was written, and once `outcome` is not None, `join`s it: (0, answer) an answer to
+/// handle, (1, why) the connection failed, (2, why) writing the log failed, (3, None)
+/// stopped. The socket becomes the run's; the .log descriptor is duplicated.
+#[pyclass(module = "rayk._native")]
+struct FollowerCopy {
+    shared: std::sync::Arc<follower_copy::Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn new_eventfd() -> PyResult<i32> {
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(fd)
+}
+
+#[pymethods]
+impl FollowerCopy {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        sock: i32, log_fd: i32, position: i64, log_end_offset: i64, high_watermark: i64, latest_epoch: i32,
+        segment_bytes: i64, max_timestamp_ms: i64, max_batches: i64, max_last_offset: i64, max_bytes: i32,
+        min_bytes: i32, max_wait_ms: i32, replica_id: i32, leader_epoch: i32, incarnation_id: Vec<u8>,
+        timeout_ms: u64, max_frame_bytes: usize, correlation_id: i32, signal_interval_ms: u64,
+    ) -> PyResult<Self> {
+        let log_dup = unsafe { libc::fcntl(log_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if log_dup < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let (signal_fd, stop_fd) = match (new_eventfd(), new_eventfd()) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                for fd in [a.as_ref().ok(), b.as_ref().ok(), Some(&log_dup)].into_iter().flatten() {
+                    unsafe { libc::close(*fd) };
+                }
+                return Err(a.and(b).unwrap_err());
+            }
+        };
+        let progress = follower_copy::Progress {
+            position, log_end_offset, high_watermark, leader_log_start_offset: i64::MIN, batches: 0,
+        };
+        let shared = std::sync::Arc::new(follower_copy::Shared {
+            progress: std::sync::Mutex::new(progress),
+            outcome: std::sync::Mutex::new(None),
+            stop: std::sync::atomic::AtomicBool::new(false),
+            signal_fd,
+            stop_fd,
+        });
+        let run = follower_copy::Run {
+            shared: shared.clone(),
+            sock,
+            log_fd: log_dup,
+            limits: follower_copy::Limits { latest_epoch, segment_bytes, max_timestamp_ms, max_batches, max_last_offset },
+            fetch: follower_copy::FetchParams {
+                max_bytes, min_bytes, max_wait_ms, replica_id, leader_epoch, incarnation_id, timeout_ms, max_frame_bytes,
+                signal_interval_ms,
+            },
+            correlation_id,
+            last_signal: None,
+            unsignalled: false,
+        };
+        let thread = std::thread::Builder::new().name("rayk-follower-copy".into()).spawn(move || run.run())?;
+        Ok(FollowerCopy { shared, thread: Some(thread) })
+    }
+
+    fn signal_fd(&self) -> i32 {
+        self.shared.signal_fd
+    }
+
+    /// (position, log end offset, high watermark, the leader's largest log start offset
+    /// seen (i64 min: none), batches written), as of the last write.
+    fn progress(&self) -> (i64, i64, i64, i64, i64) {
+        let p = *self.shared.progress.lock().unwrap();
+        (p.position, p.log_end_offset, p.high_watermark, p.leader_log_start_offset, p.batches)
+    }
+
+    fn outcome<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let outcome = self.shared.outcome.lock().unwrap();
+        Ok(match &*outcome {
+            None => None,
+            Some(follower_copy::Outcome::HandBack(body)) => Some((0u8, PyBytes::new(py, body)).into_pyobject(py)?),
+            Some(follower_copy::Outcome::Failed(why)) => Some((1u8, why.as_str()).into_pyobject(py)?),
+            Some(follower_copy::Outcome::Storage(why)) => Some((2u8, why.as_str()).into_pyobject(py)?),
+            Some(follower_copy::Outcome::Stopped) => Some((3u8, py.None()).into_pyobject(py)?),
+        })
+    }
+
+    /// Asks the run to end; it does within a poll's wake-up (or the write under way).
+    fn stop(&self) {
+        self.shared.request_stop();
+    }
+
+    /// Waits for the thread (after `stop`, or once `outcome` is set), the GIL released.
+    fn join(&mut self, py: Python<'_>) {
+        if let Some(thread) = self.thread.take() {
+            py.allow_threads(|| {
+                let _ = thread.join();
+            });
+        }
+    }
+}
+
+impl Drop for FollowerCopy {
+    fn drop(&mut self) {
+        self.shared.request_stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        unsafe {
+            libc::close(self.shared.signal_fd);
+            libc::close(self.shared.stop_fd);
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ProducePath>()?;
     m.add_class::<EndpointConnections>()?;
     m.add_class::<ClientConnections>()?;
+    m.add_class::<FollowerCopy>()?;
     m.add_function(wrap_pyfunction!(encode_produce_response, m)?)?;
     m.add_function(wrap_pyfunction!(encode_produce_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_produce_answer, m)?)?;

@@ -22,6 +22,12 @@ moves up to the leader's (as far as its HW) when that is higher. An out-of-range
 log starts past ours (retention: start over at its log start) or ends before ours (cut
 ours back to its end).
 
+Where rayk._native is built, the steady part of the loop runs on a thread of its own
+(native_copy.py): it fetches, checks and writes what the leader sends while this loop
+waits, and hands back every answer that is not plain records of the log's epoch (an
+error, a diverging epoch, a marker, a new epoch, a roll), which this loop handles as its
+own, then starts it again. The Log is brought up to what it wrote every few milliseconds.
+
 While a reassignment adds this replica, what it copies is paced to its share of
 follower.replication.throttled.rate (replication_throttle.py): it appends a fetch's bytes
 once they fit the rate, and each fetch asks for at most a quantum of it.
@@ -42,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from rayk.dataplane.frames import FetchRequest, FetchResult
 from rayk.errors import KafkaError, KafkaStorageError, OffsetMovedToTieredStorageError, OffsetOutOfRangeError
-from rayk.replication import storage_failure
+from rayk.replication import native_copy, storage_failure
+from rayk.replication.native_copy import NativeCopy
 from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage import Log
 from rayk.storage.leader_epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -108,6 +115,12 @@ class ReplicaFetcher:
         # ends at an offset, for a log that starts there (OFFSET_MOVED_TO_TIERED_STORAGE).
         self._remote_start_state = remote_start_state
         self._timeout_s = (config.replica_fetch_wait_max_ms + config.replica_socket_timeout_ms) / 1000
+        # The steady part of the loop on a thread, where built and on (native_copy.py).
+        self._native = NativeCopy(log, name, leader, on_progress) if native_copy.available() else None
+
+    @property
+    def native_copy_runs(self) -> int:
+        return self._native.runs if self._native is not None else 0
 
     async def run(self) -> None:
         """Copies until cancelled. Nothing but a cancellation ends it: an error a step
@@ -128,17 +141,16 @@ class ReplicaFetcher:
                     await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
         finally:
             self._leader.close()
+            if self._native is not None:
+                self._native.close()
 
     async def _run(self) -> None:
         await self._truncate_to_leader()
         while True:
             try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
-                # cancellation that stops this loop when the call completes at that moment.
-                async with asyncio.timeout(self._timeout_s):
-                    result = await self._fetch()
-            except asyncio.CancelledError:
-                raise
+                result = await self._next_answer()
+            except (asyncio.CancelledError, KafkaStorageError):
+                raise  # a failed write of the native loop: the disk's failure, as a Python append's
             except Exception as e:  # the leader's actor died, hung, or is being replaced
                 logger.warning("%s: fetch from the leader failed: %s", self.name, e)
                 await asyncio.sleep(FOLLOWER_ERROR_BACKOFF_MS / 1000)
@@ -186,9 +198,23 @@ class ReplicaFetcher:
         if log_start > log.log_start_offset:
             log.maybe_increment_log_start_offset(log_start)
 
-    def _fetch(self) -> Awaitable[FetchResult]:
+    async def _next_answer(self) -> FetchResult:
+        """The next answer to handle: one the native loop handed back after copying what
+        came before it (native_copy.py), or, where it does not run, a fetch's."""
+        native = self._native
+        if native is not None and not native.unusable and not self._throttle.active:
+            timeout_ms = int(self._timeout_s * 1000)
+            result = await native.copy(self._fetch_request(), timeout_ms, lambda: not self._throttle.active)
+            if result is not None:
+                return result
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+        # cancellation that stops this loop when the call completes at that moment.
+        async with asyncio.timeout(self._timeout_s):
+            return await self._leader.fetch(self._fetch_request())
+
+    def _fetch_request(self) -> FetchRequest:
         c = self._config
-        return self._leader.fetch(FetchRequest(
+        return FetchRequest(
             self._log.log_end_offset,
             self._throttle.max_bytes(c.replica_fetch_max_bytes),
             c.replica_fetch_min_bytes,
@@ -197,7 +223,7 @@ class ReplicaFetcher:
             leader_epoch=self._epoch,
             last_fetched_epoch=self._log.latest_epoch,
             incarnation_id=self._incarnation_id,
-        ))
+        )
 
     async def _truncate_to_leader(self) -> None:
         """OffsetsForLeaderEpoch for this log's latest epoch, retried until answered."""

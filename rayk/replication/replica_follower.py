@@ -37,6 +37,7 @@ class ReplicaFollower:
         self._remote = remote  # tiered storage: where a log that starts over past the leader's gets its state
         self._on_progress = on_progress
         self._fetcher: asyncio.Task | None = None
+        self._copier: ReplicaFetcher | None = None
         # Its share of follower.replication.throttled.rate while a reassignment adds it; the
         # fetchers of every epoch pace by it, so a new share applies at once.
         self.throttle = ReplicationThrottle()
@@ -59,6 +60,12 @@ class ReplicaFollower:
             self.throttle, None if self._remote is None else self._remote.remote_start_state,
         )
         self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
+        self._copier = fetcher
+
+    @property
+    def native_copy_runs(self) -> int:
+        """Runs of the native copy loop (native_copy.py) the current fetcher started."""
+        return self._copier.native_copy_runs if self._copier is not None else 0
 
     async def stop(self) -> None:
         """Cancels the task and waits until it is gone: the log is not written by it afterwards."""
