@@ -295,3 +295,55 @@ def test_a_roll_of_its_own_during_a_run_ends_the_run_first_and_takes_its_writes_
     assert follower.high_watermark == 3 and progress and progress[-1] == 3
     follower.close()
     assert Log(follower.dir_path).log_end_offset == 3
+    assert copy._sock is None  # a fetch may still be out on it: the next run opens another
+
+
+def run_then(follower: Log, answers: list, action) -> object:
+    """Starts a run, lets it write the first answer's records, then does `action` on the log
+    while the run waits on its second fetch; returns what the run returned."""
+    leader = ScriptedLeader(answers)
+    copy = native_copy.NativeCopy(follower, "t-0", leader, lambda: None)
+
+    async def go():
+        task = asyncio.get_running_loop().create_task(
+            copy.copy(frames.FetchRequest(0, 1 << 20, 1, 500, 2, 0), 60_000, lambda: True))
+        while len(leader.requests) < 2:
+            await asyncio.sleep(0.001)
+        action()
+        return await asyncio.wait_for(task, 5)
+
+    return asyncio.run(go())
+
+
+def test_retention_counts_what_the_run_wrote_before_it_deletes_anything(tmp_path, native_on):
+    """An idle follower's active segment passed retention.ms with its HW at its LEO, and a
+    record arrives: the retention check that comes before Python took the write in must not
+    roll and delete the segment that now holds it (the leader counts that record)."""
+    follower = Log(tmp_path / "follower" / "t-0", LogConfig(retention_ms=60_000))
+    follower.assign_leader_epoch(0)
+    old_ms = int(time.time() * 1000) - 3_600_000
+    follower.append_as_follower(build_batch([SimpleRecord(b"x")], partition_leader_epoch=0, now_ms=old_ms))
+    follower.high_watermark = 1
+    fresh = build_batch([SimpleRecord(b"y"), SimpleRecord(b"z")], base_offset=1, partition_leader_epoch=0)
+    assert run_then(follower, [records_answer(fresh, 3, 3), None], follower.delete_expired_segments) is None
+    assert (follower.log_start_offset, follower.log_end_offset, follower.high_watermark) == (0, 3, 3)
+    assert follower.segment_base_offsets == [0]
+
+
+def test_a_new_segment_config_ends_the_run_before_it_applies(tmp_path, native_on):
+    follower = started_follower(tmp_path)
+    fresh = build_batch([SimpleRecord(b"y" * 100)], base_offset=1, partition_leader_epoch=0)
+    smaller = LogConfig(segment_bytes=150)  # what the run wrote no longer fits: the next append rolls
+    assert run_then(follower, [records_answer(fresh, 2, 2), None], lambda: follower.update_config(smaller)) is None
+    assert follower.log_end_offset == 2 and follower.segment_base_offsets == [0]
+    follower.append_as_follower(build_batch([SimpleRecord(b"w")], base_offset=2, partition_leader_epoch=0))
+    assert follower.segment_base_offsets == [0, 2]
+
+
+@pytest.mark.parametrize("config", [LogConfig(flush_messages=1), LogConfig(flush_ms=0)])
+def test_a_log_that_fsyncs_by_flush_settings_copies_in_python(tmp_path, config):
+    """Its fsync must come before the next fetch tells the leader the follower has the records."""
+    follower = Log(tmp_path / "t-0", config)
+    follower.assign_leader_epoch(0)
+    follower.append_as_follower(build_batch([SimpleRecord(b"x")], partition_leader_epoch=0))
+    assert follower.follower_append_window() is None

@@ -81,6 +81,8 @@ pub enum Outcome {
     Storage(String),
     /// Python stopped it.
     Stopped,
+    /// A bug: the run panicked (its message).
+    Panicked(String),
 }
 
 /// What one answer means for the log, checked before anything is written.
@@ -253,12 +255,22 @@ enum Wait {
     Readable,
     Stop,
     TimedOut,
+    Failed,
+}
+
+/// The mutex's value, also after a panic of the run's thread while it held it (the run
+/// reports the panic; Python still reads where the log stands).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Run {
     pub fn run(mut self) {
-        let outcome = self.copy();
-        *self.shared.outcome.lock().unwrap() = Some(outcome);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.copy())).unwrap_or_else(|panic| {
+            let message = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            Outcome::Panicked(message.unwrap_or_else(|| "a panic".into()))
+        });
+        *lock(&self.shared.outcome) = Some(outcome);
         unsafe {
             libc::close(self.sock);
             libc::close(self.log_fd);
@@ -302,7 +314,10 @@ impl Run {
             ];
             let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
             if n < 0 {
-                continue; // EINTR
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Wait::Failed;
             }
             if fds[1].revents != 0 {
                 return Wait::Stop;
@@ -330,6 +345,7 @@ impl Run {
                     Wait::Readable => continue,
                     Wait::Stop => return Err(Outcome::Stopped),
                     Wait::TimedOut => return Err(Outcome::Failed("the leader did not take a fetch in time".into())),
+                    Wait::Failed => return Err(Outcome::Failed(format!("poll failed: {}", std::io::Error::last_os_error()))),
                 },
                 _ => return Err(Outcome::Failed(format!("the connection broke: {e}"))),
             }
@@ -370,7 +386,7 @@ impl Run {
         let timeout = Duration::from_millis(self.fetch.timeout_ms);
         loop {
             let (position, log_end_offset, batches) = {
-                let p = self.shared.progress.lock().unwrap();
+                let p = lock(&self.shared.progress);
                 (p.position, p.log_end_offset, p.batches)
             };
             self.correlation_id = self.correlation_id.wrapping_add(1) & i32::MAX;
@@ -392,6 +408,7 @@ impl Run {
                     Wait::TimedOut => {
                         return Outcome::Failed(format!("no answer to a fetch within {} ms", self.fetch.timeout_ms));
                     }
+                    Wait::Failed => return Outcome::Failed(format!("poll failed: {}", std::io::Error::last_os_error())),
                 }
                 match frames.read(self.sock, self.fetch.max_frame_bytes) {
                     ReadEnd::Paused => {}
@@ -408,7 +425,7 @@ impl Run {
                 Plan::Nothing { high_watermark, log_start_offset } => {
                     // Python is told when the HW or the leader's log start moved (its own
                     // log start follows: retention, DeleteRecords, tiered storage).
-                    let mut p = self.shared.progress.lock().unwrap();
+                    let mut p = lock(&self.shared.progress);
                     let hw = high_watermark.min(p.log_end_offset);
                     if hw > p.high_watermark || log_start_offset > p.leader_log_start_offset {
                         p.high_watermark = p.high_watermark.max(hw);
@@ -422,7 +439,7 @@ impl Run {
                         return outcome;
                     }
                     {
-                        let mut p = self.shared.progress.lock().unwrap();
+                        let mut p = lock(&self.shared.progress);
                         p.position = position + (body.len() - records_at) as i64;
                         p.log_end_offset = log_end_offset;
                         p.batches += count;

@@ -466,7 +466,8 @@ fn read_produce_answer<'py>(
 /// Python watches `signal_fd` (an eventfd), reads `progress` to bring its Log up to what
 /// was written, and once `outcome` is not None, `join`s it: (0, answer) an answer to
 /// handle, (1, why) the connection failed, (2, why) writing the log failed, (3, None)
-/// stopped. The socket becomes the run's; the .log descriptor is duplicated.
+/// stopped, (4, why) it panicked (a bug). The socket becomes the run's; the .log
+/// descriptor is duplicated.
 #[pyclass(module = "rayk._native")]
 struct FollowerCopy {
     shared: std::sync::Arc<follower_copy::Shared>,
@@ -527,8 +528,16 @@ impl FollowerCopy {
             last_signal: None,
             unsignalled: false,
         };
-        let thread = std::thread::Builder::new().name("rayk-follower-copy".into()).spawn(move || run.run())?;
-        Ok(FollowerCopy { shared, thread: Some(thread) })
+        match std::thread::Builder::new().name("rayk-follower-copy".into()).spawn(move || run.run()) {
+            Ok(thread) => Ok(FollowerCopy { shared, thread: Some(thread) }),
+            Err(e) => {
+                // The run never started: its socket stays the caller's, the rest goes.
+                for fd in [log_dup, signal_fd, stop_fd] {
+                    unsafe { libc::close(fd) };
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn signal_fd(&self) -> i32 {
@@ -538,18 +547,19 @@ impl FollowerCopy {
     /// (position, log end offset, high watermark, the leader's largest log start offset
     /// seen (i64 min: none), batches written), as of the last write.
     fn progress(&self) -> (i64, i64, i64, i64, i64) {
-        let p = *self.shared.progress.lock().unwrap();
+        let p = *follower_copy::lock(&self.shared.progress);
         (p.position, p.log_end_offset, p.high_watermark, p.leader_log_start_offset, p.batches)
     }
 
     fn outcome<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let outcome = self.shared.outcome.lock().unwrap();
+        let outcome = follower_copy::lock(&self.shared.outcome);
         Ok(match &*outcome {
             None => None,
             Some(follower_copy::Outcome::HandBack(body)) => Some((0u8, PyBytes::new(py, body)).into_pyobject(py)?),
             Some(follower_copy::Outcome::Failed(why)) => Some((1u8, why.as_str()).into_pyobject(py)?),
             Some(follower_copy::Outcome::Storage(why)) => Some((2u8, why.as_str()).into_pyobject(py)?),
             Some(follower_copy::Outcome::Stopped) => Some((3u8, py.None()).into_pyobject(py)?),
+            Some(follower_copy::Outcome::Panicked(why)) => Some((4u8, why.as_str()).into_pyobject(py)?),
         })
     }
 

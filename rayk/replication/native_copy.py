@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-HANDED_BACK, FAILED, STORAGE, STOPPED = 0, 1, 2, 3  # FollowerCopy's outcomes
+HANDED_BACK, FAILED, STORAGE, STOPPED, PANICKED = 0, 1, 2, 3, 4  # FollowerCopy's outcomes
 # How often at most the thread wakes the event loop to take its writes in (and at the run's
 # end). Nothing waits for it: the leader learns the follower's position from its next
 # fetch, sent at once, and whatever changes the log first ends the run and takes all of it
@@ -167,7 +167,10 @@ class NativeCopy:
         position, log_end_offset, high_watermark, leader_log_start, _ = run.progress()
         log = self._log
         if position > taken.position:
-            data = os.pread(taken.fd, position - taken.position, taken.position)
+            try:
+                data = os.pread(taken.fd, position - taken.position, taken.position)
+            except OSError as e:  # the log's disk fails reads
+                raise KafkaStorageError(f"{self.name}: reading back what the native copy loop wrote failed: {e}") from e
             if len(data) != position - taken.position:
                 raise KafkaStorageError(f"{self.name}: {position - taken.position} bytes written by the native copy "
                                         f"loop at {taken.position} read back as {len(data)}")
@@ -210,7 +213,13 @@ class NativeCopy:
             raise NetworkError(f"data plane connection to {self.name}'s leader: {detail}")
         if kind == STORAGE:
             raise KafkaStorageError(f"{self.name}: {detail}")
-        return None  # stopped: keep_running said no
+        if kind == PANICKED:  # a bug: this fetcher copies in Python from now on
+            logger.error("%s: the native copy loop failed (%s); copying in Python", self.name, detail)
+            self.unusable = True
+        # Stopped (keep_running said no, or the log needed the active segment): a fetch may
+        # still be out on the connection, whose answer no later run must take for its own.
+        self.close()
+        return None
 
 
 class _TakenIn:

@@ -350,6 +350,7 @@ class Log:
             require_keys(records)
         with self._lock:
             self._check_open()
+            self._stop_external_writer()  # before the LEO is read
             self._check_leader_epoch(leader_epoch, "append")
             if any(header.producer_id >= 0 for header in headers):
                 duplicate = self.producer_state.validate_client_batches(headers, verification_guard)
@@ -397,6 +398,8 @@ class Log:
         headers = validate_batches(records, None, leader_checks=False)
         with self._lock:
             self._check_open()
+            if written_at is None:
+                self._stop_external_writer()  # before the LEO is read
             expected = self._local.log_end_offset
             for header in headers:
                 if header.base_offset < expected:
@@ -430,9 +433,12 @@ class Log:
     def follower_append_window(self) -> tuple[AppendWindow, int, int, int] | None:
         """(the active segment's AppendWindow, LEO, HW, latest leader epoch) for a follower's
         native copy loop to write at, which then reports with `append_as_follower(...,
-        written=True)`; None when the segment's roll cannot be decided up front."""
+        written_at=...)`; None when the segment's roll cannot be decided up front, or the
+        log fsyncs by flush.messages / flush.ms (before the follower fetches again)."""
         with self._lock:
             self._check_open()
+            if self.config.flush_messages is not None or self.config.flush_ms is not None:
+                return None  # the fsyncs it asks for come before the next fetch: Python's loop
             window = self._local.segments.active.append_window()
             if window is None:
                 return None
@@ -447,6 +453,7 @@ class Log:
         newer coordinator already wrote a marker for it."""
         with self._lock:
             self._check_open()
+            self._stop_external_writer()  # before the LEO is read
             self._check_leader_epoch(leader_epoch, "marker")
             self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
             now_ms = self._clock_ms()
@@ -606,6 +613,7 @@ class Log:
         """Applies changed topic configs (Kafka's dynamic topic config): retention, roll,
         flush and validation settings take effect for the next append or retention check."""
         with self._lock:
+            self._stop_external_writer()  # it writes by the old roll rules
             self.config = config
             self._local.update_config(config)
 
@@ -675,6 +683,8 @@ class Log:
         below the log start go, which follows the leader's)."""
         with self._lock:
             self._check_open()
+            # Before anything is counted: what it wrote may keep the active segment (or move the HW).
+            self._stop_external_writer()
             now_ms = self._clock_ms() if now_ms is None else now_ms
             segments = self._local.segments
             config, bound = self.config, self._high_watermark
