@@ -13,9 +13,10 @@ the follower's Python.
 Python keeps the Log: the thread signals an eventfd that the event loop watches, at most
 every TAKE_IN_INTERVAL_MS, and this module brings the Log up to the bytes written
 (`append_as_follower(..., written_at=...)`: the indexes, producer state, LEO, then the HW
-and log start the leader sent), many writes in one wake-up. Every byte that Python's Log counts was checked twice, and a write that Python
-does not take in (a bug) ends the process like a failed disk (storage_failure.py): the log
-loads from its files again, and they hold only whole, checked batches.
+and log start the leader sent), many writes in one wake-up. Every byte the Log counts was
+checked twice, and a write that the Log does not take in (a bug) ends the process like a
+failed disk (storage_failure.py): the log loads from its files again, and they hold only
+whole, checked batches.
 
 Whatever is not the steady part ends the run and is handed back, with nothing of it
 written: an error, a diverging epoch, a control batch, a batch of a new leader epoch, one
