@@ -26,7 +26,7 @@ from rayk.replication.replica_fetcher import ReplicaFetcher
 from rayk.storage import Log
 from rayk.storage.log_config import LogConfig
 from rayk.storage.records import SimpleRecord, build_batch
-from tests.test_replica_fetcher import FakeLeader
+from tests.test_replica_fetcher import FakeLeader, _recv_exactly, served_socket
 
 pytestmark = pytest.mark.skipif(not native_copy.available(), reason="rayk._native is not built")
 
@@ -179,18 +179,9 @@ class ScriptedLeader:
         pass
 
     async def open_socket(self) -> int:
-        import threading
-
-        ours, theirs = socket.socketpair()
-        threading.Thread(target=self._serve, args=(ours,), daemon=True).start()
-        fd = os.dup(theirs.fileno())
-        theirs.close()
-        os.set_blocking(fd, False)
-        return fd
+        return served_socket(self._serve)
 
     def _serve(self, sock: socket.socket) -> None:
-        from tests.test_replica_fetcher import _recv_exactly
-
         with sock:
             while (size := _recv_exactly(sock, 4)) is not None:
                 body = _recv_exactly(sock, int.from_bytes(size, "big"))

@@ -79,13 +79,8 @@ class FakeLeader:
         """The native loop's connection: a socket whose other end a thread serves, each
         FETCH answered as `fetch` answers it (a long poll at the log end); a fetch that
         raises is a FAILED answer."""
-        ours, theirs = socket.socketpair()
         self.sockets = getattr(self, "sockets", 0) + 1
-        threading.Thread(target=self._serve, args=(ours,), daemon=True).start()
-        fd = os.dup(theirs.fileno())
-        theirs.close()
-        os.set_blocking(fd, False)
-        return fd
+        return served_socket(self._serve)
 
     def _serve(self, sock: socket.socket) -> None:
         with sock:
@@ -128,6 +123,17 @@ class FakeLeader:
                 return FetchResult(b"", log.high_watermark, log.log_end_offset, log.log_start_offset, None, (epoch, end))
         read = log.read(request.offset, request.max_bytes)
         return FetchResult(read.records, log.high_watermark, log.log_end_offset, log.log_start_offset)
+
+
+def served_socket(serve: Callable[[socket.socket], None]) -> int:
+    """One end of a socket pair as a native loop takes it (a non-blocking descriptor of
+    its own); `serve` runs on the other end in a thread."""
+    ours, theirs = socket.socketpair()
+    threading.Thread(target=serve, args=(ours,), daemon=True).start()
+    fd = os.dup(theirs.fileno())
+    theirs.close()
+    os.set_blocking(fd, False)
+    return fd
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
