@@ -5,6 +5,12 @@
 //! continue the log and stay within the limits. The input's first 16 bytes are the log
 //! end offset and the position (the first byte's low bit: make the CRCs right); the
 //! limits are small so that every rule is met.
+//!
+//! A quarter of the inputs (the first byte's second bit) are not taken as the answer but
+//! describe one: up to four valid batches that continue the log, one byte of it flipped or
+//! none. Random bytes almost never make a valid answer, so without these the append's own
+//! checks would rarely be reached; and an answer left whole must be planned as an append
+//! of all its batches (a valid answer the loop hands back would cost a Python wake-up each).
 #![no_main]
 
 #[path = "../../src/follower_copy.rs"]
@@ -17,16 +23,68 @@ mod socket_io;
 use follower_copy::{plan, Limits, Plan};
 use libfuzzer_sys::fuzz_target;
 
+/// A batch of `count` records (7 bytes each), leader epoch 0, its CRC right.
+fn batch(base_offset: i64, count: i32, max_timestamp_ms: i64) -> Vec<u8> {
+    let mut b = vec![0u8; 61 + 7 * count as usize];
+    b[0..8].copy_from_slice(&base_offset.to_be_bytes());
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    b[16] = 2;
+    b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+    b[35..43].copy_from_slice(&max_timestamp_ms.to_be_bytes());
+    b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+    b[57..61].copy_from_slice(&count.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// The answer an input describes (see the module docstring), and where the log ends after
+/// its batches, with how many there are.
+fn described_answer(log_end_offset: i64, d: &[u8]) -> (Vec<u8>, i64, i64) {
+    let at = |i: usize| d.get(i).copied().unwrap_or(0);
+    let mut body = vec![0, 0, 0, 0, 0]; // correlation id 0, ANSWERED
+    for v in [log_end_offset, log_end_offset + 40, 0, log_end_offset] {
+        body.extend_from_slice(&v.to_be_bytes()); // HW, LEO, log start, LSO
+    }
+    body.push(0); // no diverging epoch
+    body.extend_from_slice(&(-1i32).to_be_bytes());
+    body.extend_from_slice(&(-1i64).to_be_bytes());
+    body.extend_from_slice(&0u16.to_be_bytes()); // no error
+    body.extend_from_slice(&0i32.to_be_bytes()); // no aborted transactions
+    let batches = 1 + at(0) as i64 % 4;
+    let mut next = log_end_offset;
+    for i in 0..batches as usize {
+        let count = 1 + at(1 + i) as i32 % 5;
+        let base = next + at(5 + i) as i64 % 3; // gaps, as a compacted log's
+        body.extend(batch(base, count, 100 + at(9 + i) as i64));
+        next = base + count as i64;
+    }
+    if at(13) & 1 == 1 {
+        let flip = u16::from_be_bytes([at(14), at(15)]) as usize % body.len();
+        body[flip] ^= at(16) | 1;
+    }
+    (body, next, batches)
+}
+
 fuzz_target!(|data: &[u8]| {
     if data.len() < 16 {
         return;
     }
     let log_end_offset = i64::from_be_bytes(data[..8].try_into().unwrap()) & 0xFFFF;
-    let position = i64::from_be_bytes(data[8..16].try_into().unwrap()) & 0xFFFF;
+    let mut position = i64::from_be_bytes(data[8..16].try_into().unwrap()) & 0xFFFF;
     let mut body = data[16..].to_vec();
-    // Half the inputs get their batches' CRCs made right, so that what follows the CRC
-    // check is reached too (a random CRC almost never matches).
-    if data[0] & 1 == 1 {
+    let mut whole: Option<(i64, i64)> = None; // a described answer left whole: where it ends, its batches
+    if data[0] & 2 == 2 {
+        let (described, end, batches) = described_answer(log_end_offset, &data[16..]);
+        if data.get(16 + 13).copied().unwrap_or(0) & 1 == 0 {
+            whole = Some((end, batches));
+        }
+        body = described;
+        position &= 0x3FF; // room in the segment for what is described
+    } else if data[0] & 1 == 1 {
+        // Half the other inputs get their batches' CRCs made right, so that what follows
+        // the CRC check is reached too (a random CRC almost never matches).
         let mut at = 5 + 51;
         while body.len() >= at + 61 {
             let size = 12 + i32::from_be_bytes(body[at + 8..at + 12].try_into().unwrap()) as i64;
@@ -41,7 +99,12 @@ fuzz_target!(|data: &[u8]| {
     }
     let body = &body[..];
     let limits = Limits { latest_epoch: 0, segment_bytes: 1 << 16, max_timestamp_ms: 1 << 40, max_batches: 8, max_last_offset: 1 << 20 };
-    if let Plan::Append { records_at, log_end_offset: end, batches, .. } = plan(body, 0, log_end_offset, position, 0, &limits) {
+    let planned = plan(body, 0, log_end_offset, position, 0, &limits);
+    if let Some((end, batches)) = whole {
+        assert!(matches!(planned, Plan::Append { log_end_offset: e, batches: b, .. } if e == end && b == batches),
+                "a valid answer was not planned as an append of all its batches: {planned:?}");
+    }
+    if let Plan::Append { records_at, log_end_offset: end, batches, .. } = planned {
         let records = &body[records_at..];
         assert!(!records.is_empty() && position + records.len() as i64 <= limits.segment_bytes);
         let (mut at, mut expected, mut count) = (0usize, log_end_offset, 0);
