@@ -289,6 +289,36 @@ def test_a_roll_of_its_own_during_a_run_ends_the_run_first_and_takes_its_writes_
     assert copy._sock is None  # a fetch may still be out on it: the next run opens another
 
 
+class PanickingRun:
+    """A FollowerCopy whose run ends in a panic (the thread's catch_unwind outcome, which no
+    input is known to reach): the real run, its outcome replaced once it has one."""
+
+    def __init__(self, *args) -> None:
+        self._run = REAL_FOLLOWER_COPY(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._run, name)
+
+    def outcome(self):
+        return None if self._run.outcome() is None else (native_copy.PANICKED, "index out of bounds (injected)")
+
+
+REAL_FOLLOWER_COPY = native_copy._native.FollowerCopy if native_copy._native is not None else None
+
+
+def test_a_panic_of_the_run_keeps_what_it_wrote_and_the_fetcher_copies_in_python(tmp_path, native_on, monkeypatch, caplog):
+    follower = started_follower(tmp_path)
+    more = build_batch([SimpleRecord(b"y"), SimpleRecord(b"z")], base_offset=1, partition_leader_epoch=0)
+    monkeypatch.setattr(native_copy._native, "FollowerCopy", PanickingRun)
+    copy = native_copy.NativeCopy(follower, "t-0", ScriptedLeader([records_answer(more, 3, 3), "close"]), lambda: None)
+    assert run_copy(copy) is None
+    assert copy.unusable and copy._sock is None  # the fetcher's own loop copies from now on
+    assert "the native copy loop failed (index out of bounds (injected)); copying in Python" in caplog.text
+    assert (follower.log_end_offset, follower.high_watermark) == (3, 3)  # what it wrote, taken in
+    follower.close()
+    assert Log(follower.dir_path).log_end_offset == 3
+
+
 def run_then(follower: Log, answers: list, action) -> object:
     """Starts a run, lets it write the first answer's records, then does `action` on the log
     while the run waits on its second fetch; returns what the run returned."""

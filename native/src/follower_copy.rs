@@ -258,6 +258,15 @@ enum Wait {
     Failed,
 }
 
+/// `copy`'s outcome, or Panicked with the panic's message if it panicked (a bug: Python then
+/// copies in its own loop instead of the process ending).
+fn caught(copy: impl FnOnce() -> Outcome) -> Outcome {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(copy)).unwrap_or_else(|panic| {
+        let message = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        Outcome::Panicked(message.unwrap_or_else(|| "a panic".into()))
+    })
+}
+
 /// The mutex's value, also after a panic of the run's thread while it held it (the run
 /// reports the panic; Python still reads where the log stands).
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -266,10 +275,7 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Run {
     pub fn run(mut self) {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.copy())).unwrap_or_else(|panic| {
-            let message = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-            Outcome::Panicked(message.unwrap_or_else(|| "a panic".into()))
-        });
+        let outcome = caught(|| self.copy());
         *lock(&self.shared.outcome) = Some(outcome);
         unsafe {
             libc::close(self.sock);
@@ -517,6 +523,18 @@ mod tests {
         let mut failed = 7i32.to_be_bytes().to_vec();
         failed.push(1);
         assert_eq!(plan(&failed, 7, 10, 0, 0, &l), Plan::HandBack);
+    }
+
+    #[test]
+    fn a_panic_is_an_outcome_with_its_message() {
+        let message = |outcome: Outcome| match outcome {
+            Outcome::Panicked(message) => message,
+            _ => panic!("not a panic's outcome"),
+        };
+        assert_eq!(message(caught(|| panic!("a {} message", "formatted"))), "a formatted message");
+        assert_eq!(message(caught(|| panic!("a plain message"))), "a plain message");
+        assert_eq!(message(caught(|| std::panic::panic_any(7))), "a panic");
+        assert!(matches!(caught(|| Outcome::Stopped), Outcome::Stopped));
     }
 
     #[test]
