@@ -23,6 +23,7 @@ from rayk.errors import KafkaStorageError, NetworkError
 from rayk.replication import native_copy
 from rayk.replication.partition_replica import ReplicaConfig
 from rayk.replication.replica_fetcher import ReplicaFetcher
+from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage import Log
 from rayk.storage.log_config import LogConfig
 from rayk.storage.records import SimpleRecord, build_batch
@@ -145,6 +146,41 @@ def test_steady_appends_are_written_natively_and_taken_in_by_python(tmp_path, na
     # One run took in most of them: a hand-back (the segment rolls every ~100 records) starts another.
     assert 1 <= fetcher._native.runs <= 10
     assert state_of(follower) == state_of(leader.log)
+
+
+def test_a_throttle_that_applies_ends_the_run_at_once_and_the_rest_is_copied_at_its_pace(tmp_path, native_on):
+    """A reassignment's throttle starts while the native loop waits on its long poll: the run
+    ends then, not at its next write, and what comes after is copied by the paced Python loop."""
+    leader = Leader(Log(tmp_path / "leader" / "t-0", SMALL))
+    leader.apply(("plain", 3, 20, 0))
+    follower = Log(tmp_path / "follower" / "t-0", SMALL)
+    throttle = ReplicationThrottle()
+    fetcher = ReplicaFetcher(follower, "t-0", 2, FakeLeader(leader.log), 0, ReplicaConfig(), lambda: None,
+                             throttle=throttle)  # fmt: skip
+
+    async def go():
+        task = asyncio.get_running_loop().create_task(fetcher.run())
+        try:
+            while fetcher._native._run is None or follower.log_end_offset < 3:
+                await asyncio.sleep(0.005)
+            runs = fetcher.native_copy_runs
+            throttle.set_rate(1_000_000)
+            fetcher.throttle_changed()
+            started = time.monotonic()
+            while fetcher._native._run is not None:
+                assert time.monotonic() - started < 0.3, "the run went on under the throttle"
+                await asyncio.sleep(0.005)
+            leader.apply(("plain", 2, 20, 1))
+            leader.apply(("plain", 2, 20, 2))
+            while follower.log_end_offset < 7:
+                await asyncio.sleep(0.005)
+            assert fetcher.native_copy_runs == runs  # the Python loop copied them, at the throttle's pace
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+    assert state_of(follower)[:3] == state_of(leader.log)[:3]
 
 
 def test_a_write_the_disk_refuses_raises_a_storage_error_and_the_log_is_unchanged(tmp_path, native_on, monkeypatch):

@@ -25,9 +25,9 @@ answer. The fetcher handles that answer as its own loop would (`copy` returns it
 starts another run. So do a failed connection (NETWORK_EXCEPTION, a new one next time)
 and a failed write (KAFKA_STORAGE_ERROR). A run is stopped (and waited for) before the
 fetcher ends, before anything else changes the active segment (Log.set_external_writer:
-a roll of retention's, a truncation, close), and at the first write after a throttle
-applies (a reassignment's copy is paced in Python): when `copy` returns or raises, nothing
-writes the log any more and the Log holds all of it.
+a roll of retention's, a truncation, close), and as soon as a throttle applies (a
+reassignment's copy is paced in Python; `stop_run`): when `copy` returns or raises,
+nothing writes the log any more and the Log holds all of it.
 
 It runs where rayk._native is built and its "follower" path is on (rayk/native_paths.py),
 over a connection of its own that is not TLS (a leader on another node behind TLS is
@@ -79,6 +79,13 @@ class NativeCopy:
         self._sock: int | None = None
         self.unusable = False  # the leader's endpoint is behind TLS: this fetcher copies in Python
         self.runs = 0  # runs started (for tests and benchmarks)
+        self._run: object | None = None  # the run under way
+
+    def stop_run(self) -> None:
+        """Ends the run under way, if any, at once (a throttle now applies): what it wrote is
+        taken in and `copy` returns None. The answer whose write is under way is the last."""
+        if self._run is not None:
+            self._run.stop()  # its outcome (STOPPED) comes with its signal
 
     def close(self) -> None:
         if self._sock is not None:
@@ -120,6 +127,7 @@ class NativeCopy:
             os.close(sock)
             raise
         self.runs += 1
+        self._run = run
         taken = _TakenIn(window.fd, window.position)
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
@@ -131,6 +139,7 @@ class NativeCopy:
         try:
             await ended
         finally:
+            self._run = None
             self._log.set_external_writer(None)
             loop.remove_reader(signal_fd)
             self._end(run, taken)  # raises what the Log refuses: the process ends

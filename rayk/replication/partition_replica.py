@@ -185,7 +185,7 @@ class PartitionReplica(Supervised):
         """This replica's share of its broker's replication throttles changed (a reassignment
         it takes part in, or another of its broker's, started or completed)."""
         self._fetches.set_throttle(setting.leader_rate_bytes_per_s, setting.adding)
-        self._follower.throttle.set_rate(setting.follower_rate_bytes_per_s)
+        self._follower.set_throttle(setting.follower_rate_bytes_per_s)
 
     # ------------------------------------------------------------------ leader: produce
 

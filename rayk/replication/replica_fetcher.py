@@ -122,6 +122,12 @@ class ReplicaFetcher:
     def native_copy_runs(self) -> int:
         return self._native.runs if self._native is not None else 0
 
+    def throttle_changed(self) -> None:
+        """The throttle's rate was set: one that now applies ends a native run at once, so
+        that what comes next is copied at its pace (by the Python loop)."""
+        if self._native is not None and self._throttle.active:
+            self._native.stop_run()
+
     async def run(self) -> None:
         """Copies until cancelled. Nothing but a cancellation ends it: an error a step
         raises is logged and the step tried again after a backoff, since a fetcher that

@@ -62,6 +62,13 @@ class ReplicaFollower:
         self._fetcher = asyncio.get_running_loop().create_task(fetcher.run())
         self._copier = fetcher
 
+    def set_throttle(self, rate_bytes_per_s: int | None) -> None:
+        """This replica's share of follower.replication.throttled.rate (None: none), applied
+        from the fetcher's next answer."""
+        self.throttle.set_rate(rate_bytes_per_s)
+        if self._copier is not None:
+            self._copier.throttle_changed()
+
     @property
     def native_copy_runs(self) -> int:
         """Runs of the native copy loop (native_copy.py) the current fetcher started."""
