@@ -7,9 +7,16 @@ own). The latency load (default) sends `--rate` records/s with `linger.ms` 0;
 After `--warmup-s`, it reads each process's CPU time from /proc for `--window-s` and
 prints cores used per process class (partition replicas, listeners, the driver with its
 librdkafka clients, raylet, GCS ...) next to the whole machine's busy cores (/proc/stat):
-the ceiling of each stage is one core divided by its CPU per record. It also splits the
-replicas' and listeners' CPU by thread: the one that runs the actor's event loop (rayk's
-work, asyncio's and the kernel's for its sockets), Ray's main thread, and Ray's others.
+the ceiling of each stage is one core divided by its CPU per record. Beside each, its
+wake-ups per record (voluntary context switches, over all its threads: each is a sleep
+that a wake-up ends) and its CPU per wake-up: a record's CPU is mostly a chain of
+wake-ups, and a wake-up has a cost of its own on this VM whatever runs after it. It also
+splits the replicas' and listeners' CPU and wake-ups by thread: the one that runs the
+actor's event loop (rayk's work, asyncio's and the kernel's for its sockets), Ray's main
+thread, and Ray's others (the native threads among them).
+
+(/proc/stat counts by the tick, the processes' times are the scheduler's own: with many
+wake-ups shorter than a tick, the machine's figure can fall below the sum of the processes'.)
 
 With `--profile` it runs cProfile, timed by the thread's CPU clock, in the event loop of
 partition 0's leader, of one of its followers and of the leader's broker's listener for
@@ -59,6 +66,28 @@ def _stat_cpu_s(stat_path: str) -> float:
 
 def process_cpu_s(pid: int) -> float:
     return _stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def _voluntary_switches(stat_dir: str) -> int:
+    for line in open(f"{stat_dir}/status"):
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
+
+
+def thread_wakeups(pid: int) -> dict[int, int]:
+    """Thread id -> voluntary context switches (sleeps, each ended by a wake-up) so far."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out[int(tid)] = _voluntary_switches(f"/proc/{pid}/task/{tid}")
+        except OSError:
+            continue
+    return out
 
 
 def machine_busy_s() -> float:
@@ -208,6 +237,7 @@ def main() -> None:
         ray.get(handle.__ray_call__.remote(_start_profile))
     before = {pid: process_cpu_s(pid) for pid in procs}
     threads_before = {pid: thread_cpu_s(pid) for pid in data_path}
+    wakeups_before = {pid: thread_wakeups(pid) for pid in procs}
     busy_before, sent_before, start = machine_busy_s(), sent[0], time.perf_counter()
     spies = []
     if args.py_spy:
@@ -222,18 +252,22 @@ def main() -> None:
         time.sleep(args.window_s)
     wall_s = time.perf_counter() - start
     records = sent[0] - sent_before
-    used = collections.Counter()
+    used, wakeups = collections.Counter(), collections.Counter()
+    wakeups_after = {pid: thread_wakeups(pid) for pid in procs}
     for pid, cls in procs.items():
         try:
             used[cls] += process_cpu_s(pid) - before[pid]
         except OSError:
             pass
+        # Threads that ended meanwhile are left out; those that started count from 0.
+        wakeups[cls] += sum(n - wakeups_before[pid].get(tid, 0) for tid, n in wakeups_after[pid].items())
     busy = machine_busy_s() - busy_before
-    by_thread = collections.Counter()
+    by_thread, wakeups_by_thread = collections.Counter(), collections.Counter()
     for pid, (cls, _) in data_path.items():
         for tid, cpu_s in thread_cpu_s(pid).items():
             kind = "event loop" if tid == loop_threads[pid] else "Ray's main thread" if tid == pid else "Ray's other threads"
             by_thread[(cls, kind)] += cpu_s - threads_before[pid].get(tid, 0.0)
+            wakeups_by_thread[(cls, kind)] += wakeups_after[pid].get(tid, 0) - wakeups_before[pid].get(tid, 0)
     profiles = {label: (ray.get(handle.__ray_call__.remote(_stop_profile, 12)), share)
                 for label, (handle, share) in targets.items()}
     stop.set()
@@ -243,13 +277,19 @@ def main() -> None:
     print(f"{load}, {'the producer alone' if args.no_consumer else 'a producer and a consumer'}")
     print(f"{records / wall_s:,.0f} records/s over {wall_s:.1f} s; machine busy {busy / wall_s:.2f} of {os.cpu_count()} cores")
     used["kernel and other processes"] = busy - sum(used.values())
-    print(f"{'process class':44} {'cores':>6} {'CPU µs / record':>16}")
+    per_record = 1 / max(records, 1)
+    print(f"{'process class':44} {'cores':>6} {'CPU µs / record':>16} {'wake-ups / record':>18} {'µs / wake-up':>13}")
     for cls, cpu_s in used.most_common():
-        print(f"{cls:44} {cpu_s / wall_s:6.2f} {cpu_s / max(records, 1) * 1e6:16.1f}")
-    print(f"{'by thread, CPU µs / record':44} {'event loop':>10} {'Ray main':>10} {'Ray other':>10}")
+        woken = wakeups.get(cls)
+        per_wakeup = f"{cpu_s / woken * 1e6:13.1f}" if woken else f"{'':13}"
+        print(f"{cls:44} {cpu_s / wall_s:6.2f} {cpu_s * per_record * 1e6:16.1f} "
+              f"{(woken or 0) * per_record:18.2f} {per_wakeup}")
+    print(f"all rayk and Ray processes: {sum(wakeups.values()) * per_record:.2f} wake-ups per record")
+    kinds = ("event loop", "Ray's main thread", "Ray's other threads")
+    print(f"{'by thread, CPU µs / record (wake-ups)':44} {'event loop':>16} {'Ray main':>16} {'Ray other':>16}")
     for cls in ("PartitionReplica", "SocketServerActor"):
-        row = [by_thread[(cls, kind)] / max(records, 1) * 1e6 for kind in ("event loop", "Ray's main thread", "Ray's other threads")]
-        print(f"{cls:44} {row[0]:10.1f} {row[1]:10.1f} {row[2]:10.1f}")
+        row = [f"{by_thread[(cls, k)] * per_record * 1e6:8.1f} ({wakeups_by_thread[(cls, k)] * per_record:4.2f})" for k in kinds]
+        print(f"{cls:44} {row[0]:>16} {row[1]:>16} {row[2]:>16}")
     for label, ((calls, top), share) in profiles.items():
         partition_records = max(records * share / 3, 1)  # the producer sends to the 3 partitions in turn
         print(f"cProfile, {label}: {calls / partition_records:,.0f} Python calls per record; most own time:")
