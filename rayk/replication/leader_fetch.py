@@ -58,6 +58,7 @@ from rayk.replication import storage_failure
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.parked_requests import ParkedRequests
 from rayk.replication.replica_context import ReplicaContext, Role, now_ms
+from rayk.replication.replica_events import Appended
 from rayk.replication.remote_log_manager import RemoteLogManager
 from rayk.replication.replication_throttle import ReplicationThrottle
 from rayk.storage.file_slice import FileSlice
@@ -98,7 +99,8 @@ class LeaderFetch:
             ctx.name, "a parked follower fetch", self._try_answer,
             lambda fetch, error: fetch.answer(self.fetch_error(error)), lambda fetch: fetch.deadline,
         )  # fmt: skip
-        ctx.events.on_append = self._parked.wake
+        ctx.events.on_append = self._on_append
+        self._appended: Appended | None = None  # while parked fetches are woken by an append of this leader's
 
     def set_throttle(self, rate_bytes_per_s: int | None, adding: tuple[int, ...]) -> None:
         """Answers to the `adding` followers' fetches go at most at this rate (None: no limit)."""
@@ -197,14 +199,36 @@ class LeaderFetch:
         self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline))
         return True
 
+    def _on_append(self, appended: Appended | None) -> None:
+        """An append or a change: the parked fetches that can be answered are, those at the
+        start of an append of this leader's with its records as written (`appended`)."""
+        self._appended = appended
+        try:
+            self._parked.wake()
+        finally:
+            self._appended = None
+
     def _try_answer(self, parked: ParkedFetch, timed_out: bool) -> bool:
         """Answers a parked fetch if it can be now (as an iteration of `fetch`'s loop does)."""
         ctx = self._ctx
         if ctx.role is not Role.LEADER:
             parked.answer(self.fetch_error(ctx.not_leader()))
             return True
-        if not timed_out and parked.offset == ctx.log.log_end_offset:
+        log = ctx.log
+        if not timed_out and parked.offset == log.log_end_offset:
             return False  # nothing to read until records come, so no read is made to find that
+        appended = self._appended
+        if (appended is not None and parked.offset == appended[0] and len(appended[1]) <= parked.max_bytes
+                and (parked.slice_min_bytes is None or len(appended[1]) < parked.slice_min_bytes)):
+            # A follower at the log end before this append: what a read would return is
+            # what was just written, all of it (one segment, up to the LEO, within max_bytes).
+            records = appended[1]
+            if type(records) is not bytes:  # made bytes once, for every follower answered with them
+                records = bytes(records)
+                self._appended = (appended[0], records)
+            parked.answer(FetchResult(records, log.high_watermark, log.log_end_offset, log.log_start_offset,
+                                      last_stable_offset=log.last_stable_offset))
+            return True
         result = self._read(parked.offset, parked.max_bytes, True, False, parked.slice_min_bytes)
         if result.error is not None or len(result.records) >= parked.min_bytes or timed_out:
             parked.answer(result)

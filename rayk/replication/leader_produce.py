@@ -49,6 +49,7 @@ from rayk.replication import storage_failure, txn_verification
 from rayk.replication.delayed_produce import DelayedProduces, ParkedCall, Pending, Reply, replication_timed_out
 from rayk.replication.leader_isr import LeaderIsr
 from rayk.replication.replica_context import ReplicaContext, Role
+from rayk.storage.log import LogAppendInfo
 from rayk.storage.producer_state import VerificationGuard, Verdict
 from rayk.storage.records import HEADER_SIZE_BYTES, BatchHeader
 
@@ -284,7 +285,7 @@ class LeaderProduce:
             assert end_before <= info.first_offset <= info.last_offset < log.log_end_offset, "offsets only grow"
             ctx.counters.messages_in += info.record_count
             ctx.counters.bytes_in += info.size_bytes
-            self._wake_after_append()
+            self._wake_after_append(info)
         return _Appended(info.first_offset, info.last_offset, info.log_append_time_ms, epoch)
 
     async def _verify_request(self, request: ProduceRequest, epoch: int) -> _Verification:
@@ -350,10 +351,13 @@ class LeaderProduce:
                 return
             await appended.wait(remaining_s)
 
-    def _wake_after_append(self) -> None:
-        """Wakes what waits for this leader's log: a single-replica ISR moves the HW at once."""
+    def _wake_after_append(self, info: LogAppendInfo | None = None) -> None:
+        """Wakes what waits for this leader's log: a single-replica ISR moves the HW at once.
+        The followers' parked fetches may be answered with `info`'s records, unread."""
         if self._isr.maybe_increment_high_watermark():
             self._ctx.events.notify_change()
+        elif info is not None and info.records is not None:
+            self._ctx.events.notify_append((info.first_offset, info.records))
         else:
             self._ctx.events.notify_append()
 

@@ -11,7 +11,8 @@ append that leaves the HW where it was wakes only the first: at RF=3 that is mos
 
 A waiter takes its event before it checks its condition, so a change between the check and
 the wait is not missed. Waiters without a task are called instead, before the events fire:
-`on_append` at every append and change (a leader's parked follower fetches, leader_fetch.py),
+`on_append` at every append and change (a leader's parked follower fetches, leader_fetch.py;
+an append of a leader's own passes what it wrote, which they can answer with unread),
 `on_change_produce` at every change (its parked acks=-1 produce calls, delayed_produce.py),
 and `on_change` (while set) at every change (the replica's share-partitions, which wake or
 close with it: see PartitionReplica).
@@ -25,6 +26,8 @@ from collections.abc import Callable
 
 from rayk.actors.wakeup import Wakeup
 
+Appended = tuple[int, bytes | bytearray]  # (first offset, the batches as written) of a leader's append
+
 
 class ReplicaEvents:
     """The append and change events of one replica (see the module docstring)."""
@@ -35,7 +38,7 @@ class ReplicaEvents:
         self._appended: Wakeup | None = None
         self._changed: Wakeup | None = None
         self.on_change: Callable[[], None] | None = None
-        self.on_append: Callable[[], None] | None = None
+        self.on_append: Callable[[Appended | None], None] | None = None
         self.on_change_produce: Callable[[], None] | None = None
 
     def change_event(self, appends: bool = False) -> Wakeup:
@@ -49,10 +52,12 @@ class ReplicaEvents:
             self._changed = Wakeup()
         return self._changed
 
-    def notify_append(self) -> None:
-        """Records were appended and the HW did not move: wakes the waiters for records."""
+    def notify_append(self, appended: Appended | None = None) -> None:
+        """Records were appended and the HW did not move: wakes the waiters for records.
+        `appended`: the leader's own append that this is for, (first offset, the batches as
+        written), if one segment holds them."""
         if self.on_append is not None:
-            self.on_append()
+            self.on_append(appended)
         if self._appended is not None:
             event, self._appended = self._appended, None
             event.fire()

@@ -119,6 +119,9 @@ class LogAppendInfo(NamedTuple):
     record_count: int
     size_bytes: int
     duplicate: bool = False  # a producer's retry of a batch appended before: nothing was written
+    # The batches as written, when they all went to the active segment (no roll between
+    # them): what a read from `first_offset` right after the append returns, up to the LEO.
+    records: bytes | bytearray | None = None
 
     @classmethod
     def of(
@@ -361,8 +364,11 @@ class Log:
             data, assigned = assign_offsets(records, headers, self._local.log_end_offset, leader_epoch, append_time_ms)
             self._append(data, assigned, now_ms)
             self.leader_epoch_cache.assign(leader_epoch, assigned[0].base_offset)
-            return LogAppendInfo.of(assigned, len(data), -1 if append_time_ms is None else append_time_ms,
+            info = LogAppendInfo.of(assigned, len(data), -1 if append_time_ms is None else append_time_ms,
                                     self._log_start_offset)  # fmt: skip
+            if self._local.segments.active.base_offset <= info.first_offset:  # one segment holds them all
+                info = info._replace(records=data)
+            return info
 
     def _check_leader_epoch(self, leader_epoch: int, what: str) -> None:
         """FENCED_LEADER_EPOCH for a write in an epoch older than the log's latest."""
