@@ -183,6 +183,26 @@ def test_a_throttle_that_applies_ends_the_run_at_once_and_the_rest_is_copied_at_
     assert state_of(follower)[:3] == state_of(leader.log)[:3]
 
 
+def test_a_throttle_that_applies_while_the_connection_opens_stops_the_run_before_it_writes(tmp_path, native_on):
+    """`stop_run` finds no run while the connection opens: the run checks once it starts."""
+    follower = started_follower(tmp_path)
+    more = build_batch([SimpleRecord(b"y")], base_offset=1, partition_leader_epoch=0)
+    throttled = []
+
+    class ThrottledWhileOpening(ScriptedLeader):
+        async def open_socket(self) -> int:
+            throttled.append(True)  # a reassignment's throttle applies meanwhile
+            return await super().open_socket()
+
+    def slow_answer(c: int) -> bytes:
+        time.sleep(0.3)  # the stop comes first
+        return records_answer(more, 2, 2)(c)
+
+    copy = native_copy.NativeCopy(follower, "t-0", ThrottledWhileOpening([slow_answer]), lambda: None)
+    assert run_copy(copy, keep_running=lambda: not throttled) is None
+    assert follower.log_end_offset == 1  # nothing copied unpaced: the Python loop copies it, at the throttle's pace
+
+
 def test_a_write_the_disk_refuses_raises_a_storage_error_and_the_log_is_unchanged(tmp_path, native_on, monkeypatch):
     leader = Leader(Log(tmp_path / "leader" / "t-0"))
     leader.apply(("plain", 1, 10, 0))

@@ -228,11 +228,28 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
     def parked() -> int:
         return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked)))
 
+    def count_reads(replica) -> None:
+        """In the replica: counts the reads of its log that its fetches make."""
+        fetches, read = replica._fetches, replica._fetches._read
+        fetches.reads = 0
+
+        def counted(*args, **kwargs):
+            fetches.reads += 1
+            return read(*args, **kwargs)
+
+        fetches._read = counted
+
+    ray.get(r[1].__ray_call__.remote(count_reads))
+
+    def reads() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: replica._fetches.reads))
+
     async def go() -> None:
         connection = await Connection.open(address, node)
 
-        async def fetch(offset: int, wait_ms: int, epoch: int = 0, max_bytes: int = 1 << 20) -> FetchResult:
-            request = frames.FetchRequest(offset, max_bytes, 1, wait_ms, replica_id=2, leader_epoch=epoch)
+        async def fetch(offset: int, wait_ms: int, epoch: int = 0, max_bytes: int = 1 << 20,
+                        min_bytes: int = 1) -> FetchResult:  # fmt: skip
+            request = frames.FetchRequest(offset, max_bytes, min_bytes, wait_ms, replica_id=2, leader_epoch=epoch)
             return frames.decode_fetch_answer(await connection.request(frames.FETCH, frames.encode_fetch_request(request)))
 
         started = time.monotonic()
@@ -242,22 +259,38 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
         pending = asyncio.ensure_future(fetch(2, 10_000))
         await asyncio.sleep(0.3)
         assert not pending.done() and parked() == (1 if native else 0)
+        read_before = reads()
         await r[1].produce.remote(batch(3), 1, 1000)
         answered = await asyncio.wait_for(pending, 5)
         assert offsets(answered.records) == [2, 3, 4]
-        # Answered with the batches as the append wrote them, unread: byte for byte the log's.
+        # Answered with the batches as the append wrote them, unread (the parked path), and
+        # byte for byte the log's.
+        assert reads() == read_before if native else reads() > read_before
         assert answered.records == await r[1].read_local.remote(2, 1 << 20)
         assert (answered.log_end_offset, answered.log_start_offset) == (5, 0)
         # Two batches in one append, more than the fetch takes: the log is read (the first
         # batch alone, whole), as for any fetch.
         pending = asyncio.ensure_future(fetch(5, 10_000, max_bytes=100))
         await asyncio.sleep(0.3)
+        read_before = reads()
         await r[1].produce.remote(batch(3) + batch(3, tag="w"), 1, 1000)
         assert (await asyncio.wait_for(pending, 5)).records == await r[1].read_local.remote(5, 100)
+        assert reads() > read_before
         assert offsets(await r[1].read_local.remote(5, 100)) == [5, 6, 7]
         assert (await fetch(11, 100)).high_watermark == 11  # the follower caught up: the HW moves to the end
-        assert isinstance((await fetch(11, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
-        pending = asyncio.ensure_future(fetch(11, 10_000))
+        # A fetch asking for more bytes than an append brings (replica.fetch.min.bytes) waits
+        # on for more, and is answered with both appends' records once they are enough.
+        one = len(batch(3))
+        pending = asyncio.ensure_future(fetch(11, 10_000, min_bytes=one + 1))
+        await asyncio.sleep(0.3)
+        await r[1].produce.remote(batch(3), 1, 1000)
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        await r[1].produce.remote(batch(3, tag="w"), 1, 1000)
+        assert offsets((await asyncio.wait_for(pending, 5)).records) == [11, 12, 13, 14, 15, 16]
+        assert (await fetch(17, 100)).high_watermark == 17
+        assert isinstance((await fetch(17, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
+        pending = asyncio.ensure_future(fetch(17, 10_000))
         await asyncio.sleep(0.3)
         assert parked() == (1 if native else 0)
         await r[1].become_follower.remote(1, 2, r[2])

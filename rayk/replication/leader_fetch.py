@@ -222,6 +222,8 @@ class LeaderFetch:
                 and (parked.slice_min_bytes is None or len(appended[1]) < parked.slice_min_bytes)):
             # A follower at the log end before this append: what a read would return is
             # what was just written, all of it (one segment, up to the LEO, within max_bytes).
+            if len(appended[1]) < parked.min_bytes:
+                return False  # too little yet for its replica.fetch.min.bytes, as a read would find
             records = appended[1]
             if type(records) is not bytes:  # made bytes once, for every follower answered with them
                 records = bytes(records)

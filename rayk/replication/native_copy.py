@@ -128,6 +128,8 @@ class NativeCopy:
             raise
         self.runs += 1
         self._run = run
+        if not keep_running():  # a throttle applied while the connection opened: `stop_run` found no run
+            run.stop()
         taken = _TakenIn(window.fd, window.position)
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
