@@ -459,29 +459,34 @@ impl Run {
     }
 }
 
+/// A batch of `count` 7-byte records with its CRC right: what the unit tests and the fuzz
+/// target (native/fuzz, built with `--cfg fuzzing`) feed `plan`.
+#[cfg(any(test, fuzzing))]
+pub fn test_batch(base_offset: i64, epoch: i32, count: i32, attributes: i16, max_timestamp: i64) -> Vec<u8> {
+    let mut b = vec![0u8; 61 + 7 * count as usize];
+    b[0..8].copy_from_slice(&base_offset.to_be_bytes());
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    b[12..16].copy_from_slice(&epoch.to_be_bytes());
+    b[16] = 2;
+    b[21..23].copy_from_slice(&attributes.to_be_bytes());
+    b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+    b[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
+    b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+    b[57..61].copy_from_slice(&count.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use super::test_batch as batch;
+
     fn limits() -> Limits {
         Limits { latest_epoch: 3, segment_bytes: 1 << 30, max_timestamp_ms: i64::MAX, max_batches: 1000, max_last_offset: i64::MAX }
-    }
-
-    fn batch(base_offset: i64, epoch: i32, count: i32, attributes: i16, max_timestamp: i64) -> Vec<u8> {
-        let mut b = vec![0u8; 61 + 7 * count as usize];
-        b[0..8].copy_from_slice(&base_offset.to_be_bytes());
-        let len = (b.len() - 12) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        b[12..16].copy_from_slice(&epoch.to_be_bytes());
-        b[16] = 2;
-        b[21..23].copy_from_slice(&attributes.to_be_bytes());
-        b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
-        b[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
-        b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-        b[57..61].copy_from_slice(&count.to_be_bytes());
-        let crc = crc32c::crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        b
     }
 
     fn answer(correlation_id: i32, hw: i64, records: &[u8]) -> Vec<u8> {

@@ -20,24 +20,8 @@ mod follower_copy;
 #[allow(dead_code)]
 mod socket_io;
 
-use follower_copy::{plan, Limits, Plan};
+use follower_copy::{plan, test_batch, Limits, Plan};
 use libfuzzer_sys::fuzz_target;
-
-/// A batch of `count` records (7 bytes each), leader epoch 0, its CRC right.
-fn batch(base_offset: i64, count: i32, max_timestamp_ms: i64) -> Vec<u8> {
-    let mut b = vec![0u8; 61 + 7 * count as usize];
-    b[0..8].copy_from_slice(&base_offset.to_be_bytes());
-    let len = (b.len() - 12) as i32;
-    b[8..12].copy_from_slice(&len.to_be_bytes());
-    b[16] = 2;
-    b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
-    b[35..43].copy_from_slice(&max_timestamp_ms.to_be_bytes());
-    b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-    b[57..61].copy_from_slice(&count.to_be_bytes());
-    let crc = crc32c::crc32c(&b[21..]);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
-    b
-}
 
 /// The answer an input describes (see the module docstring), and where the log ends after
 /// its batches, with how many there are.
@@ -57,7 +41,7 @@ fn described_answer(log_end_offset: i64, d: &[u8]) -> (Vec<u8>, i64, i64) {
     for i in 0..batches as usize {
         let count = 1 + at(1 + i) as i32 % 5;
         let base = next + at(5 + i) as i64 % 3; // gaps, as a compacted log's
-        body.extend(batch(base, count, 100 + at(9 + i) as i64));
+        body.extend(test_batch(base, 0, count, 0, 100 + at(9 + i) as i64));
         next = base + count as i64;
     }
     if at(13) & 1 == 1 {
