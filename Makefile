@@ -109,6 +109,7 @@ bench: bytecode
 	$(PY) benchmarks/read_path_bench.py
 	$(PY) benchmarks/tail_read_bench.py
 	$(PY) benchmarks/sendfile_bench.py
+	$(PY) benchmarks/page_cache_bench.py
 	$(PY) benchmarks/frame_reader_bench.py
 	$(PY) benchmarks/ray_call_bench.py
 	$(PY) benchmarks/dataplane_turn_bench.py

@@ -9,6 +9,8 @@ rayk runs twice: 3 brokers with replication factor 3 (min.insync.replicas=2, log
 disk), and 1 broker with replication factor 1, which is closer to what Tansu's in-memory
 engine does (one node, no replicas). Per broker it prints:
 - produce and consume records/s and MB/s over `--records` (default 1,000,000) records,
+  with the CPU per record of the broker (every process but the benchmark's own) and of
+  the client (`cpu_split`),
   and rayk's ratios to Tansu and Kafka. Before they are timed, `--warmup-records` are
   produced and read once ("cold consume", printed apart: the first consumer on a fresh
   cluster creates `__consumer_offsets`), and before each timed phase the machine is let
@@ -103,13 +105,22 @@ def send_all(producer: confluent_kafka.Producer, topic: str, records: int, value
     room in librdkafka's queue), `before(i)` ahead of record i if given, and flushes;
     raises if a record was not delivered."""
     failed: list = []
+
+    def delivered(err: object, _message: object) -> None:
+        if err:
+            failed.append(err)
+
     for i in range(records):
         if before is not None:
             before(i)
         while True:
             try:
-                producer.produce(topic, value=value, partition=i % partitions,
-                                 on_delivery=lambda err, _: failed.append(err) if err else None)
+                # One callback for every record: a lambda made per record was an object
+                # for Python's collector to walk until its record was acknowledged, so
+                # the client's CPU grew with the records in flight, that is with the
+                # broker's latency (~0.4 µs a record more against rayk at RF=3 than
+                # against Tansu, perf: gc_collect_main and func_traverse).
+                producer.produce(topic, value=value, partition=i % partitions, on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.01)
@@ -259,6 +270,23 @@ def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
             return
 
 
+@contextlib.contextmanager
+def cpu_split(records: int, into: dict, phase: str) -> Iterator[None]:
+    """Puts the CPU µs per record the block took into `into`: `phase + "_broker_us"`, every
+    process but this one (the broker's, and for rayk Ray's own processes too: all of it is
+    what the broker costs on this machine), and `phase + "_client_us"`, this process's
+    (the librdkafka client's threads). The machine's figure is /proc/stat's, counted by
+    the tick: right for a phase of long busy stretches like these, not for a trickle of
+    short wake-ups (latency_cpu_bench.py counts those per process)."""
+    from latency_cpu_bench import machine_busy_s, process_cpu_s  # beside this script
+
+    machine_s, client_s = machine_busy_s(), process_cpu_s(os.getpid())
+    yield
+    client_s = process_cpu_s(os.getpid()) - client_s
+    into[f"{phase}_broker_us"] = max(0.0, machine_busy_s() - machine_s - client_s) / records * 1e6
+    into[f"{phase}_client_us"] = client_s / records * 1e6
+
+
 def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_topic, args: argparse.Namespace) -> dict:
     topic = f"bench-{int(time.time())}"
     create_topic(topic)
@@ -276,10 +304,11 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
     settle()
     topic = topic + "-run"
     create_topic(topic)
-    with frozen_heap():
+    cpu: dict[str, float] = {}
+    with frozen_heap(), cpu_split(records, cpu, "produce"):
         produce_s = produce(bootstrap, topic, records, value)
     settle()
-    with frozen_heap():
+    with frozen_heap(), cpu_split(records, cpu, "consume"):
         consume_s = consume(bootstrap, topic, records)
     mb = records * len(value) / 1e6
     create_topic(topic + "-latency")
@@ -296,7 +325,7 @@ def run_broker(name: str, bootstrap: str, records: int, value: bytes, create_top
            "ack_p50": percentile(acks, 0.5), "ack_p99": percentile(acks, 0.99),
            "e2e_p50": percentile(end_to_end, 0.5), "e2e_p99": percentile(end_to_end, 0.99),
            "single_p50": percentile(single, 0.5), "single_p99": percentile(single, 0.99),
-           "new_p50": percentile(first_acks, 0.5), "new_p99": percentile(first_acks, 0.99)}
+           "new_p50": percentile(first_acks, 0.5), "new_p99": percentile(first_acks, 0.99), **cpu}
     if len(end_to_end) < args.latency_records:
         print(f"  {name}: only {len(end_to_end)} of {args.latency_records} records reached the consumer", flush=True)
     print(f"  {name}: produce {row['produce']:,.0f} rec/s, consume {row['consume']:,.0f} rec/s "
@@ -412,12 +441,20 @@ def main() -> None:
     for r in rows:
         print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
               f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f} {r['new_p50']:>20.1f} {r['new_p99']:>6.1f}")
+    print()
+    print("CPU µs per record, over all 2 cores: the broker's (every process but the clients') and the clients'")
+    print(f"{'broker':<28} {'produce: broker':>16} {'client':>7} {'consume: broker':>16} {'client':>7}")
+    for r in rows:
+        print(f"{r['broker']:<28} {r['produce_broker_us']:>16.2f} {r['produce_client_us']:>7.2f} "
+              f"{r['consume_broker_us']:>16.2f} {r['consume_client_us']:>7.2f}")
     # For benchmarks/plot.py: each printed column as a series over the brokers.
     columns = {"produce_rec_s": "produce", "produce_mb_s": "produce_mb", "consume_rec_s": "consume",
                "consume_mb_s": "consume_mb", "cold_consume_rec_s": "cold_consume", "ack_p50_ms": "ack_p50",
                "ack_p99_ms": "ack_p99", "e2e_p50_ms": "e2e_p50", "e2e_p99_ms": "e2e_p99",
                "single_p50_ms": "single_p50", "single_p99_ms": "single_p99",
-               "new_producer_p50_ms": "new_p50", "new_producer_p99_ms": "new_p99"}
+               "new_producer_p50_ms": "new_p50", "new_producer_p99_ms": "new_p99",
+               "produce_broker_cpu_us": "produce_broker_us", "produce_client_cpu_us": "produce_client_us",
+               "consume_broker_cpu_us": "consume_broker_us", "consume_client_cpu_us": "consume_client_us"}
     record("kafka_protocol_bench", {
         "records": args.records, "value_bytes": args.value_bytes, "rate": args.rate,
         "latency_records": args.latency_records, "single_requests": args.single_requests,
