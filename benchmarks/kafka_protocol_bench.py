@@ -118,7 +118,7 @@ def send_all(producer: confluent_kafka.Producer, topic: str, records: int, value
                 # One callback for every record: a lambda made per record was an object
                 # for Python's collector to walk until its record was acknowledged, so
                 # the client's CPU grew with the records in flight, that is with the
-                # broker's latency (~0.4 µs a record more against rayk at RF=3 than
+                # broker's latency (~0.3 µs a record more against rayk at RF=3 than
                 # against Tansu, perf: gc_collect_main and func_traverse).
                 producer.produce(topic, value=value, partition=i % partitions, on_delivery=delivered)
                 break
@@ -442,7 +442,8 @@ def main() -> None:
         print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
               f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f} {r['new_p50']:>20.1f} {r['new_p99']:>6.1f}")
     print()
-    print("CPU µs per record, over all 2 cores: the broker's (every process but the clients') and the clients'")
+    print(f"CPU µs per record, over all {os.cpu_count()} cores: the broker's (every process but the clients') "
+          "and the clients'")
     print(f"{'broker':<28} {'produce: broker':>16} {'client':>7} {'consume: broker':>16} {'client':>7}")
     for r in rows:
         print(f"{r['broker']:<28} {r['produce_broker_us']:>16.2f} {r['produce_client_us']:>7.2f} "
