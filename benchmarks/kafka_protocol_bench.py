@@ -273,11 +273,15 @@ def settle(max_s: float = 30, busy_below: float = 0.4) -> None:
 @contextlib.contextmanager
 def cpu_split(records: int, into: dict, phase: str) -> Iterator[None]:
     """Puts the CPU µs per record the block took into `into`: `phase + "_broker_us"`, every
-    process but this one (the broker's, and for rayk Ray's own processes too: all of it is
-    what the broker costs on this machine), and `phase + "_client_us"`, this process's
-    (the librdkafka client's threads). The machine's figure is /proc/stat's, counted by
-    the tick: right for a phase of long busy stretches like these, not for a trickle of
-    short wake-ups (latency_cpu_bench.py counts those per process)."""
+    process but this one, and `phase + "_client_us"`, this process's (the librdkafka
+    client's threads, and this driver's idle Ray threads, ~3 ms a second).
+
+    "Every process but this one" is the broker's processes, and for every broker also
+    this bench's Ray instance (its raylet, GCS and agents: a few hundredths of a core,
+    latency_cpu_bench.py's rows for them) and whatever else the machine runs; for rayk, Ray's processes
+    work for it, which is rayk's cost on this machine. The machine's figure is
+    /proc/stat's, counted by the tick: right for a phase of long busy stretches like these,
+    not for a trickle of short wake-ups (latency_cpu_bench.py counts those per process)."""
     from latency_cpu_bench import machine_busy_s, process_cpu_s  # beside this script
 
     machine_s, client_s = machine_busy_s(), process_cpu_s(os.getpid())
@@ -442,8 +446,8 @@ def main() -> None:
         print(f"{r['broker']:<28} {r['ack_p50']:>11.1f} {r['ack_p99']:>8.1f} {r['e2e_p50']:>11.1f} {r['e2e_p99']:>8.1f} "
               f"{r['single_p50']:>19.2f} {r['single_p99']:>6.2f} {r['new_p50']:>20.1f} {r['new_p99']:>6.1f}")
     print()
-    print(f"CPU µs per record, over all {os.cpu_count()} cores: the broker's (every process but the clients') "
-          "and the clients'")
+    print(f"CPU µs per record, summed over the machine's {os.cpu_count()} cores: the broker's (every process "
+          "but the clients') and the clients'")
     print(f"{'broker':<28} {'produce: broker':>16} {'client':>7} {'consume: broker':>16} {'client':>7}")
     for r in rows:
         print(f"{r['broker']:<28} {r['produce_broker_us']:>16.2f} {r['produce_client_us']:>7.2f} "

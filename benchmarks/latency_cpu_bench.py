@@ -91,8 +91,11 @@ def thread_wakeups(pid: int) -> dict[int, int]:
 
 
 def machine_busy_s() -> float:
-    ticks = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / TICKS_PER_S  # all but idle and iowait
+    """CPU seconds the machine's cores ran anything so far: user, nice, system, irq and
+    softirq. Not idle or iowait, nor steal (time the host ran something else in this VM's
+    place), nor guest and guest_nice (already counted in user and nice)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in open("/proc/stat").readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / TICKS_PER_S
 
 
 def processes() -> dict[int, str]:

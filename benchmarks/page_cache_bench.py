@@ -2,20 +2,23 @@
 allocates for the write (a log's tail), into pages already cached (an overwrite), and
 into anonymous memory touched for the first time or again.
 
-Why it matters: at produce throughput, `perf record -a` of a 3-broker RF=3 cluster
-(latency_cpu_bench.py --throughput) puts ~a quarter of the whole machine's samples in the
-kernel's `copy_folio_from_iter_atomic`, the copy of a pwrite into the page cache: the
-replicas' three copies of each record. On a machine whose memory is backed, that copy
-runs at several GB/s a core. This VM's memory is not: free pages are reported to the host
-(Firecracker's free page reporting, under nested virtualization), which takes them back,
-so the first touch of each new page faults in the host, invisible to the guest and
-billed to whatever instruction touched it. This bench prints the rates of each part
-separately: the first few hundred MB come from memory freed shortly before, which the
-host still backs (on 2026-12-06: ~300-400 MB, ~4.8 GB/s a core, against ~200 MB/s a core
-past it, and ~1.3 GB/s for an anonymous page's first touch, which the kernel zeroes). So
-a benchmark that writes past that pool pays ~17 µs of CPU per 4 KiB page of log, and
-which broker meets it depends on what ran before. It also prints what the median rates
-make of a record of `--record-bytes` written by 3 replicas and by 1.
+Why it matters: in a long run at produce throughput early in the session of 2026-12-06,
+`perf record -a` of a 3-broker RF=3 cluster (latency_cpu_bench.py --throughput) put ~a
+quarter of the whole machine's samples in the kernel's `copy_folio_from_iter_atomic`, the
+copy of a pwrite into the page cache: the replicas' three copies of each record. On a
+machine whose memory is backed, that copy runs at several GB/s a core. On this VM, free
+pages are reported to the host (Firecracker's free page reporting, under nested
+virtualization), which takes them back over time, so the first write of such a page
+faults in the host, invisible to the guest and billed to whatever instruction touched it
+(inferred: the guest cannot see the host's faults). Memory freed shortly before is still
+backed: all of it if freed seconds before, ~300-400 MiB of it 30 s later. So how much a
+run meets depends on what the machine freed before it, and when.
+
+This bench prints the rates of each part separately, so both kinds show (on 2026-12-06:
+~4-5 GiB/s a core into recently freed memory, ~200-330 MiB/s a core, ~12-20 µs a 4 KiB
+page, past it, and ~1.3-1.7 GiB/s for an anonymous page's first touch, which the kernel
+zeroes). It also prints what the median rate makes of a record of `--record-bytes`
+written by 3 replicas and by 1.
 
     .venv/bin/python benchmarks/page_cache_bench.py [--mb MB] [--part-mb MB] [--record-bytes B]
 
@@ -38,7 +41,7 @@ MIB = 1 << 20
 PAGE_BYTES = mmap.PAGESIZE
 
 
-def timed_parts(part_mb: int, parts: int, write_part) -> list[float]:
+def timed_parts(parts: int, write_part) -> list[float]:
     """CPU seconds of this process per part, for `parts` calls of write_part(part)."""
     cpu_s = []
     for part in range(parts):
@@ -57,8 +60,8 @@ def page_cache(path: str, mb: int, part_mb: int) -> tuple[list[float], list[floa
             for i in range(part * part_mb, (part + 1) * part_mb):
                 os.pwrite(fd, chunk, i * MIB)
 
-        new = timed_parts(part_mb, mb // part_mb, write)
-        cached = timed_parts(part_mb, mb // part_mb, write)
+        new = timed_parts(mb // part_mb, write)
+        cached = timed_parts(mb // part_mb, write)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -76,7 +79,7 @@ def anonymous(mb: int, part_mb: int) -> tuple[list[float], list[float]]:
             for i in range(part_mb):
                 view[i * MIB : (i + 1) * MIB] = chunk
 
-        return timed_parts(part_mb, parts, write), timed_parts(part_mb, parts, write)
+        return timed_parts(parts, write), timed_parts(parts, write)
     finally:
         for m in maps:
             m.close()
@@ -92,19 +95,20 @@ def main() -> None:
     reporting = "/sys/module/page_reporting/parameters/page_reporting_order"
     print(f"free page reporting: {'on, order ' + open(reporting).read().strip() if os.path.exists(reporting) else 'not in this kernel'}")
     rows = {}
-    # Anonymous memory first: the page cache part frees its pages at the end, which would
-    # hand the anonymous part memory freed a moment ago.
+    # Each part starts on the memory the part before it freed (the anonymous part's 2 GiB
+    # for the page cache's first parts): the per-part rates show that warm start apart.
     rows["anonymous, first touch"], rows["anonymous, touched again"] = anonymous(args.mb, args.part_mb)
     rows["page cache, new pages"], rows["page cache, pages cached"] = page_cache(
         os.path.join(scratch_dir("rayk-page-cache-"), "segment"), args.mb, args.part_mb)
-    print(f"{'written into':<28} {'MB/s a core, each ' + str(args.part_mb) + ' MiB part':<56} {'median':>8} "
+    print(f"{'written into':<28} {'MiB/s a core, each ' + str(args.part_mb) + ' MiB part':<56} {'median':>8} "
           f"{'µs / page':>10} {'µs / record x3':>15} {'x1':>6}")
     for label, cpu_s in rows.items():
         rates = [args.part_mb / max(s, 1e-9) for s in cpu_s]
-        median_s_per_byte = statistics.median(cpu_s) / (args.part_mb * MIB)
-        print(f"{label:<28} {' '.join(f'{r:>6,.0f}' for r in rates):<56} {statistics.median(rates):>8,.0f} "
-              f"{median_s_per_byte * PAGE_BYTES * 1e6:>10.2f} {3 * args.record_bytes * median_s_per_byte * 1e6:>15.2f} "
-              f"{args.record_bytes * median_s_per_byte * 1e6:>6.2f}")
+        median_rate = statistics.median(rates)
+        s_per_byte = 1 / (median_rate * MIB)  # at the median rate, which the columns after it use
+        print(f"{label:<28} {' '.join(f'{r:>6,.0f}' for r in rates):<56} {median_rate:>8,.0f} "
+              f"{s_per_byte * PAGE_BYTES * 1e6:>10.2f} {3 * args.record_bytes * s_per_byte * 1e6:>15.2f} "
+              f"{args.record_bytes * s_per_byte * 1e6:>6.2f}")
 
 
 if __name__ == "__main__":
