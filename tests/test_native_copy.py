@@ -249,7 +249,10 @@ class ScriptedLeader:
                     return
                 if answer == "close":
                     return
-                sock.sendall(answer(correlation_id))
+                try:
+                    sock.sendall(answer(correlation_id))
+                except (BrokenPipeError, ConnectionResetError):
+                    return  # the copy loop closed its end first (a run told to stop)
 
 
 def started_follower(tmp_path) -> Log:
