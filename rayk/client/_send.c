@@ -54,6 +54,10 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *accumulator;
     PyObject *mutex;       /* accumulator._mutex, an RLock */
+    PyObject *acquire, *release; /* its bound methods */
+    PyObject *acc_dict;    /* accumulator.__dict__: _failure, closed, unfinished, _buffered_bytes */
+    PyTypeObject *batch_type, *result_type; /* ProducerBatch and BatchResult, classes of __slots__ */
+    Py_ssize_t batch_records, batch_result, batch_record_count, batch_size_bytes, result_record_callbacks; /* slots */
     PyObject *open;        /* accumulator._open: (topic, partition) -> ProducerBatch */
     PyObject *sticky;      /* accumulator._partitioner._sticky_by_topic: topic -> partition */
     PyObject *metadata;    /* its _topics: topic -> {partition: leader} */
@@ -67,7 +71,55 @@ typedef struct {
 
 static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished,
     *str_topics, *str_size_bytes, *str_record_count, *str_records, *str_result, *str_record_callbacks, *str_extend,
-    *str_acquire, *str_release, *empty_tuple;
+    *str_acquire, *str_release, *empty_tuple, *deque_append;
+static PyTypeObject *deque_type;
+
+/* Where the accumulator's batches keep what the path reads and writes per record: the slot
+   `name` of `type` (a class of __slots__), found once as the offset its member descriptor
+   reads, so the path reads and writes it as that descriptor would, with no attribute
+   lookup; -1 with an error if `name` is not such a slot. */
+static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    if (descr == NULL)
+        return -1;
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+        !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY))
+        offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    else
+        PyErr_Format(PyExc_TypeError, "SendPath: %s.%s is not a slot", type->tp_name, name);
+    Py_DECREF(descr);
+    return offset;
+}
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* An int slot's value, or -1 (unset, not an int, or negative: the path declines). */
+static Py_ssize_t slot_count(PyObject *obj, Py_ssize_t offset)
+{
+    PyObject *value = SLOT(obj, offset);
+    if (value == NULL || !PyLong_CheckExact(value))
+        return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(value);
+    if (n == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return n;
+}
+
+/* An int of the accumulator's __dict__, or -1 as slot_count. */
+static Py_ssize_t dict_count(PyObject *dict, PyObject *name)
+{
+    PyObject *value = PyDict_GetItemWithError(dict, name);
+    if (value == NULL || !PyLong_CheckExact(value)) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(value);
+    if (n == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return n;
+}
 
 /* An attribute that must be a Python int fitting a Py_ssize_t; -1 with an error set otherwise. */
 static Py_ssize_t ssize_attr(PyObject *obj, PyObject *name)
@@ -144,6 +196,49 @@ static void RecordPlace_dealloc(RecordPlace *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* FutureRecordMetadata.exception(timeout=None), compiled: what the record failed with, or
+   None; waits for the batch first (BatchResult.wait, which raises KafkaTimeoutError).
+   A callback per record asks it of the future it is given: two Python frames (this and
+   BatchResult.error_of) per record on the sender thread otherwise. */
+static PyObject *str_finished, *str_wait, *str_named, *str_error, *str_error_of, *str_timeout;
+
+static PyObject *RecordPlace_exception(RecordPlace *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    PyObject *timeout = Py_None;
+    if (nargs + nkw > 1 || (nkw == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_timeout) != 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "exception() takes one argument, timeout");
+        return NULL;
+    }
+    if (nargs + nkw == 1)
+        timeout = args[0];
+    PyObject *batch = self->batch;
+    PyObject *finished = PyObject_GetAttr(batch, str_finished);
+    if (finished == NULL)
+        return NULL;
+    Py_DECREF(finished);
+    if (finished != Py_True) {
+        PyObject *waited = PyObject_CallMethodOneArg(batch, str_wait, timeout);
+        if (waited == NULL)
+            return NULL;
+        Py_DECREF(waited);
+    }
+    PyObject *named = PyObject_GetAttr(batch, str_named);
+    if (named == NULL)
+        return NULL;
+    Py_DECREF(named);
+    if (named == Py_None)
+        return PyObject_GetAttr(batch, str_error);
+    return PyObject_CallMethodOneArg(batch, str_error_of, self->index);
+}
+
+static PyMethodDef RecordPlace_methods[] = {
+    {"exception", (PyCFunction)(void (*)(void))RecordPlace_exception, METH_FASTCALL | METH_KEYWORDS,
+     "The record's error, or None; waits up to `timeout` s for its batch (KafkaTimeoutError)."},
+    {NULL},
+};
+
 static PyMemberDef RecordPlace_members[] = {
     {"_batch", T_OBJECT_EX, offsetof(RecordPlace, batch), READONLY, "the record's BatchResult"},
     {"_index", T_OBJECT_EX, offsetof(RecordPlace, index), READONLY, "the record's index in its batch"},
@@ -162,6 +257,89 @@ static PyTypeObject RecordPlaceType = {
     .tp_clear = (inquiry)RecordPlace_clear,
     .tp_dealloc = (destructor)RecordPlace_dealloc,
     .tp_members = RecordPlace_members,
+    .tp_methods = RecordPlace_methods,
+};
+
+/* ------------------------------------------------------------------ run_record_callbacks */
+
+/* run_record_callbacks(result, pairs, future_type, report): BatchResult._finish's loop
+   over its records' callbacks, compiled. `pairs` holds a callable, then its record's place
+   (index, timestamp_ms), and so on; each callable is called with
+   future_type(result, index, timestamp_ms) in turn. One that raises an Exception has it
+   passed to report(exception) and the loop goes on; any other BaseException
+   (KeyboardInterrupt...) stops it and propagates, as `except Exception` would let it. A
+   batch of 10,000 records made a Python loop's turn, a tuple unpacking, a `next` and a
+   future's argument parsing per record on the sender thread, which shares the GIL with
+   the threads calling send(). */
+static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "run_record_callbacks(result, pairs, future_type, report)");
+        return NULL;
+    }
+    PyObject *result = args[0], *future_type = args[2], *report = args[3];
+    PyTypeObject *as_type = PyType_Check(future_type) ? (PyTypeObject *)future_type : NULL;
+    int is_place = as_type != NULL && PyType_IsSubtype(as_type, &RecordPlaceType) &&
+                   as_type->tp_basicsize == RecordPlaceType.tp_basicsize && as_type->tp_new == RecordPlaceType.tp_new &&
+                   as_type->tp_init == RecordPlaceType.tp_init;
+    PyObject *pairs = PyObject_GetIter(args[1]);
+    if (pairs == NULL)
+        return NULL;
+    PyObject *fn;
+    while ((fn = PyIter_Next(pairs)) != NULL) {
+        PyObject *place = PyIter_Next(pairs), *future = NULL, *called = NULL;
+        if (place == NULL || !PyTuple_CheckExact(place) || PyTuple_GET_SIZE(place) != 2) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "run_record_callbacks: a callable without its record's place");
+            Py_DECREF(fn);
+            Py_XDECREF(place);
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *index = PyTuple_GET_ITEM(place, 0), *timestamp_ms = PyTuple_GET_ITEM(place, 1);
+        if (is_place) {
+            future = record_place_make(as_type, result, index, timestamp_ms);
+        } else {
+            PyObject *future_args[3] = {result, index, timestamp_ms};
+            future = PyObject_Vectorcall(future_type, future_args, 3, NULL);
+        }
+        if (future != NULL)
+            called = PyObject_CallOneArg(fn, future);
+        Py_XDECREF(future);
+        Py_DECREF(place);
+        Py_DECREF(fn);
+        if (called != NULL) {
+            Py_DECREF(called);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *error_type, *error, *traceback;
+        PyErr_Fetch(&error_type, &error, &traceback);
+        PyErr_NormalizeException(&error_type, &error, &traceback);
+        if (traceback != NULL && error != NULL)
+            PyException_SetTraceback(error, traceback);
+        PyObject *reported = error == NULL ? NULL : PyObject_CallOneArg(report, error);
+        Py_XDECREF(error_type), Py_XDECREF(error), Py_XDECREF(traceback);
+        if (reported == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        Py_DECREF(reported);
+    }
+    Py_DECREF(pairs);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef send_functions[] = {
+    {"run_record_callbacks", (PyCFunction)(void (*)(void))run_record_callbacks, METH_FASTCALL,
+     "run_record_callbacks(result, pairs, future_type, report): BatchResult._finish's loop (see _send.c)."},
+    {NULL},
 };
 
 /* ------------------------------------------------------------------ SendPath */
@@ -195,6 +373,50 @@ static int SendPath_init(SendPath *self, PyObject *args, PyObject *kwds)
     }
     Py_DECREF(partitioner);
     Py_DECREF(module);
+    /* What the path reads and writes per record, found once (see slot_offset): the
+       accumulator's counters in its __dict__ (its class has no attribute of their names, so
+       the dict is where Python reads them too), its batches' and their results' in slots. */
+    PyObject *acquire = NULL, *release = NULL, *acc_dict = NULL, *batch_type = NULL, *result_type = NULL;
+    Py_ssize_t offsets[5] = {-1, -1, -1, -1, -1};
+    int ok = (acquire = PyObject_GetAttr(mutex, str_acquire)) != NULL &&
+             (release = PyObject_GetAttr(mutex, str_release)) != NULL &&
+             (acc_dict = PyObject_GenericGetDict(accumulator, NULL)) != NULL &&
+             (module = PyImport_ImportModule("rayk.client.accumulator")) != NULL &&
+             (batch_type = PyObject_GetAttrString(module, "ProducerBatch")) != NULL &&
+             (result_type = PyObject_GetAttrString(module, "BatchResult")) != NULL;
+    Py_XDECREF(module);
+    if (ok && (!PyType_Check(batch_type) || !PyType_Check(result_type) || !PyDict_CheckExact(acc_dict))) {
+        PyErr_SetString(PyExc_TypeError, "SendPath: an accumulator with a __dict__, and classes of batches");
+        ok = 0;
+    }
+    PyObject *counters[] = {str_failure, str_closed, str_unfinished, str_buffered_bytes};
+    for (int i = 0; ok && i < 4; i++) {
+        if (PyObject_HasAttr((PyObject *)Py_TYPE(accumulator), counters[i])) {
+            PyErr_Format(PyExc_TypeError, "SendPath: the accumulator's class has an attribute %R", counters[i]);
+            ok = 0;
+        }
+    }
+    if (ok) {
+        const char *batch_slots[] = {"records", "result", "record_count", "size_bytes"};
+        for (int i = 0; ok && i < 4; i++)
+            ok = (offsets[i] = slot_offset((PyTypeObject *)batch_type, batch_slots[i])) >= 0;
+        ok = ok && (offsets[4] = slot_offset((PyTypeObject *)result_type, "_record_callbacks")) >= 0;
+    }
+    if (!ok) {
+        Py_XDECREF(acquire), Py_XDECREF(release), Py_XDECREF(acc_dict), Py_XDECREF(batch_type);
+        Py_XDECREF(result_type), Py_DECREF(mutex), Py_DECREF(open), Py_DECREF(sticky), Py_DECREF(future_type);
+        return -1;
+    }
+    Py_XSETREF(self->acquire, acquire);
+    Py_XSETREF(self->release, release);
+    Py_XSETREF(self->acc_dict, acc_dict);
+    Py_XSETREF(self->batch_type, (PyTypeObject *)batch_type);
+    Py_XSETREF(self->result_type, (PyTypeObject *)result_type);
+    self->batch_records = offsets[0];
+    self->batch_result = offsets[1];
+    self->batch_record_count = offsets[2];
+    self->batch_size_bytes = offsets[3];
+    self->result_record_callbacks = offsets[4];
     Py_INCREF(accumulator);
     Py_INCREF(metadata);
     Py_XSETREF(self->accumulator, accumulator);
@@ -223,6 +445,11 @@ static int SendPath_traverse(SendPath *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->accumulator);
     Py_VISIT(self->mutex);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->acc_dict);
+    Py_VISIT(self->batch_type);
+    Py_VISIT(self->result_type);
     Py_VISIT(self->open);
     Py_VISIT(self->sticky);
     Py_VISIT(self->metadata);
@@ -235,6 +462,11 @@ static int SendPath_clear(SendPath *self)
 {
     Py_CLEAR(self->accumulator);
     Py_CLEAR(self->mutex);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->acc_dict);
+    Py_CLEAR(self->batch_type);
+    Py_CLEAR(self->result_type);
     Py_CLEAR(self->open);
     Py_CLEAR(self->sticky);
     Py_CLEAR(self->metadata);
@@ -264,26 +496,16 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
                          Py_ssize_t partition, Py_ssize_t num_partitions, Py_ssize_t size, PyObject *timestamp,
                          PyObject *callback, PyObject **result_out, PyObject **index_out)
 {
-    PyObject *acc = self->accumulator;
-    PyObject *failure = PyObject_GetAttr(acc, str_failure);
-    if (failure == NULL)
-        return -1;
-    Py_DECREF(failure);
-    if (failure != Py_None)
-        return 0;
-    PyObject *closed = PyObject_GetAttr(acc, str_closed);
-    if (closed == NULL)
-        return -1;
-    Py_DECREF(closed);
-    if (closed != Py_False)
-        return 0;
-    Py_ssize_t buffered = ssize_attr(acc, str_buffered_bytes);
-    if (buffered < 0)
-        return -1;
-    if (buffered + size > self->buffer_memory)
+    PyObject *acc = self->acc_dict; /* the accumulator's attributes */
+    if (PyDict_GetItemWithError(acc, str_failure) != Py_None || PyDict_GetItemWithError(acc, str_closed) != Py_False) {
+        PyErr_Clear();
+        return 0; /* failed, closed, or not an accumulator as this path knows it: Python's way */
+    }
+    Py_ssize_t buffered = dict_count(acc, str_buffered_bytes);
+    if (buffered < 0 || buffered + size > self->buffer_memory)
         return 0; /* append waits for room */
     int rc = -1;
-    PyObject *batch = NULL, *records = NULL, *result = NULL, *record = NULL, *queue = NULL, *pair = NULL,
+    PyObject *batch = NULL, *records = NULL, *result = NULL, *record = NULL, *queue = NULL,
              *place = NULL, *index_obj = NULL, *count_obj = NULL, *bytes_obj = NULL, *unfinished_obj = NULL,
              *buffered_obj = NULL;
     Py_INCREF(partition_obj);
@@ -322,25 +544,25 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         rc = PyErr_Occurred() ? -1 : 0; /* no open batch: append opens one */
         goto done;
     }
-    Py_ssize_t batch_bytes = ssize_attr(batch, str_size_bytes);
-    if (batch_bytes < 0)
+    rc = 0; /* from here, anything unexpected is Python's to handle */
+    if (!Py_IS_TYPE(batch, self->batch_type))
         goto done;
-    if (batch_bytes + size >= self->batch_size) {
-        rc = 0; /* append closes the batch, before or after the record */
+    Py_ssize_t batch_bytes = slot_count(batch, self->batch_size_bytes);
+    if (batch_bytes < 0 || batch_bytes + size >= self->batch_size)
+        goto done; /* append closes the batch, before or after the record */
+    Py_ssize_t index = slot_count(batch, self->batch_record_count);
+    Py_ssize_t unfinished = dict_count(acc, str_unfinished);
+    records = Py_XNewRef(SLOT(batch, self->batch_records));
+    result = Py_XNewRef(SLOT(batch, self->batch_result));
+    if (index < 0 || unfinished < 0 || records == NULL || !PyList_CheckExact(records) || result == NULL ||
+        !Py_IS_TYPE(result, self->result_type))
         goto done;
+    if (callback != Py_None) {
+        queue = Py_XNewRef(SLOT(result, self->result_record_callbacks));
+        if (queue == NULL || !PyObject_TypeCheck(queue, deque_type))
+            goto done;
     }
-    Py_ssize_t index = ssize_attr(batch, str_record_count);
-    Py_ssize_t unfinished = ssize_attr(acc, str_unfinished);
-    if (index < 0 || unfinished < 0)
-        goto done;
-    records = PyObject_GetAttr(batch, str_records);
-    result = PyObject_GetAttr(batch, str_result);
-    if (records == NULL || result == NULL)
-        goto done;
-    if (!PyList_CheckExact(records)) {
-        PyErr_SetString(PyExc_TypeError, "SendPath: a batch's records must be a list");
-        goto done;
-    }
+    rc = -1;
     /* Everything the append needs is made before anything changes. The record and its
        place hold bytes, None and ints only: no cycle can go through them, so the collector
        need not walk them (it would untrack them at its first look, as it does any such
@@ -355,30 +577,38 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         buffered_obj == NULL || record == NULL)
         goto done;
     PyObject_GC_UnTrack(record);
-    if (callback != Py_None) {
-        queue = PyObject_GetAttr(result, str_record_callbacks);
-        place = queue ? PyTuple_Pack(2, index_obj, timestamp) : NULL;
+    if (queue != NULL) {
+        place = PyTuple_Pack(2, index_obj, timestamp);
         if (place == NULL)
             goto done;
         PyObject_GC_UnTrack(place);
-        pair = PyTuple_Pack(2, callback, place);
-        if (pair == NULL)
-            goto done;
     }
-    /* The changes: the record, its callback, then the counts (stores that cannot fail). */
+    /* The changes: the record, its callback and its place, then the counts. No other thread
+       runs between them: nothing here runs Python code or lets the GIL go (deque.append
+       allocates no object the collector tracks). */
     if (PyList_Append(records, record) < 0)
         goto done;
-    if (pair != NULL) {
-        PyObject *queued = PyObject_CallMethodOneArg(queue, str_extend, pair); /* deque.extend */
-        if (queued == NULL) { /* out of memory: take the record back out */
+    if (queue != NULL) {
+        PyObject *callback_args[2] = {queue, callback}, *place_args[2] = {queue, place};
+        PyObject *queued = PyObject_Vectorcall(deque_append, callback_args, 2, NULL);
+        PyObject *queued_place = queued == NULL ? NULL : PyObject_Vectorcall(deque_append, place_args, 2, NULL);
+        if (queued_place == NULL) { /* out of memory: take the record, and its callback, back out */
+            PyObject *error_type, *error, *traceback;
+            PyErr_Fetch(&error_type, &error, &traceback);
+            if (queued != NULL)
+                Py_XDECREF(PyObject_CallMethod(queue, "pop", NULL));
             PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
+            PyErr_Restore(error_type, error, traceback);
+            Py_XDECREF(queued);
             goto done;
         }
         Py_DECREF(queued);
+        Py_DECREF(queued_place);
     }
-    if (PyObject_SetAttr(batch, str_record_count, count_obj) < 0 || PyObject_SetAttr(batch, str_size_bytes, bytes_obj) < 0 ||
-        PyObject_SetAttr(acc, str_unfinished, unfinished_obj) < 0 ||
-        PyObject_SetAttr(acc, str_buffered_bytes, buffered_obj) < 0)
+    /* Stores that cannot fail: slots, and keys the dict holds already. */
+    Py_SETREF(SLOT(batch, self->batch_record_count), Py_NewRef(count_obj));
+    Py_SETREF(SLOT(batch, self->batch_size_bytes), Py_NewRef(bytes_obj));
+    if (PyDict_SetItem(acc, str_unfinished, unfinished_obj) < 0 || PyDict_SetItem(acc, str_buffered_bytes, buffered_obj) < 0)
         goto done;
     *result_out = result;
     result = NULL;
@@ -393,7 +623,6 @@ done:
     Py_XDECREF(record);
     Py_XDECREF(queue);
     Py_XDECREF(place);
-    Py_XDECREF(pair);
     Py_XDECREF(index_obj);
     Py_XDECREF(count_obj);
     Py_XDECREF(bytes_obj);
@@ -402,15 +631,10 @@ done:
     return rc;
 }
 
-static PyObject *SendPath_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+/* The path itself: the record's future, None (not this way, nothing changed) or NULL
+   (an error). args: (producer, topic, value, key, headers, partition, timestamp_ms, callback). */
+static PyObject *send_path_try(SendPath *self, PyObject *const *args)
 {
-    SendPath *self = (SendPath *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "SendPath(producer, topic, value, key, headers, partition, timestamp_ms, callback)");
-        return NULL;
-    }
     if (self->accumulator == NULL) {
         PyErr_SetString(PyExc_ValueError, "SendPath is not initialised");
         return NULL;
@@ -488,8 +712,8 @@ static PyObject *SendPath_vectorcall(PyObject *callable, PyObject *const *args, 
        finalizers and gc.callbacks, on this thread with the lock held (an RLock: a send()
        from one of them would append in the middle of this one). */
     int collector_was_on = PyGC_Disable();
-    PyObject *acquire_args[2] = {self->mutex, Py_False};
-    PyObject *acquired = PyObject_VectorcallMethod(str_acquire, acquire_args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *blocking = Py_False;
+    PyObject *acquired = PyObject_Vectorcall(self->acquire, &blocking, 1, NULL);
     PyObject *result = NULL, *index = NULL;
     int rc = acquired == NULL ? -1 : 0;
     if (acquired == Py_True) {
@@ -498,7 +722,7 @@ static PyObject *SendPath_vectorcall(PyObject *callable, PyObject *const *args, 
         PyObject *type = NULL, *exc = NULL, *tb = NULL;
         if (rc < 0)
             PyErr_Fetch(&type, &exc, &tb);
-        PyObject *released = PyObject_CallMethodNoArgs(self->mutex, str_release);
+        PyObject *released = PyObject_Vectorcall(self->release, NULL, 0, NULL);
         if (released == NULL) {
             Py_XDECREF(type), Py_XDECREF(exc), Py_XDECREF(tb);
             rc = -1;
@@ -525,6 +749,16 @@ static PyObject *SendPath_vectorcall(PyObject *callable, PyObject *const *args, 
     Py_XDECREF(index);
     Py_DECREF(timestamp);
     return future;
+}
+
+static PyObject *SendPath_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "SendPath(producer, topic, value, key, headers, partition, timestamp_ms, callback)");
+        return NULL;
+    }
+    return send_path_try((SendPath *)callable, args);
 }
 
 static PyObject *SendPath_call(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -556,8 +790,181 @@ static PyTypeObject SendPathType = {
     .tp_vectorcall_offset = offsetof(SendPath, vectorcall),
 };
 
+/* ------------------------------------------------------------------ SendMethod */
+
+/* Producer.send itself: the method, called as `producer.send(topic, value, key=...,
+   callback=...)`, with no Python frame for a record the SendPath takes. It binds the
+   arguments as `send(self, topic, value=None, key=None, headers=None, partition=None,
+   timestamp_ms=None, callback=None)` would, offers them to the producer's `_send_path`
+   (a SendPath directly, anything else callable by a call, None not at all) and, where that
+   declines or the arguments are not a plain binding of those names (an unknown or repeated
+   keyword, too many or too few), calls `slow`, Python's send without the path, with the
+   arguments as given: so every error and every other record is Python's. A method
+   descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as a builtin method is: `producer.send(...)`
+   binds no method object per call. `wrapped`, the documented Python function, gives it
+   its name, docstring and signature (`__wrapped__`). */
+
+#define SEND_ARGUMENTS 8 /* producer, topic, value, key, headers, partition, timestamp_ms, callback */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *wrapped; /* the Python send: its name, doc and signature */
+    PyObject *slow;    /* send without the path: every call the path does not take */
+} SendMethod;
+
+static PyObject *argument_names[SEND_ARGUMENTS]; /* interned: "self", "topic", "value", ... */
+static PyObject *str_send_path;
+
+/* The index of keyword `name` among send's arguments (> 1: not self or topic may come by
+   keyword? topic may), or -1. Names in a call's kwnames are interned, as these are. */
+static int argument_index(PyObject *name)
+{
+    for (int i = 1; i < SEND_ARGUMENTS; i++)
+        if (name == argument_names[i])
+            return i;
+    for (int i = 1; i < SEND_ARGUMENTS; i++) {
+        int equal = PyUnicode_Check(name) ? PyUnicode_Compare(name, argument_names[i]) : -1;
+        if (equal == 0)
+            return i;
+        if (equal == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return -1;
+}
+
+static PyObject *SendMethod_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    SendMethod *self = (SendMethod *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs >= 1 && nargs + nkw >= 2 && nargs <= SEND_ARGUMENTS) {
+        PyObject *bound[SEND_ARGUMENTS];
+        int ok = 1;
+        for (Py_ssize_t i = 0; i < SEND_ARGUMENTS; i++)
+            bound[i] = i < nargs ? args[i] : NULL;
+        for (Py_ssize_t j = 0; j < nkw && ok; j++) {
+            int i = argument_index(PyTuple_GET_ITEM(kwnames, j));
+            if (i < 0 || bound[i] != NULL)
+                ok = 0; /* Python's TypeError */
+            else
+                bound[i] = args[nargs + j];
+        }
+        if (ok && bound[1] != NULL) {
+            for (int i = 2; i < SEND_ARGUMENTS; i++)
+                if (bound[i] == NULL)
+                    bound[i] = Py_None;
+            PyObject *path = PyObject_GetAttr(bound[0], str_send_path);
+            if (path == NULL)
+                return NULL;
+            PyObject *future;
+            if (Py_IS_TYPE(path, &SendPathType))
+                future = send_path_try((SendPath *)path, bound);
+            else if (path != Py_None)
+                future = PyObject_Vectorcall(path, bound, SEND_ARGUMENTS, NULL);
+            else
+                future = Py_NewRef(Py_None);
+            Py_DECREF(path);
+            if (future != Py_None)
+                return future; /* the record's future, or NULL: the path's error */
+            Py_DECREF(future);
+        }
+    }
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject *SendMethod_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyObject *SendMethod_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    (void)type;
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *SendMethod_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"wrapped", "slow", NULL};
+    PyObject *wrapped, *slow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:SendMethod", kwlist, &wrapped, &slow))
+        return NULL;
+    if (!PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "SendMethod: slow must be callable");
+        return NULL;
+    }
+    SendMethod *self = (SendMethod *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = SendMethod_vectorcall;
+    self->wrapped = Py_NewRef(wrapped);
+    self->slow = Py_NewRef(slow);
+    return (PyObject *)self;
+}
+
+static int SendMethod_traverse(SendMethod *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->wrapped);
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int SendMethod_clear(SendMethod *self)
+{
+    Py_CLEAR(self->wrapped);
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void SendMethod_dealloc(SendMethod *self)
+{
+    PyObject_GC_UnTrack(self);
+    SendMethod_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* __doc__, __name__, __qualname__, __module__ and __annotations__: the wrapped function's. */
+static PyObject *SendMethod_getattro(PyObject *self, PyObject *name)
+{
+    if (PyUnicode_Check(name) && PyUnicode_GET_LENGTH(name) > 4 && PyUnicode_READ_CHAR(name, 0) == '_' &&
+        PyUnicode_READ_CHAR(name, 1) == '_') {
+        static const char *from_wrapped[] = {"__doc__", "__name__", "__qualname__", "__module__", "__annotations__",
+                                             "__defaults__", "__kwdefaults__", NULL};
+        for (int i = 0; from_wrapped[i] != NULL; i++)
+            if (PyUnicode_CompareWithASCIIString(name, from_wrapped[i]) == 0)
+                return PyObject_GetAttr(((SendMethod *)self)->wrapped, name);
+    }
+    return PyObject_GenericGetAttr(self, name);
+}
+
+static PyMemberDef SendMethod_members[] = {
+    {"__wrapped__", T_OBJECT_EX, offsetof(SendMethod, wrapped), READONLY, "the Python send, documented"},
+    {"slow", T_OBJECT_EX, offsetof(SendMethod, slow), READONLY, "send without the compiled path"},
+    {NULL},
+};
+
+static PyTypeObject SendMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rayk.client._send.SendMethod",
+    .tp_doc = "Producer.send, offering each record to the producer's SendPath first; see rayk/client/_send.c.",
+    .tp_basicsize = sizeof(SendMethod),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = SendMethod_new,
+    .tp_traverse = (traverseproc)SendMethod_traverse,
+    .tp_clear = (inquiry)SendMethod_clear,
+    .tp_dealloc = (destructor)SendMethod_dealloc,
+    .tp_call = SendMethod_call,
+    .tp_descr_get = SendMethod_get,
+    .tp_getattro = SendMethod_getattro,
+    .tp_members = SendMethod_members,
+    .tp_vectorcall_offset = offsetof(SendMethod, vectorcall),
+};
+
 static struct PyModuleDef send_module = {
-    PyModuleDef_HEAD_INIT, "_send", "Producer.send's common case, compiled (see _send.c).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_send", "Producer.send's common case, compiled (see _send.c).", -1, send_functions,
 };
 
 PyMODINIT_FUNC PyInit__send(void)
@@ -579,16 +986,38 @@ PyMODINIT_FUNC PyInit__send(void)
     INTERN(str_extend, "extend");
     INTERN(str_acquire, "acquire");
     INTERN(str_release, "release");
+    INTERN(str_send_path, "_send_path");
+    INTERN(str_finished, "finished");
+    INTERN(str_wait, "wait");
+    INTERN(str_named, "_named");
+    INTERN(str_error, "error");
+    INTERN(str_error_of, "error_of");
+    INTERN(str_timeout, "timeout");
+    static const char *names[SEND_ARGUMENTS] = {"self", "topic", "value", "key", "headers", "partition",
+                                                "timestamp_ms", "callback"};
+    for (int i = 0; i < SEND_ARGUMENTS; i++)
+        INTERN(argument_names[i], names[i]);
 #undef INTERN
     if ((empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;
-    if (PyType_Ready(&SendPathType) < 0 || PyType_Ready(&RecordPlaceType) < 0)
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL)
+        return NULL;
+    PyObject *deque = PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    if (deque == NULL)
+        return NULL;
+    deque_type = (PyTypeObject *)deque; /* kept for the module's life */
+    if ((deque_append = PyObject_GetAttrString(deque, "append")) == NULL)
+        return NULL;
+    if (PyType_Ready(&SendPathType) < 0 || PyType_Ready(&RecordPlaceType) < 0 || PyType_Ready(&SendMethodType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&send_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "SendPath", (PyObject *)&SendPathType) < 0 ||
-        PyModule_AddObjectRef(module, "RecordPlace", (PyObject *)&RecordPlaceType) < 0) {
+        PyModule_AddObjectRef(module, "RecordPlace", (PyObject *)&RecordPlaceType) < 0 ||
+        PyModule_AddObjectRef(module, "SendMethod", (PyObject *)&SendMethodType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

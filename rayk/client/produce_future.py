@@ -107,6 +107,9 @@ class BatchResult:
                 callback(arg)
             except Exception:
                 logger.exception("a send() callback raised")
+        if _run_record_callbacks is not None:  # the same loop, compiled
+            _run_record_callbacks(self, record_callbacks, FutureRecordMetadata, _report_callback_error)
+            return
         pairs: Iterator[Any] = iter(record_callbacks)  # a callable, then its record's place
         for fn in pairs:
             index, timestamp_ms = next(pairs)
@@ -147,6 +150,10 @@ class BatchResult:
         _run(lambda: callback(arg))
 
 
+def _report_callback_error(error: Exception) -> None:
+    logger.error("a send() callback raised", exc_info=error)
+
+
 def _run(callback: Callable[[], None]) -> None:
     try:
         callback()
@@ -164,10 +171,12 @@ class _RecordPlaceReference:
         self._batch, self._index, self._timestamp_ms = batch, index, timestamp_ms
 
 
-try:
-    from rayk.client._send import RecordPlace as _RecordPlace  # built from _send.c by pip install
+try:  # built from _send.c by pip install
+    from rayk.client._send import RecordPlace as _RecordPlace
+    from rayk.client._send import run_record_callbacks as _run_record_callbacks
 except ImportError:  # pragma: no cover - no C compiler at install time (send_path.py says so)
     _RecordPlace = _RecordPlaceReference
+    _run_record_callbacks = None
 
 
 class FutureRecordMetadata(_RecordPlace):
@@ -210,6 +219,9 @@ class FutureRecordMetadata(_RecordPlace):
         if not batch.finished:
             batch.wait(timeout)
         return batch.error_of(self._index)
+
+    if _RecordPlace is not _RecordPlaceReference:  # the same, compiled (_send.c): a callback per record asks it
+        exception = _RecordPlace.exception  # type: ignore[assignment]  # noqa: F811
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(a future equal to this one) once the record is acknowledged or failed

@@ -70,7 +70,7 @@ from rayk.client.producer_config import (  # noqa: F401  (the defaults, acks_val
     ProducerConfig,
     acks_value,
 )
-from rayk.client.send_path import RECORD_OVERHEAD_BYTES, SendPath
+from rayk.client.send_path import RECORD_OVERHEAD_BYTES, SendMethod, SendPath
 from rayk.client.sender import Sender
 from rayk.client.serializers import serializer, to_bytes
 from rayk.client.transactions import ConsumerGroupMetadata, TransactionManager
@@ -261,6 +261,20 @@ class Producer:
             future = path(self, topic, value, key, headers, partition, timestamp_ms, callback)
             if future is not None:
                 return future
+        return self._send_without_path(topic, value, key, headers, partition, timestamp_ms, callback)
+
+    def _send_without_path(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callable[[FutureRecordMetadata], Any] | None = None,
+    ) -> FutureRecordMetadata:
+        """send() for a record `_send_path` did not take: serializers, waits, errors, and
+        opening and closing batches."""
         if self._closed:
             raise RuntimeError("the producer is closed")
         # The hot path: a plain tuple for the record, no call for bytes with no serializer.
@@ -290,6 +304,11 @@ class Producer:
             self._transactions.add_partition(TopicPartition(topic, partition), self._max_block_ms)
         record = (value, key, header_items, timestamp_ms or time.time_ns() // 1_000_000)
         return self._accumulator.append(topic, partition, num_partitions, record, size, callback)
+
+    if SendMethod is not None:
+        # The same send, its first step compiled too: `producer.send(...)` runs no Python
+        # frame for a record the path takes (rayk/client/_send.c, SendMethod).
+        send = SendMethod(send, _send_without_path)  # type: ignore[assignment]
 
     def send_batch(
         self,

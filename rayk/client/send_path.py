@@ -84,9 +84,9 @@ def send_path_reference(
 
 
 try:
-    from rayk.client._send import SendPath  # built from _send.c by pip install
+    from rayk.client._send import SendMethod, SendPath  # built from _send.c by pip install
 except ImportError:  # installed where no C compiler was found: send() runs in Python
     logging.getLogger(__name__).warning(
         "rayk.client._send is not built (no C compiler at install time?); the producer's send() runs in Python"
     )
-    SendPath = None
+    SendPath = SendMethod = None
