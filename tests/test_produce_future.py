@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import threading
 from collections.abc import Callable
 
 import pytest
 
+from rayk.client import produce_future
 from rayk.client.produce_future import BatchResult, FutureRecordMetadata
 from rayk.client.types import RecordMetadata
 from rayk.errors import InvalidDifferentRecordError, InvalidRecordError, KafkaTimeoutError, NotEnoughReplicasError
@@ -149,3 +151,63 @@ def test_callbacks_queued_with_the_record_and_added_later_each_get_their_own_rec
             assert not wrong and sorted(ran) == list(range(1000))
     finally:
         sys.setswitchinterval(switch_interval_s)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def callback_loop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which loop runs a finished batch's record callbacks: rayk.client._send's, or Python's."""
+    if request.param == "python":
+        monkeypatch.setattr(produce_future, "_run_record_callbacks", None)
+    elif produce_future._run_record_callbacks is None:
+        pytest.skip("rayk.client._send is not built")
+    return request.param
+
+
+def test_record_callbacks_run_in_order_and_one_that_raises_is_logged(callback_loop, caplog):
+    batch = BatchResult("t", 0)
+    seen: list[FutureRecordMetadata] = []
+
+    def broken(future: FutureRecordMetadata) -> None:
+        raise ValueError(f"record {future._index} broke")
+
+    for i in range(5):
+        batch.add_record_callback_while_open(broken if i == 2 else seen.append, (i, 100 + i))
+    with caplog.at_level(logging.ERROR, logger=produce_future.__name__):
+        batch.complete(10, -1)
+    assert [f.result() for f in seen] == [RecordMetadata("t", 0, 10 + i, 100 + i) for i in (0, 1, 3, 4)]
+    assert all(type(f) is FutureRecordMetadata for f in seen)
+    (logged,) = [r for r in caplog.records if "callback raised" in r.getMessage()]
+    assert logged.exc_info[0] is ValueError and "record 2 broke" in str(logged.exc_info[1])
+    assert logged.exc_info[2] is not None, "with its traceback"
+
+
+def test_a_base_exception_from_a_record_callback_stops_the_loop_and_propagates(callback_loop):
+    """As `except Exception` lets KeyboardInterrupt or SystemExit through."""
+
+    class Stop(BaseException):
+        pass
+
+    batch = BatchResult("t", 0)
+    seen: list[int] = []
+
+    def stop(future: FutureRecordMetadata) -> None:
+        raise Stop()
+
+    for i, fn in enumerate([lambda f: seen.append(f._index), stop, lambda f: seen.append(f._index)]):
+        batch.add_record_callback_while_open(fn, (i, 1))
+    with pytest.raises(Stop):
+        batch.complete(0, -1)
+    assert seen == [0] and batch.finished
+
+
+def test_exception_takes_its_timeout_by_position_or_by_name():
+    batch = BatchResult("t", 0)
+    (future,) = futures_of(batch, [1])
+    for call in (lambda: future.exception(0.01), lambda: future.exception(timeout=0.01)):
+        with pytest.raises(KafkaTimeoutError):
+            call()
+    for wrong in (lambda: future.exception(0.01, 1), lambda: future.exception(wait=1)):
+        with pytest.raises(TypeError):
+            wrong()
+    batch.complete(1, -1)
+    assert future.exception() is None and future.exception(0) is None and future.exception(timeout=None) is None

@@ -493,3 +493,65 @@ def test_a_future_of_the_compiled_path_copies():
 
     future = FutureRecordMetadata(BatchResult("t", 0), 3, 9)
     assert copy.copy(future) == future and copy.copy(future)._timestamp_ms == 9
+
+
+# ------------------------------------------------------------------ SendMethod: send() itself
+
+PYTHON_SEND = getattr(Producer.send, "__wrapped__", Producer.send)  # the documented function; SendMethod binds as it does
+
+CALL_FORMS = [  # (args after self, kwargs): a plain binding, and what Python refuses
+    (("t3", b"v"), {}),
+    (("t3", b"v", b"k"), {}),
+    (("t3", b"v", None, None, 1, 5, callback_a), {}),
+    (("t3",), {"value": b"v", "callback": callback_a}),
+    ((), {"topic": "t1", "value": b"v", "partition": 0}),
+    (("t3", b"v"), {"key": b"k", "timestamp_ms": 9}),
+    (("t3", b"v"), {"value": b"again"}),  # given twice
+    (("t3", b"v"), {"colour": "red"}),  # no such argument
+    (("t3", b"v", None, None, 1, 5, callback_a, "extra"), {}),  # too many
+    ((), {"value": b"v"}),  # no topic
+    ((), {}),
+    (("t3", b"v"), {"self": None}),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), CALL_FORMS)
+def test_send_binds_its_arguments_as_the_python_function_does(args, kwargs):
+    """The compiled send and the Python one, on producers in the same state: the same
+    future, or the same error, and the same accumulator after."""
+    metadata = FakeMetadata()
+    compiled, python = (producer("compiled", metadata, batch_size=100_000, buffer_memory=1_000_000, seed=3)
+                        for _ in range(2))  # fmt: skip
+    for p in (compiled, python):
+        p.send("t3", b"open", partition=1)
+        p.send("t1", b"open")
+    got = outcome(lambda: compiled.send(*args, **kwargs)), outcome(lambda: PYTHON_SEND(python, *args, **kwargs))
+    assert got[0] == got[1]
+    assert state(compiled) == state(python)
+
+
+def test_send_reads_as_the_python_function():
+    """help(), inspect and the API docs see the documented send; bound or not, it calls the same."""
+    import inspect
+
+    assert type(Producer.__dict__["send"]).__name__ == "SendMethod"
+    assert inspect.signature(Producer.send) == inspect.signature(PYTHON_SEND)
+    assert Producer.send.__doc__ == PYTHON_SEND.__doc__ and Producer.send.__name__ == "send"
+    assert Producer.send.__qualname__ == "Producer.send"
+    p = producer("compiled", FakeMetadata(), batch_size=100_000, buffer_memory=1_000_000, seed=0)
+    p.send("t1", b"open")
+    bound = p.send
+    assert inspect.signature(bound) == inspect.signature(PYTHON_SEND.__get__(p))
+    futures = [bound("t1", b"a"), Producer.send(p, "t1", b"b"), p.send(topic="t1", value=b"c")]
+    assert [f._index for f in futures] == [1, 2, 3]
+
+
+def test_an_error_of_the_path_reaches_the_caller():
+    p = producer("compiled", FakeMetadata(), batch_size=100_000, buffer_memory=1_000_000, seed=0)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("the path broke")
+
+    p._send_path = broken
+    with pytest.raises(RuntimeError, match="the path broke"):
+        p.send("t1", b"v")

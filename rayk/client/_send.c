@@ -34,6 +34,20 @@
    runs Python code (the collector is off meanwhile: an allocation could run a
    collection, and with it finalizers or gc.callbacks, on this thread with the lock held),
    so no other thread sees the batch half-appended and no send() nests in another.
+   The path reads and writes those attributes where Python keeps them, found once by
+   SendPath(): the accumulator's counters in its __dict__ (its class has no attribute of
+   their names), a ProducerBatch's and a BatchResult's in their __slots__ (the offsets
+   their member descriptors read). A batch or result of another class, or a value of
+   another type, and it declines. Looked up by name per record, they were a third of the
+   path's time (perf: _PyType_Lookup, the dict lookups, the interning in SetAttr).
+
+   SendMethod(wrapped, slow): Producer.send itself, so that `producer.send(...)` runs no
+   Python frame either (see SendMethod below). run_record_callbacks: the sender thread's
+   loop over a finished batch's record callbacks. RecordPlace.exception: what each of those
+   callbacks asks first. The three are the rest of a record's way through a producer's
+   threads, which share one GIL: `benchmarks/client_bench.py`'s send() went from ~0.6x to
+   ~0.8x of confluent-kafka against Tansu with them (the design note of 2026-12-03 has
+   the figures).
 
    RecordPlace(batch, index, timestamp_ms): the base of FutureRecordMetadata, its three
    slots (`_batch`, `_index`, `_timestamp_ms`, read-only) made without a Python __init__:
@@ -69,8 +83,7 @@ typedef struct {
     Py_ssize_t max_record_bytes, batch_size, buffer_memory;
 } SendPath;
 
-static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished,
-    *str_topics, *str_size_bytes, *str_record_count, *str_records, *str_result, *str_record_callbacks, *str_extend,
+static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished, *str_topics,
     *str_acquire, *str_release, *empty_tuple, *deque_append;
 static PyTypeObject *deque_type;
 
@@ -797,9 +810,10 @@ static PyTypeObject SendPathType = {
    arguments as `send(self, topic, value=None, key=None, headers=None, partition=None,
    timestamp_ms=None, callback=None)` would, offers them to the producer's `_send_path`
    (a SendPath directly, anything else callable by a call, None not at all) and, where that
-   declines or the arguments are not a plain binding of those names (an unknown or repeated
-   keyword, too many or too few), calls `slow`, Python's send without the path, with the
-   arguments as given: so every error and every other record is Python's. A method
+   declines, calls `slow`, Python's send without the path, with the arguments as given: so
+   every error and every other record is Python's. Arguments that are not a binding of those
+   names (an unknown or repeated keyword, too many or too few) go to `wrapped`, the Python
+   send, for its TypeError. A method
    descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as a builtin method is: `producer.send(...)`
    binds no method object per call. `wrapped`, the documented Python function, gives it
    its name, docstring and signature (`__wrapped__`). */
@@ -816,8 +830,8 @@ typedef struct {
 static PyObject *argument_names[SEND_ARGUMENTS]; /* interned: "self", "topic", "value", ... */
 static PyObject *str_send_path;
 
-/* The index of keyword `name` among send's arguments (> 1: not self or topic may come by
-   keyword? topic may), or -1. Names in a call's kwnames are interned, as these are. */
+/* The index of keyword `name` among send's arguments (not self: from 1, topic), or -1.
+   A call's keyword names are interned, as these are: compared by identity first. */
 static int argument_index(PyObject *name)
 {
     for (int i = 1; i < SEND_ARGUMENTS; i++)
@@ -868,9 +882,11 @@ static PyObject *SendMethod_vectorcall(PyObject *callable, PyObject *const *args
             if (future != Py_None)
                 return future; /* the record's future, or NULL: the path's error */
             Py_DECREF(future);
+            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
     }
-    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    /* Not a binding of send's arguments: Python's send raises the TypeError, in its name. */
+    return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
 }
 
 static PyObject *SendMethod_call(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -978,12 +994,6 @@ PyMODINIT_FUNC PyInit__send(void)
     INTERN(str_buffered_bytes, "_buffered_bytes");
     INTERN(str_unfinished, "unfinished");
     INTERN(str_topics, "_topics");
-    INTERN(str_size_bytes, "size_bytes");
-    INTERN(str_record_count, "record_count");
-    INTERN(str_records, "records");
-    INTERN(str_result, "result");
-    INTERN(str_record_callbacks, "_record_callbacks");
-    INTERN(str_extend, "extend");
     INTERN(str_acquire, "acquire");
     INTERN(str_release, "release");
     INTERN(str_send_path, "_send_path");

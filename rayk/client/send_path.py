@@ -9,6 +9,10 @@ other record it returns None having changed nothing, and `send` goes the Python 
 `send_path_reference` is the same in Python, the reference the tests hold the compiled
 one to; where no C compiler was found at install, `SendPath` is None and every record
 goes the Python way.
+
+`SendMethod` (also in _send.c) is `Producer.send` itself where the module is built: it
+binds send()'s arguments in C, offers them to the producer's `_send_path`, and calls the
+Python send for everything else, so a record the path takes runs no Python frame at all.
 """
 
 from __future__ import annotations
