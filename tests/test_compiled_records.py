@@ -358,3 +358,15 @@ def test_the_record_decoders_read_what_they_checked_when_a_collection_changes_th
 def test_the_column_decoder_refuses_what_is_not_a_batch_list_with_a_type_error(bad):
     with pytest.raises(TypeError):
         _records.decode_columns(bad)
+
+
+@pytest.mark.parametrize("append_time", [-1, 77])
+def test_records_that_share_a_timestamp_decode_to_their_own_timestamps(append_time):
+    """The consumer's decoder makes one int for a run of equal timestamps: runs, changes and
+    returns to an earlier value, each record with its own (or the append time)."""
+    stamps = [5, 5, 5, 9, 9, 5, 1 << 44, 1 << 44, 6]
+    body = body_of([SimpleRecord(bytes([i]), timestamp_ms=ts) for i, ts in enumerate(stamps)])
+    args = (body, len(stamps), 100, 5, append_time, ConsumerRecord, "t", 3, 0, 100)
+    consumed = _records.decode_consumer_records(*args)
+    assert consumed == decode_consumer_records_reference(*args)
+    assert [r.timestamp for r in consumed] == ([append_time] * len(stamps) if append_time >= 0 else stamps)

@@ -395,6 +395,10 @@ static void untrack_record(PyObject *record, PyObject *headers)
 static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
 {
     PyObject *out = NULL, *topic, *partition, *timestamp_type;
+    /* Records of a batch mostly share their timestamp with the one before (a producer sends
+       hundreds a millisecond): one int object for a run of them, not one each. */
+    PyObject *last_timestamp = NULL;
+    long long last_timestamp_value = 0;
     PyTypeObject *record_type;
     Py_buffer body;
     Py_ssize_t record_count;
@@ -426,8 +430,12 @@ static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
             continue;
         }
         long long timestamp = append_time >= 0 ? append_time : base_timestamp + r.timestamp_delta;
+        if (last_timestamp == NULL || timestamp != last_timestamp_value) {
+            Py_XSETREF(last_timestamp, PyLong_FromLongLong(timestamp));
+            last_timestamp_value = timestamp;
+        }
         PyObject *items[10] = {
-            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLongLong(offset), PyLong_FromLongLong(timestamp),
+            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLongLong(offset), Py_XNewRef(last_timestamp),
             Py_NewRef(timestamp_type), r.key, r.value, r.headers, serialized_size(r.key), serialized_size(r.value),
         };
         PyObject *record = record_type->tp_alloc(record_type, 10);
@@ -449,6 +457,7 @@ static PyObject *decode_consumer_records(PyObject *module, PyObject *args)
         Py_DECREF(record);
     }
 done:
+    Py_XDECREF(last_timestamp);
     PyBuffer_Release(&body);
     return out;
 }
