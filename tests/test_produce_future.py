@@ -126,7 +126,7 @@ def test_a_callback_does_not_keep_its_records_future_alive():
 
 def test_callbacks_queued_with_the_record_and_added_later_each_get_their_own_record():
     """`send(callback=)` queues under the accumulator's lock, add_done_callback under the
-    batch's, so the two may queue at once: each pair goes in whole, and every callback
+    batch's, so the two may queue at once: each callback, index and timestamp go in whole, and every callback
     gets its own record. The switch interval is made tiny so that the threads change
     places between almost any two bytecodes."""
     switch_interval_s = sys.getswitchinterval()
@@ -145,7 +145,7 @@ def test_callbacks_queued_with_the_record_and_added_later_each_get_their_own_rec
             ])  # fmt: skip
             later.start()
             for i in range(0, 1000, 2):
-                batch.add_record_callback_while_open(check(i), (i, i))
+                batch.add_record_callback_while_open(check(i), i, i)
             later.join(timeout=10)
             batch.complete(0, -1)
             assert not wrong and sorted(ran) == list(range(1000))
@@ -171,7 +171,7 @@ def test_record_callbacks_run_in_order_and_one_that_raises_is_logged(callback_lo
         raise ValueError(f"record {future._index} broke")
 
     for i in range(5):
-        batch.add_record_callback_while_open(broken if i == 2 else seen.append, (i, 100 + i))
+        batch.add_record_callback_while_open(broken if i == 2 else seen.append, i, 100 + i)
     with caplog.at_level(logging.ERROR, logger=produce_future.__name__):
         batch.complete(10, -1)
     assert [f.result() for f in seen] == [RecordMetadata("t", 0, 10 + i, 100 + i) for i in (0, 1, 3, 4)]
@@ -194,7 +194,7 @@ def test_a_base_exception_from_a_record_callback_stops_the_loop_and_propagates(c
         raise Stop()
 
     for i, fn in enumerate([lambda f: seen.append(f._index), stop, lambda f: seen.append(f._index)]):
-        batch.add_record_callback_while_open(fn, (i, 1))
+        batch.add_record_callback_while_open(fn, i, 1)
     with pytest.raises(Stop):
         batch.complete(0, -1)
     assert seen == [0] and batch.finished

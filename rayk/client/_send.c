@@ -28,8 +28,8 @@
    way, which raises, waits or opens a batch as it always did.
 
    The record, its size and its callback go where RecordAccumulator.append puts them:
-   (value, key, (), timestamp_ms) onto `batch.records`, `(callback, (index,
-   timestamp_ms))` onto `batch.result._record_callbacks`, the counts and sizes of the
+   (value, key, (), timestamp_ms) onto `batch.records`, the callback, index and
+   timestamp_ms onto `batch.result._record_callbacks`, the counts and sizes of the
    batch and the accumulator moved on. Nothing between taking the lock and releasing it
    runs Python code (the collector is off meanwhile: an allocation could run a
    collection, and with it finalizers or gc.callbacks, on this thread with the lock held),
@@ -275,9 +275,9 @@ static PyTypeObject RecordPlaceType = {
 
 /* ------------------------------------------------------------------ run_record_callbacks */
 
-/* run_record_callbacks(result, pairs, future_type, report): BatchResult._finish's loop
-   over its records' callbacks, compiled. `pairs` holds a callable, then its record's place
-   (index, timestamp_ms), and so on; each callable is called with
+/* run_record_callbacks(result, queued, future_type, report): BatchResult._finish's loop
+   over its records' callbacks, compiled. `queued` holds a callable, then its record's
+   index and timestamp_ms, and so on; each callable is called with
    future_type(result, index, timestamp_ms) in turn. One that raises an Exception has it
    passed to report(exception) and the loop goes on; any other BaseException
    (KeyboardInterrupt...) stops it and propagates, as `except Exception` would let it. A
@@ -288,7 +288,7 @@ static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, P
 {
     (void)module;
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "run_record_callbacks(result, pairs, future_type, report)");
+        PyErr_SetString(PyExc_TypeError, "run_record_callbacks(result, queued, future_type, report)");
         return NULL;
     }
     PyObject *result = args[0], *future_type = args[2], *report = args[3];
@@ -296,21 +296,21 @@ static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, P
     int is_place = as_type != NULL && PyType_IsSubtype(as_type, &RecordPlaceType) &&
                    as_type->tp_basicsize == RecordPlaceType.tp_basicsize && as_type->tp_new == RecordPlaceType.tp_new &&
                    as_type->tp_init == RecordPlaceType.tp_init;
-    PyObject *pairs = PyObject_GetIter(args[1]);
-    if (pairs == NULL)
+    PyObject *queued = PyObject_GetIter(args[1]);
+    if (queued == NULL)
         return NULL;
     PyObject *fn;
-    while ((fn = PyIter_Next(pairs)) != NULL) {
-        PyObject *place = PyIter_Next(pairs), *future = NULL, *called = NULL;
-        if (place == NULL || !PyTuple_CheckExact(place) || PyTuple_GET_SIZE(place) != 2) {
+    while ((fn = PyIter_Next(queued)) != NULL) {
+        PyObject *index = PyIter_Next(queued), *timestamp_ms = index ? PyIter_Next(queued) : NULL;
+        PyObject *future = NULL, *called = NULL;
+        if (timestamp_ms == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "run_record_callbacks: a callable without its record's place");
             Py_DECREF(fn);
-            Py_XDECREF(place);
-            Py_DECREF(pairs);
+            Py_XDECREF(index);
+            Py_DECREF(queued);
             return NULL;
         }
-        PyObject *index = PyTuple_GET_ITEM(place, 0), *timestamp_ms = PyTuple_GET_ITEM(place, 1);
         if (is_place) {
             future = record_place_make(as_type, result, index, timestamp_ms);
         } else {
@@ -320,14 +320,15 @@ static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, P
         if (future != NULL)
             called = PyObject_CallOneArg(fn, future);
         Py_XDECREF(future);
-        Py_DECREF(place);
+        Py_DECREF(index);
+        Py_DECREF(timestamp_ms);
         Py_DECREF(fn);
         if (called != NULL) {
             Py_DECREF(called);
             continue;
         }
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-            Py_DECREF(pairs);
+            Py_DECREF(queued);
             return NULL;
         }
         PyObject *error_type, *error, *traceback;
@@ -338,12 +339,12 @@ static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, P
         PyObject *reported = error == NULL ? NULL : PyObject_CallOneArg(report, error);
         Py_XDECREF(error_type), Py_XDECREF(error), Py_XDECREF(traceback);
         if (reported == NULL) {
-            Py_DECREF(pairs);
+            Py_DECREF(queued);
             return NULL;
         }
         Py_DECREF(reported);
     }
-    Py_DECREF(pairs);
+    Py_DECREF(queued);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
@@ -351,7 +352,7 @@ static PyObject *run_record_callbacks(PyObject *module, PyObject *const *args, P
 
 static PyMethodDef send_functions[] = {
     {"run_record_callbacks", (PyCFunction)(void (*)(void))run_record_callbacks, METH_FASTCALL,
-     "run_record_callbacks(result, pairs, future_type, report): BatchResult._finish's loop (see _send.c)."},
+     "run_record_callbacks(result, queued, future_type, report): BatchResult._finish's loop (see _send.c)."},
     {NULL},
 };
 
@@ -502,6 +503,25 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Appends the n items to the deque `queue`, all or none (-1 with the error set). */
+static int queue_all(PyObject *queue, PyObject *const *items, int n)
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *args[2] = {queue, items[i]};
+        PyObject *appended = PyObject_Vectorcall(deque_append, args, 2, NULL);
+        if (appended == NULL) {
+            PyObject *error_type, *error, *traceback;
+            PyErr_Fetch(&error_type, &error, &traceback);
+            for (int j = 0; j < i; j++)
+                Py_XDECREF(PyObject_CallMethod(queue, "pop", NULL));
+            PyErr_Restore(error_type, error, traceback);
+            return -1;
+        }
+        Py_DECREF(appended);
+    }
+    return 0;
+}
+
 /* The appending half, the lock held and the collector off: 1 appended (*result_out and
    *index_out set to the batch's result and the record's index, new references), 0 not this
    way (nothing changed), -1 error (nothing changed). */
@@ -518,8 +538,7 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
     if (buffered < 0 || buffered + size > self->buffer_memory)
         return 0; /* append waits for room */
     int rc = -1;
-    PyObject *batch = NULL, *records = NULL, *result = NULL, *record = NULL, *queue = NULL,
-             *place = NULL, *index_obj = NULL, *count_obj = NULL, *bytes_obj = NULL, *unfinished_obj = NULL,
+    PyObject *batch = NULL, *records = NULL, *result = NULL, *record = NULL, *queue = NULL, *index_obj = NULL, *count_obj = NULL, *bytes_obj = NULL, *unfinished_obj = NULL,
              *buffered_obj = NULL;
     Py_INCREF(partition_obj);
     if (partition < 0) { /* unkeyed: the sticky partition, if the topic has one in range */
@@ -576,10 +595,10 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
             goto done;
     }
     rc = -1;
-    /* Everything the append needs is made before anything changes. The record and its
-       place hold bytes, None and ints only: no cycle can go through them, so the collector
-       need not walk them (it would untrack them at its first look, as it does any such
-       tuple; they live until the batch is acknowledged). */
+    /* Everything the append needs is made before anything changes. The record holds
+       bytes, None and ints only: no cycle can go through it, so the collector need not
+       walk it (it would untrack it at its first look, as it does any such tuple; it lives
+       until the batch is acknowledged). */
     index_obj = PyLong_FromSsize_t(index);
     count_obj = PyLong_FromSsize_t(index + 1);
     bytes_obj = PyLong_FromSsize_t(batch_bytes + size);
@@ -590,33 +609,17 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         buffered_obj == NULL || record == NULL)
         goto done;
     PyObject_GC_UnTrack(record);
-    if (queue != NULL) {
-        place = PyTuple_Pack(2, index_obj, timestamp);
-        if (place == NULL)
-            goto done;
-        PyObject_GC_UnTrack(place);
-    }
-    /* The changes: the record, its callback and its place, then the counts. No other thread
-       runs between them: nothing here runs Python code or lets the GIL go (deque.append
-       allocates no object the collector tracks). */
+    /* The changes: the record, its callback, index and timestamp, then the counts. No
+       other thread runs between them: nothing here runs Python code or lets the GIL go
+       (deque.append allocates no object the collector tracks). */
     if (PyList_Append(records, record) < 0)
         goto done;
-    if (queue != NULL) {
-        PyObject *callback_args[2] = {queue, callback}, *place_args[2] = {queue, place};
-        PyObject *queued = PyObject_Vectorcall(deque_append, callback_args, 2, NULL);
-        PyObject *queued_place = queued == NULL ? NULL : PyObject_Vectorcall(deque_append, place_args, 2, NULL);
-        if (queued_place == NULL) { /* out of memory: take the record, and its callback, back out */
-            PyObject *error_type, *error, *traceback;
-            PyErr_Fetch(&error_type, &error, &traceback);
-            if (queued != NULL)
-                Py_XDECREF(PyObject_CallMethod(queue, "pop", NULL));
-            PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
-            PyErr_Restore(error_type, error, traceback);
-            Py_XDECREF(queued);
-            goto done;
-        }
-        Py_DECREF(queued);
-        Py_DECREF(queued_place);
+    if (queue != NULL && queue_all(queue, (PyObject *[]){callback, index_obj, timestamp}, 3) < 0) {
+        PyObject *error_type, *error, *traceback; /* out of memory: take the record back out */
+        PyErr_Fetch(&error_type, &error, &traceback);
+        PyList_SetSlice(records, PyList_GET_SIZE(records) - 1, PyList_GET_SIZE(records), NULL);
+        PyErr_Restore(error_type, error, traceback);
+        goto done;
     }
     /* Stores that cannot fail: slots, and keys the dict holds already. */
     Py_SETREF(SLOT(batch, self->batch_record_count), Py_NewRef(count_obj));
@@ -635,7 +638,6 @@ done:
     Py_XDECREF(result);
     Py_XDECREF(record);
     Py_XDECREF(queue);
-    Py_XDECREF(place);
     Py_XDECREF(index_obj);
     Py_XDECREF(count_obj);
     Py_XDECREF(bytes_obj);

@@ -199,14 +199,13 @@ class RecordAccumulator:
                 if index and batch.size_bytes + size > self._batch_size:  # an empty batch takes any record
                     self._close(batch)
                     continue
-                place = None if callback is None else (index, record[3])
                 if self._open.get(key) is not batch or batch.record_count != index:
                     continue  # a send nested in the allocation above took the slot or closed the batch
                 # from here to the counts nothing allocates a tracked object, which
                 # test_a_send_nested_in_an_append_by_a_collection_keeps_the_counts holds it to
                 batch.records.append(record)
-                if callback is not None and place is not None:
-                    batch.result.add_record_callback_while_open(callback, place)
+                if callback is not None:
+                    batch.result.add_record_callback_while_open(callback, index, record[3])
                 batch.record_count = index + 1
                 batch.size_bytes += size
                 self.unfinished += 1

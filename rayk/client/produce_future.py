@@ -65,14 +65,12 @@ class BatchResult:
         self.finished = False
         self._done = threading.Event()
         self._callbacks: list[tuple[Callable[[Any], None], Any]] = []
-        # Record callbacks, and (index, timestamp_ms) of their records: tuples of ints, which
-        # Python's collector stops tracking the first time it sees them.
-        # Each pair queued under `_lock`, or by one `deque.extend` of it (the compiled send
-        # path's, under the accumulator's lock: CPython lets no other thread run inside
-        # it), so pairs queued by two threads at once never interleave.
-        self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any] | tuple[int, int]] = (
-            collections.deque()
-        )
+        # Record callbacks, each followed by its record's index and timestamp_ms: ints, no
+        # object per record for Python's collector to count or walk. Each three queued
+        # under `_lock`, or by the compiled send path under the accumulator's lock with no
+        # Python code between them (CPython lets no other thread run there), so threes
+        # queued by two threads at once never interleave.
+        self._record_callbacks: collections.deque[Callable[[FutureRecordMetadata], Any] | int] = collections.deque()
         self._lock = threading.Lock()
 
     def complete(self, base_offset: int, log_append_time_ms: int) -> None:
@@ -110,27 +108,28 @@ class BatchResult:
         if _run_record_callbacks is not None:  # the same loop, compiled
             _run_record_callbacks(self, record_callbacks, FutureRecordMetadata, _report_callback_error)
             return
-        pairs: Iterator[Any] = iter(record_callbacks)  # a callable, then its record's place
-        for fn in pairs:
-            index, timestamp_ms = next(pairs)
+        queued: Iterator[Any] = iter(record_callbacks)  # a callable, then its record's index and timestamp
+        for fn in queued:
+            index, timestamp_ms = next(queued), next(queued)
             try:
                 fn(FutureRecordMetadata(self, index, timestamp_ms))
             except Exception:
                 logger.exception("a send() callback raised")
 
-    def add_record_callback_while_open(self, fn: Callable[[FutureRecordMetadata], Any], place: tuple[int, int]) -> None:
-        """Queues a record's callback and its place, (index, timestamp_ms), as the
-        accumulator appends the record (`send`'s `callback`), under the accumulator's lock,
-        to its partition's open batch: such a batch cannot finish before it is closed, which
-        takes that lock too. Two appends under `_lock`, not one `extend` of a pair: these
-        allocate no object the collector tracks (an extend makes an iterator), which the
-        accumulator's append relies on (see RecordAccumulator.append); the lock keeps a
-        later add_done_callback on another thread from coming between them."""
+    def add_record_callback_while_open(self, fn: Callable[[FutureRecordMetadata], Any], index: int, timestamp_ms: int) -> None:
+        """Queues a record's callback, its index and its timestamp as the accumulator appends
+        the record (`send`'s `callback`), under the accumulator's lock, to its partition's
+        open batch: such a batch cannot finish before it is closed, which takes that lock
+        too. Three appends under `_lock`, not one `extend`: these allocate no object the
+        collector tracks (an extend makes an iterator), which the accumulator's append relies
+        on (see RecordAccumulator.append); the lock keeps a later add_done_callback on
+        another thread from coming between them."""
         lock, queue = self._lock, self._record_callbacks
         lock.acquire()
         try:
             queue.append(fn)
-            queue.append(place)
+            queue.append(index)
+            queue.append(timestamp_ms)
         finally:
             lock.release()
 
@@ -231,7 +230,7 @@ class FutureRecordMetadata(_RecordPlace):
         batch = self._batch
         with batch._lock:
             if not batch.finished:
-                batch._record_callbacks.extend((fn, (self._index, self._timestamp_ms)))
+                batch._record_callbacks.extend((fn, self._index, self._timestamp_ms))
                 return
         _run(lambda: fn(FutureRecordMetadata(batch, self._index, self._timestamp_ms)))
 

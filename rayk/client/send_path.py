@@ -75,7 +75,7 @@ def send_path_reference(
             index = batch.record_count
             batch.records.append((value, key, (), timestamp_ms))
             if callback is not None:
-                batch.result._record_callbacks.extend((callback, (index, timestamp_ms)))
+                batch.result._record_callbacks.extend((callback, index, timestamp_ms))
             batch.record_count = index + 1
             batch.size_bytes += size
             acc.unfinished += 1
