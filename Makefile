@@ -104,6 +104,7 @@ bench: bytecode
 	$(PY) benchmarks/bytecode_bench.py
 	$(PY) benchmarks/client_bench.py
 	$(PY) benchmarks/send_gc_bench.py
+	$(PY) benchmarks/client_cpu_bench.py
 	$(PY) benchmarks/ack_path_bench.py
 	$(PY) benchmarks/decode_bench.py
 	$(PY) benchmarks/read_path_bench.py

@@ -220,7 +220,7 @@ class FutureRecordMetadata(_RecordPlace):
         return batch.error_of(self._index)
 
     if _RecordPlace is not _RecordPlaceReference:  # the same, compiled (_send.c): a callback per record asks it
-        exception = _RecordPlace.exception  # type: ignore[assignment]  # noqa: F811
+        exception = _RecordPlace.exception  # noqa: F811
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Calls fn(a future equal to this one) once the record is acknowledged or failed

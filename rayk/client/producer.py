@@ -308,7 +308,7 @@ class Producer:
     if SendMethod is not None:
         # The same send, its first step compiled too: `producer.send(...)` runs no Python
         # frame for a record the path takes (rayk/client/_send.c, SendMethod).
-        send = SendMethod(send, _send_without_path)  # type: ignore[assignment]
+        send = SendMethod(send, _send_without_path)
 
     def send_batch(
         self,
