@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import sys
@@ -211,3 +212,20 @@ def test_exception_takes_its_timeout_by_position_or_by_name():
             wrong()
     batch.complete(1, -1)
     assert future.exception() is None and future.exception(0) is None and future.exception(timeout=None) is None
+
+
+def test_the_compiled_callback_loop_makes_futures_of_any_class_it_is_given():
+    """run_record_callbacks makes a RecordPlace directly; any other future class it calls."""
+    if produce_future._run_record_callbacks is None:
+        pytest.skip("rayk.client._send is not built")
+
+    class Place:
+        def __init__(self, batch: BatchResult, index: int, timestamp_ms: int) -> None:
+            self.where = (batch, index, timestamp_ms)
+
+    batch, seen = BatchResult("t", 0), []
+    queued = collections.deque([seen.append, 0, 5, seen.append, 1, 6])
+    produce_future._run_record_callbacks(batch, queued, Place, lambda error: None)
+    assert [type(f) for f in seen] == [Place, Place] and [f.where for f in seen] == [(batch, 0, 5), (batch, 1, 6)]
+    with pytest.raises(ValueError, match="place"):
+        produce_future._run_record_callbacks(batch, collections.deque([seen.append, 0]), Place, lambda error: None)

@@ -524,16 +524,34 @@ CALL_FORMS = [  # (args after self, kwargs): a plain binding, and what Python re
 @pytest.mark.parametrize(("args", "kwargs"), CALL_FORMS)
 def test_send_binds_its_arguments_as_the_python_function_does(args, kwargs):
     """The compiled send and the Python one, on producers in the same state: the same
-    future, or the same error, and the same accumulator after."""
+    future, or the same error, and the same accumulator after; and the path is offered the
+    same eight arguments, by the compiled send itself (not by the Python one it falls back
+    to) where they bind."""
     metadata = FakeMetadata()
     compiled, python = (producer("compiled", metadata, batch_size=100_000, buffer_memory=1_000_000, seed=3)
                         for _ in range(2))  # fmt: skip
-    for p in (compiled, python):
+    offered: dict[str, list[tuple[str, tuple]]] = {"compiled": [], "python": []}
+    for kind, p in (("compiled", compiled), ("python", python)):
         p.send("t3", b"open", partition=1)
         p.send("t1", b"open")
+        p._send_path = spied(p._send_path, offered[kind])
     got = outcome(lambda: compiled.send(*args, **kwargs)), outcome(lambda: PYTHON_SEND(python, *args, **kwargs))
     assert got[0] == got[1]
     assert state(compiled) == state(python)
+    assert [a for _, a in offered["compiled"][:1]] == [a for _, a in offered["python"]]
+    assert all(caller == "send" for caller, _ in offered["python"])
+    if offered["python"] and SendPath is not None:
+        assert offered["compiled"][0][0] != "send", "bound and offered in C, not by the Python send"
+
+
+def spied(path: Any, offered: list[tuple[str, tuple]]) -> Any:
+    """`path`, noting the function that called it and the arguments it was offered."""
+
+    def call(*args: Any) -> Any:
+        offered.append((sys._getframe(1).f_code.co_name, args[1:]))
+        return path(*args)
+
+    return call
 
 
 def test_send_reads_as_the_python_function():
@@ -561,3 +579,50 @@ def test_an_error_of_the_path_reaches_the_caller():
     p._send_path = broken
     with pytest.raises(RuntimeError, match="the path broke"):
         p.send("t1", b"v")
+
+
+def test_sendpath_refuses_an_accumulator_it_cannot_read_in_place():
+    """An accumulator whose class shadows a counter, or whose lock cannot be taken: a
+    TypeError or AttributeError at SendPath(), nothing leaked or freed twice."""
+    from rayk.client import produce_future
+
+    metadata = FakeMetadata()
+
+    class Shadowing(RecordAccumulator):
+        unfinished = 0  # read from the class, not the instance's __dict__, were the instance's gone
+
+    def accumulator(cls: type = RecordAccumulator) -> RecordAccumulator:
+        return cls(batch_size=1_000, linger_ms=5, delivery_timeout_ms=1_000, buffer_memory=10_000, max_block_ms=0,
+                   max_in_flight=5, max_request_size=4_096)  # fmt: skip
+
+    lockless = accumulator()
+    lockless._mutex = object()  # no acquire
+    references = sys.getrefcount(produce_future)
+    for _ in range(20):
+        with pytest.raises(TypeError, match="unfinished"):
+            SendPath(accumulator(Shadowing), metadata, True, True, 1_000)
+        with pytest.raises(AttributeError):
+            SendPath(lockless, metadata, True, True, 1_000)
+    assert sys.getrefcount(produce_future) == references
+
+
+def test_the_path_declines_a_batch_or_a_queue_of_another_kind():
+    """A batch of another class (a subclass included), or a result whose callback queue is
+    not a deque: the path takes nothing, and send() appends as Python does."""
+    from rayk.client.accumulator import ProducerBatch
+
+    class OtherBatch(ProducerBatch):
+        __slots__ = ()
+
+    p = producer("compiled", FakeMetadata(), batch_size=100_000, buffer_memory=1_000_000, seed=0)
+    p.send("t1", b"open", partition=0)
+    batch = p._accumulator._open[("t1", 0)]
+    batch.__class__ = OtherBatch
+    before = state(p)
+    assert p._send_path(p, "t1", b"v", None, None, 0, 1, None) is None and state(p) == before
+    batch.__class__ = ProducerBatch
+    batch.result._record_callbacks = list(batch.result._record_callbacks)
+    assert p._send_path(p, "t1", b"v", None, None, 0, 1, callback_a) is None and state(p) == before
+    assert p._send_path(p, "t1", b"v", None, None, 0, 1, None) is not None, "with no callback, the queue is not read"
+    assert p.send("t1", b"w", partition=0, callback=callback_a)._index == 2
+    assert batch.result._record_callbacks[-3:] == [callback_a, 2, p._accumulator._open[("t1", 0)].records[2][3]]

@@ -41,7 +41,7 @@
    another type, and it declines. Looked up by name per record, they were a third of the
    path's time (perf: _PyType_Lookup, the dict lookups, the interning in SetAttr).
 
-   SendMethod(wrapped, slow): Producer.send itself, so that `producer.send(...)` runs no
+   SendMethod(wrapped): Producer.send itself, so that `producer.send(...)` runs no
    Python frame either (see SendMethod below). run_record_callbacks: the sender thread's
    loop over a finished batch's record callbacks. RecordPlace.exception: what each of those
    callbacks asks first. The three are the rest of a record's way through a producer's
@@ -97,7 +97,8 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
     if (descr == NULL)
         return -1;
     Py_ssize_t offset = -1;
-    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && PyType_IsSubtype(type, PyDescr_TYPE(descr)) &&
+        ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
         !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY))
         offset = ((PyMemberDescrObject *)descr)->d_member->offset;
     else
@@ -248,6 +249,7 @@ static PyObject *RecordPlace_exception(RecordPlace *self, PyObject *const *args,
 
 static PyMethodDef RecordPlace_methods[] = {
     {"exception", (PyCFunction)(void (*)(void))RecordPlace_exception, METH_FASTCALL | METH_KEYWORDS,
+     "exception($self, /, timeout=None)\n--\n\n"
      "The record's error, or None; waits up to `timeout` s for its batch (KafkaTimeoutError)."},
     {NULL},
 };
@@ -386,7 +388,7 @@ static int SendPath_init(SendPath *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     Py_DECREF(partitioner);
-    Py_DECREF(module);
+    Py_CLEAR(module);
     /* What the path reads and writes per record, found once (see slot_offset): the
        accumulator's counters in its __dict__ (its class has no attribute of their names, so
        the dict is where Python reads them too), its batches' and their results' in slots. */
@@ -591,7 +593,7 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         goto done;
     if (callback != Py_None) {
         queue = Py_XNewRef(SLOT(result, self->result_record_callbacks));
-        if (queue == NULL || !PyObject_TypeCheck(queue, deque_type))
+        if (queue == NULL || !Py_IS_TYPE(queue, deque_type)) /* a subclass's append could run Python code */
             goto done;
     }
     rc = -1;
@@ -621,7 +623,8 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         PyErr_Restore(error_type, error, traceback);
         goto done;
     }
-    /* Stores that cannot fail: slots, and keys the dict holds already. */
+    /* Stores that cannot fail: slots, and keys the dict holds already (CPython 3.11
+       replaces a value in place, allocating nothing, and runs no code: no dict watchers). */
     Py_SETREF(SLOT(batch, self->batch_record_count), Py_NewRef(count_obj));
     Py_SETREF(SLOT(batch, self->batch_size_bytes), Py_NewRef(bytes_obj));
     if (PyDict_SetItem(acc, str_unfinished, unfinished_obj) < 0 || PyDict_SetItem(acc, str_buffered_bytes, buffered_obj) < 0)
@@ -810,23 +813,22 @@ static PyTypeObject SendPathType = {
 /* Producer.send itself: the method, called as `producer.send(topic, value, key=...,
    callback=...)`, with no Python frame for a record the SendPath takes. It binds the
    arguments as `send(self, topic, value=None, key=None, headers=None, partition=None,
-   timestamp_ms=None, callback=None)` would, offers them to the producer's `_send_path`
-   (a SendPath directly, anything else callable by a call, None not at all) and, where that
-   declines, calls `slow`, Python's send without the path, with the arguments as given: so
-   every error and every other record is Python's. Arguments that are not a binding of those
-   names (an unknown or repeated keyword, too many or too few) go to `wrapped`, the Python
-   send, for its TypeError. A method
-   descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as a builtin method is: `producer.send(...)`
-   binds no method object per call. `wrapped`, the documented Python function, gives it
-   its name, docstring and signature (`__wrapped__`). */
+   timestamp_ms=None, callback=None)` would and offers them to the producer's `_send_path`
+   (a SendPath directly, anything else callable by a call, None not at all). Where that
+   declines, or the arguments are no binding of those names (an unknown or repeated
+   keyword, too many or too few), it calls `wrapped`, the documented Python send, with the
+   arguments as given: so every error and every other record is Python's, as are its name,
+   docstring and signature (`__wrapped__`). A declined record is offered to the path once
+   more there, which declines it again at once: one C call for a record in a few thousand.
+   A method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as a builtin method is:
+   `producer.send(...)` binds no method object per call. */
 
 #define SEND_ARGUMENTS 8 /* producer, topic, value, key, headers, partition, timestamp_ms, callback */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *wrapped; /* the Python send: its name, doc and signature */
-    PyObject *slow;    /* send without the path: every call the path does not take */
+    PyObject *wrapped; /* the Python send: every call the path does not take; its name, doc and signature */
 } SendMethod;
 
 static PyObject *argument_names[SEND_ARGUMENTS]; /* interned: "self", "topic", "value", ... */
@@ -884,10 +886,11 @@ static PyObject *SendMethod_vectorcall(PyObject *callable, PyObject *const *args
             if (future != Py_None)
                 return future; /* the record's future, or NULL: the path's error */
             Py_DECREF(future);
-            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
     }
-    /* Not a binding of send's arguments: Python's send raises the TypeError, in its name. */
+    /* Declined, or not a binding of send's arguments: Python's send, which offers the
+       record to the path once more (it declines again at once) and otherwise raises the
+       TypeError in its own name, waits, opens a batch... */
     return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
 }
 
@@ -906,12 +909,12 @@ static PyObject *SendMethod_get(PyObject *self, PyObject *obj, PyObject *type)
 
 static PyObject *SendMethod_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"wrapped", "slow", NULL};
-    PyObject *wrapped, *slow;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:SendMethod", kwlist, &wrapped, &slow))
+    static char *kwlist[] = {"wrapped", NULL};
+    PyObject *wrapped;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:SendMethod", kwlist, &wrapped))
         return NULL;
-    if (!PyCallable_Check(slow)) {
-        PyErr_SetString(PyExc_TypeError, "SendMethod: slow must be callable");
+    if (!PyCallable_Check(wrapped)) {
+        PyErr_SetString(PyExc_TypeError, "SendMethod: wrapped must be callable");
         return NULL;
     }
     SendMethod *self = (SendMethod *)type->tp_alloc(type, 0);
@@ -919,21 +922,18 @@ static PyObject *SendMethod_new(PyTypeObject *type, PyObject *args, PyObject *kw
         return NULL;
     self->vectorcall = SendMethod_vectorcall;
     self->wrapped = Py_NewRef(wrapped);
-    self->slow = Py_NewRef(slow);
     return (PyObject *)self;
 }
 
 static int SendMethod_traverse(SendMethod *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->wrapped);
-    Py_VISIT(self->slow);
     return 0;
 }
 
 static int SendMethod_clear(SendMethod *self)
 {
     Py_CLEAR(self->wrapped);
-    Py_CLEAR(self->slow);
     return 0;
 }
 
@@ -960,7 +960,6 @@ static PyObject *SendMethod_getattro(PyObject *self, PyObject *name)
 
 static PyMemberDef SendMethod_members[] = {
     {"__wrapped__", T_OBJECT_EX, offsetof(SendMethod, wrapped), READONLY, "the Python send, documented"},
-    {"slow", T_OBJECT_EX, offsetof(SendMethod, slow), READONLY, "send without the compiled path"},
     {NULL},
 };
 

@@ -261,20 +261,6 @@ class Producer:
             future = path(self, topic, value, key, headers, partition, timestamp_ms, callback)
             if future is not None:
                 return future
-        return self._send_without_path(topic, value, key, headers, partition, timestamp_ms, callback)
-
-    def _send_without_path(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        headers: list[tuple[str, bytes | None]] | None = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        callback: Callable[[FutureRecordMetadata], Any] | None = None,
-    ) -> FutureRecordMetadata:
-        """send() for a record `_send_path` did not take: serializers, waits, errors, and
-        opening and closing batches."""
         if self._closed:
             raise RuntimeError("the producer is closed")
         # The hot path: a plain tuple for the record, no call for bytes with no serializer.
@@ -308,7 +294,7 @@ class Producer:
     if SendMethod is not None:
         # The same send, its first step compiled too: `producer.send(...)` runs no Python
         # frame for a record the path takes (rayk/client/_send.c, SendMethod).
-        send = SendMethod(send, _send_without_path)
+        send = SendMethod(send)
 
     def send_batch(
         self,
