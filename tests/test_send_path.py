@@ -589,7 +589,7 @@ def test_sendpath_refuses_an_accumulator_it_cannot_read_in_place():
     metadata = FakeMetadata()
 
     class Shadowing(RecordAccumulator):
-        unfinished = 0  # read from the class, not the instance's __dict__, were the instance's gone
+        unfinished = 0  # over the slot: Python would read the instance's __dict__, the path the slot
 
     def accumulator(cls: type = RecordAccumulator) -> RecordAccumulator:
         return cls(batch_size=1_000, linger_ms=5, delivery_timeout_ms=1_000, buffer_memory=10_000, max_block_ms=0,

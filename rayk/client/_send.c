@@ -35,10 +35,9 @@
    collection, and with it finalizers or gc.callbacks, on this thread with the lock held),
    so no other thread sees the batch half-appended and no send() nests in another.
    The path reads and writes those attributes where Python keeps them, found once by
-   SendPath(): the accumulator's counters in its __dict__ (its class has no attribute of
-   their names), a ProducerBatch's and a BatchResult's in their __slots__ (the offsets
-   their member descriptors read). A batch or result of another class, or a value of
-   another type, and it declines. Looked up by name per record, they were a third of the
+   SendPath(): the accumulator's, a ProducerBatch's and a BatchResult's __slots__ (the
+   offsets their member descriptors read). An accumulator, batch or result of another
+   class, or a value of another type, and it declines. Looked up by name per record, they were a third of the
    path's time (perf: _PyType_Lookup, the dict lookups, the interning in SetAttr).
 
    SendMethod(wrapped): Producer.send itself, so that `producer.send(...)` runs no
@@ -69,8 +68,8 @@ typedef struct {
     PyObject *accumulator;
     PyObject *mutex;       /* accumulator._mutex, an RLock */
     PyObject *acquire, *release; /* its bound methods */
-    PyObject *acc_dict;    /* accumulator.__dict__: _failure, closed, unfinished, _buffered_bytes */
-    PyTypeObject *batch_type, *result_type; /* ProducerBatch and BatchResult, classes of __slots__ */
+    PyTypeObject *acc_type, *batch_type, *result_type; /* the accumulator's class, ProducerBatch, BatchResult: of __slots__ */
+    Py_ssize_t acc_failure, acc_closed, acc_unfinished, acc_buffered_bytes; /* the accumulator's slots */
     Py_ssize_t batch_records, batch_result, batch_record_count, batch_size_bytes, result_record_callbacks; /* slots */
     PyObject *open;        /* accumulator._open: (topic, partition) -> ProducerBatch */
     PyObject *sticky;      /* accumulator._partitioner._sticky_by_topic: topic -> partition */
@@ -83,7 +82,7 @@ typedef struct {
     Py_ssize_t max_record_bytes, batch_size, buffer_memory;
 } SendPath;
 
-static PyObject *str_producer_closed, *str_closed, *str_failure, *str_buffered_bytes, *str_unfinished, *str_topics,
+static PyObject *str_producer_closed, *str_topics,
     *str_acquire, *str_release, *empty_tuple, *deque_append;
 static PyTypeObject *deque_type;
 
@@ -115,20 +114,6 @@ static Py_ssize_t slot_count(PyObject *obj, Py_ssize_t offset)
     PyObject *value = SLOT(obj, offset);
     if (value == NULL || !PyLong_CheckExact(value))
         return -1;
-    Py_ssize_t n = PyLong_AsSsize_t(value);
-    if (n == -1 && PyErr_Occurred())
-        PyErr_Clear();
-    return n;
-}
-
-/* An int of the accumulator's __dict__, or -1 as slot_count. */
-static Py_ssize_t dict_count(PyObject *dict, PyObject *name)
-{
-    PyObject *value = PyDict_GetItemWithError(dict, name);
-    if (value == NULL || !PyLong_CheckExact(value)) {
-        PyErr_Clear();
-        return -1;
-    }
     Py_ssize_t n = PyLong_AsSsize_t(value);
     if (n == -1 && PyErr_Occurred())
         PyErr_Clear();
@@ -390,49 +375,44 @@ static int SendPath_init(SendPath *self, PyObject *args, PyObject *kwds)
     Py_DECREF(partitioner);
     Py_CLEAR(module);
     /* What the path reads and writes per record, found once (see slot_offset): the
-       accumulator's counters in its __dict__ (its class has no attribute of their names, so
-       the dict is where Python reads them too), its batches' and their results' in slots. */
-    PyObject *acquire = NULL, *release = NULL, *acc_dict = NULL, *batch_type = NULL, *result_type = NULL;
-    Py_ssize_t offsets[5] = {-1, -1, -1, -1, -1};
+       accumulator's counters, its batches' and their results' fields, all in slots. */
+    PyObject *acquire = NULL, *release = NULL, *batch_type = NULL, *result_type = NULL;
+    Py_ssize_t offsets[9] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
     int ok = (acquire = PyObject_GetAttr(mutex, str_acquire)) != NULL &&
              (release = PyObject_GetAttr(mutex, str_release)) != NULL &&
-             (acc_dict = PyObject_GenericGetDict(accumulator, NULL)) != NULL &&
              (module = PyImport_ImportModule("rayk.client.accumulator")) != NULL &&
              (batch_type = PyObject_GetAttrString(module, "ProducerBatch")) != NULL &&
              (result_type = PyObject_GetAttrString(module, "BatchResult")) != NULL;
     Py_XDECREF(module);
-    if (ok && (!PyType_Check(batch_type) || !PyType_Check(result_type) || !PyDict_CheckExact(acc_dict))) {
-        PyErr_SetString(PyExc_TypeError, "SendPath: an accumulator with a __dict__, and classes of batches");
+    if (ok && (!PyType_Check(batch_type) || !PyType_Check(result_type))) {
+        PyErr_SetString(PyExc_TypeError, "SendPath: ProducerBatch and BatchResult must be classes");
         ok = 0;
     }
-    PyObject *counters[] = {str_failure, str_closed, str_unfinished, str_buffered_bytes};
-    for (int i = 0; ok && i < 4; i++) {
-        if (PyObject_HasAttr((PyObject *)Py_TYPE(accumulator), counters[i])) {
-            PyErr_Format(PyExc_TypeError, "SendPath: the accumulator's class has an attribute %R", counters[i]);
-            ok = 0;
-        }
-    }
-    if (ok) {
-        const char *batch_slots[] = {"records", "result", "record_count", "size_bytes"};
-        for (int i = 0; ok && i < 4; i++)
-            ok = (offsets[i] = slot_offset((PyTypeObject *)batch_type, batch_slots[i])) >= 0;
-        ok = ok && (offsets[4] = slot_offset((PyTypeObject *)result_type, "_record_callbacks")) >= 0;
-    }
+    const char *acc_slots[] = {"_failure", "closed", "unfinished", "_buffered_bytes"};
+    const char *batch_slots[] = {"records", "result", "record_count", "size_bytes"};
+    for (int i = 0; ok && i < 4; i++)
+        ok = (offsets[i] = slot_offset(Py_TYPE(accumulator), acc_slots[i])) >= 0 &&
+             (offsets[4 + i] = slot_offset((PyTypeObject *)batch_type, batch_slots[i])) >= 0;
+    ok = ok && (offsets[8] = slot_offset((PyTypeObject *)result_type, "_record_callbacks")) >= 0;
     if (!ok) {
-        Py_XDECREF(acquire), Py_XDECREF(release), Py_XDECREF(acc_dict), Py_XDECREF(batch_type);
-        Py_XDECREF(result_type), Py_DECREF(mutex), Py_DECREF(open), Py_DECREF(sticky), Py_DECREF(future_type);
+        Py_XDECREF(acquire), Py_XDECREF(release), Py_XDECREF(batch_type), Py_XDECREF(result_type);
+        Py_DECREF(mutex), Py_DECREF(open), Py_DECREF(sticky), Py_DECREF(future_type);
         return -1;
     }
     Py_XSETREF(self->acquire, acquire);
     Py_XSETREF(self->release, release);
-    Py_XSETREF(self->acc_dict, acc_dict);
+    Py_XSETREF(self->acc_type, (PyTypeObject *)Py_NewRef(Py_TYPE(accumulator)));
     Py_XSETREF(self->batch_type, (PyTypeObject *)batch_type);
     Py_XSETREF(self->result_type, (PyTypeObject *)result_type);
-    self->batch_records = offsets[0];
-    self->batch_result = offsets[1];
-    self->batch_record_count = offsets[2];
-    self->batch_size_bytes = offsets[3];
-    self->result_record_callbacks = offsets[4];
+    self->acc_failure = offsets[0];
+    self->acc_closed = offsets[1];
+    self->acc_unfinished = offsets[2];
+    self->acc_buffered_bytes = offsets[3];
+    self->batch_records = offsets[4];
+    self->batch_result = offsets[5];
+    self->batch_record_count = offsets[6];
+    self->batch_size_bytes = offsets[7];
+    self->result_record_callbacks = offsets[8];
     Py_INCREF(accumulator);
     Py_INCREF(metadata);
     Py_XSETREF(self->accumulator, accumulator);
@@ -463,7 +443,7 @@ static int SendPath_traverse(SendPath *self, visitproc visit, void *arg)
     Py_VISIT(self->mutex);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
-    Py_VISIT(self->acc_dict);
+    Py_VISIT(self->acc_type);
     Py_VISIT(self->batch_type);
     Py_VISIT(self->result_type);
     Py_VISIT(self->open);
@@ -480,7 +460,7 @@ static int SendPath_clear(SendPath *self)
     Py_CLEAR(self->mutex);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
-    Py_CLEAR(self->acc_dict);
+    Py_CLEAR(self->acc_type);
     Py_CLEAR(self->batch_type);
     Py_CLEAR(self->result_type);
     Py_CLEAR(self->open);
@@ -531,12 +511,11 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
                          Py_ssize_t partition, Py_ssize_t num_partitions, Py_ssize_t size, PyObject *timestamp,
                          PyObject *callback, PyObject **result_out, PyObject **index_out)
 {
-    PyObject *acc = self->acc_dict; /* the accumulator's attributes */
-    if (PyDict_GetItemWithError(acc, str_failure) != Py_None || PyDict_GetItemWithError(acc, str_closed) != Py_False) {
-        PyErr_Clear();
+    PyObject *acc = self->accumulator;
+    if (!Py_IS_TYPE(acc, self->acc_type) || SLOT(acc, self->acc_failure) != Py_None ||
+        SLOT(acc, self->acc_closed) != Py_False)
         return 0; /* failed, closed, or not an accumulator as this path knows it: Python's way */
-    }
-    Py_ssize_t buffered = dict_count(acc, str_buffered_bytes);
+    Py_ssize_t buffered = slot_count(acc, self->acc_buffered_bytes);
     if (buffered < 0 || buffered + size > self->buffer_memory)
         return 0; /* append waits for room */
     int rc = -1;
@@ -585,7 +564,7 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
     if (batch_bytes < 0 || batch_bytes + size >= self->batch_size)
         goto done; /* append closes the batch, before or after the record */
     Py_ssize_t index = slot_count(batch, self->batch_record_count);
-    Py_ssize_t unfinished = dict_count(acc, str_unfinished);
+    Py_ssize_t unfinished = slot_count(acc, self->acc_unfinished);
     records = Py_XNewRef(SLOT(batch, self->batch_records));
     result = Py_XNewRef(SLOT(batch, self->batch_result));
     if (index < 0 || unfinished < 0 || records == NULL || !PyList_CheckExact(records) || result == NULL ||
@@ -623,12 +602,11 @@ static int append_locked(SendPath *self, PyObject *topic, PyObject *value, PyObj
         PyErr_Restore(error_type, error, traceback);
         goto done;
     }
-    /* Stores that cannot fail: slots, and keys the dict holds already (CPython 3.11
-       replaces a value in place, allocating nothing, and runs no code: no dict watchers). */
+    /* Stores into slots, which cannot fail (each held an int: its decref runs no code). */
     Py_SETREF(SLOT(batch, self->batch_record_count), Py_NewRef(count_obj));
     Py_SETREF(SLOT(batch, self->batch_size_bytes), Py_NewRef(bytes_obj));
-    if (PyDict_SetItem(acc, str_unfinished, unfinished_obj) < 0 || PyDict_SetItem(acc, str_buffered_bytes, buffered_obj) < 0)
-        goto done;
+    Py_SETREF(SLOT(acc, self->acc_unfinished), Py_NewRef(unfinished_obj));
+    Py_SETREF(SLOT(acc, self->acc_buffered_bytes), Py_NewRef(buffered_obj));
     *result_out = result;
     result = NULL;
     *index_out = index_obj;
@@ -990,10 +968,6 @@ PyMODINIT_FUNC PyInit__send(void)
     if ((var = PyUnicode_InternFromString(text)) == NULL) \
         return NULL;
     INTERN(str_producer_closed, "_closed");
-    INTERN(str_closed, "closed");
-    INTERN(str_failure, "_failure");
-    INTERN(str_buffered_bytes, "_buffered_bytes");
-    INTERN(str_unfinished, "unfinished");
     INTERN(str_topics, "_topics");
     INTERN(str_acquire, "acquire");
     INTERN(str_release, "release");

@@ -117,7 +117,16 @@ class ProducerBatch:
 class RecordAccumulator:
     """A producer's batches from `send` until they are done: owns the open batch and the ready
     queue of each partition, the in-flight counts, the batches by age, and the buffer memory
-    they take. Made with its Producer, which closes it; thread-safe (one lock, see above)."""
+    they take. Made with its Producer, which closes it; thread-safe (one lock, see above).
+    Of __slots__: the compiled send path reads and writes its counters in place (_send.c),
+    and Python's own reads of them stay as fast as an instance's attributes are."""
+
+    __slots__ = (
+        "_batch_size", "_max_request_size", "_linger_s", "delivery_timeout_s", "_buffer_memory", "_max_block_s",
+        "max_in_flight", "_window_max", "_partitioner", "_mutex", "lock", "_space", "_done", "_open", "_ready",
+        "in_flight", "_sent", "_blocked_until_s", "_by_age", "unfinished", "_buffered_bytes", "_flushing", "closed",
+        "abandoned", "_failure",
+    )  # fmt: skip
 
     def __init__(
         self,
