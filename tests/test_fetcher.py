@@ -19,6 +19,7 @@ from rayk.client.fetcher import Fetcher
 from rayk.client.hand_out import hand_out_reference
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
+from rayk.errors import InvalidRecordError
 from rayk.storage.records import SimpleRecord, build_batch
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -286,6 +287,63 @@ def test_drains_of_any_size_hand_out_the_same_records_and_leave_the_same_positio
     assert one_by_one == ([(0, o) for o in range(1, 5)] + [(1, o) for o in range(9)], {A: 6, B: 9})
     for limit in (2, 3, 4, 7, 100):
         assert handed_out(limit) == one_by_one, limit
+
+
+def corrupt_batch(base_offset: int, count: int) -> bytes:
+    """A batch whose header counts more records than it holds: whole to iter_batches, its
+    records section does not decode (INVALID_RECORD)."""
+    data = bytearray(batch(base_offset, count))
+    data[57:61] = (count + 5).to_bytes(4, "big")  # recordCount
+    return bytes(data)
+
+
+def test_a_chunk_is_decoded_a_few_batches_at_a_time_as_it_is_handed_out(monkeypatch):
+    monkeypatch.setattr(fetcher_module, "DECODE_AHEAD_RECORDS", 2)
+    data = batch(0, 2) + batch(2, 2) + batch(4, 2, control=True) + batch(5, 3) + batch(8, 1, control=True)
+    fetcher, positions = fetcher_for({A: ScriptedLeader({0: data})}), {A: 0}
+    fetch_round(fetcher, positions)
+    chunk = fetcher._buffer[0]
+    assert not chunk.records and chunk.more, "nothing is decoded before it is handed out"
+    handing = fetcher.hand_out(positions)
+    assert next(handing).offset == 0
+    assert [r.offset for r in chunk.records] == [1], "one batch decoded ahead, not the chunk"
+    assert next(handing).offset == 1 and chunk.more and positions[A] == 2
+    assert [r.offset for r in handing] == [2, 3, 5, 6, 7]
+    assert positions[A] == 9 and not chunk.more and chunk.decoded_bytes == len(data)
+    assert fetcher._chunks[A] == 0
+
+
+def test_a_batch_that_does_not_decode_raises_after_the_records_before_it_went_out(monkeypatch):
+    monkeypatch.setattr(fetcher_module, "DECODE_AHEAD_RECORDS", 1)
+    data = batch(0, 3) + corrupt_batch(3, 3) + batch(6, 2)
+    fetcher, positions = fetcher_for({A: ScriptedLeader({0: data})}), {A: 0}
+    fetch_round(fetcher, positions)
+    handing = fetcher.hand_out(positions)
+    assert [next(handing).offset for _ in range(2)] == [0, 1]
+    with pytest.raises(InvalidRecordError, match="batch at offset 3"):
+        next(handing)  # is 2 the chunk's last? the next batch must be decoded to tell
+    assert positions == {A: 2}, "no record was skipped"
+    assert [r.offset for r in fetcher.drain(positions, 10)[A]] == [2], "poll takes what decoded before it"
+    for _ in range(2):  # and then meets it, every time: the consumer stays there, as Kafka's does
+        with pytest.raises(InvalidRecordError):
+            fetcher.drain(positions, 10)
+        with pytest.raises(InvalidRecordError):
+            list(fetcher.hand_out(positions))
+    assert positions == {A: 3}
+
+
+def test_a_poll_returns_what_it_took_before_a_batch_that_does_not_decode():
+    # A's records go out; B's chunk does not decode: the poll that took A's records
+    # returns them (their position moved past them), and the next one raises B's error.
+    leaders = {A: ScriptedLeader({0: batch(0, 2)}), B: ScriptedLeader({0: corrupt_batch(0, 2)})}
+    fetcher, positions = fetcher_for(leaders), {A: 0, B: 0}
+    fetch_round(fetcher, positions)
+    taken = fetcher.drain(positions, 100)
+    assert {tp: [r.offset for r in records] for tp, records in taken.items()} == {A: [0, 1]}
+    assert positions == {A: 2, B: 0}
+    with pytest.raises(InvalidRecordError, match="batch at offset 0"):
+        fetcher.drain(positions, 100)
+    assert positions == {A: 2, B: 0}
 
 
 def test_a_forgotten_partition_hands_out_nothing_more():

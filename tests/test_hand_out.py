@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rayk.client.fetcher as fetcher_module
+from rayk.client.fetcher import DECODE_AHEAD_RECORDS
 from rayk.client.hand_out import HandOut, hand_out_reference
 from rayk.client.types import ConsumerRecord, TopicPartition
 from tests.test_fetcher import ScriptedLeader, batch, fetch_round, fetcher_for
@@ -33,16 +34,28 @@ def record(offset: int) -> ConsumerRecord:
 
 
 class Chunk:
-    def __init__(self, offsets: list[int], end: int) -> None:
+    """A chunk whose records are decoded so far (`offsets`) and, batch by batch, as
+    `decode_more` is called (`later`: the offsets of each batch left)."""
+
+    def __init__(self, offsets: list[int], end: int, later: tuple[list[int], ...] = ()) -> None:
         self.tp, self.records, self.end = PARTITIONS[0], deque(record(o) for o in offsets), end
+        self.later = list(later)
+        self.more = bool(later)
 
 
 class RecordingFetcher:
-    """A fetcher as HandOut sees it: `_changes`, and `_drop_if_first` recorded."""
+    """A fetcher as HandOut sees it: `_changes`, `decode_more` and `_drop_if_first`,
+    the two calls recorded."""
 
     def __init__(self) -> None:
         self._changes = 0
         self.dropped: list[Any] = []
+        self.decoded: list[tuple[Any, int]] = []  # (chunk, records left undelivered when called)
+
+    def decode_more(self, chunk: Any) -> None:
+        self.decoded.append((chunk, len(chunk.records)))
+        chunk.records.extend(record(o) for o in chunk.later.pop(0))
+        chunk.more = bool(chunk.later)
 
     def _drop_if_first(self, chunk: Any) -> None:
         self.dropped.append(chunk)
@@ -64,6 +77,40 @@ def test_the_source_is_sent_each_chunks_count_and_records_before_the_position_ar
     assert positions[PARTITIONS[0]] == 10
     # each chunk is dropped at its last record and again once found empty (a no-op for the fetcher)
     assert [chunks.index(c) for c in fetcher.dropped] == [0, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_chunk_is_decoded_as_it_is_handed_out_and_its_last_record_is_known_as_such(implementation):
+    # Batches decoded as the records run out: one left (is it the last?) or none; batches
+    # that give no record (control batches, or before the position) are walked past.
+    chunk = Chunk([0, 1], end=12, later=([2], [], [3, 4, 5], [6], [7, 8], []))
+    empty_first = Chunk([], end=3, later=([], [1, 2]))  # as every FetchedChunk begins: nothing decoded yet
+    fetcher, positions = RecordingFetcher(), {PARTITIONS[0]: 4}
+    handing = IMPLEMENTATIONS[implementation]((c for c in [chunk]), positions, fetcher)
+    assert next(handing).offset == 4
+    assert [left for _, left in fetcher.decoded] == [1, 1, 1], "decoded only when one record was left: the last?"
+    assert positions[PARTITIONS[0]] == 5 and fetcher.dropped == []
+    assert next(handing).offset == 5 and positions[PARTITIONS[0]] == 6
+    assert [r.offset for r in handing] == [6, 7, 8]
+    assert [left for _, left in fetcher.decoded] == [1, 1, 1, 1, 1, 1]
+    assert positions[PARTITIONS[0]] == 12, "the last record moved the position to the chunk's end"
+    assert not chunk.more and not chunk.later
+    assert fetcher.dropped == [chunk, chunk], "dropped at its last record, and once found empty"
+    fetcher = RecordingFetcher()
+    handed = [r.offset for r in IMPLEMENTATIONS[implementation]((c for c in [empty_first]), {PARTITIONS[0]: 0}, fetcher)]
+    assert handed == [1, 2] and [left for _, left in fetcher.decoded] == [0, 0]
+
+    def failing_decode(chunk: Any) -> None:
+        raise ValueError("batch at offset 2: a corrupt record")
+
+    fetcher = RecordingFetcher()
+    fetcher.decode_more = failing_decode
+    handing = IMPLEMENTATIONS[implementation]((c for c in [Chunk([0, 1], end=3, later=([2],))]),
+                                              {PARTITIONS[0]: 0}, fetcher)
+    assert next(handing).offset == 0, "the records decoded before a batch that does not decode go out"
+    with pytest.raises(ValueError, match="corrupt"):
+        next(handing)  # is 1 the last? the next batch must be decoded to know
+    assert list(handing) == []
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -152,7 +199,8 @@ OPERATIONS = st.lists(
 
 def scripted_fetcher() -> tuple[Any, dict[TopicPartition, int]]:
     """Three partitions, each answering in batches of a few records with control batches
-    between, a fetch at every offset a batch starts (so a seek can fetch again)."""
+    between, a fetch at every offset a batch starts (so a seek can fetch again); some
+    answers hold two batches of records, which the chunk decodes one at a time."""
     leaders = {}
     for p, tp in enumerate(PARTITIONS):
         answers, offset = {}, 0
@@ -160,6 +208,9 @@ def scripted_fetcher() -> tuple[Any, dict[TopicPartition, int]]:
             count = 2 + (offset + p) % 3
             data = batch(offset, count) + (batch(offset + count, 1, control=True) if (offset + p) % 2 else b"")
             end = offset + count + (1 if (offset + p) % 2 else 0)
+            if (offset + p) % 3 == 0:  # a second batch of records behind
+                data += batch(end, 2)
+                end += 2
             for o in range(offset, end):
                 answers[o] = data
             offset = end
@@ -183,6 +234,7 @@ def run(implementation: Any, operations: list[tuple]) -> list[Any]:
     """What the program sees, step by step, under `operations`: the records, the
     positions, what the iteration sent its source and which chunks it dropped."""
     fetcher_module.HandOut = implementation
+    fetcher_module.DECODE_AHEAD_RECORDS = 1  # a batch at a time, so the chunks are decoded as they go out
     try:
         fetcher, positions = scripted_fetcher()
         fetch_round(fetcher, positions)
@@ -217,6 +269,7 @@ def run(implementation: Any, operations: list[tuple]) -> list[Any]:
         return seen + [sent, drops]
     finally:
         fetcher_module.HandOut = HandOut
+        fetcher_module.DECODE_AHEAD_RECORDS = DECODE_AHEAD_RECORDS
 
 
 @settings(max_examples=300, deadline=None)

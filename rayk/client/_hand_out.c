@@ -8,11 +8,15 @@
    Hands out the records of the fetched chunks that `source` (a generator) yields, one at
    a time, each moving its partition's position in `positions` (a dict) past itself:
 
-   - A chunk (a rayk.client.fetcher.FetchedChunk, decoded: `records` is a deque of
-     ConsumerRecords) is handed out from the position of its partition (`chunk.tp`) as it
-     is when the chunk comes; records before it are skipped. Each record sets the position
-     to its offset + 1; the chunk's last one to at least `chunk.end` (past a tail of
-     control batches), and calls `fetcher._drop_if_first(chunk)`.
+   - A chunk (a rayk.client.fetcher.FetchedChunk: `records` is a deque of the
+     ConsumerRecords decoded so far, `more` true while batches are left to decode) is
+     handed out from the position of its partition (`chunk.tp`) as it is when the chunk
+     comes; records before it are skipped. Whenever one record or none is left in
+     `records` and `chunk.more` is true, `fetcher.decode_more(chunk)` is called (it extends
+     `records` in place, or ends `more`) before the next record is taken, so that the
+     chunk's last record is known as such. Each record sets the position to its offset + 1;
+     the chunk's last one to at least `chunk.end` (past a tail of control batches), and
+     calls `fetcher._drop_if_first(chunk)`.
    - Before each further record of a chunk, if the partition's position is no longer the
      one the last record set (a seek, a poll in between, the partition unassigned) or
      `fetcher._changes` is no longer what it was when the chunk came (a forget, the
@@ -53,7 +57,8 @@ typedef struct {
     int running;         /* inside __next__: a nested call (from Python code it runs) is refused */
 } HandOut;
 
-static PyObject *str_tp, *str_records, *str_end, *str_popleft, *str_changes, *str_drop_if_first;
+static PyObject *str_tp, *str_records, *str_end, *str_popleft, *str_changes, *str_drop_if_first, *str_more,
+    *str_decode_more;
 
 static void end_chunk(HandOut *self) {
     Py_CLEAR(self->chunk);
@@ -131,11 +136,22 @@ static int set_position(HandOut *self, long long position) {
     return failed;
 }
 
-static int drop_if_first(HandOut *self) {
-    PyObject *result = PyObject_CallMethodOneArg(self->fetcher, str_drop_if_first, self->chunk);
+/* fetcher.<name>(chunk): _drop_if_first, decode_more. 0, or -1 on error. */
+static int tell_fetcher(HandOut *self, PyObject *name) {
+    PyObject *result = PyObject_CallMethodOneArg(self->fetcher, name, self->chunk);
     if (result == NULL) return -1;
     Py_DECREF(result);
     return 0;
+}
+
+/* 1 if the chunk has batches left to decode (chunk.more), 0 if not, -1 on error. */
+static int chunk_has_more(HandOut *self) {
+    PyObject *more = PyObject_GetAttr(self->chunk, str_more);
+    int truth;
+    if (more == NULL) return -1;
+    truth = PyObject_IsTrue(more);
+    Py_DECREF(more);
+    return truth;
 }
 
 /* The chunk's next record at or after the position (a new reference), NULL with no error
@@ -146,9 +162,17 @@ static PyObject *next_of_chunk(HandOut *self) {
         PyObject *record, *offset_object;
         long long offset;
         if (left < 0) return NULL;
+        if (left <= 1) { /* is the next record the chunk's last? not before its batches are all decoded */
+            int more = chunk_has_more(self);
+            if (more < 0) return NULL;
+            if (more) {
+                if (tell_fetcher(self, str_decode_more) < 0) return NULL;
+                continue;
+            }
+        }
         if (left == 0) { /* past a tail of control batches; done with the chunk */
             if (set_position(self, self->end > self->position ? self->end : self->position) < 0) return NULL;
-            if (drop_if_first(self) < 0) return NULL;
+            if (tell_fetcher(self, str_drop_if_first) < 0) return NULL;
             end_chunk(self);
             return NULL;
         }
@@ -172,7 +196,7 @@ static PyObject *next_of_chunk(HandOut *self) {
             if (set_position(self, offset + 1) < 0) goto error;
         } else { /* the chunk's last record: past its tail of control batches */
             if (set_position(self, self->end > offset + 1 ? self->end : offset + 1) < 0) goto error;
-            if (drop_if_first(self) < 0) goto error; /* its partition's next fetch may go at once */
+            if (tell_fetcher(self, str_drop_if_first) < 0) goto error; /* its partition's next fetch may go at once */
         }
         self->handed++;
         return record;
@@ -304,7 +328,8 @@ PyMODINIT_FUNC PyInit__hand_out(void) {
     if (!(str_tp = PyUnicode_InternFromString("tp")) || !(str_records = PyUnicode_InternFromString("records")) ||
         !(str_end = PyUnicode_InternFromString("end")) || !(str_popleft = PyUnicode_InternFromString("popleft")) ||
         !(str_changes = PyUnicode_InternFromString("_changes")) ||
-        !(str_drop_if_first = PyUnicode_InternFromString("_drop_if_first")))
+        !(str_drop_if_first = PyUnicode_InternFromString("_drop_if_first")) ||
+        !(str_more = PyUnicode_InternFromString("more")) || !(str_decode_more = PyUnicode_InternFromString("decode_more")))
         return NULL;
     if (PyType_Ready(&HandOutType) < 0) return NULL;
     if (!(m = PyModule_Create(&module))) return NULL;

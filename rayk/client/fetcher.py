@@ -6,9 +6,13 @@ over the data plane (rayk.client.data_plane; long-polled there: `fetch_min_bytes
 records arrive while the application still works on the current ones; at most one
 fetched chunk per partition waits behind the one being handed out. The consumer's `poll`
 waits for the fetches' futures (calls.ReadyWaiter) and hands the ready ones to `collect`, which keeps each answer as it came, a FetchedChunk of record
-batches. A chunk is decoded (any codec the storage layer reads) when it is first handed
-out, in the form asked for: `drain` hands out ConsumerRecords, `drain_columns` one Arrow
-RecordBatch per partition (rayk.client.arrow_batches, no Python object per record). Both
+batches. A chunk is decoded (any codec the storage layer reads) as it is handed out, in
+the form asked for: `drain` and the iteration hand out ConsumerRecords, `drain_columns` one
+Arrow RecordBatch per partition (rayk.client.arrow_batches, no Python object per record).
+The iteration decodes a few batches at a time (`decode_more`, DECODE_AHEAD_RECORDS), as
+Kafka's consumer walks a fetch's batches: a 1 MiB answer is ~8,000 records, ~3 MB of Python
+objects, which decoded at once left the cache before they were handed out, and a corrupt
+batch is met after the records before it went out, not before any of them. All of them
 start at the consumer's positions and advance them; a fully handed-out chunk moves its
 partition's position to the chunk's end, past any control batches at its tail, as
 Kafka's consumer does.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections import Counter, deque
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -49,6 +54,11 @@ from rayk.storage.records import decode_consumer_records, decode_record_tuples, 
 
 _new_tuple = tuple.__new__
 
+# Records a chunk decodes ahead of the iteration (whole batches: at least this many, or to
+# the chunk's end). ~500 of 100 B are ~180 KB of objects: they stay in the cache until they
+# are handed out, and a call into Python per ~500 records costs nothing against them.
+DECODE_AHEAD_RECORDS = 500
+
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
@@ -66,15 +76,19 @@ def gc_paused() -> Iterator[None]:
 
 class FetchedChunk:
     """One fetch answer of one partition, kept as the record batches it came as: the
-    records in [start, end) are handed out from it, decoded on first use into
-    ConsumerRecords (`records`, a deque the drain pops) or into one Arrow RecordBatch."""
+    records in [start, end) are handed out from it, decoded as they are needed into
+    ConsumerRecords or at once into one Arrow RecordBatch. `records` is a deque of the
+    decoded records not yet handed out (the drain pops it, Fetcher.decode_more extends it
+    in place); `more` is true while batches of `data` past `decoded_bytes` are not decoded."""
 
-    __slots__ = ("tp", "data", "start", "end", "records", "_columns")
+    __slots__ = ("tp", "data", "start", "end", "records", "more", "decoded_bytes", "_columns")
 
-    def __init__(self, tp: TopicPartition, data: bytes, start: int, end: int) -> None:
+    def __init__(self, tp: TopicPartition, data: bytes | memoryview, start: int, end: int) -> None:
         assert start < end, (start, end)
         self.tp, self.data, self.start, self.end = tp, data, start, end
-        self.records: deque[ConsumerRecord] | None = None
+        self.records: deque[ConsumerRecord] = deque()
+        self.more = True
+        self.decoded_bytes = 0
         self._columns: Any = None
 
     def columns(self) -> Any:
@@ -202,44 +216,66 @@ class Fetcher:
         times += [t for tp, t in self._retry_at_s.items() if tp in assignment]
         return min(times) if times else None
 
-    def _decode(self, chunk: FetchedChunk) -> deque[ConsumerRecord]:
-        with gc_paused():
-            return deque(self._decode_records(chunk))
+    def decode_more(self, chunk: FetchedChunk, records: int | None = None) -> None:
+        """Decodes the chunk's next whole batches, at least `records` records of them
+        (None: DECODE_AHEAD_RECORDS) or to the chunk's end, onto the end of
+        `chunk.records`; `chunk.more` turns false at its end. A batch that does not decode
+        raises, with nothing of it taken; the batches decoded before it in the same call
+        are kept, and the next call meets it again (the consumer stays at it, as Kafka's
+        does at a corrupt record)."""
+        at_least = DECODE_AHEAD_RECORDS if records is None else records
+        decoded: list[ConsumerRecord] = []
+        position = chunk.decoded_bytes
+        try:
+            with gc_paused():
+                for batch in iter_batches(memoryview(chunk.data)[position:]):
+                    decoded += self._batch_records(chunk, batch)
+                    position += len(batch.data)
+                    if len(decoded) >= at_least:
+                        break
+                else:
+                    chunk.more = False  # past the last whole batch: an incomplete tail is not data
+        except Exception:
+            if not decoded:
+                raise
+        chunk.decoded_bytes = position
+        chunk.records.extend(decoded)
 
-    def _decode_records(self, chunk: FetchedChunk) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
-        append = out.append
+    def _batch_records(self, chunk: FetchedChunk, batch: Any) -> list[ConsumerRecord]:
+        """The ConsumerRecords of one batch of the chunk at or after its start."""
+        if batch.header.is_control:
+            return []  # transaction markers: no records for the application
         topic, partition = chunk.tp
+        if self._key_deserializer is as_is and self._value_deserializer is as_is:
+            # the records as they are: built by compiled code, no step per record here
+            return decode_consumer_records(batch.data, ConsumerRecord, topic, partition, chunk.start)
         plain_keys, plain_values = self._key_deserializer is as_is, self._value_deserializer is as_is
-        for batch in iter_batches(chunk.data):
-            if batch.header.is_control:
-                continue  # transaction markers: no records for the application
-            if plain_keys and plain_values:  # the records as they are: built by compiled code, no step per record here
-                out += decode_consumer_records(batch.data, ConsumerRecord, topic, partition, chunk.start)
-                continue
-            header, decoded = decode_record_tuples(batch.data)
-            timestamp_type = int(header.timestamp_type)
-            for offset, timestamp, key, value, headers in decoded:
-                if offset < chunk.start:
-                    continue  # a batch that starts before the requested offset
-                # tuple.__new__ as ConsumerRecord's own __new__ calls it, without that
-                # function's Python frame per record.
-                append(_new_tuple(ConsumerRecord, (
-                    topic,
-                    partition,
-                    offset,
-                    timestamp,
-                    timestamp_type,
-                    key if plain_keys else self._key_deserializer(key),
-                    value if plain_values else self._value_deserializer(value),
-                    headers,
-                    -1 if key is None else len(key),
-                    -1 if value is None else len(value),
-                )))  # fmt: skip
-        return out
+        header, decoded = decode_record_tuples(batch.data)
+        timestamp_type = int(header.timestamp_type)
+        # tuple.__new__ as ConsumerRecord's own __new__ calls it, without that function's
+        # Python frame per record.
+        return [
+            _new_tuple(ConsumerRecord, (
+                topic,
+                partition,
+                offset,
+                timestamp,
+                timestamp_type,
+                key if plain_keys else self._key_deserializer(key),
+                value if plain_values else self._value_deserializer(value),
+                headers,
+                -1 if key is None else len(key),
+                -1 if value is None else len(value),
+            ))
+            for offset, timestamp, key, value, headers in decoded
+            if offset >= chunk.start  # a batch that starts before the requested offset
+        ]  # fmt: skip
 
     def drain(self, positions: dict[TopicPartition, int], limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Up to `limit` buffered records at the positions, which move past them."""
+        """Up to `limit` buffered records at the positions, which move past them. A batch
+        that does not decode raises once the records before it went out: here if none did,
+        else at the next drain (Kafka's consumer: the records before a corrupt one, then
+        its error), so no record a position moved past is lost with the exception."""
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         taken = 0
         while self._buffer and taken < limit:
@@ -248,8 +284,12 @@ class Fetcher:
             if positions.get(tp) is None:
                 self._pop_chunk()
                 continue
-            if chunk.records is None:
-                chunk.records = self._decode(chunk)
+            try:
+                while chunk.more:  # poll hands out lists: what is left of the chunk at once
+                    self.decode_more(chunk, records=sys.maxsize)
+            except Exception:
+                if not (out or chunk.records):
+                    raise
             records, taken_here = chunk.records, []
             while records and taken < limit:
                 record = records.popleft()
@@ -260,6 +300,8 @@ class Fetcher:
                 out.setdefault(tp, []).extend(taken_here)
                 positions[tp] = taken_here[-1].offset + 1
             if not records:
+                if chunk.more:
+                    break  # at a batch that does not decode: the next drain raises its error
                 positions[tp] = max(positions[tp], chunk.end)
                 self._pop_chunk()
         return out
@@ -287,16 +329,14 @@ class Fetcher:
             self._pop_chunk()
 
     def chunk_at_position(self, positions: dict[TopicPartition, int]) -> FetchedChunk | None:
-        """The first buffered chunk of a partition with a position, decoded into its
-        `records`; the chunks of partitions without one are dropped."""
+        """The first buffered chunk of a partition with a position (HandOut decodes it as
+        it goes, `decode_more`); the chunks of partitions without one are dropped."""
         buffer = self._buffer
         while buffer:
             chunk = buffer[0]
             if positions.get(chunk.tp) is None:
                 self._pop_chunk()
                 continue
-            if chunk.records is None:
-                chunk.records = self._decode(chunk)
             return chunk
         return None
 

@@ -29,6 +29,9 @@ def hand_out_reference(source: Generator[Any, int | None, None], positions: dict
         position = positions[tp]
         popleft = records.popleft
         while True:
+            if len(records) <= 1 and chunk.more:  # whether the next record is the chunk's last is not known yet
+                fetcher.decode_more(chunk)
+                continue
             if not records:  # past a tail of control batches; done with the chunk
                 position = positions[tp] = max(position, end)
                 fetcher._drop_if_first(chunk)
