@@ -64,11 +64,17 @@ def test_a_fetch_request_decodes_to_what_was_encoded(request):
 def test_a_fetch_answer_decodes_to_what_was_encoded(records, hw, leo, log_start, error, diverging, lso, aborted):
     error = None if error is None else error[0](error[1])
     result = FetchResult(records, hw, leo, log_start, error, diverging, lso, aborted)
-    decoded = frames.decode_fetch_answer(frames.encode_fetch_answer_head(result) + records)
+    body = frames.encode_fetch_answer_head(result) + records
+    decoded = frames.decode_fetch_answer(body)
     assert (decoded.records, decoded.high_watermark, decoded.log_end_offset, decoded.log_start_offset,
             decoded.diverging_epoch, decoded.last_stable_offset, decoded.aborted_transactions) == (
         records, hw, leo, log_start, diverging, lso, aborted)
+    assert type(decoded.records) is bytes
     assert type(decoded.error) is type(error) and str(decoded.error) == str(error)
+    # the consumer's form: the records a view of the frame, the rest the same
+    viewed = frames.decode_fetch_answer(memoryview(body), copy_records=False)
+    assert isinstance(viewed.records, memoryview) and viewed.records.obj is body and viewed.records == records
+    assert viewed._replace(records=records, error=None) == decoded._replace(error=None)
 
 
 def test_a_fetch_request_with_an_unknown_isolation_level_does_not_parse():

@@ -15,14 +15,14 @@
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 
-use crate::socket_io::{Frame, FrameBuf, OutBuf};
+use crate::socket_io::{Body, FrameBuf, OutBuf};
 
 const REQUEST_HEADER_BYTES: usize = 5; // correlation id (int32), kind (int8)
 
 /// What Python is to do after a call.
 pub enum ClientEvent {
     /// An answer frame's body (correlation id and outcome first, as frames.ANSWER_HEADER).
-    Answer { fd: RawFd, body: Vec<u8> },
+    Answer { fd: RawFd, body: Body },
     /// The connection is over: why (Python fails its requests, stops watching the
     /// descriptor, calls `forget` and closes it).
     End { fd: RawFd, why: String },
@@ -130,13 +130,13 @@ impl ClientConns {
         let Some(conn) = self.conns.get_mut(&fd) else { return };
         let mut bad = None;
         while !conn.ended {
-            match conn.frames.next(max_frame_bytes) {
-                Frame::Partial => break,
-                Frame::Oversized(size) => {
+            match conn.frames.next_owned(max_frame_bytes) {
+                Ok(None) => break,
+                Err(size) => {
                     bad = Some(format!("an answer frame of {size} bytes, over the limit of {max_frame_bytes}"));
                     break;
                 }
-                Frame::Whole(body) => self.events.push(ClientEvent::Answer { fd, body: body.to_vec() }),
+                Ok(Some(body)) => self.events.push(ClientEvent::Answer { fd, body }),
             }
         }
         conn.frames.compact();

@@ -46,6 +46,21 @@ pub enum Frame<'a> {
     Whole(&'a [u8]),
 }
 
+/// A frame's bytes after its size prefix, owned: the buffer it was read into when that held
+/// the frame alone (a large frame, read up to its end: handed over, not copied), else a copy.
+pub struct Body {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
 /// The bytes read from one socket and not yet handed out as frames.
 pub struct FrameBuf {
     buf: Vec<u8>,
@@ -118,6 +133,24 @@ impl FrameBuf {
         let start = self.at + 4;
         self.at = start + size;
         Frame::Whole(&self.buf[start..start + size])
+    }
+
+    /// The next frame, consumed if whole, as bytes of its own (`next`, with the frame's
+    /// buffer handed over when it holds nothing else): Ok(None) while it is partial,
+    /// Err(size) for a size over the bound. Call `compact` once done.
+    pub fn next_owned(&mut self, max_frame_bytes: usize) -> Result<Option<Body>, usize> {
+        let alone = self.at == 0
+            && self.next_size().is_some_and(|size| {
+                size >= OWN_BUFFER_FROM_BYTES && size <= max_frame_bytes && self.buf.len() == 4 + size
+            });
+        if alone {
+            return Ok(Some(Body { buf: std::mem::take(&mut self.buf), start: 4 }));
+        }
+        match self.next(max_frame_bytes) {
+            Frame::Partial => Ok(None),
+            Frame::Oversized(size) => Err(size),
+            Frame::Whole(body) => Ok(Some(Body { buf: body.to_vec(), start: 0 })),
+        }
     }
 
     /// Lets the buffer go if every byte was handed out: for a connection that reads one
@@ -253,4 +286,58 @@ fn remaining<'a>(pieces: &[&'a [u8]], mut written: usize) -> Vec<IoSlice<'a>> {
         written = 0;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut out = (body.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(body);
+        out
+    }
+
+    #[test]
+    fn a_large_frame_read_alone_is_handed_over_and_the_others_are_copied() {
+        let (mut peer, ours) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let fd = ours.as_raw_fd();
+        let big: Vec<u8> = (0..20 * 1024).map(|i| i as u8).collect();
+        let mut frames = FrameBuf::new(&[]);
+
+        peer.write_all(&framed(&big)).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        let body = frames.next_owned(1 << 20).unwrap().unwrap();
+        assert_eq!(&*body, &big[..]);
+        assert_eq!((body.start, frames.buf.capacity()), (4, 0), "the buffer itself, not a copy");
+        assert!(frames.is_empty() && frames.next_owned(1 << 20).unwrap().is_none());
+        frames.compact();
+
+        // two frames in one read, a large one behind a small one: neither is alone
+        peer.write_all(&[framed(b"tiny"), framed(&big)].concat()).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        let mut got = Vec::new();
+        while !frames.is_empty() {
+            match frames.next_owned(1 << 20) {
+                Ok(Some(body)) => {
+                    assert_eq!(body.start, 0, "copied out of a buffer that holds more");
+                    got.push(body.to_vec());
+                }
+                Ok(None) => assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused)),
+                Err(size) => panic!("oversized {size}"),
+            }
+        }
+        assert_eq!(got, vec![b"tiny".to_vec(), big.clone()]);
+
+        // a size over the bound is reported, not consumed, even alone in its buffer
+        frames.compact();
+        peer.write_all(&framed(&big)).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        assert_eq!(frames.next_owned(1024).err(), Some(big.len()));
+        assert!(!frames.is_empty());
+    }
 }

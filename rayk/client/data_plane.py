@@ -75,8 +75,10 @@ class DataPlaneSession:
         return self._submit(replica, lambda link: self._produce(link, request))
 
     def fetch(self, replica: Any, request: FetchRequest) -> concurrent.futures.Future:
-        """PartitionReplica.fetch over the data plane: a future of its FetchResult."""
-        return self._submit(replica, lambda link: link.fetch(request))
+        """PartitionReplica.fetch over the data plane: a future of its FetchResult, whose
+        records are a view of the answer frame (not copied again: the consumer keeps them
+        as they came, rayk.client.fetcher)."""
+        return self._submit(replica, lambda link: link.fetch(request, records_view=True))
 
     def share_fetch(self, replica: Any, request: ShareFetchRequest) -> concurrent.futures.Future:
         """PartitionReplica.share_fetch over the data plane: a future of its ShareFetchResult."""

@@ -390,7 +390,9 @@ def encode_fetch_answer_head(a: FetchResult) -> bytes:
     return head
 
 
-def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
+def decode_fetch_answer(body: bytes | memoryview, copy_records: bool = True) -> FetchResult:
+    """A FETCH answer; its records as bytes of their own, or (`copy_records` False) as a
+    view of `body`, which a consumer's 1 MiB answers are not copied again for."""
     if len(body) < _FETCH_ANSWER.size:
         raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its header")
     hw, leo, log_start, lso, diverging, epoch, end, error_size, aborted_count = _FETCH_ANSWER.unpack_from(body)
@@ -400,7 +402,8 @@ def decode_fetch_answer(body: bytes | memoryview) -> FetchResult:
         raise FrameError(f"a FETCH answer of {len(body)} bytes is shorter than its error and {aborted_count} aborted transactions")
     error = _decode_error(body[_FETCH_ANSWER.size:aborted_at])
     aborted = tuple(_ABORTED_TXN.iter_unpack(body[aborted_at:records_at]))
-    return FetchResult(bytes(body[records_at:]), hw, leo, log_start, error, (epoch, end) if diverging else None, lso, aborted)
+    records = bytes(body[records_at:]) if copy_records else memoryview(body)[records_at:]
+    return FetchResult(records, hw, leo, log_start, error, (epoch, end) if diverging else None, lso, aborted)
 
 
 def encode_share_fetch_request(r: ShareFetchRequest) -> bytes:

@@ -53,8 +53,11 @@ class ReplicaLink:
         self._connecting = asyncio.Lock()
         self._closed = False
 
-    async def fetch(self, request: FetchRequest) -> FetchResult:
-        return await self._request(frames.FETCH, _encoded(frames.encode_fetch_request, request), frames.decode_fetch_answer)
+    async def fetch(self, request: FetchRequest, records_view: bool = False) -> FetchResult:
+        """A fetch's answer; with `records_view`, its records are a view of the answer
+        frame, not a copy (frames.decode_fetch_answer)."""
+        decode = _decode_fetch_answer_view if records_view else frames.decode_fetch_answer
+        return await self._request(frames.FETCH, _encoded(frames.encode_fetch_request, request), decode)
 
     async def share_fetch(self, request: ShareFetchRequest) -> ShareFetchResult:
         return await self._request(frames.SHARE_FETCH, _encoded(frames.encode_share_fetch_request, request),
@@ -151,6 +154,10 @@ class ReplicaLink:
         except TimeoutError:
             raise NetworkError(f"{self.name} did not give its data plane endpoint within "
                                f"{ENDPOINT_LOOKUP_TIMEOUT_MS} ms") from None
+
+
+def _decode_fetch_answer_view(body: memoryview) -> FetchResult:
+    return frames.decode_fetch_answer(body, copy_records=False)
 
 
 def _encoded(encode: Callable[[Any], Any], request: Any) -> Any:

@@ -50,12 +50,12 @@ fuzz_target!(|data: &[u8]| {
     let mut conns = ClientConns::new(MAX_FRAME_BYTES);
     conns.adopt(fd, &[]);
     let (mut got, mut ended, mut sink) = (Vec::new(), false, vec![0u8; 1 << 16]);
-    let mut take = |conns: &mut ClientConns, got: &mut Vec<Vec<u8>>, ended: &mut bool| {
+    let take = |conns: &mut ClientConns, got: &mut Vec<Vec<u8>>, ended: &mut bool| {
         for event in conns.take() {
             match event {
                 ClientEvent::Answer { body, .. } => {
                     assert!(!*ended, "an answer handed out after its connection ended");
-                    got.push(body);
+                    got.push(body.to_vec());
                 }
                 ClientEvent::End { .. } => *ended = true,
                 ClientEvent::WantWrite { .. } => {}
