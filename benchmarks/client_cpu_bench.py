@@ -18,6 +18,11 @@ way through those threads counts, and these are the parts, one at a time:
    client_bench's batches are), ns per record.
 3. The consumer's decoding: `decode_consumer_records` of that batch into ConsumerRecords,
    and freeing them, ns per record.
+4. The consumer's iteration: `for record in fetcher.hand_out(positions)` over fetch
+   answers of ~1 MiB (batches of 1,200 records of 100 B), each value's size read as
+   client_bench reads it: the Fetcher as a Consumer has it (decoding, handing out, the
+   positions), its answers scripted (tests/test_fetcher.py's), ns per record of the
+   iterating thread, min and median of `--rounds`.
 
 Run it on an older commit (PYTHONPATH) for the figures before. It prints figures and
 asserts nothing.
@@ -44,6 +49,7 @@ for path in (ROOT, ROOT / "tests"):
 from rayk.client.producer import Producer  # noqa: E402
 from rayk.client.types import ConsumerRecord  # noqa: E402
 from rayk.storage.records import build_batch, decode_consumer_records  # noqa: E402
+from test_fetcher import A, ScriptedLeader, fetch_round, fetcher_for  # noqa: E402  (a Fetcher with scripted answers)
 from test_send_path import FakeMetadata, producer  # noqa: E402  (a Producer with no cluster and no sender)
 
 RECORD_BYTES = 100
@@ -84,6 +90,27 @@ def framing_ns(batches: int) -> tuple[float, float]:
     return built, (time.perf_counter() - start) / batches / BATCH_RECORDS * 1e9
 
 
+def iteration_ns(answers: int) -> float:
+    """ns of this thread per record of `for record in fetcher.hand_out(positions)` over
+    `answers` fetch answers of ~1 MiB each."""
+    records = [(os.urandom(RECORD_BYTES), None, (), 1_700_000_000_000 + i // 400) for i in range(BATCH_RECORDS)]
+    batches: list[bytes] = []
+    while sum(map(len, batches)) < 1 << 20:
+        offset = len(batches) * BATCH_RECORDS
+        batches.append(build_batch(records, base_offset=offset, producer_id=5, producer_epoch=0, base_sequence=offset))
+    fetcher, positions = fetcher_for({A: ScriptedLeader({0: b"".join(batches)})}), {A: 0}
+    got = value_bytes = 0
+    start = time.thread_time()
+    for _ in range(answers):
+        positions[A] = fetcher._fetch_offsets[A] = 0  # the same answer again, from its start
+        fetch_round(fetcher, positions)
+        for record in fetcher.hand_out(positions):
+            got += 1
+            value_bytes += len(record.value)
+    assert got == answers * len(batches) * BATCH_RECORDS and value_bytes == got * RECORD_BYTES
+    return (time.thread_time() - start) / got * 1e9
+
+
 def summary(values: list[float], unit: str) -> str:
     return f"min {min(values):.3f} {unit}, median {statistics.median(values):.3f} {unit}"
 
@@ -114,6 +141,8 @@ def main() -> None:
     framed = [framing_ns(200) for _ in range(args.rounds)]
     print(f"  after them, build_batch: {summary([b for b, _ in framed], 'ns')} a record; "
           f"decode_consumer_records: {summary([d for _, d in framed], 'ns')} a record")
+    iterated = [iteration_ns(10) for _ in range(args.rounds)]
+    print(f"  iteration over 1 MiB answers (decode, hand-out, positions): {summary(iterated, 'ns')} a record")
 
 
 if __name__ == "__main__":
