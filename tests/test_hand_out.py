@@ -113,6 +113,63 @@ def test_a_chunk_is_decoded_as_it_is_handed_out_and_its_last_record_is_known_as_
     assert list(handing) == []
 
 
+class ChangesOnTheClass(RecordingFetcher):
+    """`_changes` a class value until the first change sets it on the instance."""
+
+    _changes = 0
+
+    def __init__(self) -> None:
+        RecordingFetcher.__init__(self)
+        del self.__dict__["_changes"]
+
+
+class ChangesAsAProperty(RecordingFetcher):
+    """`_changes` a property (getattr never reads the instance's __dict__ for it, though a
+    stale value sits there)."""
+
+    def __init__(self) -> None:
+        RecordingFetcher.__init__(self)
+        self.counted = 0
+        self.__dict__["_changes"] = "stale"
+
+    @property  # type: ignore[override]
+    def _changes(self) -> int:
+        return self.counted
+
+    @_changes.setter
+    def _changes(self, value: int) -> None:
+        self.counted = value
+
+
+class ChangesInSlots:
+    __slots__ = ("_changes", "dropped", "decoded")
+
+    def __init__(self) -> None:
+        self._changes, self.dropped, self.decoded = 0, [], []
+
+    def _drop_if_first(self, chunk: Any) -> None:
+        self.dropped.append(chunk)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("fetcher_class", [RecordingFetcher, ChangesOnTheClass, ChangesAsAProperty, ChangesInSlots])
+def test_a_change_of_the_fetcher_is_seen_however_it_keeps_its_changes(implementation, fetcher_class):
+    # The compiled HandOut reads `_changes` from the instance's __dict__ where getattr
+    # would: a class value, a property or slots must be seen as getattr sees them.
+    fetcher = fetcher_class()
+    sent: list[Any] = []
+
+    def source():
+        sent.append((yield Chunk([0, 1, 2], end=3)))
+        sent.append((yield Chunk([1, 2], end=3)))
+
+    handing = IMPLEMENTATIONS[implementation](source(), {PARTITIONS[0]: 0}, fetcher)
+    assert next(handing).offset == 0
+    fetcher._changes += 1  # a forget: the chunk is left, and the next one comes
+    assert [r.offset for r in handing] == [1, 2]
+    assert sent == [1, 2], "the first chunk gave one record, the second the rest"
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_what_the_source_raises_comes_out_of_the_iteration_and_bad_chunks_are_type_errors(implementation):
     def failing():

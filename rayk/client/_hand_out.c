@@ -42,6 +42,7 @@ typedef struct {
     PyObject *source;    /* the generator of chunks */
     PyObject *positions; /* dict: TopicPartition -> next offset to hand out */
     PyObject *fetcher;   /* its _changes and _drop_if_first */
+    PyObject *fetcher_dict; /* its __dict__, where _changes is read per record; NULL: read by getattr */
     /* The chunk being handed out (NULL: none). */
     PyObject *chunk;
     PyObject *tp;
@@ -84,6 +85,17 @@ static int long_long_of(PyObject *value, const char *what, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* fetcher._changes, a new reference: from the fetcher's __dict__ where it is there (a
+   lookup in one dict, per record, instead of the attribute protocol's), else by getattr. */
+static PyObject *fetcher_changes(HandOut *self) {
+    if (self->fetcher_dict != NULL) {
+        PyObject *changes = PyDict_GetItemWithError(self->fetcher_dict, str_changes); /* borrowed */
+        if (changes != NULL) return Py_NewRef(changes);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(self->fetcher, str_changes);
+}
+
 /* Takes `chunk` as the one to hand out. */
 static int begin_chunk(HandOut *self, PyObject *chunk) {
     PyObject *end = NULL, *position;
@@ -95,7 +107,7 @@ static int begin_chunk(HandOut *self, PyObject *chunk) {
     if (!(end = PyObject_GetAttr(chunk, str_end))) goto error;
     if (long_long_of(end, "chunk.end", &self->end) < 0) goto error;
     Py_CLEAR(end);
-    if (!(self->changes = PyObject_GetAttr(self->fetcher, str_changes))) goto error;
+    if (!(self->changes = fetcher_changes(self))) goto error;
     if ((self->tp_hash = PyObject_Hash(self->tp)) == -1) goto error;
     position = _PyDict_GetItem_KnownHash(self->positions, self->tp, self->tp_hash); /* borrowed */
     if (position == NULL) {
@@ -120,7 +132,7 @@ static int chunk_still_current(HandOut *self) {
     if (position == NULL) return PyErr_Occurred() ? -1 : 0; /* the partition left the positions */
     if (long_long_of(position, "a position", &value) < 0) return -1;
     if (value != self->position) return 0;
-    if (!(changes = PyObject_GetAttr(self->fetcher, str_changes))) return -1;
+    if (!(changes = fetcher_changes(self))) return -1;
     same = changes == self->changes ? 1 : PyObject_RichCompareBool(changes, self->changes, Py_EQ);
     Py_DECREF(changes);
     return same;
@@ -271,6 +283,17 @@ static PyObject *hand_out_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->source = Py_NewRef(source);
     self->positions = Py_NewRef(positions);
     self->fetcher = Py_NewRef(fetcher);
+    /* _changes is read from the instance's __dict__ only where that is what getattr reads:
+       the generic attribute protocol, and no descriptor of that name on the class (a class
+       value is fine: a dict without the name falls back to getattr). The dict is the one
+       the instance has now: a fetcher whose __dict__ is replaced afterwards is not one. */
+    PyObject *on_class = _PyType_Lookup(Py_TYPE(fetcher), str_changes); /* borrowed */
+    if (Py_TYPE(fetcher)->tp_getattro == PyObject_GenericGetAttr &&
+        (on_class == NULL || Py_TYPE(on_class)->tp_descr_get == NULL) && _PyObject_GetDictPtr(fetcher) != NULL) {
+        self->fetcher_dict = PyObject_GenericGetDict(fetcher, NULL);
+        if (self->fetcher_dict != NULL && !PyDict_CheckExact(self->fetcher_dict)) Py_CLEAR(self->fetcher_dict);
+        PyErr_Clear(); /* no dict to read: getattr */
+    }
     return (PyObject *)self;
 }
 
@@ -278,6 +301,7 @@ static int hand_out_traverse(HandOut *self, visitproc visit, void *arg) {
     Py_VISIT(self->source);
     Py_VISIT(self->positions);
     Py_VISIT(self->fetcher);
+    Py_VISIT(self->fetcher_dict);
     Py_VISIT(self->chunk);
     Py_VISIT(self->tp);
     Py_VISIT(self->records);
@@ -291,6 +315,7 @@ static int hand_out_clear(HandOut *self) {
     Py_CLEAR(self->source);
     Py_CLEAR(self->positions);
     Py_CLEAR(self->fetcher);
+    Py_CLEAR(self->fetcher_dict);
     end_chunk(self);
     return 0;
 }
