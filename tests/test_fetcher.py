@@ -62,7 +62,8 @@ class ScriptedDataPlane:
         leader.isolation_levels.append(request.isolation_level)
         data = leader.answers.get(request.offset, b"")
         future = concurrent.futures.Future()
-        future.set_result(FetchResult(records=data, high_watermark=0, log_end_offset=0, log_start_offset=0,
+        # records as the consumer's data plane gives them: a view of the answer frame
+        future.set_result(FetchResult(records=memoryview(b"head" + data)[4:], high_watermark=0, log_end_offset=0, log_start_offset=0,
                                       aborted_transactions=leader.aborted.get(request.offset, ())))
         return future
 
@@ -319,17 +320,44 @@ def test_a_batch_that_does_not_decode_raises_after_the_records_before_it_went_ou
     fetcher, positions = fetcher_for({A: ScriptedLeader({0: data})}), {A: 0}
     fetch_round(fetcher, positions)
     handing = fetcher.hand_out(positions)
-    assert [next(handing).offset for _ in range(2)] == [0, 1]
+    assert [next(handing).offset for _ in range(3)] == [0, 1, 2], "every record before the batch goes out"
     with pytest.raises(InvalidRecordError, match="batch at offset 3"):
-        next(handing)  # is 2 the chunk's last? the next batch must be decoded to tell
-    assert positions == {A: 2}, "no record was skipped"
-    assert [r.offset for r in fetcher.drain(positions, 10)[A]] == [2], "poll takes what decoded before it"
+        next(handing)
+    assert positions == {A: 3}, "past the records handed out, at the batch"
     for _ in range(2):  # and then meets it, every time: the consumer stays there, as Kafka's does
         with pytest.raises(InvalidRecordError):
             fetcher.drain(positions, 10)
         with pytest.raises(InvalidRecordError):
             list(fetcher.hand_out(positions))
     assert positions == {A: 3}
+    # poll alike, from a fresh fetch: the records before the batch, then its error
+    fetcher, positions = fetcher_for({A: ScriptedLeader({0: data})}), {A: 0}
+    fetch_round(fetcher, positions)
+    assert [r.offset for r in fetcher.drain(positions, 10)[A]] == [0, 1, 2]
+    with pytest.raises(InvalidRecordError, match="batch at offset 3"):
+        fetcher.drain(positions, 10)
+    assert positions == {A: 3}
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4, 500])
+def test_hand_out_and_drain_of_one_meet_a_batch_that_does_not_decode_alike(monkeypatch, ahead):
+    # Whatever is decoded ahead: every record before the batch, once, in order, then its
+    # error, with the position at the batch, one record at a time as drain(positions, 1).
+    monkeypatch.setattr(fetcher_module, "DECODE_AHEAD_RECORDS", ahead)
+    data = batch(0, 2) + batch(2, 3) + batch(5, 1, control=True) + corrupt_batch(6, 2) + batch(8, 1)
+    seen = []
+    for way in ("drain", "hand_out"):
+        fetcher, positions = fetcher_for({A: ScriptedLeader({0: data})}), {A: 0}
+        fetch_round(fetcher, positions)
+        handing, offsets = fetcher.hand_out(positions), []
+        with pytest.raises(InvalidRecordError, match="batch at offset 6"):
+            while True:
+                if way == "drain":
+                    offsets += [r.offset for r in fetcher.drain(positions, 1)[A]]
+                else:
+                    offsets.append(next(handing).offset)
+        seen.append((offsets, dict(positions)))
+    assert seen[0] == seen[1] == ([0, 1, 2, 3, 4], {A: 5})
 
 
 def test_a_poll_returns_what_it_took_before_a_batch_that_does_not_decode():

@@ -105,12 +105,24 @@ def test_a_chunk_is_decoded_as_it_is_handed_out_and_its_last_record_is_known_as_
 
     fetcher = RecordingFetcher()
     fetcher.decode_more = failing_decode
-    handing = IMPLEMENTATIONS[implementation]((c for c in [Chunk([0, 1], end=3, later=([2],))]),
-                                              {PARTITIONS[0]: 0}, fetcher)
-    assert next(handing).offset == 0, "the records decoded before a batch that does not decode go out"
+    chunk, positions = Chunk([0, 1], end=3, later=([2],)), {PARTITIONS[0]: 0}
+    handing = IMPLEMENTATIONS[implementation]((c for c in [chunk]), positions, fetcher)
+    assert [next(handing).offset for _ in range(2)] == [0, 1], "every record before the batch goes out"
+    assert positions[PARTITIONS[0]] == 2 and fetcher.dropped == [], "1 went out as not the chunk's last"
     with pytest.raises(ValueError, match="corrupt"):
-        next(handing)  # is 1 the last? the next batch must be decoded to know
-    assert list(handing) == []
+        next(handing)  # none left: the batch's error now
+    assert list(handing) == [] and positions[PARTITIONS[0]] == 2
+
+    class Interrupted(RecordingFetcher):
+        def decode_more(self, chunk: Any) -> None:
+            raise KeyboardInterrupt  # not an Exception: it goes out at once, the record kept
+
+    chunk = Chunk([0, 1], end=3, later=([2],))
+    handing = IMPLEMENTATIONS[implementation]((c for c in [chunk]), {PARTITIONS[0]: 0}, Interrupted())
+    assert next(handing).offset == 0
+    with pytest.raises(KeyboardInterrupt):
+        next(handing)
+    assert [r.offset for r in chunk.records] == [1]
 
 
 class ChangesOnTheClass(RecordingFetcher):

@@ -333,6 +333,28 @@ mod tests {
         }
         assert_eq!(got, vec![b"tiny".to_vec(), big.clone()]);
 
+        // a large frame that comes over several reads is alone in its buffer once whole
+        frames.compact();
+        let whole = framed(&big);
+        peer.write_all(&whole[..5000]).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        assert!(frames.next_owned(1 << 20).unwrap().is_none(), "partial");
+        peer.write_all(&whole[5000..]).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        let body = frames.next_owned(1 << 20).unwrap().unwrap();
+        assert_eq!((&*body, body.start), (&big[..], 4));
+
+        // staged with the start of the next frame behind it: copied, and the rest kept
+        let mut staged = framed(&big);
+        staged.extend_from_slice(&framed(b"next")[..3]);
+        let mut frames = FrameBuf::new(&staged);
+        let body = frames.next_owned(1 << 20).unwrap().unwrap();
+        assert_eq!((&*body, body.start), (&big[..], 0));
+        assert!(frames.next_owned(1 << 20).unwrap().is_none() && !frames.is_empty());
+        peer.write_all(&framed(b"next")[3..]).unwrap();
+        assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused));
+        assert_eq!(&*frames.next_owned(1 << 20).unwrap().unwrap(), b"next");
+
         // a size over the bound is reported, not consumed, even alone in its buffer
         frames.compact();
         peer.write_all(&framed(&big)).unwrap();

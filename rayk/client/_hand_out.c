@@ -14,7 +14,9 @@
      comes; records before it are skipped. Whenever one record or none is left in
      `records` and `chunk.more` is true, `fetcher.decode_more(chunk)` is called (it extends
      `records` in place, or ends `more`) before the next record is taken, so that the
-     chunk's last record is known as such. Each record sets the position to its offset + 1;
+     chunk's last record is known as such. If it raises (an Exception) with one record
+     left, that record goes out first, as not the last, and the error comes at the next
+     call, when none is left. Each record sets the position to its offset + 1;
      the chunk's last one to at least `chunk.end` (past a tail of control batches), and
      calls `fetcher._drop_if_first(chunk)`.
    - Before each further record of a chunk, if the partition's position is no longer the
@@ -173,13 +175,18 @@ static PyObject *next_of_chunk(HandOut *self) {
         Py_ssize_t left = PyObject_Length(self->records);
         PyObject *record, *offset_object;
         long long offset;
+        int before_undecodable = 0; /* the record left is followed by a batch that does not decode */
         if (left < 0) return NULL;
         if (left <= 1) { /* is the next record the chunk's last? not before its batches are all decoded */
             int more = chunk_has_more(self);
             if (more < 0) return NULL;
             if (more) {
-                if (tell_fetcher(self, str_decode_more) < 0) return NULL;
-                continue;
+                if (tell_fetcher(self, str_decode_more) == 0) continue;
+                if (left == 0 || !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+                /* The record left goes out first, not as the chunk's last; the next call,
+                   with none left, meets the same error. */
+                PyErr_Clear();
+                before_undecodable = 1;
             }
         }
         if (left == 0) { /* past a tail of control batches; done with the chunk */
@@ -204,7 +211,7 @@ static PyObject *next_of_chunk(HandOut *self) {
             Py_DECREF(record);
             continue;
         }
-        if (left > 1) {
+        if (left > 1 || before_undecodable) {
             if (set_position(self, offset + 1) < 0) goto error;
         } else { /* the chunk's last record: past its tail of control batches */
             if (set_position(self, self->end > offset + 1 ? self->end : offset + 1) < 0) goto error;

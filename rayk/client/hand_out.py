@@ -29,9 +29,15 @@ def hand_out_reference(source: Generator[Any, int | None, None], positions: dict
         position = positions[tp]
         popleft = records.popleft
         while True:
+            before_undecodable = False  # the record left is followed by a batch that does not decode
             if len(records) <= 1 and chunk.more:  # whether the next record is the chunk's last is not known yet
-                fetcher.decode_more(chunk)
-                continue
+                try:
+                    fetcher.decode_more(chunk)
+                    continue
+                except Exception:
+                    if not records:
+                        raise
+                    before_undecodable = True  # it goes out first; the next step, with none left, meets the error
             if not records:  # past a tail of control batches; done with the chunk
                 position = positions[tp] = max(position, end)
                 fetcher._drop_if_first(chunk)
@@ -40,7 +46,7 @@ def hand_out_reference(source: Generator[Any, int | None, None], positions: dict
             offset = record[2]  # ConsumerRecord.offset
             if offset < position:
                 continue  # a batch that starts before the position
-            if records:
+            if records or before_undecodable:
                 position = positions[tp] = offset + 1
             else:  # the chunk's last record: past its tail of control batches
                 position = positions[tp] = max(offset + 1, end)
