@@ -125,6 +125,32 @@ def test_a_chunk_is_decoded_as_it_is_handed_out_and_its_last_record_is_known_as_
     assert [r.offset for r in chunk.records] == [1]
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("change", ["seek", "forget"])
+def test_a_seek_or_a_forget_while_a_chunk_is_decoded_leaves_the_chunk(implementation, change):
+    # decode_more runs the deserializers: one that seeks (or forgets) is seen at once,
+    # as a seek between two records is, not after the next record.
+    positions = {PARTITIONS[0]: 0}
+
+    class Seeking(RecordingFetcher):
+        def decode_more(self, chunk: Any) -> None:
+            RecordingFetcher.decode_more(self, chunk)
+            if change == "seek":
+                positions[PARTITIONS[0]] = 10
+            else:
+                self._changes += 1
+
+    sent: list[Any] = []
+
+    def source():
+        sent.append((yield Chunk([0, 1], end=4, later=([2, 3],))))
+        sent.append((yield Chunk([10, 11] if change == "seek" else [2, 3], end=12)))
+
+    handed = [r.offset for r in IMPLEMENTATIONS[implementation](source(), positions, Seeking())]
+    assert handed == ([0, 10, 11] if change == "seek" else [0, 2, 3])
+    assert sent == [1, 2], "the first chunk was left after one record"
+
+
 class ChangesOnTheClass(RecordingFetcher):
     """`_changes` a class value until the first change sets it on the instance."""
 

@@ -14,11 +14,12 @@
      comes; records before it are skipped. Whenever one record or none is left in
      `records` and `chunk.more` is true, `fetcher.decode_more(chunk)` is called (it extends
      `records` in place, or ends `more`) before the next record is taken, so that the
-     chunk's last record is known as such. If it raises (an Exception) with one record
-     left, that record goes out first, as not the last, and the error comes at the next
-     call, when none is left. Each record sets the position to its offset + 1;
-     the chunk's last one to at least `chunk.end` (past a tail of control batches), and
-     calls `fetcher._drop_if_first(chunk)`.
+     chunk's last record is known as such; a seek or a forget while it ran (in a
+     deserializer) leaves the chunk, as one between two records does. If it raises (an
+     Exception) with one record left, that record goes out first, as not the last, and the
+     error comes at the next call, when none is left. Each record sets the position to its
+     offset + 1; the chunk's last one to at least `chunk.end` (past a tail of control
+     batches), and calls `fetcher._drop_if_first(chunk)`.
    - Before each further record of a chunk, if the partition's position is no longer the
      one the last record set (a seek, a poll in between, the partition unassigned) or
      `fetcher._changes` is no longer what it was when the chunk came (a forget, the
@@ -181,7 +182,12 @@ static PyObject *next_of_chunk(HandOut *self) {
             int more = chunk_has_more(self);
             if (more < 0) return NULL;
             if (more) {
-                if (tell_fetcher(self, str_decode_more) == 0) continue;
+                if (tell_fetcher(self, str_decode_more) == 0) {
+                    /* It ran Python (a deserializer): a seek or a forget in it leaves the chunk. */
+                    int current = chunk_still_current(self);
+                    if (current <= 0) return NULL; /* an error, or none: the chunk is left as it is */
+                    continue;
+                }
                 if (left == 0 || !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
                 /* The record left goes out first, not as the chunk's last; the next call,
                    with none left, meets the same error. */

@@ -33,6 +33,8 @@ def hand_out_reference(source: Generator[Any, int | None, None], positions: dict
             if len(records) <= 1 and chunk.more:  # whether the next record is the chunk's last is not known yet
                 try:
                     fetcher.decode_more(chunk)
+                    if positions.get(tp) != position or fetcher._changes != changes:
+                        break  # a seek or a forget in a deserializer: the chunk is left
                     continue
                 except Exception:
                     if not records:
