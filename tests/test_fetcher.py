@@ -63,8 +63,8 @@ class ScriptedDataPlane:
         data = leader.answers.get(request.offset, b"")
         future = concurrent.futures.Future()
         # records as the consumer's data plane gives them: a view of the answer frame
-        future.set_result(FetchResult(records=memoryview(b"head" + data)[4:], high_watermark=0, log_end_offset=0, log_start_offset=0,
-                                      aborted_transactions=leader.aborted.get(request.offset, ())))
+        future.set_result(FetchResult(records=memoryview(b"head" + data)[4:], high_watermark=0, log_end_offset=0,
+                                      log_start_offset=0, aborted_transactions=leader.aborted.get(request.offset, ())))
         return future
 
     def close(self) -> None:

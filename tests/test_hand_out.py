@@ -97,7 +97,8 @@ def test_a_chunk_is_decoded_as_it_is_handed_out_and_its_last_record_is_known_as_
     assert not chunk.more and not chunk.later
     assert fetcher.dropped == [chunk, chunk], "dropped at its last record, and once found empty"
     fetcher = RecordingFetcher()
-    handed = [r.offset for r in IMPLEMENTATIONS[implementation]((c for c in [empty_first]), {PARTITIONS[0]: 0}, fetcher)]
+    handing = IMPLEMENTATIONS[implementation]((c for c in [empty_first]), {PARTITIONS[0]: 0}, fetcher)
+    handed = [r.offset for r in handing]
     assert handed == [1, 2] and [left for _, left in fetcher.decoded] == [0, 0]
 
     def failing_decode(chunk: Any) -> None:
