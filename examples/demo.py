@@ -26,7 +26,7 @@ import ray
 
 import rayk
 from rayk import cli
-from rayk.config import RAY_SYSTEM_CONFIG
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 
 sys.path.insert(0, __file__.rpartition("/")[0] or ".")  # the examples beside this file
 import spark_pipeline  # noqa: E402

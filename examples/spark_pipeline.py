@@ -34,7 +34,7 @@ import ray
 
 import rayk
 from rayk import spark as rayk_spark
-from rayk.config import RAY_SYSTEM_CONFIG
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 
 PAGES = ("/", "/search", "/cart", "/checkout", "/help", "/product")
 WINDOW = "1 minute"

@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 import ray
 
 import rayk
-from rayk.config import RAY_SYSTEM_CONFIG
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 from rayk.work_queue import WorkQueue
 
 LOCK_MS = 5_000  # group.share.record.lock.duration.ms of the demo's own cluster (Kafka's default: 30 s)

@@ -902,7 +902,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import ray
 
     import rayk
-    from rayk.config import RAY_SYSTEM_CONFIG
+    from rayk.ray_settings import RAY_SYSTEM_CONFIG
 
     started = time.monotonic()
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="rayk-demo-"))

@@ -19,12 +19,6 @@ from rayk.storage.log_config import PROPERTY_FIELDS as LOG_PROPERTY_FIELDS
 from rayk.storage.log_config import MAX_MESSAGE_BYTES_LIMIT, LogConfig
 from rayk.storage.remote.remote_log_storage import RemoteStorageSettings
 
-# For a Ray that rayk starts on its own (`rayk demo`, the examples): every replica is an
-# actor process, and Ray starts at most as many worker processes at once as the node has
-# CPUs and warns ("N PYTHON worker processes have been started ... 4x the maximum expected
-# startup concurrency") once four times that many run. A 3-broker demo on two cores runs
-# ~26 and was warned three times, as if something were wrong.
-RAY_SYSTEM_CONFIG = {"worker_maximum_startup_concurrency": 16}
 
 LISTENER_PREFIX = "listener.name."
 # What listener.name.<name>.<setting> may set for one listener.

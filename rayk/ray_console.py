@@ -27,7 +27,7 @@ read once when Ray is imported, before rayk can set it, and is applied by the
 de-duplication only, which RAY_DEDUP_LOGS=0 turns off; it also applies to every worker's
 output, not only to the messages pushed from the cluster.)
 `rayk demo` also starts its own Ray with a higher `worker_maximum_startup_concurrency`
-(rayk.config.RAY_SYSTEM_CONFIG), and the `rayk` CLI prints whatever Ray prints to stdout
+(rayk.ray_settings.RAY_SYSTEM_CONFIG), and the `rayk` CLI prints whatever Ray prints to stdout
 on stderr (rayk/cli.py), so that a command's output holds its results only.
 """
 

@@ -20,7 +20,7 @@ PACKAGE_DIR = Path(rayk.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("common", ("rayk.errors", "rayk.listeners", "rayk.acls", "rayk.quotas", "rayk.scram", "rayk.metrics",
                 "rayk.internal_topics", "rayk.consumer_protocol", "rayk.ray_console", "rayk.child_stderr",
-                "rayk.native_paths", "rayk._native")),  # _native: compiled (native/), imports nothing of rayk
+                "rayk.native_paths", "rayk.ray_settings", "rayk._native")),  # _native: compiled (native/), imports nothing of rayk
     ("storage", ("rayk.storage",)),
     ("config", ("rayk.config",)),
     ("metadata", ("rayk.metadata",)),

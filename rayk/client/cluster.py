@@ -40,6 +40,7 @@ from rayk.client.descriptions import ClusterHealth, PartitionDescription, partit
 from rayk.config import BrokerConfig
 from rayk.errors import InvalidConfigurationError, KafkaError, KafkaTimeoutError, NetworkError
 from rayk.internal_topics import is_internal
+from rayk.ray_settings import ray_system_config_in_env
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,9 @@ def start(
     autoscale: bool = False,
 ) -> Cluster:
     """Deploys a rayk cluster of `brokers` brokers on the current Ray cluster (starting
-    Ray locally, or joining `address`, if this process is not connected yet).
+    Ray locally, or joining `address`, if this process is not connected yet). A Ray started
+    here runs its workers, the brokers among them, at nice 0 rather than Ray's 15
+    (rayk.ray_settings); a Ray started otherwise should be given RAY_worker_niceness=0.
 
     `config` holds broker settings by Kafka name (`broker.session.timeout.ms`, ...). On a
     `data_dir` used before, the cluster comes back with its topics and data: every broker
@@ -153,7 +156,8 @@ def start(
     native_paths.chosen(os.environ.get(native_paths.ENV, ""))  # this driver's RAYK_NATIVE, checked before anything starts
     hide_worker_pool_warning()
     if not ray.is_initialized():
-        ray.init(address=address, namespace=namespace)
+        with ray_system_config_in_env():  # a Ray started here runs the brokers at a server's priority
+            ray.init(address=address, namespace=namespace)
     broker_config = BrokerConfig.from_properties(config)
     if autoscale and node_resource is None:
         node_resource = DEFAULT_BROKER_RESOURCE

@@ -101,6 +101,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayk import metrics
 from rayk.actors import CONTROLLER_NAME, INTERNAL_ACTOR_OPTIONS, raylet_watch
 from rayk.actors.named_actor import NamedActor
+from rayk.ray_settings import lowered_priority_warning
 from rayk.server.broker_health import broker_health
 from rayk.server.broker_log_manager import BrokerLogManager
 from rayk.server.log_dir_health import LogDirHealth
@@ -276,6 +277,8 @@ class ReplicaManager(Supervised):
             window_s=max(600, 2 * c.broker_session_timeout_ms / 1000)))  # fmt: skip
         if start_again_if_restarted():  # Ray restarted this broker after its process died
             logger.warning("broker %d restarted by Ray after its process died; starting again", broker_id)
+        if below_a_server := lowered_priority_warning(f"broker {broker_id}"):  # its replicas and listener too
+            logger.warning(below_a_server)
 
     # ------------------------------------------------------------------ lifecycle
 
