@@ -118,6 +118,7 @@ bench: bytecode
 	$(PY) benchmarks/latency_cpu_bench.py
 	$(PY) benchmarks/kafka_protocol_bench.py
 	$(PY) benchmarks/tail_bench.py
+	$(PY) benchmarks/niceness_bench.py
 	$(PY) benchmarks/java_client_bench.py
 	$(PY) benchmarks/transactions_bench.py
 	$(PY) benchmarks/metadata_bench.py

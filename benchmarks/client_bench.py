@@ -72,6 +72,7 @@ import ray  # noqa: E402
 from ray.util.queue import Queue  # noqa: E402
 
 import rayk  # noqa: E402
+from rayk.ray_settings import RAY_SYSTEM_CONFIG  # noqa: E402
 from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
 from results import record  # noqa: E402  (beside this script)
 from rayk.client import TopicPartition  # noqa: E402
@@ -298,7 +299,7 @@ def main() -> None:
     cluster = None
     try:
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
-                 log_to_driver=False)
+                 log_to_driver=False, _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
         cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
         sent, consumed = rayk_send(cluster, records, args.partitions)
         show("rayk send() (Producer defaults, acks=all, RF=3)", sent)

@@ -50,6 +50,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import ray
 import rayk
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from frozen_heap import frozen_heap  # noqa: E402  (beside this script)
@@ -422,7 +423,8 @@ def main() -> None:
     print(f"{args.records:,} records of {args.value_bytes} B, acks=all, {PARTITIONS} partitions, batch.size 1 MiB, "
           f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0, 5 in flight; "
           f"{args.warmup_records:,} records of warm-up per broker", flush=True)
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
     rows = [tansu_row(args.records, value, args)]
     kafka = None if args.skip_kafka else kafka_row(args.records, value, args)
     rows += [kafka] if kafka else []

@@ -53,6 +53,7 @@ import ray
 from ray._private.state import actors as actor_table
 
 import rayk
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -197,7 +198,8 @@ def main() -> None:
     parser.add_argument("--no-consumer", action="store_true",
                         help="the producer alone: the CPU of the acks=all requests (the followers' fetches included), without a consumer's")
     args = parser.parse_args()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
     cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-cpu-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     cluster.create_topic("latency", num_partitions=3, replication_factor=3)

@@ -42,6 +42,7 @@ from latency_cpu_bench import process_cpu_s  # noqa: E402
 from results import record  # noqa: E402  (beside this script)
 
 import rayk  # noqa: E402
+from rayk.ray_settings import RAY_SYSTEM_CONFIG  # noqa: E402
 from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 WINDOW_S = 0.1
@@ -107,7 +108,8 @@ def main() -> None:
     parser.add_argument("--spike-ms", type=float, default=15.0)
     args = parser.parse_args()
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
     cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-tail-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     try:
