@@ -299,7 +299,7 @@ def main() -> None:
     cluster = None
     try:
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=namespace,
-                 log_to_driver=False, _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
+                 log_to_driver=False, _system_config=dict(RAY_SYSTEM_CONFIG))  # brokers at nice 0, as Kafka runs
         cluster = rayk.start(brokers=BROKERS, data_dir=Path(data_dir) / "cluster", namespace=namespace)
         sent, consumed = rayk_send(cluster, records, args.partitions)
         show("rayk send() (Producer defaults, acks=all, RF=3)", sent)

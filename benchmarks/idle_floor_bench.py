@@ -37,6 +37,7 @@ import kafka_protocol_bench as kpb  # noqa: E402
 from latency_cpu_bench import machine_busy_s, process_cpu_s, processes  # noqa: E402
 
 import rayk  # noqa: E402
+from rayk.ray_settings import RAY_SYSTEM_CONFIG  # noqa: E402
 from scratch import scratch_dir  # noqa: E402  (beside this script)
 
 BARE_ACTORS = 4
@@ -174,7 +175,7 @@ def main() -> None:
     print(f"rayk idle floor benchmark: {os.cpu_count()} CPUs, Ray {ray.__version__}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+             logging_level="ERROR", _system_config=dict(RAY_SYSTEM_CONFIG))  # as kafka_protocol_bench
     periodic_calls(args.window_s)
     with contextlib.ExitStack() as stack:
         if not args.skip_tansu:

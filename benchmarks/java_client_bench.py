@@ -66,7 +66,7 @@ def main() -> None:
 
     print(f"rayk: 3 brokers, RF=3, {args.records:,} x {args.record_bytes} B, acks=all")
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
+             _system_config=dict(RAY_SYSTEM_CONFIG))  # brokers at nice 0, as Kafka runs
     with tempfile.TemporaryDirectory() as data_dir:
         # group.initial.rebalance.delay.ms 0, as apache_kafka.py sets it for Kafka
         config = {"listeners": "PLAINTEXT://127.0.0.1:0", "group.initial.rebalance.delay.ms": 0}

@@ -424,7 +424,7 @@ def main() -> None:
           f"linger.ms 5; latency: {args.latency_records:,} records at {args.rate:,}/s, linger.ms 0, 5 in flight; "
           f"{args.warmup_records:,} records of warm-up per broker", flush=True)
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
+             _system_config=dict(RAY_SYSTEM_CONFIG))  # brokers at nice 0, as Kafka runs
     rows = [tansu_row(args.records, value, args)]
     kafka = None if args.skip_kafka else kafka_row(args.records, value, args)
     rows += [kafka] if kafka else []

@@ -199,7 +199,7 @@ def main() -> None:
                         help="the producer alone: the CPU of the acks=all requests (the followers' fetches included), without a consumer's")
     args = parser.parse_args()
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             _system_config=RAY_SYSTEM_CONFIG)  # brokers at nice 0, as Kafka runs
+             _system_config=dict(RAY_SYSTEM_CONFIG))  # brokers at nice 0, as Kafka runs
     cluster = rayk.start(brokers=3, data_dir=scratch_dir(prefix="rayk-cpu-"),
                          config={"listeners": "PLAINTEXT://127.0.0.1:0", "min.insync.replicas": 2})
     cluster.create_topic("latency", num_partitions=3, replication_factor=3)

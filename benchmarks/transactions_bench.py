@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import ray
 import rayk
+from rayk.ray_settings import RAY_SYSTEM_CONFIG
 from kafka_protocol_bench import send_all  # beside this script
 
 PARTITIONS = 3
@@ -119,7 +120,8 @@ def main() -> None:
     parser.add_argument("--skip-kafka", action="store_true", help="leave Apache Kafka out (it needs Java 17 and Maven)")
     parser.add_argument("--kafka-heap-mb", type=int, default=512)
     args = parser.parse_args()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _system_config=dict(RAY_SYSTEM_CONFIG))  # brokers at nice 0, as Kafka runs
     print(f"{args.records:,} x {args.value_bytes} B, acks=all, idempotent, transactions of {args.txn_ms} ms", flush=True)
     rows = [rayk_row(args)]
     if not args.skip_kafka:

@@ -41,7 +41,7 @@ def main() -> int:
     data_dir = tempfile.mkdtemp(prefix="rayk-demo-")
     print(f"make demo: a local Ray and 3 brokers, data in {data_dir}")
     ray.init(address="local", namespace=cli.DEMO_NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR, _system_config=RAY_SYSTEM_CONFIG)  # fmt: skip
+             logging_level=logging.ERROR, _system_config=dict(RAY_SYSTEM_CONFIG))  # fmt: skip
     try:
         # Every replica is a process (~1 CPU-s to start here): the demos' few groups share one
         # offsets partition, and each demo deletes its topics when it is done.

@@ -159,7 +159,7 @@ def main() -> None:
         cluster = rayk.connect()
     else:
         ray.init(
-            include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _system_config=RAY_SYSTEM_CONFIG
+            include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, _system_config=dict(RAY_SYSTEM_CONFIG)
         )
         data_dir = tempfile.mkdtemp(prefix="rayk-pipeline-")
         cluster = rayk.start(brokers=3, data_dir=data_dir)

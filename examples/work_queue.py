@@ -130,7 +130,7 @@ def main() -> None:
         cluster = rayk.connect()
     else:
         ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 _system_config=RAY_SYSTEM_CONFIG)  # fmt: skip
+                 _system_config=dict(RAY_SYSTEM_CONFIG))  # fmt: skip
         data_dir = tempfile.mkdtemp(prefix="rayk-work-queue-")
         cluster = rayk.start(brokers=3, data_dir=data_dir, config={"group.share.record.lock.duration.ms": LOCK_MS})
     try:

@@ -35,6 +35,7 @@ from typing import Any
 
 import rayk
 from rayk.errors import KafkaError
+from rayk.ray_settings import ray_system_config_in_env
 
 PROG = "rayk"
 DEFAULT_NAMESPACE = "rayk"
@@ -143,7 +144,8 @@ def _init_ray(address: str, namespace: str) -> None:
     if not _connected_here:
         return
     try:
-        ray.init(address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False)
+        with ray_system_config_in_env():  # `--address local` starts a Ray: brokers at a server's priority
+            ray.init(address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
         if address == "auto" and not os.environ.get("RAY_ADDRESS"):
             raise CliError(NO_RAY_CLUSTER) from None
@@ -908,7 +910,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="rayk-demo-"))
     say(args, f"rayk demo: {args.records:,} records of {DEMO_RECORD_BYTES} bytes, 3 brokers, data in {data_dir}")
     ray.init(address="local", namespace=DEMO_NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR, _system_config=RAY_SYSTEM_CONFIG)  # fmt: skip
+             logging_level=logging.ERROR, _system_config=dict(RAY_SYSTEM_CONFIG))  # fmt: skip
     try:
         cluster = rayk.start(3, data_dir, namespace=DEMO_NAMESPACE, config={"group.initial.rebalance.delay.ms": 0})
         try:

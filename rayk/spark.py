@@ -63,6 +63,7 @@ import ray
 
 from rayk import data as rayk_data
 from rayk.child_stderr import filtered_stderr
+from rayk.ray_settings import ray_system_config_in_env
 from rayk.client.batch_transactions import DEFAULT_TRANSACTION_TIMEOUT_MS
 from rayk.client.micro_batches import MicroBatches
 from rayk.client.offset_ranges import OffsetRange, OffsetSpec, plan_read_ranges, split_for_tasks
@@ -162,7 +163,8 @@ def session(
     import raydp
 
     if not ray.is_initialized():
-        ray.init()
+        with ray_system_config_in_env():  # a Ray started here runs brokers at a server's priority
+            ray.init()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python workers
     # The JVMs' Ray core libraries log INFO lines ("GcsClient has no Cluster ID set") to the
     # terminal unless told otherwise; warnings and errors still show.
@@ -245,7 +247,8 @@ def _worker_cluster(address: str, namespace: str) -> Any:
 
 def _ray_address() -> str:
     if not ray.is_initialized():
-        ray.init()
+        with ray_system_config_in_env():
+            ray.init()
     return ray.get_runtime_context().gcs_address
 
 

@@ -403,7 +403,7 @@ def test_user_mistakes_are_one_line_errors(run_subprocess):
     assert_one_line_error(run("start", "--node-resource", "rayk_nowhere", namespace="cli-nowhere"), "rayk_nowhere")
 
 
-README_COMMANDS = "ray start --head                                   # or use"  # the `rayk` block
+README_COMMANDS = "RAY_worker_niceness=0 ray start --head             # or use"  # the `rayk` block
 README_DEMO = "make demo    # 3 brokers on a local Ray"
 
 
@@ -415,7 +415,7 @@ def test_the_readme_s_rayk_commands_run_as_written(run, run_subprocess, tmp_path
     started them), the others in this one."""
     monkeypatch.chdir(tmp_path)
     [ray_start, *commands] = readme.shell_commands(readme.block(README_COMMANDS))
-    assert ray_start[:2] == ["ray", "start"]
+    assert ray_start[:3] == ["RAY_worker_niceness=0", "ray", "start"]  # the brokers at nice 0 (rayk/ray_settings.py)
     assert commands[0][:2] == ["rayk", "start"] and commands[-1] == ["rayk", "stop"]
     outputs, stopped = [], False
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -52,10 +53,13 @@ def test_cluster_config_passes_rays_validation(name):
         for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands")
         for command in config.get(key, [])
     )
-    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config[key] if "ray start" in c]
+    starts = [shlex.split(c) for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config[key]
+              if "ray start" in c]  # fmt: skip
     assert len(starts) == 2, starts
-    for command in starts:  # the brokers at a server's CPU priority (rayk/ray_settings.py)
-        assert "RAY_worker_niceness=0 " in command.split("ray start")[0], command
+    for words in starts:  # the brokers at a server's CPU priority (rayk/ray_settings.py): in `ray start`'s environment
+        ray = next(i for i, word in enumerate(words) if word.endswith("/bin/ray"))
+        assert words[ray + 1] == "start" and "RAY_worker_niceness=0" in words[:ray], words
+        assert all("=" in word and not word.startswith("-") for word in words[:ray]), words
 
 
 def _free_port() -> int:
@@ -199,13 +203,14 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
             "rayk topics create clicks --partitions 2 --replication-factor 1 --address 127.0.0.1:6390"
             " && printf 'a\\nb\\nc\\n' | rayk produce clicks --address 127.0.0.1:6390"
             " && rayk consume clicks --from-beginning --max-messages 3 --timeout-ms 30000 --address 127.0.0.1:6390"
-            " && ps -eo ni=,comm= | grep ' ray::'"
+            " && cat /proc/[0-9]*/stat | awk '$2 ~ /^[(]ray::/ {print $19, $2}'"  # nice value, (process name)
         )
         assert {"a", "b", "c"} <= set(out.splitlines()), out
-        # Ray's workers (the brokers, their replicas) at nice 0, as the config's `ray start` asks.
-        workers = [m.groups() for line in out.splitlines() if (m := re.fullmatch(r"\s*(-?\d+)\s+(ray::\S*)\s*", line))]
-        assert any(comm.startswith("ray::ReplicaMan") for _, comm in workers), out
-        assert {niceness for niceness, _ in workers} == {"0"}, out
+        # Ray's workers (the brokers, their replicas) at the priority of the processes that
+        # started them (sshd's: this test's), as the config's `ray start` asks, not 15 above.
+        workers = [m.groups() for line in out.splitlines() if (m := re.fullmatch(r"(-?\d+) [(](ray::[^)]*)[)]", line))]
+        assert any(name.startswith("ray::ReplicaMan") for _, name in workers), out
+        assert {int(niceness) for niceness, _ in workers} == {os.getpriority(os.PRIO_PROCESS, 0)}, out
         # A Kafka client on this machine reads them through the broker's listener.
         status = _status_or_empty(config_path)
         bootstrap = next(line.split("=", 1)[1] for line in status.splitlines() if line.startswith("bootstrap.servers="))

@@ -16,8 +16,10 @@ from rayk import ray_settings
 from rayk.ray_settings import RAY_SYSTEM_CONFIG, SERVER_NICENESS, lowered_priority_warning, ray_system_config_in_env
 
 
-def test_a_ray_rayk_starts_runs_its_workers_at_a_server_s_priority():
+def test_a_ray_rayk_starts_runs_its_workers_at_a_server_s_priority_and_ray_gets_a_copy():
     assert RAY_SYSTEM_CONFIG["worker_niceness"] == SERVER_NICENESS == 0
+    with pytest.raises(TypeError):  # Ray adds its session's settings to the dict it is given
+        RAY_SYSTEM_CONFIG["object_spilling_config"] = "{}"  # type: ignore[index]
 
 
 def test_the_settings_are_in_the_environment_only_while_ray_starts(monkeypatch):
@@ -58,21 +60,31 @@ def test_rayk_start_starts_ray_with_them(monkeypatch):
     assert "RAY_worker_niceness" not in os.environ
 
 
-@pytest.mark.parametrize("niceness, warned", [(0, False), (15, True), (-5, False)])
-def test_a_broker_below_a_server_s_priority_says_how_to_raise_it(monkeypatch, niceness, warned):
-    monkeypatch.setattr(ray_settings.os, "getpriority", lambda which, who: niceness)
+@pytest.mark.parametrize("niceness, raylet, warned", [(0, 0, False), (15, 0, True), (-5, 0, False), (5, 5, False), (20, 5, True)])
+def test_a_broker_below_its_raylet_s_priority_says_how_to_raise_it(monkeypatch, niceness, raylet, warned):
+    monkeypatch.setattr(ray_settings.os, "getpriority", lambda which, pid: niceness if pid == 0 else raylet)
     warning = lowered_priority_warning("broker 2")
     if not warned:
         assert warning is None
     else:
         assert warning is not None
-        assert warning.startswith("broker 2 runs at nice 15")
+        assert warning.startswith(f"broker 2 runs at nice {niceness}, {niceness - raylet} below its raylet")
         assert "RAY_worker_niceness=0" in warning
+
+
+def test_a_worker_whose_raylet_is_gone_compares_with_a_server_s_priority(monkeypatch):
+    def getpriority(which, pid):
+        if pid:
+            raise ProcessLookupError(pid)
+        return 15
+
+    monkeypatch.setattr(ray_settings.os, "getpriority", getpriority)
+    assert lowered_priority_warning("broker 0") is not None
 
 
 SCRIPT = """
 import json, os, sys
-import psutil, ray
+import ray
 import rayk
 from ray.util.state import list_actors
 
@@ -80,23 +92,24 @@ cluster = rayk.start(1, sys.argv[1], namespace="niceness", address="local",  # a
                      config={"listeners": "", "offsets.topic.num.partitions": 1, "offsets.topic.replication.factor": 1})
 try:
     cluster.create_topic("t", 1, 1)
-    seen = {a.class_name: psutil.Process(a.pid).nice() for a in list_actors(filters=[("state", "=", "ALIVE")])}
+    seen = [[a.class_name, os.getpriority(os.PRIO_PROCESS, a.pid)] for a in list_actors(filters=[("state", "=", "ALIVE")])]
 finally:
     cluster.shutdown()
     ray.shutdown()
-print(json.dumps({"actors": seen, "driver_env": os.environ.get("RAY_worker_niceness")}))
+print(json.dumps({"actors": seen, "driver": os.nice(0), "driver_env": os.environ.get("RAY_worker_niceness")}))
 """
 
 
 @pytest.mark.slow
 def test_rayk_start_without_a_ray_runs_every_actor_at_nice_0(tmp_path):
-    """The whole way: the raylet rayk.start starts reads the variable, and every actor of
-    the cluster (the Controller, the broker, a partition replica) runs at nice 0."""
+    """The whole way: the Ray rayk.start starts reads the variable, and every actor of the
+    cluster (the Controller, the broker, its partition replicas) runs at the driver's
+    priority (nice 0 unless the test itself runs under `nice`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "data")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert {"Controller", "ReplicaManager", "PartitionReplica"} <= set(seen["actors"]), seen
-    assert set(seen["actors"].values()) == {0}, seen
+    assert {"Controller", "ReplicaManager", "PartitionReplica"} <= {name for name, _ in seen["actors"]}, seen
+    assert {niceness for _, niceness in seen["actors"]} == {seen["driver"]}, seen
     assert seen["driver_env"] is None  # the driver's own environment is as it was

@@ -53,7 +53,7 @@ RUN_ELSEWHERE = {
         "tests/test_share_consumer.py::test_make_demo_s_work_queue_does_every_job_with_duplicates_only_where_a_worker_died"),
     "rayk brokers add        # a new broker joins; the balancer moves its share of the replicas and leaders to it": (
         "tests/test_broker_lifecycle.py::test_the_quickstart_s_broker_commands_run_as_written",),
-    "ray start --head                                   # or use an existing Ray cluster": (
+    "RAY_worker_niceness=0 ray start --head             # or use an existing Ray cluster": (
         "tests/test_cli.py::test_the_readme_s_rayk_commands_run_as_written",),
     'rayk.connect().create_topic("events-copy", num_partitions=3)': (
         "tests/test_spark.py::test_the_readme_s_spark_examples_run_as_written",),
