@@ -86,13 +86,13 @@ SCRIPT = """
 import json, os, sys
 import ray
 import rayk
-from ray.util.state import list_actors
+from ray._private.state import actors  # this driver's Ray's actor table (list_actors would look for the Ray by itself)
 
 cluster = rayk.start(1, sys.argv[1], namespace="niceness", address="local",  # a Ray of its own, whatever runs
                      config={"listeners": "", "offsets.topic.num.partitions": 1, "offsets.topic.replication.factor": 1})
 try:
     cluster.create_topic("t", 1, 1)
-    seen = [[a.class_name, os.getpriority(os.PRIO_PROCESS, a.pid)] for a in list_actors(filters=[("state", "=", "ALIVE")])]
+    seen = [[a["ActorClassName"], os.getpriority(os.PRIO_PROCESS, a["Pid"])] for a in actors().values() if a["State"] == "ALIVE"]
 finally:
     cluster.shutdown()
     ray.shutdown()
