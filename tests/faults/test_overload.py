@@ -4,7 +4,11 @@ busy-loop Ray tasks taking every core (one per core, `num_cpus=1` each; rayk's a
 reserve no CPU), for RAYK_OVERLOAD_S seconds (600 in `make chaos`):
 (a) topics created and deleted in a loop, up to the brokers' computed capacity, and one
     past it refused each round;
-(b) twice the replicas the capacity allows, created with the cap overridden, held.
+(b) twice the replicas the capacity allows, created with the cap overridden, held;
+(c) the load from processes outside Ray at the brokers' own priority (a client, a JVM, a
+    build sharing the node), on a Ray as `rayk.start()` starts one: its workers at nice
+    0 (rayk/ray_settings.py). At Ray's default nice 15 every such process outranks the
+    brokers ~28 times; `RAYK_OVERLOAD_WORKER_NICENESS=15` runs (c) that way.
 Each ends with 0 broker re-registrations (no broker epoch bumped, no registration after
 the first), 0 fencings, 0 partitions offline at any sample, 0 acknowledged records lost,
 every ISR full; the produce latency may grow, and is printed with the rest. Before issue
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +37,8 @@ import ray
 import rayk
 from rayk.errors import KafkaError, PolicyViolationError
 from rayk.server.replica_capacity import derived_cap
-from tests.cluster_helpers import shared_local_ray, wait_until
+from rayk.ray_settings import RAY_SYSTEM_CONFIG, SERVER_NICENESS
+from tests.cluster_helpers import LOCAL_RAY, pid_of, release_shared_local_ray, shared_local_ray, wait_until
 from tests.faults.harness import CONFIG, PARTITIONS, TOPIC, WITH_LISTENERS, Traffic, check, healthy
 
 pytestmark = pytest.mark.chaos
@@ -42,6 +49,7 @@ BROKERS = 3
 RATE_PER_S = 200  # the producer's records per second: a steady writer, not a benchmark
 SAMPLE_S = 5  # how often the Controller's gauges are sampled
 SETTLE_S = 600  # at most this long for every ISR to be full, before and after the load
+WORKER_NICENESS = int(os.environ.get("RAYK_OVERLOAD_WORKER_NICENESS", str(SERVER_NICENESS)))  # (c)'s Ray
 
 
 @ray.remote(num_cpus=1)
@@ -63,6 +71,31 @@ def every_core_taken(seconds: float) -> Iterator[None]:
             ray.cancel(ref, force=True)
 
 
+@contextmanager
+def every_core_taken_outside_ray(seconds: float) -> Iterator[None]:
+    """One busy-loop process per core, started by the test at its own priority."""
+    loop = f"import time\nuntil = time.time() + {seconds}\nwhile time.time() < until:\n    pass\n"
+    spinners = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(SPINNERS)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@contextmanager
+def ray_as_rayk_starts_it() -> Iterator[None]:
+    """A Ray of this test's own with rayk's system config (its workers at WORKER_NICENESS),
+    in place of the suite's shared one, which runs them at Ray's default."""
+    release_shared_local_ray()
+    ray.init(**LOCAL_RAY, _system_config={**RAY_SYSTEM_CONFIG, "worker_niceness": WORKER_NICENESS})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def computed_cap() -> int:
     """What each of the 3 brokers may hold on this machine (replica_capacity.py)."""
     from ray._private.utils import get_num_cpus, get_system_memory
@@ -71,8 +104,9 @@ def computed_cap() -> int:
 
 
 @contextmanager
-def cluster(tmp_path, namespace: str, config: dict | None = None) -> Iterator[Any]:
-    shared_local_ray()
+def cluster(tmp_path, namespace: str, config: dict | None = None, own_ray: bool = False) -> Iterator[Any]:
+    if not own_ray:
+        shared_local_ray()
     c = rayk.start(brokers=BROKERS, data_dir=tmp_path, config={**CONFIG, **WITH_LISTENERS, **(config or {})},
                    namespace=namespace)  # fmt: skip
     try:
@@ -144,7 +178,7 @@ def latency_ms(traffic: Traffic, since_s: float) -> str:
 
 def report(name: str, watch: Watch, traffic: Traffic, load_from_s: float, extra: dict) -> dict[str, Any]:
     figures = watch.end() | extra
-    print(f"\nOVERLOAD {name}, {DURATION_S:.0f} s with {SPINNERS} busy-loop tasks on {os.cpu_count()} cores:")
+    print(f"\nOVERLOAD {name}, {DURATION_S:.0f} s with {SPINNERS} busy loops on {os.cpu_count()} cores:")
     print(f"  produce latency before the load: {latency_ms_until(traffic, load_from_s)}")
     print(f"  produce latency under the load:  {latency_ms(traffic, load_from_s)}")
     for key, value in figures.items():
@@ -165,12 +199,13 @@ def assert_no_collapse(figures: dict[str, Any]) -> None:
     assert figures["max offline partitions"] == 0, figures
 
 
-def hold_under_load(watch: Watch, step: Any = None) -> float:
-    """Every core taken for DURATION_S while the producer writes (and `step()` runs again
-    and again, if given), the cluster sampled meanwhile; returns when the load started."""
+def hold_under_load(watch: Watch, step: Any = None, load: Any = every_core_taken) -> float:
+    """Every core taken (by `load`) for DURATION_S while the producer writes (and `step()`
+    runs again and again, if given), the cluster sampled meanwhile; returns when the load
+    started."""
     started_s = time.monotonic()
     watch.start()
-    with every_core_taken(DURATION_S):
+    with load(DURATION_S):
         while time.monotonic() - started_s < DURATION_S:
             if step is not None:
                 step()
@@ -243,4 +278,21 @@ def test_twice_the_replicas_the_capacity_allows_with_every_core_taken_slow_down_
         outcome = check(c, traffic, "overload (b)", 0.0)
         print(f"  {outcome.line()}")
     assert replicas == 3 * held_per_broker
+    assert_no_collapse(figures)
+
+
+def test_processes_outside_ray_taking_every_core_at_the_brokers_priority_slow_them_down_and_do_not_collapse(tmp_path):
+    with ray_as_rayk_starts_it(), cluster(tmp_path, "overload-outside", own_ray=True) as c:
+        wait_until(lambda: healthy(c), SETTLE_S, "every ISR full")
+        niceness = {os.getpriority(os.PRIO_PROCESS, pid_of(c.broker(b))) for b in range(BROKERS)}
+        assert niceness == {os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS}, niceness
+        traffic = Traffic(c, rate_per_s=RATE_PER_S)
+        time.sleep(10)
+        watch = Watch(c)
+        load_from_s = hold_under_load(watch, load=every_core_taken_outside_ray)
+        wait_until(lambda: healthy(c), SETTLE_S, "every ISR full")
+        figures = report(f"(c) processes outside Ray, the brokers at nice {niceness.pop()}", watch, traffic,
+                         load_from_s, {})  # fmt: skip
+        outcome = check(c, traffic, "overload (c)", 0.0)
+        print(f"  {outcome.line()}")
     assert_no_collapse(figures)
