@@ -13,7 +13,7 @@ of its own. Each round, in turn:
   node, waits for it and its broker, is created, and a record is acknowledged by both
   replicas. Sampled meanwhile: when the node joined Ray, and when its broker registered.
 The topic is then deleted; the broker, idle, is decommissioned (broker.idle.removal.ms is
-2 s here) and its node goes (idle_timeout_minutes 0.25) before the next round.
+2 s here) and its node goes (idle_timeout_minutes 0.1) before the next round.
 
 The fake provider starts a node in-process (no VM, no image, no rayk install): on a cloud
 the node's own start (minutes) comes on top; what is measured is rayk's and Ray's share.

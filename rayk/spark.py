@@ -166,14 +166,22 @@ def session(
         with ray_system_config_in_env():  # a Ray started here runs brokers at a server's priority
             ray.init()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python workers
-    # The JVMs' Ray core libraries log INFO lines ("GcsClient has no Cluster ID set") to the
-    # terminal unless told otherwise; warnings and errors still show.
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
-    with filtered_stderr():  # the driver JVM starts here, and inherits the filter (child_stderr.py)
-        spark = raydp.init_spark(
-            app_name, executors, executor_cores, executor_memory,
-            configs=session_configs(configs, kafka_connector=kafka_connector),
-        )
+    # The driver JVM's Ray core library logs INFO lines ("GcsClient has no Cluster ID set")
+    # to the terminal unless told otherwise; warnings and errors still show. Only while it
+    # starts: left in this process's environment, the variable made every Ray process it
+    # started later (a `rayk` command, say) print Ray's "Set ray log level" notice.
+    quieted = "RAY_BACKEND_LOG_LEVEL" not in os.environ
+    if quieted:
+        os.environ["RAY_BACKEND_LOG_LEVEL"] = "warning"
+    try:
+        with filtered_stderr():  # the driver JVM starts here, and inherits the filter (child_stderr.py)
+            spark = raydp.init_spark(
+                app_name, executors, executor_cores, executor_memory,
+                configs=session_configs(configs, kafka_connector=kafka_connector),
+            )
+    finally:
+        if quieted:
+            del os.environ["RAY_BACKEND_LOG_LEVEL"]
     _drop_java_only_includes(spark.sparkContext)
     return spark
 

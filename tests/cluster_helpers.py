@@ -41,6 +41,7 @@ NO_LISTENERS = {"listeners": ""}
 
 LOCAL_RAY = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
 _shared_local_ray = False
+_shared_broker_nodes: Cluster | None = None
 
 
 def shared_local_ray() -> str:
@@ -50,6 +51,7 @@ def shared_local_ray() -> str:
     actors of its own that must not outlive it) calls `release_shared_local_ray` first.
     Returns the GCS address."""
     global _shared_local_ray
+    _release_shared_broker_nodes()
     if not _shared_local_ray:
         assert not ray.is_initialized(), "a module left its own Ray running"
         ray.init(**LOCAL_RAY)
@@ -58,7 +60,9 @@ def shared_local_ray() -> str:
 
 
 def release_shared_local_ray() -> None:
+    """Shuts down whichever Ray the modules share: the local one or the broker nodes."""
     global _shared_local_ray
+    _release_shared_broker_nodes()
     if _shared_local_ray:
         ray.shutdown()
         _shared_local_ray = False
@@ -67,21 +71,48 @@ def release_shared_local_ray() -> None:
 BROKER_RESOURCE = "rayk_broker"  # what `rayk.start(node_resource=...)` places one broker per node by
 
 
-@contextlib.contextmanager
-def broker_node_cluster(broker_nodes: int = 3) -> Iterator[Cluster]:
-    """A Ray cluster of a head and `broker_nodes` nodes for one broker each (1 CPU and
-    BROKER_RESOURCE apiece), connected to for as long as the block lasts."""
+def _start_broker_nodes(broker_nodes: int) -> Cluster:
     release_shared_local_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(broker_nodes):
         cluster.add_node(num_cpus=1, resources={BROKER_RESOURCE: 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+def _stop_broker_nodes(cluster: Cluster) -> None:
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@contextlib.contextmanager
+def broker_node_cluster(broker_nodes: int = 3) -> Iterator[Cluster]:
+    """A Ray cluster of a head and `broker_nodes` nodes for one broker each (1 CPU and
+    BROKER_RESOURCE apiece), connected to for as long as the block lasts."""
+    cluster = _start_broker_nodes(broker_nodes)
     try:
         yield cluster
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        _stop_broker_nodes(cluster)
+
+
+def shared_broker_node_cluster() -> Cluster:
+    """A broker_node_cluster(3) that the modules of node and process faults share (starting
+    and stopping one costs ~12 s here), until a module needs another Ray. Each of their
+    tests shuts the rayk cluster it starts and leaves three live broker nodes (one that
+    takes a node away adds one). tests/conftest.py runs those modules one after another."""
+    global _shared_broker_nodes
+    if _shared_broker_nodes is None:
+        _shared_broker_nodes = _start_broker_nodes(3)
+    return _shared_broker_nodes
+
+
+def _release_shared_broker_nodes() -> None:
+    global _shared_broker_nodes
+    if _shared_broker_nodes is not None:
+        cluster, _shared_broker_nodes = _shared_broker_nodes, None
+        _stop_broker_nodes(cluster)
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

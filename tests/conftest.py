@@ -15,6 +15,18 @@ from tests.jvm_programs import Jvm, build
 from tests.tls_helpers import TlsFiles, write_tls_files
 
 
+RUN_ORDER = {"broker nodes": 0, "own Ray": 1, "shared local Ray": 2}  # by a module's RUNS_ON
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules sharing the broker-node cluster (`RUNS_ON = "broker nodes"`,
+    cluster_helpers.shared_broker_node_cluster) run first, then those with a Ray of their
+    own (`RUNS_ON = "own Ray"`), each group in its order, and the modules sharing the local Ray
+    last: one among those shut the shared Ray down and the next module started it again,
+    ~5 s each time (~12 s for the broker nodes)."""
+    items.sort(key=lambda item: RUN_ORDER[getattr(getattr(item, "module", None), "RUNS_ON", "shared local Ray")])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def stop_the_shared_local_ray(tmp_path_factory):
     yield

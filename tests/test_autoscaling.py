@@ -212,7 +212,7 @@ def test_with_one_broker_per_node_a_broker_is_added_only_on_a_node_without_one(m
 
 # ---------------------------------------------------------------------------- on the fake autoscaler
 
-IDLE_REMOVAL_MS = 3_000
+IDLE_REMOVAL_MS = 1_000
 SCENARIO_TIMEOUT_S = 600
 
 
@@ -237,7 +237,7 @@ def grow_and_shrink(data_dir: str) -> None:
             producer.send("wide", f"record {p}".encode(), partition=p).result(timeout=60)
     log("a record acknowledged by all three replicas of each partition")
 
-    hasty = dataclasses.replace(cluster, default_api_timeout_ms=20_000)
+    hasty = dataclasses.replace(cluster, default_api_timeout_ms=12_000)  # the Controller waits 2 s of it
     # (counted among the placeable brokers: one fenced for a moment on a loaded machine is not one)
     with pytest.raises(PolicyViolationError, match=rf"needs \d more brokers than the \d there are, each on a Ray node "
                                                    rf"offering '{BROKER_RESOURCE}'; \d joined within"):

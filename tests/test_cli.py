@@ -43,7 +43,7 @@ def cluster(address, tmp_path_factory):
         brokers=3,
         data_dir=tmp_path_factory.mktemp("cli-data"),
         namespace=NAMESPACE,
-        config={"group.initial.rebalance.delay.ms": 0, "listeners": LOOPBACK_LISTENER},
+        config={"group.initial.rebalance.delay.ms": 0, "listeners": LOOPBACK_LISTENER, "offsets.topic.num.partitions": 1},
     )
     yield c
     c.shutdown()
@@ -410,8 +410,8 @@ README_DEMO = "make demo    # 3 brokers on a local Ray"
 def test_the_readme_s_rayk_commands_run_as_written(run, run_subprocess, tmp_path, monkeypatch):
     """README's `rayk` block, command by command, in a Ray namespace of its own: this
     module's Ray stands in for `ray start`, and `rayk start` gets the tests' settings (its
-    listeners on loopback, as every server in the tests; 3 offsets partitions, not 50 on
-    2 cores). `start` and `stop` run as real processes (the brokers outlive the one that
+    listeners on loopback, as every server in the tests, and FAST_CONFIG's one offsets
+    partition). `start` and `stop` run as real processes (the brokers outlive the one that
     started them), the others in this one."""
     monkeypatch.chdir(tmp_path)
     [ray_start, *commands] = readme.shell_commands(readme.block(README_COMMANDS))
@@ -428,7 +428,7 @@ def test_the_readme_s_rayk_commands_run_as_written(run, run_subprocess, tmp_path
             assert command[0] == "rayk", command
             args = command[1:]
             if args[0] == "start":
-                settings = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 3}
+                settings = {**FAST_CONFIG, "group.initial.rebalance.delay.ms": 0}
                 args += ["--config", *(f"{key}={value}" for key, value in settings.items())]
             real_process = args[0] in ("start", "stop")
             outputs.append(ok((run_subprocess if real_process else run)(*args, stdin=stdin, namespace="cli-readme")))

@@ -45,6 +45,8 @@ from tests.cluster_helpers import (
 )
 from tests.dataplane_fakes import FakeReplicaEndpoint
 
+RUNS_ON = "own Ray"  # a Ray of its own: tests/conftest.py runs this module before those sharing the local one
+
 CONFIG = {
     **FAST_CONFIG,
     **NO_LISTENERS,  # the Python API's tests: no Kafka protocol
@@ -659,7 +661,7 @@ def test_a_new_coordinator_replays_a_compacted_offsets_topic(cluster):
     """Every commit is a record in __consumer_offsets. The brokers' cleaners compact each
     replica's copy, so a coordinator taking over replays each key's latest record plus the
     uncleaned tail, not every commit ever made, and still answers the latest offsets."""
-    topic = new_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
     group = "compacted-offsets"
     commits = 400
     with cluster.consumer(group_id=group, enable_auto_commit=False) as consumer:
@@ -730,7 +732,7 @@ def test_committed_offsets_survive_a_cluster_restart(tmp_path):
 
 
 def test_send_batch_puts_keys_where_send_does_and_answers_every_record_s_offset(cluster):
-    topic = new_topic(cluster, partitions=3)
+    topic = new_topic(cluster, partitions=3, replication_factor=1)
     producer = cluster.producer()
     n = 500
     keys = [b"k%d" % i for i in range(n)]
@@ -760,7 +762,7 @@ def test_send_batch_puts_keys_where_send_does_and_answers_every_record_s_offset(
 
 
 def test_send_batch_follows_send_in_a_partition_and_moves_the_sticky_partition_per_batch(cluster):
-    topic = new_topic(cluster, partitions=3)
+    topic = new_topic(cluster, partitions=3, replication_factor=1)
     producer = cluster.producer(max_request_size=10_000)  # ~90 records of 100 B a batch
     first = producer.send(topic, b"first", partition=1)
     pinned = producer.send_batch(topic, [b"x" * 100] * 300, partition=1, headers=[("h", b"v")]).result(30)
@@ -778,7 +780,7 @@ def test_send_batch_follows_send_in_a_partition_and_moves_the_sticky_partition_p
 
 
 def test_send_batch_refuses_bad_input_with_typed_errors_and_writes_nothing(cluster):
-    topic = new_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2, replication_factor=1)
     producer = cluster.producer(max_request_size=2_000)
     with pytest.raises(ValueError, match=r"partitions 0\.\.1, not 5"):
         producer.send_batch(topic, [b"a"], partition=5)
@@ -862,7 +864,7 @@ def test_a_transactional_producer_commits_aborts_and_commits_a_groups_offsets_wi
 
 
 def test_a_transactional_producer_fenced_by_a_newer_one_fails_for_good(cluster):
-    topic, txn_id = new_topic(cluster, partitions=1), f"py-fence-{uuid.uuid4().hex[:6]}"
+    topic, txn_id = new_topic(cluster, partitions=1, replication_factor=1), f"py-fence-{uuid.uuid4().hex[:6]}"
     zombie = cluster.producer(transactional_id=txn_id)
     zombie.init_transactions()
     zombie.begin_transaction()

@@ -198,12 +198,13 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
 
         # `rayk start` runs in the background on the head; wait until the broker serves.
         _wait_for(lambda: _live_brokers(_status_or_empty(config_path)) >= 1, 180, "rayk start on the head")
-        # One `ray exec` for the three commands: each exec is an ssh session and a Python start.
+        # One `ray exec` for the commands: each exec is an ssh session and a Python start.
         out = rayk(
             "rayk topics create clicks --partitions 2 --replication-factor 1 --address 127.0.0.1:6390"
             " && printf 'a\\nb\\nc\\n' | rayk produce clicks --address 127.0.0.1:6390"
             " && rayk consume clicks --from-beginning --max-messages 3 --timeout-ms 30000 --address 127.0.0.1:6390"
             " && cat /proc/[0-9]*/stat | awk '$2 ~ /^[(]ray::/ {print $19, $2}'"  # nice value, (process name)
+            " && rayk status --address 127.0.0.1:6390"
         )
         assert {"a", "b", "c"} <= set(out.splitlines()), out
         # Ray's workers (the brokers, their replicas) at the priority of the processes that
@@ -212,8 +213,7 @@ def test_ray_up_local_yaml_runs_rayk_and_ray_down_stops_it(sshd_in_own_pid_names
         assert any(name.startswith("ray::ReplicaMan") for _, name in workers), out
         assert {int(niceness) for niceness, _ in workers} == {os.getpriority(os.PRIO_PROCESS, 0)}, out
         # A Kafka client on this machine reads them through the broker's listener.
-        status = _status_or_empty(config_path)
-        bootstrap = next(line.split("=", 1)[1] for line in status.splitlines() if line.startswith("bootstrap.servers="))
+        bootstrap = next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("bootstrap.servers="))
         consumer = kafka.KafkaConsumer("clicks", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                        consumer_timeout_ms=20000)
         assert sorted(r.value for _, r in zip(range(3), consumer)) == [b"a", b"b", b"c"]

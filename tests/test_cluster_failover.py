@@ -28,16 +28,17 @@ from tests.cluster_helpers import (
     Writer,
     assert_acked_records_present,
     batch_of,
-    broker_node_cluster,
+    shared_broker_node_cluster,
     read_replica,
     wait_until,
 )
 
+RUNS_ON = "broker nodes"  # shared_broker_node_cluster: tests/conftest.py runs these modules first
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with broker_node_cluster() as cluster:
-        yield cluster
+    return shared_broker_node_cluster()
 
 
 def node_of_broker(ray_cluster, rayk_cluster, broker_id: int):

@@ -367,7 +367,7 @@ def test_the_python_producer_and_consumer_reach_a_leader_over_one_data_plane_con
     wait_until(lambda: connections() == 0, 10, "the producer's connection to close with it")
     with cluster.consumer(auto_offset_reset="earliest", consumer_timeout_ms=3_000) as consumer:
         consumer.assign([TopicPartition("plane", 0)])
-        assert [r.value for r in consumer] == [b"v%d" % i for i in range(20)]
+        assert [r.value for r in itertools.islice(consumer, 20)] == [b"v%d" % i for i in range(20)]
         assert connections() == 1
     wait_until(lambda: connections() == 0, 10, "the consumer's connection to close with it")
 

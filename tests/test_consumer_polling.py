@@ -48,7 +48,7 @@ def cluster(tmp_path_factory):
 
 def new_topic(cluster, partitions: int, records: int) -> str:
     name = f"poll{next(_names)}"
-    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=1)  # the group is under test
     with cluster.producer(linger_ms=20) as producer:
         for i in range(records):
             producer.send(name, value=b"%06d" % i, partition=i % partitions)

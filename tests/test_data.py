@@ -48,9 +48,10 @@ def cluster(tmp_path_factory):
 _topics = itertools.count()
 
 
-def new_topic(cluster, partitions=3, **config) -> str:
+def new_topic(cluster, partitions=3, replication_factor=1, **config) -> str:
+    """RF 1 unless the test is about replication (each replica is a process to start)."""
     name = f"d{next(_topics)}"
-    cluster.create_topic(name, num_partitions=partitions, replication_factor=3, config=config or None)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=replication_factor, config=config or None)
     return name
 
 
@@ -166,7 +167,7 @@ def test_an_empty_topic_is_an_empty_dataset_with_the_schema(cluster):
 
 
 def test_a_read_is_a_snapshot_while_writers_append(cluster):
-    topic = new_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2, replication_factor=3)  # reads stop at the HW
     rayk_data.write_topic(ray.data.from_items([{"value": b"old"}] * 500), topic, cluster=cluster)
     stop = threading.Event()
 
@@ -249,7 +250,7 @@ def test_a_topic_datasink_users_make_writes_resumably_and_counts(cluster, submit
 
 
 def test_a_dead_follower_does_not_stop_reads_or_writes(cluster):
-    topic = new_topic(cluster, partitions=1)
+    topic = new_topic(cluster, partitions=1, replication_factor=3)
     leader = cluster.describe_topic(topic)[0]["leader"]
     follower = next(b for b in cluster.describe_topic(topic)[0]["replicas"] if b != leader)
     rayk_data.write_topic(ray.data.from_items([{"value": b"%d" % i} for i in range(100)]), topic, cluster=cluster)
@@ -269,7 +270,7 @@ def test_a_dead_follower_does_not_stop_reads_or_writes(cluster):
 
 
 def test_write_fails_when_records_are_not_acknowledged_and_on_bad_columns(cluster):
-    topic = new_topic(cluster, partitions=1, **{"min.insync.replicas": "3"})
+    topic = new_topic(cluster, partitions=1, replication_factor=3, **{"min.insync.replicas": "3"})
     follower = next(b for b in cluster.describe_topic(topic)[0]["replicas"] if b != cluster.describe_topic(topic)[0]["leader"])
     ray.kill(cluster.broker(follower))
     try:
@@ -504,7 +505,7 @@ def test_an_exactly_once_stream_commits_each_batch_s_output_with_its_offsets_and
     still running when a new one of its group starts (a driver thought dead) is fenced:
     its batch's output is aborted and its commit refused. read_committed readers of the
     sink see every input record's output exactly once."""
-    source, sink = new_topic(cluster, partitions=3), new_topic(cluster, partitions=3)
+    source, sink = (new_topic(cluster, partitions=3, replication_factor=3) for _ in range(2))
     inputs = [b"v%02d" % i for i in range(30)]
     produce_values(cluster, source, inputs, 3)
     settings = dict(trigger_ms=0, max_records_per_batch=12, starting_offsets="earliest", cluster=cluster, exactly_once=True)

@@ -170,7 +170,7 @@ def test_the_java_admin_client_manages_topics_configs_and_partitions(cluster, bo
 
 
 def test_the_java_admin_client_lists_describes_alters_and_deletes_groups(cluster, bootstrap, jvm):
-    topic, group = new_topic(cluster, partitions=2), f"java-admin-group-{uuid.uuid4().hex[:6]}"
+    topic, group = new_topic(cluster, partitions=2, replication_factor=1), f"java-admin-group-{uuid.uuid4().hex[:6]}"
     producer = cluster.producer()
     for i in range(10):
         producer.send(topic, f"v{i}".encode(), partition=i % 2)
@@ -197,7 +197,7 @@ def test_apis_rayk_does_not_serve_fail_in_the_java_client_before_any_request(clu
     (UnsupportedVersionException) and its connections go on serving. DescribeLogDirs is
     served (kafka-log-dirs.sh uses it): broker 0's one data directory, online."""
     events = {e["event"] if e["event"] != "error" else e["step"]: e
-              for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "unsupported", new_topic(cluster))}
+              for e in jvm.run("rayk.jvm.AdminCheck", bootstrap, "unsupported", new_topic(cluster, partitions=1))}
     described = events["described_log_dirs"]
     assert described["dirs"] == 1 and described["path"].endswith("broker-0") and described["error"] == "", described
     assert described["total_bytes"] > 0 and described["replicas"] >= 1, described
@@ -212,7 +212,7 @@ def test_java_share_consumers_share_one_partition_release_and_accept_each_record
     records each releases come back, to either, with delivery count 2; the group's start
     offset ends past them all. kafka-configs sets the group's share.auto.offset.reset first;
     kafka-share-groups.sh and Kafka's Admin describe, alter and delete its offsets after."""
-    topic, group = new_topic(cluster, partitions=1), f"java-share-{uuid.uuid4().hex[:6]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"java-share-{uuid.uuid4().hex[:6]}"
     group_configs = lambda *args: jvm.tool(CONFIGS_TOOL, "--bootstrap-server", bootstrap, "--entity-type", "groups",  # noqa: E731
                                            "--entity-name", group, *args)
     group_configs("--alter", "--add-config", "share.auto.offset.reset=earliest")  # (IncrementalAlterConfigs, GROUP)
@@ -282,7 +282,7 @@ def test_the_java_transactional_producer_commits_aborts_and_is_fenced_and_the_ad
     read_committed reader sees, an aborted one and a zombie's are not; a second producer
     with the same id fences the first (ProducerFencedException at its commit); and the
     admin client's describeProducers, listTransactions and describeTransactions answer."""
-    topic, txn_id = new_topic(cluster, 1), f"java-tx-{uuid.uuid4().hex[:6]}"
+    topic, txn_id = new_topic(cluster, 1, replication_factor=1), f"java-tx-{uuid.uuid4().hex[:6]}"
     events = {e["event"]: e for e in jvm.run("rayk.jvm.TxnCheck", bootstrap, topic, txn_id)}
     assert {"committed", "aborted", "committed_new", "done"} <= set(events), events
     assert events["fenced"]["error"] == "ProducerFencedException", events["fenced"]

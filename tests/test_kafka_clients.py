@@ -60,7 +60,7 @@ CONFIG = {
     "group.initial.rebalance.delay.ms": 0,
     "group.min.session.timeout.ms": 1000,
     "num.partitions": 3,
-    "default.replication.factor": 3,
+    "default.replication.factor": 1,  # topics made on first use (each replica is a process to start)
     "auto.leader.rebalance.enable": False,  # leaders move back only when a test asks
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500,  # an abandoned transaction's abort
     "group.consumer.heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
@@ -194,7 +194,7 @@ def offsets_records_since(cluster, partition: int, offset: int) -> list:
 def test_a_kafka_clients_produce_to_consumer_offsets_is_invalid_topic_and_moves_no_offsets(cluster, bootstrap):
     """A forged commit of another group's offset, and a record no coordinator can read,
     each answered INVALID_TOPIC_EXCEPTION; neither is stored, the group's offset stays."""
-    topic, group = new_topic(cluster, partitions=1), f"victim-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"victim-{uuid.uuid4().hex[:8]}"
     committed_standalone(bootstrap, topic, group, 5)
     partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
     end_offset = cluster.describe_topic(OFFSETS_TOPIC)[partition]["log_end_offset"]
@@ -211,7 +211,7 @@ def test_a_kafka_clients_produce_to_consumer_offsets_is_invalid_topic_and_moves_
 
 
 def test_the_python_producer_sending_to_consumer_offsets_gets_invalid_topic(cluster, bootstrap):
-    topic, group = new_topic(cluster, partitions=1), f"victim-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"victim-{uuid.uuid4().hex[:8]}"
     committed_standalone(bootstrap, topic, group, 5)
     partition = coordinator_partition(group, len(cluster.describe_topic(OFFSETS_TOPIC)))
     end_offset = cluster.describe_topic(OFFSETS_TOPIC)[partition]["log_end_offset"]
@@ -305,7 +305,7 @@ def test_records_cross_between_python_api_and_kafka_clients(cluster, bootstrap):
 
 
 def test_assign_and_seek(cluster, bootstrap):
-    topic = new_topic(cluster, partitions=1)
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
     producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)
     for i in range(20):
         producer.send(topic, value=str(i).encode(), partition=0)
@@ -325,7 +325,7 @@ def test_assign_and_seek(cluster, bootstrap):
 
 
 def test_kafka_python_group_commits_are_rayk_group_offsets_and_back(cluster, bootstrap):
-    topic = new_topic(cluster)
+    topic = new_topic(cluster, replication_factor=1)
     producer = cluster.producer()
     for i in range(60):
         producer.send(topic, value=f"v{i}".encode(), partition=i % 3)
@@ -425,7 +425,7 @@ def test_confluent_kafka_round_trip_with_codecs_and_group(cluster, bootstrap):
 
 
 def test_confluent_assign_and_seek_read_records_of_the_python_api(cluster, bootstrap):
-    topic = new_topic(cluster, partitions=1)
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
     producer = cluster.producer()
     for i in range(20):
         producer.send(topic, value=str(i).encode(), partition=0)
@@ -514,7 +514,7 @@ def test_fetch_sessions_answer_only_what_changed_and_fetch_v13_names_topics_by_i
     """KIP-227 on the wire (kafka-python uses sessions; librdkafka Fetch v16 with topic ids):
     a full fetch opens a session, an incremental one with nothing new is empty, a new
     record brings its partition back; stale epochs and unknown sessions get Kafka's errors."""
-    topic = new_topic(cluster, partitions=1)
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
     leader = cluster.describe_topic(topic)[0]["leader"]
     address = "%s:%d" % tuple(next(b["endpoints"]["PLAINTEXT"] for b in cluster.brokers() if b["broker_id"] == leader))
     conn, producer = RawConnection(address), cluster.producer()
@@ -746,7 +746,7 @@ def test_kcat_lists_metadata_produces_and_consumes(cluster, bootstrap):
 
 
 def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offsets_go_with_it(cluster, bootstrap):
-    topic, group = new_topic(cluster, partitions=1), f"deleted-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"deleted-{uuid.uuid4().hex[:8]}"
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
     for i in range(5):
         producer.produce(topic, b"%d" % i)
@@ -781,7 +781,7 @@ def test_confluent_admin_deletes_a_group_once_its_members_have_left_and_its_offs
 def test_a_commit_of_an_unknown_topic_or_partition_is_unknown_topic_or_partition_and_stores_nothing(cluster, bootstrap):
     """As Kafka's KafkaApis: per partition UNKNOWN_TOPIC_OR_PARTITION for a topic or a
     partition that does not exist, while the request's existing partitions are committed."""
-    topic, group = new_topic(cluster, partitions=1), f"unknown-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"unknown-{uuid.uuid4().hex[:8]}"
     committed_standalone(bootstrap, topic, group, 1)  # (the coordinator is up)
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
@@ -804,7 +804,7 @@ def test_a_commit_of_an_unknown_topic_or_partition_is_unknown_topic_or_partition
 def test_a_committed_leader_epoch_is_stored_and_fetched_back(cluster, bootstrap):
     """KIP-320: librdkafka commits the leader epoch of the last consumed record and, on
     resuming, validates its position with it; OffsetFetch used to answer -1."""
-    topic, group = new_topic(cluster, partitions=1), f"epoch-{uuid.uuid4().hex[:8]}"
+    topic, group = new_topic(cluster, partitions=1, replication_factor=1), f"epoch-{uuid.uuid4().hex[:8]}"
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
     for i in range(3):
         producer.produce(topic, b"%d" % i, partition=0)
@@ -892,7 +892,7 @@ def test_kafka_python_deletes_group_offsets_but_not_of_a_topic_its_members_consu
     """OffsetDelete (KIP-496) as Kafka answers it: GROUP_SUBSCRIBED_TO_TOPIC for a topic
     the group's members consume, the other partition's offset tombstoned; once they have
     left that one goes too; GROUP_ID_NOT_FOUND for a group that does not exist."""
-    consumed, other = new_topic(cluster, partitions=1), new_topic(cluster, partitions=1)
+    consumed, other = (new_topic(cluster, partitions=1, replication_factor=1) for _ in range(2))
     group = f"offset-delete-{uuid.uuid4().hex[:8]}"
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                                          "auto.offset.reset": "earliest"})

@@ -60,9 +60,12 @@ def describe(connection: RawConnection, components: list[dict], strict: bool = F
 
 
 def set_quota(cluster, client_id: str, key: str, value: float | None) -> None:
+    """Sets (or with None removes) a quota and waits for the listeners to have it; a
+    removal does not wait, since no test uses that client id again."""
     (error,) = cluster.admin().alter_client_quotas({QuotaEntity(client_id=client_id): {key: value}}).values()
     assert error is None, error
-    time.sleep(QUOTA_PROPAGATION_S)
+    if value is not None:
+        time.sleep(QUOTA_PROPAGATION_S)
 
 
 def test_listeners_take_quota_changes_from_a_long_poll_at_the_controller(cluster):

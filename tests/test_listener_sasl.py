@@ -196,10 +196,14 @@ def test_a_wrong_password_an_unknown_mechanism_and_skipping_authentication(clust
     client = confluent_admin.AdminClient({**confluent_settings(cluster, tls, "SCRAM-SHA-512", alice, "wrong"),
                                           "error_cb": errors.append})
     with pytest.raises(confluent_kafka.KafkaException):
-        client.list_topics(timeout=5)
-    client.poll(1)  # serves error_cb
-    assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION and "SASL_AUTHENTICATION_FAILED" in e.str()
-               for e in errors), errors
+        client.list_topics(timeout=2)
+
+    def refused() -> bool:
+        client.poll(0.2)  # serves error_cb
+        return any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION and "SASL_AUTHENTICATION_FAILED" in e.str()
+                   for e in errors)  # fmt: skip
+
+    wait_until(refused, 15, f"SASL_AUTHENTICATION_FAILED among {errors}")
 
 
 def test_a_v0_handshake_takes_bare_tokens(cluster, tls, alice):
@@ -284,6 +288,9 @@ def test_the_readme_s_sasl_setup_and_acls_run_as_written(tls, tmp_path, monkeypa
             cluster.shutdown()
 
 
+# In `make chaos`: test_listener_acls.py's restart test logs alice in with SCRAM-SHA-512 after
+# the whole cluster's restart, through the same Controller.alter_user_scram_credentials.
+@pytest.mark.chaos
 def test_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, tls, alice):
     """Runs last in this module: it restarts the cluster."""
     cluster.shutdown()
@@ -297,7 +304,7 @@ def test_credentials_survive_a_restart_of_the_whole_cluster(cluster, data_dir, t
 
 
 def test_librdkafka_reauthenticates_on_its_connection_before_its_session_ends(tmp_path):
-    """KIP-368 with a real client: sessions of 1.5 s, a producer sending for 6 s. The
+    """KIP-368 with a real client: sessions of 1.5 s, a producer sending for 4 s. The
     listener closes a connection whose session ended (tests/test_socket_server_sasl.py), so
     no disconnect means librdkafka re-authenticated on the same connection, in time."""
     import json
@@ -320,12 +327,12 @@ def test_librdkafka_reauthenticates_on_its_connection_before_its_session_ends(tm
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": PASSWORDS["alice"],
             "acks": "all", "statistics.interval.ms": 500, "stats_cb": lambda s: stats.append(json.loads(s)),
         })
-        deadline = time.monotonic() + 6
+        deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
             producer.produce("reauth", b"x", on_delivery=lambda err, _: delivered.append(err))
             producer.poll(0.1)
         assert producer.flush(30) == 0
-        assert len(delivered) > 30 and all(err is None for err in delivered), delivered[:3]
+        assert len(delivered) > 20 and all(err is None for err in delivered), delivered[:3]
         brokers = [b for b in stats[-1]["brokers"].values() if b["nodeid"] >= 0]
         assert brokers and all(b["connects"] == 1 and b["disconnects"] == 0 for b in brokers), brokers
     finally:

@@ -33,6 +33,8 @@ from rayk.coordinator.group.group_coordinator import OFFSETS_TOPIC
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, release_shared_local_ray
 
+RUNS_ON = "own Ray"  # a Ray of its own: tests/conftest.py runs this module before those sharing the local one
+
 TOPIC, GROUP = "metered", "metered-group"
 PYTHON_RECORDS, KAFKA_RECORDS, LAGGING_RECORDS = 3000, 200, 70
 PARTITIONS = 3

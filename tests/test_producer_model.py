@@ -332,7 +332,8 @@ class Simulation:
         assert [f.result(0).offset for f in self.futures] == list(range(len(self.futures)))
 
 
-@pytest.mark.parametrize("seed", range(150))
+# Seeds 0-49 in `make test` (most seeds lost records before the fix above), 50-149 in `make chaos`.
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.chaos) if s >= 50 else s for s in range(150)])
 def test_a_simulated_producer_loses_nothing_and_never_gets_out_of_order_sequence(seed, monkeypatch):
     simulation = Simulation(seed, monkeypatch)
     simulation.run(3000)

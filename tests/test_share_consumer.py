@@ -51,7 +51,8 @@ from tests.protocol_helpers import RawConnection
 
 LOCK_MS = 2_000
 CONFIG = {"group.share.record.lock.duration.ms": LOCK_MS, "group.share.heartbeat.interval.ms": 500,
-          "group.share.session.timeout.ms": 6_000, "group.share.delivery.count.limit": 3}
+          "group.share.session.timeout.ms": 6_000, "group.share.delivery.count.limit": 3,
+          "offsets.topic.num.partitions": 1}  # (its replicas are processes to start)
 _names = itertools.count()
 
 
@@ -68,11 +69,11 @@ def cluster(tmp_path_factory):
     c.shutdown()
 
 
-def topic_with(cluster, count: int) -> tuple[str, str]:
+def topic_with(cluster, count: int, replication_factor: int = 1) -> tuple[str, str]:
     """A new 1-partition topic of `count` records, and a share group reading it from the start."""
     n = next(_names)
     topic, group = f"share{n}", f"workers{n}"
-    cluster.create_topic(topic, num_partitions=1, replication_factor=3)
+    cluster.create_topic(topic, num_partitions=1, replication_factor=replication_factor)
     with cluster.producer() as producer:
         for i in range(count):
             producer.send(topic, str(i).encode())
@@ -392,7 +393,7 @@ def test_a_work_queue_of_arrow_batches_resizes_while_it_runs_and_retries_a_faile
 
 
 def test_acknowledgements_survive_the_death_of_the_partition_leader_and_of_the_group_coordinator(cluster):
-    topic, group = topic_with(cluster, 20)
+    topic, group = topic_with(cluster, 20, replication_factor=3)
     first = cluster.share_consumer(topic, group_id=group, acknowledgement_mode="explicit")
     try:
         held = []

@@ -24,6 +24,8 @@ from rayk.spark_daemon import FIRST_TASK_MODULES, holds_no_python
 from tests import readme
 from tests.cluster_helpers import FAST_CONFIG, pid_of, release_shared_local_ray, wait_until
 
+RUNS_ON = "own Ray"  # a Ray of its own: tests/conftest.py runs this module before those sharing the local one
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("delete_topics_after_test")]
 
 
@@ -58,9 +60,10 @@ def spark(cluster):
 _topics = itertools.count()
 
 
-def new_topic(cluster, partitions=2) -> str:
+def new_topic(cluster, partitions=2, replication_factor=1) -> str:
+    """RF 1 unless the test is about replication (each replica is a process to start)."""
     name = f"s{next(_topics)}"
-    cluster.create_topic(name, num_partitions=partitions, replication_factor=3)
+    cluster.create_topic(name, num_partitions=partitions, replication_factor=replication_factor)
     return name
 
 
@@ -87,6 +90,12 @@ def test_the_dataframe_has_spark_kafka_source_schema_and_round_trips(cluster, sp
     assert {r.timestamp.replace(tzinfo=datetime.timezone.utc) for r in rows} == {when}
     by_key = {r.key and bytes(r.key): [(h.key, h.value and bytes(h.value)) for h in r.headers] for r in rows}
     assert by_key == {b"k0": [("h", b"x")], None: [], b"k2": [("a", None)]}
+
+
+def test_the_session_leaves_ray_s_log_level_out_of_this_process_s_environment(spark):
+    """Set only while the driver JVM starts (rayk.spark.session): left behind, it made every
+    Ray process started later from this one (a `rayk` command) print Ray's notice of it."""
+    assert "RAY_BACKEND_LOG_LEVEL" not in os.environ
 
 
 def test_python_workers_are_forked_from_rayk_s_daemon_with_its_imports_done(spark):
@@ -183,8 +192,8 @@ def test_a_read_committed_dataframe_leaves_out_aborted_and_open_transactions(clu
 @pytest.mark.chaos  # ~20 s, in `make chaos`; make test keeps the same faults under Ray Data (test_data.py:
 # a dead follower, writes that are not acknowledged), whose write path rayk.spark shares
 def test_reads_and_writes_with_a_dead_follower_and_unacknowledged_writes_fail(cluster, spark):
-    topic = new_topic(cluster, partitions=1)
-    strict = new_topic(cluster, partitions=1)
+    topic = new_topic(cluster, partitions=1, replication_factor=3)
+    strict = new_topic(cluster, partitions=1, replication_factor=3)
     cluster.admin().alter_topic_configs(strict, {"min.insync.replicas": "3"})
     state = cluster.describe_topic(topic)[0]
     follower = next(b for b in state["replicas"] if b != state["leader"])
@@ -544,7 +553,7 @@ def readme_setting(cluster, spark, tmp_path, monkeypatch):
     monkeypatch.setattr(rayk_spark, "session", lambda *args, **kwargs: spark)
     monkeypatch.setattr(rayk_spark, "stop", lambda: None)
     monkeypatch.chdir(tmp_path)
-    cluster.create_topic("events", num_partitions=2, replication_factor=3)
+    cluster.create_topic("events", num_partitions=2, replication_factor=1)
     with cluster.producer(acks="all") as producer:
         for i in range(20):
             producer.send("events", b"" if i in (3, 4) else b"click %d" % i, key=b"u%d" % (i % 4), partition=i % 2)
@@ -633,6 +642,9 @@ def test_make_demo_s_spark_pipeline_counts_every_click_once(cluster, spark, caps
     assert "pipeline check passed" in said and "stream check passed" in said
 
 
+# In `make chaos`: what rayk's part in a resume is, reading from the checkpoint's per-partition
+# offsets, test_spark_kafka_source_reads_what_a_rayk_producer_wrote_in_json_offset_bounds checks.
+@pytest.mark.chaos
 def test_a_structured_streaming_query_stopped_mid_stream_resumes_from_its_checkpoint(cluster, spark, tmp_path):
     source, sink = new_topic(cluster), new_topic(cluster, partitions=1)
     traffic = Traffic(cluster, source)
@@ -661,8 +673,8 @@ def test_a_structured_streaming_query_stopped_mid_stream_resumes_from_its_checkp
 # Last in the module: it kills a broker (and waits for its replicas to rejoin before it ends).
 @pytest.mark.chaos  # in `make chaos`, where the suite's 25-minute budget does not bind
 def test_a_structured_streaming_query_skips_nothing_when_a_broker_is_killed(cluster, spark, tmp_path):
-    source = new_topic(cluster)
-    sink = new_topic(cluster, partitions=1)
+    source = new_topic(cluster, replication_factor=3)
+    sink = new_topic(cluster, partitions=1, replication_factor=3)
     for topic in (source, sink):
         cluster.admin().alter_topic_configs(topic, {"min.insync.replicas": "2"})
     leader = cluster.describe_topic(source)[0]["leader"]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.cluster_helpers import BROKER_RESOURCE, broker_node_cluster, wait_until
+from tests.cluster_helpers import BROKER_RESOURCE, shared_broker_node_cluster, wait_until
 from tests.faults.harness import (
     PARTITIONS,
     TOPIC,
@@ -20,11 +20,12 @@ from tests.faults.harness import (
     start_rayk,
 )
 
+RUNS_ON = "broker nodes"  # shared_broker_node_cluster: tests/conftest.py runs these modules first
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with broker_node_cluster() as cluster:
-        yield cluster
+    return shared_broker_node_cluster()
 
 
 @pytest.mark.chaos  # ~55 s, in `make chaos`; make test keeps the lost node without a replacement (below)

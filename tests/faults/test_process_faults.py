@@ -13,7 +13,7 @@ import time
 import pytest
 import ray
 
-from tests.cluster_helpers import broker_node_cluster, wait_until
+from tests.cluster_helpers import shared_broker_node_cluster, wait_until
 from tests.faults.harness import (
     PARTITIONS,
     RESUME_BOUND_S,
@@ -30,11 +30,12 @@ from tests.faults.harness import (
     start_rayk,
 )
 
+RUNS_ON = "broker nodes"  # shared_broker_node_cluster: tests/conftest.py runs these modules first
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with broker_node_cluster() as cluster:
-        yield cluster
+    return shared_broker_node_cluster()
 
 
 @pytest.fixture
