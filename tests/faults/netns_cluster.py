@@ -195,9 +195,10 @@ def _mount_failing_disk(node: str, timeout_s: float = 30) -> None:
 def fail_disk(ops: tuple[str, ...] = ("read", "write", "fsync")) -> None:
     """FAILING_DISK_NODE's disk fails `ops` ("read", "write", "fsync") with EIO from now on,
     on every file of the broker's directory (DISK_FAULT_PATHS); none: it works again."""
-    from tests.faults.failing_fs import set_fault
+    from tests.faults.failing_fs import CONTROL_CHECK_INTERVAL_S, set_fault
 
     set_fault(DISK_FAULT_CONTROL, ops, DISK_FAULT_PATHS)
+    time.sleep(2 * CONTROL_CHECK_INTERVAL_S)  # "from now on": the file system has read it by then
 
 
 def start_node(node: str, timeout_s: float = 180) -> None:

@@ -76,12 +76,16 @@ def failing_disk(ops: str) -> None:
     timeline = nc.Timeline(c, traffic)
     victim = next(b["broker_id"] for b in c.brokers() if nc.broker_node_of(c, b["broker_id"]) == nc.FAILING_DISK_NODE)
     led = [p["partition"] for p in c.describe_topic(TOPIC) if p["leader"] == victim]
+    own_copy = c.replica(TOPIC, led[0], victim)  # not c.leader: by the fetch, another broker may lead
+    if ops == "read":  # only reads fail, and only reads the page cache cannot serve
+        # Dropped before the disk fails: that takes seconds on a busy machine, and the
+        # broker's probe finds a failing disk within one and moves its leaderships.
+        Path("/proc/sys/vm/drop_caches").write_text("1")
     t0 = time.monotonic()
     nc.fail_disk(tuple(ops.split(",")))
     nc.log(f"broker {victim}'s disk fails {ops} (it leads partitions {led})")
-    if ops == "read":  # only reads fail, and only reads the page cache cannot serve
-        Path("/proc/sys/vm/drop_caches").write_text("1")
-        answer = ray.get(c.leader(TOPIC, led[0]).fetch.remote(0, 1 << 20, 1, 0), timeout=30)
+    if ops == "read":
+        answer = ray.get(own_copy.fetch.remote(0, 1 << 20, 1, 0), timeout=30)
         assert isinstance(answer.error, KafkaStorageError), f"a read the disk failed was answered {answer}"
         nc.log(f"a read of partition {led[0]} from offset 0 answered {type(answer.error).__name__}")
 
