@@ -98,10 +98,12 @@ def broker_node_cluster(broker_nodes: int = 3) -> Iterator[Cluster]:
 
 
 def shared_broker_node_cluster() -> Cluster:
-    """A broker_node_cluster(3) that the modules of node and process faults share (starting
-    and stopping one costs ~12 s here), until a module needs another Ray. Each of their
-    tests shuts the rayk cluster it starts and leaves three live broker nodes (one that
-    takes a node away adds one). tests/conftest.py runs those modules one after another."""
+    """A broker_node_cluster(3) that the modules of node faults, process faults and
+    failover share (starting and stopping one costs ~12 s here), until a module needs
+    another Ray. Each of their tests shuts the rayk cluster it starts and leaves three live
+    broker nodes (one that takes a node away adds one); a test that fails midway may not,
+    and the modules after it on this cluster may fail with it. tests/conftest.py runs those
+    modules one after another."""
     global _shared_broker_nodes
     if _shared_broker_nodes is None:
         _shared_broker_nodes = _start_broker_nodes(3)

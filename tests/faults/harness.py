@@ -2,7 +2,7 @@
 under continuous acks=all idempotent production, process kills by pid, and the checks.
 
 Each test deploys a fresh rayk cluster (its own Ray namespace and data directory) on
-the module's Ray cluster, writes without pause to a 3-partition RF=3 topic with
+the Ray cluster of its module (or the one the broker-node modules share), writes without pause to a 3-partition RF=3 topic with
 min.insync.replicas=2 through rayk's own Producer, injects one fault, and then checks
 what the issue asks of every fault:
 - every acknowledged record is read back exactly once, at its acknowledged offset;
@@ -54,8 +54,8 @@ def signal_actor(handle: Any, sig: int) -> int:
 
 
 def live_rayk_actor_pids() -> list[int]:
-    """Pids of every live rayk actor process in this Ray cluster (only this module's tests
-    run rayk on it, and each shuts its cluster down before the next starts)."""
+    """Pids of every live rayk actor process in this Ray cluster (only the fault and
+    failover tests run rayk on it, and each shuts its cluster down before the next starts)."""
     return sorted(
         {
             info["Pid"]

@@ -76,8 +76,10 @@ def failing_disk(ops: str) -> None:
     timeline = nc.Timeline(c, traffic)
     victim = next(b["broker_id"] for b in c.brokers() if nc.broker_node_of(c, b["broker_id"]) == nc.FAILING_DISK_NODE)
     led = [p["partition"] for p in c.describe_topic(TOPIC) if p["leader"] == victim]
-    own_copy = c.replica(TOPIC, led[0], victim)  # not c.leader: by the fetch, another broker may lead
     if ops == "read":  # only reads fail, and only reads the page cache cannot serve
+        # The victim's own copy, looked up now: c.leader at the fetch named another broker's
+        # once the probe had moved the leaderships (a read that did not touch the disk).
+        own_copy = c.replica(TOPIC, led[0], victim)
         # Dropped before the disk fails: that takes seconds on a busy machine, and the
         # broker's probe finds a failing disk within one and moves its leaderships.
         Path("/proc/sys/vm/drop_caches").write_text("1")

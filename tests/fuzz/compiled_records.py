@@ -45,12 +45,13 @@ ENV_BUILD = "RAYK_FUZZ_SANITIZED_BUILD"  # set in the re-executed process: where
 
 def build_sanitized(out: Path) -> Path:
     """Compiles rayk/storage/_records.c with the sanitizers into `out`; its path. With gcc
-    directly, as setup.py's build_ext would (-O2), but that module alone: build_ext builds
-    every compiled module and the Rust crate, ~6 s more here."""
+    directly, with the flags setup.py's build_ext uses (Python's -fwrapv -DNDEBUG, then
+    -O2), but that module alone: build_ext builds every compiled module and the Rust crate,
+    ~6 s more here."""
     built = out / "lib" / "rayk" / "storage" / f"_records{sysconfig.get_config_var('EXT_SUFFIX')}"
     built.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O2", *SANITIZE.split(), f"-I{sysconfig.get_paths()['include']}",
+        ["gcc", "-shared", "-fPIC", "-fwrapv", "-DNDEBUG", "-O2", *SANITIZE.split(), f"-I{sysconfig.get_paths()['include']}",
          str(REPO / "rayk" / "storage" / "_records.c"), "-o", str(built)],
         check=True,
     )  # fmt: skip
