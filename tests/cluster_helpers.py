@@ -101,13 +101,27 @@ def shared_broker_node_cluster() -> Cluster:
     """A broker_node_cluster(3) that the modules of node faults, process faults and
     failover share (starting and stopping one costs ~12 s here), until a module needs
     another Ray. Each of their tests shuts the rayk cluster it starts and leaves three live
-    broker nodes (one that takes a node away adds one); a test that fails midway may not,
-    and the modules after it on this cluster may fail with it. tests/conftest.py runs those
+    broker nodes (one that takes a node away adds one). A test that failed midway may not:
+    a module taking the cluster over finds its three broker nodes free, or it starts a
+    fresh cluster, so that a failure stays in its own module. tests/conftest.py runs those
     modules one after another."""
     global _shared_broker_nodes
+    if _shared_broker_nodes is not None and not _free_broker_nodes(3, timeout_s=20):
+        _release_shared_broker_nodes()
     if _shared_broker_nodes is None:
         _shared_broker_nodes = _start_broker_nodes(3)
     return _shared_broker_nodes
+
+
+def _free_broker_nodes(count: int, timeout_s: float) -> bool:
+    """Whether `count` broker nodes are alive with their BROKER_RESOURCE free, waiting up to
+    `timeout_s` for the brokers of a cluster just shut down to release theirs."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get(BROKER_RESOURCE, 0) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _release_shared_broker_nodes() -> None:
