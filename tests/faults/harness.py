@@ -2,9 +2,9 @@
 under continuous acks=all idempotent production, process kills by pid, and the checks.
 
 Each test deploys a fresh rayk cluster (its own Ray namespace and data directory) on
-the Ray cluster of its module (or the one the broker-node modules share), writes without pause to a 3-partition RF=3 topic with
-min.insync.replicas=2 through rayk's own Producer, injects one fault, and then checks
-what the issue asks of every fault:
+the Ray cluster of its module (or the one the broker-node modules share), writes without
+pause to a 3-partition RF=3 topic with min.insync.replicas=2 through rayk's own Producer,
+injects one fault, and then checks what the issue asks of every fault:
 - every acknowledged record is read back exactly once, at its acknowledged offset;
 - no record shows up twice (acknowledged or not);
 - writes resume on every partition within broker.session.timeout.ms + 10 s;
