@@ -125,8 +125,7 @@ class RemoteLogManager:
         if not (self.enabled and ctx.leads_in(epoch)):
             return 0
         store = self._store()
-        await self._list(store)
-        self._listed_in_epoch = epoch
+        await self._list_in_epoch()
         await self._expire_remote()
         log = ctx.log
         copied = 0
@@ -204,13 +203,23 @@ class RemoteLogManager:
     # ------------------------------------------------------------------ reads
 
     async def refresh(self) -> None:
-        """Lists the store again."""
+        """Lists the store again (after a pass under way, see `_list`)."""
         if self.enabled:
-            epoch = self._ctx.leader_epoch
-            await self._list(self._store())
-            self._listed_in_epoch = epoch
+            async with self._pass_lock:
+                await self._list_in_epoch()
+
+    async def _list_in_epoch(self) -> None:
+        epoch = self._ctx.leader_epoch
+        await self._list(self._store())
+        self._listed_in_epoch = epoch
 
     async def _list(self, store: RemoteLogStorage) -> None:
+        """Replaces what this replica knows of the store with a listing of it. Only under
+        `_pass_lock`: a listing taken while a pass copies can end after the pass appended
+        the copy and deleted its local segments, and setting it then forgot the copy (its
+        offsets in no known segment and below the local start, so a consumer fetching them
+        was answered OFFSET_OUT_OF_RANGE until the next pass)."""
+        assert self._pass_lock.locked(), "a listing runs under the pass lock"
         self.segments = await asyncio.to_thread(store.list_segments, self._prefix)
         self.log_start_floor = await asyncio.to_thread(store.read_log_start, self._prefix)
 
@@ -218,18 +227,22 @@ class RemoteLogManager:
         """DeleteRecords up to `offset` on a tiered log: the store records it as the log's
         start (every leader, follower and Ray Data plan reads it there), the remote
         segments wholly below it go at the next pass."""
-        await self.ensure_listed()
-        if offset > self.log_start_floor:
-            await asyncio.to_thread(self._store().write_log_start, self._prefix, offset)
-            self.log_start_floor = offset
+        async with self._pass_lock:  # a listing of the pass's must not set the floor back
+            if self._listed_in_epoch != self._ctx.leader_epoch:
+                await self._list_in_epoch()
+            if offset > self.log_start_floor:
+                await asyncio.to_thread(self._store().write_log_start, self._prefix, offset)
+                self.log_start_floor = offset
 
     async def ensure_listed(self) -> None:
         """Lists the store if this leader has not since it began leading: what it answers
         about the log's start (ListOffsets EARLIEST, a fetch below its local start) must
         count what its predecessors copied. KAFKA_STORAGE_ERROR (retriable) if the store
-        cannot be listed."""
+        cannot be listed. Waits for a pass under way (which lists first)."""
         if self.enabled and self._listed_in_epoch != self._ctx.leader_epoch:
-            await self.refresh()
+            async with self._pass_lock:
+                if self._listed_in_epoch != self._ctx.leader_epoch:
+                    await self._list_in_epoch()
 
     async def read(self, offset: int, max_bytes: int, max_offset: int) -> tuple[bytes, int]:
         """(batches, next offset) from the remote segment holding `offset`; OFFSET_OUT_OF_RANGE
