@@ -179,7 +179,9 @@ class RemoteLogManager:
         store = self._store()
         for s in doomed:
             await asyncio.to_thread(store.delete_segment, self._prefix, s)
-            self.segments.remove(s)
+            # A new list, not one changed in place: a reader iterating the old one across
+            # its own awaits (a transaction index, a time index) must not skip a segment.
+            self.segments = [kept for kept in self.segments if kept is not s]
             self._indexes.pop(s.segment_id, None)
 
     # ------------------------------------------------------------------ what the log's offsets become
@@ -263,7 +265,7 @@ class RemoteLogManager:
         """(timestamp, offset) of the earliest remote record below the local log with a
         timestamp >= `timestamp_ms`, or None (then the local log answers)."""
         local_start = self._ctx.log.log_start_offset
-        for segment in self.segments:
+        for segment in tuple(self.segments):  # as they were with this local start (a pass may run meanwhile)
             if segment.base_offset >= local_start:
                 return None
             if segment.max_timestamp_ms >= timestamp_ms and segment.end_offset > self.log_start_floor:
@@ -283,10 +285,16 @@ class RemoteLogManager:
         """(producer id, first offset, last offset) of the aborted transactions overlapping
         [start_offset, upper_bound_offset): their remote transaction indexes from the one
         holding `start_offset` on, then the local log's, until one says no later one can
-        hold more."""
+        hold more.
+        Both parts are taken before the first store read: the remote segments known then
+        cover everything below the local start then, so a pass that copies and deletes
+        local segments during the reads cannot leave a transaction in neither part."""
         found: list[tuple[int, int, int]] = []
         store = self._store()
-        for segment in self.segments:
+        log = self._ctx.log
+        remote = tuple(self.segments)
+        local = log.aborted_transactions(max(start_offset, log.log_start_offset), upper_bound_offset)
+        for segment in remote:
             if segment.end_offset <= start_offset or not segment.object_bytes.get("txnindex"):
                 continue
             entries, _damage = decode_entries(await asyncio.to_thread(store.read, self._prefix, segment, "txnindex"))
@@ -295,8 +303,6 @@ class RemoteLogManager:
                     found.append((txn.producer_id, txn.first_offset, txn.last_offset))
                 if txn.last_stable_offset >= upper_bound_offset:
                     return found
-        log = self._ctx.log
-        local = log.aborted_transactions(max(start_offset, log.log_start_offset), upper_bound_offset)
         return found + [(t.producer_id, t.first_offset, t.last_offset) for t in local]
 
     async def remote_start_state(self, offset: int) -> tuple[bytes | None, tuple[tuple[int, int], ...]]:
