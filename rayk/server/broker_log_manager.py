@@ -67,6 +67,9 @@ class BrokerLogManager:
         self._checkpoints = LogDirCheckpoints(directory)
         self._lock = asyncio.Lock()  # checkpoint writes and directory deletions, one at a time
         self._log_sizes: dict[TopicPartition, int] = {}  # bytes, as of the last checkpoint
+        # Partitions whose directory a replica was given and not released (never strays): a
+        # replica's directory is prepared before its process exists and is in `replicas`.
+        self._given: set[TopicPartition] = set()
 
     def offsets(self, tp: TopicPartition) -> PartitionOffsets:
         """The partition's checkpointed offsets, for its replica to reopen its log with."""
@@ -108,19 +111,29 @@ class BrokerLogManager:
     async def prepare_dir(self, tp: TopicPartition, topic_id: str) -> Path:
         """The partition's directory for a new replica of topic `topic_id`: one left by a
         deleted topic that had the same name is deleted first."""
+        self._given.add(tp)  # before any await: from now on it is not a stray (delete_strays)
         log_dir = self.dir / partition_dir_name(*tp)
         if partition_metadata.read(log_dir) not in (None, topic_id):
             await self.delete_partition_dir(tp)  # records of a deleted topic that had the same name
         partition_metadata.write(log_dir, topic_id)
         return log_dir
 
+    def release_dir(self, tp: TopicPartition) -> None:
+        """The partition's replica stops here: its directory may be a stray again."""
+        self._given.discard(tp)
+
     async def delete_partition_dir(self, tp: TopicPartition) -> None:
         async with self._lock:
-            shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
-            self._checkpoints.remove(tp)
+            self._remove_dir(tp)
+
+    def _remove_dir(self, tp: TopicPartition) -> None:
+        shutil.rmtree(self.dir / partition_dir_name(*tp), ignore_errors=True)
+        self._checkpoints.remove(tp)
 
     async def delete_strays(self, assigned: dict[TopicPartition, str]) -> None:
-        """Removes partition directories of topics deleted (or re-created) while we were away."""
+        """Removes partition directories of topics deleted (or re-created) while we were away:
+        those the registration's `assigned` (partition -> topic id) does not name with their
+        topic id and that no replica of this broker holds (or is being started on)."""
         for path in self.dir.iterdir():
             if not path.is_dir() or (topic_id := partition_metadata.read(path)) is None:
                 continue
@@ -128,9 +141,15 @@ class BrokerLogManager:
             if not partition.isdigit():
                 continue
             tp = (topic, int(partition))
-            if assigned.get(tp) != topic_id and tp not in self._replicas:
+            if assigned.get(tp) == topic_id:
+                continue
+            async with self._lock:
+                # Decided under the lock, after its wait: a push may have given the
+                # directory to a new replica meanwhile (its process starting on it).
+                if tp in self._replicas or tp in self._given:
+                    continue
                 logger.info("broker %d: deleting stray partition directory %s", self.broker_id, path)
-                await self.delete_partition_dir(tp)
+                self._remove_dir(tp)
 
     # ------------------------------------------------------------------ retention and compaction
 

@@ -799,6 +799,7 @@ class ReplicaManager(Supervised):
         self._children.forget(tp)
         self._replica_restarts.forget(tp)
         replica = self._replicas.pop(tp, None)
+        self._logs.release_dir(tp)
         if replica is None or replica.handle is None:
             if delete:
                 await self._logs.delete_partition_dir(tp)
