@@ -8,6 +8,11 @@ positions, or the offsets its caller gave). A synchronous commit waits up to
 first, so they complete in the order they were asked for; auto-commits (with
 `enable_auto_commit`, in a group) go every `auto_commit_interval_ms` from `poll`, without
 waiting. `close` waits for the asynchronous commits under way, then commits once more.
+Commits land in the order they were asked for, whatever their kind: a synchronous one
+first waits for the asynchronous ones asked for before it (as Kafka's commitSync does),
+and an auto-commit waits its turn while one is under way. Otherwise an asynchronous commit
+queued behind a slow one could land after a newer commit and move the group's committed
+offset back (records consumed again after a restart).
 
 Used from the consumer's thread; its one commit thread only calls the group membership,
 which is thread-safe.
@@ -24,7 +29,7 @@ from rayk.client.consumer_config import ConsumerConfig
 from rayk.client.consumer_protocol_member import ConsumerProtocolMember
 from rayk.client.group_member import GroupMember
 from rayk.client.types import OffsetAndMetadata, TopicPartition
-from rayk.errors import KafkaError
+from rayk.errors import KafkaError, KafkaTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +57,21 @@ class CommitManager:
         return self._group
 
     def commit(self, offsets: Offsets) -> None:
-        """Commits `offsets` (nothing if empty), waiting up to default_api_timeout_ms."""
+        """Commits `offsets` (nothing if empty) after the asynchronous commits asked for
+        before, waiting up to default_api_timeout_ms in all (KafkaTimeoutError)."""
         if offsets:
-            self.member("commit").commit(offsets, self._api_timeout_ms)
+            member = self.member("commit")
+            deadline_s = time.monotonic() + self._api_timeout_ms / 1000
+            self._wait_for_async_commits(deadline_s)
+            member.commit(offsets, max(1, int((deadline_s - time.monotonic()) * 1000)))
+
+    def _wait_for_async_commits(self, deadline_s: float) -> None:
+        last = self._last_async_commit
+        if last is None or last.done():
+            return
+        done, _ = concurrent.futures.wait([last], timeout=max(0.0, deadline_s - time.monotonic()))
+        if not done:
+            raise KafkaTimeoutError("the asynchronous commits asked for before this one did not complete in time")
 
     def commit_async(self, offsets: Offsets, callback: CommitCallback | None) -> concurrent.futures.Future[None]:
         """Commits `offsets` on the commit thread, after the commits asked for before."""
@@ -71,6 +88,8 @@ class CommitManager:
     def maybe_auto_commit(self, consumed: Callable[[], Offsets], now: float) -> None:
         """Starts an auto-commit of the `consumed()` positions if one is due (never waits)."""
         if self.auto_commits and now >= self.next_auto_commit_s:
+            if self._last_async_commit is not None and not self._last_async_commit.done():
+                return  # after the asynchronous commits under way, at a later poll
             offsets = consumed()
             if not offsets or self.member("auto-commit").commit_async(offsets, now):
                 self.next_auto_commit_s = now + self._auto_commit_interval_s
