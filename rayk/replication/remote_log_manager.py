@@ -126,6 +126,8 @@ class RemoteLogManager:
             return 0
         store = self._store()
         await self._list_in_epoch()
+        if not ctx.leads_in(epoch):
+            return 0  # deposed while listing: remote retention is the new leader's
         await self._expire_remote()
         log = ctx.log
         copied = 0
