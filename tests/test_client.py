@@ -883,6 +883,34 @@ def test_a_transactional_producer_fenced_by_a_newer_one_fails_for_good(cluster):
     assert [r.value for r in consume_topic(cluster, topic, 1, isolation_level="read_committed")] == [b"successor"]
 
 
+def test_a_read_committed_consumer_reset_to_latest_during_an_open_transaction_reads_it_whole(cluster):
+    """Kafka's "latest" for read_committed is the LSO: a consumer that starts while a
+    transaction is open starts at its first record, not at the high watermark past its
+    records (from where it would see none of them once it commits)."""
+    topic = new_topic(cluster, partitions=1, replication_factor=1)
+    tp = TopicPartition(topic, 0)
+    with cluster.producer() as plain:
+        plain.send(topic, b"before").get(timeout=30)
+    producer = cluster.producer(transactional_id=f"py-latest-{topic}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_batch(topic, [b"t0", b"t1"])
+    producer.flush()  # the LSO 1, the high watermark 3
+    consumer = cluster.consumer(auto_offset_reset="latest", isolation_level="read_committed", enable_auto_commit=False)
+    consumer.assign([tp])
+    # poll's own reset (position() would look the offset up itself, blocking)
+    wait_until(lambda: not consumer.poll(timeout_ms=200) and tp in consumer._positions.offsets, 30, "poll's reset")
+    assert consumer.position(tp) == 1, "the LSO: the open transaction's first record"
+    producer.commit_transaction()
+    producer.close()
+    records: list = []
+    deadline = time.monotonic() + 30
+    while len(records) < 2 and time.monotonic() < deadline:
+        records += [r for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+    consumer.close()
+    assert [(r.offset, r.value) for r in records] == [(1, b"t0"), (2, b"t1")], "the whole transaction"
+
+
 def test_a_commit_whose_marker_is_pending_when_its_partition_leader_is_killed_completes_after_it(cluster):
     """The transactions issue's failure: the partition's followers are stopped until its ISR
     is the leader alone, below min.insync.replicas, so the leader refuses the COMMIT marker

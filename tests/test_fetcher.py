@@ -1,12 +1,16 @@
 """The consumer's Fetcher against a scripted leader: fetch answers are kept as they came
 and handed out as ConsumerRecords (`drain`) or one Arrow RecordBatch per partition
 (`drain_columns`), from the consumer's positions, each record once whichever form takes
-it, and a handed-out answer moves the position past control batches at its tail."""
+it, and a handed-out answer moves the position past control batches at its tail. And the
+consumer's answer to OFFSET_OUT_OF_RANGE, through a Consumer on the same scripted leader:
+a fetch ahead of a buffered chunk is stale, one at the position resets it (to the LSO for
+read_committed "latest", as its ListOffsets reset does)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -14,12 +18,16 @@ import pytest
 
 from rayk.replication.partition_replica import FetchResult
 from rayk.client.arrow_batches import SCHEMA
+import rayk.client.consumer as consumer_module
 import rayk.client.fetcher as fetcher_module
+from rayk.client.consumer import Consumer
 from rayk.client.fetcher import Fetcher
 from rayk.client.hand_out import hand_out_reference
+from rayk.client.positions import EARLIEST, LATEST
 from rayk.client.serializers import as_is
 from rayk.client.types import ConsumerRecord, TopicPartition
-from rayk.errors import InvalidRecordError
+from rayk.dataplane.frames import READ_COMMITTED, READ_UNCOMMITTED
+from rayk.errors import InvalidRecordError, OffsetOutOfRangeError
 from rayk.storage.records import SimpleRecord, build_batch
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -43,15 +51,36 @@ def batch(base_offset: int, count: int, control: bool = False) -> bytes:
     return bytes(data)
 
 
+def done(result: Any) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    future.set_result(result)
+    return future
+
+
 class ScriptedLeader:
     """A leader whose fetch answers are given per offset, with the aborted transactions a
-    read_committed fetch is answered."""
+    read_committed fetch is answered; a fetch at an offset of `out_of_range` is answered
+    OFFSET_OUT_OF_RANGE with the log's (log start, LSO, high watermark) `bounds`, which its
+    ListOffsets (`list_offset.remote`, as the consumer calls it) answers from too."""
 
-    def __init__(self, answers: dict[int, bytes], aborted: dict[int, tuple] | None = None) -> None:
+    def __init__(self, answers: dict[int, bytes], aborted: dict[int, tuple] | None = None,
+                 out_of_range: frozenset[int] = frozenset(), bounds: tuple[int, int, int] = (0, 0, 0),
+                 ) -> None:  # fmt: skip
         self.answers = answers
         self.aborted = aborted or {}
+        self.out_of_range = out_of_range
+        self.bounds = bounds
         self.fetched_from: list[int] = []
         self.isolation_levels: list[int] = []
+        self.list_offset = SimpleNamespace(remote=self._list_offset)
+        self.list_offset_calls: list[tuple[int, int]] = []  # (timestamp, isolation level)
+
+    def _list_offset(self, timestamp_ms: int, isolation_level: int = READ_UNCOMMITTED) -> concurrent.futures.Future:
+        """PartitionReplica.list_offset for EARLIEST and LATEST, with its default isolation level."""
+        self.list_offset_calls.append((timestamp_ms, isolation_level))
+        log_start, lso, hw = self.bounds
+        offset = log_start if timestamp_ms == EARLIEST else lso if isolation_level == READ_COMMITTED else hw
+        return done((offset, -1))
 
 
 class ScriptedDataPlane:
@@ -60,23 +89,36 @@ class ScriptedDataPlane:
     def fetch(self, leader: ScriptedLeader, request) -> concurrent.futures.Future:
         leader.fetched_from.append(request.offset)
         leader.isolation_levels.append(request.isolation_level)
+        if request.offset in leader.out_of_range:
+            log_start, lso, hw = leader.bounds
+            return done(FetchResult(b"", hw, hw, log_start, OffsetOutOfRangeError(f"offset {request.offset}"),
+                                    last_stable_offset=lso))
         data = leader.answers.get(request.offset, b"")
-        future = concurrent.futures.Future()
         # records as the consumer's data plane gives them: a view of the answer frame
-        future.set_result(FetchResult(records=memoryview(b"head" + data)[4:], high_watermark=0, log_end_offset=0,
-                                      log_start_offset=0, aborted_transactions=leader.aborted.get(request.offset, ())))
-        return future
+        return done(FetchResult(records=memoryview(b"head" + data)[4:], high_watermark=0, log_end_offset=0,
+                                log_start_offset=0, aborted_transactions=leader.aborted.get(request.offset, ())))
 
     def close(self) -> None:
         pass
 
 
 class ScriptedMetadata:
+    """The leaders, known at once: a MetadataCache with nothing to refresh."""
+
     def __init__(self, leaders: dict[TopicPartition, ScriptedLeader]) -> None:
         self.leaders = leaders
 
     def leader_nowait(self, topic: str, partition: int) -> ScriptedLeader:
         return self.leaders[TopicPartition(topic, partition)]
+
+    def pending(self) -> list[Any]:
+        return []
+
+    def collect(self, ready: set[Any]) -> None:
+        pass
+
+    def wake_at_s(self) -> float | None:
+        return None
 
 
 def fetcher_for(leaders: dict[TopicPartition, ScriptedLeader], read_committed: bool = False) -> Fetcher:
@@ -408,3 +450,103 @@ def test_a_consumer_takes_kafkas_two_isolation_levels_only():
 
     with pytest.raises(ValueError, match="isolation_level"):
         Consumer(None, isolation_level="read_committed_please")
+
+
+def test_a_fetch_ahead_refused_out_of_range_is_held_until_the_buffered_chunk_went_out():
+    leader = ScriptedLeader({0: batch(0, 3)}, out_of_range=frozenset({3}))
+    fetcher, positions = fetcher_for({A: leader}), {A: 0}
+    fetch_round(fetcher, positions)
+    fetcher.start_fetches([A], positions, time.monotonic())  # ahead, at the buffered chunk's end
+    answers = fetcher.collect(set(fetcher.pending()), time.monotonic())
+    assert [(a.tp, a.fetch_offset) for a in answers] == [(A, 3)], "the answer says which offset it fetched"
+    fetcher.hold_read_ahead(A)  # the consumer's answer to a stale one
+    for _ in range(3):
+        fetcher.start_fetches([A], positions, time.monotonic())
+        assert fetcher.pending() == [], "no fetch while the chunk waits (not the same refusal at every poll)"
+    assert [r.offset for r in fetcher.drain(positions, 100)[A]] == [0, 1, 2]
+    fetcher.start_fetches([A], positions, time.monotonic())
+    assert leader.fetched_from == [0, 3, 3], "once the chunk went out: a fetch at the position"
+    fetcher.collect(set(fetcher.pending()), time.monotonic())
+    fetcher.hold_read_ahead(A)
+    fetcher.forget(A)  # a seek
+    positions[A] = 0
+    fetch_round(fetcher, positions)
+    fetcher.start_fetches([A], positions, time.monotonic())
+    assert leader.fetched_from == [0, 3, 3, 0, 3], "a forget lifts the hold: it fetches ahead again"
+
+
+def scripted_consumer(monkeypatch: pytest.MonkeyPatch, leader: ScriptedLeader, **settings: Any) -> Consumer:
+    """A Consumer assigned A, whose leader is `leader`, with no cluster and no Ray."""
+    metadata = ScriptedMetadata({A: leader})
+    monkeypatch.setattr(consumer_module, "MetadataCache", lambda *args: metadata)
+    monkeypatch.setattr(consumer_module, "Fetcher",
+                        lambda *args, **kwargs: Fetcher(*args, data_plane=ScriptedDataPlane(), **kwargs))
+    consumer = Consumer(SimpleNamespace(controller=None), enable_auto_commit=False, **settings)
+    consumer.assign([A])
+    return consumer
+
+
+SLOW_APPLICATION = {"fetch_max_wait_ms": 0, "request_timeout_ms": 1}  # with slowly_polled_offsets
+
+
+def polled_offsets(consumer: Consumer, max_records: int) -> list[int]:
+    return [r.offset for r in consumer.poll(timeout_ms=2_000, max_records=max_records).get(A, [])]
+
+
+def slowly_polled_offsets(consumer: Consumer) -> list[int]:
+    """One record, after longer than a fetch's deadline (fetch_max_wait_ms +
+    request_timeout_ms, 1 ms here): a poll that has records buffered waits for nothing, so
+    the read-ahead's answer is taken in at its deadline, while the chunk before it is
+    still being handed out (an application slower over a chunk than that time)."""
+    time.sleep(0.02)
+    return polled_offsets(consumer, max_records=1)
+
+
+def test_a_consumer_hands_out_its_buffered_records_before_an_out_of_range_read_ahead_resets_it(monkeypatch):
+    # Retention moved the log start to 5 after [0, 3) was fetched: the fetch ahead at 3 is
+    # refused while 1 and 2 wait in memory. They go out, then the fetch at the position (3)
+    # is refused too, and that answer resets the position to the log start.
+    leader = ScriptedLeader({0: batch(0, 3), 5: batch(5, 3)}, out_of_range=frozenset({3}), bounds=(5, 8, 8))
+    consumer = scripted_consumer(monkeypatch, leader, auto_offset_reset="earliest", **SLOW_APPLICATION)
+    consumer.seek(A, 0)
+    handed = []
+    while len(handed) < 6:
+        taken = slowly_polled_offsets(consumer)
+        assert taken, f"nothing more after {handed}"
+        handed += taken
+    assert handed == [0, 1, 2, 5, 6, 7]
+    assert leader.fetched_from[:4] == [0, 3, 3, 5], "the refused read-ahead is not sent again while 1 and 2 wait"
+    consumer.close()
+
+
+def test_under_none_an_out_of_range_read_ahead_raises_only_once_the_position_is_out_of_range(monkeypatch):
+    leader = ScriptedLeader({0: batch(0, 3)}, out_of_range=frozenset({3}), bounds=(5, 8, 8))
+    consumer = scripted_consumer(monkeypatch, leader, auto_offset_reset="none", **SLOW_APPLICATION)
+    consumer.seek(A, 0)
+    assert [slowly_polled_offsets(consumer) for _ in range(3)] == [[0], [1], [2]]
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.poll(timeout_ms=2_000)
+    assert consumer.position(A) == 3
+    consumer.close()
+
+
+def test_a_read_committed_consumer_resets_to_latest_at_the_last_stable_offset(monkeypatch):
+    # A transaction is open from 100 to the high watermark 150: "latest" is its start, so
+    # the whole transaction is read once it commits, not its records from 150 on.
+    leader = ScriptedLeader({100: batch(100, 2)}, bounds=(0, 100, 150))
+    consumer = scripted_consumer(monkeypatch, leader, auto_offset_reset="latest", isolation_level="read_committed")
+    assert polled_offsets(consumer, max_records=10) == [100, 101]
+    assert leader.list_offset_calls == [(LATEST, READ_COMMITTED)]
+    consumer.close()
+
+
+@pytest.mark.parametrize(("isolation_level", "reset_to"), [("read_committed", 100), ("read_uncommitted", 150)])
+def test_an_out_of_range_position_resets_to_latest_at_the_lso_for_read_committed(monkeypatch, isolation_level,
+                                                                                 reset_to):
+    answers = {100: batch(100, 2), 150: batch(150, 1)}
+    leader = ScriptedLeader(answers, out_of_range=frozenset({10}), bounds=(50, 100, 150))
+    consumer = scripted_consumer(monkeypatch, leader, auto_offset_reset="latest", isolation_level=isolation_level)
+    consumer.seek(A, 10)
+    assert polled_offsets(consumer, max_records=10)[0] == reset_to
+    assert leader.fetched_from[:2] == [10, reset_to] and leader.list_offset_calls == []
+    consumer.close()

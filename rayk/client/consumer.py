@@ -477,8 +477,8 @@ class Consumer:
             assigned = self._group.poll(self._subscription, ready, now)
             if assigned is not None:
                 self._set_assignment([TopicPartition(t, p) for t, ps in assigned.items() for p in ps])
-        for tp, result in self._fetcher.collect(ready, now):
-            self._reset_out_of_range(tp, result)
+        for tp, fetch_offset, result in self._fetcher.collect(ready, now):
+            self._out_of_range(tp, fetch_offset, result)
         self._positions.update(ready, now, self._assignment)
         self._commits.maybe_auto_commit(self._consumed_offsets, now)
         fetched = [tp for tp in self._assignment if tp not in self._paused] if self._paused else self._assignment
@@ -504,8 +504,17 @@ class Consumer:
         due = [t for t in times if t is not None and t > now]
         return min(due) if due else None
 
-    def _reset_out_of_range(self, tp: TopicPartition, result: Any) -> None:
-        """The position fell out of the log (retention deleted it): auto_offset_reset."""
+    def _out_of_range(self, tp: TopicPartition, fetch_offset: int, result: Any) -> None:
+        """A fetch at `fetch_offset` was answered OFFSET_OUT_OF_RANGE. At the position, the
+        position fell out of the log (retention deleted it): auto_offset_reset. Elsewhere
+        it was a fetch ahead of a chunk still buffered, and is stale, as Kafka's consumer
+        discards it: those records go out first (the log start may have passed the
+        read-ahead after they were fetched), then the partition fetches at its position,
+        whose answer resets it if the position is out of range too."""
+        if self._positions.offsets.get(tp) != fetch_offset:
+            logger.debug("%s: the fetch ahead at %d is out of range; the records before it go first", tp, fetch_offset)
+            self._fetcher.hold_read_ahead(tp)
+            return
         offset = self._positions.out_of_range_offset(result)  # raises its error under "none"
         self._forget(tp)
         self._positions.offsets[tp] = offset

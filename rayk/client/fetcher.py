@@ -25,8 +25,12 @@ past what was dropped.
 A fetch unanswered after `fetch_max_wait_ms + request_timeout_ms` is cancelled; after a
 failed fetch (a dead or silent leader, NOT_LEADER_OR_FOLLOWER, ...) the partition's leader
 is looked up again (in the background: MetadataCache.leader_nowait) and the partition
-waits `retry_backoff_ms`. OFFSET_OUT_OF_RANGE answers go back to the consumer, which
-resets the position. Not thread-safe: the consumer's thread owns it.
+waits `retry_backoff_ms`. OFFSET_OUT_OF_RANGE answers go back to the consumer with the
+offset they fetched (OutOfRange): one at the position resets it; one fetched ahead, past
+a chunk still buffered, is stale (retention may have moved the log start past it while
+the records before it wait in memory), and `hold_read_ahead` keeps the partition from
+fetching again until its chunks are handed out, so that its next fetch is at the
+position. Not thread-safe: the consumer's thread owns it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import gc
 import sys
 from collections import Counter, deque
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,6 +76,16 @@ def gc_paused() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+
+
+class OutOfRange(NamedTuple):
+    """A fetch answered OFFSET_OUT_OF_RANGE: its partition, the offset it fetched (the
+    consumer's position, or further on for a fetch ahead of a buffered chunk) and the
+    FetchResult, with the log start, high watermark and LSO a reset needs."""
+
+    tp: TopicPartition
+    fetch_offset: int
+    result: Any
 
 
 class FetchedChunk:
@@ -131,11 +145,16 @@ class Fetcher:
         self._data_plane = data_plane or DataPlaneSession("consumer")
         self._value_deserializer = value_deserializer
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
-        self._in_flight: dict[Any, tuple[TopicPartition, float]] = {}  # fetch future -> (partition, deadline)
+        # fetch future -> (partition, offset fetched, deadline)
+        self._in_flight: dict[Any, tuple[TopicPartition, int, float]] = {}
         self._fetching: set[TopicPartition] = set()  # the partitions of _in_flight
         self._buffer: deque[FetchedChunk] = deque()
         self._chunks: Counter[TopicPartition] = Counter()  # chunks in _buffer per partition
         self._retry_at_s: dict[TopicPartition, float] = {}
+        # Partitions whose fetch ahead of a buffered chunk was refused OFFSET_OUT_OF_RANGE:
+        # no fetch until that chunk is handed out (else the same refusal comes back at
+        # every poll while it waits), then one at the position.
+        self._read_ahead_held: set[TopicPartition] = set()
         self._changes = 0  # forgets and the close: HandOut's sign to leave the chunk it hands out
         self._closed = False
 
@@ -144,10 +163,11 @@ class Fetcher:
         self._changes += 1  # HandOut leaves a chunk it took before
         self._fetch_offsets.pop(tp, None)
         self._retry_at_s.pop(tp, None)
+        self._read_ahead_held.discard(tp)
         self._buffer = deque(chunk for chunk in self._buffer if chunk.tp != tp)
         self._chunks.pop(tp, None)
         self._fetching.discard(tp)
-        for ref, (p, _deadline) in list(self._in_flight.items()):
+        for ref, (p, _offset, _deadline) in list(self._in_flight.items()):
             if p == tp:
                 del self._in_flight[ref]
 
@@ -167,18 +187,29 @@ class Fetcher:
             leader = self._metadata.leader_nowait(tp.topic, tp.partition)
             if leader is None:
                 continue  # looked up in the background; poll wakes up for it
+            if tp in self._read_ahead_held:
+                if self._chunks[tp]:
+                    continue  # its chunk goes out first
+                self._read_ahead_held.discard(tp)
+                self._fetch_offsets[tp] = positions[tp]  # the refused offset, now that all before it went out
             offset = self._fetch_offsets.setdefault(tp, positions[tp])
             ref = self._data_plane.fetch(leader, FetchRequest(
                 offset, self._max_bytes, self._min_bytes, self._max_wait_ms, isolation_level=self._isolation_level
             ))
-            self._in_flight[ref] = (tp, now + self._call_timeout_s)
+            self._in_flight[ref] = (tp, offset, now + self._call_timeout_s)
             self._fetching.add(tp)
 
-    def collect(self, ready: set[Any], now: float) -> list[tuple[TopicPartition, Any]]:
+    def hold_read_ahead(self, tp: TopicPartition) -> None:
+        """Fetches nothing more for `tp` until its buffered chunks are handed out, then
+        fetches at its position: a fetch ahead of them was refused OFFSET_OUT_OF_RANGE
+        (Kafka's consumer discards such a stale answer). A forget lifts it."""
+        self._read_ahead_held.add(tp)
+
+    def collect(self, ready: set[Any], now: float) -> list[OutOfRange]:
         """Takes in the fetches that are ready or past their deadline; returns the
-        (partition, FetchResult) answers that were OFFSET_OUT_OF_RANGE."""
+        answers that were OFFSET_OUT_OF_RANGE, with the offsets they fetched."""
         out_of_range = []
-        for ref, (tp, deadline) in list(self._in_flight.items()):
+        for ref, (tp, offset, deadline) in list(self._in_flight.items()):
             if ref not in ready and now < deadline:
                 continue
             del self._in_flight[ref]
@@ -190,7 +221,7 @@ class Fetcher:
             except KafkaError as e:  # a dead or silent leader
                 error = e
             if isinstance(error, OffsetOutOfRangeError):
-                out_of_range.append((tp, result))
+                out_of_range.append(OutOfRange(tp, offset, result))
             elif error is not None:
                 if isinstance(error, STALE_LEADER_ERRORS):
                     self._metadata.invalidate(tp.topic, tp.partition)
@@ -212,7 +243,7 @@ class Fetcher:
 
     def wake_at_s(self, assignment: list[TopicPartition]) -> float | None:
         """The earliest fetch deadline or retry backoff end."""
-        times = [deadline for _tp, deadline in self._in_flight.values()]
+        times = [deadline for _tp, _offset, deadline in self._in_flight.values()]
         times += [t for tp, t in self._retry_at_s.items() if tp in assignment]
         return min(times) if times else None
 

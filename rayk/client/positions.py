@@ -5,8 +5,8 @@ position is found (Kafka's SubscriptionState positions with its OffsetFetcher).
 the Fetcher advances it as records go out, `seek` sets it. A partition without one is
 looked up: first the group's committed offset (OffsetFetch at its coordinator), and where
 the group has none, or the consumer has no group, its leader's log start ("earliest") or
-high watermark ("latest") by ListOffsets, as `auto_offset_reset` says ("none" raises
-OffsetOutOfRangeError instead).
+high watermark ("latest"; the last stable offset for read_committed) by ListOffsets, as
+`auto_offset_reset` says ("none" raises OffsetOutOfRangeError instead).
 
 Two ways to look up, for two kinds of caller, as the MetadataCache has:
 - non-blocking (`update`), for `poll`: it starts the lookups as calls whose refs
@@ -32,6 +32,7 @@ from rayk.client.consumer_protocol_member import ConsumerProtocolMember
 from rayk.client.group_member import GroupMember
 from rayk.client.metadata import STALE_LEADER_ERRORS, MetadataCache
 from rayk.client.types import TopicPartition
+from rayk.dataplane.frames import READ_COMMITTED
 from rayk.errors import KafkaError, OffsetOutOfRangeError
 
 logger = logging.getLogger(__name__)
@@ -86,10 +87,16 @@ class Positions:
 
     def out_of_range_offset(self, result: Any) -> int:
         """Where a position that fell out of the log (retention deleted it) goes, by
-        auto_offset_reset, from a fetch's OFFSET_OUT_OF_RANGE `result`; under "none" its error."""
+        auto_offset_reset, from a fetch's OFFSET_OUT_OF_RANGE `result`; under "none" its error.
+        "latest" is the LSO for read_committed, as ListOffsets answers it: the high
+        watermark is past a transaction still open, whose first records would be skipped."""
         if self._reset == "none":
             raise result.error
-        return result.log_start_offset if self._reset == "earliest" else result.high_watermark
+        if self._reset == "earliest":
+            return result.log_start_offset
+        if self._isolation_level == READ_COMMITTED and result.last_stable_offset >= 0:  # -1: an answer without one
+            return result.last_stable_offset
+        return result.high_watermark
 
     # ------------------------------------------------------------------ blocking lookups
 
@@ -160,7 +167,8 @@ class Positions:
                 raise OffsetOutOfRangeError(f"{tp} has no committed offset and auto_offset_reset is 'none'")
             leader = self._metadata.leader_nowait(tp.topic, tp.partition)
             if leader is not None:
-                ref = leader.list_offset.remote(EARLIEST if self._reset == "earliest" else LATEST)
+                timestamp = EARLIEST if self._reset == "earliest" else LATEST
+                ref = leader.list_offset.remote(timestamp, self._isolation_level)  # read_committed: the LSO
                 self._offset_lookups[tp] = calls.Pending(ref, now + self._request_timeout_ms / 1000, f"ListOffsets {tp}")
 
     def _take_committed(self, ready: set[Any], now: float, assignment: list[TopicPartition]) -> None:
