@@ -9,6 +9,13 @@ NOT_COORDINATOR and look the coordinator up again. Coordinator writes go through
 PartitionReplica's produce path with acks=all (`_append_records`), so a write is
 acknowledged only once the ISR holds it.
 
+Each load grants the new coordinator a CoordinatorLease, its right to write, bound to the
+leader epoch it was loaded in; closing the coordinator revokes it. Every append checks the
+lease right before producing: a closed coordinator's requests still under way (queued on
+one of its group locks while the replica, leading a new epoch, loaded its successor) are
+NOT_COORDINATOR and append nothing, so the successor, loaded from the log, stays the only
+writer, its memory what the log says.
+
 The coordinator is the partition's only writer: `produce` and `produce_requests`, where
 clients' records come in (a listener's Produce, the Python Producer), answer
 INVALID_TOPIC_EXCEPTION and append nothing, as Kafka refuses client appends to internal
@@ -26,6 +33,7 @@ import asyncio
 import logging
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from rayk.coordinator.coordinator_log import LogEntry, read_coordinator_log
@@ -41,6 +49,15 @@ logger = logging.getLogger(__name__)
 COORDINATOR_WRITE_TIMEOUT_MS = 5_000
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class CoordinatorLease:
+    """One loaded coordinator's right to write its partition: granted by its load, in the
+    replica's leader epoch of that moment, and revoked when the coordinator is closed (the
+    replica holds the current one; compared by identity)."""
+
+    leader_epoch: int
+
+
 class CoordinatorReplica(PartitionReplica):
     """Base of the internal topics' replica actors: a PartitionReplica that owns, while it
     leads, one coordinator loaded from its log, and the locks and tasks of its writes. A
@@ -53,6 +70,7 @@ class CoordinatorReplica(PartitionReplica):
         super().__init__(*args, **kwargs)
         self._broker_config = broker_config or BrokerConfig()
         self._coordinator: Any = None
+        self._lease: CoordinatorLease | None = None  # the current coordinator's (or the loading one's)
         self._last_load: dict[str, float] = {}  # what the latest coordinator load replayed, and how long it took
         # One transactional write per producer at a time (a lock lives while a write holds it).
         self._producer_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -60,8 +78,10 @@ class CoordinatorReplica(PartitionReplica):
 
     # ------------------------------------------------------------------ what a coordinator replica defines
 
-    async def _open_coordinator(self, records: list[LogEntry]) -> Any:
-        """A coordinator loaded from the partition's log (coordinator_log.py), started."""
+    async def _open_coordinator(self, records: list[LogEntry], lease: CoordinatorLease) -> Any:
+        """A coordinator loaded from the partition's log (coordinator_log.py), started,
+        writing through the appends bound to `lease` (`_append_records`,
+        `_append_transactional_records`)."""
         raise NotImplementedError
 
     async def _stop_coordinator(self, coordinator: Any) -> None:
@@ -80,12 +100,18 @@ class CoordinatorReplica(PartitionReplica):
         """Replays the log into a new coordinator; if that fails, logs why and leaves none."""
         await self._close_coordinator()
         started = time.monotonic()
+        lease = self._lease = CoordinatorLease(self._ctx.leader_epoch)
         try:
             records = read_coordinator_log(self._log, f"{self.topic}-{self.partition}")
-            coordinator = await self._open_coordinator(records)
+            coordinator = await self._open_coordinator(records, lease)
         except Exception:  # (not the records': a coordinator's load skips those) a log that cannot be read
+            if self._lease is lease:
+                self._lease = None
             logger.exception("%s-%d: could not load the %s; the next leadership push retries",
                              self.topic, self.partition, self.coordinator_name)
+            return
+        if self._lease is not lease:  # closed (or loaded again) while it loaded: it never serves
+            await self._stop_coordinator(coordinator)
             return
         self._last_load = {"records": len(records), "ms": (time.monotonic() - started) * 1000}
         self._coordinator = coordinator
@@ -109,6 +135,7 @@ class CoordinatorReplica(PartitionReplica):
         await super().delete()
 
     async def _close_coordinator(self) -> None:
+        self._lease = None  # (first: what the closed coordinator still has under way writes nothing)
         if self._coordinator is not None:
             coordinator, self._coordinator = self._coordinator, None
             await self._stop_coordinator(coordinator)
@@ -127,14 +154,28 @@ class CoordinatorReplica(PartitionReplica):
         error = InvalidTopicError(f"{self.topic} is an internal topic: only the {self.coordinator_name} writes to it")
         return [self._produce.produce_error(error) for _ in requests]
 
-    async def _append_records(self, records: list[tuple[bytes, bytes | None]], acks: int = -1) -> None:
+    def _check_lease(self, lease: CoordinatorLease) -> None:
+        """NOT_COORDINATOR unless `lease`'s coordinator is still the current one and the
+        replica leads in the epoch it was loaded in (see the module docstring). Called
+        right before producing, whose call appends in the epoch it starts in or not at all."""
+        if self._lease is not lease or not self._ctx.leads_in(lease.leader_epoch):
+            raise NotCoordinatorError(
+                f"the {self.coordinator_name} of {self.topic}-{self.partition} loaded in leader epoch "
+                f"{lease.leader_epoch} was closed: find the coordinator again"
+            )
+
+    async def _append_records(self, lease: CoordinatorLease, records: list[tuple[bytes, bytes | None]],
+                              acks: int = -1) -> None:  # fmt: skip
+        """Writes the coordinator's records (bound to its `lease` when it is opened)."""
+        self._check_lease(lease)
         batch = build_batch([SimpleRecord(value, key) for key, value in records])
         (result,) = await super().produce_requests([ProduceRequest(batch, acks, COORDINATOR_WRITE_TIMEOUT_MS)])
         if result.error is not None:
             raise result.error
 
     async def _append_transactional_records(
-        self, records: list[tuple[bytes, bytes | None]], transactional_id: str, producer_id: int, producer_epoch: int
+        self, lease: CoordinatorLease, records: list[tuple[bytes, bytes | None]], transactional_id: str,
+        producer_id: int, producer_epoch: int,
     ) -> None:
         """Writes records as a transactional producer's batch (TxnOffsetCommit's offsets),
         with the producer's next sequence here, through the produce path: its epoch is
@@ -144,6 +185,7 @@ class CoordinatorReplica(PartitionReplica):
         if lock is None:
             lock = self._producer_locks[producer_id] = asyncio.Lock()
         async with lock:
+            self._check_lease(lease)  # (after the producer's lock, which may have been awaited)
             entry = self._log.producer_state.producers.get(producer_id)
             sequence = entry.next_sequence % (1 << 31) if entry is not None and entry.epoch == producer_epoch else 0
             batch = build_batch([SimpleRecord(value, key) for key, value in records], producer_id=producer_id,

@@ -14,7 +14,11 @@ Transactional offsets (TxnOffsetCommit, KIP-98/447) are written as the producer'
 transactional records and wait here, by producer id, until its marker: a COMMIT makes them
 the groups' committed offsets, an ABORT drops them (`complete_txn`). A plain commit of the
 same partition written after them wins whatever the transaction's outcome, as the later
-record in the log does in Kafka.
+record in the log does in Kafka. The marker can follow the records into the log and be
+applied while their write still waits for its acks (a transaction aborted on timeout, or
+fenced by a new producer instance): the write in flight learns the marker's outcome and
+applies it itself, as a replay of the log would (records, then marker), instead of
+parking offsets that no marker will end.
 
 Commits run concurrently; each is counted in flight (`committing`) while it is written, so
 that expiry and deletion, which write tombstones (`tombstone`), leave alone a partition
@@ -29,6 +33,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from rayk.config import BrokerConfig
 from rayk.coordinator.group.classic_group_manager import ClassicGroupManager, subscribed_topics
@@ -62,6 +67,14 @@ AppendTransactional = Callable[[list[tuple[bytes, bytes | None]], str, int, int]
 OffsetsToCommit = dict[TopicPartition, tuple[int, str] | tuple[int, str, int]]
 
 
+@dataclass(slots=True, eq=False)
+class _TxnWrite:
+    """A TxnOffsetCommit's records being written: `ended` is the outcome of the producer's
+    marker if one was applied meanwhile (True COMMIT, False ABORT), None while none was."""
+
+    ended: bool | None = None
+
+
 class OffsetMetadataManager:
     """The committed offsets of the groups of one `__consumer_offsets` partition, the
     transactional offsets awaiting their markers, and the commits in flight; written
@@ -77,6 +90,7 @@ class OffsetMetadataManager:
         self.committed: dict[str, dict[TopicPartition, CommittedOffset]] = {}  # group -> partition -> offset
         # TxnOffsetCommit's offsets until their producer's marker: producer id -> group -> partition -> offset
         self._pending_txn: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+        self._txn_writes: dict[int, list[_TxnWrite]] = {}  # TxnOffsetCommits in flight, by producer id
         self._committing: dict[str, Counter[TopicPartition]] = {}  # commits in flight, by group
 
     # ------------------------------------------------------------------ loading
@@ -150,16 +164,36 @@ class OffsetMetadataManager:
             assert self._append_transactional is not None
             await self._append_transactional(records, transactional_id, producer_id, producer_epoch)
 
-        await self._write(group_id, committed, append)
-        self._pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(committed)
+        write = _TxnWrite()
+        writes = self._txn_writes.setdefault(producer_id, [])
+        writes.append(write)
+        try:
+            await self._write(group_id, committed, append)
+        finally:
+            writes.remove(write)
+            if not writes and self._txn_writes.get(producer_id) is writes:
+                del self._txn_writes[producer_id]
+        if write.ended is None:
+            self._pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(committed)
+        elif write.ended:
+            # (Kafka's producer sends EndTxn only once TxnOffsetCommit is answered: a COMMIT here is a client's
+            # mistake, but the log commits the records all the same, and memory follows the log.)
+            self.committed.setdefault(group_id, {}).update(committed)
 
     def complete_txn(self, producer_id: int, commit: bool) -> None:
         """The producer's transaction marker is in the log: its pending offsets become the
-        groups' committed offsets (COMMIT) or are dropped (ABORT)."""
+        groups' committed offsets (COMMIT) or are dropped (ABORT), and so will those of its
+        writes in flight, whose records are before the marker in the log. (A write of the
+        producer's next transaction starts only after this marker: the transaction
+        coordinator lets the producer add offsets to a new transaction once every marker of
+        the last one is acknowledged, which comes after this call.)"""
         pending = self._pending_txn.pop(producer_id, {})
         if commit:
             for group_id, table in pending.items():
                 self.committed.setdefault(group_id, {}).update(table)
+        for write in self._txn_writes.get(producer_id, ()):
+            if write.ended is None:  # (a second marker is a later transaction's, not this write's)
+                write.ended = commit
 
     def _supersede_pending(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
         """A commit written after a transactional one of the same partition wins, whatever

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 from ray.exceptions import RayError
 
@@ -18,7 +19,7 @@ from rayk.actors.named_actor import handle_of
 from rayk.coordinator.group.consumer_group import JoinResult
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
 from rayk.coordinator.coordinator_log import LogEntry
-from rayk.coordinator.coordinator_replica import CoordinatorReplica
+from rayk.coordinator.coordinator_replica import CoordinatorLease, CoordinatorReplica
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
 from rayk.coordinator.group.offset_records import CommittedOffset
 from rayk.replication.partition_replica import ProduceResult
@@ -44,10 +45,10 @@ class OffsetsPartitionReplica(CoordinatorReplica):
 
     coordinator_name = "group coordinator"
 
-    async def _open_coordinator(self, records: list[LogEntry]) -> GroupCoordinator:
-        coordinator = GroupCoordinator(self._append_records, self._broker_config, self._append_transactional_records,
-                                       self._partition_counts, self._share_members_gone,
-                                       self._share_states_reset)  # fmt: skip
+    async def _open_coordinator(self, records: list[LogEntry], lease: CoordinatorLease) -> GroupCoordinator:
+        coordinator = GroupCoordinator(partial(self._append_records, lease), self._broker_config,
+                                       partial(self._append_transactional_records, lease), self._partition_counts,
+                                       self._share_members_gone, self._share_states_reset)  # fmt: skip
         try:
             coordinator.load(records, f"{self.topic}-{self.partition}")
         except BaseException:

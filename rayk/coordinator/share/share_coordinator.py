@@ -35,7 +35,8 @@ a state written for a group since deleted and made again is FENCED_STATE_EPOCH, 
 leader reads the state again. A state not yet written starts where the group's
 `share.auto.offset.reset` says, which the leader resolves against its log.
 
-Deleting a share group (no members: NON_EMPTY_GROUP) tombstones its states with it.
+Deleting a share group (no members: NON_EMPTY_GROUP) tombstones its states with it,
+under their locks, so no leader's state write lands after the tombstones.
 Altering its offsets (AlterShareGroupOffsets: a share-partition starts at a given offset,
 nothing in flight) or deleting them (DeleteShareGroupOffsets: a topic's states go, and
 it starts again where `share.auto.offset.reset` says) needs an empty group too. Either
@@ -329,15 +330,8 @@ class ShareCoordinator:
                 raise NonEmptyGroupError(f"share group {group_id!r} has members; its offsets can be changed once "
                                          "they have left")  # fmt: skip
             async with contextlib.AsyncExitStack() as locks:  # no leader's write runs meanwhile
-                locked: set[TopicPartition] = set()
-                while True:  # (each lock may wait for a write that makes a state: lock it too, then read)
-                    stored = self._states.get(group_id, {})
-                    wanted = (set(stored) | set(start_offsets)) - locked
-                    if not wanted:
-                        break
-                    for topic, partition in sorted(wanted):
-                        await locks.enter_async_context(self._state_lock(group_id, topic, partition))
-                        locked.add((topic, partition))
+                locked = await self._lock_states(group_id, locks, start_offsets)
+                stored = self._states.get(group_id, {})
                 touched = sorted(locked)
                 if not start_offsets and not any(topic in deleted_topics for topic, _ in stored):
                     return  # nothing to change: the group was only checked
@@ -365,12 +359,35 @@ class ShareCoordinator:
 
     async def delete_group(self, group_id: str) -> None:
         """DeleteGroups for a share group (the caller holds the group's lock): its record
-        and its states' tombstones."""
-        group = self.groups[group_id]
-        if group.members:
+        and its states' tombstones, written under every state lock of the group, so that a
+        leader's state write under way (past its check of the group) lands before them and
+        is tombstoned too, never after them as an orphan a later load would keep."""
+        if self.groups[group_id].members:
             raise NonEmptyGroupError(f"share group {group_id!r} has members; it can be deleted once they have left")
-        states = self._states.get(group_id, {})
-        tombstones: Records = [(share_state_key(group_id, t, p), None) for t, p in states]
-        await write_group_records(self._append, group_id, tombstones + [(share_group_key(group_id), None)])
-        self._states.pop(group_id, None)
-        del self.groups[group_id]
+        async with contextlib.AsyncExitStack() as locks:
+            await self._lock_states(group_id, locks)
+            # (heartbeats take the group's lock, which the caller holds: no member came meanwhile)
+            states = self._states.get(group_id, {})
+            tombstones: Records = [(share_state_key(group_id, t, p), None) for t, p in sorted(states)]
+            await write_group_records(self._append, group_id, tombstones + [(share_group_key(group_id), None)])
+            self._states.pop(group_id, None)
+            del self.groups[group_id]
+
+    async def _lock_states(self, group_id: str, locks: contextlib.AsyncExitStack,
+                           also: Iterable[TopicPartition] = ()) -> set[TopicPartition]:  # fmt: skip
+        """Takes, into `locks`, the lock of each share-partition of the group that has a state,
+        a lock in use (a leader's read or write under way, maybe making a state) or is in
+        `also`; returns them. Each lock may wait for a write that makes another state: that
+        one is locked too, until none is left. The caller holds the group's lock, so no other
+        taker of several state locks runs meanwhile, and readers and writers take one each:
+        no order of taking them can deadlock."""
+        locked: set[TopicPartition] = set()
+        also = set(also)
+        while True:
+            in_use = {(t, p) for g, t, p in list(self._state_locks.keys()) if g == group_id}
+            wanted = (set(self._states.get(group_id, {})) | in_use | also) - locked
+            if not wanted:
+                return locked
+            for topic, partition in sorted(wanted):
+                await locks.enter_async_context(self._state_lock(group_id, topic, partition))
+                locked.add((topic, partition))

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from ray.exceptions import RayError
 
 from rayk.actors.named_actor import handle_of
 from rayk.coordinator.coordinator_log import LogEntry
-from rayk.coordinator.coordinator_replica import CoordinatorReplica
+from rayk.coordinator.coordinator_replica import CoordinatorLease, CoordinatorReplica
 from rayk.coordinator.transaction.transaction_coordinator import TransactionConfig, TransactionCoordinator
 from rayk.coordinator.transaction.transaction_metadata import TV1, TransactionMetadata
 from rayk.errors import CoordinatorNotAvailableError, KafkaError, NotLeaderOrFollowerError
@@ -50,10 +51,10 @@ class TransactionStatePartitionReplica(CoordinatorReplica):
         self._timers: asyncio.Task | None = None
         self._leaders: dict[tuple[str, int], Any] = {}  # partition -> its leader replica's handle, as last found
 
-    async def _open_coordinator(self, records: list[LogEntry]) -> TransactionCoordinator:
+    async def _open_coordinator(self, records: list[LogEntry], lease: CoordinatorLease) -> TransactionCoordinator:
         c = self._broker_config
         coordinator = TransactionCoordinator(
-            self._append_records, self._write_marker, self._new_producer_id, self._ctx.leader_epoch,
+            partial(self._append_records, lease), self._write_marker, self._new_producer_id, lease.leader_epoch,
             TransactionConfig(c.transaction_max_timeout_ms, c.transactional_id_expiration_ms),
         )
         # (only the coordinator writes here: no transactional batch or marker is in this log)

@@ -1,0 +1,154 @@
+"""Races between a coordinator's writes and what happens while they wait for their acks,
+without Ray: each test holds an append in the log (written, not yet acknowledged), runs
+the other path to its end meanwhile, then lets the acks come, and checks that the
+coordinator's memory agrees with a coordinator replaying the same log.
+
+- A transaction's marker applied while its TxnOffsetCommit waits for its acks ends those
+  offsets (an ABORT drops them, a COMMIT commits them); they never stay pending after it.
+- Deleting a share group waits for a share-partition state write under way, so the state
+  is tombstoned with the group and a group made again under the id starts with none.
+- A coordinator closed because its replica loaded a successor (a new leader epoch) writes
+  nothing more: its late requests are NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rayk.config import BrokerConfig
+from rayk.coordinator.coordinator_log import LogEntry, TxnMarker, TxnRecords
+from rayk.coordinator.group.group_coordinator import GroupCoordinator
+from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
+from rayk.errors import NotCoordinatorError
+from rayk.internal_topics import OFFSETS_TOPIC
+
+PID, PRODUCER_EPOCH = 40, 0
+TP = ("t", 0)
+
+
+class HeldPartition:
+    """A `__consumer_offsets` partition whose appends are in the log at once (as a leader's
+    are) and acknowledged at once, or, after `hold()`, only once `release()` is called."""
+
+    def __init__(self) -> None:
+        self.entries: list[LogEntry] = []
+        self.appended = asyncio.Event()  # set at each append
+        self._acks: asyncio.Event | None = None
+
+    def hold(self) -> None:
+        self._acks = asyncio.Event()
+
+    def release(self) -> None:
+        assert self._acks is not None
+        self._acks.set()
+
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        self.entries += [(len(self.entries) + i, key, value) for i, (key, value) in enumerate(records)]
+        await self._acknowledged()
+
+    async def append_transactional(self, records: list[tuple[bytes, bytes | None]], transactional_id: str,
+                                   producer_id: int, producer_epoch: int) -> None:  # fmt: skip
+        self.entries.append(TxnRecords(producer_id, [(len(self.entries), key, value) for key, value in records]))
+        await self._acknowledged()
+
+    def marker(self, coordinator: GroupCoordinator, commit: bool) -> None:
+        """The producer's marker written and acknowledged (what write_txn_marker does)."""
+        self.entries.append(TxnMarker(PID, commit))
+        coordinator.complete_txn(PID, commit)
+
+    async def _acknowledged(self) -> None:
+        self.appended.set()
+        if self._acks is not None:
+            await self._acks.wait()
+
+    def coordinator(self) -> GroupCoordinator:
+        """A coordinator that replays the partition as it is now."""
+        coordinator = GroupCoordinator(self.append, BrokerConfig(), self.append_transactional)
+        coordinator.load(list(self.entries))
+        return coordinator
+
+
+# ---------------------------------------------------------------------------- a marker during TxnOffsetCommit
+
+
+@pytest.mark.parametrize("commit", [False, True], ids=["abort", "commit"])
+def test_a_marker_applied_while_the_txn_offset_commit_awaits_its_acks_ends_those_offsets(commit):
+    async def main() -> None:
+        partition = HeldPartition()
+        coordinator = partition.coordinator()
+        await coordinator.commit_offsets("g", -1, "", {TP: (1, "")})
+        partition.hold()
+        write = asyncio.ensure_future(coordinator.txn_commit_offsets("g", "tx", PID, PRODUCER_EPOCH, -1, "",
+                                                                     {TP: (5, "")}))  # fmt: skip
+        partition.appended.clear()
+        await partition.appended.wait()  # in the log, its acks awaited
+        partition.marker(coordinator, commit)  # (a timeout's abort, a new instance's InitProducerId) acked first
+        partition.release()
+        await write
+        expected = 5 if commit else 1
+        for seen in (coordinator, partition.coordinator()):
+            assert seen.pending_partitions("g") == set(), "no marker is coming for them any more"
+            assert (await seen.fetch_offsets("g", [TP], require_stable=True))[TP].offset == expected
+
+        await coordinator.txn_commit_offsets("g", "tx", PID, PRODUCER_EPOCH, -1, "", {TP: (9, "")})
+        assert coordinator.pending_partitions("g") == {TP}, "the producer's next transaction waits for its own marker"
+        partition.marker(coordinator, True)
+        for seen in (coordinator, partition.coordinator()):
+            assert (await seen.fetch_offsets("g", [TP], require_stable=True))[TP].offset == 9
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- share group deletion
+
+
+def test_deleting_a_share_group_waits_for_a_state_write_under_way_and_tombstones_that_state():
+    async def main() -> None:
+        partition = HeldPartition()
+        coordinator = partition.coordinator()
+        await coordinator.alter_share_group_configs("g", {})  # a share group without members
+        _, state_epoch, _ = await coordinator.read_share_state("g", *TP, 0)
+        partition.hold()
+        partition.appended.clear()
+        write = asyncio.ensure_future(coordinator.write_share_state("g", *TP, 0, state_epoch, 3, [], create=True))
+        await partition.appended.wait()  # the leader's first state is in the log, its acks awaited
+        delete = asyncio.ensure_future(coordinator.delete_group("g"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        partition.release()
+        await write  # it was ahead of the deletion: written, then tombstoned with the group
+        await delete
+        for seen in (coordinator, partition.coordinator()):
+            await seen.alter_share_group_configs("g", {})  # the id made a share group again
+            state, _, _ = await seen.read_share_state("g", *TP, 0)
+            assert state is None, "the deleted group's state is gone from the log too"
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- a coordinator closed by a reload
+
+
+def test_a_coordinator_closed_by_its_successors_load_cannot_write_in_the_new_epoch(tmp_path: Path):
+    async def main() -> None:
+        replica = OffsetsPartitionReplica(OFFSETS_TOPIC, 0, 0, tmp_path / f"{OFFSETS_TOPIC}-0")
+        await replica.become_leader(1, [0], [0])
+        await replica.commit_offsets("g", -1, "", {TP: (5, "")})
+        closed = replica._coordinator
+        lock = closed._lock("g")
+        await lock.acquire()  # (a heartbeat of the group writing)
+        late = asyncio.ensure_future(replica.delete_offsets("g", [TP]))  # queued on the group's lock
+        await asyncio.sleep(0)
+        await replica.become_leader(2, [0], [0])  # a new epoch: the successor is loaded, the closed one
+        end_offset = (await replica.describe())["log_end_offset"]
+        lock.release()  # ... runs its queued request
+        with pytest.raises(NotCoordinatorError):
+            await late
+        assert (await replica.describe())["log_end_offset"] == end_offset, "it appended nothing"
+        assert (await replica.fetch_offsets("g"))[TP].offset == 5
+        await replica.close()
+
+    asyncio.run(main())
