@@ -38,6 +38,7 @@ from rayk.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
+    UnknownServerError,
 )
 from rayk.replication.leader_produce import SEQUENCE_GAP_WAIT_MAX_MS
 from rayk.storage.compression import CompressionType
@@ -338,3 +339,24 @@ def test_a_simulated_producer_loses_nothing_and_never_gets_out_of_order_sequence
     simulation = Simulation(seed, monkeypatch)
     simulation.run(3000)
     simulation.check()
+
+
+def test_a_sender_thread_that_fails_fails_its_records_and_tells_the_transaction(monkeypatch):
+    """A bug in the sender's loop fails every unfinished record; the transaction manager
+    hears of it (`on_failure`), as of any failed record, so a transaction holding them
+    aborts instead of committing once flush() finds nothing unfinished."""
+    simulation = Simulation(0, monkeypatch)
+    heard: list[Any] = []
+    sender = Sender(simulation.acc, simulation.metadata, simulation.idempotence, acks=-1,  # type: ignore[arg-type]
+                    compression=CompressionType.NONE, request_timeout_ms=REQUEST_TIMEOUT_MS, retry_backoff_ms=100,
+                    on_failure=heard.append)  # fmt: skip
+    future = simulation.acc.append(TOPIC, 0, 1, (b"lost", None, (), 0), 20)
+
+    def broken_loop() -> None:
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(sender, "_loop", broken_loop)
+    with pytest.raises(RuntimeError):
+        sender._run()
+    assert isinstance(future.exception(0), UnknownServerError)
+    assert len(heard) == 1 and isinstance(heard[0], UnknownServerError)

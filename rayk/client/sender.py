@@ -147,11 +147,17 @@ class Sender:
             self._fail_unfinished(KafkaTimeoutError("the producer was closed before these records were acknowledged"))
 
     def _fail_unfinished(self, error: KafkaError) -> None:
+        failed = False
         for batch in self._acc.abort(str(error)):
             for result in [batch.result] + [rider for rider, _ in batch.riders]:
                 if not result.done():
                     result.fail(error)
+                    failed = True
             self._acc.finished(batch)
+        if failed and self._on_failure is not None:
+            # As for any failed record: a transaction holding them must not commit (it would,
+            # its records never written, once flush() saw nothing unfinished).
+            self._on_failure(error)
 
     def _loop(self) -> None:
         while self._step():
