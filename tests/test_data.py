@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import os
 import subprocess
@@ -158,6 +160,10 @@ def test_override_num_blocks_cuts_the_snapshot_into_runs_of_equal_offsets():
     ]  # fmt: skip
     one_each = rayk_data.cut_into_tasks(ranges[1:], 80)
     assert [task[0].start for task in one_each] == list(range(50)), "fewer than 80: at most one per offset"
+    # A read_committed plan stays read_committed in every piece (its tasks dropped it, and
+    # read aborted records as committed).
+    committed = [dataclasses.replace(r, read_committed=True) for r in ranges]
+    assert all(piece.read_committed for task in rayk_data.cut_into_tasks(committed, 3) for piece in task)
 
 
 def test_an_empty_topic_is_an_empty_dataset_with_the_schema(cluster):
@@ -482,6 +488,8 @@ def test_read_committed_reads_and_streams_leave_out_aborted_and_open_transaction
         plain.send(topic, b"after")
     committed = rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed")
     assert [r["value"] for r in rows_of(committed)] == [b"c0", b"c1", b"c2"]
+    cut = rayk_data.read_topic(topic, cluster=cluster, isolation_level="read_committed", override_num_blocks=3)
+    assert [r["value"] for r in rows_of(cut)] == [b"c0", b"c1", b"c2"], "each task reads read_committed too"
     everything = rayk_data.read_topic(topic, cluster=cluster)
     assert [r["value"] for r in rows_of(everything)] == [b"c0", b"c1", b"a0", b"a1", b"c2", b"open", b"after"]
     first = next(iter(stream))
