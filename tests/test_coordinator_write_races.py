@@ -9,6 +9,10 @@ coordinator's memory agrees with a coordinator replaying the same log.
   is tombstoned with the group and a group made again under the id starts with none.
 - A coordinator closed because its replica loaded a successor (a new leader epoch) writes
   nothing more: its late requests are NOT_COORDINATOR.
+- A classic request (LeaveGroup, a static member's JoinGroup) arriving while a
+  consumer-protocol heartbeat's upgrade of its classic group awaits its acks waits for the
+  upgrade, then is answered by the consumer group: it changed a classic group already on
+  its way out, whose record then landed after the upgrade's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from rayk.config import BrokerConfig
+from rayk.consumer_protocol import encode_assignment, encode_subscription
 from rayk.coordinator.coordinator_log import LogEntry, TxnMarker, TxnRecords
+from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat
 from rayk.coordinator.group.group_coordinator import GroupCoordinator
 from rayk.coordinator.group.offsets_replica import OffsetsPartitionReplica
 from rayk.errors import NotCoordinatorError
@@ -27,6 +33,8 @@ from rayk.internal_topics import OFFSETS_TOPIC
 
 PID, PRODUCER_EPOCH = 40, 0
 TP = ("t", 0)
+COUNTS = {"t": 4}
+CONFIG = BrokerConfig(group_initial_rebalance_delay_ms=0)  # a classic group's first generation settles at once
 
 
 class HeldPartition:
@@ -66,7 +74,10 @@ class HeldPartition:
 
     def coordinator(self) -> GroupCoordinator:
         """A coordinator that replays the partition as it is now."""
-        coordinator = GroupCoordinator(self.append, BrokerConfig(), self.append_transactional)
+        async def partition_counts() -> dict[str, int]:
+            return COUNTS
+
+        coordinator = GroupCoordinator(self.append, CONFIG, self.append_transactional, partition_counts)
         coordinator.load(list(self.entries))
         return coordinator
 
@@ -150,5 +161,81 @@ def test_a_coordinator_closed_by_its_successors_load_cannot_write_in_the_new_epo
         assert (await replica.describe())["log_end_offset"] == end_offset, "it appended nothing"
         assert (await replica.fetch_offsets("g"))[TP].offset == 5
         await replica.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- a classic request during an upgrade
+
+
+async def stable_classic_group(coordinator: GroupCoordinator, instance_id: str | None = None) -> tuple[str, int]:
+    """Group "g": one classic member (of the consumer protocol, owning all of "t"), Stable,
+    its record written; returns its member id and generation."""
+    joined = await coordinator.join_group("g", "", "c", 10_000, 10_000, "consumer",
+                                          [("range", encode_subscription(["t"]))], instance_id)  # fmt: skip
+    plan = {joined.member_id: encode_assignment({"t": [0, 1, 2, 3]})}
+    await coordinator.sync_group("g", joined.generation, joined.member_id, plan, instance_id)
+    await coordinator.classic_groups.background_writes_landed()
+    return joined.member_id, joined.generation
+
+
+async def upgrade_held(partition: HeldPartition, coordinator: GroupCoordinator) -> asyncio.Future:
+    """A consumer-protocol member's first heartbeat upgrading group "g", its records in the
+    log and their acks held."""
+    partition.hold()
+    partition.appended.clear()
+    upgrade = asyncio.ensure_future(coordinator.consumer_heartbeat("g", ConsumerHeartbeat("new", 0, subscribed_topics=("t",)),
+                                                                   COUNTS))  # fmt: skip
+    await partition.appended.wait()
+    return upgrade
+
+
+def members(coordinator: GroupCoordinator) -> tuple[str, list[tuple[str, str | None]]]:
+    """Group "g"'s kind and its members (id, instance id), as the coordinator holds them."""
+    group = coordinator.consumer_groups.groups.get("g")
+    if group is not None:
+        return "consumer", sorted((m.member_id, m.instance_id) for m in group.members.values())
+    classic = coordinator.classic_groups.groups.get("g")
+    return "classic", sorted((m.member_id, m.group_instance_id) for m in (classic.members if classic else {}).values())
+
+
+def test_a_classic_leave_during_an_upgrades_write_waits_and_leaves_the_consumer_group():
+    async def main() -> None:
+        partition = HeldPartition()
+        coordinator = partition.coordinator()
+        classic_id, _ = await stable_classic_group(coordinator)
+        upgrade = await upgrade_held(partition, coordinator)
+        leave = asyncio.ensure_future(coordinator.leave_group("g", classic_id))
+        for _ in range(5):
+            await asyncio.sleep(0)  # (the classic group's own record, had it been written, would be in the log now)
+        partition.release()
+        await upgrade
+        await leave
+        await coordinator.classic_groups.background_writes_landed()
+        assert members(coordinator) == ("consumer", [("new", None)]), "the member that left holds nothing"
+        assert members(partition.coordinator()) == members(coordinator), "the log replays what memory holds"
+
+    asyncio.run(main())
+
+
+def test_a_static_classic_member_rejoining_during_an_upgrades_write_takes_its_place_in_the_consumer_group():
+    async def main() -> None:
+        partition = HeldPartition()
+        coordinator = partition.coordinator()
+        old_id, _ = await stable_classic_group(coordinator, "i")
+        upgrade = await upgrade_held(partition, coordinator)
+        rejoin = asyncio.ensure_future(coordinator.join_group("g", "", "c", 10_000, 10_000, "consumer",
+                                                              [("range", encode_subscription(["t"]))], "i"))  # fmt: skip
+        for _ in range(5):
+            await asyncio.sleep(0)
+        partition.release()
+        await upgrade
+        joined = await rejoin
+        await coordinator.classic_groups.background_writes_landed()
+        assert joined.member_id != old_id
+        assert members(coordinator) == ("consumer", sorted([("new", None), (joined.member_id, "i")]))
+        assert members(partition.coordinator()) == members(coordinator), "the log replays what memory holds"
+        # Its instance id is its own member id's, not FENCED_INSTANCE_ID (fatal for the client).
+        await coordinator.heartbeat("g", joined.generation, joined.member_id, "i")
 
     asyncio.run(main())

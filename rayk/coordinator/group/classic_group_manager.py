@@ -148,9 +148,10 @@ class ClassicGroupManager:
         if group is not None:
             self.groups[group_id] = group
 
-    def expire_members(self) -> None:
-        """Removes every group's members past their session timeout."""
-        for group in list(self.groups.values()):
+    def expire_members(self, busy: Callable[[str], bool] = lambda group_id: False) -> None:
+        """Removes every group's members past their session timeout, but not yet those of a
+        group `busy` (a change of the id being written: the next check removes them)."""
+        for group in [g for g in self.groups.values() if not busy(g.group_id)]:
             for member_id in group.expire():
                 logger.info("group %s: member %s timed out", group.group_id, member_id)
 

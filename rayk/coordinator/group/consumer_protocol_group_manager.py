@@ -343,6 +343,8 @@ class ConsumerProtocolGroupManager:
         if classic is not None and classic.generation > 0:
             records.append((group_key(group_id), None))
         if classic is not None and classic.members:
+            # Built from the classic group as it is now, and written after an await: it stays
+            # so until then, as classic requests wait for the lock held (GroupCoordinator).
             return self._upgraded(classic)
         return ConsumerProtocolGroup(group_id, self._config.group_consumer_session_timeout_ms)
 

@@ -18,6 +18,14 @@ together: commits checked by the group's members, deletion, expiry, listing, des
 Its public methods are what OffsetsPartitionReplica (offsets_replica.py), the partition's
 leader actor, serves; those of one kind only are handed to its manager.
 
+A group id's lock is held across the writes of the changes that are applied once written
+(consumer-protocol and share heartbeats, expiry, deletion). Classic requests change their
+group at once, without holding it (a JoinGroup waits for the whole rebalance), but each
+first waits until the lock is free and then changes the group before it awaits anything
+else, and the expiry of classic members skips a group whose lock is held: so nothing
+changes a classic group while a heartbeat upgrading it to the consumer protocol writes the
+consumer group it built from it, as in Kafka, which runs a group's operations one at a time.
+
 As in Kafka, group `g` belongs to partition `coordinator_partition(g, n)` of the internal
 topic `__consumer_offsets`, and the broker leading that partition coordinates the group:
 here the coordinator lives inside that partition's leader replica actor, is created when it
@@ -202,7 +210,7 @@ class GroupCoordinator:
     async def _expire_members(self) -> None:
         while True:
             await asyncio.sleep(MEMBER_EXPIRY_CHECK_MS / 1000)
-            self.classic_groups.expire_members()
+            self.classic_groups.expire_members(busy=self._writing)
             for group_id in list(self.consumer_groups.groups):
                 try:
                     await self.consumer_groups.expire_members(group_id)
@@ -224,6 +232,18 @@ class GroupCoordinator:
         if lock is None:
             lock = self._locks[group_id] = asyncio.Lock()
         return lock
+
+    def _writing(self, group_id: str) -> bool:
+        """Whether a change of the group is being written (its lock is held)."""
+        lock = self._locks.get(group_id)
+        return lock is not None and lock.locked()
+
+    async def _no_write_under_way(self, group_id: str) -> None:
+        """Returns once the group's lock is free (see the module docstring). The caller, a
+        classic request, must change the classic group before its next await: it does not
+        hold the lock, so a write could start after that await."""
+        async with self._lock(group_id):
+            pass
 
     async def _partition_counts(self) -> dict[str, int]:
         if self._lookup_partition_counts is None:
@@ -263,6 +283,7 @@ class GroupCoordinator:
                 f"session timeout {session_timeout_ms} ms is outside the broker's "
                 f"[{c.group_min_session_timeout_ms}, {c.group_max_session_timeout_ms}] ms"
             )
+        await self._no_write_under_way(group_id)
         self._refuse_share_group(group_id)
         joined = await self.consumer_groups.classic_join(group_id, member_id, client_id, session_timeout_ms,
                                                          rebalance_timeout_ms, protocol_type, protocols,
@@ -274,17 +295,20 @@ class GroupCoordinator:
 
     async def sync_group(self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes] | None,
                          group_instance_id: str | None = None) -> bytes:  # fmt: skip
+        await self._no_write_under_way(group_id)
         synced = await self.consumer_groups.classic_sync(group_id, generation, member_id, group_instance_id)
         if synced is not None:
             return synced
         return await self.classic_groups.sync(group_id, generation, member_id, assignments, group_instance_id)
 
     async def heartbeat(self, group_id: str, generation: int, member_id: str, group_instance_id: str | None = None) -> None:
+        await self._no_write_under_way(group_id)
         if not await self.consumer_groups.classic_heartbeat(group_id, generation, member_id, group_instance_id):
             self.classic_groups.heartbeat(group_id, generation, member_id, group_instance_id)
 
     async def leave_group(self, group_id: str, member_id: str, group_instance_id: str | None = None) -> None:
         """Removes a member, named by its member id or (a static one) by its instance id."""
+        await self._no_write_under_way(group_id)
         if not await self.consumer_groups.classic_leave(group_id, member_id, group_instance_id):
             self.classic_groups.leave(group_id, member_id, group_instance_id)
 
