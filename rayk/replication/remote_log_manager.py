@@ -62,6 +62,9 @@ class RemoteLogManager:
         self._task: asyncio.Task | None = None
         self._indexes: dict[str, bytes] = {}
         self._pass_lock = asyncio.Lock()  # one pass at a time (the timer's, or copy_to_remote's)
+        # Changes this replica made to `segments` (a copy, a remote deletion): a listing of
+        # the store that overlapped one is taken again (`_list`).
+        self._changes = 0
         self._listed_in_epoch = -1  # the leader epoch of the last listing: a new leader lists before it answers
 
     @property
@@ -128,7 +131,7 @@ class RemoteLogManager:
         await self._list_in_epoch()
         if not ctx.leads_in(epoch):
             return 0  # deposed while listing: remote retention is the new leader's
-        await self._expire_remote()
+        await self._expire_remote(epoch)
         log = ctx.log
         copied = 0
         upper = min(log.high_watermark, log.last_stable_offset)
@@ -138,7 +141,8 @@ class RemoteLogManager:
             done = await asyncio.to_thread(self._copy, store, segment, epoch)
             if done is None:
                 break
-            self.segments.append(done)
+            self.segments = [*self.segments, done]  # (a new list: readers iterate the old one across awaits)
+            self._changes += 1
             copied += 1
         log.delete_expired_segments(copied_end_offset=self.remote_end_offset or log.log_start_offset)
         return copied
@@ -160,7 +164,7 @@ class RemoteLogManager:
         except FileNotFoundError:
             return None
 
-    async def _expire_remote(self) -> None:
+    async def _expire_remote(self, epoch: int) -> None:
         """Remote retention over the whole log: the oldest remote segments past retention.ms,
         or while the log without them still holds retention.bytes (Kafka's RLM deletion)."""
         config, log = self._ctx.log.config, self._ctx.log
@@ -180,10 +184,13 @@ class RemoteLogManager:
                 excess -= s.size_bytes
         store = self._store()
         for s in doomed:
+            if not self._ctx.leads_in(epoch):
+                return  # deposed meanwhile: remote retention is the new leader's
             await asyncio.to_thread(store.delete_segment, self._prefix, s)
             # A new list, not one changed in place: a reader iterating the old one across
             # its own awaits (a transaction index, a time index) must not skip a segment.
             self.segments = [kept for kept in self.segments if kept is not s]
+            self._changes += 1
             self._indexes.pop(s.segment_id, None)
 
     # ------------------------------------------------------------------ what the log's offsets become
@@ -207,46 +214,49 @@ class RemoteLogManager:
     # ------------------------------------------------------------------ reads
 
     async def refresh(self) -> None:
-        """Lists the store again (after a pass under way, see `_list`)."""
+        """Lists the store again."""
         if self.enabled:
-            async with self._pass_lock:
-                await self._list_in_epoch()
+            await self._list_in_epoch()
 
     async def _list_in_epoch(self) -> None:
         epoch = self._ctx.leader_epoch
-        await self._list(self._store())
+        await self._list()
         self._listed_in_epoch = epoch
 
-    async def _list(self, store: RemoteLogStorage) -> None:
-        """Replaces what this replica knows of the store with a listing of it. Only under
-        `_pass_lock`: a listing taken while a pass copies can end after the pass appended
-        the copy and deleted its local segments, and setting it then forgot the copy (its
-        offsets in no known segment and below the local start, so a consumer fetching them
-        was answered OFFSET_OUT_OF_RANGE until the next pass)."""
-        assert self._pass_lock.locked(), "a listing runs under the pass lock"
-        self.segments = await asyncio.to_thread(store.list_segments, self._prefix)
-        self.log_start_floor = await asyncio.to_thread(store.read_log_start, self._prefix)
+    async def _list(self) -> None:
+        """Replaces what this replica knows of the store with a listing of it, taken again
+        if this replica changed `segments` meanwhile: a listing that started before a
+        pass's copy committed and ended after the pass had added the copy and deleted its
+        local segments forgot the copy (its offsets below the local start and in no known
+        segment: a consumer fetching them was answered OFFSET_OUT_OF_RANGE until the next
+        pass). It never waits for a pass, whose copies may take long on a slow store. The
+        floor only grows (a DeleteRecords'), so a listing never sets it back."""
+        store = self._store()
+        while True:
+            changes = self._changes
+            segments = await asyncio.to_thread(store.list_segments, self._prefix)
+            floor = await asyncio.to_thread(store.read_log_start, self._prefix)
+            if changes == self._changes:
+                break
+        self.segments = segments
+        self.log_start_floor = max(self.log_start_floor, floor)
 
     async def delete_records(self, offset: int) -> None:
         """DeleteRecords up to `offset` on a tiered log: the store records it as the log's
         start (every leader, follower and Ray Data plan reads it there), the remote
         segments wholly below it go at the next pass."""
-        async with self._pass_lock:  # a listing of the pass's must not set the floor back
-            if self._listed_in_epoch != self._ctx.leader_epoch:
-                await self._list_in_epoch()
-            if offset > self.log_start_floor:
-                await asyncio.to_thread(self._store().write_log_start, self._prefix, offset)
-                self.log_start_floor = offset
+        await self.ensure_listed()
+        if offset > self.log_start_floor:
+            await asyncio.to_thread(self._store().write_log_start, self._prefix, offset)
+            self.log_start_floor = max(self.log_start_floor, offset)
 
     async def ensure_listed(self) -> None:
         """Lists the store if this leader has not since it began leading: what it answers
         about the log's start (ListOffsets EARLIEST, a fetch below its local start) must
         count what its predecessors copied. KAFKA_STORAGE_ERROR (retriable) if the store
-        cannot be listed. Waits for a pass under way (which lists first)."""
+        cannot be listed."""
         if self.enabled and self._listed_in_epoch != self._ctx.leader_epoch:
-            async with self._pass_lock:
-                if self._listed_in_epoch != self._ctx.leader_epoch:
-                    await self._list_in_epoch()
+            await self._list_in_epoch()
 
     async def read(self, offset: int, max_bytes: int, max_offset: int) -> tuple[bytes, int]:
         """(batches, next offset) from the remote segment holding `offset`; OFFSET_OUT_OF_RANGE
