@@ -344,12 +344,13 @@ def test_a_simulated_producer_loses_nothing_and_never_gets_out_of_order_sequence
 def test_a_sender_thread_that_fails_fails_its_records_and_tells_the_transaction(monkeypatch):
     """A bug in the sender's loop fails every unfinished record; the transaction manager
     hears of it (`on_failure`), as of any failed record, so a transaction holding them
-    aborts instead of committing once flush() finds nothing unfinished."""
+    aborts instead of committing once flush() finds nothing unfinished. It hears first: a
+    flush() wakes when the record is finished, and would commit before it heard."""
     simulation = Simulation(0, monkeypatch)
-    heard: list[Any] = []
+    heard: list[Any] = []  # (the error, whether the record had failed already)
     sender = Sender(simulation.acc, simulation.metadata, simulation.idempotence, acks=-1,  # type: ignore[arg-type]
                     compression=CompressionType.NONE, request_timeout_ms=REQUEST_TIMEOUT_MS, retry_backoff_ms=100,
-                    on_failure=heard.append)  # fmt: skip
+                    on_failure=lambda error: heard.append((error, future.done())))  # fmt: skip
     future = simulation.acc.append(TOPIC, 0, 1, (b"lost", None, (), 0), 20)
 
     def broken_loop() -> None:
@@ -359,4 +360,6 @@ def test_a_sender_thread_that_fails_fails_its_records_and_tells_the_transaction(
     with pytest.raises(RuntimeError):
         sender._run()
     assert isinstance(future.exception(0), UnknownServerError)
-    assert len(heard) == 1 and isinstance(heard[0], UnknownServerError)
+    [(error, failed_first)] = heard
+    assert isinstance(error, UnknownServerError)
+    assert not failed_first, "the transaction hears of it before a flush() waiting for the record can wake"

@@ -147,17 +147,17 @@ class Sender:
             self._fail_unfinished(KafkaTimeoutError("the producer was closed before these records were acknowledged"))
 
     def _fail_unfinished(self, error: KafkaError) -> None:
-        failed = False
-        for batch in self._acc.abort(str(error)):
-            for result in [batch.result] + [rider for rider, _ in batch.riders]:
-                if not result.done():
-                    result.fail(error)
-                    failed = True
-            self._acc.finished(batch)
-        if failed and self._on_failure is not None:
-            # As for any failed record: a transaction holding them must not commit (it would,
-            # its records never written, once flush() saw nothing unfinished).
+        batches = self._acc.abort(str(error))
+        unfinished = [r for b in batches for r in [b.result, *(rider for rider, _ in b.riders)] if not r.done()]
+        if unfinished and self._on_failure is not None:
+            # First, as for any failed record: a transaction holding them must not commit. (A
+            # flush() wakes when the last batch is finished, and its commit would have gone
+            # out before it heard of the failure, its records never written.)
             self._on_failure(error)
+        for result in unfinished:
+            result.fail(error)
+        for batch in batches:
+            self._acc.finished(batch)
 
     def _loop(self) -> None:
         while self._step():
