@@ -799,23 +799,25 @@ class ReplicaManager(Supervised):
         self._children.forget(tp)
         self._replica_restarts.forget(tp)
         replica = self._replicas.pop(tp, None)
-        self._logs.release_dir(tp)
-        if replica is None or replica.handle is None:
+        try:
+            if replica is None or replica.handle is None:
+                if delete:
+                    await self._logs.delete_partition_dir(tp)
+                return
+            try:
+                if delete:
+                    await replica.handle.delete.remote()
+                else:
+                    await self._logs.write_checkpoints({tp: await replica.handle.close.remote()})
+            except RayActorError:
+                pass  # already dead: the directory is what remains
+            finally:
+                ray.kill(replica.handle)
+                self._drop_handle(replica)
             if delete:
                 await self._logs.delete_partition_dir(tp)
-            return
-        try:
-            if delete:
-                await replica.handle.delete.remote()
-            else:
-                await self._logs.write_checkpoints({tp: await replica.handle.close.remote()})
-        except RayActorError:
-            pass  # already dead: the directory is what remains
         finally:
-            ray.kill(replica.handle)
-            self._drop_handle(replica)
-        if delete:
-            await self._logs.delete_partition_dir(tp)
+            self._logs.release_dir(tp)  # once its process is gone: only then may it be a stray
 
     # ------------------------------------------------------------------ broker -> Controller
 
