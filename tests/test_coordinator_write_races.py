@@ -239,3 +239,26 @@ def test_a_static_classic_member_rejoining_during_an_upgrades_write_takes_its_pl
         await coordinator.heartbeat("g", joined.generation, joined.member_id, "i")
 
     asyncio.run(main())
+
+
+def test_a_classic_request_waiting_for_a_write_of_a_coordinator_closed_meanwhile_is_not_coordinator():
+    """A classic JoinGroup waited for the upgrade's write while the replica loaded a
+    successor and closed this coordinator: it must not start a rebalance in the closed,
+    dead group (answered only after the rebalance timeout), but send the client to find
+    the coordinator again."""
+    async def main() -> None:
+        partition = HeldPartition()
+        coordinator = partition.coordinator()
+        await stable_classic_group(coordinator, "i")
+        upgrade = await upgrade_held(partition, coordinator)
+        rejoin = asyncio.ensure_future(coordinator.join_group("g", "", "c", 10_000, 10_000, "consumer",
+                                                              [("range", encode_subscription(["t"]))], "i"))  # fmt: skip
+        for _ in range(5):
+            await asyncio.sleep(0)
+        coordinator.close()  # its replica loads a successor
+        partition.release()
+        with pytest.raises(NotCoordinatorError):
+            await asyncio.wait_for(rejoin, 5)
+        await asyncio.gather(upgrade, return_exceptions=True)
+
+    asyncio.run(main())

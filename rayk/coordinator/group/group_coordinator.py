@@ -96,6 +96,7 @@ from rayk.errors import (
     InvalidSessionTimeoutError,
     KafkaError,
     NonEmptyGroupError,
+    NotCoordinatorError,
 )
 from rayk.internal_topics import OFFSETS_TOPIC
 from rayk.replication.share.share_state import ShareStateRecord
@@ -119,6 +120,7 @@ class GroupCoordinator:
         self.config = config or BrokerConfig()
         self._lookup_partition_counts = partition_counts
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._closed = False  # its replica loaded a successor (or stopped leading): it serves nothing more
         self.classic_groups = ClassicGroupManager(self.config, append)
         self.consumer_groups = ConsumerProtocolGroupManager(self.config, append, self._lock, self._partition_counts,
                                                             self.classic_groups, self._is_share_group)  # fmt: skip
@@ -191,6 +193,7 @@ class GroupCoordinator:
             self._offset_expiry = asyncio.get_running_loop().create_task(self._expire_offsets_forever())
 
     def close(self) -> None:
+        self._closed = True
         for loop_task in (self._expiry, self._offset_expiry):
             if loop_task is not None:
                 loop_task.cancel()
@@ -241,9 +244,13 @@ class GroupCoordinator:
     async def _no_write_under_way(self, group_id: str) -> None:
         """Returns once the group's lock is free (see the module docstring). The caller, a
         classic request, must change the classic group before its next await: it does not
-        hold the lock, so a write could start after that await."""
+        hold the lock, so a write could start after that await. NOT_COORDINATOR if this
+        coordinator was closed meanwhile (its successor, loaded from the log, serves the
+        group): a request waiting here must not start a rebalance in a closed group."""
         async with self._lock(group_id):
             pass
+        if self._closed:
+            raise NotCoordinatorError(f"the coordinator of group {group_id!r} moved: find it again")
 
     async def _partition_counts(self) -> dict[str, int]:
         if self._lookup_partition_counts is None:
