@@ -11,8 +11,8 @@ The paths, each of which can be measured against the Python one alone:
 - "listener": the listener's Produce (rayk/net/native_produce.py);
 - "endpoint": a replica endpoint's plain connections (rayk/dataplane/native_endpoint.py);
 - "client": every plain Connection to an endpoint (rayk/dataplane/native_connection.py);
-- "parked_fetch": a leader answering its followers' fetches without a task
-  (LeaderFetch.fetch_or_park);
+- "parked_fetch": a leader answering its followers' and the listeners' consumer fetches
+  without a task (LeaderFetch.fetch_or_park);
 - "parked_produce": a leader answering produce calls without a task, its acks=-1 ones once
   replicated (LeaderProduce.produce_or_park, delayed_produce.py);
 - "follower": a follower's copy loop on a thread of its own, which writes what it fetches

@@ -132,3 +132,17 @@ def test_dropped_requests_are_never_answered():
         assert request.answers == [] and len(owner.parked) == 0
 
     asyncio.run(go())
+
+
+def test_a_request_answered_at_once_is_checked_as_at_its_deadline_never_parked_and_a_failing_check_is_failed():
+    async def go():
+        loop = asyncio.get_running_loop()
+        owner = Owner()
+        not_ready, failing = Request(5, 10, loop), Request(5, 10, loop)
+        owner.raising.add(failing)
+        owner.parked.answer_at_once(not_ready)
+        owner.parked.answer_at_once(failing)
+        assert not_ready.answers == ["timed out"] and len(owner.parked) == 0
+        assert len(failing.answers) == 1 and isinstance(failing.answers[0], UnknownServerError)
+
+    asyncio.run(go())

@@ -301,6 +301,72 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
     asyncio.run(go())
 
 
+def test_a_consumers_fetch_over_the_data_plane_is_parked_without_a_task_until_the_high_watermark_moves(tmp_path):
+    """Where the endpoint is native, a consumer's fetch (as a listener sends it) waits in the
+    leader's parked consumer fetches (no task), and is answered as the async path answers:
+    once the HW brings records (an append alone does not), empty after its wait, at once
+    when it asks for no wait, fenced by epoch, NOT_LEADER_OR_FOLLOWER once the replica stops
+    leading; what it answers counts as BytesOut. One below the log start takes the async path."""
+
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))  # offsets 0-1; the HW stays at 0 until broker 2 fetches
+    node = ray.get_runtime_context().get_node_id()
+    address = ray.get(r[1].data_endpoint.remote(node))
+    native = native_paths.enabled("parked_fetch")  # the replica's process has the same build and environment
+
+    def parked() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked_consumers)))
+
+    def hold_counters(replica) -> None:
+        """In the replica: its counters are not flushed to Ray's (and zeroed) meanwhile."""
+        replica._ctx.counters._next_flush_s = float("inf")
+
+    def bytes_out() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: replica._ctx.counters.bytes_out))
+
+    async def go() -> None:
+        connection = await Connection.open(address, node)
+
+        async def fetch(offset: int, wait_ms: int, replica_id: int = -1, epoch: int = 0) -> FetchResult:
+            request = frames.FetchRequest(offset, 1 << 20, 1, wait_ms, replica_id=replica_id, leader_epoch=epoch)
+            return frames.decode_fetch_answer(await connection.request(frames.FETCH, frames.encode_fetch_request(request)))
+
+        started = time.monotonic()
+        empty = await fetch(0, 300)
+        assert (empty.records, empty.error, empty.high_watermark, empty.log_end_offset) == (b"", None, 0, 2)
+        assert 0.29 < time.monotonic() - started < 3
+        started = time.monotonic()
+        at_once = await fetch(0, 0)
+        assert (at_once.records, at_once.error) == (b"", None) and time.monotonic() - started < 0.25
+        pending = asyncio.ensure_future(fetch(0, 10_000))
+        await asyncio.sleep(0.3)
+        assert not pending.done() and parked() == (1 if native else 0)
+        await r[1].produce.remote(batch(3), 1, 1000)  # offsets 2-4, the HW still 0
+        await asyncio.sleep(0.3)
+        assert not pending.done(), "an append that leaves the HW where it was answers no consumer"
+        await r[1].__ray_call__.remote(hold_counters)
+        out_before = bytes_out()
+        assert (await fetch(5, 100, replica_id=2)).high_watermark == 5  # broker 2 caught up: the HW moves
+        answered = await asyncio.wait_for(pending, 5)
+        assert offsets(answered.records) == [0, 1, 2, 3, 4] and answered.high_watermark == 5
+        assert answered.records == await r[1].read_local.remote(0, 1 << 20)
+        assert bytes_out() == out_before + len(answered.records)
+        assert await r[1].delete_records.remote(2) == 2
+        below = await asyncio.wait_for(fetch(0, 10_000), 5)  # the async path: answered at once, not parked
+        assert isinstance(below.error, errors.OffsetOutOfRangeError) and below.log_start_offset == 2
+        assert isinstance((await fetch(5, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
+        pending = asyncio.ensure_future(fetch(5, 10_000))
+        await asyncio.sleep(0.3)
+        assert parked() == (1 if native else 0)
+        await r[1].become_follower.remote(1, 2, r[2])
+        assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
+        assert parked() == 0
+        connection.close()
+
+    asyncio.run(go())
+
+
 def test_a_produce_call_over_the_data_plane_waits_for_replication_without_a_task(tmp_path):
     """Where the endpoint is native, a PRODUCE frame is appended at once and its acks=-1
     requests wait in the leader's parked calls (no task), answered as the async path
@@ -755,8 +821,26 @@ def test_a_read_committed_fetch_stops_at_the_lso_and_names_the_aborted_transacti
     assert offsets(uncommitted.records) == [0, 1, 2] and uncommitted.last_stable_offset == 0
     assert committed.records == b"" and committed.last_stable_offset == 0, "both transactions are open"
 
-    aborted = ray.get(r[1].write_txn_marker.remote(7, 0, False, 0, 5000))  # offset 3, acknowledged by the ISR
-    assert aborted.error is None and aborted.base_offset == 3
+    node = ray.get_runtime_context().get_node_id()
+    address = ray.get(r[1].data_endpoint.remote(node))
+
+    async def waiting_for_the_abort() -> FetchResult:
+        """A read_committed fetch over the data plane at the LSO waits (parked, where the
+        endpoint is native) until the abort marker, once replicated, moves the LSO."""
+        connection = await Connection.open(address, node)
+        request = frames.FetchRequest(0, 1 << 20, 1, 10_000, isolation_level=frames.READ_COMMITTED)
+        pending = asyncio.ensure_future(connection.request(frames.FETCH, frames.encode_fetch_request(request)))
+        await asyncio.sleep(0.3)
+        assert not pending.done(), "nothing below the LSO yet"
+        aborted = await r[1].write_txn_marker.remote(7, 0, False, 0, 5000)  # offset 3, acknowledged by the ISR
+        assert aborted.error is None and aborted.base_offset == 3
+        answer = frames.decode_fetch_answer(await asyncio.wait_for(pending, 5))
+        connection.close()
+        return answer
+
+    answer = asyncio.run(waiting_for_the_abort())
+    assert offsets(answer.records) == [0], "up to the LSO: producer 8's transaction is still open at offset 1"
+    assert (answer.last_stable_offset, answer.aborted_transactions) == (1, ((7, 0),))
     assert ray.get(r[1].write_txn_marker.remote(8, 0, True, 0, 5000)).base_offset == 4
     fenced = ray.get(r[1].write_txn_marker.remote(8, 0, True, -1, 5000))
     assert type(fenced.error).__name__ == "TransactionCoordinatorFencedError"
@@ -766,10 +850,9 @@ def test_a_read_committed_fetch_stops_at_the_lso_and_names_the_aborted_transacti
 
     kept = [rec.value for b in committed_batches(committed.records, committed.aborted_transactions) for rec in b.records()]
     assert kept == [b"p8-0"]
-    address = ray.get(r[1].data_endpoint.remote(ray.get_runtime_context().get_node_id()))
 
     async def over_the_data_plane() -> FetchResult:
-        connection = await Connection.open(address, ray.get_runtime_context().get_node_id())
+        connection = await Connection.open(address, node)
         request = frames.FetchRequest(1, 1 << 20, isolation_level=frames.READ_COMMITTED)
         answer = await connection.request(frames.FETCH, frames.encode_fetch_request(request))
         connection.close()

@@ -15,13 +15,15 @@ epoch of its last batch; if the leader's log went another way after that epoch, 
 is the diverging epoch instead of records, and the follower's offset is not counted (it is
 not a position in the leader's log).
 
-A follower's fetch that comes through the native endpoint (rayk/dataplane/native_endpoint.py)
-is served without a task (`fetch_or_park`): checked and recorded at once, answered at once
-if it can be, else parked until an append or a change satisfies it or its wait is over
-(one timer), answered then through a callback. It is the same fetch as above, without the
-task, the wakeup and the turns of the loop each costs; at RF=3 two of them wait at the
-leader after each record. A consumer's fetch, a throttled follower's or a traced one take
-the async path.
+A fetch that comes through the native endpoint (rayk/dataplane/native_endpoint.py) is
+served without a task (`fetch_or_park`): checked (and a follower's position recorded) at
+once, answered at once if it can be, else parked until an append (a follower's) or a
+change (a consumer's: the HW or the LSO moved) satisfies it or its wait is over (one
+timer), answered then through a callback. It is the same fetch as above, without the
+task, the wakeup and the turns of the loop each costs; at RF=3 two followers' fetches wait
+at the leader after each record, and a consumer's, through its broker's listener, for the
+HW. A fetch below the local log start (a tiered log's remote read), a throttled
+follower's or a traced one take the async path.
 
 It owns no state beyond those parked fetches: the log, role and epoch are the context's
 (replica_context.py), the followers' positions LeaderIsr's. Errors are answered in the
@@ -76,14 +78,16 @@ DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the
 
 
 class ParkedFetch:
-    """A follower's fetch waiting at the leader without a task (`LeaderFetch.fetch_or_park`)."""
+    """A fetch waiting at the leader without a task (`LeaderFetch.fetch_or_park`): a
+    follower's, or a consumer's (`read_committed` only for one of those)."""
 
-    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "deadline")
+    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "deadline", "read_committed")
 
     def __init__(self, offset: int, max_bytes: int, min_bytes: int, slice_min_bytes: int | None,
-                 answer: Callable[[FetchResult], None], deadline: float) -> None:  # fmt: skip
+                 answer: Callable[[FetchResult], None], deadline: float, read_committed: bool = False) -> None:  # fmt: skip
         self.offset, self.max_bytes, self.min_bytes, self.slice_min_bytes = offset, max_bytes, min_bytes, slice_min_bytes
         self.answer, self.deadline = answer, deadline  # on the loop's clock
+        self.read_committed = read_committed
 
 
 class LeaderFetch:
@@ -99,7 +103,12 @@ class LeaderFetch:
             ctx.name, "a parked follower fetch", self._try_answer,
             lambda fetch, error: fetch.answer(self.fetch_error(error)), lambda fetch: fetch.deadline,
         )  # fmt: skip
+        self._parked_consumers: ParkedRequests[ParkedFetch] = ParkedRequests(  # consumers' fetches, likewise
+            ctx.name, "a parked consumer fetch", self._try_answer_consumer,
+            lambda fetch, error: fetch.answer(self.fetch_error(error)), lambda fetch: fetch.deadline,
+        )  # fmt: skip
         ctx.events.on_append = self._on_append
+        ctx.events.on_change_fetch = self._parked_consumers.wake
         self._appended: Appended | None = None  # while parked fetches are woken by an append of this leader's
 
     def set_throttle(self, rate_bytes_per_s: int | None, adding: tuple[int, ...]) -> None:
@@ -175,14 +184,21 @@ class LeaderFetch:
         self, r: frames.FetchRequest, max_bytes: int, answer: Callable[[FetchResult], None],
         slice_min_bytes: int | None = None,
     ) -> bool:
-        """A follower's fetch served without a task: answered through `answer` now, or
-        parked until it can be (see the module docstring). False, having done nothing, for a
-        fetch the async path serves (`fetch`): a consumer's, a throttled follower's, a
-        traced one, one that does not wait, or on a replica that is not the leader."""
+        """A fetch served without a task: answered through `answer` now, or parked until it
+        can be (see the module docstring). False, having done nothing, for a fetch the async
+        path serves (`fetch`): a consumer's below the local log start, a throttled
+        follower's, a traced one or one that does not wait, or any on a replica that is not
+        the leader."""
         ctx = self._ctx
         replica_id = r.replica_id
-        if (replica_id == CONSUMER_REPLICA_ID or ctx.role is not Role.LEADER or ctx.trace is not None
-                or r.min_bytes <= 0 or r.max_wait_ms <= 0 or replica_id in self._throttled_followers):
+        if ctx.role is not Role.LEADER:
+            return False
+        is_consumer = replica_id == CONSUMER_REPLICA_ID
+        if is_consumer:
+            if r.offset < ctx.log.log_start_offset:
+                return False  # a tiered log's remote read, or OFFSET_OUT_OF_RANGE after its listing: the async path's
+        elif (ctx.trace is not None or replica_id in self._throttled_followers
+              or r.min_bytes <= 0 or r.max_wait_ms <= 0):
             return False
         if r.topic_id is not None and r.topic_id != ctx.topic_id:
             answer(self.fetch_error(InconsistentTopicIdError(f"{ctx.name} has topic id {ctx.topic_id}, not {r.topic_id}")))
@@ -191,11 +207,19 @@ class LeaderFetch:
             cls = FencedLeaderEpochError if r.leader_epoch < ctx.leader_epoch else UnknownLeaderEpochError
             answer(self.fetch_error(cls(f"fetch in epoch {r.leader_epoch}, leader is in epoch {ctx.leader_epoch}")))
             return True
+        deadline = asyncio.get_running_loop().time() + r.max_wait_ms / 1000
+        if is_consumer:
+            parked = ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline,
+                                 r.isolation_level == frames.READ_COMMITTED)
+            if r.min_bytes <= 0 or r.max_wait_ms <= 0:
+                self._parked_consumers.answer_at_once(parked)  # no wait asked (a listener's first read of many)
+            else:
+                self._parked_consumers.answer_or_park(parked)
+            return True
         refused = self._follower_fetched(r.offset, replica_id, r.last_fetched_epoch, r.incarnation_id)
         if refused is not None:
             answer(refused)
             return True
-        deadline = asyncio.get_running_loop().time() + r.max_wait_ms / 1000
         self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline))
         return True
 
@@ -238,10 +262,31 @@ class LeaderFetch:
         _close_slice(result)
         return False
 
+    def _try_answer_consumer(self, parked: ParkedFetch, timed_out: bool) -> bool:
+        """Answers a parked consumer's fetch if it can be now (as an iteration of `fetch`'s
+        loop does for a consumer: a read up to the HW, or the LSO for read_committed)."""
+        ctx = self._ctx
+        if ctx.role is not Role.LEADER:
+            parked.answer(self.fetch_error(ctx.not_leader()))
+            return True
+        log = ctx.log
+        if not timed_out and parked.offset == (log.last_stable_offset if parked.read_committed else log.high_watermark):
+            return False  # a consumer caught up: nothing to read until the HW (or the LSO) moves
+        result = self._read(parked.offset, parked.max_bytes, False, parked.read_committed, parked.slice_min_bytes)
+        if result.error is not None or len(result.records) >= parked.min_bytes or timed_out:
+            remote = self._remote
+            if remote is not None and remote.enabled:  # the whole log's start, as `fetch` answers it
+                result = result._replace(log_start_offset=remote.log_start_offset())
+            parked.answer(result)
+            return True
+        _close_slice(result)
+        return False
+
     def drop_parked(self) -> None:
         """The replica closes: its parked fetches are dropped unanswered (their connections
         close with its endpoint), and no timer of theirs reads the closed log."""
         self._parked.drop()
+        self._parked_consumers.drop()
 
     async def _remote_read(self, remote: RemoteLogManager, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """A consumer's fetch below the local log start, from the remote segment holding it

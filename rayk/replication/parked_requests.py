@@ -53,6 +53,11 @@ class ParkedRequests(Generic[Request]):
         if not self._checked(request, timed_out=False):
             self._park(request)
 
+    def answer_at_once(self, request: Request) -> None:
+        """Answers the request now with what it finds, as at its deadline (one that asked
+        for no wait), never parking it."""
+        self._checked(request, timed_out=True)
+
     def wake(self) -> None:
         """Something changed: the requests that can be answered are."""
         if not self._timers:

@@ -436,7 +436,7 @@ class PartitionReplica(Supervised):
 
     def _serve_data_plane_now(self, kind: int, body: memoryview, reply: Callable[[bytes, bytes | FileSlice], None]) -> bool:
         """A data plane request served without a task, where it can be (the native endpoint
-        asks first), its answer given to `reply`: a follower's fetch, answered now or parked
+        asks first), its answer given to `reply`: a fetch, answered now or parked
         (LeaderFetch.fetch_or_park), or a produce call, appended now and answered now or
         once replicated (LeaderProduce.produce_or_park), each where its native path is on
         (rayk/native_paths.py). False for anything else: `_serve_data_plane` serves it."""
@@ -453,11 +453,14 @@ class PartitionReplica(Supervised):
             return False
         r = frames.decode_fetch_request(body)
         counters = self._ctx.counters
+        is_consumer = r.replica_id == CONSUMER_REPLICA_ID
 
-        def answer(result: FetchResult) -> None:
+        def answer(result: FetchResult) -> None:  # counted as `_fetch` counts
             counters.fetch_requests += 1
             if result.error is not None:
                 counters.failed_fetch_requests += 1
+            elif is_consumer:  # Kafka's BytesOut leaves replication out
+                counters.bytes_out += len(result.records)
             counters.maybe_flush()
             reply(frames.encode_fetch_answer_head(result), result.records)
 

@@ -14,7 +14,8 @@ the wait is not missed. Waiters without a task are called instead, before the ev
 `on_append` at every append and change (a leader's parked follower fetches, leader_fetch.py;
 an append of a leader's own passes what it wrote, which they can answer with unread),
 `on_change_produce` at every change (its parked acks=-1 produce calls, delayed_produce.py),
-and `on_change` (while set) at every change (the replica's share-partitions, which wake or
+`on_change_fetch` at every change (a leader's parked consumer fetches, which read up to the
+HW or the LSO: leader_fetch.py), and `on_change` (while set) at every change (the replica's share-partitions, which wake or
 close with it: see PartitionReplica).
 
 Not thread-safe: used on the replica actor's event loop only.
@@ -32,7 +33,7 @@ Appended = tuple[int, bytes | bytearray]  # (first offset, the batches as writte
 class ReplicaEvents:
     """The append and change events of one replica (see the module docstring)."""
 
-    __slots__ = ("_appended", "_changed", "on_change", "on_append", "on_change_produce")
+    __slots__ = ("_appended", "_changed", "on_change", "on_append", "on_change_produce", "on_change_fetch")
 
     def __init__(self) -> None:
         self._appended: Wakeup | None = None
@@ -40,6 +41,7 @@ class ReplicaEvents:
         self.on_change: Callable[[], None] | None = None
         self.on_append: Callable[[Appended | None], None] | None = None
         self.on_change_produce: Callable[[], None] | None = None
+        self.on_change_fetch: Callable[[], None] | None = None
 
     def change_event(self, appends: bool = False) -> Wakeup:
         """The event a waiter waits on, taken before it checks its condition; with
@@ -67,6 +69,8 @@ class ReplicaEvents:
         self.notify_append()
         if self.on_change_produce is not None:
             self.on_change_produce()
+        if self.on_change_fetch is not None:
+            self.on_change_fetch()
         if self.on_change is not None:
             self.on_change()
         if self._changed is not None:
