@@ -7,7 +7,7 @@ Python: it reads the request frames as they come, holds reading back while
 of a log slice by sendfile. It has no thread: this module drives it from the replica's
 event loop (the sockets' readiness callbacks call into it) and does what each call
 returns: serve a request (the Endpoint's `serve_now` first, which serves a leader's
-followers' fetches and produce calls without a task; else a task running its handler,
+fetches, its followers' and the listeners' consumers', and produce calls without a task; else a task running its handler,
 whose answer goes back to it), watch a socket for writing or stop reading it, end a connection.
 
 The Endpoint decides which connections come here: every proven connection that is not

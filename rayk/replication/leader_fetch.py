@@ -186,9 +186,9 @@ class LeaderFetch:
     ) -> bool:
         """A fetch served without a task: answered through `answer` now, or parked until it
         can be (see the module docstring). False, having done nothing, for a fetch the async
-        path serves (`fetch`): a consumer's below the local log start, a throttled
-        follower's, a traced one or one that does not wait, or any on a replica that is not
-        the leader."""
+        path serves (`fetch`): a consumer's below the local log start; a follower's that is
+        throttled, traced or does not wait; any on a replica that is not the leader. (A
+        consumer's that does not wait is read and answered at once.)"""
         ctx = self._ctx
         replica_id = r.replica_id
         if ctx.role is not Role.LEADER:
