@@ -74,6 +74,19 @@ def stored_bytes(handle, tmp_path, broker_id: int) -> bytes:
     return data
 
 
+async def fenced_then_deposed(fetch, offset: int, parked, native: bool, r: dict) -> None:
+    """Over the data plane, a fetch of replica 1 (leading epoch 0, with replica 2) at
+    `offset`: in epoch 1, UNKNOWN_LEADER_EPOCH; then one parked (where the endpoint is
+    native) is answered NOT_LEADER_OR_FOLLOWER once replica 1 follows 2, and none is left."""
+    assert isinstance((await fetch(offset, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
+    pending = asyncio.ensure_future(fetch(offset, 10_000))
+    await asyncio.sleep(0.3)
+    assert parked() == (1 if native else 0)
+    await r[1].become_follower.remote(1, 2, r[2])
+    assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
+    assert parked() == 0
+
+
 def start_replication(r: dict, leader: int, epoch: int = 0, isr=None) -> None:
     ids = sorted(r)
     ray.get(r[leader].become_leader.remote(epoch, ids, list(isr or ids)))
@@ -289,13 +302,7 @@ def test_a_followers_fetch_over_the_data_plane_is_parked_without_a_task_until_re
         await r[1].produce.remote(batch(3, tag="w"), 1, 1000)
         assert offsets((await asyncio.wait_for(pending, 5)).records) == [11, 12, 13, 14, 15, 16]
         assert (await fetch(17, 100)).high_watermark == 17
-        assert isinstance((await fetch(17, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
-        pending = asyncio.ensure_future(fetch(17, 10_000))
-        await asyncio.sleep(0.3)
-        assert parked() == (1 if native else 0)
-        await r[1].become_follower.remote(1, 2, r[2])
-        assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
-        assert parked() == 0
+        await fenced_then_deposed(fetch, 17, parked, native, r)
         connection.close()
 
     asyncio.run(go())
@@ -355,13 +362,7 @@ def test_a_consumers_fetch_over_the_data_plane_is_parked_without_a_task_until_th
         assert await r[1].delete_records.remote(2) == 2
         below = await asyncio.wait_for(fetch(0, 10_000), 5)  # the async path: answered at once, not parked
         assert isinstance(below.error, errors.OffsetOutOfRangeError) and below.log_start_offset == 2
-        assert isinstance((await fetch(5, 100, epoch=1)).error, errors.UnknownLeaderEpochError)
-        pending = asyncio.ensure_future(fetch(5, 10_000))
-        await asyncio.sleep(0.3)
-        assert parked() == (1 if native else 0)
-        await r[1].become_follower.remote(1, 2, r[2])
-        assert isinstance((await asyncio.wait_for(pending, 5)).error, NotLeaderOrFollowerError)
-        assert parked() == 0
+        await fenced_then_deposed(fetch, 5, parked, native, r)
         connection.close()
 
     asyncio.run(go())
