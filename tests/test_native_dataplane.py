@@ -229,6 +229,39 @@ def test_requests_answered_as_they_are_handed_out_leave_no_connection_held():
     asyncio.run(go())
 
 
+def test_a_request_served_at_once_is_answered_once_even_when_it_is_answered_again(caplog):
+    """`serve_now`'s reply writes one answer per request: a second one (a parked request
+    whose answer raised after it was written, answered again with its error) is logged and
+    dropped, as is the FAILED frame for a `serve_now` that raised after replying; the
+    requests after them are answered in step."""
+
+    def serve_now(kind, body, reply) -> bool:
+        reply(b"first", bytes(body))
+        if body == b"twice":
+            reply(b"second", bytes(body))
+        elif body == b"raises":
+            raise RuntimeError("after the answer")
+        return True
+
+    async def go():
+        endpoint = Endpoint(Recorder(), "test", serve_now=serve_now)
+        address = await endpoint.open(NODE, "127.0.0.1", tcp=False)
+        reader, writer = await raw_connection(address)
+        bodies = [b"twice", b"raises", b"once"]
+        with caplog.at_level(logging.ERROR):
+            writer.write(b"".join(frames.request_frame(i, frames.FETCH, body) for i, body in enumerate(bodies)))
+            answers = [await asyncio.wait_for(read_answer(reader), 5) for _ in bodies]
+            assert answers == [(i, frames.ANSWERED, b"first" + body) for i, body in enumerate(bodies)]
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.readexactly(1), 0.3)  # nothing more
+        assert sum("a second answer to request" in r.getMessage() for r in caplog.records) == 2
+        assert endpoint._native.alive
+        writer.close()
+        await endpoint.close()
+
+    asyncio.run(go())
+
+
 def test_a_handlers_bytes_like_answer_is_written_as_bytes():
     async def handler(kind, body):
         return bytearray(b"head"), memoryview(b"tail")

@@ -368,6 +368,45 @@ def test_a_consumers_fetch_over_the_data_plane_is_parked_without_a_task_until_th
     asyncio.run(go())
 
 
+def test_a_parked_consumers_fetch_whose_connection_ended_is_dropped_unread(tmp_path):
+    """A consumer's fetch parked at the leader whose listener connection ends before the HW
+    moves is dropped when it does: nothing is read or counted (BytesOut) for an answer no
+    one will take."""
+
+    r = replicas(tmp_path, ids=(1, 2))
+    ray.get(r[1].become_leader.remote(0, [1, 2], [1, 2]))
+    ray.get(r[1].produce.remote(batch(2), 1, 1000))  # the HW stays at 0 until broker 2 fetches
+    node = ray.get_runtime_context().get_node_id()
+    address = ray.get(r[1].data_endpoint.remote(node))
+    if not native_paths.enabled("parked_fetch"):
+        pytest.skip("the native endpoint is not built here: no fetch is parked")
+
+    def parked() -> int:
+        return ray.get(r[1].__ray_call__.remote(lambda replica: len(replica._fetches._parked_consumers)))
+
+    def counters(replica) -> tuple[int, int]:
+        replica._ctx.counters._next_flush_s = float("inf")  # not flushed to Ray's (and zeroed) meanwhile
+        return replica._ctx.counters.bytes_out, replica._ctx.counters.fetch_requests
+
+    async def go() -> None:
+        connection = await Connection.open(address, node)
+        request = frames.FetchRequest(0, 1 << 20, 1, 10_000, replica_id=-1, leader_epoch=0)
+        pending = asyncio.ensure_future(connection.request(frames.FETCH, frames.encode_fetch_request(request)))
+        await asyncio.sleep(0.3)
+        assert parked() == 1
+        before = await r[1].__ray_call__.remote(counters)
+        connection.close()
+        with pytest.raises(errors.NetworkError):
+            await pending
+        await asyncio.sleep(0.3)  # the endpoint sees the connection end
+        assert (await r[1].fetch.remote(2, 1 << 20, 1, 0, 2, 0)).high_watermark == 2  # the HW moves
+        assert parked() == 0
+        bytes_out, fetch_requests = before
+        assert await r[1].__ray_call__.remote(counters) == (bytes_out, fetch_requests + 1)  # broker 2's fetch only
+
+    asyncio.run(go())
+
+
 def test_a_produce_call_over_the_data_plane_waits_for_replication_without_a_task(tmp_path):
     """Where the endpoint is native, a PRODUCE frame is appended at once and its acks=-1
     requests wait in the leader's parked calls (no task), answered as the async path

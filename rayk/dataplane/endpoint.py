@@ -106,7 +106,7 @@ SENDFILE_MIN_BYTES = 128 * 1024
 Handler = Callable[[int, memoryview], Awaitable[tuple[bytes, bytes | FileSlice]]]
 # The same request served without a task where it can be: (kind, body, reply(head, tail))
 # -> True if it took the request (and calls `reply` once, now or later), False: the Handler serves it.
-ServeNow = Callable[[int, memoryview, Callable[[bytes, bytes | FileSlice], None]], bool]
+ServeNow = Callable[[int, memoryview, native_endpoint.Reply], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,12 +358,12 @@ class Endpoint:
     def _answer_now(self, served: native_endpoint.Served, correlation_id: int, kind: int, body: memoryview) -> bool:
         """`serve_now` for a request of a connection served natively: True if it took it.
         One that raises is answered FAILED, as a handler's (`_answer`)."""
-        native = served.native
         assert self._serve_now is not None
+        reply = native_endpoint.Reply(served.native, served, correlation_id)
         try:
-            return self._serve_now(kind, body, functools.partial(native.answer, served, correlation_id))
-        except Exception as e:
-            native.answer_frame(served, frames.failed_answer_frame(correlation_id, self._error_of(e, kind, served.peer)))
+            return self._serve_now(kind, body, reply)
+        except Exception as e:  # answered FAILED, unless it was answered before it raised
+            reply.failed(frames.failed_answer_frame(correlation_id, self._error_of(e, kind, served.peer)))
             return True
 
     def _log_refusal(self, peer: object, why: str) -> None:

@@ -70,6 +70,43 @@ class Served:
             self.ended.set_result(why)
 
 
+class Reply:
+    """The one answer to a request served without a task (`serve_now`), given to the
+    request's parked waiter: the first call writes it (`NativeConnections.answer`); a second
+    one (a bug: an answer that raised was answered again with its error) is logged and
+    dropped, so no correlation id is answered twice. `wanted` is False once it is given or
+    its connection has ended: a parked request then need not be read for."""
+
+    __slots__ = ("_native", "_served", "_correlation_id", "_given")
+
+    def __init__(self, native: NativeConnections, served: Served, correlation_id: int) -> None:
+        self._native, self._served, self._correlation_id = native, served, correlation_id
+        self._given = False
+
+    @property
+    def wanted(self) -> bool:
+        return not self._given and self._served.open and self._native.alive
+
+    def __call__(self, head: bytes, tail: bytes | FileSlice) -> None:
+        if self._first():
+            self._native.answer(self._served, self._correlation_id, head, tail)
+        elif isinstance(tail, FileSlice):
+            tail.close()
+
+    def failed(self, frame: bytes) -> None:
+        """The answer as a whole FAILED frame, unless one was given already."""
+        if self._first():
+            self._native.answer_frame(self._served, frame)
+
+    def _first(self) -> bool:
+        if self._given:
+            logger.error("%s: a second answer to request %d from %s dropped", self._native.name, self._correlation_id,
+                         self._served.peer)
+            return False
+        self._given = True
+        return True
+
+
 # (the connection, correlation id, kind, body) -> the coroutine that serves the request and answers it
 ServeRequest = Callable[[Served, int, int, memoryview], Coroutine[Any, Any, None]]
 # The same, without a task where it can: True if it took the request (and answers it, now or later)

@@ -19,7 +19,8 @@ A fetch that comes through the native endpoint (rayk/dataplane/native_endpoint.p
 served without a task (`fetch_or_park`): checked (and a follower's position recorded) at
 once, answered at once if it can be, else parked until an append (a follower's) or a
 change (a consumer's: the HW or the LSO moved) satisfies it or its wait is over (one
-timer), answered then through a callback. It is the same fetch as above, without the
+timer), answered then through a callback; one whose connection ended meanwhile is dropped
+unread (its `Waiter`). It is the same fetch as above, without the
 task, the wakeup and the turns of the loop each costs; at RF=3 two followers' fetches wait
 at the leader after each record, and a consumer's, through its broker's listener, for the
 HW. A fetch below the local log start (a tiered log's remote read), a throttled
@@ -39,6 +40,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from rayk.dataplane import frames
 from rayk.dataplane.frames import FetchResult
@@ -77,17 +79,32 @@ LATEST_TIERED_TIMESTAMP = -5  # KIP-1005: the last offset in remote storage (-1:
 DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything below the high watermark"
 
 
+class Waiter(Protocol):
+    """Who waits for a parked fetch's answer: `wanted` is False once no one does (its
+    connection ended), and the fetch is then dropped unread (the endpoint's Reply)."""
+
+    @property
+    def wanted(self) -> bool: ...
+
+
 class ParkedFetch:
     """A fetch waiting at the leader without a task (`LeaderFetch.fetch_or_park`): a
     follower's, or a consumer's (`read_committed` only for one of those)."""
 
-    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "deadline", "read_committed")
+    __slots__ = ("offset", "max_bytes", "min_bytes", "slice_min_bytes", "answer", "deadline", "read_committed", "waiter")
 
     def __init__(self, offset: int, max_bytes: int, min_bytes: int, slice_min_bytes: int | None,
-                 answer: Callable[[FetchResult], None], deadline: float, read_committed: bool = False) -> None:  # fmt: skip
+                 answer: Callable[[FetchResult], None], deadline: float, read_committed: bool = False,
+                 waiter: Waiter | None = None) -> None:  # fmt: skip
         self.offset, self.max_bytes, self.min_bytes, self.slice_min_bytes = offset, max_bytes, min_bytes, slice_min_bytes
         self.answer, self.deadline = answer, deadline  # on the loop's clock
         self.read_committed = read_committed
+        self.waiter = waiter
+
+    @property
+    def unwanted(self) -> bool:
+        """No one waits for its answer any more: it is dropped, nothing read or counted for it."""
+        return self.waiter is not None and not self.waiter.wanted
 
 
 class LeaderFetch:
@@ -182,10 +199,10 @@ class LeaderFetch:
 
     def fetch_or_park(
         self, r: frames.FetchRequest, max_bytes: int, answer: Callable[[FetchResult], None],
-        slice_min_bytes: int | None = None,
+        slice_min_bytes: int | None = None, waiter: Waiter | None = None,
     ) -> bool:
         """A fetch served without a task: answered through `answer` now, or parked until it
-        can be (see the module docstring). False, having done nothing, for a fetch the async
+        can be, or until `waiter` no longer wants it (see the module docstring). False, having done nothing, for a fetch the async
         path serves (`fetch`): a consumer's below the local log start; a follower's that is
         throttled, traced or does not wait; any on a replica that is not the leader. (A
         consumer's that does not wait is read and answered at once.)"""
@@ -210,7 +227,7 @@ class LeaderFetch:
         deadline = asyncio.get_running_loop().time() + r.max_wait_ms / 1000
         if is_consumer:
             parked = ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline,
-                                 r.isolation_level == frames.READ_COMMITTED)
+                                 r.isolation_level == frames.READ_COMMITTED, waiter)
             if r.min_bytes <= 0 or r.max_wait_ms <= 0:
                 self._parked_consumers.answer_at_once(parked)  # no wait asked (a listener's first read of many)
             else:
@@ -220,7 +237,8 @@ class LeaderFetch:
         if refused is not None:
             answer(refused)
             return True
-        self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline))
+        self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline,
+                                                waiter=waiter))
         return True
 
     def _on_append(self, appended: Appended | None) -> None:
@@ -234,6 +252,8 @@ class LeaderFetch:
 
     def _try_answer(self, parked: ParkedFetch, timed_out: bool) -> bool:
         """Answers a parked fetch if it can be now (as an iteration of `fetch`'s loop does)."""
+        if parked.unwanted:
+            return True
         ctx = self._ctx
         if ctx.role is not Role.LEADER:
             parked.answer(self.fetch_error(ctx.not_leader()))
@@ -265,6 +285,8 @@ class LeaderFetch:
     def _try_answer_consumer(self, parked: ParkedFetch, timed_out: bool) -> bool:
         """Answers a parked consumer's fetch if it can be now (as an iteration of `fetch`'s
         loop does for a consumer: a read up to the HW, or the LSO for read_committed)."""
+        if parked.unwanted:
+            return True
         ctx = self._ctx
         if ctx.role is not Role.LEADER:
             parked.answer(self.fetch_error(ctx.not_leader()))

@@ -11,7 +11,8 @@ answered (a call whose requests have deadlines of their own).
 The code that woke the requests (a produce, a follower's fetch) must never fail because of
 them: a check that raises is logged and the request answered through `fail(request, error)`
 with UNKNOWN_SERVER_ERROR; a `fail` that raises too is logged and the request dropped (its
-connection's peer times it out). A request is out of the list before its check runs, so an
+connection's peer times it out). A check that raised after its answer was written is not
+answered twice: the endpoint's reply takes one answer per request (native_endpoint.Reply). A request is out of the list before its check runs, so an
 answer that re-enters (a reply that lets the endpoint serve more, waking the list again)
 never sees it twice. `drop` (the replica closes) forgets every request unanswered: their
 connections close with the endpoint.

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -54,6 +53,7 @@ from rayk import native_paths
 from rayk.dataplane import frames
 from rayk.dataplane.endpoint import SENDFILE_MIN_BYTES, Endpoint, EndpointAddress
 from rayk.dataplane.frames import FetchResult, ProduceRequest, ProduceResult
+from rayk.dataplane.native_endpoint import Reply
 from rayk.errors import FencedLeaderEpochError, KafkaError, NotCoordinatorError
 from rayk.replication import replica_process, storage_failure
 from rayk.replication.leader_fetch import CONSUMER_REPLICA_ID, LeaderFetch
@@ -434,7 +434,7 @@ class PartitionReplica(Supervised):
         )
         return frames.encode_fetch_answer_head(result), result.records
 
-    def _serve_data_plane_now(self, kind: int, body: memoryview, reply: Callable[[bytes, bytes | FileSlice], None]) -> bool:
+    def _serve_data_plane_now(self, kind: int, body: memoryview, reply: Reply) -> bool:
         """A data plane request served without a task, where it can be (the native endpoint
         asks first), its answer given to `reply`: a fetch, answered now or parked
         (LeaderFetch.fetch_or_park), or a produce call, appended now and answered now or
@@ -445,26 +445,29 @@ class PartitionReplica(Supervised):
         if kind == frames.PRODUCE:
             if not self._parked_produce:
                 return False
-            return self._produce.produce_or_park(
-                frames.decode_produce_request(body),
-                lambda results: reply(frames.encode_produce_answer(self._counted(results)), b""),
-            )
+
+            def answer_call(results: list[ProduceResult]) -> None:  # counted once answered: an answer
+                reply(frames.encode_produce_answer(results), b"")  # that raised is answered again failed
+                self._counted(results)
+
+            return self._produce.produce_or_park(frames.decode_produce_request(body), answer_call)
         if kind != frames.FETCH or not self._parked_fetch:
             return False
         r = frames.decode_fetch_request(body)
         counters = self._ctx.counters
         is_consumer = r.replica_id == CONSUMER_REPLICA_ID
 
-        def answer(result: FetchResult) -> None:  # counted as `_fetch` counts
+        def answer(result: FetchResult) -> None:  # counted as `_fetch` counts, once answered (as above)
+            reply(frames.encode_fetch_answer_head(result), result.records)
             counters.fetch_requests += 1
             if result.error is not None:
                 counters.failed_fetch_requests += 1
             elif is_consumer:  # Kafka's BytesOut leaves replication out
                 counters.bytes_out += len(result.records)
             counters.maybe_flush()
-            reply(frames.encode_fetch_answer_head(result), result.records)
 
-        return self._fetches.fetch_or_park(r, min(r.max_bytes, frames.MAX_RECORDS_BYTES), answer, SENDFILE_MIN_BYTES)
+        return self._fetches.fetch_or_park(r, min(r.max_bytes, frames.MAX_RECORDS_BYTES), answer, SENDFILE_MIN_BYTES,
+                                           reply)
 
     async def _close_endpoint(self) -> None:
         self._share_states.close()
