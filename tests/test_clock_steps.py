@@ -159,8 +159,12 @@ SESSION_MS = 1_000
 
 
 def group_coordinator() -> GroupCoordinator:
-    async def append(records) -> None:
-        pass
+    appended = 0
+
+    async def append(records) -> int:
+        nonlocal appended
+        appended += len(records)
+        return appended - len(records)
 
     config = BrokerConfig(group_initial_rebalance_delay_ms=0, group_consumer_session_timeout_ms=SESSION_MS,
                           group_share_session_timeout_ms=SESSION_MS)  # fmt: skip

@@ -44,10 +44,11 @@ class Partition:
         self.records: list[tuple[bytes, bytes | None]] = []
         self.fail = False
 
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> int:
         if self.fail:
             raise NotEnoughReplicasError("the ISR is below min.insync.replicas")
         self.records += records
+        return len(self.records) - len(records)
 
     def coordinator(self) -> GroupCoordinator:
         coordinator = GroupCoordinator(self.append, BrokerConfig(group_initial_rebalance_delay_ms=0,

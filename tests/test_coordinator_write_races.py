@@ -53,14 +53,18 @@ class HeldPartition:
         assert self._acks is not None
         self._acks.set()
 
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
-        self.entries += [(len(self.entries) + i, key, value) for i, (key, value) in enumerate(records)]
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> int:
+        log_offset = len(self.entries)
+        self.entries += [(log_offset + i, key, value) for i, (key, value) in enumerate(records)]
         await self._acknowledged()
+        return log_offset
 
     async def append_transactional(self, records: list[tuple[bytes, bytes | None]], transactional_id: str,
-                                   producer_id: int, producer_epoch: int) -> None:  # fmt: skip
-        self.entries.append(TxnRecords(producer_id, [(len(self.entries), key, value) for key, value in records]))
+                                   producer_id: int, producer_epoch: int) -> int:  # fmt: skip
+        log_offset = len(self.entries)  # (a batch is one entry here: its records share the offset)
+        self.entries.append(TxnRecords(producer_id, [(log_offset, key, value) for key, value in records]))
         await self._acknowledged()
+        return log_offset
 
     def marker(self, coordinator: GroupCoordinator, commit: bool) -> None:
         """The producer's marker written and acknowledged (what write_txn_marker does)."""
@@ -109,6 +113,62 @@ def test_a_marker_applied_while_the_txn_offset_commit_awaits_its_acks_ends_those
         partition.marker(coordinator, True)
         for seen in (coordinator, partition.coordinator()):
             assert (await seen.fetch_offsets("g", [TP], require_stable=True))[TP].offset == 9
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- commits whose acks come out of order
+
+
+class EachHeld(HeldPartition):
+    """A partition whose appends' acks are held each apart, to be released in any order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acks: list[asyncio.Event] = []
+
+    async def _acknowledged(self) -> None:
+        acks = asyncio.Event()
+        self.acks.append(acks)
+        self.appended.set()
+        await acks.wait()
+
+
+@pytest.mark.parametrize("commit", [False, True], ids=["abort", "commit"])
+@pytest.mark.parametrize("first", ["transactional", "plain", "plain twice"])
+def test_commits_of_one_partition_whose_acks_resume_them_out_of_log_order_leave_memory_as_the_log_says(first, commit):
+    """Two commits of one partition in the log, a TxnOffsetCommit's and a plain one's (or two
+    plain ones), whose acks resume them in the reverse order: the coordinator's memory is
+    what a replay of the log gives, before the producer's marker and after it (Kafka
+    decides by the records' offsets, `olderThan`)."""
+
+    async def main() -> None:
+        partition = EachHeld()
+        coordinator = partition.coordinator()
+
+        async def write(kind: str, offset: int) -> asyncio.Future:
+            if kind == "transactional":
+                call = coordinator.txn_commit_offsets("g", "tx", PID, PRODUCER_EPOCH, -1, "", {TP: (offset, "")})
+            else:
+                call = coordinator.commit_offsets("g", -1, "", {TP: (offset, "")})
+            written = asyncio.ensure_future(call)
+            partition.appended.clear()
+            await partition.appended.wait()  # in the log, its acks held
+            return written
+
+        kinds = {"transactional": ("transactional", "plain"), "plain": ("plain", "transactional"),
+                 "plain twice": ("plain", "plain")}[first]
+        writes = [await write(kinds[0], 5), await write(kinds[1], 9)]
+        for acks, written in zip(reversed(partition.acks), reversed(writes)):  # the later write resumed first
+            acks.set()
+            await written
+        replayed = partition.coordinator()
+        assert coordinator.pending_partitions("g") == replayed.pending_partitions("g")
+        partition.marker(coordinator, commit)
+        for seen in (coordinator, partition.coordinator()):
+            assert seen.pending_partitions("g") == set()
+            expected = 5 if kinds[1] == "transactional" and not commit else 9
+            assert (await seen.fetch_offsets("g", [TP], require_stable=True))[TP].offset == expected
 
     asyncio.run(main())
 

@@ -43,8 +43,9 @@ class Partition:
     def __init__(self) -> None:
         self.records: list[tuple[bytes, bytes | None]] = []
 
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> int:
         self.records += records
+        return len(self.records) - len(records)
 
     def replayed(self, source: str = "__consumer_offsets-0") -> GroupCoordinator:
         coordinator = GroupCoordinator(self.append, config())
@@ -143,9 +144,11 @@ def test_delete_group_refuses_a_group_with_members_or_none_and_deletes_an_empty_
 class SlowPartition(Partition):
     """Appends that take a while, as acks=all ones do: other requests run meanwhile."""
 
-    async def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    async def append(self, records: list[tuple[bytes, bytes | None]]) -> int:
         self.records += records  # in the log at once, acknowledged later (as a leader's produce)
+        log_offset = len(self.records) - len(records)
         await asyncio.sleep(0.02)
+        return log_offset
 
 
 @pytest.mark.parametrize("removal", ["expire", "delete"])
@@ -190,7 +193,7 @@ def test_many_expired_offsets_are_written_in_batches_and_memberless_groups_witho
 
         async def counting(records):
             appends.append(len(records))
-            await original(records)
+            return await original(records)
 
         coordinator = GroupCoordinator(counting, config())
         await coordinator.commit_offsets("wide", -1, "", {("t", p): (1, "") for p in range(2_500)})

@@ -165,22 +165,25 @@ class CoordinatorReplica(PartitionReplica):
             )
 
     async def _append_records(self, lease: CoordinatorLease, records: list[tuple[bytes, bytes | None]],
-                              acks: int = -1) -> None:  # fmt: skip
-        """Writes the coordinator's records (bound to its `lease` when it is opened)."""
+                              acks: int = -1) -> int:  # fmt: skip
+        """Writes the coordinator's records (bound to its `lease` when it is opened); the
+        log offset of the first."""
         self._check_lease(lease)
         batch = build_batch([SimpleRecord(value, key) for key, value in records])
         (result,) = await super().produce_requests([ProduceRequest(batch, acks, COORDINATOR_WRITE_TIMEOUT_MS)])
         if result.error is not None:
             raise result.error
+        return result.base_offset
 
     async def _append_transactional_records(
         self, lease: CoordinatorLease, records: list[tuple[bytes, bytes | None]], transactional_id: str,
         producer_id: int, producer_epoch: int,
-    ) -> None:
+    ) -> int:
         """Writes records as a transactional producer's batch (TxnOffsetCommit's offsets),
         with the producer's next sequence here, through the produce path: its epoch is
         checked and its first batch of a transaction verified with the transaction
-        coordinator (txn_verification.py), as any transactional write."""
+        coordinator (txn_verification.py), as any transactional write. The log offset of
+        the first."""
         lock = self._producer_locks.get(producer_id)
         if lock is None:
             lock = self._producer_locks[producer_id] = asyncio.Lock()
@@ -194,6 +197,7 @@ class CoordinatorReplica(PartitionReplica):
             (result,) = await super().produce_requests([request])
         if result.error is not None:
             raise result.error
+        return result.base_offset
 
     def _require_coordinator(self) -> Any:
         if self._coordinator is None:

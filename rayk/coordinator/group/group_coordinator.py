@@ -79,11 +79,12 @@ from rayk.coordinator.coordinator_log import LogEntry, TxnMarker, TxnRecords
 from rayk.coordinator.group.classic_group_manager import ClassicGroupManager
 from rayk.coordinator.group.consumer_group import GroupState, JoinResult
 from rayk.coordinator.group.consumer_protocol_group import ConsumerHeartbeat, HeartbeatAnswer
-from rayk.coordinator.group.consumer_protocol_group_manager import Append, ConsumerProtocolGroupManager, PartitionCounts
+from rayk.coordinator.group.consumer_protocol_group_manager import ConsumerProtocolGroupManager, PartitionCounts
 from rayk.coordinator.group.classic_group_records import GroupRecord
 from rayk.coordinator.group.consumer_group_records import ConsumerGroupRecord
 from rayk.coordinator.group.group_records import AnyGroupRecord, decode_record
-from rayk.coordinator.group.offset_metadata_manager import AppendTransactional, OffsetMetadataManager, OffsetsToCommit
+# (offsets' Append returns the log offset written at; the other managers take the same call and ignore it)
+from rayk.coordinator.group.offset_metadata_manager import Append, AppendTransactional, OffsetMetadataManager, OffsetsToCommit
 from rayk.coordinator.group.offset_records import CommittedOffset, OffsetRecord
 from rayk.coordinator.group.record_schema import MalformedGroupRecordError
 from rayk.coordinator.share.share_coordinator import MembersGone, ShareCoordinator, StatesReset
@@ -145,11 +146,11 @@ class GroupCoordinator:
                 for offset, key, value in entry.records:
                     record = self._decoded(offset, key, value, source)
                     if isinstance(record, OffsetRecord):
-                        self.offsets.load_pending(entry.producer_id, record)
+                        self.offsets.load_pending(entry.producer_id, record, offset)
             else:
                 record = self._decoded(*entry, source)
                 if record is not None:
-                    self._replay(record)
+                    self._replay(record, entry[0])
 
     @staticmethod
     def _decoded(offset: int, key: bytes | None, value: bytes | None, source: str) -> AnyGroupRecord | None:
@@ -161,11 +162,11 @@ class GroupCoordinator:
             logger.error("%s offset %d: skipped a record the group coordinator did not write: %s", source, offset, e)
             return None
 
-    def _replay(self, record: AnyGroupRecord) -> None:
-        """One record into its manager. A group's record (not its tombstone) ends whatever
+    def _replay(self, record: AnyGroupRecord, log_offset: int) -> None:
+        """One record (at `log_offset`) into its manager. A group's record (not its tombstone) ends whatever
         group of another kind had its id: the later record decides which kind it is."""
         if isinstance(record, OffsetRecord):
-            self.offsets.load(record)
+            self.offsets.load(record, log_offset)
         elif isinstance(record, ShareStateRecord):
             self.share.load_state(record)
         elif isinstance(record, ConsumerGroupRecord):

@@ -14,7 +14,10 @@ Transactional offsets (TxnOffsetCommit, KIP-98/447) are written as the producer'
 transactional records and wait here, by producer id, until its marker: a COMMIT makes them
 the groups' committed offsets, an ABORT drops them (`complete_txn`). A plain commit of the
 same partition written after them wins whatever the transaction's outcome, as the later
-record in the log does in Kafka. The marker can follow the records into the log and be
+record in the log does in Kafka. Which record is later is decided by their offsets in the
+log, kept with each committed and pending offset (Kafka's `olderThan`), never by the order
+in which the writes' acks happen to resume them: two commits of one partition whose acks
+come in one step are applied as a replay of the log applies them. The marker can follow the records into the log and be
 applied while their write still waits for its acks (a transaction aborted on timeout, or
 fenced by a new producer instance): the write in flight learns the marker's outcome and
 applies it itself, as a replay of the log would (records, then marker), instead of
@@ -60,9 +63,12 @@ from rayk.errors import (
 )
 
 TopicPartition = tuple[str, int]
-Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[None]]
+# records -> the log offset of the first (the batch's base offset), once acknowledged
+Append = Callable[[list[tuple[bytes, bytes | None]]], Awaitable[int]]
 # (records, transactional id, producer id, producer epoch): a transactional producer's batch
-AppendTransactional = Callable[[list[tuple[bytes, bytes | None]], str, int, int], Awaitable[None]]
+AppendTransactional = Callable[[list[tuple[bytes, bytes | None]], str, int, int], Awaitable[int]]
+# An offset as committed, with the log offset of the record (of its batch) that committed it
+Written = tuple[CommittedOffset, int]
 # per partition (offset, metadata) or (offset, metadata, leader epoch), as a commit request gives them
 OffsetsToCommit = dict[TopicPartition, tuple[int, str] | tuple[int, str, int]]
 
@@ -88,30 +94,29 @@ class OffsetMetadataManager:
         self._classic_groups = classic_groups  # (read only: the groups a commit is checked against)
         self._consumer_groups = consumer_groups
         self.committed: dict[str, dict[TopicPartition, CommittedOffset]] = {}  # group -> partition -> offset
+        # group -> partition -> the log offset of the record that committed `committed`'s offset
+        self._written_at: dict[str, dict[TopicPartition, int]] = {}
         # TxnOffsetCommit's offsets until their producer's marker: producer id -> group -> partition -> offset
-        self._pending_txn: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
+        self._pending_txn: dict[int, dict[str, dict[TopicPartition, Written]]] = {}
         self._txn_writes: dict[int, list[_TxnWrite]] = {}  # TxnOffsetCommits in flight, by producer id
         self._committing: dict[str, Counter[TopicPartition]] = {}  # commits in flight, by group
 
     # ------------------------------------------------------------------ loading
 
-    def load(self, record: OffsetRecord) -> None:
-        """Replays one offset record (a tombstone deletes the offset)."""
+    def load(self, record: OffsetRecord, log_offset: int) -> None:
+        """Replays one offset record, at `log_offset` in the log (a tombstone deletes the offset)."""
         tp = (record.topic, record.partition)
-        self._supersede_pending(record.group_id, [tp])
+        self._supersede_pending(record.group_id, [tp], log_offset)
         if record.committed is not None:
-            self.committed.setdefault(record.group_id, {})[tp] = record.committed
-            return
-        table = self.committed.get(record.group_id, {})
-        table.pop(tp, None)
-        if not table:
-            self.committed.pop(record.group_id, None)
+            self._apply(record.group_id, {tp: (record.committed, log_offset)})
+        else:
+            self._forget(record.group_id, {tp: self.committed.get(record.group_id, {}).get(tp)})
 
-    def load_pending(self, producer_id: int, record: OffsetRecord) -> None:
+    def load_pending(self, producer_id: int, record: OffsetRecord, log_offset: int) -> None:
         """Replays one offset record of a transactional producer's batch: pending until its marker."""
         if record.committed is not None:
             self._pending_txn.setdefault(producer_id, {}).setdefault(record.group_id, {})[
-                (record.topic, record.partition)] = record.committed
+                (record.topic, record.partition)] = (record.committed, log_offset)
 
     # ------------------------------------------------------------------ committing
 
@@ -131,9 +136,9 @@ class OffsetMetadataManager:
             raise IllegalGenerationError(f"group {group_id!r} has no generation {generation} here; rejoin")
         committed = self._to_commit(offsets)
         if committed:
-            await self._write(group_id, committed, self._append)
-            self.committed.setdefault(group_id, {}).update(committed)
-            self._supersede_pending(group_id, committed)
+            log_offset = await self._write(group_id, committed, self._append)
+            self._apply(group_id, {tp: (c, log_offset) for tp, c in committed.items()})
+            self._supersede_pending(group_id, committed, log_offset)
 
     async def txn_commit_offsets(self, group_id: str, transactional_id: str, producer_id: int, producer_epoch: int,
                                  generation: int, member_id: str, offsets: OffsetsToCommit,
@@ -160,25 +165,32 @@ class OffsetMetadataManager:
         if not committed:
             return
 
-        async def append(records: list[tuple[bytes, bytes | None]]) -> None:
+        async def append(records: list[tuple[bytes, bytes | None]]) -> int:
             assert self._append_transactional is not None
-            await self._append_transactional(records, transactional_id, producer_id, producer_epoch)
+            return await self._append_transactional(records, transactional_id, producer_id, producer_epoch)
 
         write = _TxnWrite()
         writes = self._txn_writes.setdefault(producer_id, [])
         writes.append(write)
         try:
-            await self._write(group_id, committed, append)
+            log_offset = await self._write(group_id, committed, append)
         finally:
             writes.remove(write)
             if not writes and self._txn_writes.get(producer_id) is writes:
                 del self._txn_writes[producer_id]
+        written = {tp: (c, log_offset) for tp, c in committed.items()}
         if write.ended is None:
-            self._pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(committed)
+            # Not a partition a later record committed meanwhile (a plain commit whose acks came first): a
+            # replay of the log has that commit supersede these, whatever the marker says.
+            written_at = self._written_at.get(group_id, {})
+            pending = self._pending_txn.setdefault(producer_id, {}).setdefault(group_id, {})
+            pending.update({tp: w for tp, w in written.items() if written_at.get(tp, -1) < log_offset})
+            if not pending:
+                self._drop_pending(producer_id, group_id)
         elif write.ended:
             # (Kafka's producer sends EndTxn only once TxnOffsetCommit is answered: a COMMIT here is a client's
             # mistake, but the log commits the records all the same, and memory follows the log.)
-            self.committed.setdefault(group_id, {}).update(committed)
+            self._apply(group_id, written)
 
     def complete_txn(self, producer_id: int, commit: bool) -> None:
         """The producer's transaction marker is in the log: its pending offsets become the
@@ -190,19 +202,41 @@ class OffsetMetadataManager:
         pending = self._pending_txn.pop(producer_id, {})
         if commit:
             for group_id, table in pending.items():
-                self.committed.setdefault(group_id, {}).update(table)
+                self._apply(group_id, table)
         for write in self._txn_writes.get(producer_id, ()):
             if write.ended is None:  # (a second marker is a later transaction's, not this write's)
                 write.ended = commit
 
-    def _supersede_pending(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
-        """A commit written after a transactional one of the same partition wins, whatever
-        the transaction's outcome: the later record in the log decides, as in Kafka."""
-        for by_group in self._pending_txn.values():
+    def _apply(self, group_id: str, written: dict[TopicPartition, Written]) -> None:
+        """Makes `written` the group's committed offsets, each unless the one it has was
+        written later in the log (Kafka's `olderThan`)."""
+        table = self.committed.setdefault(group_id, {})
+        written_at = self._written_at.setdefault(group_id, {})
+        for tp, (committed, log_offset) in written.items():
+            if written_at.get(tp, -1) < log_offset:
+                table[tp], written_at[tp] = committed, log_offset
+        if not table:
+            self.committed.pop(group_id, None)
+            self._written_at.pop(group_id, None)
+
+    def _supersede_pending(self, group_id: str, partitions: Iterable[TopicPartition], log_offset: int) -> None:
+        """A commit (or tombstone) at `log_offset` in the log, after a transactional one of the
+        same partition, wins whatever the transaction's outcome: the later record in the log
+        decides, as in Kafka. A transactional one written after it stays pending."""
+        for producer_id, by_group in list(self._pending_txn.items()):
             table = by_group.get(group_id)
             if table:
                 for tp in partitions:
-                    table.pop(tp, None)
+                    if tp in table and table[tp][1] < log_offset:
+                        del table[tp]
+                if not table:
+                    self._drop_pending(producer_id, group_id)
+
+    def _drop_pending(self, producer_id: int, group_id: str) -> None:
+        by_group = self._pending_txn.get(producer_id, {})
+        by_group.pop(group_id, None)
+        if not by_group:
+            self._pending_txn.pop(producer_id, None)
 
     def pending_partitions(self, group_id: str) -> set[TopicPartition]:
         """The group's partitions with transactional offsets awaiting their marker."""
@@ -220,8 +254,10 @@ class OffsetMetadataManager:
             committed[(topic, partition)] = CommittedOffset(offset, metadata, now_ms, leader_epoch)
         return committed
 
-    async def _write(self, group_id: str, committed: dict[TopicPartition, CommittedOffset], append: Append) -> None:
-        """Writes the offsets' records, marked in flight for expiry meanwhile. A write the
+    async def _write(self, group_id: str, committed: dict[TopicPartition, CommittedOffset], append: Append) -> int:
+        """Writes the offsets' records, marked in flight for expiry meanwhile; returns the log
+        offset of the first (the batch's: records of different batches compare as their
+        batches do). A write the
         partition could not replicate is COORDINATOR_NOT_AVAILABLE, which clients retry
         (Kafka's GroupMetadataManager.storeOffsets maps it so)."""
         records: list[tuple[bytes, bytes | None]] = [(offset_key(group_id, t, p), offset_value(c))
@@ -230,7 +266,7 @@ class OffsetMetadataManager:
         committing: Counter[TopicPartition] = self._committing.setdefault(group_id, Counter())
         committing += in_flight
         try:
-            await append(records)
+            return await append(records)
         except (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, RequestTimedOutError) as e:
             raise CoordinatorNotAvailableError(f"the offsets of group {group_id!r} were not replicated: {e}") from None
         finally:
@@ -325,15 +361,21 @@ class OffsetMetadataManager:
             table, committing = self.committed.get(group_id, {}), self._committing.get(group_id, Counter())
             batch = {tp: c for tp, c in items[i:i + RECORDS_PER_APPEND] if table.get(tp) is c and not committing.get(tp)}
             if batch:
-                await self._append([(offset_key(group_id, t, p), None) for t, p in batch])
+                log_offset = await self._append([(offset_key(group_id, t, p), None) for t, p in batch])
                 self._forget(group_id, batch)
+                self._supersede_pending(group_id, batch, log_offset)
                 written += len(batch)
         return written
 
-    def _forget(self, group_id: str, gone: dict[TopicPartition, CommittedOffset]) -> None:
-        table = self.committed.get(group_id, {})
+    def _forget(self, group_id: str, gone: dict[TopicPartition, CommittedOffset | None]) -> None:
+        """Deletes each offset of `gone` that is still the one committed. (No commit older
+        than the tombstone is applied after it: expiry and deletion leave out partitions
+        with commits in flight, and the tombstone supersedes the pending ones.)"""
+        table, written_at = self.committed.get(group_id, {}), self._written_at.get(group_id, {})
         for tp, committed in gone.items():
-            if table.get(tp) is committed:
+            if tp in table and table[tp] is committed:
                 del table[tp]
+                written_at.pop(tp, None)
         if not table:
             self.committed.pop(group_id, None)
+            self._written_at.pop(group_id, None)
