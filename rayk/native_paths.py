@@ -9,6 +9,8 @@ that started it: the Ray cluster's, for actors):
 
 The paths, each of which can be measured against the Python one alone:
 - "listener": the listener's Produce (rayk/net/native_produce.py);
+- "kafka_conns": a PLAINTEXT listener's client connections read and written natively, their
+  plain Produce requests served without Python (rayk/net/native_client.py; needs "listener");
 - "endpoint": a replica endpoint's plain connections (rayk/dataplane/native_endpoint.py);
 - "client": every plain Connection to an endpoint (rayk/dataplane/native_connection.py);
 - "parked_fetch": a leader answering its followers' and the listeners' consumer fetches
@@ -43,7 +45,7 @@ except ImportError:  # built without cargo: every path is Python's
 logger = logging.getLogger(__name__)
 
 ENV = "RAYK_NATIVE"
-PATHS = ("listener", "endpoint", "client", "parked_fetch", "parked_produce", "follower")
+PATHS = ("listener", "kafka_conns", "endpoint", "client", "parked_fetch", "parked_produce", "follower")
 _ALL, _NONE = ("", "1", "all"), ("0", "none")
 _reported: set[str] = set()  # the invalid values logged already
 

@@ -11,6 +11,8 @@ mod client_conns;
 mod dataplane;
 mod endpoint_conns;
 mod follower_copy;
+mod kafka_conns;
+mod kafka_request;
 mod produce_path;
 mod produce_response;
 mod socket_io;
@@ -25,6 +27,7 @@ use pyo3::types::{PyBytes, PyTuple};
 use client_conns::{ClientConns, ClientEvent};
 use dataplane::{ErrorTable, ProduceRequest};
 use endpoint_conns::{EndpointConns, Event, Slice};
+use kafka_conns::{Admit, KafkaEvent, Listener};
 use produce_path::{Completion, PartitionIn, Path, Submit};
 use produce_response::PartitionAnswer;
 
@@ -36,31 +39,86 @@ const REQUEST: u8 = 4;
 const END: u8 = 5;
 const HOLD: u8 = 6;
 const ANSWER: u8 = 7;
+const CLIENT_REQUEST: u8 = 8;
+const CLIENT_EOF: u8 = 9;
+const CLIENT_END: u8 = 10;
+const CLIENT_FREED: u8 = 11;
+const CLIENT_HOLD: u8 = 12;
+const CLIENT_WANT_WRITE: u8 = 13;
 
 type PartitionArg<'py> = (i32, Option<Bound<'py, PyBytes>>, i16, Option<String>);
 
-/// A listener's produce path (produce_path.rs), driven by its event loop's thread: every
-/// method returns what Python is to do next, as tuples: (0, id, frame, failed) a request
-/// answered, (1, topic, partition) an endpoint to look up, (2, fd) a descriptor to stop
-/// watching and close, (3, fd, on) a descriptor to watch for writability or not.
+/// A listener's produce path (produce_path.rs) and the client connections it serves
+/// itself (kafka_conns.rs), driven by its event loop's thread: every method returns what
+/// Python is to do next, as tuples: (0, id, frame, failed) a request answered, (1, topic,
+/// partition) an endpoint to look up, (2, fd) a descriptor to stop watching and close, (3,
+/// fd, on) a replica link's descriptor to watch for writability or not; and for client
+/// connections (8, fd, frame) a frame for Python to serve, (9, fd) the client's EOF, (10,
+/// fd, why) a connection over, (11, fd, bytes, seconds) a native request answered, (12,
+/// fd, on) stop reading it or read again, (13, fd, on) watch it for writability or not.
 #[pyclass(module = "rayk._native")]
 struct ProducePath {
-    path: Path,
+    listener: Listener,
+    admission: Option<Py<PyAny>>,
+}
+
+/// The listener's admission, asked through Python: `admission(fd, size) -> bool`.
+struct PyAdmit<'a, 'py> {
+    py: Python<'py>,
+    admission: Option<&'a Py<PyAny>>,
+}
+
+impl PyAdmit<'_, '_> {
+    /// `admission(fd, size)`: size -1 asks for the frame's slot, -2 for a frame for Python.
+    fn ask(&mut self, fd: i32, size: i64) -> bool {
+        let Some(admission) = self.admission else { return false };
+        match admission.call1(self.py, (fd, size)).and_then(|r| r.extract::<bool>(self.py)) {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                e.print(self.py); // a bug in Python's admission: the frame waits, as for a full pool
+                false
+            }
+        }
+    }
+}
+
+impl Admit for PyAdmit<'_, '_> {
+    fn admit(&mut self, fd: i32, size: usize) -> bool {
+        self.ask(fd, size as i64)
+    }
+
+    fn slot(&mut self, fd: i32, for_python: bool) -> bool {
+        self.ask(fd, if for_python { -2 } else { -1 })
+    }
 }
 
 fn error_table(errors: HashMap<String, (i16, String)>, max_record_errors: i32, max_frame_bytes: usize) -> ErrorTable {
     ErrorTable { by_class: errors, max_record_errors, max_frame_bytes }
 }
 
-fn completions<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-    done.into_iter()
-        .map(|completion| match completion {
-            Completion::Answered { id, frame, failed } => (ANSWERED, id, PyBytes::new(py, &frame), failed).into_pyobject(py),
-            Completion::NeedEndpoint { topic, partition } => (NEED_ENDPOINT, topic, partition).into_pyobject(py),
-            Completion::Release { fd } => (RELEASE, fd).into_pyobject(py),
-            Completion::WantWrite { fd, on } => (WANT_WRITE, fd, on).into_pyobject(py),
-        })
-        .collect()
+fn completions<'py>(py: Python<'py>, (done, clients): (Vec<Completion>, Vec<KafkaEvent>)) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    let path = done.into_iter().map(|completion| match completion {
+        Completion::Answered { id, frame, failed } => (ANSWERED, id, PyBytes::new(py, &frame), failed).into_pyobject(py),
+        Completion::NeedEndpoint { topic, partition } => (NEED_ENDPOINT, topic, partition).into_pyobject(py),
+        Completion::Release { fd } => (RELEASE, fd).into_pyobject(py),
+        Completion::WantWrite { fd, on } => (WANT_WRITE, fd, on).into_pyobject(py),
+    });
+    let clients = clients.into_iter().map(|event| match event {
+        KafkaEvent::Request { fd, frame } => (CLIENT_REQUEST, fd, PyBytes::new(py, &frame)).into_pyobject(py),
+        KafkaEvent::Eof { fd } => (CLIENT_EOF, fd).into_pyobject(py),
+        KafkaEvent::End { fd, why } => (CLIENT_END, fd, why).into_pyobject(py),
+        KafkaEvent::Freed { fd, bytes, seconds } => (CLIENT_FREED, fd, bytes, seconds).into_pyobject(py),
+        KafkaEvent::Hold { fd, on } => (CLIENT_HOLD, fd, on).into_pyobject(py),
+        KafkaEvent::WantWrite { fd, on } => (CLIENT_WANT_WRITE, fd, on).into_pyobject(py),
+    });
+    path.chain(clients).collect()
+}
+
+impl ProducePath {
+    fn done<'py>(&mut self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        completions(py, self.listener.take(&mut admit))
+    }
 }
 
 #[pymethods]
@@ -68,7 +126,8 @@ impl ProducePath {
     /// `errors`: rayk.errors' class names -> (code, Kafka name).
     #[new]
     fn new(broker_id: i32, errors: HashMap<String, (i16, String)>, max_record_errors: i32, max_frame_bytes: usize) -> Self {
-        ProducePath { path: Path::new(broker_id, error_table(errors, max_record_errors, max_frame_bytes)) }
+        let path = Path::new(broker_id, error_table(errors, max_record_errors, max_frame_bytes));
+        ProducePath { listener: Listener::new(path), admission: None }
     }
 
     /// One decoded Produce request: per topic, per partition (index, records or None,
@@ -103,16 +162,16 @@ impl ProducePath {
                 (name, partitions)
             })
             .collect();
-        self.path.submit(Submit { id, version, correlation_id, acks, timeout_ms, transactional_id, transaction_version, topics });
-        completions(py, self.path.take())
+        self.listener.path.submit(Submit { id, version, correlation_id, acks, timeout_ms, transactional_id, transaction_version, topics });
+        self.done(py)
     }
 
     /// A connected, non-blocking socket to the partition's replica that has passed the data
     /// plane's handshake. The descriptor stays Python's: it watches it and closes it when a
     /// completion releases it (also at once, if the partition has a connection already).
     fn set_endpoint<'py>(&mut self, py: Python<'py>, topic: String, partition: i32, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.path.set_endpoint((topic, partition), fd);
-        completions(py, self.path.take())
+        self.listener.path.set_endpoint((topic, partition), fd);
+        self.done(py)
     }
 
     /// The partition's endpoint cannot be had: its waiting requests fail with this error.
@@ -124,23 +183,87 @@ impl ProducePath {
         code: i16,
         message: String,
     ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.path.fail_endpoint((topic, partition), code, message);
-        completions(py, self.path.take())
+        self.listener.path.fail_endpoint((topic, partition), code, message);
+        self.done(py)
     }
 
     fn on_readable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.path.on_readable(fd);
-        completions(py, self.path.take())
+        self.listener.path.on_readable(fd);
+        self.done(py)
     }
 
     fn on_writable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        self.path.on_writable(fd);
-        completions(py, self.path.take())
+        self.listener.path.on_writable(fd);
+        self.done(py)
     }
 
     /// Forgets every request and connection; returns the descriptors it held (Python closes them).
     fn close(&mut self) -> Vec<i32> {
-        self.path.close()
+        self.listener.close()
+    }
+
+    /// The listener's admission of client frames: `admission(fd, size) -> bool` takes a
+    /// frame's pool bytes (before its body is read), `admission(fd, -1)` its slot (once
+    /// the body is whole; -2: a frame for Python, which also needs room in the
+    /// connection's queue), now (True), or starts waiting for them and calls
+    /// `client_admitted(fd)` once it has (False). It must not call this object.
+    fn set_admission(&mut self, admission: Py<PyAny>) {
+        self.admission = Some(admission);
+    }
+
+    /// Whether Produce requests of client connections may be served natively (no
+    /// authorizer, no client quota): else every frame goes to Python.
+    fn set_produce_natively(&mut self, on: bool) {
+        self.listener.produce_natively = on;
+    }
+
+    /// A PLAINTEXT client's connected, non-blocking socket (the descriptor stays Python's:
+    /// it watches it for reading until told otherwise, and closes it after its end), with
+    /// what was read of it already.
+    fn adopt_client<'py>(&mut self, py: Python<'py>, fd: i32, staged: &[u8], max_frame_bytes: usize) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        if self.listener.is_client(fd) {
+            return Err(PyValueError::new_err(format!("descriptor {fd} is served already")));
+        }
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        self.listener.adopt_client(fd, staged, max_frame_bytes, &mut admit);
+        self.done(py)
+    }
+
+    fn on_client_readable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        self.listener.on_client_readable(fd, &mut admit);
+        self.done(py)
+    }
+
+    fn on_client_writable<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        self.listener.on_client_writable(fd, &mut admit);
+        self.done(py)
+    }
+
+    /// Python's answer to its oldest unanswered frame of the connection (b"": none is written).
+    fn client_answer<'py>(&mut self, py: Python<'py>, fd: i32, frame: Vec<u8>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        self.listener.client_answer(fd, frame, &mut admit);
+        self.done(py)
+    }
+
+    /// The frame that waited for admission has its slot and pool bytes now.
+    fn client_admitted<'py>(&mut self, py: Python<'py>, fd: i32) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
+        self.listener.client_admitted(fd, &mut admit);
+        self.done(py)
+    }
+
+    /// (seconds idle with nothing out, seconds a frame's body has taken so far), for
+    /// connections.max.idle.ms.
+    fn client_idle_s(&self, fd: i32) -> (Option<f64>, Option<f64>) {
+        self.listener.client_idle_s(fd)
+    }
+
+    /// Forgets a connection that ended (Python closes its descriptor).
+    fn forget_client(&mut self, fd: i32) {
+        self.listener.forget_client(fd);
     }
 
     /// Panics, as a bug would: tests check that the listener answers and goes on.
@@ -591,6 +714,23 @@ impl Drop for FollowerCopy {
     }
 }
 
+type ReadProduce<'py> = (i16, i32, Option<String>, Option<String>, i16, i32, Vec<(String, Vec<(i32, Option<Bound<'py, PyBytes>>)>)>);
+
+/// A Kafka Produce request frame (after its size prefix) as a client connection reads it
+/// (kafka_request.rs): (version, correlation id, client id, transactional id, acks,
+/// timeout ms, [(topic, [(partition, records)])]), or None where Python reads it instead.
+/// For the tests that hold it to kio's decoder.
+#[pyfunction]
+fn read_kafka_produce<'py>(py: Python<'py>, frame: &[u8]) -> Option<ReadProduce<'py>> {
+    let p = kafka_request::produce(frame)?;
+    let topics = p
+        .topics
+        .into_iter()
+        .map(|(name, partitions)| (name, partitions.into_iter().map(|(i, r)| (i, r.map(|r| PyBytes::new(py, r)))).collect()))
+        .collect();
+    Some((p.api_version, p.correlation_id, p.client_id, p.transactional_id, p.acks, p.timeout_ms, topics))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ProducePath>()?;
@@ -608,5 +748,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("END", END)?;
     m.add("HOLD", HOLD)?;
     m.add("ANSWER", ANSWER)?;
+    m.add("CLIENT_REQUEST", CLIENT_REQUEST)?;
+    m.add("CLIENT_EOF", CLIENT_EOF)?;
+    m.add("CLIENT_END", CLIENT_END)?;
+    m.add("CLIENT_FREED", CLIENT_FREED)?;
+    m.add("CLIENT_HOLD", CLIENT_HOLD)?;
+    m.add("CLIENT_WANT_WRITE", CLIENT_WANT_WRITE)?;
+    m.add_function(wrap_pyfunction!(read_kafka_produce, m)?)?;
     Ok(())
 }

@@ -77,8 +77,26 @@ impl FrameBuf {
         &self.buf[self.at..]
     }
 
-    fn next_size(&self) -> Option<usize> {
+    /// The size prefix of the next frame, once staged.
+    pub fn next_size(&self) -> Option<usize> {
         self.staged().get(..4).map(|b| u32::from_be_bytes(b.try_into().unwrap()) as usize)
+    }
+
+    /// The next frame's body if it is all staged (not consumed).
+    pub fn peek_whole(&self) -> Option<&[u8]> {
+        let size = self.next_size()?;
+        self.staged().get(4..4 + size)
+    }
+
+    /// Bytes read and not yet handed out.
+    pub fn staged_len(&self) -> usize {
+        self.buf.len() - self.at
+    }
+
+    /// One read of at most `max` bytes (a Kafka connection's: it decides how far to read,
+    /// never past a frame it has not admitted); 0: the peer closed the connection.
+    pub fn read_at_most(&mut self, fd: RawFd, max: usize) -> std::io::Result<usize> {
+        read_into_spare(fd, &mut self.buf, max)
     }
 
     /// Whether every byte read was handed out.

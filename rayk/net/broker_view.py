@@ -287,8 +287,10 @@ class BrokerView:
             self._native_produce.close()
 
     def _this_node_id(self) -> str:
+        """This process's Ray node ("" outside Ray, as a listener in a unit test: asking the
+        runtime context there would start a Ray instance of its own)."""
         if self._node_id is None:
-            self._node_id = ray.get_runtime_context().get_node_id()
+            self._node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         return self._node_id
 
     async def _replica_endpoint(self, topic: str, partition: int) -> EndpointAddress:

@@ -43,16 +43,23 @@ class Handoff(Generic[T]):
         if getter is not None and not getter.done():
             getter.set_result(None)
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     async def put(self, item: T) -> None:
         """Adds `item` once fewer than `max_items` are held."""
-        while len(self._items) >= self._max_items:
+        await self.wait_until_fewer(self._max_items)
+        self.put_nowait(item)
+
+    async def wait_until_fewer(self, count: int) -> None:
+        """Returns once fewer than `count` items are held (the producer's wait for room)."""
+        while len(self._items) >= count:
             assert self._putter is None, "a Handoff has one producer"
             self._putter = asyncio.get_running_loop().create_future()
             try:
                 await self._putter
             finally:
                 self._putter = None
-        self.put_nowait(item)
 
     def get_nowait(self) -> T:
         """The oldest item (asyncio.QueueEmpty if none); wakes the producer."""

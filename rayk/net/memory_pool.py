@@ -52,6 +52,17 @@ class MemoryPool:
                 self._grant()  # a large frame ahead may have held smaller ones back
             raise
 
+    def try_reserve(self, size_bytes: int) -> bool:
+        """Takes `size_bytes` now if they are free and no reservation waits before: True;
+        else takes nothing (`reserve` waits its turn)."""
+        if self.capacity_bytes == UNBOUNDED:
+            return True
+        assert 0 <= size_bytes <= self.capacity_bytes, (size_bytes, self.capacity_bytes)
+        if self._waiters or self.available_bytes < size_bytes:
+            return False
+        self.available_bytes -= size_bytes
+        return True
+
     def release(self, size_bytes: int) -> None:
         if self.capacity_bytes == UNBOUNDED:
             return

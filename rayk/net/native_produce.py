@@ -15,6 +15,10 @@ thread of its own, so a request wakes the listener no more often than on the Pyt
 it saved: docs/design-notes/2026-12-03-native-request-path.md, 2026-12-06). It asks for a
 replica's endpoint when it needs one: this owns that lookup (the replica's actor, its Unix
 socket, the data plane handshake), and hands the proven socket over.
+
+The same native object reads and writes the client connections handed to it
+(`adopt_client`, native_client.py): their plain Produce requests go to the path without
+Python, everything else to their NativeClient, by the events its calls return.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayk import errors, native_paths
 from rayk.dataplane import connection, frames
@@ -33,6 +37,9 @@ from rayk.dataplane.endpoint import EndpointAddress
 from rayk.errors import KafkaError, NetworkError, NotLeaderOrFollowerError, UnknownServerError, MAX_RECORD_ERRORS
 
 from rayk.native_paths import _native
+
+if TYPE_CHECKING:
+    from rayk.net.native_client import NativeClient
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +83,8 @@ class NativeProduce:
         self._ids = itertools.count()
         self._lookups: set[asyncio.Task] = set()
         self._fds: set[int] = set()  # the replica sockets watched for the path
+        self._clients: dict[int, NativeClient] = {}  # client connections read natively, by descriptor
+        self._path.set_admission(self._admit)
         self.alive = True
 
     def submit(self, api_version: int, correlation_id: int, acks: int, timeout_ms: int,
@@ -96,9 +105,97 @@ class NativeProduce:
             raise
         return future
 
+    # ------------------------------------------------------------------ client connections
+
+    def adopt_client(self, fd: int, max_frame_bytes: int, client: NativeClient) -> None:
+        """A PLAINTEXT client's non-blocking socket, nothing read from it yet, read and
+        written natively from now on (its descriptor stays the caller's, which closes it
+        after `forget_client`); what it needs is told to `client`. UnknownServerError if
+        the path stopped."""
+        self._clients[fd] = client
+        self._loop.add_reader(fd, self._on_client_readable, fd)
+        self._call(self._path.adopt_client, fd, b"", max_frame_bytes)
+
+    def forget_client(self, fd: int) -> None:
+        """The connection ended (or its task is done with it): nothing of it is watched or
+        written any more."""
+        if self._clients.pop(fd, None) is None:
+            return
+        self._loop.remove_reader(fd)
+        self._loop.remove_writer(fd)
+        if self.alive:
+            try:
+                self._path.forget_client(fd)
+            except BaseException as e:
+                if not native_paths.failure(e):
+                    raise
+                self._died(repr(e))
+
+    def client_answer(self, fd: int, frame: bytes) -> None:
+        if fd in self._clients:
+            with contextlib.suppress(UnknownServerError):  # the path stopped: the client ended
+                self._call(self._path.client_answer, fd, frame)
+
+    def client_admitted(self, fd: int) -> None:
+        if fd in self._clients:
+            with contextlib.suppress(UnknownServerError):  # the path stopped: the client ended
+                self._call(self._path.client_admitted, fd)
+
+    def client_idle_s(self, fd: int) -> tuple[float | None, float | None]:
+        """(seconds idle with nothing of it out, seconds a frame's body has taken so far)."""
+        return self._path.client_idle_s(fd) if self.alive and fd in self._clients else (None, None)
+
+    def set_produce_natively(self, on: bool) -> None:
+        """Whether client connections' Produce requests may be served without Python."""
+        if self.alive:
+            self._path.set_produce_natively(on)
+
+    def _admit(self, fd: int, size: int) -> bool:
+        client = self._clients.get(fd)
+        return client is not None and client.admit(size)
+
+    def _on_client_readable(self, fd: int) -> None:
+        with contextlib.suppress(UnknownServerError):
+            self._call(self._path.on_client_readable, fd)
+
+    def _on_client_writable(self, fd: int) -> None:
+        with contextlib.suppress(UnknownServerError):
+            self._call(self._path.on_client_writable, fd)
+
+    def _client_event(self, event: tuple) -> None:
+        """One event of a client connection, from a native call."""
+        kind, fd = event[0], event[1]
+        client = self._clients.get(fd)
+        if client is None:
+            return
+        if kind == _native.CLIENT_REQUEST:
+            client.on_request(event[2])
+        elif kind == _native.CLIENT_FREED:
+            client.on_freed(event[2], event[3])
+        elif kind == _native.CLIENT_HOLD:
+            if event[2]:
+                self._loop.remove_reader(fd)
+            else:
+                self._loop.add_reader(fd, self._on_client_readable, fd)
+        elif kind == _native.CLIENT_WANT_WRITE:
+            if event[2]:
+                self._loop.add_writer(fd, self._on_client_writable, fd)
+            else:
+                self._loop.remove_writer(fd)
+        elif kind == _native.CLIENT_EOF:
+            client.on_eof()
+        else:
+            assert kind == _native.CLIENT_END, event
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+            client.on_end(event[2])
+
+    # ------------------------------------------------------------------ closing
+
     def close(self) -> None:
-        """Ends the path: its sockets close, requests not answered yet are cancelled."""
-        if not self.alive and not self._fds and not self._futures:
+        """Ends the path: its sockets close, requests not answered yet are cancelled, and
+        its client connections end."""
+        if not self.alive and not self._fds and not self._futures and not self._clients:
             return
         self.alive = False
         try:
@@ -114,6 +211,7 @@ class NativeProduce:
         futures, self._futures = self._futures, {}
         for future in futures.values():
             future.cancel()
+        self._end_clients("the listener closes")
 
     def _call(self, method: Callable[..., list[tuple]], *args: Any) -> None:
         """`method(*args)` on the path, then what it says to do. A native call that raises
@@ -129,7 +227,15 @@ class NativeProduce:
             raise UnknownServerError(f"the native produce path stopped: {e!r}") from None
         for completion in completions:
             kind = completion[0]
-            if kind == _native.ANSWERED:
+            if kind >= _native.CLIENT_REQUEST:
+                try:
+                    self._client_event(completion)
+                except Exception:  # a bug: that connection ends, the others go on
+                    logger.exception("a client connection's event %r failed", completion[:2])
+                    client = self._clients.get(completion[1])
+                    if client is not None:
+                        client.on_end("its event failed")
+            elif kind == _native.ANSWERED:
                 _, request_id, frame, failed = completion
                 future = self._futures.pop(request_id, None)
                 if future is not None and not future.done():  # else its connection went meanwhile
@@ -177,6 +283,14 @@ class NativeProduce:
         for future in futures.values():
             if not future.done():
                 future.set_exception(UnknownServerError(f"the native produce path stopped: {reason}"))
+        self._end_clients(f"the native produce path stopped: {reason}")
+
+    def _end_clients(self, why: str) -> None:
+        """Every client connection read here ends (their tasks close them)."""
+        for fd, client in list(self._clients.items()):
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+            client.on_end(why)
 
     async def _connect(self, topic: str, partition: int) -> None:
         """Looks up the replica's endpoint, opens and proves a connection to it, and hands

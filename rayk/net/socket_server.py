@@ -71,7 +71,8 @@ from rayk.actors.direct_calls import call_methods_directly
 from rayk.actors.supervision import Supervised
 from rayk.config import BrokerConfig
 from rayk.metrics import RequestTimer
-from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnsupportedVersionError
+from rayk import native_paths
+from rayk.errors import InvalidConfigurationError, InvalidRequestError, UnknownServerError, UnsupportedVersionError
 from rayk.dataplane import streams
 from rayk.net.admin_apis import api_versions_body
 from rayk.net.api_versions import API_VERSIONS, METADATA, PRODUCE, client_throttles
@@ -83,6 +84,8 @@ from rayk.net.handoff import Handoff
 from rayk.net.kafka_apis import CLOSE_CONNECTION, KafkaApis, Throttle
 from rayk.net.kafka_channel import READING_BODY, READING_SIZE, ConnectionClosed, KafkaChannel
 from rayk.net.memory_pool import MemoryPool
+from rayk.net.native_client import NativeClient
+from rayk.net.native_produce import NativeProduce
 from rayk.net.request_context import ANONYMOUS, RequestContext, kafka_host
 from rayk.net.sasl import SaslAuthenticator
 from rayk.net.sasl_requests import CloseAfter, SaslRequests
@@ -122,8 +125,8 @@ class SocketServer(Supervised):
         self.apis = KafkaApis(BrokerView(broker_id, controller, config))
         self._sasl = SaslRequests(self.apis.view, self._decode)
         self._servers: list[streams.AcceptingServer] = []
-        self._queued = asyncio.Semaphore(config.queued_max_requests)
-        self._queued_count = 0  # slots of _queued taken: requests read but not yet answered
+        self._slots = MemoryPool(config.queued_max_requests)  # queued.max.requests, a slot a frame
+        self._queued_count = 0  # slots taken: requests read but not yet answered
         self._memory = MemoryPool(config.queued_max_request_bytes)
         self._per_host: Counter[str] = Counter()  # open connections by client host
         self._host_limits = config.connection_limits_per_ip()
@@ -177,7 +180,7 @@ class SocketServer(Supervised):
         succeeds. Each is looked up independently, and idle clients' quota state is
         forgotten every QUOTA_PRUNE_INTERVAL_S."""
         view = self.apis.view
-        refreshes = [self._refresh("client quotas", view.refresh_quotas), self._prune_quotas(),
+        refreshes = [self._refresh("client quotas", self._refresh_quotas), self._prune_quotas(),
                      self._refresh("metadata image", view.refresh_metadata_image, at_once_if_unchanged=True)]
         if self.config.authorizes:
             refreshes.append(self._refresh("ACLs", view.refresh_acls))
@@ -273,14 +276,55 @@ class SocketServer(Supervised):
         return self._memory.used_bytes
 
     async def _take_slot(self) -> None:
-        await self._queued.acquire()
+        await self._slots.reserve(1)
         self._queued_count += 1
         assert self._queued_count <= self.config.queued_max_requests, self._queued_count
 
     def _give_slot(self) -> None:
         self._queued_count -= 1
         assert self._queued_count >= 0, self._queued_count
-        self._queued.release()
+        self._slots.release(1)
+
+    def _admit_now(self, connection: KafkaChannel, size: int) -> bool:
+        """For a natively read connection (native_client.py), what `_read_frames` takes
+        around a frame's body: its `size` pool bytes before it, its slot (size -1) once it
+        is whole; taken now if free with no one waiting before (True), else nothing taken
+        (`_admit` waits for it)."""
+        if size < 0:
+            if not self._slots.try_reserve(1):
+                return False
+            self._queued_count += 1
+            self._held(connection, 0, 1)
+        elif self._memory.try_reserve(size):
+            self._held(connection, size, 0)
+        else:
+            return False
+        return True
+
+    async def _admit(self, connection: KafkaChannel, size: int) -> None:
+        """`_admit_now`, waiting in turn."""
+        if size < 0:
+            await self._take_slot()
+            self._held(connection, 0, 1)
+        else:
+            await self._memory.reserve(size)
+            self._held(connection, size, 0)
+
+    @staticmethod
+    def _held(connection: KafkaChannel, size: int, slots: int) -> None:
+        connection.bytes_held += size
+        if slots:
+            connection.slots_held += slots
+            connection.all_answered.clear()
+
+    def _freed(self, connection: KafkaChannel, size: int) -> None:
+        """A frame's slot and pool bytes go back: it is answered (or its connection closed)."""
+        connection.slots_held -= 1
+        self._give_slot()
+        if connection.slots_held == 0:
+            connection.all_answered.set()
+        connection.bytes_held -= size
+        self._memory.release(size)
 
     # ------------------------------------------------------------------ one connection
 
@@ -301,6 +345,11 @@ class SocketServer(Supervised):
         self._per_host[host] += 1
         writer = None
         try:
+            native = self._native_reader(listener)
+            if native is not None:
+                connection.authenticated.set()  # PLAINTEXT: ANONYMOUS from the start
+                await self._serve_natively(connection, native, accepted)
+                return
             reader, writer = await accepted.open_streams(tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S,
                                                          limit_bytes=STREAM_LIMIT_BYTES)
             connection.context = _context_of(listener, self.config, writer)
@@ -357,17 +406,109 @@ class SocketServer(Supervised):
         except (OSError, asyncio.IncompleteReadError):
             pass  # the client left (or broke its TLS stream)
         finally:
-            for part in parts:
-                part.cancel()
-            await asyncio.gather(*parts, return_exceptions=True)  # their slots settled
-            while not answers.empty():
-                if (started := answers.get_nowait()) is not None:
-                    started[0].cancel()
-            for _ in range(connection.slots_held):  # frames read but never answered
-                self._give_slot()
-            self._memory.release(connection.bytes_held)
-            connection.slots_held = connection.bytes_held = 0
-            connection.all_answered.set()
+            await self._settle(connection, parts, answers)
+
+    async def _settle(self, connection: KafkaChannel, parts: list[asyncio.Future], answers: Handoff) -> None:
+        """The connection ended: its tasks are cancelled, and every slot and byte of its
+        frames read but never answered goes back."""
+        for part in parts:
+            part.cancel()
+        await asyncio.gather(*parts, return_exceptions=True)  # their slots settled
+        while not answers.empty():
+            if (started := answers.get_nowait()) is not None:
+                started[0].cancel()
+        for _ in range(connection.slots_held):  # frames read but never answered
+            self._give_slot()
+        self._memory.release(connection.bytes_held)
+        connection.slots_held = connection.bytes_held = 0
+        connection.all_answered.set()
+
+    # ------------------------------------------------------------------ connections read natively
+
+    def _native_reader(self, listener: Listener) -> NativeProduce | None:
+        """The native side that reads a new connection of `listener` (native_client.py), or
+        None: it is served in Python (TLS or SASL, not built, the path off or stopped)."""
+        if listener.uses_tls or listener.uses_sasl or not native_paths.enabled("kafka_conns"):
+            return None
+        native = self.apis.view.native_produce()
+        if native is not None:
+            native.set_produce_natively(self._produce_natively())
+        return native
+
+    def _produce_natively(self) -> bool:
+        """Whether Produce may be served without Python: no ACL to check, and no quota of
+        any kind (a produce or request quota measures the client; a fetch quota's
+        throttle mutes its connection, KIP-219, which Python's processing waits out)."""
+        return not self.config.authorizes and not self.apis.view.quotas.config.keys_set
+
+    async def _refresh_quotas(self, wait_ms: int) -> bool:
+        took = await self.apis.view.refresh_quotas(wait_ms=wait_ms)
+        if took:
+            self._quotas_changed()
+        return took
+
+    def _quotas_changed(self) -> None:
+        """A quota set (or the last one gone) takes natively served Produce requests to
+        Python (or back), from the next request on."""
+        native = self.apis.view.native_produce() if native_paths.enabled("kafka_conns") else None
+        if native is not None:
+            native.set_produce_natively(self._produce_natively())
+
+    async def _serve_natively(self, connection: KafkaChannel, native: NativeProduce,
+                              accepted: streams.AcceptedSocket) -> None:  # fmt: skip
+        """Serves a connection whose socket the native side reads and writes (see
+        native_client.py): its frames for Python are processed and answered by the same
+        tasks as a connection's of its own, until the native side ends it, a task fails or
+        it is idle too long; then every slot and byte its unanswered requests held goes back."""
+        peer, fd = accepted.peer, accepted.sock.fileno()
+        listener = connection.context.listener_name
+        timer = self._request_timers[listener]
+        frames: Handoff[tuple[bytes, float, int] | None] = Handoff(QUEUED_PER_CONNECTION + 1)  # (+1: the EOF)
+        answers: Handoff[tuple[asyncio.Future, float, str | None, int] | None] = Handoff(STARTED_PER_CONNECTION)
+
+        def freed(size: int, seconds: float) -> None:
+            connection.last_active_s = time.monotonic()
+            self._freed(connection, size)
+            timer.record("Produce", connection.last_active_s - seconds)
+
+        client = NativeClient(native, fd, frames, QUEUED_PER_CONNECTION, connection.reader_done,
+                              functools.partial(self._admit_now, connection),
+                              lambda size: asyncio.ensure_future(self._admit(connection, size)), freed)  # fmt: skip
+        parts = [asyncio.ensure_future(self._process(frames, answers, connection)),
+                 asyncio.ensure_future(self._write_answers(answers, client, connection, timer)),
+                 asyncio.ensure_future(self._close_native_when_idle(native, fd, connection))]
+        try:
+            native.adopt_client(fd, self.config.socket_request_max_bytes, client)
+            running: set[asyncio.Future] = {client.ended, *parts}
+            while not client.ended.done():
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    finished.result()  # raises why the connection ends, if a task failed
+            if (why := client.ended.result()) is not None:
+                logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, why)
+        except ConnectionClosed as e:
+            logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, e)
+        except UnknownServerError:
+            pass  # the native path stopped (logged there): the client reconnects to a Python one
+        finally:
+            client.close()
+            native.forget_client(fd)
+            accepted.sock.close()
+            await self._settle(connection, parts, answers)
+
+    async def _close_native_when_idle(self, native: NativeProduce, fd: int, connection: KafkaChannel) -> None:
+        """`_close_when_idle` for a natively read connection: raises ConnectionClosed once
+        it waits for its next request with nothing out and nothing read or written for
+        connections.max.idle.ms, or once a request's body has taken that long to arrive."""
+        idle_s = self.config.connections_max_idle_ms / 1000
+        while True:
+            idle, body = native.client_idle_s(fd)
+            if body is not None and body >= idle_s:
+                raise ConnectionClosed("a request's body did not arrive within connections.max.idle.ms")
+            if idle is not None and idle >= idle_s and connection.slots_held == 0:
+                raise ConnectionClosed("idle for connections.max.idle.ms")
+            waits = [idle_s - seconds for seconds in (idle, body) if seconds is not None]
+            await asyncio.sleep(max(min(waits, default=idle_s), 0.01))
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None (max.connections and
@@ -444,7 +585,7 @@ class SocketServer(Supervised):
             return
         raise ConnectionClosed("the client left while throttled")
 
-    async def _write_answers(self, answers: Handoff, writer: asyncio.StreamWriter, connection: KafkaChannel,
+    async def _write_answers(self, answers: Handoff, writer: asyncio.StreamWriter | NativeClient, connection: KafkaChannel,
                              timer: RequestTimer) -> None:
         """Writes each answer when it is ready, in request order; gives back its slot and
         its pool bytes (none for a frame read before authentication)."""
@@ -454,12 +595,7 @@ class SocketServer(Supervised):
                 response = await answer
             finally:
                 connection.last_active_s = time.monotonic()  # not idle while the answer is written
-                connection.slots_held -= 1
-                self._give_slot()
-                if connection.slots_held == 0:
-                    connection.all_answered.set()
-                connection.bytes_held -= pool_bytes
-                self._memory.release(pool_bytes)
+                self._freed(connection, pool_bytes)
             if response is CLOSE_CONNECTION:
                 raise ConnectionClosed("an acks=0 produce failed")
             if isinstance(response, CloseAfter):
@@ -470,6 +606,8 @@ class SocketServer(Supervised):
                 writer.write(response)
                 await writer.drain()
                 connection.last_active_s = time.monotonic()
+            elif isinstance(writer, NativeClient):
+                writer.write(b"")  # its place in the order is let go: nothing to write for it
             if name is not None:
                 timer.record(name, received_s)
 
