@@ -264,3 +264,42 @@ async def _a_failing_native_path_ends_its_connections_and_new_ones_are_served_in
         writer.close()
     finally:
         await server.stop()
+
+
+def test_an_oversized_frame_ends_the_connection_after_what_came_before_it_is_answered(each_event_loop):
+    asyncio.run(_an_oversized_frame_ends_the_connection_after_what_came_before_it_is_answered())
+
+
+async def _an_oversized_frame_ends_the_connection_after_what_came_before_it_is_answered():
+    replica = FakeReplica()
+    server, _, connect = await serving({("t", 0): replica}, socket_request_max_bytes=10_000)
+    try:
+        reader, writer = await connect()
+        replica.hold.clear()
+        writer.write(produce(1) + api_versions(2) + struct.pack(">i", 20_000) + b"\0" * 100)
+        await asyncio.sleep(0.2)
+        replica.hold.set()
+        assert correlation_ids(await answer_frames(reader, 2)) == [1, 2], "answered, as Python's reader's end does"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert replica.log == [b"r1"]
+        writer.close()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("sent", [b"", b"\0\0"], ids=["nothing", "part of a size"])
+def test_a_connection_waiting_for_its_next_request_is_closed_when_idle(each_event_loop, sent):
+    asyncio.run(_a_connection_waiting_for_its_next_request_is_closed_when_idle(sent))
+
+
+async def _a_connection_waiting_for_its_next_request_is_closed_when_idle(sent: bytes):
+    server, _, connect = await serving({}, connections_max_idle_ms=600)
+    try:
+        reader, writer = await connect()
+        writer.write(api_versions(1))
+        assert correlation_ids(await answer_frames(reader, 1)) == [1]
+        writer.write(sent)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    finally:
+        await server.stop()

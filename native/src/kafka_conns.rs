@@ -46,8 +46,9 @@ const NATIVE_IDS_FROM: u64 = 1 << 62;
 /// frame `for_python`, room in the connection's queue of frames for Python). True if taken
 /// now; false if Python waits for them (and calls `client_admitted` once it has).
 pub trait Admit {
-    fn admit(&mut self, fd: RawFd, size: usize) -> bool;
-    fn slot(&mut self, fd: RawFd, for_python: bool) -> bool;
+    /// Err: the admission failed (a bug): the connection ends.
+    fn admit(&mut self, fd: RawFd, size: usize) -> Result<bool, String>;
+    fn slot(&mut self, fd: RawFd, for_python: bool) -> Result<bool, String>;
 }
 
 /// What Python is to do for a client connection, besides the produce path's completions.
@@ -88,6 +89,7 @@ struct Client {
     for_python: Option<Vec<u8>>, // a frame waiting for the native requests before it
     eof: bool,
     eof_told: bool,
+    end_why: Option<String>, // why it stops reading, if not the client's EOF (logged at its end)
     held: bool,
     body_started: Option<Instant>, // the staged frame's size was admitted then; its body is incomplete
     last_active: Instant,
@@ -165,6 +167,7 @@ impl Listener {
             for_python: None,
             eof: false,
             eof_told: false,
+            end_why: None,
             held: false,
             body_started: None,
             last_active: Instant::now(),
@@ -189,7 +192,9 @@ impl Listener {
     /// whose body is not all read was admitted), for `connections.max.idle.ms`.
     pub fn client_idle_s(&self, fd: RawFd) -> (Option<f64>, Option<f64>) {
         let Some(c) = self.clients.get(&fd) else { return (None, None) };
-        let idle = (c.slots.is_empty() && c.frames.is_empty() && c.for_python.is_none())
+        // Waiting for a frame's size (a part of it may be here, as Python's reader waits in
+        // its read of the 4 bytes) with nothing out.
+        let idle = (c.slots.is_empty() && c.frames.next_size().is_none() && c.for_python.is_none() && !c.eof)
             .then(|| c.last_active.elapsed().as_secs_f64());
         (idle, c.body_started.map(|t| t.elapsed().as_secs_f64()))
     }
@@ -215,7 +220,6 @@ impl Listener {
                     return;
                 }
                 Ok(n) => {
-                    c.last_active = Instant::now();
                     self.serve_staged(fd, admit);
                     if n < want {
                         return; // the socket is empty for now (the loop calls again when it is not)
@@ -249,7 +253,9 @@ impl Listener {
     /// Python took what the frame waited for: its pool bytes, or (those had) its slot.
     pub fn client_admitted(&mut self, fd: RawFd, admit: &mut dyn Admit) {
         let Some(c) = self.clients.get_mut(&fd) else { return };
-        debug_assert!(c.awaiting_admission);
+        if !c.awaiting_admission {
+            return; // shut down meanwhile: the frame was dropped
+        }
         c.awaiting_admission = false;
         if c.admitted {
             c.slotted = true;
@@ -287,12 +293,16 @@ impl Listener {
             let Some(size) = c.frames.next_size() else { break };
             if size > c.max_frame_bytes {
                 let (size, limit) = (size as i32, c.max_frame_bytes);
-                return self.end(fd, Some(format!(
-                    "request size {size} is outside 0..{limit} (socket.request.max.bytes)"
-                )));
+                let why = format!("request size {size} is outside 0..{limit} (socket.request.max.bytes)");
+                self.shutdown(fd, why, false);
+                return;
             }
             if !c.admitted {
-                if !admit.admit(fd, size) {
+                let admitted = match admit.admit(fd, size) {
+                    Ok(admitted) => admitted,
+                    Err(e) => return self.end(fd, Some(format!("its admission failed: {e}"))),
+                };
+                if !admitted {
                     let c = self.clients.get_mut(&fd).expect("served");
                     c.awaiting_admission = true;
                     break;
@@ -312,7 +322,11 @@ impl Listener {
                 c.native = c.python_out == 0 && self.produce_natively
                     && c.frames.peek_whole().and_then(kafka_request::produce).is_some_and(servable);
                 let for_python = !c.native;
-                if !admit.slot(fd, for_python) {
+                let slotted = match admit.slot(fd, for_python) {
+                    Ok(slotted) => slotted,
+                    Err(e) => return self.end(fd, Some(format!("its admission failed: {e}"))),
+                };
+                if !slotted {
                     let c = self.clients.get_mut(&fd).expect("served");
                     c.awaiting_admission = true;
                     break;
@@ -328,6 +342,7 @@ impl Listener {
             c.admitted = false;
             c.slotted = false;
             c.body_started = None;
+            c.last_active = Instant::now();
             if native {
                 self.submit(fd, &body, size);
             } else if self.clients[&fd].native_out > 0 {
@@ -431,20 +446,59 @@ impl Listener {
         self.serve_staged(fd, admit); // room again, perhaps: frames staged meanwhile are handed out
     }
 
-    /// Ends a connection whose client closed its side once every answer is written.
+    /// Ends a connection that reads no more once every answer is written.
     fn end_if_done(&mut self, fd: RawFd) -> bool {
-        let Some(c) = self.clients.get(&fd) else { return true };
+        let Some(c) = self.clients.get_mut(&fd) else { return true };
         if c.eof_told && c.slots.is_empty() && !c.out.waiting() {
-            self.end(fd, None);
+            let why = c.end_why.take();
+            self.end(fd, why);
             return true;
         }
         false
     }
 
+    /// Reads nothing more of the connection (`why` is logged at its end): what was read
+    /// before is answered and written, then it ends, as after the client's EOF; with
+    /// `abandon`, nothing not yet written is (Python's processing failed: its tasks are
+    /// gone), and it ends once what is written is flushed.
+    pub fn shutdown(&mut self, fd: RawFd, why: String, abandon: bool) {
+        let Some(c) = self.clients.get_mut(&fd) else { return };
+        c.eof = true;
+        c.end_why.get_or_insert(why);
+        c.frames = FrameBuf::new(&[]); // a frame not yet handed out is dropped, as a cancelled read
+        c.awaiting_admission = false; // (its slot and bytes go back with the connection's)
+        c.admitted = false;
+        c.slotted = false;
+        c.body_started = None;
+        if abandon {
+            for slot in std::mem::take(&mut c.slots) {
+                if let Slot::Native { id, .. } = slot {
+                    self.native_ids.remove(&id);
+                }
+            }
+            let c = self.clients.get_mut(&fd).expect("served");
+            c.for_python = None;
+            c.native_out = 0;
+            c.python_out = 0;
+            c.eof_told = true; // Python wants no more of it
+        }
+        self.serve_staged_after_shutdown(fd);
+    }
+
+    fn serve_staged_after_shutdown(&mut self, fd: RawFd) {
+        let Some(c) = self.clients.get_mut(&fd) else { return };
+        if !c.eof_told && c.for_python.is_none() {
+            c.eof_told = true;
+            self.events.push(KafkaEvent::Eof { fd });
+        }
+        self.hold_as_needed(fd);
+        self.end_if_done(fd);
+    }
+
     fn hold_as_needed(&mut self, fd: RawFd) {
         let Some(c) = self.clients.get_mut(&fd) else { return };
         let hold = c.awaiting_admission || c.for_python.is_some() || c.native_out >= STARTED_PER_CONNECTION
-            || c.python_out >= PYTHON_MAX || c.out.waiting() || c.eof;
+            || c.python_out >= PYTHON_MAX || c.eof;
         if hold != c.held {
             c.held = hold;
             self.events.push(KafkaEvent::Hold { fd, on: hold });

@@ -2,7 +2,9 @@
 //! docs/design-notes/2026-12-03-native-request-path.md). So far: the listener's Produce
 //! from its decoded request to the Kafka response frame (produce_path.rs), driven by the
 //! listener's event loop, with the data plane's PRODUCE exchange (dataplane.rs) and the
-//! Produce response (produce_response.rs); and the connections a replica's data plane
+//! Produce response (produce_response.rs), and a PLAINTEXT listener's client connections
+//! with their plain Produce requests (kafka_conns.rs, kafka_request.rs); and the
+//! connections a replica's data plane
 //! endpoint serves (endpoint_conns.rs), driven by the replica's event loop; and a
 //! follower's copy loop on a thread of its own (follower_copy.rs).
 //! rayk runs without this module (a machine without cargo): the same path is Python's.
@@ -70,24 +72,21 @@ struct PyAdmit<'a, 'py> {
 
 impl PyAdmit<'_, '_> {
     /// `admission(fd, size)`: size -1 asks for the frame's slot, -2 for a frame for Python.
-    fn ask(&mut self, fd: i32, size: i64) -> bool {
-        let Some(admission) = self.admission else { return false };
-        match admission.call1(self.py, (fd, size)).and_then(|r| r.extract::<bool>(self.py)) {
-            Ok(admitted) => admitted,
-            Err(e) => {
-                e.print(self.py); // a bug in Python's admission: the frame waits, as for a full pool
-                false
-            }
-        }
+    fn ask(&mut self, fd: i32, size: i64) -> Result<bool, String> {
+        let Some(admission) = self.admission else { return Err("no admission is set".into()) };
+        admission.call1(self.py, (fd, size)).and_then(|r| r.extract::<bool>(self.py)).map_err(|e| {
+            e.print(self.py); // a bug in Python's admission: its traceback, and the connection ends
+            e.to_string()
+        })
     }
 }
 
 impl Admit for PyAdmit<'_, '_> {
-    fn admit(&mut self, fd: i32, size: usize) -> bool {
+    fn admit(&mut self, fd: i32, size: usize) -> Result<bool, String> {
         self.ask(fd, size as i64)
     }
 
-    fn slot(&mut self, fd: i32, for_python: bool) -> bool {
+    fn slot(&mut self, fd: i32, for_python: bool) -> Result<bool, String> {
         self.ask(fd, if for_python { -2 } else { -1 })
     }
 }
@@ -242,9 +241,16 @@ impl ProducePath {
     }
 
     /// Python's answer to its oldest unanswered frame of the connection (b"": none is written).
-    fn client_answer<'py>(&mut self, py: Python<'py>, fd: i32, frame: Vec<u8>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    fn client_answer<'py>(&mut self, py: Python<'py>, fd: i32, frame: &[u8]) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let mut admit = PyAdmit { py, admission: self.admission.as_ref() };
-        self.listener.client_answer(fd, frame, &mut admit);
+        self.listener.client_answer(fd, frame.to_vec(), &mut admit);
+        self.done(py)
+    }
+
+    /// Reads nothing more of the connection (`why`, logged at its end): what it sent before
+    /// is answered, then it ends; with `abandon`, only what is written already is flushed.
+    fn client_shutdown<'py>(&mut self, py: Python<'py>, fd: i32, why: String, abandon: bool) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.listener.shutdown(fd, why, abandon);
         self.done(py)
     }
 

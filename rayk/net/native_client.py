@@ -21,11 +21,14 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rayk.net.handoff import Handoff
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from rayk.net.native_produce import NativeProduce
@@ -53,10 +56,19 @@ class NativeClient:
         self._admitting: asyncio.Future | None = None
         self.queued_max = queued_max
         self._promised = 0  # frames for Python admitted, their room in `frames` kept, not yet there
+        self._flushed = asyncio.Event()  # set while no answer waits for the socket to take it
+        self._flushed.set()
 
     # ------------------------------------------------------------------ the native side's events
 
     def admit(self, size: int) -> bool:
+        try:
+            return self._admission(size)
+        except Exception:  # a bug: the native side ends the connection
+            logger.exception("the admission of a frame failed")
+            raise
+
+    def _admission(self, size: int) -> bool:
         """What `_read_frames` takes around a frame's body: its pool bytes (`size`) before
         it; its slot once it is whole (SLOT: a frame served natively; SLOT_FOR_PYTHON: one
         for Python, which also waits for room in `frames`, as `put` does there). Taken now
@@ -105,6 +117,13 @@ class NativeClient:
         self.reader_done.set()
         self.frames.put_nowait(None)
 
+    def on_answers_waiting(self, waiting: bool) -> None:
+        """Answers wait for the socket to take them (the client reads slowly), or none do."""
+        if waiting:
+            self._flushed.clear()
+        else:
+            self._flushed.set()
+
     def on_freed(self, size: int, seconds: float) -> None:
         self._freed(size, seconds)
 
@@ -126,5 +145,6 @@ class NativeClient:
         self.native.client_answer(self.fd, frame)
 
     async def drain(self) -> None:
-        """(The native side holds what the socket does not take, and reads nothing more of
-        the connection meanwhile: that bounds it.)"""
+        """Returns once no answer waits for the socket (as a StreamWriter's): the answers
+        after it wait in the connection's queue meanwhile, holding their slots."""
+        await self._flushed.wait()

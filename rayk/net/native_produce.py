@@ -136,6 +136,13 @@ class NativeProduce:
             with contextlib.suppress(UnknownServerError):  # the path stopped: the client ended
                 self._call(self._path.client_answer, fd, frame)
 
+    def client_shutdown(self, fd: int, why: str, abandon: bool) -> None:
+        """Reads nothing more of the connection: what it sent before is answered (with
+        `abandon`, only what is written already is flushed), then it ends."""
+        if fd in self._clients:
+            with contextlib.suppress(UnknownServerError):
+                self._call(self._path.client_shutdown, fd, why, abandon)
+
     def client_admitted(self, fd: int) -> None:
         if fd in self._clients:
             with contextlib.suppress(UnknownServerError):  # the path stopped: the client ended
@@ -182,6 +189,7 @@ class NativeProduce:
                 self._loop.add_writer(fd, self._on_client_writable, fd)
             else:
                 self._loop.remove_writer(fd)
+            client.on_answers_waiting(event[2])
         elif kind == _native.CLIENT_EOF:
             client.on_eof()
         else:

@@ -55,6 +55,7 @@ per API, recorded in rayk/metrics.py (a request that did not decode is not timed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
@@ -477,6 +478,7 @@ class SocketServer(Supervised):
         parts = [asyncio.ensure_future(self._process(frames, answers, connection)),
                  asyncio.ensure_future(self._write_answers(answers, client, connection, timer)),
                  asyncio.ensure_future(self._close_native_when_idle(native, fd, connection))]
+        why: str | None = None
         try:
             native.adopt_client(fd, self.config.socket_request_max_bytes, client)
             running: set[asyncio.Future] = {client.ended, *parts}
@@ -484,10 +486,13 @@ class SocketServer(Supervised):
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
                     finished.result()  # raises why the connection ends, if a task failed
-            if (why := client.ended.result()) is not None:
-                logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, why)
+            why = client.ended.result()
         except ConnectionClosed as e:
-            logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, e)
+            # What is written already goes (as a StreamWriter's close flushes it), nothing after.
+            why = str(e)
+            native.client_shutdown(fd, why, True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(client.ended), self.config.connections_max_idle_ms / 1000)
         except UnknownServerError:
             pass  # the native path stopped (logged there): the client reconnects to a Python one
         finally:
@@ -495,20 +500,26 @@ class SocketServer(Supervised):
             native.forget_client(fd)
             accepted.sock.close()
             await self._settle(connection, parts, answers)
+        if why is not None:
+            logger.info("broker %d: closing connection from %s: %s", self.broker_id, peer, why)
 
     async def _close_native_when_idle(self, native: NativeProduce, fd: int, connection: KafkaChannel) -> None:
-        """`_close_when_idle` for a natively read connection: raises ConnectionClosed once
-        it waits for its next request with nothing out and nothing read or written for
-        connections.max.idle.ms, or once a request's body has taken that long to arrive."""
+        """`_close_when_idle` for a natively read connection: it reads no more once it
+        waits for its next request with nothing out and nothing read or written for
+        connections.max.idle.ms, or once a request's body has taken that long to arrive;
+        what it sent before is answered, then it closes (as when `_read_frames` is ended)."""
         idle_s = self.config.connections_max_idle_ms / 1000
         while True:
             idle, body = native.client_idle_s(fd)
             if body is not None and body >= idle_s:
-                raise ConnectionClosed("a request's body did not arrive within connections.max.idle.ms")
+                reason = "a request's body did not arrive within connections.max.idle.ms"
+                break
             if idle is not None and idle >= idle_s and connection.slots_held == 0:
-                raise ConnectionClosed("idle for connections.max.idle.ms")
+                reason = "idle for connections.max.idle.ms"
+                break
             waits = [idle_s - seconds for seconds in (idle, body) if seconds is not None]
             await asyncio.sleep(max(min(waits, default=idle_s), 0.01))
+        native.client_shutdown(fd, reason, False)
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` is refused, or None (max.connections and
