@@ -488,8 +488,11 @@ class SocketServer(Supervised):
                     finished.result()  # raises why the connection ends, if a task failed
             why = client.ended.result()
         except ConnectionClosed as e:
-            # What is written already goes (as a StreamWriter's close flushes it), nothing after.
+            # What is written already goes (as a StreamWriter's close flushes it), nothing after:
+            # the tasks stop first, so that no answer of theirs meets the abandoned order.
             why = str(e)
+            for part in parts:
+                part.cancel()
             native.client_shutdown(fd, why, True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(client.ended), self.config.connections_max_idle_ms / 1000)
