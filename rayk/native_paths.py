@@ -20,7 +20,8 @@ The paths, each of which can be measured against the Python one alone:
 - "follower": a follower's copy loop on a thread of its own, which writes what it fetches
   to the log before Python takes it in (rayk/replication/native_copy.py).
 The two parked paths are Python, not native code, but they serve the requests the native
-endpoint hands over, so they need "endpoint".
+endpoint hands over, so they need "endpoint"; "kafka_conns" submits to the listener's
+native produce path, so it needs "listener".
 
 A value naming a path that does not exist is InvalidConfigurationError, naming the ones
 that do: a misspelt switch would otherwise measure something else than was asked for.
@@ -94,4 +95,5 @@ def enabled(path: str) -> bool:
             _reported.add(value)
             logger.error("%s; this process uses the Python paths", e)
         return False
-    return path in on and (not path.startswith("parked_") or "endpoint" in on)
+    needs = "endpoint" if path.startswith("parked_") else "listener" if path == "kafka_conns" else None
+    return path in on and (needs is None or needs in on)

@@ -22,13 +22,14 @@ def test_zero_or_none_turns_every_path_off(value):
 
 def test_a_list_turns_on_those_only_and_minus_entries_all_but_those():
     assert native_paths.chosen("listener, client") == {"listener", "client"}
-    assert native_paths.chosen("-endpoint,-parked_fetch,-parked_produce,-follower") == {"listener", "client"}
+    assert native_paths.chosen("-kafka_conns,-endpoint,-parked_fetch,-parked_produce,-follower") == {"listener", "client"}
     assert native_paths.chosen("-parked_fetch") == ALL - {"parked_fetch"}
 
 
 @pytest.mark.parametrize("value", ["listener,endpont", "-sendfile", "2"])
 def test_a_path_that_does_not_exist_is_invalid_config_naming_the_ones_that_do(value):
-    with pytest.raises(InvalidConfigurationError, match="listener, endpoint, client, parked_fetch, parked_produce, follower"):
+    with pytest.raises(InvalidConfigurationError,
+                       match="listener, kafka_conns, endpoint, client, parked_fetch, parked_produce, follower"):
         native_paths.chosen(value)
 
 
@@ -44,6 +45,16 @@ def test_the_parked_paths_need_the_native_endpoint(monkeypatch):
     monkeypatch.setenv(native_paths.ENV, "endpoint,parked_fetch")
     assert native_paths.enabled("parked_fetch") and native_paths.enabled("endpoint")
     assert not native_paths.enabled("client") and not native_paths.enabled("parked_produce")
+
+
+@pytest.mark.skipif(not native_paths.built(), reason="rayk._native is not built (no cargo)")
+def test_the_native_client_connections_need_the_native_produce_path(monkeypatch):
+    monkeypatch.setenv(native_paths.ENV, "kafka_conns")
+    assert not native_paths.enabled("kafka_conns")
+    monkeypatch.setenv(native_paths.ENV, "-listener")
+    assert not native_paths.enabled("kafka_conns")
+    monkeypatch.setenv(native_paths.ENV, "listener,kafka_conns")
+    assert native_paths.enabled("kafka_conns")
 
 
 def test_nothing_is_native_where_it_is_not_built(monkeypatch):
