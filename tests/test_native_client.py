@@ -266,6 +266,39 @@ async def _a_failing_native_path_ends_its_connections_and_new_ones_are_served_in
         await server.stop()
 
 
+def test_a_failed_wait_for_admission_ends_the_connection_instead_of_leaving_it_paused(each_event_loop, caplog):
+    asyncio.run(_a_failed_wait_for_admission_ends_the_connection_instead_of_leaving_it_paused(caplog))
+
+
+async def _a_failed_wait_for_admission_ends_the_connection_instead_of_leaving_it_paused(caplog):
+    replica = FakeReplica()
+    server, _, connect = await serving({("t", 0): replica}, queued_max_requests=1)
+
+    async def failing_admit(connection, size):
+        await asyncio.sleep(0)
+        raise RuntimeError("injected")
+
+    try:
+        reader, writer = await connect()
+        replica.hold.clear()  # produce 1 holds the listener's only slot: produce 2 waits for it
+        server._admit = failing_admit
+        with caplog.at_level(logging.ERROR):
+            writer.write(produce(1) + produce(2))
+            assert await asyncio.wait_for(reader.read(), 5) == b"", "the connection ended"
+        assert "the admission of a frame failed" in caplog.text
+        replica.hold.set()
+        for _ in range(200):
+            if await server.connections() == 0 and await server.queued_requests() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await server.connections() == 0
+        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        assert replica.log in ([], [b"r1"]), "produce 2 was never read whole"
+        writer.close()
+    finally:
+        await server.stop()
+
+
 def test_an_oversized_frame_ends_the_connection_after_what_came_before_it_is_answered(each_event_loop):
     asyncio.run(_an_oversized_frame_ends_the_connection_after_what_came_before_it_is_answered())
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rayk.net.handoff import Handoff
+from rayk.net.kafka_channel import ConnectionClosed
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class NativeClient:
         self.native, self.fd, self.frames, self.reader_done = native, fd, frames, reader_done
         self._admit_now, self._admit, self._freed = admit_now, admit, freed
         self.ended: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        # Fails (ConnectionClosed) if a wait for admission does: the connection, paused for
+        # it, would never read again; its serving task ends it instead.
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._admitting: asyncio.Future | None = None
         self.queued_max = queued_max
         self._promised = 0  # frames for Python admitted, their room in `frames` kept, not yet there
@@ -104,8 +108,13 @@ class NativeClient:
 
     def _admitted(self, admitting: asyncio.Future) -> None:
         self._admitting = None
-        if not admitting.cancelled() and admitting.exception() is None and not self.ended.done():
+        if admitting.cancelled() or self.ended.done():
+            return
+        if (error := admitting.exception()) is None:
             self.native.client_admitted(self.fd)
+        elif not self.failed.done():  # a bug: logged, and the connection ends
+            logger.error("the admission of a frame failed", exc_info=error)
+            self.failed.set_exception(ConnectionClosed(f"the admission of a request failed: {error!r}"))
 
     def on_request(self, frame: bytes) -> None:
         self._promised -= 1
@@ -137,6 +146,10 @@ class NativeClient:
         self.on_end(None)
         if self._admitting is not None:
             self._admitting.cancel()
+        if self.failed.done():
+            self.failed.exception()  # seen (raised to the serving task, or it ended first)
+        else:
+            self.failed.cancel()
 
     # ------------------------------------------------------------------ the writer of Python's answers
 

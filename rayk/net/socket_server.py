@@ -481,7 +481,7 @@ class SocketServer(Supervised):
         why: str | None = None
         try:
             native.adopt_client(fd, self.config.socket_request_max_bytes, client)
-            running: set[asyncio.Future] = {client.ended, *parts}
+            running: set[asyncio.Future] = {client.ended, client.failed, *parts}
             while not client.ended.done():
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
