@@ -64,8 +64,9 @@ chaos: bytecode fuzz
 # Then, where cargo is installed, cargo-fuzz (libFuzzer with AddressSanitizer, on rustup's
 # nightly toolchain) over the native produce path's reading of replicas' answers, and the
 # native data plane's reading of request frames (an endpoint's) and of answer frames (a
-# connection's), and a follower's native copy loop's reading of fetch answers
-# (native/fuzz/), for FUZZ_NATIVE_SECONDS each.
+# connection's), a follower's native copy loop's reading of fetch answers, and a
+# listener's native Kafka client connections (any client's bytes, cut anywhere, admitted
+# now or later: native/fuzz/fuzz_targets/kafka_conns.rs), for FUZZ_NATIVE_SECONDS each.
 FUZZ_SECONDS ?= 300
 FUZZ_NATIVE_SECONDS ?= 120
 CARGO_FUZZ := .cargo-tools/bin/cargo-fuzz
@@ -79,7 +80,7 @@ $(CARGO_FUZZ):
 	cargo install cargo-fuzz --version 0.13.2 --locked --quiet --root .cargo-tools
 
 fuzz-native: $(CARGO_FUZZ)
-	for target in produce_answer endpoint_frames client_frames follower_answer; do \
+	for target in produce_answer endpoint_frames client_frames follower_answer kafka_conns; do \
 	  (cd native && PATH="$(abspath .cargo-tools/bin):$$PATH" cargo +nightly fuzz run $$target -- \
 	    -max_total_time=$(FUZZ_NATIVE_SECONDS) -print_final_stats=1) || exit 1; \
 	done

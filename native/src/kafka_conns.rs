@@ -124,12 +124,10 @@ impl Listener {
         (done, std::mem::take(&mut self.events))
     }
 
-    /// Native requests' answers go to their connections; the rest are Python's.
+    /// Native requests' answers go to their connections (dropped if it is gone); the rest
+    /// are Python's.
     fn route_answers(&mut self, admit: &mut dyn Admit) -> Vec<Completion> {
         let mut done = self.path.take();
-        if self.native_ids.is_empty() {
-            return done;
-        }
         let mut answered: Vec<(RawFd, u64, Vec<u8>)> = Vec::new();
         done.retain_mut(|c| match c {
             Completion::Answered { id, frame, .. } if *id >= NATIVE_IDS_FROM => {
