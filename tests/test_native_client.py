@@ -180,6 +180,34 @@ async def _plain_produce_is_served_natively_in_order_and_other_requests_wait_for
         await server.stop()
 
 
+def test_a_native_answer_ready_before_an_earlier_one_keeps_its_slot_until_its_turn(each_event_loop):
+    asyncio.run(_a_native_answer_ready_before_an_earlier_one_keeps_its_slot_until_its_turn())
+
+
+async def _a_native_answer_ready_before_an_earlier_one_keeps_its_slot_until_its_turn():
+    slow, fast = FakeReplica(), FakeReplica()
+    server, handled, connect = await serving({("t", 0): slow, ("u", 0): fast})
+    try:
+        reader, writer = await connect()
+        slow.hold.clear()
+        writer.write(produce(1, topic="t") + produce(2, topic="u"))
+        while not fast.log:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # produce 2's answer is back at the listener, behind produce 1's
+        assert handled == [], "both are native"
+        assert await server.queued_requests() == 2, "its slot is held until its answer's turn, as Python's writer holds it"
+        slow.hold.set()
+        assert correlation_ids(await answer_frames(reader, 2)) == [1, 2]
+        for _ in range(100):
+            if await server.queued_requests() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        writer.close()
+    finally:
+        await server.stop()
+
+
 def test_produce_that_python_must_decide_goes_to_python(each_event_loop):
     asyncio.run(_produce_that_python_must_decide_goes_to_python())
 

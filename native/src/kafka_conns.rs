@@ -60,8 +60,10 @@ pub enum KafkaEvent {
     Eof { fd: RawFd },
     /// The connection is over: Python stops watching it and closes it (Some: why, to log).
     End { fd: RawFd, why: Option<String> },
-    /// A native request of `bytes` was answered `seconds` after it was read: its slot and
-    /// pool bytes go back (and its TotalTimeMs is recorded).
+    /// A native request of `bytes`, read `seconds` ago, has its answer written (to the
+    /// socket, or queued behind what the socket has not taken yet): its slot and pool
+    /// bytes go back and its TotalTimeMs is recorded, as Python's writer does once an
+    /// answer's turn comes.
     Freed { fd: RawFd, bytes: usize, seconds: f64 },
     /// Stop watching the descriptor for reading (true) or watch it again.
     Hold { fd: RawFd, on: bool },
@@ -267,11 +269,10 @@ impl Listener {
     fn native_answered(&mut self, fd: RawFd, id: u64, frame: Vec<u8>, admit: &mut dyn Admit) {
         let Some(c) = self.clients.get_mut(&fd) else { return };
         for slot in c.slots.iter_mut() {
-            if let Slot::Native { id: slot_id, bytes, read_at, answer } = slot {
+            if let Slot::Native { id: slot_id, answer, .. } = slot {
                 if *slot_id == id {
                     *answer = Some(frame);
                     c.native_out -= 1;
-                    self.events.push(KafkaEvent::Freed { fd, bytes: *bytes, seconds: read_at.elapsed().as_secs_f64() });
                     break;
                 }
             }
@@ -411,7 +412,9 @@ impl Listener {
                 Slot::Native { answer, .. } | Slot::Python { answer } => answer.take(),
             };
             let Some(answer) = answer else { break };
-            c.slots.pop_front();
+            if let Some(Slot::Native { bytes, read_at, .. }) = c.slots.pop_front() {
+                self.events.push(KafkaEvent::Freed { fd, bytes, seconds: read_at.elapsed().as_secs_f64() });
+            }
             if !answer.is_empty() {
                 ready.push(answer);
             }

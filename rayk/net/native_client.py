@@ -10,8 +10,8 @@ replicas and back, and writes every answer in request order. Everything else com
 as the frame it is (`on_request`), into the same Handoff a connection's reading task
 fills (socket_server.py), and its answer goes back through `write`, in order: the
 SocketServer's processing and writing tasks serve it as for any other connection. A
-native request answered gives back its slot and bytes, and records its TotalTimeMs
-(`on_freed`).
+native request gives back its slot and bytes, and records its TotalTimeMs, once its answer
+is ready and its turn has come (`on_freed`), as the writing task does for Python's.
 
 Owned by the SocketServer's task serving the connection; the events come from the
 NativeProduce that owns the native object (its `_call`), on the listener's event loop. Not
@@ -146,10 +146,10 @@ class NativeClient:
         self.on_end(None)
         if self._admitting is not None:
             self._admitting.cancel()
-        if self.failed.done():
-            self.failed.exception()  # seen (raised to the serving task, or it ended first)
-        else:
+        if not self.failed.done():
             self.failed.cancel()
+        elif not self.failed.cancelled():
+            self.failed.exception()  # seen (raised to the serving task, or it ended first)
 
     # ------------------------------------------------------------------ the writer of Python's answers
 
