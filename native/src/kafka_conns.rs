@@ -334,7 +334,7 @@ impl Listener {
             }
             let c = self.clients.get_mut(&fd).expect("served");
             let body = match c.frames.next_owned(c.max_frame_bytes) {
-                Ok(Some(body)) => body.to_vec(),
+                Ok(Some(body)) => body,
                 _ => unreachable!("a whole frame, of a size within the bound"),
             };
             let native = c.native;
@@ -343,11 +343,11 @@ impl Listener {
             c.body_started = None;
             c.last_active = Instant::now();
             if native {
-                self.submit(fd, &body, size);
+                self.submit(fd, &body, size); // (its records are copied there, the frame is not)
             } else if self.clients[&fd].native_out > 0 {
-                self.clients.get_mut(&fd).expect("served").for_python = Some(body);
+                self.clients.get_mut(&fd).expect("served").for_python = Some(body.into_vec());
             } else {
-                self.to_python(fd, body);
+                self.to_python(fd, body.into_vec());
             }
         }
         if let Some(c) = self.clients.get_mut(&fd) {

@@ -53,6 +53,15 @@ pub struct Body {
     start: usize,
 }
 
+impl Body {
+    /// The body as a vector of its own: the buffer itself (its size prefix, if it holds
+    /// one, moved out of the way in place; no second buffer is made).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.buf.drain(..self.start);
+        self.buf
+    }
+}
+
 impl std::ops::Deref for Body {
     type Target = [u8];
 
@@ -332,6 +341,9 @@ mod tests {
         let body = frames.next_owned(1 << 20).unwrap().unwrap();
         assert_eq!(&*body, &big[..]);
         assert_eq!((body.start, frames.buf.capacity()), (4, 0), "the buffer itself, not a copy");
+        let at = body.buf.as_ptr();
+        let vec = body.into_vec();
+        assert_eq!((&vec[..], vec.as_ptr()), (&big[..], at), "as a vector: the body alone, in the same buffer");
         assert!(frames.is_empty() && frames.next_owned(1 << 20).unwrap().is_none());
         frames.compact();
 
@@ -343,7 +355,7 @@ mod tests {
             match frames.next_owned(1 << 20) {
                 Ok(Some(body)) => {
                     assert_eq!(body.start, 0, "copied out of a buffer that holds more");
-                    got.push(body.to_vec());
+                    got.push(body.into_vec());
                 }
                 Ok(None) => assert!(matches!(frames.read(fd, 1 << 20), ReadEnd::Paused)),
                 Err(size) => panic!("oversized {size}"),
