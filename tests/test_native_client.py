@@ -125,6 +125,21 @@ def correlation_ids(answers: list[bytes]) -> list[int]:
     return [struct.unpack_from(">i", a, 4)[0] for a in answers]
 
 
+async def all_given_back(server: SocketServer, connections: int | None = None) -> None:
+    """Waits (up to 2 s) until no request holds a slot or pool bytes (and, if given, the
+    listener has `connections` connections), then asserts it."""
+    async def settled() -> bool:
+        return (await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+                and (connections is None or await server.connections() == connections))
+    for _ in range(200):
+        if await settled():
+            return
+        await asyncio.sleep(0.01)
+    if connections is not None:
+        assert await server.connections() == connections
+    assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+
+
 async def serving(replicas: dict, **settings: object):
     """A SocketServer on 127.0.0.1 whose produce path reaches `replicas`, the API keys its
     Python handler was asked (`handled`), and a connect()."""
@@ -198,11 +213,7 @@ async def _a_native_answer_ready_before_an_earlier_one_keeps_its_slot_until_its_
         assert await server.queued_requests() == 2, "its slot is held until its answer's turn, as Python's writer holds it"
         slow.hold.set()
         assert correlation_ids(await answer_frames(reader, 2)) == [1, 2]
-        for _ in range(100):
-            if await server.queued_requests() == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        await all_given_back(server)
         writer.close()
     finally:
         await server.stop()
@@ -253,12 +264,7 @@ async def _the_clients_eof_answers_what_it_sent_then_closes_and_gives_every_slot
         replica.hold.set()
         assert correlation_ids(await answer_frames(reader, 3)) == [1, 2, 3]
         assert await reader.read() == b"", "closed once everything is answered"
-        for _ in range(100):
-            if await server.connections() == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert await server.connections() == 0
-        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        await all_given_back(server, connections=0)
         writer.close()
     finally:
         await server.stop()
@@ -284,11 +290,7 @@ async def _a_failing_native_path_ends_its_connections_and_new_ones_are_served_in
         writer.write(api_versions(2))
         assert correlation_ids(await answer_frames(reader, 1)) == [2]
         assert handled[-1] == (keys.API_VERSIONS, 2)
-        for _ in range(100):
-            if await server.queued_requests() == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        await all_given_back(server)
         writer.close()
     finally:
         await server.stop()
@@ -315,12 +317,7 @@ async def _a_failed_wait_for_admission_ends_the_connection_instead_of_leaving_it
             assert await asyncio.wait_for(reader.read(), 5) == b"", "the connection ended"
         assert "the admission of a frame failed" in caplog.text
         replica.hold.set()
-        for _ in range(200):
-            if await server.connections() == 0 and await server.queued_requests() == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert await server.connections() == 0
-        assert await server.queued_requests() == 0 and await server.queued_request_bytes() == 0
+        await all_given_back(server, connections=0)
         assert replica.log in ([], [b"r1"]), "produce 2 was never read whole"
         writer.close()
     finally:

@@ -178,71 +178,86 @@ impl<'a> Reader<'a> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// One topic of a Produce request to encode: its name, and each partition's index and records.
+#[cfg(any(test, fuzzing))]
+pub type TopicData<'a> = (&'a str, Vec<PartitionData<'a>>);
 
-    fn uvarint(mut n: u32, out: &mut Vec<u8>) {
-        while n >= 0x80 {
-            out.push((n as u8) | 0x80);
-            n >>= 7;
-        }
-        out.push(n as u8);
+/// A Produce request's frame (no size prefix) as a client encodes it, in `version`'s
+/// encoding: for the tests and the fuzz target (native/fuzz/fuzz_targets/kafka_conns.rs).
+#[cfg(any(test, fuzzing))]
+pub fn encode_produce(version: i16, correlation_id: i32, transactional_id: Option<&str>, acks: i16,
+                      timeout_ms: i32, topics: &[TopicData<'_>]) -> Vec<u8> {
+    let flexible = version >= PRODUCE_FLEXIBLE_FROM;
+    let mut out = Vec::new();
+    out.extend_from_slice(&PRODUCE.to_be_bytes());
+    out.extend_from_slice(&version.to_be_bytes());
+    out.extend_from_slice(&correlation_id.to_be_bytes());
+    put_bytes(Some(b"cli"), false, 2, &mut out); // the header's client id: int16-sized in every version
+    if flexible {
+        out.push(0);
     }
-
-    fn frame(version: i16, flexible: bool, txn: Option<&str>, topics: &[(&str, &[(i32, Option<&[u8]>)])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&PRODUCE.to_be_bytes());
-        out.extend_from_slice(&version.to_be_bytes());
-        out.extend_from_slice(&7i32.to_be_bytes());
-        out.extend_from_slice(&3i16.to_be_bytes());
-        out.extend_from_slice(b"cli");
-        if flexible {
-            out.push(0);
-        }
-        match (txn, flexible) {
-            (None, false) => out.extend_from_slice(&(-1i16).to_be_bytes()),
-            (Some(t), false) => {
-                out.extend_from_slice(&(t.len() as i16).to_be_bytes());
-                out.extend_from_slice(t.as_bytes());
-            }
-            (None, true) => out.push(0),
-            (Some(t), true) => {
-                uvarint(t.len() as u32 + 1, &mut out);
-                out.extend_from_slice(t.as_bytes());
-            }
-        }
-        out.extend_from_slice(&(-1i16).to_be_bytes());
-        out.extend_from_slice(&30_000i32.to_be_bytes());
-        if flexible { uvarint(topics.len() as u32 + 1, &mut out) } else { out.extend_from_slice(&(topics.len() as i32).to_be_bytes()) }
-        for (name, partitions) in topics {
-            if flexible { uvarint(name.len() as u32 + 1, &mut out) } else { out.extend_from_slice(&(name.len() as i16).to_be_bytes()) }
-            out.extend_from_slice(name.as_bytes());
-            if flexible { uvarint(partitions.len() as u32 + 1, &mut out) } else { out.extend_from_slice(&(partitions.len() as i32).to_be_bytes()) }
-            for (index, records) in partitions.iter() {
-                out.extend_from_slice(&index.to_be_bytes());
-                match (records, flexible) {
-                    (None, false) => out.extend_from_slice(&(-1i32).to_be_bytes()),
-                    (Some(r), false) => {
-                        out.extend_from_slice(&(r.len() as i32).to_be_bytes());
-                        out.extend_from_slice(r);
-                    }
-                    (None, true) => out.push(0),
-                    (Some(r), true) => {
-                        uvarint(r.len() as u32 + 1, &mut out);
-                        out.extend_from_slice(r);
-                    }
-                }
-                if flexible {
-                    out.push(0);
-                }
-            }
+    put_bytes(transactional_id.map(str::as_bytes), flexible, 2, &mut out);
+    out.extend_from_slice(&acks.to_be_bytes());
+    out.extend_from_slice(&timeout_ms.to_be_bytes());
+    put_len(topics.len(), flexible, &mut out);
+    for (name, partitions) in topics {
+        put_bytes(Some(name.as_bytes()), flexible, 2, &mut out);
+        put_len(partitions.len(), flexible, &mut out);
+        for (index, records) in partitions {
+            out.extend_from_slice(&index.to_be_bytes());
+            put_bytes(*records, flexible, 4, &mut out);
             if flexible {
                 out.push(0);
             }
         }
         if flexible {
-            out.extend_from_slice(&[1, 5, 2, 0xAA, 0xBB]); // one unknown tagged field, skipped
+            out.push(0);
+        }
+    }
+    if flexible {
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(any(test, fuzzing))]
+fn put_uvarint(mut n: u32, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+#[cfg(any(test, fuzzing))]
+fn put_len(n: usize, compact: bool, out: &mut Vec<u8>) {
+    if compact { put_uvarint(n as u32 + 1, out) } else { out.extend_from_slice(&(n as i32).to_be_bytes()) }
+}
+
+/// A nullable string's or bytes' size (`width` 2 or 4 bytes, or compact) and bytes.
+#[cfg(any(test, fuzzing))]
+fn put_bytes(b: Option<&[u8]>, compact: bool, width: usize, out: &mut Vec<u8>) {
+    match (b, compact) {
+        (None, true) => out.push(0),
+        (Some(b), true) => put_uvarint(b.len() as u32 + 1, out),
+        (None, false) if width == 2 => out.extend_from_slice(&(-1i16).to_be_bytes()),
+        (None, false) => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        (Some(b), false) if width == 2 => out.extend_from_slice(&(b.len() as i16).to_be_bytes()),
+        (Some(b), false) => out.extend_from_slice(&(b.len() as i32).to_be_bytes()),
+    }
+    out.extend_from_slice(b.unwrap_or_default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request with one unknown tagged field at its end where it has them (skipped).
+    fn frame(version: i16, txn: Option<&str>, topics: &[TopicData<'_>]) -> Vec<u8> {
+        let mut out = encode_produce(version, 7, txn, -1, 30_000, topics);
+        if version >= PRODUCE_FLEXIBLE_FROM {
+            out.pop();
+            out.extend_from_slice(&[1, 5, 2, 0xAA, 0xBB]);
         }
         out
     }
@@ -250,8 +265,8 @@ mod tests {
     #[test]
     fn both_encodings_are_read_and_anything_else_is_left_to_python() {
         let records: &[u8] = b"records";
-        for (version, flexible) in [(3, false), (8, false), (9, true), (12, true)] {
-            let bytes = frame(version, flexible, Some("tx"), &[("t", &[(0, Some(records)), (1, None)])]);
+        for version in [3, 8, 9, 12] {
+            let bytes = frame(version, Some("tx"), &[("t", vec![(0, Some(records)), (1, None)])]);
             let p = produce(&bytes).expect("read");
             assert_eq!((p.api_version, p.correlation_id, p.acks, p.timeout_ms), (version, 7, -1, 30_000));
             assert_eq!((p.client_id.as_deref(), p.transactional_id.as_deref()), (Some("cli"), Some("tx")));
@@ -263,9 +278,9 @@ mod tests {
             longer.push(0);
             assert!(produce(&longer).is_none(), "bytes after the request");
         }
-        assert!(produce(&frame(2, false, None, &[])).is_none(), "a version not read here");
-        assert!(produce(&frame(13, true, None, &[])).is_none());
-        let mut not_utf8 = frame(3, false, None, &[("t", &[])]);
+        assert!(produce(&frame(2, None, &[])).is_none(), "a version not read here");
+        assert!(produce(&frame(13, None, &[])).is_none());
+        let mut not_utf8 = frame(3, None, &[("t", vec![])]);
         let at = not_utf8.len() - 4 - 1; // the topic name's one byte
         not_utf8[at] = 0xFF;
         assert!(produce(&not_utf8).is_none());

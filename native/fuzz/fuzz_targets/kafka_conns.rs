@@ -45,6 +45,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use kafka_conns::{Admit, KafkaEvent, Listener};
+use kafka_request::TopicData;
 use libfuzzer_sys::fuzz_target;
 use produce_path::{Completion, Path};
 
@@ -76,80 +77,26 @@ impl Script<'_> {
     }
 }
 
-fn uvarint(mut n: u32, out: &mut Vec<u8>) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
-fn string(s: Option<&[u8]>, flexible: bool, out: &mut Vec<u8>) {
-    match (s, flexible) {
-        (None, false) => out.extend_from_slice(&(-1i16).to_be_bytes()),
-        (Some(s), false) => {
-            out.extend_from_slice(&(s.len() as i16).to_be_bytes());
-            out.extend_from_slice(s);
-        }
-        (None, true) => out.push(0),
-        (Some(s), true) => {
-            uvarint(s.len() as u32 + 1, out);
-            out.extend_from_slice(s);
-        }
-    }
-}
-
 /// A Produce request's body (no size prefix) in the shape the script picks.
 fn produce_request(s: &mut Script, correlation_id: i32) -> Vec<u8> {
     let version = 3 + (s.byte() % 10) as i16; // 3..=12
-    let flexible = version >= 9;
     let flags = s.byte();
     let acks: i16 = [-1, 1, 0, 2][(flags & 3) as usize];
-    let mut out = Vec::new();
-    out.extend_from_slice(&0i16.to_be_bytes());
-    out.extend_from_slice(&version.to_be_bytes());
-    out.extend_from_slice(&correlation_id.to_be_bytes());
-    string(Some(b"fuzz"), false, &mut out); // the header's client id: always int16-sized
-    if flexible {
-        out.push(0);
-    }
-    string((flags & 4 != 0).then_some(b"tx".as_slice()), flexible, &mut out);
-    out.extend_from_slice(&acks.to_be_bytes());
-    out.extend_from_slice(&1000i32.to_be_bytes());
-    let topics = (flags >> 3) % 3;
-    if flexible { uvarint(topics as u32 + 1, &mut out) } else { out.extend_from_slice(&(topics as i32).to_be_bytes()) }
-    for t in 0..topics {
-        string(Some(if t == 0 { b"t" } else { b"u" }), flexible, &mut out);
+    let transactional_id = (flags & 4 != 0).then_some("tx");
+    let mut records: Vec<Vec<Option<Vec<u8>>>> = Vec::new(); // each topic's partitions' (63: null)
+    for _ in 0..(flags >> 3) % 3 {
         let partitions = s.byte() % 3;
-        if flexible { uvarint(partitions as u32 + 1, &mut out) } else { out.extend_from_slice(&(partitions as i32).to_be_bytes()) }
-        for p in 0..partitions {
-            out.extend_from_slice(&(p as i32).to_be_bytes());
+        records.push((0..partitions).map(|_| {
             let size = s.byte() as usize % 64;
-            let records = (size != 63).then(|| s.take(size));
-            match (&records, flexible) {
-                (None, false) => out.extend_from_slice(&(-1i32).to_be_bytes()),
-                (Some(r), false) => {
-                    out.extend_from_slice(&(r.len() as i32).to_be_bytes());
-                    out.extend_from_slice(r);
-                }
-                (None, true) => out.push(0),
-                (Some(r), true) => {
-                    uvarint(r.len() as u32 + 1, &mut out);
-                    out.extend_from_slice(r);
-                }
-            }
-            if flexible {
-                out.push(0);
-            }
-        }
-        if flexible {
-            out.push(0);
-        }
+            (size != 63).then(|| s.take(size))
+        }).collect());
     }
-    if flexible {
-        out.push(0);
-    }
-    out
+    let topics: Vec<TopicData> = ["t", "u"]
+        .into_iter()
+        .zip(&records)
+        .map(|(name, partitions)| (name, partitions.iter().enumerate().map(|(i, r)| (i as i32, r.as_deref())).collect()))
+        .collect();
+    kafka_request::encode_produce(version, correlation_id, transactional_id, acks, 1000, &topics)
 }
 
 /// The client's stream from the script's ops: (the stream, its frames' bodies up to the
