@@ -237,8 +237,11 @@ class LeaderFetch:
         if refused is not None:
             answer(refused)
             return True
-        self._parked.answer_or_park(ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline,
-                                                waiter=waiter))
+        parked = ParkedFetch(r.offset, max_bytes, r.min_bytes, slice_min_bytes, answer, deadline, waiter=waiter)
+        if r.offset == ctx.log.log_end_offset:
+            self._parked.park(parked)  # at the log end: nothing to read until records come (as _try_answer finds)
+        else:
+            self._parked.answer_or_park(parked)
         return True
 
     def _on_append(self, appended: Appended | None) -> None:

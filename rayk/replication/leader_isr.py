@@ -154,7 +154,7 @@ class LeaderIsr:
         if proposal is not None and time.monotonic() >= self._retry_at:
             self._change(proposal, f"broker {replica_id} caught up")
         if self.maybe_increment_high_watermark():
-            self._ctx.events.notify_change()
+            self._ctx.events.notify_high_watermark()
 
     # ------------------------------------------------------------------ expiration
 

@@ -54,6 +54,10 @@ class ParkedRequests(Generic[Request]):
         if not self._checked(request, timed_out=False):
             self._park(request)
 
+    def park(self, request: Request) -> None:
+        """Parks a request its owner knows cannot be answered now (the check would say so)."""
+        self._park(request)
+
     def answer_at_once(self, request: Request) -> None:
         """Answers the request now with what it finds, as at its deadline (one that asked
         for no wait), never parking it."""

@@ -5,7 +5,8 @@ Two Wakeups (rayk/actors/wakeup.py), each made when a waiter first asks for it a
 when fired:
 - the append event wakes what waits for new records: a follower's fetch, a batch
   waiting for its producer's earlier sequence;
-- the change event wakes every waiter: the high watermark, the role or a config moved.
+- the change event wakes every waiter: the role or a config moved; an HW move alone
+  (`notify_high_watermark`) wakes every waiter but those for records.
 A consumer's fetch reads only up to the HW and an acks=all produce waits for it, so an
 append that leaves the HW where it was wakes only the first: at RF=3 that is most appends.
 
@@ -13,10 +14,10 @@ A waiter takes its event before it checks its condition, so a change between the
 the wait is not missed. Waiters without a task are called instead, before the events fire:
 `on_append` at every append and change (a leader's parked follower fetches, leader_fetch.py;
 an append of a leader's own passes what it wrote, which they can answer with unread),
-`on_change_produce` at every change (its parked acks=-1 produce calls, delayed_produce.py),
-`on_change_fetch` at every change (a leader's parked consumer fetches, which read up to the
-HW or the LSO: leader_fetch.py), and `on_change` (while set) at every change (the replica's share-partitions, which wake or
-close with it: see PartitionReplica).
+`on_change_produce` at every change and HW move (its parked acks=-1 produce calls,
+delayed_produce.py), `on_change_fetch` likewise (a leader's parked consumer fetches, which
+read up to the HW or the LSO: leader_fetch.py), and `on_change` (while set) likewise (the
+replica's share-partitions, which wake or close with it: see PartitionReplica).
 
 Not thread-safe: used on the replica actor's event loop only.
 """
@@ -65,8 +66,17 @@ class ReplicaEvents:
             event.fire()
 
     def notify_change(self) -> None:
-        """Wakes every waiting fetch and produce: the HW, the role or a config moved."""
+        """Wakes every waiting fetch and produce: the role or a config moved (or the HW
+        with something else)."""
         self.notify_append()
+        self.notify_high_watermark()
+
+    def notify_high_watermark(self) -> None:
+        """The HW moved and nothing else did: wakes what waits for it (parked acks=-1
+        produce calls, consumers' fetches, the share partitions, the change event), not
+        what waits only for records (a follower's fetch, a batch waiting for its producer's
+        earlier sequence), to which an HW move brings none. At RF=3 every record moves it
+        once, by a follower's fetch, while the other follower's fetch is parked."""
         if self.on_change_produce is not None:
             self.on_change_produce()
         if self.on_change_fetch is not None:
