@@ -7,6 +7,7 @@ same promise against a real Controller that Ray restarts."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -197,3 +198,43 @@ def test_a_retried_create_that_finds_a_topic_unlike_the_one_asked_for_raises_top
     with pytest.raises(TopicAlreadyExistsError):
         Admin(Cluster(controller, "other-topic")).create_topic("t", 2, 3)
     assert ray.get(controller.calls.remote()) == ["create t", "create t"]
+
+
+@ray.remote(num_cpus=0)
+class Refusing:
+    def refuse(self, delay_s: float) -> None:
+        time.sleep(delay_s)
+        raise UnknownTopicOrPartitionError(f"refused after {delay_s} s")
+
+
+def test_calls_made_together_raise_the_first_failure_and_leave_no_unhandled_error_behind(ray_local, monkeypatch):
+    """get_all raises the first failure it meets; the calls still running when it raises
+    fail later, and Ray would log each as an "Unhandled error" once its ref went (the
+    Ray Data reads of a topic whose leader moved printed one per partition)."""
+    from rayk.client import calls
+
+    unhandled: list[Exception] = []
+    monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", unhandled.append)
+    refusing = Refusing.remote()
+    refs = [refusing.refuse.remote(delay_s) for delay_s in (0, 0.3, 0.3)]
+    with pytest.raises(UnknownTopicOrPartitionError, match="after 0 s"):
+        calls.get_all(refs, time.monotonic() + 10, "refusals")
+    del refs
+    done = ray.get(refusing.__ray_call__.remote(lambda actor: "the earlier calls ran"))  # the actor runs in order
+    assert done == "the earlier calls ran"
+    for _ in range(20):
+        gc.collect()
+        time.sleep(0.05)
+    assert unhandled == []
+    # The check sees them where nothing takes them (Ray's own behaviour, which _leave undoes).
+    refs = [refusing.refuse.remote(delay_s) for delay_s in (0, 0.3)]
+    with pytest.raises(Exception):
+        ray.get(refs)
+    del refs
+    ray.get(refusing.__ray_call__.remote(lambda actor: None))
+    for _ in range(40):
+        gc.collect()
+        time.sleep(0.05)
+        if unhandled:
+            break
+    assert len(unhandled) == 1 and "after 0.3 s" in str(unhandled[0])

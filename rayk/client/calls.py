@@ -116,9 +116,21 @@ def get_all(refs: list[Any], deadline_s: float, what: str = "calls") -> list[Any
     except GetTimeoutError:
         for ref in refs:
             cancel(ref)
+        _leave(refs)
         raise RequestTimedOutError(f"{what}: no answer in time") from None
     except Exception as e:
+        _leave(refs)
         raise translate(e, what) from None
+
+
+def _leave(refs: list[Any]) -> None:
+    """Calls made together that we stop looking at (one failed, or the deadline passed):
+    each outcome still to come is taken by a future no one reads. `ray.get` of a list
+    raises the first failure it meets, and Ray logs every failure a caller never took as
+    an "Unhandled error" when its ref goes: a user reading a topic while a leader moved
+    saw a traceback per partition for an error rayk had handled."""
+    for ref in refs:
+        ref.future()
 
 
 def unanswered(error: KafkaError) -> bool:
