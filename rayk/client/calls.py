@@ -103,6 +103,8 @@ def get(ref: Any, deadline_s: float, what: str = "call") -> Any:
         return ray.get(ref, timeout=timeout_s)
     except (GetTimeoutError, concurrent.futures.TimeoutError):
         cancel(ref)
+        if not isinstance(ref, concurrent.futures.Future):
+            _leave([ref])
         raise RequestTimedOutError(f"{what}: no answer in time") from None
     except Exception as e:
         raise translate(e, what) from None
