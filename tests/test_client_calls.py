@@ -238,3 +238,24 @@ def test_calls_made_together_raise_the_first_failure_and_leave_no_unhandled_erro
         if unhandled:
             break
     assert len(unhandled) == 1 and "after 0.3 s" in str(unhandled[0])
+
+
+def test_a_call_that_timed_out_and_failed_later_leaves_no_unhandled_error_behind(ray_local, monkeypatch):
+    """A call we stopped waiting for may still run and fail (a sync actor's call cannot be
+    cancelled once it runs): nothing is logged for it."""
+    from rayk.client import calls
+    from rayk.errors import RequestTimedOutError
+
+    unhandled: list[Exception] = []
+    monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", unhandled.append)
+    refusing = Refusing.remote()
+    ray.get(refusing.__ray_call__.remote(lambda actor: None))  # started
+    ref = refusing.refuse.remote(0.3)
+    with pytest.raises(RequestTimedOutError):
+        calls.get(ref, time.monotonic() + 0.05, "a refusal")
+    del ref
+    ray.get(refusing.__ray_call__.remote(lambda actor: None))  # the refusal ran
+    for _ in range(20):
+        gc.collect()
+        time.sleep(0.05)
+    assert unhandled == []
