@@ -58,7 +58,7 @@ fuzz_target!(|data: &[u8]| {
     let mut got = Vec::new();
     let mut ended = false;
     let mut sink = vec![0u8; 1 << 16];
-    let mut take = |conns: &mut EndpointConns, got: &mut Vec<(i32, i8, Vec<u8>)>, ended: &mut bool| loop {
+    let take = |conns: &mut EndpointConns, got: &mut Vec<(i32, i8, Vec<u8>)>, ended: &mut bool| loop {
         let events = conns.take();
         if events.is_empty() {
             break;
