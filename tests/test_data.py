@@ -553,3 +553,24 @@ def test_an_exactly_once_stream_commits_each_batch_s_output_with_its_offsets_and
     consumer.close()
     with pytest.raises(InvalidConfigurationError):
         rayk_data.stream_topic(source, "eos", **settings, isolation_level="read_uncommitted")
+
+
+def test_rays_warning_of_the_ray_remote_args_rayk_passes_is_not_shown_to_users():
+    """A multi-node read places its tasks through Ray Data's ray_remote_args, which Ray 2.60
+    deprecates without a parameter for a scheduling strategy, and Ray's warning names
+    rayk's call (test_cluster_failover.py checks where it points). In a process with
+    Python's default filters, as a user's is, rayk.data hides that warning, and only it."""
+    script = (
+        "import warnings, rayk.data\n"
+        "from ray.util.annotations import RayDeprecationWarning\n"
+        "message = '`ray_remote_args` is deprecated and will be removed in Ray 2.64. Use the named remote parameters instead.'\n"
+        "for module in ('rayk.data', 'users_job'):\n"
+        "    warnings.warn_explicit(message, RayDeprecationWarning, module + '.py', 1, module=module)\n"
+        "warnings.warn_explicit('another deprecation', RayDeprecationWarning, 'rayk/data.py', 2, module='rayk.data')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS",)}
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120).stderr
+    assert "users_job.py:1: RayDeprecationWarning: `ray_remote_args`" in shown
+    assert "rayk.data.py:1" not in shown
+    assert shown.count("`ray_remote_args` is deprecated") == 1, shown
+    assert "another deprecation" in shown
