@@ -38,14 +38,18 @@ class IdempotentLeader(FakeReplicaEndpoint):
     (ProducerStateManager: append, answer a duplicate with its first offsets, wait for a
     gap, refuse what is behind) and can misbehave on chosen calls (numbered from 0 in
     arrival order): answer OUT_OF_ORDER_SEQUENCE_NUMBER (to that batch's retries too), or
-    never answer, before or after appending."""
+    never answer, before appending; or never answer the first call of a chosen batch
+    (numbered from 0 in the order batches first arrive: a busy machine can make the
+    producer retry an earlier batch, which shifts the numbers of the calls after it) after
+    appending it."""
 
-    def __init__(self, oos_calls=(), hang_calls=(), hang_after_append_calls=(), hang_all=False, gap_wait_s=0.5):
+    def __init__(self, oos_calls=(), hang_calls=(), hang_after_append_batches=(), hang_all=False, gap_wait_s=0.5):
         from rayk.storage.producer_state import ProducerStateManager
 
         self.state = ProducerStateManager()
         self.oos_calls, self.hang_calls = set(oos_calls), set(hang_calls)
-        self.hang_after_append_calls, self.hang_all = set(hang_after_append_calls), hang_all
+        self.hang_after_append_batches, self.hang_all = set(hang_after_append_batches), hang_all
+        self.batches: list[tuple[int, int, int]] = []  # (producer id, epoch, base sequence), in order of arrival
         self.gap_wait_s = gap_wait_s
         self.refused = set()  # (producer id, epoch, base sequence) of the batches refused
         self.log = []  # (offset, producer id, epoch, sequence, value)
@@ -62,6 +66,10 @@ class IdempotentLeader(FakeReplicaEndpoint):
         h = b.header
         n = len(self.calls)
         self.calls.append((h.producer_id, h.producer_epoch, h.base_sequence, h.last_offset_delta + 1, acks))
+        key = (h.producer_id, h.producer_epoch, h.base_sequence)
+        held = key not in self.batches and len(self.batches) in self.hang_after_append_batches  # not its retries
+        if key not in self.batches:
+            self.batches.append(key)
         if self.hang_all or n in self.hang_calls:
             await asyncio.Event().wait()  # until the producer cancels the call
         if n in self.oos_calls or (h.producer_id, h.producer_epoch, h.base_sequence) in self.refused:  # (a retry of a refused batch is refused too)
@@ -92,7 +100,7 @@ class IdempotentLeader(FakeReplicaEndpoint):
         self.state.record(h.producer_id, h.producer_epoch, BatchMetadata(h.base_sequence, last, base, len(self.log) - 1))
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
-        if n in self.hang_after_append_calls:
+        if held:
             await asyncio.Event().wait()
         return ProduceResult(base, -1, 0)
 
@@ -149,10 +157,20 @@ def test_producer_defaults_to_acks_all():
     assert [c[4] for c in ray.get(leader.produce_calls.remote())] == [-1]
 
 
+def first_call_and_retry(produce_calls: list[tuple], batch: int) -> tuple[int, int]:
+    """The indexes of the first call of the `batch`-th batch to arrive (from 0), and of the
+    next call with its producer id, epoch and sequence (its retry)."""
+    batches = list(dict.fromkeys(c[:3] for c in produce_calls))
+    first = next(i for i, c in enumerate(produce_calls) if c[:3] == batches[batch])
+    retry = next((i for i in range(first + 1, len(produce_calls)) if produce_calls[i][:3] == produce_calls[first][:3]), None)
+    assert retry is not None, f"batch {batch} ({produce_calls[first]}) was retried: {produce_calls}"
+    return first, retry
+
+
 def test_an_unanswered_call_is_cancelled_after_request_timeout_and_its_retry_gets_the_original_offsets():
     # Call 1 is appended but never answered: the retry (same epoch and sequence) is a
     # duplicate, answered with the offsets of the first append.
-    leader = IdempotentLeader.remote(hang_after_append_calls={1})
+    leader = IdempotentLeader.remote(hang_after_append_batches={1})
     producer = producer_for(leader, request_timeout_ms=800, delivery_timeout_ms=30_000, linger_ms=0,
                             max_in_flight_requests_per_connection=1)
     started = time.monotonic()
@@ -168,7 +186,7 @@ def test_an_unanswered_call_is_cancelled_after_request_timeout_and_its_retry_get
     assert [v for *_, v in written] == [b"%d" % i for i in range(30)], "each record written once, in order"
     assert [f.get().offset for f in futures] == list(range(30)), "the retried batch got its first offsets"
     produce_calls = ray.get(leader.produce_calls.remote())
-    assert produce_calls[1][:3] == produce_calls[2][:3], "the retry kept its producer id, epoch and sequence"
+    first_call_and_retry(produce_calls, 1)  # the held batch's retry kept its producer id, epoch and sequence
     assert elapsed >= 0.8, "the held call was given request_timeout_ms"
 
 
@@ -367,7 +385,7 @@ def test_later_batches_wait_while_an_earlier_one_is_unanswered_so_its_retry_is_s
     # so the producer must not get more than 5 batches ahead of a batch whose outcome is
     # open: else that batch's retry, after request_timeout_ms, is OUT_OF_ORDER_SEQUENCE_NUMBER
     # ("behind the expected ... and is not a recent batch") and its records are lost.
-    leader = IdempotentLeader.remote(hang_after_append_calls={1})
+    leader = IdempotentLeader.remote(hang_after_append_batches={1})
     producer = producer_for(leader, request_timeout_ms=1000, delivery_timeout_ms=30_000, linger_ms=0,
                             batch_size=200, max_request_size=200, max_in_flight_requests_per_connection=5)
     futures = [producer.send("t", b"0000")]
@@ -381,6 +399,6 @@ def test_later_batches_wait_while_an_earlier_one_is_unanswered_so_its_retry_is_s
     assert [v for *_, v in written] == [b"%04d" % i for i in range(1500)], "each record written once, in order"
     assert [offset for offset, _ in results] == list(range(1500)), "the retried batch got its first offsets"
     produce_calls = ray.get(leader.produce_calls.remote())
-    retry = next(i for i, c in enumerate(produce_calls) if i > 1 and c[:3] == produce_calls[1][:3])
-    ahead = {c[2] for c in produce_calls[:retry] if c[1] == produce_calls[1][1] and c[2] > produce_calls[1][2]}
+    first, retry = first_call_and_retry(produce_calls, 1)
+    ahead = {c[2] for c in produce_calls[:retry] if c[1] == produce_calls[first][1] and c[2] > produce_calls[first][2]}
     assert len(ahead) <= 4, f"{len(ahead)} batches went ahead of the unanswered one before its retry"
